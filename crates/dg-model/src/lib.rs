@@ -1,0 +1,25 @@
+//! dg-model: DiffusionGemma checkpoints as data.
+//!
+//! Parses `config.json` and `generation_config.json` (HF `configuration_diffusion_gemma.py`,
+//! `generation_diffusion_gemma.py`), loads safetensors checkpoints (single file or shards,
+//! F32/F16/BF16, memory-mapped) with HF's tensor names and tying rules, and builds seeded random
+//! weights for any config. No math, no GPU.
+
+mod config;
+mod error;
+mod generation;
+mod json;
+mod model_dir;
+mod random;
+mod tensors;
+mod weights;
+
+pub use config::{IdOrList, LayerKind, LayerSpec, ModelConfig, RopeSpec, TextConfig};
+pub use error::{ModelError, Result};
+pub use generation::{GenerationConfig, RawGenerationConfig, RawSamplerConfig, StoppingConfig};
+pub use model_dir::ModelDir;
+pub use random::RandomWeights;
+pub use tensors::{Checkpoint, SafetensorsFile, Tensor};
+pub use weights::{
+    ExpertWeights, LayerWeights, Matrix, SelfConditioningWeights, TensorSource, Weights, tensor_manifest,
+};

@@ -1,0 +1,56 @@
+//! A model directory as `save_pretrained` writes it: `config.json`, an optional
+//! `generation_config.json`, and the safetensors checkpoint.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::generation::{GenerationConfig, RawGenerationConfig};
+use crate::tensors::Checkpoint;
+use crate::weights::Weights;
+
+/// An opened model directory (config parsed, checkpoint mapped, nothing converted yet).
+#[derive(Debug)]
+pub struct ModelDir {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    /// The raw `generation_config.json` (all defaults when the file is absent).
+    pub generation: RawGenerationConfig,
+    pub checkpoint: Checkpoint,
+}
+
+impl ModelDir {
+    /// Opens `dir`: a missing directory or `config.json` is an error naming the path.
+    pub fn open(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(ModelError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found"),
+            });
+        }
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let gen_path = dir.join("generation_config.json");
+        let generation = if gen_path.exists() {
+            RawGenerationConfig::from_file(&gen_path)?
+        } else {
+            RawGenerationConfig::default()
+        };
+        let checkpoint = Checkpoint::open_dir(dir)?;
+        Ok(ModelDir {
+            dir: dir.to_path_buf(),
+            config,
+            generation,
+            checkpoint,
+        })
+    }
+
+    /// The generation parameters of this directory, resolved with the built-in defaults.
+    pub fn generation_config(&self) -> Result<GenerationConfig> {
+        self.generation.resolve(&self.config, &self.dir.join("generation_config.json"))
+    }
+
+    /// Converts every text tensor to f32, checking names and shapes.
+    pub fn load_weights(&self) -> Result<Weights> {
+        Weights::from_checkpoint(&self.checkpoint, &self.config.text)
+    }
+}

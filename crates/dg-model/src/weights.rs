@@ -1,0 +1,272 @@
+//! The text model's weights in f32, named and shaped as in the HF checkpoint.
+//!
+//! Mirrors the parameter tree of `DiffusionGemmaForBlockDiffusion` (spec §2.2–2.3): text weights
+//! live under `model.decoder.*` and serve both encoder and decoder; the encoder keeps its own
+//! `layer_scalar` buffers under `model.encoder.language_model.layers.N`; `lm_head` is the
+//! embedding; the vision tower is skipped. Linear weights keep PyTorch's `[out, in]` layout.
+
+use crate::config::{LayerKind, TextConfig};
+use crate::error::Result;
+use crate::tensors::Checkpoint;
+
+const D: &str = "model.decoder";
+const ENC: &str = "model.encoder.language_model";
+
+/// A row-major `[rows, cols]` matrix; for a linear layer `rows = out`, `cols = in`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl Matrix {
+    pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Self {
+        assert_eq!(data.len(), rows * cols, "matrix data does not match {rows}x{cols}");
+        Matrix { rows, cols, data }
+    }
+}
+
+/// The fused expert weights of one layer (`experts.gate_up_proj`, `experts.down_proj`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertWeights {
+    pub num_experts: usize,
+    /// I_e: width of one expert.
+    pub intermediate: usize,
+    pub hidden: usize,
+    /// `[E, 2·I_e, H]`: per expert, gate rows then up rows.
+    pub gate_up: Vec<f32>,
+    /// `[E, H, I_e]`.
+    pub down: Vec<f32>,
+}
+
+impl ExpertWeights {
+    /// Gate and up projection of expert `e`, as one `[2·I_e, H]` matrix slice.
+    pub fn gate_up(&self, e: usize) -> &[f32] {
+        let n = 2 * self.intermediate * self.hidden;
+        &self.gate_up[e * n..(e + 1) * n]
+    }
+
+    /// Down projection of expert `e`, `[H, I_e]`.
+    pub fn down(&self, e: usize) -> &[f32] {
+        let n = self.hidden * self.intermediate;
+        &self.down[e * n..(e + 1) * n]
+    }
+}
+
+/// One transformer layer (`DiffusionGemma{Encoder,Decoder}TextLayer`, shared weights).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerWeights {
+    pub kind: LayerKind,
+    pub input_layernorm: Vec<f32>,
+    pub post_attention_layernorm: Vec<f32>,
+    /// Pre-norm of the dense MLP.
+    pub pre_feedforward_layernorm: Vec<f32>,
+    /// Post-norm of the dense MLP.
+    pub post_feedforward_layernorm_1: Vec<f32>,
+    /// Pre-norm of the experts' input.
+    pub pre_feedforward_layernorm_2: Vec<f32>,
+    /// Post-norm of the MoE output.
+    pub post_feedforward_layernorm_2: Vec<f32>,
+    /// Norm of (dense + MoE) before the residual add.
+    pub post_feedforward_layernorm: Vec<f32>,
+    pub q_proj: Matrix,
+    pub k_proj: Matrix,
+    /// Absent in full-attention layers (V is the raw K projection).
+    pub v_proj: Option<Matrix>,
+    pub o_proj: Matrix,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+    pub mlp_gate: Matrix,
+    pub mlp_up: Matrix,
+    pub mlp_down: Matrix,
+    pub router_proj: Matrix,
+    pub router_scale: Vec<f32>,
+    pub per_expert_scale: Vec<f32>,
+    pub experts: ExpertWeights,
+    /// `model.encoder.language_model.layers.i.layer_scalar`.
+    pub encoder_scalar: f32,
+    /// `model.decoder.layers.i.layer_scalar`.
+    pub decoder_scalar: f32,
+}
+
+/// `DiffusionGemmaSelfConditioning` (decoder only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelfConditioningWeights {
+    pub pre_norm: Vec<f32>,
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
+}
+
+/// All text weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Weights {
+    /// `[V, H]`, also the tied lm_head.
+    pub embed: Matrix,
+    pub final_norm: Vec<f32>,
+    pub self_conditioning: SelfConditioningWeights,
+    pub layers: Vec<LayerWeights>,
+}
+
+/// Every text tensor the model needs: HF name and expected shape.
+pub fn tensor_manifest(cfg: &TextConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, v, i_d) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+    let mut out = vec![
+        (format!("{D}.embed_tokens.weight"), vec![v, h]),
+        (format!("{D}.norm.weight"), vec![h]),
+        (format!("{D}.self_conditioning.pre_norm.weight"), vec![h]),
+        (format!("{D}.self_conditioning.gate_proj.weight"), vec![i_d, h]),
+        (format!("{D}.self_conditioning.up_proj.weight"), vec![i_d, h]),
+        (format!("{D}.self_conditioning.down_proj.weight"), vec![h, i_d]),
+    ];
+    for (i, l) in cfg.layers.iter().enumerate() {
+        let p = format!("{D}.layers.{i}");
+        let (q, kv) = (cfg.num_attention_heads * l.head_dim, l.num_kv_heads * l.head_dim);
+        for norm in NORMS {
+            out.push((format!("{p}.{norm}.weight"), vec![h]));
+        }
+        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
+        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
+        if l.has_v_proj() {
+            out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
+        }
+        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+        out.push((format!("{p}.self_attn.q_norm.weight"), vec![l.head_dim]));
+        out.push((format!("{p}.self_attn.k_norm.weight"), vec![l.head_dim]));
+        out.push((format!("{p}.mlp.gate_proj.weight"), vec![i_d, h]));
+        out.push((format!("{p}.mlp.up_proj.weight"), vec![i_d, h]));
+        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i_d]));
+        out.push((format!("{p}.router.proj.weight"), vec![cfg.num_experts, h]));
+        out.push((format!("{p}.router.scale"), vec![h]));
+        out.push((format!("{p}.router.per_expert_scale"), vec![cfg.num_experts]));
+        let (e, ie) = (cfg.num_experts, cfg.moe_intermediate_size);
+        out.push((format!("{p}.experts.gate_up_proj"), vec![e, 2 * ie, h]));
+        out.push((format!("{p}.experts.down_proj"), vec![e, h, ie]));
+        out.push((format!("{p}.layer_scalar"), vec![1]));
+        out.push((format!("{ENC}.layers.{i}.layer_scalar"), vec![1]));
+    }
+    out
+}
+
+const NORMS: [&str; 7] = [
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm_1",
+    "pre_feedforward_layernorm_2",
+    "post_feedforward_layernorm_2",
+    "post_feedforward_layernorm",
+];
+
+/// Something that yields a named tensor of a given shape as f32.
+pub trait TensorSource {
+    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+}
+
+impl TensorSource for &Checkpoint {
+    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.tensor(name, shape)
+    }
+}
+
+impl Weights {
+    /// Loads every text tensor from a checkpoint, checking names and shapes against `cfg`.
+    pub fn from_checkpoint(ckpt: &Checkpoint, cfg: &TextConfig) -> Result<Self> {
+        let mut src = ckpt;
+        Self::build(&mut src, cfg)
+    }
+
+    /// Assembles the weights from any source of named tensors (a checkpoint, a random generator).
+    pub fn build(src: &mut impl TensorSource, cfg: &TextConfig) -> Result<Self> {
+        let (h, v, i_d) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+        let mut mat = |name: String, rows: usize, cols: usize| -> Result<Matrix> {
+            Ok(Matrix::new(rows, cols, src.get(&name, &[rows, cols])?))
+        };
+        let embed = mat(format!("{D}.embed_tokens.weight"), v, h)?;
+        let sc_gate = mat(format!("{D}.self_conditioning.gate_proj.weight"), i_d, h)?;
+        let sc_up = mat(format!("{D}.self_conditioning.up_proj.weight"), i_d, h)?;
+        let sc_down = mat(format!("{D}.self_conditioning.down_proj.weight"), h, i_d)?;
+        let final_norm = src.get(&format!("{D}.norm.weight"), &[h])?;
+        let sc_pre = src.get(&format!("{D}.self_conditioning.pre_norm.weight"), &[h])?;
+        let mut layers = Vec::with_capacity(cfg.num_layers());
+        for i in 0..cfg.num_layers() {
+            layers.push(load_layer(src, cfg, i)?);
+        }
+        Ok(Weights {
+            embed,
+            final_norm,
+            self_conditioning: SelfConditioningWeights {
+                pre_norm: sc_pre,
+                gate: sc_gate,
+                up: sc_up,
+                down: sc_down,
+            },
+            layers,
+        })
+    }
+}
+
+fn load_layer(src: &mut impl TensorSource, cfg: &TextConfig, i: usize) -> Result<LayerWeights> {
+    let spec = &cfg.layers[i];
+    let (h, i_d) = (cfg.hidden_size, cfg.intermediate_size);
+    let (q, kv) = (cfg.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim);
+    let p = format!("{D}.layers.{i}");
+    let mut vec = |name: String, n: usize| src.get(&name, &[n]);
+    let [input_layernorm, post_attention_layernorm, pre_ff, post_ff_1, pre_ff_2, post_ff_2, post_ff] =
+        NORMS.map(|norm| vec(format!("{p}.{norm}.weight"), h));
+    let q_norm = vec(format!("{p}.self_attn.q_norm.weight"), spec.head_dim)?;
+    let k_norm = vec(format!("{p}.self_attn.k_norm.weight"), spec.head_dim)?;
+    let router_scale = vec(format!("{p}.router.scale"), h)?;
+    let per_expert_scale = vec(format!("{p}.router.per_expert_scale"), cfg.num_experts)?;
+    let decoder_scalar = vec(format!("{p}.layer_scalar"), 1)?[0];
+    let encoder_scalar = vec(format!("{ENC}.layers.{i}.layer_scalar"), 1)?[0];
+    let mut mat = |name: String, rows: usize, cols: usize| -> Result<Matrix> {
+        Ok(Matrix::new(rows, cols, src.get(&name, &[rows, cols])?))
+    };
+    let q_proj = mat(format!("{p}.self_attn.q_proj.weight"), q, h)?;
+    let k_proj = mat(format!("{p}.self_attn.k_proj.weight"), kv, h)?;
+    let v_proj = match spec.kind {
+        LayerKind::Sliding => Some(mat(format!("{p}.self_attn.v_proj.weight"), kv, h)?),
+        LayerKind::Full => None,
+    };
+    let o_proj = mat(format!("{p}.self_attn.o_proj.weight"), h, q)?;
+    let mlp_gate = mat(format!("{p}.mlp.gate_proj.weight"), i_d, h)?;
+    let mlp_up = mat(format!("{p}.mlp.up_proj.weight"), i_d, h)?;
+    let mlp_down = mat(format!("{p}.mlp.down_proj.weight"), h, i_d)?;
+    let router_proj = mat(format!("{p}.router.proj.weight"), cfg.num_experts, h)?;
+    let (e, ie) = (cfg.num_experts, cfg.moe_intermediate_size);
+    let gate_up = src.get(&format!("{p}.experts.gate_up_proj"), &[e, 2 * ie, h])?;
+    let down = src.get(&format!("{p}.experts.down_proj"), &[e, h, ie])?;
+    Ok(LayerWeights {
+        kind: spec.kind,
+        input_layernorm: input_layernorm?,
+        post_attention_layernorm: post_attention_layernorm?,
+        pre_feedforward_layernorm: pre_ff?,
+        post_feedforward_layernorm_1: post_ff_1?,
+        pre_feedforward_layernorm_2: pre_ff_2?,
+        post_feedforward_layernorm_2: post_ff_2?,
+        post_feedforward_layernorm: post_ff?,
+        q_proj,
+        k_proj,
+        v_proj,
+        o_proj,
+        q_norm,
+        k_norm,
+        mlp_gate,
+        mlp_up,
+        mlp_down,
+        router_proj,
+        router_scale,
+        per_expert_scale,
+        experts: ExpertWeights {
+            num_experts: e,
+            intermediate: ie,
+            hidden: h,
+            gate_up,
+            down,
+        },
+        encoder_scalar,
+        decoder_scalar,
+    })
+}
