@@ -1,1 +1,18 @@
-//! dg-cpu
+//! dg-cpu: the f32 CPU reference of DiffusionGemma.
+//!
+//! Mirrors `modeling_diffusion_gemma.py` module by module: RMSNorm and activations ([`ops`]),
+//! RoPE ([`rope`]), attention ([`attention`]), router and experts ([`moe`]), the shared layer
+//! ([`layer`]), the KV cache ([`cache`]) and the encoder/decoder model ([`model`]). Every GPU
+//! kernel is checked against these functions.
+
+pub mod attention;
+pub mod cache;
+pub mod layer;
+pub mod linalg;
+pub mod moe;
+pub mod ops;
+pub mod rope;
+
+mod model;
+
+pub use model::{CpuError, CpuModel};

@@ -1,1 +1,26 @@
-//! dg-parity
+//! dg-parity: the cross-checks that prove dg right.
+//!
+//! Model level: logits against HF transformers reference dumps ([`checks`], [`reference`]);
+//! generate level: exact token replay with the recorded draws. Metrics and the argmax rule live
+//! in [`compare`]. Backends plug in through [`checks::Backend`].
+
+pub mod checks;
+pub mod compare;
+pub mod cpu;
+pub mod reference;
+
+use std::path::PathBuf;
+
+/// A backend's own error, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a check could not run (as opposed to running and failing).
+#[derive(Debug, thiserror::Error)]
+pub enum ParityError {
+    #[error(transparent)]
+    Model(#[from] dg_model::ModelError),
+    #[error("{path}: {message}")]
+    Reference { path: PathBuf, message: String },
+    #[error("backend error: {0}")]
+    Backend(String),
+}

@@ -1,0 +1,203 @@
+//! The whole model on the CPU: encoder into a KV cache, and the decoder's canvas forward.
+//!
+//! Mirrors `DiffusionGemmaEncoderTextModel` (causal, writes the cache; its final norm and hidden
+//! state are unused in generation and not computed) and `DiffusionGemmaDecoderModel` +
+//! `DiffusionGemmaSelfConditioning` + the tied, softcapped head of
+//! `DiffusionGemmaForBlockDiffusion.forward`.
+
+use dg_model::{LayerKind, ModelConfig, Weights};
+
+use crate::cache::{KvCache, LayerCache};
+use crate::layer::{Pass, layer_forward};
+use crate::linalg::{Threads, View, linear, matmul};
+use crate::ops::{gelu_glu, rms_norm_into, rms_norm_rows, softcap_in_place, softmax_in_place};
+
+/// Bad input to the CPU model.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    #[error("token id {id} at position {index} is out of range (vocab_size {vocab})")]
+    TokenOutOfRange { id: u32, index: usize, vocab: usize },
+    #[error("{what}: got {got} values, expected {expected}")]
+    Length { what: &'static str, got: usize, expected: usize },
+    #[error("sequence of {len} tokens exceeds max_position_embeddings {max}")]
+    TooLong { len: usize, max: usize },
+    #[error("nothing to encode: empty token list")]
+    Empty,
+}
+
+/// The f32 reference model with its KV cache.
+#[derive(Debug)]
+pub struct CpuModel {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    cache: KvCache,
+}
+
+impl CpuModel {
+    pub fn new(config: ModelConfig, weights: Weights) -> Self {
+        let cache = empty_cache(&config);
+        CpuModel { config, weights, cache }
+    }
+
+    /// Drops every cached token.
+    pub fn reset(&mut self) {
+        self.cache = empty_cache(&self.config);
+    }
+
+    /// Tokens encoded so far; the next canvas sits at `seq_len()..seq_len()+C`.
+    pub fn seq_len(&self) -> usize {
+        self.cache.seq_len
+    }
+
+    /// The cache (per-layer K/V) for inspection by parity checks.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), CpuError> {
+        let vocab = self.config.text.vocab_size;
+        match ids.iter().enumerate().find(|&(_, &id)| id as usize >= vocab) {
+            Some((index, &id)) => Err(CpuError::TokenOutOfRange { id, index, vocab }),
+            None => Ok(()),
+        }
+    }
+
+    fn check_positions(&self, new: usize) -> Result<(), CpuError> {
+        let len = self.cache.seq_len + new;
+        let max = self.config.text.max_position_embeddings;
+        if len > max { Err(CpuError::TooLong { len, max }) } else { Ok(()) }
+    }
+
+    /// `E[ids] · sqrt(H)`, `[T, H]`.
+    fn embed(&self, ids: &[u32]) -> Vec<f32> {
+        let h = self.config.text.hidden_size;
+        let scale = self.config.text.embed_scale();
+        let mut out = Vec::with_capacity(ids.len() * h);
+        for &id in ids {
+            let row = &self.weights.embed.data[id as usize * h..(id as usize + 1) * h];
+            out.extend(row.iter().map(|&v| v * scale));
+        }
+        out
+    }
+
+    /// Encodes `ids` causally at the next positions and appends their K/V to the cache
+    /// (prompt prefill, or a committed canvas).
+    pub fn encode(&mut self, ids: &[u32]) -> Result<(), CpuError> {
+        if ids.is_empty() {
+            return Err(CpuError::Empty);
+        }
+        self.check_ids(ids)?;
+        self.check_positions(ids.len())?;
+        let cfg = &self.config.text;
+        // Image placeholders are replaced by pad before embedding (text-only path).
+        let ids: Vec<u32> = ids
+            .iter()
+            .map(|&id| match (self.config.image_token_id, cfg.pad_token_id) {
+                (Some(img), Some(pad)) if id == img => pad,
+                _ => id,
+            })
+            .collect();
+        let t = ids.len();
+        let start = self.cache.seq_len;
+        let mut h = self.embed(&ids);
+        let last = cfg.num_layers() - 1;
+        for (i, (w, spec)) in self.weights.layers.iter().zip(&cfg.layers).enumerate() {
+            let pass = Pass::Encode(&mut self.cache.layers[i]);
+            layer_forward(&mut h, t, start, w, spec, cfg, pass, i == last);
+        }
+        self.cache.seq_len += t;
+        Ok(())
+    }
+
+    /// The decoder input: `post_norm(E[canvas]·√H + MLP_sc(pre_norm(softmax(sc)·E·√H)))`.
+    pub fn decoder_input(&self, canvas: &[u32], self_conditioning: Option<&[f32]>) -> Vec<f32> {
+        let cfg = &self.config.text;
+        let (c, h, v) = (canvas.len(), cfg.hidden_size, cfg.vocab_size);
+        let mut x = self.embed(canvas);
+        if let Some(sc) = self_conditioning {
+            let mut probs = sc.to_vec();
+            probs.chunks_exact_mut(v).for_each(softmax_in_place);
+            let mut soft = vec![0f32; c * h];
+            let e = &self.weights.embed;
+            matmul(&mut soft, h, View::rows(&probs, c, v), View::rows(&e.data, v, h), false, Threads::All);
+            let scale = cfg.embed_scale();
+            soft.iter_mut().for_each(|s| *s *= scale);
+            let scw = &self.weights.self_conditioning;
+            let mut normed = vec![0f32; c * h];
+            rms_norm_into(&mut normed, &soft, h, Some(&scw.pre_norm), cfg.rms_norm_eps);
+            let inter = cfg.intermediate_size;
+            let mut gate = vec![0f32; c * inter];
+            let mut up = vec![0f32; c * inter];
+            linear(&mut gate, &normed, c, &scw.gate);
+            linear(&mut up, &normed, c, &scw.up);
+            gelu_glu(&mut gate, &up);
+            linear(&mut soft, &gate, c, &scw.down);
+            x.iter_mut().zip(&soft).for_each(|(x, s)| *x += s);
+        }
+        rms_norm_rows(&mut x, h, None, cfg.rms_norm_eps);
+        x
+    }
+
+    /// Runs decoder layers `layers` over `h: [C, H]` for a canvas at the next positions.
+    pub fn decoder_layers(&self, h: &mut [f32], tokens: usize, layers: std::ops::Range<usize>) {
+        let cfg = &self.config.text;
+        for i in layers {
+            let pass = Pass::Decode(&self.cache.layers[i]);
+            layer_forward(h, tokens, self.cache.seq_len, &self.weights.layers[i], &cfg.layers[i], cfg, pass, false);
+        }
+    }
+
+    /// Final norm, tied head and softcap: `logits[C, V]` from `h: [C, H]`.
+    pub fn head(&self, h: &[f32], tokens: usize, logits: &mut [f32]) {
+        let cfg = &self.config.text;
+        let mut z = vec![0f32; h.len()];
+        rms_norm_into(&mut z, h, cfg.hidden_size, Some(&self.weights.final_norm), cfg.rms_norm_eps);
+        linear(logits, &z, tokens, &self.weights.embed);
+        if let Some(cap) = cfg.final_logit_softcapping {
+            softcap_in_place(logits, cap);
+        }
+    }
+
+    /// One denoising forward of `canvas` (C ids) at positions `seq_len()..`, with the previous
+    /// step's temperature-scaled logits `[C, V]` as self-conditioning, into `logits[C, V]`.
+    pub fn canvas_forward(
+        &self,
+        canvas: &[u32],
+        self_conditioning: Option<&[f32]>,
+        logits: &mut [f32],
+    ) -> Result<(), CpuError> {
+        let cfg = &self.config.text;
+        let c = self.config.canvas_length;
+        if canvas.len() != c {
+            return Err(CpuError::Length { what: "canvas", got: canvas.len(), expected: c });
+        }
+        let cv = c * cfg.vocab_size;
+        if let Some(sc) = self_conditioning
+            && sc.len() != cv
+        {
+            return Err(CpuError::Length { what: "self-conditioning logits", got: sc.len(), expected: cv });
+        }
+        if logits.len() != cv {
+            return Err(CpuError::Length { what: "logits buffer", got: logits.len(), expected: cv });
+        }
+        self.check_ids(canvas)?;
+        self.check_positions(c)?;
+        let mut h = self.decoder_input(canvas, self_conditioning);
+        self.decoder_layers(&mut h, c, 0..cfg.num_layers());
+        self.head(&h, c, logits);
+        Ok(())
+    }
+}
+
+fn empty_cache(config: &ModelConfig) -> KvCache {
+    let cfg = &config.text;
+    let layers = cfg
+        .layers
+        .iter()
+        .map(|l| {
+            let retain = (l.kind == LayerKind::Sliding).then(|| cfg.sliding_window.saturating_sub(1));
+            LayerCache::new(l.num_kv_heads, l.head_dim, retain)
+        })
+        .collect();
+    KvCache { layers, seq_len: 0 }
+}

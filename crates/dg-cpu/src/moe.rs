@@ -1,0 +1,97 @@
+//! The mixture of experts: `DiffusionGemmaTextRouter` and `DiffusionGemmaTextExperts`.
+//!
+//! Router (on the un-normalised stream `h`): weightless RMSNorm, `⊙ scale · H^−½`, projection,
+//! f32 softmax over all experts, top-k, renormalise, then `× per_expert_scale`. Experts (on
+//! `pre_feedforward_layernorm_2(h)`): per expert `down(gelu(gate(u)) ⊙ up(u)) · w`, accumulated per
+//! token in ascending expert order like the reference's `index_add_` loop.
+
+use dg_model::{LayerWeights, TextConfig};
+use rayon::prelude::*;
+
+use crate::linalg::{Threads, linear, linear_raw};
+use crate::ops::{gelu_glu, rms_norm_into, softmax_in_place};
+
+/// Top-k routing of every token: `[T, K]` expert ids and final weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    pub top_k: usize,
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+/// The router of one layer over `h: [T, H]`.
+pub fn route(h: &[f32], tokens: usize, w: &LayerWeights, cfg: &TextConfig) -> Routing {
+    let (hid, e, k) = (cfg.hidden_size, cfg.num_experts, cfg.top_k_experts);
+    let mut r = vec![0f32; tokens * hid];
+    rms_norm_into(&mut r, h, hid, None, cfg.rms_norm_eps);
+    let root = (hid as f64).powf(-0.5) as f32;
+    for row in r.chunks_exact_mut(hid) {
+        row.iter_mut().zip(&w.router_scale).for_each(|(x, &s)| *x = (*x * s) * root);
+    }
+    let mut probs = vec![0f32; tokens * e];
+    linear(&mut probs, &r, tokens, &w.router_proj);
+    let mut experts = Vec::with_capacity(tokens * k);
+    let mut weights = Vec::with_capacity(tokens * k);
+    let mut order: Vec<usize> = Vec::with_capacity(e);
+    for row in probs.chunks_exact_mut(e) {
+        softmax_in_place(row);
+        order.clear();
+        order.extend(0..e);
+        // Descending probability; ties keep the lower expert index first.
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        let top = &order[..k];
+        let sum: f32 = top.iter().map(|&i| row[i]).sum();
+        for &i in top {
+            experts.push(i);
+            weights.push((row[i] / sum) * w.per_expert_scale[i]);
+        }
+    }
+    Routing { top_k: k, experts, weights }
+}
+
+/// `out[T, H] = Σ_k w_k · expert_{idx_k}(u)` for `u: [T, H]`.
+pub fn experts(out: &mut [f32], u: &[f32], tokens: usize, routing: &Routing, w: &LayerWeights) {
+    let ew = &w.experts;
+    let (hid, inter) = (ew.hidden, ew.intermediate);
+    // Token slots per expert in the reference's order (top-k slot major, then token).
+    let mut assigned: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ew.num_experts];
+    for slot in 0..routing.top_k {
+        for t in 0..tokens {
+            let i = t * routing.top_k + slot;
+            assigned[routing.experts[i]].push((t, routing.weights[i]));
+        }
+    }
+    let results: Vec<Vec<f32>> = assigned
+        .par_iter()
+        .enumerate()
+        .map(|(e, slots)| {
+            if slots.is_empty() {
+                return Vec::new();
+            }
+            let n = slots.len();
+            let mut x = Vec::with_capacity(n * hid);
+            for &(t, _) in slots {
+                x.extend_from_slice(&u[t * hid..(t + 1) * hid]);
+            }
+            let mut gate_up = vec![0f32; n * 2 * inter];
+            linear_raw(&mut gate_up, &x, n, ew.gate_up(e), 2 * inter, hid, Threads::One);
+            let mut act = vec![0f32; n * inter];
+            for (row, a) in gate_up.chunks_exact(2 * inter).zip(act.chunks_exact_mut(inter)) {
+                a.copy_from_slice(&row[..inter]);
+                gelu_glu(a, &row[inter..]);
+            }
+            let mut y = vec![0f32; n * hid];
+            linear_raw(&mut y, &act, n, ew.down(e), hid, inter, Threads::One);
+            for (row, &(_, weight)) in y.chunks_exact_mut(hid).zip(slots) {
+                row.iter_mut().for_each(|v| *v *= weight);
+            }
+            y
+        })
+        .collect();
+    out.fill(0.0);
+    for (slots, y) in assigned.iter().zip(&results) {
+        for (&(t, _), row) in slots.iter().zip(y.chunks_exact(hid)) {
+            out[t * hid..(t + 1) * hid].iter_mut().zip(row).for_each(|(o, &v)| *o += v);
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The model-level checks of a reference directory: logits of three forwards against the dump.
+//!
+//! Each check resets the backend, replays the reference's inputs (prompt prefill, a committed
+//! block, a canvas with and without self-conditioning) and compares the logits.
+
+use crate::compare::{Comparison, compare};
+use crate::reference::Reference;
+use crate::{BoxError, ParityError};
+
+/// Normwise tolerance of the f32 CPU path against transformers f32 on the CPU: both sides do the
+/// same f32 operations and differ only in summation order (a few ulps per op).
+pub const CPU_LOGITS_TOLERANCE: f64 = 1e-5;
+/// Normwise tolerance of the f32 GPU path: GPU reductions and transcendentals are less tightly
+/// specified than libm's (WGSL allows a few ulps for exp/tanh).
+pub const GPU_LOGITS_TOLERANCE: f64 = 1e-4;
+/// Rows whose reference top-2 gap exceeds this must agree on the argmax.
+pub const ARGMAX_MARGIN: f32 = 1e-3;
+
+/// A model the checks can drive.
+pub trait Backend {
+    /// Short name for reports (`cpu`, `gpu`).
+    fn name(&self) -> &'static str;
+    /// The normwise tolerance on logits for this backend.
+    fn logits_tolerance(&self) -> f64;
+    /// Vocabulary size V (logits row length).
+    fn vocab_size(&self) -> usize;
+    /// Forget every cached token.
+    fn reset(&mut self) -> Result<(), BoxError>;
+    /// Encode ids at the next positions into the cache.
+    fn encode(&mut self, ids: &[u32]) -> Result<(), BoxError>;
+    /// Canvas forward at the positions after the cache.
+    fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), BoxError>;
+}
+
+/// The outcome of one check.
+#[derive(Debug, Clone)]
+pub struct CheckResult {
+    pub name: String,
+    pub passed: bool,
+    pub detail: String,
+}
+
+impl CheckResult {
+    fn from_comparison(name: &str, c: &Comparison, tolerance: f64) -> Self {
+        CheckResult { name: name.to_string(), passed: c.passes(tolerance), detail: format!("{c} tol={tolerance:.0e}") }
+    }
+}
+
+/// Runs the logits checks the dump supports (`logits_plain`, `logits_sc`, `logits_block2`).
+pub fn logits_checks(reference: &Reference, backend: &mut dyn Backend) -> Result<Vec<CheckResult>, ParityError> {
+    let mut results = Vec::new();
+    let v = backend.vocab_size();
+    let tol = backend.logits_tolerance();
+    let be = |e: BoxError| ParityError::Backend(e.to_string());
+    if !reference.has("prompt_ids") {
+        return Ok(results);
+    }
+    let prompt = reference.ids("prompt_ids")?;
+    if reference.has("canvas_ids") {
+        let canvas = reference.ids("canvas_ids")?;
+        let mut logits = vec![0f32; canvas.len() * v];
+        backend.reset().map_err(be)?;
+        backend.encode(&prompt).map_err(be)?;
+        if reference.has("logits_plain") {
+            backend.canvas_forward(&canvas, None, &mut logits).map_err(be)?;
+            let (_, want) = reference.floats("logits_plain")?;
+            check_len(reference, "logits_plain", want.len(), logits.len())?;
+            results.push(CheckResult::from_comparison("logits_plain", &compare(&logits, &want, v, ARGMAX_MARGIN), tol));
+        }
+        if reference.has("logits_sc") && reference.has("sc_logits") {
+            let (_, sc) = reference.floats("sc_logits")?;
+            check_len(reference, "sc_logits", sc.len(), logits.len())?;
+            backend.canvas_forward(&canvas, Some(&sc), &mut logits).map_err(be)?;
+            let (_, want) = reference.floats("logits_sc")?;
+            check_len(reference, "logits_sc", want.len(), logits.len())?;
+            results.push(CheckResult::from_comparison("logits_sc", &compare(&logits, &want, v, ARGMAX_MARGIN), tol));
+        }
+    }
+    if reference.has("block2_ids") && reference.has("canvas2_ids") && reference.has("logits_block2") {
+        if let Some(start) = reference.meta.block2_position_start
+            && start != prompt.len()
+        {
+            return Err(ParityError::Reference {
+                path: reference.dir.join("reference.json"),
+                message: format!("block2_position_start {start} differs from the prompt length {}", prompt.len()),
+            });
+        }
+        let block2 = reference.ids("block2_ids")?;
+        let canvas2 = reference.ids("canvas2_ids")?;
+        let mut logits = vec![0f32; canvas2.len() * v];
+        backend.reset().map_err(be)?;
+        backend.encode(&prompt).map_err(be)?;
+        backend.encode(&block2).map_err(be)?;
+        backend.canvas_forward(&canvas2, None, &mut logits).map_err(be)?;
+        let (_, want) = reference.floats("logits_block2")?;
+        check_len(reference, "logits_block2", want.len(), logits.len())?;
+        results.push(CheckResult::from_comparison("logits_block2", &compare(&logits, &want, v, ARGMAX_MARGIN), tol));
+    }
+    Ok(results)
+}
+
+fn check_len(reference: &Reference, name: &str, got: usize, expected: usize) -> Result<(), ParityError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(ParityError::Reference {
+            path: reference.dir.join("reference.safetensors"),
+            message: format!("{name} has {got} values, expected {expected} (canvas × vocab)"),
+        })
+    }
+}

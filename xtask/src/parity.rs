@@ -1,0 +1,89 @@
+//! `cargo xtask parity`: runs every check a reference directory supports on each backend and
+//! prints one `PASS|FAIL <check> <metrics>` line per check, then a summary.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use dg_cpu::CpuModel;
+use dg_model::ModelDir;
+use dg_parity::checks::{Backend, CheckResult, logits_checks};
+use dg_parity::cpu::CpuBackend;
+use dg_parity::reference::Reference;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A directory in the reference format (repeatable). Default: every fixture under fixtures/.
+    #[arg(long = "model")]
+    models: Vec<PathBuf>,
+    /// Which backend(s) to check.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: BackendChoice,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BackendChoice {
+    Cpu,
+    Gpu,
+    All,
+}
+
+/// Runs the checks; `Ok(false)` when any check failed.
+pub fn run(args: Args) -> Result<bool> {
+    let dirs = if args.models.is_empty() { committed_fixtures()? } else { args.models };
+    if dirs.is_empty() {
+        bail!("no reference directories found");
+    }
+    if args.backend != BackendChoice::Cpu {
+        bail!("the GPU backend does not exist yet; only --backend cpu can be checked");
+    }
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for dir in &dirs {
+        let label = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let started = Instant::now();
+        let results = check_dir(dir).with_context(|| format!("checking {}", dir.display()))?;
+        for (backend, r) in &results {
+            println!("{} {backend}:{label}/{} {}", if r.passed { "PASS" } else { "FAIL" }, r.name, r.detail);
+            if r.passed {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+        }
+        eprintln!("  ({label}: {:.1}s)", started.elapsed().as_secs_f64());
+    }
+    println!("parity: {passed} passed, {failed} failed");
+    Ok(failed == 0)
+}
+
+fn check_dir(dir: &Path) -> Result<Vec<(&'static str, CheckResult)>> {
+    let reference = Reference::open(dir)?;
+    let model_dir = ModelDir::open(dir)?;
+    if reference.meta.canvas_length != model_dir.config.canvas_length {
+        bail!(
+            "reference.json canvas_length {} differs from config.json {}",
+            reference.meta.canvas_length,
+            model_dir.config.canvas_length
+        );
+    }
+    let weights = model_dir.load_weights()?;
+    let mut backend = CpuBackend(CpuModel::new(model_dir.config.clone(), weights));
+    let name = backend.name();
+    let results = logits_checks(&reference, &mut backend)?;
+    if results.is_empty() {
+        bail!("{} holds no check this tool knows", dir.display());
+    }
+    Ok(results.into_iter().map(|r| (name, r)).collect())
+}
+
+/// Every directory under `fixtures/` that holds a `reference.json`.
+fn committed_fixtures() -> Result<Vec<PathBuf>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .with_context(|| format!("reading {}", root.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("reference.json").exists())
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
