@@ -1,1 +1,45 @@
-//! dg-kernels
+//! dg-kernels: the WGSL compute kernels of dg, one op per `.wgsl` file, with the `#[repr(C)]`
+//! parameter structs they read and the tile tables of their variants.
+//!
+//! Binding convention, shared by every kernel so that dg-gpu can build layouts generically:
+//! `@group(0) @binding(0)` is a uniform holding the kernel's parameter struct (bound with a
+//! dynamic offset into one shared uniform buffer), and bindings `1..=n` are storage buffers in
+//! the order of [`KernelSource::buffers`]. Every rendering is plain WGSL that naga validates
+//! offline (see the tests).
+
+pub mod rmsnorm;
+
+/// Every kernel variant dg may compile (validated offline by naga in the tests).
+pub fn all_variants() -> Vec<KernelSource> {
+    vec![rmsnorm::source()]
+}
+
+/// How a kernel uses one of its storage buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    Read,
+    ReadWrite,
+}
+
+/// One compilable kernel variant: WGSL source, entry point and storage-buffer accesses.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KernelSource {
+    /// Unique name of this variant (op name plus its tile parameters).
+    pub name: String,
+    pub wgsl: String,
+    pub entry: &'static str,
+    /// Storage bindings `1..=n`.
+    pub buffers: Vec<Access>,
+    /// Size in bytes of the uniform parameter struct at binding 0.
+    pub params_size: u64,
+}
+
+/// Renders a const prelude (`const NAME: u32 = value;` lines) in front of a kernel body.
+pub fn with_prelude(consts: &[(&str, u32)], body: &str) -> String {
+    let mut s = String::new();
+    for (name, value) in consts {
+        s.push_str(&format!("const {name}: u32 = {value}u;\n"));
+    }
+    s.push_str(body);
+    s
+}

@@ -1,0 +1,185 @@
+//! The GPU device: adapter choice, features and limits, and counted resource creation.
+//!
+//! Adapter choice: a discrete GPU first, then integrated, then virtual, then CPU (lavapipe); the
+//! `DG_ADAPTER` environment variable or [`GpuOptions::adapter`] picks one by name substring.
+//! Every buffer, bind group and pipeline dg creates goes through this type, which counts them, so
+//! tests can prove that nothing is created after the first denoising step.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::GpuError;
+
+/// How to pick and open the device.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// Case-insensitive substring of the adapter name (overrides `DG_ADAPTER`).
+    pub adapter: Option<String>,
+}
+
+/// Numbers of GPU objects created so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Created {
+    pub buffers: u64,
+    pub bind_groups: u64,
+    pub pipelines: u64,
+}
+
+/// An open device with its queue.
+#[derive(Debug)]
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+    buffers: AtomicU64,
+    bind_groups: AtomicU64,
+    pipelines: AtomicU64,
+}
+
+/// All adapters wgpu can see, with their info.
+pub fn list_adapters() -> Vec<wgpu::AdapterInfo> {
+    let instance = wgpu::Instance::new(instance_descriptor());
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())).iter().map(|a| a.get_info()).collect()
+}
+
+fn instance_descriptor() -> wgpu::InstanceDescriptor {
+    wgpu::InstanceDescriptor::new_without_display_handle()
+}
+
+fn rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+impl GpuContext {
+    /// Picks an adapter and opens a device with the adapter's full limits.
+    pub fn new(opts: &GpuOptions) -> Result<Self, GpuError> {
+        let instance = wgpu::Instance::new(instance_descriptor());
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        if adapters.is_empty() {
+            return Err(GpuError::NoAdapter { detail: String::new() });
+        }
+        let wanted = opts.adapter.clone().or_else(|| std::env::var("DG_ADAPTER").ok()).filter(|s| !s.is_empty());
+        adapters.sort_by_key(|a| rank(a.get_info().device_type));
+        let adapter = match &wanted {
+            Some(w) => {
+                let lw = w.to_lowercase();
+                let pos = adapters.iter().position(|a| a.get_info().name.to_lowercase().contains(&lw));
+                match pos {
+                    Some(i) => adapters.swap_remove(i),
+                    None => {
+                        let available =
+                            adapters.iter().map(|a| a.get_info().name).collect::<Vec<_>>().join(", ");
+                        return Err(GpuError::AdapterNotFound { wanted: w.clone(), available });
+                    }
+                }
+            }
+            None => adapters.remove(0),
+        };
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("dg"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| GpuError::Device { adapter: info.name.clone(), message: e.to_string() })?;
+        Ok(GpuContext {
+            device,
+            queue,
+            info,
+            limits,
+            features,
+            buffers: AtomicU64::new(0),
+            bind_groups: AtomicU64::new(0),
+            pipelines: AtomicU64::new(0),
+        })
+    }
+
+    /// Counts of created objects.
+    pub fn created(&self) -> Created {
+        Created {
+            buffers: self.buffers.load(Ordering::Relaxed),
+            bind_groups: self.bind_groups.load(Ordering::Relaxed),
+            pipelines: self.pipelines.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Largest storage binding the device accepts.
+    pub fn max_binding(&self) -> u64 {
+        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+    }
+
+    /// A storage buffer of `size` bytes (at least 4), checked against the limits.
+    pub fn storage_buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer, GpuError> {
+        let size = size.max(4).next_multiple_of(4);
+        if size > self.max_binding() {
+            return Err(GpuError::Limit {
+                what: format!("buffer {label}"),
+                needed: size,
+                limit: self.max_binding(),
+                limit_name: "max_storage_buffer_binding_size",
+            });
+        }
+        self.buffer(label, size, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC)
+    }
+
+    /// A buffer with explicit usages; allocation failures become [`GpuError::OutOfMemory`].
+    pub fn buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, GpuError> {
+        self.buffers.fetch_add(1, Ordering::Relaxed);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::OutOfMemory { context: format!("allocating {label} ({size} bytes)"), message: e.to_string() });
+        }
+        Ok(buffer)
+    }
+
+    /// A storage buffer filled with `data`.
+    pub fn upload(&self, label: &str, data: &[f32]) -> Result<wgpu::Buffer, GpuError> {
+        let buffer = self.storage_buffer(label, (data.len() * 4) as u64)?;
+        self.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(data));
+        Ok(buffer)
+    }
+
+    pub(crate) fn count_bind_group(&self) {
+        self.bind_groups.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_pipeline(&self) {
+        self.pipelines.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Copies `len` f32 values from `buffer` (starting at element `offset`) to the host.
+    pub fn read_f32(&self, buffer: &wgpu::Buffer, offset: usize, len: usize) -> Result<Vec<f32>, GpuError> {
+        let bytes = (len * 4) as u64;
+        let staging = self.buffer("readback", bytes.max(4), wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?;
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        enc.copy_buffer_to_buffer(buffer, (offset * 4) as u64, &staging, 0, bytes);
+        self.queue.submit(Some(enc.finish()));
+        let out = map_read(self, &staging, bytes)?;
+        Ok(bytemuck::cast_slice(&out).to_vec())
+    }
+}
+
+/// Maps `staging` (already filled by a submitted copy), returns its first `bytes` bytes.
+pub(crate) fn map_read(ctx: &GpuContext, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
+    let slice = staging.slice(..bytes);
+    let (tx, rx) = std::sync::mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
+    rx.recv().map_err(|e| GpuError::Readback(e.to_string()))?.map_err(|e| GpuError::Readback(e.to_string()))?;
+    let data = slice.get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
+    staging.unmap();
+    Ok(data)
+}

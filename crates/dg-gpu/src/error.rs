@@ -1,0 +1,23 @@
+//! Errors of the GPU backend; each says what to do about it.
+
+/// Everything that can go wrong on the GPU side.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error(
+        "no GPU adapter found{detail}. On Linux without a GPU install the Vulkan software driver \
+         (lavapipe): `apt-get install -y mesa-vulkan-drivers libvulkan1`"
+    )]
+    NoAdapter { detail: String },
+    #[error("no adapter matches {wanted:?}; available: {available}")]
+    AdapterNotFound { wanted: String, available: String },
+    #[error("requesting a device from {adapter}: {message}")]
+    Device { adapter: String, message: String },
+    #[error("{what} needs {needed} bytes, over the adapter's limit {limit} ({limit_name})")]
+    Limit { what: String, needed: u64, limit: u64, limit_name: &'static str },
+    #[error("out of GPU memory while {context}: {message}")]
+    OutOfMemory { context: String, message: String },
+    #[error("GPU validation error while {context}: {message}")]
+    Validation { context: String, message: String },
+    #[error("reading back from the GPU: {0}")]
+    Readback(String),
+}

@@ -1,0 +1,231 @@
+//! Compiled kernels and dispatch plans.
+//!
+//! [`Pipelines`] compiles each kernel variant once, with an explicit layout derived from the
+//! shared binding convention of dg-kernels (uniform params at binding 0 with a dynamic offset,
+//! storage buffers after it). A [`Plan`] is a list of dispatches whose parameters all live in one
+//! uniform buffer at aligned offsets and whose bind groups are created once; replaying it only
+//! records commands (design after huggingface/ratchet's executable, keeping the uniform across
+//! steps).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dg_kernels::{Access, KernelSource};
+
+use crate::context::GpuContext;
+use crate::error::GpuError;
+
+/// A compiled kernel variant.
+#[derive(Debug)]
+pub struct Pipeline {
+    pub source: KernelSource,
+    pub layout: wgpu::BindGroupLayout,
+    pub pipeline: wgpu::ComputePipeline,
+}
+
+/// Compiled kernels by variant name.
+#[derive(Debug, Default)]
+pub struct Pipelines {
+    map: HashMap<String, Arc<Pipeline>>,
+}
+
+impl Pipelines {
+    /// The pipeline of `source`, compiled on first use.
+    pub fn get(&mut self, ctx: &GpuContext, source: KernelSource) -> Result<Arc<Pipeline>, GpuError> {
+        if let Some(p) = self.map.get(&source.name) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(compile(ctx, source)?);
+        self.map.insert(p.source.name.clone(), p.clone());
+        Ok(p)
+    }
+}
+
+fn compile(ctx: &GpuContext, source: KernelSource) -> Result<Pipeline, GpuError> {
+    let device = &ctx.device;
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let mut entries = vec![wgpu::BindGroupLayoutEntry {
+        binding: 0,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: true,
+            min_binding_size: wgpu::BufferSize::new(source.params_size),
+        },
+        count: None,
+    }];
+    for (i, access) in source.buffers.iter().enumerate() {
+        entries.push(wgpu::BindGroupLayoutEntry {
+            binding: i as u32 + 1,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: *access == Access::Read },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        });
+    }
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&source.name), entries: &entries });
+    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(&source.name),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(&source.name),
+        source: wgpu::ShaderSource::Wgsl(source.wgsl.as_str().into()),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(&source.name),
+        layout: Some(&pipeline_layout),
+        module: &module,
+        entry_point: Some(source.entry),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(GpuError::Validation { context: format!("compiling kernel {}", source.name), message: e.to_string() });
+    }
+    ctx.count_pipeline();
+    Ok(Pipeline { source, layout, pipeline })
+}
+
+/// One recorded dispatch.
+#[derive(Debug)]
+struct Dispatch {
+    pipeline: Arc<Pipeline>,
+    bind_group: wgpu::BindGroup,
+    offset: u32,
+    groups: [u32; 3],
+}
+
+/// A replayable list of dispatches.
+#[derive(Debug)]
+pub struct Plan {
+    dispatches: Vec<Dispatch>,
+    /// Keeps the parameter buffer alive as long as the bind groups that use it.
+    _uniforms: wgpu::Buffer,
+}
+
+struct Pending<'a> {
+    pipeline: Arc<Pipeline>,
+    buffers: Vec<&'a wgpu::Buffer>,
+    offset: u32,
+    groups: [u32; 3],
+}
+
+/// Collects dispatches; [`PlanBuilder::finish`] creates the uniform buffer and bind groups.
+pub struct PlanBuilder<'a> {
+    params: Vec<u8>,
+    align: usize,
+    pending: Vec<Pending<'a>>,
+}
+
+impl std::fmt::Debug for PlanBuilder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanBuilder").field("dispatches", &self.pending.len()).finish()
+    }
+}
+
+impl<'a> PlanBuilder<'a> {
+    pub fn new(ctx: &GpuContext) -> Self {
+        PlanBuilder { params: Vec::new(), align: ctx.limits.min_uniform_buffer_offset_alignment as usize, pending: Vec::new() }
+    }
+
+    /// Number of dispatches so far.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Adds a dispatch of `pipeline` with `params` over `buffers` (bindings 1..) and `groups`.
+    pub fn push<P: bytemuck::Pod>(&mut self, pipeline: &Arc<Pipeline>, params: &P, buffers: &[&'a wgpu::Buffer], groups: [u32; 3]) {
+        assert_eq!(buffers.len(), pipeline.source.buffers.len(), "kernel {}: wrong number of buffers", pipeline.source.name);
+        assert_eq!(size_of::<P>() as u64, pipeline.source.params_size, "kernel {}: params size", pipeline.source.name);
+        let offset = self.params.len().next_multiple_of(self.align);
+        self.params.resize(offset, 0);
+        self.params.extend_from_slice(bytemuck::bytes_of(params));
+        self.pending.push(Pending { pipeline: pipeline.clone(), buffers: buffers.to_vec(), offset: offset as u32, groups });
+    }
+
+    /// Creates the uniform buffer and one bind group per dispatch.
+    pub fn finish(mut self, ctx: &GpuContext) -> Result<Plan, GpuError> {
+        let size = self.params.len().next_multiple_of(self.align).max(self.align) as u64 + 256;
+        self.params.resize(size as usize, 0);
+        let uniforms = ctx.buffer("plan params", size, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST)?;
+        ctx.queue.write_buffer(&uniforms, 0, &self.params);
+        let mut dispatches = Vec::with_capacity(self.pending.len());
+        for p in self.pending {
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &uniforms,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(p.pipeline.source.params_size),
+                }),
+            }];
+            for (i, b) in p.buffers.iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+            }
+            ctx.count_bind_group();
+            let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&p.pipeline.source.name),
+                layout: &p.pipeline.layout,
+                entries: &entries,
+            });
+            dispatches.push(Dispatch { pipeline: p.pipeline, bind_group, offset: p.offset, groups: p.groups });
+        }
+        Ok(Plan { dispatches, _uniforms: uniforms })
+    }
+}
+
+impl Plan {
+    /// Records every dispatch into `pass`.
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        for d in &self.dispatches {
+            pass.set_pipeline(&d.pipeline.pipeline);
+            pass.set_bind_group(0, &d.bind_group, &[d.offset]);
+            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        }
+    }
+
+    /// Number of dispatches.
+    pub fn len(&self) -> usize {
+        self.dispatches.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dispatches.is_empty()
+    }
+
+    /// Kernel names in dispatch order (for per-kernel timing reports).
+    pub fn kernel_names(&self) -> Vec<&str> {
+        self.dispatches.iter().map(|d| d.pipeline.source.name.as_str()).collect()
+    }
+
+    /// Encodes, submits and waits: for tests and one-off work.
+    pub fn run(&self, ctx: &GpuContext) -> Result<(), GpuError> {
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("plan") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("plan"), timestamp_writes: None });
+            self.encode(&mut pass);
+        }
+        ctx.queue.submit(Some(enc.finish()));
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { context: "running a plan".into(), message: e.to_string() });
+        }
+        ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
+        Ok(())
+    }
+}
+
+/// Workgroup counts for `n` workgroups, folded into y when over the per-dimension limit
+/// (kernels recover the index as `x + y · num_workgroups.x`).
+pub fn groups_1d(n: u32, max_per_dim: u32) -> [u32; 3] {
+    if n <= max_per_dim { [n.max(1), 1, 1] } else { [max_per_dim, n.div_ceil(max_per_dim), 1] }
+}

@@ -1,0 +1,69 @@
+//! Helpers for GPU tests: opening the test device (with the lavapipe hint or a visible SKIP),
+//! guard-banded outputs that catch out-of-bounds writes, and seeded inputs.
+
+use crate::context::{GpuContext, GpuOptions};
+use crate::error::GpuError;
+
+/// Value written around every output so that a stray write shows.
+pub const GUARD: f32 = -7.777e17;
+/// Elements of guard band after each output.
+pub const GUARD_LEN: usize = 64;
+
+/// The device for a test. With no adapter: `None` and a visible SKIP line when `DG_ALLOW_NO_GPU=1`,
+/// otherwise a panic that says how to install lavapipe.
+pub fn test_context(test: &str) -> Option<GpuContext> {
+    match GpuContext::new(&GpuOptions::default()) {
+        Ok(ctx) => Some(ctx),
+        Err(e @ GpuError::NoAdapter { .. }) => {
+            if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") {
+                eprintln!("SKIP {test}: {e}");
+                None
+            } else {
+                panic!("{test}: {e} (or set DG_ALLOW_NO_GPU=1 to skip GPU tests)");
+            }
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+/// A storage buffer holding `len` values initialised to [`GUARD`], plus a guard band.
+pub fn guarded_output(ctx: &GpuContext, label: &str, len: usize) -> wgpu::Buffer {
+    ctx.upload(label, &vec![GUARD; len + GUARD_LEN]).expect("allocating a test output")
+}
+
+/// Reads `len` values back and asserts the guard band after them is intact.
+pub fn read_guarded(ctx: &GpuContext, buffer: &wgpu::Buffer, len: usize) -> Vec<f32> {
+    let all = ctx.read_f32(buffer, 0, len + GUARD_LEN).expect("readback");
+    if let Some(i) = all[len..].iter().position(|&v| v != GUARD) {
+        panic!("out-of-bounds write {} elements past the end of a {len}-element output", i);
+    }
+    all[..len].to_vec()
+}
+
+/// Deterministic pseudo-random values in [-scale, scale).
+pub fn seeded(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// Max |a − b| relative to max |b|, and the index where |a − b| peaks.
+pub fn max_rel_err(a: &[f32], b: &[f32]) -> (f32, usize) {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let (mut worst, mut at) = (0f32, 0);
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let d = (x - y).abs();
+        if !(d <= worst) {
+            worst = d;
+            at = i;
+        }
+    }
+    (worst / scale, at)
+}

@@ -1,0 +1,60 @@
+// RMSNorm over the rows of x (DiffusionGemmaRMSNorm): y = x * (mean(x^2) + eps)^-1/2 [* w],
+// optionally added to the previous contents of out, then multiplied by `scale`:
+//   out = ((accumulate ? out : 0) + rms(x) [* w]) * scale
+// One workgroup per row; rows beyond 65535 workgroups wrap into the y dimension.
+// Also serves the per-head q/k/v norms (rows = tokens * heads, dim = head_dim).
+
+struct Params {
+    rows: u32,
+    dim: u32,
+    eps: f32,
+    flags: u32,   // bit 0: multiply by w; bit 1: accumulate into out
+    scale: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+var<workgroup> partial: array<f32, WG>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.x + wid.y * nwg.x;
+    let base = row * p.dim;
+    let live = row < p.rows;
+    var acc = 0.0;
+    if (live) {
+        for (var i = lid.x; i < p.dim; i += WG) {
+            let v = x[base + i];
+            acc += v * v;
+        }
+    }
+    partial[lid.x] = acc;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (lid.x < s) {
+            partial[lid.x] += partial[lid.x + s];
+        }
+        workgroupBarrier();
+    }
+    if (!live) {
+        return;
+    }
+    let inv = 1.0 / sqrt(partial[0] / f32(p.dim) + p.eps);
+    for (var i = lid.x; i < p.dim; i += WG) {
+        var y = x[base + i] * inv;
+        if ((p.flags & 1u) != 0u) {
+            y = y * w[i];
+        }
+        if ((p.flags & 2u) != 0u) {
+            y = out[base + i] + y;
+        }
+        out[base + i] = y * p.scale;
+    }
+}
