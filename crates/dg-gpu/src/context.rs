@@ -143,11 +143,17 @@ impl GpuContext {
         Ok(buffer)
     }
 
-    /// A storage buffer filled with `data`.
-    pub fn upload(&self, label: &str, data: &[f32]) -> Result<wgpu::Buffer, GpuError> {
-        let buffer = self.storage_buffer(label, (data.len() * 4) as u64)?;
-        self.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(data));
+    /// A storage buffer filled with `data` (f32, u32 or any other plain 4-byte values).
+    pub fn upload<T: bytemuck::Pod>(&self, label: &str, data: &[T]) -> Result<wgpu::Buffer, GpuError> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let buffer = self.storage_buffer(label, bytes.len() as u64)?;
+        self.queue.write_buffer(&buffer, 0, bytes);
         Ok(buffer)
+    }
+
+    /// Copies `len` u32 values from `buffer` (starting at element `offset`) to the host.
+    pub fn read_u32(&self, buffer: &wgpu::Buffer, offset: usize, len: usize) -> Result<Vec<u32>, GpuError> {
+        Ok(self.read_f32(buffer, offset, len)?.into_iter().map(f32::to_bits).collect())
     }
 
     pub(crate) fn count_bind_group(&self) {
