@@ -1,0 +1,340 @@
+"""Named fixture presets for the DiffusionGemma oracle.
+
+A preset is a plain dict with these keys (every key of ``BASE`` may be overridden with ``--overrides``):
+
+``description``
+    One line saying what the preset covers; written to reference.json ``config``.
+``seed``
+    The seed the committed fixture was made with (``--seed`` replaces it).
+``text_config``
+    Keyword arguments for ``DiffusionGemmaTextConfig``. ``global_head_dim`` and
+    ``num_global_key_value_heads`` are accepted (transformers turns them into ``per_layer_config``).
+    ``layer_types`` may be a list, ``None`` (the class default: 5 sliding : 1 full, last full) or the
+    string ``"random"`` (drawn from the seed, last layer forced to full attention).
+``canvas_length``, ``prompt_length``
+    C and P.
+``checkpoint_dtype``
+    ``"float32"`` or ``"bfloat16"``. With bfloat16 every saved tensor is rounded to bf16 first and the
+    oracle runs in f32 on exactly those values.
+``vision_config``
+    ``None`` for a text-only model, or keyword arguments of a (tiny) ``Gemma4VisionConfig`` so that the
+    checkpoint carries a vision tower that a text-only loader has to skip.
+``init``
+    Scales of the random weights, see ``model_builder.InitScales``.
+``generation``
+    The sampler parameters given to ``generate`` and written to reference.json ``generation``.
+    ``eos_token_id`` may be an id, a list of ids, or ``"auto"`` (see ``eos_auto``).
+``eos_auto``
+    Only read when ``generation.eos_token_id == "auto"``: ``{"block": b, "extra_ids": k}``. A probe
+    generation without EOS picks, from block ``b`` of its output, a token whose first occurrence sits
+    mid-canvas and that no earlier block contains; that token (plus ``k`` further ids absent from the
+    probe output up to that block) becomes the EOS list, so the real run stops in block ``b``.
+``generation_config_json``
+    What ``generation_config.json`` holds: ``"same"`` (the ``generation`` values), ``"empty"`` (all
+    nulls, as a model directory without sampler settings) or ``"defaults"`` (the real checkpoint's
+    values, which reference.json then overrides).
+``expect``
+    Behaviours the generated run must show, else the fixture is rejected: ``multi_block`` (at least
+    two canvases, so a block commit happens), ``early_stop`` (some block stops before
+    max_denoising_steps), ``eos_stop`` (the last block has an EOS strictly inside the canvas and
+    generation ends before max_new_tokens).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+#: Generic small model; ``--preset custom`` starts from here.
+BASE: dict[str, Any] = {
+    "description": "generic small text-only model",
+    "seed": 0,
+    "canvas_length": 16,
+    "prompt_length": 12,
+    "checkpoint_dtype": "float32",
+    "vision_config": None,
+    "text_config": {
+        "vocab_size": 256,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_global_key_value_heads": 1,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "sliding_window": 8,
+        "layer_types": [SLIDING, SLIDING, SLIDING, FULL],
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 16,
+        "use_bidirectional_attention": "vision",
+    },
+    "init": {"logit_scale": 1.5},
+    "generation": {
+        "max_new_tokens": 32,
+        "max_denoising_steps": 12,
+        "t_min": 0.4,
+        "t_max": 0.8,
+        "entropy_bound": 0.3,
+        "stability_threshold": 1,
+        "confidence_threshold": 0.005,
+        "eos_token_id": [1],
+        "pad_token_id": 0,
+    },
+    "eos_auto": {"block": 1, "extra_ids": 1},
+    "generation_config_json": "same",
+    "expect": {"multi_block": True},
+}
+
+#: The generation_config.json values of the released checkpoint (model-spec section 1.4).
+REAL_GENERATION_DEFAULTS: dict[str, Any] = {
+    "max_new_tokens": 256,
+    "max_denoising_steps": 48,
+    "t_min": 0.4,
+    "t_max": 0.8,
+    "entropy_bound": 0.1,
+    "stability_threshold": 1,
+    "confidence_threshold": 0.005,
+    "eos_token_id": [1, 106, 50],
+    "pad_token_id": 0,
+}
+
+#: Overrides applied on top of ``BASE`` for each named preset.
+PRESET_OVERRIDES: dict[str, dict[str, Any]] = {
+    "custom": {},
+    "sliding-long-prompt": {
+        "description": (
+            "3 sliding + 1 full layer, W=8, 21-token prompt longer than the window (decoder sees the last "
+            "W-1 cached tokens, encoder window mask), GQA 4q/2kv sliding and 4q/1kv global, q/k norm "
+            "weights around 1, 3 canvases from max_new_tokens 40 (not a multiple of C), "
+            "generation_config.json all nulls"
+        ),
+        "seed": 3,
+        "canvas_length": 16,
+        "prompt_length": 21,
+        "text_config": {
+            "vocab_size": 320,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 4,
+            "layer_types": [SLIDING, SLIDING, SLIDING, FULL],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "sliding_window": 8,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 32,
+        },
+        "init": {"attn_score_std": None},
+        "generation": {"max_new_tokens": 40, "max_denoising_steps": 12, "entropy_bound": 0.3, "eos_token_id": [1]},
+        "generation_config_json": "empty",
+    },
+    "default-pattern-8experts": {
+        "description": (
+            "layer_types omitted (class default 5 sliding : 1 full, 6 layers), 8 experts top-3, "
+            "num_global_key_value_heads == num_key_value_heads, W=24 < prompt+canvas so block 2 sees a "
+            "truncated sliding cache, stability_threshold 2, eos list [1, 2], generation_config.json holds "
+            "the real checkpoint's defaults (reference.json overrides them)"
+        ),
+        "seed": 1,
+        "canvas_length": 32,
+        "prompt_length": 10,
+        "text_config": {
+            "vocab_size": 512,
+            "hidden_size": 48,
+            "intermediate_size": 64,
+            "num_hidden_layers": 6,
+            "layer_types": None,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 2,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "sliding_window": 24,
+            "num_experts": 8,
+            "top_k_experts": 3,
+            "moe_intermediate_size": 16,
+        },
+        "generation": {
+            "max_new_tokens": 64,
+            "max_denoising_steps": 16,
+            "entropy_bound": 0.5,
+            "stability_threshold": 2,
+            "confidence_threshold": 0.01,
+            "eos_token_id": [1, 2],
+        },
+        "generation_config_json": "defaults",
+    },
+    "bf16-checkpoint": {
+        "description": (
+            "checkpoint saved in BF16 (oracle runs in f32 on the bf16 values), interleaved S,F,S,F layers, "
+            "6 q heads, 3kv sliding / 2kv global, partial_rotary_factor 0.5 on full layers, rope theta 5e5, "
+            "stability_threshold 0, t 0.3..0.9, eos as a single int"
+        ),
+        "seed": 3,
+        "checkpoint_dtype": "bfloat16",
+        "canvas_length": 24,
+        "prompt_length": 9,
+        "text_config": {
+            "vocab_size": 384,
+            "hidden_size": 48,
+            "intermediate_size": 80,
+            "num_hidden_layers": 4,
+            "layer_types": [SLIDING, FULL, SLIDING, FULL],
+            "num_attention_heads": 6,
+            "num_key_value_heads": 3,
+            "num_global_key_value_heads": 2,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "sliding_window": 12,
+            "num_experts": 6,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 24,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 500000.0},
+            },
+        },
+        "generation": {
+            "max_new_tokens": 48,
+            "max_denoising_steps": 10,
+            "t_min": 0.3,
+            "t_max": 0.9,
+            "entropy_bound": 0.2,
+            "stability_threshold": 0,
+            "confidence_threshold": 0.005,
+            "eos_token_id": 1,
+        },
+    },
+    "real-head-dims": {
+        "description": (
+            "the real head geometry at a tiny width: head_dim 256 (sliding) / 512 (full), 4 q heads, "
+            "2 kv heads sliding, 1 kv head global, hidden 48, proportional RoPE 0.25 over 512 dims"
+        ),
+        "seed": 1,
+        "canvas_length": 16,
+        "prompt_length": 14,
+        "text_config": {
+            "vocab_size": 256,
+            "hidden_size": 48,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "layer_types": [SLIDING, SLIDING, FULL],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 256,
+            "global_head_dim": 512,
+            "sliding_window": 16,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 16,
+        },
+        "generation": {"max_new_tokens": 32, "max_denoising_steps": 12, "entropy_bound": 0.3, "eos_token_id": [1]},
+    },
+    "early-stop-eos": {
+        "description": (
+            "low temperatures (t 0.1..0.25) and confidence_threshold 0.1 so StableAndConfident stops "
+            "blocks early; EOS ids chosen from a probe run so an EOS lands mid-canvas in block 2 (rest "
+            "padded) and generation ends there although max_new_tokens allows 4 blocks"
+        ),
+        "seed": 5,
+        "canvas_length": 16,
+        "prompt_length": 8,
+        "text_config": {"sliding_window": 16},
+        "generation": {
+            "max_new_tokens": 64,
+            "max_denoising_steps": 24,
+            "t_min": 0.1,
+            "t_max": 0.25,
+            "entropy_bound": 0.5,
+            "stability_threshold": 1,
+            "confidence_threshold": 0.1,
+            "eos_token_id": "auto",
+            "pad_token_id": 0,
+        },
+        "eos_auto": {"block": 1, "extra_ids": 1},
+        "expect": {"multi_block": True, "early_stop": True, "eos_stop": True},
+    },
+    "vision-tower-skip": {
+        "description": (
+            "text fixture whose checkpoint also holds a tiny Gemma-4 vision tower and embed_vision "
+            "(a text-only loader must skip them); the real checkpoint's sampler settings (48 steps, bound "
+            "0.1, t 0.4..0.8, eos [1, 106, 50])"
+        ),
+        "seed": 7,
+        "canvas_length": 16,
+        "prompt_length": 6,
+        "init": {"logit_scale": 1.0},
+        "vision_config": {
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "position_embedding_size": 64,
+            "patch_size": 4,
+        },
+        "text_config": {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 2, "layer_types": [SLIDING, FULL]},
+        "generation": {
+            "max_new_tokens": 32,
+            "max_denoising_steps": 48,
+            "entropy_bound": 0.1,
+            "eos_token_id": [1, 106, 50],
+        },
+    },
+}
+
+
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Return a copy of ``base`` with ``overrides`` merged in; nested dicts merge, anything else replaces.
+
+    A few dict-valued fields are replaced whole rather than merged (``rope_parameters``,
+    ``vision_config``), since a partial merge of those would silently keep stale sub-keys.
+    """
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        replace_whole = key in ("rope_parameters", "vision_config")
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and not replace_whole:
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def preset_names() -> list[str]:
+    """Names accepted by ``--preset``."""
+    return list(PRESET_OVERRIDES)
+
+
+def resolve_preset(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the full spec of preset ``name`` (BASE + its overrides + the user's overrides)."""
+    if name not in PRESET_OVERRIDES:
+        raise KeyError(f"unknown preset {name!r}; choose one of {', '.join(preset_names())}")
+    spec = deep_merge(BASE, PRESET_OVERRIDES[name])
+    if overrides:
+        spec = deep_merge(spec, overrides)
+    spec["name"] = name
+    return spec
+
+
+def load_overrides(text_or_path: str | None) -> dict[str, Any] | None:
+    """Parse ``--overrides``: either inline JSON or the path of a JSON file."""
+    if not text_or_path:
+        return None
+    if not text_or_path.lstrip().startswith("{"):
+        text_or_path = Path(text_or_path).read_text()
+    overrides = json.loads(text_or_path)
+    if not isinstance(overrides, dict):
+        raise ValueError("--overrides must be a JSON object")
+    return overrides

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Regenerate every committed fixture under fixtures/ from its preset (each preset pins its seed).
+#
+#   tools/oracle/regen_all.sh             rewrite fixtures/<name>/ for every preset below
+#   tools/oracle/regen_all.sh --verify    regenerate into a temporary directory and compare the sha256
+#                                         of every file with the committed fixtures (exit 1 on any change)
+#   tools/oracle/regen_all.sh NAME...     only these presets (works with --verify too)
+#
+# PYTHON selects the interpreter (default: python3) that has tools/oracle/requirements.txt installed.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+python="${PYTHON:-python3}"
+
+all_presets=(
+  sliding-long-prompt
+  default-pattern-8experts
+  bf16-checkpoint
+  real-head-dims
+  early-stop-eos
+  vision-tower-skip
+)
+
+verify=0
+presets=()
+for arg in "$@"; do
+  case "$arg" in
+    --verify) verify=1 ;;
+    -h|--help) sed -n '2,9p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) presets+=("$arg") ;;
+  esac
+done
+[ ${#presets[@]} -gt 0 ] || presets=("${all_presets[@]}")
+
+if [ "$verify" = 1 ]; then
+  dest="$(mktemp -d)"
+  trap 'rm -rf "$dest"' EXIT
+else
+  dest="$root/fixtures"
+fi
+
+for name in "${presets[@]}"; do
+  echo "== $name"
+  "$python" "$here/make_fixture.py" --preset "$name" --out "$dest/$name"
+done
+
+if [ "$verify" = 1 ]; then
+  status=0
+  for name in "${presets[@]}"; do
+    for file in "$dest/$name"/*; do
+      committed="$root/fixtures/$name/$(basename "$file")"
+      new_sum="$(sha256sum "$file" | cut -d' ' -f1)"
+      old_sum="$( [ -f "$committed" ] && sha256sum "$committed" | cut -d' ' -f1 || echo missing)"
+      if [ "$new_sum" = "$old_sum" ]; then
+        echo "same     $name/$(basename "$file")  $new_sum"
+      else
+        echo "CHANGED  $name/$(basename "$file")  $old_sum -> $new_sum"
+        status=1
+      fi
+    done
+  done
+  exit "$status"
+fi
