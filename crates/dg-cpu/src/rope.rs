@@ -13,21 +13,9 @@ pub struct RopeTable {
 
 impl RopeTable {
     /// Table for `tokens` positions starting at `start`, for the head size and RoPE of `spec`.
-    /// θ is the f32 product `pos · inv_freq`; cos and sin are rounded to f32 from f64.
     pub fn new(spec: &LayerSpec, start: usize, tokens: usize) -> Self {
-        let inv_freq = spec.rope.inv_freq(spec.head_dim);
-        let half = inv_freq.len();
-        let mut cos = Vec::with_capacity(tokens * half);
-        let mut sin = Vec::with_capacity(tokens * half);
-        for t in 0..tokens {
-            let pos = (start + t) as f32;
-            for &f in &inv_freq {
-                let theta = (pos * f) as f64;
-                cos.push(theta.cos() as f32);
-                sin.push(theta.sin() as f32);
-            }
-        }
-        RopeTable { half, cos, sin }
+        let (cos, sin) = spec.rope.cos_sin(spec.head_dim, start, tokens);
+        RopeTable { half: spec.head_dim / 2, cos, sin }
     }
 
     /// Rotates every head of `x: [T, heads, d]` in place.

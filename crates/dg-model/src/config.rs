@@ -77,6 +77,25 @@ impl RopeSpec {
     }
 }
 
+impl RopeSpec {
+    /// cos and sin of `pos · inv_freq` for positions `start..start+tokens`, `[tokens, head_dim/2]`
+    /// each: θ is the f32 product (as the reference's f32 matmul), cos/sin rounded from f64.
+    pub fn cos_sin(&self, head_dim: usize, start: usize, tokens: usize) -> (Vec<f32>, Vec<f32>) {
+        let inv_freq = self.inv_freq(head_dim);
+        let mut cos = Vec::with_capacity(tokens * inv_freq.len());
+        let mut sin = Vec::with_capacity(tokens * inv_freq.len());
+        for t in 0..tokens {
+            let pos = (start + t) as f32;
+            for &f in &inv_freq {
+                let theta = (pos * f) as f64;
+                cos.push(theta.cos() as f32);
+                sin.push(theta.sin() as f32);
+            }
+        }
+        (cos, sin)
+    }
+}
+
 /// Geometry of one layer, after `per_layer_config` overrides.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerSpec {
@@ -123,26 +142,41 @@ impl TextConfig {
         (self.hidden_size as f64).sqrt() as f32
     }
 
-    /// Number of text parameters (embedding counted once, layer scalars excluded).
+    /// Number of text parameters (embedding counted once, layer scalars excluded). Saturates at
+    /// `u64::MAX` for hand-built configs whose sizes overflow (`from_json_str` rejects those).
     pub fn num_parameters(&self) -> u64 {
+        self.checked_num_parameters().unwrap_or(u64::MAX)
+    }
+
+    /// [`Self::num_parameters`], or `None` when a tensor size or the total overflows `u64`.
+    fn checked_num_parameters(&self) -> Option<u64> {
+        let mul = |a: u64, b: u64| a.checked_mul(b);
         let h = self.hidden_size as u64;
-        let mut n = self.vocab_size as u64 * h + h; // embedding + final norm
-        n += h + 3 * h * self.intermediate_size as u64; // self-conditioning
+        let i_d = self.intermediate_size as u64;
+        let e = self.num_experts as u64;
+        let i_e = self.moe_intermediate_size as u64;
+        let dense = mul(mul(3, h)?, i_d)?; // gate, up, down
+        let mut n = mul(self.vocab_size as u64, h)?.checked_add(h)?; // embedding + final norm
+        n = n.checked_add(h)?.checked_add(dense)?; // self-conditioning
         for layer in &self.layers {
-            let q = (self.num_attention_heads * layer.head_dim) as u64;
-            let kv = (layer.num_kv_heads * layer.head_dim) as u64;
-            n += 7 * h; // norms
-            n += q * h + kv * h + q * h; // q, k, o
-            if layer.has_v_proj() {
-                n += kv * h;
+            let head_dim = layer.head_dim as u64;
+            let q = mul(self.num_attention_heads as u64, head_dim)?;
+            let kv = mul(layer.num_kv_heads as u64, head_dim)?;
+            let projections = if layer.has_v_proj() { 2 } else { 1 };
+            let terms = [
+                mul(7, h)?,                                 // norms
+                mul(mul(2, q)?, h)?,                        // q, o
+                mul(mul(projections, kv)?, h)?,             // k (and v)
+                mul(2, head_dim)?,                          // q_norm, k_norm
+                dense,                                      // dense MLP
+                mul(e, h)?.checked_add(h)?.checked_add(e)?, // router proj, scale, per_expert_scale
+                mul(mul(mul(e, 3)?, i_e)?, h)?,             // experts
+            ];
+            for term in terms {
+                n = n.checked_add(term)?;
             }
-            n += 2 * layer.head_dim as u64; // q_norm, k_norm
-            n += 3 * h * self.intermediate_size as u64; // dense MLP
-            let e = self.num_experts as u64;
-            n += e * h + h + e; // router proj, scale, per_expert_scale
-            n += e * 3 * self.moe_intermediate_size as u64 * h; // experts
         }
-        n
+        Some(n)
     }
 }
 
@@ -339,6 +373,9 @@ impl RawTextConfig {
                 return Err(err(format!("{name} must be > 0")));
             }
         }
+        if num_layers > MAX_LAYERS {
+            return Err(err(format!("num_hidden_layers {num_layers} exceeds the supported maximum {MAX_LAYERS}")));
+        }
         if top_k > num_experts {
             return Err(err(format!("top_k_experts {top_k} exceeds num_experts {num_experts}")));
         }
@@ -424,7 +461,7 @@ impl RawTextConfig {
         if let Some(pad) = pad_token_id {
             check_id(path, "text_config.pad_token_id", pad, vocab_size)?;
         }
-        Ok(TextConfig {
+        let text = TextConfig {
             vocab_size,
             hidden_size,
             intermediate_size,
@@ -438,9 +475,18 @@ impl RawTextConfig {
             max_position_embeddings: self.max_position_embeddings.unwrap_or(131_072),
             pad_token_id,
             layers,
-        })
+        };
+        // Each tensor's element count (and so each shape product) is at most the total.
+        match text.checked_num_parameters() {
+            Some(n) if usize::try_from(n).is_ok() => Ok(text),
+            _ => Err(err("tensor sizes overflow (check hidden_size, vocab_size, head_dim, num_experts, ...)".into())),
+        }
     }
 }
+
+/// Upper bound on `num_hidden_layers`: the real model has 30; the bound keeps an absurd value
+/// from allocating per-layer tables of that length.
+const MAX_LAYERS: usize = 4096;
 
 /// `layer_types`, or the default pattern: 5 sliding : 1 full, and the last layer always full.
 fn resolve_layer_types(types: Option<&[String]>, num_layers: usize) -> Result<Vec<LayerKind>, String> {

@@ -157,9 +157,10 @@ impl RawGenerationConfig {
             None => model.eos_token_ids.clone(),
         };
         let vocab = model.text.vocab_size;
-        for &id in eos_token_ids.iter().chain(self.pad_token_id.iter()) {
+        let fields = eos_token_ids.iter().map(|&id| ("eos_token_id", id));
+        for (field, id) in fields.chain(self.pad_token_id.map(|id| ("pad_token_id", id))) {
             if id as usize >= vocab {
-                return Err(err(format!("token id {id} is outside the vocabulary (vocab_size {vocab})")));
+                return Err(err(format!("{field} {id} is outside the vocabulary (vocab_size {vocab})")));
             }
         }
         Ok(GenerationConfig {

@@ -144,7 +144,9 @@ fn describe(e: &safetensors::SafeTensorError) -> String {
 /// A checkpoint: one file or several shards, each tensor found by name.
 #[derive(Debug)]
 pub struct Checkpoint {
-    dir: PathBuf,
+    /// What lists the tensors, named in "not found" errors: `model.safetensors`, the shard index,
+    /// or the directory when several files were opened directly.
+    origin: PathBuf,
     files: Vec<SafetensorsFile>,
     location: HashMap<String, usize>,
 }
@@ -184,7 +186,7 @@ impl Checkpoint {
                 location.insert(name.clone(), shard_of[shard]);
             }
             Ok(Checkpoint {
-                dir: dir.to_path_buf(),
+                origin: index_path,
                 files,
                 location,
             })
@@ -209,8 +211,12 @@ impl Checkpoint {
                 location.insert(name, i);
             }
         }
+        let origin = match files.as_slice() {
+            [one] => one.path().to_path_buf(),
+            _ => dir.to_path_buf(),
+        };
         Ok(Checkpoint {
-            dir: dir.to_path_buf(),
+            origin,
             files,
             location,
         })
@@ -244,7 +250,11 @@ impl Checkpoint {
     /// Shape and dtype name of `name`.
     pub fn shape(&self, name: &str) -> Result<(Vec<usize>, String)> {
         let file = self.file_of(name)?;
-        Ok(file.shape(name).expect("location map and header agree"))
+        // A shard index may name a shard that does not hold the tensor.
+        file.shape(name).ok_or_else(|| ModelError::MissingTensor {
+            name: name.to_string(),
+            location: file.path().display().to_string(),
+        })
     }
 
     fn file_of(&self, name: &str) -> Result<&SafetensorsFile> {
@@ -253,7 +263,7 @@ impl Checkpoint {
             .map(|&i| &self.files[i])
             .ok_or_else(|| ModelError::MissingTensor {
                 name: name.to_string(),
-                location: self.dir.display().to_string(),
+                location: self.origin.display().to_string(),
             })
     }
 }
