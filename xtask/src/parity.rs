@@ -8,7 +8,9 @@ use anyhow::{Context, Result, bail};
 use dg_cpu::CpuModel;
 use dg_model::ModelDir;
 use dg_parity::checks::{Backend, CheckResult, logits_checks};
+use dg_gpu::{GpuContext, GpuOptions};
 use dg_parity::cpu::CpuBackend;
+use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
 
 #[derive(Debug, clap::Args)]
@@ -34,14 +36,11 @@ pub fn run(args: Args) -> Result<bool> {
     if dirs.is_empty() {
         bail!("no reference directories found");
     }
-    if args.backend != BackendChoice::Cpu {
-        bail!("the GPU backend does not exist yet; only --backend cpu can be checked");
-    }
     let (mut passed, mut failed) = (0usize, 0usize);
     for dir in &dirs {
         let label = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
         let started = Instant::now();
-        let results = check_dir(dir).with_context(|| format!("checking {}", dir.display()))?;
+        let results = check_dir(dir, args.backend).with_context(|| format!("checking {}", dir.display()))?;
         for (backend, r) in &results {
             println!("{} {backend}:{label}/{} {}", if r.passed { "PASS" } else { "FAIL" }, r.name, r.detail);
             if r.passed {
@@ -56,7 +55,7 @@ pub fn run(args: Args) -> Result<bool> {
     Ok(failed == 0)
 }
 
-fn check_dir(dir: &Path) -> Result<Vec<(&'static str, CheckResult)>> {
+fn check_dir(dir: &Path, choice: BackendChoice) -> Result<Vec<(&'static str, CheckResult)>> {
     let reference = Reference::open(dir)?;
     let model_dir = ModelDir::open(dir)?;
     if reference.meta.canvas_length != model_dir.config.canvas_length {
@@ -67,13 +66,32 @@ fn check_dir(dir: &Path) -> Result<Vec<(&'static str, CheckResult)>> {
         );
     }
     let weights = model_dir.load_weights()?;
-    let mut backend = CpuBackend(CpuModel::new(model_dir.config.clone(), weights));
-    let name = backend.name();
-    let results = logits_checks(&reference, &mut backend)?;
-    if results.is_empty() {
-        bail!("{} holds no check this tool knows", dir.display());
+    let mut backends: Vec<Box<dyn Backend>> = Vec::new();
+    if matches!(choice, BackendChoice::Cpu | BackendChoice::All) {
+        backends.push(Box::new(CpuBackend(CpuModel::new(model_dir.config.clone(), weights.clone()))));
     }
-    Ok(results.into_iter().map(|r| (name, r)).collect())
+    if matches!(choice, BackendChoice::Gpu | BackendChoice::All) {
+        let ctx = GpuContext::new(&GpuOptions::default())?;
+        let max_context = sequence_length(&reference).max(1);
+        let gpu = GpuBackend::new(ctx, &model_dir.config, weights, max_context).map_err(|e| anyhow::anyhow!(e))?;
+        backends.push(Box::new(gpu));
+    }
+    let mut out = Vec::new();
+    for backend in &mut backends {
+        let name = backend.name();
+        let results = logits_checks(&reference, backend.as_mut())?;
+        if results.is_empty() {
+            bail!("{} holds no check this tool knows", dir.display());
+        }
+        out.extend(results.into_iter().map(|r| (name, r)));
+    }
+    Ok(out)
+}
+
+/// The longest context any check of `reference` encodes (prompt plus generated canvases).
+fn sequence_length(reference: &Reference) -> usize {
+    let len = |name: &str| reference.ids(name).map(|v| v.len()).unwrap_or(0);
+    len("gen_sequences").max(len("prompt_ids") + len("block2_ids"))
 }
 
 /// Every directory under `fixtures/` that holds a `reference.json`.

@@ -1,13 +1,20 @@
-//! dg-gpu: DiffusionGemma's forward on any GPU wgpu reaches (Vulkan, Metal, DX12).
+//! dg-gpu: DiffusionGemma's canvas forward on any GPU wgpu reaches (Vulkan, Metal, DX12).
 //!
 //! [`context`] opens the device and counts every created object; [`plan`] compiles kernels and
-//! records replayable dispatch lists.
+//! records replayable dispatch lists; [`weights`] uploads the model once; [`arena`] allocates the
+//! activations once; [`ops`] and [`forward`] record the canvas forward; [`model`] is the API.
 
+pub mod arena;
 pub mod context;
 pub mod error;
+pub mod forward;
+pub mod model;
+pub mod ops;
 pub mod plan;
 pub mod testing;
+pub mod weights;
 
 pub use context::{Created, GpuContext, GpuOptions, list_adapters};
 pub use error::GpuError;
+pub use model::{GpuModel, LayerContext};
 pub use plan::{Pipeline, Pipelines, Plan, PlanBuilder, groups_1d};

@@ -7,11 +7,36 @@
 //! the order of [`KernelSource::buffers`]. Every rendering is plain WGSL that naga validates
 //! offline (see the tests).
 
+pub mod axpby;
+pub mod embed;
+pub mod gelu_glu;
+pub mod gemm;
+pub mod grouped_gemm;
+pub mod moe_combine;
+pub mod moe_dispatch;
 pub mod rmsnorm;
+pub mod rope;
+pub mod router_topk;
+pub mod softmax;
 
 /// Every kernel variant dg may compile (validated offline by naga in the tests).
 pub fn all_variants() -> Vec<KernelSource> {
-    vec![rmsnorm::source()]
+    vec![
+        rmsnorm::source(),
+        rope::source(),
+        softmax::source(),
+        gelu_glu::split(),
+        gelu_glu::fused(),
+        embed::source(),
+        axpby::source(),
+        router_topk::source(),
+        moe_dispatch::source(),
+        moe_combine::source(),
+    ]
+    .into_iter()
+    .chain(gemm::TILES.iter().map(|&t| gemm::source(t)))
+    .chain(gemm::TILES.iter().map(|&t| grouped_gemm::source(t)))
+    .collect()
 }
 
 /// How a kernel uses one of its storage buffers.

@@ -7,6 +7,7 @@
 pub mod checks;
 pub mod compare;
 pub mod cpu;
+pub mod gpu;
 pub mod reference;
 
 use std::path::PathBuf;

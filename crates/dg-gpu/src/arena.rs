@@ -1,0 +1,142 @@
+//! The activation arena: every buffer one canvas forward needs, allocated once for the largest
+//! shapes (canvas C, at most `max_context` cached tokens), reused by every step of every block.
+
+use dg_model::{ModelConfig, TextConfig};
+
+use crate::context::GpuContext;
+use crate::error::GpuError;
+
+/// Per-layer cached K/V of the context (what the encoder wrote), `[tokens, kv_heads, head_dim]`.
+#[derive(Debug)]
+pub struct CacheBuffers {
+    pub keys: wgpu::Buffer,
+    pub values: wgpu::Buffer,
+}
+
+/// Activation buffers.
+#[derive(Debug)]
+pub struct Arena {
+    pub canvas: usize,
+    pub max_context: usize,
+    /// u32 canvas ids `[C]`.
+    pub ids: wgpu::Buffer,
+    /// Embedded canvas, then `e + sc_signal` `[C, H]`.
+    pub embedded: wgpu::Buffer,
+    /// The residual stream `[C, H]`.
+    pub hidden: wgpu::Buffer,
+    /// A normed copy of the stream `[C, H]`.
+    pub normed: wgpu::Buffer,
+    pub q_raw: wgpu::Buffer,
+    pub q: wgpu::Buffer,
+    pub k_raw: wgpu::Buffer,
+    pub v_raw: wgpu::Buffer,
+    pub k_new: wgpu::Buffer,
+    pub v_new: wgpu::Buffer,
+    /// Attention scores/probabilities `[heads, C, context + C]`.
+    pub scores: wgpu::Buffer,
+    pub attn: wgpu::Buffer,
+    /// `[C, H]` scratch: attention output, MoE output.
+    pub proj: wgpu::Buffer,
+    /// `[C, 2·I]` dense / self-conditioning MLP gate‖up.
+    pub gate_up: wgpu::Buffer,
+    /// `[C, I]`.
+    pub act: wgpu::Buffer,
+    /// `[C, H]` dense MLP branch.
+    pub dense: wgpu::Buffer,
+    /// `[C, H]` MoE branch.
+    pub moe: wgpu::Buffer,
+    pub router_logits: wgpu::Buffer,
+    pub topk_idx: wgpu::Buffer,
+    pub topk_w: wgpu::Buffer,
+    pub offsets: wgpu::Buffer,
+    pub rows: wgpu::Buffer,
+    pub slot_of: wgpu::Buffer,
+    /// `[C·K, 2·I_e]`.
+    pub expert_gate_up: wgpu::Buffer,
+    /// `[C·K, I_e]`.
+    pub expert_act: wgpu::Buffer,
+    /// `[C·K, H]`.
+    pub expert_out: wgpu::Buffer,
+    /// Self-conditioning input logits, softmaxed in place `[C, V]`.
+    pub sc_probs: wgpu::Buffer,
+    /// Output logits `[C, V]`.
+    pub logits: wgpu::Buffer,
+    /// RoPE tables per layer type: cos, sin `[C, d/2]` (sliding, full).
+    pub rope_sliding: (wgpu::Buffer, wgpu::Buffer),
+    pub rope_full: (wgpu::Buffer, wgpu::Buffer),
+    /// Per-layer cached context K/V.
+    pub cache: Vec<CacheBuffers>,
+    /// Host-visible staging for the logits readback.
+    pub staging: wgpu::Buffer,
+    /// A 4-byte buffer bound where a kernel ignores a binding.
+    pub dummy: wgpu::Buffer,
+}
+
+fn max_dims(cfg: &TextConfig) -> (usize, usize) {
+    let q = cfg.layers.iter().map(|l| cfg.num_attention_heads * l.head_dim).max().unwrap_or(0);
+    let kv = cfg.layers.iter().map(|l| l.num_kv_heads * l.head_dim).max().unwrap_or(0);
+    (q, kv)
+}
+
+impl Arena {
+    /// Allocates every activation for canvases of `config.canvas_length` tokens against at most
+    /// `max_context` cached tokens.
+    pub fn new(ctx: &GpuContext, config: &ModelConfig, max_context: usize) -> Result<Self, GpuError> {
+        let cfg = &config.text;
+        let c = config.canvas_length;
+        let (h, v, i, e_i, k) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.moe_intermediate_size, cfg.top_k_experts);
+        let (q_w, kv_w) = max_dims(cfg);
+        let heads = cfg.num_attention_heads;
+        let f = |label: &str, n: usize| ctx.storage_buffer(label, (n * 4) as u64);
+        let cache = cfg
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(li, l)| {
+                let n = max_context * l.num_kv_heads * l.head_dim;
+                Ok(CacheBuffers { keys: f(&format!("cache.{li}.k"), n)?, values: f(&format!("cache.{li}.v"), n)? })
+            })
+            .collect::<Result<Vec<_>, GpuError>>()?;
+        let half = |kind: dg_model::LayerKind| cfg.layers.iter().find(|l| l.kind == kind).map_or(1, |l| l.head_dim / 2);
+        let rope = |name: &str, hd: usize| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
+            Ok((f(&format!("rope.{name}.cos"), c * hd)?, f(&format!("rope.{name}.sin"), c * hd)?))
+        };
+        Ok(Arena {
+            canvas: c,
+            max_context,
+            ids: f("ids", c)?,
+            embedded: f("embedded", c * h)?,
+            hidden: f("hidden", c * h)?,
+            normed: f("normed", c * h)?,
+            q_raw: f("q_raw", c * q_w)?,
+            q: f("q", c * q_w)?,
+            k_raw: f("k_raw", c * kv_w)?,
+            v_raw: f("v_raw", c * kv_w)?,
+            k_new: f("k_new", c * kv_w)?,
+            v_new: f("v_new", c * kv_w)?,
+            scores: f("scores", heads * c * (max_context + c))?,
+            attn: f("attn", c * q_w)?,
+            proj: f("proj", c * h)?,
+            gate_up: f("gate_up", c * 2 * i.max(1))?,
+            act: f("act", c * i)?,
+            dense: f("dense", c * h)?,
+            moe: f("moe", c * h)?,
+            router_logits: f("router_logits", c * cfg.num_experts)?,
+            topk_idx: f("topk_idx", c * k)?,
+            topk_w: f("topk_w", c * k)?,
+            offsets: f("offsets", cfg.num_experts + 1)?,
+            rows: f("rows", c * k)?,
+            slot_of: f("slot_of", c * k)?,
+            expert_gate_up: f("expert_gate_up", c * k * 2 * e_i)?,
+            expert_act: f("expert_act", c * k * e_i)?,
+            expert_out: f("expert_out", c * k * h)?,
+            sc_probs: f("sc_probs", c * v)?,
+            logits: f("logits", c * v)?,
+            rope_sliding: rope("sliding", half(dg_model::LayerKind::Sliding))?,
+            rope_full: rope("full", half(dg_model::LayerKind::Full))?,
+            cache,
+            staging: ctx.buffer("logits staging", (c * v * 4) as u64, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?,
+            dummy: f("dummy", 1)?,
+        })
+    }
+}

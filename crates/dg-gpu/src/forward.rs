@@ -1,0 +1,208 @@
+//! The decoder's canvas forward as a list of dispatches (`DiffusionGemmaDecoderModel.forward` +
+//! `DiffusionGemmaSelfConditioning` + the tied, softcapped head), recorded once per block and
+//! replayed every denoising step.
+//!
+//! Per layer (mirrors `dg_cpu::layer::layer_forward`):
+//! norm → q/k/v GEMMs → q/k norms + RoPE, v norm → attention over [cache | canvas] as two score
+//! GEMMs, a row softmax and two value GEMMs → o_proj → fused post-attention norm + residual →
+//! dense MLP ‖ router + experts → fused post-FF norm + residual + layer scalar.
+
+use dg_kernels::gemm::GemmParams;
+use dg_kernels::grouped_gemm::GroupedGemmParams;
+use dg_kernels::softmax::SoftmaxParams;
+use dg_model::{LayerKind, ModelConfig};
+
+use crate::arena::Arena;
+use crate::error::GpuError;
+use crate::ops::{Recorder, linear_params};
+use crate::weights::GpuWeights;
+
+/// What varies between blocks: cached tokens visible to each layer, and whether this plan feeds
+/// self-conditioning logits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardShape {
+    pub visible: Vec<usize>,
+    pub self_conditioning: bool,
+}
+
+/// Records one canvas forward: ids in `arena.ids` (and probabilities' source logits in
+/// `arena.sc_probs` when self-conditioning) → logits in `arena.logits`.
+pub fn record_canvas_forward<'a>(
+    rec: &mut Recorder<'a>,
+    config: &ModelConfig,
+    w: &'a GpuWeights,
+    a: &'a Arena,
+    shape: &ForwardShape,
+) -> Result<(), GpuError> {
+    let cfg = &config.text;
+    let (c, h, v, eps) = (config.canvas_length, cfg.hidden_size, cfg.vocab_size, cfg.rms_norm_eps);
+    let scale = cfg.embed_scale();
+
+    // e = E[ids]·√H
+    for chunk in &w.embed {
+        rec.embed(&a.ids, &chunk.buffer, &a.embedded, c, h, chunk.start, chunk.rows, scale)?;
+    }
+    if shape.self_conditioning {
+        // P = softmax(sc) (in place), soft = (P·E)·√H, signal = MLP_sc(pre_norm(soft)), e += signal.
+        rec.softmax(&a.sc_probs, SoftmaxParams::plain(c as u32, v as u32))?;
+        for (i, chunk) in w.embed.iter().enumerate() {
+            let p = GemmParams {
+                a_offset: chunk.start as u32,
+                a_rs: v as u32,
+                b_rs: h as u32,
+                b_cs: 1,
+                accumulate: u32::from(i > 0),
+                ..linear_params(c, h, chunk.rows)
+            };
+            rec.gemm(&a.sc_probs, &chunk.buffer, &a.proj, p)?;
+        }
+        rec.axpby(&a.dummy, &a.proj, c * h, 0.0, scale)?;
+        rec.rmsnorm(&a.proj, Some(&w.sc_pre_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
+        let inter = cfg.intermediate_size;
+        rec.linear(&a.normed, &w.sc_gate_up, &a.gate_up, c, 2 * inter, h)?;
+        rec.gelu_glu_fused(&a.gate_up, &a.act, c, inter)?;
+        rec.linear(&a.act, &w.sc_down, &a.proj, c, h, inter)?;
+        rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?;
+    }
+    // h0 = post_norm(e + signal), weightless.
+    rec.rmsnorm(&a.embedded, None, &a.dummy, &a.hidden, c, h, eps, false, 1.0)?;
+
+    for (i, (layer, spec)) in w.layers.iter().zip(&cfg.layers).enumerate() {
+        record_layer(rec, config, w, a, i, shape.visible[i])?;
+        let _ = (layer, spec);
+    }
+
+    // logits = softcap(norm(h)·Eᵀ)
+    rec.rmsnorm(&a.hidden, Some(&w.final_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
+    for chunk in &w.embed {
+        let mut p = GemmParams { c_offset: chunk.start as u32, c_rs: v as u32, ..linear_params(c, chunk.rows, h) };
+        if let Some(cap) = cfg.final_logit_softcapping {
+            p.epilogue = 1;
+            p.cap = cap;
+        }
+        rec.gemm(&a.normed, &chunk.buffer, &a.logits, p)?;
+    }
+    Ok(())
+}
+
+fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, visible: usize) -> Result<(), GpuError> {
+    let cfg = &config.text;
+    let spec = &cfg.layers[i];
+    let l = &w.layers[i];
+    let (c, h, eps) = (config.canvas_length, cfg.hidden_size, cfg.rms_norm_eps);
+    let (heads, d, kv) = (cfg.num_attention_heads, spec.head_dim, spec.num_kv_heads);
+    let group = heads / kv;
+    let (cos, sin) = match spec.kind {
+        LayerKind::Sliding => (&a.rope_sliding.0, &a.rope_sliding.1),
+        LayerKind::Full => (&a.rope_full.0, &a.rope_full.1),
+    };
+
+    // Attention inputs.
+    rec.rmsnorm(&a.hidden, Some(&l.norms.input), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
+    rec.linear(&a.normed, &l.q_proj, &a.q_raw, c, heads * d, h)?;
+    rec.rmsnorm(&a.q_raw, Some(&l.q_norm), &a.dummy, &a.q, c * heads, d, eps, false, 1.0)?;
+    rec.rope(&a.q, cos, sin, c, heads, d / 2)?;
+    rec.linear(&a.normed, &l.k_proj, &a.k_raw, c, kv * d, h)?;
+    // Full layers: V is the raw K projection.
+    let v_raw = match &l.v_proj {
+        Some(v_proj) => {
+            rec.linear(&a.normed, v_proj, &a.v_raw, c, kv * d, h)?;
+            &a.v_raw
+        }
+        None => &a.k_raw,
+    };
+    rec.rmsnorm(&a.k_raw, Some(&l.k_norm), &a.dummy, &a.k_new, c * kv, d, eps, false, 1.0)?;
+    rec.rope(&a.k_new, cos, sin, c, kv, d / 2)?;
+    rec.rmsnorm(v_raw, None, &a.dummy, &a.v_new, c * kv, d, eps, false, 1.0)?;
+
+    // Scores [heads, C, S] over [visible cache | canvas], scaling 1.0.
+    let s = visible + c;
+    let scores = |n: usize, c_offset: usize| GemmParams {
+        m: c as u32,
+        n: n as u32,
+        k: d as u32,
+        batch: heads as u32,
+        a_rs: (heads * d) as u32,
+        a_cs: 1,
+        a_batch: d as u32,
+        b_rs: 1,
+        b_cs: (kv * d) as u32,
+        b_batch: d as u32,
+        b_batch_div: group as u32,
+        c_offset: c_offset as u32,
+        c_rs: s as u32,
+        c_batch: (c * s) as u32,
+        alpha: 1.0,
+        ..bytemuck::Zeroable::zeroed()
+    };
+    let cache = &a.cache[i];
+    if visible > 0 {
+        rec.gemm(&a.q, &cache.keys, &a.scores, scores(visible, 0))?;
+    }
+    rec.gemm(&a.q, &a.k_new, &a.scores, scores(c, visible))?;
+    rec.softmax(&a.scores, SoftmaxParams::plain((heads * c) as u32, s as u32))?;
+    let values = |k: usize, a_offset: usize, accumulate: bool| GemmParams {
+        m: c as u32,
+        n: d as u32,
+        k: k as u32,
+        batch: heads as u32,
+        a_offset: a_offset as u32,
+        a_rs: s as u32,
+        a_cs: 1,
+        a_batch: (c * s) as u32,
+        b_rs: (kv * d) as u32,
+        b_cs: 1,
+        b_batch: d as u32,
+        b_batch_div: group as u32,
+        c_rs: (heads * d) as u32,
+        c_batch: d as u32,
+        alpha: 1.0,
+        accumulate: u32::from(accumulate),
+        ..bytemuck::Zeroable::zeroed()
+    };
+    if visible > 0 {
+        rec.gemm(&a.scores, &cache.values, &a.attn, values(visible, 0, false))?;
+    }
+    rec.gemm(&a.scores, &a.v_new, &a.attn, values(c, visible, visible > 0))?;
+    rec.linear(&a.attn, &l.o_proj, &a.proj, c, h, heads * d)?;
+    // h = h + post_attention_layernorm(a)
+    rec.rmsnorm(&a.proj, Some(&l.norms.post_attention), &a.dummy, &a.hidden, c, h, eps, true, 1.0)?;
+
+    // Dense MLP branch.
+    let inter = cfg.intermediate_size;
+    rec.rmsnorm(&a.hidden, Some(&l.norms.pre_ff), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
+    rec.linear(&a.normed, &l.mlp_gate_up, &a.gate_up, c, 2 * inter, h)?;
+    rec.gelu_glu_fused(&a.gate_up, &a.act, c, inter)?;
+    rec.linear(&a.act, &l.mlp_down, &a.proj, c, h, inter)?;
+    rec.rmsnorm(&a.proj, Some(&l.norms.post_ff_1), &a.dummy, &a.dense, c, h, eps, false, 1.0)?;
+
+    // Router on the un-normalised stream: rms(h)·scale·H^-½ → logits → top-k.
+    let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
+    let root = (h as f64).powf(-0.5) as f32;
+    rec.rmsnorm(&a.hidden, Some(&l.router_scale), &a.dummy, &a.normed, c, h, eps, false, root)?;
+    rec.linear(&a.normed, &l.router_proj, &a.router_logits, c, e, h)?;
+    rec.router_topk(&a.router_logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
+    rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e)?;
+    // Experts on pre_feedforward_layernorm_2(h).
+    rec.rmsnorm(&a.hidden, Some(&l.norms.pre_ff_2), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
+    let grouped = |n: usize, kk: usize, gather: bool| GroupedGemmParams {
+        n: n as u32,
+        k: kk as u32,
+        groups: e as u32,
+        max_rows: c as u32,
+        a_rs: kk as u32,
+        b_group_stride: (n * kk) as u32,
+        c_rs: n as u32,
+        gather: u32::from(gather),
+        ..bytemuck::Zeroable::zeroed()
+    };
+    rec.grouped_gemm(&a.normed, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, grouped(2 * ei, h, true))?;
+    rec.gelu_glu_fused(&a.expert_gate_up, &a.expert_act, c * k, ei)?;
+    rec.grouped_gemm(&a.expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, grouped(h, ei, false))?;
+    rec.moe_combine(&a.expert_out, &a.topk_idx, &a.topk_w, &a.slot_of, &a.moe, c, k, h)?;
+    rec.rmsnorm(&a.moe, Some(&l.norms.post_ff_2), &a.dummy, &a.proj, c, h, eps, false, 1.0)?;
+    // h = (h + post_feedforward_layernorm(dense + moe)) · layer_scalar
+    rec.axpby(&a.proj, &a.dense, c * h, 1.0, 1.0)?;
+    rec.rmsnorm(&a.dense, Some(&l.norms.post_ff), &a.dummy, &a.hidden, c, h, eps, true, l.decoder_scalar)?;
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! Typed recording of kernel dispatches: one method per op, hiding parameter structs, variant
+//! choice and workgroup counts. Everything recorded lands in one [`Plan`].
+
+use dg_kernels::gemm::{self, GemmParams};
+use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
+use dg_kernels::{KernelSource, axpby, embed, gelu_glu, moe_combine, moe_dispatch, rmsnorm, rope, router_topk, softmax};
+
+use crate::context::GpuContext;
+use crate::error::GpuError;
+use crate::plan::{Pipelines, Plan, PlanBuilder, groups_1d};
+
+/// Records dispatches into a plan.
+pub struct Recorder<'a> {
+    ctx: &'a GpuContext,
+    pipelines: &'a mut Pipelines,
+    plan: PlanBuilder<'a>,
+}
+
+impl std::fmt::Debug for Recorder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder").field("plan", &self.plan).finish()
+    }
+}
+
+/// A plain `[m, k] · Wᵀ` product for `W: [n, k]` (PyTorch linear layout).
+pub fn linear_params(m: usize, n: usize, k: usize) -> GemmParams {
+    GemmParams {
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        batch: 1,
+        a_rs: k as u32,
+        a_cs: 1,
+        b_rs: 1,
+        b_cs: k as u32,
+        b_batch_div: 1,
+        c_rs: n as u32,
+        alpha: 1.0,
+        ..GemmParams::zeroed()
+    }
+}
+
+trait Zeroed {
+    fn zeroed() -> Self;
+}
+
+impl Zeroed for GemmParams {
+    fn zeroed() -> Self {
+        bytemuck::Zeroable::zeroed()
+    }
+}
+
+impl<'a> Recorder<'a> {
+    pub fn new(ctx: &'a GpuContext, pipelines: &'a mut Pipelines) -> Self {
+        Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx) }
+    }
+
+    /// Creates the plan's uniform buffer and bind groups.
+    pub fn finish(self) -> Result<Plan, GpuError> {
+        self.plan.finish(self.ctx)
+    }
+
+    fn push<P: bytemuck::Pod>(&mut self, src: KernelSource, p: &P, buffers: &[&'a wgpu::Buffer], groups: [u32; 3]) -> Result<(), GpuError> {
+        let pipeline = self.pipelines.get(self.ctx, src)?;
+        self.plan.push(&pipeline, p, buffers, groups);
+        Ok(())
+    }
+
+    fn groups(&self, n: u32) -> [u32; 3] {
+        groups_1d(n, self.ctx.limits.max_compute_workgroups_per_dimension)
+    }
+
+    /// `out = ((accumulate ? out : 0) + rms(x)[·w]) · scale` over rows of `dim`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm(
+        &mut self,
+        x: &'a wgpu::Buffer,
+        w: Option<&'a wgpu::Buffer>,
+        dummy: &'a wgpu::Buffer,
+        out: &'a wgpu::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        accumulate: bool,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        let flags = if w.is_some() { rmsnorm::WEIGHTED } else { 0 } | if accumulate { rmsnorm::ACCUMULATE } else { 0 };
+        let p = rmsnorm::RmsNormParams { rows: rows as u32, dim: dim as u32, eps, flags, scale, _pad: [0; 3] };
+        let g = self.groups(rows as u32);
+        self.push(rmsnorm::source(), &p, &[x, w.unwrap_or(dummy), out], g)
+    }
+
+    /// A GEMM with explicit strides (see `dg_kernels::gemm`).
+    pub fn gemm(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
+        let tile = gemm::choose(p.m, p.n, p.k);
+        let g = gemm::workgroups(tile, p.m, p.n, p.batch);
+        self.push(gemm::source(tile), &p, &[a, b, c], g)
+    }
+
+    /// `out[m, n] = x[m, k] · Wᵀ`.
+    pub fn linear(&mut self, x: &'a wgpu::Buffer, w: &'a wgpu::Buffer, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize) -> Result<(), GpuError> {
+        self.gemm(x, w, out, linear_params(m, n, k))
+    }
+
+    /// Per-expert GEMMs over grouped slots.
+    #[allow(clippy::too_many_arguments)]
+    pub fn grouped_gemm(
+        &mut self,
+        a: &'a wgpu::Buffer,
+        b: &'a wgpu::Buffer,
+        offsets: &'a wgpu::Buffer,
+        rows: &'a wgpu::Buffer,
+        c: &'a wgpu::Buffer,
+        p: GroupedGemmParams,
+    ) -> Result<(), GpuError> {
+        let tile = gemm::choose(p.max_rows, p.n, p.k);
+        let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
+        self.push(grouped_gemm::source(tile), &p, &[a, b, offsets, rows, c], g)
+    }
+
+    /// RoPE in place on `x: [tokens·heads, 2·half]`.
+    pub fn rope(&mut self, x: &'a wgpu::Buffer, cos: &'a wgpu::Buffer, sin: &'a wgpu::Buffer, tokens: usize, heads: usize, half: usize) -> Result<(), GpuError> {
+        let p = rope::RopeParams { tokens: tokens as u32, heads: heads as u32, half: half as u32, _pad: 0 };
+        let g = self.groups(rope::workgroups(&p));
+        self.push(rope::source(), &p, &[x, cos, sin], g)
+    }
+
+    /// Row softmax in place (with the attention mask of `p`).
+    pub fn softmax(&mut self, x: &'a wgpu::Buffer, p: softmax::SoftmaxParams) -> Result<(), GpuError> {
+        let g = self.groups(softmax::workgroups(&p));
+        self.push(softmax::source(), &p, &[x], g)
+    }
+
+    /// `out[rows, I] = gelu_tanh(in[:, :I]) ⊙ in[:, I:]` for `in: [rows, 2·I]`.
+    pub fn gelu_glu_fused(&mut self, input: &'a wgpu::Buffer, out: &'a wgpu::Buffer, rows: usize, inter: usize) -> Result<(), GpuError> {
+        let p = gelu_glu::GeluGluParams { rows: rows as u32, inter: inter as u32, _pad: [0; 2] };
+        let g = self.groups(gelu_glu::workgroups(&p));
+        self.push(gelu_glu::fused(), &p, &[input, out], g)
+    }
+
+    /// Rows `row_start..row_start+row_count` of the scaled embedding for the ids in that range.
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed(&mut self, ids: &'a wgpu::Buffer, table: &'a wgpu::Buffer, out: &'a wgpu::Buffer, tokens: usize, hidden: usize, row_start: usize, row_count: usize, scale: f32) -> Result<(), GpuError> {
+        let p = embed::EmbedParams { tokens: tokens as u32, hidden: hidden as u32, row_start: row_start as u32, row_count: row_count as u32, scale, _pad: [0; 3] };
+        let g = self.groups(embed::workgroups(&p));
+        self.push(embed::source(), &p, &[ids, table, out], g)
+    }
+
+    /// `out = out·beta + x·alpha` over `n` values.
+    pub fn axpby(&mut self, x: &'a wgpu::Buffer, out: &'a wgpu::Buffer, n: usize, alpha: f32, beta: f32) -> Result<(), GpuError> {
+        let p = axpby::AxpbyParams { n: n as u32, alpha, beta, _pad: 0 };
+        let g = self.groups(axpby::workgroups(&p));
+        self.push(axpby::source(), &p, &[x, out], g)
+    }
+
+    /// Softmax over experts, top-k, renormalise, × per-expert scale.
+    #[allow(clippy::too_many_arguments)]
+    pub fn router_topk(&mut self, logits: &'a wgpu::Buffer, per_expert_scale: &'a wgpu::Buffer, idx: &'a wgpu::Buffer, w: &'a wgpu::Buffer, tokens: usize, experts: usize, k: usize) -> Result<(), GpuError> {
+        let p = router_topk::RouterTopkParams { tokens: tokens as u32, experts: experts as u32, k: k as u32, _pad: 0 };
+        let g = self.groups(router_topk::workgroups(&p));
+        self.push(router_topk::source(), &p, &[logits, per_expert_scale, idx, w], g)
+    }
+
+    /// Groups the (token, k) slots by expert.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_dispatch(&mut self, idx: &'a wgpu::Buffer, offsets: &'a wgpu::Buffer, rows: &'a wgpu::Buffer, slot_of: &'a wgpu::Buffer, tokens: usize, k: usize, experts: usize) -> Result<(), GpuError> {
+        let p = moe_dispatch::MoeDispatchParams { tokens: tokens as u32, k: k as u32, experts: experts as u32, _pad: 0 };
+        let g = self.groups(moe_dispatch::workgroups(&p));
+        self.push(moe_dispatch::source(), &p, &[idx, offsets, rows, slot_of], g)
+    }
+
+    /// Per token, the weighted sum of its experts' outputs in ascending expert order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_combine(&mut self, y: &'a wgpu::Buffer, idx: &'a wgpu::Buffer, w: &'a wgpu::Buffer, slot_of: &'a wgpu::Buffer, out: &'a wgpu::Buffer, tokens: usize, k: usize, hidden: usize) -> Result<(), GpuError> {
+        let p = moe_combine::MoeCombineParams { tokens: tokens as u32, k: k as u32, hidden: hidden as u32, _pad: 0 };
+        let g = self.groups(moe_combine::workgroups(&p));
+        self.push(moe_combine::source(), &p, &[y, idx, w, slot_of, out], g)
+    }
+}

@@ -1,0 +1,384 @@
+//! Kernel-level parity of the GEMM kernels, for every tile variant:
+//! - `gemm` against `dg_cpu::linalg::matmul` on strided views: edge shapes (1×1×1, smaller than a
+//!   tile, not multiples of a tile, k = 0, m = 0, a single row or column), row-major, transposed
+//!   (linear-layer) and arbitrary strides, strided attention heads with GQA, accumulate with
+//!   alpha ≠ 1, the softcap epilogue, operands and outputs at offsets inside larger buffers, a long
+//!   K and real-geometry slices;
+//! - `grouped_gemm` against a naive per-slot loop: 8 experts with uneven counts including empty
+//!   experts, one expert holding every slot, gather on and off.
+//!
+//! Every output buffer is pre-filled with seeded values (so untouched elements, e.g. the gaps
+//! between strided rows, are checked to stay untouched) and followed by a guard band.
+
+use dg_cpu::linalg::{Threads, View, matmul};
+use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::{GpuContext, PlanBuilder, Pipelines};
+use dg_kernels::gemm::{self, EPILOGUE_NONE, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
+use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
+
+/// f32 sums of k products in a different order (tiles vs the CPU GEMM's blocking): the rounding
+/// error relative to max |C| grows like ε·√k on random data (ε ≈ 6e-8), so 1e-6·√k leaves a wide
+/// margin; the floor covers the epilogue's few extra roundings (alpha, the accumulate add, tanh).
+fn tolerance(k: usize) -> f32 {
+    1e-6 * (k as f32).sqrt().max(4.0)
+}
+
+/// One strided, batched product, described like `GemmParams` (offsets and strides in elements).
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    name: &'static str,
+    p: GemmParams,
+}
+
+fn case(name: &'static str, p: GemmParams) -> Case {
+    Case { name, p }
+}
+
+/// Largest element index the strided operand touches, plus one (0 when empty).
+fn extent(offset: u32, batches: u32, batch_stride: u32, rows: u32, rs: u32, cols: u32, cs: u32) -> usize {
+    if batches == 0 || rows == 0 || cols == 0 {
+        return offset as usize;
+    }
+    let last = offset as usize
+        + (batches - 1) as usize * batch_stride as usize
+        + (rows - 1) as usize * rs as usize
+        + (cols - 1) as usize * cs as usize;
+    last + 1
+}
+
+/// The expected contents of the whole C buffer after the kernel, computed with dg-cpu's matmul.
+fn reference(p: &GemmParams, a: &[f32], b: &[f32], c0: &[f32]) -> Vec<f32> {
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let mut want = c0.to_vec();
+    let mut prod = vec![0f32; m * n];
+    for bi in 0..p.batch as usize {
+        let g = bi / p.b_batch_div.max(1) as usize;
+        let a_at = p.a_offset as usize + bi * p.a_batch as usize;
+        let b_at = p.b_offset as usize + g * p.b_batch as usize;
+        let av = View { data: &a[a_at.min(a.len())..], rows: m, cols: k, row_stride: p.a_rs as usize, col_stride: p.a_cs as usize };
+        let bv = View { data: &b[b_at.min(b.len())..], rows: k, cols: n, row_stride: p.b_rs as usize, col_stride: p.b_cs as usize };
+        matmul(&mut prod, n, av, bv, false, Threads::All);
+        for i in 0..m {
+            for j in 0..n {
+                let at = p.c_offset as usize + bi * p.c_batch as usize + i * p.c_rs as usize + j;
+                let mut v = p.alpha * prod[i * n + j];
+                if p.accumulate != 0 {
+                    v += c0[at];
+                }
+                if p.epilogue == EPILOGUE_SOFTCAP {
+                    v = (v / p.cap).tanh() * p.cap;
+                }
+                want[at] = v;
+            }
+        }
+    }
+    want
+}
+
+/// Runs `case` with `tile` and compares the whole output buffer with the reference.
+fn check(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GemmTile, c: &Case) {
+    let p = c.p;
+    let a_len = extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs) + 3;
+    let b_groups = p.batch.div_ceil(p.b_batch_div.max(1));
+    let b_len = extent(p.b_offset, b_groups, p.b_batch, p.k, p.b_rs, p.n, p.b_cs) + 5;
+    let c_len = extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1) + 2;
+    let seed = u64::from(p.m) * 1_000_003 + u64::from(p.n) * 1009 + u64::from(p.k);
+    let a = seeded(a_len, seed ^ 0xA, 1.0);
+    let b = seeded(b_len, seed ^ 0xB, 1.0);
+    let c0 = seeded(c_len, seed ^ 0xC, 2.0);
+
+    let pipeline = pipelines.get(ctx, gemm::source(tile)).unwrap();
+    let ab = ctx.upload("a", &a).unwrap();
+    let bb = ctx.upload("b", &b).unwrap();
+    let cb = guarded_output(ctx, "c", c_len);
+    ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
+    let mut plan = PlanBuilder::new(ctx);
+    plan.push(&pipeline, &p, &[&ab, &bb, &cb], gemm::workgroups(tile, p.m, p.n, p.batch));
+    plan.finish(ctx).unwrap().run(ctx).unwrap();
+    let got = read_guarded(ctx, &cb, c_len);
+
+    let want = reference(&p, &a, &b, &c0);
+    let (err, at) = max_rel_err(&got, &want);
+    let tol = tolerance(p.k as usize);
+    assert!(
+        err <= tol,
+        "gemm {} [{}] {}x{}x{} batch {}: rel err {err} > {tol} at {at}: got {} want {} (was {})",
+        c.name,
+        tile.label(),
+        p.m,
+        p.n,
+        p.k,
+        p.batch,
+        got[at],
+        want[at],
+        c0[at]
+    );
+}
+
+/// Row-major A and B, contiguous C.
+fn plain(m: u32, n: u32, k: u32) -> GemmParams {
+    GemmParams::new(m, n, k)
+}
+
+/// Attention over strided heads: Q `[t, heads, d]`, K and V `[s, kv_heads, d]`, heads / kv_heads
+/// query heads per KV head. Scores `[heads, t, s] = Q_h·K_{h/g}ᵀ · scale`.
+fn scores(t: u32, s: u32, d: u32, heads: u32, kv_heads: u32, scale: f32) -> GemmParams {
+    GemmParams {
+        batch: heads,
+        a_rs: heads * d,
+        a_cs: 1,
+        a_batch: d,
+        b_rs: 1,
+        b_cs: kv_heads * d,
+        b_batch: d,
+        b_batch_div: heads / kv_heads,
+        c_rs: s,
+        c_batch: t * s,
+        alpha: scale,
+        ..GemmParams::new(t, s, d)
+    }
+}
+
+/// Probabilities `[heads, t, s]` · V_{h/g} `[s, d]` into out `[t, heads, d]`.
+fn prob_v(t: u32, s: u32, d: u32, heads: u32, kv_heads: u32) -> GemmParams {
+    GemmParams {
+        batch: heads,
+        a_rs: s,
+        a_cs: 1,
+        a_batch: t * s,
+        b_rs: kv_heads * d,
+        b_cs: 1,
+        b_batch: d,
+        b_batch_div: heads / kv_heads,
+        c_rs: heads * d,
+        c_batch: d,
+        ..GemmParams::new(t, d, s)
+    }
+}
+
+/// The named cases every tile runs (lavapipe is slow: the big ones are few).
+fn gemm_cases() -> Vec<Case> {
+    vec![
+        case("1x1x1", plain(1, 1, 1)),
+        case("smaller than a tile", plain(3, 5, 7)),
+        case("not multiples of a tile", plain(67, 131, 37)),
+        case("exact multiples", plain(128, 128, 32)),
+        case("single row", plain(1, 300, 70)),
+        case("single column", plain(70, 1, 33)),
+        case("k = 0", plain(9, 10, 0)),
+        case("k = 0, accumulate, softcap", GemmParams { accumulate: 1, epilogue: EPILOGUE_SOFTCAP, cap: 1.5, ..plain(9, 10, 0) }),
+        case("m = 0", plain(0, 10, 4)),
+        case("linear layout (B = Wᵀ)", GemmParams::linear(45, 77, 100)),
+        case("transposed A", GemmParams { a_rs: 1, a_cs: 50, ..plain(50, 33, 29) }),
+        case(
+            "arbitrary strides",
+            GemmParams { a_rs: 2 * 21 + 1, a_cs: 2, b_rs: 3, b_cs: 3 * 19 + 2, c_rs: 40, ..plain(19, 37, 21) },
+        ),
+        case(
+            "offsets in larger buffers, row gaps",
+            GemmParams { a_offset: 5, b_offset: 7, c_offset: 11, c_rs: 50, ..GemmParams::linear(33, 47, 18) },
+        ),
+        case("accumulate, alpha -0.75", GemmParams { accumulate: 1, alpha: -0.75, ..plain(40, 70, 65) }),
+        case("softcap", GemmParams { epilogue: EPILOGUE_SOFTCAP, cap: 3.0, alpha: 0.5, ..GemmParams::linear(20, 150, 90) }),
+        case(
+            "softcap with accumulate",
+            GemmParams { epilogue: EPILOGUE_SOFTCAP, cap: 2.0, accumulate: 1, ..plain(17, 65, 33) },
+        ),
+        case("batched contiguous", GemmParams { batch: 3, ..plain(20, 30, 40) }),
+        case("GQA scores q·kᵀ (4 heads, 2 kv)", scores(33, 70, 72, 4, 2, 0.125)),
+        case("GQA probabilities·V (4 heads, 2 kv)", prob_v(33, 70, 72, 4, 2)),
+        case("scores, head_dim 256", scores(20, 40, 256, 4, 2, 1.0)),
+        case("long K (soft embedding)", plain(2, 3, 262_144)),
+        case("linear 256x512x512", GemmParams::linear(256, 512, 512)),
+        case("k_proj slice 64x256x2816", GemmParams::linear(64, 256, 2816)),
+    ]
+}
+
+#[test]
+fn gemm_matches_cpu_for_every_tile() {
+    let Some(ctx) = test_context("gemm_matches_cpu_for_every_tile") else { return };
+    let mut pipelines = Pipelines::default();
+    for &tile in TILES {
+        for c in gemm_cases() {
+            check(&ctx, &mut pipelines, tile, &c);
+        }
+    }
+}
+
+#[test]
+fn gemm_choose_covers_the_cases() {
+    let Some(ctx) = test_context("gemm_choose_covers_the_cases") else { return };
+    let mut pipelines = Pipelines::default();
+    for c in gemm_cases().into_iter().filter(|c| c.p.k < 10_000) {
+        check(&ctx, &mut pipelines, gemm::choose(c.p.m, c.p.n, c.p.k), &c);
+    }
+}
+
+/// One grouped case: per-expert slot counts, with or without gather.
+struct Grouped {
+    n: u32,
+    k: u32,
+    counts: Vec<u32>,
+    gather: bool,
+}
+
+fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GemmTile, g: &Grouped) {
+    let groups = g.counts.len();
+    let (n, k) = (g.n as usize, g.k as usize);
+    let mut offsets = vec![0u32];
+    for &c in &g.counts {
+        offsets.push(offsets.last().unwrap() + c);
+    }
+    let slots = *offsets.last().unwrap() as usize;
+    let max_rows = *g.counts.iter().max().unwrap();
+    // Gather: slots read tokens of a smaller activation matrix, in scrambled order, with repeats
+    // (each token goes to several experts); a row stride larger than k.
+    let tokens = if g.gather { slots.div_ceil(3).max(1) } else { slots.max(1) };
+    let a_rs = k + 3;
+    let rows: Vec<u32> = (0..slots.max(1)).map(|s| ((s * 7 + 3) % tokens) as u32).collect();
+    let a = seeded(tokens * a_rs, 11 + slots as u64, 1.0);
+    let w = seeded(groups * n * k, 12 + n as u64, 1.0);
+    let c_rs = n + 2;
+    let c_len = slots * c_rs;
+    let c0 = seeded(c_len, 13, 2.0);
+
+    let pipeline = pipelines.get(ctx, grouped_gemm::source(tile)).unwrap();
+    let ab = ctx.upload("a", &a).unwrap();
+    let wb = ctx.upload("w", &w).unwrap();
+    let ob = ctx.upload("offsets", &offsets).unwrap();
+    let rb = ctx.upload("rows", &rows).unwrap();
+    let cb = guarded_output(ctx, "c", c_len);
+    ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
+    let params = GroupedGemmParams {
+        n: g.n,
+        k: g.k,
+        groups: groups as u32,
+        max_rows,
+        a_rs: a_rs as u32,
+        b_group_stride: (n * k) as u32,
+        c_rs: c_rs as u32,
+        gather: g.gather as u32,
+    };
+    let mut plan = PlanBuilder::new(ctx);
+    plan.push(&pipeline, &params, &[&ab, &wb, &ob, &rb, &cb], grouped_gemm::workgroups(tile, g.n, max_rows, groups as u32));
+    plan.finish(ctx).unwrap().run(ctx).unwrap();
+    let got = read_guarded(ctx, &cb, c_len);
+
+    let mut want = c0.clone();
+    for e in 0..groups {
+        for s in offsets[e] as usize..offsets[e + 1] as usize {
+            let row = if g.gather { rows[s] as usize } else { s };
+            for j in 0..n {
+                let sum: f64 = (0..k).map(|p| f64::from(a[row * a_rs + p]) * f64::from(w[(e * n + j) * k + p])).sum();
+                want[s * c_rs + j] = sum as f32;
+            }
+        }
+    }
+    let (err, at) = max_rel_err(&got, &want);
+    let tol = tolerance(k);
+    assert!(
+        err <= tol,
+        "grouped [{}] n {n} k {k} counts {:?} gather {}: rel err {err} > {tol} at {at} (slot {}, col {}): got {} want {}",
+        tile.label(),
+        g.counts,
+        g.gather,
+        at / c_rs,
+        at % c_rs,
+        got[at],
+        want[at]
+    );
+}
+
+#[test]
+fn grouped_gemm_matches_naive_for_every_tile() {
+    let Some(ctx) = test_context("grouped_gemm_matches_naive_for_every_tile") else { return };
+    let mut pipelines = Pipelines::default();
+    let uneven = vec![5, 0, 37, 1, 0, 70, 16, 3];
+    let all_in_one = vec![0, 0, 0, 0, 0, 130, 0, 0];
+    for &tile in TILES {
+        for gather in [false, true] {
+            check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 72, k: 40, counts: uneven.clone(), gather });
+            check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 33, k: 1, counts: uneven.clone(), gather });
+            check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 200, k: 130, counts: all_in_one.clone(), gather });
+        }
+        // Expert-sized slice: width 704 in, 160 out.
+        check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 160, k: 704, counts: vec![16, 9, 0, 33, 17, 1, 0, 24], gather: true });
+    }
+}
+
+/// Throughput on the test device (lavapipe by default: a sanity number, not a benchmark).
+/// `cargo test -p dg-gpu --test kernels_gemm -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn gemm_throughput() {
+    let Some(ctx) = test_context("gemm_throughput") else { return };
+    let mut pipelines = Pipelines::default();
+    let (m, n, k) = (256u32, 1024u32, 1024u32);
+    let a = seeded((m * k) as usize, 1, 1.0);
+    let b = seeded((k * n) as usize, 2, 1.0);
+    let ab = ctx.upload("a", &a).unwrap();
+    let bb = ctx.upload("b", &b).unwrap();
+    let cb = ctx.storage_buffer("c", u64::from(m * n) * 4).unwrap();
+    for (label, p) in [("row-major B", GemmParams::new(m, n, k)), ("linear B = Wᵀ", GemmParams::linear(m, n, k))] {
+        for &tile in TILES {
+            let pipeline = pipelines.get(&ctx, gemm::source(tile)).unwrap();
+            let mut plan = PlanBuilder::new(&ctx);
+            plan.push(&pipeline, &p, &[&ab, &bb, &cb], gemm::workgroups(tile, m, n, 1));
+            let plan = plan.finish(&ctx).unwrap();
+            plan.run(&ctx).unwrap();
+            let reps = 3;
+            let t0 = std::time::Instant::now();
+            for _ in 0..reps {
+                plan.run(&ctx).unwrap();
+            }
+            let secs = t0.elapsed().as_secs_f64() / f64::from(reps);
+            let gflops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / secs / 1e9;
+            println!("{} {m}x{n}x{k} {label} [{}]: {:.2} ms, {gflops:.1} GFLOP/s", ctx.info.name, tile.label(), secs * 1e3);
+        }
+    }
+}
+
+
+fn probe(ctx: &GpuContext, src: &dg_kernels::KernelSource, checks: bool, tile: GemmTile) -> f32 {
+    let device = &ctx.device;
+    let mut entries = vec![wgpu::BindGroupLayoutEntry { binding: 0, visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Uniform, has_dynamic_offset: false, min_binding_size: None }, count: None }];
+    for (i, acc) in src.buffers.iter().enumerate() {
+        entries.push(wgpu::BindGroupLayoutEntry { binding: i as u32 + 1, visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Storage { read_only: *acc == dg_kernels::Access::Read }, has_dynamic_offset: false, min_binding_size: None }, count: None });
+    }
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries });
+    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: None, bind_group_layouts: &[Some(&layout)], immediate_size: 0 });
+    let desc = wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(src.wgsl.as_str().into()) };
+    let module = if checks { device.create_shader_module(desc) } else { unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) } };
+    let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor { label: None, layout: Some(&pl), module: &module, entry_point: Some("main"), compilation_options: Default::default(), cache: None });
+    let k = 1_000_000u32;
+    let p = plain(1, 1, k);
+    let ub = ctx.buffer("u", 80, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST).unwrap();
+    ctx.queue.write_buffer(&ub, 0, bytemuck::bytes_of(&p));
+    let ab = ctx.upload("a", &vec![1.0f32; k as usize]).unwrap();
+    let bb = ctx.upload("b", &vec![1.0f32; k as usize]).unwrap();
+    let cb = ctx.upload("c", &vec![0.0f32; 4]).unwrap();
+    let bg = device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &layout, entries: &[
+        wgpu::BindGroupEntry { binding: 0, resource: ub.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 1, resource: ab.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 2, resource: bb.as_entire_binding() },
+        wgpu::BindGroupEntry { binding: 3, resource: cb.as_entire_binding() }] });
+    let mut enc = device.create_command_encoder(&Default::default());
+    { let mut pass = enc.begin_compute_pass(&Default::default()); pass.set_pipeline(&pipe); pass.set_bind_group(0, &bg, &[]); pass.dispatch_workgroups(1, 1, 1); }
+    ctx.queue.submit(Some(enc.finish()));
+    let got = ctx.read_f32(&cb, 0, 1).unwrap()[0];
+    println!("{} checks={checks}: {} k-steps -> {:.1} back-edges per step", src.name, got / tile.bk as f32, 65535.0 / (got / tile.bk as f32));
+    got
+}
+
+#[test]
+fn zz_probe() {
+    let Some(ctx) = test_context("dbg") else { return };
+    for &tile in TILES {
+        let src = gemm::source(tile);
+        if let Ok(path) = std::env::var("PROBE_WGSL") { let _ = path; }
+        probe(&ctx, &src, true, tile);
+        probe(&ctx, &src, false, tile);
+    }
+}

@@ -1,0 +1,448 @@
+//! Kernel-level parity of the element-wise and row-wise kernels against dg-cpu: RoPE (default and
+//! proportional tables at the real head dims), softmax (plain rows up to the vocab width, causal
+//! and sliding-window masks), the gated GELU (split and fused layouts, huge inputs), the chunked
+//! embedding lookup and axpby. Every output carries a guard band, and every kernel also runs with
+//! its workgroups folded into y (an artificially small per-dimension limit) to exercise the
+//! wrap-around indexing and the out-of-range workgroups.
+
+use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
+use dg_kernels::axpby::{self, AxpbyParams};
+use dg_kernels::embed::{self, EmbedParams};
+use dg_kernels::gelu_glu::{self, GeluGluParams};
+use dg_kernels::rope::{self, RopeParams};
+use dg_kernels::softmax::{self, MODE_ALL, MODE_CAUSAL, SoftmaxParams};
+use dg_model::{LayerKind, LayerSpec, RopeSpec};
+
+/// RoPE: two products and a sum per element (possibly fused into an FMA on the GPU): a couple of
+/// ulps of the largest element.
+const ROPE_TOLERANCE: f32 = 5e-7;
+/// Softmax: the GPU merges per-invocation running sums (a different summation order from the
+/// CPU's sequential sum) and its `exp` may differ by an ulp or two; relative to the row's largest
+/// probability.
+const SOFTMAX_TOLERANCE: f32 = 5e-6;
+/// Vocab rows (262144 columns) against the CPU: the CPU's sequential f32 sum of 262144 terms
+/// drifts by ~1.7e-4 relative (measured against f64), while the GPU's tree of 256 partial sums
+/// stays within ~1e-6; so the CPU comparison is loose and the f64 comparison is tight.
+const SOFTMAX_VOCAB_CPU_TOLERANCE: f32 = 4e-4;
+const SOFTMAX_VOCAB_EXACT_TOLERANCE: f32 = 3e-6;
+/// Gated GELU: `tanh` within a few ulps (absolute, next to 1), scaled by `0.5·|x|·|up|`: measured
+/// per element against `|x·up|`.
+const GELU_TOLERANCE: f32 = 1e-6;
+/// Embedding: one multiply, exact up to the rounding of the same product.
+const EMBED_TOLERANCE: f32 = 0.0;
+/// axpby: two products and a sum (possibly one FMA): an ulp or two of the largest term.
+const AXPBY_TOLERANCE: f32 = 3e-7;
+
+/// The per-dimension limits to run every case with: the device's own and a tiny one that folds
+/// the workgroups into y.
+fn limits(ctx: &GpuContext) -> [u32; 2] {
+    [ctx.limits.max_compute_workgroups_per_dimension, 3]
+}
+
+fn rope_spec(proportional: bool, head_dim: usize) -> LayerSpec {
+    let rope = if proportional {
+        RopeSpec { theta: 1_000_000.0, proportional: true, partial_rotary_factor: 0.25, factor: 1.0 }
+    } else {
+        RopeSpec { theta: 10_000.0, proportional: false, partial_rotary_factor: 1.0, factor: 1.0 }
+    };
+    let kind = if proportional { LayerKind::Full } else { LayerKind::Sliding };
+    LayerSpec { kind, head_dim, num_kv_heads: 1, rope }
+}
+
+#[test]
+fn rope_matches_cpu() {
+    let Some(ctx) = test_context("rope_matches_cpu") else { return };
+    let mut pipelines = Pipelines::default();
+    let p = pipelines.get(&ctx, rope::source()).unwrap();
+    let cases = [
+        // (proportional, head_dim, heads, start, tokens)
+        (false, 8, 3, 0, 5),
+        (false, 256, 16, 0, 7),
+        (false, 256, 8, 4093, 33),
+        (true, 512, 16, 0, 3),
+        (true, 512, 2, 100_000, 17),
+        (false, 8, 1, 7, 1),
+    ];
+    for (proportional, d, heads, start, tokens) in cases {
+        let table = dg_cpu::rope::RopeTable::new(&rope_spec(proportional, d), start, tokens);
+        let x = seeded(tokens * heads * d, 11 + d as u64 + tokens as u64, 2.0);
+        let mut want = x.clone();
+        table.apply(&mut want, heads);
+        for max_dim in limits(&ctx) {
+            let xb = guarded_output(&ctx, "x", x.len());
+            ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(&x));
+            let cos = ctx.upload("cos", &table.cos).unwrap();
+            let sin = ctx.upload("sin", &table.sin).unwrap();
+            let params = RopeParams { tokens: tokens as u32, heads: heads as u32, half: (d / 2) as u32, _pad: 0 };
+            let mut plan = PlanBuilder::new(&ctx);
+            plan.push(&p, &params, &[&xb, &cos, &sin], groups_1d(rope::workgroups(&params), max_dim));
+            plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+            let got = read_guarded(&ctx, &xb, x.len());
+            let (err, at) = max_rel_err(&got, &want);
+            assert!(
+                err <= ROPE_TOLERANCE,
+                "d={d} heads={heads} start={start} tokens={tokens} fold={max_dim}: rel err {err} at {at}: {} vs {}",
+                got[at],
+                want[at]
+            );
+            if proportional {
+                // Dimensions 64..256 and 320..512 pass through unchanged (cos = 1, sin = 0).
+                for (i, (g, v)) in got.iter().zip(&x).enumerate() {
+                    let k = i % d % (d / 2);
+                    if k >= 64 {
+                        assert_eq!(g, v, "proportional pass-through dim {} of element {i}", i % d);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Visible key range of query `t` (a copy of `dg_cpu::attention::Mask::visible`, which is
+/// private): keys `[lo, hi)`.
+fn visible(p: &SoftmaxParams, t: usize, keys: usize) -> (usize, usize) {
+    if p.mode == MODE_ALL {
+        return (0, keys);
+    }
+    let pos = (p.query_start as usize) + t;
+    let key_start = p.key_start as usize;
+    let hi = (pos + 1).saturating_sub(key_start).min(keys);
+    let lo = match p.window {
+        0 => 0,
+        w => (pos + 1).saturating_sub(w as usize).saturating_sub(key_start).min(hi),
+    };
+    (lo, hi)
+}
+
+/// The CPU twin: `softmax_in_place` over the visible range, exact zeros elsewhere.
+fn softmax_cpu(x: &[f32], p: &SoftmaxParams) -> Vec<f32> {
+    let cols = p.cols as usize;
+    let mut out = x.to_vec();
+    for (r, row) in out.chunks_exact_mut(cols).enumerate() {
+        let t = if p.mode == MODE_ALL { 0 } else { r % p.queries as usize };
+        let (lo, hi) = visible(p, t, cols);
+        row[..lo].fill(0.0);
+        row[hi..].fill(0.0);
+        dg_cpu::ops::softmax_in_place(&mut row[lo..hi]);
+    }
+    out
+}
+
+fn run_softmax(ctx: &GpuContext, x: &[f32], params: &SoftmaxParams, max_dim: u32) -> Vec<f32> {
+    let mut pipelines = Pipelines::default();
+    let p = pipelines.get(ctx, softmax::source()).unwrap();
+    let xb = guarded_output(ctx, "x", x.len());
+    ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
+    let mut plan = PlanBuilder::new(ctx);
+    plan.push(&p, params, &[&xb], groups_1d(softmax::workgroups(params), max_dim));
+    plan.finish(ctx).unwrap().run(ctx).unwrap();
+    read_guarded(ctx, &xb, x.len())
+}
+
+/// Per-row comparison (relative to each row's largest value); masked entries must be exactly 0.
+fn check_softmax(got: &[f32], want: &[f32], cols: usize, tol: f32, what: &str) {
+    for (r, (g, w)) in got.chunks_exact(cols).zip(want.chunks_exact(cols)).enumerate() {
+        for (j, (a, b)) in g.iter().zip(w).enumerate() {
+            if *b == 0.0 && *a != 0.0 {
+                // Underflowed probabilities may be tiny on one side; masked ones are exact zeros.
+                assert!(a.abs() < 1e-30, "{what}: row {r} col {j}: {a} where the CPU has 0");
+            }
+        }
+        let (err, at) = max_rel_err(g, w);
+        assert!(err <= tol, "{what}: row {r}: rel err {err} at col {at}: {} vs {}", g[at], w[at]);
+    }
+}
+
+#[test]
+fn softmax_plain_rows_match_cpu() {
+    let Some(ctx) = test_context("softmax_plain_rows_match_cpu") else { return };
+    for &(rows, cols, scale) in
+        &[(1, 1, 3.0), (3, 7, 3.0), (5, 1000, 8.0), (1, 1000, 60.0), (2, 257, 1.0), (300, 9, 4.0)]
+    {
+        let x = seeded(rows * cols, 5 + rows as u64 * 7 + cols as u64, scale);
+        let params = SoftmaxParams::plain(rows as u32, cols as u32);
+        let want = softmax_cpu(&x, &params);
+        for max_dim in limits(&ctx) {
+            let got = run_softmax(&ctx, &x, &params, max_dim);
+            check_softmax(&got, &want, cols, SOFTMAX_TOLERANCE, &format!("{rows}x{cols} fold={max_dim}"));
+        }
+    }
+    // Pre-masked scores (-inf) contribute nothing; a row of one finite value gives exactly 1.
+    let x = vec![
+        f32::NEG_INFINITY,
+        2.0,
+        f32::NEG_INFINITY,
+        1.0,
+        f32::NEG_INFINITY,
+        5.0,
+        f32::NEG_INFINITY,
+        f32::NEG_INFINITY,
+    ];
+    let params = SoftmaxParams::plain(2, 4);
+    let got = run_softmax(&ctx, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
+    check_softmax(&got, &softmax_cpu(&x, &params), 4, SOFTMAX_TOLERANCE, "-inf entries");
+    assert_eq!(&got[4..], &[0.0, 1.0, 0.0, 0.0]);
+}
+
+#[test]
+fn softmax_vocab_rows_match_cpu() {
+    let Some(ctx) = test_context("softmax_vocab_rows_match_cpu") else { return };
+    let cols = 262_144;
+    let rows = 2;
+    let x = seeded(rows * cols, 77, 12.0);
+    let params = SoftmaxParams::plain(rows as u32, cols as u32);
+    let want = softmax_cpu(&x, &params);
+    let got = run_softmax(&ctx, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
+    check_softmax(&got, &want, cols, SOFTMAX_VOCAB_CPU_TOLERANCE, "vocab rows vs CPU");
+    // Against an f64 softmax the GPU is much closer than the CPU.
+    for (r, (g, xr)) in got.chunks_exact(cols).zip(x.chunks_exact(cols)).enumerate() {
+        let m = xr.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+        let z: f64 = xr.iter().map(|&v| (v as f64 - m).exp()).sum();
+        let exact: Vec<f32> = xr.iter().map(|&v| ((v as f64 - m).exp() / z) as f32).collect();
+        let (err, at) = max_rel_err(g, &exact);
+        assert!(err <= SOFTMAX_VOCAB_EXACT_TOLERANCE, "vocab row {r} vs f64: rel err {err} at {at}");
+        let total: f64 = g.iter().map(|&v| v as f64).sum();
+        assert!((total - 1.0).abs() < 1e-4, "vocab row {r} sums to {total}");
+    }
+}
+
+#[test]
+fn softmax_masks_match_cpu() {
+    let Some(ctx) = test_context("softmax_masks_match_cpu") else { return };
+    let causal = |queries: u32, key_start: u32, query_start: u32, window: u32| SoftmaxParams {
+        rows: 0,
+        cols: 0,
+        queries,
+        mode: MODE_CAUSAL,
+        key_start,
+        query_start,
+        window,
+        _pad: 0,
+    };
+    let cases = [
+        // (heads, keys, mask): the encoder's prefill (keys = queries, window 1024 and none) ...
+        (2, 40, causal(40, 0, 0, 0)),
+        (3, 40, causal(40, 0, 0, 16)),
+        (1, 1500, causal(1500, 0, 0, 1024)),
+        // ... a chunk of queries after cached keys, with and without window ...
+        (2, 50, causal(9, 10, 51, 0)),
+        (2, 50, causal(9, 10, 51, 3)),
+        (4, 300, causal(5, 0, 400, 128)),
+        // ... queries before the first key (fully masked rows become zeros) and window 1.
+        (1, 12, causal(6, 20, 15, 0)),
+        (2, 12, causal(4, 0, 3, 1)),
+    ];
+    for (heads, keys, mut params) in cases {
+        params.rows = heads * params.queries;
+        params.cols = keys;
+        let x = seeded((params.rows * keys) as usize, 9 + keys as u64, 5.0);
+        let want = softmax_cpu(&x, &params);
+        for max_dim in limits(&ctx) {
+            let got = run_softmax(&ctx, &x, &params, max_dim);
+            let what = format!("{params:?} fold={max_dim}");
+            for (i, &g) in got.iter().enumerate() {
+                let (r, j) = (i / keys as usize, i % keys as usize);
+                let (lo, hi) = visible(&params, r % params.queries as usize, keys as usize);
+                if j < lo || j >= hi {
+                    assert_eq!(g.to_bits(), 0, "{what}: masked row {r} col {j} = {g}");
+                }
+            }
+            check_softmax(&got, &want, keys as usize, SOFTMAX_TOLERANCE, &what);
+        }
+    }
+}
+
+fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f32], max_dim: u32) {
+    let mut pipelines = Pipelines::default();
+    let split = pipelines.get(ctx, gelu_glu::split()).unwrap();
+    let fused = pipelines.get(ctx, gelu_glu::fused()).unwrap();
+    let mut want = gate.to_vec();
+    dg_cpu::ops::gelu_glu(&mut want, up);
+    let params = GeluGluParams { rows: rows as u32, inter: inter as u32, _pad: [0; 2] };
+    let groups = groups_1d(gelu_glu::workgroups(&params), max_dim);
+
+    let gb = guarded_output(ctx, "gate", gate.len());
+    ctx.queue.write_buffer(&gb, 0, bytemuck::cast_slice(gate));
+    let ub = ctx.upload("up", up).unwrap();
+    let mut gate_up = Vec::with_capacity(2 * gate.len());
+    for (g, u) in gate.chunks_exact(inter).zip(up.chunks_exact(inter)) {
+        gate_up.extend_from_slice(g);
+        gate_up.extend_from_slice(u);
+    }
+    let gub = ctx.upload("gate_up", &gate_up).unwrap();
+    let out = guarded_output(ctx, "out", gate.len());
+    let mut plan = PlanBuilder::new(ctx);
+    plan.push(&split, &params, &[&gb, &ub], groups);
+    plan.push(&fused, &params, &[&gub, &out], groups);
+    plan.finish(ctx).unwrap().run(ctx).unwrap();
+    for (name, buf) in [("split", &gb), ("fused", &out)] {
+        let got = read_guarded(ctx, buf, gate.len());
+        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+            let scale = (gate[i] * up[i]).abs();
+            assert!(
+                a.is_finite() == b.is_finite(),
+                "{name} {rows}x{inter}: element {i}: {a} vs {b} (gate {})",
+                gate[i]
+            );
+            assert!(
+                (a - b).abs() <= GELU_TOLERANCE * scale || a == b,
+                "{name} {rows}x{inter} fold={max_dim}: element {i}: {a} vs {b} (gate {}, up {})",
+                gate[i],
+                up[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn gelu_glu_matches_cpu() {
+    let Some(ctx) = test_context("gelu_glu_matches_cpu") else { return };
+    for &(rows, inter) in &[(1, 1), (1, 7), (3, 704), (5, 2112), (64, 33)] {
+        let gate = seeded(rows * inter, 21 + inter as u64, 6.0);
+        let up = seeded(rows * inter, 22 + rows as u64, 2.0);
+        for max_dim in limits(&ctx) {
+            gelu_case(&ctx, rows, inter, &gate, &up, max_dim);
+        }
+    }
+    // Large and tiny gates: tanh saturates (clamped) and x³ overflows to inf; nothing goes NaN.
+    let gate = vec![
+        0.0, -0.0, 1e-30, -1e-30, 1e-3, -1e-3, 8.9, -8.9, 9.5, -9.5, 14.0, -14.0, 20.0, -20.0, 100.0, -100.0, 1e13,
+        -1e13, 1e20, -1e20, 3e38, -3e38, 4.0, -4.0,
+    ];
+    let up: Vec<f32> = (0..gate.len()).map(|i| if i % 3 == 0 { -1.5 } else { 0.75 }).collect();
+    for max_dim in limits(&ctx) {
+        gelu_case(&ctx, 2, gate.len() / 2, &gate, &up, max_dim);
+    }
+}
+
+#[test]
+fn embed_chunks_cover_the_vocab() {
+    let Some(ctx) = test_context("embed_chunks_cover_the_vocab") else { return };
+    let mut pipelines = Pipelines::default();
+    let p = pipelines.get(&ctx, embed::source()).unwrap();
+    let (vocab, hidden, split) = (1000usize, 300usize, 613usize);
+    let table = seeded(vocab * hidden, 31, 1.7);
+    let scale = (hidden as f64).sqrt() as f32;
+    let ids: Vec<u32> = [0u32, 612, 613, 999, 5, 998, 613, 0, 700, 1, 612]
+        .into_iter()
+        .chain((0..50).map(|i| (i * 37 + 11) % 1000))
+        .collect();
+    let tokens = ids.len();
+    let base = seeded(tokens * hidden, 32, 1.0);
+    let idb = ctx.upload("ids", &ids).unwrap();
+    let chunk0 = ctx.upload("chunk0", &table[..split * hidden]).unwrap();
+    let chunk1 = ctx.upload("chunk1", &table[split * hidden..]).unwrap();
+    let params = |row_start: usize, row_count: usize| EmbedParams {
+        tokens: tokens as u32,
+        hidden: hidden as u32,
+        row_start: row_start as u32,
+        row_count: row_count as u32,
+        scale,
+        _pad: [0; 3],
+    };
+    let (p0, p1) = (params(0, split), params(split, vocab - split));
+    for max_dim in limits(&ctx) {
+        // Only the first chunk: tokens of the second keep the previous contents.
+        let out = guarded_output(&ctx, "out", tokens * hidden);
+        ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&base));
+        let mut plan = PlanBuilder::new(&ctx);
+        plan.push(&p, &p0, &[&idb, &chunk0, &out], groups_1d(embed::workgroups(&p0), max_dim));
+        plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+        let half = read_guarded(&ctx, &out, tokens * hidden);
+        // Then the second chunk completes the lookup.
+        let mut plan = PlanBuilder::new(&ctx);
+        plan.push(&p, &p1, &[&idb, &chunk1, &out], groups_1d(embed::workgroups(&p1), max_dim));
+        plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+        let full = read_guarded(&ctx, &out, tokens * hidden);
+        for (t, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            let want: Vec<f32> = table[id * hidden..(id + 1) * hidden].iter().map(|v| v * scale).collect();
+            let row = t * hidden..(t + 1) * hidden;
+            let (err, at) = max_rel_err(&full[row.clone()], &want);
+            assert!(err <= EMBED_TOLERANCE, "token {t} id {id} fold={max_dim}: rel err {err} at {at}");
+            if id < split {
+                assert_eq!(&half[row.clone()], &want[..], "token {t} id {id} after chunk 0");
+            } else {
+                assert_eq!(&half[row.clone()], &base[row], "token {t} id {id} touched by chunk 0");
+            }
+        }
+    }
+}
+
+#[test]
+fn axpby_matches_cpu() {
+    let Some(ctx) = test_context("axpby_matches_cpu") else { return };
+    let mut pipelines = Pipelines::default();
+    let p = pipelines.get(&ctx, axpby::source()).unwrap();
+    for &(n, alpha, beta) in
+        &[(1usize, 2.0f32, 1.0f32), (7, 1.0, 1.0), (1000, -0.5, 0.25), (2816 * 3, 1.0, 1.0), (70_001, 0.3, -2.0)]
+    {
+        let x = seeded(n, 41 + n as u64, 3.0);
+        let base = seeded(n, 42, 2.0);
+        let want: Vec<f32> = base.iter().zip(&x).map(|(o, v)| o * beta + v * alpha).collect();
+        for max_dim in limits(&ctx) {
+            let xb = ctx.upload("x", &x).unwrap();
+            let out = guarded_output(&ctx, "out", n);
+            ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&base));
+            let params = AxpbyParams { n: n as u32, alpha, beta, _pad: 0 };
+            let mut plan = PlanBuilder::new(&ctx);
+            plan.push(&p, &params, &[&xb, &out], groups_1d(axpby::workgroups(&params), max_dim));
+            plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+            let got = read_guarded(&ctx, &out, n);
+            let (err, at) = max_rel_err(&got, &want);
+            assert!(err <= AXPBY_TOLERANCE, "n={n} alpha={alpha} beta={beta} fold={max_dim}: rel err {err} at {at}");
+        }
+    }
+    // beta = 0 never reads the output: NaN / guard contents do not leak.
+    let n = 300;
+    let x = seeded(n, 43, 3.0);
+    let xb = ctx.upload("x", &x).unwrap();
+    let out = guarded_output(&ctx, "out", n);
+    ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&vec![f32::NAN; n / 2]));
+    let params = AxpbyParams { n: n as u32, alpha: 0.5, beta: 0.0, _pad: 0 };
+    let mut plan = PlanBuilder::new(&ctx);
+    plan.push(&p, &params, &[&xb, &out], groups_1d(axpby::workgroups(&params), 65_535));
+    plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+    let got = read_guarded(&ctx, &out, n);
+    assert!(got.iter().zip(&x).all(|(g, v)| *g == v * 0.5), "beta = 0 must overwrite NaN");
+}
+
+/// Folding over the real 65535 limit: more rows than one dimension holds.
+#[test]
+fn kernels_fold_past_65535_workgroups() {
+    let Some(ctx) = test_context("kernels_fold_past_65535_workgroups") else { return };
+    let max_dim = ctx.limits.max_compute_workgroups_per_dimension;
+    let rows = max_dim as usize + 1000;
+    let cols = 3;
+    let x = seeded(rows * cols, 51, 4.0);
+    let params = SoftmaxParams::plain(rows as u32, cols as u32);
+    let got = run_softmax(&ctx, &x, &params, max_dim);
+    check_softmax(&got, &softmax_cpu(&x, &params), cols, SOFTMAX_TOLERANCE, "softmax past 65535 rows");
+
+    let mut pipelines = Pipelines::default();
+    let p = pipelines.get(&ctx, embed::source()).unwrap();
+    let tokens = rows;
+    let hidden = 2;
+    let ids: Vec<u32> = (0..tokens as u32).map(|t| t % 10).collect();
+    let table = seeded(10 * hidden, 52, 1.0);
+    let idb = ctx.upload("ids", &ids).unwrap();
+    let tb = ctx.upload("table", &table).unwrap();
+    let out = guarded_output(&ctx, "out", tokens * hidden);
+    let params = EmbedParams {
+        tokens: tokens as u32,
+        hidden: hidden as u32,
+        row_start: 0,
+        row_count: 10,
+        scale: 2.0,
+        _pad: [0; 3],
+    };
+    let mut plan = PlanBuilder::new(&ctx);
+    plan.push(&p, &params, &[&idb, &tb, &out], groups_1d(embed::workgroups(&params), max_dim));
+    plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+    let got = read_guarded(&ctx, &out, tokens * hidden);
+    for (t, row) in got.chunks_exact(hidden).enumerate() {
+        let id = t % 10;
+        assert_eq!(row, [table[id * hidden] * 2.0, table[id * hidden + 1] * 2.0], "token {t}");
+    }
+}

@@ -1,0 +1,66 @@
+//! The gated-MLP activation `gelu_tanh(gate) ⊙ up` (`dg_cpu::ops::gelu_glu`), in two layouts:
+//! [`split`] (gate and up in separate buffers, in place on gate) and [`fused`] (one `[rows, 2·I]`
+//! buffer holding the gate then the up half of each row, as the fused `gate_up` projection
+//! writes it, into a separate `[rows, I]` output).
+//!
+//! `gelu_tanh(x) = 0.5·x·(1 + tanh(0.7978845608·(x + 0.044715·x³)))`; the tanh argument is
+//! clamped (|inner| > 15 gives ±1, which is tanh's f32 value there) because some drivers build
+//! tanh from exp and overflow to NaN.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::{Access, KernelSource, with_prelude};
+
+/// Invocations per workgroup (one output element each).
+pub const WORKGROUP: u32 = 256;
+
+/// Uniform parameters of both variants of `gelu_glu.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct GeluGluParams {
+    pub rows: u32,
+    /// I: the width of the activation (of `gate`, `up` and the output).
+    pub inter: u32,
+    pub _pad: [u32; 2],
+}
+
+/// Workgroups to dispatch, either variant (fold through `groups_1d`).
+pub fn workgroups(p: &GeluGluParams) -> u32 {
+    (p.rows * p.inter).div_ceil(WORKGROUP)
+}
+
+/// Bindings: `gate` (read-write, `[rows, I]`, becomes the output), `up` (read, `[rows, I]`).
+pub fn split() -> KernelSource {
+    KernelSource {
+        name: "gelu_glu_split".into(),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &variant("split")),
+        entry: "main",
+        buffers: vec![Access::ReadWrite, Access::Read],
+        params_size: size_of::<GeluGluParams>() as u64,
+    }
+}
+
+/// Bindings: `gate_up` (read, `[rows, 2·I]`: gate `[0, I)` then up `[I, 2·I)` per row), `out`
+/// (read-write, `[rows, I]`).
+pub fn fused() -> KernelSource {
+    KernelSource {
+        name: "gelu_glu_fused".into(),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &variant("fused")),
+        entry: "main",
+        buffers: vec![Access::Read, Access::ReadWrite],
+        params_size: size_of::<GeluGluParams>() as u64,
+    }
+}
+
+/// The shared part of `gelu_glu.wgsl` (before the first `// @variant` line) followed by the
+/// section of `name` (each variant declares its own bindings, which differ in access).
+fn variant(name: &str) -> String {
+    const SRC: &str = include_str!("wgsl/gelu_glu.wgsl");
+    let mut sections = SRC.split("// @variant ");
+    let mut out = sections.next().unwrap_or_default().to_string();
+    let body = sections
+        .find_map(|s| s.strip_prefix(name).filter(|rest| rest.starts_with('\n')))
+        .unwrap_or_else(|| panic!("gelu_glu.wgsl has no variant {name}"));
+    out.push_str(body);
+    out
+}

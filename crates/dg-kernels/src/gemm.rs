@@ -1,0 +1,292 @@
+//! Batched, strided f32 GEMM: every linear layer (`y = x·Wᵀ`, W `[out, in]`), both attention
+//! products (scores `q·kᵀ` over strided heads with GQA, probabilities `·V`), the soft embedding
+//! `P[C,V]·E[V,H]` (K = vocab) and the tied head `z·Eᵀ` (N = vocab) with the softcap epilogue.
+//!
+//! For every batch `b < batch`, with `g = b / b_batch_div`:
+//!
+//! ```text
+//! A(b,i,p) = a[a_offset + b·a_batch + i·a_rs + p·a_cs]          i < m, p < k
+//! B(g,p,j) = b[b_offset + g·b_batch + p·b_rs + j·b_cs]          p < k, j < n
+//! C(b,i,j) = c[c_offset + b·c_batch + i·c_rs + j]
+//! C(b,i,j) ← epilogue((accumulate ? C(b,i,j) : 0) + alpha · Σ_p A(b,i,p)·B(g,p,j))
+//! ```
+//!
+//! Correct for any m, n, k (k = 0 gives `epilogue(accumulate ? C : 0)`) and any strides; only
+//! `C(b,i,j)` for `i < m, j < n` is written. Bindings: `a` (read), `b` (read), `c` (read-write).
+//!
+//! Each workgroup computes one `bm × bn` tile through shared memory, each invocation a `tm × tn`
+//! register block, accumulating in f32 per invocation over all of K (see `wgsl/gemm_tile.wgsl`).
+//! Global loads coalesce for row-major (`cs = 1`) and transposed (`rs = 1`) operands alike: the
+//! thread → element mapping follows whichever stride is 1 (a uniform choice per dispatch).
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::{Access, KernelSource, with_prelude};
+
+/// `epilogue`: none.
+pub const EPILOGUE_NONE: u32 = 0;
+/// `epilogue`: softcap `cap · tanh(x / cap)` of the final value (after alpha and accumulate).
+pub const EPILOGUE_SOFTCAP: u32 = 1;
+
+/// Most invocations a tile's workgroup may have (the WebGPU default limit).
+pub const MAX_INVOCATIONS: u32 = 256;
+/// Most workgroup memory a tile may use, in bytes: the WebGPU default, portable everywhere
+/// (lavapipe allows 32 KiB, an H200 48 KiB).
+pub const MAX_SHARED_BYTES: u32 = 16 * 1024;
+/// Most workgroups per dispatch dimension (the WebGPU default limit); larger grids are folded.
+pub const MAX_GROUPS_PER_DIM: u32 = 65535;
+
+/// Uniform parameters of `gemm.wgsl` (see the module docs for the formula). 80 bytes, a multiple
+/// of 16, so no padding is needed.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct GemmParams {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub batch: u32,
+    pub a_offset: u32,
+    pub a_rs: u32,
+    pub a_cs: u32,
+    pub a_batch: u32,
+    pub b_offset: u32,
+    pub b_rs: u32,
+    pub b_cs: u32,
+    pub b_batch: u32,
+    /// Batch `b` reads B batch `b / b_batch_div` (GQA: query head h uses KV head h / group).
+    /// Must be at least 1 (0 is read as 1).
+    pub b_batch_div: u32,
+    pub c_offset: u32,
+    pub c_rs: u32,
+    pub c_batch: u32,
+    pub alpha: f32,
+    /// Non-zero: add to the previous contents of C.
+    pub accumulate: u32,
+    /// [`EPILOGUE_NONE`] or [`EPILOGUE_SOFTCAP`].
+    pub epilogue: u32,
+    /// Softcap value (used by [`EPILOGUE_SOFTCAP`] only).
+    pub cap: f32,
+}
+
+impl GemmParams {
+    /// One contiguous row-major product `C[m,n] = A[m,k]·B[k,n]`: batch 1, alpha 1, no offsets,
+    /// no accumulate, no epilogue. Adjust fields from here (`GemmParams { b_rs: 1, .. }`).
+    pub fn new(m: u32, n: u32, k: u32) -> Self {
+        GemmParams {
+            m,
+            n,
+            k,
+            batch: 1,
+            a_offset: 0,
+            a_rs: k,
+            a_cs: 1,
+            a_batch: m * k,
+            b_offset: 0,
+            b_rs: n,
+            b_cs: 1,
+            b_batch: k * n,
+            b_batch_div: 1,
+            c_offset: 0,
+            c_rs: n,
+            c_batch: m * n,
+            alpha: 1.0,
+            accumulate: 0,
+            epilogue: EPILOGUE_NONE,
+            cap: 0.0,
+        }
+    }
+
+    /// A linear layer `C[m,n] = X[m,k]·Wᵀ` with `W: [n, k]` row-major (PyTorch `[out, in]`).
+    pub fn linear(tokens: u32, out: u32, inp: u32) -> Self {
+        GemmParams { b_rs: 1, b_cs: inp, b_batch: out * inp, ..GemmParams::new(tokens, out, inp) }
+    }
+}
+
+/// One tile variant: a `bm × bn` output tile per workgroup, K in steps of `bk`, a `tm × tn`
+/// register block per invocation; `(bm/tm)·(bn/tn)` invocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemmTile {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    pub tm: u32,
+    pub tn: u32,
+}
+
+impl GemmTile {
+    /// Invocations per workgroup.
+    pub const fn invocations(self) -> u32 {
+        (self.bm / self.tm) * (self.bn / self.tn)
+    }
+
+    /// Padded row length of a staged `bk × len` shared tile: rounded up to 32 words plus
+    /// `32 / bk`, so that 32 lanes staging `bk` consecutive k values of `32 / bk` rows (the
+    /// transposed-operand pattern) hit 32 distinct banks; row-major staging and the multiply's
+    /// reads touch consecutive words of one row and are conflict-free for any padding.
+    pub const fn shared_stride(self, len: u32) -> u32 {
+        let pad = if self.bk >= 32 { 1 } else { 32 / self.bk };
+        len.next_multiple_of(32) + pad
+    }
+
+    /// Workgroup memory of the two staged tiles, in bytes.
+    pub const fn shared_bytes(self) -> u32 {
+        4 * self.bk * (self.shared_stride(self.bm) + self.shared_stride(self.bn))
+    }
+
+    /// The invariants the kernel relies on: register blocks divide the tile, every invocation
+    /// stages the same number of A and B elements, `bk` divides 32 (bank-conflict-free staging)
+    /// and the workgroup fits the portable limits.
+    pub const fn is_valid(self) -> bool {
+        let positive = self.bm > 0 && self.bn > 0 && self.bk > 0 && self.tm > 0 && self.tn > 0;
+        positive
+            && self.bm % self.tm == 0
+            && self.bn % self.tn == 0
+            && (self.bm * self.bk) % self.invocations() == 0
+            && (self.bk * self.bn) % self.invocations() == 0
+            && 32 % self.bk == 0
+            && self.invocations() <= MAX_INVOCATIONS
+            && self.shared_bytes() <= MAX_SHARED_BYTES
+    }
+
+    /// `"{bm}x{bn}x{bk}_{tm}x{tn}"`.
+    pub fn label(self) -> String {
+        format!("{}x{}x{}_{}x{}", self.bm, self.bn, self.bk, self.tm, self.tn)
+    }
+
+    /// The const prelude of the WGSL renderings.
+    pub(crate) fn prelude(self) -> [(&'static str, u32); 7] {
+        [
+            ("BM", self.bm),
+            ("BN", self.bn),
+            ("BK", self.bk),
+            ("TM", self.tm),
+            ("TN", self.tn),
+            ("AP", self.shared_stride(self.bm)),
+            ("BP", self.shared_stride(self.bn)),
+        ]
+    }
+}
+
+/// 128×128 output tile, 8×8 per invocation (256 invocations, 8.25 KiB shared): the most reuse
+/// per load, for products with many tiles (m and n of a few hundred and up).
+pub const TILE_128: GemmTile = GemmTile { bm: 128, bn: 128, bk: 8, tm: 8, tn: 8 };
+/// 64×64, 4×4 per invocation (256 invocations, 8.25 KiB): the general workhorse.
+pub const TILE_64: GemmTile = GemmTile { bm: 64, bn: 64, bk: 16, tm: 4, tn: 4 };
+/// 32×32, 4×4 per invocation (64 invocations, 4.25 KiB): small products, more workgroups.
+pub const TILE_32: GemmTile = GemmTile { bm: 32, bn: 32, bk: 16, tm: 4, tn: 4 };
+/// 16×64, 2×2 per invocation (256 invocations, 6.25 KiB): skinny products, m ≤ 16 (few tokens,
+/// the MoE experts' small per-expert groups).
+pub const TILE_SKINNY: GemmTile = GemmTile { bm: 16, bn: 64, bk: 16, tm: 2, tn: 2 };
+
+/// Every tile variant (each one is compiled only when used).
+pub const TILES: &[GemmTile] = &[TILE_128, TILE_64, TILE_32, TILE_SKINNY];
+
+const _: () = {
+    let mut i = 0;
+    while i < TILES.len() {
+        assert!(TILES[i].is_valid(), "a gemm tile breaks its invariants (see GemmTile::is_valid)");
+        i += 1;
+    }
+};
+
+/// The WGSL of the shared tiling core, prepended to gemm and grouped_gemm.
+pub(crate) const TILE_CORE: &str = include_str!("wgsl/gemm_tile.wgsl");
+
+/// The kernel for `tile`, named `gemm_{label}`. Bindings: `a` (read), `b` (read), `c` (read-write).
+pub fn source(tile: GemmTile) -> KernelSource {
+    KernelSource {
+        name: format!("gemm_{}", tile.label()),
+        wgsl: with_prelude(&tile.prelude(), &format!("{TILE_CORE}\n{}", include_str!("wgsl/gemm.wgsl"))),
+        entry: "main",
+        buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
+        params_size: size_of::<GemmParams>() as u64,
+    }
+}
+
+/// A tile for an `m × n × k` product (per batch; K does not change the choice): the skinny tile
+/// for m ≤ 16, else the largest square tile that still gives enough workgroups to fill a large GPU.
+pub fn choose(m: u32, n: u32, _k: u32) -> GemmTile {
+    /// Workgroups wanted before a larger tile is worth its lower parallelism (~ 2 per SM on a
+    /// 100+ SM GPU).
+    const ENOUGH: u64 = 256;
+    let tiles = |t: GemmTile| u64::from(m.div_ceil(t.bm)) * u64::from(n.div_ceil(t.bn));
+    if m <= TILE_SKINNY.bm {
+        TILE_SKINNY
+    } else if tiles(TILE_128) >= ENOUGH {
+        TILE_128
+    } else if tiles(TILE_64) >= ENOUGH / 2 {
+        TILE_64
+    } else {
+        TILE_32
+    }
+}
+
+/// Folds `total` workgroups into a grid with at most [`MAX_GROUPS_PER_DIM`] per dimension
+/// (x first, then y, then z). The kernels recover the linear index `x + y·nx + z·nx·ny` and skip
+/// indices `≥ total` (the padding of a folded grid). At least one workgroup.
+pub fn fold(total: u64) -> [u32; 3] {
+    let max = u64::from(MAX_GROUPS_PER_DIM);
+    let x = total.clamp(1, max);
+    let rest = total.div_ceil(x).max(1);
+    let y = rest.min(max);
+    let z = rest.div_ceil(y);
+    assert!(z <= max, "gemm grid of {total} workgroups is too large");
+    [x as u32, y as u32, z as u32]
+}
+
+/// The dispatch for an `m × n` product over `batch` batches with `tile`: one workgroup per
+/// (m tile, n tile, batch), as a linear index decoded m tile fastest (workgroups sharing a B tile
+/// run together), folded by [`fold`] when over the per-dimension limit.
+pub fn workgroups(tile: GemmTile, m: u32, n: u32, batch: u32) -> [u32; 3] {
+    let total = u64::from(m.div_ceil(tile.bm)) * u64::from(n.div_ceil(tile.bn)) * u64::from(batch);
+    assert!(total <= u64::from(u32::MAX), "gemm of {m}x{n} over {batch} batches: too many workgroups");
+    fold(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_are_a_multiple_of_16_bytes() {
+        assert_eq!(size_of::<GemmParams>() % 16, 0);
+        assert_eq!(size_of::<GemmParams>(), 80);
+    }
+
+    #[test]
+    fn tiles_are_valid_and_named_uniquely() {
+        let mut names: Vec<String> = TILES.iter().map(|t| t.label()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), TILES.len());
+        assert!(TILES.iter().all(|t| t.is_valid()));
+        assert!(!GemmTile { bm: 128, bn: 128, bk: 16, tm: 8, tn: 8 }.is_valid(), "17 KiB of shared memory");
+        assert!(!GemmTile { bm: 64, bn: 64, bk: 16, tm: 2, tn: 2 }.is_valid(), "1024 invocations");
+        assert!(!GemmTile { bm: 64, bn: 60, bk: 16, tm: 4, tn: 8 }.is_valid(), "tn does not divide bn");
+    }
+
+    #[test]
+    fn choose_picks_by_shape() {
+        assert_eq!(choose(1, 262_144, 2816), TILE_SKINNY);
+        assert_eq!(choose(16, 2048, 2816), TILE_SKINNY);
+        assert_eq!(choose(256, 262_144, 2816), TILE_128);
+        assert_eq!(choose(256, 2048, 2816), TILE_64);
+        assert_eq!(choose(40, 70, 5), TILE_32);
+        assert!(TILES.contains(&choose(17, 1, 0)));
+    }
+
+    #[test]
+    fn folding_respects_the_limit_and_covers_every_workgroup() {
+        assert_eq!(fold(0), [1, 1, 1]);
+        assert_eq!(fold(7), [7, 1, 1]);
+        assert_eq!(fold(65_535), [65_535, 1, 1]);
+        assert_eq!(fold(65_536), [65_535, 2, 1]);
+        let big = 65_535u64 * 65_535 + 3;
+        let [x, y, z] = fold(big);
+        assert!(x <= MAX_GROUPS_PER_DIM && y <= MAX_GROUPS_PER_DIM && z <= MAX_GROUPS_PER_DIM);
+        assert!(u64::from(x) * u64::from(y) * u64::from(z) >= big);
+        // The tied head: 256 x 262144 with 64-wide tiles.
+        assert_eq!(workgroups(TILE_64, 256, 262_144, 1), [16_384, 1, 1]);
+        assert_eq!(workgroups(TILE_SKINNY, 1, 1, 70_000), [65_535, 2, 1]);
+    }
+}

@@ -1,0 +1,44 @@
+//! MoE combine: `out[t, :] = Σ_k weights[t, k] · y[slot_of[t, k], :]`, summed from 0 in ascending
+//! expert order (ties, which top-k never produces, in k order), the fixed order of the reference's
+//! per-expert `index_add_` and of `dg_cpu::moe::experts`. One workgroup per token; each output
+//! element belongs to one invocation (no atomics). Entries whose `slot_of` is
+//! [`crate::moe_dispatch::NO_SLOT`] are skipped.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::{Access, KernelSource, with_prelude};
+
+/// Invocations per workgroup (one workgroup per token, looping over the hidden size).
+pub const WORKGROUP: u32 = 256;
+/// Largest K supported.
+pub const MAX_K: u32 = 8;
+
+/// Uniform parameters of `moe_combine.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct MoeCombineParams {
+    pub tokens: u32,
+    /// K ≤ [`MAX_K`].
+    pub k: u32,
+    /// H: row width of `y` and `out`.
+    pub hidden: u32,
+    pub _pad: u32,
+}
+
+/// Workgroups to dispatch (one per token; fold through `groups_1d`).
+pub fn workgroups(p: &MoeCombineParams) -> u32 {
+    p.tokens
+}
+
+/// Bindings: `y` (read, `[slots, H]`: expert outputs by slot, unweighted), `idx` (read, u32
+/// `[tokens, K]`), `weights` (read, `[tokens, K]`), `slot_of` (read, u32 `[tokens, K]`), `out`
+/// (read-write, `[tokens, H]`).
+pub fn source() -> KernelSource {
+    KernelSource {
+        name: "moe_combine".into(),
+        wgsl: with_prelude(&[("WG", WORKGROUP), ("MAX_K", MAX_K)], include_str!("wgsl/moe_combine.wgsl")),
+        entry: "main",
+        buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+        params_size: size_of::<MoeCombineParams>() as u64,
+    }
+}

@@ -1,0 +1,62 @@
+//! Row softmax in place, with the attention masks of `dg_cpu::attention::Mask`.
+//!
+//! One workgroup per row, looping over the row (any length; the vocab rows are 262144 wide):
+//! one pass for the running max and sum of `exp(x − max)` (merged across invocations), one pass
+//! that writes `exp(x − max) · (1 / sum)` like `dg_cpu::ops::softmax_in_place`. Masked entries are
+//! written as exactly 0 and take no part in the max or the sum; a row with no visible key becomes
+//! all zeros.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::{Access, KernelSource, with_prelude};
+
+/// Invocations per workgroup (one workgroup per row).
+pub const WORKGROUP: u32 = 256;
+/// `mode`: every key is visible (plain softmax; the decoder's bidirectional attention).
+pub const MODE_ALL: u32 = 0;
+/// `mode`: causal over absolute positions, optionally windowed (`dg_cpu::attention::Mask::Causal`).
+pub const MODE_CAUSAL: u32 = 1;
+
+/// Uniform parameters of `softmax.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct SoftmaxParams {
+    pub rows: u32,
+    pub cols: u32,
+    /// Rows are `[heads, queries]`: the query index of row `r` is `r % queries` (ignored, and may
+    /// be 0, in [`MODE_ALL`]).
+    pub queries: u32,
+    /// [`MODE_ALL`] or [`MODE_CAUSAL`].
+    pub mode: u32,
+    /// Absolute position of key column 0.
+    pub key_start: u32,
+    /// Absolute position of query 0.
+    pub query_start: u32,
+    /// Sliding window including the query (key `j` visible iff `j ≤ p` and `j + window > p`);
+    /// 0: no window.
+    pub window: u32,
+    pub _pad: u32,
+}
+
+impl SoftmaxParams {
+    /// Plain row softmax over `[rows, cols]`.
+    pub fn plain(rows: u32, cols: u32) -> Self {
+        SoftmaxParams { rows, cols, queries: 0, mode: MODE_ALL, key_start: 0, query_start: 0, window: 0, _pad: 0 }
+    }
+}
+
+/// Workgroups to dispatch (one per row; fold through `groups_1d`).
+pub fn workgroups(p: &SoftmaxParams) -> u32 {
+    p.rows
+}
+
+/// Bindings: `x` (read-write, `[rows, cols]`).
+pub fn source() -> KernelSource {
+    KernelSource {
+        name: "softmax".into(),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/softmax.wgsl")),
+        entry: "main",
+        buffers: vec![Access::ReadWrite],
+        params_size: size_of::<SoftmaxParams>() as u64,
+    }
+}

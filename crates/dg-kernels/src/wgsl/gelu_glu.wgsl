@@ -1,0 +1,64 @@
+// Gated-MLP activation: out = gelu_tanh(gate) * up, element-wise over [rows, inter].
+// gelu_tanh(x) = 0.5 * x * (1 + tanh(0.7978845608 * (x + 0.044715 * x^3))), as dg_cpu::ops.
+// The tanh argument is clamped: for |inner| > 15, tanh is exactly +-1 in f32 (it already rounds
+// to 1 above ~9), and some drivers evaluate tanh through exp, which overflows to NaN there.
+// One invocation per output element; workgroups beyond 65535 wrap into y.
+// Two variants (the Rust side picks one "@variant" section after this shared part):
+//   split: gate (read_write, [rows, inter]) becomes the output; up (read, [rows, inter]).
+//   fused: gate_up (read, [rows, 2 * inter], gate then up per row); out (read_write, [rows, inter]).
+
+struct Params {
+    rows: u32,
+    inter: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+
+const BETA: f32 = 0.7978845608; // sqrt(2 / pi)
+const KAPPA: f32 = 0.044715;
+
+fn gelu_tanh(x: f32) -> f32 {
+    let inner = BETA * (x + KAPPA * (x * x * x));
+    var t = sign(inner);
+    if (abs(inner) <= 15.0) {
+        t = tanh(inner);
+    }
+    return 0.5 * x * (1.0 + t);
+}
+
+fn element(wid: vec3<u32>, lid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return (wid.x + wid.y * nwg.x) * WG + lid.x;
+}
+
+// @variant split
+@group(0) @binding(1) var<storage, read_write> gate: array<f32>;
+@group(0) @binding(2) var<storage, read> up: array<f32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(wid, lid, nwg);
+    if (i >= p.rows * p.inter) {
+        return;
+    }
+    gate[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+// @variant fused
+@group(0) @binding(1) var<storage, read> gate_up: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(wid, lid, nwg);
+    if (i >= p.rows * p.inter) {
+        return;
+    }
+    let r = i / p.inter;
+    let c = i - r * p.inter;
+    let g = r * 2u * p.inter + c;
+    out[i] = gelu_tanh(gate_up[g]) * gate_up[g + p.inter];
+}

@@ -1,0 +1,96 @@
+// Row softmax in place on x: [rows, cols], optionally masked like dg_cpu::attention::Mask.
+// Mode 1 (causal): row r is query t = r % queries at absolute position p = query_start + t; key
+// column j (absolute key_start + j) is visible iff key_start + j <= p and (window == 0 or
+// key_start + j + window > p). The visible keys form one range [lo, hi); entries outside it are
+// written as 0 and excluded from the max and the sum.
+// One workgroup per row; rows beyond 65535 workgroups wrap into the y dimension.
+// Pass 1: each invocation keeps a running (max, sum of exp(x - max)) over its strided elements;
+// the pairs are merged by a tree reduction. Pass 2: x = exp(x - max) * (1 / sum).
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    queries: u32,
+    mode: u32,
+    key_start: u32,
+    query_start: u32,
+    window: u32,
+    _pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+
+var<workgroup> part_max: array<f32, WG>;
+var<workgroup> part_sum: array<f32, WG>;
+
+// The lowest finite f32 (WGSL has no infinity literal): the max of an empty set. Inputs of -inf
+// (pre-masked scores) contribute exp(-inf) = 0.
+const LOWEST: f32 = -0x1.fffffep+127f;
+
+// Merges two (max, sum) pairs; an empty side has max LOWEST and sum 0. The side holding the
+// larger max keeps its sum unscaled (exp(0) = 1 exactly).
+fn merge(m1: f32, s1: f32, m2: f32, s2: f32) -> vec2<f32> {
+    if (m1 >= m2) {
+        return vec2<f32>(m1, s1 + s2 * exp(m2 - m1));
+    }
+    return vec2<f32>(m2, s1 * exp(m1 - m2) + s2);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.x + wid.y * nwg.x;
+    let live = row < p.rows;
+    let base = row * p.cols;
+
+    // Visible key range [lo, hi) of this row.
+    var lo = 0u;
+    var hi = p.cols;
+    if (p.mode == 1u) {
+        let t = row % max(p.queries, 1u);
+        let end = p.query_start + t + 1u; // one past the query's absolute position
+        hi = min(select(0u, end - p.key_start, end > p.key_start), p.cols);
+        if (p.window != 0u) {
+            let first = select(0u, end - p.window, end > p.window); // first visible absolute key
+            lo = min(select(0u, first - p.key_start, first > p.key_start), hi);
+        }
+    }
+
+    var m = LOWEST;
+    var s = 0.0;
+    if (live) {
+        for (var j = lo + lid.x; j < hi; j += WG) {
+            let v = x[base + j];
+            if (v > m) {
+                s = s * exp(m - v) + 1.0;
+                m = v;
+            } else {
+                s += exp(v - m);
+            }
+        }
+    }
+    part_max[lid.x] = m;
+    part_sum[lid.x] = s;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k = k >> 1u) {
+        if (lid.x < k) {
+            let r = merge(part_max[lid.x], part_sum[lid.x], part_max[lid.x + k], part_sum[lid.x + k]);
+            part_max[lid.x] = r.x;
+            part_sum[lid.x] = r.y;
+        }
+        workgroupBarrier();
+    }
+    if (!live) {
+        return;
+    }
+    let row_max = part_max[0];
+    let inv = 1.0 / part_sum[0];
+    for (var j = lid.x; j < p.cols; j += WG) {
+        var y = 0.0;
+        if (j >= lo && j < hi) {
+            y = exp(x[base + j] - row_max) * inv;
+        }
+        x[base + j] = y;
+    }
+}
