@@ -1,7 +1,9 @@
 //! `cargo xtask`: the project's automation (matklad's cargo-xtask convention).
 //!
-//! `cargo xtask parity [--model DIR]... [--backend cpu|gpu|all]` checks reference directories.
+//! `cargo xtask parity [--model DIR]... [--backend cpu|gpu|all]` checks reference directories;
+//! `cargo xtask bench-gpu` times the GPU canvas forward.
 
+mod bench_gpu;
 mod parity;
 
 use clap::{Parser, Subcommand};
@@ -17,12 +19,15 @@ struct Cli {
 enum Command {
     /// Check dg against HF transformers reference dumps (all committed fixtures by default).
     Parity(parity::Args),
+    /// Time the GPU canvas forward at a given geometry on random weights.
+    BenchGpu(bench_gpu::Args),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Parity(args) => parity::run(args),
+        Command::BenchGpu(args) => bench_gpu::run(args),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

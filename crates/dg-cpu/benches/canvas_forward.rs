@@ -1,7 +1,7 @@
 //! CPU canvas forward at a medium config (`bench/configs/cpu-medium.json`, ~62M parameters):
 //! prompt of 256 tokens encoded once, then the timed part is one denoising forward of a 256-token
 //! canvas with self-conditioning (the work of every step but the first). The transformers side of
-//! this measurement is `bench/torch_cpu_forward.py` with the same config.
+//! this measurement is `bench/torch_forward.py` with the same config.
 
 use std::path::Path;
 

@@ -39,6 +39,7 @@ pub fn record_canvas_forward<'a>(
     let scale = cfg.embed_scale();
 
     // e = E[ids]·√H
+    rec.scope("input");
     for chunk in &w.embed {
         rec.embed(&a.ids, &chunk.buffer, &a.embedded, c, h, chunk.start, chunk.rows, scale)?;
     }
@@ -67,12 +68,13 @@ pub fn record_canvas_forward<'a>(
     // h0 = post_norm(e + signal), weightless.
     rec.rmsnorm(&a.embedded, None, &a.dummy, &a.hidden, c, h, eps, false, 1.0)?;
 
-    for (i, (layer, spec)) in w.layers.iter().zip(&cfg.layers).enumerate() {
-        record_layer(rec, config, w, a, i, shape.visible[i])?;
-        let _ = (layer, spec);
+    for (i, visible) in shape.visible.iter().enumerate() {
+        rec.scope(format!("layer{i}"));
+        record_layer(rec, config, w, a, i, *visible)?;
     }
 
     // logits = softcap(norm(h)·Eᵀ)
+    rec.scope("head");
     rec.rmsnorm(&a.hidden, Some(&w.final_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
     for chunk in &w.embed {
         let mut p = GemmParams { c_offset: chunk.start as u32, c_rs: v as u32, ..linear_params(c, chunk.rows, h) };
@@ -196,9 +198,9 @@ fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeig
         gather: u32::from(gather),
         ..bytemuck::Zeroable::zeroed()
     };
-    rec.grouped_gemm(&a.normed, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, grouped(2 * ei, h, true))?;
+    rec.grouped_gemm(&a.normed, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
     rec.gelu_glu_fused(&a.expert_gate_up, &a.expert_act, c * k, ei)?;
-    rec.grouped_gemm(&a.expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, grouped(h, ei, false))?;
+    rec.grouped_gemm(&a.expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
     rec.moe_combine(&a.expert_out, &a.topk_idx, &a.topk_w, &a.slot_of, &a.moe, c, k, h)?;
     rec.rmsnorm(&a.moe, Some(&l.norms.post_ff_2), &a.dummy, &a.proj, c, h, eps, false, 1.0)?;
     // h = (h + post_feedforward_layernorm(dense + moe)) · layer_scalar

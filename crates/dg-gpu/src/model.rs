@@ -111,6 +111,20 @@ impl GpuModel {
         rec.finish()
     }
 
+    /// Runs one canvas forward with a timestamp around every dispatch:
+    /// `(scope, kernel, nanoseconds)` per dispatch (see [`Plan::profile`]).
+    pub fn profile_step(&mut self, canvas: &[u32], self_conditioning: bool) -> Result<Vec<(String, String, f64)>, GpuError> {
+        let plans = self.plans.as_ref().expect("set_context must run before profiling");
+        self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(canvas));
+        let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
+        plan.profile(&self.ctx)
+    }
+
+    /// Number of dispatches of the self-conditioned plan.
+    pub fn dispatches(&self) -> usize {
+        self.plans.as_ref().map_or(0, |p| p.self_conditioned.len())
+    }
+
     /// One canvas forward: writes the ids (and self-conditioning logits), replays the plan, reads
     /// the logits `[C, V]` back.
     pub fn canvas_forward(&mut self, canvas: &[u32], self_conditioning: Option<&[f32]>, logits: &mut [f32]) -> Result<(), GpuError> {

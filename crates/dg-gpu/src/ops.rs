@@ -14,6 +14,7 @@ pub struct Recorder<'a> {
     ctx: &'a GpuContext,
     pipelines: &'a mut Pipelines,
     plan: PlanBuilder<'a>,
+    scope: String,
 }
 
 impl std::fmt::Debug for Recorder<'_> {
@@ -52,7 +53,12 @@ impl Zeroed for GemmParams {
 
 impl<'a> Recorder<'a> {
     pub fn new(ctx: &'a GpuContext, pipelines: &'a mut Pipelines) -> Self {
-        Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx) }
+        Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx), scope: String::new() }
+    }
+
+    /// Labels the following dispatches (`embed`, `layer3`, `head`) for profiles.
+    pub fn scope(&mut self, scope: impl Into<String>) {
+        self.scope = scope.into();
     }
 
     /// Creates the plan's uniform buffer and bind groups.
@@ -62,7 +68,7 @@ impl<'a> Recorder<'a> {
 
     fn push<P: bytemuck::Pod>(&mut self, src: KernelSource, p: &P, buffers: &[&'a wgpu::Buffer], groups: [u32; 3]) -> Result<(), GpuError> {
         let pipeline = self.pipelines.get(self.ctx, src)?;
-        self.plan.push(&pipeline, p, buffers, groups);
+        self.plan.push_labeled(self.scope.clone(), &pipeline, p, buffers, groups);
         Ok(())
     }
 
@@ -102,7 +108,7 @@ impl<'a> Recorder<'a> {
         self.gemm(x, w, out, linear_params(m, n, k))
     }
 
-    /// Per-expert GEMMs over grouped slots.
+    /// Per-expert GEMMs over `slots` grouped slots (the tile is chosen by the mean group size).
     #[allow(clippy::too_many_arguments)]
     pub fn grouped_gemm(
         &mut self,
@@ -111,9 +117,10 @@ impl<'a> Recorder<'a> {
         offsets: &'a wgpu::Buffer,
         rows: &'a wgpu::Buffer,
         c: &'a wgpu::Buffer,
+        slots: usize,
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
-        let tile = gemm::choose(p.max_rows, p.n, p.k);
+        let tile = grouped_gemm::choose(p.n, p.k, slots as u32, p.groups);
         let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
         self.push(grouped_gemm::source(tile), &p, &[a, b, offsets, rows, c], g)
     }

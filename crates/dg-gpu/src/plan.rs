@@ -72,10 +72,13 @@ fn compile(ctx: &GpuContext, source: KernelSource) -> Result<Pipeline, GpuError>
         bind_group_layouts: &[Some(&layout)],
         immediate_size: 0,
     });
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(&source.name),
-        source: wgpu::ShaderSource::Wgsl(source.wgsl.as_str().into()),
-    });
+    let desc = wgpu::ShaderModuleDescriptor { label: Some(&source.name), source: wgpu::ShaderSource::Wgsl(source.wgsl.as_str().into()) };
+    // Bounds checks stay on. Loop bounding is off: the counter it adds to every loop stops
+    // drivers from unrolling and pipelining the GEMMs' K loops.
+    // SAFETY: every loop of dg's kernels runs over a count taken from its uniform parameters (or a
+    // constant), so no loop can run forever; that is the hazard loop bounding guards against.
+    let checks = wgpu::ShaderRuntimeChecks { bounds_checks: true, force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
+    let module = unsafe { device.create_shader_module_trusted(desc, checks) };
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&source.name),
         layout: Some(&pipeline_layout),
@@ -94,6 +97,7 @@ fn compile(ctx: &GpuContext, source: KernelSource) -> Result<Pipeline, GpuError>
 /// One recorded dispatch.
 #[derive(Debug)]
 struct Dispatch {
+    label: String,
     pipeline: Arc<Pipeline>,
     bind_group: wgpu::BindGroup,
     offset: u32,
@@ -109,6 +113,7 @@ pub struct Plan {
 }
 
 struct Pending<'a> {
+    label: String,
     pipeline: Arc<Pipeline>,
     buffers: Vec<&'a wgpu::Buffer>,
     offset: u32,
@@ -144,12 +149,25 @@ impl<'a> PlanBuilder<'a> {
 
     /// Adds a dispatch of `pipeline` with `params` over `buffers` (bindings 1..) and `groups`.
     pub fn push<P: bytemuck::Pod>(&mut self, pipeline: &Arc<Pipeline>, params: &P, buffers: &[&'a wgpu::Buffer], groups: [u32; 3]) {
+        self.push_labeled(String::new(), pipeline, params, buffers, groups);
+    }
+
+    /// [`PlanBuilder::push`] with a label naming where in the model the dispatch belongs
+    /// (`layer3`, `head`, ...), used by profiles.
+    pub fn push_labeled<P: bytemuck::Pod>(
+        &mut self,
+        label: String,
+        pipeline: &Arc<Pipeline>,
+        params: &P,
+        buffers: &[&'a wgpu::Buffer],
+        groups: [u32; 3],
+    ) {
         assert_eq!(buffers.len(), pipeline.source.buffers.len(), "kernel {}: wrong number of buffers", pipeline.source.name);
         assert_eq!(size_of::<P>() as u64, pipeline.source.params_size, "kernel {}: params size", pipeline.source.name);
         let offset = self.params.len().next_multiple_of(self.align);
         self.params.resize(offset, 0);
         self.params.extend_from_slice(bytemuck::bytes_of(params));
-        self.pending.push(Pending { pipeline: pipeline.clone(), buffers: buffers.to_vec(), offset: offset as u32, groups });
+        self.pending.push(Pending { label, pipeline: pipeline.clone(), buffers: buffers.to_vec(), offset: offset as u32, groups });
     }
 
     /// Creates the uniform buffer and one bind group per dispatch.
@@ -177,7 +195,7 @@ impl<'a> PlanBuilder<'a> {
                 layout: &p.pipeline.layout,
                 entries: &entries,
             });
-            dispatches.push(Dispatch { pipeline: p.pipeline, bind_group, offset: p.offset, groups: p.groups });
+            dispatches.push(Dispatch { label: p.label, pipeline: p.pipeline, bind_group, offset: p.offset, groups: p.groups });
         }
         Ok(Plan { dispatches, _uniforms: uniforms })
     }
@@ -205,6 +223,49 @@ impl Plan {
     /// Kernel names in dispatch order (for per-kernel timing reports).
     pub fn kernel_names(&self) -> Vec<&str> {
         self.dispatches.iter().map(|d| d.pipeline.source.name.as_str()).collect()
+    }
+
+    /// Runs the plan once with a timestamp pair around every dispatch (each in its own compute
+    /// pass) and returns `(label, kernel, nanoseconds)` per dispatch. Needs `TIMESTAMP_QUERY`.
+    pub fn profile(&self, ctx: &GpuContext) -> Result<Vec<(String, String, f64)>, GpuError> {
+        if !ctx.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return Err(GpuError::Validation { context: "profiling".into(), message: "adapter lacks TIMESTAMP_QUERY".into() });
+        }
+        let n = self.dispatches.len() as u32;
+        let mut out = Vec::with_capacity(n as usize);
+        // Query sets hold at most 4096 queries: profile in chunks of 2048 dispatches.
+        for first in (0..n).step_by(2048) {
+            let count = (n - first).min(2048);
+            let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: 2 * count });
+            let bytes = 16 * count as u64;
+            let resolve = ctx.buffer("profile resolve", bytes, wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC)?;
+            let staging = ctx.buffer("profile staging", bytes, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?;
+            let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile") });
+            for (j, d) in self.dispatches[first as usize..(first + count) as usize].iter().enumerate() {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(&d.label),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &set,
+                        beginning_of_pass_write_index: Some(2 * j as u32),
+                        end_of_pass_write_index: Some(2 * j as u32 + 1),
+                    }),
+                });
+                pass.set_pipeline(&d.pipeline.pipeline);
+                pass.set_bind_group(0, &d.bind_group, &[d.offset]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            }
+            enc.resolve_query_set(&set, 0..2 * count, &resolve, 0);
+            enc.copy_buffer_to_buffer(&resolve, 0, &staging, 0, bytes);
+            ctx.queue.submit(Some(enc.finish()));
+            let raw = crate::context::map_read(ctx, &staging, bytes)?;
+            let ticks: &[u64] = bytemuck::cast_slice(&raw);
+            let period = ctx.queue.get_timestamp_period() as f64;
+            for (j, d) in self.dispatches[first as usize..(first + count) as usize].iter().enumerate() {
+                let ns = ticks[2 * j + 1].saturating_sub(ticks[2 * j]) as f64 * period;
+                out.push((d.label.clone(), d.pipeline.source.name.clone(), ns));
+            }
+        }
+        Ok(out)
     }
 
     /// Encodes, submits and waits: for tests and one-off work.

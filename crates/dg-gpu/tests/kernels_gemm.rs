@@ -13,7 +13,7 @@
 use dg_cpu::linalg::{Threads, View, matmul};
 use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, PlanBuilder, Pipelines};
-use dg_kernels::gemm::{self, EPILOGUE_NONE, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
+use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 
 /// f32 sums of k products in a different order (tiles vs the CPU GEMM's blocking): the rounding
@@ -306,79 +306,50 @@ fn grouped_gemm_matches_naive_for_every_tile() {
     }
 }
 
-/// Throughput on the test device (lavapipe by default: a sanity number, not a benchmark).
-/// `cargo test -p dg-gpu --test kernels_gemm -- --ignored --nocapture`.
+/// Throughput on the test device (lavapipe by default: a sanity number, not a benchmark):
+/// `cargo test -p dg-gpu --test kernels_gemm gemm_throughput -- --ignored --nocapture`.
+/// `DG_GEMM_BENCH=256x2816x2816,4096x4096x4096` picks the shapes (default 256x1024x1024) and
+/// `DG_GEMM_REPS` the dispatches per submit (default 3; more on a fast GPU, to amortise the
+/// submit and wait).
 #[test]
 #[ignore]
 fn gemm_throughput() {
     let Some(ctx) = test_context("gemm_throughput") else { return };
     let mut pipelines = Pipelines::default();
-    let (m, n, k) = (256u32, 1024u32, 1024u32);
-    let a = seeded((m * k) as usize, 1, 1.0);
-    let b = seeded((k * n) as usize, 2, 1.0);
-    let ab = ctx.upload("a", &a).unwrap();
-    let bb = ctx.upload("b", &b).unwrap();
-    let cb = ctx.storage_buffer("c", u64::from(m * n) * 4).unwrap();
-    for (label, p) in [("row-major B", GemmParams::new(m, n, k)), ("linear B = Wᵀ", GemmParams::linear(m, n, k))] {
-        for &tile in TILES {
-            let pipeline = pipelines.get(&ctx, gemm::source(tile)).unwrap();
-            let mut plan = PlanBuilder::new(&ctx);
-            plan.push(&pipeline, &p, &[&ab, &bb, &cb], gemm::workgroups(tile, m, n, 1));
-            let plan = plan.finish(&ctx).unwrap();
-            plan.run(&ctx).unwrap();
-            let reps = 3;
-            let t0 = std::time::Instant::now();
-            for _ in 0..reps {
+    let shapes: Vec<[u32; 3]> = std::env::var("DG_GEMM_BENCH")
+        .unwrap_or_else(|_| "256x1024x1024".into())
+        .split(',')
+        .map(|s| {
+            let v: Vec<u32> = s.trim().split('x').map(|d| d.parse().expect("DG_GEMM_BENCH: MxNxK,...")).collect();
+            [v[0], v[1], v[2]]
+        })
+        .collect();
+    let reps: u32 = std::env::var("DG_GEMM_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    for [m, n, k] in shapes {
+        let ab = ctx.upload("a", &seeded((m * k) as usize, 1, 1.0)).unwrap();
+        let bb = ctx.upload("b", &seeded((k * n) as usize, 2, 1.0)).unwrap();
+        let cb = ctx.storage_buffer("c", u64::from(m * n) * 4).unwrap();
+        for (label, p) in [("row-major B", GemmParams::new(m, n, k)), ("linear B = Wᵀ", GemmParams::linear(m, n, k))] {
+            for &tile in TILES {
+                let pipeline = pipelines.get(&ctx, gemm::source(tile)).unwrap();
+                let mut plan = PlanBuilder::new(&ctx);
+                for _ in 0..reps {
+                    plan.push(&pipeline, &p, &[&ab, &bb, &cb], gemm::workgroups(tile, m, n, 1));
+                }
+                let plan = plan.finish(&ctx).unwrap();
                 plan.run(&ctx).unwrap();
+                let t0 = std::time::Instant::now();
+                plan.run(&ctx).unwrap();
+                let secs = t0.elapsed().as_secs_f64() / f64::from(reps);
+                let gflops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / secs / 1e9;
+                let chosen = if gemm::choose(m, n, k) == tile { " (chosen)" } else { "" };
+                println!(
+                    "{} {m}x{n}x{k} {label} [{}]{chosen}: {:.3} ms, {gflops:.1} GFLOP/s",
+                    ctx.info.name,
+                    tile.label(),
+                    secs * 1e3
+                );
             }
-            let secs = t0.elapsed().as_secs_f64() / f64::from(reps);
-            let gflops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / secs / 1e9;
-            println!("{} {m}x{n}x{k} {label} [{}]: {:.2} ms, {gflops:.1} GFLOP/s", ctx.info.name, tile.label(), secs * 1e3);
         }
-    }
-}
-
-
-fn probe(ctx: &GpuContext, src: &dg_kernels::KernelSource, checks: bool, tile: GemmTile) -> f32 {
-    let device = &ctx.device;
-    let mut entries = vec![wgpu::BindGroupLayoutEntry { binding: 0, visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Uniform, has_dynamic_offset: false, min_binding_size: None }, count: None }];
-    for (i, acc) in src.buffers.iter().enumerate() {
-        entries.push(wgpu::BindGroupLayoutEntry { binding: i as u32 + 1, visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Storage { read_only: *acc == dg_kernels::Access::Read }, has_dynamic_offset: false, min_binding_size: None }, count: None });
-    }
-    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries });
-    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: None, bind_group_layouts: &[Some(&layout)], immediate_size: 0 });
-    let desc = wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl(src.wgsl.as_str().into()) };
-    let module = if checks { device.create_shader_module(desc) } else { unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) } };
-    let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor { label: None, layout: Some(&pl), module: &module, entry_point: Some("main"), compilation_options: Default::default(), cache: None });
-    let k = 1_000_000u32;
-    let p = plain(1, 1, k);
-    let ub = ctx.buffer("u", 80, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST).unwrap();
-    ctx.queue.write_buffer(&ub, 0, bytemuck::bytes_of(&p));
-    let ab = ctx.upload("a", &vec![1.0f32; k as usize]).unwrap();
-    let bb = ctx.upload("b", &vec![1.0f32; k as usize]).unwrap();
-    let cb = ctx.upload("c", &vec![0.0f32; 4]).unwrap();
-    let bg = device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &layout, entries: &[
-        wgpu::BindGroupEntry { binding: 0, resource: ub.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 1, resource: ab.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 2, resource: bb.as_entire_binding() },
-        wgpu::BindGroupEntry { binding: 3, resource: cb.as_entire_binding() }] });
-    let mut enc = device.create_command_encoder(&Default::default());
-    { let mut pass = enc.begin_compute_pass(&Default::default()); pass.set_pipeline(&pipe); pass.set_bind_group(0, &bg, &[]); pass.dispatch_workgroups(1, 1, 1); }
-    ctx.queue.submit(Some(enc.finish()));
-    let got = ctx.read_f32(&cb, 0, 1).unwrap()[0];
-    println!("{} checks={checks}: {} k-steps -> {:.1} back-edges per step", src.name, got / tile.bk as f32, 65535.0 / (got / tile.bk as f32));
-    got
-}
-
-#[test]
-fn zz_probe() {
-    let Some(ctx) = test_context("dbg") else { return };
-    for &tile in TILES {
-        let src = gemm::source(tile);
-        if let Ok(path) = std::env::var("PROBE_WGSL") { let _ = path; }
-        probe(&ctx, &src, true, tile);
-        probe(&ctx, &src, false, tile);
     }
 }

@@ -18,6 +18,12 @@
 //! register block, accumulating in f32 per invocation over all of K (see `wgsl/gemm_tile.wgsl`).
 //! Global loads coalesce for row-major (`cs = 1`) and transposed (`rs = 1`) operands alike: the
 //! thread → element mapping follows whichever stride is 1 (a uniform choice per dispatch).
+//!
+//! Every constant-trip loop of the WGSL is marked `// @unroll` and expanded when rendering, so
+//! the K loop is the only loop left: register arrays are only indexed by constants, and lavapipe,
+//! which silently ends a shader after 65535 loop iterations in total (its `LP_MAX_TGSI_LOOP_
+//! ITERATIONS` limiter), computes any K up to `65535 · bk` (524 280 for [`TILE_128`], 1 048 560
+//! for the others; the vocabulary, 262 144, fits all).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -139,11 +145,11 @@ impl GemmTile {
     pub const fn is_valid(self) -> bool {
         let positive = self.bm > 0 && self.bn > 0 && self.bk > 0 && self.tm > 0 && self.tn > 0;
         positive
-            && self.bm % self.tm == 0
-            && self.bn % self.tn == 0
-            && (self.bm * self.bk) % self.invocations() == 0
-            && (self.bk * self.bn) % self.invocations() == 0
-            && 32 % self.bk == 0
+            && self.bm.is_multiple_of(self.tm)
+            && self.bn.is_multiple_of(self.tn)
+            && (self.bm * self.bk).is_multiple_of(self.invocations())
+            && (self.bk * self.bn).is_multiple_of(self.invocations())
+            && 32u32.is_multiple_of(self.bk)
             && self.invocations() <= MAX_INVOCATIONS
             && self.shared_bytes() <= MAX_SHARED_BYTES
     }
@@ -153,17 +159,31 @@ impl GemmTile {
         format!("{}x{}x{}_{}x{}", self.bm, self.bn, self.bk, self.tm, self.tn)
     }
 
-    /// The const prelude of the WGSL renderings.
-    pub(crate) fn prelude(self) -> [(&'static str, u32); 7] {
-        [
+    /// The const prelude of the WGSL renderings (names as documented in `wgsl/gemm_tile.wgsl`).
+    pub(crate) fn prelude(self) -> Vec<(&'static str, u32)> {
+        let (wm, wn) = (self.bm / self.tm, self.bn / self.tn);
+        let wg = wm * wn;
+        vec![
             ("BM", self.bm),
             ("BN", self.bn),
             ("BK", self.bk),
             ("TM", self.tm),
             ("TN", self.tn),
+            ("WM", wm),
+            ("WN", wn),
+            ("WG", wg),
+            ("LA", self.bm * self.bk / wg),
+            ("LB", self.bk * self.bn / wg),
             ("AP", self.shared_stride(self.bm)),
             ("BP", self.shared_stride(self.bn)),
         ]
+    }
+
+    /// The full WGSL of a kernel built on the tiling core: prelude, core, `kernel`, with every
+    /// `// @unroll` loop expanded.
+    pub(crate) fn render(self, kernel: &str) -> String {
+        let consts = self.prelude();
+        with_prelude(&consts, &unroll(&format!("{TILE_CORE}\n{kernel}"), &consts))
     }
 }
 
@@ -190,13 +210,13 @@ const _: () = {
 };
 
 /// The WGSL of the shared tiling core, prepended to gemm and grouped_gemm.
-pub(crate) const TILE_CORE: &str = include_str!("wgsl/gemm_tile.wgsl");
+const TILE_CORE: &str = include_str!("wgsl/gemm_tile.wgsl");
 
 /// The kernel for `tile`, named `gemm_{label}`. Bindings: `a` (read), `b` (read), `c` (read-write).
 pub fn source(tile: GemmTile) -> KernelSource {
     KernelSource {
         name: format!("gemm_{}", tile.label()),
-        wgsl: with_prelude(&tile.prelude(), &format!("{TILE_CORE}\n{}", include_str!("wgsl/gemm.wgsl"))),
+        wgsl: tile.render(include_str!("wgsl/gemm.wgsl")),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<GemmParams>() as u64,
@@ -241,6 +261,77 @@ pub fn workgroups(tile: GemmTile, m: u32, n: u32, batch: u32) -> [u32; 3] {
     let total = u64::from(m.div_ceil(tile.bm)) * u64::from(n.div_ceil(tile.bn)) * u64::from(batch);
     assert!(total <= u64::from(u32::MAX), "gemm of {m}x{n} over {batch} batches: too many workgroups");
     fold(total)
+}
+
+/// Expands every loop marked by a `// @unroll` line, which must be followed by
+/// `for (var x = 0u; x < N; x++) {` with N a prelude constant or a literal, a body without
+/// `break` or `continue`, and the closing `}` on a line of its own. Iteration i becomes the block
+/// `{ const x = iu; body }`; nested marked loops expand too. Panics on a malformed marker (every
+/// rendering runs in the tests).
+fn unroll(src: &str, consts: &[(&str, u32)]) -> String {
+    let lines: Vec<&str> = src.lines().collect();
+    let mut out = String::with_capacity(src.len() * 4);
+    expand(&lines, consts, &mut out);
+    out
+}
+
+fn expand(lines: &[&str], consts: &[(&str, u32)], out: &mut String) {
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() != "// @unroll" {
+            out.push_str(lines[i]);
+            out.push('\n');
+            i += 1;
+            continue;
+        }
+        let header = lines.get(i + 1).copied().unwrap_or_default();
+        let (var, count) = parse_for(header.trim(), consts)
+            .unwrap_or_else(|| panic!("`// @unroll` must precede `for (var x = 0u; x < N; x++) {{`, found `{header}`"));
+        // The body runs to the `}` that closes the header's `{` (comments may hold no braces).
+        let mut depth = 1i32;
+        let mut end = i + 2;
+        loop {
+            let line = lines.get(end).unwrap_or_else(|| panic!("unclosed @unroll loop `{header}`"));
+            let code = line.split("//").next().unwrap_or_default();
+            depth += code.matches('{').count() as i32 - code.matches('}').count() as i32;
+            if depth == 0 {
+                assert_eq!(line.trim(), "}", "an @unroll loop must end with `}}` on its own line");
+                break;
+            }
+            end += 1;
+        }
+        let body = &lines[i + 2..end];
+        assert!(
+            !body.iter().any(|l| {
+                let code = l.split("//").next().unwrap_or_default();
+                code.split(|ch: char| !ch.is_alphanumeric() && ch != '_').any(|w| w == "break" || w == "continue")
+            }),
+            "an @unroll loop body may not break or continue: `{header}`"
+        );
+        let mut inner = String::new();
+        expand(body, consts, &mut inner);
+        let indent = &header[..header.len() - header.trim_start().len()];
+        for n in 0..count {
+            out.push_str(&format!("{indent}{{\n{indent}    const {var} = {n}u;\n{inner}{indent}}}\n"));
+        }
+        i = end + 1;
+    }
+}
+
+/// `(x, N)` of `for (var x = 0u; x < N; x++) {`.
+fn parse_for(header: &str, consts: &[(&str, u32)]) -> Option<(String, u32)> {
+    let rest = header.strip_prefix("for (var ")?;
+    let (var, rest) = rest.split_once(" = 0u; ")?;
+    let rest = rest.strip_prefix(var)?.strip_prefix(" < ")?;
+    let (bound, rest) = rest.split_once("; ")?;
+    if rest != format!("{var}++) {{") {
+        return None;
+    }
+    let count = match consts.iter().find(|(name, _)| *name == bound) {
+        Some(&(_, v)) => v,
+        None => bound.trim_end_matches('u').parse().ok()?,
+    };
+    Some((var.to_string(), count))
 }
 
 #[cfg(test)]
@@ -288,5 +379,33 @@ mod tests {
         // The tied head: 256 x 262144 with 64-wide tiles.
         assert_eq!(workgroups(TILE_64, 256, 262_144, 1), [16_384, 1, 1]);
         assert_eq!(workgroups(TILE_SKINNY, 1, 1, 70_000), [65_535, 2, 1]);
+    }
+
+    #[test]
+    fn unroll_expands_marked_loops_only() {
+        let src = "fn f() {\n    // @unroll\n    for (var i = 0u; i < N; i++) {\n        // @unroll\n        for (var j = 0u; j < 2u; j++) {\n            x[i * 2u + j] = 1.0;\n        }\n    }\n    for (var q = 0u; q < N; q++) {\n    }\n}\n";
+        let out = unroll(src, &[("N", 3)]);
+        assert_eq!(out.matches("const i = ").count(), 3);
+        assert_eq!(out.matches("const j = ").count(), 6);
+        assert!(out.contains("const i = 2u;") && out.contains("const j = 1u;"));
+        assert!(out.contains("for (var q = 0u; q < N; q++) {"), "unmarked loops stay");
+        assert!(!out.contains("@unroll"));
+        assert_eq!(out.matches('{').count(), out.matches('}').count());
+    }
+
+    #[test]
+    #[should_panic(expected = "may not break")]
+    fn unroll_rejects_break() {
+        unroll("// @unroll\nfor (var i = 0u; i < 2u; i++) {\n    break;\n}\n", &[]);
+    }
+
+    #[test]
+    fn renderings_keep_no_loop_but_k_in_the_hot_path() {
+        for &t in TILES {
+            let wgsl = source(t).wgsl;
+            assert!(!wgsl.lines().any(|l| l.trim() == "// @unroll"));
+            // The K loop is the only `for` left in the tiling core and the kernel.
+            assert_eq!(wgsl.lines().filter(|l| l.trim_start().starts_with("for (")).count(), 1, "{}", t.label());
+        }
     }
 }

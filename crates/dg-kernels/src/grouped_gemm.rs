@@ -20,8 +20,8 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::gemm::{GemmTile, TILE_CORE, fold};
-use crate::{Access, KernelSource, with_prelude};
+use crate::gemm::{GemmTile, TILE_32, TILE_SKINNY, fold};
+use crate::{Access, KernelSource};
 
 /// Uniform parameters of `grouped_gemm.wgsl`. 32 bytes, a multiple of 16, so no padding.
 #[repr(C)]
@@ -48,10 +48,24 @@ pub struct GroupedGemmParams {
 pub fn source(tile: GemmTile) -> KernelSource {
     KernelSource {
         name: format!("grouped_gemm_{}", tile.label()),
-        wgsl: with_prelude(&tile.prelude(), &format!("{TILE_CORE}\n{}", include_str!("wgsl/grouped_gemm.wgsl"))),
+        wgsl: tile.render(include_str!("wgsl/grouped_gemm.wgsl")),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<GroupedGemmParams>() as u64,
+    }
+}
+
+/// A tile for `slots` rows spread over `groups` groups: by the average group size (not
+/// `max_rows`, which only bounds the grid), since every group pays for whole m tiles. The MoE's
+/// 2048 slots over 128 experts (16 each on average) get [`TILE_SKINNY`].
+pub fn choose(n: u32, k: u32, slots: u32, groups: u32) -> GemmTile {
+    let average = slots.div_ceil(groups.max(1));
+    if average <= TILE_SKINNY.bm {
+        TILE_SKINNY
+    } else if average <= TILE_32.bm {
+        TILE_32
+    } else {
+        crate::gemm::choose(average, n, k)
     }
 }
 
@@ -66,11 +80,18 @@ pub fn workgroups(tile: GemmTile, n: u32, max_rows: u32, groups: u32) -> [u32; 3
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm::{TILE_32, TILE_SKINNY};
 
     #[test]
     fn params_are_a_multiple_of_16_bytes() {
         assert_eq!(size_of::<GroupedGemmParams>() % 16, 0);
+    }
+
+    #[test]
+    fn choose_goes_by_the_average_group() {
+        assert_eq!(choose(1408, 2816, 2048, 128), TILE_SKINNY);
+        assert_eq!(choose(1408, 2816, 2048, 64), TILE_32);
+        assert_eq!(choose(1408, 2816, 0, 0), TILE_SKINNY);
+        assert!(crate::gemm::TILES.contains(&choose(1408, 2816, 100_000, 8)));
     }
 
     #[test]

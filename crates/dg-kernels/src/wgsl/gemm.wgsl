@@ -61,11 +61,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // Offsets of A(m0 + i, 0) and B(0, n0 + j) for the rows and columns this invocation stages.
     let a_base = p.a_offset + bi * p.a_batch + m0 * p.a_rs;
     var a_off: array<u32, LA>;
+    // @unroll
     for (var l = 0u; l < LA; l++) {
         a_off[l] = a_base + a_slot(t, l, job.a_k_fast).x * p.a_rs;
     }
     let b_base = p.b_offset + (bi / max(p.b_batch_div, 1u)) * p.b_batch + n0 * p.b_cs;
     var b_off: array<u32, LB>;
+    // @unroll
     for (var l = 0u; l < LB; l++) {
         b_off[l] = b_base + b_slot(t, l, job.b_n_fast).y * p.b_cs;
     }
@@ -76,26 +78,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tx = t % WN;
     let ty = t / WN;
     let c_base = p.c_offset + bi * p.c_batch + m0 * p.c_rs + n0;
+    // @unroll
     for (var r = 0u; r < TM; r++) {
-        let i = ty + r * WM;
-        if (i >= job.rows) {
-            break;
-        }
+        // @unroll
         for (var cc = 0u; cc < TN; cc++) {
+            let i = ty + r * WM;
             let j = tx + cc * WN;
-            if (j >= job.cols) {
-                break;
+            if (i < job.rows && j < job.cols) {
+                let at = c_base + i * p.c_rs + j;
+                var v = p.alpha * acc[r * TN + cc];
+                if (p.accumulate != 0u) {
+                    v += c[at];
+                }
+                if (p.epilogue == 1u) {
+                    // tanh(±10) is already ±1 in f32; the clamp keeps exp-based tanh lowerings finite.
+                    v = p.cap * tanh(clamp(v / p.cap, -10.0, 10.0));
+                }
+                c[at] = v;
             }
-            let at = c_base + i * p.c_rs + j;
-            var v = p.alpha * acc[r * TN + cc];
-            if (p.accumulate != 0u) {
-                v += c[at];
-            }
-            if (p.epilogue == 1u) {
-                // tanh(±10) is already ±1 in f32; the clamp keeps exp-based tanh lowerings finite.
-                v = p.cap * tanh(clamp(v / p.cap, -10.0, 10.0));
-            }
-            c[at] = v;
         }
     }
 }

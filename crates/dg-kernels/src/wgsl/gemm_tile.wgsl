@@ -7,26 +7,32 @@
 //   - invocation (tx, ty) owns a TM x TN register block of C: rows ty + r*WM, columns tx + c*WN
 //     (strided, so neighbouring invocations read neighbouring words of the shared tiles: no bank
 //     conflicts, and their final stores to C are coalesced).
-// Which thread stages which element depends on the operand layout (a uniform choice per dispatch):
-// consecutive invocations walk the dimension whose stride is 1, so global loads coalesce for both
-// row-major and transposed operands. The shared row strides AP and BP (from the prelude) are padded
-// so that the transposed staging pattern (BK consecutive k values x 32/BK rows per 32 lanes) hits 32
+// Which invocation stages which element depends on the operand layout (a uniform choice per
+// dispatch): consecutive invocations walk the dimension whose stride is 1, so global loads coalesce
+// for row-major and transposed operands alike. The shared row strides AP and BP are padded so that
+// the transposed staging pattern (BK consecutive k values x 32/BK rows per 32 lanes) hits 32
 // distinct banks.
 //
-// Prelude constants: BM, BN, BK (tile), TM, TN (register block), AP, BP (padded shared strides).
-// The including kernel declares the storage buffers `a` and `b`.
+// Loops marked `// @unroll` have constant trip counts and are expanded by the renderer (gemm.rs,
+// `unroll`) into straight-line blocks that bind the loop variable as a `const`. Register arrays are
+// then only ever indexed by constants (they stay in registers), and the K loop is the only loop
+// left in the hot path: naga's loop bounding otherwise stops drivers from unrolling, and lavapipe
+// silently leaves any shader after 65535 loop iterations in total.
+//
+// Prelude constants: BM, BN, BK (tile), TM, TN (register block), WM = BM/TM, WN = BN/TN,
+// WG = WM*WN (invocations), LA = BM*BK/WG, LB = BK*BN/WG (elements each invocation stages per
+// step), AP, BP (padded shared row strides). The including kernel declares the storage buffers
+// `a` and `b`.
 
-const WM: u32 = BM / TM;           // invocations along m
-const WN: u32 = BN / TN;           // invocations along n
-const WG: u32 = WM * WN;           // invocations per workgroup
-const LA: u32 = BM * BK / WG;      // A elements each invocation stages per k step
-const LB: u32 = BK * BN / WG;      // B elements each invocation stages per k step
+const_assert WM * TM == BM && WN * TN == BN && WG == WM * WN;
+const_assert LA * WG == BM * BK && LB * WG == BK * BN;
+const_assert AP >= BM && BP >= BN;
 
-var<workgroup> a_tile: array<f32, BK * AP>;   // a_tile[p * AP + i] = A(m0 + i, k0 + p)
-var<workgroup> b_tile: array<f32, BK * BP>;   // b_tile[p * BP + j] = B(k0 + p, n0 + j)
+var<workgroup> a_tile: array<f32, BK * AP>;   // a_tile[kk * AP + i] = A(m0 + i, k0 + kk)
+var<workgroup> b_tile: array<f32, BK * BP>;   // b_tile[kk * BP + j] = B(k0 + kk, n0 + j)
 
-// The element of the A tile that invocation t stages in its slot l, as (row i, k index p).
-// k_fast: consecutive invocations take consecutive p (A row-major, a_cs = 1); else consecutive i.
+// The element of the A tile that invocation t stages in its slot l, as (row i, k index kk).
+// k_fast: consecutive invocations take consecutive kk (A row-major, a_cs = 1); else consecutive i.
 fn a_slot(t: u32, l: u32, k_fast: bool) -> vec2<u32> {
     let e = t + l * WG;
     if (k_fast) {
@@ -35,8 +41,8 @@ fn a_slot(t: u32, l: u32, k_fast: bool) -> vec2<u32> {
     return vec2<u32>(e % BM, e / BM);
 }
 
-// The element of the B tile that invocation t stages in its slot l, as (k index p, column j).
-// n_fast: consecutive invocations take consecutive j (B row-major, b_cs = 1); else consecutive p
+// The element of the B tile that invocation t stages in its slot l, as (k index kk, column j).
+// n_fast: consecutive invocations take consecutive j (B row-major, b_cs = 1); else consecutive kk
 // (B is a transposed [N, K] weight, b_rs = 1).
 fn b_slot(t: u32, l: u32, n_fast: bool) -> vec2<u32> {
     let e = t + l * WG;
@@ -46,10 +52,11 @@ fn b_slot(t: u32, l: u32, n_fast: bool) -> vec2<u32> {
     return vec2<u32>(e % BK, e / BK);
 }
 
-// How one workgroup reads its operands. Element (i, p) of the A tile is a[a_off[l] + (k0 + p) * a_cs]
-// where a_off[l] is the offset of A(m0 + i, 0) for the row of slot l (precomputed by the kernel, so
-// a gathered row costs one lookup per dispatch, not per k step); element (p, j) of the B tile is
-// b[b_off[l] + (k0 + p) * b_rs] likewise. rows/cols: valid rows and columns of this tile.
+// How one workgroup reads its operands. Element (i, kk) of the A tile of step k0 is
+// a[a_off[l] + (k0 + kk) * a_cs], where a_off[l] is the offset of A(m0 + i, 0) for the row of
+// slot l (precomputed by the kernel: a gathered row costs one lookup per dispatch, not per step);
+// element (kk, j) of the B tile is b[b_off[l] + (k0 + kk) * b_rs] likewise.
+// rows, cols: the valid rows and columns of this tile.
 struct Job {
     k: u32,
     rows: u32,
@@ -60,33 +67,36 @@ struct Job {
     b_n_fast: bool,
 }
 
-// Loads the A elements of k step k0 (zero outside the matrix).
+// Loads the A elements of step k0 into registers (zero outside the matrix).
 fn fetch_a(t: u32, k0: u32, job: Job, a_off: ptr<function, array<u32, LA>>) -> array<f32, LA> {
     var r: array<f32, LA>;
+    // @unroll
     for (var l = 0u; l < LA; l++) {
         let s = a_slot(t, l, job.a_k_fast);
-        let p = k0 + s.y;
-        if (s.x < job.rows && p < job.k) {
-            r[l] = a[(*a_off)[l] + p * job.a_cs];
+        let kp = k0 + s.y;
+        if (s.x < job.rows && kp < job.k) {
+            r[l] = a[(*a_off)[l] + kp * job.a_cs];
         }
     }
     return r;
 }
 
-// Loads the B elements of k step k0 (zero outside the matrix).
+// Loads the B elements of step k0 into registers (zero outside the matrix).
 fn fetch_b(t: u32, k0: u32, job: Job, b_off: ptr<function, array<u32, LB>>) -> array<f32, LB> {
     var r: array<f32, LB>;
+    // @unroll
     for (var l = 0u; l < LB; l++) {
         let s = b_slot(t, l, job.b_n_fast);
-        let p = k0 + s.x;
-        if (s.y < job.cols && p < job.k) {
-            r[l] = b[(*b_off)[l] + p * job.b_rs];
+        let kp = k0 + s.x;
+        if (s.y < job.cols && kp < job.k) {
+            r[l] = b[(*b_off)[l] + kp * job.b_rs];
         }
     }
     return r;
 }
 
-// The TM x TN block of A·B owned by invocation t, accumulated in f32 over all of K.
+// The TM x TN block of A·B owned by invocation t (element [r * TN + c] is row ty + r*WM, column
+// tx + c*WN of the tile), accumulated in f32 over all of K.
 // Must be called in uniform control flow (it synchronises the workgroup).
 fn gemm_tile(t: u32, job: Job, a_off: ptr<function, array<u32, LA>>,
              b_off: ptr<function, array<u32, LB>>) -> array<f32, TM * TN> {
@@ -97,10 +107,12 @@ fn gemm_tile(t: u32, job: Job, a_off: ptr<function, array<u32, LA>>,
     var rb = fetch_b(t, 0u, job, b_off);
     for (var k0 = 0u; k0 < job.k; k0 += BK) {
         // Stage this step's registers into the shared tiles.
+        // @unroll
         for (var l = 0u; l < LA; l++) {
             let s = a_slot(t, l, job.a_k_fast);
             a_tile[s.y * AP + s.x] = ra[l];
         }
+        // @unroll
         for (var l = 0u; l < LB; l++) {
             let s = b_slot(t, l, job.b_n_fast);
             b_tile[s.x * BP + s.y] = rb[l];
@@ -111,16 +123,22 @@ fn gemm_tile(t: u32, job: Job, a_off: ptr<function, array<u32, LA>>,
             ra = fetch_a(t, k0 + BK, job, a_off);
             rb = fetch_b(t, k0 + BK, job, b_off);
         }
-        for (var p = 0u; p < BK; p++) {
+        // acc += (column kk of the A tile) x (row kk of the B tile), for each kk of the step.
+        // @unroll
+        for (var kk = 0u; kk < BK; kk++) {
             var av: array<f32, TM>;
             var bv: array<f32, TN>;
+            // @unroll
             for (var r = 0u; r < TM; r++) {
-                av[r] = a_tile[p * AP + ty + r * WM];
+                av[r] = a_tile[kk * AP + ty + r * WM];
             }
+            // @unroll
             for (var c = 0u; c < TN; c++) {
-                bv[c] = b_tile[p * BP + tx + c * WN];
+                bv[c] = b_tile[kk * BP + tx + c * WN];
             }
+            // @unroll
             for (var r = 0u; r < TM; r++) {
+                // @unroll
                 for (var c = 0u; c < TN; c++) {
                     acc[r * TN + c] += av[r] * bv[c];
                 }

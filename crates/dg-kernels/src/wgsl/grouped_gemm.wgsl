@@ -56,6 +56,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     // Offsets of A(row(s), 0) and W[g](n0 + j, 0) for the rows and columns this invocation stages.
     var a_off: array<u32, LA>;
+    // @unroll
     for (var l = 0u; l < LA; l++) {
         let i = a_slot(t, l, true).x;
         if (i < job.rows) {
@@ -69,6 +70,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let b_base = g * p.b_group_stride + n0 * p.k;
     var b_off: array<u32, LB>;
+    // @unroll
     for (var l = 0u; l < LB; l++) {
         b_off[l] = b_base + b_slot(t, l, job.b_n_fast).y * p.k;
     }
@@ -78,17 +80,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tx = t % WN;
     let ty = t / WN;
     let c_base = (first + m0) * p.c_rs + n0;
+    // @unroll
     for (var r = 0u; r < TM; r++) {
-        let i = ty + r * WM;
-        if (i >= job.rows) {
-            break;
-        }
+        // @unroll
         for (var cc = 0u; cc < TN; cc++) {
+            let i = ty + r * WM;
             let j = tx + cc * WN;
-            if (j >= job.cols) {
-                break;
+            if (i < job.rows && j < job.cols) {
+                c[c_base + i * p.c_rs + j] = acc[r * TN + cc];
             }
-            c[c_base + i * p.c_rs + j] = acc[r * TN + cc];
         }
     }
 }

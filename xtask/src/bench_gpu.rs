@@ -1,0 +1,142 @@
+//! `cargo xtask bench-gpu`: the GPU canvas forward at a given geometry (default: the real model's
+//! with 6 layers, one 5:1 period) on random weights, against a random cached context.
+//!
+//! Prints ms per canvas forward (device work plus submit/wait, without and with the logits
+//! readback), ms per layer from a timestamp profile, and the per-kernel breakdown. Timing waits
+//! for the device before reading the clock; setup (weights, upload, plans) stays outside.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext};
+use dg_model::{LayerKind, ModelConfig, Weights};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model config (HF config.json format).
+    #[arg(long, default_value = "bench/configs/real-6layer.json")]
+    config: PathBuf,
+    /// Cached context tokens (the prompt already encoded).
+    #[arg(long, default_value_t = 1024)]
+    context: usize,
+    /// Timed canvas forwards.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Also run a timestamp-query profile of one forward.
+    #[arg(long)]
+    profile: bool,
+    /// Adapter name substring.
+    #[arg(long)]
+    adapter: Option<String>,
+}
+
+fn seeded(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+pub fn run(args: Args) -> Result<bool> {
+    let config = ModelConfig::from_file(&args.config).with_context(|| format!("reading {}", args.config.display()))?;
+    let cfg = &config.text;
+    let (c, v) = (config.canvas_length, cfg.vocab_size);
+    println!(
+        "config: {} layers, hidden {}, vocab {}, {} experts top-{}, canvas {c}, context {}",
+        cfg.num_layers(),
+        cfg.hidden_size,
+        v,
+        cfg.num_experts,
+        cfg.top_k_experts,
+        args.context
+    );
+    let t = Instant::now();
+    let weights = Weights::random(cfg, 0)?;
+    println!("random weights: {:.1}s", t.elapsed().as_secs_f64());
+
+    let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone() })?;
+    println!("adapter: {} ({:?}, {:?}, driver {} {})", ctx.info.name, ctx.info.device_type, ctx.info.backend, ctx.info.driver, ctx.info.driver_info);
+    let t = Instant::now();
+    let mut model = GpuModel::new(ctx, &config, &weights, args.context)?;
+    drop(weights);
+    println!("upload: {:.1}s, {:.2} GB of weights", t.elapsed().as_secs_f64(), model.weight_bytes() as f64 / 1e9);
+
+    let kv: Vec<(Vec<f32>, Vec<f32>)> = cfg
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let tokens = match l.kind {
+                LayerKind::Sliding => args.context.min(cfg.sliding_window.saturating_sub(1)),
+                LayerKind::Full => args.context,
+            };
+            let n = tokens * l.num_kv_heads * l.head_dim;
+            (seeded(n, 2 * i as u64 + 1), seeded(n, 2 * i as u64 + 2))
+        })
+        .collect();
+    let layers: Vec<LayerContext<'_>> = kv.iter().map(|(k, v)| LayerContext { keys: k, values: v }).collect();
+    let t = Instant::now();
+    model.set_context(args.context, &layers)?;
+    println!("context + plans: {:.2}s, {} dispatches per forward", t.elapsed().as_secs_f64(), model.dispatches());
+
+    let canvas: Vec<u32> = (0..c as u32).map(|i| (i * 2_654_435_761u32) % v as u32).collect();
+    let sc: Vec<f32> = seeded(c * v, 99).into_iter().map(|x| 8.0 * x).collect();
+    let mut logits = vec![0f32; c * v];
+    model.canvas_forward(&canvas, Some(&sc), &mut logits)?;
+    model.run_step(&canvas, true, None)?;
+    let created = model.created();
+
+    let time = |model: &mut GpuModel, read: bool, logits: &mut [f32]| -> Result<f64> {
+        let t = Instant::now();
+        for _ in 0..args.steps {
+            model.run_step(&canvas, true, if read { Some(&mut *logits) } else { None })?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e3 / args.steps as f64)
+    };
+    let no_read = time(&mut model, false, &mut logits)?;
+    let with_read = time(&mut model, true, &mut logits)?;
+    assert_eq!(created, model.created(), "a GPU object was created during the timed steps");
+    let layers_n = cfg.num_layers();
+    println!("canvas forward (self-conditioning on): {no_read:.2} ms without readback, {with_read:.2} ms with the [C, V] logits readback ({} steps)", args.steps);
+    println!("objects created after the first step: none (buffers {}, bind groups {}, pipelines {})", created.buffers, created.bind_groups, created.pipelines);
+
+    if args.profile {
+        let prof = model.profile_step(&canvas, true)?;
+        let total: f64 = prof.iter().map(|p| p.2).sum();
+        let mut by_scope: BTreeMap<String, f64> = BTreeMap::new();
+        let mut by_kernel: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+        for (scope, kernel, ns) in &prof {
+            *by_scope.entry(scope.clone()).or_default() += ns;
+            let e = by_kernel.entry(kernel.clone()).or_default();
+            e.0 += ns;
+            e.1 += 1;
+        }
+        let layer_ms: Vec<f64> = (0..layers_n).map(|i| by_scope.get(&format!("layer{i}")).copied().unwrap_or(0.0) / 1e6).collect();
+        println!("\nprofile (timestamp queries, one pass per dispatch): {:.2} ms in kernels", total / 1e6);
+        println!("| scope | ms |\n|---|---|");
+        for (scope, ns) in &by_scope {
+            println!("| {scope} | {:.3} |", ns / 1e6);
+        }
+        println!("mean per layer: {:.3} ms", layer_ms.iter().sum::<f64>() / layers_n as f64);
+        println!("\n| kernel | dispatches | ms | share |\n|---|---|---|---|");
+        let mut kernels: Vec<_> = by_kernel.into_iter().collect();
+        kernels.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+        for (k, (ns, n)) in kernels {
+            println!("| {k} | {n} | {:.3} | {:.1}% |", ns / 1e6, 100.0 * ns / total);
+        }
+        println!("\nper dispatch of layer 0 and layer {}:", layers_n - 1);
+        for (scope, kernel, ns) in &prof {
+            if scope == "layer0" || *scope == format!("layer{}", layers_n - 1) {
+                println!("  {scope:8} {kernel:32} {:8.1} us", ns / 1e3);
+            }
+        }
+    }
+    Ok(true)
+}
