@@ -12,6 +12,7 @@ use dg_gpu::{GpuContext, GpuOptions};
 use dg_parity::cpu::CpuBackend;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
+use dg_parity::replay::{generate_check, replay_config};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -76,10 +77,12 @@ fn check_dir(dir: &Path, choice: BackendChoice) -> Result<Vec<(&'static str, Che
         let gpu = GpuBackend::new(ctx, &model_dir.config, weights, max_context).map_err(|e| anyhow::anyhow!(e))?;
         backends.push(Box::new(gpu));
     }
+    let gen_cfg = replay_config(&reference, &model_dir.generation, &model_dir.config)?;
     let mut out = Vec::new();
     for backend in &mut backends {
         let name = backend.name();
-        let results = logits_checks(&reference, backend.as_mut())?;
+        let mut results = logits_checks(&reference, backend.as_mut())?;
+        results.extend(generate_check(&reference, backend.as_mut(), &model_dir.config, &gen_cfg)?);
         if results.is_empty() {
             bail!("{} holds no check this tool knows", dir.display());
         }

@@ -9,6 +9,7 @@ pub mod compare;
 pub mod cpu;
 pub mod gpu;
 pub mod reference;
+pub mod replay;
 
 use std::path::PathBuf;
 
