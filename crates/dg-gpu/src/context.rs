@@ -5,6 +5,7 @@
 //! Every buffer, bind group and pipeline dg creates goes through this type, which counts them, so
 //! tests can prove that nothing is created after the first denoising step.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::GpuError;
@@ -24,6 +25,26 @@ pub struct Created {
     pub pipelines: u64,
 }
 
+/// Shared counters of created objects; cloning the handle lets a caller watch a context it does
+/// not own (e.g. from sampler hooks while the model is borrowed).
+#[derive(Debug, Default)]
+pub struct Counters {
+    buffers: AtomicU64,
+    bind_groups: AtomicU64,
+    pipelines: AtomicU64,
+}
+
+impl Counters {
+    /// Counts so far.
+    pub fn get(&self) -> Created {
+        Created {
+            buffers: self.buffers.load(Ordering::Relaxed),
+            bind_groups: self.bind_groups.load(Ordering::Relaxed),
+            pipelines: self.pipelines.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// An open device with its queue.
 #[derive(Debug)]
 pub struct GpuContext {
@@ -32,9 +53,7 @@ pub struct GpuContext {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
-    buffers: AtomicU64,
-    bind_groups: AtomicU64,
-    pipelines: AtomicU64,
+    counters: Arc<Counters>,
 }
 
 /// All adapters wgpu can see, with their info.
@@ -98,19 +117,18 @@ impl GpuContext {
             info,
             limits,
             features,
-            buffers: AtomicU64::new(0),
-            bind_groups: AtomicU64::new(0),
-            pipelines: AtomicU64::new(0),
+            counters: Arc::default(),
         })
     }
 
     /// Counts of created objects.
     pub fn created(&self) -> Created {
-        Created {
-            buffers: self.buffers.load(Ordering::Relaxed),
-            bind_groups: self.bind_groups.load(Ordering::Relaxed),
-            pipelines: self.pipelines.load(Ordering::Relaxed),
-        }
+        self.counters.get()
+    }
+
+    /// A handle on the creation counters that outlives borrows of the context.
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
     }
 
     /// Largest storage binding the device accepts.
@@ -134,7 +152,7 @@ impl GpuContext {
 
     /// A buffer with explicit usages; allocation failures become [`GpuError::OutOfMemory`].
     pub fn buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, GpuError> {
-        self.buffers.fetch_add(1, Ordering::Relaxed);
+        self.counters.buffers.fetch_add(1, Ordering::Relaxed);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false });
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -157,11 +175,11 @@ impl GpuContext {
     }
 
     pub(crate) fn count_bind_group(&self) {
-        self.bind_groups.fetch_add(1, Ordering::Relaxed);
+        self.counters.bind_groups.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_pipeline(&self) {
-        self.pipelines.fetch_add(1, Ordering::Relaxed);
+        self.counters.pipelines.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Copies `len` f32 values from `buffer` (starting at element `offset`) to the host.

@@ -14,7 +14,7 @@ pub mod plan;
 pub mod testing;
 pub mod weights;
 
-pub use context::{Created, GpuContext, GpuOptions, list_adapters};
+pub use context::{Counters, Created, GpuContext, GpuOptions, list_adapters};
 pub use error::GpuError;
 pub use model::{GpuModel, LayerContext};
 pub use plan::{Pipeline, Pipelines, Plan, PlanBuilder, groups_1d};
