@@ -82,6 +82,12 @@ fn check_dir(dir: &Path, choice: BackendChoice) -> Result<Vec<(&'static str, Che
     for backend in &mut backends {
         let name = backend.name();
         let mut results = logits_checks(&reference, backend.as_mut())?;
+        if reference.has("prompt_ids") && reference.has("canvas_ids") {
+            let (prompt, canvas) = (reference.ids("prompt_ids")?, reference.ids("canvas_ids")?);
+            if let Some(r) = backend.layer_check(&prompt, &canvas) {
+                results.push(r.map_err(|e| anyhow::anyhow!("layer check: {e}"))?);
+            }
+        }
         results.extend(generate_check(&reference, backend.as_mut(), &model_dir.config, &gen_cfg)?);
         if results.is_empty() {
             bail!("{} holds no check this tool knows", dir.display());

@@ -87,7 +87,8 @@ pub fn record_canvas_forward<'a>(
     Ok(())
 }
 
-fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, visible: usize) -> Result<(), GpuError> {
+/// Records decoder layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).
+pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, visible: usize) -> Result<(), GpuError> {
     let cfg = &config.text;
     let spec = &cfg.layers[i];
     let l = &w.layers[i];

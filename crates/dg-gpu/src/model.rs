@@ -11,7 +11,7 @@ use dg_model::{LayerKind, ModelConfig, Weights};
 use crate::arena::Arena;
 use crate::context::{Created, GpuContext, map_read};
 use crate::error::GpuError;
-use crate::forward::{ForwardShape, record_canvas_forward};
+use crate::forward::{ForwardShape, record_canvas_forward, record_layer};
 use crate::ops::Recorder;
 use crate::plan::{Pipelines, Plan};
 use crate::weights::GpuWeights;
@@ -118,6 +118,20 @@ impl GpuModel {
         self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(canvas));
         let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
         plan.profile(&self.ctx)
+    }
+
+    /// Runs decoder layer `i` alone on `hidden` (`[C, H]`, the layer's input) against the current
+    /// context and returns its output: the GPU half of layer-level parity. Builds a one-off plan.
+    pub fn run_layer(&mut self, i: usize, hidden: &[f32]) -> Result<Vec<f32>, GpuError> {
+        let visible = self.plans.as_ref().expect("set_context must run before run_layer").visible[i];
+        self.ctx.queue.write_buffer(&self.arena.hidden, 0, bytemuck::cast_slice(hidden));
+        let plan = {
+            let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
+            record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, visible)?;
+            rec.finish()?
+        };
+        plan.run(&self.ctx)?;
+        self.ctx.read_f32(&self.arena.hidden, 0, hidden.len())
     }
 
     /// Number of dispatches of the self-conditioned plan.

@@ -13,6 +13,9 @@ pub const CPU_LOGITS_TOLERANCE: f64 = 1e-5;
 /// Normwise tolerance of the f32 GPU path: GPU reductions and transcendentals are less tightly
 /// specified than libm's (WGSL allows a few ulps for exp/tanh).
 pub const GPU_LOGITS_TOLERANCE: f64 = 1e-4;
+/// Normwise tolerance of one GPU layer against the same CPU layer on the same input: one layer of
+/// f32 GEMMs and reductions in another order (measured ~1e-6), with margin for router near-ties.
+pub const LAYER_TOLERANCE: f64 = 1e-5;
 /// Rows whose reference top-2 gap exceeds this must agree on the argmax.
 pub const ARGMAX_MARGIN: f32 = 1e-3;
 
@@ -30,6 +33,11 @@ pub trait Backend {
     fn encode(&mut self, ids: &[u32]) -> Result<(), BoxError>;
     /// Canvas forward at the positions after the cache.
     fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), BoxError>;
+    /// Layer-level check against the CPU reference, for backends that are not the reference:
+    /// every decoder layer on the CPU layer's input, after encoding `prompt`.
+    fn layer_check(&mut self, _prompt: &[u32], _canvas: &[u32]) -> Option<Result<CheckResult, BoxError>> {
+        None
+    }
 }
 
 /// The outcome of one check.
@@ -41,7 +49,7 @@ pub struct CheckResult {
 }
 
 impl CheckResult {
-    fn from_comparison(name: &str, c: &Comparison, tolerance: f64) -> Self {
+    pub(crate) fn from_comparison(name: &str, c: &Comparison, tolerance: f64) -> Self {
         CheckResult { name: name.to_string(), passed: c.passes(tolerance), detail: format!("{c} tol={tolerance:.0e}") }
     }
 }

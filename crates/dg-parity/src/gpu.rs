@@ -6,7 +6,8 @@ use dg_gpu::{GpuContext, GpuModel, LayerContext};
 use dg_model::{ModelConfig, Weights};
 
 use crate::BoxError;
-use crate::checks::{Backend, GPU_LOGITS_TOLERANCE};
+use crate::checks::{Backend, CheckResult, GPU_LOGITS_TOLERANCE, LAYER_TOLERANCE};
+use crate::compare::compare;
 
 /// CPU encoder + GPU canvas forward.
 #[derive(Debug)]
@@ -69,5 +70,39 @@ impl Backend for GpuBackend {
     fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), BoxError> {
         self.sync()?;
         Ok(self.gpu.canvas_forward(canvas, sc, logits)?)
+    }
+
+    fn layer_check(&mut self, prompt: &[u32], canvas: &[u32]) -> Option<Result<CheckResult, BoxError>> {
+        Some(self.layers(prompt, canvas))
+    }
+}
+
+impl GpuBackend {
+    /// Feeds every decoder layer the CPU's input for that layer and compares the outputs; the
+    /// report names the first failing layer (or the worst one when all pass).
+    fn layers(&mut self, prompt: &[u32], canvas: &[u32]) -> Result<CheckResult, BoxError> {
+        self.reset()?;
+        self.encode(prompt)?;
+        self.sync()?;
+        let cpu = &self.encoder;
+        let (c, h) = (canvas.len(), cpu.config.text.hidden_size);
+        let mut hidden = cpu.decoder_input(canvas, None);
+        let mut worst = (0usize, 0f64);
+        for i in 0..cpu.config.text.num_layers() {
+            let gpu_out = self.gpu.run_layer(i, &hidden)?;
+            cpu.decoder_layers(&mut hidden, c, i..i + 1);
+            let cmp = compare(&gpu_out, &hidden, h, f32::INFINITY);
+            if !cmp.passes(LAYER_TOLERANCE) {
+                return Ok(CheckResult::from_comparison(&format!("layers (first failing: layer {i})"), &cmp, LAYER_TOLERANCE));
+            }
+            if cmp.normwise >= worst.1 {
+                worst = (i, cmp.normwise);
+            }
+        }
+        Ok(CheckResult {
+            name: "layers".into(),
+            passed: true,
+            detail: format!("all {} layers within tol={LAYER_TOLERANCE:.0e}; worst layer {} normwise={:.3e}", cpu.config.text.num_layers(), worst.0, worst.1),
+        })
     }
 }
