@@ -201,3 +201,15 @@ fn empty_cache(config: &ModelConfig) -> KvCache {
         .collect();
     KvCache { layers, seq_len: 0 }
 }
+
+impl dg_sampler::DenoiseModel for CpuModel {
+    type Error = CpuError;
+
+    fn encode(&mut self, ids: &[u32]) -> Result<(), CpuError> {
+        CpuModel::encode(self, ids)
+    }
+
+    fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), CpuError> {
+        CpuModel::canvas_forward(self, canvas, sc, logits)
+    }
+}

@@ -1,44 +1,27 @@
 //! The GPU backend of the checks: the CPU encoder fills the KV cache, the canvas forward runs on
 //! the GPU ([`dg_gpu::GpuModel`]) against that cache.
 
-use dg_cpu::CpuModel;
-use dg_gpu::{GpuContext, GpuModel, LayerContext};
+use dg_gpu::{GpuContext, GpuModel, HybridModel};
 use dg_model::{ModelConfig, Weights};
+use dg_sampler::DenoiseModel;
 
 use crate::BoxError;
 use crate::checks::{Backend, CheckResult, GPU_LOGITS_TOLERANCE, LAYER_TOLERANCE};
 use crate::compare::compare;
 
-/// CPU encoder + GPU canvas forward.
+/// CPU encoder + GPU canvas forward ([`HybridModel`]) as a parity backend.
 #[derive(Debug)]
-pub struct GpuBackend {
-    encoder: CpuModel,
-    gpu: GpuModel,
-    /// The GPU has not seen the encoder's latest cache yet.
-    stale: bool,
-}
+pub struct GpuBackend(pub HybridModel);
 
 impl GpuBackend {
     /// Uploads `weights` to `ctx` for contexts of up to `max_context` tokens.
     pub fn new(ctx: GpuContext, config: &ModelConfig, weights: Weights, max_context: usize) -> Result<Self, BoxError> {
-        let gpu = GpuModel::new(ctx, config, &weights, max_context)?;
-        Ok(GpuBackend { encoder: CpuModel::new(config.clone(), weights), gpu, stale: true })
+        Ok(GpuBackend(HybridModel::new(ctx, config, weights, max_context)?))
     }
 
     /// The GPU model (for resource counters).
     pub fn gpu(&self) -> &GpuModel {
-        &self.gpu
-    }
-
-    fn sync(&mut self) -> Result<(), BoxError> {
-        if self.stale {
-            let cache = self.encoder.cache();
-            let layers: Vec<LayerContext<'_>> =
-                cache.layers.iter().map(|l| LayerContext { keys: &l.keys, values: &l.values }).collect();
-            self.gpu.set_context(cache.seq_len, &layers)?;
-            self.stale = false;
-        }
-        Ok(())
+        &self.0.gpu
     }
 }
 
@@ -52,24 +35,20 @@ impl Backend for GpuBackend {
     }
 
     fn vocab_size(&self) -> usize {
-        self.encoder.config.text.vocab_size
+        self.0.encoder.config.text.vocab_size
     }
 
     fn reset(&mut self) -> Result<(), BoxError> {
-        self.encoder.reset();
-        self.stale = true;
+        self.0.reset();
         Ok(())
     }
 
     fn encode(&mut self, ids: &[u32]) -> Result<(), BoxError> {
-        self.encoder.encode(ids)?;
-        self.stale = true;
-        Ok(())
+        Ok(DenoiseModel::encode(&mut self.0, ids)?)
     }
 
     fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), BoxError> {
-        self.sync()?;
-        Ok(self.gpu.canvas_forward(canvas, sc, logits)?)
+        Ok(DenoiseModel::canvas_forward(&mut self.0, canvas, sc, logits)?)
     }
 
     fn layer_check(&mut self, prompt: &[u32], canvas: &[u32]) -> Option<Result<CheckResult, BoxError>> {
@@ -83,13 +62,13 @@ impl GpuBackend {
     fn layers(&mut self, prompt: &[u32], canvas: &[u32]) -> Result<CheckResult, BoxError> {
         self.reset()?;
         self.encode(prompt)?;
-        self.sync()?;
-        let cpu = &self.encoder;
+        self.0.sync()?;
+        let HybridModel { encoder: cpu, gpu, .. } = &mut self.0;
         let (c, h) = (canvas.len(), cpu.config.text.hidden_size);
         let mut hidden = cpu.decoder_input(canvas, None);
         let mut worst = (0usize, 0f64);
         for i in 0..cpu.config.text.num_layers() {
-            let gpu_out = self.gpu.run_layer(i, &hidden)?;
+            let gpu_out = gpu.run_layer(i, &hidden)?;
             cpu.decoder_layers(&mut hidden, c, i..i + 1);
             let cmp = compare(&gpu_out, &hidden, h, f32::INFINITY);
             if !cmp.passes(LAYER_TOLERANCE) {
