@@ -98,7 +98,7 @@ impl<'a> Recorder<'a> {
 
     /// A GEMM with explicit strides (see `dg_kernels::gemm`).
     pub fn gemm(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
-        let tile = gemm::choose(p.m, p.n, p.k);
+        let tile = gemm::choose_batched(p.m, p.n, p.k, p.batch);
         let g = gemm::workgroups(tile, p.m, p.n, p.batch);
         self.push(gemm::source(tile), &p, &[a, b, c], g)
     }

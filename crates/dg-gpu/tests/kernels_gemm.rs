@@ -4,8 +4,12 @@
 //!   (linear-layer) and arbitrary strides, strided attention heads with GQA, accumulate with
 //!   alpha ≠ 1, the softcap epilogue, operands and outputs at offsets inside larger buffers, a long
 //!   K and real-geometry slices;
-//! - `grouped_gemm` against a naive per-slot loop: 8 experts with uneven counts including empty
-//!   experts, one expert holding every slot, gather on and off.
+//!   Split-K tiles (K summed in slices inside the workgroup) run every case too, K shorter than
+//!   one step per slice included;
+//! - `grouped_gemm` against a naive per-slot loop, for every grouped tile: 8 experts with uneven
+//!   counts including empty experts, counts that end mid row block and mid m tile, one expert
+//!   holding every slot, N and K off the tile multiples, gather on and off, and a 32-expert
+//!   routing shaped like the real MoE's (about 16 slots each).
 //!
 //! Every output buffer is pre-filled with seeded values (so untouched elements, e.g. the gaps
 //! between strided rows, are checked to stay untouched) and followed by a guard band.
@@ -14,7 +18,7 @@ use dg_cpu::linalg::{Threads, View, matmul};
 use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, PlanBuilder, Pipelines};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
-use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
+use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
 
 /// f32 sums of k products in a different order (tiles vs the CPU GEMM's blocking): the rounding
 /// error relative to max |C| grows like ε·√k on random data (ε ≈ 6e-8), so 1e-6·√k leaves a wide
@@ -191,6 +195,17 @@ fn gemm_cases() -> Vec<Case> {
         case("long K (soft embedding)", plain(2, 3, 262_144)),
         case("linear 256x512x512", GemmParams::linear(256, 512, 512)),
         case("k_proj slice 64x256x2816", GemmParams::linear(64, 256, 2816)),
+        case("K shorter than the slices", GemmParams::linear(37, 41, 20)),
+        case("K of a few steps per slice, accumulate", GemmParams { accumulate: 1, alpha: 0.5, ..plain(33, 20, 70) }),
+    ]
+}
+
+/// Extra cases for the choice: shapes that pick the split tiles at the real geometry's ratios.
+fn choose_cases() -> Vec<Case> {
+    vec![
+        case("router-like 64x128x2816 (16x16 split)", GemmParams::linear(64, 128, 2816)),
+        case("k/v-like 256x1024x1024 (32x32 split)", GemmParams::linear(256, 1024, 1024)),
+        case("softcap head over few tiles, long K", GemmParams { epilogue: EPILOGUE_SOFTCAP, cap: 30.0, ..GemmParams::linear(40, 60, 1500) }),
     ]
 }
 
@@ -209,9 +224,13 @@ fn gemm_matches_cpu_for_every_tile() {
 fn gemm_choose_covers_the_cases() {
     let Some(ctx) = test_context("gemm_choose_covers_the_cases") else { return };
     let mut pipelines = Pipelines::default();
-    for c in gemm_cases().into_iter().filter(|c| c.p.k < 10_000) {
-        check(&ctx, &mut pipelines, gemm::choose(c.p.m, c.p.n, c.p.k), &c);
+    let mut chosen = Vec::new();
+    for c in gemm_cases().into_iter().filter(|c| c.p.k < 10_000).chain(choose_cases()) {
+        let tile = gemm::choose_batched(c.p.m, c.p.n, c.p.k, c.p.batch);
+        chosen.push(tile);
+        check(&ctx, &mut pipelines, tile, &c);
     }
+    assert!(chosen.contains(&gemm::TILE_16_SPLIT) && chosen.contains(&gemm::TILE_32_SPLIT), "{chosen:?}");
 }
 
 /// One grouped case: per-expert slot counts, with or without gather.
@@ -222,7 +241,7 @@ struct Grouped {
     gather: bool,
 }
 
-fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GemmTile, g: &Grouped) {
+fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GroupedTile, g: &Grouped) {
     let groups = g.counts.len();
     let (n, k) = (g.n as usize, g.k as usize);
     let mut offsets = vec![0u32];
@@ -289,20 +308,51 @@ fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GemmTile, g:
     );
 }
 
+/// Slot counts of `groups` experts like a top-k routing of `tokens` tokens: about
+/// `tokens·k/groups` each, skewed (some experts empty, a few with twice the mean).
+fn skewed_counts(groups: usize, tokens: usize, k: usize) -> Vec<u32> {
+    let weights: Vec<f32> = seeded(groups, 77, 1.0).iter().map(|v| (v + 1.0) * (v + 1.0)).collect();
+    let total: f32 = weights.iter().sum();
+    let mut counts: Vec<u32> = weights.iter().map(|w| (w / total * (tokens * k) as f32) as u32).collect();
+    counts[3] = 0;
+    counts
+}
+
 #[test]
 fn grouped_gemm_matches_naive_for_every_tile() {
     let Some(ctx) = test_context("grouped_gemm_matches_naive_for_every_tile") else { return };
     let mut pipelines = Pipelines::default();
     let uneven = vec![5, 0, 37, 1, 0, 70, 16, 3];
     let all_in_one = vec![0, 0, 0, 0, 0, 130, 0, 0];
-    for &tile in TILES {
+    // Counts that end on and just past 8-row blocks and 16/32/64-row tiles.
+    let boundaries = vec![8, 9, 17, 24, 33, 63, 65, 0];
+    for &tile in grouped_gemm::TILES {
         for gather in [false, true] {
             check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 72, k: 40, counts: uneven.clone(), gather });
             check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 33, k: 1, counts: uneven.clone(), gather });
             check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 200, k: 130, counts: all_in_one.clone(), gather });
+            check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 300, k: 21, counts: boundaries.clone(), gather });
         }
         // Expert-sized slice: width 704 in, 160 out.
         check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 160, k: 704, counts: vec![16, 9, 0, 33, 17, 1, 0, 24], gather: true });
+        // No slots at all, and K = 0.
+        check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 40, k: 16, counts: vec![0, 0, 0], gather: true });
+        check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 40, k: 0, counts: vec![3, 0, 20], gather: true });
+    }
+}
+
+#[test]
+fn grouped_gemm_choose_covers_a_moe_routing() {
+    let Some(ctx) = test_context("grouped_gemm_choose_covers_a_moe_routing") else { return };
+    let mut pipelines = Pipelines::default();
+    // 64 tokens × top-8 over 32 experts (16 slots each on average, like 256 × 8 over 128), the
+    // expert widths scaled down: gate‖up then down.
+    let counts = skewed_counts(32, 64, 8);
+    let slots: u32 = counts.iter().sum();
+    for (n, k) in [(352, 256), (256, 176)] {
+        let tile = grouped_gemm::choose(n, k, slots, counts.len() as u32);
+        assert_eq!(tile, grouped_gemm::TILE_16X256);
+        check_grouped(&ctx, &mut pipelines, tile, &Grouped { n, k, counts: counts.clone(), gather: true });
     }
 }
 
@@ -350,6 +400,71 @@ fn gemm_throughput() {
                     secs * 1e3
                 );
             }
+        }
+    }
+}
+
+/// Throughput of the grouped expert GEMMs on the test device, every grouped tile, gate‖up then
+/// down, over a skewed top-k routing:
+/// `cargo test -p dg-gpu --release --test kernels_gemm grouped_gemm_throughput -- --ignored --nocapture`.
+/// `DG_GROUPED_BENCH=tokens,experts,top_k,hidden,expert_width` picks the geometry (default
+/// `64,32,8,512,128`; the real model is `256,128,8,2816,704`), `DG_GEMM_REPS` the dispatches per
+/// submit (default 3).
+#[test]
+#[ignore]
+fn grouped_gemm_throughput() {
+    let Some(ctx) = test_context("grouped_gemm_throughput") else { return };
+    let mut pipelines = Pipelines::default();
+    let geometry: Vec<usize> = std::env::var("DG_GROUPED_BENCH")
+        .unwrap_or_else(|_| "64,32,8,512,128".into())
+        .split(',')
+        .map(|d| d.trim().parse().expect("DG_GROUPED_BENCH: tokens,experts,top_k,hidden,expert_width"))
+        .collect();
+    let [tokens, experts, top_k, hidden, width] = geometry[..] else { panic!("DG_GROUPED_BENCH needs 5 numbers") };
+    let reps: u32 = std::env::var("DG_GEMM_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let counts = skewed_counts(experts, tokens, top_k);
+    let mut offsets = vec![0u32];
+    for &c in &counts {
+        offsets.push(offsets.last().unwrap() + c);
+    }
+    let slots = *offsets.last().unwrap() as usize;
+    let rows: Vec<u32> = (0..slots.max(1)).map(|s| (s % tokens) as u32).collect();
+    let ob = ctx.upload("offsets", &offsets).unwrap();
+    let rb = ctx.upload("rows", &rows).unwrap();
+    for (label, n, k, gather) in [("gate_up", 2 * width, hidden, true), ("down", hidden, width, false)] {
+        let a_rows = if gather { tokens } else { slots.max(1) };
+        let ab = ctx.upload("a", &seeded(a_rows * k, 1, 1.0)).unwrap();
+        let wb = ctx.upload("w", &seeded(experts * n * k, 2, 1.0)).unwrap();
+        let cb = ctx.storage_buffer("c", (slots.max(1) * n * 4) as u64).unwrap();
+        let params = GroupedGemmParams {
+            n: n as u32,
+            k: k as u32,
+            groups: experts as u32,
+            max_rows: tokens as u32,
+            a_rs: k as u32,
+            b_group_stride: (n * k) as u32,
+            c_rs: n as u32,
+            gather: gather as u32,
+        };
+        for &tile in grouped_gemm::TILES {
+            let pipeline = pipelines.get(&ctx, grouped_gemm::source(tile)).unwrap();
+            let mut plan = PlanBuilder::new(&ctx);
+            for _ in 0..reps {
+                plan.push(&pipeline, &params, &[&ab, &wb, &ob, &rb, &cb], grouped_gemm::workgroups(tile, n as u32, tokens as u32, experts as u32));
+            }
+            let plan = plan.finish(&ctx).unwrap();
+            plan.run(&ctx).unwrap();
+            let t0 = std::time::Instant::now();
+            plan.run(&ctx).unwrap();
+            let secs = t0.elapsed().as_secs_f64() / f64::from(reps);
+            let gflops = 2.0 * (slots * n * k) as f64 / secs / 1e9;
+            let chosen = if grouped_gemm::choose(n as u32, k as u32, slots as u32, experts as u32) == tile { " (chosen)" } else { "" };
+            println!(
+                "{} grouped {label} {slots} slots / {experts} experts, n {n} k {k} [{}]{chosen}: {:.3} ms, {gflops:.1} GFLOP/s",
+                ctx.info.name,
+                tile.label(),
+                secs * 1e3
+            );
         }
     }
 }

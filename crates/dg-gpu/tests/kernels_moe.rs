@@ -120,6 +120,18 @@ fn run_dispatch(
     k: usize,
     experts: usize,
 ) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    run_dispatch_folded(ctx, idx, tokens, k, experts, 65_535)
+}
+
+/// [`run_dispatch`] with the grid folded at `max_dim` workgroups per dimension.
+fn run_dispatch_folded(
+    ctx: &GpuContext,
+    idx: &[u32],
+    tokens: usize,
+    k: usize,
+    experts: usize,
+    max_dim: u32,
+) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let mut pipelines = Pipelines::default();
     let p = pipelines.get(ctx, moe_dispatch::source()).unwrap();
     let ib = ctx.upload("idx", idx).unwrap();
@@ -128,7 +140,7 @@ fn run_dispatch(
     let slot_of = guarded_output(ctx, "slot_of", tokens * k);
     let params = MoeDispatchParams { tokens: tokens as u32, k: k as u32, experts: experts as u32, _pad: 0 };
     let mut plan = PlanBuilder::new(ctx);
-    plan.push(&p, &params, &[&ib, &offsets, &rows, &slot_of], [moe_dispatch::workgroups(&params), 1, 1]);
+    plan.push(&p, &params, &[&ib, &offsets, &rows, &slot_of], groups_1d(moe_dispatch::workgroups(&params), max_dim));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
     (
         read_guarded_u32(ctx, &offsets, experts + 1),
@@ -191,13 +203,28 @@ fn random_idx(tokens: usize, k: usize, experts: usize, seed: u64) -> Vec<u32> {
 #[test]
 fn moe_dispatch_invariants() {
     let Some(ctx) = test_context("moe_dispatch_invariants") else { return };
-    for &(tokens, k, experts) in
-        &[(1, 1, 1), (1, 2, 8), (5, 3, 8), (64, 2, 8), (300, 8, 128), (1000, 8, 128), (31, 5, 256)]
-    {
+    // Tables shorter and longer than a workgroup, not multiples of it, the real 256 × top-8 over
+    // 128 experts, and more experts than a workgroup has invocations.
+    for &(tokens, k, experts) in &[
+        (1, 1, 1),
+        (1, 2, 8),
+        (5, 3, 8),
+        (64, 2, 8),
+        (256, 8, 128),
+        (300, 8, 128),
+        (1000, 8, 128),
+        (31, 5, 256),
+        (97, 4, 300),
+    ] {
         let idx = random_idx(tokens, k, experts, 70 + tokens as u64);
         let d = run_dispatch(&ctx, &idx, tokens, k, experts);
         check_dispatch(&d, &idx, tokens, k, experts, &format!("T={tokens} K={k} E={experts}"));
     }
+    // A folded grid (padding workgroups past E + 1 leave at once).
+    let (tokens, k, experts) = (50, 3, 16);
+    let idx = random_idx(tokens, k, experts, 78);
+    let d = run_dispatch_folded(&ctx, &idx, tokens, k, experts, 4);
+    check_dispatch(&d, &idx, tokens, k, experts, "folded grid");
     // Everything to one expert, and repeated experts within a token (not top-k, still sorted).
     let (tokens, k, experts) = (100, 4, 16);
     let idx = vec![9u32; tokens * k];

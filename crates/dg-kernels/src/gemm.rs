@@ -15,15 +15,20 @@
 //! `C(b,i,j)` for `i < m, j < n` is written. Bindings: `a` (read), `b` (read), `c` (read-write).
 //!
 //! Each workgroup computes one `bm × bn` tile through shared memory, each invocation a `tm × tn`
-//! register block, accumulating in f32 per invocation over all of K (see `wgsl/gemm_tile.wgsl`).
+//! register block, accumulating in f32 per invocation (see `wgsl/gemm_tile.wgsl`). A tile with
+//! `slices > 1` splits K inside the workgroup: slice `s` of the invocations accumulates the `s`-th
+//! contiguous run of K steps, and slice 0 adds the other slices' partial sums in ascending slice
+//! order before the epilogue (a fixed order, no atomics: results are deterministic). That cuts the
+//! serial K loop of each workgroup by `slices` for products with few output tiles and a long K
+//! (the MoE router, `256 × 128 × 2816`; the soft embedding, K = vocabulary).
 //! Global loads coalesce for row-major (`cs = 1`) and transposed (`rs = 1`) operands alike: the
 //! thread → element mapping follows whichever stride is 1 (a uniform choice per dispatch).
 //!
 //! Every constant-trip loop of the WGSL is marked `// @unroll` and expanded when rendering, so
 //! the K loop is the only loop left: register arrays are only indexed by constants, and lavapipe,
 //! which silently ends a shader after 65535 loop iterations in total (its `LP_MAX_TGSI_LOOP_
-//! ITERATIONS` limiter), computes any K up to `65535 · bk` (524 280 for [`TILE_128`], 1 048 560
-//! for the others; the vocabulary, 262 144, fits all).
+//! ITERATIONS` limiter), computes any K up to `65535 · bk · slices` (at least 524 280 for every
+//! tile; the vocabulary, 262 144, fits all).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -109,7 +114,8 @@ impl GemmParams {
 }
 
 /// One tile variant: a `bm × bn` output tile per workgroup, K in steps of `bk`, a `tm × tn`
-/// register block per invocation; `(bm/tm)·(bn/tn)` invocations.
+/// register block per invocation; `(bm/tm)·(bn/tn)` invocations per K slice and `slices` slices
+/// that split K inside the workgroup (1: no split).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GemmTile {
     pub bm: u32,
@@ -117,46 +123,75 @@ pub struct GemmTile {
     pub bk: u32,
     pub tm: u32,
     pub tn: u32,
+    pub slices: u32,
+}
+
+/// Padded row length of a staged `bk × len` shared tile: rounded up to 16 words plus `32 / bk`,
+/// so that 32 lanes staging `bk` consecutive k values of `32 / bk` rows (the transposed-operand
+/// pattern) hit 32 distinct banks (`kk · stride mod 32` is `kk · (32/bk)` times an odd number for
+/// `4 ≤ bk ≤ 32`); row-major staging and the multiply's reads touch consecutive words of one row
+/// and are conflict-free for any padding.
+pub const fn shared_stride(bk: u32, len: u32) -> u32 {
+    let pad = if bk >= 32 { 1 } else { 32 / bk };
+    len.next_multiple_of(16) + pad
 }
 
 impl GemmTile {
-    /// Invocations per workgroup.
-    pub const fn invocations(self) -> u32 {
+    /// Invocations of one K slice (`(bm/tm)·(bn/tn)`).
+    pub const fn slice_invocations(self) -> u32 {
         (self.bm / self.tm) * (self.bn / self.tn)
     }
 
-    /// Padded row length of a staged `bk × len` shared tile: rounded up to 32 words plus
-    /// `32 / bk`, so that 32 lanes staging `bk` consecutive k values of `32 / bk` rows (the
-    /// transposed-operand pattern) hit 32 distinct banks; row-major staging and the multiply's
-    /// reads touch consecutive words of one row and are conflict-free for any padding.
-    pub const fn shared_stride(self, len: u32) -> u32 {
-        let pad = if self.bk >= 32 { 1 } else { 32 / self.bk };
-        len.next_multiple_of(32) + pad
+    /// Invocations per workgroup (all slices).
+    pub const fn invocations(self) -> u32 {
+        self.slice_invocations() * self.slices
     }
 
-    /// Workgroup memory of the two staged tiles, in bytes.
+    /// Padded row length of a staged `bk × len` shared tile (see [`shared_stride`]).
+    pub const fn shared_stride(self, len: u32) -> u32 {
+        shared_stride(self.bk, len)
+    }
+
+    /// Shared words of one slice's two staged tiles.
+    const fn slice_words(self) -> u32 {
+        self.bk * (self.shared_stride(self.bm) + self.shared_stride(self.bn))
+    }
+
+    /// Shared words: every slice's staged tiles, or the partial sums of slices `1..slices` during
+    /// the final reduction (the same memory), whichever is larger.
+    const fn shared_words(self) -> u32 {
+        let staged = self.slices * self.slice_words();
+        let partials = (self.slices - 1) * self.bm * self.bn;
+        if staged > partials { staged } else { partials }
+    }
+
+    /// Workgroup memory, in bytes.
     pub const fn shared_bytes(self) -> u32 {
-        4 * self.bk * (self.shared_stride(self.bm) + self.shared_stride(self.bn))
+        4 * self.shared_words()
     }
 
     /// The invariants the kernel relies on: register blocks divide the tile, every invocation
-    /// stages the same number of A and B elements, `bk` divides 32 (bank-conflict-free staging)
-    /// and the workgroup fits the portable limits.
+    /// stages the same number of A and B elements, `bk` divides 32 and is at least 4
+    /// (bank-conflict-free staging), a slice is whole warps of 32 and the workgroup fits the
+    /// portable limits.
     pub const fn is_valid(self) -> bool {
-        let positive = self.bm > 0 && self.bn > 0 && self.bk > 0 && self.tm > 0 && self.tn > 0;
+        let positive = self.bm > 0 && self.bn > 0 && self.bk > 0 && self.tm > 0 && self.tn > 0 && self.slices > 0;
         positive
             && self.bm.is_multiple_of(self.tm)
             && self.bn.is_multiple_of(self.tn)
-            && (self.bm * self.bk).is_multiple_of(self.invocations())
-            && (self.bk * self.bn).is_multiple_of(self.invocations())
+            && (self.bm * self.bk).is_multiple_of(self.slice_invocations())
+            && (self.bk * self.bn).is_multiple_of(self.slice_invocations())
             && 32u32.is_multiple_of(self.bk)
+            && self.bk >= 4
+            && (self.slices == 1 || self.slice_invocations().is_multiple_of(32))
             && self.invocations() <= MAX_INVOCATIONS
             && self.shared_bytes() <= MAX_SHARED_BYTES
     }
 
-    /// `"{bm}x{bn}x{bk}_{tm}x{tn}"`.
+    /// `"{bm}x{bn}x{bk}_{tm}x{tn}"`, with `"_s{slices}"` appended when K is split.
     pub fn label(self) -> String {
-        format!("{}x{}x{}_{}x{}", self.bm, self.bn, self.bk, self.tm, self.tn)
+        let split = if self.slices > 1 { format!("_s{}", self.slices) } else { String::new() };
+        format!("{}x{}x{}_{}x{}{split}", self.bm, self.bn, self.bk, self.tm, self.tn)
     }
 
     /// The const prelude of the WGSL renderings (names as documented in `wgsl/gemm_tile.wgsl`).
@@ -172,10 +207,15 @@ impl GemmTile {
             ("WM", wm),
             ("WN", wn),
             ("WG", wg),
+            ("NS", self.slices),
+            ("NS1", self.slices - 1),
+            ("WT", wg * self.slices),
             ("LA", self.bm * self.bk / wg),
             ("LB", self.bk * self.bn / wg),
             ("AP", self.shared_stride(self.bm)),
             ("BP", self.shared_stride(self.bn)),
+            ("SA", self.slice_words()),
+            ("SMEM", self.shared_words()),
         ]
     }
 
@@ -187,19 +227,26 @@ impl GemmTile {
     }
 }
 
-/// 128×128 output tile, 8×8 per invocation (256 invocations, 8.25 KiB shared): the most reuse
+/// 128×128 output tile, 8×8 per invocation (256 invocations, 8.3 KiB shared): the most reuse
 /// per load, for products with many tiles (m and n of a few hundred and up).
-pub const TILE_128: GemmTile = GemmTile { bm: 128, bn: 128, bk: 8, tm: 8, tn: 8 };
-/// 64×64, 4×4 per invocation (256 invocations, 8.25 KiB): the general workhorse.
-pub const TILE_64: GemmTile = GemmTile { bm: 64, bn: 64, bk: 16, tm: 4, tn: 4 };
-/// 32×32, 4×4 per invocation (64 invocations, 4.25 KiB): small products, more workgroups.
-pub const TILE_32: GemmTile = GemmTile { bm: 32, bn: 32, bk: 16, tm: 4, tn: 4 };
-/// 16×64, 2×2 per invocation (256 invocations, 6.25 KiB): skinny products, m ≤ 16 (few tokens,
-/// the MoE experts' small per-expert groups).
-pub const TILE_SKINNY: GemmTile = GemmTile { bm: 16, bn: 64, bk: 16, tm: 2, tn: 2 };
+pub const TILE_128: GemmTile = GemmTile { bm: 128, bn: 128, bk: 8, tm: 8, tn: 8, slices: 1 };
+/// 64×64, 4×4 per invocation (256 invocations, 8.3 KiB): the general workhorse.
+pub const TILE_64: GemmTile = GemmTile { bm: 64, bn: 64, bk: 16, tm: 4, tn: 4, slices: 1 };
+/// 32×32, 4×4 per invocation (64 invocations, 4.3 KiB): small products, more workgroups.
+pub const TILE_32: GemmTile = GemmTile { bm: 32, bn: 32, bk: 16, tm: 4, tn: 4, slices: 1 };
+/// 16×64, 2×2 per invocation (256 invocations, 5.1 KiB): skinny products, m ≤ 16 (few tokens).
+pub const TILE_SKINNY: GemmTile = GemmTile { bm: 16, bn: 64, bk: 16, tm: 2, tn: 2, slices: 1 };
+/// 32×32, 4×4 per invocation, K split 4 ways inside the workgroup (256 invocations, 12 KiB):
+/// products with a long K and too few 64×64 tiles to fill a large GPU (k/v/o projections and the
+/// dense MLP's down projection at 256 tokens, the soft embedding).
+pub const TILE_32_SPLIT: GemmTile = GemmTile { bm: 32, bn: 32, bk: 8, tm: 4, tn: 4, slices: 4 };
+/// 16×16, 2×2 per invocation, K split 4 ways (256 invocations, 9 KiB): a long K over very few
+/// outputs (the MoE router, `256 × 128 × 2816`: 128 workgroups of 44 K steps each instead of 32
+/// workgroups of 176).
+pub const TILE_16_SPLIT: GemmTile = GemmTile { bm: 16, bn: 16, bk: 16, tm: 2, tn: 2, slices: 4 };
 
 /// Every tile variant (each one is compiled only when used).
-pub const TILES: &[GemmTile] = &[TILE_128, TILE_64, TILE_32, TILE_SKINNY];
+pub const TILES: &[GemmTile] = &[TILE_128, TILE_64, TILE_32, TILE_SKINNY, TILE_32_SPLIT, TILE_16_SPLIT];
 
 const _: () = {
     let mut i = 0;
@@ -209,7 +256,7 @@ const _: () = {
     }
 };
 
-/// The WGSL of the shared tiling core, prepended to gemm and grouped_gemm.
+/// The WGSL of the shared tiling core, prepended to gemm.
 const TILE_CORE: &str = include_str!("wgsl/gemm_tile.wgsl");
 
 /// The kernel for `tile`, named `gemm_{label}`. Bindings: `a` (read), `b` (read), `c` (read-write).
@@ -223,21 +270,40 @@ pub fn source(tile: GemmTile) -> KernelSource {
     }
 }
 
-/// A tile for an `m × n × k` product (per batch; K does not change the choice): the skinny tile
-/// for m ≤ 16, else the largest square tile that still gives enough workgroups to fill a large GPU.
-pub fn choose(m: u32, n: u32, _k: u32) -> GemmTile {
-    /// Workgroups wanted before a larger tile is worth its lower parallelism (~ 2 per SM on a
-    /// 100+ SM GPU).
-    const ENOUGH: u64 = 256;
-    let tiles = |t: GemmTile| u64::from(m.div_ceil(t.bm)) * u64::from(n.div_ceil(t.bn));
+/// Workgroups wanted before a larger tile is worth its lower parallelism (about 2 per SM on a
+/// 100+ SM GPU: a single wave of 1–1.5 workgroups per SM leaves SMs idle or half-used, e.g.
+/// 176 64×64 tiles of `256 × 2816` on 132 SMs).
+pub const ENOUGH_WORKGROUPS: u64 = 256;
+/// K from which a product with few output tiles splits K inside the workgroup: below it the
+/// K loop is short and the final reduction is not worth it.
+pub const SPLIT_MIN_K: u32 = 1024;
+
+/// A tile for an `m × n × k` product, single batch (see [`choose_batched`]).
+pub fn choose(m: u32, n: u32, k: u32) -> GemmTile {
+    choose_batched(m, n, k, 1)
+}
+
+/// A tile for `batch` products of `m × n × k`, by the number of workgroups it gives (every batch
+/// counts; K only decides whether a split pays):
+/// - m ≤ 16: [`TILE_SKINNY`];
+/// - the largest square tile with enough workgroups: [`TILE_128`] from 2 · [`ENOUGH_WORKGROUPS`]
+///   tiles (it holds fewer workgroups per SM), [`TILE_64`] from [`ENOUGH_WORKGROUPS`];
+/// - otherwise a K under [`SPLIT_MIN_K`] gets [`TILE_32`], a longer one splits K:
+///   [`TILE_32_SPLIT`] when its 32×32 tiles are enough, else [`TILE_16_SPLIT`].
+pub fn choose_batched(m: u32, n: u32, k: u32, batch: u32) -> GemmTile {
+    let tiles = |t: GemmTile| u64::from(m.div_ceil(t.bm)) * u64::from(n.div_ceil(t.bn)) * u64::from(batch.max(1));
     if m <= TILE_SKINNY.bm {
         TILE_SKINNY
-    } else if tiles(TILE_128) >= ENOUGH {
+    } else if tiles(TILE_128) >= 2 * ENOUGH_WORKGROUPS {
         TILE_128
-    } else if tiles(TILE_64) >= ENOUGH / 2 {
+    } else if tiles(TILE_64) >= ENOUGH_WORKGROUPS {
         TILE_64
-    } else {
+    } else if k < SPLIT_MIN_K {
         TILE_32
+    } else if tiles(TILE_32_SPLIT) >= ENOUGH_WORKGROUPS {
+        TILE_32_SPLIT
+    } else {
+        TILE_16_SPLIT
     }
 }
 
@@ -268,7 +334,7 @@ pub fn workgroups(tile: GemmTile, m: u32, n: u32, batch: u32) -> [u32; 3] {
 /// `break` or `continue`, and the closing `}` on a line of its own. Iteration i becomes the block
 /// `{ const x = iu; body }`; nested marked loops expand too. Panics on a malformed marker (every
 /// rendering runs in the tests).
-fn unroll(src: &str, consts: &[(&str, u32)]) -> String {
+pub(crate) fn unroll(src: &str, consts: &[(&str, u32)]) -> String {
     let lines: Vec<&str> = src.lines().collect();
     let mut out = String::with_capacity(src.len() * 4);
     expand(&lines, consts, &mut out);
@@ -351,19 +417,56 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), TILES.len());
         assert!(TILES.iter().all(|t| t.is_valid()));
-        assert!(!GemmTile { bm: 128, bn: 128, bk: 16, tm: 8, tn: 8 }.is_valid(), "17 KiB of shared memory");
-        assert!(!GemmTile { bm: 64, bn: 64, bk: 16, tm: 2, tn: 2 }.is_valid(), "1024 invocations");
-        assert!(!GemmTile { bm: 64, bn: 60, bk: 16, tm: 4, tn: 8 }.is_valid(), "tn does not divide bn");
+        assert!(!GemmTile { bm: 128, bn: 128, bk: 16, tm: 8, tn: 8, slices: 1 }.is_valid(), "17 KiB of shared memory");
+        assert!(!GemmTile { bm: 64, bn: 64, bk: 16, tm: 2, tn: 2, slices: 1 }.is_valid(), "1024 invocations");
+        assert!(!GemmTile { bm: 64, bn: 60, bk: 16, tm: 4, tn: 8, slices: 1 }.is_valid(), "tn does not divide bn");
+        assert!(!GemmTile { bm: 32, bn: 32, bk: 16, tm: 4, tn: 4, slices: 4 }.is_valid(), "17 KiB of staged tiles");
+        assert!(!GemmTile { bm: 64, bn: 64, bk: 8, tm: 8, tn: 8, slices: 3 }.is_valid(), "32 KiB of partial sums");
+        assert!(!GemmTile { bm: 16, bn: 16, bk: 16, tm: 4, tn: 4, slices: 2 }.is_valid(), "a slice of 16 invocations");
+        assert_eq!(TILE_32_SPLIT.invocations(), 256);
+        assert_eq!(TILE_16_SPLIT.invocations(), 256);
+        assert_eq!(TILE_32_SPLIT.label(), "32x32x8_4x4_s4");
+    }
+
+    #[test]
+    fn shared_strides_keep_transposed_staging_conflict_free() {
+        // 32 lanes stage bk consecutive k values of 32/bk consecutive rows: all 32 banks distinct.
+        for bk in [4u32, 8, 16, 32] {
+            for len in [1u32, 16, 17, 32, 48, 64, 128, 256] {
+                let stride = shared_stride(bk, len);
+                let mut banks: Vec<u32> = (0..32).map(|lane| ((lane % bk) * stride + lane / bk) % 32).collect();
+                banks.sort();
+                banks.dedup();
+                assert_eq!(banks.len(), 32, "bk {bk} len {len} stride {stride}");
+            }
+        }
     }
 
     #[test]
     fn choose_picks_by_shape() {
         assert_eq!(choose(1, 262_144, 2816), TILE_SKINNY);
         assert_eq!(choose(16, 2048, 2816), TILE_SKINNY);
+        // The tied head and q_proj / the dense gate_up at 256 tokens: enough tiles.
         assert_eq!(choose(256, 262_144, 2816), TILE_128);
-        assert_eq!(choose(256, 2048, 2816), TILE_64);
+        assert_eq!(choose(256, 4096, 2816), TILE_64);
+        assert_eq!(choose(256, 4224, 2816), TILE_64);
+        // k/v_proj, o_proj, the dense down projection, the soft embedding: 128–176 64×64 tiles on
+        // a 132-SM GPU, long K.
+        assert_eq!(choose(256, 2048, 2816), TILE_32_SPLIT);
+        assert_eq!(choose(256, 2816, 4096), TILE_32_SPLIT);
+        assert_eq!(choose(256, 2816, 2112), TILE_32_SPLIT);
+        assert_eq!(choose(256, 2816, 262_144), TILE_32_SPLIT);
+        // The router: 32 tiles of 32×32.
+        assert_eq!(choose(256, 128, 2816), TILE_16_SPLIT);
+        // Short K, few tiles.
         assert_eq!(choose(40, 70, 5), TILE_32);
+        assert_eq!(choose(256, 128, 256), TILE_32);
         assert!(TILES.contains(&choose(17, 1, 0)));
+        // Batches count: attention over 16 heads at 256 tokens, 1024 cached.
+        assert_eq!(choose_batched(256, 1024, 256, 16), TILE_64);
+        assert_eq!(choose_batched(256, 256, 1024, 16), TILE_64);
+        assert_eq!(choose_batched(4096, 4096, 4096, 1), TILE_128);
+        assert_eq!(choose_batched(40, 70, 5, 0), TILE_32);
     }
 
     #[test]
@@ -379,6 +482,7 @@ mod tests {
         // The tied head: 256 x 262144 with 64-wide tiles.
         assert_eq!(workgroups(TILE_64, 256, 262_144, 1), [16_384, 1, 1]);
         assert_eq!(workgroups(TILE_SKINNY, 1, 1, 70_000), [65_535, 2, 1]);
+        assert_eq!(workgroups(TILE_16_SPLIT, 256, 128, 1), [128, 1, 1]);
     }
 
     #[test]

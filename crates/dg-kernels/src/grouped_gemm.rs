@@ -13,15 +13,19 @@
 //! `a` (read), `b` (read), `offsets` (read, `groups + 1` u32), `rows` (read, one u32 per slot;
 //! only read when `gather != 0`, any buffer otherwise), `c` (read-write, `[slots, n]`).
 //!
-//! Same tiling core as [`crate::gemm`] (shared WGSL, same [`GemmTile`]s). The grid covers
-//! `max_rows` rows for every group; workgroups whose m tile starts past their group's count exit
-//! at once. With 8 of 128 experts per token the groups are small (2048 slots → 16 per expert on
-//! average), so [`crate::gemm::TILE_SKINNY`] or [`crate::gemm::TILE_32`] usually fit best.
+//! Its own tiling (`wgsl/grouped_gemm.wgsl`), for what the MoE needs: few rows per group (2048
+//! slots over 128 experts: 16 on average, unevenly spread) against large N and K. A workgroup
+//! computes a `bm × bn` block with a `tm × tn` register block per invocation (8×8: 4 FMAs per
+//! shared word read, 8×4: 2.7, where the general GEMM's 16×64 skinny tile, used here before,
+//! managed 1), every shared access is a `vec4` (the A reads are warp-wide broadcasts), and a
+//! block of 8 rows past its group's count (a whole warp) skips the multiply, so a group's cost
+//! follows its slot count in steps of 8 rows. The grid covers `max_rows` rows for every
+//! group; workgroups whose m tile starts past their group's count exit at once.
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::gemm::{GemmTile, TILE_32, TILE_SKINNY, fold};
-use crate::{Access, KernelSource};
+use crate::gemm::{MAX_INVOCATIONS, MAX_SHARED_BYTES, fold, shared_stride, unroll};
+use crate::{Access, KernelSource, with_prelude};
 
 /// Uniform parameters of `grouped_gemm.wgsl`. 32 bytes, a multiple of 16, so no padding.
 #[repr(C)]
@@ -44,34 +48,137 @@ pub struct GroupedGemmParams {
     pub gather: u32,
 }
 
+/// One tile variant: a `bm × bn` block of C per workgroup, K in steps of `bk`, a `tm × tn`
+/// register block per invocation (rows `ty·tm ..`, columns in runs of 4); `(bm/tm)·(bn/tn)`
+/// invocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GroupedTile {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    pub tm: u32,
+    pub tn: u32,
+}
+
+impl GroupedTile {
+    /// Invocations per workgroup.
+    pub const fn invocations(self) -> u32 {
+        (self.bm / self.tm) * (self.bn / self.tn)
+    }
+
+    /// Quads of 4 rows (or columns) staged per slot by the invocations together:
+    /// `invocations / bk` (each invocation stages one k index of a quad per slot).
+    const fn quad_step(self) -> u32 {
+        self.invocations() / self.bk
+    }
+
+    /// Workgroup memory of the two staged tiles, in bytes.
+    pub const fn shared_bytes(self) -> u32 {
+        4 * self.bk * (shared_stride(self.bk, self.bm) + shared_stride(self.bk, self.bn))
+    }
+
+    /// The invariants the kernel relies on: register blocks divide the tile in whole `vec4`s,
+    /// `bk` divides the invocations (each stages one k index) and is 4 or 8 (the shared strides
+    /// are then whole `vec4`s and the staging conflict-free), every invocation stages the same
+    /// number of B quads, and A quads either as many each or at most one per invocation, and the
+    /// workgroup fits the portable limits.
+    pub const fn is_valid(self) -> bool {
+        let positive = self.bm > 0 && self.bn > 0 && self.tm > 0 && self.tn > 0;
+        positive
+            && (self.bk == 4 || self.bk == 8)
+            && self.tm.is_multiple_of(4)
+            && self.tn.is_multiple_of(4)
+            && self.bm.is_multiple_of(self.tm)
+            && self.bn.is_multiple_of(self.tn)
+            && self.invocations().is_multiple_of(self.bk)
+            && (self.bm / 4 <= self.quad_step() || (self.bm / 4).is_multiple_of(self.quad_step()))
+            && (self.bn / 4).is_multiple_of(self.quad_step())
+            && self.invocations() <= MAX_INVOCATIONS
+            && self.shared_bytes() <= MAX_SHARED_BYTES
+    }
+
+    /// `"{bm}x{bn}x{bk}_{tm}x{tn}"`.
+    pub fn label(self) -> String {
+        format!("{}x{}x{}_{}x{}", self.bm, self.bn, self.bk, self.tm, self.tn)
+    }
+
+    fn prelude(self) -> Vec<(&'static str, u32)> {
+        let (wm, wn) = (self.bm / self.tm, self.bn / self.tn);
+        let rs = self.quad_step();
+        let qa = self.bm / 4;
+        vec![
+            ("BM", self.bm),
+            ("BN", self.bn),
+            ("BK", self.bk),
+            ("TM", self.tm),
+            ("TN", self.tn),
+            ("TM4", self.tm / 4),
+            ("TN4", self.tn / 4),
+            ("WM", wm),
+            ("WN", wn),
+            ("WG", wm * wn),
+            ("RS", rs),
+            ("QA", qa),
+            ("LA", qa.div_ceil(rs)),
+            ("LB", self.bn / 4 / rs),
+            ("AP4", shared_stride(self.bk, self.bm) / 4),
+            ("BP4", shared_stride(self.bk, self.bn) / 4),
+        ]
+    }
+}
+
+/// 16 rows × 256 columns, 8×8 per invocation (64 invocations, 8.8 KiB): the MoE's ~16 slots per
+/// expert against wide outputs (gate‖up 1408, down 2816).
+pub const TILE_16X256: GroupedTile = GroupedTile { bm: 16, bn: 256, bk: 8, tm: 8, tn: 8 };
+/// 16 × 128, 8×4 per invocation (64 invocations, 4.8 KiB): small groups, narrow outputs.
+pub const TILE_16X128: GroupedTile = GroupedTile { bm: 16, bn: 128, bk: 8, tm: 8, tn: 4 };
+/// 32 × 256, 8×8 per invocation (128 invocations, 9.3 KiB): groups of 25–48 slots on average.
+pub const TILE_32X256: GroupedTile = GroupedTile { bm: 32, bn: 256, bk: 8, tm: 8, tn: 8 };
+/// 64 × 256, 8×8 per invocation (256 invocations, 10.3 KiB): large groups (many tokens or few
+/// experts).
+pub const TILE_64X256: GroupedTile = GroupedTile { bm: 64, bn: 256, bk: 8, tm: 8, tn: 8 };
+
+/// Every grouped tile variant (each one is compiled only when used).
+pub const TILES: &[GroupedTile] = &[TILE_16X256, TILE_16X128, TILE_32X256, TILE_64X256];
+
+const _: () = {
+    let mut i = 0;
+    while i < TILES.len() {
+        assert!(TILES[i].is_valid(), "a grouped gemm tile breaks its invariants (see GroupedTile::is_valid)");
+        i += 1;
+    }
+};
+
 /// The kernel for `tile`, named `grouped_gemm_{label}`.
-pub fn source(tile: GemmTile) -> KernelSource {
+pub fn source(tile: GroupedTile) -> KernelSource {
+    let consts = tile.prelude();
     KernelSource {
         name: format!("grouped_gemm_{}", tile.label()),
-        wgsl: tile.render(include_str!("wgsl/grouped_gemm.wgsl")),
+        wgsl: with_prelude(&consts, &unroll(include_str!("wgsl/grouped_gemm.wgsl"), &consts)),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<GroupedGemmParams>() as u64,
     }
 }
 
-/// A tile for `slots` rows spread over `groups` groups: by the average group size (not
-/// `max_rows`, which only bounds the grid), since every group pays for whole m tiles. The MoE's
-/// 2048 slots over 128 experts (16 each on average) get [`TILE_SKINNY`].
-pub fn choose(n: u32, k: u32, slots: u32, groups: u32) -> GemmTile {
+/// A tile for `slots` rows spread over `groups` groups, by the average group size (not
+/// `max_rows`, which only bounds the grid), since every group pays for its rows in steps of 8
+/// and for whole m tiles in weight reads: 16 rows up to an average of 24 (the MoE's 2048 slots
+/// over 128 experts), 32 up to 48, else 64; 256 columns unless N fits in 128.
+pub fn choose(n: u32, _k: u32, slots: u32, groups: u32) -> GroupedTile {
     let average = slots.div_ceil(groups.max(1));
-    if average <= TILE_SKINNY.bm {
-        TILE_SKINNY
-    } else if average <= TILE_32.bm {
-        TILE_32
+    if average <= 24 {
+        if n <= TILE_16X128.bn { TILE_16X128 } else { TILE_16X256 }
+    } else if average <= 48 {
+        TILE_32X256
     } else {
-        crate::gemm::choose(average, n, k)
+        TILE_64X256
     }
 }
 
 /// The dispatch: `⌈max_rows/bm⌉ · ⌈n/bn⌉ · groups` workgroups as a linear index (m tile fastest,
 /// then n tile, then group), folded by [`crate::gemm::fold`] when over the per-dimension limit.
-pub fn workgroups(tile: GemmTile, n: u32, max_rows: u32, groups: u32) -> [u32; 3] {
+pub fn workgroups(tile: GroupedTile, n: u32, max_rows: u32, groups: u32) -> [u32; 3] {
     let total = u64::from(max_rows.div_ceil(tile.bm)) * u64::from(n.div_ceil(tile.bn)) * u64::from(groups);
     assert!(total <= u64::from(u32::MAX), "grouped gemm of {max_rows} rows x {n} over {groups} groups: too many workgroups");
     fold(total)
@@ -87,19 +194,59 @@ mod tests {
     }
 
     #[test]
+    fn tiles_are_valid_and_named_uniquely() {
+        let mut names: Vec<String> = TILES.iter().map(|t| t.label()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), TILES.len());
+        assert!(!GroupedTile { bm: 16, bn: 256, bk: 16, tm: 8, tn: 8 }.is_valid(), "bk 16: strides not whole vec4s");
+        assert!(!GroupedTile { bm: 16, bn: 128, bk: 8, tm: 2, tn: 4 }.is_valid(), "tm not a multiple of 4");
+        assert!(!GroupedTile { bm: 64, bn: 512, bk: 8, tm: 8, tn: 8 }.is_valid(), "512 invocations");
+    }
+
+    #[test]
+    fn vec4_staging_is_conflict_free() {
+        // A quarter warp (8 lanes, the unit of a 128-bit shared access) stores k indices t % bk of
+        // quads t / bk: its 8 vec4 addresses must fall in 8 distinct 4-bank groups.
+        for &t in TILES.iter().chain(&[GroupedTile { bm: 16, bn: 64, bk: 4, tm: 4, tn: 4 }]) {
+            assert!(t.is_valid(), "{}", t.label());
+            for len in [t.bm, t.bn] {
+                let stride4 = shared_stride(t.bk, len) / 4;
+                let mut groups: Vec<u32> = (0..8).map(|lane| ((lane % t.bk) * stride4 + lane / t.bk) % 8).collect();
+                groups.sort();
+                groups.dedup();
+                assert_eq!(groups.len(), 8, "{} len {len}", t.label());
+            }
+        }
+    }
+
+    #[test]
     fn choose_goes_by_the_average_group() {
-        assert_eq!(choose(1408, 2816, 2048, 128), TILE_SKINNY);
-        assert_eq!(choose(1408, 2816, 2048, 64), TILE_32);
-        assert_eq!(choose(1408, 2816, 0, 0), TILE_SKINNY);
-        assert!(crate::gemm::TILES.contains(&choose(1408, 2816, 100_000, 8)));
+        // The real MoE: 256 tokens × top-8 over 128 experts, gate‖up 1408 wide, down 2816.
+        assert_eq!(choose(1408, 2816, 2048, 128), TILE_16X256);
+        assert_eq!(choose(2816, 704, 2048, 128), TILE_16X256);
+        assert_eq!(choose(48, 64, 2048, 128), TILE_16X128);
+        assert_eq!(choose(1408, 2816, 2048, 64), TILE_32X256);
+        assert_eq!(choose(1408, 2816, 0, 0), TILE_16X256);
+        assert_eq!(choose(1408, 2816, 100_000, 8), TILE_64X256);
     }
 
     #[test]
     fn the_real_moe_dispatch_folds() {
-        // 128 experts, 2048 slots bound, gate+up 1408 wide: 128 · 22 · 128 workgroups.
-        let [x, y, z] = workgroups(TILE_SKINNY, 1408, 2048, 128);
-        assert!(u64::from(x) * u64::from(y) * u64::from(z) >= 128 * 22 * 128);
+        // 128 experts, 256 rows bound, gate+up 1408 wide: 16 · 6 · 128 workgroups.
+        assert_eq!(workgroups(TILE_16X256, 1408, 256, 128), [16 * 6 * 128, 1, 1]);
+        let [x, y, z] = workgroups(TILE_16X128, 1408, 2048, 128);
+        assert!(u64::from(x) * u64::from(y) * u64::from(z) >= 128 * 11 * 128);
         assert!(x <= 65_535 && y <= 65_535 && z == 1);
-        assert_eq!(workgroups(TILE_32, 10, 0, 8), [1, 1, 1]);
+        assert_eq!(workgroups(TILE_32X256, 10, 0, 8), [1, 1, 1]);
+    }
+
+    #[test]
+    fn renderings_keep_no_loop_but_k() {
+        for &t in TILES {
+            let wgsl = source(t).wgsl;
+            assert!(!wgsl.lines().any(|l| l.trim() == "// @unroll"));
+            assert_eq!(wgsl.lines().filter(|l| l.trim_start().starts_with("for (")).count(), 1, "{}", t.label());
+        }
     }
 }

@@ -35,7 +35,7 @@ pub fn all_variants() -> Vec<KernelSource> {
     ]
     .into_iter()
     .chain(gemm::TILES.iter().map(|&t| gemm::source(t)))
-    .chain(gemm::TILES.iter().map(|&t| grouped_gemm::source(t)))
+    .chain(grouped_gemm::TILES.iter().map(|&t| grouped_gemm::source(t)))
     .collect()
 }
 

@@ -3,20 +3,26 @@
 //! by `rows[slot]`).
 //!
 //! Slots are grouped by ascending expert; within an expert they follow the reference's order
-//! (`dg_cpu::moe::experts`): top-k position `k` major, then token `t`. One workgroup does all the
-//! work: workgroup-atomic counts, a serial exclusive scan into `offsets`, then each invocation
-//! owns one expert and places its entries by scanning the routing table in `(k, t)` order, staged
-//! through workgroup memory a block at a time. Entries whose expert is `≥ experts` get no slot
-//! and `slot_of = NO_SLOT`.
+//! (`dg_cpu::moe::experts`): top-k position `k` major, then token `t`. One workgroup per expert
+//! (plus one for the total), each independent of the others: its invocations split the routing
+//! table, in `(k, t)` order, into equal runs, count per run the entries below the expert and
+//! those of the expert, scan the counts across the workgroup (which gives the expert's first slot
+//! and each run's first slot within the expert), then place their run's entries in order. No
+//! atomics and no inter-workgroup communication: the result is fully deterministic. Entries whose
+//! expert is `≥ experts` get no slot and `slot_of = NO_SLOT`.
+//!
+//! Each workgroup reads the whole table twice (2 · tokens · K words, L2-resident: 16 KiB for 256
+//! tokens × top-8), and does ⌈tokens·K / 256⌉ steps per invocation plus an 8-step scan; the
+//! previous single-workgroup version had one invocation per expert scan all 2048 entries.
 
 use bytemuck::{Pod, Zeroable};
 
 use crate::{Access, KernelSource, with_prelude};
 
-/// Invocations of the single workgroup; also the largest expert count supported.
+/// Invocations per workgroup.
 pub const WORKGROUP: u32 = 256;
-/// Largest expert count supported (one invocation owns one expert).
-pub const MAX_EXPERTS: u32 = WORKGROUP;
+/// Largest expert count supported (one workgroup per expert, plus one, in one grid dimension).
+pub const MAX_EXPERTS: u32 = 65_534;
 /// `slot_of` value of an entry with an out-of-range expert id.
 pub const NO_SLOT: u32 = u32::MAX;
 
@@ -32,9 +38,10 @@ pub struct MoeDispatchParams {
     pub _pad: u32,
 }
 
-/// Workgroups to dispatch: always exactly one.
-pub fn workgroups(_p: &MoeDispatchParams) -> u32 {
-    1
+/// Workgroups to dispatch: one per expert, plus one that writes `offsets[E]` and marks the
+/// out-of-range entries (the kernel also accepts a folded grid of at least that many).
+pub fn workgroups(p: &MoeDispatchParams) -> u32 {
+    p.experts + 1
 }
 
 /// Bindings: `idx` (read, u32 `[tokens, K]`), `offsets` (read-write, u32 `[E + 1]`: expert `e`

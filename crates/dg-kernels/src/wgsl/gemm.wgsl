@@ -6,7 +6,9 @@
 //   C(b, i, j) = c[c_offset + b*c_batch + i*c_rs + j]
 // Workgroups form one linear index (x + y*nx + z*nx*ny, see gemm.rs `workgroups`) decoded m tile
 // fastest, then n tile, then batch: workgroups that share a B tile run together, so a weight
-// matrix streams from memory about once even when several m tiles read it.
+// matrix streams from memory about once even when several m tiles read it. With NS > 1 slices,
+// each slice sums its own contiguous part of K and slice 0 adds the others' in slice order, then
+// applies the epilogue alone.
 
 struct Params {
     m: u32,
@@ -36,9 +38,12 @@ struct Params {
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(WT)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) t: u32) {
+        @builtin(local_invocation_index) lt: u32) {
+    // Without a split, slice 0 as a constant (the tile offsets fold away).
+    let slice = select(lt / WG, 0u, NS == 1u);
+    let t = lt - slice * WG;
     let tiles_m = (p.m + BM - 1u) / BM;
     let tiles_n = (p.n + BN - 1u) / BN;
     let id = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
@@ -49,8 +54,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let n0 = ((id / tiles_m) % tiles_n) * BN;
     let bi = id / (tiles_m * tiles_n);
 
-    var job: Job;
-    job.k = p.k;
+    var job = slice_job(p.k, slice);
     job.rows = min(BM, p.m - m0);
     job.cols = min(BN, p.n - n0);
     job.a_cs = p.a_cs;
@@ -73,6 +77,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 
     var acc = gemm_tile(t, job, &a_off, &b_off);
+    reduce_slices(t, slice, &acc);
+    if (slice != 0u) {
+        return;   // slice 0 holds the sum
+    }
 
     // Epilogue: scale, accumulate, softcap, store (neighbouring invocations: neighbouring columns).
     let tx = t % WN;

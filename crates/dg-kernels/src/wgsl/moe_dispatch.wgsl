@@ -1,9 +1,17 @@
-// MoE dispatch: counting sort of the routing entries idx[t, k] by expert, in one workgroup.
+// MoE dispatch: counting sort of the routing entries idx[t, k] by expert.
 //   offsets[e] .. offsets[e + 1]: the slots of expert e (offsets[E] = number of valid entries);
 //   rows[slot] = t; slot_of[t * K + k] = slot (0xffffffff for an expert id >= E).
 // Within an expert, slots follow (k, t) order: k major, then t, like dg_cpu::moe::experts.
-// 1. workgroup-atomic counts; 2. serial exclusive scan by invocation 0; 3. invocation e owns
-// expert e and walks the entries in (k, t) order, staged WG at a time through workgroup memory.
+//
+// E + 1 workgroups (a linear index over a possibly folded grid). Entry j of the (k, t) order is
+// idx[t * K + k] with k = j / T, t = j % T; invocation i owns the run of entries
+// [i * chunk, (i + 1) * chunk) of that order. Workgroup e:
+//   1. each invocation counts, in its run, the valid entries below expert e and those of e;
+//   2. a workgroup inclusive scan of both counts gives offsets[e] (all entries below e) and each
+//      run's first slot among expert e's (the entries of e in the earlier runs);
+//   3. each invocation places its run's entries of e at consecutive slots, in (k, t) order.
+// Workgroup E writes offsets[E] and marks the out-of-range entries. Every workgroup reads the
+// whole (small) routing table; nothing is shared between workgroups, so no order is left to timing.
 
 struct Params {
     tokens: u32,
@@ -18,67 +26,66 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> rows: array<u32>;
 @group(0) @binding(4) var<storage, read_write> slot_of: array<u32>;
 
-var<workgroup> counts: array<atomic<u32>, WG>;
-var<workgroup> starts: array<u32, WG>;
-var<workgroup> stage: array<u32, WG>;
+var<workgroup> scan: array<vec2<u32>, WG>;
 
 const NO_SLOT: u32 = 0xffffffffu;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) i: u32) {
+    let e = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+    if (e > p.experts) {
+        return;   // padding of a folded grid (uniform: the whole workgroup leaves)
+    }
     let n = p.tokens * p.k;
-    let experts = min(p.experts, WG);
-    atomicStore(&counts[lid.x], 0u);
-    workgroupBarrier();
-    for (var i = lid.x; i < n; i += WG) {
-        let e = idx[i];
-        if (e < experts) {
-            atomicAdd(&counts[e], 1u);
-        } else {
-            slot_of[i] = NO_SLOT;
-        }
-    }
-    workgroupBarrier();
-    if (lid.x == 0u) {
-        var acc = 0u;
-        for (var e = 0u; e < experts; e++) {
-            starts[e] = acc;
-            offsets[e] = acc;
-            acc += atomicLoad(&counts[e]);
-        }
-        offsets[experts] = acc;
-    }
-    workgroupBarrier();
+    let chunk = (n + WG - 1u) / WG;
+    let j0 = min(n, i * chunk);
+    let j1 = min(n, j0 + chunk);
 
-    let mine = lid.x;
-    var cursor = 0u;
-    if (mine < experts) {
-        cursor = starts[mine];
+    // 1. Counts in this invocation's run: (valid entries below e, entries of e).
+    var mine = vec2<u32>(0u, 0u);
+    for (var j = j0; j < j1; j++) {
+        let kk = j / p.tokens;
+        let x = idx[(j - kk * p.tokens) * p.k + kk];
+        mine += vec2<u32>(select(0u, 1u, x < e), select(0u, 1u, x == e));
     }
-    // Entry j in (k, t) order is idx[t * K + k] with k = j / tokens, t = j % tokens.
-    for (var block = 0u; block < n; block += WG) {
-        let j = block + lid.x;
-        var e = NO_SLOT;
-        if (j < n) {
-            let k = j / p.tokens;
-            let t = j - k * p.tokens;
-            e = idx[t * p.k + k];
+
+    // 2. Inclusive Hillis-Steele scan over the runs.
+    scan[i] = mine;
+    workgroupBarrier();
+    for (var d = 1u; d < WG; d *= 2u) {
+        var v = scan[i];
+        if (i >= d) {
+            v += scan[i - d];
         }
-        stage[lid.x] = e;
         workgroupBarrier();
-        if (mine < experts) {
-            let len = min(WG, n - block);
-            for (var i = 0u; i < len; i++) {
-                if (stage[i] == mine) {
-                    let jj = block + i;
-                    let k = jj / p.tokens;
-                    let t = jj - k * p.tokens;
-                    rows[cursor] = t;
-                    slot_of[t * p.k + k] = cursor;
-                    cursor += 1u;
-                }
+        scan[i] = v;
+        workgroupBarrier();
+    }
+    let below = scan[WG - 1u].x;   // slots of the experts before e (for e = E: every valid entry)
+    if (i == 0u) {
+        offsets[e] = below;
+    }
+
+    // 3. Placement.
+    if (e < p.experts) {
+        var cursor = below + scan[i].y - mine.y;
+        for (var j = j0; j < j1; j++) {
+            let kk = j / p.tokens;
+            let t = j - kk * p.tokens;
+            if (idx[t * p.k + kk] == e) {
+                rows[cursor] = t;
+                slot_of[t * p.k + kk] = cursor;
+                cursor += 1u;
             }
         }
-        workgroupBarrier();
+    } else {
+        for (var j = j0; j < j1; j++) {
+            let kk = j / p.tokens;
+            let at = (j - kk * p.tokens) * p.k + kk;
+            if (idx[at] >= p.experts) {
+                slot_of[at] = NO_SLOT;
+            }
+        }
     }
 }
