@@ -86,6 +86,28 @@ def main() -> None:
                 decoder_position_ids=positions,
             ).logits
 
+        def layer_times(layer_idx):
+            """Median seconds of one decoder layer on a canvas-shaped hidden state."""
+            decoder = model.model.decoder
+            layer = decoder.layers[layer_idx]
+            kind = text.layer_types[layer_idx]
+            hidden = torch.randn(1, c, text.hidden_size, device=dev).to(dtype)
+            pos_emb = decoder.rotary_emb(hidden, positions, kind)
+            run = lambda: layer(hidden, position_embeddings=pos_emb, attention_mask=None, past_key_values=cache)
+            run()
+            sync()
+            times = []
+            for _ in range(args.runs):
+                t0 = time.perf_counter()
+                run()
+                sync()
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times), kind
+
+        for i in sorted({0, len(text.layer_types) - 1}):
+            t, kind = layer_times(i)
+            print(f"  decoder layer {i} ({kind}): median {t * 1e3:.2f} ms")
+
         for name, s in (("canvas_forward_sc", sc), ("canvas_forward_plain", None)):
             forward(s)  # warm-up
             sync()

@@ -1,8 +1,10 @@
 //! `cargo xtask`: the project's automation (matklad's cargo-xtask convention).
 //!
 //! `cargo xtask parity [--model DIR]... [--backend cpu|gpu|all]` checks reference directories;
-//! `cargo xtask bench-gpu` times the GPU canvas forward.
+//! `cargo xtask bench [--quick]` runs the criterion benchmarks; `cargo xtask bench-gpu` times the
+//! GPU canvas forward with a per-kernel profile.
 
+mod bench;
 mod bench_gpu;
 mod parity;
 
@@ -19,6 +21,8 @@ struct Cli {
 enum Command {
     /// Check dg against HF transformers reference dumps (all committed fixtures by default).
     Parity(parity::Args),
+    /// Run the criterion benchmarks and print a table (`--quick`: CI smoke sizes).
+    Bench(bench::Args),
     /// Time the GPU canvas forward at a given geometry on random weights.
     BenchGpu(bench_gpu::Args),
 }
@@ -27,6 +31,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Parity(args) => parity::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::BenchGpu(args) => bench_gpu::run(args),
     };
     match result {

@@ -1,1 +1,41 @@
-fn main() {}
+//! `dg`: generate text with DiffusionGemma (`dg generate`) and describe a model and the GPU
+//! adapters (`dg info`).
+//!
+//! Exit status: 0 on success; 2 for usage and input errors (bad arguments, a missing or
+//! incomplete model directory, no tokenizer without `--prompt-ids`, a token id outside the
+//! vocabulary, a prompt too long for the model's positions, an unknown `--adapter`); 1 for
+//! runtime failures (no GPU adapter for `--backend gpu`, device or model failures).
+
+mod args;
+mod backend;
+mod chat;
+mod display;
+mod error;
+mod generate;
+mod info;
+mod model_dir;
+mod prompt;
+mod report;
+mod text;
+mod timing;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::args::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => generate::run(*args),
+        Command::Info(args) => info::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(error::exit_code(&err))
+        }
+    }
+}

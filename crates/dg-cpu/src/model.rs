@@ -10,7 +10,7 @@ use dg_model::{LayerKind, ModelConfig, Weights};
 use crate::cache::{KvCache, LayerCache};
 use crate::layer::{Pass, layer_forward};
 use crate::linalg::{Threads, View, linear, matmul};
-use crate::ops::{gelu_glu, rms_norm_into, rms_norm_rows, softcap_in_place, softmax_in_place};
+use crate::ops::{gelu_glu, rms_norm_into, rms_norm_rows, softcap_in_place, softmax_rows_into};
 
 /// Bad input to the CPU model.
 #[derive(Debug, thiserror::Error)]
@@ -115,8 +115,8 @@ impl CpuModel {
         let (c, h, v) = (canvas.len(), cfg.hidden_size, cfg.vocab_size);
         let mut x = self.embed(canvas);
         if let Some(sc) = self_conditioning {
-            let mut probs = sc.to_vec();
-            probs.chunks_exact_mut(v).for_each(softmax_in_place);
+            let mut probs = vec![0f32; sc.len()];
+            softmax_rows_into(&mut probs, sc, v);
             let mut soft = vec![0f32; c * h];
             let e = &self.weights.embed;
             matmul(&mut soft, h, View::rows(&probs, c, v), View::rows(&e.data, v, h), false, Threads::All);

@@ -3,6 +3,8 @@
 //! `DiffusionGemmaRMSNorm` (weight multiplies directly, `pow(mean(x²) + eps, −0.5)` which torch
 //! evaluates as `1/sqrt`), `gelu_pytorch_tanh`, softmax over the last axis, the final softcap.
 
+use rayon::prelude::*;
+
 /// `x · (mean(x²) + eps)^(−1/2)`, times `weight` when given; in place over each row of `dim`.
 pub fn rms_norm_rows(x: &mut [f32], dim: usize, weight: Option<&[f32]>, eps: f32) {
     debug_assert_eq!(x.len() % dim, 0);
@@ -66,9 +68,18 @@ pub fn softmax_in_place(row: &mut [f32]) {
     row.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// Final logit softcap `cap · tanh(x / cap)` (divide, tanh, multiply, in f32).
+/// Final logit softcap `cap · tanh(x / cap)` (divide, tanh, multiply, in f32), in parallel chunks
+/// (a [256 × 262144] logits block is 67M tanh evaluations).
 pub fn softcap_in_place(x: &mut [f32], cap: f32) {
-    x.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+    x.par_chunks_mut(1 << 14).for_each(|chunk| chunk.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap));
+}
+
+/// Row softmax of `src: [rows, cols]` into `dst`, rows in parallel.
+pub fn softmax_rows_into(dst: &mut [f32], src: &[f32], cols: usize) {
+    dst.par_chunks_mut(cols).zip(src.par_chunks(cols)).for_each(|(d, s)| {
+        d.copy_from_slice(s);
+        softmax_in_place(d);
+    });
 }
 
 #[cfg(test)]

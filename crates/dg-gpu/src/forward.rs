@@ -203,9 +203,9 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     rec.gelu_glu_fused(&a.expert_gate_up, &a.expert_act, c * k, ei)?;
     rec.grouped_gemm(&a.expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
     rec.moe_combine(&a.expert_out, &a.topk_idx, &a.topk_w, &a.slot_of, &a.moe, c, k, h)?;
-    rec.rmsnorm(&a.moe, Some(&l.norms.post_ff_2), &a.dummy, &a.proj, c, h, eps, false, 1.0)?;
+    // dense += post_feedforward_layernorm_2(moe), fused into the norm's accumulate.
+    rec.rmsnorm(&a.moe, Some(&l.norms.post_ff_2), &a.dummy, &a.dense, c, h, eps, true, 1.0)?;
     // h = (h + post_feedforward_layernorm(dense + moe)) · layer_scalar
-    rec.axpby(&a.proj, &a.dense, c * h, 1.0, 1.0)?;
     rec.rmsnorm(&a.dense, Some(&l.norms.post_ff), &a.dummy, &a.hidden, c, h, eps, true, l.decoder_scalar)?;
     Ok(())
 }

@@ -23,6 +23,12 @@ impl std::fmt::Debug for Recorder<'_> {
     }
 }
 
+/// Tuning knob: `DG_GROUPED_TILE=BMxBN` (e.g. `32x256`) forces the experts' grouped tile.
+fn grouped_tile_override() -> Option<grouped_gemm::GroupedTile> {
+    let wanted = std::env::var("DG_GROUPED_TILE").ok()?;
+    grouped_gemm::TILES.iter().copied().find(|t| format!("{}x{}", t.bm, t.bn) == wanted)
+}
+
 /// A plain `[m, k] · Wᵀ` product for `W: [n, k]` (PyTorch linear layout).
 pub fn linear_params(m: usize, n: usize, k: usize) -> GemmParams {
     GemmParams {
@@ -120,7 +126,7 @@ impl<'a> Recorder<'a> {
         slots: usize,
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
-        let tile = grouped_gemm::choose(p.n, p.k, slots as u32, p.groups);
+        let tile = grouped_tile_override().unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots as u32, p.groups));
         let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
         self.push(grouped_gemm::source(tile), &p, &[a, b, offsets, rows, c], g)
     }

@@ -351,7 +351,7 @@ fn grouped_gemm_choose_covers_a_moe_routing() {
     let slots: u32 = counts.iter().sum();
     for (n, k) in [(352, 256), (256, 176)] {
         let tile = grouped_gemm::choose(n, k, slots, counts.len() as u32);
-        assert_eq!(tile, grouped_gemm::TILE_16X256);
+        assert_eq!(tile, grouped_gemm::TILE_32X256);
         check_grouped(&ctx, &mut pipelines, tile, &Grouped { n, k, counts: counts.clone(), gather: true });
     }
 }

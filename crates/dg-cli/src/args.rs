@@ -1,0 +1,131 @@
+//! The command line: `dg generate` and `dg info`, with their options.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+const ABOUT: &str = "DiffusionGemma block-diffusion inference on the CPU or any GPU (Vulkan, Metal, DX12)";
+
+const AFTER_HELP: &str = "\
+Without --model, dg uses the small bundled model in models/tiny-random of the dg repository. Its \
+weights are random: it shows that the whole path works (tokenizer, chat template, sampler, \
+backends), and its text is noise.
+
+Exit status: 0 on success, 2 for usage and input errors (bad arguments, missing or incomplete \
+model directory, no tokenizer without --prompt-ids, token id outside the vocabulary, prompt too \
+long, unknown --adapter), 1 for runtime failures (no GPU adapter for --backend gpu, device or \
+model failures).";
+
+#[derive(Debug, Parser)]
+#[command(name = "dg", version, about = ABOUT, after_help = AFTER_HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate text from a prompt (text, a file, stdin, or token ids).
+    #[command(after_help = AFTER_HELP)]
+    Generate(Box<GenerateArgs>),
+    /// Describe a model (geometry, parameters, memory) and the GPU adapters wgpu finds.
+    #[command(after_help = AFTER_HELP)]
+    Info(InfoArgs),
+}
+
+/// Which implementation runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The GPU when wgpu finds an adapter, else the CPU.
+    Auto,
+    /// CPU encoder and GPU canvas forward (wgpu).
+    Gpu,
+    /// The f32 CPU reference.
+    Cpu,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// HF model directory (config.json, generation_config.json, model.safetensors, tokenizer.json,
+    /// chat template). Default: the bundled random model (its text is noise).
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+
+    /// The prompt text.
+    #[arg(long, conflicts_with_all = ["prompt_file", "prompt_ids"])]
+    pub prompt: Option<String>,
+
+    /// Read the prompt text from a file ("-" for stdin).
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt_ids")]
+    pub prompt_file: Option<PathBuf>,
+
+    /// The prompt as token ids, comma or space separated (for directories without a tokenizer).
+    #[arg(long, value_name = "IDS")]
+    pub prompt_ids: Option<String>,
+
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long, conflicts_with = "prompt_ids")]
+    pub chat: bool,
+
+    /// New tokens to generate; whole canvases are generated, ceil(N / canvas) of them.
+    #[arg(long, value_name = "N")]
+    pub max_new_tokens: Option<usize>,
+
+    /// Denoising steps per canvas at most.
+    #[arg(long, value_name = "N")]
+    pub steps: Option<usize>,
+
+    /// Seed of the sampler's random draws.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Acceptance budget per step, in nats.
+    #[arg(long, value_name = "NATS")]
+    pub entropy_bound: Option<f64>,
+
+    /// Temperature at the last step.
+    #[arg(long, value_name = "T")]
+    pub t_min: Option<f64>,
+
+    /// Temperature at the first step.
+    #[arg(long, value_name = "T")]
+    pub t_max: Option<f64>,
+
+    /// Previous argmax canvases that must equal the current one to stop early (0: always stable).
+    #[arg(long, value_name = "N")]
+    pub stability_threshold: Option<usize>,
+
+    /// Stop a canvas early when its mean entropy (nats) falls below this.
+    #[arg(long, value_name = "NATS")]
+    pub confidence_threshold: Option<f64>,
+
+    /// Backend: gpu, cpu, or auto (the GPU when an adapter exists, else the CPU).
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+
+    /// GPU adapter to use: a case-insensitive substring of its name (see `dg info`).
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
+
+    /// Print one JSON object on stdout: prompt_ids, output_ids (every generated canvas, whole; pad
+    /// after an EOS), text (the output up to its first EOS; null without a tokenizer), stop_reason,
+    /// steps_per_canvas, canvases (accepted and mean entropy per step), tokens_per_forward,
+    /// generation settings and timings.
+    #[arg(long)]
+    pub json: bool,
+
+    /// No progress or summary on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// HF model directory. Default: the bundled random model.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}

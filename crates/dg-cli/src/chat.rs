@@ -1,0 +1,141 @@
+//! Chat prompts: the model's chat template (`chat_template.jinja`, or `chat_template` in
+//! `tokenizer_config.json`) rendered with minijinja the way transformers renders it (`trim_blocks`,
+//! `lstrip_blocks`, Python string methods, `raise_exception`) for one user message followed by the
+//! generation prompt.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use minijinja::{Environment, ErrorKind, Value, context};
+use serde_json::Value as Json;
+
+use crate::error::{Input, input};
+
+/// A chat template and the special tokens it may refer to.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    source: String,
+    origin: PathBuf,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    /// The template of `dir`, or `None` when the directory has none.
+    pub fn load(dir: &Path) -> Result<Option<Self>> {
+        let config_path = dir.join("tokenizer_config.json");
+        let config: Json = if config_path.is_file() {
+            let text = std::fs::read_to_string(&config_path)
+                .context(Input(format!("cannot read {}", config_path.display())))?;
+            serde_json::from_str(&text).context(Input(format!("{}: malformed JSON", config_path.display())))?
+        } else {
+            Json::Null
+        };
+        let token = |key: &str| match &config[key] {
+            Json::String(s) => s.clone(),
+            Json::Object(o) => o.get("content").and_then(Json::as_str).unwrap_or_default().to_string(),
+            _ => String::new(),
+        };
+        let jinja = dir.join("chat_template.jinja");
+        let (source, origin) = if jinja.is_file() {
+            let text = std::fs::read_to_string(&jinja).context(Input(format!("cannot read {}", jinja.display())))?;
+            (text, jinja)
+        } else {
+            match template_in_config(&config["chat_template"]) {
+                Some(t) => (t, config_path),
+                None => return Ok(None),
+            }
+        };
+        Ok(Some(ChatTemplate { source, origin, bos_token: token("bos_token"), eos_token: token("eos_token") }))
+    }
+
+    /// The prompt text for one user message, ending with the generation prompt.
+    pub fn render_user(&self, content: &str) -> Result<String> {
+        let mut env = Environment::new();
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .expect("default delimiters are valid"),
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |message: String| -> Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+        });
+        let bad = || Input(format!("chat template {}", self.origin.display()));
+        let template = env.template_from_str(&self.source).map_err(anyhow::Error::new).context(bad())?;
+        let messages = Value::from(vec![context! { role => "user", content => content }]);
+        let ctx = context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+        };
+        template.render(ctx).map_err(anyhow::Error::new).context(bad())
+    }
+}
+
+/// `chat_template` of `tokenizer_config.json`: a string, or a list of `{name, template}` (the one
+/// named "default", else the first).
+fn template_in_config(value: &Json) -> Option<String> {
+    match value {
+        Json::String(s) => Some(s.clone()),
+        Json::Array(list) => {
+            let named = |name: &str| list.iter().find(|t| t["name"] == name);
+            named("default").or(list.first())?["template"].as_str().map(str::to_string)
+        }
+        _ => None,
+    }
+}
+
+/// The template of `dir`, or an input error saying that `--chat` needs one.
+pub fn require(dir: &Path) -> Result<ChatTemplate> {
+    ChatTemplate::load(dir)?.ok_or_else(|| {
+        input(format!(
+            "--chat needs a chat template, but {} has neither chat_template.jinja nor a chat_template \
+             in tokenizer_config.json",
+            dir.display()
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template(source: &str) -> ChatTemplate {
+        ChatTemplate {
+            source: source.into(),
+            origin: "t.jinja".into(),
+            bos_token: "<bos>".into(),
+            eos_token: "<eos>".into(),
+        }
+    }
+
+    #[test]
+    fn renders_like_transformers() {
+        let t = template(
+            "{{ bos_token }}{% for message in messages %}\n<|turn>{{ message['role'] }}\n\
+             {{ message['content'] | trim }}<turn|>\n{% endfor %}\n{% if add_generation_prompt %}\n\
+             <|turn>model\n{% endif %}\n",
+        );
+        assert_eq!(t.render_user(" hi ").unwrap(), "<bos><|turn>user\nhi<turn|>\n<|turn>model\n");
+    }
+
+    #[test]
+    fn python_methods_and_exceptions() {
+        let t = template("{{ messages[0]['content'].strip().upper() }}");
+        assert_eq!(t.render_user(" a ").unwrap(), "A");
+        let t = template("{{ raise_exception('only user turns') }}");
+        assert!(format!("{:#}", t.render_user("x").unwrap_err()).contains("only user turns"));
+    }
+
+    #[test]
+    fn config_template_forms() {
+        assert_eq!(template_in_config(&serde_json::json!("x")).as_deref(), Some("x"));
+        let list = serde_json::json!([{"name": "tool_use", "template": "a"}, {"name": "default", "template": "b"}]);
+        assert_eq!(template_in_config(&list).as_deref(), Some("b"));
+        assert_eq!(template_in_config(&Json::Null), None);
+    }
+}

@@ -1,0 +1,182 @@
+//! `dg generate`: the model directory, the prompt, the generation settings (generation_config.json
+//! overridden by the command line), the backend, the sampler run and its output.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use dg_cpu::CpuModel;
+use dg_gpu::HybridModel;
+use dg_model::{GenerationConfig, ModelDir, RawGenerationConfig};
+use dg_sampler::{DenoiseModel, Generation, SeededRng};
+
+use crate::args::GenerateArgs;
+use crate::backend::{self, Backend};
+use crate::display::{Mode, Progress};
+use crate::error::{Input, input};
+use crate::report::{Report, Timings};
+use crate::text::TextCodec;
+use crate::timing::Timed;
+use crate::{model_dir, prompt};
+
+pub fn run(args: GenerateArgs) -> Result<()> {
+    let started = Instant::now();
+    let dir = model_dir::resolve(args.model.as_deref())?;
+    let model = model_dir::open(&dir)?;
+    let config = &model.config;
+    let codec = TextCodec::load(&dir)?;
+    let prompt = prompt::build(&args, &dir, codec.as_ref(), config.text.vocab_size)?;
+    let settings = generation_config(&args, &model)?;
+    let c = config.canvas_length;
+    let planned = settings.new_canvases(prompt.ids.len(), c);
+    check_positions(prompt.ids.len(), planned, c, config.text.max_position_embeddings)?;
+
+    let stderr_tty = std::io::stderr().is_terminal();
+    let mode = match (args.quiet, stderr_tty) {
+        (true, _) => Mode::Quiet,
+        (false, true) => Mode::Live,
+        (false, false) => Mode::Lines,
+    };
+    let stream_stdout = mode == Mode::Live && !args.json && std::io::stdout().is_terminal();
+    let choice = backend::choose(args.backend, args.adapter.as_deref())?;
+    if mode != Mode::Quiet {
+        eprintln!("backend: {}", choice.description);
+        eprintln!(
+            "model: {} ({} parameters){}",
+            dir.display(),
+            config.text.num_parameters(),
+            if model_dir::is_bundled(&dir) { ", the bundled random model: its text is noise" } else { "" }
+        );
+        eprintln!(
+            "prompt: {} tokens; up to {planned} canvas(es) of {c} tokens, {} steps each, seed {}",
+            prompt.ids.len(),
+            settings.max_denoising_steps,
+            args.seed
+        );
+    }
+
+    let load_start = Instant::now();
+    let weights = model.load_weights().context(Input(format!("cannot load the weights of {}", dir.display())))?;
+    let mut progress = Progress::new(
+        mode,
+        stream_stdout,
+        codec.as_ref(),
+        &settings.eos_token_ids,
+        planned,
+        settings.max_denoising_steps,
+    );
+    let positions = prompt.ids.len() + planned * c;
+    let backend_name = choice.name();
+    let adapter = choice.adapter();
+    let (generation, mut timings) = match choice.backend {
+        Backend::Cpu => {
+            let cpu = CpuModel::new(config.clone(), weights);
+            sample(cpu, load_start.elapsed(), &prompt.ids, &settings, &model, args.seed, &mut progress)?
+        }
+        Backend::Gpu(ctx) => {
+            let gpu =
+                HybridModel::new(*ctx, config, weights, positions).context("cannot upload the model to the GPU")?;
+            sample(gpu, load_start.elapsed(), &prompt.ids, &settings, &model, args.seed, &mut progress)?
+        }
+    };
+    timings.total = started.elapsed();
+
+    let report = Report::new(
+        &dir,
+        backend_name,
+        adapter,
+        args.seed,
+        &prompt,
+        &generation,
+        &settings,
+        codec.as_ref(),
+        progress.canvases,
+        timings,
+    )?;
+    if mode != Mode::Quiet {
+        eprintln!("{}", report.summary(mode == Mode::Live));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else if !stream_stdout {
+        println!("{}", report.plain_output());
+    }
+    Ok(())
+}
+
+/// generation_config.json of the directory, overridden by the command line, resolved.
+fn generation_config(args: &GenerateArgs, model: &ModelDir) -> Result<GenerationConfig> {
+    let over = RawGenerationConfig {
+        max_new_tokens: args.max_new_tokens,
+        max_denoising_steps: args.steps,
+        entropy_bound: args.entropy_bound,
+        t_min: args.t_min,
+        t_max: args.t_max,
+        stability_threshold: args.stability_threshold,
+        confidence_threshold: args.confidence_threshold,
+        ..Default::default()
+    };
+    let raw = model.generation.clone().overridden_by(over);
+    let source = Path::new("generation settings (generation_config.json and options)");
+    let cfg = raw.resolve(&model.config, source).map_err(|e| input(e.to_string()))?;
+    if !cfg.entropy_bound.is_finite() {
+        return Err(input("--entropy-bound must be finite"));
+    }
+    Ok(cfg)
+}
+
+/// The prompt and every decoded canvas must fit in the model's positions.
+fn check_positions(prompt_len: usize, canvases: usize, canvas: usize, max: usize) -> Result<()> {
+    let needed = prompt_len + canvases * canvas;
+    if needed > max {
+        return Err(input(format!(
+            "the prompt is too long: {prompt_len} prompt tokens + {canvases} canvas(es) of {canvas} tokens \
+             need {needed} positions, but the model has max_position_embeddings {max}; shorten the \
+             prompt or lower --max-new-tokens"
+        )));
+    }
+    Ok(())
+}
+
+/// Runs the sampler on `model` with a seeded random source; returns the generation and its timings.
+fn sample<M>(
+    model: M,
+    load: Duration,
+    prompt: &[u32],
+    settings: &GenerationConfig,
+    dir: &ModelDir,
+    seed: u64,
+    progress: &mut Progress<'_>,
+) -> Result<(Generation, Timings)>
+where
+    M: DenoiseModel,
+{
+    let mut timed = Timed::new(model);
+    let mut rng = SeededRng::new(seed);
+    let (c, v) = (dir.config.canvas_length, dir.config.text.vocab_size);
+    let start = Instant::now();
+    let generation =
+        dg_sampler::generate(&mut timed, prompt, settings, c, v, &mut rng, progress).context("generation failed")?;
+    let timings = Timings {
+        load,
+        prefill: timed.prefill,
+        commits: timed.commits,
+        forwards: timed.forwards,
+        generate: start.elapsed(),
+        total: Duration::ZERO,
+    };
+    Ok((generation, timings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_count_every_canvas() {
+        assert!(check_positions(10, 2, 32, 74).is_ok());
+        let e = check_positions(11, 2, 32, 74).unwrap_err().to_string();
+        assert!(e.contains("need 75 positions") && e.contains("max_position_embeddings 74"), "{e}");
+    }
+}

@@ -1,0 +1,221 @@
+//! `dg info`: a model's geometry, parameter count, checkpoint dtype and memory per backend, and the
+//! GPU adapters wgpu finds with their key limits and features.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use dg_model::{LayerKind, ModelDir, tensor_manifest};
+use serde_json::{Value, json};
+
+use crate::args::InfoArgs;
+use crate::model_dir;
+
+pub fn run(args: InfoArgs) -> Result<()> {
+    let dir = model_dir::resolve(args.model.as_deref())?;
+    let model = model_dir::open(&dir)?;
+    let adapters = adapters();
+    let info = model_json(&model, model_dir::is_bundled(&dir), adapters);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+    } else {
+        print!("{}", render(&info));
+    }
+    Ok(())
+}
+
+/// Bytes per element of a safetensors dtype name.
+fn dtype_bytes(dtype: &str) -> u64 {
+    match dtype {
+        "F64" | "I64" | "U64" => 8,
+        "F32" | "I32" | "U32" => 4,
+        "F16" | "BF16" | "I16" | "U16" => 2,
+        _ => 1,
+    }
+}
+
+fn model_json(model: &ModelDir, bundled: bool, adapters: Vec<Value>) -> Value {
+    let t = &model.config.text;
+    let params = t.num_parameters();
+    let mut dtypes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut checkpoint_bytes = 0u64;
+    for (name, shape) in tensor_manifest(t) {
+        let dtype = match model.checkpoint.shape(&name) {
+            Ok((_, dtype)) => dtype,
+            Err(_) => "missing".to_string(),
+        };
+        checkpoint_bytes += shape.iter().product::<usize>() as u64 * dtype_bytes(&dtype);
+        *dtypes.entry(dtype).or_default() += 1;
+    }
+    let layer = |kind: LayerKind| t.layers.iter().find(|l| l.kind == kind);
+    let heads = |kind| layer(kind).map(|l| json!({ "kv_heads": l.num_kv_heads, "head_dim": l.head_dim }));
+    let kv_bytes_per_token: usize = t.layers.iter().map(|l| 2 * l.num_kv_heads * l.head_dim * 4).sum();
+    json!({
+        "model": model.dir.display().to_string(),
+        "bundled_random_model": bundled,
+        "layers": t.layers.iter().map(|l| l.kind.hf_name()).collect::<Vec<_>>(),
+        "hidden_size": t.hidden_size,
+        "intermediate_size": t.intermediate_size,
+        "num_attention_heads": t.num_attention_heads,
+        "sliding_heads": heads(LayerKind::Sliding),
+        "full_heads": heads(LayerKind::Full),
+        "num_experts": t.num_experts,
+        "top_k_experts": t.top_k_experts,
+        "moe_intermediate_size": t.moe_intermediate_size,
+        "vocab_size": t.vocab_size,
+        "canvas_length": model.config.canvas_length,
+        "sliding_window": t.sliding_window,
+        "max_position_embeddings": t.max_position_embeddings,
+        "parameters": params,
+        "checkpoint": { "dtypes": dtypes, "text_bytes": checkpoint_bytes },
+        "memory": {
+            "cpu": { "dtype": "f32", "bytes": params * 4 },
+            "gpu": { "dtype": "f32", "device_bytes": params * 4, "host_bytes": params * 4 },
+            "kv_cache_bytes_per_token": kv_bytes_per_token,
+        },
+        "adapters": adapters,
+    })
+}
+
+/// Every adapter wgpu finds, with its key limits and features.
+fn adapters() -> Vec<Value> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let found = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    found
+        .iter()
+        .map(|a| {
+            let info = a.get_info();
+            let limits = a.limits();
+            let features = a.features();
+            json!({
+                "name": info.name,
+                "device_type": format!("{:?}", info.device_type),
+                "backend": format!("{:?}", info.backend),
+                "driver": format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+                "max_storage_buffer_binding_size": limits.max_storage_buffer_binding_size,
+                "max_buffer_size": limits.max_buffer_size,
+                "shader_f16": features.contains(wgpu::Features::SHADER_F16),
+                "subgroup": features.contains(wgpu::Features::SUBGROUP),
+                "timestamp_query": features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            })
+        })
+        .collect()
+}
+
+fn size(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        0..1_048_576 => format!("{:.1} KiB", b / 1024.0),
+        1_048_576..1_073_741_824 => format!("{:.1} MiB", b / 1_048_576.0),
+        _ => format!("{:.1} GiB", b / 1_073_741_824.0),
+    }
+}
+
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The text form of [`model_json`].
+fn render(v: &Value) -> String {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let layers: Vec<&str> = v["layers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let pattern: Vec<&str> = layers.iter().map(|l| if *l == "full_attention" { "F" } else { "S" }).collect();
+    let sliding = layers.iter().filter(|l| **l == "sliding_attention").count();
+    let heads = |k: &str, name: &str| match &v[k] {
+        Value::Null => String::new(),
+        h => format!("; {name}: {} kv × head_dim {}", h["kv_heads"], h["head_dim"]),
+    };
+    let mem = &v["memory"];
+    let params = n("parameters");
+    let dtypes = v["checkpoint"]["dtypes"]
+        .as_object()
+        .map(|m| m.iter().map(|(d, c)| format!("{d} ({c} tensors)")).collect::<Vec<_>>().join(", "));
+    let mut out = format!("model      {}\n", v["model"].as_str().unwrap_or(""));
+    if v["bundled_random_model"] == true {
+        out += "           the bundled model: random weights, its text is noise\n";
+    }
+    out += &format!(
+        "layers     {} ({} sliding, {} full): {}\n",
+        layers.len(),
+        sliding,
+        layers.len() - sliding,
+        pattern.join(" ")
+    );
+    out += &format!(
+        "hidden     {} · dense MLP {} · vocab {} · canvas {} · sliding window {} · max positions {}\n",
+        n("hidden_size"),
+        n("intermediate_size"),
+        n("vocab_size"),
+        n("canvas_length"),
+        n("sliding_window"),
+        n("max_position_embeddings")
+    );
+    out += &format!(
+        "heads      {} query{}{}\n",
+        n("num_attention_heads"),
+        heads("sliding_heads", "sliding"),
+        heads("full_heads", "full")
+    );
+    out += &format!(
+        "experts    {} per layer, top-{}, width {}\n",
+        n("num_experts"),
+        n("top_k_experts"),
+        n("moe_intermediate_size")
+    );
+    out += &format!("parameters {} (text; embedding counted once)\n", group(params));
+    out += &format!(
+        "checkpoint {}; text weights {}\n",
+        dtypes.unwrap_or_default(),
+        size(v["checkpoint"]["text_bytes"].as_u64().unwrap_or(0))
+    );
+    out += &format!(
+        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: f32 weights {} on the device (4 bytes/param) + {} on the host (CPU encoder)\n           KV cache {} per token of context (f32; sliding layers keep the last window)\n",
+        size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),
+        size(mem["gpu"]["device_bytes"].as_u64().unwrap_or(0)),
+        size(mem["gpu"]["host_bytes"].as_u64().unwrap_or(0)),
+        size(mem["kv_cache_bytes_per_token"].as_u64().unwrap_or(0)),
+    );
+    let adapters = v["adapters"].as_array().cloned().unwrap_or_default();
+    if adapters.is_empty() {
+        out += "adapters   none found (the GPU backend needs one; on Linux without a GPU: \
+                apt-get install -y mesa-vulkan-drivers libvulkan1)\n";
+    }
+    for (i, a) in adapters.iter().enumerate() {
+        let yes = |k: &str| if a[k] == true { "yes" } else { "no" };
+        out += &format!(
+            "{}{} — {}, {}, {}\n           max storage binding {}, max buffer {}; shader-f16 {}, subgroup {}, timestamp {}\n",
+            if i == 0 { "adapters   " } else { "           " },
+            a["name"].as_str().unwrap_or(""),
+            a["device_type"].as_str().unwrap_or(""),
+            a["backend"].as_str().unwrap_or(""),
+            a["driver"].as_str().unwrap_or(""),
+            size(a["max_storage_buffer_binding_size"].as_u64().unwrap_or(0)),
+            size(a["max_buffer_size"].as_u64().unwrap_or(0)),
+            yes("shader_f16"),
+            yes("subgroup"),
+            yes("timestamp_query"),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_formats() {
+        assert_eq!(group(25_250_986_752), "25,250,986,752");
+        assert_eq!(group(999), "999");
+        assert_eq!(size(1_380_000), "1.3 MiB");
+        assert_eq!(size(512), "0.5 KiB");
+        assert_eq!(size(128 << 20), "128.0 MiB");
+    }
+}

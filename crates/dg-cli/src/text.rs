@@ -1,0 +1,80 @@
+//! The model's tokenizer (`tokenizer.json`, read with the `tokenizers` crate): prompt text to ids,
+//! generated ids to text, and one short printable piece per token for the live canvas view.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use tokenizers::Tokenizer;
+
+use crate::error::Input;
+
+/// A loaded `tokenizer.json`.
+pub struct TextCodec {
+    tokenizer: Tokenizer,
+}
+
+impl std::fmt::Debug for TextCodec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextCodec").field("vocab", &self.tokenizer.get_vocab_size(true)).finish()
+    }
+}
+
+impl TextCodec {
+    /// `dir/tokenizer.json`, or `None` when the directory has none.
+    pub fn load(dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let tokenizer = Tokenizer::from_file(&path)
+            .map_err(anyhow::Error::from_boxed)
+            .context(Input(format!("cannot load {}", path.display())))?;
+        Ok(Some(TextCodec { tokenizer }))
+    }
+
+    /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (e.g. `<bos>`).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(anyhow::Error::from_boxed)
+            .context(Input("cannot tokenize the prompt".into()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`, special tokens left out.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer.decode(ids, true).map_err(anyhow::Error::from_boxed).context("cannot decode the generated ids")
+    }
+
+    /// One token as printable text: word-boundary markers become spaces and control characters
+    /// visible symbols, so a piece never moves the cursor.
+    pub fn piece(&self, id: u32) -> String {
+        match self.tokenizer.id_to_token(id) {
+            Some(tok) => printable(&tok.replace(['\u{2581}', '\u{120}'], " ").replace('\u{10a}', "\n")),
+            None => format!("[{id}]"),
+        }
+    }
+}
+
+/// `s` with control characters replaced: newline by `↵`, tab by `→`, others by `·`.
+pub fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '\n' => '↵',
+            '\t' => '→',
+            c if c.is_control() => '·',
+            c => c,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printable_hides_control_characters() {
+        assert_eq!(printable("a\nb\tc\u{1b}[1m"), "a↵b→c·[1m");
+    }
+}

@@ -1,0 +1,73 @@
+//! `dg info` (text and JSON) on the bundled model and a fixture, and the bundled model itself:
+//! small, complete, its tokenizer matching its vocabulary and its EOS ids.
+
+mod common;
+
+use common::{bundled, dg, fixture};
+use dg_model::ModelDir;
+
+#[test]
+fn info_describes_the_bundled_model_and_the_adapters() {
+    let run = dg(&["info"]).ok();
+    for needle in [
+        "tiny-random",
+        "random weights, its text is noise",
+        "layers     4 (3 sliding, 1 full): S S S F",
+        "vocab 986",
+        "canvas 32",
+        "sliding window 64",
+        "4 query; sliding: 2 kv × head_dim 16; full: 1 kv × head_dim 32",
+        "experts    4 per layer, top-2, width 32",
+        "parameters 342,960",
+        "checkpoint BF16",
+        "cpu: f32 weights",
+        "adapters",
+    ] {
+        assert!(run.stdout.contains(needle), "info lacks {needle:?}:\n{}", run.stdout);
+    }
+}
+
+#[test]
+fn info_json_matches_the_model_library() {
+    for (dir, dtype) in [(bundled(), "BF16"), (fixture("sliding-long-prompt"), "F32")] {
+        let v = dg(&["info", "--json", "--model", dir.to_str().unwrap()]).ok().json();
+        let model = ModelDir::open(&dir).unwrap();
+        let t = &model.config.text;
+        assert_eq!(v["parameters"], t.num_parameters());
+        assert_eq!(v["vocab_size"], t.vocab_size);
+        assert_eq!(v["hidden_size"], t.hidden_size);
+        assert_eq!(v["canvas_length"], model.config.canvas_length);
+        assert_eq!(v["layers"].as_array().unwrap().len(), t.num_layers());
+        assert_eq!(v["memory"]["cpu"]["bytes"], t.num_parameters() * 4);
+        let dtypes = v["checkpoint"]["dtypes"].as_object().unwrap();
+        assert_eq!(dtypes.keys().collect::<Vec<_>>(), vec![dtype], "{dtypes:?}");
+        for a in v["adapters"].as_array().unwrap() {
+            assert!(a["name"].is_string() && a["backend"].is_string() && a["device_type"].is_string());
+            assert!(a["max_storage_buffer_binding_size"].as_u64().unwrap() > 0);
+            assert!(a["max_buffer_size"].as_u64().unwrap() > 0);
+            for f in ["shader_f16", "subgroup", "timestamp_query"] {
+                assert!(a[f].is_boolean(), "{f}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_bundled_model_is_small_and_consistent() {
+    let dir = bundled();
+    let total: u64 = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    assert!(total < 5 * 1024 * 1024, "models/tiny-random is {total} bytes");
+    let model = ModelDir::open(&dir).unwrap();
+    let settings = model.generation_config().unwrap();
+    assert_eq!(settings.max_denoising_steps, 8);
+    assert_eq!(settings.eos_token_ids, vec![1, 6]);
+    model.load_weights().unwrap();
+    let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    assert_eq!(tokenizer.get_vocab_size(true), model.config.text.vocab_size);
+    for (id, token) in [(0, "<pad>"), (1, "<eos>"), (2, "<bos>"), (3, "<unk>"), (5, "<|turn>"), (6, "<turn|>")] {
+        assert_eq!(tokenizer.token_to_id(token), Some(id), "{token}");
+    }
+    for file in ["config.json", "generation_config.json", "tokenizer_config.json", "chat_template.jinja"] {
+        assert!(dir.join(file).is_file(), "{file}");
+    }
+}

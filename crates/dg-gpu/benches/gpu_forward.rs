@@ -1,0 +1,58 @@
+//! The GPU canvas forward (self-conditioning on) against a random cached context: the real
+//! geometry with 6 layers and a 1024-token context by default, the `sliding-long-prompt` fixture's
+//! small config with `DG_BENCH_QUICK=1`. Each iteration writes the ids, replays the plan, submits
+//! and waits for the device. `cargo xtask bench-gpu --profile` gives the per-kernel breakdown.
+
+use std::path::Path;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use dg_gpu::testing::seeded;
+use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext};
+use dg_model::{LayerKind, ModelConfig, Weights};
+
+fn forward(crit: &mut Criterion) {
+    let quick = std::env::var("DG_BENCH_QUICK").as_deref() == Ok("1");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (path, context) = if quick {
+        (root.join("fixtures/sliding-long-prompt/config.json"), 32)
+    } else {
+        (root.join("bench/configs/real-6layer.json"), 1024)
+    };
+    let config = ModelConfig::from_file(&path).expect("bench config");
+    let ctx = match GpuContext::new(&GpuOptions::default()) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!("SKIP gpu_forward bench: {e}");
+            return;
+        }
+    };
+    let cfg = &config.text;
+    let weights = Weights::random(cfg, 0).expect("weights");
+    let mut model = GpuModel::new(ctx, &config, &weights, context).expect("upload");
+    drop(weights);
+    let kv: Vec<(Vec<f32>, Vec<f32>)> = cfg
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let tokens = if l.kind == LayerKind::Sliding { context.min(cfg.sliding_window - 1) } else { context };
+            let n = tokens * l.num_kv_heads * l.head_dim;
+            (seeded(n, 2 * i as u64 + 1, 1.0), seeded(n, 2 * i as u64 + 2, 1.0))
+        })
+        .collect();
+    let layers: Vec<LayerContext<'_>> = kv.iter().map(|(k, v)| LayerContext { keys: k, values: v }).collect();
+    model.set_context(context, &layers).expect("context");
+    let (c, v) = (config.canvas_length, cfg.vocab_size);
+    let canvas: Vec<u32> = (0..c as u32).map(|i| (i * 7919) % v as u32).collect();
+    let sc = seeded(c * v, 9, 8.0);
+    let mut logits = vec![0f32; c * v];
+    model.canvas_forward(&canvas, Some(&sc), &mut logits).expect("first forward");
+    let mut group = crit.benchmark_group("gpu_canvas_forward");
+    group.sample_size(10);
+    let name = if quick { "tiny_sc" } else { "real6_ctx1024_sc" };
+    group.bench_function(name, |b| b.iter(|| model.run_step(&canvas, true, None).expect("forward")));
+    group.finish();
+}
+
+criterion_group!(benches, forward);
+criterion_main!(benches);
