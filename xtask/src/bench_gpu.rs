@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use dg_gpu::testing::{random_context, seeded};
 use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext};
-use dg_model::{LayerKind, ModelConfig, Weights};
+use dg_model::{ModelConfig, Weights};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -30,18 +31,6 @@ pub struct Args {
     /// Adapter name substring.
     #[arg(long)]
     adapter: Option<String>,
-}
-
-fn seeded(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 pub fn run(args: Args) -> Result<bool> {
@@ -68,26 +57,14 @@ pub fn run(args: Args) -> Result<bool> {
     drop(weights);
     println!("upload: {:.1}s, {:.2} GB of weights", t.elapsed().as_secs_f64(), model.weight_bytes() as f64 / 1e9);
 
-    let kv: Vec<(Vec<f32>, Vec<f32>)> = cfg
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let tokens = match l.kind {
-                LayerKind::Sliding => args.context.min(cfg.sliding_window.saturating_sub(1)),
-                LayerKind::Full => args.context,
-            };
-            let n = tokens * l.num_kv_heads * l.head_dim;
-            (seeded(n, 2 * i as u64 + 1), seeded(n, 2 * i as u64 + 2))
-        })
-        .collect();
+    let kv = random_context(cfg, args.context);
     let layers: Vec<LayerContext<'_>> = kv.iter().map(|(k, v)| LayerContext { keys: k, values: v }).collect();
     let t = Instant::now();
     model.set_context(args.context, &layers)?;
     println!("context + plans: {:.2}s, {} dispatches per forward", t.elapsed().as_secs_f64(), model.dispatches());
 
     let canvas: Vec<u32> = (0..c as u32).map(|i| (i * 2_654_435_761u32) % v as u32).collect();
-    let sc: Vec<f32> = seeded(c * v, 99).into_iter().map(|x| 8.0 * x).collect();
+    let sc = seeded(c * v, 99, 8.0);
     let mut logits = vec![0f32; c * v];
     model.canvas_forward(&canvas, Some(&sc), &mut logits)?;
     model.run_step(&canvas, true, None)?;

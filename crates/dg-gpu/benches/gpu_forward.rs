@@ -6,9 +6,9 @@
 use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dg_gpu::testing::seeded;
+use dg_gpu::testing::{random_context, seeded};
 use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext};
-use dg_model::{LayerKind, ModelConfig, Weights};
+use dg_model::{ModelConfig, Weights};
 
 fn forward(crit: &mut Criterion) {
     let quick = std::env::var("DG_BENCH_QUICK").as_deref() == Ok("1");
@@ -30,16 +30,7 @@ fn forward(crit: &mut Criterion) {
     let weights = Weights::random(cfg, 0).expect("weights");
     let mut model = GpuModel::new(ctx, &config, &weights, context).expect("upload");
     drop(weights);
-    let kv: Vec<(Vec<f32>, Vec<f32>)> = cfg
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let tokens = if l.kind == LayerKind::Sliding { context.min(cfg.sliding_window - 1) } else { context };
-            let n = tokens * l.num_kv_heads * l.head_dim;
-            (seeded(n, 2 * i as u64 + 1, 1.0), seeded(n, 2 * i as u64 + 2, 1.0))
-        })
-        .collect();
+    let kv = random_context(cfg, context);
     let layers: Vec<LayerContext<'_>> = kv.iter().map(|(k, v)| LayerContext { keys: k, values: v }).collect();
     model.set_context(context, &layers).expect("context");
     let (c, v) = (config.canvas_length, cfg.vocab_size);

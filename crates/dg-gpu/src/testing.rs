@@ -67,3 +67,20 @@ pub fn max_rel_err(a: &[f32], b: &[f32]) -> (f32, usize) {
     }
     (worst / scale, at)
 }
+
+/// Random cached K/V for every layer of `cfg` as the decoder sees a `context`-token prompt
+/// (sliding layers: the last W−1 tokens), for benchmarks at a given geometry.
+pub fn random_context(cfg: &dg_model::TextConfig, context: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
+    cfg.layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let tokens = match l.kind {
+                dg_model::LayerKind::Sliding => context.min(cfg.sliding_window.saturating_sub(1)),
+                dg_model::LayerKind::Full => context,
+            };
+            let n = tokens * l.num_kv_heads * l.head_dim;
+            (seeded(n, 2 * i as u64 + 1, 1.0), seeded(n, 2 * i as u64 + 2, 1.0))
+        })
+        .collect()
+}
