@@ -31,30 +31,7 @@ fn grouped_tile_override() -> Option<grouped_gemm::GroupedTile> {
 
 /// A plain `[m, k] · Wᵀ` product for `W: [n, k]` (PyTorch linear layout).
 pub fn linear_params(m: usize, n: usize, k: usize) -> GemmParams {
-    GemmParams {
-        m: m as u32,
-        n: n as u32,
-        k: k as u32,
-        batch: 1,
-        a_rs: k as u32,
-        a_cs: 1,
-        b_rs: 1,
-        b_cs: k as u32,
-        b_batch_div: 1,
-        c_rs: n as u32,
-        alpha: 1.0,
-        ..GemmParams::zeroed()
-    }
-}
-
-trait Zeroed {
-    fn zeroed() -> Self;
-}
-
-impl Zeroed for GemmParams {
-    fn zeroed() -> Self {
-        bytemuck::Zeroable::zeroed()
-    }
+    GemmParams::linear(m as u32, n as u32, k as u32)
 }
 
 impl<'a> Recorder<'a> {
