@@ -77,12 +77,18 @@ pub fn run(args: Args) -> Result<bool> {
         }
         Ok(t.elapsed().as_secs_f64() * 1e3 / args.steps as f64)
     };
+    let layers_n = cfg.num_layers();
     let no_read = time(&mut model, false, &mut logits)?;
     let with_read = time(&mut model, true, &mut logits)?;
     assert_eq!(created, model.created(), "a GPU object was created during the timed steps");
-    let layers_n = cfg.num_layers();
     println!("canvas forward (self-conditioning on): {no_read:.2} ms without readback, {with_read:.2} ms with the [C, V] logits readback ({} steps)", args.steps);
     println!("objects created after the first step: none (buffers {}, bind groups {}, pipelines {})", created.buffers, created.bind_groups, created.pipelines);
+    let layers_ms = model.time_layers(args.steps)?;
+    println!(
+        "decoder layers alone (one pass, wall time, {} replays): {layers_ms:.2} ms for {layers_n} layers = {:.3} ms per layer",
+        args.steps,
+        layers_ms / layers_n as f64
+    );
 
     if args.profile {
         let prof = model.profile_step(&canvas, true)?;

@@ -134,6 +134,26 @@ impl GpuModel {
         self.ctx.read_f32(&self.arena.hidden, 0, hidden.len())
     }
 
+    /// Wall time of the decoder layers alone, in normal execution (one compute pass, no
+    /// timestamps): records a plan of every layer once, replays it `steps` times, waits for the
+    /// device each time, and returns the mean milliseconds per replay of all layers.
+    pub fn time_layers(&mut self, steps: usize) -> Result<f64, GpuError> {
+        let visible = self.plans.as_ref().expect("set_context must run before time_layers").visible.clone();
+        let plan = {
+            let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
+            for (i, v) in visible.iter().enumerate() {
+                record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, *v)?;
+            }
+            rec.finish()?
+        };
+        plan.run(&self.ctx)?;
+        let start = std::time::Instant::now();
+        for _ in 0..steps {
+            plan.run(&self.ctx)?;
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64)
+    }
+
     /// Number of dispatches of the self-conditioned plan.
     pub fn dispatches(&self) -> usize {
         self.plans.as_ref().map_or(0, |p| p.self_conditioned.len())
