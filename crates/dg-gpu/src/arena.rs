@@ -28,9 +28,10 @@ pub struct Arena {
     pub normed: wgpu::Buffer,
     pub q_raw: wgpu::Buffer,
     pub q: wgpu::Buffer,
-    pub k_raw: wgpu::Buffer,
-    pub v_raw: wgpu::Buffer,
+    /// Raw K projection, then (sliding layers) raw V: `[2, C, kv·d]`.
+    pub kv_raw: wgpu::Buffer,
     pub k_new: wgpu::Buffer,
+    /// v_norm of `kv_raw` (both halves; V is the second half in sliding layers).
     pub v_new: wgpu::Buffer,
     /// Attention scores/probabilities `[heads, C, context + C]`.
     pub scores: wgpu::Buffer,
@@ -110,10 +111,9 @@ impl Arena {
             normed: f("normed", c * h)?,
             q_raw: f("q_raw", c * q_w)?,
             q: f("q", c * q_w)?,
-            k_raw: f("k_raw", c * kv_w)?,
-            v_raw: f("v_raw", c * kv_w)?,
+            kv_raw: f("kv_raw", 2 * c * kv_w)?,
             k_new: f("k_new", c * kv_w)?,
-            v_new: f("v_new", c * kv_w)?,
+            v_new: f("v_new", 2 * c * kv_w)?,
             scores: f("scores", heads * c * (max_context + c))?,
             attn: f("attn", c * q_w)?,
             proj: f("proj", c * h)?,

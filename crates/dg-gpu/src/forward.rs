@@ -105,18 +105,22 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     rec.linear(&a.normed, &l.q_proj, &a.q_raw, c, heads * d, h)?;
     rec.rmsnorm(&a.q_raw, Some(&l.q_norm), &a.dummy, &a.q, c * heads, d, eps, false, 1.0)?;
     rec.rope(&a.q, cos, sin, c, heads, d / 2)?;
-    rec.linear(&a.normed, &l.k_proj, &a.k_raw, c, kv * d, h)?;
-    // Full layers: V is the raw K projection.
-    let v_raw = match &l.v_proj {
-        Some(v_proj) => {
-            rec.linear(&a.normed, v_proj, &a.v_raw, c, kv * d, h)?;
-            &a.v_raw
-        }
-        None => &a.k_raw,
+    // Raw K (and, in sliding layers, raw V as a second batch of the same GEMM) into kv_raw:
+    // [K | V], each [C, kv·d]. Full layers: V is the raw K projection itself.
+    let halves = if l.has_v_proj { 2 } else { 1 };
+    let kv_params = GemmParams {
+        batch: halves,
+        a_batch: 0,
+        b_batch: (kv * d * h) as u32,
+        c_batch: (c * kv * d) as u32,
+        ..linear_params(c, kv * d, h)
     };
-    rec.rmsnorm(&a.k_raw, Some(&l.k_norm), &a.dummy, &a.k_new, c * kv, d, eps, false, 1.0)?;
+    rec.gemm(&a.normed, &l.kv_proj, &a.kv_raw, kv_params)?;
+    rec.rmsnorm(&a.kv_raw, Some(&l.k_norm), &a.dummy, &a.k_new, c * kv, d, eps, false, 1.0)?;
     rec.rope(&a.k_new, cos, sin, c, kv, d / 2)?;
-    rec.rmsnorm(v_raw, None, &a.dummy, &a.v_new, c * kv, d, eps, false, 1.0)?;
+    // v_norm (weightless) over both halves; V is the last half of v_new.
+    rec.rmsnorm(&a.kv_raw, None, &a.dummy, &a.v_new, halves as usize * c * kv, d, eps, false, 1.0)?;
+    let v_offset = (halves as usize - 1) * c * kv * d;
 
     // Scores [heads, C, S] over [visible cache | canvas], scaling 1.0.
     let s = visible + c;
@@ -144,12 +148,13 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     }
     rec.gemm(&a.q, &a.k_new, &a.scores, scores(c, visible))?;
     rec.softmax(&a.scores, SoftmaxParams::plain((heads * c) as u32, s as u32))?;
-    let values = |k: usize, a_offset: usize, accumulate: bool| GemmParams {
+    let values = |k: usize, a_offset: usize, b_offset: usize, accumulate: bool| GemmParams {
         m: c as u32,
         n: d as u32,
         k: k as u32,
         batch: heads as u32,
         a_offset: a_offset as u32,
+        b_offset: b_offset as u32,
         a_rs: s as u32,
         a_cs: 1,
         a_batch: (c * s) as u32,
@@ -164,9 +169,9 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         ..bytemuck::Zeroable::zeroed()
     };
     if visible > 0 {
-        rec.gemm(&a.scores, &cache.values, &a.attn, values(visible, 0, false))?;
+        rec.gemm(&a.scores, &cache.values, &a.attn, values(visible, 0, 0, false))?;
     }
-    rec.gemm(&a.scores, &a.v_new, &a.attn, values(c, visible, visible > 0))?;
+    rec.gemm(&a.scores, &a.v_new, &a.attn, values(c, visible, v_offset, visible > 0))?;
     rec.linear(&a.attn, &l.o_proj, &a.proj, c, h, heads * d)?;
     // h = h + post_attention_layernorm(a)
     rec.rmsnorm(&a.proj, Some(&l.norms.post_attention), &a.dummy, &a.hidden, c, h, eps, true, 1.0)?;

@@ -24,8 +24,11 @@ pub struct GpuLayer {
     pub kind: LayerKind,
     pub norms: LayerNorms,
     pub q_proj: wgpu::Buffer,
-    pub k_proj: wgpu::Buffer,
-    pub v_proj: Option<wgpu::Buffer>,
+    /// Sliding layers: `[K; V]` projections stacked, `[2·kv·d, H]` (one batched GEMM computes
+    /// both); full layers: the K projection alone (V is the raw K projection).
+    pub kv_proj: wgpu::Buffer,
+    /// Whether `kv_proj` holds a V half.
+    pub has_v_proj: bool,
     pub o_proj: wgpu::Buffer,
     pub q_norm: wgpu::Buffer,
     pub k_norm: wgpu::Buffer,
@@ -117,8 +120,11 @@ impl GpuWeights {
                 kind: l.kind,
                 norms,
                 q_proj: up.f32(&p("q_proj"), &l.q_proj.data)?,
-                k_proj: up.f32(&p("k_proj"), &l.k_proj.data)?,
-                v_proj: l.v_proj.as_ref().map(|v| up.f32(&p("v_proj"), &v.data)).transpose()?,
+                kv_proj: match &l.v_proj {
+                    Some(v) => up.concat(&p("k_proj+v_proj"), &l.k_proj, v)?,
+                    None => up.f32(&p("k_proj"), &l.k_proj.data)?,
+                },
+                has_v_proj: l.v_proj.is_some(),
                 o_proj: up.f32(&p("o_proj"), &l.o_proj.data)?,
                 q_norm: up.f32(&p("q_norm"), &l.q_norm)?,
                 k_norm: up.f32(&p("k_norm"), &l.k_norm)?,
