@@ -194,8 +194,14 @@ impl GpuContext {
     }
 }
 
-/// Maps `staging` (already filled by a submitted copy), returns its first `bytes` bytes.
-pub(crate) fn map_read(ctx: &GpuContext, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
+/// Maps `staging` (already filled by a submitted copy) and hands its first `bytes` bytes to `read`
+/// without an intermediate copy (the logits readback is [C, V] f32: 268 MB at the real size).
+pub(crate) fn map_read_with<R>(
+    ctx: &GpuContext,
+    staging: &wgpu::Buffer,
+    bytes: u64,
+    read: impl FnOnce(&[u8]) -> R,
+) -> Result<R, GpuError> {
     let slice = staging.slice(..bytes);
     let (tx, rx) = std::sync::mpsc::channel();
     slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -203,7 +209,15 @@ pub(crate) fn map_read(ctx: &GpuContext, staging: &wgpu::Buffer, bytes: u64) -> 
     });
     ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
     rx.recv().map_err(|e| GpuError::Readback(e.to_string()))?.map_err(|e| GpuError::Readback(e.to_string()))?;
-    let data = slice.get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
+    let result = {
+        let view = slice.get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
+        read(&view)
+    };
     staging.unmap();
-    Ok(data)
+    Ok(result)
+}
+
+/// [`map_read_with`] into a new vector.
+pub(crate) fn map_read(ctx: &GpuContext, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
+    map_read_with(ctx, staging, bytes, <[u8]>::to_vec)
 }

@@ -9,7 +9,7 @@
 use dg_model::{LayerKind, ModelConfig, Weights};
 
 use crate::arena::Arena;
-use crate::context::{Created, GpuContext, map_read};
+use crate::context::{Created, GpuContext, map_read_with};
 use crate::error::GpuError;
 use crate::forward::{ForwardShape, record_canvas_forward, record_layer};
 use crate::ops::Recorder;
@@ -191,8 +191,9 @@ impl GpuModel {
         }
         match logits {
             Some(out) => {
-                let data = map_read(&self.ctx, &self.arena.staging, bytes)?;
-                out.copy_from_slice(bytemuck::cast_slice(&data));
+                map_read_with(&self.ctx, &self.arena.staging, bytes, |data| {
+                    bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(data)
+                })?;
             }
             None => {
                 self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;

@@ -17,8 +17,14 @@ use crate::{BoxError, ParityError};
 #[error("{0}")]
 pub struct BackendFailure(String);
 
-/// Adapts a parity [`Backend`] to the sampler's model trait.
-struct AsModel<'a>(&'a mut dyn Backend);
+/// Adapts a parity [`Backend`] to the sampler's model trait (replays here, seeded runs in tests).
+pub struct AsModel<'a>(pub &'a mut dyn Backend);
+
+impl std::fmt::Debug for AsModel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AsModel").field(&self.0.name()).finish()
+    }
+}
 
 impl DenoiseModel for AsModel<'_> {
     type Error = BackendFailure;

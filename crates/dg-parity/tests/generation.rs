@@ -13,28 +13,11 @@ use dg_parity::checks::Backend;
 use dg_parity::cpu::CpuBackend;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
-use dg_parity::replay::replay_config;
-use dg_sampler::{DenoiseModel, Hooks, NoHooks, SeededRng, StepInfo, generate};
+use dg_parity::replay::{AsModel, replay_config};
+use dg_sampler::{Hooks, NoHooks, SeededRng, StepInfo, generate};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
-
-/// Backend as sampler model (the parity crate's adapter is private; this one panics on errors).
-struct Model<'a>(&'a mut dyn Backend);
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Failure(String);
-
-impl DenoiseModel for Model<'_> {
-    type Error = Failure;
-    fn encode(&mut self, ids: &[u32]) -> Result<(), Failure> {
-        self.0.encode(ids).map_err(|e| Failure(e.to_string()))
-    }
-    fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), Failure> {
-        self.0.canvas_forward(canvas, sc, logits).map_err(|e| Failure(e.to_string()))
-    }
 }
 
 struct Setup {
@@ -54,7 +37,7 @@ fn setup(name: &str) -> Setup {
 fn run(backend: &mut dyn Backend, s: &Setup, seed: u64, hooks: &mut dyn Hooks) -> Vec<u32> {
     let (c, v) = (s.dir.config.canvas_length, s.dir.config.text.vocab_size);
     backend.reset().unwrap();
-    let g = generate(&mut Model(backend), &s.prompt, &s.cfg, c, v, &mut SeededRng::new(seed), hooks).unwrap();
+    let g = generate(&mut AsModel(backend), &s.prompt, &s.cfg, c, v, &mut SeededRng::new(seed), hooks).unwrap();
     g.sequence
 }
 
