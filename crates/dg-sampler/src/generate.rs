@@ -5,11 +5,16 @@
 //! early when the adaptive criteria fire. The block's output is the ARGMAX canvas of its last step; it is
 //! appended, EOS-finalized (`_finalize_canvas`), and generation stops on EOS, on `max_length`, or after
 //! `GenerationConfig::new_canvases` blocks. The last canvas is never encoded.
+//!
+//! The model is a [`DenoiseModel`] (the logits come back to the sampler: [`generate`]) or a
+//! [`ResidentModel`] (the per-row work runs where the logits are: [`generate_resident`]); one loop
+//! drives both.
 
 use dg_model::GenerationConfig;
 
 use crate::error::{InputError, ModelCall, SamplerError};
 use crate::finalize::{self, CanvasEnd};
+use crate::resident::ResidentModel;
 use crate::rng::RandomSource;
 use crate::sampler::{Sampler, StepOutcome, check_ids};
 use crate::stopping::StopDecision;
@@ -68,7 +73,8 @@ pub struct StepInfo<'a> {
     pub sampled: &'a [u32],
     /// The canvas the next step decodes (accepted samples, noise elsewhere).
     pub canvas: &'a [u32],
-    /// Temperature-scaled logits (C·V): the next step's self-conditioning input.
+    /// Temperature-scaled logits (C·V): the next step's self-conditioning input (empty when they stay
+    /// in a [`ResidentModel`]).
     pub scaled_logits: &'a [f32],
     pub stop: Option<StopDecision>,
     pub finished: bool,
@@ -179,6 +185,90 @@ pub fn generate<M: DenoiseModel + ?Sized, R: RandomSource + ?Sized, H: Hooks + ?
     sampler.generate(model, prompt, cfg, rng, hooks)
 }
 
+/// Runs `generate` on a [`ResidentModel`] (logits and self-conditioning stay in the model; only the
+/// per-row results of each step come back) with a fresh [`Sampler`]. Same draws, same decisions as
+/// [`generate`] given the same per-row results; [`StepInfo::scaled_logits`] is empty.
+pub fn generate_resident<M: ResidentModel + ?Sized, R: RandomSource + ?Sized, H: Hooks + ?Sized>(
+    model: &mut M,
+    prompt: &[u32],
+    cfg: &GenerationConfig,
+    canvas_length: usize,
+    vocab_size: usize,
+    rng: &mut R,
+    hooks: &mut H,
+) -> Result<Generation, SamplerError<M::Error>> {
+    let mut sampler = Sampler::new(canvas_length, vocab_size)?;
+    sampler.run(&mut Resident(model), prompt, cfg, rng, hooks)
+}
+
+/// How a generation reaches its model: encode, and one whole step (forward + per-row work + the
+/// sampler's decisions).
+trait StepDriver {
+    type Error: std::error::Error + Send + Sync + 'static;
+    fn encode(&mut self, ids: &[u32]) -> Result<(), Self::Error>;
+    fn step<R: RandomSource + ?Sized>(
+        &mut self,
+        sampler: &mut Sampler,
+        cfg: &GenerationConfig,
+        remaining: usize,
+        rng: &mut R,
+        block: usize,
+        step: usize,
+    ) -> Result<StepOutcome, SamplerError<Self::Error>>;
+}
+
+/// The logits come to the sampler ([`DenoiseModel`]).
+struct HostLogits<'m, M: ?Sized>(&'m mut M);
+
+impl<M: DenoiseModel + ?Sized> StepDriver for HostLogits<'_, M> {
+    type Error = M::Error;
+    fn encode(&mut self, ids: &[u32]) -> Result<(), M::Error> {
+        self.0.encode(ids)
+    }
+    fn step<R: RandomSource + ?Sized>(
+        &mut self,
+        sampler: &mut Sampler,
+        cfg: &GenerationConfig,
+        remaining: usize,
+        rng: &mut R,
+        block: usize,
+        step: usize,
+    ) -> Result<StepOutcome, SamplerError<M::Error>> {
+        let (canvas, sc, logits) = sampler.forward_buffers();
+        self.0
+            .canvas_forward(canvas, sc, logits)
+            .map_err(|source| SamplerError::Model {
+                block,
+                call: ModelCall::CanvasForward { step },
+                source,
+            })?;
+        sampler
+            .step(cfg, remaining, rng, block)
+            .map_err(SamplerError::with_model_error)
+    }
+}
+
+/// The per-row work runs in the model ([`ResidentModel`]).
+struct Resident<'m, M: ?Sized>(&'m mut M);
+
+impl<M: ResidentModel + ?Sized> StepDriver for Resident<'_, M> {
+    type Error = M::Error;
+    fn encode(&mut self, ids: &[u32]) -> Result<(), M::Error> {
+        self.0.encode(ids)
+    }
+    fn step<R: RandomSource + ?Sized>(
+        &mut self,
+        sampler: &mut Sampler,
+        cfg: &GenerationConfig,
+        remaining: usize,
+        rng: &mut R,
+        block: usize,
+        step: usize,
+    ) -> Result<StepOutcome, SamplerError<M::Error>> {
+        sampler.step_resident(self.0, cfg, remaining, rng, block, step)
+    }
+}
+
 impl Sampler {
     /// `generate` on this sampler's buffers (reusable across calls with the same C and V).
     pub fn generate<M: DenoiseModel + ?Sized, R: RandomSource + ?Sized, H: Hooks + ?Sized>(
@@ -189,6 +279,29 @@ impl Sampler {
         rng: &mut R,
         hooks: &mut H,
     ) -> Result<Generation, SamplerError<M::Error>> {
+        self.run(&mut HostLogits(model), prompt, cfg, rng, hooks)
+    }
+
+    /// [`generate_resident`] on this sampler's buffers.
+    pub fn generate_resident<M: ResidentModel + ?Sized, R: RandomSource + ?Sized, H: Hooks + ?Sized>(
+        &mut self,
+        model: &mut M,
+        prompt: &[u32],
+        cfg: &GenerationConfig,
+        rng: &mut R,
+        hooks: &mut H,
+    ) -> Result<Generation, SamplerError<M::Error>> {
+        self.run(&mut Resident(model), prompt, cfg, rng, hooks)
+    }
+
+    fn run<D: StepDriver, R: RandomSource + ?Sized, H: Hooks + ?Sized>(
+        &mut self,
+        model: &mut D,
+        prompt: &[u32],
+        cfg: &GenerationConfig,
+        rng: &mut R,
+        hooks: &mut H,
+    ) -> Result<Generation, SamplerError<D::Error>> {
         let (c, v) = (self.canvas_length(), self.vocab_size());
         if prompt.is_empty() {
             return Err(InputError::EmptyPrompt.into());
@@ -222,17 +335,7 @@ impl Sampler {
                 let step = n - remaining;
                 decoder_passes += 1;
                 steps += 1;
-                let (canvas, sc, logits) = self.forward_buffers();
-                model
-                    .canvas_forward(canvas, sc, logits)
-                    .map_err(|source| SamplerError::Model {
-                        block,
-                        call: ModelCall::CanvasForward { step },
-                        source,
-                    })?;
-                let outcome = self
-                    .step(cfg, remaining, rng, block)
-                    .map_err(SamplerError::with_model_error)?;
+                let outcome = model.step(self, cfg, remaining, rng, block, step)?;
                 hooks.on_step(&self.step_info(block, step, remaining, &outcome));
                 if outcome.finished {
                     break;

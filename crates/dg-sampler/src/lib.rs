@@ -5,7 +5,8 @@
 //! softmax/entropy/argmax of a step ([`rows`]), `EntropyBoundSampler` ([`accept`]),
 //! `StableAndConfidentStoppingCriteria` ([`stopping`]) and `_finalize_canvas` ([`finalize`]).
 //!
-//! The model is behind [`DenoiseModel`] (encode into the KV cache; one canvas forward) and randomness
+//! The model is behind [`DenoiseModel`] (encode into the KV cache; one canvas forward) or
+//! [`ResidentModel`] (the forward and the per-row work of a step run where the logits live) and randomness
 //! behind [`RandomSource`]: [`SeededRng`] for users, [`Replay`] for draws recorded from a reference run.
 //! Given the same draws and the same logits, the output tokens equal the reference's: the draw order,
 //! temperature (`raw / T` in f32), argmax, acceptance arithmetic, renoising, stopping and EOS handling
@@ -25,6 +26,7 @@ mod error;
 pub mod finalize;
 mod generate;
 mod replay;
+mod resident;
 mod rng;
 pub mod rows;
 mod sampler;
@@ -33,10 +35,12 @@ pub mod stopping;
 pub use error::{DrawError, InputError, ModelCall, SamplerError};
 pub use finalize::CanvasEnd;
 pub use generate::{
-    DenoiseModel, Generation, Hooks, NoHooks, StepInfo, StopReason, generate, validate_config,
+    DenoiseModel, Generation, Hooks, NoHooks, StepInfo, StopReason, generate, generate_resident,
+    validate_config,
 };
 pub use replay::Replay;
-pub use rng::{DrawKind, RandomSource, SeededRng};
+pub use resident::{HostRows, HostRowsError, ResidentModel, RowResult};
+pub use rng::{CategoricalRequest, DrawKind, RandomSource, SeededRng};
 pub use rows::{RowDistributions, RowStat};
 pub use sampler::{Sampler, StepOutcome};
 pub use stopping::StopDecision;

@@ -7,7 +7,7 @@
 //! and fails loudly as soon as the sampler asks for something the recording does not hold.
 
 use crate::error::DrawError;
-use crate::rng::{DrawKind, RandomSource};
+use crate::rng::{CategoricalRequest, DrawKind, RandomSource};
 use crate::rows::RowDistributions;
 
 /// A recorded sequence of draws, consumed in order.
@@ -63,6 +63,18 @@ impl Replay {
         vocab_size: usize,
         out: &mut [u32],
     ) -> Result<(), DrawError> {
+        let ids = self.take_ref(expected, vocab_size, out.len())?;
+        out.copy_from_slice(ids);
+        Ok(())
+    }
+
+    /// The next draw, which must be of kind `expected` with `len` ids below `vocab_size`.
+    fn take_ref(
+        &mut self,
+        expected: DrawKind,
+        vocab_size: usize,
+        len: usize,
+    ) -> Result<&[u32], DrawError> {
         let index = self.next;
         let (recorded, ids) = self
             .draws
@@ -75,11 +87,11 @@ impl Replay {
                 recorded: *recorded,
             });
         }
-        if ids.len() != out.len() {
+        if ids.len() != len {
             return Err(DrawError::LengthMismatch {
                 index,
                 kind: expected,
-                expected: out.len(),
+                expected: len,
                 recorded: ids.len(),
             });
         }
@@ -92,9 +104,8 @@ impl Replay {
                 vocab_size,
             });
         }
-        out.copy_from_slice(ids);
         self.next += 1;
-        Ok(())
+        Ok(ids)
     }
 }
 
@@ -110,6 +121,11 @@ impl RandomSource for Replay {
         out: &mut [u32],
     ) -> Result<(), DrawError> {
         self.take(DrawKind::Categorical, dists.vocab_size(), out)
+    }
+
+    /// The recorded ids, as they are (checked against `vocab_size`).
+    fn categorical_request(&mut self, rows: usize, vocab_size: usize) -> Result<CategoricalRequest<'_>, DrawError> {
+        self.take_ref(DrawKind::Categorical, vocab_size, rows).map(CategoricalRequest::Ids)
     }
 
     fn finish(&mut self) -> Result<(), DrawError> {

@@ -66,6 +66,11 @@ pub trait RandomSource {
         out: &mut [u32],
     ) -> Result<(), DrawError>;
 
+    /// The next categorical draw of `rows` rows over `vocab_size` ids, as inputs for a model that
+    /// samples where the probabilities live (on the GPU): consumes exactly the randomness
+    /// [`Self::categorical`] would.
+    fn categorical_request(&mut self, rows: usize, vocab_size: usize) -> Result<CategoricalRequest<'_>, DrawError>;
+
     /// Called once when a generation completes; a recording reports draws left unconsumed here.
     fn finish(&mut self) -> Result<(), DrawError> {
         Ok(())
@@ -83,9 +88,22 @@ impl<R: RandomSource + ?Sized> RandomSource for &mut R {
     ) -> Result<(), DrawError> {
         (**self).categorical(dists, out)
     }
+    fn categorical_request(&mut self, rows: usize, vocab_size: usize) -> Result<CategoricalRequest<'_>, DrawError> {
+        (**self).categorical_request(rows, vocab_size)
+    }
     fn finish(&mut self) -> Result<(), DrawError> {
         (**self).finish()
     }
+}
+
+/// The categorical draw of one step, handed to a model that samples where the logits live.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CategoricalRequest<'a> {
+    /// One uniform `u ∈ [0, 1)` per row: the sample is the first id whose cumulative probability
+    /// (in index order) exceeds `u`, as [`RowDistributions::sample`] does.
+    Uniforms(&'a [f64]),
+    /// The sampled ids themselves (a recorded draw).
+    Ids(&'a [u32]),
 }
 
 /// SplitMix64 step (Steele, Lea, Flood 2014): used only to expand a seed into xoshiro state.
@@ -145,6 +163,15 @@ impl SeededRng {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
+    /// The per-row uniforms of one categorical draw, in row order.
+    fn fill_uniforms(&mut self, rows: usize) {
+        self.uniforms.clear();
+        for _ in 0..rows {
+            let u = self.next_f64();
+            self.uniforms.push(u);
+        }
+    }
+
     /// A uniform integer in `[0, n)` (`n ≥ 1`), without modulo bias.
     pub fn below(&mut self, n: u32) -> u32 {
         assert!(n > 0, "SeededRng::below needs n >= 1");
@@ -180,15 +207,16 @@ impl RandomSource for SeededRng {
                 got: out.len(),
             });
         }
-        self.uniforms.clear();
-        for _ in 0..out.len() {
-            let u = self.next_f64();
-            self.uniforms.push(u);
-        }
+        self.fill_uniforms(out.len());
         out.par_iter_mut()
             .zip(self.uniforms.par_iter())
             .enumerate()
             .for_each(|(row, (o, &u))| *o = dists.sample(row, u));
         Ok(())
+    }
+
+    fn categorical_request(&mut self, rows: usize, _vocab_size: usize) -> Result<CategoricalRequest<'_>, DrawError> {
+        self.fill_uniforms(rows);
+        Ok(CategoricalRequest::Uniforms(&self.uniforms))
     }
 }

@@ -12,14 +12,19 @@
 //! a categorical draw per row, argmax, entropies, entropy-bound acceptance, a uniform draw for the
 //! renoise candidates (every step, the last one included), renoising, then the stopping criteria. The
 //! scaled logits then swap places with the self-conditioning buffer.
+//!
+//! [`Sampler::step_resident`] is the same step for a model that keeps the logits where it computes
+//! them (a GPU): the temperature, softmax, entropy, argmax and categorical sample run in the model,
+//! and only the per-row results come back.
 
 use std::convert::Infallible;
 
 use dg_model::GenerationConfig;
 
 use crate::accept::{entropy_bound_accept, renoise};
-use crate::error::{InputError, SamplerError};
-use crate::rng::RandomSource;
+use crate::error::{InputError, ModelCall, SamplerError};
+use crate::resident::{ResidentModel, RowResult};
+use crate::rng::{CategoricalRequest, RandomSource};
 use crate::rows::{RowDistributions, RowStat, process_rows};
 use crate::stopping::{self, StabilityTracker, StopDecision};
 
@@ -37,15 +42,31 @@ pub struct StepOutcome {
     pub finished: bool,
 }
 
+/// Where the self-conditioning input of the next forward lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScLocation {
+    /// A block's first step: none.
+    None,
+    /// In the sampler's self-conditioning buffer (host-logits steps).
+    Host,
+    /// In the model (resident steps).
+    Model,
+}
+
 /// Per-step buffers and block state for canvas length C and vocabulary size V.
 pub struct Sampler {
     canvas_length: usize,
     vocab_size: usize,
-    /// Raw logits of the current forward; scaled in place by the step.
+    /// C·V: the length of the two host logits buffers.
+    host_len: usize,
+    /// Raw logits of the current forward; scaled in place by the step. Allocated on first use.
     logits: Vec<f32>,
     /// Scaled logits of the previous step of this block (self-conditioning input).
     self_conditioning: Vec<f32>,
-    has_self_conditioning: bool,
+    /// Where the previous step's scaled logits (the next self-conditioning input) are.
+    self_conditioning_at: ScLocation,
+    /// Per-row results of a resident model's step.
+    rows: Vec<RowResult>,
     stats: Vec<RowStat>,
     entropy: Vec<f32>,
     argmax: Vec<u32>,
@@ -62,7 +83,7 @@ impl std::fmt::Debug for Sampler {
         f.debug_struct("Sampler")
             .field("canvas_length", &self.canvas_length)
             .field("vocab_size", &self.vocab_size)
-            .field("has_self_conditioning", &self.has_self_conditioning)
+            .field("self_conditioning_at", &self.self_conditioning_at)
             .finish_non_exhaustive()
     }
 }
@@ -85,7 +106,9 @@ pub(crate) fn check_ids(
 }
 
 impl Sampler {
-    /// Allocates the buffers: two of C·V f32 (logits, self-conditioning) plus O(C).
+    /// Allocates the O(C) buffers. The two C·V f32 buffers of the host-logits path (logits,
+    /// self-conditioning) are allocated on first use, so a sampler driving a [`ResidentModel`]
+    /// never holds them.
     pub fn new(canvas_length: usize, vocab_size: usize) -> Result<Self, InputError> {
         if canvas_length == 0 || vocab_size == 0 {
             return Err(InputError::Shape(format!(
@@ -103,9 +126,11 @@ impl Sampler {
         Ok(Sampler {
             canvas_length,
             vocab_size,
-            logits: vec![0.0; n],
-            self_conditioning: vec![0.0; n],
-            has_self_conditioning: false,
+            host_len: n,
+            logits: Vec::new(),
+            self_conditioning: Vec::new(),
+            rows: vec![RowResult::default(); canvas_length],
+            self_conditioning_at: ScLocation::None,
             stats: vec![RowStat::default(); canvas_length],
             entropy: vec![0.0; canvas_length],
             argmax: vec![0; canvas_length],
@@ -116,6 +141,13 @@ impl Sampler {
             order: vec![0; canvas_length],
             stability: StabilityTracker::new(canvas_length),
         })
+    }
+
+    fn ensure_host_buffers(&mut self) {
+        if self.logits.len() != self.host_len {
+            self.logits = vec![0.0; self.host_len];
+            self.self_conditioning = vec![0.0; self.host_len];
+        }
     }
 
     pub fn canvas_length(&self) -> usize {
@@ -134,7 +166,7 @@ impl Sampler {
     ) -> Result<(), SamplerError> {
         rng.uniform_tokens(self.vocab_size, &mut self.canvas)?;
         check_ids("uniform draw", &self.canvas, self.vocab_size)?;
-        self.has_self_conditioning = false;
+        self.self_conditioning_at = ScLocation::None;
         self.stability.reset();
         Ok(())
     }
@@ -156,19 +188,21 @@ impl Sampler {
     /// The inputs and output of the next canvas forward: the canvas, the self-conditioning logits
     /// (`None` on a block's first step) and the buffer the raw logits go to.
     pub fn forward_buffers(&mut self) -> (&[u32], Option<&[f32]>, &mut [f32]) {
-        let sc = self
-            .has_self_conditioning
-            .then_some(&self.self_conditioning[..]);
+        self.ensure_host_buffers();
+        assert_ne!(self.self_conditioning_at, ScLocation::Model, "host and resident steps mixed in one block");
+        let sc = (self.self_conditioning_at == ScLocation::Host).then_some(&self.self_conditioning[..]);
         (&self.canvas, sc, &mut self.logits)
     }
 
     /// The buffer the next step reads its raw logits from (C·V, row-major).
     pub fn logits_mut(&mut self) -> &mut [f32] {
+        self.ensure_host_buffers();
         &mut self.logits
     }
 
     /// Copies raw logits computed elsewhere into the logits buffer.
     pub fn load_logits(&mut self, logits: &[f32]) -> Result<(), InputError> {
+        self.ensure_host_buffers();
         if logits.len() != self.logits.len() {
             return Err(InputError::LogitsLength {
                 got: logits.len(),
@@ -209,13 +243,14 @@ impl Sampler {
     /// The per-row softmax distributions of the last step (after it, the scaled logits live in the
     /// self-conditioning buffer).
     pub fn distributions(&self) -> Option<RowDistributions<'_>> {
-        self.has_self_conditioning
+        (self.self_conditioning_at == ScLocation::Host)
             .then(|| RowDistributions::new(&self.self_conditioning, &self.stats, self.vocab_size))
     }
 
-    /// Scaled logits of the last step: the next forward's self-conditioning input.
+    /// Scaled logits of the last step: the next forward's self-conditioning input (`None` after a
+    /// resident step: they stay in the model).
     pub fn self_conditioning(&self) -> Option<&[f32]> {
-        self.has_self_conditioning
+        (self.self_conditioning_at == ScLocation::Host)
             .then_some(&self.self_conditioning[..])
     }
 
@@ -228,6 +263,7 @@ impl Sampler {
         rng: &mut R,
         block: usize,
     ) -> Result<StepOutcome, SamplerError> {
+        self.ensure_host_buffers();
         let v = self.vocab_size;
         let temperature = cfg.temperature_at(remaining);
         process_rows(&mut self.logits, v, temperature, &mut self.stats).map_err(|nf| {
@@ -251,6 +287,63 @@ impl Sampler {
         let dists = RowDistributions::new(&self.logits, &self.stats, v);
         rng.categorical(&dists, &mut self.sampled)?;
         check_ids("categorical draw", &self.sampled, v)?;
+        let outcome = self.finish_step(cfg, temperature, rng)?;
+        std::mem::swap(&mut self.logits, &mut self.self_conditioning);
+        self.self_conditioning_at = ScLocation::Host;
+        Ok(outcome)
+    }
+
+    /// One step whose canvas forward and per-row work run in `model`, where the logits stay (see
+    /// [`ResidentModel`]): the categorical draw's inputs go to the model, the per-row entropy,
+    /// argmax and sample come back, and acceptance, renoising and stopping run here as in
+    /// [`Self::step`]. `step` (0-based) and `block` label errors.
+    pub fn step_resident<M: ResidentModel + ?Sized, R: RandomSource + ?Sized>(
+        &mut self,
+        model: &mut M,
+        cfg: &GenerationConfig,
+        remaining: usize,
+        rng: &mut R,
+        block: usize,
+        step: usize,
+    ) -> Result<StepOutcome, SamplerError<M::Error>> {
+        let (c, v) = (self.canvas_length, self.vocab_size);
+        assert_ne!(self.self_conditioning_at, ScLocation::Host, "host and resident steps mixed in one block");
+        let temperature = cfg.temperature_at(remaining);
+        let request = rng.categorical_request(c, v)?;
+        if let CategoricalRequest::Ids(ids) = request {
+            check_ids("categorical draw", ids, v)?;
+        }
+        model
+            .denoise_rows(&self.canvas, self.self_conditioning_at == ScLocation::Model, temperature, request, &mut self.rows)
+            .map_err(|source| SamplerError::Model {
+                block,
+                call: ModelCall::CanvasForward { step },
+                source,
+            })?;
+        for (row, r) in self.rows.iter().enumerate() {
+            if let Some((column, value)) = r.non_finite {
+                return Err(InputError::NonFiniteLogit { block, step, row, column, value, temperature }.into());
+            }
+            (self.entropy[row], self.argmax[row], self.sampled[row]) = (r.entropy, r.argmax, r.sampled);
+        }
+        check_ids("argmax", &self.argmax, v)?;
+        check_ids("categorical draw", &self.sampled, v)?;
+        let outcome = self
+            .finish_step(cfg, temperature, rng)
+            .map_err(SamplerError::with_model_error)?;
+        self.self_conditioning_at = ScLocation::Model;
+        Ok(outcome)
+    }
+
+    /// The rest of a step once the per-row entropy, argmax and sample are known: entropy-bound
+    /// acceptance, the renoise draw, renoising and the stopping criteria.
+    fn finish_step<R: RandomSource + ?Sized>(
+        &mut self,
+        cfg: &GenerationConfig,
+        temperature: f32,
+        rng: &mut R,
+    ) -> Result<StepOutcome, SamplerError> {
+        let v = self.vocab_size;
         let num_accepted = entropy_bound_accept(
             &self.entropy,
             cfg.entropy_bound,
@@ -265,8 +358,6 @@ impl Sampler {
             .stopping
             .as_ref()
             .map(|s| stopping::evaluate(&mut self.stability, s, &self.argmax, mean_entropy));
-        std::mem::swap(&mut self.logits, &mut self.self_conditioning);
-        self.has_self_conditioning = true;
         Ok(StepOutcome {
             temperature,
             num_accepted,
