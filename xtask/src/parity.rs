@@ -88,6 +88,14 @@ fn check_dir(dir: &Path, choice: BackendChoice) -> Result<Vec<(&'static str, Che
                 results.push(r.map_err(|e| anyhow::anyhow!("layer check: {e}"))?);
             }
         }
+        if reference.has("prompt_ids") {
+            let prompt = reference.ids("prompt_ids")?;
+            let block2 = if reference.has("block2_ids") { Some(reference.ids("block2_ids")?) } else { None };
+            let blocks: Vec<&[u32]> = std::iter::once(&prompt[..]).chain(block2.as_deref()).collect();
+            if let Some(r) = backend.cache_check(&blocks) {
+                results.push(r.map_err(|e| anyhow::anyhow!("cache check: {e}"))?);
+            }
+        }
         results.extend(generate_check(&reference, backend.as_mut(), &model_dir.config, &gen_cfg)?);
         if results.is_empty() {
             bail!("{} holds no check this tool knows", dir.display());

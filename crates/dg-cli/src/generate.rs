@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dg_cpu::CpuModel;
-use dg_gpu::HybridModel;
+use dg_gpu::GpuModel;
 use dg_model::{GenerationConfig, ModelDir, RawGenerationConfig};
-use dg_sampler::{DenoiseModel, Generation, SeededRng};
+use dg_sampler::{Generation, SeededRng};
 
 use crate::args::GenerateArgs;
 use crate::backend::{self, Backend};
@@ -72,12 +72,20 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let (generation, mut timings) = match choice.backend {
         Backend::Cpu => {
             let cpu = CpuModel::new(config.clone(), weights);
-            sample(cpu, load_start.elapsed(), &prompt.ids, &settings, &model, args.seed, &mut progress)?
+            let load = load_start.elapsed();
+            sample(cpu, load, args.seed, |m, rng| {
+                dg_sampler::generate(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
+            })?
         }
         Backend::Gpu(ctx) => {
-            let gpu =
-                HybridModel::new(*ctx, config, weights, positions).context("cannot upload the model to the GPU")?;
-            sample(gpu, load_start.elapsed(), &prompt.ids, &settings, &model, args.seed, &mut progress)?
+            // Encoder, canvas forward and the sampler's per-row work on the GPU; the weights' host
+            // copy is dropped once uploaded.
+            let gpu = GpuModel::new(*ctx, config, &weights, positions).context("cannot upload the model to the GPU")?;
+            drop(weights);
+            let load = load_start.elapsed();
+            sample(gpu, load, args.seed, |m, rng| {
+                dg_sampler::generate_resident(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
+            })?
         }
     };
     timings.total = started.elapsed();
@@ -139,25 +147,21 @@ fn check_positions(prompt_len: usize, canvases: usize, canvas: usize, max: usize
     Ok(())
 }
 
-/// Runs the sampler on `model` with a seeded random source; returns the generation and its timings.
-fn sample<M>(
+/// Runs `generate` (host or resident) on `model` with a seeded random source; returns the
+/// generation and its timings.
+fn sample<M, E>(
     model: M,
     load: Duration,
-    prompt: &[u32],
-    settings: &GenerationConfig,
-    dir: &ModelDir,
     seed: u64,
-    progress: &mut Progress<'_>,
+    generate: impl FnOnce(&mut Timed<M>, &mut SeededRng) -> Result<Generation, E>,
 ) -> Result<(Generation, Timings)>
 where
-    M: DenoiseModel,
+    E: std::error::Error + Send + Sync + 'static,
 {
     let mut timed = Timed::new(model);
     let mut rng = SeededRng::new(seed);
-    let (c, v) = (dir.config.canvas_length, dir.config.text.vocab_size);
     let start = Instant::now();
-    let generation =
-        dg_sampler::generate(&mut timed, prompt, settings, c, v, &mut rng, progress).context("generation failed")?;
+    let generation = generate(&mut timed, &mut rng).context("generation failed")?;
     let timings = Timings {
         load,
         prefill: timed.prefill,

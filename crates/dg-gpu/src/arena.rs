@@ -3,10 +3,14 @@
 
 use dg_model::{ModelConfig, TextConfig};
 
+use dg_kernels::sample_rows::RESULT_WORDS;
+
 use crate::context::GpuContext;
 use crate::error::GpuError;
 
-/// Per-layer cached K/V of the context (what the encoder wrote), `[tokens, kv_heads, head_dim]`.
+/// Per-layer cached K/V of the context (what the encoder wrote), `[max_context, kv_heads, head_dim]`.
+/// The GPU encoder writes token `p` at row `p` (sliding layers too: the decoder reads their last
+/// W−1 rows); a context uploaded from the host starts at row 0.
 #[derive(Debug)]
 pub struct CacheBuffers {
     pub keys: wgpu::Buffer,
@@ -69,6 +73,14 @@ pub struct Arena {
     pub cache: Vec<CacheBuffers>,
     /// Host-visible staging for the logits readback.
     pub staging: wgpu::Buffer,
+    /// The sampler step's inputs: one `dg_kernels::sample_rows::SampleStep`.
+    pub sample_step: wgpu::Buffer,
+    /// Per-row uniforms (f32 bits) or given ids of the step's categorical draw, u32 `[C]`.
+    pub draws: wgpu::Buffer,
+    /// Per-row results of the step (entropy, argmax, sampled, non-finite column), u32 `[C, 4]`.
+    pub row_results: wgpu::Buffer,
+    /// Host-visible staging for `row_results`.
+    pub row_staging: wgpu::Buffer,
     /// A 4-byte buffer bound where a kernel ignores a binding.
     pub dummy: wgpu::Buffer,
 }
@@ -136,6 +148,10 @@ impl Arena {
             rope_full: rope("full", half(dg_model::LayerKind::Full))?,
             cache,
             staging: ctx.buffer("logits staging", (c * v * 4) as u64, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?,
+            sample_step: ctx.storage_buffer("sample step", size_of::<dg_kernels::sample_rows::SampleStep>() as u64)?,
+            draws: f("draws", c)?,
+            row_results: f("row results", c * RESULT_WORDS)?,
+            row_staging: ctx.buffer("row results staging", (c * RESULT_WORDS * 4) as u64, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?,
             dummy: f("dummy", 1)?,
         })
     }

@@ -32,6 +32,8 @@ pub struct Counters {
     buffers: AtomicU64,
     bind_groups: AtomicU64,
     pipelines: AtomicU64,
+    /// Bytes copied from the device to the host through mapped staging buffers.
+    read_back: AtomicU64,
 }
 
 impl Counters {
@@ -42,6 +44,11 @@ impl Counters {
             bind_groups: self.bind_groups.load(Ordering::Relaxed),
             pipelines: self.pipelines.load(Ordering::Relaxed),
         }
+    }
+
+    /// Bytes read back from the device so far (every mapped readback counts).
+    pub fn bytes_read_back(&self) -> u64 {
+        self.read_back.load(Ordering::Relaxed)
     }
 }
 
@@ -214,6 +221,7 @@ pub(crate) fn map_read_with<R>(
         read(&view)
     };
     staging.unmap();
+    ctx.counters.read_back.fetch_add(bytes, Ordering::Relaxed);
     Ok(result)
 }
 

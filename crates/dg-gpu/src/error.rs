@@ -20,4 +20,16 @@ pub enum GpuError {
     Validation { context: String, message: String },
     #[error("reading back from the GPU: {0}")]
     Readback(String),
+    #[error("token id {id} at position {index} of the {what} is out of range (vocab_size {vocab})")]
+    TokenOutOfRange { what: &'static str, id: u32, index: usize, vocab: usize },
+    #[error(
+        "sequence of {len} tokens exceeds {limit_name} {max}{hint}"
+    )]
+    TooLong { len: usize, max: usize, limit_name: &'static str, hint: &'static str },
+    #[error("{what}: got {got} values, expected {expected}")]
+    Length { what: &'static str, got: usize, expected: usize },
+    #[error("nothing to encode: empty token list")]
+    Empty,
+    #[error("no context: encode a prompt (or set a context) before the first canvas forward")]
+    NoContext,
 }

@@ -3,13 +3,17 @@
 //! replayed every denoising step.
 //!
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
-//! norm → q/k/v GEMMs → q/k norms + RoPE, v norm → attention over [cache | canvas] as two score
+//! norm → q/k/v GEMMs → q/k norms fused with RoPE, v norm → attention over [cache | canvas] as two score
 //! GEMMs, a row softmax and two value GEMMs → o_proj → fused post-attention norm + residual →
 //! dense MLP ‖ router + experts → fused post-FF norm + residual + layer scalar.
+//!
+//! The encoder (`DiffusionGemmaEncoderModel`: prompt prefill and the commit of a finished canvas) is
+//! the same layer with [`LayerPass::Encode`]: the new tokens' K/V are appended to the GPU-resident
+//! cache, attention is causal (windowed in sliding layers), and the encoder's layer scalar applies.
 
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::grouped_gemm::GroupedGemmParams;
-use dg_kernels::softmax::SoftmaxParams;
+use dg_kernels::softmax::{self, SoftmaxParams};
 use dg_model::{LayerKind, ModelConfig};
 
 use crate::arena::Arena;
@@ -17,12 +21,32 @@ use crate::error::GpuError;
 use crate::ops::{Recorder, linear_params};
 use crate::weights::GpuWeights;
 
+/// The cached keys one decoder layer attends to: cache rows `start..start + len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Visible {
+    pub start: usize,
+    pub len: usize,
+}
+
 /// What varies between blocks: cached tokens visible to each layer, and whether this plan feeds
 /// self-conditioning logits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwardShape {
-    pub visible: Vec<usize>,
+    pub visible: Vec<Visible>,
     pub self_conditioning: bool,
+}
+
+/// What one recorded layer computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerPass {
+    /// Decoder over the canvas: bidirectional attention over the visible cache rows, then the
+    /// canvas itself (`DiffusionGemmaDecoderModel`; the decoder never writes the cache).
+    Decode(Visible),
+    /// Encoder over `tokens` new tokens at absolute positions `start..` (`DiffusionGemmaEncoderModel`):
+    /// their K/V are appended to the cache at row `start` (cache row = position), then causal (and,
+    /// in sliding layers, windowed) attention over the cache rows that can be visible. `kv_only`:
+    /// the last layer, whose output generation never uses (spec §4).
+    Encode { start: usize, tokens: usize, kv_only: bool },
 }
 
 /// Records one canvas forward: ids in `arena.ids` (and probabilities' source logits in
@@ -70,7 +94,7 @@ pub fn record_canvas_forward<'a>(
 
     for (i, visible) in shape.visible.iter().enumerate() {
         rec.scope(format!("layer{i}"));
-        record_layer(rec, config, w, a, i, *visible)?;
+        record_layer(rec, config, w, a, i, LayerPass::Decode(*visible))?;
     }
 
     // logits = softcap(norm(h)·Eᵀ)
@@ -87,12 +111,34 @@ pub fn record_canvas_forward<'a>(
     Ok(())
 }
 
-/// Records decoder layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).
-pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, visible: usize) -> Result<(), GpuError> {
+/// Records one encoder chunk: `ids` in `arena.ids` (the first `tokens`), RoPE tables of positions
+/// `start..start + tokens` → every layer's K/V appended to the cache at row `start`.
+pub fn record_encoder_chunk<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, start: usize, tokens: usize) -> Result<(), GpuError> {
+    let cfg = &config.text;
+    // h0 = E[ids]·√H (no self-conditioning, no post-norm in the encoder).
+    rec.scope("encoder input");
+    for chunk in &w.embed {
+        rec.embed(&a.ids, &chunk.buffer, &a.hidden, tokens, cfg.hidden_size, chunk.start, chunk.rows, cfg.embed_scale())?;
+    }
+    let last = cfg.num_layers() - 1;
+    for i in 0..=last {
+        rec.scope(format!("encoder layer{i}"));
+        record_layer(rec, config, w, a, i, LayerPass::Encode { start, tokens, kv_only: i == last })?;
+    }
+    Ok(())
+}
+
+/// Records layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).
+pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, pass: LayerPass) -> Result<(), GpuError> {
     let cfg = &config.text;
     let spec = &cfg.layers[i];
     let l = &w.layers[i];
-    let (c, h, eps) = (config.canvas_length, cfg.hidden_size, cfg.rms_norm_eps);
+    // c: the rows this pass computes (the canvas, or the encoder chunk's tokens).
+    let c = match pass {
+        LayerPass::Decode(_) => config.canvas_length,
+        LayerPass::Encode { tokens, .. } => tokens,
+    };
+    let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
     let (heads, d, kv) = (cfg.num_attention_heads, spec.head_dim, spec.num_kv_heads);
     let group = heads / kv;
     let (cos, sin) = match spec.kind {
@@ -101,10 +147,12 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     };
 
     // Attention inputs.
+    let kv_only = matches!(pass, LayerPass::Encode { kv_only: true, .. });
     rec.rmsnorm(&a.hidden, Some(&l.norms.input), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
-    rec.linear(&a.normed, &l.q_proj, &a.q_raw, c, heads * d, h)?;
-    rec.rmsnorm(&a.q_raw, Some(&l.q_norm), &a.dummy, &a.q, c * heads, d, eps, false, 1.0)?;
-    rec.rope(&a.q, cos, sin, c, heads, d / 2)?;
+    if !kv_only {
+        rec.linear(&a.normed, &l.q_proj, &a.q_raw, c, heads * d, h)?;
+        rec.norm_rope(&a.q_raw, &l.q_norm, cos, sin, &a.q, c, heads, d, eps)?;
+    }
     // Raw K (and, in sliding layers, raw V as a second batch of the same GEMM) into kv_raw:
     // [K | V], each [C, kv·d]. Full layers: V is the raw K projection itself.
     let halves = if l.has_v_proj { 2 } else { 1 };
@@ -116,15 +164,35 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         ..linear_params(c, kv * d, h)
     };
     rec.gemm(&a.normed, &l.kv_proj, &a.kv_raw, kv_params)?;
-    rec.rmsnorm(&a.kv_raw, Some(&l.k_norm), &a.dummy, &a.k_new, c * kv, d, eps, false, 1.0)?;
-    rec.rope(&a.k_new, cos, sin, c, kv, d / 2)?;
+    rec.norm_rope(&a.kv_raw, &l.k_norm, cos, sin, &a.k_new, c, kv, d, eps)?;
     // v_norm (weightless) over both halves; V is the last half of v_new.
     rec.rmsnorm(&a.kv_raw, None, &a.dummy, &a.v_new, halves as usize * c * kv, d, eps, false, 1.0)?;
     let v_offset = (halves as usize - 1) * c * kv * d;
+    let cache = &a.cache[i];
+    let row = kv * d;
+    if let LayerPass::Encode { start, .. } = pass {
+        // DynamicCache.update: the new K/V rows land at their positions.
+        rec.copy(&a.k_new, &cache.keys, c * row, 0, start * row)?;
+        rec.copy(&a.v_new, &cache.values, c * row, v_offset, start * row)?;
+    }
+    if kv_only {
+        return Ok(());
+    }
 
-    // Scores [heads, C, S] over [visible cache | canvas], scaling 1.0.
-    let s = visible + c;
-    let scores = |n: usize, c_offset: usize| GemmParams {
+    // Attention, scaling 1.0. Decoder: scores [heads, C, S] over [visible cache | canvas].
+    // Encoder: scores [heads, T, S] over cache rows key_start..start+T (the new rows included),
+    // masked causally (and by the window in sliding layers).
+    let (s, key_start) = match pass {
+        LayerPass::Decode(v) => (v.len + c, v.start),
+        LayerPass::Encode { start, .. } => {
+            let key_start = match spec.kind {
+                LayerKind::Sliding => start.saturating_sub(cfg.sliding_window.saturating_sub(1)),
+                LayerKind::Full => 0,
+            };
+            (start + c - key_start, key_start)
+        }
+    };
+    let scores = |n: usize, b_offset: usize, c_offset: usize| GemmParams {
         m: c as u32,
         n: n as u32,
         k: d as u32,
@@ -136,18 +204,38 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         b_cs: (kv * d) as u32,
         b_batch: d as u32,
         b_batch_div: group as u32,
+        b_offset: b_offset as u32,
         c_offset: c_offset as u32,
         c_rs: s as u32,
         c_batch: (c * s) as u32,
         alpha: 1.0,
         ..bytemuck::Zeroable::zeroed()
     };
-    let cache = &a.cache[i];
-    if visible > 0 {
-        rec.gemm(&a.q, &cache.keys, &a.scores, scores(visible, 0))?;
+    match pass {
+        LayerPass::Decode(v) => {
+            if v.len > 0 {
+                rec.gemm(&a.q, &cache.keys, &a.scores, scores(v.len, key_start * row, 0))?;
+            }
+            rec.gemm(&a.q, &a.k_new, &a.scores, scores(c, 0, v.len))?;
+            rec.softmax(&a.scores, SoftmaxParams::plain((heads * c) as u32, s as u32))?;
+        }
+        LayerPass::Encode { start, .. } => {
+            rec.gemm(&a.q, &cache.keys, &a.scores, scores(s, key_start * row, 0))?;
+            let window = match spec.kind {
+                LayerKind::Sliding => cfg.sliding_window as u32,
+                LayerKind::Full => 0,
+            };
+            let mask = SoftmaxParams {
+                queries: c as u32,
+                mode: softmax::MODE_CAUSAL,
+                key_start: key_start as u32,
+                query_start: start as u32,
+                window,
+                ..SoftmaxParams::plain((heads * c) as u32, s as u32)
+            };
+            rec.softmax(&a.scores, mask)?;
+        }
     }
-    rec.gemm(&a.q, &a.k_new, &a.scores, scores(c, visible))?;
-    rec.softmax(&a.scores, SoftmaxParams::plain((heads * c) as u32, s as u32))?;
     let values = |k: usize, a_offset: usize, b_offset: usize, accumulate: bool| GemmParams {
         m: c as u32,
         n: d as u32,
@@ -168,10 +256,15 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         accumulate: u32::from(accumulate),
         ..bytemuck::Zeroable::zeroed()
     };
-    if visible > 0 {
-        rec.gemm(&a.scores, &cache.values, &a.attn, values(visible, 0, 0, false))?;
+    match pass {
+        LayerPass::Decode(v) => {
+            if v.len > 0 {
+                rec.gemm(&a.scores, &cache.values, &a.attn, values(v.len, 0, key_start * row, false))?;
+            }
+            rec.gemm(&a.scores, &a.v_new, &a.attn, values(c, v.len, v_offset, v.len > 0))?;
+        }
+        LayerPass::Encode { .. } => rec.gemm(&a.scores, &cache.values, &a.attn, values(s, 0, key_start * row, false))?,
     }
-    rec.gemm(&a.scores, &a.v_new, &a.attn, values(c, visible, v_offset, visible > 0))?;
     rec.linear(&a.attn, &l.o_proj, &a.proj, c, h, heads * d)?;
     // h = h + post_attention_layernorm(a)
     rec.rmsnorm(&a.proj, Some(&l.norms.post_attention), &a.dummy, &a.hidden, c, h, eps, true, 1.0)?;
@@ -211,6 +304,10 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     // dense += post_feedforward_layernorm_2(moe), fused into the norm's accumulate.
     rec.rmsnorm(&a.moe, Some(&l.norms.post_ff_2), &a.dummy, &a.dense, c, h, eps, true, 1.0)?;
     // h = (h + post_feedforward_layernorm(dense + moe)) · layer_scalar
-    rec.rmsnorm(&a.dense, Some(&l.norms.post_ff), &a.dummy, &a.hidden, c, h, eps, true, l.decoder_scalar)?;
+    let scalar = match pass {
+        LayerPass::Decode(_) => l.decoder_scalar,
+        LayerPass::Encode { .. } => l.encoder_scalar,
+    };
+    rec.rmsnorm(&a.dense, Some(&l.norms.post_ff), &a.dummy, &a.hidden, c, h, eps, true, scalar)?;
     Ok(())
 }

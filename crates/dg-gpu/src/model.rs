@@ -1,17 +1,24 @@
-//! The GPU canvas forward behind a small API: weights uploaded once, one activation arena, the
-//! dispatch plans built once per block (when the cached context changes) and replayed every step
-//! with only input writes, one submit and one readback.
+//! The GPU model behind a small API (`DiffusionGemmaForBlockDiffusion` minus the sampler): weights
+//! uploaded once, one activation arena, a GPU-resident KV cache, and dispatch plans built once per
+//! block and replayed every step with only input writes, one submit and one readback.
 //!
-//! The KV cache of the context comes from the encoder (the CPU encoder for now): each block
-//! starts with [`GpuModel::set_context`], which uploads every layer's visible K/V and the RoPE
-//! tables of the canvas positions.
+//! - [`GpuModel::encode`] runs the encoder on the GPU (prompt prefill in chunks of C tokens, and the
+//!   commit of each finished canvas), appending K/V to the cache the canvas forward reads.
+//! - [`GpuModel::denoise_rows`] ([`dg_sampler::ResidentModel`]) runs a canvas forward and the
+//!   sampler's per-row work; the logits and the self-conditioning input stay on the GPU and only
+//!   16 bytes per canvas position come back.
+//! - [`GpuModel::canvas_forward`] ([`dg_sampler::DenoiseModel`]) reads the full logits back instead
+//!   (logits-level parity, and the host sampler).
+//! - [`GpuModel::set_context`] uploads a cache computed elsewhere (benchmarks, layer parity).
 
+use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
 use dg_model::{LayerKind, ModelConfig, Weights};
+use dg_sampler::{CategoricalRequest, RowResult};
 
 use crate::arena::Arena;
 use crate::context::{Created, GpuContext, map_read_with};
 use crate::error::GpuError;
-use crate::forward::{ForwardShape, record_canvas_forward, record_layer};
+use crate::forward::{ForwardShape, LayerPass, Visible, record_canvas_forward, record_encoder_chunk, record_layer};
 use crate::ops::Recorder;
 use crate::plan::{Pipelines, Plan};
 use crate::weights::GpuWeights;
@@ -24,12 +31,12 @@ pub struct LayerContext<'a> {
 }
 
 struct BlockPlans {
-    visible: Vec<usize>,
+    visible: Vec<Visible>,
     plain: Plan,
     self_conditioned: Plan,
 }
 
-/// DiffusionGemma's canvas forward on one GPU.
+/// DiffusionGemma's encoder and canvas forward on one GPU.
 pub struct GpuModel {
     pub ctx: GpuContext,
     config: ModelConfig,
@@ -37,7 +44,14 @@ pub struct GpuModel {
     weights: GpuWeights,
     arena: Arena,
     plans: Option<BlockPlans>,
+    /// The sampler's per-row work (`sample_rows`), appended to a forward in resident steps.
+    sample_plan: Plan,
+    /// Tokens in the cache (the next position).
     seq_len: usize,
+    /// The canvas positions' RoPE tables and the plans match the cache.
+    context_ready: bool,
+    /// u32 staging of the per-step draw inputs.
+    draw_words: Vec<u32>,
 }
 
 impl std::fmt::Debug for GpuModel {
@@ -46,12 +60,41 @@ impl std::fmt::Debug for GpuModel {
     }
 }
 
+/// `u` as the f32 the GPU compares against, kept below 1 (an f64 just under 1 rounds to 1.0).
+fn uniform_f32(u: f64) -> f32 {
+    (u as f32).min(1.0 - f32::EPSILON / 2.0)
+}
+
 impl GpuModel {
-    /// Uploads the weights and allocates the arena for contexts of up to `max_context` tokens.
+    /// Uploads the weights and allocates the arena and cache for sequences of up to `max_context`
+    /// tokens (prompt plus every committed canvas).
     pub fn new(ctx: GpuContext, config: &ModelConfig, weights: &Weights, max_context: usize) -> Result<Self, GpuError> {
         let gpu_weights = GpuWeights::upload(&ctx, &config.text, weights)?;
         let arena = Arena::new(&ctx, config, max_context)?;
-        Ok(GpuModel { ctx, config: config.clone(), pipelines: Pipelines::default(), weights: gpu_weights, arena, plans: None, seq_len: 0 })
+        let mut pipelines = Pipelines::default();
+        let sample_plan = {
+            let mut rec = Recorder::new(&ctx, &mut pipelines);
+            rec.scope("sampler rows");
+            let a = &arena;
+            rec.sample_rows(&a.logits, &a.sc_probs, &a.sample_step, &a.draws, &a.row_results, config.canvas_length, config.text.vocab_size)?;
+            rec.finish()?
+        };
+        Ok(GpuModel {
+            ctx,
+            config: config.clone(),
+            pipelines,
+            weights: gpu_weights,
+            arena,
+            plans: None,
+            sample_plan,
+            seq_len: 0,
+            context_ready: false,
+            draw_words: vec![0; config.canvas_length],
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
     }
 
     /// Bytes of weights on the device.
@@ -64,12 +107,126 @@ impl GpuModel {
         self.ctx.created()
     }
 
-    /// Sets the cached context for the next canvases: `seq_len` tokens encoded so far, and per
-    /// layer the K/V the decoder sees (sliding layers: the last W−1). Rebuilds the plans only when
-    /// the visible lengths change.
+    /// Tokens in the cache.
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
+    /// The longest sequence the cache holds.
+    pub fn max_context(&self) -> usize {
+        self.arena.max_context
+    }
+
+    /// Forgets every cached token.
+    pub fn reset(&mut self) {
+        self.seq_len = 0;
+        self.context_ready = false;
+    }
+
+    /// Encodes `ids` causally at the next positions on the GPU, appending every layer's K/V to the
+    /// cache (spec §4): in chunks of at most C tokens, each one submit. Image placeholders become pad.
+    pub fn encode(&mut self, ids: &[u32]) -> Result<(), GpuError> {
+        let cfg = &self.config.text;
+        if ids.is_empty() {
+            return Err(GpuError::Empty);
+        }
+        if let Some((index, &id)) = ids.iter().enumerate().find(|&(_, &id)| id as usize >= cfg.vocab_size) {
+            return Err(GpuError::TokenOutOfRange { what: "encoder input", id, index, vocab: cfg.vocab_size });
+        }
+        let len = self.seq_len + ids.len();
+        if len > cfg.max_position_embeddings {
+            return Err(GpuError::TooLong { len, max: cfg.max_position_embeddings, limit_name: "max_position_embeddings", hint: "" });
+        }
+        if len > self.arena.max_context {
+            return Err(GpuError::TooLong {
+                len,
+                max: self.arena.max_context,
+                limit_name: "the GPU cache's max_context",
+                hint: " (load the model with a larger context)",
+            });
+        }
+        let ids: Vec<u32> = ids
+            .iter()
+            .map(|&id| match (self.config.image_token_id, cfg.pad_token_id) {
+                (Some(img), Some(pad)) if id == img => pad,
+                _ => id,
+            })
+            .collect();
+        self.context_ready = false;
+        for chunk in ids.chunks(self.config.canvas_length) {
+            let start = self.seq_len;
+            self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(chunk));
+            self.write_rope(start, chunk.len());
+            let plan = {
+                let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
+                record_encoder_chunk(&mut rec, &self.config, &self.weights, &self.arena, start, chunk.len())?;
+                rec.finish()?
+            };
+            plan.run(&self.ctx)?;
+            self.seq_len += chunk.len();
+        }
+        Ok(())
+    }
+
+    /// Writes the RoPE tables of positions `start..start + tokens` for both layer kinds.
+    fn write_rope(&self, start: usize, tokens: usize) {
+        let cfg = &self.config.text;
+        for (kind, (cos_buf, sin_buf)) in [(LayerKind::Sliding, &self.arena.rope_sliding), (LayerKind::Full, &self.arena.rope_full)] {
+            if let Some(spec) = cfg.layers.iter().find(|l| l.kind == kind) {
+                let (cos, sin) = spec.rope.cos_sin(spec.head_dim, start, tokens);
+                self.ctx.queue.write_buffer(cos_buf, 0, bytemuck::cast_slice(&cos));
+                self.ctx.queue.write_buffer(sin_buf, 0, bytemuck::cast_slice(&sin));
+            }
+        }
+    }
+
+    /// Cache rows each decoder layer sees after the GPU encoder: every token in full layers, the
+    /// last W−1 in sliding layers (spec §5.2).
+    fn encoded_visible(&self) -> Vec<Visible> {
+        let cfg = &self.config.text;
+        cfg.layers
+            .iter()
+            .map(|l| {
+                let len = match l.kind {
+                    LayerKind::Full => self.seq_len,
+                    LayerKind::Sliding => self.seq_len.min(cfg.sliding_window.saturating_sub(1)),
+                };
+                Visible { start: self.seq_len - len, len }
+            })
+            .collect()
+    }
+
+    /// Makes the canvas forward read the cache the encoder wrote: canvas RoPE tables, and the
+    /// plans (rebuilt only when the visible rows change, i.e. once per block).
+    fn prepare_canvas(&mut self) -> Result<(), GpuError> {
+        if !self.context_ready {
+            if self.seq_len == 0 {
+                return Err(GpuError::NoContext);
+            }
+            let visible = self.encoded_visible();
+            self.prepare_block(visible)?;
+        }
+        Ok(())
+    }
+
+    fn prepare_block(&mut self, visible: Vec<Visible>) -> Result<(), GpuError> {
+        self.write_rope(self.seq_len, self.config.canvas_length);
+        if self.plans.as_ref().is_none_or(|p| p.visible != visible) {
+            let plain = self.record(&visible, false)?;
+            let self_conditioned = self.record(&visible, true)?;
+            self.plans = Some(BlockPlans { visible, plain, self_conditioned });
+        }
+        self.context_ready = true;
+        Ok(())
+    }
+
+    /// Uploads a cache computed elsewhere: `seq_len` tokens encoded so far, and per layer the K/V
+    /// the decoder sees (sliding layers: the last W−1), stored from cache row 0.
     pub fn set_context(&mut self, seq_len: usize, layers: &[LayerContext<'_>]) -> Result<(), GpuError> {
         let cfg = &self.config.text;
-        assert_eq!(layers.len(), cfg.num_layers(), "one context entry per layer");
+        if layers.len() != cfg.num_layers() {
+            return Err(GpuError::Length { what: "context layers", got: layers.len(), expected: cfg.num_layers() });
+        }
         let mut visible = Vec::with_capacity(layers.len());
         for (i, (l, spec)) in layers.iter().zip(&cfg.layers).enumerate() {
             let per_token = spec.num_kv_heads * spec.head_dim;
@@ -82,40 +239,54 @@ impl GpuModel {
                     limit_name: "max_context of the arena",
                 });
             }
+            if l.values.len() != l.keys.len() || l.keys.len() != n * per_token {
+                return Err(GpuError::Length { what: "context values", got: l.values.len(), expected: n * per_token });
+            }
             let cache = &self.arena.cache[i];
             self.ctx.queue.write_buffer(&cache.keys, 0, bytemuck::cast_slice(l.keys));
             self.ctx.queue.write_buffer(&cache.values, 0, bytemuck::cast_slice(l.values));
-            visible.push(n);
-        }
-        let c = self.config.canvas_length;
-        for (kind, (cos_buf, sin_buf)) in [(LayerKind::Sliding, &self.arena.rope_sliding), (LayerKind::Full, &self.arena.rope_full)] {
-            if let Some(spec) = cfg.layers.iter().find(|l| l.kind == kind) {
-                let (cos, sin) = spec.rope.cos_sin(spec.head_dim, seq_len, c);
-                self.ctx.queue.write_buffer(cos_buf, 0, bytemuck::cast_slice(&cos));
-                self.ctx.queue.write_buffer(sin_buf, 0, bytemuck::cast_slice(&sin));
-            }
+            visible.push(Visible { start: 0, len: n });
         }
         self.seq_len = seq_len;
-        if self.plans.as_ref().is_none_or(|p| p.visible != visible) {
-            let plain = self.record(&visible, false)?;
-            let self_conditioned = self.record(&visible, true)?;
-            self.plans = Some(BlockPlans { visible, plain, self_conditioned });
-        }
-        Ok(())
+        self.prepare_block(visible)
     }
 
-    fn record(&mut self, visible: &[usize], self_conditioning: bool) -> Result<Plan, GpuError> {
+    /// The cached K/V each decoder layer would see now, read back (cache-level parity):
+    /// `(keys, values)` per layer, `[tokens, kv_heads, head_dim]`.
+    pub fn read_visible_cache(&mut self) -> Result<Vec<(Vec<f32>, Vec<f32>)>, GpuError> {
+        self.prepare_canvas()?;
+        let visible = self.plans.as_ref().map(|p| p.visible.clone()).unwrap_or_default();
+        let cfg = &self.config.text;
+        visible
+            .iter()
+            .zip(&cfg.layers)
+            .zip(&self.arena.cache)
+            .map(|((v, spec), cache)| {
+                let row = spec.num_kv_heads * spec.head_dim;
+                Ok((self.ctx.read_f32(&cache.keys, v.start * row, v.len * row)?, self.ctx.read_f32(&cache.values, v.start * row, v.len * row)?))
+            })
+            .collect()
+    }
+
+    fn record(&mut self, visible: &[Visible], self_conditioning: bool) -> Result<Plan, GpuError> {
         let shape = ForwardShape { visible: visible.to_vec(), self_conditioning };
         let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
         record_canvas_forward(&mut rec, &self.config, &self.weights, &self.arena, &shape)?;
         rec.finish()
     }
 
+    /// The block's plans, prepared for the current cache (call after [`Self::prepare_canvas`]).
+    fn block_plans(&self) -> Result<&BlockPlans, GpuError> {
+        self.plans.as_ref().ok_or(GpuError::NoContext)
+    }
+
     /// Runs one canvas forward with a timestamp around every dispatch:
     /// `(scope, kernel, nanoseconds)` per dispatch (see [`Plan::profile`]).
     pub fn profile_step(&mut self, canvas: &[u32], self_conditioning: bool) -> Result<Vec<(String, String, f64)>, GpuError> {
-        let plans = self.plans.as_ref().expect("set_context must run before profiling");
+        self.check_canvas(canvas)?;
         self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(canvas));
+        self.prepare_canvas()?;
+        let plans = self.block_plans()?;
         let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
         plan.profile(&self.ctx)
     }
@@ -123,11 +294,12 @@ impl GpuModel {
     /// Runs decoder layer `i` alone on `hidden` (`[C, H]`, the layer's input) against the current
     /// context and returns its output: the GPU half of layer-level parity. Builds a one-off plan.
     pub fn run_layer(&mut self, i: usize, hidden: &[f32]) -> Result<Vec<f32>, GpuError> {
-        let visible = self.plans.as_ref().expect("set_context must run before run_layer").visible[i];
+        self.prepare_canvas()?;
+        let visible = self.block_plans()?.visible[i];
         self.ctx.queue.write_buffer(&self.arena.hidden, 0, bytemuck::cast_slice(hidden));
         let plan = {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
-            record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, visible)?;
+            record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(visible))?;
             rec.finish()?
         };
         plan.run(&self.ctx)?;
@@ -138,11 +310,12 @@ impl GpuModel {
     /// timestamps): records a plan of every layer once, replays it `steps` times, waits for the
     /// device each time, and returns the mean milliseconds per replay of all layers.
     pub fn time_layers(&mut self, steps: usize) -> Result<f64, GpuError> {
-        let visible = self.plans.as_ref().expect("set_context must run before time_layers").visible.clone();
+        self.prepare_canvas()?;
+        let visible = self.block_plans()?.visible.clone();
         let plan = {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
             for (i, v) in visible.iter().enumerate() {
-                record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, *v)?;
+                record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(*v))?;
             }
             rec.finish()?
         };
@@ -159,10 +332,28 @@ impl GpuModel {
         self.plans.as_ref().map_or(0, |p| p.self_conditioned.len())
     }
 
+    fn check_canvas(&self, canvas: &[u32]) -> Result<(), GpuError> {
+        let (c, v) = (self.config.canvas_length, self.config.text.vocab_size);
+        if canvas.len() != c {
+            return Err(GpuError::Length { what: "canvas ids", got: canvas.len(), expected: c });
+        }
+        if let Some((index, &id)) = canvas.iter().enumerate().find(|&(_, &id)| id as usize >= v) {
+            return Err(GpuError::TokenOutOfRange { what: "canvas", id, index, vocab: v });
+        }
+        Ok(())
+    }
+
     /// One canvas forward: writes the ids (and self-conditioning logits), replays the plan, reads
     /// the logits `[C, V]` back.
     pub fn canvas_forward(&mut self, canvas: &[u32], self_conditioning: Option<&[f32]>, logits: &mut [f32]) -> Result<(), GpuError> {
+        let n = self.config.canvas_length * self.config.text.vocab_size;
+        if logits.len() != n {
+            return Err(GpuError::Length { what: "logits buffer", got: logits.len(), expected: n });
+        }
         if let Some(sc) = self_conditioning {
+            if sc.len() != n {
+                return Err(GpuError::Length { what: "self-conditioning logits", got: sc.len(), expected: n });
+            }
             self.ctx.queue.write_buffer(&self.arena.sc_probs, 0, bytemuck::cast_slice(sc));
         }
         self.run_step(canvas, self_conditioning.is_some(), Some(logits))
@@ -171,11 +362,12 @@ impl GpuModel {
     /// One canvas forward whose self-conditioning input is whatever `sc_probs` holds on the
     /// device (benchmarks); reads the logits back only when `logits` is given.
     pub fn run_step(&mut self, canvas: &[u32], self_conditioning: bool, logits: Option<&mut [f32]>) -> Result<(), GpuError> {
-        let plans = self.plans.as_ref().expect("set_context must run before the first canvas forward");
-        assert_eq!(canvas.len(), self.config.canvas_length, "canvas length");
+        self.check_canvas(canvas)?;
         self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(canvas));
-        let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
         let bytes = (canvas.len() * self.config.text.vocab_size * 4) as u64;
+        self.prepare_canvas()?;
+        let plans = self.block_plans()?;
+        let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("canvas forward") });
         {
@@ -191,14 +383,105 @@ impl GpuModel {
         }
         match logits {
             Some(out) => {
-                map_read_with(&self.ctx, &self.arena.staging, bytes, |data| {
-                    bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(data)
-                })?;
+                map_read_with(&self.ctx, &self.arena.staging, bytes, |data| bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(data))?;
             }
             None => {
                 self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
             }
         }
         Ok(())
+    }
+
+    /// One resident denoising step: canvas forward (self-conditioned on the scaled logits the
+    /// previous call left in `sc_probs`), then `sample_rows` (scaled logits → `sc_probs`, per-row
+    /// entropy, argmax and sample) in the same pass; reads back `RESULT_WORDS` u32 per row.
+    pub fn denoise_rows(&mut self, canvas: &[u32], self_conditioning: bool, temperature: f32, draw: CategoricalRequest<'_>, rows: &mut [RowResult]) -> Result<(), GpuError> {
+        self.check_canvas(canvas)?;
+        let c = self.config.canvas_length;
+        if rows.len() != c {
+            return Err(GpuError::Length { what: "row results", got: rows.len(), expected: c });
+        }
+        let mode = match draw {
+            CategoricalRequest::Uniforms(u) => {
+                if u.len() != c {
+                    return Err(GpuError::Length { what: "categorical uniforms", got: u.len(), expected: c });
+                }
+                self.draw_words.iter_mut().zip(u).for_each(|(w, &u)| *w = uniform_f32(u).to_bits());
+                sample_rows::MODE_UNIFORM
+            }
+            CategoricalRequest::Ids(ids) => {
+                if ids.len() != c {
+                    return Err(GpuError::Length { what: "categorical ids", got: ids.len(), expected: c });
+                }
+                self.draw_words.copy_from_slice(ids);
+                sample_rows::MODE_GIVEN
+            }
+        };
+        self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(canvas));
+        self.ctx.queue.write_buffer(&self.arena.draws, 0, bytemuck::cast_slice(&self.draw_words));
+        self.ctx.queue.write_buffer(&self.arena.sample_step, 0, bytemuck::bytes_of(&SampleStep::new(temperature, mode)));
+        let bytes = (c * RESULT_WORDS * 4) as u64;
+        self.prepare_canvas()?;
+        let plans = self.block_plans()?;
+        let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
+        let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("denoising step") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("denoising step"), timestamp_writes: None });
+            plan.encode(&mut pass);
+            self.sample_plan.encode(&mut pass);
+        }
+        enc.copy_buffer_to_buffer(&self.arena.row_results, 0, &self.arena.row_staging, 0, bytes);
+        self.ctx.queue.submit(Some(enc.finish()));
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { context: "denoising step".into(), message: e.to_string() });
+        }
+        let mut non_finite = None;
+        map_read_with(&self.ctx, &self.arena.row_staging, bytes, |data| {
+            let words: &[u32] = bytemuck::cast_slice(data);
+            for (row, (r, w)) in rows.iter_mut().zip(words.chunks_exact(RESULT_WORDS)).enumerate() {
+                *r = RowResult {
+                    entropy: f32::from_bits(w[sample_rows::RESULT_ENTROPY]),
+                    argmax: w[sample_rows::RESULT_ARGMAX],
+                    sampled: w[sample_rows::RESULT_SAMPLED],
+                    non_finite: None,
+                };
+                let bad = w[sample_rows::RESULT_NON_FINITE];
+                if bad != 0 && non_finite.is_none() {
+                    non_finite = Some((row, bad as usize - 1));
+                }
+            }
+        })?;
+        if let Some((row, column)) = non_finite {
+            // An error path: one more read for the offending value.
+            let v = self.config.text.vocab_size;
+            let value = self.ctx.read_f32(&self.arena.sc_probs, row * v + column, 1)?[0];
+            rows[row].non_finite = Some((column, value));
+        }
+        Ok(())
+    }
+}
+
+impl dg_sampler::DenoiseModel for GpuModel {
+    type Error = GpuError;
+
+    fn encode(&mut self, ids: &[u32]) -> Result<(), GpuError> {
+        GpuModel::encode(self, ids)
+    }
+
+    fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), GpuError> {
+        GpuModel::canvas_forward(self, canvas, sc, logits)
+    }
+}
+
+impl dg_sampler::ResidentModel for GpuModel {
+    type Error = GpuError;
+
+    fn encode(&mut self, ids: &[u32]) -> Result<(), GpuError> {
+        GpuModel::encode(self, ids)
+    }
+
+    fn denoise_rows(&mut self, canvas: &[u32], sc: bool, temperature: f32, draw: CategoricalRequest<'_>, rows: &mut [RowResult]) -> Result<(), GpuError> {
+        GpuModel::denoise_rows(self, canvas, sc, temperature, draw, rows)
     }
 }

@@ -3,7 +3,8 @@
 
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
-use dg_kernels::{KernelSource, axpby, embed, gelu_glu, moe_combine, moe_dispatch, rmsnorm, rope, router_topk, softmax};
+use dg_kernels::sample_rows::{self, SampleRowsParams};
+use dg_kernels::{KernelSource, axpby, copy, embed, gelu_glu, moe_combine, moe_dispatch, rmsnorm, rope, router_topk, softmax};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -115,6 +116,27 @@ impl<'a> Recorder<'a> {
         self.push(rope::source(), &p, &[x, cos, sin], g)
     }
 
+    /// `out = rope(rms(x)·w)` per head of `x: [tokens, heads, d]`: `rmsnorm` (weighted, scale 1)
+    /// then `rope`, fused into one dispatch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_rope(
+        &mut self,
+        x: &'a wgpu::Buffer,
+        w: &'a wgpu::Buffer,
+        cos: &'a wgpu::Buffer,
+        sin: &'a wgpu::Buffer,
+        out: &'a wgpu::Buffer,
+        tokens: usize,
+        heads: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        use dg_kernels::norm_rope;
+        let p = norm_rope::NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps };
+        let g = self.groups(norm_rope::workgroups(&p));
+        self.push(norm_rope::source(), &p, &[x, w, cos, sin, out], g)
+    }
+
     /// Row softmax in place (with the attention mask of `p`).
     pub fn softmax(&mut self, x: &'a wgpu::Buffer, p: softmax::SoftmaxParams) -> Result<(), GpuError> {
         let g = self.groups(softmax::workgroups(&p));
@@ -143,6 +165,13 @@ impl<'a> Recorder<'a> {
         self.push(axpby::source(), &p, &[x, out], g)
     }
 
+    /// `dst[dst_offset..][..n] = src[src_offset..][..n]` (element offsets).
+    pub fn copy(&mut self, src: &'a wgpu::Buffer, dst: &'a wgpu::Buffer, n: usize, src_offset: usize, dst_offset: usize) -> Result<(), GpuError> {
+        let p = copy::CopyParams { n: n as u32, src_offset: src_offset as u32, dst_offset: dst_offset as u32, _pad: 0 };
+        let g = self.groups(copy::workgroups(&p));
+        self.push(copy::source(), &p, &[src, dst], g)
+    }
+
     /// Softmax over experts, top-k, renormalise, × per-expert scale.
     #[allow(clippy::too_many_arguments)]
     pub fn router_topk(&mut self, logits: &'a wgpu::Buffer, per_expert_scale: &'a wgpu::Buffer, idx: &'a wgpu::Buffer, w: &'a wgpu::Buffer, tokens: usize, experts: usize, k: usize) -> Result<(), GpuError> {
@@ -165,5 +194,25 @@ impl<'a> Recorder<'a> {
         let p = moe_combine::MoeCombineParams { tokens: tokens as u32, k: k as u32, hidden: hidden as u32, _pad: 0 };
         let g = self.groups(moe_combine::workgroups(&p));
         self.push(moe_combine::source(), &p, &[y, idx, w, slot_of, out], g)
+    }
+
+    /// The per-row work of a sampler step on `logits: [rows, vocab]`: `scaled = logits / T`, and per row
+    /// `results[row] = (entropy bits, argmax, sampled, first non-finite column + 1)` (see
+    /// `dg_kernels::sample_rows`). `step` holds the step's `SampleStep` (temperature, mode) and `draws`
+    /// the rows' uniforms or given ids; the host rewrites both every step, so the plan replays as is.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_rows(
+        &mut self,
+        logits: &'a wgpu::Buffer,
+        scaled: &'a wgpu::Buffer,
+        step: &'a wgpu::Buffer,
+        draws: &'a wgpu::Buffer,
+        results: &'a wgpu::Buffer,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<(), GpuError> {
+        let p = SampleRowsParams { rows: rows as u32, vocab: vocab as u32, _pad: [0; 2] };
+        let g = self.groups(sample_rows::workgroups(&p));
+        self.push(sample_rows::source(), &p, &[logits, scaled, step, draws, results], g)
     }
 }

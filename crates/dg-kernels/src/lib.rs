@@ -8,15 +8,18 @@
 //! offline (see the tests).
 
 pub mod axpby;
+pub mod copy;
 pub mod embed;
 pub mod gelu_glu;
 pub mod gemm;
 pub mod grouped_gemm;
 pub mod moe_combine;
 pub mod moe_dispatch;
+pub mod norm_rope;
 pub mod rmsnorm;
 pub mod rope;
 pub mod router_topk;
+pub mod sample_rows;
 pub mod softmax;
 
 /// Every kernel variant dg may compile (validated offline by naga in the tests).
@@ -29,9 +32,12 @@ pub fn all_variants() -> Vec<KernelSource> {
         gelu_glu::fused(),
         embed::source(),
         axpby::source(),
+        copy::source(),
         router_topk::source(),
         moe_dispatch::source(),
         moe_combine::source(),
+        sample_rows::source(),
+        norm_rope::source(),
     ]
     .into_iter()
     .chain(gemm::TILES.iter().map(|&t| gemm::source(t)))

@@ -2,17 +2,19 @@
 //! all E expert logits, the top K by probability (descending; ties keep the lower expert index),
 //! renormalised by their sum (taken in that order), then `× per_expert_scale[expert]`.
 //!
-//! One invocation per token, sequential over the experts like the CPU reference (E ≤
-//! [`MAX_EXPERTS`], K ≤ [`MAX_K`]); the router is a tiny fraction of a layer's work.
+//! One workgroup per token and one invocation per expert (E ≤ [`MAX_EXPERTS`], K ≤ [`MAX_K`]):
+//! tree reductions for the max and the sum, then K workgroup argmaxes (strictly greater wins, ties
+//! to the lower expert index, so the choice is exactly the CPU's sort order), and one invocation
+//! renormalises the K chosen in chosen order.
 
 use bytemuck::{Pod, Zeroable};
 
 use crate::{Access, KernelSource, with_prelude};
 
-/// Invocations (tokens) per workgroup.
-pub const WORKGROUP: u32 = 64;
 /// Largest expert count supported (the model has 128).
 pub const MAX_EXPERTS: u32 = 128;
+/// Invocations per workgroup: one per expert (one workgroup per token).
+pub const WORKGROUP: u32 = MAX_EXPERTS;
 /// Largest top-k supported (the model uses 8).
 pub const MAX_K: u32 = 8;
 
@@ -28,9 +30,9 @@ pub struct RouterTopkParams {
     pub _pad: u32,
 }
 
-/// Workgroups to dispatch (fold through `groups_1d`).
+/// Workgroups to dispatch, one per token (fold through `groups_1d`: more than 65535 wrap into y).
 pub fn workgroups(p: &RouterTopkParams) -> u32 {
-    p.tokens.div_ceil(WORKGROUP)
+    p.tokens
 }
 
 /// Bindings: `logits` (read, `[tokens, E]`), `per_expert_scale` (read, `[E]`), `idx`

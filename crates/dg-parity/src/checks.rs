@@ -16,6 +16,9 @@ pub const GPU_LOGITS_TOLERANCE: f64 = 1e-4;
 /// Normwise tolerance of one GPU layer against the same CPU layer on the same input: one layer of
 /// f32 GEMMs and reductions in another order (measured ~1e-6), with margin for router near-ties.
 pub const LAYER_TOLERANCE: f64 = 1e-5;
+/// Normwise tolerance of the GPU encoder's K/V against the CPU encoder's, per layer: layer i's K/V
+/// come out of i encoder layers (each within LAYER_TOLERANCE's ~1e-6) plus the K/V projection.
+pub const CACHE_TOLERANCE: f64 = 1e-5;
 /// Rows whose reference top-2 gap exceeds this must agree on the argmax.
 pub const ARGMAX_MARGIN: f32 = 1e-3;
 
@@ -36,6 +39,22 @@ pub trait Backend {
     /// Layer-level check against the CPU reference, for backends that are not the reference:
     /// every decoder layer on the CPU layer's input, after encoding `prompt`.
     fn layer_check(&mut self, _prompt: &[u32], _canvas: &[u32]) -> Option<Result<CheckResult, BoxError>> {
+        None
+    }
+    /// Cache-level check against the CPU encoder, for backends with their own encoder: the K/V
+    /// each layer sees after encoding each of `blocks` in turn.
+    fn cache_check(&mut self, _blocks: &[&[u32]]) -> Option<Result<CheckResult, BoxError>> {
+        None
+    }
+    /// `generate` with the sampler's per-row work where the backend keeps its logits
+    /// (`dg_sampler::generate_resident`); `None` when it only offers `canvas_forward`.
+    fn generate_resident(
+        &mut self,
+        _prompt: &[u32],
+        _cfg: &dg_model::GenerationConfig,
+        _rng: &mut dyn dg_sampler::RandomSource,
+        _hooks: &mut dyn dg_sampler::Hooks,
+    ) -> Option<Result<dg_sampler::Generation, BoxError>> {
         None
     }
 }

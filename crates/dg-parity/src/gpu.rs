@@ -1,27 +1,33 @@
-//! The GPU backend of the checks: the CPU encoder fills the KV cache, the canvas forward runs on
-//! the GPU ([`dg_gpu::GpuModel`]) against that cache.
+//! The GPU backend of the checks: [`dg_gpu::GpuModel`] (encoder, canvas forward and the sampler's
+//! per-row work on the GPU), with a [`dg_cpu::CpuModel`] beside it as the reference of the
+//! cache-level and layer-level checks.
 
-use dg_gpu::{GpuContext, GpuModel, HybridModel};
-use dg_model::{ModelConfig, Weights};
-use dg_sampler::DenoiseModel;
+use dg_cpu::CpuModel;
+use dg_gpu::{GpuContext, GpuModel, LayerContext};
+use dg_model::{GenerationConfig, ModelConfig, Weights};
+use dg_sampler::{Generation, Hooks, RandomSource, generate_resident};
 
 use crate::BoxError;
-use crate::checks::{Backend, CheckResult, GPU_LOGITS_TOLERANCE, LAYER_TOLERANCE};
+use crate::checks::{Backend, CACHE_TOLERANCE, CheckResult, GPU_LOGITS_TOLERANCE, LAYER_TOLERANCE};
 use crate::compare::compare;
 
-/// CPU encoder + GPU canvas forward ([`HybridModel`]) as a parity backend.
+/// The GPU model as a parity backend; `cpu` is used only by the cache and layer checks.
 #[derive(Debug)]
-pub struct GpuBackend(pub HybridModel);
+pub struct GpuBackend {
+    pub cpu: CpuModel,
+    pub gpu: GpuModel,
+}
 
 impl GpuBackend {
-    /// Uploads `weights` to `ctx` for contexts of up to `max_context` tokens.
+    /// Uploads `weights` to `ctx` for sequences of up to `max_context` tokens.
     pub fn new(ctx: GpuContext, config: &ModelConfig, weights: Weights, max_context: usize) -> Result<Self, BoxError> {
-        Ok(GpuBackend(HybridModel::new(ctx, config, weights, max_context)?))
+        let gpu = GpuModel::new(ctx, config, &weights, max_context)?;
+        Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu })
     }
 
     /// The GPU model (for resource counters).
     pub fn gpu(&self) -> &GpuModel {
-        &self.0.gpu
+        &self.gpu
     }
 }
 
@@ -35,35 +41,54 @@ impl Backend for GpuBackend {
     }
 
     fn vocab_size(&self) -> usize {
-        self.0.encoder.config.text.vocab_size
+        self.cpu.config.text.vocab_size
     }
 
     fn reset(&mut self) -> Result<(), BoxError> {
-        self.0.reset();
+        self.gpu.reset();
         Ok(())
     }
 
     fn encode(&mut self, ids: &[u32]) -> Result<(), BoxError> {
-        Ok(DenoiseModel::encode(&mut self.0, ids)?)
+        Ok(self.gpu.encode(ids)?)
     }
 
     fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), BoxError> {
-        Ok(DenoiseModel::canvas_forward(&mut self.0, canvas, sc, logits)?)
+        Ok(self.gpu.canvas_forward(canvas, sc, logits)?)
     }
 
     fn layer_check(&mut self, prompt: &[u32], canvas: &[u32]) -> Option<Result<CheckResult, BoxError>> {
         Some(self.layers(prompt, canvas))
     }
+
+    fn cache_check(&mut self, blocks: &[&[u32]]) -> Option<Result<CheckResult, BoxError>> {
+        Some(self.caches(blocks))
+    }
+
+    fn generate_resident(
+        &mut self,
+        prompt: &[u32],
+        cfg: &GenerationConfig,
+        rng: &mut dyn RandomSource,
+        hooks: &mut dyn Hooks,
+    ) -> Option<Result<Generation, BoxError>> {
+        let (c, v) = (self.cpu.config.canvas_length, self.cpu.config.text.vocab_size);
+        self.gpu.reset();
+        Some(generate_resident(&mut self.gpu, prompt, cfg, c, v, rng, hooks).map_err(Into::into))
+    }
 }
 
 impl GpuBackend {
-    /// Feeds every decoder layer the CPU's input for that layer and compares the outputs; the
-    /// report names the first failing layer (or the worst one when all pass).
+    /// Feeds every decoder layer the CPU's input for that layer, against the CPU encoder's cache
+    /// uploaded as is, and compares the outputs; the report names the first failing layer (or the
+    /// worst one when all pass).
     fn layers(&mut self, prompt: &[u32], canvas: &[u32]) -> Result<CheckResult, BoxError> {
-        self.reset()?;
-        self.encode(prompt)?;
-        self.0.sync()?;
-        let HybridModel { encoder: cpu, gpu, .. } = &mut self.0;
+        let GpuBackend { cpu, gpu } = self;
+        cpu.reset();
+        cpu.encode(prompt)?;
+        let cache = cpu.cache();
+        let layers: Vec<LayerContext<'_>> = cache.layers.iter().map(|l| LayerContext { keys: &l.keys, values: &l.values }).collect();
+        gpu.set_context(cache.seq_len, &layers)?;
         let (c, h) = (canvas.len(), cpu.config.text.hidden_size);
         let mut hidden = cpu.decoder_input(canvas, None);
         let mut worst = (0usize, 0f64);
@@ -78,10 +103,54 @@ impl GpuBackend {
                 worst = (i, cmp.normwise);
             }
         }
+        gpu.reset();
         Ok(CheckResult {
             name: "layers".into(),
             passed: true,
             detail: format!("all {} layers within tol={LAYER_TOLERANCE:.0e}; worst layer {} normwise={:.3e}", cpu.config.text.num_layers(), worst.0, worst.1),
+        })
+    }
+
+    /// Encodes `blocks` one after another on both encoders and compares, after each, the K and V
+    /// every decoder layer would see; the report names the first failing (block, layer).
+    fn caches(&mut self, blocks: &[&[u32]]) -> Result<CheckResult, BoxError> {
+        let GpuBackend { cpu, gpu } = self;
+        cpu.reset();
+        gpu.reset();
+        let mut worst = (0usize, 0usize, 0f64);
+        for (b, ids) in blocks.iter().enumerate() {
+            cpu.encode(ids)?;
+            gpu.encode(ids)?;
+            let got = gpu.read_visible_cache()?;
+            for (i, ((k, v), want)) in got.iter().zip(&cpu.cache().layers).enumerate() {
+                let row = want.kv_heads * want.head_dim;
+                for (name, ours, theirs) in [("keys", k, &want.keys), ("values", v, &want.values)] {
+                    let cmp = compare(ours, theirs, row, f32::INFINITY);
+                    if ours.len() != theirs.len() || !cmp.passes(CACHE_TOLERANCE) {
+                        return Ok(CheckResult {
+                            name: format!("encoder cache (first failing: block {b}, layer {i} {name})"),
+                            passed: false,
+                            detail: format!("{} of {} values; {cmp} tol={CACHE_TOLERANCE:.0e}", ours.len(), theirs.len()),
+                        });
+                    }
+                    if cmp.normwise >= worst.2 {
+                        worst = (b, i, cmp.normwise);
+                    }
+                }
+            }
+        }
+        gpu.reset();
+        Ok(CheckResult {
+            name: "encoder cache".into(),
+            passed: true,
+            detail: format!(
+                "{} block(s) × {} layers within tol={CACHE_TOLERANCE:.0e}; worst block {} layer {} normwise={:.3e}",
+                blocks.len(),
+                cpu.config.text.num_layers(),
+                worst.0,
+                worst.1,
+                worst.2
+            ),
         })
     }
 }

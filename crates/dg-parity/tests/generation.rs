@@ -67,6 +67,71 @@ fn seeded_gpu_generation_repeats_and_matches_cpu() {
     assert_eq!(first, run(&mut cpu(&s), &s, 7, &mut NoHooks), "GPU and CPU differ for the same seed");
 }
 
+/// The same seeded run through `generate_resident` (encoder, logits, self-conditioning and the
+/// per-row work on the GPU): repeats exactly, and equals the host-sampler run on the CPU.
+#[test]
+fn seeded_resident_gpu_generation_repeats_and_matches_cpu() {
+    for name in ["sliding-long-prompt", "early-stop-eos"] {
+        let Some(ctx) = test_context("seeded_resident_gpu_generation_repeats_and_matches_cpu") else { return };
+        let s = setup(name);
+        let mut gpu = GpuBackend::new(ctx, &s.dir.config, s.dir.load_weights().unwrap(), 512).unwrap();
+        let first = run_resident(&mut gpu, &s, 7, &mut NoHooks);
+        assert_eq!(first, run_resident(&mut gpu, &s, 7, &mut NoHooks), "{name}: GPU resident, same seed, different tokens");
+        assert_ne!(first, run_resident(&mut gpu, &s, 8, &mut NoHooks), "{name}: the seed does not matter?");
+        // The seeded draw's inverse CDF runs in f32 on the GPU and in f64 on the CPU: the samples
+        // could differ only for a uniform within ~1e-7 of a CDF step, which these runs do not hit.
+        assert_eq!(first, run(&mut cpu(&s), &s, 7, &mut NoHooks), "{name}: GPU resident and CPU differ for the same seed");
+    }
+}
+
+fn run_resident(backend: &mut GpuBackend, s: &Setup, seed: u64, hooks: &mut dyn Hooks) -> Vec<u32> {
+    backend.generate_resident(&s.prompt, &s.cfg, &mut SeededRng::new(seed), hooks).unwrap().unwrap().sequence
+}
+
+/// Bytes read back per denoising step of a resident generation.
+struct ReadBack {
+    counters: Arc<Counters>,
+    last: Option<u64>,
+    per_step: Vec<u64>,
+}
+
+impl Hooks for ReadBack {
+    fn on_step(&mut self, info: &StepInfo<'_>) {
+        let now = self.counters.bytes_read_back();
+        if info.step > 0
+            && let Some(then) = self.last
+        {
+            self.per_step.push(now - then);
+        }
+        self.last = Some(now);
+    }
+}
+
+/// The sampler needs a few numbers per canvas position, not the logits: a resident step reads back
+/// at most 64 bytes per position (16 today: entropy, argmax, sample, non-finite flag).
+const MAX_READBACK_PER_POSITION: u64 = 64;
+
+#[test]
+fn resident_generation_reads_back_under_64_bytes_per_position() {
+    let Some(ctx) = test_context("resident_generation_reads_back_under_64_bytes_per_position") else { return };
+    let counters = ctx.counters();
+    let s = setup("sliding-long-prompt");
+    let c = s.dir.config.canvas_length as u64;
+    let mut gpu = GpuBackend::new(ctx, &s.dir.config, s.dir.load_weights().unwrap(), 512).unwrap();
+    let before = counters.bytes_read_back();
+    let mut hooks = ReadBack { counters: counters.clone(), last: None, per_step: Vec::new() };
+    run_resident(&mut gpu, &s, 5, &mut hooks);
+    assert!(hooks.per_step.len() >= 10, "measured {} steps", hooks.per_step.len());
+    for (i, &bytes) in hooks.per_step.iter().enumerate() {
+        assert!(bytes > 0, "step {i}: nothing read back?");
+        assert!(bytes <= MAX_READBACK_PER_POSITION * c, "step {i}: {bytes} bytes for {c} positions");
+    }
+    // The whole generation, encodes included, stays within the per-step budget.
+    let total = counters.bytes_read_back() - before;
+    let steps = hooks.per_step.len() as u64 + 3; // + each block's first step
+    assert!(total <= MAX_READBACK_PER_POSITION * c * steps, "{total} bytes over {steps} steps");
+}
+
 /// Records the creation counters at each block's first step (plans are built per block, when the
 /// context grows) and checks them at every later step of the block.
 struct NoCreation {
@@ -102,4 +167,9 @@ fn gpu_generation_creates_nothing_after_each_blocks_first_step() {
     run(&mut gpu, &s, 3, &mut hooks);
     assert_eq!(hooks.max_block_steps, 48, "expected full 48-step blocks");
     assert!(hooks.steps >= 96, "ran {} steps", hooks.steps);
+    // The resident path too (GPU encoder between blocks, sampler rows on the GPU).
+    hooks.after_first = None;
+    hooks.steps = 0;
+    run_resident(&mut gpu, &s, 3, &mut hooks);
+    assert!(hooks.steps >= 96, "resident: ran {} steps", hooks.steps);
 }

@@ -1,8 +1,10 @@
 // Router tail, per token t (mirrors dg_cpu::moe::route after the projection):
-//   prob = softmax(logits[t, :]) in f32: max, exp(l - max) summed in expert order, times 1/sum;
+//   prob = softmax(logits[t, :]) in f32: max, exp(l - max) summed, times 1/sum;
 //   top K by prob, descending, ties to the lower expert index (repeated strict-max selection);
 //   w_k = (prob_k / sum of the K chosen, summed in chosen order) * per_expert_scale[idx_k].
-// One invocation per token (E <= MAX_E, K <= MAX_K); workgroups beyond 65535 wrap into y.
+// One workgroup per token, one invocation per expert (E <= MAX_E = WG, K <= MAX_K); the max and
+// the sum are workgroup tree reductions, each of the K selections a workgroup argmax. Workgroups
+// beyond 65535 wrap into y.
 
 struct Params {
     tokens: u32,
@@ -18,56 +20,103 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> weights: array<f32>;
 
 const LOWEST: f32 = -0x1.fffffep+127f;
+// Below every probability (>= 0) and every knocked-out entry (-1): the sequential reference's
+// initial best, which nothing equal to it (or NaN) can displace.
+const NONE: f32 = -2.0;
+
+var<workgroup> red_v: array<f32, WG>;
+var<workgroup> red_i: array<u32, WG>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
-    let t = (wid.x + wid.y * nwg.x) * WG + lid.x;
+    // t and everything derived from p are workgroup-uniform: the early return and the loops
+    // around the barriers below are uniform control flow.
+    let t = wid.x + wid.y * nwg.x;
     if (t >= p.tokens) {
         return;
     }
     let e_n = min(p.experts, MAX_E);
     let k_n = min(p.k, min(MAX_K, e_n));
-    let base = t * p.experts;
-
-    var prob: array<f32, MAX_E>;
-    var m = LOWEST;
-    for (var e = 0u; e < e_n; e++) {
-        m = max(m, logits[base + e]);
-    }
-    var sum = 0.0;
-    for (var e = 0u; e < e_n; e++) {
-        let v = exp(logits[base + e] - m);
-        prob[e] = v;
-        sum += v;
-    }
-    let inv = 1.0 / sum;
-    for (var e = 0u; e < e_n; e++) {
-        prob[e] = prob[e] * inv;
+    let e = lid.x;
+    let live = e < e_n;
+    var l = LOWEST;
+    if (live) {
+        l = logits[t * p.experts + e];
     }
 
-    // Top K: repeated selection of the strict maximum (the first, lowest index, wins ties);
-    // chosen entries are knocked out with -1 (probabilities are >= 0).
+    // Max over the experts.
+    red_v[e] = l;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (e < s) {
+            red_v[e] = max(red_v[e], red_v[e + s]);
+        }
+        workgroupBarrier();
+    }
+    let m = red_v[0];
+    workgroupBarrier();
+
+    // Sum of exp(l - max).
+    var v = 0.0;
+    if (live) {
+        v = exp(l - m);
+    }
+    red_v[e] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (e < s) {
+            red_v[e] += red_v[e + s];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / red_v[0];
+    workgroupBarrier();
+    var prob = NONE;
+    if (live) {
+        prob = v * inv;
+    }
+
+    // Top K: K workgroup argmaxes of the strict maximum, ties to the lower expert index (the
+    // sequential scan's first strict maximum); the chosen entry is knocked out with -1. Entries
+    // that the scan could never pick (padding, NaN) enter as (NONE, 0), its initial best.
     var chosen: array<u32, MAX_K>;
     var value: array<f32, MAX_K>;
-    var total = 0.0;
     for (var k = 0u; k < k_n; k++) {
-        var best = 0u;
-        var best_v = -2.0;
-        for (var e = 0u; e < e_n; e++) {
-            if (prob[e] > best_v) {
-                best_v = prob[e];
-                best = e;
+        let ok = prob > NONE;
+        red_v[e] = select(NONE, prob, ok);
+        red_i[e] = select(0u, e, ok);
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+            if (e < s) {
+                let ov = red_v[e + s];
+                let oi = red_i[e + s];
+                let mv = red_v[e];
+                if (ov > mv || (ov == mv && oi < red_i[e])) {
+                    red_v[e] = ov;
+                    red_i[e] = oi;
+                }
             }
+            workgroupBarrier();
         }
+        let best = red_i[0];
         chosen[k] = best;
-        value[k] = best_v;
-        total += best_v;
-        prob[best] = -1.0;
+        value[k] = red_v[0];
+        workgroupBarrier();
+        if (e == best) {
+            prob = -1.0;
+        }
     }
-    let out = t * p.k;
-    for (var k = 0u; k < k_n; k++) {
-        idx[out + k] = chosen[k];
-        weights[out + k] = (value[k] / total) * per_expert_scale[chosen[k]];
+
+    if (e == 0u) {
+        var total = 0.0;
+        for (var k = 0u; k < k_n; k++) {
+            total += value[k];
+        }
+        let out = t * p.k;
+        for (var k = 0u; k < k_n; k++) {
+            idx[out + k] = chosen[k];
+            weights[out + k] = (value[k] / total) * per_expert_scale[chosen[k]];
+        }
     }
 }

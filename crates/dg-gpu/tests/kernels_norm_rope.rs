@@ -1,0 +1,104 @@
+//! Kernel-level parity of the fused per-head RMSNorm + RoPE kernel (`norm_rope`) against its CPU
+//! twins, `dg_cpu::ops::rms_norm_rows` (weighted) then `dg_cpu::rope::RopeTable::apply`, at head
+//! dims 8, 24 and the real 256 (default RoPE) and 512 (proportional RoPE), 1, 7 and 256 tokens, 1
+//! and 8 heads; and against the two dispatches it replaces (`rmsnorm` then `rope` on the GPU).
+//! Every output carries a guard band, and every case also runs with its workgroups folded into y.
+
+use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
+use dg_kernels::norm_rope::{self, NormRopeParams};
+use dg_kernels::rmsnorm::{self, RmsNormParams, WEIGHTED};
+use dg_kernels::rope::{self, RopeParams};
+use dg_model::{LayerKind, LayerSpec, RopeSpec};
+
+/// Against the CPU: the norm's few ulps (`NORM_TOLERANCE` = 2e-6 in kernels_norm.rs: a different
+/// reduction order and `1/sqrt`) enter each rotated output twice, weighted by |cos| + |sin| ≤ √2,
+/// while the largest output is at least 1/√2 of the largest normed value (the rotation keeps each
+/// pair's norm): 2 × 2e-6; plus the rotation's own couple of ulps (`ROPE_TOLERANCE` = 5e-7 in
+/// kernels_misc.rs). Relative to the largest output.
+const NORM_ROPE_TOLERANCE: f32 = 4.5e-6;
+/// Against the two GPU dispatches: the same operations in the same order (the same per-invocation
+/// sums and tree, `1/sqrt`, products and rotation); only the driver's FMA contraction of the
+/// rotation (or of the sum of squares) may differ between the two compilations: an ulp or two of
+/// the largest output.
+const TWO_DISPATCH_TOLERANCE: f32 = 3e-7;
+const EPS: f32 = 1e-6;
+
+fn rope_spec(head_dim: usize) -> LayerSpec {
+    // The real model: 256 on sliding layers (default RoPE), 512 on full layers (proportional).
+    if head_dim == 512 {
+        let rope = RopeSpec { theta: 1_000_000.0, proportional: true, partial_rotary_factor: 0.25, factor: 1.0 };
+        LayerSpec { kind: LayerKind::Full, head_dim, num_kv_heads: 1, rope }
+    } else {
+        let rope = RopeSpec { theta: 10_000.0, proportional: false, partial_rotary_factor: 1.0, factor: 1.0 };
+        LayerSpec { kind: LayerKind::Sliding, head_dim, num_kv_heads: 1, rope }
+    }
+}
+
+/// The fused kernel; returns `out`.
+#[allow(clippy::too_many_arguments)]
+fn run_fused(ctx: &GpuContext, x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize, max_dim: u32) -> Vec<f32> {
+    let mut pipelines = Pipelines::default();
+    let p = pipelines.get(ctx, norm_rope::source()).unwrap();
+    let xb = ctx.upload("x", x).unwrap();
+    let wb = ctx.upload("w", w).unwrap();
+    let cb = ctx.upload("cos", cos).unwrap();
+    let sb = ctx.upload("sin", sin).unwrap();
+    let out = guarded_output(ctx, "out", x.len());
+    let params = NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps: EPS };
+    let mut plan = PlanBuilder::new(ctx);
+    plan.push(&p, &params, &[&xb, &wb, &cb, &sb, &out], groups_1d(norm_rope::workgroups(&params), max_dim));
+    plan.finish(ctx).unwrap().run(ctx).unwrap();
+    read_guarded(ctx, &out, x.len())
+}
+
+/// `rmsnorm` (weighted, scale 1) then `rope` in place, as the decoder layer records them today.
+#[allow(clippy::too_many_arguments)]
+fn run_two_dispatches(ctx: &GpuContext, x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize) -> Vec<f32> {
+    let mut pipelines = Pipelines::default();
+    let pn = pipelines.get(ctx, rmsnorm::source()).unwrap();
+    let pr = pipelines.get(ctx, rope::source()).unwrap();
+    let xb = ctx.upload("x", x).unwrap();
+    let wb = ctx.upload("w", w).unwrap();
+    let cb = ctx.upload("cos", cos).unwrap();
+    let sb = ctx.upload("sin", sin).unwrap();
+    let out = guarded_output(ctx, "out", x.len());
+    let max_dim = ctx.limits.max_compute_workgroups_per_dimension;
+    let rows = tokens * heads;
+    let np = RmsNormParams { rows: rows as u32, dim: d as u32, eps: EPS, flags: WEIGHTED, scale: 1.0, _pad: [0; 3] };
+    let rp = RopeParams { tokens: tokens as u32, heads: heads as u32, half: (d / 2) as u32, _pad: 0 };
+    let mut plan = PlanBuilder::new(ctx);
+    plan.push(&pn, &np, &[&xb, &wb, &out], groups_1d(rows as u32, max_dim));
+    plan.push(&pr, &rp, &[&out, &cb, &sb], groups_1d(rope::workgroups(&rp), max_dim));
+    plan.finish(ctx).unwrap().run(ctx).unwrap();
+    read_guarded(ctx, &out, x.len())
+}
+
+#[test]
+fn norm_rope_matches_cpu_and_the_two_dispatches() {
+    let Some(ctx) = test_context("norm_rope_matches_cpu_and_the_two_dispatches") else { return };
+    let fold = [ctx.limits.max_compute_workgroups_per_dimension, 3];
+    for d in [8, 24, 256, 512] {
+        for tokens in [1, 7, 256] {
+            for heads in [1, 8] {
+                let what = format!("d={d} tokens={tokens} heads={heads}");
+                let start = if tokens == 7 { 4093 } else { 0 };
+                let table = dg_cpu::rope::RopeTable::new(&rope_spec(d), start, tokens);
+                let x = seeded(tokens * heads * d, 100 + d as u64 * 7 + tokens as u64 * 3 + heads as u64, 3.0);
+                let w: Vec<f32> = seeded(d, 101 + d as u64, 0.5).iter().map(|v| 1.0 + v).collect();
+                let mut want = x.clone();
+                dg_cpu::ops::rms_norm_rows(&mut want, d, Some(&w), EPS);
+                table.apply(&mut want, heads);
+                for max_dim in fold {
+                    let got = run_fused(&ctx, &x, &w, &table.cos, &table.sin, tokens, heads, d, max_dim);
+                    let (err, at) = max_rel_err(&got, &want);
+                    assert!(err <= NORM_ROPE_TOLERANCE, "{what} fold={max_dim}: rel err {err} at {at}: {} vs {}", got[at], want[at]);
+                }
+                let got = run_fused(&ctx, &x, &w, &table.cos, &table.sin, tokens, heads, d, fold[0]);
+                let two = run_two_dispatches(&ctx, &x, &w, &table.cos, &table.sin, tokens, heads, d);
+                let (err, at) = max_rel_err(&got, &two);
+                assert!(err <= TWO_DISPATCH_TOLERANCE, "{what}: vs rmsnorm + rope: rel err {err} at {at}: {} vs {}", got[at], two[at]);
+            }
+        }
+    }
+}

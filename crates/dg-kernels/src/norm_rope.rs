@@ -1,0 +1,47 @@
+//! Per-head RMSNorm fused with RoPE, for q and k: `out = rope(rms(x)·w)` over `x: [tokens, heads,
+//! d]`, the same arithmetic as the two dispatches it replaces, `rmsnorm.wgsl` (weighted, not
+//! accumulating, scale 1) then `rope.wgsl` in place; CPU twins `dg_cpu::ops::rms_norm_rows` then
+//! `dg_cpu::rope::RopeTable::apply` (rotate-half, dimension `i` paired with `i + d/2`).
+//!
+//! One workgroup per (token, head) row: the sum of squares is accumulated and reduced exactly as
+//! in `rmsnorm.wgsl` (same strided per-invocation sums, same tree, `1/sqrt`), then each invocation
+//! rotates pairs `j, j + WG, …` of `[0, d/2)`. Any even `d` works (the model has 256 and 512).
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::{Access, KernelSource, with_prelude};
+
+/// Workgroup size (one workgroup per row); the same as `rmsnorm::WORKGROUP`, so that the
+/// reduction order, and with it the norm, is the rmsnorm kernel's.
+pub const WORKGROUP: u32 = crate::rmsnorm::WORKGROUP;
+
+/// Uniform parameters of `norm_rope.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct NormRopeParams {
+    /// Rows of the cos/sin tables (token positions).
+    pub tokens: u32,
+    /// Heads per token; `x` and `out` are `[tokens, heads, dim]`.
+    pub heads: u32,
+    /// Head dim `d` (even); the cos/sin tables are `[tokens, d/2]`.
+    pub dim: u32,
+    pub eps: f32,
+}
+
+/// Workgroups to dispatch, one per (token, head) row (fold through `groups_1d`: more than 65535
+/// wrap into y).
+pub fn workgroups(p: &NormRopeParams) -> u32 {
+    p.tokens * p.heads
+}
+
+/// Bindings: `x` (read, `[tokens, heads, d]`), `w` (read, `[d]`), `cos` (read, `[tokens, d/2]`),
+/// `sin` (read, `[tokens, d/2]`), `out` (read-write, `[tokens, heads, d]`).
+pub fn source() -> KernelSource {
+    KernelSource {
+        name: "norm_rope".into(),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/norm_rope.wgsl")),
+        entry: "main",
+        buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+        params_size: size_of::<NormRopeParams>() as u64,
+    }
+}
