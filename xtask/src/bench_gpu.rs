@@ -2,8 +2,10 @@
 //! with 6 layers, one 5:1 period) on random weights, against a random cached context.
 //!
 //! Prints ms per canvas forward (device work plus submit/wait, without and with the logits
-//! readback), ms per layer from a timestamp profile, and the per-kernel breakdown. Timing waits
-//! for the device before reading the clock; setup (weights, upload, plans) stays outside.
+//! readback), ms per layer from a timestamp profile, and the per-kernel breakdown, with the work
+//! counted from the config: achieved TFLOP/s and the memory-bandwidth floor of the f32 weights one
+//! forward reads. Timing waits for the device before reading the clock; setup (weights, upload,
+//! plans) stays outside.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -12,7 +14,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use dg_gpu::testing::{random_context, seeded};
 use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext};
-use dg_model::{ModelConfig, Weights};
+use dg_model::{LayerKind, ModelConfig, TextConfig, Weights};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -31,6 +33,48 @@ pub struct Args {
     /// Adapter name substring.
     #[arg(long)]
     adapter: Option<String>,
+    /// Device memory bandwidth in GB/s for the bandwidth floor (default: the H200's 4.8 TB/s).
+    #[arg(long, default_value_t = 4800.0)]
+    bandwidth: f64,
+}
+
+/// The work of one canvas forward with self-conditioning, counted from the config (matrices only;
+/// norms, RoPE and softmaxes are left out).
+struct Cost {
+    /// FLOPs of each decoder layer: projections, attention over the visible cache plus the canvas,
+    /// dense MLP, router and the top-k experts of every token.
+    layer_flops: Vec<f64>,
+    /// The layers plus the soft embedding P·E, the self-conditioning MLP and the tied head.
+    flops: f64,
+    /// f32 weight bytes read: every matrix once (with C = 256 tokens × top-8 nearly every expert
+    /// is hit) and the embedding twice (soft embedding and head).
+    bytes: f64,
+    /// The part of `bytes` in the decoder layers.
+    layer_bytes: f64,
+}
+
+fn forward_cost(cfg: &TextConfig, canvas: usize, context: usize) -> Cost {
+    let (t, h, heads) = (canvas as f64, cfg.hidden_size as f64, cfg.num_attention_heads as f64);
+    let (dense, e, k, ie) = (cfg.intermediate_size as f64, cfg.num_experts as f64, cfg.top_k_experts as f64, cfg.moe_intermediate_size as f64);
+    let mut layer_flops = Vec::new();
+    let mut layer_params = 0.0;
+    for l in &cfg.layers {
+        let (d, kv) = (l.head_dim as f64, l.num_kv_heads as f64);
+        let cached = match l.kind {
+            LayerKind::Sliding => context.min(cfg.sliding_window - 1),
+            LayerKind::Full => context,
+        };
+        let kv_projections = if l.has_v_proj() { 2.0 } else { 1.0 };
+        // q, o, k (and v), dense gate/up/down, router: every token goes through all of them.
+        let shared = 2.0 * heads * d * h + kv_projections * kv * d * h + 3.0 * h * dense + e * h;
+        let attention = 2.0 * 2.0 * t * heads * d * (cached as f64 + t); // scores and P·V
+        let experts = 2.0 * t * k * 3.0 * h * ie;
+        layer_flops.push(2.0 * t * shared + attention + experts);
+        layer_params += shared + e * 3.0 * h * ie;
+    }
+    let (v, sc_mlp) = (cfg.vocab_size as f64, 3.0 * h * dense);
+    let flops = layer_flops.iter().sum::<f64>() + 2.0 * (2.0 * t * v * h) + 2.0 * t * sc_mlp;
+    Cost { layer_flops, flops, bytes: 4.0 * (layer_params + sc_mlp + 2.0 * v * h), layer_bytes: 4.0 * layer_params }
 }
 
 pub fn run(args: Args) -> Result<bool> {
@@ -63,7 +107,7 @@ pub fn run(args: Args) -> Result<bool> {
     model.set_context(args.context, &layers)?;
     println!("context + plans: {:.2}s, {} dispatches per forward", t.elapsed().as_secs_f64(), model.dispatches());
 
-    let canvas: Vec<u32> = (0..c as u32).map(|i| (i * 2_654_435_761u32) % v as u32).collect();
+    let canvas: Vec<u32> = (0..c as u32).map(|i| i.wrapping_mul(2_654_435_761) % v as u32).collect();
     let sc = seeded(c * v, 99, 8.0);
     let mut logits = vec![0f32; c * v];
     model.canvas_forward(&canvas, Some(&sc), &mut logits)?;
@@ -82,12 +126,38 @@ pub fn run(args: Args) -> Result<bool> {
     let with_read = time(&mut model, true, &mut logits)?;
     assert_eq!(created, model.created(), "a GPU object was created during the timed steps");
     println!("canvas forward (self-conditioning on): {no_read:.2} ms without readback, {with_read:.2} ms with the [C, V] logits readback ({} steps)", args.steps);
+    let cost = forward_cost(cfg, c, args.context);
+    let layers_flops: f64 = cost.layer_flops.iter().sum();
+    println!(
+        "work per forward: {:.1} GFLOP ({:.1} in the {layers_n} layers), {:.2} GB of f32 weights read ({:.2} in the layers)",
+        cost.flops / 1e9,
+        layers_flops / 1e9,
+        cost.bytes / 1e9,
+        cost.layer_bytes / 1e9
+    );
+    let floor_ms = |bytes: f64| bytes / (args.bandwidth * 1e9) * 1e3;
+    println!(
+        "achieved GEMM TFLOP/s (counted FLOPs / wall time): {:.1} over the forward",
+        cost.flops / (no_read * 1e-3) / 1e12
+    );
+    println!(
+        "memory-bandwidth floor at {:.0} GB/s: {:.2} ms per forward (measured {:.1}x the floor), {:.3} ms for the layers",
+        args.bandwidth,
+        floor_ms(cost.bytes),
+        no_read / floor_ms(cost.bytes),
+        floor_ms(cost.layer_bytes)
+    );
     println!("objects created after the first step: none (buffers {}, bind groups {}, pipelines {})", created.buffers, created.bind_groups, created.pipelines);
     let layers_ms = model.time_layers(args.steps)?;
     println!(
         "decoder layers alone (one pass, wall time, {} replays): {layers_ms:.2} ms for {layers_n} layers = {:.3} ms per layer",
         args.steps,
         layers_ms / layers_n as f64
+    );
+    println!(
+        "achieved GEMM TFLOP/s in the decoder layers: {:.1} ({:.1}x the layers' bandwidth floor)",
+        layers_flops / (layers_ms * 1e-3) / 1e12,
+        layers_ms / floor_ms(cost.layer_bytes)
     );
 
     if args.profile {
@@ -108,6 +178,10 @@ pub fn run(args: Args) -> Result<bool> {
             println!("| {scope} | {:.3} |", ns / 1e6);
         }
         println!("mean per layer: {:.3} ms", layer_ms.iter().sum::<f64>() / layers_n as f64);
+        println!("| layer | ms | GFLOP | TFLOP/s |\n|---|---|---|---|");
+        for (i, (ms, flops)) in layer_ms.iter().zip(&cost.layer_flops).enumerate() {
+            println!("| layer{i} ({}) | {ms:.3} | {:.1} | {:.1} |", cfg.layers[i].kind.hf_name(), flops / 1e9, flops / (ms * 1e-3) / 1e12);
+        }
         println!("\n| kernel | dispatches | ms | share |\n|---|---|---|---|");
         let mut kernels: Vec<_> = by_kernel.into_iter().collect();
         kernels.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));

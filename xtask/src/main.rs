@@ -2,9 +2,11 @@
 //!
 //! `cargo xtask parity [--model DIR]... [--backend cpu|gpu|all]` checks reference directories;
 //! `cargo xtask bench [--quick]` runs the criterion benchmarks; `cargo xtask bench-gpu` times the
-//! GPU canvas forward with a per-kernel profile.
+//! GPU canvas forward with a per-kernel profile; `cargo xtask bench-generate` times a GPU-resident
+//! generation.
 
 mod bench;
+mod bench_generate;
 mod bench_gpu;
 mod parity;
 
@@ -25,6 +27,8 @@ enum Command {
     Bench(bench::Args),
     /// Time the GPU canvas forward at a given geometry on random weights.
     BenchGpu(bench_gpu::Args),
+    /// Time a GPU-resident generation (prefill, steps, tokens/s) on random weights.
+    BenchGenerate(bench_generate::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,6 +37,7 @@ fn main() -> std::process::ExitCode {
         Command::Parity(args) => parity::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchGpu(args) => bench_gpu::run(args),
+        Command::BenchGenerate(args) => bench_generate::run(args),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

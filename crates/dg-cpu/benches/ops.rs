@@ -1,12 +1,18 @@
 //! The CPU reference's hot ops at the real model's shapes: the projection GEMMs of both layer
 //! kinds (canvas of 256 tokens), the dense MLP, one expert at ~16 tokens, the head and the
 //! self-conditioning soft embedding at V = 262144 (16 rows, to keep one iteration short), and
-//! attention over a 1024- and a 4096-token context. `DG_BENCH_QUICK=1` divides every dimension by
-//! 8 (the CI smoke run of `cargo xtask bench --quick`).
+//! attention over a 1024- and a 4096-token context, and the router and experts of one MoE layer
+//! (hidden 2816, 128 experts, top-8 of width 704, 256 tokens) on seeded random weights.
+//! `DG_BENCH_QUICK=1` divides every dimension by 8 (the CI smoke run of `cargo xtask bench --quick`).
+
+use std::path::Path;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dg_cpu::attention::{AttnShape, Mask, attention};
 use dg_cpu::linalg::{Threads, View, linear_raw, matmul};
+use dg_cpu::moe;
+use dg_cpu::ops::rms_norm_into;
+use dg_model::{ModelConfig, Weights};
 
 fn quick() -> bool {
     std::env::var("DG_BENCH_QUICK").as_deref() == Ok("1")
@@ -70,5 +76,36 @@ fn attentions(crit: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gemms, attentions);
+fn moe(crit: &mut Criterion) {
+    let s = if quick() { 8 } else { 1 };
+    // The real geometry from the bench config, one layer, a tiny vocabulary (only the layer's
+    // router and experts are used).
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/configs/real-6layer.json");
+    let mut cfg = ModelConfig::from_file(&path).expect("bench config").text;
+    cfg.layers.truncate(1);
+    cfg.vocab_size = 16;
+    cfg.hidden_size /= s;
+    cfg.num_experts /= s;
+    cfg.moe_intermediate_size /= s;
+    cfg.intermediate_size /= s;
+    let weights = Weights::random(&cfg, 0).expect("random weights");
+    let layer = &weights.layers[0];
+    let (t, h) = (256 / s, cfg.hidden_size);
+    // The router reads the residual stream, the experts its pre_feedforward_layernorm_2.
+    let x = data(t * h);
+    let mut u = vec![0f32; t * h];
+    rms_norm_into(&mut u, &x, h, Some(&layer.pre_feedforward_layernorm_2), cfg.rms_norm_eps);
+    let routing = moe::route(&x, t, layer, &cfg);
+    let mut out = vec![0f32; t * h];
+    let (e, k, ie) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
+    let mut group = crit.benchmark_group("cpu_moe");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements((2 * t * e * h) as u64));
+    group.bench_function(format!("router_{t}tok_{e}experts"), |b| b.iter(|| moe::route(&x, t, layer, &cfg)));
+    group.throughput(Throughput::Elements((2 * t * k * 3 * h * ie) as u64));
+    group.bench_function(format!("experts_{t}tok_top{k}"), |b| b.iter(|| moe::experts(&mut out, &u, t, &routing, layer)));
+    group.finish();
+}
+
+criterion_group!(benches, gemms, attentions, moe);
 criterion_main!(benches);

@@ -15,6 +15,13 @@
 //! entries equal to the max are counted apart (as an integer) so peaked rows keep `S − 1` exact enough.
 //! The draw gives each invocation a contiguous chunk of the row: chunk sums, a workgroup prefix scan,
 //! then the invocation whose chunk crosses `u` rescans it entry by entry with the same arithmetic.
+//!
+//! `scaled` equals the CPU's `x / T` bit for bit: Vulkan lets the hardware's f32 division be off by 2.5
+//! ulp (an H200's is off by one for some logits), so the kernel corrects the hardware quotient with an
+//! exact integer test of its rounding interval (`div_rn` in the WGSL; its logic is mirrored and checked
+//! from guesses up to 3 ulps off in the tests below). `exp` is the CPU's Cephes polynomial and `ln S`
+//! Cephes' `logf` on `S − 1` (the CPU takes an f64 `ln_1p`), so no result depends on the platform's
+//! transcendentals, which Vulkan bounds loosely (`log` only to 2⁻²¹ absolute near 1).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -85,5 +92,105 @@ pub fn source() -> KernelSource {
         entry: "main",
         buffers: vec![Access::Read, Access::ReadWrite, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<SampleRowsParams>() as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Mirrors of the kernel's integer helpers: the exact division must recover `x / t` from any
+    //! hardware quotient Vulkan allows, which the device under test (lavapipe divides exactly) cannot show.
+
+    /// `mul_wide` of `sample_rows.wgsl`, line for line.
+    fn mul_wide(a: u32, b: u32) -> (u32, u32) {
+        let (al, ah, bl, bh) = (a & 0xffff, a >> 16, b & 0xffff, b >> 16);
+        let (ll, lh, hl) = (al * bl, al * bh, ah * bl);
+        let mid = (ll >> 16) + (lh & 0xffff) + (hl & 0xffff);
+        ((ll & 0xffff) | (mid << 16), ah * bh + (lh >> 16) + (hl >> 16) + (mid >> 16))
+    }
+
+    fn gt64(a: (u32, u32), b: (u32, u32)) -> bool {
+        a.1 > b.1 || (a.1 == b.1 && a.0 > b.0)
+    }
+
+    /// `div_rn` of `sample_rows.wgsl`, line for line, with the hardware quotient `q0` given.
+    fn div_rn(x: f32, t: f32, q0: f32) -> f32 {
+        let (xb, tb) = (x.to_bits() & 0x7fff_ffff, t.to_bits() & 0x7fff_ffff);
+        let (ex, et) = (xb >> 23, tb >> 23);
+        if ex == 0 || ex == 255 || et == 0 || et == 255 {
+            return q0;
+        }
+        let (mx, mt) = ((xb & 0x7f_ffff) | 0x80_0000, (tb & 0x7f_ffff) | 0x80_0000);
+        let mut qb = q0.to_bits() & 0x7fff_ffff;
+        for _ in 0..4 {
+            let eq = qb >> 23;
+            let sh = ex as i32 - et as i32 - eq as i32 + 152;
+            if eq == 0 || eq == 255 || !(1..=31).contains(&sh) {
+                return q0;
+            }
+            let mq = (qb & 0x7f_ffff) | 0x80_0000;
+            let a = (mx << sh as u32, mx >> (32 - sh) as u32);
+            if gt64(a, mul_wide(mt, 4 * mq + 2)) {
+                qb += 1;
+            } else if gt64(mul_wide(mt, 4 * mq - if mq == 0x80_0000 { 1 } else { 2 }), a) {
+                qb -= 1;
+            } else {
+                break;
+            }
+        }
+        f32::from_bits(qb | (q0.to_bits() & 0x8000_0000))
+    }
+
+    #[test]
+    fn mul_wide_is_the_u64_product() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..100_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let (a, b) = (s as u32, (s >> 32) as u32);
+            let (lo, hi) = mul_wide(a, b);
+            assert_eq!(u64::from(lo) | (u64::from(hi) << 32), u64::from(a) * u64::from(b), "{a} * {b}");
+        }
+    }
+
+    /// The division's correction recovers `x / t` from guesses up to 3 ulps off (Vulkan allows 2.5),
+    /// across binade edges (significands near 1 and 2, powers of two) and the temperatures in use.
+    #[test]
+    fn div_rn_corrects_guesses_within_three_ulps() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut checked = 0;
+        for case in 0..200_000 {
+            let r = next();
+            let x = match case % 4 {
+                0 => f32::from_bits(r as u32 & 0x807f_ffff | (((r >> 40) % 40 + 110) as u32) << 23), // |x| in ~[2^-17, 2^23)
+                1 => f32::from_bits((r as u32 & 0x8000_0007) | ((((r >> 40) % 8 + 124) as u32) << 23)), // significand near 1
+                2 => f32::from_bits((r as u32 | 0x007f_fff8) & 0x807f_ffff | ((((r >> 40) % 8 + 124) as u32) << 23)), // near 2
+                _ => ((r >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 30.0,
+            };
+            let t = match (r >> 20) % 4 {
+                0 => 0.8,
+                1 => 0.408,
+                2 => 1.0,
+                _ => f32::from_bits((r >> 8) as u32 & 0x007f_ffff | 0x3f00_0000), // [0.5, 1)
+            };
+            let want = x / t;
+            let wb = want.to_bits() & 0x7fff_ffff;
+            if x == 0.0 || !want.is_normal() || !(0x0100_0000..=0x7f00_0000).contains(&wb) {
+                continue;
+            }
+            for k in -3i32..=3 {
+                let guess = f32::from_bits(((wb as i32 + k) as u32) | (want.to_bits() & 0x8000_0000));
+                let got = div_rn(x, t, guess);
+                assert_eq!(got.to_bits(), want.to_bits(), "{x:e} / {t:e}: guess {guess:e} ({k:+} ulp) gave {got:e}, want {want:e}");
+            }
+            checked += 1;
+        }
+        assert!(checked > 150_000, "only {checked} cases checked");
     }
 }

@@ -1,5 +1,6 @@
 // Per-row work of one denoising step (mirrors dg_sampler::rows: process_row, RowDistributions::sample).
-// Row r of logits: [rows, V]. With y = logits / T (an f32 division), max = max(y), e = exp(y - max):
+// Row r of logits: [rows, V]. With y = logits / T (the correctly rounded f32 division), max = max(y),
+// e = exp(y - max):
 //   scaled[r, :] = y;
 //   results[r] = (entropy bits, first argmax, sampled, first non-finite column + 1 or 0);
 //   S = count(y == max) + sum over y < max of e,  N = -sum e * (y - max),  entropy = ln S + N / S;
@@ -7,12 +8,12 @@
 //           no such v (rounding): the last v with p_v > 0.  Other modes: sampled = draws[r].
 // One workgroup per row; rows beyond 65535 workgroups wrap into the y dimension.
 // Pass 1 (strided): y, scaled, first non-finite column, per-invocation (max, first index) merged by a tree.
-// Pass 2 (strided): count at max (u32), sum of the other e and N in f32 blocks of BLOCK terms, then a tree.
+// Pass 2 (strided, reading back what the same invocation wrote to scaled): count at max (u32), sum of the
+// other e and N in f32 blocks of BLOCK terms, then a tree.
 // Pass 3 (mode 0, contiguous chunks of ceil(V / WG)): chunk sums of p in the same blocked f32 arithmetic,
 // a Hillis-Steele prefix scan of the chunk sums, then the first chunk whose inclusive sum exceeds u is
 // rescanned entry by entry; its last partial sum equals the chunk sum bit for bit, so it holds the crossing.
-// Passes 2 and 3 recompute y from logits (the same division) rather than reading scaled back, so no
-// storage barrier is needed.
+// Pass 3 reads scaled entries written by other invocations: a storage barrier follows pass 1.
 
 struct Params {
     rows: u32,
@@ -117,6 +118,63 @@ fn ln1p_nonneg(r: f32) -> f32 {
     return (f + y) + LN2_HI * e;
 }
 
+// The 64-bit product of two u32 as (low, high) words, from 16-bit halves.
+fn mul_wide(a: u32, b: u32) -> vec2<u32> {
+    let al = a & 0xffffu;
+    let ah = a >> 16u;
+    let bl = b & 0xffffu;
+    let bh = b >> 16u;
+    let ll = al * bl;
+    let lh = al * bh;
+    let hl = ah * bl;
+    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    return vec2<u32>((ll & 0xffffu) | (mid << 16u), ah * bh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u));
+}
+
+// a > b for (low, high) pairs.
+fn gt64(a: vec2<u32>, b: vec2<u32>) -> bool {
+    return a.y > b.y || (a.y == b.y && a.x > b.x);
+}
+
+// x / t rounded to nearest even, as the CPU's f32 division. Vulkan lets the hardware quotient be off by
+// 2.5 ulp (an H200's is off by one ulp for some inputs), so it is only the first guess q. With the 24-bit
+// significands mx, mt, mq (x = mx 2^(ex-150), likewise t and q), q is the rounded quotient iff
+// 4 mx 2^(ex-et-eq+150) lies within [mt (4 mq - 2), mt (4 mq + 2)] (the lower end mt (4 mq - 1) when q is a
+// power of two, whose lower neighbour is half as far), which 64-bit integer products decide exactly;
+// otherwise q moves one ulp towards x / t and is tested again. No tie is possible (a quotient of 24-bit
+// significands is never a 25-bit midpoint), so the ends need no rule. Zero, subnormal or non-finite
+// x, t or q (and results that would leave the normal range) keep the hardware quotient.
+fn div_rn(x: f32, t: f32) -> f32 {
+    let q0 = x / t;
+    let xb = bitcast<u32>(x) & 0x7fffffffu;
+    let tb = bitcast<u32>(t) & 0x7fffffffu;
+    let ex = xb >> 23u;
+    let et = tb >> 23u;
+    if (ex == 0u || ex == 255u || et == 0u || et == 255u) {
+        return q0;
+    }
+    let mx = (xb & 0x7fffffu) | 0x800000u;
+    let mt = (tb & 0x7fffffu) | 0x800000u;
+    var qb = bitcast<u32>(q0) & 0x7fffffffu;
+    for (var k = 0u; k < 4u; k++) {
+        let eq = qb >> 23u;
+        let sh = i32(ex) - i32(et) - i32(eq) + 152; // 24..27 for q within a few ulps of x / t
+        if (eq == 0u || eq == 255u || sh < 1 || sh > 31) {
+            return q0;
+        }
+        let mq = (qb & 0x7fffffu) | 0x800000u;
+        let a = vec2<u32>(mx << u32(sh), mx >> u32(32 - sh));
+        if (gt64(a, mul_wide(mt, 4u * mq + 2u))) {
+            qb += 1u;
+        } else if (gt64(mul_wide(mt, 4u * mq - select(2u, 1u, mq == 0x800000u)), a)) {
+            qb -= 1u;
+        } else {
+            break;
+        }
+    }
+    return bitcast<f32>(qb | (bitcast<u32>(q0) & 0x80000000u));
+}
+
 // Exponent bits all ones: +-inf or NaN (bit test, so no compiler assumption about NaN can remove it).
 fn non_finite(y: f32) -> bool {
     return (bitcast<u32>(y) & 0x7f800000u) == 0x7f800000u;
@@ -146,7 +204,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var m_idx = NONE;
     var bad = NONE;
     for (var j = i; j < v_n; j += WG) {
-        let y = logits[base + j] / t;
+        let y = div_rn(logits[base + j], t);
         scaled[base + j] = y;
         if (bad == NONE && non_finite(y)) {
             bad = j;
@@ -158,6 +216,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     red_max[i] = m;
     red_idx[i] = m_idx;
+    storageBarrier();
     workgroupBarrier();
     if (bad != NONE) {
         atomicMin(&first_bad, bad);
@@ -183,7 +242,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var b_wsum = 0.0;
     var b_n = 0u;
     for (var j = i; j < v_n; j += WG) {
-        let y = logits[base + j] / t;
+        let y = scaled[base + j];
         let ed = exp_nonpos(y - row_max);
         let at_max = y == row_max;
         cnt += select(0u, 1u, at_max);
@@ -226,7 +285,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         var inner = 0.0;
         var n_in = 0u;
         for (var j = lo; j < hi; j++) {
-            inner += exp_nonpos(logits[base + j] / t - row_max).x / s;
+            inner += exp_nonpos(scaled[base + j] - row_max).x / s;
             n_in += 1u;
             if (n_in == BLOCK) {
                 outer += inner;
@@ -266,7 +325,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             n_in = 0u;
             var found = hi - 1u;
             for (var j = lo; j < hi; j++) {
-                let pj = exp_nonpos(logits[base + j] / t - row_max).x / s;
+                let pj = exp_nonpos(scaled[base + j] - row_max).x / s;
                 inner += pj;
                 n_in += 1u;
                 let part = outer + inner;
@@ -285,7 +344,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             // u is above the rounded total: the last entry with non-zero probability.
             var found = lo;
             for (var j = lo; j < hi; j++) {
-                if (exp_nonpos(logits[base + j] / t - row_max).x / s > 0.0) {
+                if (exp_nonpos(scaled[base + j] - row_max).x / s > 0.0) {
                     found = j;
                 }
             }

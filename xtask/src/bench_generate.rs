@@ -1,0 +1,132 @@
+//! `cargo xtask bench-generate`: GPU-resident generation at a given geometry (default: the real
+//! model's with 6 layers) on random weights: prompt prefill on the GPU encoder, then `canvases`
+//! blocks of `steps` denoising steps each with adaptive stopping off and no EOS ids (so every
+//! block runs every step, like the transformers side of the comparison), the sampler's per-row
+//! work on the GPU.
+//!
+//! Prints prefill ms (the encoder over the prompt), commit ms (a finished canvas encoded), ms per
+//! denoising step (forward + per-row work + the 16-byte-per-position readback + the host's
+//! acceptance and renoising), total generate ms and generated tokens per second. A warm-up
+//! generation runs first; timing waits for the device before reading the clock.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use dg_gpu::{GpuContext, GpuModel, GpuOptions};
+use dg_model::{GenerationConfig, ModelConfig, Weights};
+use dg_sampler::{CategoricalRequest, NoHooks, ResidentModel, RowResult, SeededRng, generate_resident};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model config (HF config.json format).
+    #[arg(long, default_value = "bench/configs/real-6layer.json")]
+    config: PathBuf,
+    /// Prompt tokens (random ids).
+    #[arg(long, default_value_t = 1024)]
+    prompt: usize,
+    /// Canvases generated.
+    #[arg(long, default_value_t = 2)]
+    canvases: usize,
+    /// Denoising steps per canvas (all run: stopping is off).
+    #[arg(long, default_value_t = 48)]
+    steps: usize,
+    /// Timed generations after the warm-up (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Adapter name substring.
+    #[arg(long)]
+    adapter: Option<String>,
+}
+
+/// The GPU model with the wall time of each kind of call.
+struct Timed<'m> {
+    model: &'m mut GpuModel,
+    encodes: Vec<Duration>,
+    steps: Vec<Duration>,
+}
+
+impl ResidentModel for Timed<'_> {
+    type Error = dg_gpu::GpuError;
+    fn encode(&mut self, ids: &[u32]) -> Result<(), Self::Error> {
+        let start = Instant::now();
+        let r = self.model.encode(ids);
+        self.encodes.push(start.elapsed());
+        r
+    }
+    fn denoise_rows(&mut self, canvas: &[u32], sc: bool, t: f32, draw: CategoricalRequest<'_>, rows: &mut [RowResult]) -> Result<(), Self::Error> {
+        let start = Instant::now();
+        let r = self.model.denoise_rows(canvas, sc, t, draw, rows);
+        self.steps.push(start.elapsed());
+        r
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn run(args: Args) -> Result<bool> {
+    let config = ModelConfig::from_file(&args.config).with_context(|| format!("reading {}", args.config.display()))?;
+    let cfg = &config.text;
+    let c = config.canvas_length;
+    let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone() })?;
+    println!("adapter: {} ({:?}, driver {} {})", ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info);
+    println!(
+        "config: {} ({} layers, hidden {}, vocab {}, canvas {c}); prompt {} tokens, {} canvases × {} steps, stopping off",
+        args.config.display(),
+        cfg.num_layers(),
+        cfg.hidden_size,
+        cfg.vocab_size,
+        args.prompt,
+        args.canvases,
+        args.steps
+    );
+    let weights = Weights::random(cfg, 0)?;
+    let max_context = args.prompt + args.canvases * c;
+    let mut model = GpuModel::new(ctx, &config, &weights, max_context)?;
+    drop(weights);
+    let settings = GenerationConfig {
+        max_new_tokens: args.canvases * c,
+        max_denoising_steps: args.steps,
+        stopping: None,
+        eos_token_ids: vec![],
+        ..GenerationConfig::default()
+    };
+    let mut rng = SeededRng::new(1);
+    let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.below(cfg.vocab_size as u32)).collect();
+
+    let mut rows = Vec::new();
+    for run in 0..=args.runs {
+        model.reset();
+        let mut timed = Timed { model: &mut model, encodes: Vec::new(), steps: Vec::new() };
+        let start = Instant::now();
+        let g = generate_resident(&mut timed, &prompt, &settings, c, cfg.vocab_size, &mut SeededRng::new(run as u64), &mut NoHooks)?;
+        let total = start.elapsed();
+        anyhow::ensure!(g.decoder_passes == args.canvases * args.steps, "ran {} decoder passes", g.decoder_passes);
+        if run > 0 {
+            let new_tokens = g.new_tokens().len() as f64;
+            let steps: Vec<f64> = timed.steps.iter().copied().map(ms).collect();
+            rows.push((
+                ms(timed.encodes[0]),
+                timed.encodes[1..].iter().copied().map(ms).sum::<f64>() / (timed.encodes.len() - 1).max(1) as f64,
+                steps.iter().sum::<f64>() / steps.len() as f64,
+                ms(total),
+                new_tokens / total.as_secs_f64(),
+            ));
+        }
+    }
+    let col = |f: fn(&(f64, f64, f64, f64, f64)) -> f64| median(rows.iter().map(f).collect());
+    println!("prefill (GPU encoder, {} tokens): {:.2} ms", args.prompt, col(|r| r.0));
+    println!("canvas commit (encoder, {c} tokens): {:.2} ms", col(|r| r.1));
+    println!("denoising step (forward + sampler rows + readback + host acceptance): {:.2} ms", col(|r| r.2));
+    println!("generate total ({} canvases, {} steps): {:.1} ms", args.canvases, args.canvases * args.steps, col(|r| r.3));
+    println!("generated tokens per second: {:.1}", col(|r| r.4));
+    println!("(median of {} runs after a warm-up)", args.runs);
+    Ok(true)
+}
