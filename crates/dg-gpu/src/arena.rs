@@ -1,5 +1,6 @@
-//! The activation arena: every buffer one canvas forward needs, allocated once for the largest
-//! shapes (canvas C, at most `max_context` cached tokens), reused by every step of every block.
+//! The activation arena: every buffer one canvas forward or encoder chunk needs, allocated once for
+//! the largest shapes (canvas C or an encoder chunk of up to [`PREFILL_CHUNK`] tokens, at most
+//! `max_context` cached tokens), reused by every step of every block.
 
 use dg_model::{ModelConfig, TextConfig};
 
@@ -17,10 +18,16 @@ pub struct CacheBuffers {
     pub values: wgpu::Buffer,
 }
 
+/// Tokens per encoder chunk at most (a longer prompt is encoded in several): 1024 rows of activations
+/// keep the GEMMs as wide as a prefill allows while the arena stays a few hundred MB at the real size.
+pub const PREFILL_CHUNK: usize = 1024;
+
 /// Activation buffers.
 #[derive(Debug)]
 pub struct Arena {
     pub canvas: usize,
+    /// Rows of the per-token activations: max(C, the encoder's chunk).
+    pub token_rows: usize,
     pub max_context: usize,
     /// u32 canvas ids `[C]`.
     pub ids: wgpu::Buffer,
@@ -97,6 +104,8 @@ impl Arena {
     pub fn new(ctx: &GpuContext, config: &ModelConfig, max_context: usize) -> Result<Self, GpuError> {
         let cfg = &config.text;
         let c = config.canvas_length;
+        // Rows of the per-token activations: the canvas, or an encoder chunk.
+        let r = c.max(PREFILL_CHUNK.min(max_context));
         let (h, v, i, e_i, k) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.moe_intermediate_size, cfg.top_k_experts);
         let (q_w, kv_w) = max_dims(cfg);
         let heads = cfg.num_attention_heads;
@@ -112,36 +121,38 @@ impl Arena {
             .collect::<Result<Vec<_>, GpuError>>()?;
         let half = |kind: dg_model::LayerKind| cfg.layers.iter().find(|l| l.kind == kind).map_or(1, |l| l.head_dim / 2);
         let rope = |name: &str, hd: usize| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
-            Ok((f(&format!("rope.{name}.cos"), c * hd)?, f(&format!("rope.{name}.sin"), c * hd)?))
+            Ok((f(&format!("rope.{name}.cos"), r * hd)?, f(&format!("rope.{name}.sin"), r * hd)?))
         };
         Ok(Arena {
             canvas: c,
+            token_rows: r,
             max_context,
-            ids: f("ids", c)?,
-            embedded: f("embedded", c * h)?,
-            hidden: f("hidden", c * h)?,
-            normed: f("normed", c * h)?,
-            q_raw: f("q_raw", c * q_w)?,
-            q: f("q", c * q_w)?,
-            kv_raw: f("kv_raw", 2 * c * kv_w)?,
-            k_new: f("k_new", c * kv_w)?,
-            v_new: f("v_new", 2 * c * kv_w)?,
-            scores: f("scores", heads * c * (max_context + c))?,
-            attn: f("attn", c * q_w)?,
-            proj: f("proj", c * h)?,
-            gate_up: f("gate_up", c * 2 * i.max(1))?,
-            act: f("act", c * i)?,
-            dense: f("dense", c * h)?,
-            moe: f("moe", c * h)?,
-            router_logits: f("router_logits", c * cfg.num_experts)?,
-            topk_idx: f("topk_idx", c * k)?,
-            topk_w: f("topk_w", c * k)?,
+            ids: f("ids", r)?,
+            embedded: f("embedded", r * h)?,
+            hidden: f("hidden", r * h)?,
+            normed: f("normed", r * h)?,
+            q_raw: f("q_raw", r * q_w)?,
+            q: f("q", r * q_w)?,
+            kv_raw: f("kv_raw", 2 * r * kv_w)?,
+            k_new: f("k_new", r * kv_w)?,
+            v_new: f("v_new", 2 * r * kv_w)?,
+            // Decoder: [heads, C, visible + C]; encoder chunk: [heads, T, at most max_context].
+            scores: f("scores", heads * (c * (max_context + c)).max(r * max_context))?,
+            attn: f("attn", r * q_w)?,
+            proj: f("proj", r * h)?,
+            gate_up: f("gate_up", r * 2 * i.max(1))?,
+            act: f("act", r * i)?,
+            dense: f("dense", r * h)?,
+            moe: f("moe", r * h)?,
+            router_logits: f("router_logits", r * cfg.num_experts)?,
+            topk_idx: f("topk_idx", r * k)?,
+            topk_w: f("topk_w", r * k)?,
             offsets: f("offsets", cfg.num_experts + 1)?,
-            rows: f("rows", c * k)?,
-            slot_of: f("slot_of", c * k)?,
-            expert_gate_up: f("expert_gate_up", c * k * 2 * e_i)?,
-            expert_act: f("expert_act", c * k * e_i)?,
-            expert_out: f("expert_out", c * k * h)?,
+            rows: f("rows", r * k)?,
+            slot_of: f("slot_of", r * k)?,
+            expert_gate_up: f("expert_gate_up", r * k * 2 * e_i)?,
+            expert_act: f("expert_act", r * k * e_i)?,
+            expert_out: f("expert_out", r * k * h)?,
             sc_probs: f("sc_probs", c * v)?,
             logits: f("logits", c * v)?,
             rope_sliding: rope("sliding", half(dg_model::LayerKind::Sliding))?,

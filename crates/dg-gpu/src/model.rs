@@ -52,6 +52,8 @@ pub struct GpuModel {
     context_ready: bool,
     /// u32 staging of the per-step draw inputs.
     draw_words: Vec<u32>,
+    /// Tokens per encoder chunk (at most the arena's rows).
+    prefill_chunk: usize,
 }
 
 impl std::fmt::Debug for GpuModel {
@@ -84,12 +86,13 @@ impl GpuModel {
             config: config.clone(),
             pipelines,
             weights: gpu_weights,
-            arena,
             plans: None,
             sample_plan,
             seq_len: 0,
             context_ready: false,
             draw_words: vec![0; config.canvas_length],
+            prefill_chunk: arena.token_rows,
+            arena,
         })
     }
 
@@ -117,6 +120,12 @@ impl GpuModel {
         self.arena.max_context
     }
 
+    /// Encodes in chunks of at most `tokens` (clamped to 1..=the arena's rows; the default is the
+    /// largest). Chunking changes only rounding (spec §4.5); tests use it to exercise chunk seams.
+    pub fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens.clamp(1, self.arena.token_rows);
+    }
+
     /// Forgets every cached token.
     pub fn reset(&mut self) {
         self.seq_len = 0;
@@ -124,7 +133,8 @@ impl GpuModel {
     }
 
     /// Encodes `ids` causally at the next positions on the GPU, appending every layer's K/V to the
-    /// cache (spec §4): in chunks of at most C tokens, each one submit. Image placeholders become pad.
+    /// cache (spec §4): in chunks of at most `max(C, PREFILL_CHUNK)` tokens, each one submit. Image
+    /// placeholders become pad.
     pub fn encode(&mut self, ids: &[u32]) -> Result<(), GpuError> {
         let cfg = &self.config.text;
         if ids.is_empty() {
@@ -153,7 +163,7 @@ impl GpuModel {
             })
             .collect();
         self.context_ready = false;
-        for chunk in ids.chunks(self.config.canvas_length) {
+        for chunk in ids.chunks(self.prefill_chunk) {
             let start = self.seq_len;
             self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(chunk));
             self.write_rope(start, chunk.len());

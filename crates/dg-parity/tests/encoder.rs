@@ -1,0 +1,51 @@
+//! The GPU encoder against the CPU encoder on the cache contents, with the prompt split into chunks
+//! of several sizes (1 token, a size that leaves a partial last chunk, one chunk) and a committed
+//! block after it: chunk seams must not change the K/V beyond rounding (spec §4.5), in sliding
+//! layers (window 8 here, shorter than the prompt) and full layers alike.
+
+use std::path::Path;
+
+use dg_gpu::testing::test_context;
+use dg_model::ModelDir;
+use dg_parity::checks::Backend;
+use dg_parity::gpu::GpuBackend;
+use dg_parity::reference::Reference;
+
+#[test]
+fn gpu_encoder_cache_matches_cpu_for_every_chunk_size() {
+    let Some(ctx) = test_context("gpu_encoder_cache_matches_cpu_for_every_chunk_size") else { return };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/sliding-long-prompt");
+    let model = ModelDir::open(&dir).unwrap();
+    let reference = Reference::open(&dir).unwrap();
+    let prompt = reference.ids("prompt_ids").unwrap();
+    let block2 = reference.ids("block2_ids").unwrap();
+    assert!(prompt.len() > model.config.text.sliding_window, "the prompt must outrun the window");
+    let mut gpu = GpuBackend::new(ctx, &model.config, model.load_weights().unwrap(), 512).unwrap();
+    for chunk in [1, 5, prompt.len()] {
+        gpu.gpu.set_prefill_chunk(chunk);
+        let r = gpu.cache_check(&[&prompt, &block2]).unwrap().unwrap();
+        assert!(r.passed, "chunk {chunk}: {} {}", r.name, r.detail);
+    }
+}
+
+#[test]
+fn gpu_encoder_rejects_bad_input_by_name() {
+    let Some(ctx) = test_context("gpu_encoder_rejects_bad_input_by_name") else { return };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/sliding-long-prompt");
+    let model = ModelDir::open(&dir).unwrap();
+    let v = model.config.text.vocab_size as u32;
+    let mut gpu = dg_gpu::GpuModel::new(ctx, &model.config, &model.load_weights().unwrap(), 40).unwrap();
+    let e = gpu.encode(&[1, 2, v]).unwrap_err().to_string();
+    assert!(e.contains(&format!("token id {v} at position 2")) && e.contains(&format!("vocab_size {v}")), "{e}");
+    let e = gpu.encode(&vec![1; 41]).unwrap_err().to_string();
+    assert!(e.contains("41 tokens") && e.contains("max_context 40"), "{e}");
+    assert!(gpu.encode(&[]).unwrap_err().to_string().contains("empty"));
+    // Nothing was encoded by the failed calls; a canvas forward without context says so.
+    let c = model.config.canvas_length;
+    let mut logits = vec![0f32; c * v as usize];
+    let e = gpu.canvas_forward(&vec![0; c], None, &mut logits).unwrap_err().to_string();
+    assert!(e.contains("encode a prompt"), "{e}");
+    gpu.encode(&[1; 40]).unwrap();
+    let e = gpu.canvas_forward(&vec![v; c], None, &mut logits).unwrap_err().to_string();
+    assert!(e.contains("of the canvas is out of range"), "{e}");
+}
