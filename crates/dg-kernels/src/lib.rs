@@ -45,6 +45,28 @@ pub fn all_variants() -> Vec<KernelSource> {
     .collect()
 }
 
+/// How a weight matrix is stored on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WeightFormat {
+    /// One f32 per element.
+    #[default]
+    F32,
+    /// BF16, two per u32 word: element `i` in bits `16·(i & 1) .. 16·(i & 1) + 16` of word `i >> 1`
+    /// (little-endian pairs, the checkpoint's own bytes). Unpacked in the shader as `bits << 16`,
+    /// exact; arithmetic stays f32.
+    Bf16,
+}
+
+impl WeightFormat {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            WeightFormat::F32 => 4,
+            WeightFormat::Bf16 => 2,
+        }
+    }
+}
+
 /// How a kernel uses one of its storage buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Access {
