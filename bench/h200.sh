@@ -77,7 +77,7 @@ done
     f32_peak=$(sed -n 's/^peak matmul f32 .*: \([0-9.]*\) TFLOP\/s.*/\1/p' "$OUT/peak.log")
     copy_peak=$(sed -n 's/^peak copy .*: \([0-9.]*\) GB\/s.*/\1/p' "$OUT/peak.log")
     dg_tflops=$(sed -n 's/^achieved GEMM TFLOP\/s in the decoder layers: \([0-9.]*\).*/\1/p' "$OUT/dg_forward.log")
-    dg_bytes=$(sed -n 's/^work per forward: .*, \([0-9.]*\) GB of f32 weights.*/\1/p' "$OUT/dg_forward.log")
+    dg_bytes=$(sed -n 's/^work per forward: .*, \([0-9.]*\) GB of weights.*/\1/p' "$OUT/dg_forward.log")
     dg_ms=$(sed -n 's/^canvas forward (self-conditioning on): \([0-9.]*\) ms without readback.*/\1/p' "$OUT/dg_forward.log")
     for run in float32 bfloat16 bfloat16_compile; do
         pattern=' canvas_forward_sc: median'

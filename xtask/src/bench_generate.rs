@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use dg_gpu::{GpuContext, GpuModel, GpuOptions};
-use dg_model::{GenerationConfig, ModelConfig, Weights};
+use dg_gpu::{GpuContext, GpuModel, GpuOptions, WeightFormat};
+use dg_model::{GenerationConfig, ModelConfig, RandomWeights};
 use dg_sampler::{CategoricalRequest, NoHooks, ResidentModel, RowResult, SeededRng, generate_resident};
 
 #[derive(Debug, clap::Args)]
@@ -37,6 +37,9 @@ pub struct Args {
     /// Adapter name substring.
     #[arg(long)]
     adapter: Option<String>,
+    /// Store the weight matrices as BF16 on the GPU (arithmetic stays f32).
+    #[arg(long)]
+    bf16: bool,
 }
 
 /// The GPU model with the wall time of each kind of call.
@@ -87,10 +90,10 @@ pub fn run(args: Args) -> Result<bool> {
         args.canvases,
         args.steps
     );
-    let weights = Weights::random(cfg, 0)?;
     let max_context = args.prompt + args.canvases * c;
-    let mut model = GpuModel::new(ctx, &config, &weights, max_context)?;
-    drop(weights);
+    let format = if args.bf16 { WeightFormat::Bf16 } else { WeightFormat::F32 };
+    let mut model = GpuModel::from_source(ctx, &config, &mut RandomWeights::new(0), max_context, format)?;
+    println!("weights on the GPU: {:.2} GB ({format:?})", model.weight_bytes() as f64 / 1e9);
     let settings = GenerationConfig {
         max_new_tokens: args.canvases * c,
         max_denoising_steps: args.steps,

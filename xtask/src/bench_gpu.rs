@@ -13,8 +13,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use dg_gpu::testing::{random_context, seeded};
-use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext};
-use dg_model::{LayerKind, ModelConfig, TextConfig, Weights};
+use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext, WeightFormat};
+use dg_model::{LayerKind, ModelConfig, RandomWeights, TextConfig};
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum WeightsArg {
+    F32,
+    Bf16,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -33,6 +39,9 @@ pub struct Args {
     /// Adapter name substring.
     #[arg(long)]
     adapter: Option<String>,
+    /// Storage of the weight matrices on the GPU (arithmetic is f32 either way).
+    #[arg(long, value_enum, default_value = "f32")]
+    weights: WeightsArg,
     /// Device memory bandwidth in GB/s for the bandwidth floor (default: the H200's 4.8 TB/s).
     #[arg(long, default_value_t = 4800.0)]
     bandwidth: f64,
@@ -53,7 +62,7 @@ struct Cost {
     layer_bytes: f64,
 }
 
-fn forward_cost(cfg: &TextConfig, canvas: usize, context: usize) -> Cost {
+fn forward_cost(cfg: &TextConfig, canvas: usize, context: usize, bytes_per_weight: f64) -> Cost {
     let (t, h, heads) = (canvas as f64, cfg.hidden_size as f64, cfg.num_attention_heads as f64);
     let (dense, e, k, ie) = (cfg.intermediate_size as f64, cfg.num_experts as f64, cfg.top_k_experts as f64, cfg.moe_intermediate_size as f64);
     let mut layer_flops = Vec::new();
@@ -74,7 +83,7 @@ fn forward_cost(cfg: &TextConfig, canvas: usize, context: usize) -> Cost {
     }
     let (v, sc_mlp) = (cfg.vocab_size as f64, 3.0 * h * dense);
     let flops = layer_flops.iter().sum::<f64>() + 2.0 * (2.0 * t * v * h) + 2.0 * t * sc_mlp;
-    Cost { layer_flops, flops, bytes: 4.0 * (layer_params + sc_mlp + 2.0 * v * h), layer_bytes: 4.0 * layer_params }
+    Cost { layer_flops, flops, bytes: bytes_per_weight * (layer_params + sc_mlp + 2.0 * v * h), layer_bytes: bytes_per_weight * layer_params }
 }
 
 pub fn run(args: Args) -> Result<bool> {
@@ -90,16 +99,22 @@ pub fn run(args: Args) -> Result<bool> {
         cfg.top_k_experts,
         args.context
     );
-    let t = Instant::now();
-    let weights = Weights::random(cfg, 0)?;
-    println!("random weights: {:.1}s", t.elapsed().as_secs_f64());
-
     let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone() })?;
     println!("adapter: {} ({:?}, {:?}, driver {} {})", ctx.info.name, ctx.info.device_type, ctx.info.backend, ctx.info.driver, ctx.info.driver_info);
     let t = Instant::now();
-    let mut model = GpuModel::new(ctx, &config, &weights, args.context)?;
-    drop(weights);
-    println!("upload: {:.1}s, {:.2} GB of weights", t.elapsed().as_secs_f64(), model.weight_bytes() as f64 / 1e9);
+    let format = match args.weights {
+        WeightsArg::F32 => WeightFormat::F32,
+        WeightsArg::Bf16 => WeightFormat::Bf16,
+    };
+    // Random weights generated and uploaded one layer at a time (the 30-layer model is 104 GB in f32).
+    let mut model = GpuModel::from_source(ctx, &config, &mut RandomWeights::new(0), args.context, format)?;
+    println!(
+        "random weights + upload: {:.1}s, {:.2} GB of weights on the GPU ({:?}, {:.2} bytes per parameter)",
+        t.elapsed().as_secs_f64(),
+        model.weight_bytes() as f64 / 1e9,
+        format,
+        model.weight_bytes() as f64 / model.weight_parameters().max(1) as f64
+    );
 
     let kv = random_context(cfg, args.context);
     let layers: Vec<LayerContext<'_>> = kv.iter().map(|(k, v)| LayerContext { keys: k, values: v }).collect();
@@ -126,10 +141,10 @@ pub fn run(args: Args) -> Result<bool> {
     let with_read = time(&mut model, true, &mut logits)?;
     assert_eq!(created, model.created(), "a GPU object was created during the timed steps");
     println!("canvas forward (self-conditioning on): {no_read:.2} ms without readback, {with_read:.2} ms with the [C, V] logits readback ({} steps)", args.steps);
-    let cost = forward_cost(cfg, c, args.context);
+    let cost = forward_cost(cfg, c, args.context, format.bytes() as f64);
     let layers_flops: f64 = cost.layer_flops.iter().sum();
     println!(
-        "work per forward: {:.1} GFLOP ({:.1} in the {layers_n} layers), {:.2} GB of f32 weights read ({:.2} in the layers)",
+        "work per forward: {:.1} GFLOP ({:.1} in the {layers_n} layers), {:.2} GB of weights read ({:.2} in the layers)",
         cost.flops / 1e9,
         layers_flops / 1e9,
         cost.bytes / 1e9,

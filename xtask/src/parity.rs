@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use dg_cpu::CpuModel;
 use dg_model::ModelDir;
 use dg_parity::checks::{Backend, CheckResult, logits_checks};
-use dg_gpu::{GpuContext, GpuOptions};
+use dg_gpu::{GpuContext, GpuOptions, WeightFormat};
 use dg_parity::cpu::CpuBackend;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
@@ -28,6 +28,11 @@ pub struct Args {
 enum BackendChoice {
     Cpu,
     Gpu,
+    /// The GPU with BF16 weight storage: checked against the dump only where the checkpoint's
+    /// matrices are BF16 (exact); f32 checkpoints are covered by dg-parity's tests against the CPU
+    /// on the same rounded weights.
+    GpuBf16,
+    /// cpu, gpu and gpu-bf16.
     All,
 }
 
@@ -71,11 +76,21 @@ fn check_dir(dir: &Path, choice: BackendChoice) -> Result<Vec<(&'static str, Che
     if matches!(choice, BackendChoice::Cpu | BackendChoice::All) {
         backends.push(Box::new(CpuBackend(CpuModel::new(model_dir.config.clone(), weights.clone()))));
     }
+    let max_context = sequence_length(&reference).max(1);
     if matches!(choice, BackendChoice::Gpu | BackendChoice::All) {
         let ctx = GpuContext::new(&GpuOptions::default())?;
-        let max_context = sequence_length(&reference).max(1);
-        let gpu = GpuBackend::new(ctx, &model_dir.config, weights, max_context).map_err(|e| anyhow::anyhow!(e))?;
+        let gpu = GpuBackend::new(ctx, &model_dir.config, weights.clone(), max_context).map_err(|e| anyhow::anyhow!(e))?;
         backends.push(Box::new(gpu));
+    }
+    if matches!(choice, BackendChoice::GpuBf16 | BackendChoice::All) {
+        if model_dir.matrices_are_bf16() {
+            let ctx = GpuContext::new(&GpuOptions::default())?;
+            let gpu = GpuBackend::with_format(ctx, &model_dir.config, weights, max_context, WeightFormat::Bf16).map_err(|e| anyhow::anyhow!(e))?;
+            backends.push(Box::new(gpu));
+        } else if choice == BackendChoice::GpuBf16 {
+            let label = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+            eprintln!("  SKIP gpu-bf16:{label}: an f32 checkpoint (BF16 storage would round it; the dump is not its reference)");
+        }
     }
     let gen_cfg = replay_config(&reference, &model_dir.generation, &model_dir.config)?;
     let mut out = Vec::new();

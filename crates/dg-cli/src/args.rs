@@ -33,12 +33,23 @@ pub enum Command {
     Info(InfoArgs),
 }
 
+/// How the GPU stores the weight matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WeightsArg {
+    /// BF16 when the checkpoint's matrices are BF16 (exact, 2 bytes per parameter), else f32.
+    Auto,
+    /// f32 (4 bytes per parameter).
+    F32,
+    /// BF16 (2 bytes per parameter; an f32 checkpoint is rounded to nearest even).
+    Bf16,
+}
+
 /// Which implementation runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendArg {
     /// The GPU when wgpu finds an adapter, else the CPU.
     Auto,
-    /// CPU encoder and GPU canvas forward (wgpu).
+    /// Encoder, canvas forward and the sampler's per-row work on the GPU (wgpu).
     Gpu,
     /// The f32 CPU reference.
     Cpu,
@@ -106,6 +117,11 @@ pub struct GenerateArgs {
     /// GPU adapter to use: a case-insensitive substring of its name (see `dg info`).
     #[arg(long, value_name = "NAME")]
     pub adapter: Option<String>,
+
+    /// How the GPU stores the weight matrices: auto (the checkpoint's BF16 if it is BF16, else
+    /// f32), f32, or bf16. Arithmetic is f32 either way.
+    #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
+    pub weights: WeightsArg,
 
     /// Print one JSON object on stdout: prompt_ids, output_ids (every generated canvas, whole; pad
     /// after an EOS), text (the output up to its first EOS; null without a tokenizer), stop_reason,

@@ -80,8 +80,18 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Backend::Gpu(ctx) => {
             // Encoder, canvas forward and the sampler's per-row work on the GPU; the weights' host
             // copy is dropped once uploaded.
-            let gpu = GpuModel::new(*ctx, config, &weights, positions).context("cannot upload the model to the GPU")?;
+            let format = crate::weights::choose(&model, args.weights);
+            let gpu = GpuModel::with_format(*ctx, config, &weights, positions, format).context("cannot upload the model to the GPU")?;
             drop(weights);
+            if mode != Mode::Quiet {
+                let (bytes, params) = (gpu.weight_bytes(), gpu.weight_parameters().max(1));
+                eprintln!(
+                    "weights on the GPU: {:.1} MiB, {} ({:.2} bytes per parameter)",
+                    bytes as f64 / 1_048_576.0,
+                    crate::weights::name(format),
+                    bytes as f64 / params as f64
+                );
+            }
             let load = load_start.elapsed();
             sample(gpu, load, args.seed, |m, rng| {
                 dg_sampler::generate_resident(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)

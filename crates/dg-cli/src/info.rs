@@ -49,6 +49,9 @@ fn model_json(model: &ModelDir, bundled: bool, adapters: Vec<Value>) -> Value {
     let layer = |kind: LayerKind| t.layers.iter().find(|l| l.kind == kind);
     let heads = |kind| layer(kind).map(|l| json!({ "kv_heads": l.num_kv_heads, "head_dim": l.head_dim }));
     let kv_bytes_per_token: usize = t.layers.iter().map(|l| 2 * l.num_kv_heads * l.head_dim * 4).sum();
+    // What `dg generate --weights auto` stores on the GPU.
+    let gpu_format = crate::weights::choose(model, crate::args::WeightsArg::Auto);
+    let (gpu_name, gpu_bytes) = (crate::weights::name(gpu_format), gpu_format.bytes() as u64);
     json!({
         "model": model.dir.display().to_string(),
         "bundled_random_model": bundled,
@@ -69,7 +72,7 @@ fn model_json(model: &ModelDir, bundled: bool, adapters: Vec<Value>) -> Value {
         "checkpoint": { "dtypes": dtypes, "text_bytes": checkpoint_bytes },
         "memory": {
             "cpu": { "dtype": "f32", "bytes": params * 4 },
-            "gpu": { "dtype": "f32", "device_bytes": params * 4, "host_bytes": params * 4 },
+            "gpu": { "dtype": gpu_name, "device_bytes": params * gpu_bytes, "bytes_per_parameter": gpu_bytes },
             "kv_cache_bytes_per_token": kv_bytes_per_token,
         },
         "adapters": adapters,
@@ -176,10 +179,11 @@ fn render(v: &Value) -> String {
         size(v["checkpoint"]["text_bytes"].as_u64().unwrap_or(0))
     );
     out += &format!(
-        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: f32 weights {} on the device (4 bytes/param) + {} on the host (CPU encoder)\n           KV cache {} per token of context (f32; sliding layers keep the last window)\n",
+        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32)\n",
         size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),
+        mem["gpu"]["dtype"].as_str().unwrap_or(""),
         size(mem["gpu"]["device_bytes"].as_u64().unwrap_or(0)),
-        size(mem["gpu"]["host_bytes"].as_u64().unwrap_or(0)),
+        mem["gpu"]["bytes_per_parameter"].as_u64().unwrap_or(0),
         size(mem["kv_cache_bytes_per_token"].as_u64().unwrap_or(0)),
     );
     let adapters = v["adapters"].as_array().cloned().unwrap_or_default();

@@ -18,6 +18,7 @@ mod prompt;
 mod report;
 mod text;
 mod timing;
+mod weights;
 
 use std::process::ExitCode;
 

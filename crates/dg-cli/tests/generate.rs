@@ -166,3 +166,22 @@ fn gpu_backend_generates() {
     assert_eq!(ids(&v["output_ids"]).len(), 32);
     assert!(v["text"].is_string());
 }
+
+/// The bundled model's checkpoint is BF16: the GPU keeps its matrices as BF16 (2 bytes per
+/// parameter; the f32 norms add a fraction of a percent) unless `--weights f32` asks otherwise.
+#[test]
+fn gpu_backend_reports_bf16_weights_for_a_bf16_checkpoint() {
+    let args = |w: &'static str| vec!["generate", "--prompt", "hello", "--backend", "gpu", "--max-new-tokens", "32", "--steps", "2", "--weights", w];
+    let run = dg(&args("auto"));
+    if run.code == 1 && run.stderr.contains("no GPU adapter found") {
+        if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") {
+            eprintln!("SKIP gpu_backend_reports_bf16_weights_for_a_bf16_checkpoint: no GPU adapter");
+            return;
+        }
+        panic!("no GPU adapter (install lavapipe, or set DG_ALLOW_NO_GPU=1 to skip): {}", run.stderr);
+    }
+    let run = run.ok();
+    assert!(run.stderr.contains("bf16 (2.0"), "{}", run.stderr);
+    let run = dg(&args("f32")).ok();
+    assert!(run.stderr.contains("f32 (4.00 bytes per parameter)"), "{}", run.stderr);
+}

@@ -39,6 +39,10 @@ fn info_json_matches_the_model_library() {
         assert_eq!(v["canvas_length"], model.config.canvas_length);
         assert_eq!(v["layers"].as_array().unwrap().len(), t.num_layers());
         assert_eq!(v["memory"]["cpu"]["bytes"], t.num_parameters() * 4);
+        // The GPU keeps a BF16 checkpoint's matrices as BF16 (2 bytes per parameter), else f32.
+        let gpu_bytes = if dtype == "BF16" { 2 } else { 4 };
+        assert_eq!(v["memory"]["gpu"]["bytes_per_parameter"], gpu_bytes);
+        assert_eq!(v["memory"]["gpu"]["device_bytes"], t.num_parameters() * gpu_bytes);
         let dtypes = v["checkpoint"]["dtypes"].as_object().unwrap();
         assert_eq!(dtypes.keys().collect::<Vec<_>>(), vec![dtype], "{dtypes:?}");
         for a in v["adapters"].as_array().unwrap() {

@@ -65,7 +65,7 @@ pub fn record_canvas_forward<'a>(
     // e = E[ids]·√H
     rec.scope("input");
     for chunk in &w.embed {
-        rec.embed(&a.ids, &chunk.buffer, &a.embedded, c, h, chunk.start, chunk.rows, scale)?;
+        rec.embed_format(&a.ids, &chunk.matrix.buffer, chunk.matrix.format, &a.embedded, c, h, chunk.start, chunk.rows, scale)?;
     }
     if shape.self_conditioning {
         // P = softmax(sc) (in place), soft = (P·E)·√H, signal = MLP_sc(pre_norm(soft)), e += signal.
@@ -79,14 +79,14 @@ pub fn record_canvas_forward<'a>(
                 accumulate: u32::from(i > 0),
                 ..linear_params(c, h, chunk.rows)
             };
-            rec.gemm(&a.sc_probs, &chunk.buffer, &a.proj, p)?;
+            rec.gemm_format(&a.sc_probs, &chunk.matrix.buffer, chunk.matrix.format, &a.proj, p)?;
         }
         rec.axpby(&a.dummy, &a.proj, c * h, 0.0, scale)?;
         rec.rmsnorm(&a.proj, Some(&w.sc_pre_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
         let inter = cfg.intermediate_size;
-        rec.linear(&a.normed, &w.sc_gate_up, &a.gate_up, c, 2 * inter, h)?;
+        rec.linear_format(&a.normed, &w.sc_gate_up.buffer, w.sc_gate_up.format, &a.gate_up, c, 2 * inter, h)?;
         rec.gelu_glu_fused(&a.gate_up, &a.act, c, inter)?;
-        rec.linear(&a.act, &w.sc_down, &a.proj, c, h, inter)?;
+        rec.linear_format(&a.act, &w.sc_down.buffer, w.sc_down.format, &a.proj, c, h, inter)?;
         rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?;
     }
     // h0 = post_norm(e + signal), weightless.
@@ -106,7 +106,7 @@ pub fn record_canvas_forward<'a>(
             p.epilogue = 1;
             p.cap = cap;
         }
-        rec.gemm(&a.normed, &chunk.buffer, &a.logits, p)?;
+        rec.gemm_format(&a.normed, &chunk.matrix.buffer, chunk.matrix.format, &a.logits, p)?;
     }
     Ok(())
 }
@@ -118,7 +118,7 @@ pub fn record_encoder_chunk<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w:
     // h0 = E[ids]·√H (no self-conditioning, no post-norm in the encoder).
     rec.scope("encoder input");
     for chunk in &w.embed {
-        rec.embed(&a.ids, &chunk.buffer, &a.hidden, tokens, cfg.hidden_size, chunk.start, chunk.rows, cfg.embed_scale())?;
+        rec.embed_format(&a.ids, &chunk.matrix.buffer, chunk.matrix.format, &a.hidden, tokens, cfg.hidden_size, chunk.start, chunk.rows, cfg.embed_scale())?;
     }
     let last = cfg.num_layers() - 1;
     for i in 0..=last {
@@ -150,7 +150,7 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     let kv_only = matches!(pass, LayerPass::Encode { kv_only: true, .. });
     rec.rmsnorm(&a.hidden, Some(&l.norms.input), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
     if !kv_only {
-        rec.linear(&a.normed, &l.q_proj, &a.q_raw, c, heads * d, h)?;
+        rec.linear_format(&a.normed, &l.q_proj.buffer, l.q_proj.format, &a.q_raw, c, heads * d, h)?;
         rec.norm_rope(&a.q_raw, &l.q_norm, cos, sin, &a.q, c, heads, d, eps)?;
     }
     // Raw K (and, in sliding layers, raw V as a second batch of the same GEMM) into kv_raw:
@@ -163,7 +163,7 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         c_batch: (c * kv * d) as u32,
         ..linear_params(c, kv * d, h)
     };
-    rec.gemm(&a.normed, &l.kv_proj, &a.kv_raw, kv_params)?;
+    rec.gemm_format(&a.normed, &l.kv_proj.buffer, l.kv_proj.format, &a.kv_raw, kv_params)?;
     rec.norm_rope(&a.kv_raw, &l.k_norm, cos, sin, &a.k_new, c, kv, d, eps)?;
     // v_norm (weightless) over both halves; V is the last half of v_new.
     rec.rmsnorm(&a.kv_raw, None, &a.dummy, &a.v_new, halves as usize * c * kv, d, eps, false, 1.0)?;
@@ -265,23 +265,23 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         }
         LayerPass::Encode { .. } => rec.gemm(&a.scores, &cache.values, &a.attn, values(s, 0, key_start * row, false))?,
     }
-    rec.linear(&a.attn, &l.o_proj, &a.proj, c, h, heads * d)?;
+    rec.linear_format(&a.attn, &l.o_proj.buffer, l.o_proj.format, &a.proj, c, h, heads * d)?;
     // h = h + post_attention_layernorm(a)
     rec.rmsnorm(&a.proj, Some(&l.norms.post_attention), &a.dummy, &a.hidden, c, h, eps, true, 1.0)?;
 
     // Dense MLP branch.
     let inter = cfg.intermediate_size;
     rec.rmsnorm(&a.hidden, Some(&l.norms.pre_ff), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
-    rec.linear(&a.normed, &l.mlp_gate_up, &a.gate_up, c, 2 * inter, h)?;
+    rec.linear_format(&a.normed, &l.mlp_gate_up.buffer, l.mlp_gate_up.format, &a.gate_up, c, 2 * inter, h)?;
     rec.gelu_glu_fused(&a.gate_up, &a.act, c, inter)?;
-    rec.linear(&a.act, &l.mlp_down, &a.proj, c, h, inter)?;
+    rec.linear_format(&a.act, &l.mlp_down.buffer, l.mlp_down.format, &a.proj, c, h, inter)?;
     rec.rmsnorm(&a.proj, Some(&l.norms.post_ff_1), &a.dummy, &a.dense, c, h, eps, false, 1.0)?;
 
     // Router on the un-normalised stream: rms(h)·scale·H^-½ → logits → top-k.
     let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
     let root = (h as f64).powf(-0.5) as f32;
     rec.rmsnorm(&a.hidden, Some(&l.router_scale), &a.dummy, &a.normed, c, h, eps, false, root)?;
-    rec.linear(&a.normed, &l.router_proj, &a.router_logits, c, e, h)?;
+    rec.linear_format(&a.normed, &l.router_proj.buffer, l.router_proj.format, &a.router_logits, c, e, h)?;
     rec.router_topk(&a.router_logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e)?;
     // Experts on pre_feedforward_layernorm_2(h).
@@ -297,9 +297,9 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         gather: u32::from(gather),
         ..bytemuck::Zeroable::zeroed()
     };
-    rec.grouped_gemm(&a.normed, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
+    rec.grouped_gemm_format(&a.normed, &l.experts_gate_up.buffer, l.experts_gate_up.format, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
     rec.gelu_glu_fused(&a.expert_gate_up, &a.expert_act, c * k, ei)?;
-    rec.grouped_gemm(&a.expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
+    rec.grouped_gemm_format(&a.expert_act, &l.experts_down.buffer, l.experts_down.format, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
     rec.moe_combine(&a.expert_out, &a.topk_idx, &a.topk_w, &a.slot_of, &a.moe, c, k, h)?;
     // dense += post_feedforward_layernorm_2(moe), fused into the norm's accumulate.
     rec.rmsnorm(&a.moe, Some(&l.norms.post_ff_2), &a.dummy, &a.dense, c, h, eps, true, 1.0)?;

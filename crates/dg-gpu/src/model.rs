@@ -11,8 +11,9 @@
 //!   (logits-level parity, and the host sampler).
 //! - [`GpuModel::set_context`] uploads a cache computed elsewhere (benchmarks, layer parity).
 
+use dg_kernels::WeightFormat;
 use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
-use dg_model::{LayerKind, ModelConfig, Weights};
+use dg_model::{LayerKind, ModelConfig, TensorSource, Weights};
 use dg_sampler::{CategoricalRequest, RowResult};
 
 use crate::arena::Arena;
@@ -21,7 +22,7 @@ use crate::error::GpuError;
 use crate::forward::{ForwardShape, LayerPass, Visible, record_canvas_forward, record_encoder_chunk, record_layer};
 use crate::ops::Recorder;
 use crate::plan::{Pipelines, Plan};
-use crate::weights::GpuWeights;
+use crate::weights::{GpuWeights, UploadError};
 
 /// Visible cached K/V of one layer, `[tokens, kv_heads, head_dim]` each.
 #[derive(Debug, Clone, Copy)]
@@ -68,10 +69,25 @@ fn uniform_f32(u: f64) -> f32 {
 }
 
 impl GpuModel {
-    /// Uploads the weights and allocates the arena and cache for sequences of up to `max_context`
-    /// tokens (prompt plus every committed canvas).
+    /// Uploads the weights (matrices in f32) and allocates the arena and cache for sequences of up
+    /// to `max_context` tokens (prompt plus every committed canvas).
     pub fn new(ctx: GpuContext, config: &ModelConfig, weights: &Weights, max_context: usize) -> Result<Self, GpuError> {
-        let gpu_weights = GpuWeights::upload(&ctx, &config.text, weights)?;
+        Self::with_format(ctx, config, weights, max_context, WeightFormat::F32)
+    }
+
+    /// [`Self::new`] with the matrices stored in `format` (BF16: 2 bytes per parameter).
+    pub fn with_format(ctx: GpuContext, config: &ModelConfig, weights: &Weights, max_context: usize, format: WeightFormat) -> Result<Self, GpuError> {
+        let gpu_weights = GpuWeights::upload(&ctx, &config.text, weights, format)?;
+        Self::from_weights(ctx, config, gpu_weights, max_context)
+    }
+
+    /// Uploads from `src` one layer at a time (the host never holds the whole model).
+    pub fn from_source(ctx: GpuContext, config: &ModelConfig, src: &mut impl TensorSource, max_context: usize, format: WeightFormat) -> Result<Self, UploadError> {
+        let gpu_weights = GpuWeights::upload_streaming(&ctx, &config.text, src, format)?;
+        Ok(Self::from_weights(ctx, config, gpu_weights, max_context)?)
+    }
+
+    fn from_weights(ctx: GpuContext, config: &ModelConfig, gpu_weights: GpuWeights, max_context: usize) -> Result<Self, GpuError> {
         let arena = Arena::new(&ctx, config, max_context)?;
         let mut pipelines = Pipelines::default();
         let sample_plan = {
@@ -103,6 +119,16 @@ impl GpuModel {
     /// Bytes of weights on the device.
     pub fn weight_bytes(&self) -> u64 {
         self.weights.bytes
+    }
+
+    /// Parameters on the device (matrices, norms and scales).
+    pub fn weight_parameters(&self) -> u64 {
+        self.weights.parameters
+    }
+
+    /// Storage format of the weight matrices.
+    pub fn weight_format(&self) -> WeightFormat {
+        self.weights.format
     }
 
     /// GPU objects created so far.

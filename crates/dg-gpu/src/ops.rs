@@ -4,7 +4,7 @@
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::sample_rows::{self, SampleRowsParams};
-use dg_kernels::{KernelSource, axpby, copy, embed, gelu_glu, moe_combine, moe_dispatch, rmsnorm, rope, router_topk, softmax};
+use dg_kernels::{KernelSource, WeightFormat, axpby, copy, embed, gelu_glu, moe_combine, moe_dispatch, rmsnorm, rope, router_topk, softmax};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -80,16 +80,28 @@ impl<'a> Recorder<'a> {
         self.push(rmsnorm::source(), &p, &[x, w.unwrap_or(dummy), out], g)
     }
 
-    /// A GEMM with explicit strides (see `dg_kernels::gemm`).
+    /// A GEMM with explicit strides (see `dg_kernels::gemm`), f32 operands.
     pub fn gemm(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
+        self.gemm_format(a, b, WeightFormat::F32, c, p)
+    }
+
+    /// [`Self::gemm`] with B stored as `b_format` (offsets and strides of `p` in elements either
+    /// way); the tile is chosen as for f32.
+    pub fn gemm_format(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
         let tile = gemm::choose_batched(p.m, p.n, p.k, p.batch);
         let g = gemm::workgroups(tile, p.m, p.n, p.batch);
-        self.push(gemm::source(tile), &p, &[a, b, c], g)
+        self.push(gemm::source_for(tile, b_format), &p, &[a, b, c], g)
     }
 
     /// `out[m, n] = x[m, k] · Wᵀ`.
     pub fn linear(&mut self, x: &'a wgpu::Buffer, w: &'a wgpu::Buffer, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize) -> Result<(), GpuError> {
-        self.gemm(x, w, out, linear_params(m, n, k))
+        self.linear_format(x, w, WeightFormat::F32, out, m, n, k)
+    }
+
+    /// [`Self::linear`] with W stored as `w_format`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_format(&mut self, x: &'a wgpu::Buffer, w: &'a wgpu::Buffer, w_format: WeightFormat, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize) -> Result<(), GpuError> {
+        self.gemm_format(x, w, w_format, out, linear_params(m, n, k))
     }
 
     /// Per-expert GEMMs over `slots` grouped slots (the tile is chosen by the mean group size).
@@ -104,9 +116,26 @@ impl<'a> Recorder<'a> {
         slots: usize,
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
+        self.grouped_gemm_format(a, b, WeightFormat::F32, offsets, rows, c, slots, p)
+    }
+
+    /// [`Self::grouped_gemm`] with the expert weights `b` stored as `b_format` (`b_group_stride`
+    /// in elements either way); the tile is chosen as for f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn grouped_gemm_format(
+        &mut self,
+        a: &'a wgpu::Buffer,
+        b: &'a wgpu::Buffer,
+        b_format: WeightFormat,
+        offsets: &'a wgpu::Buffer,
+        rows: &'a wgpu::Buffer,
+        c: &'a wgpu::Buffer,
+        slots: usize,
+        p: GroupedGemmParams,
+    ) -> Result<(), GpuError> {
         let tile = grouped_tile_override().unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots as u32, p.groups));
         let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
-        self.push(grouped_gemm::source(tile), &p, &[a, b, offsets, rows, c], g)
+        self.push(grouped_gemm::source_for(tile, b_format), &p, &[a, b, offsets, rows, c], g)
     }
 
     /// RoPE in place on `x: [tokens·heads, 2·half]`.
@@ -153,9 +182,27 @@ impl<'a> Recorder<'a> {
     /// Rows `row_start..row_start+row_count` of the scaled embedding for the ids in that range.
     #[allow(clippy::too_many_arguments)]
     pub fn embed(&mut self, ids: &'a wgpu::Buffer, table: &'a wgpu::Buffer, out: &'a wgpu::Buffer, tokens: usize, hidden: usize, row_start: usize, row_count: usize, scale: f32) -> Result<(), GpuError> {
+        self.embed_format(ids, table, WeightFormat::F32, out, tokens, hidden, row_start, row_count, scale)
+    }
+
+    /// [`Self::embed`] from a table chunk stored as `table_format` (packed from the chunk's own
+    /// first element).
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed_format(
+        &mut self,
+        ids: &'a wgpu::Buffer,
+        table: &'a wgpu::Buffer,
+        table_format: WeightFormat,
+        out: &'a wgpu::Buffer,
+        tokens: usize,
+        hidden: usize,
+        row_start: usize,
+        row_count: usize,
+        scale: f32,
+    ) -> Result<(), GpuError> {
         let p = embed::EmbedParams { tokens: tokens as u32, hidden: hidden as u32, row_start: row_start as u32, row_count: row_count as u32, scale, _pad: [0; 3] };
         let g = self.groups(embed::workgroups(&p));
-        self.push(embed::source(), &p, &[ids, table, out], g)
+        self.push(embed::source_for(table_format), &p, &[ids, table, out], g)
     }
 
     /// `out = out·beta + x·alpha` over `n` values.

@@ -4,18 +4,33 @@
 //! projections are concatenated into one `[2·I, H]` matrix so one GEMM computes both. The
 //! embedding (also the tied head) is split by rows into chunks that each fit the adapter's
 //! largest storage binding (the real one is 2.95 GB in f32, over the H200's 2 GiB).
+//!
+//! Matrices are stored in a [`WeightFormat`] chosen at load: f32, or BF16 (2 bytes per parameter,
+//! exact for a BF16 checkpoint; the kernels unpack it and compute in f32). Norm weights, scales and
+//! scalars (a few thousand values per layer) stay f32. [`GpuWeights::upload_streaming`] uploads
+//! one layer at a time from a [`TensorSource`], so the host never holds the whole model in f32
+//! (the real 30-layer model is 104 GB in f32).
 
-use dg_model::{LayerKind, Matrix, TextConfig, Weights};
+use dg_kernels::WeightFormat;
+use dg_model::{LayerKind, LayerWeights, Matrix, TensorSource, TextConfig, Weights};
+use rayon::prelude::*;
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
+
+/// A weight matrix on the device, in its storage format.
+#[derive(Debug)]
+pub struct GpuMatrix {
+    pub buffer: wgpu::Buffer,
+    pub format: WeightFormat,
+}
 
 /// Rows `start..start+rows` of the embedding.
 #[derive(Debug)]
 pub struct EmbedChunk {
     pub start: usize,
     pub rows: usize,
-    pub buffer: wgpu::Buffer,
+    pub matrix: GpuMatrix,
 }
 
 /// One layer's tensors.
@@ -23,23 +38,23 @@ pub struct EmbedChunk {
 pub struct GpuLayer {
     pub kind: LayerKind,
     pub norms: LayerNorms,
-    pub q_proj: wgpu::Buffer,
+    pub q_proj: GpuMatrix,
     /// Sliding layers: `[K; V]` projections stacked, `[2·kv·d, H]` (one batched GEMM computes
     /// both); full layers: the K projection alone (V is the raw K projection).
-    pub kv_proj: wgpu::Buffer,
+    pub kv_proj: GpuMatrix,
     /// Whether `kv_proj` holds a V half.
     pub has_v_proj: bool,
-    pub o_proj: wgpu::Buffer,
+    pub o_proj: GpuMatrix,
     pub q_norm: wgpu::Buffer,
     pub k_norm: wgpu::Buffer,
     /// `[2·I, H]`: gate rows then up rows.
-    pub mlp_gate_up: wgpu::Buffer,
-    pub mlp_down: wgpu::Buffer,
-    pub router_proj: wgpu::Buffer,
+    pub mlp_gate_up: GpuMatrix,
+    pub mlp_down: GpuMatrix,
+    pub router_proj: GpuMatrix,
     pub router_scale: wgpu::Buffer,
     pub per_expert_scale: wgpu::Buffer,
-    pub experts_gate_up: wgpu::Buffer,
-    pub experts_down: wgpu::Buffer,
+    pub experts_gate_up: GpuMatrix,
+    pub experts_down: GpuMatrix,
     pub encoder_scalar: f32,
     pub decoder_scalar: f32,
 }
@@ -62,91 +77,152 @@ pub struct GpuWeights {
     pub embed: Vec<EmbedChunk>,
     pub final_norm: wgpu::Buffer,
     pub sc_pre_norm: wgpu::Buffer,
-    pub sc_gate_up: wgpu::Buffer,
-    pub sc_down: wgpu::Buffer,
+    pub sc_gate_up: GpuMatrix,
+    pub sc_down: GpuMatrix,
     pub layers: Vec<GpuLayer>,
+    /// Storage format of the matrices.
+    pub format: WeightFormat,
     /// Bytes uploaded.
     pub bytes: u64,
+    /// Parameters uploaded.
+    pub parameters: u64,
 }
 
 struct Uploader<'a> {
     ctx: &'a GpuContext,
+    format: WeightFormat,
     bytes: u64,
+    parameters: u64,
+}
+
+/// f32 → BF16 words, in parallel over blocks of an even length (so pairs never straddle blocks).
+fn pack_bf16_parallel(data: &[f32]) -> Vec<u32> {
+    data.par_chunks(1 << 20).flat_map_iter(dg_kernels::pack_bf16).collect()
 }
 
 impl Uploader<'_> {
     fn f32(&mut self, label: &str, data: &[f32]) -> Result<wgpu::Buffer, GpuError> {
         self.bytes += (data.len() * 4) as u64;
+        self.parameters += data.len() as u64;
         self.ctx.upload(label, data)
     }
 
-    fn concat(&mut self, label: &str, a: &Matrix, b: &Matrix) -> Result<wgpu::Buffer, GpuError> {
+    fn matrix(&mut self, label: &str, data: &[f32]) -> Result<GpuMatrix, GpuError> {
+        let buffer = match self.format {
+            WeightFormat::F32 => return Ok(GpuMatrix { buffer: self.f32(label, data)?, format: WeightFormat::F32 }),
+            WeightFormat::Bf16 => {
+                let words = pack_bf16_parallel(data);
+                self.bytes += (words.len() * 4) as u64;
+                self.parameters += data.len() as u64;
+                self.ctx.upload(label, &words)?
+            }
+        };
+        Ok(GpuMatrix { buffer, format: self.format })
+    }
+
+    fn concat(&mut self, label: &str, a: &Matrix, b: &Matrix) -> Result<GpuMatrix, GpuError> {
         let mut data = Vec::with_capacity(a.data.len() + b.data.len());
         data.extend_from_slice(&a.data);
         data.extend_from_slice(&b.data);
-        self.f32(label, &data)
+        self.matrix(label, &data)
     }
-}
 
-impl GpuWeights {
-    /// Uploads every tensor; fails with a clear error when one does not fit a binding.
-    pub fn upload(ctx: &GpuContext, cfg: &TextConfig, w: &Weights) -> Result<Self, GpuError> {
-        let mut up = Uploader { ctx, bytes: 0 };
+    fn layer(&mut self, i: usize, l: &LayerWeights) -> Result<GpuLayer, GpuError> {
+        let p = |name: &str| format!("layers.{i}.{name}");
+        let mut norm = |name: &str, v: &[f32]| self.f32(&p(name), v);
+        let norms = LayerNorms {
+            input: norm("input_layernorm", &l.input_layernorm)?,
+            post_attention: norm("post_attention_layernorm", &l.post_attention_layernorm)?,
+            pre_ff: norm("pre_feedforward_layernorm", &l.pre_feedforward_layernorm)?,
+            post_ff_1: norm("post_feedforward_layernorm_1", &l.post_feedforward_layernorm_1)?,
+            pre_ff_2: norm("pre_feedforward_layernorm_2", &l.pre_feedforward_layernorm_2)?,
+            post_ff_2: norm("post_feedforward_layernorm_2", &l.post_feedforward_layernorm_2)?,
+            post_ff: norm("post_feedforward_layernorm", &l.post_feedforward_layernorm)?,
+        };
+        Ok(GpuLayer {
+            kind: l.kind,
+            norms,
+            q_proj: self.matrix(&p("q_proj"), &l.q_proj.data)?,
+            kv_proj: match &l.v_proj {
+                Some(v) => self.concat(&p("k_proj+v_proj"), &l.k_proj, v)?,
+                None => self.matrix(&p("k_proj"), &l.k_proj.data)?,
+            },
+            has_v_proj: l.v_proj.is_some(),
+            o_proj: self.matrix(&p("o_proj"), &l.o_proj.data)?,
+            q_norm: self.f32(&p("q_norm"), &l.q_norm)?,
+            k_norm: self.f32(&p("k_norm"), &l.k_norm)?,
+            mlp_gate_up: self.concat(&p("mlp.gate_up"), &l.mlp_gate, &l.mlp_up)?,
+            mlp_down: self.matrix(&p("mlp.down_proj"), &l.mlp_down.data)?,
+            router_proj: self.matrix(&p("router.proj"), &l.router_proj.data)?,
+            router_scale: self.f32(&p("router.scale"), &l.router_scale)?,
+            per_expert_scale: self.f32(&p("router.per_expert_scale"), &l.per_expert_scale)?,
+            experts_gate_up: self.matrix(&p("experts.gate_up_proj"), &l.experts.gate_up)?,
+            experts_down: self.matrix(&p("experts.down_proj"), &l.experts.down)?,
+            encoder_scalar: l.encoder_scalar,
+            decoder_scalar: l.decoder_scalar,
+        })
+    }
+
+    /// Everything outside the layers; `layers` empty.
+    fn shared(&mut self, cfg: &TextConfig, w: &Weights) -> Result<GpuWeights, GpuError> {
         let h = cfg.hidden_size;
-        let rows_per_chunk = ((ctx.max_binding() / 4) as usize / h).max(1);
+        let rows_per_chunk = ((self.ctx.max_binding() / self.format.bytes() as u64) as usize / h).max(1);
         let mut embed = Vec::new();
         let mut start = 0;
         while start < cfg.vocab_size {
             let rows = rows_per_chunk.min(cfg.vocab_size - start);
-            let buffer = up.f32(&format!("embed[{start}..]"), &w.embed.data[start * h..(start + rows) * h])?;
-            embed.push(EmbedChunk { start, rows, buffer });
+            let matrix = self.matrix(&format!("embed[{start}..]"), &w.embed.data[start * h..(start + rows) * h])?;
+            embed.push(EmbedChunk { start, rows, matrix });
             start += rows;
         }
         let sc = &w.self_conditioning;
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for (i, l) in w.layers.iter().enumerate() {
-            let p = |name: &str| format!("layers.{i}.{name}");
-            let mut norm = |name: &str, v: &[f32]| up.f32(&p(name), v);
-            let norms = LayerNorms {
-                input: norm("input_layernorm", &l.input_layernorm)?,
-                post_attention: norm("post_attention_layernorm", &l.post_attention_layernorm)?,
-                pre_ff: norm("pre_feedforward_layernorm", &l.pre_feedforward_layernorm)?,
-                post_ff_1: norm("post_feedforward_layernorm_1", &l.post_feedforward_layernorm_1)?,
-                pre_ff_2: norm("pre_feedforward_layernorm_2", &l.pre_feedforward_layernorm_2)?,
-                post_ff_2: norm("post_feedforward_layernorm_2", &l.post_feedforward_layernorm_2)?,
-                post_ff: norm("post_feedforward_layernorm", &l.post_feedforward_layernorm)?,
-            };
-            layers.push(GpuLayer {
-                kind: l.kind,
-                norms,
-                q_proj: up.f32(&p("q_proj"), &l.q_proj.data)?,
-                kv_proj: match &l.v_proj {
-                    Some(v) => up.concat(&p("k_proj+v_proj"), &l.k_proj, v)?,
-                    None => up.f32(&p("k_proj"), &l.k_proj.data)?,
-                },
-                has_v_proj: l.v_proj.is_some(),
-                o_proj: up.f32(&p("o_proj"), &l.o_proj.data)?,
-                q_norm: up.f32(&p("q_norm"), &l.q_norm)?,
-                k_norm: up.f32(&p("k_norm"), &l.k_norm)?,
-                mlp_gate_up: up.concat(&p("mlp.gate_up"), &l.mlp_gate, &l.mlp_up)?,
-                mlp_down: up.f32(&p("mlp.down_proj"), &l.mlp_down.data)?,
-                router_proj: up.f32(&p("router.proj"), &l.router_proj.data)?,
-                router_scale: up.f32(&p("router.scale"), &l.router_scale)?,
-                per_expert_scale: up.f32(&p("router.per_expert_scale"), &l.per_expert_scale)?,
-                experts_gate_up: up.f32(&p("experts.gate_up_proj"), &l.experts.gate_up)?,
-                experts_down: up.f32(&p("experts.down_proj"), &l.experts.down)?,
-                encoder_scalar: l.encoder_scalar,
-                decoder_scalar: l.decoder_scalar,
-            });
-        }
         Ok(GpuWeights {
             embed,
-            final_norm: up.f32("norm", &w.final_norm)?,
-            sc_pre_norm: up.f32("self_conditioning.pre_norm", &sc.pre_norm)?,
-            sc_gate_up: up.concat("self_conditioning.gate_up", &sc.gate, &sc.up)?,
-            sc_down: up.f32("self_conditioning.down_proj", &sc.down.data)?,
-            layers,
-            bytes: up.bytes,
+            final_norm: self.f32("norm", &w.final_norm)?,
+            sc_pre_norm: self.f32("self_conditioning.pre_norm", &sc.pre_norm)?,
+            sc_gate_up: self.concat("self_conditioning.gate_up", &sc.gate, &sc.up)?,
+            sc_down: self.matrix("self_conditioning.down_proj", &sc.down.data)?,
+            layers: Vec::with_capacity(cfg.num_layers()),
+            format: self.format,
+            bytes: 0,
+            parameters: 0,
         })
     }
+}
+
+impl GpuWeights {
+    /// Uploads every tensor with matrices in `format`; fails with a clear error when one does not
+    /// fit a binding.
+    pub fn upload(ctx: &GpuContext, cfg: &TextConfig, w: &Weights, format: WeightFormat) -> Result<Self, GpuError> {
+        let mut up = Uploader { ctx, format, bytes: 0, parameters: 0 };
+        let mut gw = up.shared(cfg, w)?;
+        for (i, l) in w.layers.iter().enumerate() {
+            gw.layers.push(up.layer(i, l)?);
+        }
+        (gw.bytes, gw.parameters) = (up.bytes, up.parameters);
+        Ok(gw)
+    }
+
+    /// Uploads from `src` one layer at a time (the host holds one layer's f32 tensors at most).
+    pub fn upload_streaming(ctx: &GpuContext, cfg: &TextConfig, src: &mut impl TensorSource, format: WeightFormat) -> Result<Self, UploadError> {
+        let mut up = Uploader { ctx, format, bytes: 0, parameters: 0 };
+        let shared = Weights::build_shared(src, cfg)?;
+        let mut gw = up.shared(cfg, &shared)?;
+        drop(shared);
+        for i in 0..cfg.num_layers() {
+            let l = LayerWeights::load(src, cfg, i)?;
+            gw.layers.push(up.layer(i, &l)?);
+        }
+        (gw.bytes, gw.parameters) = (up.bytes, up.parameters);
+        Ok(gw)
+    }
+}
+
+/// Errors of a streaming upload: reading a tensor, or the GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    #[error(transparent)]
+    Model(#[from] dg_model::ModelError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
 }

@@ -14,6 +14,10 @@
 //! Correct for any m, n, k (k = 0 gives `epilogue(accumulate ? C : 0)`) and any strides; only
 //! `C(b,i,j)` for `i < m, j < n` is written. Bindings: `a` (read), `b` (read), `c` (read-write).
 //!
+//! B (the weights) may be stored as bf16 ([`source_for`] with [`WeightFormat::Bf16`]): the same
+//! kernel with every B load widened exactly from its packed half, so it computes bit for bit what
+//! the f32 kernel computes on the bf16 values upcast (offsets and strides stay in elements).
+//!
 //! Each workgroup computes one `bm × bn` tile through shared memory, each invocation a `tm × tn`
 //! register block, accumulating in f32 per invocation (see `wgsl/gemm_tile.wgsl`). A tile with
 //! `slices > 1` splits K inside the workgroup: slice `s` of the invocations accumulates the `s`-th
@@ -32,7 +36,8 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::{Access, KernelSource, with_prelude};
+use crate::bf16::with_operand_format;
+use crate::{Access, KernelSource, WeightFormat, with_prelude};
 
 /// `epilogue`: none.
 pub const EPILOGUE_NONE: u32 = 0;
@@ -259,11 +264,20 @@ const _: () = {
 /// The WGSL of the shared tiling core, prepended to gemm.
 const TILE_CORE: &str = include_str!("wgsl/gemm_tile.wgsl");
 
-/// The kernel for `tile`, named `gemm_{label}`. Bindings: `a` (read), `b` (read), `c` (read-write).
+/// The kernel for `tile` with an f32 B, named `gemm_{label}`: [`source_for`] with
+/// [`WeightFormat::F32`]. Bindings: `a` (read), `b` (read), `c` (read-write).
 pub fn source(tile: GemmTile) -> KernelSource {
+    source_for(tile, WeightFormat::F32)
+}
+
+/// The kernel for `tile` with B stored as `b` (the weights; A and C stay f32), named
+/// `gemm_{label}` plus the format's suffix (`_bf16`). A bf16 B is bound as `array<u32>` and read
+/// through `load_b(i)` (see [`crate::bf16`]); offsets and strides stay in elements, and the f32
+/// rendering is exactly the plain kernel's.
+pub fn source_for(tile: GemmTile, b: WeightFormat) -> KernelSource {
     KernelSource {
-        name: format!("gemm_{}", tile.label()),
-        wgsl: tile.render(include_str!("wgsl/gemm.wgsl")),
+        name: format!("gemm_{}{}", tile.label(), b.suffix()),
+        wgsl: with_operand_format(&tile.render(include_str!("wgsl/gemm.wgsl")), "b", b),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<GemmParams>() as u64,
@@ -501,6 +515,24 @@ mod tests {
     #[should_panic(expected = "may not break")]
     fn unroll_rejects_break() {
         unroll("// @unroll\nfor (var i = 0u; i < 2u; i++) {\n    break;\n}\n", &[]);
+    }
+
+    #[test]
+    fn bf16_renderings_differ_only_in_how_b_is_read() {
+        for &t in TILES {
+            let f32_src = source(t);
+            assert_eq!(source_for(t, WeightFormat::F32), f32_src);
+            let bf16 = source_for(t, WeightFormat::Bf16);
+            assert_eq!(bf16.name, format!("gemm_{}_bf16", t.label()));
+            assert_eq!((bf16.buffers.clone(), bf16.params_size, bf16.entry), (f32_src.buffers.clone(), f32_src.params_size, f32_src.entry));
+            let code = |w: &str| w.lines().map(|l| l.split("//").next().unwrap_or_default().to_string()).collect::<Vec<_>>().join("\n");
+            let (f, h) = (code(&f32_src.wgsl), code(&bf16.wgsl));
+            assert!(h.contains("var<storage, read> b: array<u32>;"));
+            // Every B load of the f32 kernel goes through load_b; the helper's word load is the
+            // only direct indexing of b left.
+            assert_eq!(h.matches("load_b(").count() - 1, f.matches(" b[").count(), "{}", t.label());
+            assert_eq!(h.matches(" b[").count(), 1, "{}", t.label());
+        }
     }
 
     #[test]

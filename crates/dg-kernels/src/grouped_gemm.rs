@@ -21,11 +21,16 @@
 //! block of 8 rows past its group's count (a whole warp) skips the multiply, so a group's cost
 //! follows its slot count in steps of 8 rows. The grid covers `max_rows` rows for every
 //! group; workgroups whose m tile starts past their group's count exit at once.
+//!
+//! W may be stored as bf16 ([`source_for`] with [`WeightFormat::Bf16`]): the same kernel with
+//! every W load widened exactly from its packed half, so it computes bit for bit what the f32
+//! kernel computes on the bf16 values upcast.
 
 use bytemuck::{Pod, Zeroable};
 
 use crate::gemm::{MAX_INVOCATIONS, MAX_SHARED_BYTES, fold, shared_stride, unroll};
-use crate::{Access, KernelSource, with_prelude};
+use crate::bf16::with_operand_format;
+use crate::{Access, KernelSource, WeightFormat, with_prelude};
 
 /// Uniform parameters of `grouped_gemm.wgsl`. 32 bytes, a multiple of 16, so no padding.
 #[repr(C)]
@@ -149,12 +154,22 @@ const _: () = {
     }
 };
 
-/// The kernel for `tile`, named `grouped_gemm_{label}`.
+/// The kernel for `tile` with f32 expert weights, named `grouped_gemm_{label}`: [`source_for`]
+/// with [`WeightFormat::F32`].
 pub fn source(tile: GroupedTile) -> KernelSource {
+    source_for(tile, WeightFormat::F32)
+}
+
+/// The kernel for `tile` with the expert weights W (binding `b`) stored as `b` (A and C stay
+/// f32), named `grouped_gemm_{label}` plus the format's suffix (`_bf16`). A bf16 W is bound as
+/// `array<u32>` and read through `load_b(i)` (see [`crate::bf16`]); `b_group_stride` stays in
+/// elements, and the f32 rendering is exactly the plain kernel's.
+pub fn source_for(tile: GroupedTile, b: WeightFormat) -> KernelSource {
     let consts = tile.prelude();
+    let wgsl = with_prelude(&consts, &unroll(include_str!("wgsl/grouped_gemm.wgsl"), &consts));
     KernelSource {
-        name: format!("grouped_gemm_{}", tile.label()),
-        wgsl: with_prelude(&consts, &unroll(include_str!("wgsl/grouped_gemm.wgsl"), &consts)),
+        name: format!("grouped_gemm_{}{}", tile.label(), b.suffix()),
+        wgsl: with_operand_format(&wgsl, "b", b),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<GroupedGemmParams>() as u64,
@@ -243,6 +258,22 @@ mod tests {
         assert!(u64::from(x) * u64::from(y) * u64::from(z) >= 128 * 11 * 128);
         assert!(x <= 65_535 && y <= 65_535 && z == 1);
         assert_eq!(workgroups(TILE_32X256, 10, 0, 8), [1, 1, 1]);
+    }
+
+    #[test]
+    fn bf16_renderings_differ_only_in_how_w_is_read() {
+        for &t in TILES {
+            let f32_src = source(t);
+            assert_eq!(source_for(t, WeightFormat::F32), f32_src);
+            let bf16 = source_for(t, WeightFormat::Bf16);
+            assert_eq!(bf16.name, format!("grouped_gemm_{}_bf16", t.label()));
+            assert_eq!(bf16.buffers, f32_src.buffers);
+            let code = |w: &str| w.lines().map(|l| l.split("//").next().unwrap_or_default().to_string()).collect::<Vec<_>>().join("\n");
+            let (f, h) = (code(&f32_src.wgsl), code(&bf16.wgsl));
+            assert!(h.contains("var<storage, read> b: array<u32>;"));
+            assert_eq!(h.matches("load_b(").count() - 1, f.matches(" b[").count(), "{}", t.label());
+            assert_eq!(h.matches(" b[").count(), 1, "{}", t.label());
+        }
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! offline (see the tests).
 
 pub mod axpby;
+pub mod bf16;
+pub mod coop_gemm;
 pub mod copy;
 pub mod embed;
 pub mod gelu_glu;
@@ -22,6 +24,8 @@ pub mod router_topk;
 pub mod sample_rows;
 pub mod softmax;
 
+pub use bf16::{pack_bf16, unpack_bf16};
+
 /// Every kernel variant dg may compile (validated offline by naga in the tests).
 pub fn all_variants() -> Vec<KernelSource> {
     vec![
@@ -31,6 +35,7 @@ pub fn all_variants() -> Vec<KernelSource> {
         gelu_glu::split(),
         gelu_glu::fused(),
         embed::source(),
+        embed::source_for(WeightFormat::Bf16),
         axpby::source(),
         copy::source(),
         router_topk::source(),
@@ -41,7 +46,9 @@ pub fn all_variants() -> Vec<KernelSource> {
     ]
     .into_iter()
     .chain(gemm::TILES.iter().map(|&t| gemm::source(t)))
+    .chain(gemm::TILES.iter().map(|&t| gemm::source_for(t, WeightFormat::Bf16)))
     .chain(grouped_gemm::TILES.iter().map(|&t| grouped_gemm::source(t)))
+    .chain(grouped_gemm::TILES.iter().map(|&t| grouped_gemm::source_for(t, WeightFormat::Bf16)))
     .collect()
 }
 
@@ -63,6 +70,15 @@ impl WeightFormat {
         match self {
             WeightFormat::F32 => 4,
             WeightFormat::Bf16 => 2,
+        }
+    }
+
+    /// Suffix of the name of a kernel variant that reads its weights in this format: none for
+    /// f32 (the original names), `_bf16`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "",
+            WeightFormat::Bf16 => "_bf16",
         }
     }
 }

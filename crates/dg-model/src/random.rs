@@ -14,6 +14,12 @@ pub struct RandomWeights {
     pub seed: u64,
 }
 
+impl RandomWeights {
+    pub fn new(seed: u64) -> Self {
+        RandomWeights { seed }
+    }
+}
+
 impl Weights {
     /// Random weights of the right shapes: linear layers uniform with variance `1/in`, embedding
     /// with unit variance, norm weights and scales around 1, layer scalars in [0.5, 1].

@@ -179,6 +179,39 @@ impl Weights {
 
     /// Assembles the weights from any source of named tensors (a checkpoint, a random generator).
     pub fn build(src: &mut impl TensorSource, cfg: &TextConfig) -> Result<Self> {
+        let mut w = Self::build_shared(src, cfg)?;
+        for i in 0..cfg.num_layers() {
+            w.layers.push(LayerWeights::load(src, cfg, i)?);
+        }
+        Ok(w)
+    }
+
+    /// Rounds every matrix (rank ≥ 2: embedding, projections, MLPs, router, experts) to the
+    /// nearest BF16, ties to even, kept as f32: the weights a BF16 copy of them holds exactly
+    /// (norm weights, scales and scalars are left as they are, as the GPU keeps them in f32).
+    pub fn round_matrices_to_bf16(&mut self) {
+        use rayon::prelude::*;
+        let round = |v: &mut Vec<f32>| v.par_iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32());
+        round(&mut self.embed.data);
+        let sc = &mut self.self_conditioning;
+        for m in [&mut sc.gate, &mut sc.up, &mut sc.down] {
+            round(&mut m.data);
+        }
+        for l in &mut self.layers {
+            for m in [&mut l.q_proj, &mut l.k_proj, &mut l.o_proj, &mut l.mlp_gate, &mut l.mlp_up, &mut l.mlp_down, &mut l.router_proj] {
+                round(&mut m.data);
+            }
+            if let Some(v) = &mut l.v_proj {
+                round(&mut v.data);
+            }
+            round(&mut l.experts.gate_up);
+            round(&mut l.experts.down);
+        }
+    }
+
+    /// The tensors outside the layers (embedding, final norm, self-conditioning), with `layers`
+    /// empty: a loader that streams the layers one by one ([`LayerWeights::load`]) starts here.
+    pub fn build_shared(src: &mut impl TensorSource, cfg: &TextConfig) -> Result<Self> {
         let (h, v, i_d) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
         let mut mat = |name: String, rows: usize, cols: usize| -> Result<Matrix> {
             Ok(Matrix::new(rows, cols, src.get(&name, &[rows, cols])?))
@@ -189,10 +222,7 @@ impl Weights {
         let sc_down = mat(format!("{D}.self_conditioning.down_proj.weight"), h, i_d)?;
         let final_norm = src.get(&format!("{D}.norm.weight"), &[h])?;
         let sc_pre = src.get(&format!("{D}.self_conditioning.pre_norm.weight"), &[h])?;
-        let mut layers = Vec::with_capacity(cfg.num_layers());
-        for i in 0..cfg.num_layers() {
-            layers.push(load_layer(src, cfg, i)?);
-        }
+        let layers = Vec::with_capacity(cfg.num_layers());
         Ok(Weights {
             embed,
             final_norm,
@@ -204,6 +234,13 @@ impl Weights {
             },
             layers,
         })
+    }
+}
+
+impl LayerWeights {
+    /// Layer `i`'s tensors (and the encoder's layer scalar), checked against `cfg`.
+    pub fn load(src: &mut impl TensorSource, cfg: &TextConfig, i: usize) -> Result<Self> {
+        load_layer(src, cfg, i)
     }
 }
 

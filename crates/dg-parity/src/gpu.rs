@@ -1,9 +1,9 @@
 //! The GPU backend of the checks: [`dg_gpu::GpuModel`] (encoder, canvas forward and the sampler's
 //! per-row work on the GPU), with a [`dg_cpu::CpuModel`] beside it as the reference of the
-//! cache-level and layer-level checks.
+//! cache-level and layer-level checks; matrices stored in f32 (`gpu`) or BF16 (`gpu-bf16`).
 
 use dg_cpu::CpuModel;
-use dg_gpu::{GpuContext, GpuModel, LayerContext};
+use dg_gpu::{GpuContext, GpuModel, LayerContext, WeightFormat};
 use dg_model::{GenerationConfig, ModelConfig, Weights};
 use dg_sampler::{Generation, Hooks, RandomSource, generate_resident};
 
@@ -16,13 +16,28 @@ use crate::compare::compare;
 pub struct GpuBackend {
     pub cpu: CpuModel,
     pub gpu: GpuModel,
+    name: &'static str,
 }
 
 impl GpuBackend {
-    /// Uploads `weights` to `ctx` for sequences of up to `max_context` tokens.
+    /// Uploads `weights` (matrices in f32) to `ctx` for sequences of up to `max_context` tokens.
     pub fn new(ctx: GpuContext, config: &ModelConfig, weights: Weights, max_context: usize) -> Result<Self, BoxError> {
-        let gpu = GpuModel::new(ctx, config, &weights, max_context)?;
-        Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu })
+        Self::with_format(ctx, config, weights, max_context, WeightFormat::F32)
+    }
+
+    /// Uploads `weights` with the matrices in `format` (backend name `gpu-bf16` for BF16). The CPU
+    /// twin of the cache and layer checks gets the same matrices: rounded to BF16 for a BF16
+    /// upload, so both sides compute in f32 on identical weights.
+    pub fn with_format(ctx: GpuContext, config: &ModelConfig, mut weights: Weights, max_context: usize, format: WeightFormat) -> Result<Self, BoxError> {
+        let gpu = GpuModel::with_format(ctx, config, &weights, max_context, format)?;
+        let name = match format {
+            WeightFormat::F32 => "gpu",
+            WeightFormat::Bf16 => {
+                weights.round_matrices_to_bf16();
+                "gpu-bf16"
+            }
+        };
+        Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name })
     }
 
     /// The GPU model (for resource counters).
@@ -33,7 +48,7 @@ impl GpuBackend {
 
 impl Backend for GpuBackend {
     fn name(&self) -> &'static str {
-        "gpu"
+        self.name
     }
 
     fn logits_tolerance(&self) -> f64 {
@@ -83,7 +98,7 @@ impl GpuBackend {
     /// uploaded as is, and compares the outputs; the report names the first failing layer (or the
     /// worst one when all pass).
     fn layers(&mut self, prompt: &[u32], canvas: &[u32]) -> Result<CheckResult, BoxError> {
-        let GpuBackend { cpu, gpu } = self;
+        let GpuBackend { cpu, gpu, .. } = self;
         cpu.reset();
         cpu.encode(prompt)?;
         let cache = cpu.cache();
@@ -114,7 +129,7 @@ impl GpuBackend {
     /// Encodes `blocks` one after another on both encoders and compares, after each, the K and V
     /// every decoder layer would see; the report names the first failing (block, layer).
     fn caches(&mut self, blocks: &[&[u32]]) -> Result<CheckResult, BoxError> {
-        let GpuBackend { cpu, gpu } = self;
+        let GpuBackend { cpu, gpu, .. } = self;
         cpu.reset();
         gpu.reset();
         let mut worst = (0usize, 0usize, 0f64);

@@ -1,0 +1,168 @@
+//! BF16 weights ([`WeightFormat::Bf16`]): the host packing of f32 values into the device layout
+//! (two bf16 per u32 word, element `i` in the half `i & 1` of word `i >> 1`, low half first), its
+//! exact inverse for tests, and the rewrite that turns a kernel's f32 operand into a packed bf16
+//! one (every load through a `load_{name}(i)` helper that widens `bits << 16`, exact, to f32).
+
+use crate::WeightFormat;
+
+/// Packs `values` as [`WeightFormat::Bf16`]: each value rounded to the nearest bf16 (ties to even;
+/// a NaN stays a NaN, quieted; overflow rounds to ±∞), two per word, element `i` in bits
+/// `16·(i & 1) ..` of word `i >> 1`. An odd length is padded with a zero half.
+pub fn pack_bf16(values: &[f32]) -> Vec<u32> {
+    values
+        .chunks(2)
+        .map(|pair| {
+            let lo = half::bf16::from_f32(pair[0]).to_bits();
+            let hi = pair.get(1).map_or(0, |&v| half::bf16::from_f32(v).to_bits());
+            u32::from(lo) | (u32::from(hi) << 16)
+        })
+        .collect()
+}
+
+/// The first `len` elements of [`WeightFormat::Bf16`] words as f32, widened exactly as the
+/// kernels do (`bits << 16`): `unpack_bf16(&pack_bf16(v), v.len())` is `v` rounded to bf16.
+pub fn unpack_bf16(words: &[u32], len: usize) -> Vec<f32> {
+    assert!(len.div_ceil(2) <= words.len(), "{len} bf16 elements need {} words, got {}", len.div_ceil(2), words.len());
+    (0..len).map(|i| f32::from_bits(((words[i >> 1] >> (16 * (i & 1))) & 0xffff) << 16)).collect()
+}
+
+/// `wgsl` with its storage operand `name` stored as `format`: unchanged for
+/// [`WeightFormat::F32`]; for [`WeightFormat::Bf16`] the declaration
+/// `var<storage, read> {name}: array<f32>;` becomes `array<u32>` followed by the helper
+/// `fn load_{name}(i: u32) -> f32` (element `i` of the packed operand), and every indexing
+/// `{name}[i]` outside comments becomes `load_{name}(i)`, so the arithmetic is unchanged. Panics
+/// when the declaration is missing or no load is found (every rendering runs in the tests, and
+/// naga rejects any load left reading a u32 as f32).
+pub(crate) fn with_operand_format(wgsl: &str, name: &str, format: WeightFormat) -> String {
+    if format == WeightFormat::F32 {
+        return wgsl.to_string();
+    }
+    let decl = format!("var<storage, read> {name}: array<f32>;");
+    assert_eq!(wgsl.matches(&decl).count(), 1, "operand `{name}`: expected one declaration `{decl}`");
+    let helper = format!(
+        "var<storage, read> {name}: array<u32>;\n\
+         // Element i of the bf16 operand `{name}` (two per word, element i in the half i & 1 of\n\
+         // word i >> 1, low half first), widened exactly to f32 (bf16 bits << 16).\n\
+         fn load_{name}(i: u32) -> f32 {{\n\
+         \x20   let w = {name}[i >> 1u];\n\
+         \x20   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) != 0u));\n\
+         }}"
+    );
+    let mut out = String::with_capacity(wgsl.len() + helper.len() + 256);
+    let mut loads = 0;
+    for line in wgsl.split_inclusive('\n') {
+        let (code, comment) = match line.find("//") {
+            Some(at) => line.split_at(at),
+            None => (line, ""),
+        };
+        if code.contains(&decl) {
+            out.push_str(&code.replace(&decl, &helper));
+            out.push_str(comment);
+            continue;
+        }
+        out.push_str(&rewrite_loads(code, name, &mut loads));
+        out.push_str(comment);
+    }
+    assert!(loads > 0, "operand `{name}`: no load `{name}[..]` to rewrite");
+    out
+}
+
+/// `code` (one line, no comment) with every `{name}[expr]` replaced by `load_{name}(expr)`;
+/// `expr` may hold nested brackets. Counts the rewrites into `loads`.
+fn rewrite_loads(code: &str, name: &str, loads: &mut usize) -> String {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.';
+    let pattern = format!("{name}[");
+    let mut out = String::with_capacity(code.len() + 16);
+    let mut rest = code;
+    while let Some(at) = rest.find(&pattern) {
+        let standalone = !rest[..at].ends_with(is_ident);
+        if !standalone {
+            out.push_str(&rest[..at + pattern.len()]);
+            rest = &rest[at + pattern.len()..];
+            continue;
+        }
+        let open = at + pattern.len();
+        let mut depth = 1;
+        let close = rest[open..]
+            .char_indices()
+            .find_map(|(i, c)| {
+                depth += match c {
+                    '[' => 1,
+                    ']' => -1,
+                    _ => 0,
+                };
+                (depth == 0).then_some(open + i)
+            })
+            .unwrap_or_else(|| panic!("unclosed `{name}[` in `{code}` (a load must fit on one line)"));
+        out.push_str(&rest[..at]);
+        out.push_str(&format!("load_{name}({})", rewrite_loads(&rest[open..close], name, loads)));
+        *loads += 1;
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_rounds_to_nearest_even_and_pads() {
+        let bits = |v: f32| v.to_bits();
+        // 1 + 2^-8 is halfway between bf16 1 and 1 + 2^-7: ties to the even mantissa (1).
+        let tie_down = f32::from_bits(0x3F80_8000);
+        // 1 + 3·2^-8: halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even): rounds up.
+        let tie_up = f32::from_bits(0x3F81_8000);
+        // Just above a tie rounds up; just below rounds down.
+        let above = f32::from_bits(0x3F80_8001);
+        let below = f32::from_bits(0x3F80_7FFF);
+        let values = [tie_down, tie_up, above, below, -0.0, f32::INFINITY, f32::MAX, f32::NAN, 1.5];
+        let words = pack_bf16(&values);
+        assert_eq!(words.len(), 5, "9 values: 4 full words and one padded");
+        assert_eq!(words[4] >> 16, 0, "the padding half is zero");
+        let got = unpack_bf16(&words, values.len());
+        assert_eq!(bits(got[0]), 0x3F80_0000);
+        assert_eq!(bits(got[1]), 0x3F82_0000);
+        assert_eq!(bits(got[2]), 0x3F81_0000);
+        assert_eq!(bits(got[3]), 0x3F80_0000);
+        assert_eq!(bits(got[4]), 0x8000_0000, "-0 keeps its sign");
+        assert_eq!(got[5], f32::INFINITY);
+        assert_eq!(got[6], f32::INFINITY, "f32::MAX is past the largest bf16: rounds to infinity");
+        assert!(got[7].is_nan(), "NaN stays NaN");
+        assert_eq!(got[8], 1.5);
+        // The layout: element 2i in the low half of word i, element 2i+1 in the high half.
+        assert_eq!(pack_bf16(&[1.0, -2.0]), vec![0x3F80 | (0xC000 << 16)]);
+        // A NaN whose payload sits only in the dropped low bits must not become infinity.
+        let low_nan = f32::from_bits(0x7F80_0001);
+        assert!(unpack_bf16(&pack_bf16(&[low_nan]), 1)[0].is_nan());
+        assert!(pack_bf16(&[]).is_empty() && unpack_bf16(&[], 0).is_empty());
+    }
+
+    #[test]
+    fn unpacking_inverts_packing_on_bf16_values() {
+        // Every value already a bf16 survives the round trip bit for bit, at odd and even lengths.
+        for len in [1usize, 2, 7, 64, 65] {
+            // Mask 0xFF7F clears the exponent's lowest bit: no infinity or NaN, signs and subnormals mixed.
+            let values: Vec<f32> = (0..len).map(|i| f32::from_bits(((i as u32).wrapping_mul(0x9E37) & 0xFF7F) << 16)).collect();
+            let words = pack_bf16(&values);
+            assert_eq!(words.len(), len.div_ceil(2));
+            let back = unpack_bf16(&words, len);
+            assert!(values.iter().zip(&back).all(|(a, b)| a.to_bits() == b.to_bits()), "len {len}");
+        }
+    }
+
+    #[test]
+    fn the_operand_rewrite_leaves_f32_alone_and_routes_every_load() {
+        let src = "@group(0) @binding(2) var<storage, read> b: array<f32>;\n// b[comment] stays\nfn f(i: u32) -> f32 {\n    let bb = rb[i] + b[i + ab[i]] * b[(*b_off)[1u]]; // b[x]\n    return bb + job.b[0];\n}\n";
+        assert_eq!(with_operand_format(src, "b", WeightFormat::F32), src);
+        let out = with_operand_format(src, "b", WeightFormat::Bf16);
+        assert!(out.contains("var<storage, read> b: array<u32>;"));
+        assert!(out.contains("fn load_b(i: u32) -> f32 {"));
+        assert!(out.contains("let bb = rb[i] + load_b(i + ab[i]) * load_b((*b_off)[1u]); // b[x]"), "{out}");
+        assert!(out.contains("// b[comment] stays") && out.contains("job.b[0]"));
+        // The helper's own word load is the only raw indexing of `b` left in code.
+        let raw = out.lines().map(|l| l.split("//").next().unwrap()).filter(|l| l.contains(" b[")).count();
+        assert_eq!(raw, 1, "{out}");
+    }
+}

@@ -1,0 +1,408 @@
+//! Tensor-core GEMM prototype through cooperative matrices: a linear layer `C = A·Wᵀ` whose
+//! products run on the matrix units (NVIDIA tensor cores) through WGSL's cooperative matrix types,
+//! 16×16×16 fragments with f16 inputs and f32 accumulation.
+//!
+//! ```text
+//! C[i, j] = Σ_p f16(A[i, p]) · W[j, p]          i < m, j < n, p < k
+//! ```
+//!
+//! - `a` (binding 1, read): f32 `[m, k]` row-major activations, rounded to f16 (the device's
+//!   f32 → f16 conversion) when staged in workgroup memory;
+//! - `w` (binding 2, read): f16 `[n, k]` row-major weights (PyTorch `[out, in]`), two per u32
+//!   word, element `i` in bits `16·(i & 1) .. 16·(i & 1) + 16` of word `i >> 1` (see
+//!   [`pack_f16`]); the kernel binds it as `array<vec4<f16>>`, the same bytes;
+//! - `c` (binding 3, read-write): f32 `[m, n]` row-major, every element written (no accumulate).
+//!
+//! Binding 0 is the uniform [`CoopGemmParams`], as for every dg kernel.
+//!
+//! Requirements, none of them checked by the kernel:
+//! - `m`, `n`, `k` multiples of the tile's `bm`, `bn`, `bk` ([`CoopTile::fits`]); k > 0;
+//! - the device opened with `wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX` and
+//!   `wgpu::Features::SHADER_F16`, the former only granted with
+//!   `DeviceDescriptor::experimental_features` set to `unsafe { ExperimentalFeatures::enabled() }`,
+//!   and the adapter listing a 16×16×16 configuration with f16 A/B and f32 C in
+//!   `Adapter::cooperative_matrix_properties()` (wgpu's Vulkan backend exposes the feature as soon
+//!   as `VK_KHR_cooperative_matrix` reports any subgroup-scope configuration with sizes 8 or 16 and
+//!   the device supports the Vulkan memory model at device scope; lavapipe has neither);
+//! - subgroups of exactly 32 invocations (`AdapterInfo::subgroup_min_size` and
+//!   `subgroup_max_size` both 32, as on NVIDIA): invocation `t` is taken to be in subgroup `t / 32`;
+//! - workgroup memory of [`CoopTile::shared_bytes`] (up to 40 KiB, above the WebGPU default of
+//!   16 KiB: the device must be opened with the adapter's `max_compute_workgroup_storage_size`).
+//!
+//! The kernel is therefore not part of [`crate::all_variants`] (naga validates it offline in this
+//! module's tests, with the cooperative-matrix capability).
+//!
+//! Tiling: one workgroup per `bm × bn` tile of C, `bm/wm · bn/wn` subgroups of 32 invocations, each
+//! owning a `wm × wn` block as `(wm/16)·(wn/16)` f32 accumulator fragments; K in steps of `bk`
+//! through two stages of workgroup memory (the next step's global loads are in flight while the
+//! current one multiplies; one barrier a step). See `wgsl/coop_gemm.wgsl`.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::{Access, KernelSource, with_prelude};
+
+/// Invocations of one subgroup the kernel assumes.
+pub const SUBGROUP_SIZE: u32 = 32;
+/// Side of one cooperative matrix fragment (16×16×16).
+pub const FRAGMENT: u32 = 16;
+/// Halves of padding after each staged row (16 bytes: fragment loads of 8 rows hit distinct
+/// banks).
+pub const ROW_PAD: u32 = 8;
+/// Most invocations a tile's workgroup may have (the WebGPU default limit).
+pub const MAX_INVOCATIONS: u32 = 256;
+/// Most workgroup memory a tile may use, in bytes (NVIDIA's Vulkan limit, 48 KiB).
+pub const MAX_SHARED_BYTES: u32 = 48 * 1024;
+
+/// Uniform parameters of `coop_gemm.wgsl`: 16 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+pub struct CoopGemmParams {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub pad: u32,
+}
+
+impl CoopGemmParams {
+    /// `C[m, n] = A[m, k]·W[n, k]ᵀ`.
+    pub fn new(m: u32, n: u32, k: u32) -> Self {
+        CoopGemmParams { m, n, k, pad: 0 }
+    }
+}
+
+/// How the staged tiles are stored in workgroup memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Staging {
+    /// `array<f16>`: four 2-byte stores per staged vec4.
+    Scalar,
+    /// `array<vec4<f16>>`: one 8-byte store per staged vec4; fragment strides count vec4s.
+    Vec4,
+}
+
+/// One tile variant: a `bm × bn` tile of C per workgroup, K in steps of `bk`, a `wm × wn` block
+/// per subgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CoopTile {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    pub wm: u32,
+    pub wn: u32,
+    pub staging: Staging,
+}
+
+impl CoopTile {
+    /// Subgroups per workgroup.
+    pub const fn subgroups(self) -> u32 {
+        (self.bm / self.wm) * (self.bn / self.wn)
+    }
+
+    /// Invocations per workgroup.
+    pub const fn invocations(self) -> u32 {
+        self.subgroups() * SUBGROUP_SIZE
+    }
+
+    /// Accumulator fragments per subgroup, along m and along n.
+    pub const fn fragments(self) -> (u32, u32) {
+        (self.wm / FRAGMENT, self.wn / FRAGMENT)
+    }
+
+    /// Halves of one staged row (`bk` plus the padding).
+    pub const fn row_halves(self) -> u32 {
+        self.bk + ROW_PAD
+    }
+
+    /// Halves per element of the staged tiles.
+    pub const fn element_halves(self) -> u32 {
+        match self.staging {
+            Staging::Scalar => 1,
+            Staging::Vec4 => 4,
+        }
+    }
+
+    /// Workgroup memory, in bytes: two stages of the A and W tiles, f16.
+    pub const fn shared_bytes(self) -> u32 {
+        2 * 2 * (self.bm + self.bn) * self.row_halves()
+    }
+
+    /// The invariants the kernel relies on: whole fragments per subgroup block, blocks that
+    /// divide the tile, K steps of whole fragments, every invocation staging the same number of
+    /// vec4s of A and of W, and the limits.
+    pub const fn is_valid(self) -> bool {
+        let positive = self.bm > 0 && self.bn > 0 && self.bk > 0 && self.wm > 0 && self.wn > 0;
+        positive
+            && self.wm.is_multiple_of(FRAGMENT)
+            && self.wn.is_multiple_of(FRAGMENT)
+            && self.bk.is_multiple_of(FRAGMENT)
+            && self.bm.is_multiple_of(self.wm)
+            && self.bn.is_multiple_of(self.wn)
+            && (self.bm * self.bk / 4).is_multiple_of(self.invocations())
+            && (self.bn * self.bk / 4).is_multiple_of(self.invocations())
+            && self.invocations() <= MAX_INVOCATIONS
+            && self.shared_bytes() <= MAX_SHARED_BYTES
+    }
+
+    /// Whether the kernel computes an `m × n × k` product with this tile.
+    pub const fn fits(self, m: u32, n: u32, k: u32) -> bool {
+        m > 0 && n > 0 && k > 0 && m.is_multiple_of(self.bm) && n.is_multiple_of(self.bn) && k.is_multiple_of(self.bk)
+    }
+
+    /// `"{bm}x{bn}x{bk}_{wm}x{wn}"` plus `"_v4"` for [`Staging::Vec4`].
+    pub fn label(self) -> String {
+        let staging = match self.staging {
+            Staging::Scalar => "",
+            Staging::Vec4 => "_v4",
+        };
+        format!("{}x{}x{}_{}x{}{staging}", self.bm, self.bn, self.bk, self.wm, self.wn)
+    }
+
+    fn prelude(self) -> Vec<(&'static str, u32)> {
+        let kp = self.row_halves();
+        let se = self.element_halves();
+        let bk4 = self.bk / 4;
+        vec![
+            ("BM", self.bm),
+            ("BN", self.bn),
+            ("BK", self.bk),
+            ("BK4", bk4),
+            ("WM", self.wm),
+            ("WN", self.wn),
+            ("SGN", self.bn / self.wn),
+            ("WT", self.invocations()),
+            ("KP", kp),
+            ("KPS", kp / se),
+            ("LA", self.bm * bk4 / self.invocations()),
+            ("LW", self.bn * bk4 / self.invocations()),
+            ("SAL", 2 * self.bm * kp / se),
+            ("SBL", 2 * self.bn * kp / se),
+        ]
+    }
+
+    /// The full WGSL of this variant.
+    pub fn render(self) -> String {
+        assert!(self.is_valid(), "coop gemm tile {} breaks its invariants", self.label());
+        let (fm, fn_) = self.fragments();
+        let se = self.element_halves();
+        let (elem, put) = match self.staging {
+            Staging::Scalar => (
+                "f16",
+                "fn put_a(at: u32, v: vec4<f16>) {\n    sa[at] = v.x;\n    sa[at + 1u] = v.y;\n    sa[at + 2u] = v.z;\n    sa[at + 3u] = v.w;\n}\n\
+                 fn put_b(at: u32, v: vec4<f16>) {\n    sb[at] = v.x;\n    sb[at + 1u] = v.y;\n    sb[at + 2u] = v.z;\n    sb[at + 3u] = v.w;\n}\n",
+            ),
+            Staging::Vec4 => (
+                "vec4<f16>",
+                "fn put_a(at: u32, v: vec4<f16>) {\n    sa[at / 4u] = v;\n}\n\
+                 fn put_b(at: u32, v: vec4<f16>) {\n    sb[at / 4u] = v;\n}\n",
+            ),
+        };
+        // Named accumulators and fragments (no arrays of cooperative matrices).
+        let mut acc = String::new();
+        for i in 0..fm {
+            for j in 0..fn_ {
+                acc += &format!("    var acc_{i}_{j} = coop_mat16x16<f32, C>();\n");
+            }
+        }
+        let mut multiply = String::new();
+        for kk in 0..self.bk / FRAGMENT {
+            multiply += "        {\n";
+            for i in 0..fm {
+                multiply += &format!(
+                    "            let ia{i} = (a_st + (sm + {}u) * KP + {}u) / {se}u;\n            let fa{i} = coopLoadT<coop_mat16x16<f16, A>>(&sa[ia{i}], stride_s);\n",
+                    i * FRAGMENT,
+                    kk * FRAGMENT
+                );
+            }
+            for j in 0..fn_ {
+                multiply += &format!(
+                    "            let ib{j} = (b_st + (sn + {}u) * KP + {}u) / {se}u;\n            let fb{j} = coopLoad<coop_mat16x16<f16, B>>(&sb[ib{j}], stride_s);\n",
+                    j * FRAGMENT,
+                    kk * FRAGMENT
+                );
+            }
+            for i in 0..fm {
+                for j in 0..fn_ {
+                    multiply += &format!("            acc_{i}_{j} = coopMultiplyAdd(fa{i}, fb{j}, acc_{i}_{j});\n");
+                }
+            }
+            multiply += "        }\n";
+        }
+        let mut store = String::new();
+        for i in 0..fm {
+            for j in 0..fn_ {
+                store += &format!(
+                    "    {{\n        let ic = (m0 + sm + {}u) * p.n + n0 + sn + {}u;\n        coopStoreT(acc_{i}_{j}, &c[ic], stride_c);\n    }}\n",
+                    i * FRAGMENT,
+                    j * FRAGMENT
+                );
+            }
+        }
+        let body = include_str!("wgsl/coop_gemm.wgsl")
+            .replace("SELEM_TYPE", elem)
+            .replace("//@PUT\n", put)
+            .replace("//@ACC\n", &acc)
+            .replace("//@MULTIPLY\n", &multiply)
+            .replace("//@STORE\n", &store);
+        let consts = self.prelude();
+        format!("enable f16;\nenable wgpu_cooperative_matrix;\n{}", with_prelude(&consts, &crate::gemm::unroll(&body, &consts)))
+    }
+}
+
+/// 64×128 tile, 32×64 per subgroup (4 subgroups, 2×4 fragments each), K steps of 32, vec4
+/// staging (30 KiB): 128 workgroups for `256 × 4096`, about one per SM of an H200.
+pub const TILE_64X128: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 };
+/// [`TILE_64X128`] with scalar f16 staging (the plainest WGSL).
+pub const TILE_64X128_SCALAR: CoopTile = CoopTile { staging: Staging::Scalar, ..TILE_64X128 };
+/// 64×64 tile, 32×32 per subgroup (4 subgroups, 2×2 fragments), K steps of 32 (20 KiB): more
+/// workgroups (256 for `256 × 4096`).
+pub const TILE_64X64: CoopTile = CoopTile { bm: 64, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4 };
+/// [`TILE_64X64`] with K steps of 64 (36 KiB): half the barriers.
+pub const TILE_64X64_K64: CoopTile = CoopTile { bk: 64, ..TILE_64X64 };
+/// 128×64 tile, 64×32 per subgroup (4 subgroups, 4×2 fragments), K steps of 32 (30 KiB).
+pub const TILE_128X64: CoopTile = CoopTile { bm: 128, bn: 64, bk: 32, wm: 64, wn: 32, staging: Staging::Vec4 };
+/// 128×128 tile, 32×64 per subgroup (8 subgroups, 2×4 fragments), K steps of 32 (40 KiB): the most
+/// reuse, few workgroups at 256 rows.
+pub const TILE_128X128: CoopTile = CoopTile { bm: 128, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 };
+
+/// Every tile variant, the default first.
+pub const TILES: &[CoopTile] = &[TILE_64X128, TILE_64X128_SCALAR, TILE_64X64, TILE_64X64_K64, TILE_128X64, TILE_128X128];
+
+const _: () = {
+    let mut i = 0;
+    while i < TILES.len() {
+        assert!(TILES[i].is_valid(), "a coop gemm tile breaks its invariants (see CoopTile::is_valid)");
+        i += 1;
+    }
+};
+
+/// The kernel for `tile`, named `coop_gemm_{label}`. Bindings: `a` (read), `w` (read), `c`
+/// (read-write).
+pub fn source(tile: CoopTile) -> KernelSource {
+    KernelSource {
+        name: format!("coop_gemm_{}", tile.label()),
+        wgsl: tile.render(),
+        entry: "main",
+        buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
+        params_size: size_of::<CoopGemmParams>() as u64,
+    }
+}
+
+/// The dispatch of an `m × n` product: one workgroup per tile, in x (at most 65535 tiles).
+pub fn workgroups(tile: CoopTile, m: u32, n: u32) -> [u32; 3] {
+    let total = (m / tile.bm) * (n / tile.bn);
+    assert!(total <= 65535, "coop gemm of {m}x{n}: {total} workgroups, over one dispatch dimension");
+    [total, 1, 1]
+}
+
+/// Packs `values` as the kernel's W: each value rounded to the nearest f16 (ties to even,
+/// subnormals kept, overflow to ±∞, a NaN stays a NaN), two per word, element `i` in bits
+/// `16·(i & 1) ..` of word `i >> 1`. An odd length is padded with a zero half.
+pub fn pack_f16(values: &[f32]) -> Vec<u32> {
+    values
+        .chunks(2)
+        .map(|pair| {
+            let lo = f16_bits(pair[0]);
+            let hi = pair.get(1).map_or(0, |&v| f16_bits(v));
+            u32::from(lo) | (u32::from(hi) << 16)
+        })
+        .collect()
+}
+
+/// The f16 nearest to `x` (ties to even), as bits.
+pub fn f16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    let (half, rem, halfway) = if e <= 0 {
+        // Subnormal (or zero): units of 2⁻²⁴, the 24-bit significand shifted right.
+        if e < -10 {
+            return sign;
+        }
+        let sig = man | 0x80_0000;
+        let shift = (14 - e) as u32;
+        (sig >> shift, sig & ((1 << shift) - 1), 1u32 << (shift - 1))
+    } else {
+        (((e as u32) << 10) | (man >> 13), man & 0x1fff, 0x1000)
+    };
+    let up = rem > halfway || (rem == halfway && half & 1 == 1);
+    // A carry out of the significand moves into the exponent: the right rounding (to ∞ at the top).
+    sign | (half + u32::from(up)) as u16
+}
+
+/// The value of the f16 with bits `h` (exact).
+pub fn f16_value(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x3ff);
+    match exp {
+        0 => sign * man as f32 * (1.0 / 16_777_216.0),
+        0x1f => f32::from_bits((u32::from(h & 0x8000) << 16) | 0x7f80_0000 | (man << 13)),
+        _ => f32::from_bits((u32::from(h & 0x8000) << 16) | ((exp + 112) << 23) | (man << 13)),
+    }
+}
+
+/// `x` rounded to the nearest f16 (ties to even), as f32.
+pub fn round_f16(x: f32) -> f32 {
+    f16_value(f16_bits(x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_are_16_bytes() {
+        assert_eq!(size_of::<CoopGemmParams>(), 16);
+    }
+
+    #[test]
+    fn every_tile_renders_and_validates_with_cooperative_matrices() {
+        for &tile in TILES {
+            let k = source(tile);
+            let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
+            let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
+            assert!(k.wgsl.contains("coopMultiplyAdd"), "{}", k.name);
+            assert!(!k.wgsl.contains("@unroll"), "{}: a loop left unexpanded", k.name);
+        }
+    }
+
+    #[test]
+    fn tiles_fit_the_decoder_shapes() {
+        for &tile in TILES {
+            assert!(tile.fits(256, 4096, 2816), "{}", tile.label());
+            assert!(tile.fits(256, 2816, 4096), "{}", tile.label());
+        }
+        assert!(!TILE_64X128.fits(256, 4096, 2800));
+    }
+
+    #[test]
+    fn f16_rounding_is_exact_on_f16_values_and_ties_to_even() {
+        for h in 0..=0xffffu16 {
+            let exp = (h >> 10) & 0x1f;
+            if exp == 0x1f && h & 0x3ff != 0 {
+                assert!(f16_value(h).is_nan());
+                continue;
+            }
+            assert_eq!(f16_bits(f16_value(h)), h, "{h:#06x}");
+        }
+        // 1 + 2⁻¹¹ lies halfway between 1 and the next f16: ties to even (1).
+        assert_eq!(f16_bits(1.0 + 1.0 / 2048.0), 0x3c00);
+        assert_eq!(f16_bits(1.0 + 3.0 / 2048.0), 0x3c02);
+        // Halfway between the two smallest subnormals (2⁻²⁴ · 1.5): to even (2 · 2⁻²⁴).
+        assert_eq!(f16_bits(1.5 / 16_777_216.0), 0x0002);
+        assert_eq!(f16_bits(0.5 / 16_777_216.0), 0x0000);
+        assert_eq!(f16_bits(65520.0), 0x7c00);
+        assert_eq!(f16_bits(65519.0), 0x7bff);
+        assert_eq!(pack_f16(&[1.0, -2.0, 0.5]), vec![0xc000_3c00, 0x0000_3800]);
+    }
+}

@@ -1,0 +1,130 @@
+// Tensor-core GEMM through cooperative matrices (see coop_gemm.rs for the contract):
+//   C[m, n] = sum over k of f16(A[m, k]) * W[n, k]     (f16 products, f32 accumulation)
+// A: f32 [M, K] row-major, read as vec4s and rounded to f16 when staged in workgroup memory.
+// W: f16 [N, K] row-major, read as vec4<f16>: the same bytes as f16 pairs packed in u32 words
+//    (element i in the half i & 1 of word i >> 1, low half first).
+// C: f32 [M, N] row-major, written whole (no accumulate).
+// Requires M % BM == 0, N % BN == 0, K % BK == 0 and subgroups of exactly 32 invocations
+// (invocation t belongs to subgroup t / 32: every cooperative operation of a subgroup takes the
+// same pointer and stride).
+//
+// One workgroup computes one BM x BN tile of C (workgroups numbered m tile fastest, so the ones
+// that read the same W tile run together). Subgroup s owns the WM x WN block at rows
+// (s / SGN) * WM, columns (s % SGN) * WN of the tile, as FM x FN accumulators of 16 x 16 f32.
+// K runs in steps of BK through two stages of workgroup memory: while the subgroups multiply the
+// tiles of step s, every invocation holds its share of step s + 1 in registers and then writes it
+// into the other stage; one barrier a step. A staged row is KP = BK + 8 halves (16 bytes of
+// padding, so that the 8 rows of a fragment load fall in distinct banks).
+// A stage holds A as [BM][KP] and W as [BN][KP]: the A fragments load row-major (coopLoadT), the
+// B fragments (B[k][n] = W[n][k]) column-major (coopLoad) from the same [n][k] rows.
+// Every index and stride handed to a cooperative load or store is a `let` of its own.
+
+// (`enable f16;` and `enable wgpu_cooperative_matrix;` come first, ahead of the const prelude.)
+
+// The element of the staged tiles: f16, or vec4<f16> (then SE = 4 halves an element, one
+// 8-byte store per staged vec4, and the cooperative loads count their stride in vec4s).
+alias SElem = SELEM_TYPE;
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+
+// Two stages of A ([BM][KP] halves each) and of W ([BN][KP] halves each).
+var<workgroup> sa: array<SElem, SAL>;
+var<workgroup> sb: array<SElem, SBL>;
+
+//@PUT
+
+@compute @workgroup_size(WT)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lt: u32) {
+    let tiles_m = p.m / BM;
+    let m0 = (wid.x % tiles_m) * BM;
+    let n0 = (wid.x / tiles_m) * BN;
+    let sg = lt / 32u;
+    let sm = (sg / SGN) * WM;
+    let sn = (sg % SGN) * WN;
+    let k4 = p.k / 4u;
+    let steps = p.k / BK;
+    let stride_s = KPS;
+    let stride_c = p.n;
+
+    // The vec4s of A and W this invocation stages: their index at step 0 (a step adds BK4) and
+    // their place (in halves) in a stage.
+    var a_src: array<u32, LA>;
+    var a_dst: array<u32, LA>;
+    // @unroll
+    for (var l = 0u; l < LA; l++) {
+        let e = lt + l * WT;
+        a_src[l] = (m0 + e / BK4) * k4 + e % BK4;
+        a_dst[l] = (e / BK4) * KP + 4u * (e % BK4);
+    }
+    var w_src: array<u32, LW>;
+    var w_dst: array<u32, LW>;
+    // @unroll
+    for (var l = 0u; l < LW; l++) {
+        let e = lt + l * WT;
+        w_src[l] = (n0 + e / BK4) * k4 + e % BK4;
+        w_dst[l] = (e / BK4) * KP + 4u * (e % BK4);
+    }
+
+    var ra: array<vec4<f32>, LA>;
+    var rw: array<vec4<f16>, LW>;
+    // @unroll
+    for (var l = 0u; l < LA; l++) {
+        ra[l] = a[a_src[l]];
+    }
+    // @unroll
+    for (var l = 0u; l < LW; l++) {
+        rw[l] = w[w_src[l]];
+    }
+    // @unroll
+    for (var l = 0u; l < LA; l++) {
+        put_a(a_dst[l], vec4<f16>(ra[l]));
+    }
+    // @unroll
+    for (var l = 0u; l < LW; l++) {
+        put_b(w_dst[l], rw[l]);
+    }
+    workgroupBarrier();
+
+//@ACC
+    for (var s = 0u; s < steps; s++) {
+        let more = s + 1u < steps;
+        if (more) {
+            let ka = (s + 1u) * BK4;
+            // @unroll
+            for (var l = 0u; l < LA; l++) {
+                ra[l] = a[a_src[l] + ka];
+            }
+            // @unroll
+            for (var l = 0u; l < LW; l++) {
+                rw[l] = w[w_src[l] + ka];
+            }
+        }
+        let a_st = (s & 1u) * (BM * KP);
+        let b_st = (s & 1u) * (BN * KP);
+//@MULTIPLY
+        if (more) {
+            let a_nx = ((s + 1u) & 1u) * (BM * KP);
+            let b_nx = ((s + 1u) & 1u) * (BN * KP);
+            // @unroll
+            for (var l = 0u; l < LA; l++) {
+                put_a(a_nx + a_dst[l], vec4<f16>(ra[l]));
+            }
+            // @unroll
+            for (var l = 0u; l < LW; l++) {
+                put_b(b_nx + w_dst[l], rw[l]);
+            }
+        }
+        workgroupBarrier();
+    }
+//@STORE
+}
