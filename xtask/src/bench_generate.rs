@@ -40,6 +40,9 @@ pub struct Args {
     /// Store the weight matrices as BF16 on the GPU (arithmetic stays f32).
     #[arg(long)]
     bf16: bool,
+    /// Store the weight matrices as F16 (tensor-core projections where the GPU has them).
+    #[arg(long, conflicts_with = "bf16")]
+    f16: bool,
 }
 
 /// The GPU model with the wall time of each kind of call.
@@ -91,7 +94,11 @@ pub fn run(args: Args) -> Result<bool> {
         args.steps
     );
     let max_context = args.prompt + args.canvases * c;
-    let format = if args.bf16 { WeightFormat::Bf16 } else { WeightFormat::F32 };
+    let format = match (args.bf16, args.f16) {
+        (_, true) => WeightFormat::F16,
+        (true, false) => WeightFormat::Bf16,
+        (false, false) => WeightFormat::F32,
+    };
     let mut model = GpuModel::from_source(ctx, &config, &mut RandomWeights::new(0), max_context, format)?;
     println!("weights on the GPU: {:.2} GB ({format:?})", model.weight_bytes() as f64 / 1e9);
     let settings = GenerationConfig {

@@ -20,6 +20,7 @@ use dg_model::{LayerKind, ModelConfig, RandomWeights, TextConfig};
 enum WeightsArg {
     F32,
     Bf16,
+    F16,
 }
 
 #[derive(Debug, clap::Args)]
@@ -100,11 +101,20 @@ pub fn run(args: Args) -> Result<bool> {
         args.context
     );
     let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone() })?;
-    println!("adapter: {} ({:?}, {:?}, driver {} {})", ctx.info.name, ctx.info.device_type, ctx.info.backend, ctx.info.driver, ctx.info.driver_info);
+    println!(
+        "adapter: {} ({:?}, {:?}, driver {} {}), cooperative matrices: {}",
+        ctx.info.name,
+        ctx.info.device_type,
+        ctx.info.backend,
+        ctx.info.driver,
+        ctx.info.driver_info,
+        if ctx.coop_matrix { "yes" } else { "no" }
+    );
     let t = Instant::now();
     let format = match args.weights {
         WeightsArg::F32 => WeightFormat::F32,
         WeightsArg::Bf16 => WeightFormat::Bf16,
+        WeightsArg::F16 => WeightFormat::F16,
     };
     // Random weights generated and uploaded one layer at a time (the 30-layer model is 104 GB in f32).
     let mut model = GpuModel::from_source(ctx, &config, &mut RandomWeights::new(0), args.context, format)?;

@@ -42,6 +42,9 @@ pub enum WeightsArg {
     F32,
     /// BF16 (2 bytes per parameter; an f32 checkpoint is rounded to nearest even).
     Bf16,
+    /// F16 (2 bytes per parameter, rounded to nearest even); on GPUs with cooperative matrices the
+    /// projections then run on the tensor cores with f16 activations (less exact, faster).
+    F16,
 }
 
 /// Which implementation runs the model.
@@ -119,7 +122,7 @@ pub struct GenerateArgs {
     pub adapter: Option<String>,
 
     /// How the GPU stores the weight matrices: auto (the checkpoint's BF16 if it is BF16, else
-    /// f32), f32, or bf16. Arithmetic is f32 either way.
+    /// f32), f32, bf16 or f16. Arithmetic is f32, except the tensor-core projections of f16.
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
 

@@ -11,6 +11,7 @@ pub fn choose(model: &ModelDir, arg: WeightsArg) -> WeightFormat {
     match arg {
         WeightsArg::F32 => WeightFormat::F32,
         WeightsArg::Bf16 => WeightFormat::Bf16,
+        WeightsArg::F16 => WeightFormat::F16,
         WeightsArg::Auto if model.matrices_are_bf16() => WeightFormat::Bf16,
         WeightsArg::Auto => WeightFormat::F32,
     }
@@ -21,5 +22,6 @@ pub fn name(format: WeightFormat) -> &'static str {
     match format {
         WeightFormat::F32 => "f32",
         WeightFormat::Bf16 => "bf16",
+        WeightFormat::F16 => "f16",
     }
 }

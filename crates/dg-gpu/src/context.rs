@@ -60,6 +60,10 @@ pub struct GpuContext {
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
+    /// The device runs the tensor-core GEMM (`dg_kernels::coop_gemm`): cooperative matrices with a
+    /// 16×16×16 f16 → f32 configuration, f16 shader types and 32-wide subgroups. Set
+    /// `DG_NO_COOP=1` to leave them off.
+    pub coop_matrix: bool,
     counters: Arc<Counters>,
 }
 
@@ -81,6 +85,22 @@ fn rank(t: wgpu::DeviceType) -> u8 {
         wgpu::DeviceType::Other => 3,
         wgpu::DeviceType::Cpu => 4,
     }
+}
+
+/// The features the tensor-core GEMM needs.
+const COOP_FEATURES: wgpu::Features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX.union(wgpu::Features::SHADER_F16);
+
+/// Whether `adapter` can run `dg_kernels::coop_gemm`: both features, a 16×16×16 configuration with
+/// f16 inputs and f32 accumulation, and subgroups of exactly 32 invocations.
+fn offers_coop_gemm(adapter: &wgpu::Adapter) -> bool {
+    let info = adapter.get_info();
+    adapter.features().contains(COOP_FEATURES)
+        && (info.subgroup_min_size, info.subgroup_max_size) == (dg_kernels::coop_gemm::SUBGROUP_SIZE, dg_kernels::coop_gemm::SUBGROUP_SIZE)
+        && adapter.cooperative_matrix_properties().iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
 }
 
 impl GpuContext {
@@ -110,11 +130,23 @@ impl GpuContext {
         };
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
+        let coop_matrix = std::env::var("DG_NO_COOP").as_deref() != Ok("1") && offers_coop_gemm(&adapter);
+        let mut features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
+        if coop_matrix {
+            features |= COOP_FEATURES;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("dg"),
             required_features: features,
             required_limits: limits.clone(),
+            experimental_features: if coop_matrix {
+                // SAFETY: only requested where the adapter reports the cooperative-matrix
+                // configuration the tensor-core GEMM uses; its results are gated against the f32
+                // kernels (dg-gpu tests/coop_gemm.rs) on such devices.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             ..Default::default()
         }))
         .map_err(|e| GpuError::Device { adapter: info.name.clone(), message: e.to_string() })?;
@@ -124,6 +156,7 @@ impl GpuContext {
             info,
             limits,
             features,
+            coop_matrix,
             counters: Arc::default(),
         })
     }

@@ -4,7 +4,7 @@
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::sample_rows::{self, SampleRowsParams};
-use dg_kernels::{KernelSource, WeightFormat, axpby, copy, embed, gelu_glu, moe_combine, moe_dispatch, rmsnorm, rope, router_topk, softmax};
+use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, copy, embed, gelu_glu, moe_combine, moe_dispatch, rmsnorm, rope, router_topk, softmax};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -98,9 +98,18 @@ impl<'a> Recorder<'a> {
         self.linear_format(x, w, WeightFormat::F32, out, m, n, k)
     }
 
-    /// [`Self::linear`] with W stored as `w_format`.
+    /// [`Self::linear`] with W stored as `w_format`. F16 weights on a device with cooperative
+    /// matrices go through the tensor-core GEMM (`dg_kernels::coop_gemm`: x rounded to f16, f32
+    /// accumulation) when the shape fits one of its tiles; everything else through the f32 GEMM.
     #[allow(clippy::too_many_arguments)]
     pub fn linear_format(&mut self, x: &'a wgpu::Buffer, w: &'a wgpu::Buffer, w_format: WeightFormat, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize) -> Result<(), GpuError> {
+        if w_format == WeightFormat::F16 && self.ctx.coop_matrix {
+            let (m32, n32, k32) = (m as u32, n as u32, k as u32);
+            if let Some(&tile) = coop_gemm::TILES.iter().find(|t| t.fits(m32, n32, k32) && (m32 / t.bm) * (n32 / t.bn) <= 65535) {
+                let p = coop_gemm::CoopGemmParams::new(m32, n32, k32);
+                return self.push(coop_gemm::source(tile), &p, &[x, w, out], coop_gemm::workgroups(tile, m32, n32));
+            }
+        }
         self.gemm_format(x, w, w_format, out, linear_params(m, n, k))
     }
 

@@ -5,8 +5,9 @@
 //! embedding (also the tied head) is split by rows into chunks that each fit the adapter's
 //! largest storage binding (the real one is 2.95 GB in f32, over the H200's 2 GiB).
 //!
-//! Matrices are stored in a [`WeightFormat`] chosen at load: f32, or BF16 (2 bytes per parameter,
-//! exact for a BF16 checkpoint; the kernels unpack it and compute in f32). Norm weights, scales and
+//! Matrices are stored in a [`WeightFormat`] chosen at load: f32, BF16 (2 bytes per parameter,
+//! exact for a BF16 checkpoint; the kernels unpack it and compute in f32), or F16 (2 bytes per
+//! parameter; the format of the tensor-core projections where the device has them). Norm weights, scales and
 //! scalars (a few thousand values per layer) stay f32. [`GpuWeights::upload_streaming`] uploads
 //! one layer at a time from a [`TensorSource`], so the host never holds the whole model in f32
 //! (the real 30-layer model is 104 GB in f32).
@@ -100,6 +101,11 @@ fn pack_bf16_parallel(data: &[f32]) -> Vec<u32> {
     data.par_chunks(1 << 20).flat_map_iter(dg_kernels::pack_bf16).collect()
 }
 
+/// f32 → F16 words, in parallel over blocks of an even length (so pairs never straddle blocks).
+fn pack_f16_parallel(data: &[f32]) -> Vec<u32> {
+    data.par_chunks(1 << 20).flat_map_iter(dg_kernels::pack_f16).collect()
+}
+
 impl Uploader<'_> {
     fn f32(&mut self, label: &str, data: &[f32]) -> Result<wgpu::Buffer, GpuError> {
         self.bytes += (data.len() * 4) as u64;
@@ -110,8 +116,8 @@ impl Uploader<'_> {
     fn matrix(&mut self, label: &str, data: &[f32]) -> Result<GpuMatrix, GpuError> {
         let buffer = match self.format {
             WeightFormat::F32 => return Ok(GpuMatrix { buffer: self.f32(label, data)?, format: WeightFormat::F32 }),
-            WeightFormat::Bf16 => {
-                let words = pack_bf16_parallel(data);
+            WeightFormat::Bf16 | WeightFormat::F16 => {
+                let words = if self.format == WeightFormat::Bf16 { pack_bf16_parallel(data) } else { pack_f16_parallel(data) };
                 self.bytes += (words.len() * 4) as u64;
                 self.parameters += data.len() as u64;
                 self.ctx.upload(label, &words)?

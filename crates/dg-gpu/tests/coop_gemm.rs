@@ -29,8 +29,8 @@ const GUARD_LEN: usize = 64;
 
 /// Dispatches per timed submission.
 const REPLAYS: u32 = 100;
-/// Timed submissions per (shape, tile); the best is reported.
-const TRIALS: usize = 3;
+/// Timed submissions per (shape, tile); the best and the median are reported.
+const TRIALS: usize = 5;
 
 /// Serialises the GPU tests of this file.
 static GPU: Mutex<()> = Mutex::new(());
@@ -376,7 +376,8 @@ fn coop_gemm_matches_the_exact_product_on_decoder_shapes() {
                 got[at],
                 want[at]
             );
-            if unwritten > 0 || non_finite > 0 || !(err <= tol) || !(err_plain <= ACTIVATION_ROUNDING_BOUND) {
+            // (A NaN output counts as non-finite, so the error comparisons may ignore NaN.)
+            if unwritten > 0 || non_finite > 0 || err > tol || err_plain > ACTIVATION_ROUNDING_BOUND {
                 failures.push(format!("{name}: err {err:.3e}, vs f32 activations {err_plain:.3e}, unwritten {unwritten}, non-finite {non_finite}"));
             }
         }
@@ -407,24 +408,28 @@ fn coop_gemm_throughput() {
                     continue;
                 }
             };
-            // Warm-up (pipeline upload, clocks), then the best of TRIALS timed submissions of
-            // REPLAYS back-to-back dispatches each.
-            dev.queue.submit(Some(record(&dev, &kernel, &ops, 10)));
+            // Warm-up (pipeline upload, clocks), then TRIALS timed submissions of REPLAYS
+            // back-to-back dispatches each (wall clock from submit to the end of the wait).
+            dev.queue.submit(Some(record(&dev, &kernel, &ops, REPLAYS)));
             wait(&dev);
-            let mut best = f64::INFINITY;
+            let mut times = Vec::with_capacity(TRIALS);
             for _ in 0..TRIALS {
                 let cmd = record(&dev, &kernel, &ops, REPLAYS);
                 let t0 = Instant::now();
                 dev.queue.submit(Some(cmd));
                 wait(&dev);
-                best = best.min(t0.elapsed().as_secs_f64() / f64::from(REPLAYS));
+                times.push(t0.elapsed().as_secs_f64() / f64::from(REPLAYS));
             }
+            times.sort_by(f64::total_cmp);
+            let (best, median) = (times[0], times[TRIALS / 2]);
             let groups = coop_gemm::workgroups(tile, m, n)[0];
             eprintln!(
-                "THROUGHPUT {name} ({groups} workgroups of {}): {:.4} ms, {:.1} TFLOP/s",
+                "THROUGHPUT {name} ({groups} workgroups of {}): best {:.4} ms, {:.1} TFLOP/s (median {:.4} ms, {:.1} TFLOP/s)",
                 tile.invocations(),
                 best * 1e3,
-                flops / best / 1e12
+                flops / best / 1e12,
+                median * 1e3,
+                flops / median / 1e12
             );
         }
     }

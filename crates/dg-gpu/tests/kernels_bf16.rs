@@ -1,9 +1,14 @@
-//! Kernel-level parity of the bf16-weight variants (`WeightFormat::Bf16`): for every GEMM tile,
-//! every grouped expert tile and the embedding lookup, the bf16 kernel on a bf16-packed weight
-//! must give, bit for bit, what the f32 kernel gives on the same weight rounded to bf16 and
-//! upcast (`unpack_bf16(pack_bf16(w))`): the same tile and the same f32 arithmetic in the same
-//! order, only the loads differ. The f32 runs are also checked against the CPU, so that a
-//! kernel writing nothing (both outputs left as pre-filled) cannot pass.
+//! Kernel-level parity of the 16-bit-weight variants (`WeightFormat::Bf16` and
+//! `WeightFormat::F16`, every case run once per format): for every GEMM tile, every grouped expert
+//! tile and the embedding lookup, the packed kernel on a packed weight must give, bit for bit,
+//! what the f32 kernel gives on the same weight rounded to the format and upcast
+//! (`unpack_bf16(pack_bf16(w))`, `unpack_f16(pack_f16(w))`): the same tile and the same f32
+//! arithmetic in the same order, only the loads differ. The f32 runs are also checked against the
+//! CPU, so that a kernel writing nothing (both outputs left as pre-filled) cannot pass.
+//!
+//! Every fifth weight is scaled below 2⁻¹⁴, so the f16 weights hold subnormals (and zeros rounded
+//! from below 2⁻²⁵): `unpack2x16float` must widen them exactly, as a device that keeps f16
+//! subnormals does.
 //!
 //! The shapes aim at the packing: B offsets that start at an odd element, odd N and K (so rows
 //! and columns of a weight start at alternating halves of a word), odd batch strides with GQA
@@ -22,7 +27,7 @@ use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::embed::{self, EmbedParams};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
-use dg_kernels::{KernelSource, WeightFormat, pack_bf16, unpack_bf16};
+use dg_kernels::{KernelSource, WeightFormat, pack_bf16, pack_f16, unpack_bf16, unpack_f16};
 
 /// f32 GPU GEMM against the CPU (as in kernels_gemm.rs): f32 sums of k products in a different
 /// order, error relative to max |C| growing like ε·√k on random data (ε ≈ 6e-8); the floor covers
@@ -31,25 +36,47 @@ fn tolerance(k: usize) -> f32 {
     1e-6 * (k as f32).sqrt().max(4.0)
 }
 
-/// The weight `w` packed as bf16, and its bf16 values upcast to f32 (what the f32 kernel gets).
-fn bf16_pair(w: &[f32]) -> (Vec<u32>, Vec<f32>) {
-    let packed = pack_bf16(w);
-    let upcast = unpack_bf16(&packed, w.len());
+/// `values` packed as `format` (bf16 or f16).
+fn pack(format: WeightFormat, values: &[f32]) -> Vec<u32> {
+    match format {
+        WeightFormat::Bf16 => pack_bf16(values),
+        WeightFormat::F16 => pack_f16(values),
+        WeightFormat::F32 => panic!("f32 is not a packed format"),
+    }
+}
+
+/// The weight `w` packed as `format`, and its 16-bit values upcast to f32 (what the f32 kernel
+/// gets).
+fn packed_pair(format: WeightFormat, w: &[f32]) -> (Vec<u32>, Vec<f32>) {
+    let packed = pack(format, w);
+    let upcast = match format {
+        WeightFormat::Bf16 => unpack_bf16(&packed, w.len()),
+        WeightFormat::F16 => unpack_f16(&packed, w.len()),
+        WeightFormat::F32 => unreachable!(),
+    };
     (packed, upcast)
 }
 
-/// The bf16 kernel's whole output (guard band included) against the f32 kernel's on the upcast
+/// Seeded weights in [-scale, scale) with every fifth one scaled by 2⁻¹⁴: below the smallest
+/// normal f16, so an f16 copy holds subnormals (and zeros rounded from below 2⁻²⁵).
+fn weights(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut w = seeded(n, seed, scale);
+    w.iter_mut().step_by(5).for_each(|v| *v *= 2f32.powi(-14));
+    w
+}
+
+/// The packed kernel's whole output (guard band included) against the f32 kernel's on the upcast
 /// weights: bit for bit, no tolerance. The two renderings differ only in how a weight element is
-/// loaded (`bits << 16` is exact, so both hold the same f32 values); the staging, the products,
-/// the accumulation order, the slice reduction and the epilogue are the same code on the same
-/// values, and a driver compiles the same arithmetic to the same operations (FMA contraction
-/// included) in both.
-fn assert_bits_equal(bf16: &[f32], f32_: &[f32], what: &str) {
-    assert_eq!(bf16.len(), f32_.len(), "{what}");
-    for (i, (x, y)) in bf16.iter().zip(f32_).enumerate() {
+/// loaded (`bits << 16` and `unpack2x16float` are exact, so both hold the same f32 values); the
+/// staging, the products, the accumulation order, the slice reduction and the epilogue are the
+/// same code on the same values, and a driver compiles the same arithmetic to the same operations
+/// (FMA contraction included) in both.
+fn assert_bits_equal(packed: &[f32], f32_: &[f32], what: &str) {
+    assert_eq!(packed.len(), f32_.len(), "{what}");
+    for (i, (x, y)) in packed.iter().zip(f32_).enumerate() {
         assert!(
             x.to_bits() == y.to_bits(),
-            "{what}: element {i}: bf16 kernel {x} ({:#010x}) vs f32 kernel {y} ({:#010x})",
+            "{what}: element {i}: packed kernel {x} ({:#010x}) vs f32 kernel {y} ({:#010x})",
             x.to_bits(),
             y.to_bits()
         );
@@ -104,7 +131,7 @@ fn reference(p: &GemmParams, a: &[f32], b: &[f32], c0: &[f32]) -> Vec<f32> {
     want
 }
 
-/// The operands of one GEMM case: A, B as f32 (already bf16 values) and packed, C's initial
+/// The operands of one GEMM case: A, B as f32 (already 16-bit values) and packed, C's initial
 /// contents, and C's length.
 struct GemmData {
     a: Vec<f32>,
@@ -114,7 +141,7 @@ struct GemmData {
     c_len: usize,
 }
 
-fn gemm_data(p: &GemmParams) -> GemmData {
+fn gemm_data(p: &GemmParams, format: WeightFormat) -> GemmData {
     let a_len = extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs) + 3;
     let b_groups = p.batch.div_ceil(p.b_batch_div.max(1));
     // An odd number of trailing elements: the packed B ends on a padded half whenever the used
@@ -123,7 +150,7 @@ fn gemm_data(p: &GemmParams) -> GemmData {
     let c_len = extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1) + 2;
     let seed = u64::from(p.m) * 1_000_003 + u64::from(p.n) * 1009 + u64::from(p.k) + u64::from(p.b_offset) * 7;
     let a = seeded(a_len, seed ^ 0xA, 1.0);
-    let (b_packed, b_up) = bf16_pair(&seeded(b_len, seed ^ 0xB, 1.0));
+    let (b_packed, b_up) = packed_pair(format, &weights(b_len, seed ^ 0xB, 1.0));
     let c0 = seeded(c_len, seed ^ 0xC, 2.0);
     GemmData { a, b_up, b_packed, c0, c_len }
 }
@@ -141,18 +168,18 @@ fn run_gemm<B: bytemuck::Pod>(ctx: &GpuContext, pipelines: &mut Pipelines, src: 
     read_all(ctx, &cb, d.c_len)
 }
 
-/// The f32 kernel on the upcast B against the CPU, then the bf16 kernel on the packed B against
-/// the f32 kernel, bit for bit.
-fn check_gemm(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GemmTile, name: &str, p: &GemmParams) {
-    let d = gemm_data(p);
-    let what = format!("gemm {name} [{}] {}x{}x{} batch {} b_offset {}", tile.label(), p.m, p.n, p.k, p.batch, p.b_offset);
+/// The f32 kernel on the upcast B against the CPU, then the `format` kernel on the packed B
+/// against the f32 kernel, bit for bit.
+fn check_gemm(ctx: &GpuContext, pipelines: &mut Pipelines, format: WeightFormat, tile: GemmTile, name: &str, p: &GemmParams) {
+    let d = gemm_data(p, format);
+    let what = format!("{format:?} gemm {name} [{}] {}x{}x{} batch {} b_offset {}", tile.label(), p.m, p.n, p.k, p.batch, p.b_offset);
     let f32_out = run_gemm(ctx, pipelines, gemm::source_for(tile, WeightFormat::F32), tile, p, &d, &d.b_up);
     let want = reference(p, &d.a, &d.b_up, &d.c0);
     let (err, at) = max_rel_err(&f32_out[..d.c_len], &want);
     let tol = tolerance(p.k as usize);
     assert!(err <= tol, "{what}: f32 kernel vs CPU: rel err {err} > {tol} at {at}: got {} want {}", f32_out[at], want[at]);
-    let bf16_out = run_gemm(ctx, pipelines, gemm::source_for(tile, WeightFormat::Bf16), tile, p, &d, &d.b_packed);
-    assert_bits_equal(&bf16_out, &f32_out, &what);
+    let packed_out = run_gemm(ctx, pipelines, gemm::source_for(tile, format), tile, p, &d, &d.b_packed);
+    assert_bits_equal(&packed_out, &f32_out, &what);
 }
 
 /// Row-major A and B, contiguous C.
@@ -195,7 +222,7 @@ fn prob_v(t: u32, s: u32, d: u32, heads: u32, kv_heads: u32) -> GemmParams {
     }
 }
 
-/// The cases every tile runs, aimed at the bf16 packing (odd offsets, odd strides, odd N and K).
+/// The cases every tile runs, aimed at the packing (odd offsets, odd strides, odd N and K).
 fn gemm_cases() -> Vec<(&'static str, GemmParams)> {
     vec![
         ("1x1x1", plain(1, 1, 1)),
@@ -228,15 +255,25 @@ fn gemm_cases() -> Vec<(&'static str, GemmParams)> {
     ]
 }
 
-#[test]
-fn bf16_gemm_equals_f32_on_upcast_weights_for_every_tile() {
-    let Some(ctx) = test_context("bf16_gemm_equals_f32_on_upcast_weights_for_every_tile") else { return };
+/// Every GEMM case on every tile with B stored as `format`.
+fn gemm_equals_f32_on_upcast_weights_for_every_tile(test: &str, format: WeightFormat) {
+    let Some(ctx) = test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     for &tile in TILES {
         for (name, p) in gemm_cases() {
-            check_gemm(&ctx, &mut pipelines, tile, name, &p);
+            check_gemm(&ctx, &mut pipelines, format, tile, name, &p);
         }
     }
+}
+
+#[test]
+fn bf16_gemm_equals_f32_on_upcast_weights_for_every_tile() {
+    gemm_equals_f32_on_upcast_weights_for_every_tile("bf16_gemm_equals_f32_on_upcast_weights_for_every_tile", WeightFormat::Bf16);
+}
+
+#[test]
+fn f16_gemm_equals_f32_on_upcast_weights_for_every_tile() {
+    gemm_equals_f32_on_upcast_weights_for_every_tile("f16_gemm_equals_f32_on_upcast_weights_for_every_tile", WeightFormat::F16);
 }
 
 /// One grouped case: per-expert slot counts, gather, and extra elements between experts.
@@ -276,9 +313,9 @@ fn run_grouped<W: bytemuck::Pod>(
     read_all(ctx, &cb, c0.len())
 }
 
-/// The f32 grouped kernel on the upcast W against a naive per-slot loop, then the bf16 kernel on
-/// the packed W against the f32 kernel, bit for bit.
-fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GroupedTile, g: &Grouped) {
+/// The f32 grouped kernel on the upcast W against a naive per-slot loop, then the `format` kernel
+/// on the packed W against the f32 kernel, bit for bit.
+fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, format: WeightFormat, tile: GroupedTile, g: &Grouped) {
     let groups = g.counts.len();
     let (n, k) = (g.n as usize, g.k as usize);
     let stride = n * k + g.gap as usize;
@@ -293,7 +330,7 @@ fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GroupedTile,
     let a_rs = k + 3;
     let rows: Vec<u32> = (0..slots.max(1)).map(|s| ((s * 7 + 3) % tokens) as u32).collect();
     let a = seeded(tokens * a_rs, 21 + slots as u64, 1.0);
-    let (w_packed, w_up) = bf16_pair(&seeded(groups * stride + 1, 22 + n as u64, 1.0));
+    let (w_packed, w_up) = packed_pair(format, &weights(groups * stride + 1, 22 + n as u64, 1.0));
     let c_rs = n + 2;
     let c0 = seeded(slots * c_rs, 23, 2.0);
     let params = GroupedGemmParams {
@@ -306,7 +343,7 @@ fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GroupedTile,
         c_rs: c_rs as u32,
         gather: g.gather as u32,
     };
-    let what = format!("grouped [{}] n {n} k {k} gap {} counts {:?} gather {}", tile.label(), g.gap, g.counts, g.gather);
+    let what = format!("{format:?} grouped [{}] n {n} k {k} gap {} counts {:?} gather {}", tile.label(), g.gap, g.counts, g.gather);
 
     let f32_out = run_grouped(ctx, pipelines, grouped_gemm::source_for(tile, WeightFormat::F32), tile, &params, &a, &w_up, &offsets, &rows, &c0);
     let mut want = c0.clone();
@@ -323,13 +360,13 @@ fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GroupedTile,
     let tol = tolerance(k);
     assert!(err <= tol, "{what}: f32 kernel vs naive: rel err {err} > {tol} at {at}: got {} want {}", f32_out[at], want[at]);
 
-    let bf16_out = run_grouped(ctx, pipelines, grouped_gemm::source_for(tile, WeightFormat::Bf16), tile, &params, &a, &w_packed, &offsets, &rows, &c0);
-    assert_bits_equal(&bf16_out, &f32_out, &what);
+    let packed_out = run_grouped(ctx, pipelines, grouped_gemm::source_for(tile, format), tile, &params, &a, &w_packed, &offsets, &rows, &c0);
+    assert_bits_equal(&packed_out, &f32_out, &what);
 }
 
-#[test]
-fn bf16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile() {
-    let Some(ctx) = test_context("bf16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile") else { return };
+/// Every grouped case on every tile with the expert weights stored as `format`.
+fn grouped_gemm_equals_f32_on_upcast_weights_for_every_tile(test: &str, format: WeightFormat) {
+    let Some(ctx) = test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let uneven = vec![5, 0, 37, 1, 0, 70, 16, 3];
     // Counts that end on and just past 8-row blocks and 16/32/64-row tiles.
@@ -337,17 +374,27 @@ fn bf16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile() {
     for &tile in grouped_gemm::TILES {
         for gather in [false, true] {
             // n·k odd: every other expert starts at an odd element.
-            check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 33, k: 21, counts: uneven.clone(), gather, gap: 0 });
+            check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 33, k: 21, counts: uneven.clone(), gather, gap: 0 });
             // Even n·k, odd gap between experts; odd K: rows of W alternate halves.
-            check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 72, k: 41, counts: uneven.clone(), gather, gap: 3 });
-            check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 301, k: 19, counts: boundaries.clone(), gather, gap: 1 });
+            check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 72, k: 41, counts: uneven.clone(), gather, gap: 3 });
+            check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 301, k: 19, counts: boundaries.clone(), gather, gap: 1 });
         }
-        check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 33, k: 1, counts: vec![3, 0, 20, 1], gather: true, gap: 0 });
-        check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 161, k: 705, counts: vec![16, 9, 0, 33, 17, 1, 0, 24], gather: true, gap: 0 });
+        check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 33, k: 1, counts: vec![3, 0, 20, 1], gather: true, gap: 0 });
+        check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 161, k: 705, counts: vec![16, 9, 0, 33, 17, 1, 0, 24], gather: true, gap: 0 });
         // K = 0 (outputs zero) and no slots at all.
-        check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 40, k: 0, counts: vec![3, 0, 20], gather: true, gap: 1 });
-        check_grouped(&ctx, &mut pipelines, tile, &Grouped { n: 40, k: 16, counts: vec![0, 0, 0], gather: true, gap: 0 });
+        check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 40, k: 0, counts: vec![3, 0, 20], gather: true, gap: 1 });
+        check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 40, k: 16, counts: vec![0, 0, 0], gather: true, gap: 0 });
     }
+}
+
+#[test]
+fn bf16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile() {
+    grouped_gemm_equals_f32_on_upcast_weights_for_every_tile("bf16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile", WeightFormat::Bf16);
+}
+
+#[test]
+fn f16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile() {
+    grouped_gemm_equals_f32_on_upcast_weights_for_every_tile("f16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile", WeightFormat::F16);
 }
 
 /// Runs the lookup over every `(row_start, chunk)` in turn (each chunk a table buffer of its own)
@@ -385,16 +432,16 @@ fn run_embed<T: bytemuck::Pod>(
     read_all(ctx, &out, base.len())
 }
 
-#[test]
-fn bf16_embed_equals_f32_on_upcast_table_in_chunks() {
-    let Some(ctx) = test_context("bf16_embed_equals_f32_on_upcast_table_in_chunks") else { return };
+/// The lookup from chunks stored as `format` against the f32 lookup from the upcast chunks.
+fn embed_equals_f32_on_upcast_table_in_chunks(test: &str, format: WeightFormat) {
+    let Some(ctx) = test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let scale = 17.3f32;
     // Odd hidden sizes put every other row at an odd element; odd row counts give chunks of an odd
     // number of elements (a padded last word). Chunk boundaries at rows 0, 1, 612/613, 999.
     for (vocab, hidden, splits) in [(1000usize, 301usize, vec![0usize, 613, 1000]), (1000, 300, vec![0, 1, 612, 999, 1000]), (7, 1, vec![0, 3, 7])] {
-        let table = seeded(vocab * hidden, 31 + hidden as u64, 1.7);
-        let (_, table_up) = bf16_pair(&table);
+        let table = weights(vocab * hidden, 31 + hidden as u64, 1.7);
+        let (_, table_up) = packed_pair(format, &table);
         let ids: Vec<u32> = [0u32, 612, 613, 999, 5, 998, 613, 0, 700, 1, 612, 2, 6, 3]
             .into_iter()
             .filter(|&id| (id as usize) < vocab)
@@ -405,20 +452,20 @@ fn bf16_embed_equals_f32_on_upcast_table_in_chunks() {
         // Each chunk packed from its own first element (row_start · hidden, odd for odd hidden
         // and odd row_start).
         let packed: Vec<(usize, usize, Vec<u32>)> =
-            ranges.iter().map(|&(s, c)| (s, c, pack_bf16(&table[s * hidden..(s + c) * hidden]))).collect();
+            ranges.iter().map(|&(s, c)| (s, c, pack(format, &table[s * hidden..(s + c) * hidden]))).collect();
         let upcast: Vec<(usize, usize, Vec<f32>)> = ranges.iter().map(|&(s, c)| (s, c, table_up[s * hidden..(s + c) * hidden].to_vec())).collect();
         for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 3] {
-            let what = format!("embed vocab {vocab} hidden {hidden} chunks {splits:?} fold {max_dim}");
+            let what = format!("{format:?} embed vocab {vocab} hidden {hidden} chunks {splits:?} fold {max_dim}");
             let f32_out = run_embed(&ctx, &mut pipelines, WeightFormat::F32, &ids, &upcast, hidden, scale, &base, max_dim);
             for (t, &id) in ids.iter().enumerate() {
                 let id = id as usize;
                 let want: Vec<f32> = table_up[id * hidden..(id + 1) * hidden].iter().map(|v| v * scale).collect();
                 assert_eq!(&f32_out[t * hidden..(t + 1) * hidden], &want[..], "{what}: f32 kernel, token {t} id {id}");
             }
-            let bf16_out = run_embed(&ctx, &mut pipelines, WeightFormat::Bf16, &ids, &packed, hidden, scale, &base, max_dim);
-            assert_bits_equal(&bf16_out, &f32_out, &what);
+            let packed_out = run_embed(&ctx, &mut pipelines, format, &ids, &packed, hidden, scale, &base, max_dim);
+            assert_bits_equal(&packed_out, &f32_out, &what);
             // A chunk without a token's id leaves its row as it was.
-            let only_first = run_embed(&ctx, &mut pipelines, WeightFormat::Bf16, &ids, &packed[..1], hidden, scale, &base, max_dim);
+            let only_first = run_embed(&ctx, &mut pipelines, format, &ids, &packed[..1], hidden, scale, &base, max_dim);
             for (t, &id) in ids.iter().enumerate() {
                 let row = t * hidden..(t + 1) * hidden;
                 let expected = if (id as usize) < ranges[0].1 { &f32_out[row.clone()] } else { &base[row.clone()] };
@@ -428,20 +475,31 @@ fn bf16_embed_equals_f32_on_upcast_table_in_chunks() {
     }
 }
 
-/// The `Recorder` methods pick the bf16 variants: `*_format` with bf16 weights equal the f32
-/// methods on the upcast weights, bit for bit.
 #[test]
-fn recorder_format_methods_match_their_f32_twins() {
-    let Some(ctx) = test_context("recorder_format_methods_match_their_f32_twins") else { return };
+fn bf16_embed_equals_f32_on_upcast_table_in_chunks() {
+    embed_equals_f32_on_upcast_table_in_chunks("bf16_embed_equals_f32_on_upcast_table_in_chunks", WeightFormat::Bf16);
+}
+
+#[test]
+fn f16_embed_equals_f32_on_upcast_table_in_chunks() {
+    embed_equals_f32_on_upcast_table_in_chunks("f16_embed_equals_f32_on_upcast_table_in_chunks", WeightFormat::F16);
+}
+
+/// The `Recorder` methods pick the `format` variants: `*_format` with `format` weights equal the
+/// f32 methods on the upcast weights, bit for bit.
+fn recorder_format_methods_match_their_f32_twins(test: &str, format: WeightFormat) {
+    let Some(ctx) = test_context(test) else { return };
     let mut pipelines = Pipelines::default();
+    // Odd sizes: no tile of the tensor-core GEMM fits them, so `linear_format` with f16 weights
+    // takes the f32-arithmetic GEMM on a device with cooperative matrices too.
     let (m, n, k) = (37usize, 75usize, 131usize);
     let x = ctx.upload("x", &seeded(m * k, 1, 1.0)).unwrap();
-    let (w_packed, w_up) = bf16_pair(&seeded(n * k, 2, 1.0));
-    let w_bf16 = ctx.upload("w_bf16", &w_packed).unwrap();
+    let (w_packed, w_up) = packed_pair(format, &weights(n * k, 2, 1.0));
+    let w_packed = ctx.upload("w_packed", &w_packed).unwrap();
     let w_f32 = ctx.upload("w_f32", &w_up).unwrap();
     // gemm at an odd B offset (row-major B [k, n] after one element).
-    let (b_packed, b_up) = bf16_pair(&seeded(1 + k * n, 3, 1.0));
-    let b_bf16 = ctx.upload("b_bf16", &b_packed).unwrap();
+    let (b_packed, b_up) = packed_pair(format, &weights(1 + k * n, 3, 1.0));
+    let b_packed = ctx.upload("b_packed", &b_packed).unwrap();
     let b_f32 = ctx.upload("b_f32", &b_up).unwrap();
     let gp = GemmParams { b_offset: 1, ..GemmParams::new(m as u32, n as u32, k as u32) };
     // Grouped: 3 experts [n, k] back to back (n·k odd), gather.
@@ -449,8 +507,8 @@ fn recorder_format_methods_match_their_f32_twins() {
     let offsets: Vec<u32> = vec![0, 5, 5, 16];
     let slots = 16usize;
     let rows: Vec<u32> = (0..slots as u32).map(|s| (s * 5 + 1) % m as u32).collect();
-    let (e_packed, e_up) = bf16_pair(&seeded(counts.len() * n * k, 4, 1.0));
-    let e_bf16 = ctx.upload("experts_bf16", &e_packed).unwrap();
+    let (e_packed, e_up) = packed_pair(format, &weights(counts.len() * n * k, 4, 1.0));
+    let e_packed = ctx.upload("experts_packed", &e_packed).unwrap();
     let e_f32 = ctx.upload("experts_f32", &e_up).unwrap();
     let ob = ctx.upload("offsets", &offsets).unwrap();
     let rb = ctx.upload("rows", &rows).unwrap();
@@ -467,9 +525,8 @@ fn recorder_format_methods_match_their_f32_twins() {
     // Embedding: a chunk of rows 3..40 of a [50, k] table (k odd).
     let ids: Vec<u32> = (0..20).map(|i| (i * 7) % 50).collect();
     let idb = ctx.upload("ids", &ids).unwrap();
-    let table = seeded(37 * k, 5, 1.0);
-    let (t_packed, t_up) = bf16_pair(&table);
-    let t_bf16 = ctx.upload("table_bf16", &t_packed).unwrap();
+    let (t_packed, t_up) = packed_pair(format, &weights(37 * k, 5, 1.0));
+    let t_packed = ctx.upload("table_packed", &t_packed).unwrap();
     let t_f32 = ctx.upload("table_f32", &t_up).unwrap();
 
     let outs: Vec<[wgpu::Buffer; 4]> = (0..2)
@@ -489,15 +546,25 @@ fn recorder_format_methods_match_their_f32_twins() {
     rec.grouped_gemm(&x, &e_f32, &ob, &rb, q0, slots, gg).unwrap();
     rec.embed(&idb, &t_f32, e0, ids.len(), k, 3, 37, 2.5).unwrap();
     let [l1, g1, q1, e1] = &outs[1];
-    rec.linear_format(&x, &w_bf16, WeightFormat::Bf16, l1, m, n, k).unwrap();
-    rec.gemm_format(&x, &b_bf16, WeightFormat::Bf16, g1, gp).unwrap();
-    rec.grouped_gemm_format(&x, &e_bf16, WeightFormat::Bf16, &ob, &rb, q1, slots, gg).unwrap();
-    rec.embed_format(&idb, &t_bf16, WeightFormat::Bf16, e1, ids.len(), k, 3, 37, 2.5).unwrap();
+    rec.linear_format(&x, &w_packed, format, l1, m, n, k).unwrap();
+    rec.gemm_format(&x, &b_packed, format, g1, gp).unwrap();
+    rec.grouped_gemm_format(&x, &e_packed, format, &ob, &rb, q1, slots, gg).unwrap();
+    rec.embed_format(&idb, &t_packed, format, e1, ids.len(), k, 3, 37, 2.5).unwrap();
     rec.finish().unwrap().run(&ctx).unwrap();
     for (i, (name, len)) in [("linear", m * n), ("gemm", m * n), ("grouped", slots * n), ("embed", ids.len() * k)].into_iter().enumerate() {
         let f32_out = read_all(&ctx, &outs[0][i], len);
-        let bf16_out = read_all(&ctx, &outs[1][i], len);
+        let packed_out = read_all(&ctx, &outs[1][i], len);
         assert!(f32_out[..len].iter().any(|&v| v != dg_gpu::testing::GUARD && v != 0.0), "{name}: f32 output not written");
-        assert_bits_equal(&bf16_out, &f32_out, &format!("Recorder::{name}_format"));
+        assert_bits_equal(&packed_out, &f32_out, &format!("{format:?} Recorder::{name}_format"));
     }
+}
+
+#[test]
+fn recorder_bf16_methods_match_their_f32_twins() {
+    recorder_format_methods_match_their_f32_twins("recorder_bf16_methods_match_their_f32_twins", WeightFormat::Bf16);
+}
+
+#[test]
+fn recorder_f16_methods_match_their_f32_twins() {
+    recorder_format_methods_match_their_f32_twins("recorder_f16_methods_match_their_f32_twins", WeightFormat::F16);
 }

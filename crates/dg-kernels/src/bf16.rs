@@ -1,7 +1,8 @@
-//! BF16 weights ([`WeightFormat::Bf16`]): the host packing of f32 values into the device layout
-//! (two bf16 per u32 word, element `i` in the half `i & 1` of word `i >> 1`, low half first), its
-//! exact inverse for tests, and the rewrite that turns a kernel's f32 operand into a packed bf16
-//! one (every load through a `load_{name}(i)` helper that widens `bits << 16`, exact, to f32).
+//! 16-bit weights ([`WeightFormat::Bf16`] and [`WeightFormat::F16`]): the host packing of f32
+//! values into the device layout (two halves per u32 word, element `i` in the half `i & 1` of
+//! word `i >> 1`, low half first), its exact inverse for tests, and the rewrite that turns a
+//! kernel's f32 operand into a packed 16-bit one (every load through a `load_{name}(i)` helper
+//! that widens the half, exactly, to f32: `bits << 16` for bf16, `unpack2x16float` for f16).
 
 use crate::WeightFormat;
 
@@ -26,28 +27,66 @@ pub fn unpack_bf16(words: &[u32], len: usize) -> Vec<f32> {
     (0..len).map(|i| f32::from_bits(((words[i >> 1] >> (16 * (i & 1))) & 0xffff) << 16)).collect()
 }
 
+/// Packs `values` as [`WeightFormat::F16`]: each value rounded to the nearest IEEE f16
+/// (`half::f16::from_f32`: ties to even; beyond ±65504 to ±∞; below 2⁻¹⁴ in magnitude to an f16
+/// subnormal or ±0; a NaN stays a NaN), two per word, element `i` in bits `16·(i & 1) ..` of word
+/// `i >> 1` (the layout of [`crate::coop_gemm::pack_f16`]). An odd length is padded with a zero
+/// half.
+pub fn pack_f16(values: &[f32]) -> Vec<u32> {
+    values
+        .chunks(2)
+        .map(|pair| {
+            let lo = half::f16::from_f32(pair[0]).to_bits();
+            let hi = pair.get(1).map_or(0, |&v| half::f16::from_f32(v).to_bits());
+            u32::from(lo) | (u32::from(hi) << 16)
+        })
+        .collect()
+}
+
+/// The first `len` elements of [`WeightFormat::F16`] words as f32, widened exactly (what
+/// `unpack2x16float` gives on a device that keeps f16 subnormals): `unpack_f16(&pack_f16(v),
+/// v.len())` is `v` rounded to f16.
+pub fn unpack_f16(words: &[u32], len: usize) -> Vec<f32> {
+    assert!(len.div_ceil(2) <= words.len(), "{len} f16 elements need {} words, got {}", len.div_ceil(2), words.len());
+    (0..len).map(|i| half::f16::from_bits((words[i >> 1] >> (16 * (i & 1))) as u16).to_f32()).collect()
+}
+
 /// `wgsl` with its storage operand `name` stored as `format`: unchanged for
-/// [`WeightFormat::F32`]; for [`WeightFormat::Bf16`] the declaration
+/// [`WeightFormat::F32`]; for a packed 16-bit format the declaration
 /// `var<storage, read> {name}: array<f32>;` becomes `array<u32>` followed by the helper
 /// `fn load_{name}(i: u32) -> f32` (element `i` of the packed operand), and every indexing
 /// `{name}[i]` outside comments becomes `load_{name}(i)`, so the arithmetic is unchanged. Panics
 /// when the declaration is missing or no load is found (every rendering runs in the tests, and
 /// naga rejects any load left reading a u32 as f32).
+///
+/// The helper widens exactly: [`WeightFormat::Bf16`] as `bits << 16`; [`WeightFormat::F16`] as
+/// `unpack2x16float({name}[i >> 1u])[i & 1u]`, exact for every finite f16 and for ±∞ and NaN,
+/// subnormals included on a conforming device. A device (or driver) that flushes f16 subnormals
+/// to zero in `unpack2x16float` would read those weights, |w| < 2⁻¹⁴, as ±0 and differ from the
+/// f32 kernel on the upcast values ([`unpack_f16`] keeps them).
 pub(crate) fn with_operand_format(wgsl: &str, name: &str, format: WeightFormat) -> String {
-    if format == WeightFormat::F32 {
-        return wgsl.to_string();
-    }
+    let load = match format {
+        WeightFormat::F32 => return wgsl.to_string(),
+        WeightFormat::Bf16 => format!(
+            "// Element i of the bf16 operand `{name}` (two per word, element i in the half i & 1 of\n\
+             // word i >> 1, low half first), widened exactly to f32 (bf16 bits << 16).\n\
+             fn load_{name}(i: u32) -> f32 {{\n\
+             \x20   let w = {name}[i >> 1u];\n\
+             \x20   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) != 0u));\n\
+             }}"
+        ),
+        WeightFormat::F16 => format!(
+            "// Element i of the f16 operand `{name}` (two per word, element i in the half i & 1 of\n\
+             // word i >> 1, low half first), widened exactly to f32 (unpack2x16float: the low half\n\
+             // is component 0; subnormals exact unless the device flushes them).\n\
+             fn load_{name}(i: u32) -> f32 {{\n\
+             \x20   return unpack2x16float({name}[i >> 1u])[i & 1u];\n\
+             }}"
+        ),
+    };
     let decl = format!("var<storage, read> {name}: array<f32>;");
     assert_eq!(wgsl.matches(&decl).count(), 1, "operand `{name}`: expected one declaration `{decl}`");
-    let helper = format!(
-        "var<storage, read> {name}: array<u32>;\n\
-         // Element i of the bf16 operand `{name}` (two per word, element i in the half i & 1 of\n\
-         // word i >> 1, low half first), widened exactly to f32 (bf16 bits << 16).\n\
-         fn load_{name}(i: u32) -> f32 {{\n\
-         \x20   let w = {name}[i >> 1u];\n\
-         \x20   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) != 0u));\n\
-         }}"
-    );
+    let helper = format!("var<storage, read> {name}: array<u32>;\n{load}");
     let mut out = String::with_capacity(wgsl.len() + helper.len() + 256);
     let mut loads = 0;
     for line in wgsl.split_inclusive('\n') {
@@ -153,6 +192,98 @@ mod tests {
     }
 
     #[test]
+    fn f16_packing_rounds_to_nearest_even_overflows_to_infinity_and_keeps_subnormals() {
+        let half_bits = |v: f32| (pack_f16(&[v])[0] & 0xffff) as u16;
+        // 1 + 2^-11 is halfway between f16 1 and 1 + 2^-10: ties to the even mantissa (1).
+        assert_eq!(half_bits(f32::from_bits(0x3F80_1000)), 0x3C00);
+        // 1 + 3·2^-11: halfway between 1 + 2^-10 (odd) and 1 + 2^-9 (even): rounds up.
+        assert_eq!(half_bits(f32::from_bits(0x3F80_3000)), 0x3C02);
+        // Just above a tie rounds up; just below rounds down.
+        assert_eq!(half_bits(f32::from_bits(0x3F80_1001)), 0x3C01);
+        assert_eq!(half_bits(f32::from_bits(0x3F80_0FFF)), 0x3C00);
+        assert_eq!(half_bits(-0.0), 0x8000, "-0 keeps its sign");
+        // Overflow: 65504 is the largest f16; from 65520 (halfway to 2^16, ties to even) it is ∞.
+        assert_eq!(half_bits(65504.0), 0x7BFF);
+        assert_eq!(half_bits(65519.996), 0x7BFF);
+        assert_eq!(half_bits(65520.0), 0x7C00);
+        assert_eq!(half_bits(-65520.0), 0xFC00);
+        assert_eq!(half_bits(1e6), 0x7C00);
+        assert_eq!(half_bits(f32::MAX), 0x7C00);
+        assert_eq!(half_bits(f32::NEG_INFINITY), 0xFC00);
+        // Subnormals: multiples of 2^-24 below 2^-14, rounded to nearest even.
+        let p2 = |e: i32| 2f32.powi(e);
+        assert_eq!(half_bits(p2(-24)), 0x0001, "the smallest subnormal");
+        assert_eq!(half_bits(-p2(-24)), 0x8001);
+        assert_eq!(half_bits(p2(-25)), 0x0000, "halfway to the smallest subnormal: ties to zero");
+        assert_eq!(half_bits(f32::from_bits(p2(-25).to_bits() + 1)), 0x0001, "just above the tie");
+        assert_eq!(half_bits(3.0 * p2(-25)), 0x0002, "1.5 · 2^-24: ties to the even 2");
+        assert_eq!(half_bits(1023.0 * p2(-24)), 0x03FF, "the largest subnormal");
+        assert_eq!(half_bits(p2(-14) - p2(-25)), 0x0400, "halfway below the smallest normal: up to it (even)");
+        assert_eq!(half_bits(p2(-14)), 0x0400, "the smallest normal");
+        assert_eq!(half_bits(f32::MIN_POSITIVE), 0x0000, "far below f16 range: zero");
+        assert_eq!(half_bits(-1e-30), 0x8000, "underflow keeps the sign");
+        // NaN stays NaN, including one whose payload sits only in the dropped low bits.
+        for nan in [f32::NAN, -f32::NAN, f32::from_bits(0x7F80_0001), f32::from_bits(0xFFC0_0000)] {
+            let h = half_bits(nan);
+            assert!(h & 0x7C00 == 0x7C00 && h & 0x03FF != 0, "{:#010x} → {h:#06x} is not a NaN", nan.to_bits());
+        }
+        // Unpacked: the f32 values of those halves, exactly.
+        let values = [65520.0, p2(-24), -p2(-24), 3.0 * p2(-25), 1023.0 * p2(-24), f32::NAN, -0.0, 1.5, -65504.0];
+        let words = pack_f16(&values);
+        assert_eq!(words.len(), 5, "9 values: 4 full words and one padded");
+        assert_eq!(words[4] >> 16, 0, "the padding half is zero");
+        let got = unpack_f16(&words, values.len());
+        assert_eq!(got[0], f32::INFINITY);
+        assert_eq!(got[1], p2(-24));
+        assert_eq!(got[2], -p2(-24));
+        assert_eq!(got[3], 2.0 * p2(-24));
+        assert_eq!(got[4], 1023.0 * p2(-24));
+        assert!(got[5].is_nan());
+        assert_eq!(got[6].to_bits(), 0x8000_0000);
+        assert_eq!(got[7], 1.5);
+        assert_eq!(got[8], -65504.0);
+        // The layout: element 2i in the low half of word i, element 2i+1 in the high half.
+        assert_eq!(pack_f16(&[1.0, -2.0]), vec![0x3C00 | (0xC000 << 16)]);
+        assert_eq!(pack_f16(&[1.0, -2.0, 0.5]), vec![0x3C00 | (0xC000 << 16), 0x3800]);
+        assert!(pack_f16(&[]).is_empty() && unpack_f16(&[], 0).is_empty());
+    }
+
+    #[test]
+    fn f16_unpacking_inverts_packing_on_every_f16() {
+        // Every f16 bit pattern but the NaNs survives unpack → pack bit for bit (subnormals and
+        // infinities included), at odd and even lengths.
+        let all: Vec<u16> = (0..=u16::MAX).filter(|h| (h & 0x7C00) != 0x7C00 || (h & 0x03FF) == 0).collect();
+        for len in [1usize, 2, 7, 64, 65, all.len()] {
+            let words: Vec<u32> = all[..len].chunks(2).map(|p| u32::from(p[0]) | (u32::from(*p.get(1).unwrap_or(&0)) << 16)).collect();
+            let values = unpack_f16(&words, len);
+            assert_eq!(pack_f16(&values), words, "len {len}");
+        }
+        // Exact widening: the value of every f16 (as the tensor-core kernel's own decoder has it).
+        for h in 0..=u16::MAX {
+            let v = unpack_f16(&[u32::from(h)], 1)[0];
+            let want = crate::coop_gemm::f16_value(h);
+            assert!(v.to_bits() == want.to_bits() || (v.is_nan() && want.is_nan()), "{h:#06x}: {v} vs {want}");
+        }
+    }
+
+    #[test]
+    fn f16_packing_matches_the_tensor_core_kernels_packing() {
+        // The same words as `coop_gemm::pack_f16` (the layout its W reads) over a sweep of f32 bit
+        // patterns of every exponent and sign; NaNs may differ in payload, never in being NaN.
+        let values: Vec<f32> = (0..=u32::MAX / 0x0000_3F1B).map(|i| f32::from_bits(i.wrapping_mul(0x0000_3F1B))).collect();
+        let (ours, theirs) = (pack_f16(&values), crate::coop_gemm::pack_f16(&values));
+        assert_eq!(ours.len(), theirs.len());
+        let (a, b) = (unpack_f16(&ours, values.len()), unpack_f16(&theirs, values.len()));
+        for (i, v) in values.iter().enumerate() {
+            if v.is_nan() {
+                assert!(a[i].is_nan() && b[i].is_nan(), "{:#010x}", v.to_bits());
+            } else {
+                assert_eq!(a[i].to_bits(), b[i].to_bits(), "{:#010x}", v.to_bits());
+            }
+        }
+    }
+
+    #[test]
     fn the_operand_rewrite_leaves_f32_alone_and_routes_every_load() {
         let src = "@group(0) @binding(2) var<storage, read> b: array<f32>;\n// b[comment] stays\nfn f(i: u32) -> f32 {\n    let bb = rb[i] + b[i + ab[i]] * b[(*b_off)[1u]]; // b[x]\n    return bb + job.b[0];\n}\n";
         assert_eq!(with_operand_format(src, "b", WeightFormat::F32), src);
@@ -163,6 +294,13 @@ mod tests {
         assert!(out.contains("// b[comment] stays") && out.contains("job.b[0]"));
         // The helper's own word load is the only raw indexing of `b` left in code.
         let raw = out.lines().map(|l| l.split("//").next().unwrap()).filter(|l| l.contains(" b[")).count();
+        assert_eq!(raw, 1, "{out}");
+        // F16: the same routing, the helper unpacking the word's half `i & 1`.
+        let out = with_operand_format(src, "b", WeightFormat::F16);
+        assert!(out.contains("var<storage, read> b: array<u32>;"));
+        assert!(out.contains("fn load_b(i: u32) -> f32 {\n    return unpack2x16float(b[i >> 1u])[i & 1u];\n}"), "{out}");
+        assert!(out.contains("let bb = rb[i] + load_b(i + ab[i]) * load_b((*b_off)[1u]); // b[x]"), "{out}");
+        let raw = out.lines().map(|l| l.split("//").next().unwrap()).filter(|l| l.contains(" b[") || l.contains("(b[")).count();
         assert_eq!(raw, 1, "{out}");
     }
 }

@@ -263,8 +263,16 @@ pub const TILE_128X64: CoopTile = CoopTile { bm: 128, bn: 64, bk: 32, wm: 64, wn
 /// reuse, few workgroups at 256 rows.
 pub const TILE_128X128: CoopTile = CoopTile { bm: 128, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 };
 
-/// Every tile variant, the default first.
-pub const TILES: &[CoopTile] = &[TILE_64X128, TILE_64X128_SCALAR, TILE_64X64, TILE_64X64_K64, TILE_128X64, TILE_128X128];
+/// 32×64 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB): twice the workgroups of
+/// [`TILE_64X64`] (352 for `256 × 2816`).
+pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4 };
+/// 64×32 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB).
+pub const TILE_64X32: CoopTile = CoopTile { bm: 64, bn: 32, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4 };
+
+/// Every tile variant, the default first: [`TILE_64X64`], the fastest on an H200 for both 256-row
+/// decoder shapes (`256 × 4096 × 2816` and `256 × 2816 × 4096`).
+pub const TILES: &[CoopTile] =
+    &[TILE_64X64, TILE_64X64_K64, TILE_64X128, TILE_64X128_SCALAR, TILE_128X64, TILE_128X128, TILE_32X64, TILE_64X32];
 
 const _: () = {
     let mut i = 0;

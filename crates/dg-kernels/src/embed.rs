@@ -2,8 +2,9 @@
 //! so it lives in several buffers of consecutive rows and the lookup runs once per chunk. Each
 //! token whose id falls in `[row_start, row_start + row_count)` gets
 //! `out[t] = table[id − row_start] · scale` (`scale = sqrt(H)` for the model's input embedding);
-//! the other tokens' rows are left untouched. The table may be stored as bf16 ([`source_for`]),
-//! widened exactly: the output is then the f32 lookup of the bf16 values upcast, bit for bit.
+//! the other tokens' rows are left untouched. The table may be stored as bf16 or f16
+//! ([`source_for`]), widened exactly: the output is then the f32 lookup of the 16-bit values
+//! upcast, bit for bit.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -41,7 +42,7 @@ pub fn source() -> KernelSource {
 }
 
 /// The lookup from a table chunk stored as `table` (the output stays f32), named `embed` plus the
-/// format's suffix (`_bf16`). A bf16 chunk is bound as `array<u32>` holding its `row_count ·
+/// format's suffix (`_bf16`, `_f16`). A bf16 or f16 chunk is bound as `array<u32>` holding its `row_count ·
 /// hidden` elements packed from its own first element (see [`crate::bf16`]), so element
 /// `(id − row_start)·hidden + c` is read whatever the parity of `hidden`.
 pub fn source_for(table: WeightFormat) -> KernelSource {

@@ -14,9 +14,10 @@
 //! Correct for any m, n, k (k = 0 gives `epilogue(accumulate ? C : 0)`) and any strides; only
 //! `C(b,i,j)` for `i < m, j < n` is written. Bindings: `a` (read), `b` (read), `c` (read-write).
 //!
-//! B (the weights) may be stored as bf16 ([`source_for`] with [`WeightFormat::Bf16`]): the same
-//! kernel with every B load widened exactly from its packed half, so it computes bit for bit what
-//! the f32 kernel computes on the bf16 values upcast (offsets and strides stay in elements).
+//! B (the weights) may be stored as bf16 or f16 ([`source_for`] with [`WeightFormat::Bf16`] or
+//! [`WeightFormat::F16`]): the same kernel with every B load widened exactly from its packed half,
+//! so it computes bit for bit what the f32 kernel computes on the 16-bit values upcast (offsets
+//! and strides stay in elements).
 //!
 //! Each workgroup computes one `bm × bn` tile through shared memory, each invocation a `tm × tn`
 //! register block, accumulating in f32 per invocation (see `wgsl/gemm_tile.wgsl`). A tile with
@@ -271,9 +272,9 @@ pub fn source(tile: GemmTile) -> KernelSource {
 }
 
 /// The kernel for `tile` with B stored as `b` (the weights; A and C stay f32), named
-/// `gemm_{label}` plus the format's suffix (`_bf16`). A bf16 B is bound as `array<u32>` and read
-/// through `load_b(i)` (see [`crate::bf16`]); offsets and strides stay in elements, and the f32
-/// rendering is exactly the plain kernel's.
+/// `gemm_{label}` plus the format's suffix (`_bf16`, `_f16`). A bf16 or f16 B is bound as
+/// `array<u32>` and read through `load_b(i)` (see [`crate::bf16`]); offsets and strides stay in
+/// elements, and the f32 rendering is exactly the plain kernel's.
 pub fn source_for(tile: GemmTile, b: WeightFormat) -> KernelSource {
     KernelSource {
         name: format!("gemm_{}{}", tile.label(), b.suffix()),
@@ -518,20 +519,23 @@ mod tests {
     }
 
     #[test]
-    fn bf16_renderings_differ_only_in_how_b_is_read() {
+    fn packed_renderings_differ_only_in_how_b_is_read() {
         for &t in TILES {
             let f32_src = source(t);
             assert_eq!(source_for(t, WeightFormat::F32), f32_src);
-            let bf16 = source_for(t, WeightFormat::Bf16);
-            assert_eq!(bf16.name, format!("gemm_{}_bf16", t.label()));
-            assert_eq!((bf16.buffers.clone(), bf16.params_size, bf16.entry), (f32_src.buffers.clone(), f32_src.params_size, f32_src.entry));
-            let code = |w: &str| w.lines().map(|l| l.split("//").next().unwrap_or_default().to_string()).collect::<Vec<_>>().join("\n");
-            let (f, h) = (code(&f32_src.wgsl), code(&bf16.wgsl));
-            assert!(h.contains("var<storage, read> b: array<u32>;"));
-            // Every B load of the f32 kernel goes through load_b; the helper's word load is the
-            // only direct indexing of b left.
-            assert_eq!(h.matches("load_b(").count() - 1, f.matches(" b[").count(), "{}", t.label());
-            assert_eq!(h.matches(" b[").count(), 1, "{}", t.label());
+            for format in [WeightFormat::Bf16, WeightFormat::F16] {
+                let packed = source_for(t, format);
+                assert_eq!(packed.name, format!("gemm_{}{}", t.label(), format.suffix()));
+                assert_eq!((packed.buffers.clone(), packed.params_size, packed.entry), (f32_src.buffers.clone(), f32_src.params_size, f32_src.entry));
+                let code = |w: &str| w.lines().map(|l| l.split("//").next().unwrap_or_default().to_string()).collect::<Vec<_>>().join("\n");
+                let (f, h) = (code(&f32_src.wgsl), code(&packed.wgsl));
+                let what = format!("{} {format:?}", t.label());
+                assert!(h.contains("var<storage, read> b: array<u32>;"), "{what}");
+                // Every B load of the f32 kernel goes through load_b; the helper's word load is
+                // the only direct indexing of b left.
+                assert_eq!(h.matches("load_b(").count() - 1, f.matches(" b[").count(), "{what}");
+                assert_eq!(h.matches(" b[").count() + h.matches("(b[").count(), 1, "{what}");
+            }
         }
     }
 

@@ -22,9 +22,9 @@
 //! follows its slot count in steps of 8 rows. The grid covers `max_rows` rows for every
 //! group; workgroups whose m tile starts past their group's count exit at once.
 //!
-//! W may be stored as bf16 ([`source_for`] with [`WeightFormat::Bf16`]): the same kernel with
-//! every W load widened exactly from its packed half, so it computes bit for bit what the f32
-//! kernel computes on the bf16 values upcast.
+//! W may be stored as bf16 or f16 ([`source_for`] with [`WeightFormat::Bf16`] or
+//! [`WeightFormat::F16`]): the same kernel with every W load widened exactly from its packed half,
+//! so it computes bit for bit what the f32 kernel computes on the 16-bit values upcast.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -161,9 +161,9 @@ pub fn source(tile: GroupedTile) -> KernelSource {
 }
 
 /// The kernel for `tile` with the expert weights W (binding `b`) stored as `b` (A and C stay
-/// f32), named `grouped_gemm_{label}` plus the format's suffix (`_bf16`). A bf16 W is bound as
-/// `array<u32>` and read through `load_b(i)` (see [`crate::bf16`]); `b_group_stride` stays in
-/// elements, and the f32 rendering is exactly the plain kernel's.
+/// f32), named `grouped_gemm_{label}` plus the format's suffix (`_bf16`, `_f16`). A bf16 or f16
+/// W is bound as `array<u32>` and read through `load_b(i)` (see [`crate::bf16`]);
+/// `b_group_stride` stays in elements, and the f32 rendering is exactly the plain kernel's.
 pub fn source_for(tile: GroupedTile, b: WeightFormat) -> KernelSource {
     let consts = tile.prelude();
     let wgsl = with_prelude(&consts, &unroll(include_str!("wgsl/grouped_gemm.wgsl"), &consts));
@@ -261,18 +261,21 @@ mod tests {
     }
 
     #[test]
-    fn bf16_renderings_differ_only_in_how_w_is_read() {
+    fn packed_renderings_differ_only_in_how_w_is_read() {
         for &t in TILES {
             let f32_src = source(t);
             assert_eq!(source_for(t, WeightFormat::F32), f32_src);
-            let bf16 = source_for(t, WeightFormat::Bf16);
-            assert_eq!(bf16.name, format!("grouped_gemm_{}_bf16", t.label()));
-            assert_eq!(bf16.buffers, f32_src.buffers);
-            let code = |w: &str| w.lines().map(|l| l.split("//").next().unwrap_or_default().to_string()).collect::<Vec<_>>().join("\n");
-            let (f, h) = (code(&f32_src.wgsl), code(&bf16.wgsl));
-            assert!(h.contains("var<storage, read> b: array<u32>;"));
-            assert_eq!(h.matches("load_b(").count() - 1, f.matches(" b[").count(), "{}", t.label());
-            assert_eq!(h.matches(" b[").count(), 1, "{}", t.label());
+            for format in [WeightFormat::Bf16, WeightFormat::F16] {
+                let packed = source_for(t, format);
+                assert_eq!(packed.name, format!("grouped_gemm_{}{}", t.label(), format.suffix()));
+                assert_eq!(packed.buffers, f32_src.buffers);
+                let code = |w: &str| w.lines().map(|l| l.split("//").next().unwrap_or_default().to_string()).collect::<Vec<_>>().join("\n");
+                let (f, h) = (code(&f32_src.wgsl), code(&packed.wgsl));
+                let what = format!("{} {format:?}", t.label());
+                assert!(h.contains("var<storage, read> b: array<u32>;"), "{what}");
+                assert_eq!(h.matches("load_b(").count() - 1, f.matches(" b[").count(), "{what}");
+                assert_eq!(h.matches(" b[").count() + h.matches("(b[").count(), 1, "{what}");
+            }
         }
     }
 

@@ -24,7 +24,7 @@ pub mod router_topk;
 pub mod sample_rows;
 pub mod softmax;
 
-pub use bf16::{pack_bf16, unpack_bf16};
+pub use bf16::{pack_bf16, pack_f16, unpack_bf16, unpack_f16};
 
 /// Every kernel variant dg may compile (validated offline by naga in the tests).
 pub fn all_variants() -> Vec<KernelSource> {
@@ -36,6 +36,7 @@ pub fn all_variants() -> Vec<KernelSource> {
         gelu_glu::fused(),
         embed::source(),
         embed::source_for(WeightFormat::Bf16),
+        embed::source_for(WeightFormat::F16),
         axpby::source(),
         copy::source(),
         router_topk::source(),
@@ -47,8 +48,10 @@ pub fn all_variants() -> Vec<KernelSource> {
     .into_iter()
     .chain(gemm::TILES.iter().map(|&t| gemm::source(t)))
     .chain(gemm::TILES.iter().map(|&t| gemm::source_for(t, WeightFormat::Bf16)))
+    .chain(gemm::TILES.iter().map(|&t| gemm::source_for(t, WeightFormat::F16)))
     .chain(grouped_gemm::TILES.iter().map(|&t| grouped_gemm::source(t)))
     .chain(grouped_gemm::TILES.iter().map(|&t| grouped_gemm::source_for(t, WeightFormat::Bf16)))
+    .chain(grouped_gemm::TILES.iter().map(|&t| grouped_gemm::source_for(t, WeightFormat::F16)))
     .collect()
 }
 
@@ -62,6 +65,15 @@ pub enum WeightFormat {
     /// (little-endian pairs, the checkpoint's own bytes). Unpacked in the shader as `bits << 16`,
     /// exact; arithmetic stays f32.
     Bf16,
+    /// IEEE binary16, the same pair packing as [`WeightFormat::Bf16`] (element `i` in bits
+    /// `16·(i & 1) ..` of word `i >> 1`; the layout the tensor-core kernel
+    /// [`crate::coop_gemm`] reads). Rounded from f32 to the nearest f16, ties to even
+    /// ([`pack_f16`]): values beyond ±65504, the largest f16, become ±∞ (from 65520 in magnitude,
+    /// halfway to the next power of two), values below 2⁻¹⁴ in magnitude become f16 subnormals
+    /// (multiples of 2⁻²⁴; ±0 up to 2⁻²⁵), and a NaN stays a NaN.
+    /// Unpacked in the shader with `unpack2x16float`, exact for every f16 (see [`crate::bf16`]);
+    /// arithmetic stays f32.
+    F16,
 }
 
 impl WeightFormat {
@@ -69,16 +81,17 @@ impl WeightFormat {
     pub fn bytes(self) -> usize {
         match self {
             WeightFormat::F32 => 4,
-            WeightFormat::Bf16 => 2,
+            WeightFormat::Bf16 | WeightFormat::F16 => 2,
         }
     }
 
     /// Suffix of the name of a kernel variant that reads its weights in this format: none for
-    /// f32 (the original names), `_bf16`.
+    /// f32 (the original names), `_bf16`, `_f16`.
     pub fn suffix(self) -> &'static str {
         match self {
             WeightFormat::F32 => "",
             WeightFormat::Bf16 => "_bf16",
+            WeightFormat::F16 => "_f16",
         }
     }
 }

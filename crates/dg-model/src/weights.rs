@@ -190,22 +190,36 @@ impl Weights {
     /// nearest BF16, ties to even, kept as f32: the weights a BF16 copy of them holds exactly
     /// (norm weights, scales and scalars are left as they are, as the GPU keeps them in f32).
     pub fn round_matrices_to_bf16(&mut self) {
+        self.round_matrices(|x| half::bf16::from_f32(x).to_f32());
+    }
+
+    /// Rounds every matrix (the same tensors as [`Self::round_matrices_to_bf16`]) to the nearest
+    /// IEEE F16, ties to even, kept as f32: the weights an F16 copy of them holds exactly. Values
+    /// beyond ±65504 become ±∞ and values below 2⁻¹⁴ in magnitude f16 subnormals (or ±0); norm
+    /// weights, scales and scalars are left as they are.
+    pub fn round_matrices_to_f16(&mut self) {
+        self.round_matrices(|x| half::f16::from_f32(x).to_f32());
+    }
+
+    /// Applies `round` to every element of every matrix (the tensors the GPU may store in a
+    /// 16-bit format), in parallel.
+    fn round_matrices(&mut self, round: impl Fn(f32) -> f32 + Sync) {
         use rayon::prelude::*;
-        let round = |v: &mut Vec<f32>| v.par_iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32());
-        round(&mut self.embed.data);
+        let each = |v: &mut Vec<f32>| v.par_iter_mut().for_each(|x| *x = round(*x));
+        each(&mut self.embed.data);
         let sc = &mut self.self_conditioning;
         for m in [&mut sc.gate, &mut sc.up, &mut sc.down] {
-            round(&mut m.data);
+            each(&mut m.data);
         }
         for l in &mut self.layers {
             for m in [&mut l.q_proj, &mut l.k_proj, &mut l.o_proj, &mut l.mlp_gate, &mut l.mlp_up, &mut l.mlp_down, &mut l.router_proj] {
-                round(&mut m.data);
+                each(&mut m.data);
             }
             if let Some(v) = &mut l.v_proj {
-                round(&mut v.data);
+                each(&mut v.data);
             }
-            round(&mut l.experts.gate_up);
-            round(&mut l.experts.down);
+            each(&mut l.experts.gate_up);
+            each(&mut l.experts.down);
         }
     }
 

@@ -761,6 +761,33 @@ fn random_weights_have_the_manifest_shapes() {
     }
 }
 
+/// `RandomWeights` with every tensor of rank ≥ 2 rounded by the function (what
+/// `Weights::round_matrices_to_*` must give) and the others (norms, scales, scalars) left as f32.
+struct MatricesRounded(fn(f32) -> f32);
+
+impl TensorSource for MatricesRounded {
+    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let values = RandomWeights { seed: SEED }.get(name, shape)?;
+        Ok(if shape.len() >= 2 { values.into_iter().map(self.0).collect() } else { values })
+    }
+}
+
+/// `round_matrices` on random weights equals rounding exactly their tensors of rank ≥ 2 by `round`.
+fn check_matrix_rounding(name: &str, round_matrices: fn(&mut Weights), round: fn(f32) -> f32) {
+    let cfg = tiny_config().text;
+    let f32_weights = Weights::build(&mut RandomWeights { seed: SEED }, &cfg).unwrap();
+    let mut rounded = f32_weights.clone();
+    round_matrices(&mut rounded);
+    assert_eq!(rounded, Weights::build(&mut MatricesRounded(round), &cfg).unwrap(), "{name}");
+    assert_ne!(rounded, f32_weights, "{name}: nothing was rounded");
+}
+
+#[test]
+fn rounding_the_matrices_rounds_every_matrix_and_nothing_else() {
+    check_matrix_rounding("bf16", Weights::round_matrices_to_bf16, |v| bf16::from_f32(v).to_f32());
+    check_matrix_rounding("f16", Weights::round_matrices_to_f16, |v| f16::from_f32(v).to_f32());
+}
+
 #[test]
 fn real_config_parameter_count_and_manifest() {
     let config = ModelConfig::from_json_str(REAL_CONFIG, Path::new("config.json")).unwrap();

@@ -19,6 +19,25 @@ pub const LAYER_TOLERANCE: f64 = 1e-5;
 /// Normwise tolerance of the GPU encoder's K/V against the CPU encoder's, per layer: layer i's K/V
 /// come out of i encoder layers (each within LAYER_TOLERANCE's ~1e-6) plus the K/V projection.
 pub const CACHE_TOLERANCE: f64 = 1e-5;
+/// The tolerances one backend is held to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerances {
+    pub logits: f64,
+    pub layer: f64,
+    pub cache: f64,
+    /// Rows whose reference top-2 gap exceeds this must agree on the argmax.
+    pub argmax_margin: f32,
+}
+
+/// The F16 weight path on a device with cooperative matrices (`gpu-f16` there): the tensor-core
+/// projections round their f32 activations to f16 (unit roundoff 2⁻¹¹ ≈ 4.9e-4) before the f16 ×
+/// f16 products, which accumulate exactly in f32. One rounding of a GEMM's input moves its output
+/// by about the input's relative rounding error, ~3e-4 normwise for random-looking errors; a layer
+/// has six such GEMMs in sequence (q, o, dense up/down, and the self-conditioning MLP before the
+/// first layer), so a layer, the cache and the logits after a few layers move by ~1e-3. Measured on
+/// an H200 (BENCHMARKS.md): see the values these bounds were set from.
+pub const F16_ACTIVATION_TOLERANCES: Tolerances = Tolerances { logits: 5e-3, layer: 5e-3, cache: 5e-3, argmax_margin: 5e-2 };
+
 /// Rows whose reference top-2 gap exceeds this must agree on the argmax.
 pub const ARGMAX_MARGIN: f32 = 1e-3;
 
@@ -28,6 +47,10 @@ pub trait Backend {
     fn name(&self) -> &'static str;
     /// The normwise tolerance on logits for this backend.
     fn logits_tolerance(&self) -> f64;
+    /// Rows whose reference top-2 gap exceeds this must agree on the argmax.
+    fn argmax_margin(&self) -> f32 {
+        ARGMAX_MARGIN
+    }
     /// Vocabulary size V (logits row length).
     fn vocab_size(&self) -> usize;
     /// Forget every cached token.
@@ -78,6 +101,7 @@ pub fn logits_checks(reference: &Reference, backend: &mut dyn Backend) -> Result
     let mut results = Vec::new();
     let v = backend.vocab_size();
     let tol = backend.logits_tolerance();
+    let margin = backend.argmax_margin();
     let be = |e: BoxError| ParityError::Backend(e.to_string());
     if !reference.has("prompt_ids") {
         return Ok(results);
@@ -92,7 +116,7 @@ pub fn logits_checks(reference: &Reference, backend: &mut dyn Backend) -> Result
             backend.canvas_forward(&canvas, None, &mut logits).map_err(be)?;
             let (_, want) = reference.floats("logits_plain")?;
             check_len(reference, "logits_plain", want.len(), logits.len())?;
-            results.push(CheckResult::from_comparison("logits_plain", &compare(&logits, &want, v, ARGMAX_MARGIN), tol));
+            results.push(CheckResult::from_comparison("logits_plain", &compare(&logits, &want, v, margin), tol));
         }
         if reference.has("logits_sc") && reference.has("sc_logits") {
             let (_, sc) = reference.floats("sc_logits")?;
@@ -100,7 +124,7 @@ pub fn logits_checks(reference: &Reference, backend: &mut dyn Backend) -> Result
             backend.canvas_forward(&canvas, Some(&sc), &mut logits).map_err(be)?;
             let (_, want) = reference.floats("logits_sc")?;
             check_len(reference, "logits_sc", want.len(), logits.len())?;
-            results.push(CheckResult::from_comparison("logits_sc", &compare(&logits, &want, v, ARGMAX_MARGIN), tol));
+            results.push(CheckResult::from_comparison("logits_sc", &compare(&logits, &want, v, margin), tol));
         }
     }
     if reference.has("block2_ids") && reference.has("canvas2_ids") && reference.has("logits_block2") {
@@ -121,7 +145,7 @@ pub fn logits_checks(reference: &Reference, backend: &mut dyn Backend) -> Result
         backend.canvas_forward(&canvas2, None, &mut logits).map_err(be)?;
         let (_, want) = reference.floats("logits_block2")?;
         check_len(reference, "logits_block2", want.len(), logits.len())?;
-        results.push(CheckResult::from_comparison("logits_block2", &compare(&logits, &want, v, ARGMAX_MARGIN), tol));
+        results.push(CheckResult::from_comparison("logits_block2", &compare(&logits, &want, v, margin), tol));
     }
     Ok(results)
 }

@@ -8,7 +8,7 @@ use dg_model::{GenerationConfig, ModelConfig, Weights};
 use dg_sampler::{Generation, Hooks, RandomSource, generate_resident};
 
 use crate::BoxError;
-use crate::checks::{Backend, CACHE_TOLERANCE, CheckResult, GPU_LOGITS_TOLERANCE, LAYER_TOLERANCE};
+use crate::checks::{ARGMAX_MARGIN, Backend, CACHE_TOLERANCE, CheckResult, F16_ACTIVATION_TOLERANCES, GPU_LOGITS_TOLERANCE, LAYER_TOLERANCE, Tolerances};
 use crate::compare::compare;
 
 /// The GPU model as a parity backend; `cpu` is used only by the cache and layer checks.
@@ -17,6 +17,7 @@ pub struct GpuBackend {
     pub cpu: CpuModel,
     pub gpu: GpuModel,
     name: &'static str,
+    tolerances: Tolerances,
 }
 
 impl GpuBackend {
@@ -29,15 +30,22 @@ impl GpuBackend {
     /// twin of the cache and layer checks gets the same matrices: rounded to BF16 for a BF16
     /// upload, so both sides compute in f32 on identical weights.
     pub fn with_format(ctx: GpuContext, config: &ModelConfig, mut weights: Weights, max_context: usize, format: WeightFormat) -> Result<Self, BoxError> {
+        let coop = ctx.coop_matrix;
         let gpu = GpuModel::with_format(ctx, config, &weights, max_context, format)?;
-        let name = match format {
-            WeightFormat::F32 => "gpu",
+        let f32_tolerances = Tolerances { logits: GPU_LOGITS_TOLERANCE, layer: LAYER_TOLERANCE, cache: CACHE_TOLERANCE, argmax_margin: ARGMAX_MARGIN };
+        let (name, tolerances) = match format {
+            WeightFormat::F32 => ("gpu", f32_tolerances),
             WeightFormat::Bf16 => {
                 weights.round_matrices_to_bf16();
-                "gpu-bf16"
+                ("gpu-bf16", f32_tolerances)
+            }
+            WeightFormat::F16 => {
+                weights.round_matrices_to_f16();
+                // With cooperative matrices the projections round their activations to f16 too.
+                ("gpu-f16", if coop { F16_ACTIVATION_TOLERANCES } else { f32_tolerances })
             }
         };
-        Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name })
+        Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name, tolerances })
     }
 
     /// The GPU model (for resource counters).
@@ -52,7 +60,11 @@ impl Backend for GpuBackend {
     }
 
     fn logits_tolerance(&self) -> f64 {
-        GPU_LOGITS_TOLERANCE
+        self.tolerances.logits
+    }
+
+    fn argmax_margin(&self) -> f32 {
+        self.tolerances.argmax_margin
     }
 
     fn vocab_size(&self) -> usize {
@@ -94,11 +106,17 @@ impl Backend for GpuBackend {
 }
 
 impl GpuBackend {
+    /// The tolerances this backend is held to.
+    pub fn tolerances(&self) -> Tolerances {
+        self.tolerances
+    }
+
     /// Feeds every decoder layer the CPU's input for that layer, against the CPU encoder's cache
     /// uploaded as is, and compares the outputs; the report names the first failing layer (or the
     /// worst one when all pass).
     fn layers(&mut self, prompt: &[u32], canvas: &[u32]) -> Result<CheckResult, BoxError> {
-        let GpuBackend { cpu, gpu, .. } = self;
+        let GpuBackend { cpu, gpu, tolerances, .. } = self;
+        let tol = tolerances.layer;
         cpu.reset();
         cpu.encode(prompt)?;
         let cache = cpu.cache();
@@ -111,8 +129,8 @@ impl GpuBackend {
             let gpu_out = gpu.run_layer(i, &hidden)?;
             cpu.decoder_layers(&mut hidden, c, i..i + 1);
             let cmp = compare(&gpu_out, &hidden, h, f32::INFINITY);
-            if !cmp.passes(LAYER_TOLERANCE) {
-                return Ok(CheckResult::from_comparison(&format!("layers (first failing: layer {i})"), &cmp, LAYER_TOLERANCE));
+            if !cmp.passes(tol) {
+                return Ok(CheckResult::from_comparison(&format!("layers (first failing: layer {i})"), &cmp, tol));
             }
             if cmp.normwise >= worst.1 {
                 worst = (i, cmp.normwise);
@@ -122,14 +140,15 @@ impl GpuBackend {
         Ok(CheckResult {
             name: "layers".into(),
             passed: true,
-            detail: format!("all {} layers within tol={LAYER_TOLERANCE:.0e}; worst layer {} normwise={:.3e}", cpu.config.text.num_layers(), worst.0, worst.1),
+            detail: format!("all {} layers within tol={tol:.0e}; worst layer {} normwise={:.3e}", cpu.config.text.num_layers(), worst.0, worst.1),
         })
     }
 
     /// Encodes `blocks` one after another on both encoders and compares, after each, the K and V
     /// every decoder layer would see; the report names the first failing (block, layer).
     fn caches(&mut self, blocks: &[&[u32]]) -> Result<CheckResult, BoxError> {
-        let GpuBackend { cpu, gpu, .. } = self;
+        let GpuBackend { cpu, gpu, tolerances, .. } = self;
+        let tol = tolerances.cache;
         cpu.reset();
         gpu.reset();
         let mut worst = (0usize, 0usize, 0f64);
@@ -141,11 +160,11 @@ impl GpuBackend {
                 let row = want.kv_heads * want.head_dim;
                 for (name, ours, theirs) in [("keys", k, &want.keys), ("values", v, &want.values)] {
                     let cmp = compare(ours, theirs, row, f32::INFINITY);
-                    if ours.len() != theirs.len() || !cmp.passes(CACHE_TOLERANCE) {
+                    if ours.len() != theirs.len() || !cmp.passes(tol) {
                         return Ok(CheckResult {
                             name: format!("encoder cache (first failing: block {b}, layer {i} {name})"),
                             passed: false,
-                            detail: format!("{} of {} values; {cmp} tol={CACHE_TOLERANCE:.0e}", ours.len(), theirs.len()),
+                            detail: format!("{} of {} values; {cmp} tol={tol:.0e}", ours.len(), theirs.len()),
                         });
                     }
                     if cmp.normwise >= worst.2 {
@@ -159,7 +178,7 @@ impl GpuBackend {
             name: "encoder cache".into(),
             passed: true,
             detail: format!(
-                "{} block(s) × {} layers within tol={CACHE_TOLERANCE:.0e}; worst block {} layer {} normwise={:.3e}",
+                "{} block(s) × {} layers within tol={tol:.0e}; worst block {} layer {} normwise={:.3e}",
                 blocks.len(),
                 cpu.config.text.num_layers(),
                 worst.0,
