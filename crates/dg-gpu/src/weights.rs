@@ -6,8 +6,10 @@
 //! largest storage binding (the real one is 2.95 GB in f32, over the H200's 2 GiB).
 //!
 //! Matrices are stored in a [`WeightFormat`] chosen at load: f32, BF16 (2 bytes per parameter,
-//! exact for a BF16 checkpoint; the kernels unpack it and compute in f32), or F16 (2 bytes per
-//! parameter; the format of the tensor-core projections where the device has them). Norm weights, scales and
+//! exact for a BF16 checkpoint; the kernels unpack it and compute in f32), or the F16 mode (2 bytes
+//! per parameter): the linear projections that run on tensor cores where the device has them (q,
+//! o, dense and self-conditioning MLPs, router) in F16, the embedding, K/V and experts in BF16
+//! (their f32 kernels unpack BF16 with a shift, F16 costs a conversion per element). Norm weights, scales and
 //! scalars (a few thousand values per layer) stay f32. [`GpuWeights::upload_streaming`] uploads
 //! one layer at a time from a [`TensorSource`], so the host never holds the whole model in f32
 //! (the real 30-layer model is 104 GB in f32).
@@ -133,6 +135,25 @@ impl Uploader<'_> {
         self.matrix(label, &data)
     }
 
+    /// A matrix that is not a tensor-core projection (embedding, K/V, experts): in the F16 mode
+    /// these stay BF16, whose unpack (a shift) is cheaper in their f32 kernels than F16's.
+    fn other_matrix(&mut self, label: &str, data: &[f32]) -> Result<GpuMatrix, GpuError> {
+        if self.format != WeightFormat::F16 {
+            return self.matrix(label, data);
+        }
+        self.format = WeightFormat::Bf16;
+        let m = self.matrix(label, data);
+        self.format = WeightFormat::F16;
+        m
+    }
+
+    fn other_concat(&mut self, label: &str, a: &Matrix, b: &Matrix) -> Result<GpuMatrix, GpuError> {
+        let mut data = Vec::with_capacity(a.data.len() + b.data.len());
+        data.extend_from_slice(&a.data);
+        data.extend_from_slice(&b.data);
+        self.other_matrix(label, &data)
+    }
+
     fn layer(&mut self, i: usize, l: &LayerWeights) -> Result<GpuLayer, GpuError> {
         let p = |name: &str| format!("layers.{i}.{name}");
         let mut norm = |name: &str, v: &[f32]| self.f32(&p(name), v);
@@ -150,8 +171,8 @@ impl Uploader<'_> {
             norms,
             q_proj: self.matrix(&p("q_proj"), &l.q_proj.data)?,
             kv_proj: match &l.v_proj {
-                Some(v) => self.concat(&p("k_proj+v_proj"), &l.k_proj, v)?,
-                None => self.matrix(&p("k_proj"), &l.k_proj.data)?,
+                Some(v) => self.other_concat(&p("k_proj+v_proj"), &l.k_proj, v)?,
+                None => self.other_matrix(&p("k_proj"), &l.k_proj.data)?,
             },
             has_v_proj: l.v_proj.is_some(),
             o_proj: self.matrix(&p("o_proj"), &l.o_proj.data)?,
@@ -162,8 +183,8 @@ impl Uploader<'_> {
             router_proj: self.matrix(&p("router.proj"), &l.router_proj.data)?,
             router_scale: self.f32(&p("router.scale"), &l.router_scale)?,
             per_expert_scale: self.f32(&p("router.per_expert_scale"), &l.per_expert_scale)?,
-            experts_gate_up: self.matrix(&p("experts.gate_up_proj"), &l.experts.gate_up)?,
-            experts_down: self.matrix(&p("experts.down_proj"), &l.experts.down)?,
+            experts_gate_up: self.other_matrix(&p("experts.gate_up_proj"), &l.experts.gate_up)?,
+            experts_down: self.other_matrix(&p("experts.down_proj"), &l.experts.down)?,
             encoder_scalar: l.encoder_scalar,
             decoder_scalar: l.decoder_scalar,
         })
@@ -177,7 +198,7 @@ impl Uploader<'_> {
         let mut start = 0;
         while start < cfg.vocab_size {
             let rows = rows_per_chunk.min(cfg.vocab_size - start);
-            let matrix = self.matrix(&format!("embed[{start}..]"), &w.embed.data[start * h..(start + rows) * h])?;
+            let matrix = self.other_matrix(&format!("embed[{start}..]"), &w.embed.data[start * h..(start + rows) * h])?;
             embed.push(EmbedChunk { start, rows, matrix });
             start += rows;
         }

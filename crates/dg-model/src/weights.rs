@@ -201,25 +201,39 @@ impl Weights {
         self.round_matrices(|x| half::f16::from_f32(x).to_f32());
     }
 
+    /// The weights of the GPU's F16 mode: the linear projections that run on tensor cores (q, o,
+    /// the dense and self-conditioning MLPs, the router) rounded to F16, the other matrices
+    /// (embedding, K/V, experts) to BF16.
+    pub fn round_matrices_for_f16_projections(&mut self) {
+        self.round_matrices_split(|x| half::f16::from_f32(x).to_f32(), |x| half::bf16::from_f32(x).to_f32());
+    }
+
     /// Applies `round` to every element of every matrix (the tensors the GPU may store in a
     /// 16-bit format), in parallel.
     fn round_matrices(&mut self, round: impl Fn(f32) -> f32 + Sync) {
+        self.round_matrices_split(&round, &round);
+    }
+
+    /// `projection` on the linear projections (q, o, dense MLP, router, self-conditioning MLP),
+    /// `rest` on the other matrices (embedding, K/V, experts).
+    fn round_matrices_split(&mut self, projection: impl Fn(f32) -> f32 + Sync, rest: impl Fn(f32) -> f32 + Sync) {
         use rayon::prelude::*;
-        let each = |v: &mut Vec<f32>| v.par_iter_mut().for_each(|x| *x = round(*x));
-        each(&mut self.embed.data);
+        let each = |v: &mut Vec<f32>, f: &(dyn Fn(f32) -> f32 + Sync)| v.par_iter_mut().for_each(|x| *x = f(*x));
+        each(&mut self.embed.data, &rest);
         let sc = &mut self.self_conditioning;
         for m in [&mut sc.gate, &mut sc.up, &mut sc.down] {
-            each(&mut m.data);
+            each(&mut m.data, &projection);
         }
         for l in &mut self.layers {
-            for m in [&mut l.q_proj, &mut l.k_proj, &mut l.o_proj, &mut l.mlp_gate, &mut l.mlp_up, &mut l.mlp_down, &mut l.router_proj] {
-                each(&mut m.data);
+            for m in [&mut l.q_proj, &mut l.o_proj, &mut l.mlp_gate, &mut l.mlp_up, &mut l.mlp_down, &mut l.router_proj] {
+                each(&mut m.data, &projection);
             }
+            each(&mut l.k_proj.data, &rest);
             if let Some(v) = &mut l.v_proj {
-                each(&mut v.data);
+                each(&mut v.data, &rest);
             }
-            each(&mut l.experts.gate_up);
-            each(&mut l.experts.down);
+            each(&mut l.experts.gate_up, &rest);
+            each(&mut l.experts.down, &rest);
         }
     }
 

@@ -26,7 +26,18 @@ use dg_parity::reference::Reference;
 use dg_parity::replay::{AsModel, replay_config};
 use dg_sampler::{NoHooks, SeededRng, generate};
 
-const FIXTURES: [&str; 6] = ["bf16-checkpoint", "default-pattern-8experts", "early-stop-eos", "real-head-dims", "sliding-long-prompt", "vision-tower-skip"];
+/// `tensor-core-shapes` has a 64-token canvas and 64-wide projections: the tensor-core GEMM's tiles
+/// fit its decoder projections, so on a device with cooperative matrices it is the fixture that
+/// exercises them (the others' shapes fall back to the f32 kernels).
+const FIXTURES: [&str; 7] = [
+    "bf16-checkpoint",
+    "default-pattern-8experts",
+    "early-stop-eos",
+    "real-head-dims",
+    "sliding-long-prompt",
+    "tensor-core-shapes",
+    "vision-tower-skip",
+];
 
 fn fixtures() -> PathBuf {
     std::env::var_os("DG_FIXTURES").map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"), PathBuf::from)
