@@ -32,11 +32,14 @@ pub struct Tolerances {
 /// The F16 weight path on a device with cooperative matrices (`gpu-f16` there): the tensor-core
 /// projections round their f32 activations to f16 (unit roundoff 2⁻¹¹ ≈ 4.9e-4) before the f16 ×
 /// f16 products, which accumulate exactly in f32. One rounding of a GEMM's input moves its output
-/// by about the input's relative rounding error, ~3e-4 normwise for random-looking errors; a layer
-/// has six such GEMMs in sequence (q, o, dense up/down, and the self-conditioning MLP before the
-/// first layer), so a layer, the cache and the logits after a few layers move by ~1e-3. Measured on
-/// an H200 (BENCHMARKS.md): see the values these bounds were set from.
-pub const F16_ACTIVATION_TOLERANCES: Tolerances = Tolerances { logits: 5e-3, layer: 5e-3, cache: 5e-3, argmax_margin: 5e-2 };
+/// by about the input's relative rounding error (~3e-4 normwise for random-looking errors), and a
+/// forward chains several such GEMMs. Measured on an H200 with the `tensor-core-shapes` fixture
+/// (whose decoder projections fit the tiles): logits 9.1e-4 / 9.3e-4 normwise (plain / self-
+/// conditioned), max |Δ| 6.9e-2; worst layer 3.4e-4. The bounds are about 3× those; the argmax
+/// margin is twice the largest |Δ| measured rounded up (both top-2 entries may move, in opposite
+/// directions). The cache bound is the layer bound (prefill chunks whose length fits a tile use
+/// the tensor cores too).
+pub const F16_ACTIVATION_TOLERANCES: Tolerances = Tolerances { logits: 3e-3, layer: 1e-3, cache: 1e-3, argmax_margin: 0.15 };
 
 /// Rows whose reference top-2 gap exceeds this must agree on the argmax.
 pub const ARGMAX_MARGIN: f32 = 1e-3;
