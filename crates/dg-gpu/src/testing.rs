@@ -1,5 +1,6 @@
 //! Helpers for GPU tests: opening the test device (with the lavapipe hint or a visible SKIP),
-//! guard-banded outputs that catch out-of-bounds writes, and seeded inputs.
+//! guard-banded outputs that catch out-of-bounds writes, seeded inputs, and the CPU reference of a
+//! strided GEMM ([`gemm_reference`]).
 
 use crate::context::{GpuContext, GpuOptions};
 use crate::error::GpuError;
@@ -83,4 +84,48 @@ pub fn random_context(cfg: &dg_model::TextConfig, context: usize) -> Vec<(Vec<f3
             (seeded(n, 2 * i as u64 + 1, 1.0), seeded(n, 2 * i as u64 + 2, 1.0))
         })
         .collect()
+}
+
+/// Largest element index a strided GEMM operand touches, plus one (`offset` when it is empty).
+pub fn gemm_extent(offset: u32, batches: u32, batch_stride: u32, rows: u32, rs: u32, cols: u32, cs: u32) -> usize {
+    if batches == 0 || rows == 0 || cols == 0 {
+        return offset as usize;
+    }
+    let last = offset as usize
+        + (batches - 1) as usize * batch_stride as usize
+        + (rows - 1) as usize * rs as usize
+        + (cols - 1) as usize * cs as usize;
+    last + 1
+}
+
+/// The expected contents of the whole C buffer after `dg_kernels::gemm` with `p` on `a`, `b` and C
+/// initially `c0`, computed with dg-cpu's matmul (alpha, accumulate and the softcap epilogue
+/// included).
+pub fn gemm_reference(p: &dg_kernels::gemm::GemmParams, a: &[f32], b: &[f32], c0: &[f32]) -> Vec<f32> {
+    use dg_cpu::linalg::{Threads, View, matmul};
+    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+    let mut want = c0.to_vec();
+    let mut prod = vec![0f32; m * n];
+    for bi in 0..p.batch as usize {
+        let g = bi / p.b_batch_div.max(1) as usize;
+        let a_at = p.a_offset as usize + bi * p.a_batch as usize;
+        let b_at = p.b_offset as usize + g * p.b_batch as usize;
+        let av = View { data: &a[a_at.min(a.len())..], rows: m, cols: k, row_stride: p.a_rs as usize, col_stride: p.a_cs as usize };
+        let bv = View { data: &b[b_at.min(b.len())..], rows: k, cols: n, row_stride: p.b_rs as usize, col_stride: p.b_cs as usize };
+        matmul(&mut prod, n, av, bv, false, Threads::All);
+        for i in 0..m {
+            for j in 0..n {
+                let at = p.c_offset as usize + bi * p.c_batch as usize + i * p.c_rs as usize + j;
+                let mut v = p.alpha * prod[i * n + j];
+                if p.accumulate != 0 {
+                    v += c0[at];
+                }
+                if p.epilogue == dg_kernels::gemm::EPILOGUE_SOFTCAP {
+                    v = (v / p.cap).tanh() * p.cap;
+                }
+                want[at] = v;
+            }
+        }
+    }
+    want
 }

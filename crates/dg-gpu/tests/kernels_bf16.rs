@@ -20,9 +20,8 @@
 //! `embed_format`) are checked against their f32 twins the same way. Every output is pre-filled
 //! with seeded values and followed by a guard band.
 
-use dg_cpu::linalg::{Threads, View, matmul};
 use dg_gpu::ops::Recorder;
-use dg_gpu::testing::{GUARD_LEN, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::testing::{gemm_extent, gemm_reference, GUARD_LEN, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::embed::{self, EmbedParams};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
@@ -89,48 +88,6 @@ fn read_all(ctx: &GpuContext, buffer: &wgpu::Buffer, len: usize) -> Vec<f32> {
     ctx.read_f32(buffer, 0, len + GUARD_LEN).unwrap()
 }
 
-/// Largest element index the strided operand touches, plus one (0 when empty).
-fn extent(offset: u32, batches: u32, batch_stride: u32, rows: u32, rs: u32, cols: u32, cs: u32) -> usize {
-    if batches == 0 || rows == 0 || cols == 0 {
-        return offset as usize;
-    }
-    let last = offset as usize
-        + (batches - 1) as usize * batch_stride as usize
-        + (rows - 1) as usize * rs as usize
-        + (cols - 1) as usize * cs as usize;
-    last + 1
-}
-
-/// The expected contents of the whole C buffer, computed with dg-cpu's matmul (as in
-/// kernels_gemm.rs).
-fn reference(p: &GemmParams, a: &[f32], b: &[f32], c0: &[f32]) -> Vec<f32> {
-    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
-    let mut want = c0.to_vec();
-    let mut prod = vec![0f32; m * n];
-    for bi in 0..p.batch as usize {
-        let g = bi / p.b_batch_div.max(1) as usize;
-        let a_at = p.a_offset as usize + bi * p.a_batch as usize;
-        let b_at = p.b_offset as usize + g * p.b_batch as usize;
-        let av = View { data: &a[a_at.min(a.len())..], rows: m, cols: k, row_stride: p.a_rs as usize, col_stride: p.a_cs as usize };
-        let bv = View { data: &b[b_at.min(b.len())..], rows: k, cols: n, row_stride: p.b_rs as usize, col_stride: p.b_cs as usize };
-        matmul(&mut prod, n, av, bv, false, Threads::All);
-        for i in 0..m {
-            for j in 0..n {
-                let at = p.c_offset as usize + bi * p.c_batch as usize + i * p.c_rs as usize + j;
-                let mut v = p.alpha * prod[i * n + j];
-                if p.accumulate != 0 {
-                    v += c0[at];
-                }
-                if p.epilogue == EPILOGUE_SOFTCAP {
-                    v = (v / p.cap).tanh() * p.cap;
-                }
-                want[at] = v;
-            }
-        }
-    }
-    want
-}
-
 /// The operands of one GEMM case: A, B as f32 (already 16-bit values) and packed, C's initial
 /// contents, and C's length.
 struct GemmData {
@@ -142,12 +99,12 @@ struct GemmData {
 }
 
 fn gemm_data(p: &GemmParams, format: WeightFormat) -> GemmData {
-    let a_len = extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs) + 3;
+    let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs) + 3;
     let b_groups = p.batch.div_ceil(p.b_batch_div.max(1));
     // An odd number of trailing elements: the packed B ends on a padded half whenever the used
     // extent is even, and on a full word otherwise.
-    let b_len = extent(p.b_offset, b_groups, p.b_batch, p.k, p.b_rs, p.n, p.b_cs) + 5;
-    let c_len = extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1) + 2;
+    let b_len = gemm_extent(p.b_offset, b_groups, p.b_batch, p.k, p.b_rs, p.n, p.b_cs) + 5;
+    let c_len = gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1) + 2;
     let seed = u64::from(p.m) * 1_000_003 + u64::from(p.n) * 1009 + u64::from(p.k) + u64::from(p.b_offset) * 7;
     let a = seeded(a_len, seed ^ 0xA, 1.0);
     let (b_packed, b_up) = packed_pair(format, &weights(b_len, seed ^ 0xB, 1.0));
@@ -174,7 +131,7 @@ fn check_gemm(ctx: &GpuContext, pipelines: &mut Pipelines, format: WeightFormat,
     let d = gemm_data(p, format);
     let what = format!("{format:?} gemm {name} [{}] {}x{}x{} batch {} b_offset {}", tile.label(), p.m, p.n, p.k, p.batch, p.b_offset);
     let f32_out = run_gemm(ctx, pipelines, gemm::source_for(tile, WeightFormat::F32), tile, p, &d, &d.b_up);
-    let want = reference(p, &d.a, &d.b_up, &d.c0);
+    let want = gemm_reference(p, &d.a, &d.b_up, &d.c0);
     let (err, at) = max_rel_err(&f32_out[..d.c_len], &want);
     let tol = tolerance(p.k as usize);
     assert!(err <= tol, "{what}: f32 kernel vs CPU: rel err {err} > {tol} at {at}: got {} want {}", f32_out[at], want[at]);

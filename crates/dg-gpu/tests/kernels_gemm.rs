@@ -14,8 +14,7 @@
 //! Every output buffer is pre-filled with seeded values (so untouched elements, e.g. the gaps
 //! between strided rows, are checked to stay untouched) and followed by a guard band.
 
-use dg_cpu::linalg::{Threads, View, matmul};
-use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::testing::{gemm_extent, gemm_reference, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, PlanBuilder, Pipelines};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
@@ -38,54 +37,13 @@ fn case(name: &'static str, p: GemmParams) -> Case {
     Case { name, p }
 }
 
-/// Largest element index the strided operand touches, plus one (0 when empty).
-fn extent(offset: u32, batches: u32, batch_stride: u32, rows: u32, rs: u32, cols: u32, cs: u32) -> usize {
-    if batches == 0 || rows == 0 || cols == 0 {
-        return offset as usize;
-    }
-    let last = offset as usize
-        + (batches - 1) as usize * batch_stride as usize
-        + (rows - 1) as usize * rs as usize
-        + (cols - 1) as usize * cs as usize;
-    last + 1
-}
-
-/// The expected contents of the whole C buffer after the kernel, computed with dg-cpu's matmul.
-fn reference(p: &GemmParams, a: &[f32], b: &[f32], c0: &[f32]) -> Vec<f32> {
-    let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
-    let mut want = c0.to_vec();
-    let mut prod = vec![0f32; m * n];
-    for bi in 0..p.batch as usize {
-        let g = bi / p.b_batch_div.max(1) as usize;
-        let a_at = p.a_offset as usize + bi * p.a_batch as usize;
-        let b_at = p.b_offset as usize + g * p.b_batch as usize;
-        let av = View { data: &a[a_at.min(a.len())..], rows: m, cols: k, row_stride: p.a_rs as usize, col_stride: p.a_cs as usize };
-        let bv = View { data: &b[b_at.min(b.len())..], rows: k, cols: n, row_stride: p.b_rs as usize, col_stride: p.b_cs as usize };
-        matmul(&mut prod, n, av, bv, false, Threads::All);
-        for i in 0..m {
-            for j in 0..n {
-                let at = p.c_offset as usize + bi * p.c_batch as usize + i * p.c_rs as usize + j;
-                let mut v = p.alpha * prod[i * n + j];
-                if p.accumulate != 0 {
-                    v += c0[at];
-                }
-                if p.epilogue == EPILOGUE_SOFTCAP {
-                    v = (v / p.cap).tanh() * p.cap;
-                }
-                want[at] = v;
-            }
-        }
-    }
-    want
-}
-
 /// Runs `case` with `tile` and compares the whole output buffer with the reference.
 fn check(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GemmTile, c: &Case) {
     let p = c.p;
-    let a_len = extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs) + 3;
+    let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs) + 3;
     let b_groups = p.batch.div_ceil(p.b_batch_div.max(1));
-    let b_len = extent(p.b_offset, b_groups, p.b_batch, p.k, p.b_rs, p.n, p.b_cs) + 5;
-    let c_len = extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1) + 2;
+    let b_len = gemm_extent(p.b_offset, b_groups, p.b_batch, p.k, p.b_rs, p.n, p.b_cs) + 5;
+    let c_len = gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1) + 2;
     let seed = u64::from(p.m) * 1_000_003 + u64::from(p.n) * 1009 + u64::from(p.k);
     let a = seeded(a_len, seed ^ 0xA, 1.0);
     let b = seeded(b_len, seed ^ 0xB, 1.0);
@@ -101,7 +59,7 @@ fn check(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GemmTile, c: &Case) 
     plan.finish(ctx).unwrap().run(ctx).unwrap();
     let got = read_guarded(ctx, &cb, c_len);
 
-    let want = reference(&p, &a, &b, &c0);
+    let want = gemm_reference(&p, &a, &b, &c0);
     let (err, at) = max_rel_err(&got, &want);
     let tol = tolerance(p.k as usize);
     assert!(
