@@ -15,7 +15,7 @@
 //! (the real 30-layer model is 104 GB in f32).
 
 use dg_kernels::WeightFormat;
-use dg_model::{LayerKind, LayerWeights, Matrix, TensorSource, TextConfig, Weights};
+use dg_model::{LayerKind, LayerWeights, TensorSource, TextConfig, Weights};
 use rayon::prelude::*;
 
 use crate::context::GpuContext;
@@ -98,14 +98,10 @@ struct Uploader<'a> {
     parameters: u64,
 }
 
-/// f32 → BF16 words, in parallel over blocks of an even length (so pairs never straddle blocks).
-fn pack_bf16_parallel(data: &[f32]) -> Vec<u32> {
-    data.par_chunks(1 << 20).flat_map_iter(dg_kernels::pack_bf16).collect()
-}
-
-/// f32 → F16 words, in parallel over blocks of an even length (so pairs never straddle blocks).
-fn pack_f16_parallel(data: &[f32]) -> Vec<u32> {
-    data.par_chunks(1 << 20).flat_map_iter(dg_kernels::pack_f16).collect()
+/// f32 → packed 16-bit words with `pack`, in parallel over blocks of an even length (so pairs
+/// never straddle blocks).
+fn pack_parallel(data: &[f32], pack: fn(&[f32]) -> Vec<u32>) -> Vec<u32> {
+    data.par_chunks(1 << 20).flat_map_iter(pack).collect()
 }
 
 impl Uploader<'_> {
@@ -115,43 +111,30 @@ impl Uploader<'_> {
         self.ctx.upload(label, data)
     }
 
+    /// A projection matrix, in the upload's format.
     fn matrix(&mut self, label: &str, data: &[f32]) -> Result<GpuMatrix, GpuError> {
-        let buffer = match self.format {
-            WeightFormat::F32 => return Ok(GpuMatrix { buffer: self.f32(label, data)?, format: WeightFormat::F32 }),
-            WeightFormat::Bf16 | WeightFormat::F16 => {
-                let words = if self.format == WeightFormat::Bf16 { pack_bf16_parallel(data) } else { pack_f16_parallel(data) };
-                self.bytes += (words.len() * 4) as u64;
-                self.parameters += data.len() as u64;
-                self.ctx.upload(label, &words)?
-            }
-        };
-        Ok(GpuMatrix { buffer, format: self.format })
-    }
-
-    fn concat(&mut self, label: &str, a: &Matrix, b: &Matrix) -> Result<GpuMatrix, GpuError> {
-        let mut data = Vec::with_capacity(a.data.len() + b.data.len());
-        data.extend_from_slice(&a.data);
-        data.extend_from_slice(&b.data);
-        self.matrix(label, &data)
+        self.matrix_as(label, data, self.format)
     }
 
     /// A matrix that is not a tensor-core projection (embedding, K/V, experts): in the F16 mode
     /// these stay BF16, whose unpack (a shift) is cheaper in their f32 kernels than F16's.
     fn other_matrix(&mut self, label: &str, data: &[f32]) -> Result<GpuMatrix, GpuError> {
-        if self.format != WeightFormat::F16 {
-            return self.matrix(label, data);
-        }
-        self.format = WeightFormat::Bf16;
-        let m = self.matrix(label, data);
-        self.format = WeightFormat::F16;
-        m
+        let format = if self.format == WeightFormat::F16 { WeightFormat::Bf16 } else { self.format };
+        self.matrix_as(label, data, format)
     }
 
-    fn other_concat(&mut self, label: &str, a: &Matrix, b: &Matrix) -> Result<GpuMatrix, GpuError> {
-        let mut data = Vec::with_capacity(a.data.len() + b.data.len());
-        data.extend_from_slice(&a.data);
-        data.extend_from_slice(&b.data);
-        self.other_matrix(label, &data)
+    fn matrix_as(&mut self, label: &str, data: &[f32], format: WeightFormat) -> Result<GpuMatrix, GpuError> {
+        let buffer = match format {
+            WeightFormat::F32 => self.f32(label, data)?,
+            WeightFormat::Bf16 | WeightFormat::F16 => {
+                let pack = if format == WeightFormat::Bf16 { dg_kernels::pack_bf16 } else { dg_kernels::pack_f16 };
+                let words = pack_parallel(data, pack);
+                self.bytes += (words.len() * 4) as u64;
+                self.parameters += data.len() as u64;
+                self.ctx.upload(label, &words)?
+            }
+        };
+        Ok(GpuMatrix { buffer, format })
     }
 
     fn layer(&mut self, i: usize, l: &LayerWeights) -> Result<GpuLayer, GpuError> {
@@ -171,14 +154,14 @@ impl Uploader<'_> {
             norms,
             q_proj: self.matrix(&p("q_proj"), &l.q_proj.data)?,
             kv_proj: match &l.v_proj {
-                Some(v) => self.other_concat(&p("k_proj+v_proj"), &l.k_proj, v)?,
+                Some(v) => self.other_matrix(&p("k_proj+v_proj"), &[&l.k_proj.data[..], &v.data].concat())?,
                 None => self.other_matrix(&p("k_proj"), &l.k_proj.data)?,
             },
             has_v_proj: l.v_proj.is_some(),
             o_proj: self.matrix(&p("o_proj"), &l.o_proj.data)?,
             q_norm: self.f32(&p("q_norm"), &l.q_norm)?,
             k_norm: self.f32(&p("k_norm"), &l.k_norm)?,
-            mlp_gate_up: self.concat(&p("mlp.gate_up"), &l.mlp_gate, &l.mlp_up)?,
+            mlp_gate_up: self.matrix(&p("mlp.gate_up"), &[&l.mlp_gate.data[..], &l.mlp_up.data].concat())?,
             mlp_down: self.matrix(&p("mlp.down_proj"), &l.mlp_down.data)?,
             router_proj: self.matrix(&p("router.proj"), &l.router_proj.data)?,
             router_scale: self.f32(&p("router.scale"), &l.router_scale)?,
@@ -207,7 +190,7 @@ impl Uploader<'_> {
             embed,
             final_norm: self.f32("norm", &w.final_norm)?,
             sc_pre_norm: self.f32("self_conditioning.pre_norm", &sc.pre_norm)?,
-            sc_gate_up: self.concat("self_conditioning.gate_up", &sc.gate, &sc.up)?,
+            sc_gate_up: self.matrix("self_conditioning.gate_up", &[&sc.gate.data[..], &sc.up.data].concat())?,
             sc_down: self.matrix("self_conditioning.down_proj", &sc.down.data)?,
             layers: Vec::with_capacity(cfg.num_layers()),
             format: self.format,
