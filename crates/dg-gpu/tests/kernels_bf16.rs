@@ -21,7 +21,7 @@
 //! with seeded values and followed by a guard band.
 
 use dg_gpu::ops::Recorder;
-use dg_gpu::testing::{gemm_extent, gemm_reference, GUARD_LEN, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference, GUARD_LEN, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::embed::{self, EmbedParams};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
@@ -144,40 +144,7 @@ fn plain(m: u32, n: u32, k: u32) -> GemmParams {
     GemmParams::new(m, n, k)
 }
 
-/// Attention-like strided heads with GQA: scores `Q_h·K_{h/g}ᵀ` (B transposed, batch stride d).
-fn scores(t: u32, s: u32, d: u32, heads: u32, kv_heads: u32, scale: f32) -> GemmParams {
-    GemmParams {
-        batch: heads,
-        a_rs: heads * d,
-        a_cs: 1,
-        a_batch: d,
-        b_rs: 1,
-        b_cs: kv_heads * d,
-        b_batch: d,
-        b_batch_div: heads / kv_heads,
-        c_rs: s,
-        c_batch: t * s,
-        alpha: scale,
-        ..GemmParams::new(t, s, d)
-    }
-}
 
-/// Probabilities `[heads, t, s]` · V_{h/g} `[s, d]` (B row-major, batch stride d).
-fn prob_v(t: u32, s: u32, d: u32, heads: u32, kv_heads: u32) -> GemmParams {
-    GemmParams {
-        batch: heads,
-        a_rs: s,
-        a_cs: 1,
-        a_batch: t * s,
-        b_rs: kv_heads * d,
-        b_cs: 1,
-        b_batch: d,
-        b_batch_div: heads / kv_heads,
-        c_rs: heads * d,
-        c_batch: d,
-        ..GemmParams::new(t, d, s)
-    }
-}
 
 /// The cases every tile runs, aimed at the packing (odd offsets, odd strides, odd N and K).
 fn gemm_cases() -> Vec<(&'static str, GemmParams)> {
@@ -205,8 +172,8 @@ fn gemm_cases() -> Vec<(&'static str, GemmParams)> {
         ("softcap, linear", GemmParams { epilogue: EPILOGUE_SOFTCAP, cap: 3.0, alpha: 0.5, ..GemmParams::linear(20, 151, 91) }),
         ("batched, odd batch stride", GemmParams { batch: 3, ..plain(20, 31, 41) }),
         ("batched, shared B (b_batch_div 3), odd offset", GemmParams { batch: 6, b_batch_div: 3, b_offset: 5, ..plain(9, 17, 23) }),
-        ("GQA scores, odd head dim", scores(17, 29, 33, 4, 2, 0.3)),
-        ("GQA probabilities·V, odd head dim, odd B offset", GemmParams { b_offset: 1, ..prob_v(17, 29, 33, 4, 2) }),
+        ("GQA scores, odd head dim", attention_scores_params(17, 29, 33, 4, 2, 0.3)),
+        ("GQA probabilities·V, odd head dim, odd B offset", GemmParams { b_offset: 1, ..attention_values_params(17, 29, 33, 4, 2) }),
         ("K shorter than the slices", GemmParams::linear(37, 41, 21)),
         ("long odd K over few tiles", GemmParams { b_offset: 3, ..GemmParams::linear(24, 40, 2049) }),
     ]

@@ -14,7 +14,7 @@
 //! Every output buffer is pre-filled with seeded values (so untouched elements, e.g. the gaps
 //! between strided rows, are checked to stay untouched) and followed by a guard band.
 
-use dg_gpu::testing::{gemm_extent, gemm_reference, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, PlanBuilder, Pipelines};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
@@ -82,41 +82,7 @@ fn plain(m: u32, n: u32, k: u32) -> GemmParams {
     GemmParams::new(m, n, k)
 }
 
-/// Attention over strided heads: Q `[t, heads, d]`, K and V `[s, kv_heads, d]`, heads / kv_heads
-/// query heads per KV head. Scores `[heads, t, s] = Q_h·K_{h/g}ᵀ · scale`.
-fn scores(t: u32, s: u32, d: u32, heads: u32, kv_heads: u32, scale: f32) -> GemmParams {
-    GemmParams {
-        batch: heads,
-        a_rs: heads * d,
-        a_cs: 1,
-        a_batch: d,
-        b_rs: 1,
-        b_cs: kv_heads * d,
-        b_batch: d,
-        b_batch_div: heads / kv_heads,
-        c_rs: s,
-        c_batch: t * s,
-        alpha: scale,
-        ..GemmParams::new(t, s, d)
-    }
-}
 
-/// Probabilities `[heads, t, s]` · V_{h/g} `[s, d]` into out `[t, heads, d]`.
-fn prob_v(t: u32, s: u32, d: u32, heads: u32, kv_heads: u32) -> GemmParams {
-    GemmParams {
-        batch: heads,
-        a_rs: s,
-        a_cs: 1,
-        a_batch: t * s,
-        b_rs: kv_heads * d,
-        b_cs: 1,
-        b_batch: d,
-        b_batch_div: heads / kv_heads,
-        c_rs: heads * d,
-        c_batch: d,
-        ..GemmParams::new(t, d, s)
-    }
-}
 
 /// The named cases every tile runs (lavapipe is slow: the big ones are few).
 fn gemm_cases() -> Vec<Case> {
@@ -147,9 +113,9 @@ fn gemm_cases() -> Vec<Case> {
             GemmParams { epilogue: EPILOGUE_SOFTCAP, cap: 2.0, accumulate: 1, ..plain(17, 65, 33) },
         ),
         case("batched contiguous", GemmParams { batch: 3, ..plain(20, 30, 40) }),
-        case("GQA scores q·kᵀ (4 heads, 2 kv)", scores(33, 70, 72, 4, 2, 0.125)),
-        case("GQA probabilities·V (4 heads, 2 kv)", prob_v(33, 70, 72, 4, 2)),
-        case("scores, head_dim 256", scores(20, 40, 256, 4, 2, 1.0)),
+        case("GQA scores q·kᵀ (4 heads, 2 kv)", attention_scores_params(33, 70, 72, 4, 2, 0.125)),
+        case("GQA probabilities·V (4 heads, 2 kv)", attention_values_params(33, 70, 72, 4, 2)),
+        case("scores, head_dim 256", attention_scores_params(20, 40, 256, 4, 2, 1.0)),
         case("long K (soft embedding)", plain(2, 3, 262_144)),
         case("linear 256x512x512", GemmParams::linear(256, 512, 512)),
         case("k_proj slice 64x256x2816", GemmParams::linear(64, 256, 2816)),
