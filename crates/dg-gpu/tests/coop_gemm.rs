@@ -291,8 +291,8 @@ struct Inputs {
 fn inputs((m, n, k): (u32, u32, u32)) -> Inputs {
     let a = seeded((m * k) as usize, 1 + u64::from(n), 1.0);
     let w = seeded((n * k) as usize, 2 + u64::from(k), 1.0);
-    let w_packed = coop_gemm::pack_f16(&w);
-    let w_rounded = w.iter().map(|&v| coop_gemm::round_f16(v)).collect();
+    let w_packed = dg_kernels::pack_f16(&w);
+    let w_rounded = w.iter().map(|&v| round_f16(v)).collect();
     Inputs { a, w_packed, w_rounded }
 }
 
@@ -300,7 +300,7 @@ fn inputs((m, n, k): (u32, u32, u32)) -> Inputs {
 /// product of the f16-rounded activations with W, and of the f32 activations with W.
 fn references((m, n, k): (u32, u32, u32), inp: &Inputs) -> (Vec<f32>, Vec<f32>) {
     let (m, n, k) = (m as usize, n as usize, k as usize);
-    let a_rounded: Vec<f32> = inp.a.iter().map(|&v| coop_gemm::round_f16(v)).collect();
+    let a_rounded: Vec<f32> = inp.a.iter().map(|&v| round_f16(v)).collect();
     let mut rounded = vec![0f32; m * n];
     let mut plain = vec![0f32; m * n];
     let threads = std::thread::available_parallelism().map_or(4, |t| t.get()).min(m);
@@ -433,4 +433,9 @@ fn coop_gemm_throughput() {
             );
         }
     }
+}
+
+/// `x` rounded to the nearest f16 (ties to even), as f32.
+fn round_f16(x: f32) -> f32 {
+    dg_kernels::unpack_f16(&dg_kernels::pack_f16(&[x]), 1)[0]
 }

@@ -10,7 +10,7 @@
 //!   f32 → f16 conversion) when staged in workgroup memory;
 //! - `w` (binding 2, read): f16 `[n, k]` row-major weights (PyTorch `[out, in]`), two per u32
 //!   word, element `i` in bits `16·(i & 1) .. 16·(i & 1) + 16` of word `i >> 1` (see
-//!   [`pack_f16`]); the kernel binds it as `array<vec4<f16>>`, the same bytes;
+//!   [`crate::pack_f16`]); the kernel binds it as `array<vec4<f16>>`, the same bytes;
 //! - `c` (binding 3, read-write): f32 `[m, n]` row-major, every element written (no accumulate).
 //!
 //! Binding 0 is the uniform [`CoopGemmParams`], as for every dg kernel.
@@ -301,66 +301,6 @@ pub fn workgroups(tile: CoopTile, m: u32, n: u32) -> [u32; 3] {
     [total, 1, 1]
 }
 
-/// Packs `values` as the kernel's W: each value rounded to the nearest f16 (ties to even,
-/// subnormals kept, overflow to ±∞, a NaN stays a NaN), two per word, element `i` in bits
-/// `16·(i & 1) ..` of word `i >> 1`. An odd length is padded with a zero half.
-pub fn pack_f16(values: &[f32]) -> Vec<u32> {
-    values
-        .chunks(2)
-        .map(|pair| {
-            let lo = f16_bits(pair[0]);
-            let hi = pair.get(1).map_or(0, |&v| f16_bits(v));
-            u32::from(lo) | (u32::from(hi) << 16)
-        })
-        .collect()
-}
-
-/// The f16 nearest to `x` (ties to even), as bits.
-pub fn f16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0xff {
-        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    let (half, rem, halfway) = if e <= 0 {
-        // Subnormal (or zero): units of 2⁻²⁴, the 24-bit significand shifted right.
-        if e < -10 {
-            return sign;
-        }
-        let sig = man | 0x80_0000;
-        let shift = (14 - e) as u32;
-        (sig >> shift, sig & ((1 << shift) - 1), 1u32 << (shift - 1))
-    } else {
-        (((e as u32) << 10) | (man >> 13), man & 0x1fff, 0x1000)
-    };
-    let up = rem > halfway || (rem == halfway && half & 1 == 1);
-    // A carry out of the significand moves into the exponent: the right rounding (to ∞ at the top).
-    sign | (half + u32::from(up)) as u16
-}
-
-/// The value of the f16 with bits `h` (exact).
-pub fn f16_value(h: u16) -> f32 {
-    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
-    let exp = u32::from((h >> 10) & 0x1f);
-    let man = u32::from(h & 0x3ff);
-    match exp {
-        0 => sign * man as f32 * (1.0 / 16_777_216.0),
-        0x1f => f32::from_bits((u32::from(h & 0x8000) << 16) | 0x7f80_0000 | (man << 13)),
-        _ => f32::from_bits((u32::from(h & 0x8000) << 16) | ((exp + 112) << 23) | (man << 13)),
-    }
-}
-
-/// `x` rounded to the nearest f16 (ties to even), as f32.
-pub fn round_f16(x: f32) -> f32 {
-    f16_value(f16_bits(x))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,24 +333,4 @@ mod tests {
         assert!(!TILE_64X128.fits(256, 4096, 2800));
     }
 
-    #[test]
-    fn f16_rounding_is_exact_on_f16_values_and_ties_to_even() {
-        for h in 0..=0xffffu16 {
-            let exp = (h >> 10) & 0x1f;
-            if exp == 0x1f && h & 0x3ff != 0 {
-                assert!(f16_value(h).is_nan());
-                continue;
-            }
-            assert_eq!(f16_bits(f16_value(h)), h, "{h:#06x}");
-        }
-        // 1 + 2⁻¹¹ lies halfway between 1 and the next f16: ties to even (1).
-        assert_eq!(f16_bits(1.0 + 1.0 / 2048.0), 0x3c00);
-        assert_eq!(f16_bits(1.0 + 3.0 / 2048.0), 0x3c02);
-        // Halfway between the two smallest subnormals (2⁻²⁴ · 1.5): to even (2 · 2⁻²⁴).
-        assert_eq!(f16_bits(1.5 / 16_777_216.0), 0x0002);
-        assert_eq!(f16_bits(0.5 / 16_777_216.0), 0x0000);
-        assert_eq!(f16_bits(65520.0), 0x7c00);
-        assert_eq!(f16_bits(65519.0), 0x7bff);
-        assert_eq!(pack_f16(&[1.0, -2.0, 0.5]), vec![0xc000_3c00, 0x0000_3800]);
-    }
 }
