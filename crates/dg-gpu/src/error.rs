@@ -30,6 +30,8 @@ pub enum GpuError {
     Length { what: &'static str, got: usize, expected: usize },
     #[error("nothing to encode: empty token list")]
     Empty,
+    #[error("unsupported on this device or shape: {what}")]
+    Unsupported { what: String },
     #[error("no context: encode a prompt (or set a context) before the first canvas forward")]
     NoContext,
 }

@@ -18,7 +18,7 @@ use dg_model::{LayerKind, ModelConfig};
 
 use crate::arena::Arena;
 use crate::error::GpuError;
-use crate::ops::{Recorder, linear_params};
+use crate::ops::{Batches, Recorder, linear_params};
 use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
@@ -156,14 +156,8 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     // Raw K (and, in sliding layers, raw V as a second batch of the same GEMM) into kv_raw:
     // [K | V], each [C, kv·d]. Full layers: V is the raw K projection itself.
     let halves = if l.has_v_proj { 2 } else { 1 };
-    let kv_params = GemmParams {
-        batch: halves,
-        a_batch: 0,
-        b_batch: (kv * d * h) as u32,
-        c_batch: (c * kv * d) as u32,
-        ..linear_params(c, kv * d, h)
-    };
-    rec.gemm_format(&a.normed, &l.kv_proj.buffer, l.kv_proj.format, &a.kv_raw, kv_params)?;
+    let kv_batches = Batches { count: halves, x_stride: 0, w_stride: (kv * d * h) as u32, c_stride: (c * kv * d) as u32 };
+    rec.batched_linear_format(&a.normed, &l.kv_proj.buffer, l.kv_proj.format, &a.kv_raw, c, kv * d, h, kv_batches)?;
     rec.norm_rope(&a.kv_raw, &l.k_norm, cos, sin, &a.k_new, c, kv, d, eps)?;
     // v_norm (weightless) over both halves; V is the last half of v_new.
     rec.rmsnorm(&a.kv_raw, None, &a.dummy, &a.v_new, halves as usize * c * kv, d, eps, false, 1.0)?;
@@ -297,9 +291,9 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         gather: u32::from(gather),
         ..bytemuck::Zeroable::zeroed()
     };
-    rec.grouped_gemm_format(&a.normed, &l.experts_gate_up.buffer, l.experts_gate_up.format, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
+    rec.grouped_gemm_matrix(&a.normed, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
     rec.gelu_glu_fused(&a.expert_gate_up, &a.expert_act, c * k, ei)?;
-    rec.grouped_gemm_format(&a.expert_act, &l.experts_down.buffer, l.experts_down.format, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
+    rec.grouped_gemm_matrix(&a.expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
     rec.moe_combine(&a.expert_out, &a.topk_idx, &a.topk_w, &a.slot_of, &a.moe, c, k, h)?;
     // dense += post_feedforward_layernorm_2(moe), fused into the norm's accumulate.
     rec.rmsnorm(&a.moe, Some(&l.norms.post_ff_2), &a.dummy, &a.dense, c, h, eps, true, 1.0)?;

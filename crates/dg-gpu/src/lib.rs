@@ -19,6 +19,6 @@ pub use context::{Counters, Created, GpuContext, GpuOptions, list_adapters};
 pub use error::GpuError;
 pub use model::{GpuModel, LayerContext};
 pub use forward::Visible;
-pub use weights::{GpuMatrix, UploadError};
+pub use weights::{GpuMatrix, MatrixLayout, UploadError};
 pub use dg_kernels::WeightFormat;
 pub use plan::{Pipeline, Pipelines, Plan, PlanBuilder, groups_1d};

@@ -7,10 +7,10 @@
 //!
 //! Matrices are stored in a [`WeightFormat`] chosen at load: f32, BF16 (2 bytes per parameter,
 //! exact for a BF16 checkpoint; the kernels unpack it and compute in f32), or the F16 mode (2 bytes
-//! per parameter): the linear projections that run on tensor cores where the device has them (q,
-//! o, dense and self-conditioning MLPs, router) in F16, the embedding, K/V and experts in BF16
-//! (their f32 kernels unpack BF16 with a shift, F16 costs a conversion per element). Norm weights, scales and
-//! scalars (a few thousand values per layer) stay f32. [`GpuWeights::upload_streaming`] uploads
+//! per parameter): every matrix that runs on tensor cores where the device has them (q, K/V, o,
+//! dense and self-conditioning MLPs, router, experts) in F16, the embedding in BF16 (its products,
+//! the soft embedding and the head, run in the f32 kernels, which unpack BF16 with a shift and F16
+//! with a conversion). Norm weights, scales and scalars (a few thousand values per layer) stay f32. [`GpuWeights::upload_streaming`] uploads
 //! one layer at a time from a [`TensorSource`], so the host never holds the whole model in f32
 //! (the real 30-layer model is 104 GB in f32).
 
@@ -26,6 +26,17 @@ use crate::error::GpuError;
 pub struct GpuMatrix {
     pub buffer: wgpu::Buffer,
     pub format: WeightFormat,
+    pub layout: MatrixLayout,
+}
+
+/// How a matrix's elements are ordered in its buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixLayout {
+    /// PyTorch's row-major `[out, in]` (per expert for the experts).
+    RowMajor,
+    /// F16 expert weights `[experts, in / PANEL, out, PANEL]`, the layout the tensor-core grouped
+    /// GEMM streams (`dg_kernels::coop_grouped_gemm`).
+    KPanels,
 }
 
 /// Rows `start..start+rows` of the embedding.
@@ -116,9 +127,9 @@ impl Uploader<'_> {
         self.matrix_as(label, data, self.format)
     }
 
-    /// A matrix that is not a tensor-core projection (embedding, K/V, experts): in the F16 mode
-    /// these stay BF16, whose unpack (a shift) is cheaper in their f32 kernels than F16's.
-    fn other_matrix(&mut self, label: &str, data: &[f32]) -> Result<GpuMatrix, GpuError> {
+    /// The embedding (and tied head): in the F16 mode it stays BF16, whose unpack (a shift) is
+    /// cheaper in the f32 kernels that use it than F16's.
+    fn embedding_matrix(&mut self, label: &str, data: &[f32]) -> Result<GpuMatrix, GpuError> {
         let format = if self.format == WeightFormat::F16 { WeightFormat::Bf16 } else { self.format };
         self.matrix_as(label, data, format)
     }
@@ -134,7 +145,22 @@ impl Uploader<'_> {
                 self.ctx.upload(label, &words)?
             }
         };
-        Ok(GpuMatrix { buffer, format })
+        Ok(GpuMatrix { buffer, format, layout: MatrixLayout::RowMajor })
+    }
+
+    /// Expert weights `[experts, n, k]`: in the F16 mode on a device with cooperative matrices, in
+    /// K panels for the tensor-core grouped GEMM when a tile fits the shape; otherwise as
+    /// [`Self::matrix`].
+    fn experts(&mut self, label: &str, data: &[f32], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
+        use dg_kernels::coop_grouped_gemm::{PANEL, pack_f16_panels, panels_fit};
+        if self.format != WeightFormat::F16 || !self.ctx.coop_matrix || !panels_fit(n as u32, k as u32) {
+            return self.matrix(label, data);
+        }
+        let words: Vec<u32> = data.par_chunks(n * k).flat_map_iter(|group| pack_f16_panels(group, n, k, PANEL as usize)).collect();
+        self.bytes += (words.len() * 4) as u64;
+        self.parameters += data.len() as u64;
+        let buffer = self.ctx.upload(label, &words)?;
+        Ok(GpuMatrix { buffer, format: WeightFormat::F16, layout: MatrixLayout::KPanels })
     }
 
     fn layer(&mut self, i: usize, l: &LayerWeights) -> Result<GpuLayer, GpuError> {
@@ -154,8 +180,8 @@ impl Uploader<'_> {
             norms,
             q_proj: self.matrix(&p("q_proj"), &l.q_proj.data)?,
             kv_proj: match &l.v_proj {
-                Some(v) => self.other_matrix(&p("k_proj+v_proj"), &[&l.k_proj.data[..], &v.data].concat())?,
-                None => self.other_matrix(&p("k_proj"), &l.k_proj.data)?,
+                Some(v) => self.matrix(&p("k_proj+v_proj"), &[&l.k_proj.data[..], &v.data].concat())?,
+                None => self.matrix(&p("k_proj"), &l.k_proj.data)?,
             },
             has_v_proj: l.v_proj.is_some(),
             o_proj: self.matrix(&p("o_proj"), &l.o_proj.data)?,
@@ -166,8 +192,8 @@ impl Uploader<'_> {
             router_proj: self.matrix(&p("router.proj"), &l.router_proj.data)?,
             router_scale: self.f32(&p("router.scale"), &l.router_scale)?,
             per_expert_scale: self.f32(&p("router.per_expert_scale"), &l.per_expert_scale)?,
-            experts_gate_up: self.other_matrix(&p("experts.gate_up_proj"), &l.experts.gate_up)?,
-            experts_down: self.other_matrix(&p("experts.down_proj"), &l.experts.down)?,
+            experts_gate_up: self.experts(&p("experts.gate_up_proj"), &l.experts.gate_up, 2 * l.experts.intermediate, l.experts.hidden)?,
+            experts_down: self.experts(&p("experts.down_proj"), &l.experts.down, l.experts.hidden, l.experts.intermediate)?,
             encoder_scalar: l.encoder_scalar,
             decoder_scalar: l.decoder_scalar,
         })
@@ -181,7 +207,7 @@ impl Uploader<'_> {
         let mut start = 0;
         while start < cfg.vocab_size {
             let rows = rows_per_chunk.min(cfg.vocab_size - start);
-            let matrix = self.other_matrix(&format!("embed[{start}..]"), &w.embed.data[start * h..(start + rows) * h])?;
+            let matrix = self.embedding_matrix(&format!("embed[{start}..]"), &w.embed.data[start * h..(start + rows) * h])?;
             embed.push(EmbedChunk { start, rows, matrix });
             start += rows;
         }

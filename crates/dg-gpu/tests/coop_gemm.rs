@@ -233,7 +233,7 @@ fn record(dev: &Coop, kernel: &Kernel, ops: &Operands, replays: u32) -> wgpu::Co
             wgpu::BindGroupEntry { binding: 3, resource: ops.c.as_entire_binding() },
         ],
     });
-    let groups = coop_gemm::workgroups(kernel.tile, ops.m, ops.n);
+    let groups = coop_gemm::workgroups(kernel.tile, ops.m, ops.n, 1);
     let mut enc = dev.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("coop_gemm") });
     {
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("coop_gemm"), timestamp_writes: None });
@@ -422,7 +422,7 @@ fn coop_gemm_throughput() {
             }
             times.sort_by(f64::total_cmp);
             let (best, median) = (times[0], times[TRIALS / 2]);
-            let groups = coop_gemm::workgroups(tile, m, n)[0];
+            let groups = coop_gemm::workgroups(tile, m, n, 1)[0];
             eprintln!(
                 "THROUGHPUT {name} ({groups} workgroups of {}): best {:.4} ms, {:.1} TFLOP/s (median {:.4} ms, {:.1} TFLOP/s)",
                 tile.invocations(),

@@ -1,4 +1,4 @@
-//! Tensor-core GEMM prototype through cooperative matrices: a linear layer `C = A·Wᵀ` whose
+//! Tensor-core GEMM through cooperative matrices: a linear layer `C = A·Wᵀ` whose
 //! products run on the matrix units (NVIDIA tensor cores) through WGSL's cooperative matrix types,
 //! 16×16×16 fragments with f16 inputs and f32 accumulation.
 //!
@@ -12,6 +12,9 @@
 //!   word, element `i` in bits `16·(i & 1) .. 16·(i & 1) + 16` of word `i >> 1` (see
 //!   [`crate::pack_f16`]); the kernel binds it as `array<vec4<f16>>`, the same bytes;
 //! - `c` (binding 3, read-write): f32 `[m, n]` row-major, every element written (no accumulate).
+//!
+//! Batched: workgroup row `b` of the dispatch computes batch `b`, whose A, W and C start
+//! `b·a_batch`, `b·w_batch`, `b·c_batch` elements in (K and V of a layer in one dispatch).
 //!
 //! Binding 0 is the uniform [`CoopGemmParams`], as for every dg kernel.
 //!
@@ -35,7 +38,10 @@
 //! Tiling: one workgroup per `bm × bn` tile of C, `bm/wm · bn/wn` subgroups of 32 invocations, each
 //! owning a `wm × wn` block as `(wm/16)·(wn/16)` f32 accumulator fragments; K in steps of `bk`
 //! through two stages of workgroup memory (the next step's global loads are in flight while the
-//! current one multiplies; one barrier a step). See `wgsl/coop_gemm.wgsl`.
+//! current one multiplies; one barrier a step; `wgsl/coop_kloop.wgsl`, shared with
+//! [`crate::coop_grouped_gemm`]). With [`WPath::Direct`] only A is staged and each subgroup loads
+//! its W fragments straight from the buffer one step ahead (`wgsl/coop_kloop_direct.wgsl`): slower
+//! for these dense products on an H200, faster for the experts'. See `wgsl/coop_gemm.wgsl`.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -53,20 +59,51 @@ pub const MAX_INVOCATIONS: u32 = 256;
 /// Most workgroup memory a tile may use, in bytes (NVIDIA's Vulkan limit, 48 KiB).
 pub const MAX_SHARED_BYTES: u32 = 48 * 1024;
 
-/// Uniform parameters of `coop_gemm.wgsl`: 16 bytes.
+/// Uniform parameters of `coop_gemm.wgsl`: 32 bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
 pub struct CoopGemmParams {
     pub m: u32,
     pub n: u32,
     pub k: u32,
-    pub pad: u32,
+    /// Elements between the A of consecutive batches (a multiple of 4).
+    pub a_batch: u32,
+    /// Elements between the W of consecutive batches (a multiple of 4).
+    pub w_batch: u32,
+    /// Elements between the C of consecutive batches.
+    pub c_batch: u32,
+    pub pad: [u32; 2],
 }
 
 impl CoopGemmParams {
-    /// `C[m, n] = A[m, k]·W[n, k]ᵀ`.
+    /// `C[m, n] = A[m, k]·W[n, k]ᵀ`, one batch.
     pub fn new(m: u32, n: u32, k: u32) -> Self {
-        CoopGemmParams { m, n, k, pad: 0 }
+        CoopGemmParams { m, n, k, ..Zeroable::zeroed() }
+    }
+
+    /// Batch `b` (the dispatch's workgroup row, see [`workgroups`]) computes
+    /// `C[b·c_batch..] = A[b·a_batch..]·W[b·w_batch..]ᵀ`.
+    pub fn batched(m: u32, n: u32, k: u32, a_batch: u32, w_batch: u32, c_batch: u32) -> Self {
+        CoopGemmParams { m, n, k, a_batch, w_batch, c_batch, pad: [0; 2] }
+    }
+}
+
+/// How the W fragments reach the tensor cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WPath {
+    /// Staged through workgroup memory with A (one barrier a step for both).
+    Staged,
+    /// Loaded by each subgroup straight from the buffer, one step ahead (only A is staged).
+    Direct,
+}
+
+impl WPath {
+    /// `""` or `"_direct"`, for kernel names.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            WPath::Staged => "",
+            WPath::Direct => "_direct",
+        }
     }
 }
 
@@ -178,12 +215,77 @@ impl CoopTile {
         ]
     }
 
-    /// The full WGSL of this variant.
+    /// The full WGSL of the dense kernel for this variant, W staged.
     pub fn render(self) -> String {
+        self.render_with(WPath::Staged)
+    }
+
+    /// The full WGSL of the dense kernel for this variant, W reaching the tensor cores by `path`.
+    pub fn render_with(self, path: WPath) -> String {
+        let (fm, fn_) = self.fragments();
+        let mut store = String::new();
+        for i in 0..fm {
+            for j in 0..fn_ {
+                store += &format!(
+                    "    {{\n        let ic = c_base + (m0 + sm + {}u) * p.n + n0 + sn + {}u;\n        coopStoreT(acc_{i}_{j}, &c[ic], stride_c);\n    }}\n",
+                    i * FRAGMENT,
+                    j * FRAGMENT
+                );
+            }
+        }
+        self.expand_path(include_str!("wgsl/coop_gemm.wgsl"), "w_src[l]", path, vec![("//@STORE\n", store)])
+    }
+
+    /// [`Self::expand`] for W reaching the tensor cores by `path`: with [`WPath::Direct`] the
+    /// template's `sb` is dropped and the K loop is `coop_kloop_direct.wgsl`, whose W fragments
+    /// start at `w_sub` (a `let` of the template), `stride_w` vec4s between W rows, `w_step` between
+    /// steps.
+    pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, mut pieces: Vec<(&str, String)>) -> String {
+        match path {
+            WPath::Staged => self.expand(template, w_at, &pieces),
+            WPath::Direct => {
+                let (_, fn_) = self.fragments();
+                let (mut init, mut next, mut rotate) = (String::new(), String::new(), String::new());
+                for kk in 0..self.bk / FRAGMENT {
+                    for j in 0..fn_ {
+                        let at = format!("{}u * stride_w + {}u", j * FRAGMENT, kk * FRAGMENT / 4);
+                        init += &format!("    let iw_{kk}_{j} = w_sub + {at};\n    var fb_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[iw_{kk}_{j}], stride_w);\n");
+                        next += &format!("        let inw_{kk}_{j} = w_next + {at};\n        let nb_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[inw_{kk}_{j}], stride_w);\n");
+                        rotate += &format!("        fb_{kk}_{j} = nb_{kk}_{j};\n");
+                    }
+                }
+                pieces.extend([("//@FB_INIT\n", init), ("//@FB_NEXT\n", next), ("//@FB_ROTATE\n", rotate)]);
+                let template = template.replace("var<workgroup> sb: array<SElem, SBL>;\n", "");
+                let fragment = |kk: u32, j: u32| format!("fb_{kk}_{j}");
+                self.expand_with(&template, include_str!("wgsl/coop_kloop_direct.wgsl"), "", Some(&fragment), &pieces)
+            }
+        }
+    }
+
+    /// `template` with the tile's pieces filled in: the staging element and its stores
+    /// (`//@PUT`), the accumulators (`//@ACC`, inside the shared K loop `//@KLOOP`, which reads
+    /// W's vec4 `l` of step 0 at the expression `w_at`), the unrolled fragment products
+    /// (`//@MULTIPLY`), then the kernel's own `pieces`; `enable`s and the const prelude in front,
+    /// `// @unroll` loops expanded.
+    pub(crate) fn expand(self, template: &str, w_at: &str, pieces: &[(&str, String)]) -> String {
+        self.expand_with(template, include_str!("wgsl/coop_kloop.wgsl"), w_at, None, pieces)
+    }
+
+    /// [`Self::expand`] with the K loop `kloop`, and with `b_fragment(kk, j)` naming the B
+    /// fragment of K slice `kk`, column block `j` when the W fragments do not come from the
+    /// staged `sb` (then no `sb` or `put_b` exists).
+    pub(crate) fn expand_with(
+        self,
+        template: &str,
+        kloop: &str,
+        w_at: &str,
+        b_fragment: Option<&dyn Fn(u32, u32) -> String>,
+        pieces: &[(&str, String)],
+    ) -> String {
         assert!(self.is_valid(), "coop gemm tile {} breaks its invariants", self.label());
         let (fm, fn_) = self.fragments();
         let se = self.element_halves();
-        let (elem, put) = match self.staging {
+        let (elem, mut put) = match self.staging {
             Staging::Scalar => (
                 "f16",
                 "fn put_a(at: u32, v: vec4<f16>) {\n    sa[at] = v.x;\n    sa[at + 1u] = v.y;\n    sa[at + 2u] = v.z;\n    sa[at + 3u] = v.w;\n}\n\
@@ -212,36 +314,38 @@ impl CoopTile {
                     kk * FRAGMENT
                 );
             }
-            for j in 0..fn_ {
-                multiply += &format!(
-                    "            let ib{j} = (b_st + (sn + {}u) * KP + {}u) / {se}u;\n            let fb{j} = coopLoad<coop_mat16x16<f16, B>>(&sb[ib{j}], stride_s);\n",
-                    j * FRAGMENT,
-                    kk * FRAGMENT
-                );
+            if b_fragment.is_none() {
+                for j in 0..fn_ {
+                    multiply += &format!(
+                        "            let ib{j} = (b_st + (sn + {}u) * KP + {}u) / {se}u;\n            let fb{j} = coopLoad<coop_mat16x16<f16, B>>(&sb[ib{j}], stride_s);\n",
+                        j * FRAGMENT,
+                        kk * FRAGMENT
+                    );
+                }
             }
             for i in 0..fm {
                 for j in 0..fn_ {
-                    multiply += &format!("            acc_{i}_{j} = coopMultiplyAdd(fa{i}, fb{j}, acc_{i}_{j});\n");
+                    let fb = match b_fragment {
+                        Some(name) => name(kk, j),
+                        None => format!("fb{j}"),
+                    };
+                    multiply += &format!("            acc_{i}_{j} = coopMultiplyAdd(fa{i}, {fb}, acc_{i}_{j});\n");
                 }
             }
             multiply += "        }\n";
         }
-        let mut store = String::new();
-        for i in 0..fm {
-            for j in 0..fn_ {
-                store += &format!(
-                    "    {{\n        let ic = (m0 + sm + {}u) * p.n + n0 + sn + {}u;\n        coopStoreT(acc_{i}_{j}, &c[ic], stride_c);\n    }}\n",
-                    i * FRAGMENT,
-                    j * FRAGMENT
-                );
-            }
+        if b_fragment.is_some() {
+            // No staged W: drop put_b (it would name the absent `sb`).
+            put = &put[..put.find("fn put_b").expect("put_b")];
         }
-        let body = include_str!("wgsl/coop_gemm.wgsl")
-            .replace("SELEM_TYPE", elem)
-            .replace("//@PUT\n", put)
-            .replace("//@ACC\n", &acc)
-            .replace("//@MULTIPLY\n", &multiply)
-            .replace("//@STORE\n", &store);
+        let mut body = template.replace("//@KLOOP\n", &kloop.replace("W_AT", w_at));
+        // Where the invocation's vec4 number e of a step goes in a stage, in halves.
+        let put = format!("{put}fn dst_of(e: u32) -> u32 {{\n    return (e / BK4) * KP + 4u * (e % BK4);\n}}\n");
+        body = body.replace("SELEM_TYPE", elem).replace("//@PUT\n", &put).replace("//@ACC\n", &acc).replace("//@MULTIPLY\n", &multiply);
+        for (marker, text) in pieces {
+            assert!(body.contains(marker), "template lacks {marker}");
+            body = body.replace(marker, text);
+        }
         let consts = self.prelude();
         format!("enable f16;\nenable wgpu_cooperative_matrix;\n{}", with_prelude(&consts, &crate::gemm::unroll(&body, &consts)))
     }
@@ -285,20 +389,26 @@ const _: () = {
 /// The kernel for `tile`, named `coop_gemm_{label}`. Bindings: `a` (read), `w` (read), `c`
 /// (read-write).
 pub fn source(tile: CoopTile) -> KernelSource {
+    source_with(tile, WPath::Staged)
+}
+
+/// The kernel for `tile` with W reaching the tensor cores by `path`.
+pub fn source_with(tile: CoopTile, path: WPath) -> KernelSource {
     KernelSource {
-        name: format!("coop_gemm_{}", tile.label()),
-        wgsl: tile.render(),
+        name: format!("coop_gemm_{}{}", tile.label(), path.suffix()),
+        wgsl: tile.render_with(path),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<CoopGemmParams>() as u64,
     }
 }
 
-/// The dispatch of an `m × n` product: one workgroup per tile, in x (at most 65535 tiles).
-pub fn workgroups(tile: CoopTile, m: u32, n: u32) -> [u32; 3] {
+/// The dispatch of an `m × n` product over `batch` batches: one workgroup per tile in x (at most
+/// 65535 tiles), one row per batch in y.
+pub fn workgroups(tile: CoopTile, m: u32, n: u32, batch: u32) -> [u32; 3] {
     let total = (m / tile.bm) * (n / tile.bn);
     assert!(total <= 65535, "coop gemm of {m}x{n}: {total} workgroups, over one dispatch dimension");
-    [total, 1, 1]
+    [total, batch.max(1), 1]
 }
 
 #[cfg(test)]
@@ -306,21 +416,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn params_are_16_bytes() {
-        assert_eq!(size_of::<CoopGemmParams>(), 16);
+    fn params_are_32_bytes() {
+        assert_eq!(size_of::<CoopGemmParams>(), 32);
     }
 
     #[test]
     fn every_tile_renders_and_validates_with_cooperative_matrices() {
-        for &tile in TILES {
-            let k = source(tile);
+        for k in TILES.iter().flat_map(|&t| [source(t), source_with(t, WPath::Direct)]) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
             assert!(k.wgsl.contains("coopMultiplyAdd"), "{}", k.name);
-            assert!(!k.wgsl.contains("@unroll"), "{}: a loop left unexpanded", k.name);
+            assert!(!k.wgsl.contains("@unroll") && !k.wgsl.contains("//@"), "{}: a placeholder left", k.name);
         }
     }
 

@@ -201,10 +201,10 @@ impl Weights {
         self.round_matrices(|x| half::f16::from_f32(x).to_f32());
     }
 
-    /// The weights of the GPU's F16 mode: the linear projections that run on tensor cores (q, o,
-    /// the dense and self-conditioning MLPs, the router) rounded to F16, the other matrices
-    /// (embedding, K/V, experts) to BF16.
-    pub fn round_matrices_for_f16_projections(&mut self) {
+    /// The weights of the GPU's F16 mode: every matrix that runs on tensor cores (q, K/V, o, the
+    /// dense and self-conditioning MLPs, the router, the experts) rounded to F16, the embedding
+    /// (whose products stay in f32 kernels) to BF16.
+    pub fn round_matrices_for_f16_mode(&mut self) {
         self.round_matrices_split(|x| half::f16::from_f32(x).to_f32(), |x| half::bf16::from_f32(x).to_f32());
     }
 
@@ -214,19 +214,18 @@ impl Weights {
         self.round_matrices_split(&round, &round);
     }
 
-    /// `projection` on the linear projections (q, o, dense MLP, router, self-conditioning MLP),
-    /// `rest` on the other matrices (embedding, K/V, experts).
-    fn round_matrices_split(&mut self, projection: impl Fn(f32) -> f32 + Sync, rest: impl Fn(f32) -> f32 + Sync) {
+    /// `embedding` on the embedding, `rest` on every other matrix.
+    fn round_matrices_split(&mut self, rest: impl Fn(f32) -> f32 + Sync, embedding: impl Fn(f32) -> f32 + Sync) {
         use rayon::prelude::*;
         let each = |v: &mut Vec<f32>, f: &(dyn Fn(f32) -> f32 + Sync)| v.par_iter_mut().for_each(|x| *x = f(*x));
-        each(&mut self.embed.data, &rest);
+        each(&mut self.embed.data, &embedding);
         let sc = &mut self.self_conditioning;
         for m in [&mut sc.gate, &mut sc.up, &mut sc.down] {
-            each(&mut m.data, &projection);
+            each(&mut m.data, &rest);
         }
         for l in &mut self.layers {
             for m in [&mut l.q_proj, &mut l.o_proj, &mut l.mlp_gate, &mut l.mlp_up, &mut l.mlp_down, &mut l.router_proj] {
-                each(&mut m.data, &projection);
+                each(&mut m.data, &rest);
             }
             each(&mut l.k_proj.data, &rest);
             if let Some(v) = &mut l.v_proj {

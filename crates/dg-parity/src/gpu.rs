@@ -40,7 +40,7 @@ impl GpuBackend {
                 ("gpu-bf16", f32_tolerances)
             }
             WeightFormat::F16 => {
-                weights.round_matrices_for_f16_projections();
+                weights.round_matrices_for_f16_mode();
                 // With cooperative matrices the projections round their activations to f16 too.
                 ("gpu-f16", if coop { F16_ACTIVATION_TOLERANCES } else { f32_tolerances })
             }

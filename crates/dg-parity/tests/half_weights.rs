@@ -4,11 +4,16 @@
 //!
 //! BF16, and F16 without cooperative matrices, compute in f32 on identical weights, so the f32 GPU
 //! path's tolerances apply unchanged: logits within `GPU_LOGITS_TOLERANCE` with the argmax rule,
-//! every layer within `LAYER_TOLERANCE`, the encoder's cache within `CACHE_TOLERANCE`, and the same
-//! seeded generation (resident on the GPU, host sampler on the CPU). F16 on a GPU with cooperative
-//! matrices also rounds the projections' activations to f16: it is held to
-//! `F16_ACTIVATION_TOLERANCES`, and its seeded generation may part from the CPU's where a decision
-//! is closer than that error (reported, not asserted). Where the checkpoint itself is BF16, BF16
+//! every layer within `LAYER_TOLERANCE`, the encoder's cache within `CACHE_TOLERANCE`; and since
+//! their kernels compute bit for bit what the f32 kernels compute on the upcast weights, a seeded
+//! generation resident on the GPU gives the f32 GPU's tokens on the same weights exactly. (The f32
+//! GPU's seeded generation equals the CPU's on every fixture's own weights, `generation.rs`; on
+//! the F16-rounded weights of `tensor-core-shapes` the CPU and the f32 GPU, resident or not, part
+//! at token 85 of 148, a sampler decision closer than the f32 paths' ~1e-6 logits difference, so
+//! here the CPU's agreement is reported.) F16 on a GPU with cooperative matrices also rounds the
+//! activations of every product but the embedding's to f16: it is held to
+//! `F16_ACTIVATION_TOLERANCES`, and its seeded generation may part from the others' where a
+//! decision is closer than that error (reported, not asserted). Where the checkpoint itself is BF16, BF16
 //! storage is the identity and `cargo xtask parity --backend gpu-bf16` checks against the
 //! transformers dump. `DG_FIXTURES` points the test at another fixtures directory.
 
@@ -89,16 +94,26 @@ fn check_format(format: WeightFormat, backend_name: &str) {
         let cache = gpu.cache_check(&[&prompt]).unwrap().unwrap();
         eprintln!("{backend_name} {name} {}: {}", cache.name, cache.detail);
         assert!(cache.passed, "{name}: {} {}", cache.name, cache.detail);
-        // Seeded generation: resident on the GPU (BF16 weights) = host sampler on the CPU.
+        // Seeded generation, resident on the GPU. The 16-bit kernels without cooperative matrices
+        // compute bit for bit what the f32 kernels compute on the upcast weights, so their tokens
+        // must equal the f32 GPU's on the same weights; the CPU's are reported (see the module
+        // docs for where they part).
         let cfg = replay_config(&reference, &model.generation, &model.config).unwrap();
         let ours = gpu.generate_resident(&prompt, &cfg, &mut SeededRng::new(7), &mut NoHooks).unwrap().unwrap();
+        let ctx32 = test_context("half_weights").unwrap();
+        let mut gpu32 = GpuBackend::with_format(ctx32, &model.config, gpu.cpu.weights.clone(), 512, WeightFormat::F32).unwrap();
+        let base = gpu32.generate_resident(&prompt, &cfg, &mut SeededRng::new(7), &mut NoHooks).unwrap().unwrap();
         cpu.reset().unwrap();
         let want = generate(&mut AsModel(&mut cpu), &prompt, &cfg, c, v, &mut SeededRng::new(7), &mut NoHooks).unwrap();
-        if format == WeightFormat::F16 && coop {
-            let same = ours.sequence.iter().zip(&want.sequence).take_while(|(a, b)| a == b).count();
-            eprintln!("{backend_name} {name} seeded generation: {same} of {} tokens equal the CPU's", want.sequence.len());
-        } else {
-            assert_eq!(ours.sequence, want.sequence, "{name}: seeded generation differs");
+        let agree = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        eprintln!(
+            "{backend_name} {name} seeded generation: {} of {} tokens equal the f32 GPU's on the same weights, {} the CPU's",
+            agree(&ours.sequence, &base.sequence),
+            base.sequence.len(),
+            agree(&ours.sequence, &want.sequence)
+        );
+        if !(format == WeightFormat::F16 && coop) {
+            assert_eq!(ours.sequence, base.sequence, "{name}: seeded generation differs from the f32 kernels on the same weights");
         }
     }
 }

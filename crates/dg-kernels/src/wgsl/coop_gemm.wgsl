@@ -4,6 +4,8 @@
 // W: f16 [N, K] row-major, read as vec4<f16>: the same bytes as f16 pairs packed in u32 words
 //    (element i in the half i & 1 of word i >> 1, low half first).
 // C: f32 [M, N] row-major, written whole (no accumulate).
+// Batches: workgroup row y computes batch b = wid.y, whose A, W and C start a_batch, w_batch,
+// c_batch elements further (the first two multiples of 4).
 // Requires M % BM == 0, N % BN == 0, K % BK == 0 and subgroups of exactly 32 invocations
 // (invocation t belongs to subgroup t / 32: every cooperative operation of a subgroup takes the
 // same pointer and stride).
@@ -29,7 +31,11 @@ struct Params {
     m: u32,
     n: u32,
     k: u32,
-    pad: u32,
+    a_batch: u32,
+    w_batch: u32,
+    c_batch: u32,
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -54,77 +60,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let k4 = p.k / 4u;
     let steps = p.k / BK;
     let stride_s = KPS;
+    let w_step = BK4;
     let stride_c = p.n;
+    let a_base = wid.y * (p.a_batch / 4u);
+    let w_base = wid.y * (p.w_batch / 4u);
+    let c_base = wid.y * p.c_batch;
 
     // The vec4s of A and W this invocation stages: their index at step 0 (a step adds BK4) and
     // their place (in halves) in a stage.
     var a_src: array<u32, LA>;
-    var a_dst: array<u32, LA>;
     // @unroll
     for (var l = 0u; l < LA; l++) {
         let e = lt + l * WT;
-        a_src[l] = (m0 + e / BK4) * k4 + e % BK4;
-        a_dst[l] = (e / BK4) * KP + 4u * (e % BK4);
+        a_src[l] = a_base + (m0 + e / BK4) * k4 + e % BK4;
     }
     var w_src: array<u32, LW>;
-    var w_dst: array<u32, LW>;
     // @unroll
     for (var l = 0u; l < LW; l++) {
         let e = lt + l * WT;
-        w_src[l] = (n0 + e / BK4) * k4 + e % BK4;
-        w_dst[l] = (e / BK4) * KP + 4u * (e % BK4);
+        w_src[l] = w_base + (n0 + e / BK4) * k4 + e % BK4;
     }
+    // Direct W fragments (coop_kloop_direct.wgsl): the subgroup's first W row, rows k4 apart.
+    let w_sub = w_base + (n0 + sn) * k4;
+    let stride_w = k4;
 
-    var ra: array<vec4<f32>, LA>;
-    var rw: array<vec4<f16>, LW>;
-    // @unroll
-    for (var l = 0u; l < LA; l++) {
-        ra[l] = a[a_src[l]];
-    }
-    // @unroll
-    for (var l = 0u; l < LW; l++) {
-        rw[l] = w[w_src[l]];
-    }
-    // @unroll
-    for (var l = 0u; l < LA; l++) {
-        put_a(a_dst[l], vec4<f16>(ra[l]));
-    }
-    // @unroll
-    for (var l = 0u; l < LW; l++) {
-        put_b(w_dst[l], rw[l]);
-    }
-    workgroupBarrier();
-
-//@ACC
-    for (var s = 0u; s < steps; s++) {
-        let more = s + 1u < steps;
-        if (more) {
-            let ka = (s + 1u) * BK4;
-            // @unroll
-            for (var l = 0u; l < LA; l++) {
-                ra[l] = a[a_src[l] + ka];
-            }
-            // @unroll
-            for (var l = 0u; l < LW; l++) {
-                rw[l] = w[w_src[l] + ka];
-            }
-        }
-        let a_st = (s & 1u) * (BM * KP);
-        let b_st = (s & 1u) * (BN * KP);
-//@MULTIPLY
-        if (more) {
-            let a_nx = ((s + 1u) & 1u) * (BM * KP);
-            let b_nx = ((s + 1u) & 1u) * (BN * KP);
-            // @unroll
-            for (var l = 0u; l < LA; l++) {
-                put_a(a_nx + a_dst[l], vec4<f16>(ra[l]));
-            }
-            // @unroll
-            for (var l = 0u; l < LW; l++) {
-                put_b(b_nx + w_dst[l], rw[l]);
-            }
-        }
-        workgroupBarrier();
-    }
+//@KLOOP
 //@STORE
 }

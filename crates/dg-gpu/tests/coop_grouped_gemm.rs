@@ -1,0 +1,353 @@
+//! The tensor-core kernels as the forward records them, on a device with cooperative matrices:
+//! `Recorder::grouped_gemm_format` with F16 experts (`dg_kernels::coop_grouped_gemm`) and
+//! `Recorder::batched_linear_format` with F16 weights (the batched `dg_kernels::coop_gemm`, K and
+//! V in one dispatch), each against the exact (f64) product of the f16-rounded operands. Every
+//! output has a guard band and columns the kernel must not touch.
+//!
+//! On a device without cooperative matrices (lavapipe) these tests print a visible SKIP: the
+//! Recorder takes the f32-arithmetic kernels there, which `kernels_bf16.rs` covers.
+//!
+//! Throughput at the real expert shapes: `cargo test -p dg-gpu --test coop_grouped_gemm --release
+//! -- --include-ignored --nocapture`.
+
+use std::time::Instant;
+
+use dg_gpu::ops::{Batches, Recorder};
+use dg_gpu::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
+use dg_kernels::grouped_gemm::GroupedGemmParams;
+use dg_kernels::coop_gemm::{CoopTile, Staging};
+use dg_kernels::coop_grouped_gemm::WPath;
+use dg_kernels::{WeightFormat, coop_grouped_gemm};
+
+/// Tolerance on max |C − C_ref| / max |C_ref| against the exact product of the f16-rounded
+/// operands: products of two f16 values are exact in f32, so the only error is the f32
+/// accumulation over k terms, about ε·√k of the largest output (see `coop_gemm.rs`); 16·ε·√k
+/// leaves a wide margin while an indexing or staging bug gives errors of order 1.
+fn tolerance(k: usize) -> f32 {
+    16.0 * f32::EPSILON * (k as f32).sqrt()
+}
+
+fn f16_round(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+}
+
+/// The device, if it runs the tensor-core kernels; otherwise a SKIP line.
+fn coop_context(test: &str) -> Option<GpuContext> {
+    let ctx = test_context(test)?;
+    if !ctx.coop_matrix {
+        eprintln!("SKIP {test}: adapter {} has no cooperative matrices (the f32 kernels run instead)", ctx.info.name);
+        return None;
+    }
+    Some(ctx)
+}
+
+/// One grouped product's inputs.
+struct Case {
+    n: usize,
+    k: usize,
+    counts: Vec<u32>,
+    gather: bool,
+}
+
+struct Inputs {
+    params: GroupedGemmParams,
+    offsets: Vec<u32>,
+    rows: Vec<u32>,
+    a: Vec<f32>,
+    w: Vec<f32>,
+    c0: Vec<f32>,
+    slots: usize,
+}
+
+impl Case {
+    /// Seeded inputs with padded strides: A rows of k + 4, C rows of n + 4 (columns n.. must keep
+    /// their values); the experts back to back, as the K-panel upload stores them.
+    fn inputs(&self, seed: u64) -> Inputs {
+        let (n, k) = (self.n, self.k);
+        let mut offsets = vec![0u32];
+        for &c in &self.counts {
+            offsets.push(offsets.last().unwrap() + c);
+        }
+        let slots = *offsets.last().unwrap() as usize;
+        let tokens = if self.gather { slots.div_ceil(3).max(1) } else { slots.max(1) };
+        let rows: Vec<u32> = (0..slots.max(1)).map(|s| ((s * 7 + 3) % tokens) as u32).collect();
+        let (a_rs, c_rs, stride) = (k + 4, n + 4, n * k);
+        let params = GroupedGemmParams {
+            n: n as u32,
+            k: k as u32,
+            groups: self.counts.len() as u32,
+            max_rows: *self.counts.iter().max().unwrap(),
+            a_rs: a_rs as u32,
+            b_group_stride: stride as u32,
+            c_rs: c_rs as u32,
+            gather: u32::from(self.gather),
+        };
+        Inputs {
+            params,
+            offsets,
+            rows,
+            a: seeded(tokens * a_rs, seed, 1.0),
+            w: f16_round(&seeded(self.counts.len() * stride, seed + 1, 1.0)),
+            c0: seeded(slots.max(1) * c_rs, seed + 2, 2.0),
+            slots,
+        }
+    }
+}
+
+/// The experts of `x` as the F16 upload on a tensor-core device stores them: K panels of `panel`
+/// columns.
+fn panelled(ctx: &GpuContext, x: &Inputs, panel: u32) -> GpuMatrix {
+    let (n, k) = (x.params.n as usize, x.params.k as usize);
+    let words: Vec<u32> = x.w.chunks_exact(n * k).flat_map(|g| coop_grouped_gemm::pack_f16_panels(g, n, k, panel as usize)).collect();
+    GpuMatrix { buffer: ctx.upload("w", &words).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels }
+}
+
+/// Runs the grouped product through the Recorder on F16 experts in K panels; returns C.
+fn run_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, x: &Inputs) -> Vec<f32> {
+    let ab = ctx.upload("a", &x.a).unwrap();
+    let w = panelled(ctx, x, coop_grouped_gemm::PANEL);
+    let ob = ctx.upload("offsets", &x.offsets).unwrap();
+    let rb = ctx.upload("rows", &x.rows).unwrap();
+    let cb = guarded_output(ctx, "c", x.c0.len());
+    ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&x.c0));
+    let mut rec = Recorder::new(ctx, pipelines);
+    rec.grouped_gemm_matrix(&ab, &w, &ob, &rb, &cb, x.slots, x.params).unwrap();
+    rec.finish().unwrap().run(ctx).unwrap();
+    read_guarded(ctx, &cb, x.c0.len())
+}
+
+/// The exact product of the f16-rounded operands over the slots `pick` keeps; C's other values as
+/// they were.
+fn grouped_reference(x: &Inputs, pick: impl Fn(usize) -> bool) -> Vec<f32> {
+    let p = &x.params;
+    let (n, k, a_rs, c_rs, stride) = (p.n as usize, p.k as usize, p.a_rs as usize, p.c_rs as usize, p.b_group_stride as usize);
+    let a16 = f16_round(&x.a);
+    let mut want = x.c0.clone();
+    for e in 0..p.groups as usize {
+        for s in (x.offsets[e] as usize..x.offsets[e + 1] as usize).filter(|&s| pick(s)) {
+            let row = if p.gather != 0 { x.rows[s] as usize } else { s };
+            for j in 0..n {
+                let sum: f64 = (0..k).map(|q| f64::from(a16[row * a_rs + q]) * f64::from(x.w[e * stride + j * k + q])).sum();
+                want[s * c_rs + j] = sum as f32;
+            }
+        }
+    }
+    want
+}
+
+fn check(got: &[f32], want: &[f32], x: &Inputs, pick: impl Fn(usize) -> bool, what: &str) {
+    let c_rs = x.params.c_rs as usize;
+    let n = x.params.n as usize;
+    for s in 0..x.slots {
+        for j in n..c_rs {
+            assert_eq!(got[s * c_rs + j].to_bits(), want[s * c_rs + j].to_bits(), "{what}: slot {s} column {j} past n was written");
+        }
+    }
+    let (mut g, mut w) = (Vec::new(), Vec::new());
+    for s in (0..x.slots).filter(|&s| pick(s)) {
+        g.extend_from_slice(&got[s * c_rs..s * c_rs + n]);
+        w.extend_from_slice(&want[s * c_rs..s * c_rs + n]);
+    }
+    assert!(g.iter().all(|&v| v != GUARD), "{what}: a slot left unwritten");
+    let (err, at) = max_rel_err(&g, &w);
+    let tol = tolerance(x.params.k as usize);
+    assert!(err <= tol, "{what}: rel err {err} > {tol} at {at}: got {} want {}", g[at], w[at]);
+}
+
+#[test]
+fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
+    let test = "coop_grouped_gemm_matches_the_exact_product_on_every_tile";
+    let Some(ctx) = coop_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    // Counts around the 32- and 64-row tile edges (full and partial tiles, several m tiles, empty
+    // experts), and the uneven counts of a real routing.
+    let edges = vec![31, 32, 33, 64, 65, 0, 1, 96];
+    let uneven = vec![5, 0, 37, 1, 0, 70, 16, 3];
+    for &tile in coop_grouped_gemm::TILES {
+        for counts in [&edges, &uneven] {
+            for gather in [false, true] {
+                // n = 3·bn: 192 fits only the 64-wide tile, 384 the 128-wide ones.
+                let case = Case { n: 3 * tile.bn as usize, k: 96, counts: counts.clone(), gather };
+                let x = case.inputs(7 + tile.bm as u64);
+                // The Recorder chooses by shape; the tile under test also runs directly.
+                let got = run_grouped(&ctx, &mut pipelines, &x);
+                let want = grouped_reference(&x, |_| true);
+                check(&got, &want, &x, |_| true, &format!("n {} counts {counts:?} gather {gather}", case.n));
+                for path in [WPath::Staged, WPath::Direct] {
+                    let direct = run_tile(&ctx, &mut pipelines, tile, path, &x);
+                    check(&direct, &want, &x, |_| true, &format!("tile {} {path:?} counts {counts:?} gather {gather}", tile.label()));
+                }
+            }
+        }
+    }
+}
+
+/// Runs `tile`'s kernel directly (bypassing the Recorder's choice).
+fn run_tile(ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: WPath, x: &Inputs) -> Vec<f32> {
+    let pipeline = pipelines.get(ctx, coop_grouped_gemm::source_with(tile, path)).unwrap();
+    let ab = ctx.upload("a", &x.a).unwrap();
+    let w = panelled(ctx, x, tile.bk);
+    let ob = ctx.upload("offsets", &x.offsets).unwrap();
+    let rb = ctx.upload("rows", &x.rows).unwrap();
+    let cb = guarded_output(ctx, "c", x.c0.len());
+    ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&x.c0));
+    let mut plan = dg_gpu::PlanBuilder::new(ctx);
+    plan.push(&pipeline, &x.params, &[&ab, &w.buffer, &ob, &rb, &cb], coop_grouped_gemm::workgroups(tile, &x.params));
+    plan.finish(ctx).unwrap().run(ctx).unwrap();
+    read_guarded(ctx, &cb, x.c0.len())
+}
+
+/// 256 tokens routed top-8 over 128 experts by a seeded hash: the decoder's slot counts.
+fn real_counts(seed: u64) -> Vec<u32> {
+    let mut counts = vec![0u32; 128];
+    let mut s = seed | 1;
+    for _ in 0..256 {
+        let mut chosen = Vec::new();
+        while chosen.len() < 8 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let e = (s % 128) as usize;
+            if !chosen.contains(&e) {
+                chosen.push(e);
+            }
+        }
+        for e in chosen {
+            counts[e] += 1;
+        }
+    }
+    counts
+}
+
+/// The real geometry's expert products (gate_up: 1408 × 2816 with gather; down: 2816 × 704), every
+/// 13th slot checked against the exact product; with `--include-ignored` the timing too.
+fn real_experts(test: &str, timed: bool) {
+    let Some(ctx) = coop_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let counts = real_counts(99);
+    for (name, n, k, gather) in [("gate_up", 1408, 2816, true), ("down", 2816, 704, false)] {
+        let case = Case { n, k, counts: counts.clone(), gather };
+        let x = case.inputs(40 + n as u64);
+        let got = run_grouped(&ctx, &mut pipelines, &x);
+        let pick = |s: usize| s.is_multiple_of(13);
+        let want = grouped_reference(&x, pick);
+        check(&got, &want, &x, pick, &format!("real {name}"));
+        if timed {
+            for &(tile, path) in TIMED_TILES {
+                if coop_grouped_gemm::shared_bytes_with(tile, path) > ctx.limits.max_compute_workgroup_storage_size || !tile.is_valid() {
+                    eprintln!("{test}: {name} [{} {path:?}] does not fit this device", tile.label());
+                    continue;
+                }
+                if !x.params.n.is_multiple_of(tile.bn) || !x.params.k.is_multiple_of(tile.bk) {
+                    continue;
+                }
+                let direct = run_tile(&ctx, &mut pipelines, tile, path, &x);
+                check(&direct, &want, &x, pick, &format!("real {name} tile {} {path:?}", tile.label()));
+                let best = time_tile(&ctx, &mut pipelines, tile, path, &x);
+                let bytes = (128 * n * k * 2) as f64;
+                let flops = 2.0 * (x.slots * n * k) as f64;
+                eprintln!(
+                    "{test}: {name} [{} {path:?}] {:.1} us, {:.0} GB/s of weights, {:.1} TFLOP/s",
+                    tile.label(),
+                    best * 1e6,
+                    bytes / best / 1e9,
+                    flops / best / 1e12
+                );
+            }
+        }
+    }
+}
+
+/// Tiles timed at the real shapes: the kernel's own and other candidates (K steps of 32 to 128,
+/// 16- and 32-row tiles, 4 and 8 subgroups).
+const TIMED_TILES: &[(CoopTile, WPath)] = &[
+    (coop_grouped_gemm::TILE_32X128, WPath::Staged),
+    (coop_grouped_gemm::TILE_32X128, WPath::Direct),
+    (coop_grouped_gemm::TILE_32X64, WPath::Direct),
+    (CoopTile { bm: 16, bn: 128, bk: 64, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::Staged),
+    (CoopTile { bm: 16, bn: 128, bk: 64, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::Direct),
+    (CoopTile { bm: 32, bn: 128, bk: 64, wm: 32, wn: 32, staging: Staging::Vec4 }, WPath::Direct),
+    (CoopTile { bm: 32, bn: 256, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 }, WPath::Direct),
+    (CoopTile { bm: 32, bn: 128, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::Direct),
+    (CoopTile { bm: 16, bn: 128, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::Direct),
+    (coop_grouped_gemm::TILE_16X256, WPath::Direct),
+    (coop_grouped_gemm::TILE_64X128, WPath::Direct),
+    (coop_grouped_gemm::TILE_64X128, WPath::Staged),
+];
+
+/// Best time of one dispatch of `tile` over 5 submissions of 50 replays, in seconds.
+fn time_tile(ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: WPath, x: &Inputs) -> f64 {
+    let pipeline = pipelines.get(ctx, coop_grouped_gemm::source_with(tile, path)).unwrap();
+    let ab = ctx.upload("a", &x.a).unwrap();
+    let w = panelled(ctx, x, tile.bk);
+    let ob = ctx.upload("offsets", &x.offsets).unwrap();
+    let rb = ctx.upload("rows", &x.rows).unwrap();
+    let cb = guarded_output(ctx, "c", x.c0.len());
+    let replays = 50;
+    let mut plan = dg_gpu::PlanBuilder::new(ctx);
+    for _ in 0..replays {
+        plan.push(&pipeline, &x.params, &[&ab, &w.buffer, &ob, &rb, &cb], coop_grouped_gemm::workgroups(tile, &x.params));
+    }
+    let plan = plan.finish(ctx).unwrap();
+    plan.run(ctx).unwrap();
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        plan.run(ctx).unwrap();
+        best = best.min(t.elapsed().as_secs_f64() / f64::from(replays));
+    }
+    best
+}
+
+#[test]
+fn coop_grouped_gemm_matches_at_the_real_expert_shapes() {
+    real_experts("coop_grouped_gemm_matches_at_the_real_expert_shapes", false);
+}
+
+#[test]
+#[ignore = "throughput: run with --include-ignored --nocapture on a GPU with cooperative matrices"]
+fn coop_grouped_gemm_throughput_at_the_real_expert_shapes() {
+    real_experts("coop_grouped_gemm_throughput_at_the_real_expert_shapes", true);
+}
+
+/// K and V of a sliding layer in one batched dispatch (the real shape: 256 × 2048 × 2816, two
+/// batches) and a small one, against the exact product; C's batches sit `c_stride` apart with a
+/// gap that must keep its values.
+#[test]
+fn batched_coop_linear_matches_the_exact_product() {
+    let test = "batched_coop_linear_matches_the_exact_product";
+    let Some(ctx) = coop_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    for (m, n, k) in [(256usize, 2048usize, 2816usize), (64, 32, 64)] {
+        let x = seeded(m * k, 5, 1.0);
+        let w = f16_round(&seeded(2 * n * k, 6, 1.0));
+        let c_stride = m * n + 8;
+        let len = 2 * c_stride;
+        let xb = ctx.upload("x", &x).unwrap();
+        let wb = ctx.upload("w", &dg_kernels::pack_f16(&w)).unwrap();
+        let cb = guarded_output(&ctx, "c", len);
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        let batches = Batches { count: 2, x_stride: 0, w_stride: (n * k) as u32, c_stride: c_stride as u32 };
+        rec.batched_linear_format(&xb, &wb, WeightFormat::F16, &cb, m, n, k, batches).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &cb, len);
+        let x16 = f16_round(&x);
+        for b in 0..2 {
+            let gap = &got[b * c_stride + m * n..(b + 1) * c_stride];
+            assert!(gap.iter().all(|&v| v == GUARD), "{m}x{n}x{k}: batch {b}: the gap after C was written");
+            let mut want = vec![0f32; m * n];
+            for i in (0..m).step_by(if m > 64 { 7 } else { 1 }) {
+                for j in 0..n {
+                    let sum: f64 = (0..k).map(|q| f64::from(x16[i * k + q]) * f64::from(w[b * n * k + j * k + q])).sum();
+                    want[i * n + j] = sum as f32;
+                }
+            }
+            let rows: Vec<usize> = (0..m).step_by(if m > 64 { 7 } else { 1 }).collect();
+            let g: Vec<f32> = rows.iter().flat_map(|&i| got[b * c_stride + i * n..b * c_stride + (i + 1) * n].to_vec()).collect();
+            let wv: Vec<f32> = rows.iter().flat_map(|&i| want[i * n..(i + 1) * n].to_vec()).collect();
+            let (err, at) = max_rel_err(&g, &wv);
+            assert!(err <= tolerance(k), "{m}x{n}x{k}: batch {b}: rel err {err} at {at}: got {} want {}", g[at], wv[at]);
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! Tensor-core grouped GEMM of the MoE experts (the products of `DiffusionGemmaMoE`'s experts,
+//! `gate_up_proj` and `down_proj`): [`crate::grouped_gemm`]'s contract with f16 weights, run on the
+//! matrix units through cooperative matrices like [`crate::coop_gemm`].
+//!
+//! ```text
+//! C[s, j] = Σ_p f16(A[row(s), p]) · W[e, j, p]     for every slot s of expert e
+//! row(s) = gather ? rows[s] : s
+//! A[r, p] = a[r·a_rs + p]      W[e, j, p] = w[e·b_group_stride + j·k + p]      C[s, j] = c[s·c_rs + j]
+//! ```
+//!
+//! Bindings, after the uniform [`GroupedGemmParams`] (the same parameters as the f32 kernel):
+//! `a` (read, f32, rounded to f16 when staged), `w` (read, f16 in K panels: `[groups, k / PANEL,
+//! n, PANEL]`, as [`pack_f16_panels`] writes each group), `offsets` (read, `groups + 1` u32), `rows` (read, one u32 per
+//! slot; read only when `gather != 0`), `c` (read-write, f32 `[slots, n]`; rows of other slots
+//! untouched).
+//!
+//! Requirements beyond [`crate::coop_gemm`]'s (cooperative matrices, f16, 32-wide subgroups, the
+//! adapter's workgroup memory): `n` a multiple of the tile's `bn`, `k` of its `bk`, and `k`,
+//! `a_rs`, `b_group_stride` multiples of 4 ([`fits`]).
+//!
+//! The grid covers `max_rows` rows for every group, like the f32 kernel; a workgroup whose m tile
+//! starts past its group's slot count exits at once. With 2048 slots over 128 experts (the
+//! decoder's 256 tokens × top-8), a 32-row tile holds most experts whole, so each expert's
+//! weights are read about once: the kernel is bound by the weight bytes (1.5 GB a layer at the real
+//! geometry), not by the tensor cores. The K-panel layout makes the `bn × PANEL` block of W one
+//! K step stages one contiguous run (8 KiB for a 128-wide tile) instead of `bn` runs of 64 bytes
+//! a row apart, which DRAM serves at a fraction of its bandwidth. See
+//! `wgsl/coop_grouped_gemm.wgsl`.
+
+pub use crate::coop_gemm::WPath;
+use crate::coop_gemm::{CoopTile, FRAGMENT, MAX_SHARED_BYTES, Staging};
+use crate::grouped_gemm::GroupedGemmParams;
+use crate::gemm::fold;
+use crate::{Access, KernelSource};
+
+/// Columns of K per panel of the weight layout: every tile's `bk`.
+pub const PANEL: u32 = 32;
+
+/// One group's `[n, k]` row-major weights (PyTorch `[out, in]`), f16-packed in K panels:
+/// `[k / panel, n, panel]`, two halves a word as [`crate::pack_f16`] packs them. The kernel reads
+/// panels of its tile's `bk` ([`PANEL`] for every tile of [`TILES`]). Panics unless `k` is a
+/// multiple of `panel` and `w` holds `n · k` values.
+pub fn pack_f16_panels(w: &[f32], n: usize, k: usize, panel: usize) -> Vec<u32> {
+    assert!(k.is_multiple_of(panel) && w.len() == n * k, "pack_f16_panels: {} values for [{n}, {k}] in panels of {panel}", w.len());
+    let mut ordered = Vec::with_capacity(w.len());
+    for p0 in (0..k).step_by(panel) {
+        for row in w.chunks_exact(k) {
+            ordered.extend_from_slice(&row[p0..p0 + panel]);
+        }
+    }
+    crate::pack_f16(&ordered)
+}
+
+/// 32 rows × 128 columns, 32×32 per subgroup (4 subgroups), K steps of 32: the decoder's ~16 slots
+/// per expert in one m tile.
+pub const TILE_32X128: CoopTile = CoopTile { bm: 32, bn: 128, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4 };
+/// 16 × 256, 16×64 per subgroup (4 subgroups): wide tiles for short K (the down projection, K 704,
+/// N 2816).
+pub const TILE_16X256: CoopTile = CoopTile { bm: 16, bn: 256, bk: 32, wm: 16, wn: 64, staging: Staging::Vec4 };
+/// 32 × 64, 16×32 per subgroup (4 subgroups): for `n` not a multiple of 128.
+pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4 };
+/// 64 × 128, 32×64 per subgroup (4 subgroups): the encoder's chunks (1024 tokens, ~64 slots per
+/// expert).
+pub const TILE_64X128: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 };
+
+/// Every tile, in the order [`choose`] prefers them at equal fit.
+pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128];
+
+/// Workgroup memory of `tile` in this kernel: the staging of [`CoopTile::shared_bytes`] plus one
+/// 16×16 f32 fragment of scratch per subgroup.
+pub const fn shared_bytes(tile: CoopTile) -> u32 {
+    tile.shared_bytes() + tile.subgroups() * FRAGMENT * FRAGMENT * 4
+}
+
+/// Workgroup memory of `tile` with W reaching the tensor cores by `path` ([`WPath::Direct`]
+/// stages only A).
+pub const fn shared_bytes_with(tile: CoopTile, path: WPath) -> u32 {
+    match path {
+        WPath::Staged => shared_bytes(tile),
+        WPath::Direct => 2 * 2 * tile.bm * tile.row_halves() + tile.subgroups() * FRAGMENT * FRAGMENT * 4,
+    }
+}
+
+const _: () = {
+    let mut i = 0;
+    while i < TILES.len() {
+        assert!(TILES[i].is_valid() && shared_bytes(TILES[i]) <= MAX_SHARED_BYTES, "a coop grouped tile breaks its invariants");
+        i += 1;
+    }
+};
+
+/// Whether the kernel computes the grouped product `p` with `tile`.
+pub fn fits(tile: CoopTile, p: &GroupedGemmParams) -> bool {
+    tile.bk == PANEL
+        && p.n > 0
+        && p.k > 0
+        && p.n.is_multiple_of(tile.bn)
+        && p.k.is_multiple_of(tile.bk)
+        && p.a_rs.is_multiple_of(4)
+        && p.b_group_stride.is_multiple_of(4)
+}
+
+/// Whether some tile runs `[groups, n, k]` experts, given activations whose rows are K-aligned
+/// (`a_rs` a multiple of 4): the shapes whose weights are worth uploading in K panels.
+pub fn panels_fit(n: u32, k: u32) -> bool {
+    n > 0 && k > 0 && k.is_multiple_of(PANEL) && TILES.iter().any(|t| n.is_multiple_of(t.bn))
+}
+
+/// The tile and W path for `p` over `slots` slots, the first of the preferred list that fits:
+/// in the decoder (groups of ~16 slots) W straight from the buffer, 16 × 256 tiles where `n`
+/// allows (the down projection: 297 µs against 398–810 µs for the 32-row tiles on an H200), else
+/// 32 × 128 (the gate/up projection: 449 µs, 763 µs staged); for the encoder's chunks (groups over
+/// 48 slots) 64-row tiles, W staged.
+pub fn choose(p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
+    let average = slots.div_ceil(p.groups.max(1));
+    let decoder: &[(CoopTile, WPath)] = &[(TILE_16X256, WPath::Direct), (TILE_32X128, WPath::Direct), (TILE_32X64, WPath::Direct)];
+    let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (TILE_32X128, WPath::Direct), (TILE_32X64, WPath::Direct)];
+    let preferred = if average > 48 { encoder } else { decoder };
+    preferred.iter().copied().find(|&(t, _)| fits(t, p))
+}
+
+/// The tile's stores: straight to C for a full m tile, through the subgroup's scratch fragment
+/// otherwise.
+fn stores(tile: CoopTile) -> (String, String) {
+    let (fm, fn_) = tile.fragments();
+    let mut full = String::new();
+    let mut partial = String::new();
+    for i in 0..fm {
+        for j in 0..fn_ {
+            let (di, dj) = (i * FRAGMENT, j * FRAGMENT);
+            full += &format!(
+                "        {{\n            let ic = (first + m0 + sm + {di}u) * p.c_rs + n0 + sn + {dj}u;\n            coopStoreT(acc_{i}_{j}, &c[ic], stride_c);\n        }}\n"
+            );
+            partial += &format!(
+                "        {{\n            let fs = sg * 256u;\n            coopStoreT(acc_{i}_{j}, &scratch[fs], stride_f);\n            workgroupBarrier();\n\
+                 \x20           let r = m0 + sm + {di}u + lane / 2u;\n            if (r < count) {{\n\
+                 \x20               let src = fs + (lane / 2u) * 16u + (lane % 2u) * 8u;\n\
+                 \x20               let dst = (first + r) * p.c_rs + n0 + sn + {dj}u + (lane % 2u) * 8u;\n\
+                 \x20               for (var q = 0u; q < 8u; q++) {{\n                    c[dst + q] = scratch[src + q];\n                }}\n\
+                 \x20           }}\n            workgroupBarrier();\n        }}\n"
+            );
+        }
+    }
+    (full, partial)
+}
+
+/// The kernel for `tile` with W [`WPath::Staged`], named `coop_grouped_gemm_{label}`. Bindings:
+/// `a`, `w`, `offsets`, `rows` (read), `c` (read-write).
+pub fn source(tile: CoopTile) -> KernelSource {
+    source_with(tile, WPath::Staged)
+}
+
+/// The kernel for `tile` with W reaching the tensor cores by `path`.
+pub fn source_with(tile: CoopTile, path: WPath) -> KernelSource {
+    let (full, partial) = stores(tile);
+    let template = include_str!("wgsl/coop_grouped_gemm.wgsl");
+    let stores = [("//@STORE_PARTIAL\n", partial), ("//@STORE\n", full)];
+    let wgsl = tile.expand_path(template, "(w_first + lt + l * WT)", path, stores.to_vec());
+    KernelSource {
+        name: format!("coop_grouped_gemm_{}{}", tile.label(), path.suffix()),
+        wgsl,
+        entry: "main",
+        buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+        params_size: size_of::<GroupedGemmParams>() as u64,
+    }
+}
+
+/// The dispatch: `ceil(max_rows / bm) · (n / bn) · groups` workgroups, folded as
+/// [`crate::gemm::fold`] folds them.
+pub fn workgroups(tile: CoopTile, p: &GroupedGemmParams) -> [u32; 3] {
+    let total = u64::from(p.max_rows.div_ceil(tile.bm)) * u64::from(p.n / tile.bn) * u64::from(p.groups);
+    fold(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tile_renders_and_validates_with_cooperative_matrices() {
+        for k in TILES.iter().flat_map(|&t| [source(t), source_with(t, WPath::Direct)]) {
+            let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
+            let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
+            assert!(!k.wgsl.contains("@unroll") && !k.wgsl.contains("//@"), "{}: a placeholder left", k.name);
+        }
+    }
+
+    #[test]
+    fn panels_hold_each_k_block_of_all_rows_contiguously() {
+        let (n, k) = (3, 64);
+        let w: Vec<f32> = (0..n * k).map(|i| i as f32).collect();
+        let packed = pack_f16_panels(&w, n, k, 32);
+        let halves = crate::unpack_f16(&packed, n * k);
+        for (at, &v) in halves.iter().enumerate() {
+            let (panel, j, q) = (at / (n * 32), at / 32 % n, at % 32);
+            assert_eq!(v, w[j * k + panel * 32 + q], "element {at}");
+        }
+    }
+
+    #[test]
+    fn the_real_experts_fit_and_pick_their_measured_tiles() {
+        let gate_up = GroupedGemmParams { n: 1408, k: 2816, groups: 128, max_rows: 256, a_rs: 2816, b_group_stride: 1408 * 2816, c_rs: 1408, gather: 1 };
+        let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
+        assert_eq!(choose(&gate_up, 2048), Some((TILE_32X128, WPath::Direct)));
+        assert_eq!(choose(&down, 2048), Some((TILE_16X256, WPath::Direct)));
+        assert_eq!(choose(&down, 8192), Some((TILE_64X128, WPath::Staged)));
+        let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
+        assert_eq!(choose(&tiny, 128), Some((TILE_32X64, WPath::Direct)));
+        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128), None);
+        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128), None);
+    }
+}

@@ -1,0 +1,104 @@
+// Tensor-core grouped GEMM of the MoE experts (see coop_grouped_gemm.rs for the contract). Tokens
+// are grouped by expert into slots; the slots of expert g are offsets[g] .. offsets[g + 1]. For
+// every slot s of expert g:
+//   C[s, j] = sum over p of f16(A[row(s), p]) * W[g, j, p]     (f16 products, f32 accumulation)
+// with row(s) = gather_rows[s] when `gather` != 0, else s;  A[r, p] = a[r * a_rs + p] (f32),
+// C[s, j] = c[s * c_rs + j] (f32), and W (f16) in K panels of BK columns:
+//   W[g, j, p] = w[g * b_group_stride + (p / BK) * N * BK + j * BK + p % BK]
+// so that the BN x BK block of W one step stages is BN * BK contiguous halves (whole cache lines:
+// the kernel streams each expert's weights about once and is bound by how well it reads them).
+// Requires N % BN == 0, K % BK == 0, a_rs and b_group_stride multiples of 4, and subgroups of
+// exactly 32 invocations.
+//
+// The grid covers max_rows (an upper bound on any group's slot count, known without a readback):
+// the linear workgroup index is decoded m tile fastest, then n tile, then group; a workgroup whose
+// m tile starts past its group's count leaves at once. The rows of a tile past the count are
+// staged from the group's last row (any valid row: rows of a product are independent) and never
+// stored. The K loop is the dense kernel's (coop_kloop.wgsl). Stores: a tile whose rows are all
+// the group's goes straight to C; a partial one goes fragment by fragment through a 16 x 16
+// scratch per subgroup in workgroup memory, from which the rows below the count are copied out.
+
+// (`enable f16;` and `enable wgpu_cooperative_matrix;` come first, ahead of the const prelude.)
+
+alias SElem = SELEM_TYPE;
+
+struct Params {
+    n: u32,
+    k: u32,
+    groups: u32,
+    max_rows: u32,
+    a_rs: u32,
+    b_group_stride: u32,
+    c_rs: u32,
+    gather: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read> offsets: array<u32>;
+@group(0) @binding(4) var<storage, read> gather_rows: array<u32>;
+@group(0) @binding(5) var<storage, read_write> c: array<f32>;
+
+var<workgroup> sa: array<SElem, SAL>;
+var<workgroup> sb: array<SElem, SBL>;
+// One 16 x 16 f32 fragment per subgroup, for the stores of a partial tile.
+var<workgroup> scratch: array<f32, WT * 8u>;
+
+//@PUT
+
+@compute @workgroup_size(WT)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lt: u32) {
+    let tiles_m = (p.max_rows + BM - 1u) / BM;
+    let tiles_n = p.n / BN;
+    let id = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+    if (id >= tiles_m * tiles_n * p.groups) {
+        return;   // padding of a folded grid
+    }
+    let m0 = (id % tiles_m) * BM;
+    let n0 = ((id / tiles_m) % tiles_n) * BN;
+    let g = id / (tiles_m * tiles_n);
+    // Read-only storage indexed by a uniform value: uniform, so the early exit and the store
+    // branch keep the barriers in uniform control flow.
+    let first = offsets[g];
+    let count = offsets[g + 1u] - first;
+    if (m0 >= count) {
+        return;
+    }
+    let sg = lt / 32u;
+    let sm = (sg / SGN) * WM;
+    let sn = (sg % SGN) * WN;
+    let k4 = p.k / 4u;
+    let steps = p.k / BK;
+    let stride_s = KPS;
+
+    var a_src: array<u32, LA>;
+    // @unroll
+    for (var l = 0u; l < LA; l++) {
+        let e = lt + l * WT;
+        let s = first + min(m0 + e / BK4, count - 1u);
+        var row = s;
+        if (p.gather != 0u) {
+            row = gather_rows[s];
+        }
+        a_src[l] = row * (p.a_rs / 4u) + e % BK4;
+    }
+    // The W tile of a step is BN * BK contiguous halves: vec4 l of this invocation is W_AT =
+    // w_first + lt + l * WT.
+    let w_first = g * (p.b_group_stride / 4u) + n0 * BK4;
+    let w_step = p.n * BK4;
+    // Direct W fragments (coop_kloop_direct.wgsl): the subgroup's first column, W rows BK4 apart.
+    let w_sub = w_first + sn * BK4;
+    let stride_w = BK4;
+
+//@KLOOP
+    let stride_c = p.c_rs;
+    let stride_f = 16u;
+    let lane = lt % 32u;
+    if (m0 + BM <= count) {
+//@STORE
+    } else {
+//@STORE_PARTIAL
+    }
+}
