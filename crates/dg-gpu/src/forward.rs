@@ -11,6 +11,7 @@
 //! the same layer with [`LayerPass::Encode`]: the new tokens' K/V are appended to the GPU-resident
 //! cache, attention is causal (windowed in sliding layers), and the encoder's layer scalar applies.
 
+use dg_kernels::WeightFormat;
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::softmax::{self, SoftmaxParams};
@@ -101,12 +102,9 @@ pub fn record_canvas_forward<'a>(
     rec.scope("head");
     rec.rmsnorm(&a.hidden, Some(&w.final_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
     for chunk in &w.embed {
-        let mut p = GemmParams { c_offset: chunk.start as u32, c_rs: v as u32, ..linear_params(c, chunk.rows, h) };
-        if let Some(cap) = cfg.final_logit_softcapping {
-            p.epilogue = 1;
-            p.cap = cap;
-        }
-        rec.gemm_format(&a.normed, &chunk.matrix.buffer, chunk.matrix.format, &a.logits, p)?;
+        let shape = (c, chunk.rows, h);
+        let tensor_cores = w.format == WeightFormat::F16;
+        rec.head_linear(&a.normed, &chunk.matrix.buffer, chunk.matrix.format, &a.logits, shape, (v, chunk.start), cfg.final_logit_softcapping, tensor_cores)?;
     }
     Ok(())
 }

@@ -161,6 +161,40 @@ impl<'a> Recorder<'a> {
         self.gemm_format(x, w, w_format, out, p)
     }
 
+    /// The tied head's product for one chunk of the vocabulary: `out[i·c_rs + c_offset + j] =
+    /// softcap(x·Wᵀ)[i, j]` for `W: [n, k]` stored as `w_format` (`cap` `None`: no softcap). With
+    /// `tensor_cores` (the F16 mode) on a device with cooperative matrices and a shape that fits a
+    /// tile, on the tensor cores (`dg_kernels::coop_gemm`, BF16 or F16 W rounded to f16 when staged,
+    /// x rounded to f16); otherwise the f32-arithmetic GEMM with the softcap epilogue.
+    #[allow(clippy::too_many_arguments)]
+    pub fn head_linear(
+        &mut self,
+        x: &'a wgpu::Buffer,
+        w: &'a wgpu::Buffer,
+        w_format: WeightFormat,
+        out: &'a wgpu::Buffer,
+        (m, n, k): (usize, usize, usize),
+        (c_rs, c_offset): (usize, usize),
+        cap: Option<f32>,
+        tensor_cores: bool,
+    ) -> Result<(), GpuError> {
+        let (m32, n32, k32) = (m as u32, n as u32, k as u32);
+        if tensor_cores
+            && self.ctx.coop_matrix
+            && matches!(w_format, WeightFormat::F16 | WeightFormat::Bf16)
+            && let Some(&tile) = coop_gemm::TILES.iter().find(|t| t.fits(m32, n32, k32) && (m32 / t.bm) * (n32 / t.bn) <= 65535)
+        {
+            let p = coop_gemm::CoopGemmParams::strided(m32, n32, k32, c_rs as u32, c_offset as u32, cap);
+            return self.push(coop_gemm::source_for(tile, coop_gemm::WPath::Staged, w_format), &p, &[x, w, out], coop_gemm::workgroups(tile, m32, n32, 1));
+        }
+        let mut p = GemmParams { c_offset: c_offset as u32, c_rs: c_rs as u32, ..linear_params(m, n, k) };
+        if let Some(cap) = cap {
+            p.epilogue = 1;
+            p.cap = cap;
+        }
+        self.gemm_format(x, w, w_format, out, p)
+    }
+
     /// Per-expert GEMMs over `slots` grouped slots (the tile is chosen by the mean group size).
     #[allow(clippy::too_many_arguments)]
     pub fn grouped_gemm(

@@ -137,8 +137,8 @@ struct Kernel {
 
 /// Why a tile does not run on this device, if it does not.
 fn unfit(dev: &Coop, tile: CoopTile) -> Option<String> {
-    if tile.shared_bytes() > dev.limits.max_compute_workgroup_storage_size {
-        return Some(format!("{} bytes of workgroup memory, limit {}", tile.shared_bytes(), dev.limits.max_compute_workgroup_storage_size));
+    if tile.dense_shared_bytes() > dev.limits.max_compute_workgroup_storage_size {
+        return Some(format!("{} bytes of workgroup memory, limit {}", tile.dense_shared_bytes(), dev.limits.max_compute_workgroup_storage_size));
     }
     if tile.invocations() > dev.limits.max_compute_invocations_per_workgroup {
         return Some(format!("{} invocations, limit {}", tile.invocations(), dev.limits.max_compute_invocations_per_workgroup));

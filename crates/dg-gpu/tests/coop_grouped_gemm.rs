@@ -28,6 +28,11 @@ fn tolerance(k: usize) -> f32 {
     16.0 * f32::EPSILON * (k as f32).sqrt()
 }
 
+/// The device's f32 `tanh` against the exact one, relative to the cap: the f32 GEMM's softcap
+/// epilogue uses the same `tanh`, and the f32 GPU logits agree with the CPU's to 2.7e-6
+/// normwise on an H200.
+const TANH_ALLOWANCE: f32 = 4e-6;
+
 fn f16_round(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
@@ -349,5 +354,51 @@ fn batched_coop_linear_matches_the_exact_product() {
             let (err, at) = max_rel_err(&g, &wv);
             assert!(err <= tolerance(k), "{m}x{n}x{k}: batch {b}: rel err {err} at {at}: got {} want {}", g[at], wv[at]);
         }
+    }
+}
+
+/// The tied head on the tensor cores (`Recorder::head_linear` in the F16 mode): one vocabulary
+/// chunk of the logits, softcapped, written at its column offset of rows `c_rs` apart, from F16
+/// and from BF16 weights (BF16 values in f16's normal range convert exactly), against
+/// `cap·tanh(exact / cap)` of the f16-rounded operands. The columns of other chunks keep their
+/// guard values.
+#[test]
+fn head_linear_on_tensor_cores_matches_the_exact_softcapped_product() {
+    let test = "head_linear_on_tensor_cores_matches_the_exact_softcapped_product";
+    let Some(ctx) = coop_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let (m, n, k, c_rs, c_offset, cap) = (64usize, 256usize, 128usize, 512usize, 128usize, 3.0f32);
+    let x = seeded(m * k, 11, 1.0);
+    let x16 = f16_round(&x);
+    for format in [WeightFormat::F16, WeightFormat::Bf16] {
+        let w: Vec<f32> = seeded(n * k, 12, 0.5).iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
+        let packed = if format == WeightFormat::F16 { dg_kernels::pack_f16(&w) } else { dg_kernels::pack_bf16(&w) };
+        let xb = ctx.upload("x", &x).unwrap();
+        let wb = ctx.upload("w", &packed).unwrap();
+        let cb = guarded_output(&ctx, "logits", m * c_rs);
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.head_linear(&xb, &wb, format, &cb, (m, n, k), (c_rs, c_offset), Some(cap), true).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &cb, m * c_rs);
+        let w16 = f16_round(&w);
+        assert_eq!(w16, w, "BF16 test weights in f16's normal range convert exactly");
+        let (mut g, mut want) = (Vec::new(), Vec::new());
+        for i in 0..m {
+            for col in 0..c_rs {
+                let v = got[i * c_rs + col];
+                if col < c_offset || col >= c_offset + n {
+                    assert_eq!(v, GUARD, "{format:?}: row {i} column {col} outside the chunk was written");
+                    continue;
+                }
+                let j = col - c_offset;
+                let dot: f64 = (0..k).map(|q| f64::from(x16[i * k + q]) * f64::from(w16[j * k + q])).sum();
+                g.push(v);
+                want.push((f64::from(cap) * (dot / f64::from(cap)).tanh()) as f32);
+            }
+        }
+        assert!(want.iter().any(|v| v.abs() > 0.9 * cap), "the softcap is exercised");
+        let (err, at) = max_rel_err(&g, &want);
+        let tol = tolerance(k) + TANH_ALLOWANCE;
+        assert!(err <= tol, "{format:?}: rel err {err} > {tol} at {at}: got {} want {}", g[at], want[at]);
     }
 }

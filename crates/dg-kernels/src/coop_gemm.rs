@@ -45,7 +45,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::{Access, KernelSource, with_prelude};
+use crate::{Access, KernelSource, WeightFormat, with_prelude};
 
 /// Invocations of one subgroup the kernel assumes.
 pub const SUBGROUP_SIZE: u32 = 32;
@@ -61,7 +61,7 @@ pub const MAX_SHARED_BYTES: u32 = 48 * 1024;
 
 /// Uniform parameters of `coop_gemm.wgsl`: 32 bytes.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
 pub struct CoopGemmParams {
     pub m: u32,
     pub n: u32,
@@ -72,19 +72,33 @@ pub struct CoopGemmParams {
     pub w_batch: u32,
     /// Elements between the C of consecutive batches.
     pub c_batch: u32,
-    pub pad: [u32; 2],
+    /// Elements between rows of C (`n` for a packed C).
+    pub c_rs: u32,
+    /// First element of C.
+    pub c_offset: u32,
+    /// Softcap of the epilogue.
+    pub cap: f32,
+    /// 0: store; 1: softcap, `C = cap·tanh(acc / cap)` (the tied head's `final_logit_softcapping`).
+    pub epilogue: u32,
+    pub pad: [u32; 6],
 }
 
 impl CoopGemmParams {
     /// `C[m, n] = A[m, k]·W[n, k]ᵀ`, one batch.
     pub fn new(m: u32, n: u32, k: u32) -> Self {
-        CoopGemmParams { m, n, k, ..Zeroable::zeroed() }
+        CoopGemmParams { m, n, k, c_rs: n, ..Zeroable::zeroed() }
     }
 
     /// Batch `b` (the dispatch's workgroup row, see [`workgroups`]) computes
     /// `C[b·c_batch..] = A[b·a_batch..]·W[b·w_batch..]ᵀ`.
     pub fn batched(m: u32, n: u32, k: u32, a_batch: u32, w_batch: u32, c_batch: u32) -> Self {
-        CoopGemmParams { m, n, k, a_batch, w_batch, c_batch, pad: [0; 2] }
+        CoopGemmParams { m, n, k, a_batch, w_batch, c_batch, c_rs: n, ..Zeroable::zeroed() }
+    }
+
+    /// The tied head's shape: `C[c_offset + i·c_rs + j] = softcap(A·Wᵀ)[i, j]` for a chunk of the
+    /// vocabulary (`cap` `None`: no softcap).
+    pub fn strided(m: u32, n: u32, k: u32, c_rs: u32, c_offset: u32, cap: Option<f32>) -> Self {
+        CoopGemmParams { m, n, k, c_rs, c_offset, cap: cap.unwrap_or(0.0), epilogue: u32::from(cap.is_some()), ..Zeroable::zeroed() }
     }
 }
 
@@ -157,9 +171,15 @@ impl CoopTile {
         }
     }
 
-    /// Workgroup memory, in bytes: two stages of the A and W tiles, f16.
+    /// Workgroup memory of the staging, in bytes: two stages of the A and W tiles, f16.
     pub const fn shared_bytes(self) -> u32 {
         2 * 2 * (self.bm + self.bn) * self.row_halves()
+    }
+
+    /// Workgroup memory of the dense kernel, in bytes: the staging plus one 16×16 f32 fragment per
+    /// subgroup for the softcap epilogue.
+    pub const fn dense_shared_bytes(self) -> u32 {
+        self.shared_bytes() + self.subgroups() * FRAGMENT * FRAGMENT * 4
     }
 
     /// The invariants the kernel relies on: whole fragments per subgroup block, blocks that
@@ -215,34 +235,51 @@ impl CoopTile {
         ]
     }
 
-    /// The full WGSL of the dense kernel for this variant, W staged.
+    /// The full WGSL of the dense kernel for this variant, F16 W staged.
     pub fn render(self) -> String {
-        self.render_with(WPath::Staged)
+        self.render_with(WPath::Staged, WeightFormat::F16)
     }
 
-    /// The full WGSL of the dense kernel for this variant, W reaching the tensor cores by `path`.
-    pub fn render_with(self, path: WPath) -> String {
+    /// The full WGSL of the dense kernel for this variant, W stored as `w_format` (F16, or BF16
+    /// when staged) reaching the tensor cores by `path`.
+    pub fn render_with(self, path: WPath, w_format: WeightFormat) -> String {
         let (fm, fn_) = self.fragments();
         let mut store = String::new();
         for i in 0..fm {
             for j in 0..fn_ {
                 store += &format!(
-                    "    {{\n        let ic = c_base + (m0 + sm + {}u) * p.n + n0 + sn + {}u;\n        coopStoreT(acc_{i}_{j}, &c[ic], stride_c);\n    }}\n",
+                    "    {{\n        let ic = c_base + (m0 + sm + {}u) * p.c_rs + n0 + sn + {}u;\n        coopStoreT(acc_{i}_{j}, &c[ic], stride_c);\n    }}\n",
                     i * FRAGMENT,
                     j * FRAGMENT
                 );
             }
         }
-        self.expand_path(include_str!("wgsl/coop_gemm.wgsl"), "w_src[l]", path, vec![("//@STORE\n", store)])
+        // Softcap: each fragment through the subgroup's scratch; lane l writes 8 values of row l / 2.
+        let mut capped = String::new();
+        for i in 0..fm {
+            for j in 0..fn_ {
+                let (di, dj) = (i * FRAGMENT, j * FRAGMENT);
+                capped += &format!(
+                    "        {{\n            let fs = sg * 256u;\n            coopStoreT(acc_{i}_{j}, &scratch[fs], stride_f);\n            workgroupBarrier();\n\
+                     \x20           let src = fs + (lane / 2u) * 16u + (lane % 2u) * 8u;\n\
+                     \x20           let dst = c_base + (m0 + sm + {di}u + lane / 2u) * p.c_rs + n0 + sn + {dj}u + (lane % 2u) * 8u;\n\
+                     \x20           for (var q = 0u; q < 8u; q++) {{\n\
+                     \x20               // tanh(±10) is already ±1 in f32; the clamp keeps exp-based tanh lowerings finite.\n\
+                     \x20               c[dst + q] = p.cap * tanh(clamp(scratch[src + q] / p.cap, -10.0, 10.0));\n\
+                     \x20           }}\n            workgroupBarrier();\n        }}\n"
+                );
+            }
+        }
+        self.expand_path(include_str!("wgsl/coop_gemm.wgsl"), "w_src[l]", path, w_format, vec![("//@STORE_CAPPED\n", capped), ("//@STORE\n", store)])
     }
 
     /// [`Self::expand`] for W reaching the tensor cores by `path`: with [`WPath::Direct`] the
     /// template's `sb` is dropped and the K loop is `coop_kloop_direct.wgsl`, whose W fragments
     /// start at `w_sub` (a `let` of the template), `stride_w` vec4s between W rows, `w_step` between
     /// steps.
-    pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, mut pieces: Vec<(&str, String)>) -> String {
+    pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, w_format: WeightFormat, mut pieces: Vec<(&str, String)>) -> String {
         match path {
-            WPath::Staged => self.expand(template, w_at, &pieces),
+            WPath::Staged => self.expand(template, w_at, w_format, &pieces),
             WPath::Direct => {
                 let (_, fn_) = self.fragments();
                 let (mut init, mut next, mut rotate) = (String::new(), String::new(), String::new());
@@ -257,7 +294,7 @@ impl CoopTile {
                 pieces.extend([("//@FB_INIT\n", init), ("//@FB_NEXT\n", next), ("//@FB_ROTATE\n", rotate)]);
                 let template = template.replace("var<workgroup> sb: array<SElem, SBL>;\n", "");
                 let fragment = |kk: u32, j: u32| format!("fb_{kk}_{j}");
-                self.expand_with(&template, include_str!("wgsl/coop_kloop_direct.wgsl"), "", Some(&fragment), &pieces)
+                self.expand_with(&template, include_str!("wgsl/coop_kloop_direct.wgsl"), "", w_format, Some(&fragment), &pieces)
             }
         }
     }
@@ -267,8 +304,8 @@ impl CoopTile {
     /// W's vec4 `l` of step 0 at the expression `w_at`), the unrolled fragment products
     /// (`//@MULTIPLY`), then the kernel's own `pieces`; `enable`s and the const prelude in front,
     /// `// @unroll` loops expanded.
-    pub(crate) fn expand(self, template: &str, w_at: &str, pieces: &[(&str, String)]) -> String {
-        self.expand_with(template, include_str!("wgsl/coop_kloop.wgsl"), w_at, None, pieces)
+    pub(crate) fn expand(self, template: &str, w_at: &str, w_format: WeightFormat, pieces: &[(&str, String)]) -> String {
+        self.expand_with(template, include_str!("wgsl/coop_kloop.wgsl"), w_at, w_format, None, pieces)
     }
 
     /// [`Self::expand`] with the K loop `kloop`, and with `b_fragment(kk, j)` naming the B
@@ -279,6 +316,7 @@ impl CoopTile {
         template: &str,
         kloop: &str,
         w_at: &str,
+        w_format: WeightFormat,
         b_fragment: Option<&dyn Fn(u32, u32) -> String>,
         pieces: &[(&str, String)],
     ) -> String {
@@ -338,7 +376,19 @@ impl CoopTile {
             // No staged W: drop put_b (it would name the absent `sb`).
             put = &put[..put.find("fn put_b").expect("put_b")];
         }
-        let mut body = template.replace("//@KLOOP\n", &kloop.replace("W_AT", w_at));
+        // W's storage: vec4s of f16, or BF16 pairs in u32 words widened to f32 and rounded to f16
+        // when loaded (exact for |w| in f16's normal range).
+        let (w_elem, load_w) = match w_format {
+            WeightFormat::F16 => ("vec4<f16>", "fn load_w(i: u32) -> vec4<f16> {\n    return w[i];\n}\n"),
+            WeightFormat::Bf16 => (
+                "vec2<u32>",
+                "fn load_w(i: u32) -> vec4<f16> {\n    let v = w[i];\n    return vec4<f16>(vec4<f32>(bitcast<f32>(v.x << 16u), bitcast<f32>(v.x & 0xffff0000u), bitcast<f32>(v.y << 16u), bitcast<f32>(v.y & 0xffff0000u)));\n}\n",
+            ),
+            WeightFormat::F32 => panic!("the tensor-core GEMM takes 16-bit weights"),
+        };
+        assert!(w_format == WeightFormat::F16 || b_fragment.is_none(), "direct W fragments need F16 weights");
+        let put = format!("{put}{load_w}");
+        let mut body = template.replace("//@KLOOP\n", &kloop.replace("W_AT", w_at)).replace("W_ELEM", w_elem);
         // Where the invocation's vec4 number e of a step goes in a stage, in halves.
         let put = format!("{put}fn dst_of(e: u32) -> u32 {{\n    return (e / BK4) * KP + 4u * (e % BK4);\n}}\n");
         body = body.replace("SELEM_TYPE", elem).replace("//@PUT\n", &put).replace("//@ACC\n", &acc).replace("//@MULTIPLY\n", &multiply);
@@ -382,6 +432,7 @@ const _: () = {
     let mut i = 0;
     while i < TILES.len() {
         assert!(TILES[i].is_valid(), "a coop gemm tile breaks its invariants (see CoopTile::is_valid)");
+        assert!(TILES[i].dense_shared_bytes() <= MAX_SHARED_BYTES, "a coop gemm tile's workgroup memory with the epilogue scratch is over the limit");
         i += 1;
     }
 };
@@ -392,11 +443,17 @@ pub fn source(tile: CoopTile) -> KernelSource {
     source_with(tile, WPath::Staged)
 }
 
-/// The kernel for `tile` with W reaching the tensor cores by `path`.
+/// The kernel for `tile` with F16 W reaching the tensor cores by `path`.
 pub fn source_with(tile: CoopTile, path: WPath) -> KernelSource {
+    source_for(tile, path, WeightFormat::F16)
+}
+
+/// The kernel for `tile` with W stored as `w_format` (F16, or BF16 with [`WPath::Staged`]: each
+/// BF16 value is widened and rounded to f16 when staged) reaching the tensor cores by `path`.
+pub fn source_for(tile: CoopTile, path: WPath, w_format: WeightFormat) -> KernelSource {
     KernelSource {
-        name: format!("coop_gemm_{}{}", tile.label(), path.suffix()),
-        wgsl: tile.render_with(path),
+        name: format!("coop_gemm_{}{}{}", tile.label(), path.suffix(), w_format.suffix()),
+        wgsl: tile.render_with(path, w_format),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<CoopGemmParams>() as u64,
@@ -416,13 +473,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn params_are_32_bytes() {
-        assert_eq!(size_of::<CoopGemmParams>(), 32);
+    fn params_are_a_multiple_of_16_bytes() {
+        assert_eq!(size_of::<CoopGemmParams>(), 64);
     }
 
     #[test]
     fn every_tile_renders_and_validates_with_cooperative_matrices() {
-        for k in TILES.iter().flat_map(|&t| [source(t), source_with(t, WPath::Direct)]) {
+        for k in TILES.iter().flat_map(|&t| [source(t), source_with(t, WPath::Direct), source_for(t, WPath::Staged, WeightFormat::Bf16)]) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)

@@ -5,7 +5,9 @@
 //    (element i in the half i & 1 of word i >> 1, low half first).
 // C: f32 [M, N] row-major, written whole (no accumulate).
 // Batches: workgroup row y computes batch b = wid.y, whose A, W and C start a_batch, w_batch,
-// c_batch elements further (the first two multiples of 4).
+// c_batch elements further (the first two multiples of 4). C's rows are c_rs apart, from element
+// c_offset on. Epilogue 1 (softcap): C = cap * tanh(acc / cap), applied fragment by fragment in a
+// scratch of workgroup memory (cooperative matrices have no elementwise functions).
 // Requires M % BM == 0, N % BN == 0, K % BK == 0 and subgroups of exactly 32 invocations
 // (invocation t belongs to subgroup t / 32: every cooperative operation of a subgroup takes the
 // same pointer and stride).
@@ -34,18 +36,28 @@ struct Params {
     a_batch: u32,
     w_batch: u32,
     c_batch: u32,
+    c_rs: u32,
+    c_offset: u32,
+    cap: f32,
+    epilogue: u32,
     pad0: u32,
     pad1: u32,
+    pad2: u32,
+    pad3: u32,
+    pad4: u32,
+    pad5: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> w: array<vec4<f16>>;
+@group(0) @binding(2) var<storage, read> w: array<W_ELEM>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
 
 // Two stages of A ([BM][KP] halves each) and of W ([BN][KP] halves each).
 var<workgroup> sa: array<SElem, SAL>;
 var<workgroup> sb: array<SElem, SBL>;
+// One 16 x 16 f32 fragment per subgroup, for the epilogue.
+var<workgroup> scratch: array<f32, WT * 8u>;
 
 //@PUT
 
@@ -61,10 +73,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let steps = p.k / BK;
     let stride_s = KPS;
     let w_step = BK4;
-    let stride_c = p.n;
+    let stride_c = p.c_rs;
+    let stride_f = 16u;
+    let lane = lt % 32u;
     let a_base = wid.y * (p.a_batch / 4u);
     let w_base = wid.y * (p.w_batch / 4u);
-    let c_base = wid.y * p.c_batch;
+    let c_base = p.c_offset + wid.y * p.c_batch;
 
     // The vec4s of A and W this invocation stages: their index at step 0 (a step adds BK4) and
     // their place (in halves) in a stage.
@@ -85,5 +99,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let stride_w = k4;
 
 //@KLOOP
+    if (p.epilogue == 0u) {
 //@STORE
+    } else {
+//@STORE_CAPPED
+    }
 }

@@ -35,7 +35,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> w: array<vec4<f16>>;
+@group(0) @binding(2) var<storage, read> w: array<W_ELEM>;
 @group(0) @binding(3) var<storage, read> offsets: array<u32>;
 @group(0) @binding(4) var<storage, read> gather_rows: array<u32>;
 @group(0) @binding(5) var<storage, read_write> c: array<f32>;

@@ -12,7 +12,7 @@
     }
     // @unroll
     for (var l = 0u; l < LW; l++) {
-        rw[l] = w[W_AT];
+        rw[l] = load_w(W_AT);
     }
     // @unroll
     for (var l = 0u; l < LA; l++) {
@@ -35,7 +35,7 @@
             }
             // @unroll
             for (var l = 0u; l < LW; l++) {
-                rw[l] = w[W_AT + (s + 1u) * w_step];
+                rw[l] = load_w(W_AT + (s + 1u) * w_step);
             }
         }
         let a_st = (s & 1u) * (BM * KP);
