@@ -287,7 +287,6 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         b_group_stride: (n * kk) as u32,
         c_rs: n as u32,
         gather: u32::from(gather),
-        ..bytemuck::Zeroable::zeroed()
     };
     rec.grouped_gemm_matrix(&a.normed, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
     rec.gelu_glu_fused(&a.expert_gate_up, &a.expert_act, c * k, ei)?;
