@@ -40,7 +40,7 @@ pub struct Args {
     /// Store the weight matrices as BF16 on the GPU (arithmetic stays f32).
     #[arg(long)]
     bf16: bool,
-    /// Store the weight matrices as F16 (tensor-core projections where the GPU has them).
+    /// Store the weight matrices as F16 (tensor cores for the projections, experts, head and attention where the GPU has them).
     #[arg(long, conflicts_with = "bf16")]
     f16: bool,
 }

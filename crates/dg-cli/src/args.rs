@@ -122,7 +122,8 @@ pub struct GenerateArgs {
     pub adapter: Option<String>,
 
     /// How the GPU stores the weight matrices: auto (the checkpoint's BF16 if it is BF16, else
-    /// f32), f32, bf16 or f16. Arithmetic is f32, except the tensor-core projections of f16.
+    /// f32), f32, bf16 or f16. Arithmetic is f32, except on tensor cores in f16 (projections, experts,
+    /// head and attention with f16 operands, where the GPU has cooperative matrices).
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
 

@@ -203,16 +203,20 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         alpha: 1.0,
         ..bytemuck::Zeroable::zeroed()
     };
+    // The F16 mode runs attention's products on the tensor cores too (q, K, V and the
+    // probabilities rounded to f16 when staged) where the shapes fit.
+    let tc = w.format == WeightFormat::F16;
+    let f32_ = WeightFormat::F32;
     match pass {
         LayerPass::Decode(v) => {
             if v.len > 0 {
-                rec.gemm(&a.q, &cache.keys, &a.scores, scores(v.len, key_start * row, 0))?;
+                rec.gemm_auto(&a.q, &cache.keys, f32_, &a.scores, scores(v.len, key_start * row, 0), tc)?;
             }
-            rec.gemm(&a.q, &a.k_new, &a.scores, scores(c, 0, v.len))?;
+            rec.gemm_auto(&a.q, &a.k_new, f32_, &a.scores, scores(c, 0, v.len), tc)?;
             rec.softmax(&a.scores, SoftmaxParams::plain((heads * c) as u32, s as u32))?;
         }
         LayerPass::Encode { start, .. } => {
-            rec.gemm(&a.q, &cache.keys, &a.scores, scores(s, key_start * row, 0))?;
+            rec.gemm_auto(&a.q, &cache.keys, f32_, &a.scores, scores(s, key_start * row, 0), tc)?;
             let window = match spec.kind {
                 LayerKind::Sliding => cfg.sliding_window as u32,
                 LayerKind::Full => 0,
@@ -251,11 +255,11 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     match pass {
         LayerPass::Decode(v) => {
             if v.len > 0 {
-                rec.gemm(&a.scores, &cache.values, &a.attn, values(v.len, 0, key_start * row, false))?;
+                rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values(v.len, 0, key_start * row, false), tc)?;
             }
-            rec.gemm(&a.scores, &a.v_new, &a.attn, values(c, v.len, v_offset, v.len > 0))?;
+            rec.gemm_auto(&a.scores, &a.v_new, f32_, &a.attn, values(c, v.len, v_offset, v.len > 0), tc)?;
         }
-        LayerPass::Encode { .. } => rec.gemm(&a.scores, &cache.values, &a.attn, values(s, 0, key_start * row, false))?,
+        LayerPass::Encode { .. } => rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values(s, 0, key_start * row, false), tc)?,
     }
     rec.linear_format(&a.attn, &l.o_proj.buffer, l.o_proj.format, &a.proj, c, h, heads * d)?;
     // h = h + post_attention_layernorm(a)

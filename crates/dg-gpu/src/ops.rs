@@ -146,19 +146,37 @@ impl<'a> Recorder<'a> {
         k: usize,
         batches: Batches,
     ) -> Result<(), GpuError> {
-        let (m32, n32, k32) = (m as u32, n as u32, k as u32);
         let Batches { count, x_stride, w_stride, c_stride } = batches;
-        if w_format == WeightFormat::F16
-            && self.ctx.coop_matrix
-            && x_stride.is_multiple_of(4)
-            && w_stride.is_multiple_of(4)
-            && let Some(&tile) = coop_gemm::TILES.iter().find(|t| t.fits(m32, n32, k32) && (m32 / t.bm) * (n32 / t.bn) <= 65535)
-        {
-            let p = coop_gemm::CoopGemmParams::batched(m32, n32, k32, x_stride, w_stride, c_stride);
-            return self.push(coop_gemm::source_with(tile, coop_path()), &p, &[x, w, out], coop_gemm::workgroups(tile, m32, n32, count));
-        }
         let p = GemmParams { batch: count, a_batch: x_stride, b_batch: w_stride, c_batch: c_stride, ..linear_params(m, n, k) };
-        self.gemm_format(x, w, w_format, out, p)
+        self.gemm_auto(x, w, w_format, out, p, w_format == WeightFormat::F16)
+    }
+
+    /// [`Self::gemm_format`], on the tensor cores when `tensor_cores` (the F16 mode) is set, the
+    /// device has cooperative matrices and `dg_kernels::coop_gemm::plan` takes the product: A and
+    /// B rounded to f16 when staged (B stored as F16, BF16 or f32), f32 accumulation, the same
+    /// strides, batches, accumulate and softcap; f32 operands with ragged columns split into a
+    /// tensor-core body and an f32 tail. F16 `W[n][k]` may load its fragments directly (`DG_COOP_PATH=direct`);
+    /// everything else is staged.
+    pub fn gemm_auto(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
+        if tensor_cores && self.ctx.coop_matrix {
+            if let Some((tile, layout)) = coop_gemm::plan(&p) {
+                let path = if b_format == WeightFormat::F16 && layout == coop_gemm::BLayout::Nk { coop_path() } else { coop_gemm::WPath::Staged };
+                return self.push(coop_gemm::source_for(tile, path, b_format, layout), &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch));
+            }
+            // Ragged columns (a sliding layer's scores over its 1023 visible keys): the body of
+            // whole 32-wide column blocks on the tensor cores, the last columns in the f32 GEMM.
+            // Only for f32 operands (attention), the case measured on an H200 and tested
+            // (`coop_grouped_gemm.rs`); ragged K stays in the f32 GEMM.
+            const STEP: u32 = 32;
+            let n_body = p.n / STEP * STEP;
+            let body = GemmParams { n: n_body, ..p };
+            if b_format == WeightFormat::F32 && n_body > 0 && n_body < p.n && coop_gemm::plan(&body).is_some() {
+                self.gemm_auto(a, b, b_format, c, body, true)?;
+                let n_tail = GemmParams { n: p.n - n_body, b_offset: p.b_offset + n_body * p.b_cs, c_offset: p.c_offset + n_body, ..p };
+                return self.gemm_format(a, b, b_format, c, n_tail);
+            }
+        }
+        self.gemm_format(a, b, b_format, c, p)
     }
 
     /// The tied head's product for one chunk of the vocabulary: `out[i·c_rs + c_offset + j] =
@@ -178,21 +196,12 @@ impl<'a> Recorder<'a> {
         cap: Option<f32>,
         tensor_cores: bool,
     ) -> Result<(), GpuError> {
-        let (m32, n32, k32) = (m as u32, n as u32, k as u32);
-        if tensor_cores
-            && self.ctx.coop_matrix
-            && matches!(w_format, WeightFormat::F16 | WeightFormat::Bf16)
-            && let Some(&tile) = coop_gemm::TILES.iter().find(|t| t.fits(m32, n32, k32) && (m32 / t.bm) * (n32 / t.bn) <= 65535)
-        {
-            let p = coop_gemm::CoopGemmParams::strided(m32, n32, k32, c_rs as u32, c_offset as u32, cap);
-            return self.push(coop_gemm::source_for(tile, coop_gemm::WPath::Staged, w_format), &p, &[x, w, out], coop_gemm::workgroups(tile, m32, n32, 1));
-        }
         let mut p = GemmParams { c_offset: c_offset as u32, c_rs: c_rs as u32, ..linear_params(m, n, k) };
         if let Some(cap) = cap {
             p.epilogue = 1;
             p.cap = cap;
         }
-        self.gemm_format(x, w, w_format, out, p)
+        self.gemm_auto(x, w, w_format, out, p, tensor_cores && w_format != WeightFormat::F32)
     }
 
     /// Per-expert GEMMs over `slots` grouped slots (the tile is chosen by the mean group size).

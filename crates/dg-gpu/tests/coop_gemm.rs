@@ -1,4 +1,4 @@
-//! The tensor-core GEMM prototype (`dg_kernels::coop_gemm`) on a device with cooperative
+//! The tensor-core GEMM (`dg_kernels::coop_gemm`) on a device with cooperative
 //! matrices: parity against an exact CPU reference on the decoder's 256-row shapes, and (ignored
 //! by default) its throughput.
 //!
@@ -16,10 +16,11 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use dg_gpu::testing::{max_rel_err, seeded};
-use dg_kernels::coop_gemm::{self, CoopGemmParams, CoopTile, Staging, TILES};
+use dg_kernels::coop_gemm::{self, CoopTile, Staging, TILES};
+use dg_kernels::gemm::GemmParams;
 use wgpu::util::DeviceExt;
 
-/// The decoder's 256-row linear layers the prototype is measured on, `(m, n, k)`.
+/// The decoder's 256-row linear layers the kernel is measured on, `(m, n, k)`.
 const SHAPES: [(u32, u32, u32); 2] = [(256, 4096, 2816), (256, 2816, 4096)];
 
 /// Value written around and into the output before a run, so that a missed or stray write shows.
@@ -214,7 +215,7 @@ fn operands(dev: &Coop, (m, n, k): (u32, u32, u32), a: &[f32], w_packed: &[u32])
     Operands {
         m,
         n,
-        params: init("params", bytemuck::bytes_of(&CoopGemmParams::new(m, n, k)), wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST),
+        params: init("params", bytemuck::bytes_of(&GemmParams::linear(m, n, k)), wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST),
         a: init("a", bytemuck::cast_slice(a), storage),
         w: init("w", bytemuck::cast_slice(w_packed), storage),
         c: init("c", bytemuck::cast_slice(&vec![GUARD; (m * n) as usize + GUARD_LEN]), storage),

@@ -402,3 +402,49 @@ fn head_linear_on_tensor_cores_matches_the_exact_softcapped_product() {
         assert!(err <= tol, "{format:?}: rel err {err} > {tol} at {at}: got {} want {}", g[at], want[at]);
     }
 }
+
+/// Attention's products on the tensor cores (`Recorder::gemm_auto` in the F16 mode, f32 operands
+/// rounded to f16 when staged): scores over a GQA cache (`[n][k]` keys from a row offset, written
+/// at a column offset, scaled: the epilogue path), values (`[k][n]` from a row offset, read from a
+/// column offset of the probabilities, accumulated onto C), ragged columns (a tensor-core body and
+/// an f32 tail), each against `gemm_reference` on the f16-rounded operands, over the whole C buffer
+/// (what the product must not touch included).
+#[test]
+fn strided_attention_products_on_tensor_cores_match_the_reference() {
+    use dg_gpu::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference};
+    use dg_kernels::gemm::GemmParams;
+    let test = "strided_attention_products_on_tensor_cores_match_the_reference";
+    let Some(ctx) = coop_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let (t, s, d, heads, kv) = (64u32, 128u32, 64u32, 4u32, 2u32);
+    let row = kv * d;
+    let cases: [(&str, GemmParams); 4] = [
+        // A sliding layer sees W − 1 cached keys: 127 here, a 96-column body and a 31-column tail.
+        ("ragged scores", GemmParams { b_offset: 4 * row, ..attention_scores_params(t, 127, d, heads, kv, 1.0) }),
+        ("scores", GemmParams { b_offset: 4 * row, c_offset: 64, c_rs: s + 64, c_batch: t * (s + 64), ..attention_scores_params(t, s, d, heads, kv, 1.0) }),
+        ("scaled scores", GemmParams { b_offset: 8 * row, ..attention_scores_params(t, s, d, heads, kv, 0.125) }),
+        ("values, accumulated", GemmParams { a_offset: 32, a_rs: s + 32, a_batch: t * (s + 32), b_offset: 4 * row, accumulate: 1, ..attention_values_params(t, s, d, heads, kv) }),
+    ];
+    for (name, p) in cases {
+        let body = GemmParams { n: p.n / 32 * 32, ..p };
+        assert!(dg_kernels::coop_gemm::plan(&body).is_some(), "{name}: meant for the tensor cores");
+        let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
+        let b_len = gemm_extent(p.b_offset, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs);
+        let c_len = gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
+        let a = f16_round(&seeded(a_len, 31, 1.0));
+        let b = f16_round(&seeded(b_len, 32, 1.0));
+        let c0 = seeded(c_len, 33, 2.0);
+        let ab = ctx.upload("a", &a).unwrap();
+        let bb = ctx.upload("b", &b).unwrap();
+        let cb = guarded_output(&ctx, "c", c_len);
+        ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.gemm_auto(&ab, &bb, WeightFormat::F32, &cb, p, true).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &cb, c_len);
+        let want = gemm_reference(&p, &a, &b, &c0);
+        let (err, at) = max_rel_err(&got, &want);
+        let tol = tolerance(p.k as usize);
+        assert!(err <= tol, "{name}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
+    }
+}

@@ -1,25 +1,30 @@
-//! Tensor-core GEMM through cooperative matrices: a linear layer `C = A·Wᵀ` whose
-//! products run on the matrix units (NVIDIA tensor cores) through WGSL's cooperative matrix types,
-//! 16×16×16 fragments with f16 inputs and f32 accumulation.
+//! Tensor-core GEMM through cooperative matrices: [`crate::gemm`]'s strided, batched product,
+//! with the same [`GemmParams`], whose products run on the matrix units (NVIDIA tensor cores)
+//! through WGSL's cooperative matrix types, 16×16×16 fragments with f16 inputs and f32
+//! accumulation. The F16 mode runs the linear layers, K/V, the tied head and attention on it.
 //!
 //! ```text
-//! C[i, j] = Σ_p f16(A[i, p]) · W[j, p]          i < m, j < n, p < k
+//! C[b][i, j] = epilogue(alpha · Σ_p f16(A[b][i, p]) · f16(B[b / div][p, j]) (+ C))
+//! A[b][i, p] = a[a_offset + b·a_batch + i·a_rs + p]          (a_cs = 1)
+//! B[b][p, j] = w[b_offset + b·b_batch + p·b_rs + j·b_cs]      (b_rs = 1: W[n][k]; b_cs = 1: B[k][n])
+//! C[b][i, j] = c[c_offset + b·c_batch + i·c_rs + j]
 //! ```
 //!
-//! - `a` (binding 1, read): f32 `[m, k]` row-major activations, rounded to f16 (the device's
-//!   f32 → f16 conversion) when staged in workgroup memory;
-//! - `w` (binding 2, read): f16 `[n, k]` row-major weights (PyTorch `[out, in]`), two per u32
-//!   word, element `i` in bits `16·(i & 1) .. 16·(i & 1) + 16` of word `i >> 1` (see
-//!   [`crate::pack_f16`]); the kernel binds it as `array<vec4<f16>>`, the same bytes;
-//! - `c` (binding 3, read-write): f32 `[m, n]` row-major, every element written (no accumulate).
+//! - `a` (binding 1, read): f32, rounded to f16 (the device's conversion) when staged;
+//! - `w` (binding 2, read): F16 (two per u32 word, element `i` in bits `16·(i & 1)..` of word
+//!   `i >> 1`, see [`crate::pack_f16`]), BF16 (the same packing, widened exactly and then rounded
+//!   to f16, exact for values in f16's normal range) or f32 (rounded to f16), read as vec4s; laid
+//!   out as [`BLayout::Nk`] (PyTorch's `[out, in]`) or [`BLayout::Kn`];
+//! - `c` (binding 3, read-write): f32; alpha, accumulate and the softcap epilogue as in
+//!   [`crate::gemm`], applied through a per-subgroup scratch of workgroup memory (a plain product
+//!   stores its fragments straight to C).
 //!
-//! Batched: workgroup row `b` of the dispatch computes batch `b`, whose A, W and C start
-//! `b·a_batch`, `b·w_batch`, `b·c_batch` elements in (K and V of a layer in one dispatch).
-//!
-//! Binding 0 is the uniform [`CoopGemmParams`], as for every dg kernel.
+//! Binding 0 is the uniform [`GemmParams`], as for the f32 GEMM; [`plan`] says whether a product
+//! is one this kernel takes (vec4-aligned offsets and strides, whole tiles) and with which tile.
 //!
 //! Requirements, none of them checked by the kernel:
-//! - `m`, `n`, `k` multiples of the tile's `bm`, `bn`, `bk` ([`CoopTile::fits`]); k > 0;
+//! - `m`, `n`, `k` multiples of the tile's `bm`, `bn`, `bk` ([`CoopTile::fits`]); k > 0; the
+//!   alignment [`plan`] checks;
 //! - the device opened with `wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX` and
 //!   `wgpu::Features::SHADER_F16`, the former only granted with
 //!   `DeviceDescriptor::experimental_features` set to `unsafe { ExperimentalFeatures::enabled() }`,
@@ -29,8 +34,8 @@
 //!   the device supports the Vulkan memory model at device scope; lavapipe has neither);
 //! - subgroups of exactly 32 invocations (`AdapterInfo::subgroup_min_size` and
 //!   `subgroup_max_size` both 32, as on NVIDIA): invocation `t` is taken to be in subgroup `t / 32`;
-//! - workgroup memory of [`CoopTile::shared_bytes`] (up to 40 KiB, above the WebGPU default of
-//!   16 KiB: the device must be opened with the adapter's `max_compute_workgroup_storage_size`).
+//! - workgroup memory of [`CoopTile::dense_shared_bytes`] (up to 48 KiB, above the WebGPU default
+//!   of 16 KiB: the device must be opened with the adapter's `max_compute_workgroup_storage_size`).
 //!
 //! The kernel is therefore not part of [`crate::all_variants`] (naga validates it offline in this
 //! module's tests, with the cooperative-matrix capability).
@@ -43,8 +48,8 @@
 //! its W fragments straight from the buffer one step ahead (`wgsl/coop_kloop_direct.wgsl`): slower
 //! for these dense products on an H200, faster for the experts'. See `wgsl/coop_gemm.wgsl`.
 
-use bytemuck::{Pod, Zeroable};
 
+use crate::gemm::GemmParams;
 use crate::{Access, KernelSource, WeightFormat, with_prelude};
 
 /// Invocations of one subgroup the kernel assumes.
@@ -59,46 +64,22 @@ pub const MAX_INVOCATIONS: u32 = 256;
 /// Most workgroup memory a tile may use, in bytes (NVIDIA's Vulkan limit, 48 KiB).
 pub const MAX_SHARED_BYTES: u32 = 48 * 1024;
 
-/// Uniform parameters of `coop_gemm.wgsl`: 32 bytes.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
-pub struct CoopGemmParams {
-    pub m: u32,
-    pub n: u32,
-    pub k: u32,
-    /// Elements between the A of consecutive batches (a multiple of 4).
-    pub a_batch: u32,
-    /// Elements between the W of consecutive batches (a multiple of 4).
-    pub w_batch: u32,
-    /// Elements between the C of consecutive batches.
-    pub c_batch: u32,
-    /// Elements between rows of C (`n` for a packed C).
-    pub c_rs: u32,
-    /// First element of C.
-    pub c_offset: u32,
-    /// Softcap of the epilogue.
-    pub cap: f32,
-    /// 0: store; 1: softcap, `C = cap·tanh(acc / cap)` (the tied head's `final_logit_softcapping`).
-    pub epilogue: u32,
-    pub pad: [u32; 6],
+/// How B is laid out, given the GEMM's strides (`B[k, n] = w[k·b_rs + n·b_cs]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BLayout {
+    /// `b_rs = 1`: `W[n][k]` rows of `b_cs` (PyTorch's `[out, in]`: linear layers, attention's
+    /// keys).
+    Nk,
+    /// `b_cs = 1`: `B[k][n]` rows of `b_rs` (attention's values).
+    Kn,
 }
 
-impl CoopGemmParams {
-    /// `C[m, n] = A[m, k]·W[n, k]ᵀ`, one batch.
-    pub fn new(m: u32, n: u32, k: u32) -> Self {
-        CoopGemmParams { m, n, k, c_rs: n, ..Zeroable::zeroed() }
-    }
-
-    /// Batch `b` (the dispatch's workgroup row, see [`workgroups`]) computes
-    /// `C[b·c_batch..] = A[b·a_batch..]·W[b·w_batch..]ᵀ`.
-    pub fn batched(m: u32, n: u32, k: u32, a_batch: u32, w_batch: u32, c_batch: u32) -> Self {
-        CoopGemmParams { m, n, k, a_batch, w_batch, c_batch, c_rs: n, ..Zeroable::zeroed() }
-    }
-
-    /// The tied head's shape: `C[c_offset + i·c_rs + j] = softcap(A·Wᵀ)[i, j]` for a chunk of the
-    /// vocabulary (`cap` `None`: no softcap).
-    pub fn strided(m: u32, n: u32, k: u32, c_rs: u32, c_offset: u32, cap: Option<f32>) -> Self {
-        CoopGemmParams { m, n, k, c_rs, c_offset, cap: cap.unwrap_or(0.0), epilogue: u32::from(cap.is_some()), ..Zeroable::zeroed() }
+impl BLayout {
+    fn suffix(self) -> &'static str {
+        match self {
+            BLayout::Nk => "",
+            BLayout::Kn => "_kn",
+        }
     }
 }
 
@@ -231,18 +212,31 @@ impl CoopTile {
             ("LA", self.bm * bk4 / self.invocations()),
             ("LW", self.bn * bk4 / self.invocations()),
             ("SAL", 2 * self.bm * kp / se),
-            ("SBL", 2 * self.bn * kp / se),
+            ("BN4", self.bn / 4),
+            ("NP", self.bn + ROW_PAD),
+            ("NPS", (self.bn + ROW_PAD) / se),
         ]
     }
 
-    /// The full WGSL of the dense kernel for this variant, F16 W staged.
-    pub fn render(self) -> String {
-        self.render_with(WPath::Staged, WeightFormat::F16)
+    /// Halves of one stage of W in workgroup memory: `[BN][KP]` for [`BLayout::Nk`], `[BK][NP]`
+    /// for [`BLayout::Kn`] (never more than the former while `bk ≤ bn`).
+    const fn w_stage_halves(self, layout: BLayout) -> u32 {
+        match layout {
+            BLayout::Nk => self.bn * self.row_halves(),
+            BLayout::Kn => self.bk * (self.bn + ROW_PAD),
+        }
     }
 
-    /// The full WGSL of the dense kernel for this variant, W stored as `w_format` (F16, or BF16
-    /// when staged) reaching the tensor cores by `path`.
-    pub fn render_with(self, path: WPath, w_format: WeightFormat) -> String {
+    /// The full WGSL of the dense kernel for this variant, F16 W `[n][k]` staged.
+    pub fn render(self) -> String {
+        self.render_with(WPath::Staged, WeightFormat::F16, BLayout::Nk)
+    }
+
+    /// The full WGSL of the dense kernel for this variant, B stored as `w_format` (F16, or BF16
+    /// or f32 when staged) and laid out as `layout`, reaching the tensor cores by `path` (direct
+    /// only for F16 [`BLayout::Nk`]).
+    pub fn render_with(self, path: WPath, w_format: WeightFormat, layout: BLayout) -> String {
+        assert!(path == WPath::Staged || layout == BLayout::Nk, "direct W fragments need W[n][k]");
         let (fm, fn_) = self.fragments();
         let mut store = String::new();
         for i in 0..fm {
@@ -254,7 +248,7 @@ impl CoopTile {
                 );
             }
         }
-        // Softcap: each fragment through the subgroup's scratch; lane l writes 8 values of row l / 2.
+        // Epilogue: each fragment through the subgroup's scratch; lane l writes 8 values of row l / 2.
         let mut capped = String::new();
         for i in 0..fm {
             for j in 0..fn_ {
@@ -264,22 +258,32 @@ impl CoopTile {
                      \x20           let src = fs + (lane / 2u) * 16u + (lane % 2u) * 8u;\n\
                      \x20           let dst = c_base + (m0 + sm + {di}u + lane / 2u) * p.c_rs + n0 + sn + {dj}u + (lane % 2u) * 8u;\n\
                      \x20           for (var q = 0u; q < 8u; q++) {{\n\
-                     \x20               // tanh(±10) is already ±1 in f32; the clamp keeps exp-based tanh lowerings finite.\n\
-                     \x20               c[dst + q] = p.cap * tanh(clamp(scratch[src + q] / p.cap, -10.0, 10.0));\n\
+                     \x20               var v = p.alpha * scratch[src + q];\n\
+                     \x20               if (p.accumulate != 0u) {{\n                    v += c[dst + q];\n                }}\n\
+                     \x20               if (p.epilogue == 1u) {{\n\
+                     \x20                   // tanh(±10) is already ±1 in f32; the clamp keeps exp-based tanh lowerings finite.\n\
+                     \x20                   v = p.cap * tanh(clamp(v / p.cap, -10.0, 10.0));\n\
+                     \x20               }}\n\
+                     \x20               c[dst + q] = v;\n\
                      \x20           }}\n            workgroupBarrier();\n        }}\n"
                 );
             }
         }
-        self.expand_path(include_str!("wgsl/coop_gemm.wgsl"), "w_src[l]", path, w_format, vec![("//@STORE_CAPPED\n", capped), ("//@STORE\n", store)])
+        let (w_src, w_step) = match layout {
+            BLayout::Nk => ("w_base + (n0 + e / BK4) * (p.b_cs / 4u) + e % BK4", "BK4"),
+            BLayout::Kn => ("w_base + (e / BN4) * (p.b_rs / 4u) + n0 / 4u + e % BN4", "BK * (p.b_rs / 4u)"),
+        };
+        let template = include_str!("wgsl/coop_gemm.wgsl").replace("W_SRC", w_src).replace("W_STEP", w_step);
+        self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)])
     }
 
     /// [`Self::expand`] for W reaching the tensor cores by `path`: with [`WPath::Direct`] the
     /// template's `sb` is dropped and the K loop is `coop_kloop_direct.wgsl`, whose W fragments
     /// start at `w_sub` (a `let` of the template), `stride_w` vec4s between W rows, `w_step` between
     /// steps.
-    pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, w_format: WeightFormat, mut pieces: Vec<(&str, String)>) -> String {
+    pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, w_format: WeightFormat, layout: BLayout, mut pieces: Vec<(&str, String)>) -> String {
         match path {
-            WPath::Staged => self.expand(template, w_at, w_format, &pieces),
+            WPath::Staged => self.expand(template, w_at, w_format, layout, &pieces),
             WPath::Direct => {
                 let (_, fn_) = self.fragments();
                 let (mut init, mut next, mut rotate) = (String::new(), String::new(), String::new());
@@ -294,7 +298,7 @@ impl CoopTile {
                 pieces.extend([("//@FB_INIT\n", init), ("//@FB_NEXT\n", next), ("//@FB_ROTATE\n", rotate)]);
                 let template = template.replace("var<workgroup> sb: array<SElem, SBL>;\n", "");
                 let fragment = |kk: u32, j: u32| format!("fb_{kk}_{j}");
-                self.expand_with(&template, include_str!("wgsl/coop_kloop_direct.wgsl"), "", w_format, Some(&fragment), &pieces)
+                self.expand_with(&template, include_str!("wgsl/coop_kloop_direct.wgsl"), "", w_format, layout, Some(&fragment), &pieces)
             }
         }
     }
@@ -304,8 +308,8 @@ impl CoopTile {
     /// W's vec4 `l` of step 0 at the expression `w_at`), the unrolled fragment products
     /// (`//@MULTIPLY`), then the kernel's own `pieces`; `enable`s and the const prelude in front,
     /// `// @unroll` loops expanded.
-    pub(crate) fn expand(self, template: &str, w_at: &str, w_format: WeightFormat, pieces: &[(&str, String)]) -> String {
-        self.expand_with(template, include_str!("wgsl/coop_kloop.wgsl"), w_at, w_format, None, pieces)
+    pub(crate) fn expand(self, template: &str, w_at: &str, w_format: WeightFormat, layout: BLayout, pieces: &[(&str, String)]) -> String {
+        self.expand_with(template, include_str!("wgsl/coop_kloop.wgsl"), w_at, w_format, layout, None, pieces)
     }
 
     /// [`Self::expand`] with the K loop `kloop`, and with `b_fragment(kk, j)` naming the B
@@ -317,6 +321,7 @@ impl CoopTile {
         kloop: &str,
         w_at: &str,
         w_format: WeightFormat,
+        layout: BLayout,
         b_fragment: Option<&dyn Fn(u32, u32) -> String>,
         pieces: &[(&str, String)],
     ) -> String {
@@ -354,11 +359,15 @@ impl CoopTile {
             }
             if b_fragment.is_none() {
                 for j in 0..fn_ {
-                    multiply += &format!(
-                        "            let ib{j} = (b_st + (sn + {}u) * KP + {}u) / {se}u;\n            let fb{j} = coopLoad<coop_mat16x16<f16, B>>(&sb[ib{j}], stride_s);\n",
-                        j * FRAGMENT,
-                        kk * FRAGMENT
-                    );
+                    let (jf, kf) = (j * FRAGMENT, kk * FRAGMENT);
+                    multiply += &match layout {
+                        BLayout::Nk => format!(
+                            "            let ib{j} = (b_st + (sn + {jf}u) * KP + {kf}u) / {se}u;\n            let fb{j} = coopLoad<coop_mat16x16<f16, B>>(&sb[ib{j}], stride_s);\n"
+                        ),
+                        BLayout::Kn => format!(
+                            "            let ib{j} = (b_st + {kf}u * NP + sn + {jf}u) / {se}u;\n            let fb{j} = coopLoadT<coop_mat16x16<f16, B>>(&sb[ib{j}], stride_n);\n"
+                        ),
+                    };
                 }
             }
             for i in 0..fm {
@@ -384,10 +393,14 @@ impl CoopTile {
                 "vec2<u32>",
                 "fn load_w(i: u32) -> vec4<f16> {\n    let v = w[i];\n    return vec4<f16>(vec4<f32>(bitcast<f32>(v.x << 16u), bitcast<f32>(v.x & 0xffff0000u), bitcast<f32>(v.y << 16u), bitcast<f32>(v.y & 0xffff0000u)));\n}\n",
             ),
-            WeightFormat::F32 => panic!("the tensor-core GEMM takes 16-bit weights"),
+            WeightFormat::F32 => ("vec4<f32>", "fn load_w(i: u32) -> vec4<f16> {\n    return vec4<f16>(w[i]);\n}\n"),
         };
         assert!(w_format == WeightFormat::F16 || b_fragment.is_none(), "direct W fragments need F16 weights");
-        let put = format!("{put}{load_w}");
+        let dst_w = match layout {
+            BLayout::Nk => "fn dst_w(e: u32) -> u32 {\n    return dst_of(e);\n}\n",
+            BLayout::Kn => "fn dst_w(e: u32) -> u32 {\n    return (e / BN4) * NP + 4u * (e % BN4);\n}\n",
+        };
+        let put = format!("{put}{load_w}{dst_w}");
         let mut body = template.replace("//@KLOOP\n", &kloop.replace("W_AT", w_at)).replace("W_ELEM", w_elem);
         // Where the invocation's vec4 number e of a step goes in a stage, in halves.
         let put = format!("{put}fn dst_of(e: u32) -> u32 {{\n    return (e / BK4) * KP + 4u * (e % BK4);\n}}\n");
@@ -396,7 +409,9 @@ impl CoopTile {
             assert!(body.contains(marker), "template lacks {marker}");
             body = body.replace(marker, text);
         }
-        let consts = self.prelude();
+        let mut consts = self.prelude();
+        let stage = self.w_stage_halves(layout);
+        consts.extend([("SBS", stage), ("SBL", 2 * stage / se)]);
         format!("enable f16;\nenable wgpu_cooperative_matrix;\n{}", with_prelude(&consts, &crate::gemm::unroll(&body, &consts)))
     }
 }
@@ -437,27 +452,51 @@ const _: () = {
     }
 };
 
-/// The kernel for `tile`, named `coop_gemm_{label}`. Bindings: `a` (read), `w` (read), `c`
-/// (read-write).
+/// The kernel for `tile`, named `coop_gemm_{label}`: F16 `W[n][k]`, staged. Bindings: `a` (read),
+/// `w` (read), `c` (read-write); parameters [`GemmParams`].
 pub fn source(tile: CoopTile) -> KernelSource {
     source_with(tile, WPath::Staged)
 }
 
-/// The kernel for `tile` with F16 W reaching the tensor cores by `path`.
+/// The kernel for `tile` with F16 `W[n][k]` reaching the tensor cores by `path`.
 pub fn source_with(tile: CoopTile, path: WPath) -> KernelSource {
-    source_for(tile, path, WeightFormat::F16)
+    source_for(tile, path, WeightFormat::F16, BLayout::Nk)
 }
 
-/// The kernel for `tile` with W stored as `w_format` (F16, or BF16 with [`WPath::Staged`]: each
-/// BF16 value is widened and rounded to f16 when staged) reaching the tensor cores by `path`.
-pub fn source_for(tile: CoopTile, path: WPath, w_format: WeightFormat) -> KernelSource {
+/// The kernel for `tile` with B stored as `w_format` (F16; BF16 or f32 only with
+/// [`WPath::Staged`], each value rounded to f16 when staged) laid out as `layout` ([`WPath::Direct`]
+/// only for [`BLayout::Nk`]).
+pub fn source_for(tile: CoopTile, path: WPath, w_format: WeightFormat, layout: BLayout) -> KernelSource {
     KernelSource {
-        name: format!("coop_gemm_{}{}{}", tile.label(), path.suffix(), w_format.suffix()),
-        wgsl: tile.render_with(path, w_format),
+        name: format!("coop_gemm_{}{}{}{}", tile.label(), path.suffix(), layout.suffix(), w_format.suffix()),
+        wgsl: tile.render_with(path, w_format, layout),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
-        params_size: size_of::<CoopGemmParams>() as u64,
+        params_size: size_of::<GemmParams>() as u64,
     }
+}
+
+/// The tile and B layout that run `p` on the tensor cores, if the product is one the kernel takes:
+/// A row-major (`a_cs = 1`), B `[n][k]` or `[k][n]` with a unit stride, every vec4-read offset and
+/// stride a multiple of 4, whole tiles (the first of [`TILES`] that fits), at most 65535 tiles per
+/// batch and batches.
+pub fn plan(p: &GemmParams) -> Option<(CoopTile, BLayout)> {
+    let layout = match (p.b_rs, p.b_cs) {
+        (1, cs) if cs.is_multiple_of(4) => BLayout::Nk,
+        (rs, 1) if rs.is_multiple_of(4) => BLayout::Kn,
+        _ => return None,
+    };
+    let batched = p.batch.max(1);
+    let aligned = [p.a_offset, p.a_rs, p.b_offset].iter().all(|v| v.is_multiple_of(4))
+        && (batched == 1 || (p.a_batch.is_multiple_of(4) && p.b_batch.is_multiple_of(4)));
+    if p.a_cs != 1 || !aligned || batched > 65535 {
+        return None;
+    }
+    TILES
+        .iter()
+        .copied()
+        .find(|t| t.fits(p.m, p.n, p.k) && (p.m / t.bm) * (p.n / t.bn) <= 65535)
+        .map(|t| (t, layout))
 }
 
 /// The dispatch of an `m × n` product over `batch` batches: one workgroup per tile in x (at most
@@ -473,13 +512,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn params_are_a_multiple_of_16_bytes() {
-        assert_eq!(size_of::<CoopGemmParams>(), 64);
+    fn plan_takes_the_forward_products_and_refuses_the_rest() {
+        // q_proj, the head chunk (strided C), attention's scores (keys [n][k] of a GQA cache) and
+        // values ([k][n]).
+        let q = GemmParams::linear(256, 4096, 2816);
+        assert_eq!(plan(&q).map(|(_, l)| l), Some(BLayout::Nk));
+        let scores = GemmParams { batch: 16, a_rs: 4096, a_batch: 256, b_rs: 1, b_cs: 2048, b_batch: 256, b_batch_div: 2, c_rs: 1280, c_batch: 256 * 1280, ..GemmParams::new(256, 1024, 256) };
+        assert_eq!(plan(&scores).map(|(_, l)| l), Some(BLayout::Nk));
+        let values = GemmParams { batch: 16, a_rs: 1280, a_batch: 256 * 1280, a_offset: 1024, b_rs: 2048, b_cs: 1, b_batch: 256, b_batch_div: 2, c_rs: 4096, c_batch: 256, accumulate: 1, ..GemmParams::new(256, 256, 256) };
+        assert_eq!(plan(&values).map(|(_, l)| l), Some(BLayout::Kn));
+        assert_eq!(plan(&GemmParams { a_cs: 2, ..q }), None, "A not row-major");
+        assert_eq!(plan(&GemmParams { b_rs: 2, ..q }), None, "no unit stride in B");
+        assert_eq!(plan(&GemmParams { a_offset: 2, ..q }), None, "A offset not vec4-aligned");
+        assert_eq!(plan(&GemmParams::linear(256, 4096, 2800)), None, "k not a multiple of 32");
     }
 
     #[test]
     fn every_tile_renders_and_validates_with_cooperative_matrices() {
-        for k in TILES.iter().flat_map(|&t| [source(t), source_with(t, WPath::Direct), source_for(t, WPath::Staged, WeightFormat::Bf16)]) {
+        let variants = |t| {
+            [
+                source(t),
+                source_with(t, WPath::Direct),
+                source_for(t, WPath::Staged, WeightFormat::Bf16, BLayout::Nk),
+                source_for(t, WPath::Staged, WeightFormat::F32, BLayout::Nk),
+                source_for(t, WPath::Staged, WeightFormat::F32, BLayout::Kn),
+            ]
+        };
+        for k in TILES.iter().flat_map(|&t| variants(t)) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)

@@ -155,7 +155,7 @@ pub fn source_with(tile: CoopTile, path: WPath) -> KernelSource {
     let (full, partial) = stores(tile);
     let template = include_str!("wgsl/coop_grouped_gemm.wgsl");
     let stores = [("//@STORE_PARTIAL\n", partial), ("//@STORE\n", full)];
-    let wgsl = tile.expand_path(template, "(w_first + lt + l * WT)", path, crate::WeightFormat::F16, stores.to_vec());
+    let wgsl = tile.expand_path(template, "(w_first + lt + l * WT)", path, crate::WeightFormat::F16, crate::coop_gemm::BLayout::Nk, stores.to_vec());
     KernelSource {
         name: format!("coop_grouped_gemm_{}{}", tile.label(), path.suffix()),
         wgsl,

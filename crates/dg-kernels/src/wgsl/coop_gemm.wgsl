@@ -1,13 +1,18 @@
-// Tensor-core GEMM through cooperative matrices (see coop_gemm.rs for the contract):
-//   C[m, n] = sum over k of f16(A[m, k]) * W[n, k]     (f16 products, f32 accumulation)
-// A: f32 [M, K] row-major, read as vec4s and rounded to f16 when staged in workgroup memory.
-// W: f16 [N, K] row-major, read as vec4<f16>: the same bytes as f16 pairs packed in u32 words
-//    (element i in the half i & 1 of word i >> 1, low half first).
-// C: f32 [M, N] row-major, written whole (no accumulate).
-// Batches: workgroup row y computes batch b = wid.y, whose A, W and C start a_batch, w_batch,
-// c_batch elements further (the first two multiples of 4). C's rows are c_rs apart, from element
-// c_offset on. Epilogue 1 (softcap): C = cap * tanh(acc / cap), applied fragment by fragment in a
-// scratch of workgroup memory (cooperative matrices have no elementwise functions).
+// Tensor-core GEMM through cooperative matrices (see coop_gemm.rs for the contract), the f32
+// GEMM's strided product (gemm.wgsl, the same GemmParams) with f16 operands:
+//   C[b][i, j] = epilogue(alpha * sum over q of f16(A[b][i, q]) * f16(B[b / div][q, j]) (+ C))
+//   A[b][i, q] = a[a_offset + b * a_batch + i * a_rs + q]                (a_cs = 1)
+//   B[b][q, j] = w[b_offset + b * b_batch + q * b_rs + j * b_cs]
+//   C[b][i, j] = c[c_offset + b * c_batch + i * c_rs + j]
+// A: f32, read as vec4s (a_offset, a_rs, a_batch multiples of 4) and rounded to f16 when staged.
+// B: W_ELEM vec4s (4 elements each: f16, BF16 pairs in u32 words, or f32), rounded to f16 when
+//    staged; laid out as B_LAYOUT: NK (b_rs = 1: W[n][k] rows of b_cs, PyTorch's [out, in]) or KN
+//    (b_cs = 1: B[k][n] rows of b_rs), that stride, b_offset and b_batch multiples of 4.
+// Epilogue (scratch path): alpha, then accumulate (C += ...), then softcap (epilogue 1:
+// cap * tanh(v / cap)), applied fragment by fragment in a scratch of workgroup memory (cooperative
+// matrices have no elementwise functions); a plain product (alpha 1, no accumulate, no softcap)
+// stores its fragments straight to C.
+// Batches: workgroup row y computes batch b = wid.y.
 // Requires M % BM == 0, N % BN == 0, K % BK == 0 and subgroups of exactly 32 invocations
 // (invocation t belongs to subgroup t / 32: every cooperative operation of a subgroup takes the
 // same pointer and stride).
@@ -19,8 +24,8 @@
 // tiles of step s, every invocation holds its share of step s + 1 in registers and then writes it
 // into the other stage; one barrier a step. A staged row is KP = BK + 8 halves (16 bytes of
 // padding, so that the 8 rows of a fragment load fall in distinct banks).
-// A stage holds A as [BM][KP] and W as [BN][KP]: the A fragments load row-major (coopLoadT), the
-// B fragments (B[k][n] = W[n][k]) column-major (coopLoad) from the same [n][k] rows.
+// A stage holds A as [BM][KP] (fragments load row-major, coopLoadT) and W as [BN][KP] for NK
+// (B fragments column-major, coopLoad) or [BK][NP = BN + 8] for KN (B fragments row-major).
 // Every index and stride handed to a cooperative load or store is a `let` of its own.
 
 // (`enable f16;` and `enable wgpu_cooperative_matrix;` come first, ahead of the const prelude.)
@@ -33,19 +38,23 @@ struct Params {
     m: u32,
     n: u32,
     k: u32,
+    batch: u32,
+    a_offset: u32,
+    a_rs: u32,
+    a_cs: u32,
     a_batch: u32,
-    w_batch: u32,
-    c_batch: u32,
-    c_rs: u32,
+    b_offset: u32,
+    b_rs: u32,
+    b_cs: u32,
+    b_batch: u32,
+    b_batch_div: u32,
     c_offset: u32,
-    cap: f32,
+    c_rs: u32,
+    c_batch: u32,
+    alpha: f32,
+    accumulate: u32,
     epilogue: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-    pad3: u32,
-    pad4: u32,
-    pad5: u32,
+    cap: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -69,39 +78,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sg = lt / 32u;
     let sm = (sg / SGN) * WM;
     let sn = (sg % SGN) * WN;
-    let k4 = p.k / 4u;
     let steps = p.k / BK;
     let stride_s = KPS;
-    let w_step = BK4;
+    let stride_n = NPS;
     let stride_c = p.c_rs;
     let stride_f = 16u;
     let lane = lt % 32u;
-    let a_base = wid.y * (p.a_batch / 4u);
-    let w_base = wid.y * (p.w_batch / 4u);
+    let a_base = (p.a_offset + wid.y * p.a_batch) / 4u;
+    let w_base = (p.b_offset + (wid.y / max(p.b_batch_div, 1u)) * p.b_batch) / 4u;
     let c_base = p.c_offset + wid.y * p.c_batch;
+    let a_rs4 = p.a_rs / 4u;
 
-    // The vec4s of A and W this invocation stages: their index at step 0 (a step adds BK4) and
-    // their place (in halves) in a stage.
+    // The vec4s of A this invocation stages: their index at step 0 (a step adds BK4).
     var a_src: array<u32, LA>;
     // @unroll
     for (var l = 0u; l < LA; l++) {
         let e = lt + l * WT;
-        a_src[l] = a_base + (m0 + e / BK4) * k4 + e % BK4;
+        a_src[l] = a_base + (m0 + e / BK4) * a_rs4 + e % BK4;
     }
+    // The vec4s of W: NK, vec4 e of a step is row n0 + e / BK4 (rows b_cs apart), column e % BK4,
+    // a step adds BK4; KN, row e / BN4 of the step's BK rows (b_rs apart), column n0 / 4 + e % BN4,
+    // a step adds BK rows.
     var w_src: array<u32, LW>;
     // @unroll
     for (var l = 0u; l < LW; l++) {
         let e = lt + l * WT;
-        w_src[l] = w_base + (n0 + e / BK4) * k4 + e % BK4;
+        w_src[l] = W_SRC;
     }
-    // Direct W fragments (coop_kloop_direct.wgsl): the subgroup's first W row, rows k4 apart.
-    let w_sub = w_base + (n0 + sn) * k4;
-    let stride_w = k4;
+    let w_step = W_STEP;
+    // Direct W fragments (NK only, coop_kloop_direct.wgsl): the subgroup's first W row.
+    let stride_w = p.b_cs / 4u;
+    let w_sub = w_base + (n0 + sn) * stride_w;
 
 //@KLOOP
-    if (p.epilogue == 0u) {
+    if (p.epilogue == 0u && p.accumulate == 0u && p.alpha == 1.0) {
 //@STORE
     } else {
-//@STORE_CAPPED
+//@STORE_EPILOGUE
     }
 }

@@ -20,7 +20,7 @@
     }
     // @unroll
     for (var l = 0u; l < LW; l++) {
-        put_b(dst_of(lt + l * WT), rw[l]);
+        put_b(dst_w(lt + l * WT), rw[l]);
     }
     workgroupBarrier();
 
@@ -39,18 +39,18 @@
             }
         }
         let a_st = (s & 1u) * (BM * KP);
-        let b_st = (s & 1u) * (BN * KP);
+        let b_st = (s & 1u) * SBS;
 //@MULTIPLY
         if (more) {
             let a_nx = ((s + 1u) & 1u) * (BM * KP);
-            let b_nx = ((s + 1u) & 1u) * (BN * KP);
+            let b_nx = ((s + 1u) & 1u) * SBS;
             // @unroll
             for (var l = 0u; l < LA; l++) {
                 put_a(a_nx + dst_of(lt + l * WT), vec4<f16>(ra[l]));
             }
             // @unroll
             for (var l = 0u; l < LW; l++) {
-                put_b(b_nx + dst_of(lt + l * WT), rw[l]);
+                put_b(b_nx + dst_w(lt + l * WT), rw[l]);
             }
         }
         workgroupBarrier();
