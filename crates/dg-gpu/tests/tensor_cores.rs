@@ -1,13 +1,16 @@
-//! The tensor-core kernels as the forward records them, on a device with cooperative matrices:
-//! `Recorder::grouped_gemm_format` with F16 experts (`dg_kernels::coop_grouped_gemm`) and
-//! `Recorder::batched_linear_format` with F16 weights (the batched `dg_kernels::coop_gemm`, K and
-//! V in one dispatch), each against the exact (f64) product of the f16-rounded operands. Every
-//! output has a guard band and columns the kernel must not touch.
+//! The tensor-core kernels as the F16 mode's forward records them, on a device with cooperative
+//! matrices: `Recorder::grouped_gemm_matrix` on F16 experts in K panels
+//! (`dg_kernels::coop_grouped_gemm`, every tile, W staged and direct), and through
+//! `dg_kernels::coop_gemm` `Recorder::batched_linear_format` (K and V in one dispatch),
+//! `Recorder::head_linear` (a softcapped vocabulary chunk from F16 or BF16 weights) and
+//! `Recorder::gemm_auto` (attention's strided GQA products, ragged columns included), each against
+//! the exact (f64) product of the f16-rounded operands. Every output has a guard band and values
+//! the kernel must not touch.
 //!
 //! On a device without cooperative matrices (lavapipe) these tests print a visible SKIP: the
 //! Recorder takes the f32-arithmetic kernels there, which `kernels_bf16.rs` covers.
 //!
-//! Throughput at the real expert shapes: `cargo test -p dg-gpu --test coop_grouped_gemm --release
+//! Throughput at the real expert shapes: `cargo test -p dg-gpu --test tensor_cores --release
 //! -- --include-ignored --nocapture`.
 
 use std::time::Instant;
