@@ -128,7 +128,7 @@ impl Uploader<'_> {
     }
 
     /// The embedding (and tied head): in the F16 mode it stays BF16, whose unpack (a shift) is
-    /// cheaper in the f32 kernels that use it than F16's.
+    /// cheaper than F16's in the f32 soft-embedding kernel; the tensor-core head converts it.
     fn embedding_matrix(&mut self, label: &str, data: &[f32]) -> Result<GpuMatrix, GpuError> {
         let format = if self.format == WeightFormat::F16 { WeightFormat::Bf16 } else { self.format };
         self.matrix_as(label, data, format)
@@ -139,13 +139,17 @@ impl Uploader<'_> {
             WeightFormat::F32 => self.f32(label, data)?,
             WeightFormat::Bf16 | WeightFormat::F16 => {
                 let pack = if format == WeightFormat::Bf16 { dg_kernels::pack_bf16 } else { dg_kernels::pack_f16 };
-                let words = pack_parallel(data, pack);
-                self.bytes += (words.len() * 4) as u64;
-                self.parameters += data.len() as u64;
-                self.ctx.upload(label, &words)?
+                self.words(label, &pack_parallel(data, pack), data.len())?
             }
         };
         Ok(GpuMatrix { buffer, format, layout: MatrixLayout::RowMajor })
+    }
+
+    /// Uploads `parameters` 16-bit values packed in `words`, counting them.
+    fn words(&mut self, label: &str, words: &[u32], parameters: usize) -> Result<wgpu::Buffer, GpuError> {
+        self.bytes += (words.len() * 4) as u64;
+        self.parameters += parameters as u64;
+        self.ctx.upload(label, words)
     }
 
     /// Expert weights `[experts, n, k]`: in the F16 mode on a device with cooperative matrices, in
@@ -157,9 +161,7 @@ impl Uploader<'_> {
             return self.matrix(label, data);
         }
         let words: Vec<u32> = data.par_chunks(n * k).flat_map_iter(|group| pack_f16_panels(group, n, k, PANEL as usize)).collect();
-        self.bytes += (words.len() * 4) as u64;
-        self.parameters += data.len() as u64;
-        let buffer = self.ctx.upload(label, &words)?;
+        let buffer = self.words(label, &words, data.len())?;
         Ok(GpuMatrix { buffer, format: WeightFormat::F16, layout: MatrixLayout::KPanels })
     }
 

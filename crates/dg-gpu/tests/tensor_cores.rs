@@ -111,18 +111,37 @@ fn panelled(ctx: &GpuContext, x: &Inputs, panel: u32) -> GpuMatrix {
     GpuMatrix { buffer: ctx.upload("w", &words).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels }
 }
 
+/// The buffers of one grouped product: experts in K panels of `panel` columns, C holding `c0`
+/// inside a guard band.
+struct Buffers {
+    a: wgpu::Buffer,
+    w: GpuMatrix,
+    offsets: wgpu::Buffer,
+    rows: wgpu::Buffer,
+    c: wgpu::Buffer,
+}
+
+impl Buffers {
+    fn upload(ctx: &GpuContext, x: &Inputs, panel: u32) -> Self {
+        let c = guarded_output(ctx, "c", x.c0.len());
+        ctx.queue.write_buffer(&c, 0, bytemuck::cast_slice(&x.c0));
+        Buffers {
+            a: ctx.upload("a", &x.a).unwrap(),
+            w: panelled(ctx, x, panel),
+            offsets: ctx.upload("offsets", &x.offsets).unwrap(),
+            rows: ctx.upload("rows", &x.rows).unwrap(),
+            c,
+        }
+    }
+}
+
 /// Runs the grouped product through the Recorder on F16 experts in K panels; returns C.
 fn run_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, x: &Inputs) -> Vec<f32> {
-    let ab = ctx.upload("a", &x.a).unwrap();
-    let w = panelled(ctx, x, coop_grouped_gemm::PANEL);
-    let ob = ctx.upload("offsets", &x.offsets).unwrap();
-    let rb = ctx.upload("rows", &x.rows).unwrap();
-    let cb = guarded_output(ctx, "c", x.c0.len());
-    ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&x.c0));
+    let b = Buffers::upload(ctx, x, coop_grouped_gemm::PANEL);
     let mut rec = Recorder::new(ctx, pipelines);
-    rec.grouped_gemm_matrix(&ab, &w, &ob, &rb, &cb, x.slots, x.params).unwrap();
+    rec.grouped_gemm_matrix(&b.a, &b.w, &b.offsets, &b.rows, &b.c, x.slots, x.params).unwrap();
     rec.finish().unwrap().run(ctx).unwrap();
-    read_guarded(ctx, &cb, x.c0.len())
+    read_guarded(ctx, &b.c, x.c0.len())
 }
 
 /// The exact product of the f16-rounded operands over the slots `pick` keeps; C's other values as
@@ -191,19 +210,21 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
     }
 }
 
-/// Runs `tile`'s kernel directly (bypassing the Recorder's choice).
-fn run_tile(ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: WPath, x: &Inputs) -> Vec<f32> {
+/// A plan of `replays` dispatches of `tile`'s kernel on `b` (bypassing the Recorder's choice).
+fn tile_plan(ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: WPath, x: &Inputs, b: &Buffers, replays: u32) -> dg_gpu::Plan {
     let pipeline = pipelines.get(ctx, coop_grouped_gemm::source_with(tile, path)).unwrap();
-    let ab = ctx.upload("a", &x.a).unwrap();
-    let w = panelled(ctx, x, tile.bk);
-    let ob = ctx.upload("offsets", &x.offsets).unwrap();
-    let rb = ctx.upload("rows", &x.rows).unwrap();
-    let cb = guarded_output(ctx, "c", x.c0.len());
-    ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&x.c0));
     let mut plan = dg_gpu::PlanBuilder::new(ctx);
-    plan.push(&pipeline, &x.params, &[&ab, &w.buffer, &ob, &rb, &cb], coop_grouped_gemm::workgroups(tile, &x.params));
-    plan.finish(ctx).unwrap().run(ctx).unwrap();
-    read_guarded(ctx, &cb, x.c0.len())
+    for _ in 0..replays {
+        plan.push(&pipeline, &x.params, &[&b.a, &b.w.buffer, &b.offsets, &b.rows, &b.c], coop_grouped_gemm::workgroups(tile, &x.params));
+    }
+    plan.finish(ctx).unwrap()
+}
+
+/// Runs `tile`'s kernel once; returns C.
+fn run_tile(ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: WPath, x: &Inputs) -> Vec<f32> {
+    let b = Buffers::upload(ctx, x, tile.bk);
+    tile_plan(ctx, pipelines, tile, path, x, &b, 1).run(ctx).unwrap();
+    read_guarded(ctx, &b.c, x.c0.len())
 }
 
 /// 256 tokens routed top-8 over 128 experts by a seeded hash: the decoder's slot counts.
@@ -286,18 +307,9 @@ const TIMED_TILES: &[(CoopTile, WPath)] = &[
 
 /// Best time of one dispatch of `tile` over 5 submissions of 50 replays, in seconds.
 fn time_tile(ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: WPath, x: &Inputs) -> f64 {
-    let pipeline = pipelines.get(ctx, coop_grouped_gemm::source_with(tile, path)).unwrap();
-    let ab = ctx.upload("a", &x.a).unwrap();
-    let w = panelled(ctx, x, tile.bk);
-    let ob = ctx.upload("offsets", &x.offsets).unwrap();
-    let rb = ctx.upload("rows", &x.rows).unwrap();
-    let cb = guarded_output(ctx, "c", x.c0.len());
     let replays = 50;
-    let mut plan = dg_gpu::PlanBuilder::new(ctx);
-    for _ in 0..replays {
-        plan.push(&pipeline, &x.params, &[&ab, &w.buffer, &ob, &rb, &cb], coop_grouped_gemm::workgroups(tile, &x.params));
-    }
-    let plan = plan.finish(ctx).unwrap();
+    let b = Buffers::upload(ctx, x, tile.bk);
+    let plan = tile_plan(ctx, pipelines, tile, path, x, &b, replays);
     plan.run(ctx).unwrap();
     let mut best = f64::MAX;
     for _ in 0..5 {

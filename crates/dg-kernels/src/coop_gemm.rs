@@ -227,11 +227,6 @@ impl CoopTile {
         }
     }
 
-    /// The full WGSL of the dense kernel for this variant, F16 W `[n][k]` staged.
-    pub fn render(self) -> String {
-        self.render_with(WPath::Staged, WeightFormat::F16, BLayout::Nk)
-    }
-
     /// The full WGSL of the dense kernel for this variant, B stored as `w_format` (F16, or BF16
     /// or f32 when staged) and laid out as `layout`, reaching the tensor cores by `path` (direct
     /// only for F16 [`BLayout::Nk`]).
@@ -273,7 +268,7 @@ impl CoopTile {
             BLayout::Nk => ("w_base + (n0 + e / BK4) * (p.b_cs / 4u) + e % BK4", "BK4"),
             BLayout::Kn => ("w_base + (e / BN4) * (p.b_rs / 4u) + n0 / 4u + e % BN4", "BK * (p.b_rs / 4u)"),
         };
-        let template = include_str!("wgsl/coop_gemm.wgsl").replace("W_SRC", w_src).replace("W_STEP", w_step);
+        let template = crate::gemm::with_params(include_str!("wgsl/coop_gemm.wgsl")).replace("W_SRC", w_src).replace("W_STEP", w_step);
         self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)])
     }
 
@@ -315,6 +310,7 @@ impl CoopTile {
     /// [`Self::expand`] with the K loop `kloop`, and with `b_fragment(kk, j)` naming the B
     /// fragment of K slice `kk`, column block `j` when the W fragments do not come from the
     /// staged `sb` (then no `sb` or `put_b` exists).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn expand_with(
         self,
         template: &str,

@@ -278,7 +278,7 @@ pub fn source(tile: GemmTile) -> KernelSource {
 pub fn source_for(tile: GemmTile, b: WeightFormat) -> KernelSource {
     KernelSource {
         name: format!("gemm_{}{}", tile.label(), b.suffix()),
-        wgsl: with_operand_format(&tile.render(include_str!("wgsl/gemm.wgsl")), "b", b),
+        wgsl: with_operand_format(&tile.render(&with_params(include_str!("wgsl/gemm.wgsl"))), "b", b),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<GemmParams>() as u64,
@@ -320,6 +320,13 @@ pub fn choose_batched(m: u32, n: u32, k: u32, batch: u32) -> GemmTile {
     } else {
         TILE_16_SPLIT
     }
+}
+
+/// `template` with its `//@PARAMS` line replaced by the WGSL of [`GemmParams`]
+/// (`wgsl/gemm_params.wgsl`, shared by the f32 and the tensor-core GEMM).
+pub(crate) fn with_params(template: &str) -> String {
+    assert!(template.contains("//@PARAMS\n"), "a GEMM template without //@PARAMS");
+    template.replace("//@PARAMS\n", include_str!("wgsl/gemm_params.wgsl"))
 }
 
 /// Folds `total` workgroups into a grid with at most [`MAX_GROUPS_PER_DIM`] per dimension

@@ -34,28 +34,7 @@
 // 8-byte store per staged vec4, and the cooperative loads count their stride in vec4s).
 alias SElem = SELEM_TYPE;
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    a_offset: u32,
-    a_rs: u32,
-    a_cs: u32,
-    a_batch: u32,
-    b_offset: u32,
-    b_rs: u32,
-    b_cs: u32,
-    b_batch: u32,
-    b_batch_div: u32,
-    c_offset: u32,
-    c_rs: u32,
-    c_batch: u32,
-    alpha: f32,
-    accumulate: u32,
-    epilogue: u32,
-    cap: f32,
-}
+//@PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;

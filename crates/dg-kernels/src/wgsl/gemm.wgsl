@@ -10,28 +10,7 @@
 // each slice sums its own contiguous part of K and slice 0 adds the others' in slice order, then
 // applies the epilogue alone.
 
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    batch: u32,
-    a_offset: u32,
-    a_rs: u32,
-    a_cs: u32,
-    a_batch: u32,
-    b_offset: u32,
-    b_rs: u32,
-    b_cs: u32,
-    b_batch: u32,
-    b_batch_div: u32,
-    c_offset: u32,
-    c_rs: u32,
-    c_batch: u32,
-    alpha: f32,
-    accumulate: u32,
-    epilogue: u32,
-    cap: f32,
-}
+//@PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
