@@ -90,7 +90,15 @@ pub struct Arena {
     pub row_staging: wgpu::Buffer,
     /// A 4-byte buffer bound where a kernel ignores a binding.
     pub dummy: wgpu::Buffer,
+    /// The split-K partial products of the tensor-core GEMMs (`dg_kernels::split_k`): room for
+    /// [`SPLIT_PARTIALS`] partials of the widest canvas product, on a device with cooperative
+    /// matrices (elsewhere one element, and no product splits).
+    pub split_partials: wgpu::Buffer,
 }
+
+/// Canvas-sized partial products the split-K scratch holds: a 256-row projection splits 4 ways at
+/// the default target (`dg_kernels::coop_gemm::SPLIT_TARGET_WORKGROUPS`), 8 at twice that.
+pub const SPLIT_PARTIALS: usize = 8;
 
 fn max_dims(cfg: &TextConfig) -> (usize, usize) {
     let q = cfg.layers.iter().map(|l| cfg.num_attention_heads * l.head_dim).max().unwrap_or(0);
@@ -164,6 +172,7 @@ impl Arena {
             row_results: f("row results", c * RESULT_WORDS)?,
             row_staging: ctx.buffer("row results staging", (c * RESULT_WORDS * 4) as u64, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?,
             dummy: f("dummy", 1)?,
+            split_partials: f("split partials", if ctx.coop_matrix { SPLIT_PARTIALS * c * h.max(q_w).max(2 * kv_w).max(2 * i) } else { 1 })?,
         })
     }
 }

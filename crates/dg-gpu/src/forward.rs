@@ -59,6 +59,7 @@ pub fn record_canvas_forward<'a>(
     a: &'a Arena,
     shape: &ForwardShape,
 ) -> Result<(), GpuError> {
+    rec.split_k_scratch(&a.split_partials);
     let cfg = &config.text;
     let (c, h, v, eps) = (config.canvas_length, cfg.hidden_size, cfg.vocab_size, cfg.rms_norm_eps);
     let scale = cfg.embed_scale();
@@ -80,7 +81,7 @@ pub fn record_canvas_forward<'a>(
                 accumulate: u32::from(i > 0),
                 ..linear_params(c, h, chunk.rows)
             };
-            rec.gemm_format(&a.sc_probs, &chunk.matrix.buffer, chunk.matrix.format, &a.proj, p)?;
+            rec.gemm_auto(&a.sc_probs, &chunk.matrix.buffer, chunk.matrix.format, &a.proj, p, w.format == WeightFormat::F16)?;
         }
         rec.axpby(&a.dummy, &a.proj, c * h, 0.0, scale)?;
         rec.rmsnorm(&a.proj, Some(&w.sc_pre_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
@@ -128,6 +129,7 @@ pub fn record_encoder_chunk<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w:
 
 /// Records layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).
 pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, pass: LayerPass) -> Result<(), GpuError> {
+    rec.split_k_scratch(&a.split_partials);
     let cfg = &config.text;
     let spec = &cfg.layers[i];
     let l = &w.layers[i];

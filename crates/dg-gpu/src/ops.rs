@@ -4,7 +4,7 @@
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::sample_rows::{self, SampleRowsParams};
-use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, copy, embed, gelu_glu, moe_combine, moe_dispatch, rmsnorm, rope, router_topk, softmax};
+use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, copy, embed, gelu_glu, moe_combine, moe_dispatch, rmsnorm, rope, router_topk, softmax, split_k};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -17,6 +17,8 @@ pub struct Recorder<'a> {
     pipelines: &'a mut Pipelines,
     plan: PlanBuilder<'a>,
     scope: String,
+    /// Scratch for split-K partial products and its length in f32 elements (none: no split).
+    split_scratch: Option<(&'a wgpu::Buffer, u64)>,
 }
 
 impl std::fmt::Debug for Recorder<'_> {
@@ -41,6 +43,12 @@ fn coop_path() -> coop_gemm::WPath {
     }
 }
 
+/// Tuning knob: `DG_SPLIT_TARGET=N` sets the workgroups a tensor-core GEMM is split towards
+/// (default `dg_kernels::coop_gemm::SPLIT_TARGET_WORKGROUPS`; 0 never splits).
+fn split_target() -> u32 {
+    std::env::var("DG_SPLIT_TARGET").ok().and_then(|v| v.parse().ok()).unwrap_or(coop_gemm::SPLIT_TARGET_WORKGROUPS)
+}
+
 /// How many products a batched linear runs and where each one's operands start, in elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batches {
@@ -62,12 +70,18 @@ pub fn linear_params(m: usize, n: usize, k: usize) -> GemmParams {
 
 impl<'a> Recorder<'a> {
     pub fn new(ctx: &'a GpuContext, pipelines: &'a mut Pipelines) -> Self {
-        Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx), scope: String::new() }
+        Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx), scope: String::new(), split_scratch: None }
     }
 
     /// Labels the following dispatches (`embed`, `layer3`, `head`) for profiles.
     pub fn scope(&mut self, scope: impl Into<String>) {
         self.scope = scope.into();
+    }
+
+    /// Lets tensor-core GEMMs with few tiles split K (`dg_kernels::coop_gemm::Split`), their
+    /// partial products in `scratch` (f32, its whole size).
+    pub fn split_k_scratch(&mut self, scratch: &'a wgpu::Buffer) {
+        self.split_scratch = Some((scratch, scratch.size() / 4));
     }
 
     /// Creates the plan's uniform buffer and bind groups.
@@ -161,7 +175,16 @@ impl<'a> Recorder<'a> {
         if tensor_cores && self.ctx.coop_matrix {
             if let Some((tile, layout)) = coop_gemm::plan(&p) {
                 let path = if b_format == WeightFormat::F16 && layout == coop_gemm::BLayout::Nk { coop_path() } else { coop_gemm::WPath::Staged };
-                return self.push(coop_gemm::source_for(tile, path, b_format, layout), &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch));
+                let kernel = coop_gemm::source_for(tile, path, b_format, layout);
+                let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(), len)?)));
+                if let Some((scratch, split)) = split {
+                    let g = coop_gemm::workgroups_split(tile, p.m, p.n, p.batch, split.splits);
+                    self.push(kernel, &split.partial_params(&p), &[a, b, scratch], g)?;
+                    let r = split.reduce_params(&p);
+                    let g = self.groups(split_k::workgroups(&r));
+                    return self.push(split_k::source(), &r, &[scratch, c], g);
+                }
+                return self.push(kernel, &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch));
             }
             // Ragged columns (a sliding layer's scores over its 1023 visible keys): the body of
             // whole 32-wide column blocks on the tensor cores, the last columns in the f32 GEMM.

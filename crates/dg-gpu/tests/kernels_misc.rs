@@ -1,7 +1,7 @@
 //! Kernel-level parity of the element-wise and row-wise kernels against dg-cpu: RoPE (default and
 //! proportional tables at the real head dims), softmax (plain rows up to the vocab width, causal
 //! and sliding-window masks), the gated GELU (split and fused layouts, huge inputs), the chunked
-//! embedding lookup and axpby. Every output carries a guard band, and every kernel also runs with
+//! embedding lookup, axpby and the split-K reduction. Every output carries a guard band, and every kernel also runs with
 //! its workgroups folded into y (an artificially small per-dimension limit) to exercise the
 //! wrap-around indexing and the out-of-range workgroups.
 
@@ -12,6 +12,7 @@ use dg_kernels::embed::{self, EmbedParams};
 use dg_kernels::gelu_glu::{self, GeluGluParams};
 use dg_kernels::rope::{self, RopeParams};
 use dg_kernels::softmax::{self, MODE_ALL, MODE_CAUSAL, SoftmaxParams};
+use dg_kernels::split_k::{self, SplitKParams};
 use dg_model::{LayerKind, LayerSpec, RopeSpec};
 
 /// RoPE: two products and a sum per element (possibly fused into an FMA on the GPU): a couple of
@@ -33,6 +34,10 @@ const GELU_TOLERANCE: f32 = 1e-6;
 const EMBED_TOLERANCE: f32 = 0.0;
 /// axpby: two products and a sum (possibly one FMA): an ulp or two of the largest term.
 const AXPBY_TOLERANCE: f32 = 3e-7;
+
+/// Split-K reduction: a sum of a few partials in order, alpha, accumulate and `tanh` (a few ulps of
+/// the cap): an ulp or two of the largest term, plus the tanh's.
+const SPLIT_K_TOLERANCE: f32 = 2e-6;
 
 /// The per-dimension limits to run every case with: the device's own and a tiny one that folds
 /// the workgroups into y.
@@ -406,6 +411,64 @@ fn axpby_matches_cpu() {
     plan.finish(&ctx).unwrap().run(&ctx).unwrap();
     let got = read_guarded(&ctx, &out, n);
     assert!(got.iter().zip(&x).all(|(g, v)| *g == v * 0.5), "beta = 0 must overwrite NaN");
+}
+
+/// The split-K reduction (`dg_kernels::split_k`) into a strided, batched C: plain, scaled and
+/// accumulated, softcapped; the columns between C's rows and the guard band keep their values.
+#[test]
+fn split_k_reduce_matches_cpu() {
+    let Some(ctx) = test_context("split_k_reduce_matches_cpu") else { return };
+    let mut pipelines = Pipelines::default();
+    let p = pipelines.get(&ctx, split_k::source()).unwrap();
+    let (m, n, batch, splits) = (5usize, 12usize, 3usize, 4usize);
+    let (c_rs, c_offset) = (n + 3, 2usize);
+    let c_batch = m * c_rs + 1;
+    let c_len = c_offset + batch * c_batch;
+    let split_stride = batch * m * n + 5;
+    let part = seeded(splits * split_stride, 51, 4.0);
+    let c0 = seeded(c_len, 52, 1.0);
+    for (alpha, accumulate, epilogue, cap) in [(1.0f32, 0u32, 0u32, 0.0f32), (0.5, 1, 0, 0.0), (2.0, 1, 1, 3.0)] {
+        let params = SplitKParams {
+            m: m as u32,
+            n: n as u32,
+            batch: batch as u32,
+            splits: splits as u32,
+            split_stride: split_stride as u32,
+            c_offset: c_offset as u32,
+            c_rs: c_rs as u32,
+            c_batch: c_batch as u32,
+            alpha,
+            accumulate,
+            epilogue,
+            cap,
+        };
+        let mut want = c0.clone();
+        for b in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    let e = (b * m + i) * n + j;
+                    let sum: f32 = (0..splits).map(|z| part[z * split_stride + e]).sum();
+                    let dst = c_offset + b * c_batch + i * c_rs + j;
+                    let mut v = alpha * sum + if accumulate != 0 { c0[dst] } else { 0.0 };
+                    if epilogue == 1 {
+                        v = cap * (v / cap).tanh();
+                    }
+                    want[dst] = v;
+                }
+            }
+        }
+        for max_dim in limits(&ctx) {
+            let pb = ctx.upload("partials", &part).unwrap();
+            let out = guarded_output(&ctx, "c", c_len);
+            ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&c0));
+            let mut plan = PlanBuilder::new(&ctx);
+            plan.push(&p, &params, &[&pb, &out], groups_1d(split_k::workgroups(&params), max_dim));
+            plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+            let got = read_guarded(&ctx, &out, c_len);
+            let (err, at) = max_rel_err(&got, &want);
+            assert!(err <= SPLIT_K_TOLERANCE, "alpha {alpha} accumulate {accumulate} epilogue {epilogue} fold {max_dim}: rel err {err} at {at}: got {} want {}", got[at], want[at]);
+        }
+    }
 }
 
 /// Folding over the real 65535 limit: more rows than one dimension holds.

@@ -463,3 +463,130 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
         assert!(err <= tol, "{name}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
     }
 }
+
+/// Split K through the Recorder (`Recorder::gemm_auto` with a split-K scratch): products with few
+/// tiles run K in ranges whose partials `dg_kernels::split_k` adds with the product's own epilogue.
+/// The router's shape (8 tiles, F16 `W[n][k]`), a softcapped head chunk at a column offset (BF16),
+/// the soft embedding's `[k][n]` BF16 product read from a column offset of the probabilities,
+/// scaled and accumulated onto C, and a batched GQA product whose K does not divide evenly into the
+/// splits, each against `gemm_reference` on the f16-rounded operands over the whole C buffer.
+#[test]
+fn split_k_products_on_tensor_cores_match_the_reference() {
+    use dg_gpu::testing::{gemm_extent, gemm_reference};
+    use dg_kernels::gemm::{EPILOGUE_SOFTCAP, GemmParams};
+    let test = "split_k_products_on_tensor_cores_match_the_reference";
+    let Some(ctx) = coop_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let bf16_round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
+    let cases: [(&str, WeightFormat, GemmParams); 4] = [
+        ("router", WeightFormat::F16, GemmParams::linear(256, 128, 2816)),
+        ("softcapped head chunk", WeightFormat::Bf16, GemmParams { c_rs: 192, c_offset: 64, epilogue: EPILOGUE_SOFTCAP, cap: 3.0, ..GemmParams::linear(64, 64, 1024) }),
+        (
+            "soft embedding",
+            WeightFormat::Bf16,
+            GemmParams { a_offset: 512, a_rs: 4096, b_rs: 128, b_cs: 1, alpha: 0.5, accumulate: 1, ..GemmParams::new(64, 128, 2048) },
+        ),
+        (
+            "batched GQA, uneven splits",
+            WeightFormat::F16,
+            GemmParams { batch: 4, a_batch: 64 * 2880, b_batch: 64 * 2880, b_batch_div: 2, c_rs: 72, c_batch: 64 * 72, ..GemmParams::linear(64, 64, 2880) },
+        ),
+    ];
+    let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
+    for (name, format, p) in cases {
+        let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
+        let b_len = gemm_extent(p.b_offset, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs);
+        let c_len = gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
+        let a = f16_round(&seeded(a_len, 61, 1.0));
+        let b = f16_round(&bf16_round(&seeded(b_len, 62, 1.0)));
+        let c0 = seeded(c_len, 63, 2.0);
+        let packed = if format == WeightFormat::F16 { dg_kernels::pack_f16(&b) } else { dg_kernels::pack_bf16(&b) };
+        let ab = ctx.upload("a", &a).unwrap();
+        let bb = ctx.upload("b", &packed).unwrap();
+        let cb = guarded_output(&ctx, "c", c_len);
+        ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.split_k_scratch(&scratch);
+        rec.gemm_auto(&ab, &bb, format, &cb, p, true).unwrap();
+        let plan = rec.finish().unwrap();
+        assert!(plan.kernel_names().contains(&"split_k_reduce"), "{name}: K was not split: {:?}", plan.kernel_names());
+        plan.run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &cb, c_len);
+        let want = gemm_reference(&p, &a, &b, &c0);
+        let (err, at) = max_rel_err(&got, &want);
+        let tol = tolerance(p.k as usize) + if p.epilogue == EPILOGUE_SOFTCAP { TANH_ALLOWANCE } else { 0.0 };
+        assert!(err <= tol, "{name}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
+    }
+}
+
+/// The decoder's dense products on the tensor cores by tile and K split (`--include-ignored
+/// --nocapture`): µs per product (partials and their reduction included) and TFLOP/s; and how a
+/// 64×64 tile's time grows with the number of workgroups (flat while the multiprocessors have room:
+/// its first value over the K steps is one step's latency).
+#[test]
+#[ignore = "throughput: run with --include-ignored --nocapture on a GPU with cooperative matrices"]
+fn dense_tensor_core_throughput_by_tile_and_split() {
+    use dg_kernels::coop_gemm::{self, BLayout, Split};
+    use dg_kernels::gemm::GemmParams;
+    use dg_kernels::split_k;
+    let test = "dense_tensor_core_throughput_by_tile_and_split";
+    let Some(ctx) = coop_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let scratch = ctx.storage_buffer("split partials", 64 << 20).unwrap();
+    let time = |pipelines: &mut Pipelines, tile: CoopTile, p: GemmParams, splits: u32| -> f64 {
+        let a = ctx.upload("a", &seeded((p.m * p.k) as usize, 71, 1.0)).unwrap();
+        let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((p.n * p.k) as usize, 72, 1.0))).unwrap();
+        let c = ctx.storage_buffer("c", u64::from(p.m * p.n) * 4).unwrap();
+        let kernel = pipelines.get(&ctx, coop_gemm::source_for(tile, WPath::Staged, WeightFormat::F16, BLayout::Nk)).unwrap();
+        let reduce = pipelines.get(&ctx, split_k::source()).unwrap();
+        let steps = p.k / tile.bk;
+        let per = steps.div_ceil(splits);
+        let split = Split { splits: steps.div_ceil(per), steps: per };
+        let replays = 50;
+        let mut plan = dg_gpu::PlanBuilder::new(&ctx);
+        for _ in 0..replays {
+            if splits > 1 {
+                plan.push(&kernel, &split.partial_params(&p), &[&a, &b, &scratch], coop_gemm::workgroups_split(tile, p.m, p.n, 1, split.splits));
+                let r = split.reduce_params(&p);
+                plan.push(&reduce, &r, &[&scratch, &c], dg_gpu::groups_1d(split_k::workgroups(&r), 65535));
+            } else {
+                plan.push(&kernel, &p, &[&a, &b, &c], coop_gemm::workgroups(tile, p.m, p.n, 1));
+            }
+        }
+        let plan = plan.finish(&ctx).unwrap();
+        plan.run(&ctx).unwrap();
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = Instant::now();
+            plan.run(&ctx).unwrap();
+            best = best.min(t.elapsed().as_secs_f64() / f64::from(replays));
+        }
+        best
+    };
+    let tiles = [coop_gemm::TILE_64X64, coop_gemm::TILE_64X128, coop_gemm::TILE_128X128, coop_gemm::TILE_32X64, coop_gemm::TILE_64X64_K64];
+    let shapes = [("q", 256, 4096, 2816), ("o", 256, 2816, 4096), ("mlp gate_up", 256, 4224, 2816), ("mlp down", 256, 2816, 2112), ("router", 256, 128, 2816)];
+    for (name, m, n, k) in shapes {
+        let p = GemmParams::linear(m, n, k);
+        for tile in tiles {
+            if !tile.fits(m, n, k) || tile.dense_shared_bytes() > ctx.limits.max_compute_workgroup_storage_size {
+                continue;
+            }
+            let mut line = format!("{test}: {name} {m}x{n}x{k} [{}]", tile.label());
+            for splits in [1, 2, 4, 8, 16, 32] {
+                if k / tile.bk / splits < 2 || u64::from(splits * m * n) * 4 > scratch.size() {
+                    continue;
+                }
+                let t = time(&mut pipelines, tile, p, splits);
+                line += &format!(" | {splits}: {:.1} us {:.0} TF", t * 1e6, 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / t / 1e12);
+            }
+            eprintln!("{line}");
+        }
+    }
+    let k = 2816;
+    let mut line = format!("{test}: 64x64 tile, k {k} ({} steps), workgroups:", k / 32);
+    for tiles_n in [1u32, 16, 66, 132, 264, 528, 1056, 2112] {
+        let t = time(&mut pipelines, coop_gemm::TILE_64X64, GemmParams::linear(64, 64 * tiles_n, k), 1);
+        line += &format!(" | {tiles_n}: {:.1} us", t * 1e6);
+    }
+    eprintln!("{line}");
+}

@@ -498,9 +498,95 @@ pub fn plan(p: &GemmParams) -> Option<(CoopTile, BLayout)> {
 /// The dispatch of an `m × n` product over `batch` batches: one workgroup per tile in x (at most
 /// 65535 tiles), one row per batch in y.
 pub fn workgroups(tile: CoopTile, m: u32, n: u32, batch: u32) -> [u32; 3] {
+    workgroups_split(tile, m, n, batch, 1)
+}
+
+/// [`workgroups`] with K split `splits` ways: one layer of workgroups per split in z.
+pub fn workgroups_split(tile: CoopTile, m: u32, n: u32, batch: u32, splits: u32) -> [u32; 3] {
     let total = (m / tile.bm) * (n / tile.bn);
     assert!(total <= 65535, "coop gemm of {m}x{n}: {total} workgroups, over one dispatch dimension");
-    [total, batch.max(1), 1]
+    [total, batch.max(1), splits.max(1)]
+}
+
+/// Workgroups a product should spread over before K is split: about 8 per multiprocessor of a
+/// 132-SM H200. A workgroup's K loop waits on its global loads every step, so a product with few
+/// tiles (the router's 256 × 128: 8 of them; a 256-row projection: 256) leaves most of the
+/// multiprocessors idle unless K is cut into ranges that run side by side.
+pub const SPLIT_TARGET_WORKGROUPS: u32 = 1024;
+/// Fewest K steps one split runs: below that, staging the first step and storing the partial
+/// outweigh the steps.
+pub const MIN_SPLIT_STEPS: u32 = 4;
+
+/// K cut into `splits` ranges of `steps` K steps (the last may be shorter), one layer of
+/// workgroups each, whose partial products [`crate::split_k`] adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    pub splits: u32,
+    pub steps: u32,
+}
+
+impl Split {
+    /// The split of `p` on `tile` that brings its workgroups to about `target`, with every split
+    /// at least [`MIN_SPLIT_STEPS`] long and the partials (`splits · batch · m · n` f32) within
+    /// `max_partial` elements; `None` when the tiles alone reach the target or no split of two or
+    /// more fits.
+    pub fn choose(tile: CoopTile, p: &GemmParams, target: u32, max_partial: u64) -> Option<Split> {
+        let tiles = u64::from((p.m / tile.bm) * (p.n / tile.bn) * p.batch.max(1));
+        let steps = p.k / tile.bk;
+        let wanted = u64::from(target).div_ceil(tiles.max(1));
+        let by_steps = u64::from(steps / MIN_SPLIT_STEPS);
+        let by_memory = max_partial / (u64::from(p.batch.max(1)) * u64::from(p.m) * u64::from(p.n)).max(1);
+        let splits = wanted.min(by_steps).min(by_memory).min(65535) as u32;
+        if splits < 2 {
+            return None;
+        }
+        let per = steps.div_ceil(splits);
+        Some(Split { splits: steps.div_ceil(per), steps: per })
+    }
+
+    /// Elements of the partial products.
+    pub fn partial_len(self, p: &GemmParams) -> u64 {
+        u64::from(self.splits) * self.split_stride(p) as u64
+    }
+
+    fn split_stride(self, p: &GemmParams) -> u32 {
+        p.batch.max(1) * p.m * p.n
+    }
+
+    /// The tensor-core GEMM's parameters for the partials: `p`'s operands, C as contiguous
+    /// `[splits][batch][m][n]` at the start of the scratch, a plain product.
+    pub fn partial_params(self, p: &GemmParams) -> GemmParams {
+        GemmParams {
+            c_offset: 0,
+            c_rs: p.n,
+            c_batch: p.m * p.n,
+            alpha: 1.0,
+            accumulate: 0,
+            epilogue: crate::gemm::EPILOGUE_NONE,
+            cap: 0.0,
+            split_steps: self.steps,
+            split_stride: self.split_stride(p),
+            ..*p
+        }
+    }
+
+    /// The reduction's parameters: `p`'s C, alpha, accumulate and epilogue.
+    pub fn reduce_params(self, p: &GemmParams) -> crate::split_k::SplitKParams {
+        crate::split_k::SplitKParams {
+            m: p.m,
+            n: p.n,
+            batch: p.batch.max(1),
+            splits: self.splits,
+            split_stride: self.split_stride(p),
+            c_offset: p.c_offset,
+            c_rs: p.c_rs,
+            c_batch: p.c_batch,
+            alpha: p.alpha,
+            accumulate: p.accumulate,
+            epilogue: p.epilogue,
+            cap: p.cap,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -543,6 +629,32 @@ mod tests {
             assert!(k.wgsl.contains("coopMultiplyAdd"), "{}", k.name);
             assert!(!k.wgsl.contains("@unroll") && !k.wgsl.contains("//@"), "{}: a placeholder left", k.name);
         }
+    }
+
+    #[test]
+    fn split_k_reaches_the_target_within_its_limits() {
+        // The router: 8 tiles of 64×64, 88 K steps of 32 → 22 splits of 4 steps.
+        let router = GemmParams::linear(256, 128, 2816);
+        assert_eq!(Split::choose(TILE_64X64, &router, 1024, u64::MAX), Some(Split { splits: 22, steps: 4 }));
+        // q_proj: 256 tiles → 4 splits of 22 steps.
+        let q = GemmParams::linear(256, 4096, 2816);
+        assert_eq!(Split::choose(TILE_64X64, &q, 1024, u64::MAX), Some(Split { splits: 4, steps: 22 }));
+        // Uneven: 90 steps in 4 splits of 23 (the last runs 21).
+        let uneven = GemmParams::linear(256, 4096, 2880);
+        assert_eq!(Split::choose(TILE_64X64, &uneven, 1024, u64::MAX), Some(Split { splits: 4, steps: 23 }));
+        // Enough tiles already, K too short, or no room for two partials: no split.
+        assert_eq!(Split::choose(TILE_64X64, &q, 256, u64::MAX), None);
+        assert_eq!(Split::choose(TILE_64X64, &GemmParams::linear(256, 128, 224), 1024, u64::MAX), None);
+        assert_eq!(Split::choose(TILE_64X64, &router, 1024, 256 * 128 * 2 - 1), None);
+        assert_eq!(Split::choose(TILE_64X64, &router, 1024, 256 * 128 * 3).map(|s| s.splits), Some(3));
+        // The partials replace C's strides; the reduction carries C's own and the epilogue.
+        let head = GemmParams { c_rs: 1000, c_offset: 7, epilogue: crate::gemm::EPILOGUE_SOFTCAP, cap: 30.0, ..router };
+        let split = Split { splits: 22, steps: 4 };
+        let part = split.partial_params(&head);
+        assert_eq!((part.c_offset, part.c_rs, part.epilogue, part.split_steps, part.split_stride), (0, 128, 0, 4, 256 * 128));
+        let r = split.reduce_params(&head);
+        assert_eq!((r.c_offset, r.c_rs, r.epilogue, r.cap, r.splits), (7, 1000, 1, 30.0, 22));
+        assert_eq!(split.partial_len(&head), 22 * 256 * 128);
     }
 
     #[test]

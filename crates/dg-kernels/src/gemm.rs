@@ -53,8 +53,8 @@ pub const MAX_SHARED_BYTES: u32 = 16 * 1024;
 /// Most workgroups per dispatch dimension (the WebGPU default limit); larger grids are folded.
 pub const MAX_GROUPS_PER_DIM: u32 = 65535;
 
-/// Uniform parameters of `gemm.wgsl` (see the module docs for the formula). 80 bytes, a multiple
-/// of 16, so no padding is needed.
+/// Uniform parameters of `gemm.wgsl` (see the module docs for the formula) and of the tensor-core
+/// GEMM ([`crate::coop_gemm`], which alone reads the split-K fields). 96 bytes, a multiple of 16.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
 pub struct GemmParams {
@@ -83,6 +83,14 @@ pub struct GemmParams {
     pub epilogue: u32,
     /// Softcap value (used by [`EPILOGUE_SOFTCAP`] only).
     pub cap: f32,
+    /// Split K ([`crate::coop_gemm`] only; 0 everywhere else): workgroup `z` runs the K steps
+    /// `z·split_steps ..` (at most `split_steps` of them) and stores its plain product at
+    /// `c_offset + z·split_stride` (alpha 1, no accumulate, no epilogue: [`crate::split_k`] adds
+    /// the partials and applies them). 0: the whole K, one workgroup per tile.
+    pub split_steps: u32,
+    /// Elements of C between two splits' partial products.
+    pub split_stride: u32,
+    pub _pad: [u32; 2],
 }
 
 impl GemmParams {
@@ -110,6 +118,9 @@ impl GemmParams {
             accumulate: 0,
             epilogue: EPILOGUE_NONE,
             cap: 0.0,
+            split_steps: 0,
+            split_stride: 0,
+            _pad: [0; 2],
         }
     }
 
@@ -429,7 +440,7 @@ mod tests {
     #[test]
     fn params_are_a_multiple_of_16_bytes() {
         assert_eq!(size_of::<GemmParams>() % 16, 0);
-        assert_eq!(size_of::<GemmParams>(), 80);
+        assert_eq!(size_of::<GemmParams>(), 96);
     }
 
     #[test]

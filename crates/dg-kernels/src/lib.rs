@@ -24,6 +24,7 @@ pub mod rope;
 pub mod router_topk;
 pub mod sample_rows;
 pub mod softmax;
+pub mod split_k;
 
 pub use bf16::{pack_bf16, pack_f16, unpack_bf16, unpack_f16};
 
@@ -45,6 +46,7 @@ pub fn all_variants() -> Vec<KernelSource> {
         moe_combine::source(),
         sample_rows::source(),
         norm_rope::source(),
+        split_k::source(),
     ]
     .into_iter()
     .chain(gemm::TILES.iter().map(|&t| gemm::source(t)))

@@ -13,6 +13,9 @@
 // matrices have no elementwise functions); a plain product (alpha 1, no accumulate, no softcap)
 // stores its fragments straight to C.
 // Batches: workgroup row y computes batch b = wid.y.
+// Split K (p.split_steps > 0): workgroup layer z runs the K steps z * split_steps .. (at most
+// split_steps of them) and stores its plain product at c_offset + z * split_stride (the Recorder
+// passes alpha 1, no accumulate and no epilogue; split_k_reduce.wgsl adds the partials).
 // Requires M % BM == 0, N % BN == 0, K % BK == 0 and subgroups of exactly 32 invocations
 // (invocation t belongs to subgroup t / 32: every cooperative operation of a subgroup takes the
 // same pointer and stride).
@@ -57,7 +60,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sg = lt / 32u;
     let sm = (sg / SGN) * WM;
     let sn = (sg % SGN) * WN;
-    let steps = p.k / BK;
+    let all_steps = p.k / BK;
+    let s0 = wid.z * p.split_steps;
+    let steps = select(all_steps, min(p.split_steps, all_steps - s0), p.split_steps != 0u);
     let stride_s = KPS;
     let stride_n = NPS;
     let stride_c = p.c_rs;
@@ -65,7 +70,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let lane = lt % 32u;
     let a_base = (p.a_offset + wid.y * p.a_batch) / 4u;
     let w_base = (p.b_offset + (wid.y / max(p.b_batch_div, 1u)) * p.b_batch) / 4u;
-    let c_base = p.c_offset + wid.y * p.c_batch;
+    let c_base = p.c_offset + wid.y * p.c_batch + wid.z * p.split_stride;
     let a_rs4 = p.a_rs / 4u;
 
     // The vec4s of A this invocation stages: their index at step 0 (a step adds BK4).
@@ -73,21 +78,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // @unroll
     for (var l = 0u; l < LA; l++) {
         let e = lt + l * WT;
-        a_src[l] = a_base + (m0 + e / BK4) * a_rs4 + e % BK4;
+        a_src[l] = a_base + (m0 + e / BK4) * a_rs4 + e % BK4 + s0 * BK4;
     }
     // The vec4s of W: NK, vec4 e of a step is row n0 + e / BK4 (rows b_cs apart), column e % BK4,
     // a step adds BK4; KN, row e / BN4 of the step's BK rows (b_rs apart), column n0 / 4 + e % BN4,
     // a step adds BK rows.
+    let w_step = W_STEP;
     var w_src: array<u32, LW>;
     // @unroll
     for (var l = 0u; l < LW; l++) {
         let e = lt + l * WT;
-        w_src[l] = W_SRC;
+        w_src[l] = W_SRC + s0 * w_step;
     }
-    let w_step = W_STEP;
     // Direct W fragments (NK only, coop_kloop_direct.wgsl): the subgroup's first W row.
     let stride_w = p.b_cs / 4u;
-    let w_sub = w_base + (n0 + sn) * stride_w;
+    let w_sub = w_base + (n0 + sn) * stride_w + s0 * w_step;
 
 //@KLOOP
     if (p.epilogue == 0u && p.accumulate == 0u && p.alpha == 1.0) {

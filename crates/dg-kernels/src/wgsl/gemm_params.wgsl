@@ -21,4 +21,8 @@ struct Params {
     accumulate: u32,
     epilogue: u32,
     cap: f32,
+    split_steps: u32,
+    split_stride: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
