@@ -35,11 +35,24 @@ fn grouped_tile_override() -> Option<grouped_gemm::GroupedTile> {
 
 /// Tuning knob: `DG_COOP_PATH=direct` loads the dense tensor-core GEMM's W fragments straight from
 /// the buffer instead of staging them (on an H200: 133 µs instead of 83 for q_proj, so staged is
-/// the default; the experts' grouped GEMM goes the other way, see `coop_grouped_gemm::choose`).
+/// the default; the experts' grouped GEMM goes the other way, see `coop_grouped_gemm::choose`);
+/// `deep` stages with two steps of loads in flight.
 fn coop_path() -> coop_gemm::WPath {
     match std::env::var("DG_COOP_PATH").as_deref() {
         Ok("direct") => coop_gemm::WPath::Direct,
+        Ok("deep") => coop_gemm::WPath::StagedDeep,
         _ => coop_gemm::WPath::Staged,
+    }
+}
+
+/// Tuning knob: `DG_GROUPED_PATH=staged|deep|direct` forces the W path of the experts' tensor-core
+/// tile (`coop_grouped_gemm::choose` picks the tile and, by default, the path).
+fn grouped_path_override() -> Option<coop_gemm::WPath> {
+    match std::env::var("DG_GROUPED_PATH").as_deref() {
+        Ok("staged") => Some(coop_gemm::WPath::Staged),
+        Ok("deep") => Some(coop_gemm::WPath::StagedDeep),
+        Ok("direct") => Some(coop_gemm::WPath::Direct),
+        _ => None,
     }
 }
 
@@ -174,7 +187,10 @@ impl<'a> Recorder<'a> {
     pub fn gemm_auto(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
         if tensor_cores && self.ctx.coop_matrix {
             if let Some((tile, layout)) = coop_gemm::plan(&p) {
-                let path = if b_format == WeightFormat::F16 && layout == coop_gemm::BLayout::Nk { coop_path() } else { coop_gemm::WPath::Staged };
+                let path = match coop_path() {
+                    coop_gemm::WPath::Direct if b_format != WeightFormat::F16 || layout != coop_gemm::BLayout::Nk => coop_gemm::WPath::Staged,
+                    path => path,
+                };
                 let kernel = coop_gemm::source_for(tile, path, b_format, layout);
                 let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(), len)?)));
                 if let Some((scratch, split)) = split {
@@ -281,6 +297,7 @@ impl<'a> Recorder<'a> {
                 let (tile, path) = coop_grouped_gemm::choose(&p, slots as u32).ok_or_else(|| GpuError::Unsupported {
                     what: format!("expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits", p.n, p.k, p.a_rs),
                 })?;
+                let path = grouped_path_override().unwrap_or(path);
                 self.push(coop_grouped_gemm::source_with(tile, path), &p, &[a, &w.buffer, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
             }
         }

@@ -201,7 +201,7 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
                 let got = run_grouped(&ctx, &mut pipelines, &x);
                 let want = grouped_reference(&x, |_| true);
                 check(&got, &want, &x, |_| true, &format!("n {} counts {counts:?} gather {gather}", case.n));
-                for path in [WPath::Staged, WPath::Direct] {
+                for path in [WPath::Staged, WPath::StagedDeep, WPath::Direct] {
                     let direct = run_tile(&ctx, &mut pipelines, tile, path, &x);
                     check(&direct, &want, &x, |_| true, &format!("tile {} {path:?} counts {counts:?} gather {gather}", tile.label()));
                 }
@@ -292,6 +292,9 @@ fn real_experts(test: &str, timed: bool) {
 /// 16- and 32-row tiles, 4 and 8 subgroups).
 const TIMED_TILES: &[(CoopTile, WPath)] = &[
     (coop_grouped_gemm::TILE_32X128, WPath::Staged),
+    (coop_grouped_gemm::TILE_32X128, WPath::StagedDeep),
+    (coop_grouped_gemm::TILE_16X256, WPath::StagedDeep),
+    (CoopTile { bm: 16, bn: 128, bk: 64, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::StagedDeep),
     (coop_grouped_gemm::TILE_32X128, WPath::Direct),
     (coop_grouped_gemm::TILE_32X64, WPath::Direct),
     (CoopTile { bm: 16, bn: 128, bk: 64, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::Staged),
@@ -469,7 +472,7 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
 /// The router's shape (8 tiles, F16 `W[n][k]`), a softcapped head chunk at a column offset (BF16),
 /// the soft embedding's `[k][n]` BF16 product read from a column offset of the probabilities,
 /// scaled and accumulated onto C, and a batched GQA product whose K does not divide evenly into the
-/// splits, each against `gemm_reference` on the f16-rounded operands over the whole C buffer.
+/// splits (89 K steps in 18 splits of 5, the last of 4), each against `gemm_reference` on the f16-rounded operands over the whole C buffer.
 #[test]
 fn split_k_products_on_tensor_cores_match_the_reference() {
     use dg_gpu::testing::{gemm_extent, gemm_reference};
@@ -489,7 +492,7 @@ fn split_k_products_on_tensor_cores_match_the_reference() {
         (
             "batched GQA, uneven splits",
             WeightFormat::F16,
-            GemmParams { batch: 4, a_batch: 64 * 2880, b_batch: 64 * 2880, b_batch_div: 2, c_rs: 72, c_batch: 64 * 72, ..GemmParams::linear(64, 64, 2880) },
+            GemmParams { batch: 4, a_batch: 64 * 2848, b_batch: 64 * 2848, b_batch_div: 2, c_rs: 72, c_batch: 64 * 72, ..GemmParams::linear(64, 64, 2848) },
         ),
     ];
     let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
@@ -533,11 +536,12 @@ fn dense_tensor_core_throughput_by_tile_and_split() {
     let Some(ctx) = coop_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let scratch = ctx.storage_buffer("split partials", 64 << 20).unwrap();
-    let time = |pipelines: &mut Pipelines, tile: CoopTile, p: GemmParams, splits: u32| -> f64 {
+    // Times the product (and returns C of its last run).
+    let time = |pipelines: &mut Pipelines, tile: CoopTile, path: WPath, p: GemmParams, splits: u32| -> (f64, Vec<f32>) {
         let a = ctx.upload("a", &seeded((p.m * p.k) as usize, 71, 1.0)).unwrap();
         let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((p.n * p.k) as usize, 72, 1.0))).unwrap();
         let c = ctx.storage_buffer("c", u64::from(p.m * p.n) * 4).unwrap();
-        let kernel = pipelines.get(&ctx, coop_gemm::source_for(tile, WPath::Staged, WeightFormat::F16, BLayout::Nk)).unwrap();
+        let kernel = pipelines.get(&ctx, coop_gemm::source_for(tile, path, WeightFormat::F16, BLayout::Nk)).unwrap();
         let reduce = pipelines.get(&ctx, split_k::source()).unwrap();
         let steps = p.k / tile.bk;
         let per = steps.div_ceil(splits);
@@ -561,7 +565,7 @@ fn dense_tensor_core_throughput_by_tile_and_split() {
             plan.run(&ctx).unwrap();
             best = best.min(t.elapsed().as_secs_f64() / f64::from(replays));
         }
-        best
+        (best, ctx.read_f32(&c, 0, (p.m * p.n) as usize).unwrap())
     };
     let tiles = [coop_gemm::TILE_64X64, coop_gemm::TILE_64X128, coop_gemm::TILE_128X128, coop_gemm::TILE_32X64, coop_gemm::TILE_64X64_K64];
     let shapes = [("q", 256, 4096, 2816), ("o", 256, 2816, 4096), ("mlp gate_up", 256, 4224, 2816), ("mlp down", 256, 2816, 2112), ("router", 256, 128, 2816)];
@@ -571,22 +575,33 @@ fn dense_tensor_core_throughput_by_tile_and_split() {
             if !tile.fits(m, n, k) || tile.dense_shared_bytes() > ctx.limits.max_compute_workgroup_storage_size {
                 continue;
             }
+            let flops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k);
             let mut line = format!("{test}: {name} {m}x{n}x{k} [{}]", tile.label());
+            let mut whole = Vec::new();
             for splits in [1, 2, 4, 8, 16, 32] {
                 if k / tile.bk / splits < 2 || u64::from(splits * m * n) * 4 > scratch.size() {
                     continue;
                 }
-                let t = time(&mut pipelines, tile, p, splits);
-                line += &format!(" | {splits}: {:.1} us {:.0} TF", t * 1e6, 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / t / 1e12);
+                let (t, c) = time(&mut pipelines, tile, WPath::Staged, p, splits);
+                if splits == 1 {
+                    whole = c;
+                }
+                line += &format!(" | {splits}: {:.1} us {:.0} TF", t * 1e6, flops / t / 1e12);
             }
+            // Two steps of loads in flight: the same products in the same order, so the same C.
+            let (t, deep) = time(&mut pipelines, tile, WPath::StagedDeep, p, 1);
+            assert!(deep == whole, "{name} [{}]: the deep K loop changed C", tile.label());
+            line += &format!(" | deep: {:.1} us {:.0} TF", t * 1e6, flops / t / 1e12);
             eprintln!("{line}");
         }
     }
     let k = 2816;
-    let mut line = format!("{test}: 64x64 tile, k {k} ({} steps), workgroups:", k / 32);
-    for tiles_n in [1u32, 16, 66, 132, 264, 528, 1056, 2112] {
-        let t = time(&mut pipelines, coop_gemm::TILE_64X64, GemmParams::linear(64, 64 * tiles_n, k), 1);
-        line += &format!(" | {tiles_n}: {:.1} us", t * 1e6);
+    for path in [WPath::Staged, WPath::StagedDeep] {
+        let mut line = format!("{test}: 64x64 tile {path:?}, k {k} ({} steps), workgroups:", k / 32);
+        for tiles_n in [1u32, 16, 66, 132, 264, 528, 1056, 2112] {
+            let (t, _) = time(&mut pipelines, coop_gemm::TILE_64X64, path, GemmParams::linear(64, 64 * tiles_n, k), 1);
+            line += &format!(" | {tiles_n}: {:.1} us", t * 1e6);
+        }
+        eprintln!("{line}");
     }
-    eprintln!("{line}");
 }

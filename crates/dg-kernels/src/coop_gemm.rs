@@ -88,6 +88,9 @@ impl BLayout {
 pub enum WPath {
     /// Staged through workgroup memory with A (one barrier a step for both).
     Staged,
+    /// [`WPath::Staged`] with two steps of global loads in flight (two register sets,
+    /// `wgsl/coop_kloop_deep.wgsl`).
+    StagedDeep,
     /// Loaded by each subgroup straight from the buffer, one step ahead (only A is staged).
     Direct,
 }
@@ -97,6 +100,7 @@ impl WPath {
     pub fn suffix(self) -> &'static str {
         match self {
             WPath::Staged => "",
+            WPath::StagedDeep => "_deep",
             WPath::Direct => "_direct",
         }
     }
@@ -231,7 +235,7 @@ impl CoopTile {
     /// or f32 when staged) and laid out as `layout`, reaching the tensor cores by `path` (direct
     /// only for F16 [`BLayout::Nk`]).
     pub fn render_with(self, path: WPath, w_format: WeightFormat, layout: BLayout) -> String {
-        assert!(path == WPath::Staged || layout == BLayout::Nk, "direct W fragments need W[n][k]");
+        assert!(path != WPath::Direct || layout == BLayout::Nk, "direct W fragments need W[n][k]");
         let (fm, fn_) = self.fragments();
         let mut store = String::new();
         for i in 0..fm {
@@ -279,6 +283,7 @@ impl CoopTile {
     pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, w_format: WeightFormat, layout: BLayout, mut pieces: Vec<(&str, String)>) -> String {
         match path {
             WPath::Staged => self.expand(template, w_at, w_format, layout, &pieces),
+            WPath::StagedDeep => self.expand_with(template, include_str!("wgsl/coop_kloop_deep.wgsl"), w_at, w_format, layout, None, &pieces),
             WPath::Direct => {
                 let (_, fn_) = self.fragments();
                 let (mut init, mut next, mut rotate) = (String::new(), String::new(), String::new());
@@ -508,11 +513,14 @@ pub fn workgroups_split(tile: CoopTile, m: u32, n: u32, batch: u32, splits: u32)
     [total, batch.max(1), splits.max(1)]
 }
 
-/// Workgroups a product should spread over before K is split: about 8 per multiprocessor of a
-/// 132-SM H200. A workgroup's K loop waits on its global loads every step, so a product with few
-/// tiles (the router's 256 × 128: 8 of them; a 256-row projection: 256) leaves most of the
-/// multiprocessors idle unless K is cut into ranges that run side by side.
-pub const SPLIT_TARGET_WORKGROUPS: u32 = 1024;
+/// Workgroups a product is split towards: about two per multiprocessor of a 132-SM H200, where a
+/// product of 264 64×64 tiles already runs a K step on each multiprocessor about as fast as one
+/// lone workgroup does (0.36 against 0.55 µs; `tests/tensor_cores.rs`,
+/// `dense_tensor_core_throughput_by_tile_and_split`). Only products with fewer than half that many
+/// tiles split: the router's 256 × 128 (8 tiles: 54 µs whole, 20 µs in 16 splits). A 256-row
+/// projection's 176 to 256 tiles do not: splitting it measured slower (q_proj 59 µs whole, 93 in
+/// two splits), as did the soft embedding's 176 tiles over a 65536-row chunk of the vocabulary.
+pub const SPLIT_TARGET_WORKGROUPS: u32 = 256;
 /// Fewest K steps one split runs: below that, staging the first step and storing the partial
 /// outweigh the steps.
 pub const MIN_SPLIT_STEPS: u32 = 4;
@@ -526,14 +534,14 @@ pub struct Split {
 }
 
 impl Split {
-    /// The split of `p` on `tile` that brings its workgroups to about `target`, with every split
-    /// at least [`MIN_SPLIT_STEPS`] long and the partials (`splits · batch · m · n` f32) within
-    /// `max_partial` elements; `None` when the tiles alone reach the target or no split of two or
-    /// more fits.
+    /// The split of `p` on `tile` that brings its workgroups up to at most `target` (`target /
+    /// tiles` splits, rounded down), with every split at least [`MIN_SPLIT_STEPS`] long and the
+    /// partials (`splits · batch · m · n` f32) within `max_partial` elements; `None` when the tiles
+    /// are more than half the target or no split of two or more fits.
     pub fn choose(tile: CoopTile, p: &GemmParams, target: u32, max_partial: u64) -> Option<Split> {
         let tiles = u64::from((p.m / tile.bm) * (p.n / tile.bn) * p.batch.max(1));
         let steps = p.k / tile.bk;
-        let wanted = u64::from(target).div_ceil(tiles.max(1));
+        let wanted = u64::from(target) / tiles.max(1);
         let by_steps = u64::from(steps / MIN_SPLIT_STEPS);
         let by_memory = max_partial / (u64::from(p.batch.max(1)) * u64::from(p.m) * u64::from(p.n)).max(1);
         let splits = wanted.min(by_steps).min(by_memory).min(65535) as u32;
@@ -618,6 +626,8 @@ mod tests {
                 source_for(t, WPath::Staged, WeightFormat::Bf16, BLayout::Nk),
                 source_for(t, WPath::Staged, WeightFormat::F32, BLayout::Nk),
                 source_for(t, WPath::Staged, WeightFormat::F32, BLayout::Kn),
+                source_for(t, WPath::StagedDeep, WeightFormat::F16, BLayout::Nk),
+                source_for(t, WPath::StagedDeep, WeightFormat::F32, BLayout::Kn),
             ]
         };
         for k in TILES.iter().flat_map(|&t| variants(t)) {
@@ -635,15 +645,17 @@ mod tests {
     fn split_k_reaches_the_target_within_its_limits() {
         // The router: 8 tiles of 64×64, 88 K steps of 32 → 22 splits of 4 steps.
         let router = GemmParams::linear(256, 128, 2816);
-        assert_eq!(Split::choose(TILE_64X64, &router, 1024, u64::MAX), Some(Split { splits: 22, steps: 4 }));
-        // q_proj: 256 tiles → 4 splits of 22 steps.
+        assert_eq!(Split::choose(TILE_64X64, &router, SPLIT_TARGET_WORKGROUPS, u64::MAX), Some(Split { splits: 22, steps: 4 }));
+        // 256 tiles at a target of 1024 → 4 splits of 22 steps.
         let q = GemmParams::linear(256, 4096, 2816);
         assert_eq!(Split::choose(TILE_64X64, &q, 1024, u64::MAX), Some(Split { splits: 4, steps: 22 }));
         // Uneven: 90 steps in 4 splits of 23 (the last runs 21).
         let uneven = GemmParams::linear(256, 4096, 2880);
         assert_eq!(Split::choose(TILE_64X64, &uneven, 1024, u64::MAX), Some(Split { splits: 4, steps: 23 }));
-        // Enough tiles already, K too short, or no room for two partials: no split.
-        assert_eq!(Split::choose(TILE_64X64, &q, 256, u64::MAX), None);
+        // Enough tiles already (q_proj's 256, mlp down's 176 at the default target), K too
+        // short, or no room for two partials: no split.
+        assert_eq!(Split::choose(TILE_64X64, &q, SPLIT_TARGET_WORKGROUPS, u64::MAX), None);
+        assert_eq!(Split::choose(TILE_64X64, &GemmParams::linear(256, 2816, 2112), SPLIT_TARGET_WORKGROUPS, u64::MAX), None);
         assert_eq!(Split::choose(TILE_64X64, &GemmParams::linear(256, 128, 224), 1024, u64::MAX), None);
         assert_eq!(Split::choose(TILE_64X64, &router, 1024, 256 * 128 * 2 - 1), None);
         assert_eq!(Split::choose(TILE_64X64, &router, 1024, 256 * 128 * 3).map(|s| s.splits), Some(3));
