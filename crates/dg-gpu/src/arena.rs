@@ -18,6 +18,11 @@ pub struct CacheBuffers {
     pub values: wgpu::Buffer,
 }
 
+/// The decoder pads its visible cached keys to a multiple of this many columns in a scores row
+/// (`forward.rs`): the products then read up to `KEY_PAD − 1` cache rows past the visible ones,
+/// which every cache buffer has beyond `max_context` (zeros, never written).
+pub const KEY_PAD: usize = 32;
+
 /// Tokens per encoder chunk at most (a longer prompt is encoded in several): 1024 rows of activations
 /// keep the GEMMs as wide as a prefill allows while the arena stays a few hundred MB at the real size.
 pub const PREFILL_CHUNK: usize = 1024;
@@ -57,6 +62,8 @@ pub struct Arena {
     pub dense: wgpu::Buffer,
     /// `[C, H]` MoE branch.
     pub moe: wgpu::Buffer,
+    /// The router's input `rms(h)·scale·H^-½` `[C, H]`.
+    pub router_in: wgpu::Buffer,
     pub router_logits: wgpu::Buffer,
     pub topk_idx: wgpu::Buffer,
     pub topk_w: wgpu::Buffer,
@@ -123,7 +130,7 @@ impl Arena {
             .iter()
             .enumerate()
             .map(|(li, l)| {
-                let n = max_context * l.num_kv_heads * l.head_dim;
+                let n = (max_context + KEY_PAD) * l.num_kv_heads * l.head_dim;
                 Ok(CacheBuffers { keys: f(&format!("cache.{li}.k"), n)?, values: f(&format!("cache.{li}.v"), n)? })
             })
             .collect::<Result<Vec<_>, GpuError>>()?;
@@ -144,14 +151,16 @@ impl Arena {
             kv_raw: f("kv_raw", 2 * r * kv_w)?,
             k_new: f("k_new", r * kv_w)?,
             v_new: f("v_new", 2 * r * kv_w)?,
-            // Decoder: [heads, C, visible + C]; encoder chunk: [heads, T, at most max_context].
-            scores: f("scores", heads * (c * (max_context + c)).max(r * max_context))?,
+            // Decoder: [heads, C, visible padded to KEY_PAD + C]; encoder chunk: [heads, T, at most
+            // max_context].
+            scores: f("scores", heads * (c * (max_context.next_multiple_of(KEY_PAD) + c)).max(r * max_context))?,
             attn: f("attn", r * q_w)?,
             proj: f("proj", r * h)?,
             gate_up: f("gate_up", r * 2 * i.max(1))?,
             act: f("act", r * i)?,
             dense: f("dense", r * h)?,
             moe: f("moe", r * h)?,
+            router_in: f("router_in", r * h)?,
             router_logits: f("router_logits", r * cfg.num_experts)?,
             topk_idx: f("topk_idx", r * k)?,
             topk_w: f("topk_w", r * k)?,

@@ -4,8 +4,9 @@
 //!
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
 //! norm → q/k/v GEMMs → q/k norms fused with RoPE, v norm → attention over [cache | canvas] as two score
-//! GEMMs, a row softmax and two value GEMMs → o_proj → fused post-attention norm + residual →
-//! dense MLP ‖ router + experts → fused post-FF norm + residual + layer scalar.
+//! GEMMs, a row softmax and two value GEMMs → o_proj → post-attention norm + residual fused with
+//! the dense MLP's and the router's input norms → dense MLP ‖ router + experts → the three
+//! post-FF norms, residual and layer scalar in one dispatch.
 //!
 //! The encoder (`DiffusionGemmaEncoderModel`: prompt prefill and the commit of a finished canvas) is
 //! the same layer with [`LayerPass::Encode`]: the new tokens' K/V are appended to the GPU-resident
@@ -17,7 +18,7 @@ use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::softmax::{self, SoftmaxParams};
 use dg_model::{LayerKind, ModelConfig};
 
-use crate::arena::Arena;
+use crate::arena::{Arena, KEY_PAD};
 use crate::error::GpuError;
 use crate::ops::{Batches, Recorder, linear_params};
 use crate::weights::GpuWeights;
@@ -176,8 +177,16 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     // Attention, scaling 1.0. Decoder: scores [heads, C, S] over [visible cache | canvas].
     // Encoder: scores [heads, T, S] over cache rows key_start..start+T (the new rows included),
     // masked causally (and by the window in sliding layers).
+    // The decoder's rows are [cached keys | dead columns up to a multiple of KEY_PAD | canvas]:
+    // the canvas part and the value products' K then stay aligned for the tensor cores, and the
+    // dead columns (the scores of cache rows past the visible ones, masked to probability 0)
+    // add exact zeros to the values.
+    let cached = match pass {
+        LayerPass::Decode(v) if v.len > 0 => v.len.next_multiple_of(KEY_PAD),
+        _ => 0,
+    };
     let (s, key_start) = match pass {
-        LayerPass::Decode(v) => (v.len + c, v.start),
+        LayerPass::Decode(v) => (cached + c, v.start),
         LayerPass::Encode { start, .. } => {
             let key_start = match spec.kind {
                 LayerKind::Sliding => start.saturating_sub(cfg.sliding_window.saturating_sub(1)),
@@ -212,10 +221,11 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     match pass {
         LayerPass::Decode(v) => {
             if v.len > 0 {
-                rec.gemm_auto(&a.q, &cache.keys, f32_, &a.scores, scores(v.len, key_start * row, 0), tc)?;
+                rec.gemm_auto(&a.q, &cache.keys, f32_, &a.scores, scores(cached, key_start * row, 0), tc)?;
             }
-            rec.gemm_auto(&a.q, &a.k_new, f32_, &a.scores, scores(c, 0, v.len), tc)?;
-            rec.softmax(&a.scores, SoftmaxParams::plain((heads * c) as u32, s as u32))?;
+            rec.gemm_auto(&a.q, &a.k_new, f32_, &a.scores, scores(c, 0, cached), tc)?;
+            let gap = SoftmaxParams { gap_start: v.len as u32, gap_end: cached as u32, ..SoftmaxParams::plain((heads * c) as u32, s as u32) };
+            rec.softmax(&a.scores, gap)?;
         }
         LayerPass::Encode { start, .. } => {
             rec.gemm_auto(&a.q, &cache.keys, f32_, &a.scores, scores(s, key_start * row, 0), tc)?;
@@ -257,29 +267,27 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     match pass {
         LayerPass::Decode(v) => {
             if v.len > 0 {
-                rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values(v.len, 0, key_start * row, false), tc)?;
+                rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values(cached, 0, key_start * row, false), tc)?;
             }
-            rec.gemm_auto(&a.scores, &a.v_new, f32_, &a.attn, values(c, v.len, v_offset, v.len > 0), tc)?;
+            rec.gemm_auto(&a.scores, &a.v_new, f32_, &a.attn, values(c, cached, v_offset, v.len > 0), tc)?;
         }
         LayerPass::Encode { .. } => rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values(s, 0, key_start * row, false), tc)?,
     }
     rec.linear_format(&a.attn, &l.o_proj.buffer, l.o_proj.format, &a.proj, c, h, heads * d)?;
-    // h = h + post_attention_layernorm(a)
-    rec.rmsnorm(&a.proj, Some(&l.norms.post_attention), &a.dummy, &a.hidden, c, h, eps, true, 1.0)?;
+    // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
+    // pre_feedforward_layernorm(h) and the router's rms(h)·scale·H^-½.
+    let root = (h as f64).powf(-0.5) as f32;
+    rec.attention_residual_norms(&a.proj, &l.norms.post_attention, &a.hidden, (&l.norms.pre_ff, &a.normed, 1.0), (&l.router_scale, &a.router_in, root), c, h, eps)?;
 
-    // Dense MLP branch.
+    // Dense MLP branch (its output stays in `proj` until the layer's closing norms).
     let inter = cfg.intermediate_size;
-    rec.rmsnorm(&a.hidden, Some(&l.norms.pre_ff), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
     rec.linear_format(&a.normed, &l.mlp_gate_up.buffer, l.mlp_gate_up.format, &a.gate_up, c, 2 * inter, h)?;
     rec.gelu_glu_fused(&a.gate_up, &a.act, c, inter)?;
     rec.linear_format(&a.act, &l.mlp_down.buffer, l.mlp_down.format, &a.proj, c, h, inter)?;
-    rec.rmsnorm(&a.proj, Some(&l.norms.post_ff_1), &a.dummy, &a.dense, c, h, eps, false, 1.0)?;
 
-    // Router on the un-normalised stream: rms(h)·scale·H^-½ → logits → top-k.
+    // Router on the un-normalised stream → logits → top-k.
     let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
-    let root = (h as f64).powf(-0.5) as f32;
-    rec.rmsnorm(&a.hidden, Some(&l.router_scale), &a.dummy, &a.normed, c, h, eps, false, root)?;
-    rec.linear_format(&a.normed, &l.router_proj.buffer, l.router_proj.format, &a.router_logits, c, e, h)?;
+    rec.linear_format(&a.router_in, &l.router_proj.buffer, l.router_proj.format, &a.router_logits, c, e, h)?;
     rec.router_topk(&a.router_logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e)?;
     // Experts on pre_feedforward_layernorm_2(h).
@@ -298,13 +306,12 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     rec.gelu_glu_fused(&a.expert_gate_up, &a.expert_act, c * k, ei)?;
     rec.grouped_gemm_matrix(&a.expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
     rec.moe_combine(&a.expert_out, &a.topk_idx, &a.topk_w, &a.slot_of, &a.moe, c, k, h)?;
-    // dense += post_feedforward_layernorm_2(moe), fused into the norm's accumulate.
-    rec.rmsnorm(&a.moe, Some(&l.norms.post_ff_2), &a.dummy, &a.dense, c, h, eps, true, 1.0)?;
-    // h = (h + post_feedforward_layernorm(dense + moe)) · layer_scalar
+    // dense = post_feedforward_layernorm_1(mlp) + post_feedforward_layernorm_2(moe);
+    // h = (h + post_feedforward_layernorm(dense)) · layer_scalar; one dispatch.
     let scalar = match pass {
         LayerPass::Decode(_) => l.decoder_scalar,
         LayerPass::Encode { .. } => l.encoder_scalar,
     };
-    rec.rmsnorm(&a.dense, Some(&l.norms.post_ff), &a.dummy, &a.hidden, c, h, eps, true, scalar)?;
+    rec.ffn_residual_norms((&a.proj, &l.norms.post_ff_1), (&a.moe, &l.norms.post_ff_2), &l.norms.post_ff, &a.dense, &a.hidden, c, h, eps, scalar)?;
     Ok(())
 }

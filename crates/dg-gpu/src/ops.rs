@@ -4,7 +4,7 @@
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::sample_rows::{self, SampleRowsParams};
-use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, copy, embed, gelu_glu, moe_combine, moe_dispatch, rmsnorm, rope, router_topk, softmax, split_k};
+use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, copy, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms, rmsnorm, rope, router_topk, softmax, split_k};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -35,25 +35,30 @@ fn grouped_tile_override() -> Option<grouped_gemm::GroupedTile> {
 
 /// Tuning knob: `DG_COOP_PATH=direct` loads the dense tensor-core GEMM's W fragments straight from
 /// the buffer instead of staging them (on an H200: 133 µs instead of 83 for q_proj, so staged is
-/// the default; the experts' grouped GEMM goes the other way, see `coop_grouped_gemm::choose`);
-/// `deep` stages with two steps of loads in flight.
+/// the default; the experts' grouped GEMM goes the other way, see `coop_grouped_gemm::choose`).
 fn coop_path() -> coop_gemm::WPath {
     match std::env::var("DG_COOP_PATH").as_deref() {
         Ok("direct") => coop_gemm::WPath::Direct,
-        Ok("deep") => coop_gemm::WPath::StagedDeep,
         _ => coop_gemm::WPath::Staged,
     }
 }
 
-/// Tuning knob: `DG_GROUPED_PATH=staged|deep|direct` forces the W path of the experts' tensor-core
-/// tile (`coop_grouped_gemm::choose` picks the tile and, by default, the path).
-fn grouped_path_override() -> Option<coop_gemm::WPath> {
-    match std::env::var("DG_GROUPED_PATH").as_deref() {
-        Ok("staged") => Some(coop_gemm::WPath::Staged),
-        Ok("deep") => Some(coop_gemm::WPath::StagedDeep),
-        Ok("direct") => Some(coop_gemm::WPath::Direct),
-        _ => None,
-    }
+/// Tuning knobs: `DG_GROUPED_PATH=staged|direct` forces the W path of the experts' tensor-core
+/// tile and `DG_COOP_GROUPED_TILE=BMxBN` (e.g. `32x128`) the tile, where it fits
+/// (`coop_grouped_gemm::choose` picks both by default).
+fn coop_grouped_override(p: &GroupedGemmParams, (tile, path): (coop_gemm::CoopTile, coop_gemm::WPath)) -> (coop_gemm::CoopTile, coop_gemm::WPath) {
+    let path = match std::env::var("DG_GROUPED_PATH").as_deref() {
+        Ok("staged") => coop_gemm::WPath::Staged,
+        Ok("direct") => coop_gemm::WPath::Direct,
+        _ => path,
+    };
+    let wanted = std::env::var("DG_COOP_GROUPED_TILE").ok();
+    let tile = coop_grouped_gemm::TILES
+        .iter()
+        .copied()
+        .find(|t| wanted.as_deref() == Some(format!("{}x{}", t.bm, t.bn).as_str()) && coop_grouped_gemm::fits(*t, p))
+        .unwrap_or(tile);
+    (tile, path)
 }
 
 /// Tuning knob: `DG_SPLIT_TARGET=N` sets the workgroups a tensor-core GEMM is split towards
@@ -130,6 +135,46 @@ impl<'a> Recorder<'a> {
         let p = rmsnorm::RmsNormParams { rows: rows as u32, dim: dim as u32, eps, flags, scale, _pad: [0; 3] };
         let g = self.groups(rows as u32);
         self.push(rmsnorm::source(), &p, &[x, w.unwrap_or(dummy), out], g)
+    }
+
+    /// After attention, in one dispatch (`dg_kernels::residual_norms`): `hidden += rms(x)·w_res`,
+    /// then `out_a = rms(hidden)·w_a·scale_a` and `out_b = rms(hidden)·w_b·scale_b`, over rows of
+    /// `dim` (every buffer distinct).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_residual_norms(
+        &mut self,
+        x: &'a wgpu::Buffer,
+        w_res: &'a wgpu::Buffer,
+        hidden: &'a wgpu::Buffer,
+        (w_a, out_a, scale_a): (&'a wgpu::Buffer, &'a wgpu::Buffer, f32),
+        (w_b, out_b, scale_b): (&'a wgpu::Buffer, &'a wgpu::Buffer, f32),
+        rows: usize,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        let p = residual_norms::AttentionResidualNormsParams { rows: rows as u32, dim: dim as u32, eps, scale_a, scale_b, _pad: [0; 3] };
+        let g = self.groups(residual_norms::workgroups(rows as u32));
+        self.push(residual_norms::source_attention(), &p, &[x, w_res, w_a, w_b, hidden, out_a, out_b], g)
+    }
+
+    /// After the feed-forward blocks, in one dispatch (`dg_kernels::residual_norms`):
+    /// `dense = rms(mlp)·w_1 + rms(moe)·w_2`, then `hidden = (hidden + rms(dense)·w_3)·scalar`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ffn_residual_norms(
+        &mut self,
+        (mlp, w_1): (&'a wgpu::Buffer, &'a wgpu::Buffer),
+        (moe, w_2): (&'a wgpu::Buffer, &'a wgpu::Buffer),
+        w_3: &'a wgpu::Buffer,
+        dense: &'a wgpu::Buffer,
+        hidden: &'a wgpu::Buffer,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        scalar: f32,
+    ) -> Result<(), GpuError> {
+        let p = residual_norms::FfnResidualNormsParams { rows: rows as u32, dim: dim as u32, eps, scalar };
+        let g = self.groups(residual_norms::workgroups(rows as u32));
+        self.push(residual_norms::source_ffn(), &p, &[mlp, w_1, moe, w_2, w_3, dense, hidden], g)
     }
 
     /// A GEMM with explicit strides (see `dg_kernels::gemm`), f32 operands.
@@ -297,7 +342,7 @@ impl<'a> Recorder<'a> {
                 let (tile, path) = coop_grouped_gemm::choose(&p, slots as u32).ok_or_else(|| GpuError::Unsupported {
                     what: format!("expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits", p.n, p.k, p.a_rs),
                 })?;
-                let path = grouped_path_override().unwrap_or(path);
+                let (tile, path) = coop_grouped_override(&p, (tile, path));
                 self.push(coop_grouped_gemm::source_with(tile, path), &p, &[a, &w.buffer, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
             }
         }

@@ -120,16 +120,22 @@ fn visible(p: &SoftmaxParams, t: usize, keys: usize) -> (usize, usize) {
     (lo, hi)
 }
 
-/// The CPU twin: `softmax_in_place` over the visible range, exact zeros elsewhere.
+/// The CPU twin: `softmax_in_place` over the visible range (without the gap), exact zeros
+/// elsewhere.
 fn softmax_cpu(x: &[f32], p: &SoftmaxParams) -> Vec<f32> {
     let cols = p.cols as usize;
+    let gap = p.gap_start as usize..p.gap_end as usize;
     let mut out = x.to_vec();
     for (r, row) in out.chunks_exact_mut(cols).enumerate() {
         let t = if p.mode == MODE_ALL { 0 } else { r % p.queries as usize };
         let (lo, hi) = visible(p, t, cols);
-        row[..lo].fill(0.0);
-        row[hi..].fill(0.0);
-        dg_cpu::ops::softmax_in_place(&mut row[lo..hi]);
+        let kept: Vec<usize> = (lo..hi).filter(|j| !gap.contains(j)).collect();
+        let mut values: Vec<f32> = kept.iter().map(|&j| row[j]).collect();
+        dg_cpu::ops::softmax_in_place(&mut values);
+        row.fill(0.0);
+        for (&j, v) in kept.iter().zip(values) {
+            row[j] = v;
+        }
     }
     out
 }
@@ -223,7 +229,9 @@ fn softmax_masks_match_cpu() {
         key_start,
         query_start,
         window,
-        _pad: 0,
+        gap_start: 0,
+        gap_end: 0,
+        _pad: [0; 3],
     };
     let cases = [
         // (heads, keys, mask): the encoder's prefill (keys = queries, window 1024 and none) ...
@@ -234,9 +242,14 @@ fn softmax_masks_match_cpu() {
         (2, 50, causal(9, 10, 51, 0)),
         (2, 50, causal(9, 10, 51, 3)),
         (4, 300, causal(5, 0, 400, 128)),
-        // ... queries before the first key (fully masked rows become zeros) and window 1.
+        // ... queries before the first key (fully masked rows become zeros) and window 1 ...
         (1, 12, causal(6, 20, 15, 0)),
         (2, 12, causal(4, 0, 3, 1)),
+        // ... and the decoder's rows: 1023 cached keys padded to 1024, then the canvas (a gap of
+        // one column; of 27 after 5 keys), also with a causal mask around the gap.
+        (2, 1024 + 64, SoftmaxParams { queries: 64, gap_start: 1023, gap_end: 1024, ..SoftmaxParams::plain(0, 0) }),
+        (3, 32 + 16, SoftmaxParams { queries: 16, gap_start: 5, gap_end: 32, ..SoftmaxParams::plain(0, 0) }),
+        (2, 50, SoftmaxParams { gap_start: 20, gap_end: 25, ..causal(9, 10, 51, 0) }),
     ];
     for (heads, keys, mut params) in cases {
         params.rows = heads * params.queries;
@@ -249,7 +262,7 @@ fn softmax_masks_match_cpu() {
             for (i, &g) in got.iter().enumerate() {
                 let (r, j) = (i / keys as usize, i % keys as usize);
                 let (lo, hi) = visible(&params, r % params.queries as usize, keys as usize);
-                if j < lo || j >= hi {
+                if j < lo || j >= hi || (params.gap_start as usize..params.gap_end as usize).contains(&j) {
                     assert_eq!(g.to_bits(), 0, "{what}: masked row {r} col {j} = {g}");
                 }
             }

@@ -1,9 +1,17 @@
 //! Kernel-level parity of the norm kernel against dg-cpu's RMSNorm: weighted, weightless,
 //! accumulate + scale (the fused residual add and layer scalar), per-head shapes including the
 //! real head dims, and a single row.
+//!
+//! Also the two fused residual-norm kernels of `dg_kernels::residual_norms` (the residual add and
+//! norms after attention, and those after the feed-forward blocks), each against the CPU chain of
+//! `dg_cpu::ops::rms_norm_rows` steps it stands for and against the three `rmsnorm` dispatches it
+//! replaces, run in one plan. Every read-write buffer carries a guard band, and every case also
+//! runs with its workgroups folded into y by 3 per dimension (rows that leave dead workgroups
+//! included).
 
 use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, PlanBuilder, Pipelines, groups_1d};
+use dg_kernels::residual_norms::{self, AttentionResidualNormsParams, FfnResidualNormsParams};
 use dg_kernels::rmsnorm::{self, ACCUMULATE, RmsNormParams, WEIGHTED};
 
 /// f32 reductions in a different order and `1/sqrt` vs `pow`: a few ulps per element.
@@ -43,4 +51,231 @@ fn rmsnorm_matches_cpu() {
             run(&ctx, rows, dim, flags, scale);
         }
     }
+}
+
+// Against the CPU chain of `rms_norm_rows` steps the single-norm `NORM_TOLERANCE` still holds:
+// the chain compounds, but each norm rescales its input by that row's own rms, so an input error of
+// a few ulps of the row stays a few ulps of the output rather than growing, and each residual sum
+// (`hidden + …`, `dense + …`) adds one rounding of its larger term.
+
+/// Against the three `rmsnorm` dispatches a fused kernel replaces: the same operations in the same
+/// order (the same per-invocation sums and tree, `1/sqrt`, products and adds), so only the driver's
+/// FMA contraction of a multiply-add may differ between the compilations, one rounding that the
+/// following norm carries on: an ulp or two of the largest output.
+const FUSED_VS_CHAIN_TOLERANCE: f32 = 3e-7;
+const EPS: f32 = 1e-6;
+/// `(rows, dim)`: a single element, a row shorter than the workgroup, the model's hidden size
+/// (2816, eleven elements per invocation), a row of exactly one workgroup, and rows that fold by 3
+/// per dimension into several rows of y, some leaving dead workgroups (5 → 3 × 2, 64 → 3 × 22,
+/// 300 → 3 × 100).
+const RESIDUAL_SHAPES: &[(usize, usize)] = &[(1, 1), (1, 7), (3, 2816), (5, 512), (33, 256), (64, 48), (300, 100)];
+
+/// `rms(x)·w` row by row, the CPU twin of one weighted `rmsnorm` step.
+fn normed(x: &[f32], dim: usize, w: &[f32]) -> Vec<f32> {
+    let mut y = x.to_vec();
+    dg_cpu::ops::rms_norm_rows(&mut y, dim, Some(w), EPS);
+    y
+}
+
+/// Asserts that every output is within `tolerance` of its reference (relative to the reference's
+/// largest value); returns the largest of those errors.
+fn check(what: &str, names: &[&str], got: &[Vec<f32>], want: &[Vec<f32>], tolerance: f32) -> f32 {
+    let mut worst = 0f32;
+    for ((name, g), w) in names.iter().zip(got).zip(want) {
+        let (err, at) = max_rel_err(g, w);
+        assert!(err <= tolerance, "{what}: {name}: rel err {err} at {at}: {} vs {}", g[at], w[at]);
+        worst = worst.max(err);
+    }
+    worst
+}
+
+/// Inputs of one `attention_residual_norms` case.
+struct AttentionCase {
+    rows: usize,
+    dim: usize,
+    x: Vec<f32>,
+    w_res: Vec<f32>,
+    w_a: Vec<f32>,
+    w_b: Vec<f32>,
+    hidden: Vec<f32>,
+    scale_a: f32,
+    scale_b: f32,
+}
+
+impl AttentionCase {
+    fn new(rows: usize, dim: usize) -> Self {
+        let seed = 1000 + rows as u64 * 31 + dim as u64;
+        let scales = seeded(2, seed + 5, 1.0);
+        AttentionCase {
+            rows,
+            dim,
+            x: seeded(rows * dim, seed, 3.0),
+            w_res: seeded(dim, seed + 1, 1.5),
+            w_a: seeded(dim, seed + 2, 1.5),
+            w_b: seeded(dim, seed + 3, 1.5),
+            hidden: seeded(rows * dim, seed + 4, 4.0),
+            scale_a: 1.0 + 0.5 * scales[0],
+            scale_b: 2.0 * scales[1],
+        }
+    }
+
+    fn params(&self) -> AttentionResidualNormsParams {
+        AttentionResidualNormsParams {
+            rows: self.rows as u32,
+            dim: self.dim as u32,
+            eps: EPS,
+            scale_a: self.scale_a,
+            scale_b: self.scale_b,
+            _pad: [0; 3],
+        }
+    }
+
+    /// `[hidden, out_a, out_b]` on the CPU, step by step.
+    fn reference(&self) -> [Vec<f32>; 3] {
+        let residual = normed(&self.x, self.dim, &self.w_res);
+        let hidden: Vec<f32> = self.hidden.iter().zip(&residual).map(|(h, r)| h + r).collect();
+        let out_a = normed(&hidden, self.dim, &self.w_a).iter().map(|v| v * self.scale_a).collect();
+        let out_b = normed(&hidden, self.dim, &self.w_b).iter().map(|v| v * self.scale_b).collect();
+        [hidden, out_a, out_b]
+    }
+
+    /// `[hidden, out_a, out_b]` from the fused kernel, or from the three `rmsnorm` dispatches it
+    /// replaces, with workgroups folded at `max_dim` per dimension.
+    fn run(&self, ctx: &GpuContext, fused: bool, max_dim: u32) -> [Vec<f32>; 3] {
+        let n = self.rows * self.dim;
+        let mut pipelines = Pipelines::default();
+        let x = ctx.upload("x", &self.x).unwrap();
+        let w_res = ctx.upload("w_res", &self.w_res).unwrap();
+        let w_a = ctx.upload("w_a", &self.w_a).unwrap();
+        let w_b = ctx.upload("w_b", &self.w_b).unwrap();
+        let hidden = guarded_output(ctx, "hidden", n);
+        ctx.queue.write_buffer(&hidden, 0, bytemuck::cast_slice(&self.hidden));
+        let out_a = guarded_output(ctx, "out_a", n);
+        let out_b = guarded_output(ctx, "out_b", n);
+        let groups = groups_1d(residual_norms::workgroups(self.rows as u32), max_dim);
+        let mut plan = PlanBuilder::new(ctx);
+        if fused {
+            let p = pipelines.get(ctx, residual_norms::source_attention()).unwrap();
+            plan.push(&p, &self.params(), &[&x, &w_res, &w_a, &w_b, &hidden, &out_a, &out_b], groups);
+        } else {
+            let p = pipelines.get(ctx, rmsnorm::source()).unwrap();
+            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, _pad: [0; 3] };
+            plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&x, &w_res, &hidden], groups);
+            plan.push(&p, &norm(WEIGHTED, self.scale_a), &[&hidden, &w_a, &out_a], groups);
+            plan.push(&p, &norm(WEIGHTED, self.scale_b), &[&hidden, &w_b, &out_b], groups);
+        }
+        plan.finish(ctx).unwrap().run(ctx).unwrap();
+        [read_guarded(ctx, &hidden, n), read_guarded(ctx, &out_a, n), read_guarded(ctx, &out_b, n)]
+    }
+}
+
+/// Inputs of one `ffn_residual_norms` case.
+struct FfnCase {
+    rows: usize,
+    dim: usize,
+    mlp: Vec<f32>,
+    w_1: Vec<f32>,
+    moe: Vec<f32>,
+    w_2: Vec<f32>,
+    w_3: Vec<f32>,
+    hidden: Vec<f32>,
+    scalar: f32,
+}
+
+impl FfnCase {
+    fn new(rows: usize, dim: usize) -> Self {
+        let seed = 2000 + rows as u64 * 37 + dim as u64;
+        FfnCase {
+            rows,
+            dim,
+            mlp: seeded(rows * dim, seed, 3.0),
+            w_1: seeded(dim, seed + 1, 1.5),
+            moe: seeded(rows * dim, seed + 2, 0.5),
+            w_2: seeded(dim, seed + 3, 1.5),
+            w_3: seeded(dim, seed + 4, 1.5),
+            hidden: seeded(rows * dim, seed + 5, 4.0),
+            scalar: 1.0 + 0.5 * seeded(1, seed + 6, 1.0)[0],
+        }
+    }
+
+    fn params(&self) -> FfnResidualNormsParams {
+        FfnResidualNormsParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, scalar: self.scalar }
+    }
+
+    /// `[dense, hidden]` on the CPU, step by step.
+    fn reference(&self) -> [Vec<f32>; 2] {
+        let mut dense = normed(&self.mlp, self.dim, &self.w_1);
+        dense.iter_mut().zip(normed(&self.moe, self.dim, &self.w_2)).for_each(|(d, m)| *d += m);
+        let post = normed(&dense, self.dim, &self.w_3);
+        let hidden = self.hidden.iter().zip(&post).map(|(h, p)| (h + p) * self.scalar).collect();
+        [dense, hidden]
+    }
+
+    /// `[dense, hidden]` from the fused kernel, or from the three `rmsnorm` dispatches it
+    /// replaces, with workgroups folded at `max_dim` per dimension. `dense` starts out holding
+    /// guard values, which neither path may read.
+    fn run(&self, ctx: &GpuContext, fused: bool, max_dim: u32) -> [Vec<f32>; 2] {
+        let n = self.rows * self.dim;
+        let mut pipelines = Pipelines::default();
+        let mlp = ctx.upload("mlp", &self.mlp).unwrap();
+        let w_1 = ctx.upload("w_1", &self.w_1).unwrap();
+        let moe = ctx.upload("moe", &self.moe).unwrap();
+        let w_2 = ctx.upload("w_2", &self.w_2).unwrap();
+        let w_3 = ctx.upload("w_3", &self.w_3).unwrap();
+        let dense = guarded_output(ctx, "dense", n);
+        let hidden = guarded_output(ctx, "hidden", n);
+        ctx.queue.write_buffer(&hidden, 0, bytemuck::cast_slice(&self.hidden));
+        let groups = groups_1d(residual_norms::workgroups(self.rows as u32), max_dim);
+        let mut plan = PlanBuilder::new(ctx);
+        if fused {
+            let p = pipelines.get(ctx, residual_norms::source_ffn()).unwrap();
+            plan.push(&p, &self.params(), &[&mlp, &w_1, &moe, &w_2, &w_3, &dense, &hidden], groups);
+        } else {
+            let p = pipelines.get(ctx, rmsnorm::source()).unwrap();
+            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, _pad: [0; 3] };
+            plan.push(&p, &norm(WEIGHTED, 1.0), &[&mlp, &w_1, &dense], groups);
+            plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&moe, &w_2, &dense], groups);
+            plan.push(&p, &norm(WEIGHTED | ACCUMULATE, self.scalar), &[&dense, &w_3, &hidden], groups);
+        }
+        plan.finish(ctx).unwrap().run(ctx).unwrap();
+        [read_guarded(ctx, &dense, n), read_guarded(ctx, &hidden, n)]
+    }
+}
+
+#[test]
+fn attention_residual_norms_match_cpu_and_the_chain() {
+    let Some(ctx) = test_context("attention_residual_norms_match_cpu_and_the_chain") else { return };
+    let names = ["hidden", "out_a", "out_b"];
+    let (mut worst_cpu, mut worst_chain) = (0f32, 0f32);
+    for &(rows, dim) in RESIDUAL_SHAPES {
+        let case = AttentionCase::new(rows, dim);
+        let want = case.reference();
+        for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 3] {
+            let what = format!("rows={rows} dim={dim} fold={max_dim}");
+            let got = case.run(&ctx, true, max_dim);
+            worst_cpu = worst_cpu.max(check(&format!("{what} vs cpu"), &names, &got, &want, NORM_TOLERANCE));
+            let chain = case.run(&ctx, false, max_dim);
+            worst_chain = worst_chain.max(check(&format!("{what} vs rmsnorm x3"), &names, &got, &chain, FUSED_VS_CHAIN_TOLERANCE));
+        }
+    }
+    eprintln!("attention_residual_norms: max rel err {worst_cpu:e} vs cpu, {worst_chain:e} vs rmsnorm x3");
+}
+
+#[test]
+fn ffn_residual_norms_match_cpu_and_the_chain() {
+    let Some(ctx) = test_context("ffn_residual_norms_match_cpu_and_the_chain") else { return };
+    let names = ["dense", "hidden"];
+    let (mut worst_cpu, mut worst_chain) = (0f32, 0f32);
+    for &(rows, dim) in RESIDUAL_SHAPES {
+        let case = FfnCase::new(rows, dim);
+        let want = case.reference();
+        for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 3] {
+            let what = format!("rows={rows} dim={dim} fold={max_dim}");
+            let got = case.run(&ctx, true, max_dim);
+            worst_cpu = worst_cpu.max(check(&format!("{what} vs cpu"), &names, &got, &want, NORM_TOLERANCE));
+            let chain = case.run(&ctx, false, max_dim);
+            worst_chain = worst_chain.max(check(&format!("{what} vs rmsnorm x3"), &names, &got, &chain, FUSED_VS_CHAIN_TOLERANCE));
+        }
+    }
+    eprintln!("ffn_residual_norms: max rel err {worst_cpu:e} vs cpu, {worst_chain:e} vs rmsnorm x3");
 }

@@ -201,7 +201,7 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
                 let got = run_grouped(&ctx, &mut pipelines, &x);
                 let want = grouped_reference(&x, |_| true);
                 check(&got, &want, &x, |_| true, &format!("n {} counts {counts:?} gather {gather}", case.n));
-                for path in [WPath::Staged, WPath::StagedDeep, WPath::Direct] {
+                for path in [WPath::Staged, WPath::Direct] {
                     let direct = run_tile(&ctx, &mut pipelines, tile, path, &x);
                     check(&direct, &want, &x, |_| true, &format!("tile {} {path:?} counts {counts:?} gather {gather}", tile.label()));
                 }
@@ -292,9 +292,6 @@ fn real_experts(test: &str, timed: bool) {
 /// 16- and 32-row tiles, 4 and 8 subgroups).
 const TIMED_TILES: &[(CoopTile, WPath)] = &[
     (coop_grouped_gemm::TILE_32X128, WPath::Staged),
-    (coop_grouped_gemm::TILE_32X128, WPath::StagedDeep),
-    (coop_grouped_gemm::TILE_16X256, WPath::StagedDeep),
-    (CoopTile { bm: 16, bn: 128, bk: 64, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::StagedDeep),
     (coop_grouped_gemm::TILE_32X128, WPath::Direct),
     (coop_grouped_gemm::TILE_32X64, WPath::Direct),
     (CoopTile { bm: 16, bn: 128, bk: 64, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::Staged),
@@ -588,15 +585,15 @@ fn dense_tensor_core_throughput_by_tile_and_split() {
                 }
                 line += &format!(" | {splits}: {:.1} us {:.0} TF", t * 1e6, flops / t / 1e12);
             }
-            // Two steps of loads in flight: the same products in the same order, so the same C.
-            let (t, deep) = time(&mut pipelines, tile, WPath::StagedDeep, p, 1);
-            assert!(deep == whole, "{name} [{}]: the deep K loop changed C", tile.label());
-            line += &format!(" | deep: {:.1} us {:.0} TF", t * 1e6, flops / t / 1e12);
+            // W straight from the buffer: the same products in the same order, so the same C.
+            let (t, direct) = time(&mut pipelines, tile, WPath::Direct, p, 1);
+            assert!(direct == whole, "{name} [{}]: direct W fragments changed C", tile.label());
+            line += &format!(" | direct: {:.1} us {:.0} TF", t * 1e6, flops / t / 1e12);
             eprintln!("{line}");
         }
     }
     let k = 2816;
-    for path in [WPath::Staged, WPath::StagedDeep] {
+    for path in [WPath::Staged, WPath::Direct] {
         let mut line = format!("{test}: 64x64 tile {path:?}, k {k} ({} steps), workgroups:", k / 32);
         for tiles_n in [1u32, 16, 66, 132, 264, 528, 1056, 2112] {
             let (t, _) = time(&mut pipelines, coop_gemm::TILE_64X64, path, GemmParams::linear(64, 64 * tiles_n, k), 1);

@@ -88,9 +88,6 @@ impl BLayout {
 pub enum WPath {
     /// Staged through workgroup memory with A (one barrier a step for both).
     Staged,
-    /// [`WPath::Staged`] with two steps of global loads in flight (two register sets,
-    /// `wgsl/coop_kloop_deep.wgsl`).
-    StagedDeep,
     /// Loaded by each subgroup straight from the buffer, one step ahead (only A is staged).
     Direct,
 }
@@ -100,7 +97,6 @@ impl WPath {
     pub fn suffix(self) -> &'static str {
         match self {
             WPath::Staged => "",
-            WPath::StagedDeep => "_deep",
             WPath::Direct => "_direct",
         }
     }
@@ -283,7 +279,6 @@ impl CoopTile {
     pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, w_format: WeightFormat, layout: BLayout, mut pieces: Vec<(&str, String)>) -> String {
         match path {
             WPath::Staged => self.expand(template, w_at, w_format, layout, &pieces),
-            WPath::StagedDeep => self.expand_with(template, include_str!("wgsl/coop_kloop_deep.wgsl"), w_at, w_format, layout, None, &pieces),
             WPath::Direct => {
                 let (_, fn_) = self.fragments();
                 let (mut init, mut next, mut rotate) = (String::new(), String::new(), String::new());
@@ -626,8 +621,6 @@ mod tests {
                 source_for(t, WPath::Staged, WeightFormat::Bf16, BLayout::Nk),
                 source_for(t, WPath::Staged, WeightFormat::F32, BLayout::Nk),
                 source_for(t, WPath::Staged, WeightFormat::F32, BLayout::Kn),
-                source_for(t, WPath::StagedDeep, WeightFormat::F16, BLayout::Nk),
-                source_for(t, WPath::StagedDeep, WeightFormat::F32, BLayout::Kn),
             ]
         };
         for k in TILES.iter().flat_map(|&t| variants(t)) {

@@ -76,7 +76,7 @@ pub const fn shared_bytes(tile: CoopTile) -> u32 {
 /// stages only A).
 pub const fn shared_bytes_with(tile: CoopTile, path: WPath) -> u32 {
     match path {
-        WPath::Staged | WPath::StagedDeep => shared_bytes(tile),
+        WPath::Staged => shared_bytes(tile),
         WPath::Direct => 2 * 2 * tile.bm * tile.row_halves() + tile.subgroups() * FRAGMENT * FRAGMENT * 4,
     }
 }
@@ -178,7 +178,7 @@ mod tests {
 
     #[test]
     fn every_tile_renders_and_validates_with_cooperative_matrices() {
-        for k in TILES.iter().flat_map(|&t| [source(t), source_with(t, WPath::Direct), source_with(t, WPath::StagedDeep)]) {
+        for k in TILES.iter().flat_map(|&t| [source(t), source_with(t, WPath::Direct)]) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)

@@ -19,6 +19,7 @@ pub mod grouped_gemm;
 pub mod moe_combine;
 pub mod moe_dispatch;
 pub mod norm_rope;
+pub mod residual_norms;
 pub mod rmsnorm;
 pub mod rope;
 pub mod router_topk;
@@ -47,6 +48,8 @@ pub fn all_variants() -> Vec<KernelSource> {
         sample_rows::source(),
         norm_rope::source(),
         split_k::source(),
+        residual_norms::source_attention(),
+        residual_norms::source_ffn(),
     ]
     .into_iter()
     .chain(gemm::TILES.iter().map(|&t| gemm::source(t)))

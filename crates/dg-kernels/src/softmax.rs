@@ -4,7 +4,7 @@
 //! one pass for the running max and sum of `exp(x − max)` (merged across invocations), one pass
 //! that writes `exp(x − max) · (1 / sum)` like `dg_cpu::ops::softmax_in_place`. Masked entries are
 //! written as exactly 0 and take no part in the max or the sum; a row with no visible key becomes
-//! all zeros.
+//! all zeros. A gap of columns (`gap_start..gap_end`) is masked the same way in every row.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -35,13 +35,18 @@ pub struct SoftmaxParams {
     /// Sliding window including the query (key `j` visible iff `j ≤ p` and `j + window > p`);
     /// 0: no window.
     pub window: u32,
-    pub _pad: u32,
+    /// Columns `gap_start..gap_end` are masked in every row, whatever the mode (the padding
+    /// between the decoder's cached keys and its canvas, which keeps the canvas part of a row
+    /// aligned for the tensor cores); equal: no gap.
+    pub gap_start: u32,
+    pub gap_end: u32,
+    pub _pad: [u32; 3],
 }
 
 impl SoftmaxParams {
     /// Plain row softmax over `[rows, cols]`.
     pub fn plain(rows: u32, cols: u32) -> Self {
-        SoftmaxParams { rows, cols, queries: 0, mode: MODE_ALL, key_start: 0, query_start: 0, window: 0, _pad: 0 }
+        SoftmaxParams { rows, cols, queries: 0, mode: MODE_ALL, key_start: 0, query_start: 0, window: 0, gap_start: 0, gap_end: 0, _pad: [0; 3] }
     }
 }
 

@@ -3,6 +3,7 @@
 // column j (absolute key_start + j) is visible iff key_start + j <= p and (window == 0 or
 // key_start + j + window > p). The visible keys form one range [lo, hi); entries outside it are
 // written as 0 and excluded from the max and the sum.
+// Columns [gap_start, gap_end) are masked in every mode (written as 0, outside the max and sum).
 // One workgroup per row; rows beyond 65535 workgroups wrap into the y dimension.
 // Pass 1: each invocation keeps a running (max, sum of exp(x - max)) over its strided elements;
 // the pairs are merged by a tree reduction. Pass 2: x = exp(x - max) * (1 / sum).
@@ -15,7 +16,11 @@ struct Params {
     key_start: u32,
     query_start: u32,
     window: u32,
+    gap_start: u32,
+    gap_end: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -61,6 +66,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var s = 0.0;
     if (live) {
         for (var j = lo + lid.x; j < hi; j += WG) {
+            if (j >= p.gap_start && j < p.gap_end) {
+                continue;
+            }
             let v = x[base + j];
             if (v > m) {
                 s = s * exp(m - v) + 1.0;
@@ -88,7 +96,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let inv = 1.0 / part_sum[0];
     for (var j = lid.x; j < p.cols; j += WG) {
         var y = 0.0;
-        if (j >= lo && j < hi) {
+        if (j >= lo && j < hi && !(j >= p.gap_start && j < p.gap_end)) {
             y = exp(x[base + j] - row_max) * inv;
         }
         x[base + j] = y;

@@ -1,0 +1,137 @@
+//! The residual adds and RMSNorms around a decoder layer's two blocks, each fused into one
+//! dispatch that replaces a chain of `rmsnorm.wgsl` dispatches with the same arithmetic.
+//!
+//! After attention ([`source_attention`]; HF `DiffusionGemmaDecoderLayer`:
+//! `hidden = residual + post_attention_layernorm(attn_out)`, then two norms of the new stream:
+//! `pre_feedforward_layernorm(hidden)` for the dense MLP and the router's
+//! `rms(hidden)·router_scale·hidden_size^-1/2`):
+//!
+//! ```text
+//! hidden = hidden + rms(x)·w_res
+//! out_a  = (rms(hidden)·w_a)·scale_a
+//! out_b  = (rms(hidden)·w_b)·scale_b
+//! ```
+//!
+//! After the feed-forward blocks ([`source_ffn`]; the same layer's `post_feedforward_layernorm_1`,
+//! `post_feedforward_layernorm_2`, `post_feedforward_layernorm` and `layer_scalar`):
+//!
+//! ```text
+//! dense  = rms(mlp)·w_1
+//! dense  = dense + rms(moe)·w_2
+//! hidden = (hidden + rms(dense)·w_3)·scalar
+//! ```
+//!
+//! with `rms(v) = v · (mean(v²) + eps)^-1/2` over a row of `dim`, the CPU twin of which is
+//! `dg_cpu::ops::rms_norm_rows`. Each step is the rmsnorm kernel's op (weighted, accumulating where
+//! it adds) with the same per-invocation strided sums, the same tree reduction and `1/sqrt`, so a
+//! fused result matches the chain it replaces to an ulp or two (only the driver's FMA contraction
+//! may differ between the compilations).
+//!
+//! One workgroup per row; rows beyond 65535 workgroups wrap into y (fold [`workgroups`] through
+//! `groups_1d`). Every invocation re-reads only the elements of `hidden` / `dense` that it wrote
+//! itself, so the second reduction sees the updated row without a storage barrier.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::{Access, KernelSource, with_prelude};
+
+/// Workgroup size (one workgroup per row); the same as `rmsnorm::WORKGROUP`, so that the
+/// reduction order, and with it every norm, is the rmsnorm kernel's.
+pub const WORKGROUP: u32 = crate::rmsnorm::WORKGROUP;
+
+/// Uniform parameters of `attention_residual_norms.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct AttentionResidualNormsParams {
+    pub rows: u32,
+    /// Elements per row of every `[rows, dim]` buffer, and the length of the three weights.
+    pub dim: u32,
+    pub eps: f32,
+    /// Multiplies `out_a` (1 for `pre_feedforward_layernorm`).
+    pub scale_a: f32,
+    /// Multiplies `out_b` (`hidden_size^-1/2` for the router's input).
+    pub scale_b: f32,
+    pub _pad: [u32; 3],
+}
+
+/// Uniform parameters of `ffn_residual_norms.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
+pub struct FfnResidualNormsParams {
+    pub rows: u32,
+    /// Elements per row of every `[rows, dim]` buffer, and the length of the three weights.
+    pub dim: u32,
+    pub eps: f32,
+    /// Multiplies the updated `hidden` (the layer's `layer_scalar`).
+    pub scalar: f32,
+}
+
+/// Workgroups to dispatch, one per row, for either kernel (fold through `groups_1d`: more than
+/// 65535 wrap into y).
+pub fn workgroups(rows: u32) -> u32 {
+    rows
+}
+
+/// Bindings: `x` (read, `[rows, dim]`, the attention output), `w_res`, `w_a`, `w_b` (read,
+/// `[dim]`), `hidden` (read-write, `[rows, dim]`, the residual stream, updated in place), `out_a`,
+/// `out_b` (read-write, `[rows, dim]`, written only). `x`, `hidden`, `out_a` and `out_b` must be
+/// four different buffers.
+pub fn source_attention() -> KernelSource {
+    KernelSource {
+        name: "attention_residual_norms".into(),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/attention_residual_norms.wgsl")),
+        entry: "main",
+        buffers: vec![
+            Access::Read,
+            Access::Read,
+            Access::Read,
+            Access::Read,
+            Access::ReadWrite,
+            Access::ReadWrite,
+            Access::ReadWrite,
+        ],
+        params_size: size_of::<AttentionResidualNormsParams>() as u64,
+    }
+}
+
+/// Bindings: `mlp` (read, `[rows, dim]`, the dense MLP's output), `w_1` (read, `[dim]`), `moe`
+/// (read, `[rows, dim]`, the experts' combined output), `w_2`, `w_3` (read, `[dim]`), `dense`
+/// (read-write, `[rows, dim]`: written, its previous contents ignored, and left holding the summed
+/// branch norms), `hidden` (read-write, `[rows, dim]`, the residual stream, updated in place).
+/// `mlp`, `moe`, `dense` and `hidden` must be four different buffers.
+pub fn source_ffn() -> KernelSource {
+    KernelSource {
+        name: "ffn_residual_norms".into(),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/ffn_residual_norms.wgsl")),
+        entry: "main",
+        buffers: vec![
+            Access::Read,
+            Access::Read,
+            Access::Read,
+            Access::Read,
+            Access::Read,
+            Access::ReadWrite,
+            Access::ReadWrite,
+        ],
+        params_size: size_of::<FfnResidualNormsParams>() as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_are_uniform_sized() {
+        assert_eq!(size_of::<AttentionResidualNormsParams>() % 16, 0);
+        assert_eq!(size_of::<FfnResidualNormsParams>() % 16, 0);
+    }
+
+    #[test]
+    fn bindings_fit_the_default_limits() {
+        // WebGPU's default maxStorageBuffersPerShaderStage.
+        for k in [source_attention(), source_ffn()] {
+            assert!(k.buffers.len() <= 8, "{}: {} storage buffers", k.name, k.buffers.len());
+        }
+    }
+}

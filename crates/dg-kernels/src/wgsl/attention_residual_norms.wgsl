@@ -1,0 +1,85 @@
+// The residual add after attention and the two norms of the updated stream, fused: for each row
+// of x, hidden, out_a, out_b: [rows, dim],
+//   hidden = hidden + rms(x) * w_res                  (as rmsnorm.wgsl: weighted, accumulate)
+//   out_a  = (rms(hidden) * w_a) * scale_a             (as rmsnorm.wgsl: weighted, scale_a)
+//   out_b  = (rms(hidden) * w_b) * scale_b             (as rmsnorm.wgsl: weighted, scale_b)
+// with rms(v) = v * (mean(v^2) + eps)^-1/2 over the row, the second and third over the UPDATED
+// hidden. One workgroup per row; rows beyond 65535 workgroups wrap into y.
+
+struct Params {
+    rows: u32,
+    dim: u32,
+    eps: f32,
+    scale_a: f32,
+    scale_b: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w_res: array<f32>;
+@group(0) @binding(3) var<storage, read> w_a: array<f32>;
+@group(0) @binding(4) var<storage, read> w_b: array<f32>;
+@group(0) @binding(5) var<storage, read_write> hidden: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out_a: array<f32>;
+@group(0) @binding(7) var<storage, read_write> out_b: array<f32>;
+
+var<workgroup> partial: array<f32, WG>;
+
+// The workgroup's sum of every invocation's `acc`, by the same tree as rmsnorm.wgsl. Called from
+// uniform control flow by every invocation, live row or not.
+fn row_sum(acc: f32, lane: u32) -> f32 {
+    partial[lane] = acc;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (lane < s) {
+            partial[lane] += partial[lane + s];
+        }
+        workgroupBarrier();
+    }
+    let total = partial[0];
+    // Everyone must have read the total before the next reduction overwrites partial.
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.x + wid.y * nwg.x;
+    let base = row * p.dim;
+    let live = row < p.rows;
+
+    var acc_x = 0.0;
+    if (live) {
+        for (var i = lid.x; i < p.dim; i += WG) {
+            let v = x[base + i];
+            acc_x += v * v;
+        }
+    }
+    let inv_x = 1.0 / sqrt(row_sum(acc_x, lid.x) / f32(p.dim) + p.eps);
+
+    // The residual add. Each invocation updates elements lid.x, lid.x + WG, ... and sums the
+    // squares of exactly those, the elements rmsnorm.wgsl would have it sum, so no other
+    // invocation's write has to be visible before the second reduction.
+    var acc_h = 0.0;
+    if (live) {
+        for (var i = lid.x; i < p.dim; i += WG) {
+            let h = hidden[base + i] + (x[base + i] * inv_x) * w_res[i];
+            hidden[base + i] = h;
+            acc_h += h * h;
+        }
+    }
+    let inv_h = 1.0 / sqrt(row_sum(acc_h, lid.x) / f32(p.dim) + p.eps);
+    if (!live) {
+        return;
+    }
+    for (var i = lid.x; i < p.dim; i += WG) {
+        // This invocation's own write above.
+        let n = hidden[base + i] * inv_h;
+        out_a[base + i] = (n * w_a[i]) * p.scale_a;
+        out_b[base + i] = (n * w_b[i]) * p.scale_b;
+    }
+}
