@@ -55,7 +55,7 @@ pub fn pack_f16_panels(w: &[f32], n: usize, k: usize, panel: usize) -> Vec<u32> 
 /// per expert in one m tile.
 pub const TILE_32X128: CoopTile = CoopTile { bm: 32, bn: 128, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4 };
 /// 16 × 256, 16×64 per subgroup (4 subgroups): wide tiles for short K (the down projection, K 704,
-/// N 2816).
+/// N 2816); tested and timed, but not picked by [`choose`] (32 × 128 measured faster in the forward).
 pub const TILE_16X256: CoopTile = CoopTile { bm: 16, bn: 256, bk: 32, wm: 16, wn: 64, staging: Staging::Vec4 };
 /// 32 × 64, 16×32 per subgroup (4 subgroups): for `n` not a multiple of 128.
 pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4 };
@@ -63,7 +63,7 @@ pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 16, wn: 
 /// expert).
 pub const TILE_64X128: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 };
 
-/// Every tile, in the order [`choose`] prefers them at equal fit.
+/// Every tile the kernel is built and tested for.
 pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128];
 
 /// Workgroup memory of `tile` in this kernel: the staging of [`CoopTile::shared_bytes`] plus one
@@ -107,13 +107,13 @@ pub fn panels_fit(n: u32, k: u32) -> bool {
 }
 
 /// The tile and W path for `p` over `slots` slots, the first of the preferred list that fits:
-/// in the decoder (groups of ~16 slots) W straight from the buffer, 16 × 256 tiles where `n`
-/// allows (the down projection: 297 µs against 398–810 µs for the 32-row tiles on an H200), else
-/// 32 × 128 (the gate/up projection: 449 µs, 763 µs staged); for the encoder's chunks (groups over
-/// 48 slots) 64-row tiles, W staged.
+/// in the decoder (groups of ~16 slots) W straight from the buffer, 32 × 128 tiles (on an H200 in
+/// the real forward: gate/up 455 µs, 755 staged; down 271 µs against 318 for 16 × 256, whose
+/// isolated timings moved between 297 and 726 µs from one compile to the next), else 32 × 64; for
+/// the encoder's chunks (groups over 48 slots) 64-row tiles, W staged.
 pub fn choose(p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
     let average = slots.div_ceil(p.groups.max(1));
-    let decoder: &[(CoopTile, WPath)] = &[(TILE_16X256, WPath::Direct), (TILE_32X128, WPath::Direct), (TILE_32X64, WPath::Direct)];
+    let decoder: &[(CoopTile, WPath)] = &[(TILE_32X128, WPath::Direct), (TILE_32X64, WPath::Direct)];
     let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (TILE_32X128, WPath::Direct), (TILE_32X64, WPath::Direct)];
     let preferred = if average > 48 { encoder } else { decoder };
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
@@ -205,7 +205,7 @@ mod tests {
         let gate_up = GroupedGemmParams { n: 1408, k: 2816, groups: 128, max_rows: 256, a_rs: 2816, b_group_stride: 1408 * 2816, c_rs: 1408, gather: 1 };
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
         assert_eq!(choose(&gate_up, 2048), Some((TILE_32X128, WPath::Direct)));
-        assert_eq!(choose(&down, 2048), Some((TILE_16X256, WPath::Direct)));
+        assert_eq!(choose(&down, 2048), Some((TILE_32X128, WPath::Direct)));
         assert_eq!(choose(&down, 8192), Some((TILE_64X128, WPath::Staged)));
         let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
         assert_eq!(choose(&tiny, 128), Some((TILE_32X64, WPath::Direct)));
