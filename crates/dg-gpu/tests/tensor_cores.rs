@@ -602,3 +602,66 @@ fn dense_tensor_core_throughput_by_tile_and_split() {
         eprintln!("{line}");
     }
 }
+
+/// What bounds a tensor-core workgroup's K step (`--include-ignored --nocapture`): the 64×64 tile's
+/// time over 88 K steps against its number of workgroups, for the kernel as it is and for variants
+/// that each take one part away: no global loads in the loop (every step restages the registers of
+/// step 0), no matrix products (loads and staging only), only A's or only W's loads, scalar f16
+/// staging instead of vec4s, one subgroup of 64×64 per workgroup instead of four of 32×32. The variants compute wrong products;
+/// only their times mean something.
+#[test]
+#[ignore = "throughput: run with --include-ignored --nocapture on a GPU with cooperative matrices"]
+fn tensor_core_step_ceiling_probe() {
+    use dg_kernels::KernelSource;
+    use dg_kernels::coop_gemm::{self, BLayout};
+    use dg_kernels::gemm::GemmParams;
+    let test = "tensor_core_step_ceiling_probe";
+    let Some(ctx) = coop_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let k = 2816u32;
+    let base = coop_gemm::source_for(coop_gemm::TILE_64X64, WPath::Staged, WeightFormat::F16, BLayout::Nk);
+    let renamed = |name: &str, wgsl: String| KernelSource { name: format!("{}_{name}", base.name), wgsl, ..base.clone() };
+    let no_loads = base.wgsl.replace("a[a_src[l] + ka]", "ra[l]").replace("load_w(w_src[l] + (s + 1u) * w_step)", "rw[l]");
+    assert!(no_loads != base.wgsl, "the loop's loads were not found");
+    let a_loads_only = base.wgsl.replace("load_w(w_src[l] + (s + 1u) * w_step)", "rw[l]");
+    let w_loads_only = base.wgsl.replace("a[a_src[l] + ka]", "ra[l]");
+    let no_products: String = base.wgsl.lines().filter(|line| !line.contains("coopMultiplyAdd")).map(|line| format!("{line}\n")).collect();
+    let scalar = CoopTile { staging: Staging::Scalar, ..coop_gemm::TILE_64X64 };
+    let one_subgroup = CoopTile { wm: 64, wn: 64, ..coop_gemm::TILE_64X64 };
+    let variants: Vec<(&str, CoopTile, KernelSource)> = vec![
+        ("as is", coop_gemm::TILE_64X64, base.clone()),
+        ("no global loads in the loop", coop_gemm::TILE_64X64, renamed("noloads", no_loads)),
+        ("no matrix products", coop_gemm::TILE_64X64, renamed("noproducts", no_products)),
+        ("A's loads only (8 KB a step, shared by every workgroup)", coop_gemm::TILE_64X64, renamed("aonly", a_loads_only)),
+        ("W's loads only (4 KB a step)", coop_gemm::TILE_64X64, renamed("wonly", w_loads_only)),
+        ("scalar staging", scalar, coop_gemm::source_for(scalar, WPath::Staged, WeightFormat::F16, BLayout::Nk)),
+        ("one subgroup of 64x64", one_subgroup, coop_gemm::source_for(one_subgroup, WPath::Staged, WeightFormat::F16, BLayout::Nk)),
+    ];
+    let max_tiles = 2112u32;
+    let a = ctx.upload("a", &seeded((64 * k) as usize, 81, 1.0)).unwrap();
+    let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((64 * max_tiles * k) as usize, 82, 1.0))).unwrap();
+    let c = ctx.storage_buffer("c", u64::from(64 * 64 * max_tiles) * 4).unwrap();
+    for (what, tile, source) in variants {
+        let pipeline = pipelines.get(&ctx, source).unwrap();
+        let mut line = format!("{test}: {what} [{}]:", tile.label());
+        for tiles in [1u32, 66, 132, 264, 528, 1056, 2112] {
+            let p = GemmParams::linear(64, 64 * tiles, k);
+            let replays = 20;
+            let mut plan = dg_gpu::PlanBuilder::new(&ctx);
+            for _ in 0..replays {
+                plan.push(&pipeline, &p, &[&a, &b, &c], coop_gemm::workgroups(tile, p.m, p.n, 1));
+            }
+            let plan = plan.finish(&ctx).unwrap();
+            plan.run(&ctx).unwrap();
+            let mut best = f64::MAX;
+            for _ in 0..3 {
+                let t = Instant::now();
+                plan.run(&ctx).unwrap();
+                best = best.min(t.elapsed().as_secs_f64() / f64::from(replays));
+            }
+            let steps_per_us = f64::from(tiles * (k / 32)) / (best * 1e6);
+            line += &format!(" | {tiles}: {:.1} us ({steps_per_us:.0} steps/us)", best * 1e6);
+        }
+        eprintln!("{line}");
+    }
+}
