@@ -27,6 +27,18 @@ pub fn test_context(test: &str) -> Option<GpuContext> {
     }
 }
 
+/// The device for a test of the tensor-core kernels: [`test_context`] when it runs them
+/// ([`GpuContext::coop_matrix`]), otherwise `None` and a visible SKIP line (lavapipe has no
+/// cooperative matrices; the f32 kernels run there instead).
+pub fn coop_test_context(test: &str) -> Option<GpuContext> {
+    let ctx = test_context(test)?;
+    if !ctx.coop_matrix {
+        eprintln!("SKIP {test}: adapter {} has no cooperative matrices (the f32 kernels run instead)", ctx.info.name);
+        return None;
+    }
+    Some(ctx)
+}
+
 /// A storage buffer holding `len` values initialised to [`GUARD`], plus a guard band.
 pub fn guarded_output(ctx: &GpuContext, label: &str, len: usize) -> wgpu::Buffer {
     ctx.upload(label, &vec![GUARD; len + GUARD_LEN]).expect("allocating a test output")

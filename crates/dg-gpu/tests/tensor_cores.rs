@@ -16,7 +16,7 @@
 use std::time::Instant;
 
 use dg_gpu::ops::{Batches, Recorder};
-use dg_gpu::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
 use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::coop_gemm::{CoopTile, Staging};
@@ -40,15 +40,6 @@ fn f16_round(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
 
-/// The device, if it runs the tensor-core kernels; otherwise a SKIP line.
-fn coop_context(test: &str) -> Option<GpuContext> {
-    let ctx = test_context(test)?;
-    if !ctx.coop_matrix {
-        eprintln!("SKIP {test}: adapter {} has no cooperative matrices (the f32 kernels run instead)", ctx.info.name);
-        return None;
-    }
-    Some(ctx)
-}
 
 /// One grouped product's inputs.
 struct Case {
@@ -185,7 +176,7 @@ fn check(got: &[f32], want: &[f32], x: &Inputs, pick: impl Fn(usize) -> bool, wh
 #[test]
 fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
     let test = "coop_grouped_gemm_matches_the_exact_product_on_every_tile";
-    let Some(ctx) = coop_context(test) else { return };
+    let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     // Counts around the 32- and 64-row tile edges (full and partial tiles, several m tiles, empty
     // experts), and the uneven counts of a real routing.
@@ -252,7 +243,7 @@ fn real_counts(seed: u64) -> Vec<u32> {
 /// The real geometry's expert products (gate_up: 1408 × 2816 with gather; down: 2816 × 704), every
 /// 13th slot checked against the exact product; with `--include-ignored` the timing too.
 fn real_experts(test: &str, timed: bool) {
-    let Some(ctx) = coop_context(test) else { return };
+    let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let counts = real_counts(99);
     for (name, n, k, gather) in [("gate_up", 1408, 2816, true), ("down", 2816, 704, false)] {
@@ -337,7 +328,7 @@ fn coop_grouped_gemm_throughput_at_the_real_expert_shapes() {
 #[test]
 fn batched_coop_linear_matches_the_exact_product() {
     let test = "batched_coop_linear_matches_the_exact_product";
-    let Some(ctx) = coop_context(test) else { return };
+    let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     for (m, n, k) in [(256usize, 2048usize, 2816usize), (64, 32, 64)] {
         let x = seeded(m * k, 5, 1.0);
@@ -380,7 +371,7 @@ fn batched_coop_linear_matches_the_exact_product() {
 #[test]
 fn head_linear_on_tensor_cores_matches_the_exact_softcapped_product() {
     let test = "head_linear_on_tensor_cores_matches_the_exact_softcapped_product";
-    let Some(ctx) = coop_context(test) else { return };
+    let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let (m, n, k, c_rs, c_offset, cap) = (64usize, 256usize, 128usize, 512usize, 128usize, 3.0f32);
     let x = seeded(m * k, 11, 1.0);
@@ -429,7 +420,7 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
     use dg_gpu::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference};
     use dg_kernels::gemm::GemmParams;
     let test = "strided_attention_products_on_tensor_cores_match_the_reference";
-    let Some(ctx) = coop_context(test) else { return };
+    let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let (t, s, d, heads, kv) = (64u32, 128u32, 64u32, 4u32, 2u32);
     let row = kv * d;
@@ -475,7 +466,7 @@ fn split_k_products_on_tensor_cores_match_the_reference() {
     use dg_gpu::testing::{gemm_extent, gemm_reference};
     use dg_kernels::gemm::{EPILOGUE_SOFTCAP, GemmParams};
     let test = "split_k_products_on_tensor_cores_match_the_reference";
-    let Some(ctx) = coop_context(test) else { return };
+    let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let bf16_round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
     let cases: [(&str, WeightFormat, GemmParams); 4] = [
@@ -530,7 +521,7 @@ fn dense_tensor_core_throughput_by_tile_and_split() {
     use dg_kernels::gemm::GemmParams;
     use dg_kernels::split_k;
     let test = "dense_tensor_core_throughput_by_tile_and_split";
-    let Some(ctx) = coop_context(test) else { return };
+    let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let scratch = ctx.storage_buffer("split partials", 64 << 20).unwrap();
     // Times the product (and returns C of its last run).
@@ -616,7 +607,7 @@ fn tensor_core_step_ceiling_probe() {
     use dg_kernels::coop_gemm::{self, BLayout};
     use dg_kernels::gemm::GemmParams;
     let test = "tensor_core_step_ceiling_probe";
-    let Some(ctx) = coop_context(test) else { return };
+    let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let k = 2816u32;
     let base = coop_gemm::source_for(coop_gemm::TILE_64X64, WPath::Staged, WeightFormat::F16, BLayout::Nk);
