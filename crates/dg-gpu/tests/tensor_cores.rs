@@ -300,7 +300,12 @@ const TIMED_TILES: &[(CoopTile, WPath)] = &[
 fn time_tile(ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: WPath, x: &Inputs) -> f64 {
     let replays = 50;
     let b = Buffers::upload(ctx, x, tile.bk);
-    let plan = tile_plan(ctx, pipelines, tile, path, x, &b, replays);
+    best_time(ctx, &tile_plan(ctx, pipelines, tile, path, x, &b, replays), replays)
+}
+
+/// The best wall time of one of a plan's `replays` dispatches over 5 submissions after a warm-up,
+/// in seconds.
+fn best_time(ctx: &GpuContext, plan: &dg_gpu::Plan, replays: u32) -> f64 {
     plan.run(ctx).unwrap();
     let mut best = f64::MAX;
     for _ in 0..5 {
@@ -545,14 +550,7 @@ fn dense_tensor_core_throughput_by_tile_and_split() {
                 plan.push(&kernel, &p, &[&a, &b, &c], coop_gemm::workgroups(tile, p.m, p.n, 1));
             }
         }
-        let plan = plan.finish(&ctx).unwrap();
-        plan.run(&ctx).unwrap();
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let t = Instant::now();
-            plan.run(&ctx).unwrap();
-            best = best.min(t.elapsed().as_secs_f64() / f64::from(replays));
-        }
+        let best = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
         (best, ctx.read_f32(&c, 0, (p.m * p.n) as usize).unwrap())
     };
     let tiles = [coop_gemm::TILE_64X64, coop_gemm::TILE_64X128, coop_gemm::TILE_128X128, coop_gemm::TILE_32X64, coop_gemm::TILE_64X64_K64];
@@ -642,14 +640,7 @@ fn tensor_core_step_ceiling_probe() {
             for _ in 0..replays {
                 plan.push(&pipeline, &p, &[&a, &b, &c], coop_gemm::workgroups(tile, p.m, p.n, 1));
             }
-            let plan = plan.finish(&ctx).unwrap();
-            plan.run(&ctx).unwrap();
-            let mut best = f64::MAX;
-            for _ in 0..3 {
-                let t = Instant::now();
-                plan.run(&ctx).unwrap();
-                best = best.min(t.elapsed().as_secs_f64() / f64::from(replays));
-            }
+            let best = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
             let steps_per_us = f64::from(tiles * (k / 32)) / (best * 1e6);
             line += &format!(" | {tiles}: {:.1} us ({steps_per_us:.0} steps/us)", best * 1e6);
         }

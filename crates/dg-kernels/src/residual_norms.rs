@@ -33,6 +33,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::rmsnorm::with_row_sum;
 use crate::{Access, KernelSource, with_prelude};
 
 /// Workgroup size (one workgroup per row); the same as `rmsnorm::WORKGROUP`, so that the
@@ -79,7 +80,7 @@ pub fn workgroups(rows: u32) -> u32 {
 pub fn source_attention() -> KernelSource {
     KernelSource {
         name: "attention_residual_norms".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/attention_residual_norms.wgsl")),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &with_row_sum(include_str!("wgsl/attention_residual_norms.wgsl"), "f32")),
         entry: "main",
         buffers: vec![
             Access::Read,
@@ -102,7 +103,7 @@ pub fn source_attention() -> KernelSource {
 pub fn source_ffn() -> KernelSource {
     KernelSource {
         name: "ffn_residual_norms".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/ffn_residual_norms.wgsl")),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &with_row_sum(include_str!("wgsl/ffn_residual_norms.wgsl"), "vec2<f32>")),
         entry: "main",
         buffers: vec![
             Access::Read,

@@ -24,11 +24,18 @@ pub struct RmsNormParams {
     pub _pad: [u32; 3],
 }
 
+/// `template` with the shared row reduction (`wgsl/row_sum.wgsl`, `row_sum` over `RowSum =
+/// row_type`) in place of its `//@ROW_SUM` line: the one tree every norm kernel sums with.
+pub(crate) fn with_row_sum(template: &str, row_type: &str) -> String {
+    assert!(template.contains("//@ROW_SUM\n"), "a norm kernel without the row-sum marker");
+    template.replace("//@ROW_SUM\n", &format!("alias RowSum = {row_type};\n{}", include_str!("wgsl/row_sum.wgsl")))
+}
+
 /// Bindings: `x` (read), `w` (read; any buffer when unweighted), `out` (read-write).
 pub fn source() -> KernelSource {
     KernelSource {
         name: "rmsnorm".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/rmsnorm.wgsl")),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &with_row_sum(include_str!("wgsl/rmsnorm.wgsl"), "f32")),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<RmsNormParams>() as u64,

@@ -26,24 +26,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> out_a: array<f32>;
 @group(0) @binding(7) var<storage, read_write> out_b: array<f32>;
 
-var<workgroup> partial: array<f32, WG>;
-
-// The workgroup's sum of every invocation's `acc`, by the same tree as rmsnorm.wgsl. Called from
-// uniform control flow by every invocation, live row or not.
-fn row_sum(acc: f32, lane: u32) -> f32 {
-    partial[lane] = acc;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lane < s) {
-            partial[lane] += partial[lane + s];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[0];
-    // Everyone must have read the total before the next reduction overwrites partial.
-    workgroupBarrier();
-    return total;
-}
+//@ROW_SUM
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,

@@ -23,26 +23,8 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> dense: array<f32>;
 @group(0) @binding(7) var<storage, read_write> hidden: array<f32>;
 
-// Two sums side by side, so that the mlp and moe rows reduce in one pass; each component follows
-// rmsnorm.wgsl's tree exactly (vector addition is per component).
-var<workgroup> partial: array<vec2<f32>, WG>;
-
-// The workgroup's sums of every invocation's `acc`. Called from uniform control flow by every
-// invocation, live row or not.
-fn row_sums(acc: vec2<f32>, lane: u32) -> vec2<f32> {
-    partial[lane] = acc;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lane < s) {
-            partial[lane] += partial[lane + s];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[0];
-    // Everyone must have read the totals before the next reduction overwrites partial.
-    workgroupBarrier();
-    return total;
-}
+// Two sums side by side (RowSum = vec2<f32>), so that the mlp and moe rows reduce in one pass.
+//@ROW_SUM
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -61,7 +43,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             acc_moe += e * e;
         }
     }
-    let sums = row_sums(vec2<f32>(acc_mlp, acc_moe), lid.x);
+    let sums = row_sum(vec2<f32>(acc_mlp, acc_moe), lid.x);
     let inv_mlp = 1.0 / sqrt(sums.x / f32(p.dim) + p.eps);
     let inv_moe = 1.0 / sqrt(sums.y / f32(p.dim) + p.eps);
 
@@ -76,7 +58,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             acc_dense += d * d;
         }
     }
-    let inv_dense = 1.0 / sqrt(row_sums(vec2<f32>(acc_dense, 0.0), lid.x).x / f32(p.dim) + p.eps);
+    let inv_dense = 1.0 / sqrt(row_sum(vec2<f32>(acc_dense, 0.0), lid.x).x / f32(p.dim) + p.eps);
     if (!live) {
         return;
     }

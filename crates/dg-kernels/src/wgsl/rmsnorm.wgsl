@@ -20,7 +20,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-var<workgroup> partial: array<f32, WG>;
+//@ROW_SUM
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -35,18 +35,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             acc += v * v;
         }
     }
-    partial[lid.x] = acc;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            partial[lid.x] += partial[lid.x + s];
-        }
-        workgroupBarrier();
-    }
+    let total = row_sum(acc, lid.x);
     if (!live) {
         return;
     }
-    let inv = 1.0 / sqrt(partial[0] / f32(p.dim) + p.eps);
+    let inv = 1.0 / sqrt(total / f32(p.dim) + p.eps);
     for (var i = lid.x; i < p.dim; i += WG) {
         var y = x[base + i] * inv;
         if ((p.flags & 1u) != 0u) {
