@@ -62,9 +62,16 @@ fn coop_grouped_override(p: &GroupedGemmParams, (tile, path): (coop_gemm::CoopTi
 }
 
 /// Tuning knob: `DG_SPLIT_TARGET=N` sets the workgroups a tensor-core GEMM is split towards
-/// (default `dg_kernels::coop_gemm::SPLIT_TARGET_WORKGROUPS`; 0 never splits).
-fn split_target() -> u32 {
-    std::env::var("DG_SPLIT_TARGET").ok().and_then(|v| v.parse().ok()).unwrap_or(coop_gemm::SPLIT_TARGET_WORKGROUPS)
+/// (default `dg_kernels::coop_gemm::Split::target`; 0 never splits).
+fn split_target(tile: coop_gemm::CoopTile, p: &GemmParams) -> u32 {
+    std::env::var("DG_SPLIT_TARGET").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| coop_gemm::Split::target(tile, p))
+}
+
+/// Tuning knob: `DG_COOP_TILE=BMxBN` (e.g. `64x128`) makes the dense tensor-core GEMM take that
+/// tile of `dg_kernels::coop_gemm::TILES` wherever it fits (`coop_gemm::plan` chooses otherwise).
+fn coop_tile_override() -> Option<coop_gemm::CoopTile> {
+    let wanted = std::env::var("DG_COOP_TILE").ok()?;
+    coop_gemm::TILES.iter().copied().find(|t| format!("{}x{}", t.bm, t.bn) == wanted)
 }
 
 /// How many products a batched linear runs and where each one's operands start, in elements.
@@ -231,13 +238,13 @@ impl<'a> Recorder<'a> {
     /// everything else is staged.
     pub fn gemm_auto(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
         if tensor_cores && self.ctx.coop_matrix {
-            if let Some((tile, layout)) = coop_gemm::plan(&p) {
+            if let Some((tile, layout)) = coop_gemm::plan_with(&p, coop_tile_override(), self.ctx.limits.max_compute_workgroup_storage_size) {
                 let path = match coop_path() {
                     coop_gemm::WPath::Direct if b_format != WeightFormat::F16 || layout != coop_gemm::BLayout::Nk => coop_gemm::WPath::Staged,
                     path => path,
                 };
                 let kernel = coop_gemm::source_for(tile, path, b_format, layout);
-                let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(), len)?)));
+                let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(tile, &p), len)?)));
                 if let Some((scratch, split)) = split {
                     let g = coop_gemm::workgroups_split(tile, p.m, p.n, p.batch, split.splits);
                     self.push(kernel, &split.partial_params(&p), &[a, b, scratch], g)?;

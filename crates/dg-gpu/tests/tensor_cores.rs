@@ -460,20 +460,49 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
     }
 }
 
+/// Runs `p` through `Recorder::gemm_auto` on the tensor cores (with a split-K scratch) on seeded
+/// f16-exact operands, B stored as `format`; asserts that the plan dispatched a kernel whose name
+/// starts with `expect` and compares the whole C buffer with `gemm_reference`.
+fn check_gemm_auto(ctx: &GpuContext, pipelines: &mut Pipelines, scratch: &wgpu::Buffer, name: &str, format: WeightFormat, p: dg_kernels::gemm::GemmParams, expect: &str) {
+    use dg_gpu::testing::{gemm_extent, gemm_reference};
+    let bf16_round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
+    let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
+    let b_len = gemm_extent(p.b_offset, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs);
+    let c_len = gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
+    let a = f16_round(&seeded(a_len, 61, 1.0));
+    let b = f16_round(&bf16_round(&seeded(b_len, 62, 1.0)));
+    let c0 = seeded(c_len, 63, 2.0);
+    let packed = if format == WeightFormat::F16 { dg_kernels::pack_f16(&b) } else { dg_kernels::pack_bf16(&b) };
+    let ab = ctx.upload("a", &a).unwrap();
+    let bb = ctx.upload("b", &packed).unwrap();
+    let cb = guarded_output(ctx, "c", c_len);
+    ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
+    let mut rec = Recorder::new(ctx, pipelines);
+    rec.split_k_scratch(scratch);
+    rec.gemm_auto(&ab, &bb, format, &cb, p, true).unwrap();
+    let plan = rec.finish().unwrap();
+    assert!(plan.kernel_names().iter().any(|k| k.starts_with(expect)), "{name}: no {expect} in {:?}", plan.kernel_names());
+    plan.run(ctx).unwrap();
+    let got = read_guarded(ctx, &cb, c_len);
+    let want = gemm_reference(&p, &a, &b, &c0);
+    let (err, at) = max_rel_err(&got, &want);
+    let tol = tolerance(p.k as usize) + if p.epilogue == dg_kernels::gemm::EPILOGUE_SOFTCAP { TANH_ALLOWANCE } else { 0.0 };
+    assert!(err <= tol, "{name}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
+}
+
 /// Split K through the Recorder (`Recorder::gemm_auto` with a split-K scratch): products with few
 /// tiles run K in ranges whose partials `dg_kernels::split_k` adds with the product's own epilogue.
 /// The router's shape (8 tiles, F16 `W[n][k]`), a softcapped head chunk at a column offset (BF16),
 /// the soft embedding's `[k][n]` BF16 product read from a column offset of the probabilities,
 /// scaled and accumulated onto C, and a batched GQA product whose K does not divide evenly into the
-/// splits (89 K steps in 18 splits of 5, the last of 4), each against `gemm_reference` on the f16-rounded operands over the whole C buffer.
+/// splits (89 K steps in 18 splits of 5, the last of 4), each against `gemm_reference` on the
+/// f16-rounded operands over the whole C buffer.
 #[test]
 fn split_k_products_on_tensor_cores_match_the_reference() {
-    use dg_gpu::testing::{gemm_extent, gemm_reference};
     use dg_kernels::gemm::{EPILOGUE_SOFTCAP, GemmParams};
     let test = "split_k_products_on_tensor_cores_match_the_reference";
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
-    let bf16_round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
     let cases: [(&str, WeightFormat, GemmParams); 4] = [
         ("router", WeightFormat::F16, GemmParams::linear(256, 128, 2816)),
         ("softcapped head chunk", WeightFormat::Bf16, GemmParams { c_rs: 192, c_offset: 64, epilogue: EPILOGUE_SOFTCAP, cap: 3.0, ..GemmParams::linear(64, 64, 1024) }),
@@ -490,29 +519,25 @@ fn split_k_products_on_tensor_cores_match_the_reference() {
     ];
     let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
     for (name, format, p) in cases {
-        let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
-        let b_len = gemm_extent(p.b_offset, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs);
-        let c_len = gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
-        let a = f16_round(&seeded(a_len, 61, 1.0));
-        let b = f16_round(&bf16_round(&seeded(b_len, 62, 1.0)));
-        let c0 = seeded(c_len, 63, 2.0);
-        let packed = if format == WeightFormat::F16 { dg_kernels::pack_f16(&b) } else { dg_kernels::pack_bf16(&b) };
-        let ab = ctx.upload("a", &a).unwrap();
-        let bb = ctx.upload("b", &packed).unwrap();
-        let cb = guarded_output(&ctx, "c", c_len);
-        ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
-        let mut rec = Recorder::new(&ctx, &mut pipelines);
-        rec.split_k_scratch(&scratch);
-        rec.gemm_auto(&ab, &bb, format, &cb, p, true).unwrap();
-        let plan = rec.finish().unwrap();
-        assert!(plan.kernel_names().contains(&"split_k_reduce"), "{name}: K was not split: {:?}", plan.kernel_names());
-        plan.run(&ctx).unwrap();
-        let got = read_guarded(&ctx, &cb, c_len);
-        let want = gemm_reference(&p, &a, &b, &c0);
-        let (err, at) = max_rel_err(&got, &want);
-        let tol = tolerance(p.k as usize) + if p.epilogue == EPILOGUE_SOFTCAP { TANH_ALLOWANCE } else { 0.0 };
-        assert!(err <= tol, "{name}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
+        check_gemm_auto(&ctx, &mut pipelines, &scratch, name, format, p, "split_k_reduce");
     }
+}
+
+/// The Recorder's choices for large products (`coop_gemm::plan`): a head-like product with 512
+/// tiles of 128×128 (BF16, softcapped, at a column offset) takes that tile; a long `[k][n]` product
+/// (the soft embedding's shape with K = 16384: 512 steps) splits towards
+/// `LONG_K_TARGET_WORKGROUPS`. Both against `gemm_reference` over the whole C buffer.
+#[test]
+fn large_and_long_products_on_tensor_cores_match_the_reference() {
+    use dg_kernels::gemm::{EPILOGUE_SOFTCAP, GemmParams};
+    let test = "large_and_long_products_on_tensor_cores_match_the_reference";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let scratch = ctx.storage_buffer("split partials", 64 << 20).unwrap();
+    let head = GemmParams { c_rs: 32768 + 64, c_offset: 32, epilogue: EPILOGUE_SOFTCAP, cap: 3.0, ..GemmParams::linear(256, 32768, 64) };
+    check_gemm_auto(&ctx, &mut pipelines, &scratch, "head-like", WeightFormat::Bf16, head, "coop_gemm_128x128");
+    let soft = GemmParams { a_offset: 32, a_rs: 16384 + 64, b_rs: 256, b_cs: 1, alpha: 0.5, accumulate: 1, ..GemmParams::new(128, 256, 16384) };
+    check_gemm_auto(&ctx, &mut pipelines, &scratch, "long soft embedding", WeightFormat::Bf16, soft, "split_k_reduce");
 }
 
 /// The decoder's dense products on the tensor cores by tile and K split (`--include-ignored

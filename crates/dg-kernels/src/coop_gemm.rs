@@ -474,9 +474,24 @@ pub fn source_for(tile: CoopTile, path: WPath, w_format: WeightFormat, layout: B
 
 /// The tile and B layout that run `p` on the tensor cores, if the product is one the kernel takes:
 /// A row-major (`a_cs = 1`), B `[n][k]` or `[k][n]` with a unit stride, every vec4-read offset and
-/// stride a multiple of 4, whole tiles (the first of [`TILES`] that fits), at most 65535 tiles per
-/// batch and batches.
+/// stride a multiple of 4, whole tiles, at most 65535 tiles per batch and batches. The tile:
+/// [`TILE_128X128`] for products of at least [`LARGE_TILE_MIN_TILES`] of them (the tied head),
+/// otherwise the first of [`TILES`] that fits.
 pub fn plan(p: &GemmParams) -> Option<(CoopTile, BLayout)> {
+    plan_with(p, None, MAX_SHARED_BYTES)
+}
+
+/// Tiles of [`TILE_128X128`] from which a product takes it rather than the first fitting tile: a
+/// K step's throughput is bound by its global loads (`tests/tensor_cores.rs`,
+/// `tensor_core_step_ceiling_probe`), and a 128×128 step loads 16 KB of A and 8 KB of W for four
+/// times the products of a 64×64 step's 8 + 4 KB; with fewer tiles the GPU is left half idle
+/// (q_proj's 64 tiles: 83 µs against 58 for 256 of 64×64).
+pub const LARGE_TILE_MIN_TILES: u32 = 512;
+
+/// [`plan`] on a device with `max_shared` bytes of workgroup memory (tiles whose
+/// [`CoopTile::dense_shared_bytes`] exceed it are not taken), with `prefer` taking the place of the
+/// rule when it fits the product (a tuning knob).
+pub fn plan_with(p: &GemmParams, prefer: Option<CoopTile>, max_shared: u32) -> Option<(CoopTile, BLayout)> {
     let layout = match (p.b_rs, p.b_cs) {
         (1, cs) if cs.is_multiple_of(4) => BLayout::Nk,
         (rs, 1) if rs.is_multiple_of(4) => BLayout::Kn,
@@ -488,11 +503,15 @@ pub fn plan(p: &GemmParams) -> Option<(CoopTile, BLayout)> {
     if p.a_cs != 1 || !aligned || batched > 65535 {
         return None;
     }
-    TILES
-        .iter()
-        .copied()
-        .find(|t| t.fits(p.m, p.n, p.k) && (p.m / t.bm) * (p.n / t.bn) <= 65535)
-        .map(|t| (t, layout))
+    let fits = |t: &CoopTile| t.fits(p.m, p.n, p.k) && (p.m / t.bm) * (p.n / t.bn) <= 65535 && t.dense_shared_bytes() <= max_shared;
+    let tiles = |t: CoopTile| (p.m / t.bm) * (p.n / t.bn) * batched;
+    if let Some(t) = prefer.filter(fits) {
+        return Some((t, layout));
+    }
+    if fits(&TILE_128X128) && tiles(TILE_128X128) >= LARGE_TILE_MIN_TILES {
+        return Some((TILE_128X128, layout));
+    }
+    TILES.iter().copied().find(fits).map(|t| (t, layout))
 }
 
 /// The dispatch of an `m × n` product over `batch` batches: one workgroup per tile in x (at most
@@ -519,6 +538,12 @@ pub const SPLIT_TARGET_WORKGROUPS: u32 = 256;
 /// Fewest K steps one split runs: below that, staging the first step and storing the partial
 /// outweigh the steps.
 pub const MIN_SPLIT_STEPS: u32 = 4;
+/// K steps from which a product is long (the soft embedding's K is the vocabulary: 8192 steps)
+/// and is split towards [`LONG_K_TARGET_WORKGROUPS`]: its 176 tiles of 64×64 took 6.7 ms whole
+/// and 4.4 ms in 6 splits on an H200.
+pub const LONG_K_STEPS: u32 = 512;
+/// Workgroups a long product is split towards.
+pub const LONG_K_TARGET_WORKGROUPS: u32 = 1024;
 
 /// K cut into `splits` ranges of `steps` K steps (the last may be shorter), one layer of
 /// workgroups each, whose partial products [`crate::split_k`] adds.
@@ -529,6 +554,12 @@ pub struct Split {
 }
 
 impl Split {
+    /// The workgroups `p` on `tile` is split towards by default: [`LONG_K_TARGET_WORKGROUPS`] for a
+    /// long K, else [`SPLIT_TARGET_WORKGROUPS`].
+    pub fn target(tile: CoopTile, p: &GemmParams) -> u32 {
+        if p.k / tile.bk >= LONG_K_STEPS { LONG_K_TARGET_WORKGROUPS } else { SPLIT_TARGET_WORKGROUPS }
+    }
+
     /// The split of `p` on `tile` that brings its workgroups up to at most `target` (`target /
     /// tiles` splits, rounded down), with every split at least [`MIN_SPLIT_STEPS`] long and the
     /// partials (`splits · batch · m · n` f32) within `max_partial` elements; `None` when the tiles
@@ -660,6 +691,26 @@ mod tests {
         let r = split.reduce_params(&head);
         assert_eq!((r.c_offset, r.c_rs, r.epilogue, r.cap, r.splits), (7, 1000, 1, 30.0, 22));
         assert_eq!(split.partial_len(&head), 22 * 256 * 128);
+    }
+
+    #[test]
+    fn large_products_take_the_large_tile_and_long_ones_split_further() {
+        // The tied head: 256 × 262144 × 2816, 4096 tiles of 128×128.
+        let head = GemmParams::linear(256, 262144, 2816);
+        assert_eq!(plan(&head).map(|(t, _)| t), Some(TILE_128X128));
+        // q_proj: 64 tiles of 128×128, so 64×64.
+        assert_eq!(plan(&GemmParams::linear(256, 4096, 2816)).map(|(t, _)| t), Some(TILE_64X64));
+        // A preferred tile wins where it fits, and only there.
+        assert_eq!(plan_with(&head, Some(TILE_64X128), MAX_SHARED_BYTES).map(|(t, _)| t), Some(TILE_64X128));
+        assert_eq!(plan_with(&GemmParams::linear(64, 4096, 2816), Some(TILE_128X128), MAX_SHARED_BYTES).map(|(t, _)| t), Some(TILE_64X64));
+        // A device with less workgroup memory than the 128×128 tile's 48 KiB.
+        assert_eq!(plan_with(&head, None, 32 * 1024).map(|(t, _)| t), Some(TILE_64X64));
+        // The soft embedding ([k][n], K the vocabulary): long, split towards 1024 workgroups.
+        let soft = GemmParams { a_rs: 262144, b_rs: 2816, b_cs: 1, ..GemmParams::new(256, 2816, 262144) };
+        let (tile, _) = plan(&soft).unwrap();
+        assert_eq!(Split::target(tile, &soft), LONG_K_TARGET_WORKGROUPS);
+        assert_eq!(Split::choose(tile, &soft, Split::target(tile, &soft), u64::MAX).map(|s| s.splits), Some(5));
+        assert_eq!(Split::target(TILE_64X64, &GemmParams::linear(256, 4096, 2816)), SPLIT_TARGET_WORKGROUPS);
     }
 
     #[test]
