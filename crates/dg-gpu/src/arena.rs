@@ -62,8 +62,9 @@ pub struct Arena {
     pub dense: wgpu::Buffer,
     /// `[C, H]` MoE branch.
     pub moe: wgpu::Buffer,
-    /// The router's input `rms(h)·scale·H^-½` `[C, H]`.
-    pub router_in: wgpu::Buffer,
+    /// The experts' input `pre_feedforward_layernorm_2(h)`, then the router's `rms(h)·scale·H^-½`:
+    /// `[2, C, H]` (rows of the pass: the second starts `rows·H` in).
+    pub branch_in: wgpu::Buffer,
     pub router_logits: wgpu::Buffer,
     pub topk_idx: wgpu::Buffer,
     pub topk_w: wgpu::Buffer,
@@ -160,7 +161,7 @@ impl Arena {
             act: f("act", r * i)?,
             dense: f("dense", r * h)?,
             moe: f("moe", r * h)?,
-            router_in: f("router_in", r * h)?,
+            branch_in: f("branch_in", 2 * r * h)?,
             router_logits: f("router_logits", r * cfg.num_experts)?,
             topk_idx: f("topk_idx", r * k)?,
             topk_w: f("topk_w", r * k)?,

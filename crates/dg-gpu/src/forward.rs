@@ -5,8 +5,8 @@
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
 //! norm → q/k/v GEMMs → q/k norms fused with RoPE, v norm → attention over [cache | canvas] as two score
 //! GEMMs, a row softmax and two value GEMMs → o_proj → post-attention norm + residual fused with
-//! the dense MLP's and the router's input norms → dense MLP ‖ router + experts → the three
-//! post-FF norms, residual and layer scalar in one dispatch.
+//! the dense MLP's, the experts' and the router's input norms → dense MLP ‖ router + experts → the
+//! three post-FF norms, residual and layer scalar in one dispatch.
 //!
 //! The encoder (`DiffusionGemmaEncoderModel`: prompt prefill and the commit of a finished canvas) is
 //! the same layer with [`LayerPass::Encode`]: the new tokens' K/V are appended to the GPU-resident
@@ -275,9 +275,10 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     }
     rec.linear_format(&a.attn, &l.o_proj.buffer, l.o_proj.format, &a.proj, c, h, heads * d)?;
     // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
-    // pre_feedforward_layernorm(h) and the router's rms(h)·scale·H^-½.
+    // pre_feedforward_layernorm(h) in `normed`, and in `branch_in` the experts' input
+    // pre_feedforward_layernorm_2(h) and (c·h further) the router's rms(h)·scale·H^-½.
     let root = (h as f64).powf(-0.5) as f32;
-    rec.attention_residual_norms(&a.proj, &l.norms.post_attention, &a.hidden, (&l.norms.pre_ff, &a.normed, 1.0), (&l.router_scale, &a.router_in, root), c, h, eps)?;
+    rec.attention_residual_norms((&a.proj, &l.norms.post_attention), &a.hidden, (&l.norms.pre_ff, &a.normed, 1.0), (&l.norms.pre_ff_2, 1.0), (&l.router_scale, root), &a.branch_in, (c, h, eps))?;
 
     // Dense MLP branch (its output stays in `proj` until the layer's closing norms).
     let inter = cfg.intermediate_size;
@@ -287,11 +288,11 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
 
     // Router on the un-normalised stream → logits → top-k.
     let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
-    rec.linear_format(&a.router_in, &l.router_proj.buffer, l.router_proj.format, &a.router_logits, c, e, h)?;
+    let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
+    rec.gemm_auto(&a.branch_in, &l.router_proj.buffer, l.router_proj.format, &a.router_logits, router, l.router_proj.format == WeightFormat::F16)?;
     rec.router_topk(&a.router_logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e)?;
-    // Experts on pre_feedforward_layernorm_2(h).
-    rec.rmsnorm(&a.hidden, Some(&l.norms.pre_ff_2), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
+    // Experts on pre_feedforward_layernorm_2(h), the first half of `branch_in`.
     let grouped = |n: usize, kk: usize, gather: bool| GroupedGemmParams {
         n: n as u32,
         k: kk as u32,
@@ -302,7 +303,7 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         c_rs: n as u32,
         gather: u32::from(gather),
     };
-    rec.grouped_gemm_matrix(&a.normed, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
+    rec.grouped_gemm_matrix(&a.branch_in, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
     rec.gelu_glu_fused(&a.expert_gate_up, &a.expert_act, c * k, ei)?;
     rec.grouped_gemm_matrix(&a.expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
     rec.moe_combine(&a.expert_out, &a.topk_idx, &a.topk_w, &a.slot_of, &a.moe, c, k, h)?;

@@ -145,23 +145,23 @@ impl<'a> Recorder<'a> {
     }
 
     /// After attention, in one dispatch (`dg_kernels::residual_norms`): `hidden += rms(x)·w_res`,
-    /// then `out_a = rms(hidden)·w_a·scale_a` and `out_b = rms(hidden)·w_b·scale_b`, over rows of
-    /// `dim` (every buffer distinct).
+    /// then `out_a = rms(hidden)·w_a·scale_a` and, in `out_bc: [2, rows, dim]`,
+    /// `rms(hidden)·w_b·scale_b` and `rms(hidden)·w_c·scale_c`, over rows of `dim` (every buffer
+    /// distinct).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_residual_norms(
         &mut self,
-        x: &'a wgpu::Buffer,
-        w_res: &'a wgpu::Buffer,
+        (x, w_res): (&'a wgpu::Buffer, &'a wgpu::Buffer),
         hidden: &'a wgpu::Buffer,
         (w_a, out_a, scale_a): (&'a wgpu::Buffer, &'a wgpu::Buffer, f32),
-        (w_b, out_b, scale_b): (&'a wgpu::Buffer, &'a wgpu::Buffer, f32),
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        (w_b, scale_b): (&'a wgpu::Buffer, f32),
+        (w_c, scale_c): (&'a wgpu::Buffer, f32),
+        out_bc: &'a wgpu::Buffer,
+        (rows, dim, eps): (usize, usize, f32),
     ) -> Result<(), GpuError> {
-        let p = residual_norms::AttentionResidualNormsParams { rows: rows as u32, dim: dim as u32, eps, scale_a, scale_b, _pad: [0; 3] };
+        let p = residual_norms::AttentionResidualNormsParams { rows: rows as u32, dim: dim as u32, eps, scale_a, scale_b, scale_c, _pad: [0; 2] };
         let g = self.groups(residual_norms::workgroups(rows as u32));
-        self.push(residual_norms::source_attention(), &p, &[x, w_res, w_a, w_b, hidden, out_a, out_b], g)
+        self.push(residual_norms::source_attention(), &p, &[x, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
     }
 
     /// After the feed-forward blocks, in one dispatch (`dg_kernels::residual_norms`):

@@ -2,15 +2,19 @@
 //! dispatch that replaces a chain of `rmsnorm.wgsl` dispatches with the same arithmetic.
 //!
 //! After attention ([`source_attention`]; HF `DiffusionGemmaDecoderLayer`:
-//! `hidden = residual + post_attention_layernorm(attn_out)`, then two norms of the new stream:
-//! `pre_feedforward_layernorm(hidden)` for the dense MLP and the router's
-//! `rms(hidden)·router_scale·hidden_size^-1/2`):
+//! `hidden = residual + post_attention_layernorm(attn_out)`, then three norms of the new stream:
+//! `pre_feedforward_layernorm(hidden)` for the dense MLP, `pre_feedforward_layernorm_2(hidden)`
+//! for the experts and the router's `rms(hidden)·router_scale·hidden_size^-1/2`):
 //!
 //! ```text
-//! hidden = hidden + rms(x)·w_res
-//! out_a  = (rms(hidden)·w_a)·scale_a
-//! out_b  = (rms(hidden)·w_b)·scale_b
+//! hidden       = hidden + rms(x)·w_res
+//! out_a        = (rms(hidden)·w_a)·scale_a
+//! out_bc[0, :] = (rms(hidden)·w_b)·scale_b
+//! out_bc[1, :] = (rms(hidden)·w_c)·scale_c
 //! ```
+//!
+//! (`out_bc` is `[2, rows, dim]`: two outputs in one binding, as WebGPU's default limit is eight
+//! storage buffers.)
 //!
 //! After the feed-forward blocks ([`source_ffn`]; the same layer's `post_feedforward_layernorm_1`,
 //! `post_feedforward_layernorm_2`, `post_feedforward_layernorm` and `layer_scalar`):
@@ -50,9 +54,11 @@ pub struct AttentionResidualNormsParams {
     pub eps: f32,
     /// Multiplies `out_a` (1 for `pre_feedforward_layernorm`).
     pub scale_a: f32,
-    /// Multiplies `out_b` (`hidden_size^-1/2` for the router's input).
+    /// Multiplies `out_bc[0]`.
     pub scale_b: f32,
-    pub _pad: [u32; 3],
+    /// Multiplies `out_bc[1]` (`hidden_size^-1/2` for the router's input).
+    pub scale_c: f32,
+    pub _pad: [u32; 2],
 }
 
 /// Uniform parameters of `ffn_residual_norms.wgsl`.
@@ -73,16 +79,17 @@ pub fn workgroups(rows: u32) -> u32 {
     rows
 }
 
-/// Bindings: `x` (read, `[rows, dim]`, the attention output), `w_res`, `w_a`, `w_b` (read,
-/// `[dim]`), `hidden` (read-write, `[rows, dim]`, the residual stream, updated in place), `out_a`,
-/// `out_b` (read-write, `[rows, dim]`, written only). `x`, `hidden`, `out_a` and `out_b` must be
-/// four different buffers.
+/// Bindings: `x` (read, `[rows, dim]`, the attention output), `w_res`, `w_a`, `w_b`, `w_c` (read,
+/// `[dim]`), `hidden` (read-write, `[rows, dim]`, the residual stream, updated in place), `out_a`
+/// (read-write, `[rows, dim]`) and `out_bc` (read-write, `[2, rows, dim]`), written only. `x`,
+/// `hidden`, `out_a` and `out_bc` must be four different buffers.
 pub fn source_attention() -> KernelSource {
     KernelSource {
         name: "attention_residual_norms".into(),
         wgsl: with_prelude(&[("WG", WORKGROUP)], &with_row_sum(include_str!("wgsl/attention_residual_norms.wgsl"), "f32")),
         entry: "main",
         buffers: vec![
+            Access::Read,
             Access::Read,
             Access::Read,
             Access::Read,

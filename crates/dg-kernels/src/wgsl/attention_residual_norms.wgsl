@@ -1,10 +1,12 @@
-// The residual add after attention and the two norms of the updated stream, fused: for each row
-// of x, hidden, out_a, out_b: [rows, dim],
-//   hidden = hidden + rms(x) * w_res                  (as rmsnorm.wgsl: weighted, accumulate)
-//   out_a  = (rms(hidden) * w_a) * scale_a             (as rmsnorm.wgsl: weighted, scale_a)
-//   out_b  = (rms(hidden) * w_b) * scale_b             (as rmsnorm.wgsl: weighted, scale_b)
-// with rms(v) = v * (mean(v^2) + eps)^-1/2 over the row, the second and third over the UPDATED
-// hidden. One workgroup per row; rows beyond 65535 workgroups wrap into y.
+// The residual add after attention and the three norms of the updated stream, fused: for each row
+// of x, hidden, out_a: [rows, dim] and out_bc: [2, rows, dim],
+//   hidden          = hidden + rms(x) * w_res          (as rmsnorm.wgsl: weighted, accumulate)
+//   out_a           = (rms(hidden) * w_a) * scale_a     (as rmsnorm.wgsl: weighted, scale_a)
+//   out_bc[0][row]  = (rms(hidden) * w_b) * scale_b
+//   out_bc[1][row]  = (rms(hidden) * w_c) * scale_c
+// with rms(v) = v * (mean(v^2) + eps)^-1/2 over the row, the last three over the UPDATED hidden.
+// (Two outputs share a binding: eight storage buffers is WebGPU's default limit.) One workgroup
+// per row; rows beyond 65535 workgroups wrap into y.
 
 struct Params {
     rows: u32,
@@ -12,9 +14,9 @@ struct Params {
     eps: f32,
     scale_a: f32,
     scale_b: f32,
+    scale_c: f32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -22,9 +24,10 @@ struct Params {
 @group(0) @binding(2) var<storage, read> w_res: array<f32>;
 @group(0) @binding(3) var<storage, read> w_a: array<f32>;
 @group(0) @binding(4) var<storage, read> w_b: array<f32>;
-@group(0) @binding(5) var<storage, read_write> hidden: array<f32>;
-@group(0) @binding(6) var<storage, read_write> out_a: array<f32>;
-@group(0) @binding(7) var<storage, read_write> out_b: array<f32>;
+@group(0) @binding(5) var<storage, read> w_c: array<f32>;
+@group(0) @binding(6) var<storage, read_write> hidden: array<f32>;
+@group(0) @binding(7) var<storage, read_write> out_a: array<f32>;
+@group(0) @binding(8) var<storage, read_write> out_bc: array<f32>;
 
 //@ROW_SUM
 
@@ -63,6 +66,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         // This invocation's own write above.
         let n = hidden[base + i] * inv_h;
         out_a[base + i] = (n * w_a[i]) * p.scale_a;
-        out_b[base + i] = (n * w_b[i]) * p.scale_b;
+        out_bc[base + i] = (n * w_b[i]) * p.scale_b;
+        out_bc[p.rows * p.dim + base + i] = (n * w_c[i]) * p.scale_c;
     }
 }
