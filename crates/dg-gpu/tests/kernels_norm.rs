@@ -259,40 +259,66 @@ impl FfnCase {
     }
 }
 
-#[test]
-fn attention_residual_norms_match_cpu_and_the_chain() {
-    let Some(ctx) = test_context("attention_residual_norms_match_cpu_and_the_chain") else { return };
-    let names = ["hidden", "out_a", "out_b", "out_c"];
+/// A fused norm kernel's case: its outputs by name, on the CPU and on the GPU (fused, or as the
+/// chain of `rmsnorm` dispatches it replaces).
+trait FusedCase {
+    const NAMES: &'static [&'static str];
+    fn new(rows: usize, dim: usize) -> Self;
+    fn reference(&self) -> Vec<Vec<f32>>;
+    fn run(&self, ctx: &GpuContext, fused: bool, max_dim: u32) -> Vec<Vec<f32>>;
+}
+
+impl FusedCase for AttentionCase {
+    const NAMES: &'static [&'static str] = &["hidden", "out_a", "out_b", "out_c"];
+    fn new(rows: usize, dim: usize) -> Self {
+        AttentionCase::new(rows, dim)
+    }
+    fn reference(&self) -> Vec<Vec<f32>> {
+        AttentionCase::reference(self).to_vec()
+    }
+    fn run(&self, ctx: &GpuContext, fused: bool, max_dim: u32) -> Vec<Vec<f32>> {
+        AttentionCase::run(self, ctx, fused, max_dim).to_vec()
+    }
+}
+
+impl FusedCase for FfnCase {
+    const NAMES: &'static [&'static str] = &["dense", "hidden"];
+    fn new(rows: usize, dim: usize) -> Self {
+        FfnCase::new(rows, dim)
+    }
+    fn reference(&self) -> Vec<Vec<f32>> {
+        FfnCase::reference(self).to_vec()
+    }
+    fn run(&self, ctx: &GpuContext, fused: bool, max_dim: u32) -> Vec<Vec<f32>> {
+        FfnCase::run(self, ctx, fused, max_dim).to_vec()
+    }
+}
+
+/// Every shape of [`RESIDUAL_SHAPES`], with the device's workgroup limit and one of 3 (folding into
+/// y): the fused kernel against the CPU chain and against the `rmsnorm` chain on the GPU.
+fn check_fused<C: FusedCase>(test: &str) {
+    let Some(ctx) = test_context(test) else { return };
     let (mut worst_cpu, mut worst_chain) = (0f32, 0f32);
     for &(rows, dim) in RESIDUAL_SHAPES {
-        let case = AttentionCase::new(rows, dim);
+        let case = C::new(rows, dim);
         let want = case.reference();
         for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 3] {
             let what = format!("rows={rows} dim={dim} fold={max_dim}");
             let got = case.run(&ctx, true, max_dim);
-            worst_cpu = worst_cpu.max(check(&format!("{what} vs cpu"), &names, &got, &want, NORM_TOLERANCE));
+            worst_cpu = worst_cpu.max(check(&format!("{what} vs cpu"), C::NAMES, &got, &want, NORM_TOLERANCE));
             let chain = case.run(&ctx, false, max_dim);
-            worst_chain = worst_chain.max(check(&format!("{what} vs rmsnorm x4"), &names, &got, &chain, FUSED_VS_CHAIN_TOLERANCE));
+            worst_chain = worst_chain.max(check(&format!("{what} vs the rmsnorm chain"), C::NAMES, &got, &chain, FUSED_VS_CHAIN_TOLERANCE));
         }
     }
-    eprintln!("attention_residual_norms: max rel err {worst_cpu:e} vs cpu, {worst_chain:e} vs rmsnorm x4");
+    eprintln!("{test}: max rel err {worst_cpu:e} vs cpu, {worst_chain:e} vs the rmsnorm chain");
+}
+
+#[test]
+fn attention_residual_norms_match_cpu_and_the_chain() {
+    check_fused::<AttentionCase>("attention_residual_norms_match_cpu_and_the_chain");
 }
 
 #[test]
 fn ffn_residual_norms_match_cpu_and_the_chain() {
-    let Some(ctx) = test_context("ffn_residual_norms_match_cpu_and_the_chain") else { return };
-    let names = ["dense", "hidden"];
-    let (mut worst_cpu, mut worst_chain) = (0f32, 0f32);
-    for &(rows, dim) in RESIDUAL_SHAPES {
-        let case = FfnCase::new(rows, dim);
-        let want = case.reference();
-        for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 3] {
-            let what = format!("rows={rows} dim={dim} fold={max_dim}");
-            let got = case.run(&ctx, true, max_dim);
-            worst_cpu = worst_cpu.max(check(&format!("{what} vs cpu"), &names, &got, &want, NORM_TOLERANCE));
-            let chain = case.run(&ctx, false, max_dim);
-            worst_chain = worst_chain.max(check(&format!("{what} vs rmsnorm x4"), &names, &got, &chain, FUSED_VS_CHAIN_TOLERANCE));
-        }
-    }
-    eprintln!("ffn_residual_norms: max rel err {worst_cpu:e} vs cpu, {worst_chain:e} vs rmsnorm x3");
+    check_fused::<FfnCase>("ffn_residual_norms_match_cpu_and_the_chain");
 }
