@@ -104,8 +104,9 @@ pub struct Arena {
     pub split_partials: wgpu::Buffer,
 }
 
-/// Canvas-sized partial products the split-K scratch holds: a 256-row projection splits 4 ways at
-/// the default target (`dg_kernels::coop_gemm::SPLIT_TARGET_WORKGROUPS`), 8 at twice that.
+/// Canvas-sized partial products (of the widest canvas product) the split-K scratch holds: the
+/// router splits 22 ways but is 128 wide, the soft embedding 5 ways at 2816 wide
+/// (`dg_kernels::coop_gemm::Split`); a split that would not fit takes fewer ranges.
 pub const SPLIT_PARTIALS: usize = 8;
 
 fn max_dims(cfg: &TextConfig) -> (usize, usize) {

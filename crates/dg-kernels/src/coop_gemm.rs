@@ -46,7 +46,9 @@
 //! current one multiplies; one barrier a step; `wgsl/coop_kloop.wgsl`, shared with
 //! [`crate::coop_grouped_gemm`]). With [`WPath::Direct`] only A is staged and each subgroup loads
 //! its W fragments straight from the buffer one step ahead (`wgsl/coop_kloop_direct.wgsl`): slower
-//! for these dense products on an H200, faster for the experts'. See `wgsl/coop_gemm.wgsl`.
+//! for these dense products on an H200, faster for the experts'. A product may also split its K
+//! into ranges, one layer of workgroups each, whose partials [`crate::split_k`] adds ([`Split`]).
+//! See `wgsl/coop_gemm.wgsl`.
 
 
 use crate::gemm::GemmParams;
@@ -533,7 +535,7 @@ pub fn workgroups_split(tile: CoopTile, m: u32, n: u32, batch: u32, splits: u32)
 /// `dense_tensor_core_throughput_by_tile_and_split`). Only products with fewer than half that many
 /// tiles split: the router's 256 × 128 (8 tiles: 54 µs whole, 20 µs in 16 splits). A 256-row
 /// projection's 176 to 256 tiles do not: splitting it measured slower (q_proj 59 µs whole, 93 in
-/// two splits), as did the soft embedding's 176 tiles over a 65536-row chunk of the vocabulary.
+/// two splits). Long products have their own target ([`LONG_K_TARGET_WORKGROUPS`]).
 pub const SPLIT_TARGET_WORKGROUPS: u32 = 256;
 /// Fewest K steps one split runs: below that, staging the first step and storing the partial
 /// outweigh the steps.
