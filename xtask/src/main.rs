@@ -3,12 +3,13 @@
 //! `cargo xtask parity [--model DIR]... [--backend cpu|gpu|all]` checks reference directories;
 //! `cargo xtask bench [--quick]` runs the criterion benchmarks; `cargo xtask bench-gpu` times the
 //! GPU canvas forward with a per-kernel profile; `cargo xtask bench-generate` times a GPU-resident
-//! generation.
+//! generation; `cargo xtask shader-stats` prints the driver's compile statistics of the kernels.
 
 mod bench;
 mod bench_generate;
 mod bench_gpu;
 mod parity;
+mod shader_stats;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +30,8 @@ enum Command {
     BenchGpu(bench_gpu::Args),
     /// Time a GPU-resident generation (prefill, steps, tokens/s) on random weights.
     BenchGenerate(bench_generate::Args),
+    /// Print the Vulkan driver's compile statistics (registers, spills...) of the GPU kernels.
+    ShaderStats(shader_stats::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -38,6 +41,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::BenchGpu(args) => bench_gpu::run(args),
         Command::BenchGenerate(args) => bench_generate::run(args),
+        Command::ShaderStats(args) => shader_stats::run(args),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

@@ -144,6 +144,50 @@ impl GpuBackend {
         })
     }
 
+    /// The layers along the GPU's own stream: the context `blocks` encoded by the CPU, then, for
+    /// the canvas `canvas` with self-conditioning `sc`, each GPU layer runs on the hidden state the
+    /// GPU's previous layers produced and is compared with the CPU's layer on that same input. It
+    /// passes when every layer is within the layer tolerance of the CPU's; the detail also gives
+    /// how far each side's stream has drifted from the CPU's own (f32 from the start), which is the
+    /// model's response to the GPU's in-tolerance errors: where it jumps (a router's top-k choice
+    /// flipping on a close margin, the only discontinuous step of a layer) the whole forward's
+    /// logits can leave their tolerance while every layer holds.
+    pub fn stream_check(&mut self, blocks: &[&[u32]], canvas: &[u32], sc: Option<&[f32]>) -> Result<CheckResult, BoxError> {
+        let GpuBackend { cpu, gpu, tolerances, .. } = self;
+        let tol = tolerances.layer;
+        cpu.reset();
+        for ids in blocks {
+            cpu.encode(ids)?;
+        }
+        let cache = cpu.cache();
+        let layers: Vec<LayerContext<'_>> = cache.layers.iter().map(|l| LayerContext { keys: &l.keys, values: &l.values }).collect();
+        gpu.set_context(cache.seq_len, &layers)?;
+        let (c, h) = (canvas.len(), cpu.config.text.hidden_size);
+        let mut own = cpu.decoder_input(canvas, sc);
+        let mut ours = own.clone();
+        let (mut passed, mut worst, mut detail) = (true, (0usize, 0f64), String::new());
+        for i in 0..cpu.config.text.num_layers() {
+            let mut theirs = ours.clone();
+            cpu.decoder_layers(&mut theirs, c, i..i + 1);
+            ours = gpu.run_layer(i, &ours)?;
+            cpu.decoder_layers(&mut own, c, i..i + 1);
+            let step = compare(&ours, &theirs, h, f32::INFINITY);
+            let drift = compare(&theirs, &own, h, f32::INFINITY);
+            passed &= step.passes(tol);
+            if step.normwise >= worst.1 {
+                worst = (i, step.normwise);
+            }
+            detail += &format!("; layer {i}: step {:.2e}, drift {:.2e}", step.normwise, drift.normwise);
+        }
+        gpu.reset();
+        let verdict = if passed { "within" } else { "NOT within" };
+        Ok(CheckResult {
+            name: "layers along the GPU's stream".into(),
+            passed,
+            detail: format!("every layer {verdict} tol={tol:.0e} of the CPU's on the GPU's own input; worst layer {} step {:.3e}{detail}", worst.0, worst.1),
+        })
+    }
+
     /// Encodes `blocks` one after another on both encoders and compares, after each, the K and V
     /// every decoder layer would see; the report names the first failing (block, layer).
     fn caches(&mut self, blocks: &[&[u32]]) -> Result<CheckResult, BoxError> {

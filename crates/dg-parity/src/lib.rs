@@ -1,12 +1,15 @@
 //! dg-parity: the cross-checks that prove dg right.
 //!
-//! Model level: logits against HF transformers reference dumps ([`checks`], [`reference`]);
-//! generate level: exact token replay with the recorded draws. Metrics and the argmax rule live
-//! in [`compare`]. Backends plug in through [`checks::Backend`].
+//! Model level: logits against HF transformers reference dumps ([`checks`], [`reference`](mod@reference));
+//! generate level: exact token replay with the recorded draws, and, for paths whose logits differ
+//! within their tolerance, where two generations part and whether that error explains it
+//! ([`divergence`]). Metrics and the argmax rule live in [`compare`]. Backends plug in through
+//! [`checks::Backend`].
 
 pub mod checks;
 pub mod compare;
 pub mod cpu;
+pub mod divergence;
 pub mod gpu;
 pub mod reference;
 pub mod replay;
