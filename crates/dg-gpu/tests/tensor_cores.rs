@@ -672,3 +672,176 @@ fn tensor_core_step_ceiling_probe() {
         eprintln!("{line}");
     }
 }
+
+/// `src` with every `(from, to)` replacement made; panics when one is not found (the probe would
+/// time the unchanged kernel).
+fn replaced(src: &dg_kernels::KernelSource, tag: &str, edits: &[(&str, &str)]) -> dg_kernels::KernelSource {
+    let mut wgsl = src.wgsl.clone();
+    for (from, to) in edits {
+        assert!(wgsl.contains(from), "{tag}: `{from}` not in {}", src.name);
+        wgsl = wgsl.replace(from, to);
+    }
+    dg_kernels::KernelSource { name: format!("{}_{tag}", src.name), wgsl, ..src.clone() }
+}
+
+/// What the operands' traffic costs (`--include-ignored --nocapture`): the q projection's shape
+/// (256 × 4096 × 2816) on the 64×64 and 128×128 tiles, and the experts' gate/up (1408 × 2816 over a
+/// real routing) on their 32×128 direct tile, each as is and with A read as f16 (half its bytes),
+/// W read in tile-major K panels (each workgroup's W one contiguous run), both, or one operand's
+/// loop loads removed. The variants read the same buffers with other index maps, so their products
+/// are wrong; only their times mean something.
+#[test]
+#[ignore = "throughput: run with --include-ignored --nocapture on a GPU with cooperative matrices"]
+fn tensor_core_operand_traffic_probe() {
+    use dg_kernels::coop_gemm::{self, BLayout, Split};
+    use dg_kernels::gemm::GemmParams;
+    use dg_kernels::split_k;
+    let test = "tensor_core_operand_traffic_probe";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let f16_a: &[(&str, &str)] = &[("var<storage, read> a: array<vec4<f32>>", "var<storage, read> a: array<vec4<f16>>"), ("var ra: array<vec4<f32>, LA>", "var ra: array<vec4<f16>, LA>")];
+    let no_a: &[(&str, &str)] = &[("a[a_src[l] + ka]", "ra[l]")];
+
+    // Dense: the decoder's projections, W in COPIES copies used in turn (more than L2 holds, so
+    // that W streams from DRAM as in the forward).
+    const COPIES: u32 = 8;
+    let scratch = ctx.storage_buffer("split partials", 64 << 20).unwrap();
+    let staged_panel: &[(&str, &str)] = &[
+        ("let w_step = BK4;", "let w_step = BN * BK4;"),
+        ("w_src[l] = w_base + (n0 + e / BK4) * (p.b_cs / 4u) + e % BK4 + s0 * w_step;", "w_src[l] = w_base + n0 * (p.k / 4u) + e + s0 * w_step;"),
+    ];
+    let direct_panel: &[(&str, &str)] = &[
+        ("let w_step = BK4;", "let w_step = BN * BK4;"),
+        ("let stride_w = p.b_cs / 4u;", "let stride_w = BK4;"),
+        ("let w_sub = w_base + (n0 + sn) * stride_w + s0 * w_step;", "let w_sub = w_base + n0 * (p.k / 4u) + sn * BK4 + s0 * w_step;"),
+    ];
+    for (name, m, n, k) in [("q", 256u32, 4096u32, 2816u32), ("o", 256, 2816, 4096), ("mlp down", 256, 2816, 2112)] {
+        let a = ctx.upload("a", &seeded((m * k) as usize, 91, 1.0)).unwrap();
+        let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((COPIES * n * k) as usize, 92, 1.0))).unwrap();
+        let c = ctx.storage_buffer("c", u64::from(m * n) * 4).unwrap();
+        let flops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k);
+        for (tile, splits) in [(coop_gemm::TILE_64X64, 1u32), (coop_gemm::TILE_64X64, 2), (coop_gemm::TILE_128X128, 4)] {
+            if tile.dense_shared_bytes() > ctx.limits.max_compute_workgroup_storage_size {
+                continue;
+            }
+            let staged = coop_gemm::source_for(tile, WPath::Staged, WeightFormat::F16, BLayout::Nk);
+            let direct = coop_gemm::source_for(tile, WPath::Direct, WeightFormat::F16, BLayout::Nk);
+            let both: Vec<(&str, &str)> = staged_panel.iter().chain(f16_a).copied().collect();
+            let variants = [
+                ("as is", staged.clone()),
+                ("f16 A", replaced(&staged, "f16a", f16_a)),
+                ("W panels", replaced(&staged, "panel", staged_panel)),
+                ("W panels + f16 A", replaced(&staged, "panel_f16a", &both)),
+                ("direct", direct.clone()),
+                ("direct W panels", replaced(&direct, "panel", direct_panel)),
+            ];
+            let steps = k / tile.bk;
+            let per = steps.div_ceil(splits);
+            let split = Split { splits: steps.div_ceil(per), steps: per };
+            let reduce = pipelines.get(&ctx, split_k::source()).unwrap();
+            let mut line = format!("{test}: {name} {m}x{n}x{k} [{} split {splits}]", tile.label());
+            for (what, source) in variants {
+                let kernel = pipelines.get(&ctx, source).unwrap();
+                let replays = 48;
+                let mut plan = dg_gpu::PlanBuilder::new(&ctx);
+                for r in 0..replays {
+                    let p = GemmParams { b_offset: (r % COPIES) * n * k, ..GemmParams::linear(m, n, k) };
+                    if splits > 1 {
+                        plan.push(&kernel, &split.partial_params(&p), &[&a, &b, &scratch], coop_gemm::workgroups_split(tile, m, n, 1, split.splits));
+                        let r = split.reduce_params(&p);
+                        plan.push(&reduce, &r, &[&scratch, &c], dg_gpu::groups_1d(split_k::workgroups(&r), 65535));
+                    } else {
+                        plan.push(&kernel, &p, &[&a, &b, &c], coop_gemm::workgroups(tile, m, n, 1));
+                    }
+                }
+                let t = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+                line += &format!(" | {what}: {:.1} us {:.0} TF", t * 1e6, flops / t / 1e12);
+            }
+            eprintln!("{line}");
+        }
+    }
+
+    // Experts: gate/up over a real routing, 32×128 direct.
+    let case = Case { n: 1408, k: 2816, counts: real_counts(99), gather: true };
+    let x = case.inputs(93);
+    let bufs = Buffers::upload(&ctx, &x, coop_grouped_gemm::PANEL);
+    let tile_major: &[(&str, &str)] = &[
+        ("let w_first = g * (p.b_group_stride / 4u) + n0 * BK4;", "let w_first = g * (p.b_group_stride / 4u) + n0 * (p.k / 4u);"),
+        ("let w_step = p.n * BK4;", "let w_step = BN * BK4;"),
+    ];
+    let w_cached: &[(&str, &str)] = &[("let w_next = w_sub + min(s + 1u, steps - 1u) * w_step;", "let w_next = w_sub;")];
+    let both: Vec<(&str, &str)> = tile_major.iter().chain(f16_a).copied().collect();
+    for tile in [coop_grouped_gemm::TILE_32X128, CoopTile { bm: 32, bn: 128, bk: 64, wm: 32, wn: 32, staging: Staging::Vec4 }] {
+        let grouped = coop_grouped_gemm::source_with(tile, WPath::Direct);
+        let variants = [
+            ("as is", grouped.clone()),
+            ("f16 A", replaced(&grouped, "f16a", f16_a)),
+            ("tile-major W", replaced(&grouped, "tilemajor", tile_major)),
+            ("tile-major W + f16 A", replaced(&grouped, "tilemajor_f16a", &both)),
+            ("no A loads", replaced(&grouped, "noa", no_a)),
+            ("W from cache", replaced(&grouped, "wcached", w_cached)),
+        ];
+        let mut line = format!("{test}: experts gate_up [{} direct]", tile.label());
+        for (what, source) in variants {
+            let pipeline = pipelines.get(&ctx, source).unwrap();
+            let replays = 50;
+            let mut plan = dg_gpu::PlanBuilder::new(&ctx);
+            for _ in 0..replays {
+                plan.push(&pipeline, &x.params, &[&bufs.a, &bufs.w.buffer, &bufs.offsets, &bufs.rows, &bufs.c], coop_grouped_gemm::workgroups(tile, &x.params));
+            }
+            let t = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+            line += &format!(" | {what}: {:.1} us {:.0} GB/s of W", t * 1e6, (128 * 1408 * 2816 * 2) as f64 / t / 1e9);
+        }
+        eprintln!("{line}");
+    }
+}
+
+/// How many workgroups of 128 invocations one multiprocessor runs at once, by the workgroup
+/// memory they declare (`--include-ignored --nocapture`): each invocation follows a chain of 400
+/// dependent loads through an L2-resident permutation (latency-bound, so concurrent workgroups
+/// take no longer than one), and the time is read against the number of workgroups. Where it
+/// stays flat up to `k ×` the multiprocessors' count, k workgroups run side by side.
+#[test]
+#[ignore = "throughput: run with --include-ignored --nocapture on a GPU"]
+fn workgroup_residency_probe() {
+    use dg_kernels::{Access, KernelSource};
+    let test = "workgroup_residency_probe";
+    let Some(ctx) = dg_gpu::testing::test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let len = 1u32 << 20;
+    // A single cycle through all entries with a large odd stride: consecutive loads are far apart.
+    let chain: Vec<u32> = (0..len).map(|i| (i + 392_699) % len).collect();
+    let chain = ctx.upload("chain", &chain).unwrap();
+    let max_groups = 132u32 * 16;
+    let out = ctx.storage_buffer("out", u64::from(max_groups * 128) * 4).unwrap();
+    for shared_kib in [1u32, 8, 16, 24, 32, 40] {
+        let words = shared_kib * 256;
+        let wgsl = format!(
+            "@group(0) @binding(0) var<uniform> p: vec4<u32>;\n\
+             @group(0) @binding(1) var<storage, read> chain: array<u32>;\n\
+             @group(0) @binding(2) var<storage, read_write> out: array<u32>;\n\
+             var<workgroup> pad: array<u32, {words}>;\n\
+             @compute @workgroup_size(128)\n\
+             fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lt: u32) {{\n\
+             \x20   for (var w = lt; w < {words}u; w += 128u) {{ pad[w] = w; }}\n\
+             \x20   workgroupBarrier();\n\
+             \x20   var i = (wid.x * 128u + lt) * 977u % {len}u;\n\
+             \x20   for (var s = 0u; s < p.x; s++) {{ i = chain[i]; }}\n\
+             \x20   out[wid.x * 128u + lt] = i + pad[(lt * 7u + i) % {words}u];\n\
+             }}\n"
+        );
+        let source = KernelSource { name: format!("residency_{shared_kib}k"), wgsl, entry: "main", buffers: vec![Access::Read, Access::ReadWrite], params_size: 16 };
+        let pipeline = pipelines.get(&ctx, source).unwrap();
+        let mut line = format!("{test}: {shared_kib} KiB of workgroup memory, workgroups:");
+        for groups in [66u32, 132, 264, 396, 528, 792, 1056, 2112] {
+            let replays = 10;
+            let mut plan = dg_gpu::PlanBuilder::new(&ctx);
+            for _ in 0..replays {
+                plan.push(&pipeline, &[400u32, 0, 0, 0], &[&chain, &out], [groups, 1, 1]);
+            }
+            let t = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+            line += &format!(" | {groups}: {:.1} us", t * 1e6);
+        }
+        eprintln!("{line}");
+    }
+}
