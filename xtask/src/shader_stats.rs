@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, anyhow, bail};
 use ash::vk;
 use dg_kernels::coop_gemm::{self, BLayout, WPath};
-use dg_kernels::{Access, KernelSource, WeightFormat, coop_grouped_gemm};
+use dg_kernels::{KernelSource, WeightFormat, coop_grouped_gemm};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -104,8 +104,7 @@ impl StatsDevice {
         let mut f12 = vk::PhysicalDeviceVulkan12Features::default()
             .shader_float16(true)
             .vulkan_memory_model(true)
-            .vulkan_memory_model_device_scope(true)
-            .storage_buffer8_bit_access(false);
+            .vulkan_memory_model_device_scope(true);
         let mut f13 = vk::PhysicalDeviceVulkan13Features::default().shader_zero_initialize_workgroup_memory(true).subgroup_size_control(true);
         let mut exec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default().pipeline_executable_info(true);
         let mut cm = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
@@ -136,8 +135,7 @@ impl StatsDevice {
                 .descriptor_type(vk::DescriptorType::UNIFORM_BUFFER)
                 .descriptor_count(1)
                 .stage_flags(vk::ShaderStageFlags::COMPUTE)];
-            for (i, _access) in k.buffers.iter().enumerate() {
-                let _: &Access = _access;
+            for i in 0..k.buffers.len() {
                 bindings.push(
                     vk::DescriptorSetLayoutBinding::default()
                         .binding(i as u32 + 1)

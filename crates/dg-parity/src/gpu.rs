@@ -117,11 +117,7 @@ impl GpuBackend {
     fn layers(&mut self, prompt: &[u32], canvas: &[u32]) -> Result<CheckResult, BoxError> {
         let GpuBackend { cpu, gpu, tolerances, .. } = self;
         let tol = tolerances.layer;
-        cpu.reset();
-        cpu.encode(prompt)?;
-        let cache = cpu.cache();
-        let layers: Vec<LayerContext<'_>> = cache.layers.iter().map(|l| LayerContext { keys: &l.keys, values: &l.values }).collect();
-        gpu.set_context(cache.seq_len, &layers)?;
+        share_cpu_context(cpu, gpu, &[prompt])?;
         let (c, h) = (canvas.len(), cpu.config.text.hidden_size);
         let mut hidden = cpu.decoder_input(canvas, None);
         let mut worst = (0usize, 0f64);
@@ -155,13 +151,7 @@ impl GpuBackend {
     pub fn stream_check(&mut self, blocks: &[&[u32]], canvas: &[u32], sc: Option<&[f32]>) -> Result<CheckResult, BoxError> {
         let GpuBackend { cpu, gpu, tolerances, .. } = self;
         let tol = tolerances.layer;
-        cpu.reset();
-        for ids in blocks {
-            cpu.encode(ids)?;
-        }
-        let cache = cpu.cache();
-        let layers: Vec<LayerContext<'_>> = cache.layers.iter().map(|l| LayerContext { keys: &l.keys, values: &l.values }).collect();
-        gpu.set_context(cache.seq_len, &layers)?;
+        share_cpu_context(cpu, gpu, blocks)?;
         let (c, h) = (canvas.len(), cpu.config.text.hidden_size);
         let mut own = cpu.decoder_input(canvas, sc);
         let mut ours = own.clone();
@@ -231,4 +221,17 @@ impl GpuBackend {
             ),
         })
     }
+}
+
+/// Encodes `blocks` on the CPU from an empty cache and hands its K/V cache to the GPU's decoder
+/// layers as their context (the layer checks compare layers, not encoders).
+fn share_cpu_context(cpu: &mut CpuModel, gpu: &mut GpuModel, blocks: &[&[u32]]) -> Result<(), BoxError> {
+    cpu.reset();
+    for ids in blocks {
+        cpu.encode(ids)?;
+    }
+    let cache = cpu.cache();
+    let layers: Vec<LayerContext<'_>> = cache.layers.iter().map(|l| LayerContext { keys: &l.keys, values: &l.values }).collect();
+    gpu.set_context(cache.seq_len, &layers)?;
+    Ok(())
 }
