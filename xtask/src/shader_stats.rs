@@ -33,7 +33,7 @@ pub struct Args {
 /// The portable kernels plus every tensor-core tile with each W path (F16, `[n][k]` weights).
 fn kernels() -> Vec<KernelSource> {
     let mut all = dg_kernels::all_variants();
-    for &tile in coop_gemm::TILES {
+    for &tile in coop_gemm::TILES.iter().chain(coop_gemm::TUNING_TILES) {
         for path in [WPath::Staged, WPath::Direct] {
             all.push(coop_gemm::source_for(tile, path, WeightFormat::F16, BLayout::Nk));
         }

@@ -87,9 +87,9 @@ pub fn record_canvas_forward<'a>(
         rec.axpby(&a.dummy, &a.proj, c * h, 0.0, scale)?;
         rec.rmsnorm(&a.proj, Some(&w.sc_pre_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
         let inter = cfg.intermediate_size;
-        rec.linear_format(&a.normed, &w.sc_gate_up.buffer, w.sc_gate_up.format, &a.gate_up, c, 2 * inter, h)?;
+        rec.linear_matrix(&a.normed, &w.sc_gate_up, &a.gate_up, c, 2 * inter, h)?;
         rec.gelu_glu_fused(&a.gate_up, &a.act, c, inter)?;
-        rec.linear_format(&a.act, &w.sc_down.buffer, w.sc_down.format, &a.proj, c, h, inter)?;
+        rec.linear_matrix(&a.act, &w.sc_down, &a.proj, c, h, inter)?;
         rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?;
     }
     // h0 = post_norm(e + signal), weightless.
@@ -151,14 +151,14 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     let kv_only = matches!(pass, LayerPass::Encode { kv_only: true, .. });
     rec.rmsnorm(&a.hidden, Some(&l.norms.input), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
     if !kv_only {
-        rec.linear_format(&a.normed, &l.q_proj.buffer, l.q_proj.format, &a.q_raw, c, heads * d, h)?;
+        rec.linear_matrix(&a.normed, &l.q_proj, &a.q_raw, c, heads * d, h)?;
         rec.norm_rope(&a.q_raw, &l.q_norm, cos, sin, &a.q, c, heads, d, eps)?;
     }
     // Raw K (and, in sliding layers, raw V as a second batch of the same GEMM) into kv_raw:
     // [K | V], each [C, kv·d]. Full layers: V is the raw K projection itself.
     let halves = if l.has_v_proj { 2 } else { 1 };
     let kv_batches = Batches { count: halves, x_stride: 0, w_stride: (kv * d * h) as u32, c_stride: (c * kv * d) as u32 };
-    rec.batched_linear_format(&a.normed, &l.kv_proj.buffer, l.kv_proj.format, &a.kv_raw, c, kv * d, h, kv_batches)?;
+    rec.batched_linear_matrix(&a.normed, &l.kv_proj, &a.kv_raw, c, kv * d, h, kv_batches)?;
     rec.norm_rope(&a.kv_raw, &l.k_norm, cos, sin, &a.k_new, c, kv, d, eps)?;
     // v_norm (weightless) over both halves; V is the last half of v_new.
     rec.rmsnorm(&a.kv_raw, None, &a.dummy, &a.v_new, halves as usize * c * kv, d, eps, false, 1.0)?;
@@ -273,7 +273,7 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         }
         LayerPass::Encode { .. } => rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values(s, 0, key_start * row, false), tc)?,
     }
-    rec.linear_format(&a.attn, &l.o_proj.buffer, l.o_proj.format, &a.proj, c, h, heads * d)?;
+    rec.linear_matrix(&a.attn, &l.o_proj, &a.proj, c, h, heads * d)?;
     // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
     // pre_feedforward_layernorm(h) in `normed`, and in `branch_in` the experts' input
     // pre_feedforward_layernorm_2(h) and (c·h further) the router's rms(h)·scale·H^-½.
@@ -282,14 +282,14 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
 
     // Dense MLP branch (its output stays in `proj` until the layer's closing norms).
     let inter = cfg.intermediate_size;
-    rec.linear_format(&a.normed, &l.mlp_gate_up.buffer, l.mlp_gate_up.format, &a.gate_up, c, 2 * inter, h)?;
+    rec.linear_matrix(&a.normed, &l.mlp_gate_up, &a.gate_up, c, 2 * inter, h)?;
     rec.gelu_glu_fused(&a.gate_up, &a.act, c, inter)?;
-    rec.linear_format(&a.act, &l.mlp_down.buffer, l.mlp_down.format, &a.proj, c, h, inter)?;
+    rec.linear_matrix(&a.act, &l.mlp_down, &a.proj, c, h, inter)?;
 
     // Router on the un-normalised stream → logits → top-k.
     let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
     let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
-    rec.gemm_auto(&a.branch_in, &l.router_proj.buffer, l.router_proj.format, &a.router_logits, router, l.router_proj.format == WeightFormat::F16)?;
+    rec.gemm_matrix(&a.branch_in, &l.router_proj, &a.router_logits, router)?;
     rec.router_topk(&a.router_logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e)?;
     // Experts on pre_feedforward_layernorm_2(h), the first half of `branch_in`.

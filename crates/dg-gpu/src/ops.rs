@@ -44,7 +44,7 @@ fn coop_path() -> coop_gemm::WPath {
 }
 
 /// Tuning knobs: `DG_GROUPED_PATH=staged|direct` forces the W path of the experts' tensor-core
-/// tile and `DG_COOP_GROUPED_TILE=BMxBN` (e.g. `32x128`) the tile, where it fits
+/// tile and `DG_COOP_GROUPED_TILE=BMxBN` (e.g. `32x128`, or a full label) the tile, where it fits
 /// (`coop_grouped_gemm::choose` picks both by default).
 fn coop_grouped_override(p: &GroupedGemmParams, (tile, path): (coop_gemm::CoopTile, coop_gemm::WPath)) -> (coop_gemm::CoopTile, coop_gemm::WPath) {
     let path = match std::env::var("DG_GROUPED_PATH").as_deref() {
@@ -56,7 +56,7 @@ fn coop_grouped_override(p: &GroupedGemmParams, (tile, path): (coop_gemm::CoopTi
     let tile = coop_grouped_gemm::TILES
         .iter()
         .copied()
-        .find(|t| wanted.as_deref() == Some(format!("{}x{}", t.bm, t.bn).as_str()) && coop_grouped_gemm::fits(*t, p))
+        .find(|t| wanted.as_deref().is_some_and(|w| names_tile(w, *t)) && coop_grouped_gemm::fits(*t, p))
         .unwrap_or(tile);
     (tile, path)
 }
@@ -67,11 +67,17 @@ fn split_target(tile: coop_gemm::CoopTile, p: &GemmParams) -> u32 {
     std::env::var("DG_SPLIT_TARGET").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| coop_gemm::Split::target(tile, p))
 }
 
-/// Tuning knob: `DG_COOP_TILE=BMxBN` (e.g. `64x128`) makes the dense tensor-core GEMM take that
+/// Tuning knob: `DG_COOP_TILE=BMxBN` (e.g. `64x128`, or a full label) makes the dense tensor-core GEMM take that
 /// tile of `dg_kernels::coop_gemm::TILES` wherever it fits (`coop_gemm::plan` chooses otherwise).
 fn coop_tile_override() -> Option<coop_gemm::CoopTile> {
     let wanted = std::env::var("DG_COOP_TILE").ok()?;
-    coop_gemm::TILES.iter().copied().find(|t| format!("{}x{}", t.bm, t.bn) == wanted)
+    coop_gemm::TILES.iter().chain(coop_gemm::TUNING_TILES).copied().find(|t| names_tile(&wanted, *t))
+}
+
+/// Whether a tuning knob's value names `tile`: `BMxBN` (the first such tile of a list) or its full
+/// label (`64x64x16_32x32_v4`, see `dg_kernels::coop_gemm::CoopTile::label`).
+fn names_tile(wanted: &str, tile: coop_gemm::CoopTile) -> bool {
+    wanted == format!("{}x{}", tile.bm, tile.bn) || wanted == tile.label()
 }
 
 /// How many products a batched linear runs and where each one's operands start, in elements.
@@ -237,10 +243,56 @@ impl<'a> Recorder<'a> {
     /// tensor-core body and an f32 tail. F16 `W[n][k]` may load its fragments directly (`DG_COOP_PATH=direct`);
     /// everything else is staged.
     pub fn gemm_auto(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
+        self.gemm_layout(a, b, b_format, MatrixLayout::RowMajor, c, p, tensor_cores)
+    }
+
+    /// `c = a · wᵀ` as [`Self::gemm_auto`] takes it, for an uploaded matrix (`p`'s B strides
+    /// describe `[n][k]`): a matrix in K panels (F16 on a device with cooperative matrices, which
+    /// the upload only panels when the tensor cores take its shapes) always runs on the tensor
+    /// cores, and a product no tile takes is an error, never a misread.
+    pub fn gemm_matrix(&mut self, a: &'a wgpu::Buffer, w: &'a GpuMatrix, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
+        self.gemm_layout(a, &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16)
+    }
+
+    /// `out[m, n] = x[m, k] · Wᵀ` for an uploaded matrix ([`Self::linear_format`] on its buffer,
+    /// format and layout).
+    pub fn linear_matrix(&mut self, x: &'a wgpu::Buffer, w: &'a GpuMatrix, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize) -> Result<(), GpuError> {
+        self.batched_linear_matrix(x, w, out, m, n, k, Batches::ONE)
+    }
+
+    /// [`Self::batched_linear_format`] for an uploaded matrix holding the batches' `[n, k]`
+    /// matrices `batches.w_stride` elements apart (in K panels each on its own).
+    #[allow(clippy::too_many_arguments)]
+    pub fn batched_linear_matrix(&mut self, x: &'a wgpu::Buffer, w: &'a GpuMatrix, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize, batches: Batches) -> Result<(), GpuError> {
+        let Batches { count, x_stride, w_stride, c_stride } = batches;
+        let p = GemmParams { batch: count, a_batch: x_stride, b_batch: w_stride, c_batch: c_stride, ..linear_params(m, n, k) };
+        self.gemm_matrix(x, w, out, p)
+    }
+
+    /// [`Self::gemm_auto`] with B laid out as `b_layout`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_layout(
+        &mut self,
+        a: &'a wgpu::Buffer,
+        b: &'a wgpu::Buffer,
+        b_format: WeightFormat,
+        b_layout: MatrixLayout,
+        c: &'a wgpu::Buffer,
+        p: GemmParams,
+        tensor_cores: bool,
+    ) -> Result<(), GpuError> {
+        let panels = b_layout == MatrixLayout::KPanels;
+        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
+        let planned = if tensor_cores && self.ctx.coop_matrix { coop_gemm::plan_layout(&p, panels, coop_tile_override(), max_shared) } else { None };
+        if panels && (planned.is_none() || b_format != WeightFormat::F16) {
+            return Err(GpuError::Unsupported {
+                what: format!("a {b_format:?} matrix in K panels for a product of m {} n {} k {} (b_cs {}): no tensor-core tile takes it", p.m, p.n, p.k, p.b_cs),
+            });
+        }
         if tensor_cores && self.ctx.coop_matrix {
-            if let Some((tile, layout)) = coop_gemm::plan_with(&p, coop_tile_override(), self.ctx.limits.max_compute_workgroup_storage_size) {
+            if let Some((tile, layout)) = planned {
                 let path = match coop_path() {
-                    coop_gemm::WPath::Direct if b_format != WeightFormat::F16 || layout != coop_gemm::BLayout::Nk => coop_gemm::WPath::Staged,
+                    coop_gemm::WPath::Direct if b_format != WeightFormat::F16 || layout == coop_gemm::BLayout::Kn => coop_gemm::WPath::Staged,
                     path => path,
                 };
                 let kernel = coop_gemm::source_for(tile, path, b_format, layout);

@@ -34,8 +34,11 @@ pub struct GpuMatrix {
 pub enum MatrixLayout {
     /// PyTorch's row-major `[out, in]` (per expert for the experts).
     RowMajor,
-    /// F16 expert weights `[experts, in / PANEL, out, PANEL]`, the layout the tensor-core grouped
-    /// GEMM streams (`dg_kernels::coop_grouped_gemm`).
+    /// F16 weights in K panels: expert weights `[experts, in / PANEL, out, PANEL]`, the layout the
+    /// tensor-core grouped GEMM streams (`dg_kernels::coop_grouped_gemm`); a dense projection
+    /// `[in / PANEL, out, PANEL]` (the stacked K and V projections each on its own), which the
+    /// tensor-core GEMM streams as `dg_kernels::coop_gemm::BLayout::NkPanels`. Only the tensor
+    /// cores read it: the upload panels a matrix only where they take its products.
     KPanels,
 }
 
@@ -152,6 +155,29 @@ impl Uploader<'_> {
         self.ctx.upload(label, words)
     }
 
+    /// One `[out, in]` projection, as [`Self::projection_blocks`] uploads it.
+    fn projection(&mut self, label: &str, m: &dg_model::Matrix) -> Result<GpuMatrix, GpuError> {
+        self.projection_blocks(label, &m.data, 1, m.rows, m.cols)
+    }
+
+    /// A projection's `blocks` stacked `[n, k]` matrices (`data` holds `blocks · n · k` values): in
+    /// the F16 mode on a device with cooperative matrices, each block in K panels when the
+    /// tensor-core GEMM takes its products (`[m, k] · Wᵀ` for any m); otherwise as
+    /// [`Self::matrix`].
+    fn projection_blocks(&mut self, label: &str, data: &[f32], blocks: usize, n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
+        use dg_kernels::coop_gemm::{PANEL, plan_layout};
+        use dg_kernels::coop_grouped_gemm::pack_f16_panels;
+        assert_eq!(data.len(), blocks * n * k, "{label}: {} values for {blocks} blocks of [{n}, {k}]", data.len());
+        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
+        let probe = dg_kernels::gemm::GemmParams::linear(1, n as u32, k as u32);
+        if self.format != WeightFormat::F16 || !self.ctx.coop_matrix || plan_layout(&probe, true, None, max_shared).is_none() {
+            return self.matrix(label, data);
+        }
+        let words: Vec<u32> = data.par_chunks(n * k).flat_map_iter(|block| pack_f16_panels(block, n, k, PANEL as usize)).collect();
+        let buffer = self.words(label, &words, data.len())?;
+        Ok(GpuMatrix { buffer, format: WeightFormat::F16, layout: MatrixLayout::KPanels })
+    }
+
     /// Expert weights `[experts, n, k]`: in the F16 mode on a device with cooperative matrices, in
     /// K panels for the tensor-core grouped GEMM when a tile fits the shape; otherwise as
     /// [`Self::matrix`].
@@ -180,18 +206,18 @@ impl Uploader<'_> {
         Ok(GpuLayer {
             kind: l.kind,
             norms,
-            q_proj: self.matrix(&p("q_proj"), &l.q_proj.data)?,
+            q_proj: self.projection(&p("q_proj"), &l.q_proj)?,
             kv_proj: match &l.v_proj {
-                Some(v) => self.matrix(&p("k_proj+v_proj"), &[&l.k_proj.data[..], &v.data].concat())?,
-                None => self.matrix(&p("k_proj"), &l.k_proj.data)?,
+                Some(v) => self.projection_blocks(&p("k_proj+v_proj"), &[&l.k_proj.data[..], &v.data].concat(), 2, l.k_proj.rows, l.k_proj.cols)?,
+                None => self.projection(&p("k_proj"), &l.k_proj)?,
             },
             has_v_proj: l.v_proj.is_some(),
-            o_proj: self.matrix(&p("o_proj"), &l.o_proj.data)?,
+            o_proj: self.projection(&p("o_proj"), &l.o_proj)?,
             q_norm: self.f32(&p("q_norm"), &l.q_norm)?,
             k_norm: self.f32(&p("k_norm"), &l.k_norm)?,
-            mlp_gate_up: self.matrix(&p("mlp.gate_up"), &[&l.mlp_gate.data[..], &l.mlp_up.data].concat())?,
-            mlp_down: self.matrix(&p("mlp.down_proj"), &l.mlp_down.data)?,
-            router_proj: self.matrix(&p("router.proj"), &l.router_proj.data)?,
+            mlp_gate_up: self.projection_blocks(&p("mlp.gate_up"), &[&l.mlp_gate.data[..], &l.mlp_up.data].concat(), 1, 2 * l.mlp_gate.rows, l.mlp_gate.cols)?,
+            mlp_down: self.projection(&p("mlp.down_proj"), &l.mlp_down)?,
+            router_proj: self.projection(&p("router.proj"), &l.router_proj)?,
             router_scale: self.f32(&p("router.scale"), &l.router_scale)?,
             per_expert_scale: self.f32(&p("router.per_expert_scale"), &l.per_expert_scale)?,
             experts_gate_up: self.experts(&p("experts.gate_up_proj"), &l.experts.gate_up, 2 * l.experts.intermediate, l.experts.hidden)?,
@@ -218,8 +244,8 @@ impl Uploader<'_> {
             embed,
             final_norm: self.f32("norm", &w.final_norm)?,
             sc_pre_norm: self.f32("self_conditioning.pre_norm", &sc.pre_norm)?,
-            sc_gate_up: self.matrix("self_conditioning.gate_up", &[&sc.gate.data[..], &sc.up.data].concat())?,
-            sc_down: self.matrix("self_conditioning.down_proj", &sc.down.data)?,
+            sc_gate_up: self.projection_blocks("self_conditioning.gate_up", &[&sc.gate.data[..], &sc.up.data].concat(), 1, 2 * sc.gate.rows, sc.gate.cols)?,
+            sc_down: self.projection("self_conditioning.down_proj", &sc.down)?,
             layers: Vec::with_capacity(cfg.num_layers()),
             format: self.format,
             bytes: 0,

@@ -3,7 +3,8 @@
 //! (`dg_kernels::coop_grouped_gemm`, every tile, W staged and direct), and through
 //! `dg_kernels::coop_gemm` `Recorder::batched_linear_format` (K and V in one dispatch),
 //! `Recorder::head_linear` (a softcapped vocabulary chunk from F16 or BF16 weights) and
-//! `Recorder::gemm_auto` (attention's strided GQA products, ragged columns included), each against
+//! `Recorder::gemm_auto` (attention's strided GQA products, ragged columns included) and
+//! `Recorder::gemm_matrix` (dense projections in K panels, ragged rows included), each against
 //! the exact (f64) product of the f16-rounded operands. Every output has a guard band and values
 //! the kernel must not touch.
 //!
@@ -520,6 +521,74 @@ fn split_k_products_on_tensor_cores_match_the_reference() {
     let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
     for (name, format, p) in cases {
         check_gemm_auto(&ctx, &mut pipelines, &scratch, name, format, p, "split_k_reduce");
+    }
+}
+
+/// Dense projections uploaded in K panels (`MatrixLayout::KPanels`, the F16 mode's q, K/V, o, MLPs
+/// and router on a device with cooperative matrices) through `Recorder::gemm_matrix`, against
+/// `gemm_reference` on the row-major f16-rounded operands over the whole C buffer: q_proj's real
+/// shape; K and V as two batches of one stacked matrix, each block in its own panels; the router's
+/// shape, which splits K; and encoder chunks whose rows do not fill the last m tile (77 rows on
+/// 64×64 tiles, 1000 on 128×128 in split K), whose extra rows must not be stored.
+#[test]
+fn panelled_projections_match_the_exact_product() {
+    use dg_kernels::coop_grouped_gemm::{PANEL, pack_f16_panels};
+    use dg_kernels::gemm::GemmParams;
+    let test = "panelled_projections_match_the_exact_product";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
+    let kv = |m: u32, n: u32, k: u32| GemmParams { batch: 2, a_batch: 0, b_batch: n * k, c_batch: m * n + 8, ..GemmParams::linear(m, n, k) };
+    let cases: [(&str, GemmParams, &str); 5] = [
+        ("q_proj", GemmParams::linear(256, 4096, 2816), "coop_gemm_128x128x32_32x64_v4_kp"),
+        ("K and V stacked", kv(256, 256, 512), "coop_gemm_128x128x32_32x64_v4_kp"),
+        ("router, split K", GemmParams::linear(256, 128, 2816), "split_k_reduce"),
+        ("ragged chunk", GemmParams::linear(77, 256, 512), "coop_gemm_64x64x32_32x32_v4_kp"),
+        ("ragged batched chunk", kv(1000, 128, 256), "coop_gemm_128x128x32_32x64_v4_kp"),
+    ];
+    for (name, p, expect) in cases {
+        let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+        let blocks = p.batch.max(1) as usize;
+        let c_len = dg_gpu::testing::gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
+        let a = seeded(m * k, 71, 1.0);
+        let w = f16_round(&seeded(blocks * n * k, 72, 1.0));
+        let c0 = seeded(c_len, 73, 2.0);
+        let packed: Vec<u32> = w.chunks_exact(n * k).flat_map(|block| pack_f16_panels(block, n, k, PANEL as usize)).collect();
+        let matrix = GpuMatrix { buffer: ctx.upload("w", &packed).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels };
+        let ab = ctx.upload("a", &a).unwrap();
+        let cb = guarded_output(&ctx, "c", c_len);
+        ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.split_k_scratch(&scratch);
+        rec.gemm_matrix(&ab, &matrix, &cb, p).unwrap();
+        let plan = rec.finish().unwrap();
+        let names = plan.kernel_names();
+        assert!(names.iter().any(|k| k.starts_with(expect)) && names.iter().any(|k| k.contains("_kp")), "{name}: expected {expect} on K panels, got {names:?}");
+        plan.run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &cb, c_len);
+        let want = dg_gpu::testing::gemm_reference(&p, &f16_round(&a), &w, &c0);
+        let (err, at) = max_rel_err(&got, &want);
+        assert!(err <= tolerance(k), "{name}: rel err {err} > {} at {at}: got {} want {}", tolerance(k), got[at], want[at]);
+    }
+}
+
+/// A matrix in K panels is read only by the tensor cores: a product no tile takes (k not a whole
+/// number of panels, or B strides that are not the whole matrix's) is a clear error naming the
+/// shape, never a silent row-major read. Runs on every adapter: without cooperative matrices no
+/// tile takes any product.
+#[test]
+fn panelled_matrix_refuses_products_no_tile_takes() {
+    use dg_kernels::gemm::GemmParams;
+    let test = "panelled_matrix_refuses_products_no_tile_takes";
+    let Some(ctx) = dg_gpu::testing::test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let matrix = GpuMatrix { buffer: ctx.upload("w", &vec![0u32; 64 * 48]).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels };
+    let ab = ctx.upload("a", &vec![0f32; 64 * 96]).unwrap();
+    let cb = ctx.upload("c", &vec![0f32; 64 * 64]).unwrap();
+    for p in [GemmParams::linear(64, 64, 48), GemmParams { b_cs: 96, ..GemmParams::linear(64, 32, 48) }] {
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        let err = rec.gemm_matrix(&ab, &matrix, &cb, p).expect_err("a panelled product no tile takes must fail").to_string();
+        assert!(err.contains("K panels") && err.contains(&format!("k {}", p.k)), "{err}");
     }
 }
 

@@ -14,16 +14,20 @@
 //! - `w` (binding 2, read): F16 (two per u32 word, element `i` in bits `16·(i & 1)..` of word
 //!   `i >> 1`, see [`crate::pack_f16`]), BF16 (the same packing, widened exactly and then rounded
 //!   to f16, exact for values in f16's normal range) or f32 (rounded to f16), read as vec4s; laid
-//!   out as [`BLayout::Nk`] (PyTorch's `[out, in]`) or [`BLayout::Kn`];
+//!   out as [`BLayout::Nk`] (PyTorch's `[out, in]`), [`BLayout::Kn`], or (F16) [`BLayout::NkPanels`]
+//!   (`[out, in]` in K panels of [`PANEL`] columns: each K step's block of W one contiguous run,
+//!   which an H200 streams 10–20% faster than 64-byte pieces of `bn` rows);
 //! - `c` (binding 3, read-write): f32; alpha, accumulate and the softcap epilogue as in
 //!   [`crate::gemm`], applied through a per-subgroup scratch of workgroup memory (a plain product
 //!   stores its fragments straight to C).
 //!
 //! Binding 0 is the uniform [`GemmParams`], as for the f32 GEMM; [`plan`] says whether a product
-//! is one this kernel takes (vec4-aligned offsets and strides, whole tiles) and with which tile.
+//! is one this kernel takes (vec4-aligned offsets and strides, whole n and k tiles) and with which
+//! tile. The last m tile may be partial (an encoder chunk's rows): its extra rows repeat A's last
+//! row and are not stored.
 //!
 //! Requirements, none of them checked by the kernel:
-//! - `m`, `n`, `k` multiples of the tile's `bm`, `bn`, `bk` ([`CoopTile::fits`]); k > 0; the
+//! - `n`, `k` multiples of the tile's `bn`, `bk` ([`CoopTile::fits`]); m, k > 0; the
 //!   alignment [`plan`] checks;
 //! - the device opened with `wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX` and
 //!   `wgpu::Features::SHADER_F16`, the former only granted with
@@ -74,13 +78,22 @@ pub enum BLayout {
     Nk,
     /// `b_cs = 1`: `B[k][n]` rows of `b_rs` (attention's values).
     Kn,
+    /// F16 `W[n][k]` in K panels of [`PANEL`] columns (`[k / PANEL][n][PANEL]` for each batch's
+    /// `n` rows, as [`crate::coop_grouped_gemm::pack_f16_panels`] writes them): every K step's
+    /// `bn × bk` block of W one contiguous run. The product's `n` is the matrix's row count, `b_cs`
+    /// its `k`; tiles with `bk = PANEL` only.
+    NkPanels,
 }
+
+/// Columns of K per panel of [`BLayout::NkPanels`]: every panelled tile's `bk`.
+pub const PANEL: u32 = 32;
 
 impl BLayout {
     fn suffix(self) -> &'static str {
         match self {
             BLayout::Nk => "",
             BLayout::Kn => "_kn",
+            BLayout::NkPanels => "_kp",
         }
     }
 }
@@ -182,9 +195,15 @@ impl CoopTile {
             && self.shared_bytes() <= MAX_SHARED_BYTES
     }
 
-    /// Whether the kernel computes an `m × n × k` product with this tile.
+    /// Whether the kernel computes an `m × n × k` product with this tile (any `m`: the last m tile
+    /// may be partial).
     pub const fn fits(self, m: u32, n: u32, k: u32) -> bool {
-        m > 0 && n > 0 && k > 0 && m.is_multiple_of(self.bm) && n.is_multiple_of(self.bn) && k.is_multiple_of(self.bk)
+        m > 0 && n > 0 && k > 0 && n.is_multiple_of(self.bn) && k.is_multiple_of(self.bk)
+    }
+
+    /// Workgroups of an `m × n` product: `ceil(m / bm) · n / bn`.
+    pub const fn tiles(self, m: u32, n: u32) -> u32 {
+        m.div_ceil(self.bm) * (n / self.bn)
     }
 
     /// `"{bm}x{bn}x{bk}_{wm}x{wn}"` plus `"_v4"` for [`Staging::Vec4`].
@@ -224,7 +243,7 @@ impl CoopTile {
     /// for [`BLayout::Kn`] (never more than the former while `bk ≤ bn`).
     const fn w_stage_halves(self, layout: BLayout) -> u32 {
         match layout {
-            BLayout::Nk => self.bn * self.row_halves(),
+            BLayout::Nk | BLayout::NkPanels => self.bn * self.row_halves(),
             BLayout::Kn => self.bk * (self.bn + ROW_PAD),
         }
     }
@@ -233,7 +252,8 @@ impl CoopTile {
     /// or f32 when staged) and laid out as `layout`, reaching the tensor cores by `path` (direct
     /// only for F16 [`BLayout::Nk`]).
     pub fn render_with(self, path: WPath, w_format: WeightFormat, layout: BLayout) -> String {
-        assert!(path != WPath::Direct || layout == BLayout::Nk, "direct W fragments need W[n][k]");
+        assert!(path != WPath::Direct || layout != BLayout::Kn, "direct W fragments need W[n][k]");
+        assert!(layout != BLayout::NkPanels || (self.bk == PANEL && w_format == WeightFormat::F16), "K panels are F16 with bk = PANEL");
         let (fm, fn_) = self.fragments();
         let mut store = String::new();
         for i in 0..fm {
@@ -253,8 +273,9 @@ impl CoopTile {
                 capped += &format!(
                     "        {{\n            let fs = sg * 256u;\n            coopStoreT(acc_{i}_{j}, &scratch[fs], stride_f);\n            workgroupBarrier();\n\
                      \x20           let src = fs + (lane / 2u) * 16u + (lane % 2u) * 8u;\n\
-                     \x20           let dst = c_base + (m0 + sm + {di}u + lane / 2u) * p.c_rs + n0 + sn + {dj}u + (lane % 2u) * 8u;\n\
-                     \x20           for (var q = 0u; q < 8u; q++) {{\n\
+                     \x20           let row = m0 + sm + {di}u + lane / 2u;\n\
+                     \x20           let dst = c_base + row * p.c_rs + n0 + sn + {dj}u + (lane % 2u) * 8u;\n\
+                     \x20           for (var q = 0u; q < 8u && row < p.m; q++) {{\n\
                      \x20               var v = p.alpha * scratch[src + q];\n\
                      \x20               if (p.accumulate != 0u) {{\n                    v += c[dst + q];\n                }}\n\
                      \x20               if (p.epilogue == 1u) {{\n\
@@ -266,11 +287,14 @@ impl CoopTile {
                 );
             }
         }
-        let (w_src, w_step) = match layout {
-            BLayout::Nk => ("w_base + (n0 + e / BK4) * (p.b_cs / 4u) + e % BK4", "BK4"),
-            BLayout::Kn => ("w_base + (e / BN4) * (p.b_rs / 4u) + n0 / 4u + e % BN4", "BK * (p.b_rs / 4u)"),
+        // Where an invocation's W vec4 e of step 0 is, vec4s between steps and between W rows.
+        let (w_src, w_step, w_row) = match layout {
+            BLayout::Nk => ("w_base + (n0 + e / BK4) * (p.b_cs / 4u) + e % BK4", "BK4", "p.b_cs / 4u"),
+            BLayout::Kn => ("w_base + (e / BN4) * (p.b_rs / 4u) + n0 / 4u + e % BN4", "BK * (p.b_rs / 4u)", "p.b_cs / 4u"),
+            BLayout::NkPanels => ("w_base + n0 * BK4 + e", "p.n * BK4", "BK4"),
         };
-        let template = crate::gemm::with_params(include_str!("wgsl/coop_gemm.wgsl")).replace("W_SRC", w_src).replace("W_STEP", w_step);
+        let template =
+            crate::gemm::with_params(include_str!("wgsl/coop_gemm.wgsl")).replace("W_SRC", w_src).replace("W_STEP", w_step).replace("W_ROW", w_row);
         self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)])
     }
 
@@ -359,7 +383,7 @@ impl CoopTile {
                 for j in 0..fn_ {
                     let (jf, kf) = (j * FRAGMENT, kk * FRAGMENT);
                     multiply += &match layout {
-                        BLayout::Nk => format!(
+                        BLayout::Nk | BLayout::NkPanels => format!(
                             "            let ib{j} = (b_st + (sn + {jf}u) * KP + {kf}u) / {se}u;\n            let fb{j} = coopLoad<coop_mat16x16<f16, B>>(&sb[ib{j}], stride_s);\n"
                         ),
                         BLayout::Kn => format!(
@@ -395,7 +419,7 @@ impl CoopTile {
         };
         assert!(w_format == WeightFormat::F16 || b_fragment.is_none(), "direct W fragments need F16 weights");
         let dst_w = match layout {
-            BLayout::Nk => "fn dst_w(e: u32) -> u32 {\n    return dst_of(e);\n}\n",
+            BLayout::Nk | BLayout::NkPanels => "fn dst_w(e: u32) -> u32 {\n    return dst_of(e);\n}\n",
             BLayout::Kn => "fn dst_w(e: u32) -> u32 {\n    return (e / BN4) * NP + 4u * (e % BN4);\n}\n",
         };
         let put = format!("{put}{load_w}{dst_w}");
@@ -436,16 +460,35 @@ pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 32, wn: 
 /// 64×32 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB).
 pub const TILE_64X32: CoopTile = CoopTile { bm: 64, bn: 32, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4 };
 
+/// [`TILE_64X64`] with K steps of 16 (16 KiB with the scratch): three workgroups fit a
+/// multiprocessor's workgroup memory where [`TILE_64X64`]'s 24 KiB fit two.
+pub const TILE_64X64_K16: CoopTile = CoopTile { bk: 16, ..TILE_64X64 };
+/// [`TILE_64X64_K16`] with 8 subgroups of 32×16 (256 invocations): twice the subgroups per
+/// workgroup to hide the loads' latency.
+pub const TILE_64X64_K16_W8: CoopTile = CoopTile { wn: 16, ..TILE_64X64_K16 };
+
 /// Every tile variant, the default first: [`TILE_64X64`], the fastest on an H200 for both 256-row
 /// decoder shapes (`256 × 4096 × 2816` and `256 × 2816 × 4096`).
-pub const TILES: &[CoopTile] =
-    &[TILE_64X64, TILE_64X64_K64, TILE_64X128, TILE_64X128_SCALAR, TILE_128X64, TILE_128X128, TILE_32X64, TILE_64X32];
+pub const TILES: &[CoopTile] = &[
+    TILE_64X64,
+    TILE_64X64_K64,
+    TILE_64X128,
+    TILE_64X128_SCALAR,
+    TILE_128X64,
+    TILE_128X128,
+    TILE_32X64,
+    TILE_64X32,
+];
+
+/// Tiles built and tested but never chosen by [`plan`]: candidates for the `DG_COOP_TILE` knob.
+pub const TUNING_TILES: &[CoopTile] = &[TILE_64X64_K16, TILE_64X64_K16_W8];
 
 const _: () = {
     let mut i = 0;
-    while i < TILES.len() {
-        assert!(TILES[i].is_valid(), "a coop gemm tile breaks its invariants (see CoopTile::is_valid)");
-        assert!(TILES[i].dense_shared_bytes() <= MAX_SHARED_BYTES, "a coop gemm tile's workgroup memory with the epilogue scratch is over the limit");
+    while i < TILES.len() + TUNING_TILES.len() {
+        let t = if i < TILES.len() { TILES[i] } else { TUNING_TILES[i - TILES.len()] };
+        assert!(t.is_valid(), "a coop gemm tile breaks its invariants (see CoopTile::is_valid)");
+        assert!(t.dense_shared_bytes() <= MAX_SHARED_BYTES, "a coop gemm tile's workgroup memory with the epilogue scratch is over the limit");
         i += 1;
     }
 };
@@ -476,25 +519,36 @@ pub fn source_for(tile: CoopTile, path: WPath, w_format: WeightFormat, layout: B
 
 /// The tile and B layout that run `p` on the tensor cores, if the product is one the kernel takes:
 /// A row-major (`a_cs = 1`), B `[n][k]` or `[k][n]` with a unit stride, every vec4-read offset and
-/// stride a multiple of 4, whole tiles, at most 65535 tiles per batch and batches. The tile:
-/// [`TILE_128X128`] for products of at least [`LARGE_TILE_MIN_TILES`] of them (the tied head),
+/// stride a multiple of 4, whole n and k tiles, at most 65535 tiles per batch and batches. The tile:
+/// [`TILE_128X128`] for products of at least [`LARGE_TILE_MIN_ROWS`] rows,
 /// otherwise the first of [`TILES`] that fits.
 pub fn plan(p: &GemmParams) -> Option<(CoopTile, BLayout)> {
     plan_with(p, None, MAX_SHARED_BYTES)
 }
 
-/// Tiles of [`TILE_128X128`] from which a product takes it rather than the first fitting tile: a
-/// K step's throughput is bound by its global loads (`tests/tensor_cores.rs`,
+/// Rows from which a product takes [`TILE_128X128`] where it fits, rather than the first fitting
+/// tile of [`TILES`]: a K step's throughput is bound by its global loads (`tests/tensor_cores.rs`,
 /// `tensor_core_step_ceiling_probe`), and a 128×128 step loads 16 KB of A and 8 KB of W for four
-/// times the products of a 64×64 step's 8 + 4 KB; with fewer tiles the GPU is left half idle
-/// (q_proj's 64 tiles: 83 µs against 58 for 256 of 64×64).
-pub const LARGE_TILE_MIN_TILES: u32 = 512;
+/// times the products of a 64×64 step's 8 + 4 KB. A product with few such tiles splits K to fill
+/// the GPU ([`Split`]). In the F16 forward on an H200 (decoder, 256 rows, W in K panels, µs,
+/// 64×64 → 128×128 split): q 80 → 70, K+V 81 → 71, o 114 → 78 (full layer 241 → 130), MLP down
+/// 62 → 51, gate/up 83 → 83; the layers 1.548 → 1.513 ms each. Without the splits the same tile
+/// was slower (1.742 ms).
+pub const LARGE_TILE_MIN_ROWS: u32 = 128;
 
 /// [`plan`] on a device with `max_shared` bytes of workgroup memory (tiles whose
 /// [`CoopTile::dense_shared_bytes`] exceed it are not taken), with `prefer` taking the place of the
 /// rule when it fits the product (a tuning knob).
 pub fn plan_with(p: &GemmParams, prefer: Option<CoopTile>, max_shared: u32) -> Option<(CoopTile, BLayout)> {
+    plan_layout(p, false, prefer, max_shared)
+}
+
+/// [`plan_with`] for a product whose B is an F16 matrix in K panels ([`BLayout::NkPanels`]) when
+/// `panels` is set: `b_rs = 1`, `b_cs = k`, and only tiles with `bk = PANEL`.
+pub fn plan_layout(p: &GemmParams, panels: bool, prefer: Option<CoopTile>, max_shared: u32) -> Option<(CoopTile, BLayout)> {
     let layout = match (p.b_rs, p.b_cs) {
+        (1, cs) if panels && cs == p.k && cs.is_multiple_of(PANEL) => BLayout::NkPanels,
+        _ if panels => return None,
         (1, cs) if cs.is_multiple_of(4) => BLayout::Nk,
         (rs, 1) if rs.is_multiple_of(4) => BLayout::Kn,
         _ => return None,
@@ -505,18 +559,20 @@ pub fn plan_with(p: &GemmParams, prefer: Option<CoopTile>, max_shared: u32) -> O
     if p.a_cs != 1 || !aligned || batched > 65535 {
         return None;
     }
-    let fits = |t: &CoopTile| t.fits(p.m, p.n, p.k) && (p.m / t.bm) * (p.n / t.bn) <= 65535 && t.dense_shared_bytes() <= max_shared;
-    let tiles = |t: CoopTile| (p.m / t.bm) * (p.n / t.bn) * batched;
+    let fits = |t: &CoopTile| {
+        t.fits(p.m, p.n, p.k) && t.tiles(p.m, p.n) <= 65535 && t.dense_shared_bytes() <= max_shared && (layout != BLayout::NkPanels || t.bk == PANEL)
+    };
     if let Some(t) = prefer.filter(fits) {
         return Some((t, layout));
     }
-    if fits(&TILE_128X128) && tiles(TILE_128X128) >= LARGE_TILE_MIN_TILES {
+    if fits(&TILE_128X128) && p.m >= LARGE_TILE_MIN_ROWS {
         return Some((TILE_128X128, layout));
     }
     TILES.iter().copied().find(fits).map(|t| (t, layout))
 }
 
-/// The dispatch of an `m × n` product over `batch` batches: one workgroup per tile in x (at most
+/// The dispatch of an `m × n` product over `batch` batches: one workgroup per tile (the last m tile
+/// may be partial) in x (at most
 /// 65535 tiles), one row per batch in y.
 pub fn workgroups(tile: CoopTile, m: u32, n: u32, batch: u32) -> [u32; 3] {
     workgroups_split(tile, m, n, batch, 1)
@@ -524,7 +580,7 @@ pub fn workgroups(tile: CoopTile, m: u32, n: u32, batch: u32) -> [u32; 3] {
 
 /// [`workgroups`] with K split `splits` ways: one layer of workgroups per split in z.
 pub fn workgroups_split(tile: CoopTile, m: u32, n: u32, batch: u32, splits: u32) -> [u32; 3] {
-    let total = (m / tile.bm) * (n / tile.bn);
+    let total = tile.tiles(m, n);
     assert!(total <= 65535, "coop gemm of {m}x{n}: {total} workgroups, over one dispatch dimension");
     [total, batch.max(1), splits.max(1)]
 }
@@ -537,6 +593,16 @@ pub fn workgroups_split(tile: CoopTile, m: u32, n: u32, batch: u32, splits: u32)
 /// projection's 176 to 256 tiles do not: splitting it measured slower (q_proj 59 µs whole, 93 in
 /// two splits). Long products have their own target ([`LONG_K_TARGET_WORKGROUPS`]).
 pub const SPLIT_TARGET_WORKGROUPS: u32 = 256;
+/// Workgroups a product is split towards when its tile runs one workgroup per multiprocessor
+/// (over [`PAIR_RESIDENT_SHARED_BYTES`] of workgroup memory, as the 128×128 tile's 48 KiB): one
+/// per multiprocessor of a 132-SM H200. In the F16 forward on an H200 (decoder, 256 rows, W in K
+/// panels, 128×128 tiles, µs against splitting towards 256): q 73 → 65, K+V 72 → 64, o 78 → 64,
+/// MLP gate/up 85 → 65, down 53 → 41; the layers 1.550 → 1.466 ms each (towards 512: 1.615).
+pub const LARGE_TILE_SPLIT_TARGET_WORKGROUPS: u32 = 132;
+/// Workgroup memory up to which two workgroups share a multiprocessor of an H200 (its driver gives
+/// these pipelines less than 64 KiB a multiprocessor: `tests/tensor_cores.rs`,
+/// `workgroup_residency_probe`, 24 KiB two, 32 KiB one).
+pub const PAIR_RESIDENT_SHARED_BYTES: u32 = 24 * 1024;
 /// Fewest K steps one split runs: below that, staging the first step and storing the partial
 /// outweigh the steps.
 pub const MIN_SPLIT_STEPS: u32 = 4;
@@ -557,9 +623,16 @@ pub struct Split {
 
 impl Split {
     /// The workgroups `p` on `tile` is split towards by default: [`LONG_K_TARGET_WORKGROUPS`] for a
-    /// long K, else [`SPLIT_TARGET_WORKGROUPS`].
+    /// long K, else [`SPLIT_TARGET_WORKGROUPS`], or [`LARGE_TILE_SPLIT_TARGET_WORKGROUPS`] for a
+    /// tile that runs alone on a multiprocessor.
     pub fn target(tile: CoopTile, p: &GemmParams) -> u32 {
-        if p.k / tile.bk >= LONG_K_STEPS { LONG_K_TARGET_WORKGROUPS } else { SPLIT_TARGET_WORKGROUPS }
+        if p.k / tile.bk >= LONG_K_STEPS {
+            LONG_K_TARGET_WORKGROUPS
+        } else if tile.dense_shared_bytes() > PAIR_RESIDENT_SHARED_BYTES {
+            LARGE_TILE_SPLIT_TARGET_WORKGROUPS
+        } else {
+            SPLIT_TARGET_WORKGROUPS
+        }
     }
 
     /// The split of `p` on `tile` that brings its workgroups up to at most `target` (`target /
@@ -567,7 +640,7 @@ impl Split {
     /// partials (`splits · batch · m · n` f32) within `max_partial` elements; `None` when the tiles
     /// are more than half the target or no split of two or more fits.
     pub fn choose(tile: CoopTile, p: &GemmParams, target: u32, max_partial: u64) -> Option<Split> {
-        let tiles = u64::from((p.m / tile.bm) * (p.n / tile.bn) * p.batch.max(1));
+        let tiles = u64::from(tile.tiles(p.m, p.n) * p.batch.max(1));
         let steps = p.k / tile.bk;
         let wanted = u64::from(target) / tiles.max(1);
         let by_steps = u64::from(steps / MIN_SPLIT_STEPS);
@@ -647,16 +720,20 @@ mod tests {
 
     #[test]
     fn every_tile_renders_and_validates_with_cooperative_matrices() {
-        let variants = |t| {
-            [
+        let variants = |t: CoopTile| {
+            let mut all = vec![
                 source(t),
                 source_with(t, WPath::Direct),
                 source_for(t, WPath::Staged, WeightFormat::Bf16, BLayout::Nk),
                 source_for(t, WPath::Staged, WeightFormat::F32, BLayout::Nk),
                 source_for(t, WPath::Staged, WeightFormat::F32, BLayout::Kn),
-            ]
+            ];
+            if t.bk == PANEL {
+                all.extend([WPath::Staged, WPath::Direct].map(|path| source_for(t, path, WeightFormat::F16, BLayout::NkPanels)));
+            }
+            all
         };
-        for k in TILES.iter().flat_map(|&t| variants(t)) {
+        for k in TILES.iter().chain(TUNING_TILES).flat_map(|&t| variants(t)) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
@@ -700,18 +777,27 @@ mod tests {
         // The tied head: 256 × 262144 × 2816, 4096 tiles of 128×128.
         let head = GemmParams::linear(256, 262144, 2816);
         assert_eq!(plan(&head).map(|(t, _)| t), Some(TILE_128X128));
-        // q_proj: 64 tiles of 128×128, so 64×64.
-        assert_eq!(plan(&GemmParams::linear(256, 4096, 2816)).map(|(t, _)| t), Some(TILE_64X64));
+        // q_proj: 256 rows, 64 tiles of 128×128, split K 2 ways towards one workgroup per
+        // multiprocessor.
+        let q = GemmParams::linear(256, 4096, 2816);
+        assert_eq!(plan(&q).map(|(t, _)| t), Some(TILE_128X128));
+        assert_eq!(TILE_64X64.dense_shared_bytes(), PAIR_RESIDENT_SHARED_BYTES);
+        assert_eq!(Split::target(TILE_128X128, &q), LARGE_TILE_SPLIT_TARGET_WORKGROUPS);
+        assert_eq!(Split::choose(TILE_128X128, &q, Split::target(TILE_128X128, &q), u64::MAX).map(|s| s.splits), Some(2));
+        // Fewer than 128 rows (a short encoder chunk): the first fitting tile.
+        assert_eq!(plan(&GemmParams::linear(100, 4096, 2816)).map(|(t, _)| t), Some(TILE_64X64));
         // A preferred tile wins where it fits, and only there.
         assert_eq!(plan_with(&head, Some(TILE_64X128), MAX_SHARED_BYTES).map(|(t, _)| t), Some(TILE_64X128));
-        assert_eq!(plan_with(&GemmParams::linear(64, 4096, 2816), Some(TILE_128X128), MAX_SHARED_BYTES).map(|(t, _)| t), Some(TILE_64X64));
+        assert_eq!(plan_with(&GemmParams::linear(64, 4160, 2816), Some(TILE_128X128), MAX_SHARED_BYTES).map(|(t, _)| t), Some(TILE_64X64));
         // A device with less workgroup memory than the 128×128 tile's 48 KiB.
         assert_eq!(plan_with(&head, None, 32 * 1024).map(|(t, _)| t), Some(TILE_64X64));
-        // The soft embedding ([k][n], K the vocabulary): long, split towards 1024 workgroups.
+        // The soft embedding ([k][n], K the vocabulary): long, its 44 tiles split 23 ways towards
+        // 1024 workgroups.
         let soft = GemmParams { a_rs: 262144, b_rs: 2816, b_cs: 1, ..GemmParams::new(256, 2816, 262144) };
         let (tile, _) = plan(&soft).unwrap();
+        assert_eq!(tile, TILE_128X128);
         assert_eq!(Split::target(tile, &soft), LONG_K_TARGET_WORKGROUPS);
-        assert_eq!(Split::choose(tile, &soft, Split::target(tile, &soft), u64::MAX).map(|s| s.splits), Some(5));
+        assert_eq!(Split::choose(tile, &soft, Split::target(tile, &soft), u64::MAX).map(|s| s.splits), Some(23));
         assert_eq!(Split::target(TILE_64X64, &GemmParams::linear(256, 4096, 2816)), SPLIT_TARGET_WORKGROUPS);
     }
 
@@ -722,6 +808,23 @@ mod tests {
             assert!(tile.fits(256, 2816, 4096), "{}", tile.label());
         }
         assert!(!TILE_64X128.fits(256, 4096, 2800));
+        // Ragged m (an encoder chunk): the last m tile is partial.
+        assert!(TILE_64X64.fits(1000, 4096, 2816));
+        assert_eq!(TILE_64X64.tiles(1000, 4096), 16 * 64);
+    }
+
+    #[test]
+    fn k_panels_take_f16_linear_weights_on_tiles_of_the_panels_width() {
+        let q = GemmParams::linear(256, 4096, 2816);
+        assert_eq!(plan_layout(&q, true, None, MAX_SHARED_BYTES), Some((TILE_128X128, BLayout::NkPanels)));
+        // The preferred K-64 tile does not match the panels: the rule's tile instead.
+        assert_eq!(plan_layout(&q, true, Some(TILE_64X64_K64), MAX_SHARED_BYTES), Some((TILE_128X128, BLayout::NkPanels)));
+        assert_eq!(plan_layout(&GemmParams::linear(1000, 4096, 2816), true, None, MAX_SHARED_BYTES).map(|(_, l)| l), Some(BLayout::NkPanels));
+        // Not whole panels, or not one whole [n][k] matrix: refused, never read as row-major.
+        assert_eq!(plan_layout(&GemmParams::linear(256, 4096, 2800), true, None, MAX_SHARED_BYTES), None);
+        assert_eq!(plan_layout(&GemmParams { b_cs: 4096, ..q }, true, None, MAX_SHARED_BYTES), None);
+        let kn = GemmParams { b_rs: 4096, b_cs: 1, ..q };
+        assert_eq!(plan_layout(&kn, true, None, MAX_SHARED_BYTES), None);
     }
 
 }

@@ -33,8 +33,9 @@ use crate::grouped_gemm::GroupedGemmParams;
 use crate::gemm::fold;
 use crate::{Access, KernelSource};
 
-/// Columns of K per panel of the weight layout: every tile's `bk`.
-pub const PANEL: u32 = 32;
+/// Columns of K per panel of the weight layout: every tile's `bk` (the dense kernel's
+/// [`crate::coop_gemm::BLayout::NkPanels`] uses the same panels).
+pub use crate::coop_gemm::PANEL;
 
 /// One group's `[n, k]` row-major weights (PyTorch `[out, in]`), f16-packed in K panels:
 /// `[k / panel, n, panel]`, two halves a word as [`crate::pack_f16`] packs them. The kernel reads
@@ -63,8 +64,15 @@ pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 16, wn: 
 /// expert).
 pub const TILE_64X128: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 };
 
+/// 16 × 128, 16×32 per subgroup (4 subgroups): half the accumulators of [`TILE_32X128`] per
+/// subgroup (fewer registers, more workgroups resident); a group over 16 slots takes two m tiles.
+pub const TILE_16X128: CoopTile = CoopTile { bm: 16, bn: 128, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4 };
+/// 32 × 128 in 8 subgroups of 16×32 (256 invocations): [`TILE_32X128`]'s tile with half the
+/// accumulators per subgroup.
+pub const TILE_32X128_W8: CoopTile = CoopTile { wm: 16, ..TILE_32X128 };
+
 /// Every tile the kernel is built and tested for.
-pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128];
+pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128, TILE_16X128, TILE_32X128_W8];
 
 /// Workgroup memory of `tile` in this kernel: the staging of [`CoopTile::shared_bytes`] plus one
 /// 16×16 f32 fragment of scratch per subgroup.

@@ -178,6 +178,16 @@ impl GpuBackend {
         })
     }
 
+    /// The GPU decoder's canvas forward (logits into `logits`) on the CPU encoder's cache of
+    /// `blocks`: the forward alone, without the GPU encoder's own error (which
+    /// [`Backend::cache_check`] bounds on its own).
+    pub fn forward_on_cpu_context(&mut self, blocks: &[&[u32]], canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), BoxError> {
+        share_cpu_context(&mut self.cpu, &mut self.gpu, blocks)?;
+        self.gpu.canvas_forward(canvas, sc, logits)?;
+        self.gpu.reset();
+        Ok(())
+    }
+
     /// Encodes `blocks` one after another on both encoders and compares, after each, the K and V
     /// every decoder layer would see; the report names the first failing (block, layer).
     fn caches(&mut self, blocks: &[&[u32]]) -> Result<CheckResult, BoxError> {

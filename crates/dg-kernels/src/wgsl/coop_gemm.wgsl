@@ -3,6 +3,7 @@
 //   C[b][i, j] = epilogue(alpha * sum over q of f16(A[b][i, q]) * f16(B[b / div][q, j]) (+ C))
 //   A[b][i, q] = a[a_offset + b * a_batch + i * a_rs + q]                (a_cs = 1)
 //   B[b][q, j] = w[b_offset + b * b_batch + q * b_rs + j * b_cs]
+//   (or, W in K panels: W[b][j, q] = w[b_offset + b * b_batch + (q / BK) * n * BK + j * BK + q % BK])
 //   C[b][i, j] = c[c_offset + b * c_batch + i * c_rs + j]
 // A: f32, read as vec4s (a_offset, a_rs, a_batch multiples of 4) and rounded to f16 when staged.
 // B: W_ELEM vec4s (4 elements each: f16, BF16 pairs in u32 words, or f32), rounded to f16 when
@@ -16,12 +17,13 @@
 // Split K (p.split_steps > 0): workgroup layer z runs the K steps z * split_steps .. (at most
 // split_steps of them) and stores its plain product at c_offset + z * split_stride (the Recorder
 // passes alpha 1, no accumulate and no epilogue; split_k_reduce.wgsl adds the partials).
-// Requires M % BM == 0, N % BN == 0, K % BK == 0 and subgroups of exactly 32 invocations
+// Requires N % BN == 0, K % BK == 0 and subgroups of exactly 32 invocations
 // (invocation t belongs to subgroup t / 32: every cooperative operation of a subgroup takes the
 // same pointer and stride).
 //
 // One workgroup computes one BM x BN tile of C (workgroups numbered m tile fastest, so the ones
-// that read the same W tile run together). Subgroup s owns the WM x WN block at rows
+// that read the same W tile run together). The last m tile may be partial: its rows past M stage
+// A's last row and are never stored (the store goes through the scratch path, row by row). Subgroup s owns the WM x WN block at rows
 // (s / SGN) * WM, columns (s % SGN) * WN of the tile, as FM x FN accumulators of 16 x 16 f32.
 // K runs in steps of BK through two stages of workgroup memory: while the subgroups multiply the
 // tiles of step s, every invocation holds its share of step s + 1 in registers and then writes it
@@ -54,7 +56,7 @@ var<workgroup> scratch: array<f32, WT * 8u>;
 
 @compute @workgroup_size(WT)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lt: u32) {
-    let tiles_m = p.m / BM;
+    let tiles_m = (p.m + BM - 1u) / BM;
     let m0 = (wid.x % tiles_m) * BM;
     let n0 = (wid.x / tiles_m) * BN;
     let sg = lt / 32u;
@@ -78,11 +80,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // @unroll
     for (var l = 0u; l < LA; l++) {
         let e = lt + l * WT;
-        a_src[l] = a_base + (m0 + e / BK4) * a_rs4 + e % BK4 + s0 * BK4;
+        a_src[l] = a_base + min(m0 + e / BK4, p.m - 1u) * a_rs4 + e % BK4 + s0 * BK4;
     }
     // The vec4s of W: NK, vec4 e of a step is row n0 + e / BK4 (rows b_cs apart), column e % BK4,
     // a step adds BK4; KN, row e / BN4 of the step's BK rows (b_rs apart), column n0 / 4 + e % BN4,
-    // a step adds BK rows.
+    // a step adds BK rows; K panels, the step's BN x BK block is contiguous from row n0 of the
+    // panel, a step adds one panel (N * BK4).
     let w_step = W_STEP;
     var w_src: array<u32, LW>;
     // @unroll
@@ -90,12 +93,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let e = lt + l * WT;
         w_src[l] = W_SRC + s0 * w_step;
     }
-    // Direct W fragments (NK only, coop_kloop_direct.wgsl): the subgroup's first W row.
-    let stride_w = p.b_cs / 4u;
+    // Direct W fragments (NK only, coop_kloop_direct.wgsl): the subgroup's first W row, W rows
+    // stride_w vec4s apart.
+    let stride_w = W_ROW;
     let w_sub = w_base + (n0 + sn) * stride_w + s0 * w_step;
 
 //@KLOOP
-    if (p.epilogue == 0u && p.accumulate == 0u && p.alpha == 1.0) {
+    if (p.epilogue == 0u && p.accumulate == 0u && p.alpha == 1.0 && m0 + BM <= p.m) {
 //@STORE
     } else {
 //@STORE_EPILOGUE
