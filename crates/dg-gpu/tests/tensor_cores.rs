@@ -870,6 +870,186 @@ fn tensor_core_operand_traffic_probe() {
 /// dependent loads through an L2-resident permutation (latency-bound, so concurrent workgroups
 /// take no longer than one), and the time is read against the number of workgroups. Where it
 /// stays flat up to `k ×` the multiprocessors' count, k workgroups run side by side.
+/// The tensor cores' own ceiling through WGSL cooperative matrices (`--include-ignored
+/// --nocapture`): subgroups that only multiply (fragments loaded once from workgroup memory,
+/// `acc` independent accumulators each, 4 subgroups a workgroup), then with the A and B fragments
+/// reloaded from workgroup memory before every product, then with a workgroup barrier every
+/// iteration as well (the GEMMs' K loop has one a step); TFLOP/s by workgroups.
+#[test]
+#[ignore = "throughput: run with --include-ignored --nocapture on a GPU with cooperative matrices"]
+fn tensor_core_peak_probe() {
+    use dg_kernels::{Access, KernelSource};
+    let test = "tensor_core_peak_probe";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let iters = 2048u32;
+    let seed = ctx.upload("seed", &[0.01f32; 4]).unwrap();
+    let max_groups = 132u32 * 8;
+    let out = ctx.storage_buffer("out", u64::from(max_groups * 4 * 8 * 256) * 4).unwrap();
+    for (label, reload, barrier) in [("multiply only", false, false), ("fragments reloaded", true, false), ("reloaded + barrier", true, true)] {
+        for acc in [1u32, 4, 8] {
+            let source = KernelSource { name: format!("peak_{acc}_{reload}_{barrier}"), wgsl: peak_probe_wgsl(acc, reload, barrier), entry: "main", buffers: vec![Access::Read, Access::ReadWrite], params_size: 16 };
+            let pipeline = pipelines.get(&ctx, source).unwrap();
+            let mut line = format!("{test}: {label}, {acc} accumulators a subgroup, workgroups:");
+            for groups in [132u32, 264, 528, 1056] {
+                let replays = 5;
+                let mut plan = dg_gpu::PlanBuilder::new(&ctx);
+                for _ in 0..replays {
+                    plan.push(&pipeline, &[iters, 0, 0, 0], &[&seed, &out], [groups, 1, 1]);
+                }
+                let t = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+                let flops = f64::from(groups) * 4.0 * f64::from(acc) * f64::from(iters) * 8192.0;
+                line += &format!(" | {groups}: {:.0} TFLOP/s", flops / t / 1e12);
+            }
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// The peak probe's kernel: `acc` accumulators per subgroup (at most 8; the output holds 8 per
+/// subgroup of up to 1056 workgroups), fragments reloaded from workgroup memory every iteration
+/// or not, a barrier every iteration or not.
+fn peak_probe_wgsl(acc: u32, reload: bool, barrier: bool) -> String {
+    assert!((1..=8).contains(&acc));
+    let decls: String = (0..acc).map(|i| format!("    var acc{i} = coop_mat16x16<f32, C>();\n")).collect();
+    let load = "        let fa = coopLoad<coop_mat16x16<f16, A>>(&sa[(s % 2u) * 256u], 16u);\n        let fb = coopLoad<coop_mat16x16<f16, B>>(&sa[256u - (s % 2u) * 256u], 16u);\n";
+    let products: String = (0..acc).map(|i| format!("        acc{i} = coopMultiplyAdd(fa, fb, acc{i});\n")).collect();
+    let stores: String = (0..acc).map(|i| format!("    let o{i} = ((wid.x * 4u + lt / 32u) * 8u + {i}u) * 256u;\n    coopStore(acc{i}, &out[o{i}], 16u);\n")).collect();
+    format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n\
+         @group(0) @binding(0) var<uniform> p: vec4<u32>;\n\
+         @group(0) @binding(1) var<storage, read> seed: array<f32>;\n\
+         @group(0) @binding(2) var<storage, read_write> out: array<f32>;\n\
+         var<workgroup> sa: array<f16, 512>;\n\
+         @compute @workgroup_size(128)\n\
+         fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lt: u32) {{\n\
+         \x20   for (var i = lt; i < 512u; i += 128u) {{ sa[i] = f16(seed[0] * f32(i % 7u)); }}\n\
+         \x20   workgroupBarrier();\n\
+         {decls}\
+         \x20   let fa0 = coopLoad<coop_mat16x16<f16, A>>(&sa[0], 16u);\n\
+         \x20   let fb0 = coopLoad<coop_mat16x16<f16, B>>(&sa[256], 16u);\n\
+         \x20   for (var s = 0u; s < p.x; s++) {{\n\
+         {}\
+         {products}\
+         {}\
+         \x20   }}\n\
+         {stores}\
+         }}\n",
+        if reload { load.to_string() } else { "        let fa = fa0;\n        let fb = fb0;\n".to_string() },
+        if barrier { "        workgroupBarrier();\n" } else { "" },
+    )
+}
+
+/// Whether a workgroup barrier waits for global loads still in flight (`--include-ignored
+/// --nocapture`): a loop of 4 fragment products per subgroup that issues one vec4 load from a
+/// 64 MiB buffer each iteration and consumes it `distance` iterations later, with and without a
+/// barrier each iteration; µs per iteration at 264 workgroups (two a multiprocessor). Loads that
+/// stay in flight across barriers cost the same with and without them.
+#[test]
+#[ignore = "throughput: run with --include-ignored --nocapture on a GPU with cooperative matrices"]
+fn barrier_drain_probe() {
+    use dg_kernels::{Access, KernelSource};
+    let test = "barrier_drain_probe";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let iters = 1024u32;
+    let data = ctx.upload("data", &vec![0.001f32; (DRAIN_PROBE_VEC4S * 4) as usize]).unwrap();
+    let groups = DRAIN_PROBE_GROUPS;
+    let out = ctx.storage_buffer("out", u64::from(drain_probe_sums_at(groups) + groups * 128) * 4).unwrap();
+    for &(label, loads, distance, barrier) in DRAIN_PROBE_CASES {
+        let source = KernelSource { name: format!("drain_{loads}_{distance}_{barrier}"), wgsl: drain_probe_wgsl(loads, distance, barrier, groups), entry: "main", buffers: vec![Access::Read, Access::ReadWrite], params_size: 16 };
+        let pipeline = pipelines.get(&ctx, source).unwrap();
+        let replays = 5;
+        let mut plan = dg_gpu::PlanBuilder::new(&ctx);
+        for _ in 0..replays {
+            plan.push(&pipeline, &[iters, 0, 0, 0], &[&data, &out], [groups, 1, 1]);
+        }
+        let t = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+        eprintln!("{test}: {label}: {:.3} us per iteration", t * 1e6 / f64::from(iters));
+    }
+}
+
+/// The drain probe's cases: label, loads or not, the distance from a load to its use, a barrier
+/// every iteration or not.
+const DRAIN_PROBE_CASES: &[(&str, bool, u32, bool)] = &[
+    ("products only", false, 1, false),
+    ("products + barrier", false, 1, true),
+    ("loads consumed 1 later, no barrier", true, 1, false),
+    ("loads consumed 1 later, barrier", true, 1, true),
+    ("loads consumed 4 later, no barrier", true, 4, false),
+    ("loads consumed 4 later, barrier", true, 4, true),
+];
+/// vec4s of the probe's data (64 MiB).
+const DRAIN_PROBE_VEC4S: u32 = 4 << 20;
+/// Workgroups of the probe (two a multiprocessor of a 132-SM H200).
+const DRAIN_PROBE_GROUPS: u32 = 264;
+
+/// Where the per-invocation sums start in the output: after four 16×16 accumulators for each of
+/// the four subgroups of every workgroup.
+fn drain_probe_sums_at(groups: u32) -> u32 {
+    groups * 4 * 4 * 256
+}
+
+/// The drain probe's kernel for `groups` workgroups.
+fn drain_probe_wgsl(loads: bool, distance: u32, barrier: bool, groups: u32) -> String {
+    let len = DRAIN_PROBE_VEC4S;
+    let ring: String = (0..distance).map(|i| format!("    var r{i} = data[(g * 977u + {i}u * 4099u) % {len}u];\n")).collect();
+    let rotate: String = (0..distance.saturating_sub(1)).map(|i| format!("        r{i} = r{};\n", i + 1)).collect();
+    let body_loads = if loads {
+        format!("        let nx = data[(g * 977u + (s + {distance}u) * 4099u) % {len}u];\n        sum += r0;\n{rotate}        r{} = nx;\n", distance - 1)
+    } else {
+        String::new()
+    };
+    format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n\
+         @group(0) @binding(0) var<uniform> p: vec4<u32>;\n\
+         @group(0) @binding(1) var<storage, read> data: array<vec4<f32>>;\n\
+         @group(0) @binding(2) var<storage, read_write> out: array<f32>;\n\
+         var<workgroup> sa: array<f16, 512>;\n\
+         @compute @workgroup_size(128)\n\
+         fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lt: u32) {{\n\
+         \x20   let g = wid.x * 128u + lt;\n\
+         \x20   for (var i = lt; i < 512u; i += 128u) {{ sa[i] = f16(f32(i % 7u) * 0.01); }}\n\
+         \x20   workgroupBarrier();\n\
+         \x20   var acc0 = coop_mat16x16<f32, C>();\n    var acc1 = coop_mat16x16<f32, C>();\n    var acc2 = coop_mat16x16<f32, C>();\n    var acc3 = coop_mat16x16<f32, C>();\n\
+         \x20   var sum = vec4<f32>();\n\
+         {ring}\
+         \x20   for (var s = 0u; s < p.x; s++) {{\n\
+         \x20       let fa = coopLoad<coop_mat16x16<f16, A>>(&sa[(s % 2u) * 256u], 16u);\n\
+         \x20       let fb = coopLoad<coop_mat16x16<f16, B>>(&sa[256u - (s % 2u) * 256u], 16u);\n\
+         \x20       acc0 = coopMultiplyAdd(fa, fb, acc0);\n        acc1 = coopMultiplyAdd(fa, fb, acc1);\n        acc2 = coopMultiplyAdd(fa, fb, acc2);\n        acc3 = coopMultiplyAdd(fa, fb, acc3);\n\
+         {body_loads}\
+         {}\
+         \x20   }}\n\
+         \x20   let o = (wid.x * 4u + lt / 32u) * 1024u;\n\
+         \x20   coopStore(acc0, &out[o], 16u);\n    coopStore(acc1, &out[o + 256u], 16u);\n    coopStore(acc2, &out[o + 512u], 16u);\n    coopStore(acc3, &out[o + 768u], 16u);\n\
+         \x20   out[{}u + g] = sum.x + sum.y + sum.z + sum.w;\n\
+         }}\n",
+        if barrier { "        workgroupBarrier();\n" } else { "" },
+        drain_probe_sums_at(groups),
+    )
+}
+
+/// The probes' generated kernels parse and validate (with cooperative matrices and f16) on every
+/// machine, GPU or not, so that a probe run on a GPU fails only on what the GPU does; the drain
+/// probe's output covers its last workgroup's stores.
+#[test]
+fn probe_kernels_validate() {
+    let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
+    let mut kernels: Vec<String> = Vec::new();
+    for (reload, barrier) in [(false, false), (true, false), (true, true)] {
+        kernels.extend([1u32, 4, 8].map(|acc| peak_probe_wgsl(acc, reload, barrier)));
+    }
+    kernels.extend(DRAIN_PROBE_CASES.iter().map(|&(_, loads, distance, barrier)| drain_probe_wgsl(loads, distance, barrier, DRAIN_PROBE_GROUPS)));
+    for wgsl in &kernels {
+        let module = naga::front::wgsl::parse_str(wgsl).unwrap_or_else(|e| panic!("{}\n{wgsl}", e.emit_to_string(wgsl)));
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{wgsl}"));
+    }
+    // Last subgroup's last accumulator ends where the sums start.
+    let last = (DRAIN_PROBE_GROUPS * 4 - 1) * 1024 + 768 + 256;
+    assert_eq!(last, drain_probe_sums_at(DRAIN_PROBE_GROUPS));
+}
+
 #[test]
 #[ignore = "throughput: run with --include-ignored --nocapture on a GPU"]
 fn workgroup_residency_probe() {
