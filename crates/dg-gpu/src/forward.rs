@@ -87,8 +87,8 @@ pub fn record_canvas_forward<'a>(
         rec.axpby(&a.dummy, &a.proj, c * h, 0.0, scale)?;
         rec.rmsnorm(&a.proj, Some(&w.sc_pre_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
         let inter = cfg.intermediate_size;
-        rec.linear_matrix(&a.normed, &w.sc_gate_up, &a.gate_up, c, 2 * inter, h)?;
-        rec.gelu_glu_fused(&a.gate_up, &a.act, c, inter)?;
+        let gate_up = rec.linear_product(&a.normed, &w.sc_gate_up, &a.gate_up, c, 2 * inter, h, Batches::ONE)?;
+        rec.gelu_glu_fused(gate_up, &a.act, c, inter)?;
         rec.linear_matrix(&a.act, &w.sc_down, &a.proj, c, h, inter)?;
         rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?;
     }
@@ -151,17 +151,18 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     let kv_only = matches!(pass, LayerPass::Encode { kv_only: true, .. });
     rec.rmsnorm(&a.hidden, Some(&l.norms.input), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
     if !kv_only {
-        rec.linear_matrix(&a.normed, &l.q_proj, &a.q_raw, c, heads * d, h)?;
-        rec.norm_rope(&a.q_raw, &l.q_norm, cos, sin, &a.q, c, heads, d, eps)?;
+        // A split product's partials go straight to their consumer (`Recorder::linear_product`).
+        let q_raw = rec.linear_product(&a.normed, &l.q_proj, &a.q_raw, c, heads * d, h, Batches::ONE)?;
+        rec.norm_rope(q_raw, &l.q_norm, cos, sin, &a.q, c, heads, d, eps)?;
     }
     // Raw K (and, in sliding layers, raw V as a second batch of the same GEMM) into kv_raw:
     // [K | V], each [C, kv·d]. Full layers: V is the raw K projection itself.
     let halves = if l.has_v_proj { 2 } else { 1 };
     let kv_batches = Batches { count: halves, x_stride: 0, w_stride: (kv * d * h) as u32, c_stride: (c * kv * d) as u32 };
-    rec.batched_linear_matrix(&a.normed, &l.kv_proj, &a.kv_raw, c, kv * d, h, kv_batches)?;
-    rec.norm_rope(&a.kv_raw, &l.k_norm, cos, sin, &a.k_new, c, kv, d, eps)?;
+    let kv_raw = rec.linear_product(&a.normed, &l.kv_proj, &a.kv_raw, c, kv * d, h, kv_batches)?;
+    rec.norm_rope(kv_raw, &l.k_norm, cos, sin, &a.k_new, c, kv, d, eps)?;
     // v_norm (weightless) over both halves; V is the last half of v_new.
-    rec.rmsnorm(&a.kv_raw, None, &a.dummy, &a.v_new, halves as usize * c * kv, d, eps, false, 1.0)?;
+    rec.rmsnorm(kv_raw, None, &a.dummy, &a.v_new, halves as usize * c * kv, d, eps, false, 1.0)?;
     let v_offset = (halves as usize - 1) * c * kv * d;
     let cache = &a.cache[i];
     let row = kv * d;
@@ -273,25 +274,27 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         }
         LayerPass::Encode { .. } => rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values(s, 0, key_start * row, false), tc)?,
     }
-    rec.linear_matrix(&a.attn, &l.o_proj, &a.proj, c, h, heads * d)?;
+    let o = rec.linear_product(&a.attn, &l.o_proj, &a.proj, c, h, heads * d, Batches::ONE)?;
     // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
     // pre_feedforward_layernorm(h) in `normed`, and in `branch_in` the experts' input
     // pre_feedforward_layernorm_2(h) and (c·h further) the router's rms(h)·scale·H^-½.
     let root = (h as f64).powf(-0.5) as f32;
-    rec.attention_residual_norms((&a.proj, &l.norms.post_attention), &a.hidden, (&l.norms.pre_ff, &a.normed, 1.0), (&l.norms.pre_ff_2, 1.0), (&l.router_scale, root), &a.branch_in, (c, h, eps))?;
+    rec.attention_residual_norms((o, &l.norms.post_attention), &a.hidden, (&l.norms.pre_ff, &a.normed, 1.0), (&l.norms.pre_ff_2, 1.0), (&l.router_scale, root), &a.branch_in, (c, h, eps))?;
 
-    // Dense MLP branch (its output stays in `proj` until the layer's closing norms).
-    let inter = cfg.intermediate_size;
-    rec.linear_matrix(&a.normed, &l.mlp_gate_up, &a.gate_up, c, 2 * inter, h)?;
-    rec.gelu_glu_fused(&a.gate_up, &a.act, c, inter)?;
-    rec.linear_matrix(&a.act, &l.mlp_down, &a.proj, c, h, inter)?;
-
-    // Router on the un-normalised stream → logits → top-k.
+    // Router on the un-normalised stream → logits → top-k (ahead of the dense MLP, so that the
+    // MLP's down projection is the last split product before the closing norms read it).
     let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
     let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
-    rec.gemm_matrix(&a.branch_in, &l.router_proj, &a.router_logits, router)?;
-    rec.router_topk(&a.router_logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
+    let logits = rec.gemm_product(&a.branch_in, &l.router_proj, &a.router_logits, router)?;
+    rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e)?;
+
+    // Dense MLP branch (its output, or its down projection's partials, stays untouched until the
+    // layer's closing norms).
+    let inter = cfg.intermediate_size;
+    let gate_up = rec.linear_product(&a.normed, &l.mlp_gate_up, &a.gate_up, c, 2 * inter, h, Batches::ONE)?;
+    rec.gelu_glu_fused(gate_up, &a.act, c, inter)?;
+    let mlp = rec.linear_product(&a.act, &l.mlp_down, &a.proj, c, h, inter, Batches::ONE)?;
     // Experts on pre_feedforward_layernorm_2(h), the first half of `branch_in`.
     let grouped = |n: usize, kk: usize, gather: bool| GroupedGemmParams {
         n: n as u32,
@@ -313,6 +316,6 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         LayerPass::Decode(_) => l.decoder_scalar,
         LayerPass::Encode { .. } => l.encoder_scalar,
     };
-    rec.ffn_residual_norms((&a.proj, &l.norms.post_ff_1), (&a.moe, &l.norms.post_ff_2), &l.norms.post_ff, &a.dense, &a.hidden, c, h, eps, scalar)?;
+    rec.ffn_residual_norms((mlp, &l.norms.post_ff_1), (&a.moe, &l.norms.post_ff_2), &l.norms.post_ff, &a.dense, &a.hidden, c, h, eps, scalar)?;
     Ok(())
 }

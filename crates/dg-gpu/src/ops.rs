@@ -80,6 +80,24 @@ fn names_tile(wanted: &str, tile: coop_gemm::CoopTile) -> bool {
     wanted == format!("{}x{}", tile.bm, tile.bn) || wanted == tile.label()
 }
 
+/// Where a consumer kernel reads a product: the buffer that holds it whole, or the split-K
+/// scratch holding `splits` partials `split_stride` elements apart, laid out as the product
+/// itself (`[batch][m][n]` from element 0), which the consumer adds up as it reads
+/// (`dg_kernels::split_k::with_reader`) instead of a reduction dispatch writing the product first.
+#[derive(Debug, Clone, Copy)]
+pub struct Product<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    /// 1: the product whole; more: partials to add.
+    pub splits: u32,
+    pub split_stride: u32,
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Product<'a> {
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        Product { buffer, splits: 1, split_stride: 0 }
+    }
+}
+
 /// How many products a batched linear runs and where each one's operands start, in elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batches {
@@ -130,11 +148,12 @@ impl<'a> Recorder<'a> {
         groups_1d(n, self.ctx.limits.max_compute_workgroups_per_dimension)
     }
 
-    /// `out = ((accumulate ? out : 0) + rms(x)[·w]) · scale` over rows of `dim`.
+    /// `out = ((accumulate ? out : 0) + rms(x)[·w]) · scale` over rows of `dim` (`x` a buffer or a
+    /// split product, see [`Product`]).
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm(
         &mut self,
-        x: &'a wgpu::Buffer,
+        x: impl Into<Product<'a>>,
         w: Option<&'a wgpu::Buffer>,
         dummy: &'a wgpu::Buffer,
         out: &'a wgpu::Buffer,
@@ -145,19 +164,20 @@ impl<'a> Recorder<'a> {
         scale: f32,
     ) -> Result<(), GpuError> {
         let flags = if w.is_some() { rmsnorm::WEIGHTED } else { 0 } | if accumulate { rmsnorm::ACCUMULATE } else { 0 };
-        let p = rmsnorm::RmsNormParams { rows: rows as u32, dim: dim as u32, eps, flags, scale, _pad: [0; 3] };
+        let x = x.into();
+        let p = rmsnorm::RmsNormParams { rows: rows as u32, dim: dim as u32, eps, flags, scale, splits: x.splits, split_stride: x.split_stride, _pad: 0 };
         let g = self.groups(rows as u32);
-        self.push(rmsnorm::source(), &p, &[x, w.unwrap_or(dummy), out], g)
+        self.push(rmsnorm::source(), &p, &[x.buffer, w.unwrap_or(dummy), out], g)
     }
 
     /// After attention, in one dispatch (`dg_kernels::residual_norms`): `hidden += rms(x)·w_res`,
     /// then `out_a = rms(hidden)·w_a·scale_a` and, in `out_bc: [2, rows, dim]`,
     /// `rms(hidden)·w_b·scale_b` and `rms(hidden)·w_c·scale_c`, over rows of `dim` (every buffer
-    /// distinct).
+    /// distinct; `x` a buffer or a split product, see [`Product`]).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_residual_norms(
         &mut self,
-        (x, w_res): (&'a wgpu::Buffer, &'a wgpu::Buffer),
+        (x, w_res): (impl Into<Product<'a>>, &'a wgpu::Buffer),
         hidden: &'a wgpu::Buffer,
         (w_a, out_a, scale_a): (&'a wgpu::Buffer, &'a wgpu::Buffer, f32),
         (w_b, scale_b): (&'a wgpu::Buffer, f32),
@@ -165,17 +185,28 @@ impl<'a> Recorder<'a> {
         out_bc: &'a wgpu::Buffer,
         (rows, dim, eps): (usize, usize, f32),
     ) -> Result<(), GpuError> {
-        let p = residual_norms::AttentionResidualNormsParams { rows: rows as u32, dim: dim as u32, eps, scale_a, scale_b, scale_c, _pad: [0; 2] };
+        let x = x.into();
+        let p = residual_norms::AttentionResidualNormsParams {
+            rows: rows as u32,
+            dim: dim as u32,
+            eps,
+            scale_a,
+            scale_b,
+            scale_c,
+            splits: x.splits,
+            split_stride: x.split_stride,
+        };
         let g = self.groups(residual_norms::workgroups(rows as u32));
-        self.push(residual_norms::source_attention(), &p, &[x, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
+        self.push(residual_norms::source_attention(), &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
     }
 
     /// After the feed-forward blocks, in one dispatch (`dg_kernels::residual_norms`):
-    /// `dense = rms(mlp)·w_1 + rms(moe)·w_2`, then `hidden = (hidden + rms(dense)·w_3)·scalar`.
+    /// `dense = rms(mlp)·w_1 + rms(moe)·w_2`, then `hidden = (hidden + rms(dense)·w_3)·scalar`
+    /// (`mlp` a buffer or a split product, see [`Product`]).
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_residual_norms(
         &mut self,
-        (mlp, w_1): (&'a wgpu::Buffer, &'a wgpu::Buffer),
+        (mlp, w_1): (impl Into<Product<'a>>, &'a wgpu::Buffer),
         (moe, w_2): (&'a wgpu::Buffer, &'a wgpu::Buffer),
         w_3: &'a wgpu::Buffer,
         dense: &'a wgpu::Buffer,
@@ -185,9 +216,10 @@ impl<'a> Recorder<'a> {
         eps: f32,
         scalar: f32,
     ) -> Result<(), GpuError> {
-        let p = residual_norms::FfnResidualNormsParams { rows: rows as u32, dim: dim as u32, eps, scalar };
+        let mlp = mlp.into();
+        let p = residual_norms::FfnResidualNormsParams { rows: rows as u32, dim: dim as u32, eps, scalar, splits: mlp.splits, split_stride: mlp.split_stride, _pad: [0; 2] };
         let g = self.groups(residual_norms::workgroups(rows as u32));
-        self.push(residual_norms::source_ffn(), &p, &[mlp, w_1, moe, w_2, w_3, dense, hidden], g)
+        self.push(residual_norms::source_ffn(), &p, &[mlp.buffer, w_1, moe, w_2, w_3, dense, hidden], g)
     }
 
     /// A GEMM with explicit strides (see `dg_kernels::gemm`), f32 operands.
@@ -243,7 +275,7 @@ impl<'a> Recorder<'a> {
     /// tensor-core body and an f32 tail. F16 `W[n][k]` may load its fragments directly (`DG_COOP_PATH=direct`);
     /// everything else is staged.
     pub fn gemm_auto(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
-        self.gemm_layout(a, b, b_format, MatrixLayout::RowMajor, c, p, tensor_cores)
+        self.gemm_layout(a, b, b_format, MatrixLayout::RowMajor, c, p, tensor_cores, false).map(|_| ())
     }
 
     /// `c = a · wᵀ` as [`Self::gemm_auto`] takes it, for an uploaded matrix (`p`'s B strides
@@ -251,7 +283,7 @@ impl<'a> Recorder<'a> {
     /// the upload only panels when the tensor cores take its shapes) always runs on the tensor
     /// cores, and a product no tile takes is an error, never a misread.
     pub fn gemm_matrix(&mut self, a: &'a wgpu::Buffer, w: &'a GpuMatrix, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
-        self.gemm_layout(a, &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16)
+        self.gemm_layout(a, &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16, false).map(|_| ())
     }
 
     /// `out[m, n] = x[m, k] · Wᵀ` for an uploaded matrix ([`Self::linear_format`] on its buffer,
@@ -269,7 +301,27 @@ impl<'a> Recorder<'a> {
         self.gemm_matrix(x, w, out, p)
     }
 
-    /// [`Self::gemm_auto`] with B laid out as `b_layout`.
+    /// [`Self::batched_linear_matrix`] for a consumer that reads its output through a [`Product`]:
+    /// where the tensor-core GEMM splits K, only the partials are written and returned (the
+    /// consumer adds them as it reads, no reduction dispatch), otherwise `out` is. The partials live
+    /// in the recorder's split-K scratch, which the next split product overwrites: record the
+    /// product's consumers before it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_product(&mut self, x: &'a wgpu::Buffer, w: &'a GpuMatrix, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize, batches: Batches) -> Result<Product<'a>, GpuError> {
+        let Batches { count, x_stride, w_stride, c_stride } = batches;
+        let p = GemmParams { batch: count, a_batch: x_stride, b_batch: w_stride, c_batch: c_stride, ..linear_params(m, n, k) };
+        self.gemm_product(x, w, out, p)
+    }
+
+    /// [`Self::gemm_matrix`] for a consumer that reads its output through a [`Product`], as
+    /// [`Self::linear_product`].
+    pub fn gemm_product(&mut self, a: &'a wgpu::Buffer, w: &'a GpuMatrix, c: &'a wgpu::Buffer, p: GemmParams) -> Result<Product<'a>, GpuError> {
+        self.gemm_layout(a, &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16, true)
+    }
+
+    /// [`Self::gemm_auto`] with B laid out as `b_layout`; with `defer`, a split product whose
+    /// partials are laid out as its C (a plain product into a contiguous `[batch][m][n]`) is left
+    /// unreduced and returned as such (see [`Self::linear_product`]).
     #[allow(clippy::too_many_arguments)]
     fn gemm_layout(
         &mut self,
@@ -280,7 +332,8 @@ impl<'a> Recorder<'a> {
         c: &'a wgpu::Buffer,
         p: GemmParams,
         tensor_cores: bool,
-    ) -> Result<(), GpuError> {
+        defer: bool,
+    ) -> Result<Product<'a>, GpuError> {
         let panels = b_layout == MatrixLayout::KPanels;
         let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
         let planned = if tensor_cores && self.ctx.coop_matrix { coop_gemm::plan_layout(&p, panels, coop_tile_override(), max_shared) } else { None };
@@ -299,12 +352,20 @@ impl<'a> Recorder<'a> {
                 let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(tile, &p), len)?)));
                 if let Some((scratch, split)) = split {
                     let g = coop_gemm::workgroups_split(tile, p.m, p.n, p.batch, split.splits);
-                    self.push(kernel, &split.partial_params(&p), &[a, b, scratch], g)?;
+                    let partial = split.partial_params(&p);
+                    self.push(kernel, &partial, &[a, b, scratch], g)?;
+                    let plain = p.alpha == 1.0 && p.accumulate == 0 && p.epilogue == gemm::EPILOGUE_NONE;
+                    let as_c = p.c_offset == 0 && p.c_rs == p.n && (p.batch <= 1 || p.c_batch == p.m * p.n);
+                    if defer && plain && as_c {
+                        return Ok(Product { buffer: scratch, splits: split.splits, split_stride: partial.split_stride });
+                    }
                     let r = split.reduce_params(&p);
                     let g = self.groups(split_k::workgroups(&r));
-                    return self.push(split_k::source(), &r, &[scratch, c], g);
+                    self.push(split_k::source(), &r, &[scratch, c], g)?;
+                    return Ok(c.into());
                 }
-                return self.push(kernel, &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch));
+                self.push(kernel, &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch))?;
+                return Ok(c.into());
             }
             // Ragged columns (a sliding layer's scores over its 1023 visible keys): the body of
             // whole 32-wide column blocks on the tensor cores, the last columns in the f32 GEMM.
@@ -316,10 +377,12 @@ impl<'a> Recorder<'a> {
             if b_format == WeightFormat::F32 && n_body > 0 && n_body < p.n && coop_gemm::plan(&body).is_some() {
                 self.gemm_auto(a, b, b_format, c, body, true)?;
                 let n_tail = GemmParams { n: p.n - n_body, b_offset: p.b_offset + n_body * p.b_cs, c_offset: p.c_offset + n_body, ..p };
-                return self.gemm_format(a, b, b_format, c, n_tail);
+                self.gemm_format(a, b, b_format, c, n_tail)?;
+                return Ok(c.into());
             }
         }
-        self.gemm_format(a, b, b_format, c, p)
+        self.gemm_format(a, b, b_format, c, p)?;
+        Ok(c.into())
     }
 
     /// The tied head's product for one chunk of the vocabulary: `out[i·c_rs + c_offset + j] =
@@ -415,11 +478,11 @@ impl<'a> Recorder<'a> {
     }
 
     /// `out = rope(rms(x)·w)` per head of `x: [tokens, heads, d]`: `rmsnorm` (weighted, scale 1)
-    /// then `rope`, fused into one dispatch.
+    /// then `rope`, fused into one dispatch (`x` a buffer or a split product, see [`Product`]).
     #[allow(clippy::too_many_arguments)]
     pub fn norm_rope(
         &mut self,
-        x: &'a wgpu::Buffer,
+        x: impl Into<Product<'a>>,
         w: &'a wgpu::Buffer,
         cos: &'a wgpu::Buffer,
         sin: &'a wgpu::Buffer,
@@ -430,9 +493,10 @@ impl<'a> Recorder<'a> {
         eps: f32,
     ) -> Result<(), GpuError> {
         use dg_kernels::norm_rope;
-        let p = norm_rope::NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps };
+        let x = x.into();
+        let p = norm_rope::NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps, splits: x.splits, split_stride: x.split_stride, _pad: [0; 2] };
         let g = self.groups(norm_rope::workgroups(&p));
-        self.push(norm_rope::source(), &p, &[x, w, cos, sin, out], g)
+        self.push(norm_rope::source(), &p, &[x.buffer, w, cos, sin, out], g)
     }
 
     /// Row softmax in place (with the attention mask of `p`).
@@ -441,11 +505,13 @@ impl<'a> Recorder<'a> {
         self.push(softmax::source(), &p, &[x], g)
     }
 
-    /// `out[rows, I] = gelu_tanh(in[:, :I]) ⊙ in[:, I:]` for `in: [rows, 2·I]`.
-    pub fn gelu_glu_fused(&mut self, input: &'a wgpu::Buffer, out: &'a wgpu::Buffer, rows: usize, inter: usize) -> Result<(), GpuError> {
-        let p = gelu_glu::GeluGluParams { rows: rows as u32, inter: inter as u32, _pad: [0; 2] };
+    /// `out[rows, I] = gelu_tanh(in[:, :I]) ⊙ in[:, I:]` for `in: [rows, 2·I]` (a buffer or a
+    /// split product, see [`Product`]).
+    pub fn gelu_glu_fused(&mut self, input: impl Into<Product<'a>>, out: &'a wgpu::Buffer, rows: usize, inter: usize) -> Result<(), GpuError> {
+        let input = input.into();
+        let p = gelu_glu::GeluGluParams { rows: rows as u32, inter: inter as u32, splits: input.splits, split_stride: input.split_stride };
         let g = self.groups(gelu_glu::workgroups(&p));
-        self.push(gelu_glu::fused(), &p, &[input, out], g)
+        self.push(gelu_glu::fused(), &p, &[input.buffer, out], g)
     }
 
     /// Rows `row_start..row_start+row_count` of the scaled embedding for the ids in that range.
@@ -490,10 +556,18 @@ impl<'a> Recorder<'a> {
 
     /// Softmax over experts, top-k, renormalise, × per-expert scale.
     #[allow(clippy::too_many_arguments)]
-    pub fn router_topk(&mut self, logits: &'a wgpu::Buffer, per_expert_scale: &'a wgpu::Buffer, idx: &'a wgpu::Buffer, w: &'a wgpu::Buffer, tokens: usize, experts: usize, k: usize) -> Result<(), GpuError> {
-        let p = router_topk::RouterTopkParams { tokens: tokens as u32, experts: experts as u32, k: k as u32, _pad: 0 };
+    pub fn router_topk(&mut self, logits: impl Into<Product<'a>>, per_expert_scale: &'a wgpu::Buffer, idx: &'a wgpu::Buffer, w: &'a wgpu::Buffer, tokens: usize, experts: usize, k: usize) -> Result<(), GpuError> {
+        let logits = logits.into();
+        let p = router_topk::RouterTopkParams {
+            tokens: tokens as u32,
+            experts: experts as u32,
+            k: k as u32,
+            splits: logits.splits,
+            split_stride: logits.split_stride,
+            _pad: [0; 3],
+        };
         let g = self.groups(router_topk::workgroups(&p));
-        self.push(router_topk::source(), &p, &[logits, per_expert_scale, idx, w], g)
+        self.push(router_topk::source(), &p, &[logits.buffer, per_expert_scale, idx, w], g)
     }
 
     /// Groups the (token, k) slots by expert.

@@ -277,7 +277,7 @@ fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f3
     let fused = pipelines.get(ctx, gelu_glu::fused()).unwrap();
     let mut want = gate.to_vec();
     dg_cpu::ops::gelu_glu(&mut want, up);
-    let params = GeluGluParams { rows: rows as u32, inter: inter as u32, _pad: [0; 2] };
+    let params = GeluGluParams { rows: rows as u32, inter: inter as u32, splits: 1, split_stride: 0 };
     let groups = groups_1d(gelu_glu::workgroups(&params), max_dim);
 
     let gb = guarded_output(ctx, "gate", gate.len());

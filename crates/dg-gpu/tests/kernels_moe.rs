@@ -62,7 +62,7 @@ fn run_router(
     let sb = ctx.upload("per_expert_scale", scale).unwrap();
     let idx = guarded_output(ctx, "idx", tokens * k);
     let w = guarded_output(ctx, "weights", tokens * k);
-    let params = RouterTopkParams { tokens: tokens as u32, experts: experts as u32, k: k as u32, _pad: 0 };
+    let params = RouterTopkParams { tokens: tokens as u32, experts: experts as u32, k: k as u32, splits: 1, split_stride: 0, _pad: [0; 3] };
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&p, &params, &[&lb, &sb, &idx, &w], groups_1d(router_topk::workgroups(&params), max_dim));
     plan.finish(ctx).unwrap().run(ctx).unwrap();

@@ -28,7 +28,7 @@ fn run(ctx: &GpuContext, rows: usize, dim: usize, flags: u32, scale: f32) {
     let out = guarded_output(ctx, "out", rows * dim);
     ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&base));
     let mut plan = PlanBuilder::new(ctx);
-    let params = RmsNormParams { rows: rows as u32, dim: dim as u32, eps: 1e-6, flags, scale, _pad: [0; 3] };
+    let params = RmsNormParams { rows: rows as u32, dim: dim as u32, eps: 1e-6, flags, scale, splits: 1, split_stride: 0, _pad: 0 };
     plan.push(&p, &params, &[&xb, &wb, &out], groups_1d(rows as u32, ctx.limits.max_compute_workgroups_per_dimension));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
     let got = read_guarded(ctx, &out, rows * dim);
@@ -131,7 +131,8 @@ impl AttentionCase {
             scale_a: self.scale_a,
             scale_b: self.scale_b,
             scale_c: self.scale_c,
-            _pad: [0; 2],
+            splits: 1,
+            split_stride: 0,
         }
     }
 
@@ -169,7 +170,7 @@ impl AttentionCase {
             plan.push(&p, &self.params(), &[&x, &w_res, &w_a, &w_b, &w_c, &hidden, &out_a, &out_bc], groups);
         } else {
             let p = pipelines.get(ctx, rmsnorm::source()).unwrap();
-            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, _pad: [0; 3] };
+            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, _pad: 0 };
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&x, &w_res, &hidden], groups);
             plan.push(&p, &norm(WEIGHTED, self.scale_a), &[&hidden, &w_a, &out_a], groups);
             plan.push(&p, &norm(WEIGHTED, self.scale_b), &[&hidden, &w_b, &out_b], groups);
@@ -216,7 +217,7 @@ impl FfnCase {
     }
 
     fn params(&self) -> FfnResidualNormsParams {
-        FfnResidualNormsParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, scalar: self.scalar }
+        FfnResidualNormsParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, scalar: self.scalar, splits: 1, split_stride: 0, _pad: [0; 2] }
     }
 
     /// `[dense, hidden]` on the CPU, step by step.
@@ -249,7 +250,7 @@ impl FfnCase {
             plan.push(&p, &self.params(), &[&mlp, &w_1, &moe, &w_2, &w_3, &dense, &hidden], groups);
         } else {
             let p = pipelines.get(ctx, rmsnorm::source()).unwrap();
-            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, _pad: [0; 3] };
+            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, _pad: 0 };
             plan.push(&p, &norm(WEIGHTED, 1.0), &[&mlp, &w_1, &dense], groups);
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&moe, &w_2, &dense], groups);
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, self.scalar), &[&dense, &w_3, &hidden], groups);

@@ -45,7 +45,7 @@ fn run_fused(ctx: &GpuContext, x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], t
     let cb = ctx.upload("cos", cos).unwrap();
     let sb = ctx.upload("sin", sin).unwrap();
     let out = guarded_output(ctx, "out", x.len());
-    let params = NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps: EPS };
+    let params = NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps: EPS, splits: 1, split_stride: 0, _pad: [0; 2] };
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&p, &params, &[&xb, &wb, &cb, &sb, &out], groups_1d(norm_rope::workgroups(&params), max_dim));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
@@ -65,7 +65,7 @@ fn run_two_dispatches(ctx: &GpuContext, x: &[f32], w: &[f32], cos: &[f32], sin: 
     let out = guarded_output(ctx, "out", x.len());
     let max_dim = ctx.limits.max_compute_workgroups_per_dimension;
     let rows = tokens * heads;
-    let np = RmsNormParams { rows: rows as u32, dim: d as u32, eps: EPS, flags: WEIGHTED, scale: 1.0, _pad: [0; 3] };
+    let np = RmsNormParams { rows: rows as u32, dim: d as u32, eps: EPS, flags: WEIGHTED, scale: 1.0, splits: 1, split_stride: 0, _pad: 0 };
     let rp = RopeParams { tokens: tokens as u32, heads: heads as u32, half: (d / 2) as u32, _pad: 0 };
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&pn, &np, &[&xb, &wb, &out], groups_1d(rows as u32, max_dim));

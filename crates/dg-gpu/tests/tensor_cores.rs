@@ -572,6 +572,45 @@ fn panelled_projections_match_the_exact_product() {
     }
 }
 
+/// `Recorder::linear_product` on a product that splits K (q_proj's real shape on 128 × 128 tiles,
+/// W in K panels) leaves its partials to the consumer: no reduction is recorded, the product view
+/// has more than one split, and an RMSNorm reading the partials gives the same bits as one reading
+/// the product that `gemm_matrix` reduces.
+#[test]
+fn linear_product_leaves_split_partials_to_their_consumer() {
+    use dg_kernels::coop_grouped_gemm::{PANEL, pack_f16_panels};
+    let test = "linear_product_leaves_split_partials_to_their_consumer";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
+    let (m, n, k) = (256usize, 4096usize, 2816usize);
+    let a = ctx.upload("a", &seeded(m * k, 81, 1.0)).unwrap();
+    let w = f16_round(&seeded(n * k, 82, 1.0));
+    let matrix = GpuMatrix { buffer: ctx.upload("w", &pack_f16_panels(&w, n, k, PANEL as usize)).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels };
+    let norm_w = ctx.upload("norm", &seeded(n, 83, 1.0)).unwrap();
+    let product = ctx.storage_buffer("product", (m * n * 4) as u64).unwrap();
+    let mut outputs = Vec::new();
+    for deferred in [false, true] {
+        let out = guarded_output(&ctx, "normed", m * n);
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.split_k_scratch(&scratch);
+        if deferred {
+            let view = rec.linear_product(&a, &matrix, &product, m, n, k, Batches::ONE).unwrap();
+            assert!(view.splits > 1, "{test}: q_proj's shape did not split ({} splits)", view.splits);
+            rec.rmsnorm(view, Some(&norm_w), &norm_w, &out, m, n, 1e-6, false, 1.0).unwrap();
+        } else {
+            rec.linear_matrix(&a, &matrix, &product, m, n, k).unwrap();
+            rec.rmsnorm(&product, Some(&norm_w), &norm_w, &out, m, n, 1e-6, false, 1.0).unwrap();
+        }
+        let plan = rec.finish().unwrap();
+        assert_eq!(plan.kernel_names().contains(&"split_k_reduce"), !deferred, "{test}: {:?}", plan.kernel_names());
+        plan.run(&ctx).unwrap();
+        outputs.push(read_guarded(&ctx, &out, m * n));
+    }
+    let first = outputs[0].iter().zip(&outputs[1]).position(|(x, y)| x.to_bits() != y.to_bits());
+    assert!(first.is_none(), "{test}: the consumer of the partials differs at {first:?}");
+}
+
 /// A matrix in K panels is read only by the tensor cores: a product no tile takes (k not a whole
 /// number of panels, or B strides that are not the whole matrix's) is a clear error naming the
 /// shape, never a silent row-major read. Runs on every adapter: without cooperative matrices no

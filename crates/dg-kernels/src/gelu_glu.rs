@@ -21,7 +21,10 @@ pub struct GeluGluParams {
     pub rows: u32,
     /// I: the width of the activation (of `gate`, `up` and the output).
     pub inter: u32,
-    pub _pad: [u32; 2],
+    /// [`fused`]: more than 1 when `gate_up` holds that many split-K partials of the gate/up
+    /// product, `split_stride` elements apart (`crate::split_k::with_reader`); [`split`] ignores both.
+    pub splits: u32,
+    pub split_stride: u32,
 }
 
 /// Workgroups to dispatch, either variant (fold through `groups_1d`).
@@ -40,12 +43,12 @@ pub fn split() -> KernelSource {
     }
 }
 
-/// Bindings: `gate_up` (read, `[rows, 2·I]`: gate `[0, I)` then up `[I, 2·I)` per row), `out`
-/// (read-write, `[rows, I]`).
+/// Bindings: `gate_up` (read, `[rows, 2·I]`: gate `[0, I)` then up `[I, 2·I)` per row, or the
+/// split-K partials of that product), `out` (read-write, `[rows, I]`).
 pub fn fused() -> KernelSource {
     KernelSource {
         name: "gelu_glu_fused".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &variant("fused")),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&variant("fused"), "gate_up_at", "gate_up")),
         entry: "main",
         buffers: vec![Access::Read, Access::ReadWrite],
         params_size: size_of::<GeluGluParams>() as u64,

@@ -26,6 +26,11 @@ pub struct NormRopeParams {
     /// Head dim `d` (even); the cos/sin tables are `[tokens, d/2]`.
     pub dim: u32,
     pub eps: f32,
+    /// More than 1 when `x` holds that many split-K partials, `split_stride` elements apart
+    /// (`crate::split_k::with_reader`).
+    pub splits: u32,
+    pub split_stride: u32,
+    pub _pad: [u32; 2],
 }
 
 /// Workgroups to dispatch, one per (token, head) row (fold through `groups_1d`: more than 65535
@@ -34,12 +39,12 @@ pub fn workgroups(p: &NormRopeParams) -> u32 {
     p.tokens * p.heads
 }
 
-/// Bindings: `x` (read, `[tokens, heads, d]`), `w` (read, `[d]`), `cos` (read, `[tokens, d/2]`),
+/// Bindings: `x` (read, `[tokens, heads, d]`, or the split-K partials of the product it would hold), `w` (read, `[d]`), `cos` (read, `[tokens, d/2]`),
 /// `sin` (read, `[tokens, d/2]`), `out` (read-write, `[tokens, heads, d]`).
 pub fn source() -> KernelSource {
     KernelSource {
         name: "norm_rope".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/norm_rope.wgsl")),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(include_str!("wgsl/norm_rope.wgsl"), "x_at", "x")),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<NormRopeParams>() as u64,

@@ -58,7 +58,10 @@ pub struct AttentionResidualNormsParams {
     pub scale_b: f32,
     /// Multiplies `out_bc[1]` (`hidden_size^-1/2` for the router's input).
     pub scale_c: f32,
-    pub _pad: [u32; 2],
+    /// More than 1 when `x` holds that many split-K partials, `split_stride` elements apart
+    /// (`crate::split_k::with_reader`).
+    pub splits: u32,
+    pub split_stride: u32,
 }
 
 /// Uniform parameters of `ffn_residual_norms.wgsl`.
@@ -71,6 +74,11 @@ pub struct FfnResidualNormsParams {
     pub eps: f32,
     /// Multiplies the updated `hidden` (the layer's `layer_scalar`).
     pub scalar: f32,
+    /// More than 1 when `mlp` holds that many split-K partials of the dense MLP's down projection,
+    /// `split_stride` elements apart (`crate::split_k::with_reader`).
+    pub splits: u32,
+    pub split_stride: u32,
+    pub _pad: [u32; 2],
 }
 
 /// Workgroups to dispatch, one per row, for either kernel (fold through `groups_1d`: more than
@@ -79,14 +87,18 @@ pub fn workgroups(rows: u32) -> u32 {
     rows
 }
 
-/// Bindings: `x` (read, `[rows, dim]`, the attention output), `w_res`, `w_a`, `w_b`, `w_c` (read,
+/// Bindings: `x` (read, `[rows, dim]`, the attention output, or the split-K partials of the
+/// o-projection that writes it), `w_res`, `w_a`, `w_b`, `w_c` (read,
 /// `[dim]`), `hidden` (read-write, `[rows, dim]`, the residual stream, updated in place), `out_a`
 /// (read-write, `[rows, dim]`) and `out_bc` (read-write, `[2, rows, dim]`), written only. `x`,
 /// `hidden`, `out_a` and `out_bc` must be four different buffers.
 pub fn source_attention() -> KernelSource {
     KernelSource {
         name: "attention_residual_norms".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &with_row_sum(include_str!("wgsl/attention_residual_norms.wgsl"), "f32")),
+        wgsl: with_prelude(
+            &[("WG", WORKGROUP)],
+            &crate::split_k::with_reader(&with_row_sum(include_str!("wgsl/attention_residual_norms.wgsl"), "f32"), "x_at", "x"),
+        ),
         entry: "main",
         buffers: vec![
             Access::Read,
@@ -102,7 +114,8 @@ pub fn source_attention() -> KernelSource {
     }
 }
 
-/// Bindings: `mlp` (read, `[rows, dim]`, the dense MLP's output), `w_1` (read, `[dim]`), `moe`
+/// Bindings: `mlp` (read, `[rows, dim]`, the dense MLP's output, or the split-K partials of its down
+/// projection), `w_1` (read, `[dim]`), `moe`
 /// (read, `[rows, dim]`, the experts' combined output), `w_2`, `w_3` (read, `[dim]`), `dense`
 /// (read-write, `[rows, dim]`: written, its previous contents ignored, and left holding the summed
 /// branch norms), `hidden` (read-write, `[rows, dim]`, the residual stream, updated in place).
@@ -110,7 +123,10 @@ pub fn source_attention() -> KernelSource {
 pub fn source_ffn() -> KernelSource {
     KernelSource {
         name: "ffn_residual_norms".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &with_row_sum(include_str!("wgsl/ffn_residual_norms.wgsl"), "vec2<f32>")),
+        wgsl: with_prelude(
+            &[("WG", WORKGROUP)],
+            &crate::split_k::with_reader(&with_row_sum(include_str!("wgsl/ffn_residual_norms.wgsl"), "vec2<f32>"), "mlp_at", "mlp"),
+        ),
         entry: "main",
         buffers: vec![
             Access::Read,

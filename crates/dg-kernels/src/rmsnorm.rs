@@ -21,7 +21,11 @@ pub struct RmsNormParams {
     pub eps: f32,
     pub flags: u32,
     pub scale: f32,
-    pub _pad: [u32; 3],
+    /// More than 1 when `x` holds that many split-K partials, `split_stride` elements apart
+    /// (`crate::split_k::with_reader`).
+    pub splits: u32,
+    pub split_stride: u32,
+    pub _pad: u32,
 }
 
 /// `template` with the shared row reduction (`wgsl/row_sum.wgsl`, `row_sum` over `RowSum =
@@ -31,11 +35,12 @@ pub(crate) fn with_row_sum(template: &str, row_type: &str) -> String {
     template.replace("//@ROW_SUM\n", &format!("alias RowSum = {row_type};\n{}", include_str!("wgsl/row_sum.wgsl")))
 }
 
-/// Bindings: `x` (read), `w` (read; any buffer when unweighted), `out` (read-write).
+/// Bindings: `x` (read, or the split-K partials of the product it would hold), `w` (read; any
+/// buffer when unweighted), `out` (read-write).
 pub fn source() -> KernelSource {
     KernelSource {
         name: "rmsnorm".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &with_row_sum(include_str!("wgsl/rmsnorm.wgsl"), "f32")),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&with_row_sum(include_str!("wgsl/rmsnorm.wgsl"), "f32"), "x_at", "x")),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<RmsNormParams>() as u64,

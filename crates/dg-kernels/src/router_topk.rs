@@ -27,7 +27,11 @@ pub struct RouterTopkParams {
     pub experts: u32,
     /// K ≤ [`MAX_K`] and ≤ E.
     pub k: u32,
-    pub _pad: u32,
+    /// More than 1 when `logits` holds that many split-K partials of the router's product,
+    /// `split_stride` elements apart (`crate::split_k::with_reader`).
+    pub splits: u32,
+    pub split_stride: u32,
+    pub _pad: [u32; 3],
 }
 
 /// Workgroups to dispatch, one per token (fold through `groups_1d`: more than 65535 wrap into y).
@@ -35,7 +39,7 @@ pub fn workgroups(p: &RouterTopkParams) -> u32 {
     p.tokens
 }
 
-/// Bindings: `logits` (read, `[tokens, E]`), `per_expert_scale` (read, `[E]`), `idx`
+/// Bindings: `logits` (read, `[tokens, E]`, or the split-K partials of the router's product), `per_expert_scale` (read, `[E]`), `idx`
 /// (read-write, u32 `[tokens, K]`, by descending probability), `weights` (read-write,
 /// `[tokens, K]`).
 pub fn source() -> KernelSource {
@@ -43,7 +47,7 @@ pub fn source() -> KernelSource {
         name: "router_topk".into(),
         wgsl: with_prelude(
             &[("WG", WORKGROUP), ("MAX_E", MAX_EXPERTS), ("MAX_K", MAX_K)],
-            include_str!("wgsl/router_topk.wgsl"),
+            &crate::split_k::with_reader(include_str!("wgsl/router_topk.wgsl"), "logits_at", "logits"),
         ),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite, Access::ReadWrite],

@@ -41,6 +41,24 @@ pub struct SplitKParams {
     pub cap: f32,
 }
 
+/// Marker a consumer kernel's WGSL puts where [`with_reader`] defines its split-aware reader.
+pub const READER_MARKER: &str = "//@SPLIT_READER\n";
+
+/// `template` with `fn {name}(i: u32) -> f32` in place of its [`READER_MARKER`] line: element `i`
+/// of a product that the consumer reads from the storage binding `binding`, either whole
+/// (`p.splits ≤ 1`: `binding[i]`) or as the partials of a split-K GEMM that nobody reduced
+/// (`Σ_z binding[z·p.split_stride + i]`, from 0 in split order: bit for bit what [`source`]
+/// stores for a plain product, alpha 1, no accumulate, no epilogue). The consumer's uniform `p`
+/// needs `splits` and `split_stride` (u32). A consumer that reads the partials this way saves the
+/// reduction's dispatch and its pass over C.
+pub fn with_reader(template: &str, name: &str, binding: &str) -> String {
+    assert!(template.contains(READER_MARKER), "a split-K consumer without the reader marker");
+    let reader = format!(
+        "fn {name}(i: u32) -> f32 {{\n    if (p.splits <= 1u) {{\n        return {binding}[i];\n    }}\n    var v = 0.0;\n    for (var z = 0u; z < p.splits; z++) {{\n        v += {binding}[z * p.split_stride + i];\n    }}\n    return v;\n}}\n"
+    );
+    template.replacen(READER_MARKER, &reader, 1)
+}
+
 /// Workgroups to dispatch (fold through `groups_1d`): one invocation per element of C.
 pub fn workgroups(p: &SplitKParams) -> u32 {
     (p.batch.max(1) * p.m * p.n).div_ceil(WORKGROUP)

@@ -15,8 +15,9 @@ struct Params {
     scale_a: f32,
     scale_b: f32,
     scale_c: f32,
-    _pad0: u32,
-    _pad1: u32,
+    // x may be a split-K GEMM's partials (split_k.rs `with_reader`).
+    splits: u32,
+    split_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -28,6 +29,8 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> hidden: array<f32>;
 @group(0) @binding(7) var<storage, read_write> out_a: array<f32>;
 @group(0) @binding(8) var<storage, read_write> out_bc: array<f32>;
+
+//@SPLIT_READER
 
 //@ROW_SUM
 
@@ -41,7 +44,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc_x = 0.0;
     if (live) {
         for (var i = lid.x; i < p.dim; i += WG) {
-            let v = x[base + i];
+            let v = x_at(base + i);
             acc_x += v * v;
         }
     }
@@ -53,7 +56,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc_h = 0.0;
     if (live) {
         for (var i = lid.x; i < p.dim; i += WG) {
-            let h = hidden[base + i] + (x[base + i] * inv_x) * w_res[i];
+            let h = hidden[base + i] + (x_at(base + i) * inv_x) * w_res[i];
             hidden[base + i] = h;
             acc_h += h * h;
         }

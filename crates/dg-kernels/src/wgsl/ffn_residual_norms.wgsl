@@ -12,6 +12,11 @@ struct Params {
     dim: u32,
     eps: f32,
     scalar: f32,
+    // mlp may be a split-K GEMM's partials (split_k.rs `with_reader`).
+    splits: u32,
+    split_stride: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -22,6 +27,8 @@ struct Params {
 @group(0) @binding(5) var<storage, read> w_3: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dense: array<f32>;
 @group(0) @binding(7) var<storage, read_write> hidden: array<f32>;
+
+//@SPLIT_READER
 
 // Two sums side by side (RowSum = vec2<f32>), so that the mlp and moe rows reduce in one pass.
 //@ROW_SUM
@@ -37,7 +44,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc_moe = 0.0;
     if (live) {
         for (var i = lid.x; i < p.dim; i += WG) {
-            let m = mlp[base + i];
+            let m = mlp_at(base + i);
             acc_mlp += m * m;
             let e = moe[base + i];
             acc_moe += e * e;
@@ -53,7 +60,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc_dense = 0.0;
     if (live) {
         for (var i = lid.x; i < p.dim; i += WG) {
-            let d = (mlp[base + i] * inv_mlp) * w_1[i] + (moe[base + i] * inv_moe) * w_2[i];
+            let d = (mlp_at(base + i) * inv_mlp) * w_1[i] + (moe[base + i] * inv_moe) * w_2[i];
             dense[base + i] = d;
             acc_dense += d * d;
         }

@@ -10,8 +10,9 @@
 struct Params {
     rows: u32,
     inter: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // The fused variant's gate_up may be a split-K GEMM's partials (split_k.rs `with_reader`).
+    splits: u32,
+    split_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -50,6 +51,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 @group(0) @binding(1) var<storage, read> gate_up: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
+//@SPLIT_READER
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -60,5 +63,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let r = i / p.inter;
     let c = i - r * p.inter;
     let g = r * 2u * p.inter + c;
-    out[i] = gelu_tanh(gate_up[g]) * gate_up[g + p.inter];
+    out[i] = gelu_tanh(gate_up_at(g)) * gate_up_at(g + p.inter);
 }

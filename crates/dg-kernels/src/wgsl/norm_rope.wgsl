@@ -10,6 +10,11 @@ struct Params {
     heads: u32,
     dim: u32,
     eps: f32,
+    // x may be a split-K GEMM's partials (split_k.rs `with_reader`).
+    splits: u32,
+    split_stride: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -18,6 +23,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read> cos_t: array<f32>;
 @group(0) @binding(4) var<storage, read> sin_t: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+//@SPLIT_READER
 
 var<workgroup> partial: array<f32, WG>;
 
@@ -30,7 +37,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc = 0.0;
     if (live) {
         for (var i = lid.x; i < p.dim; i += WG) {
-            let v = x[base + i];
+            let v = x_at(base + i);
             acc += v * v;
         }
     }
@@ -49,8 +56,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let half = p.dim / 2u;
     let table = (row / p.heads) * half;
     for (var j = lid.x; j < half; j += WG) {
-        let y1 = (x[base + j] * inv) * w[j];
-        let y2 = (x[base + j + half] * inv) * w[j + half];
+        let y1 = (x_at(base + j) * inv) * w[j];
+        let y2 = (x_at(base + j + half) * inv) * w[j + half];
         let c = cos_t[table + j];
         let s = sin_t[table + j];
         out[base + j] = y1 * c + (-y2) * s;

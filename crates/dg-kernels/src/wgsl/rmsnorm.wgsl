@@ -10,15 +10,18 @@ struct Params {
     eps: f32,
     flags: u32,   // bit 0: multiply by w; bit 1: accumulate into out
     scale: f32,
+    // x may be a split-K GEMM's partials (split_k.rs `with_reader`).
+    splits: u32,
+    split_stride: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+//@SPLIT_READER
 
 //@ROW_SUM
 
@@ -31,7 +34,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc = 0.0;
     if (live) {
         for (var i = lid.x; i < p.dim; i += WG) {
-            let v = x[base + i];
+            let v = x_at(base + i);
             acc += v * v;
         }
     }
@@ -41,7 +44,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let inv = 1.0 / sqrt(total / f32(p.dim) + p.eps);
     for (var i = lid.x; i < p.dim; i += WG) {
-        var y = x[base + i] * inv;
+        var y = x_at(base + i) * inv;
         if ((p.flags & 1u) != 0u) {
             y = y * w[i];
         }

@@ -10,7 +10,12 @@ struct Params {
     tokens: u32,
     experts: u32,
     k: u32,
+    // logits may be a split-K GEMM's partials (split_k.rs `with_reader`).
+    splits: u32,
+    split_stride: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -18,6 +23,8 @@ struct Params {
 @group(0) @binding(2) var<storage, read> per_expert_scale: array<f32>;
 @group(0) @binding(3) var<storage, read_write> idx: array<u32>;
 @group(0) @binding(4) var<storage, read_write> weights: array<f32>;
+
+//@SPLIT_READER
 
 const LOWEST: f32 = -0x1.fffffep+127f;
 // Below every probability (>= 0) and every knocked-out entry (-1): the sequential reference's
@@ -42,7 +49,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let live = e < e_n;
     var l = LOWEST;
     if (live) {
-        l = logits[t * p.experts + e];
+        l = logits_at(t * p.experts + e);
     }
 
     // Max over the experts.
