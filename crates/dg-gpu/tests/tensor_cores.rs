@@ -524,6 +524,14 @@ fn split_k_products_on_tensor_cores_match_the_reference() {
     }
 }
 
+/// Stacked `[n, k]` F16 matrices (`w` holds whole blocks) uploaded as the F16 mode uploads a
+/// projection on a tensor-core device: each block in K panels.
+fn panelled_projection(ctx: &GpuContext, w: &[f32], n: usize, k: usize) -> GpuMatrix {
+    use dg_kernels::coop_grouped_gemm::{PANEL, pack_f16_panels};
+    let packed: Vec<u32> = w.chunks_exact(n * k).flat_map(|block| pack_f16_panels(block, n, k, PANEL as usize)).collect();
+    GpuMatrix { buffer: ctx.upload("w", &packed).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels }
+}
+
 /// Dense projections uploaded in K panels (`MatrixLayout::KPanels`, the F16 mode's q, K/V, o, MLPs
 /// and router on a device with cooperative matrices) through `Recorder::gemm_matrix`, against
 /// `gemm_reference` on the row-major f16-rounded operands over the whole C buffer: q_proj's real
@@ -532,7 +540,6 @@ fn split_k_products_on_tensor_cores_match_the_reference() {
 /// 64×64 tiles, 1000 on 128×128 in split K), whose extra rows must not be stored.
 #[test]
 fn panelled_projections_match_the_exact_product() {
-    use dg_kernels::coop_grouped_gemm::{PANEL, pack_f16_panels};
     use dg_kernels::gemm::GemmParams;
     let test = "panelled_projections_match_the_exact_product";
     let Some(ctx) = coop_test_context(test) else { return };
@@ -553,8 +560,7 @@ fn panelled_projections_match_the_exact_product() {
         let a = seeded(m * k, 71, 1.0);
         let w = f16_round(&seeded(blocks * n * k, 72, 1.0));
         let c0 = seeded(c_len, 73, 2.0);
-        let packed: Vec<u32> = w.chunks_exact(n * k).flat_map(|block| pack_f16_panels(block, n, k, PANEL as usize)).collect();
-        let matrix = GpuMatrix { buffer: ctx.upload("w", &packed).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels };
+        let matrix = panelled_projection(&ctx, &w, n, k);
         let ab = ctx.upload("a", &a).unwrap();
         let cb = guarded_output(&ctx, "c", c_len);
         ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
@@ -578,7 +584,6 @@ fn panelled_projections_match_the_exact_product() {
 /// the product that `gemm_matrix` reduces.
 #[test]
 fn linear_product_leaves_split_partials_to_their_consumer() {
-    use dg_kernels::coop_grouped_gemm::{PANEL, pack_f16_panels};
     let test = "linear_product_leaves_split_partials_to_their_consumer";
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
@@ -586,7 +591,7 @@ fn linear_product_leaves_split_partials_to_their_consumer() {
     let (m, n, k) = (256usize, 4096usize, 2816usize);
     let a = ctx.upload("a", &seeded(m * k, 81, 1.0)).unwrap();
     let w = f16_round(&seeded(n * k, 82, 1.0));
-    let matrix = GpuMatrix { buffer: ctx.upload("w", &pack_f16_panels(&w, n, k, PANEL as usize)).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels };
+    let matrix = panelled_projection(&ctx, &w, n, k);
     let norm_w = ctx.upload("norm", &seeded(n, 83, 1.0)).unwrap();
     let product = ctx.storage_buffer("product", (m * n * 4) as u64).unwrap();
     let mut outputs = Vec::new();
