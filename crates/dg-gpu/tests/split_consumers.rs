@@ -74,12 +74,15 @@ impl Outputs {
         Outputs { bufs, lens: inputs.iter().map(|(v, _)| v.len()).collect() }
     }
 
-    fn read(&self, ctx: &dg_gpu::GpuContext, which: &[usize]) -> Vec<Vec<u32>> {
+    fn read(&self, ctx: &dg_gpu::GpuContext, which: &[usize]) -> Bits {
         which.iter().map(|&i| read_guarded(ctx, &self.bufs[i], self.lens[i]).iter().map(|v| v.to_bits()).collect()).collect()
     }
 }
 
-fn assert_same(test: &str, got: Option<(Vec<Vec<u32>>, Vec<Vec<u32>>)>) {
+/// The outputs of one run, as bits.
+type Bits = Vec<Vec<u32>>;
+
+fn assert_same(test: &str, got: Option<(Bits, Bits)>) {
     let Some((whole, parts)) = got else { return };
     for (i, (w, p)) in whole.iter().zip(&parts).enumerate() {
         let first = w.iter().zip(p).position(|(a, b)| a != b);
