@@ -1001,7 +1001,13 @@ fn barrier_drain_probe() {
     let groups = DRAIN_PROBE_GROUPS;
     let out = ctx.storage_buffer("out", u64::from(drain_probe_sums_at(groups) + groups * 128) * 4).unwrap();
     for &(label, loads, distance, barrier) in DRAIN_PROBE_CASES {
-        let source = KernelSource { name: format!("drain_{loads}_{distance}_{barrier}"), wgsl: drain_probe_wgsl(loads, distance, barrier, groups), entry: "main", buffers: vec![Access::Read, Access::ReadWrite], params_size: 16 };
+        let source = KernelSource {
+            name: format!("drain_{loads:?}_{distance}_{barrier}"),
+            wgsl: drain_probe_wgsl(loads, distance, barrier, groups),
+            entry: "main",
+            buffers: vec![Access::Read, Access::ReadWrite],
+            params_size: 16,
+        };
         let pipeline = pipelines.get(&ctx, source).unwrap();
         let replays = 5;
         let mut plan = dg_gpu::PlanBuilder::new(&ctx);
@@ -1013,15 +1019,28 @@ fn barrier_drain_probe() {
     }
 }
 
-/// The drain probe's cases: label, loads or not, the distance from a load to its use, a barrier
-/// every iteration or not.
-const DRAIN_PROBE_CASES: &[(&str, bool, u32, bool)] = &[
-    ("products only", false, 1, false),
-    ("products + barrier", false, 1, true),
-    ("loads consumed 1 later, no barrier", true, 1, false),
-    ("loads consumed 1 later, barrier", true, 1, true),
-    ("loads consumed 4 later, no barrier", true, 4, false),
-    ("loads consumed 4 later, barrier", true, 4, true),
+/// The drain probe's loads: none, one scattered vec4 per invocation per iteration (each in its own
+/// sector), or contiguous (each workgroup streams its own run, 2 KiB an iteration, as a GEMM's
+/// panel of W).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum DrainLoads {
+    None,
+    Scattered,
+    Contiguous,
+}
+
+/// The drain probe's cases: label, loads, the distance from a load to its use, a barrier every
+/// iteration or not.
+const DRAIN_PROBE_CASES: &[(&str, DrainLoads, u32, bool)] = &[
+    ("products only", DrainLoads::None, 1, false),
+    ("products + barrier", DrainLoads::None, 1, true),
+    ("scattered loads consumed 1 later, no barrier", DrainLoads::Scattered, 1, false),
+    ("scattered loads consumed 1 later, barrier", DrainLoads::Scattered, 1, true),
+    ("scattered loads consumed 4 later, no barrier", DrainLoads::Scattered, 4, false),
+    ("scattered loads consumed 4 later, barrier", DrainLoads::Scattered, 4, true),
+    ("contiguous loads consumed 1 later, barrier", DrainLoads::Contiguous, 1, true),
+    ("contiguous loads consumed 2 later, barrier", DrainLoads::Contiguous, 2, true),
+    ("contiguous loads consumed 4 later, barrier", DrainLoads::Contiguous, 4, true),
 ];
 /// vec4s of the probe's data (64 MiB).
 const DRAIN_PROBE_VEC4S: u32 = 4 << 20;
@@ -1035,14 +1054,19 @@ fn drain_probe_sums_at(groups: u32) -> u32 {
 }
 
 /// The drain probe's kernel for `groups` workgroups.
-fn drain_probe_wgsl(loads: bool, distance: u32, barrier: bool, groups: u32) -> String {
+fn drain_probe_wgsl(loads: DrainLoads, distance: u32, barrier: bool, groups: u32) -> String {
     let len = DRAIN_PROBE_VEC4S;
-    let ring: String = (0..distance).map(|i| format!("    var r{i} = data[(g * 977u + {i}u * 4099u) % {len}u];\n")).collect();
+    // The vec4 an invocation loads at iteration `it` (a WGSL expression).
+    let at = |it: &str| match loads {
+        DrainLoads::Contiguous => format!("((wid.x * (p.x + {distance}u) + {it}) * 128u + lt) % {len}u"),
+        _ => format!("(g * 977u + {it} * 4099u) % {len}u"),
+    };
+    let ring: String = (0..distance).map(|i| format!("    var r{i} = data[{}];\n", at(&format!("{i}u")))).collect();
     let rotate: String = (0..distance.saturating_sub(1)).map(|i| format!("        r{i} = r{};\n", i + 1)).collect();
-    let body_loads = if loads {
-        format!("        let nx = data[(g * 977u + (s + {distance}u) * 4099u) % {len}u];\n        sum += r0;\n{rotate}        r{} = nx;\n", distance - 1)
-    } else {
+    let body_loads = if loads == DrainLoads::None {
         String::new()
+    } else {
+        format!("        let nx = data[{}];\n        sum += r0;\n{rotate}        r{} = nx;\n", at(&format!("(s + {distance}u)")), distance - 1)
     };
     format!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n\
