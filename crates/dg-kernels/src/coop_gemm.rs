@@ -585,9 +585,8 @@ pub fn workgroups_split(tile: CoopTile, m: u32, n: u32, batch: u32, splits: u32)
     [total, batch.max(1), splits.max(1)]
 }
 
-/// Workgroups a product on a tile that two workgroups of which share a multiprocessor (up to
-/// [`PAIR_RESIDENT_SHARED_BYTES`]) is split towards: about two per multiprocessor of a 132-SM
-/// H200, where a product of 264 64×64 tiles already runs a K step on each multiprocessor about as fast as one
+/// Workgroups a product is split towards when two workgroups of its tile share a multiprocessor
+/// (up to [`PAIR_RESIDENT_SHARED_BYTES`]): about two per multiprocessor of a 132-SM H200, where a product of 264 64×64 tiles already runs a K step on each multiprocessor about as fast as one
 /// lone workgroup does (0.36 against 0.55 µs; `tests/tensor_cores.rs`,
 /// `dense_tensor_core_throughput_by_tile_and_split`). Only products with fewer than half that many
 /// tiles split: the router's 256 × 128 (8 tiles: 54 µs whole, 20 µs in 16 splits). A 256-row
