@@ -14,6 +14,7 @@
 //! Throughput at the real expert shapes: `cargo test -p dg-gpu --test tensor_cores --release
 //! -- --include-ignored --nocapture`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use dg_gpu::ops::{Batches, Recorder};
@@ -315,6 +316,43 @@ fn best_time(ctx: &GpuContext, plan: &dg_gpu::Plan, replays: u32) -> f64 {
         best = best.min(t.elapsed().as_secs_f64() / f64::from(replays));
     }
     best
+}
+
+/// [`best_time`] of `replays` dispatches of one kernel with the same parameters and buffers.
+fn time_dispatch<P: bytemuck::Pod>(ctx: &GpuContext, pipeline: &Arc<dg_gpu::Pipeline>, params: &P, buffers: &[&wgpu::Buffer], groups: [u32; 3], replays: u32) -> f64 {
+    let mut plan = dg_gpu::PlanBuilder::new(ctx);
+    for _ in 0..replays {
+        plan.push(pipeline, params, buffers, groups);
+    }
+    best_time(ctx, &plan.finish(ctx).unwrap(), replays)
+}
+
+/// `k` on `tile` cut into `splits` ranges as even as its K steps allow (1: whole).
+fn split_into(tile: CoopTile, k: u32, splits: u32) -> dg_kernels::coop_gemm::Split {
+    let steps = k / tile.bk;
+    let per = steps.div_ceil(splits);
+    dg_kernels::coop_gemm::Split { splits: steps.div_ceil(per), steps: per }
+}
+
+/// Pushes one dense tensor-core product `p` of `a` and `b` into `c`: whole when `split` has one
+/// range, else its partials into `scratch` and the reduction (`reduce`) into `c`.
+#[allow(clippy::too_many_arguments)]
+fn push_product<'a>(
+    plan: &mut dg_gpu::PlanBuilder<'a>,
+    (kernel, reduce): (&Arc<dg_gpu::Pipeline>, &Arc<dg_gpu::Pipeline>),
+    tile: CoopTile,
+    p: &dg_kernels::gemm::GemmParams,
+    split: dg_kernels::coop_gemm::Split,
+    [a, b, scratch, c]: [&'a wgpu::Buffer; 4],
+) {
+    use dg_kernels::{coop_gemm, split_k};
+    if split.splits > 1 {
+        plan.push(kernel, &split.partial_params(p), &[a, b, scratch], coop_gemm::workgroups_split(tile, p.m, p.n, 1, split.splits));
+        let r = split.reduce_params(p);
+        plan.push(reduce, &r, &[scratch, c], dg_gpu::groups_1d(split_k::workgroups(&r), 65535));
+    } else {
+        plan.push(kernel, p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, 1));
+    }
 }
 
 #[test]
@@ -660,7 +698,7 @@ fn large_and_long_products_on_tensor_cores_match_the_reference() {
 #[test]
 #[ignore = "throughput: run with --include-ignored --nocapture on a GPU with cooperative matrices"]
 fn dense_tensor_core_throughput_by_tile_and_split() {
-    use dg_kernels::coop_gemm::{self, BLayout, Split};
+    use dg_kernels::coop_gemm::{self, BLayout};
     use dg_kernels::gemm::GemmParams;
     use dg_kernels::split_k;
     let test = "dense_tensor_core_throughput_by_tile_and_split";
@@ -674,19 +712,11 @@ fn dense_tensor_core_throughput_by_tile_and_split() {
         let c = ctx.storage_buffer("c", u64::from(p.m * p.n) * 4).unwrap();
         let kernel = pipelines.get(&ctx, coop_gemm::source_for(tile, path, WeightFormat::F16, BLayout::Nk)).unwrap();
         let reduce = pipelines.get(&ctx, split_k::source()).unwrap();
-        let steps = p.k / tile.bk;
-        let per = steps.div_ceil(splits);
-        let split = Split { splits: steps.div_ceil(per), steps: per };
+        let split = split_into(tile, p.k, splits);
         let replays = 50;
         let mut plan = dg_gpu::PlanBuilder::new(&ctx);
         for _ in 0..replays {
-            if splits > 1 {
-                plan.push(&kernel, &split.partial_params(&p), &[&a, &b, &scratch], coop_gemm::workgroups_split(tile, p.m, p.n, 1, split.splits));
-                let r = split.reduce_params(&p);
-                plan.push(&reduce, &r, &[&scratch, &c], dg_gpu::groups_1d(split_k::workgroups(&r), 65535));
-            } else {
-                plan.push(&kernel, &p, &[&a, &b, &c], coop_gemm::workgroups(tile, p.m, p.n, 1));
-            }
+            push_product(&mut plan, (&kernel, &reduce), tile, &p, split, [&a, &b, &scratch, &c]);
         }
         let best = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
         (best, ctx.read_f32(&c, 0, (p.m * p.n) as usize).unwrap())
@@ -774,11 +804,7 @@ fn tensor_core_step_ceiling_probe() {
         for tiles in [1u32, 66, 132, 264, 528, 1056, 2112] {
             let p = GemmParams::linear(64, 64 * tiles, k);
             let replays = 20;
-            let mut plan = dg_gpu::PlanBuilder::new(&ctx);
-            for _ in 0..replays {
-                plan.push(&pipeline, &p, &[&a, &b, &c], coop_gemm::workgroups(tile, p.m, p.n, 1));
-            }
-            let best = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+            let best = time_dispatch(&ctx, &pipeline, &p, &[&a, &b, &c], coop_gemm::workgroups(tile, p.m, p.n, 1), replays);
             let steps_per_us = f64::from(tiles * (k / 32)) / (best * 1e6);
             line += &format!(" | {tiles}: {:.1} us ({steps_per_us:.0} steps/us)", best * 1e6);
         }
@@ -806,7 +832,7 @@ fn replaced(src: &dg_kernels::KernelSource, tag: &str, edits: &[(&str, &str)]) -
 #[test]
 #[ignore = "throughput: run with --include-ignored --nocapture on a GPU with cooperative matrices"]
 fn tensor_core_operand_traffic_probe() {
-    use dg_kernels::coop_gemm::{self, BLayout, Split};
+    use dg_kernels::coop_gemm::{self, BLayout};
     use dg_kernels::gemm::GemmParams;
     use dg_kernels::split_k;
     let test = "tensor_core_operand_traffic_probe";
@@ -848,9 +874,7 @@ fn tensor_core_operand_traffic_probe() {
                 ("direct", direct.clone()),
                 ("direct W panels", replaced(&direct, "panel", direct_panel)),
             ];
-            let steps = k / tile.bk;
-            let per = steps.div_ceil(splits);
-            let split = Split { splits: steps.div_ceil(per), steps: per };
+            let split = split_into(tile, k, splits);
             let reduce = pipelines.get(&ctx, split_k::source()).unwrap();
             let mut line = format!("{test}: {name} {m}x{n}x{k} [{} split {splits}]", tile.label());
             for (what, source) in variants {
@@ -859,13 +883,7 @@ fn tensor_core_operand_traffic_probe() {
                 let mut plan = dg_gpu::PlanBuilder::new(&ctx);
                 for r in 0..replays {
                     let p = GemmParams { b_offset: (r % COPIES) * n * k, ..GemmParams::linear(m, n, k) };
-                    if splits > 1 {
-                        plan.push(&kernel, &split.partial_params(&p), &[&a, &b, &scratch], coop_gemm::workgroups_split(tile, m, n, 1, split.splits));
-                        let r = split.reduce_params(&p);
-                        plan.push(&reduce, &r, &[&scratch, &c], dg_gpu::groups_1d(split_k::workgroups(&r), 65535));
-                    } else {
-                        plan.push(&kernel, &p, &[&a, &b, &c], coop_gemm::workgroups(tile, m, n, 1));
-                    }
+                    push_product(&mut plan, (&kernel, &reduce), tile, &p, split, [&a, &b, &scratch, &c]);
                 }
                 let t = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
                 line += &format!(" | {what}: {:.1} us {:.0} TF", t * 1e6, flops / t / 1e12);
@@ -898,22 +916,14 @@ fn tensor_core_operand_traffic_probe() {
         for (what, source) in variants {
             let pipeline = pipelines.get(&ctx, source).unwrap();
             let replays = 50;
-            let mut plan = dg_gpu::PlanBuilder::new(&ctx);
-            for _ in 0..replays {
-                plan.push(&pipeline, &x.params, &[&bufs.a, &bufs.w.buffer, &bufs.offsets, &bufs.rows, &bufs.c], coop_grouped_gemm::workgroups(tile, &x.params));
-            }
-            let t = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+            let buffers = [&bufs.a, &bufs.w.buffer, &bufs.offsets, &bufs.rows, &bufs.c];
+            let t = time_dispatch(&ctx, &pipeline, &x.params, &buffers, coop_grouped_gemm::workgroups(tile, &x.params), replays);
             line += &format!(" | {what}: {:.1} us {:.0} GB/s of W", t * 1e6, (128 * 1408 * 2816 * 2) as f64 / t / 1e9);
         }
         eprintln!("{line}");
     }
 }
 
-/// How many workgroups of 128 invocations one multiprocessor runs at once, by the workgroup
-/// memory they declare (`--include-ignored --nocapture`): each invocation follows a chain of 400
-/// dependent loads through an L2-resident permutation (latency-bound, so concurrent workgroups
-/// take no longer than one), and the time is read against the number of workgroups. Where it
-/// stays flat up to `k ×` the multiprocessors' count, k workgroups run side by side.
 /// The tensor cores' own ceiling through WGSL cooperative matrices (`--include-ignored
 /// --nocapture`): subgroups that only multiply (fragments loaded once from workgroup memory,
 /// `acc` independent accumulators each, 4 subgroups a workgroup), then with the A and B fragments
@@ -937,11 +947,7 @@ fn tensor_core_peak_probe() {
             let mut line = format!("{test}: {label}, {acc} accumulators a subgroup, workgroups:");
             for groups in [132u32, 264, 528, 1056] {
                 let replays = 5;
-                let mut plan = dg_gpu::PlanBuilder::new(&ctx);
-                for _ in 0..replays {
-                    plan.push(&pipeline, &[iters, 0, 0, 0], &[&seed, &out], [groups, 1, 1]);
-                }
-                let t = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+                let t = time_dispatch(&ctx, &pipeline, &[iters, 0, 0, 0], &[&seed, &out], [groups, 1, 1], replays);
                 let flops = f64::from(groups) * 4.0 * f64::from(acc) * f64::from(iters) * 8192.0;
                 line += &format!(" | {groups}: {:.0} TFLOP/s", flops / t / 1e12);
             }
@@ -1010,11 +1016,7 @@ fn barrier_drain_probe() {
         };
         let pipeline = pipelines.get(&ctx, source).unwrap();
         let replays = 5;
-        let mut plan = dg_gpu::PlanBuilder::new(&ctx);
-        for _ in 0..replays {
-            plan.push(&pipeline, &[iters, 0, 0, 0], &[&data, &out], [groups, 1, 1]);
-        }
-        let t = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+        let t = time_dispatch(&ctx, &pipeline, &[iters, 0, 0, 0], &[&data, &out], [groups, 1, 1], replays);
         eprintln!("{test}: {label}: {:.3} us per iteration", t * 1e6 / f64::from(iters));
     }
 }
@@ -1118,6 +1120,11 @@ fn probe_kernels_validate() {
     assert_eq!(last, drain_probe_sums_at(DRAIN_PROBE_GROUPS));
 }
 
+/// How many workgroups of 128 invocations one multiprocessor runs at once, by the workgroup
+/// memory they declare (`--include-ignored --nocapture`): each invocation follows a chain of 400
+/// dependent loads through an L2-resident permutation (latency-bound, so concurrent workgroups
+/// take no longer than one), and the time is read against the number of workgroups. Where it
+/// stays flat up to `k ×` the multiprocessors' count, k workgroups run side by side.
 #[test]
 #[ignore = "throughput: run with --include-ignored --nocapture on a GPU"]
 fn workgroup_residency_probe() {
@@ -1152,11 +1159,7 @@ fn workgroup_residency_probe() {
         let mut line = format!("{test}: {shared_kib} KiB of workgroup memory, workgroups:");
         for groups in [66u32, 132, 264, 396, 528, 792, 1056, 2112] {
             let replays = 10;
-            let mut plan = dg_gpu::PlanBuilder::new(&ctx);
-            for _ in 0..replays {
-                plan.push(&pipeline, &[400u32, 0, 0, 0], &[&chain, &out], [groups, 1, 1]);
-            }
-            let t = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+            let t = time_dispatch(&ctx, &pipeline, &[400u32, 0, 0, 0], &[&chain, &out], [groups, 1, 1], replays);
             line += &format!(" | {groups}: {:.1} us", t * 1e6);
         }
         eprintln!("{line}");
