@@ -342,31 +342,10 @@ impl<'a> Recorder<'a> {
                 what: format!("a {b_format:?} matrix in K panels for a product of m {} n {} k {} (b_cs {}): no tensor-core tile takes it", p.m, p.n, p.k, p.b_cs),
             });
         }
+        if let Some(planned) = planned {
+            return self.coop_product(a, b, b_format, c, p, planned, defer);
+        }
         if tensor_cores && self.ctx.coop_matrix {
-            if let Some((tile, layout)) = planned {
-                let path = match coop_path() {
-                    coop_gemm::WPath::Direct if b_format != WeightFormat::F16 || layout == coop_gemm::BLayout::Kn => coop_gemm::WPath::Staged,
-                    path => path,
-                };
-                let kernel = coop_gemm::source_for(tile, path, b_format, layout);
-                let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(tile, &p), len)?)));
-                if let Some((scratch, split)) = split {
-                    let g = coop_gemm::workgroups_split(tile, p.m, p.n, p.batch, split.splits);
-                    let partial = split.partial_params(&p);
-                    self.push(kernel, &partial, &[a, b, scratch], g)?;
-                    let plain = p.alpha == 1.0 && p.accumulate == 0 && p.epilogue == gemm::EPILOGUE_NONE;
-                    let as_c = p.c_offset == 0 && p.c_rs == p.n && (p.batch <= 1 || p.c_batch == p.m * p.n);
-                    if defer && plain && as_c {
-                        return Ok(Product { buffer: scratch, splits: split.splits, split_stride: partial.split_stride });
-                    }
-                    let r = split.reduce_params(&p);
-                    let g = self.groups(split_k::workgroups(&r));
-                    self.push(split_k::source(), &r, &[scratch, c], g)?;
-                    return Ok(c.into());
-                }
-                self.push(kernel, &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch))?;
-                return Ok(c.into());
-            }
             // Ragged columns (a sliding layer's scores over its 1023 visible keys): the body of
             // whole 32-wide column blocks on the tensor cores, the last columns in the f32 GEMM.
             // Only for f32 operands (attention), the case measured on an H200 and tested
@@ -382,6 +361,43 @@ impl<'a> Recorder<'a> {
             }
         }
         self.gemm_format(a, b, b_format, c, p)?;
+        Ok(c.into())
+    }
+
+    /// `p` on the tensor cores with the planned tile and B layout, split K where
+    /// `dg_kernels::coop_gemm::Split` says so; with `defer`, a split product whose partials are laid
+    /// out as its C is left unreduced (see [`Self::gemm_layout`]).
+    #[allow(clippy::too_many_arguments)]
+    fn coop_product(
+        &mut self,
+        a: &'a wgpu::Buffer,
+        b: &'a wgpu::Buffer,
+        b_format: WeightFormat,
+        c: &'a wgpu::Buffer,
+        p: GemmParams,
+        (tile, layout): (coop_gemm::CoopTile, coop_gemm::BLayout),
+        defer: bool,
+    ) -> Result<Product<'a>, GpuError> {
+        let path = match coop_path() {
+            coop_gemm::WPath::Direct if b_format != WeightFormat::F16 || layout == coop_gemm::BLayout::Kn => coop_gemm::WPath::Staged,
+            path => path,
+        };
+        let kernel = coop_gemm::source_for(tile, path, b_format, layout);
+        let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(tile, &p), len)?)));
+        let Some((scratch, split)) = split else {
+            self.push(kernel, &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch))?;
+            return Ok(c.into());
+        };
+        let partial = split.partial_params(&p);
+        self.push(kernel, &partial, &[a, b, scratch], coop_gemm::workgroups_split(tile, p.m, p.n, p.batch, split.splits))?;
+        let plain = p.alpha == 1.0 && p.accumulate == 0 && p.epilogue == gemm::EPILOGUE_NONE;
+        let as_c = p.c_offset == 0 && p.c_rs == p.n && (p.batch <= 1 || p.c_batch == p.m * p.n);
+        if defer && plain && as_c {
+            return Ok(Product { buffer: scratch, splits: split.splits, split_stride: partial.split_stride });
+        }
+        let r = split.reduce_params(&p);
+        let g = self.groups(split_k::workgroups(&r));
+        self.push(split_k::source(), &r, &[scratch, c], g)?;
         Ok(c.into())
     }
 

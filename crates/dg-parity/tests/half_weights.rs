@@ -75,6 +75,19 @@ fn f16_weights_on_the_gpu_match_the_cpu_on_the_same_weights() {
     check_format(WeightFormat::F16, "gpu-f16");
 }
 
+/// The logits (`len` values) of one canvas forward on `ours` and on `reference`, each from an
+/// empty context with `prompt` encoded by its own encoder.
+fn both_forwards<'a>(ours: &'a mut dyn Backend, reference: &'a mut dyn Backend, prompt: &[u32], canvas: &[u32], sc: Option<&[f32]>, len: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut out = [vec![0f32; len], vec![0f32; len]];
+    for (b, logits) in [ours, reference].into_iter().zip(&mut out) {
+        b.reset().unwrap();
+        b.encode(prompt).unwrap();
+        b.canvas_forward(canvas, sc, logits).unwrap();
+    }
+    let [a, b] = out;
+    (a, b)
+}
+
 fn check_format(format: WeightFormat, backend_name: &str) {
     for name in FIXTURES {
         let Some(ctx) = test_context("half_weights") else { return };
@@ -95,12 +108,7 @@ fn check_format(format: WeightFormat, backend_name: &str) {
         let mut cpu = CpuBackend(CpuModel::new(model.config.clone(), gpu.cpu.weights.clone()));
         let (_, sc) = reference.floats("sc_logits").unwrap();
         for self_conditioning in [None, Some(&sc[..])] {
-            let (mut ours, mut want) = (vec![0f32; c * v], vec![0f32; c * v]);
-            for (b, out) in [(&mut gpu as &mut dyn Backend, &mut ours), (&mut cpu as &mut dyn Backend, &mut want)] {
-                b.reset().unwrap();
-                b.encode(&prompt).unwrap();
-                b.canvas_forward(&canvas, self_conditioning, out).unwrap();
-            }
+            let (mut ours, want) = both_forwards(&mut gpu, &mut cpu, &prompt, &canvas, self_conditioning, c * v);
             let cmp = compare(&ours, &want, v, tol.argmax_margin);
             eprintln!("{backend_name} {name} logits (sc {}): {cmp}", self_conditioning.is_some());
             if cmp.passes(tol.logits) {
@@ -226,12 +234,7 @@ fn f16_layers_hold_along_the_gpus_own_stream_on_random_canvases() {
                 (s % v as u64) as u32
             })
             .collect();
-        let (mut ours, mut want) = (vec![0f32; c * v], vec![0f32; c * v]);
-        for (b, out) in [(&mut gpu as &mut dyn Backend, &mut ours), (&mut cpu as &mut dyn Backend, &mut want)] {
-            b.reset().unwrap();
-            b.encode(&prompt).unwrap();
-            b.canvas_forward(&canvas, None, out).unwrap();
-        }
+        let (ours, want) = both_forwards(&mut gpu, &mut cpu, &prompt, &canvas, None, c * v);
         let cmp = compare(&ours, &want, v, tol.argmax_margin);
         let stream = gpu.stream_check(&[&prompt], &canvas, None).unwrap();
         eprintln!("{name} canvas {seed}: logits {cmp} | {}", stream.detail);
