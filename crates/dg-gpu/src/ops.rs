@@ -58,7 +58,17 @@ fn coop_grouped_override(p: &GroupedGemmParams, (tile, path): (coop_gemm::CoopTi
         .copied()
         .find(|t| wanted.as_deref().is_some_and(|w| names_tile(w, *t)) && coop_grouped_gemm::fits(*t, p))
         .unwrap_or(tile);
-    (tile, path)
+    (depth_override("DG_COOP_GROUPED_DEPTH", tile), path)
+}
+
+/// Tuning knobs: `DG_COOP_DEPTH=N` (dense) and `DG_COOP_GROUPED_DEPTH=N` (experts) issue a
+/// tensor-core tile's global loads N K steps ahead (`dg_kernels::coop_kloop`; 1 to its
+/// `MAX_DEPTH`, otherwise the tile's own).
+fn depth_override(knob: &str, tile: coop_gemm::CoopTile) -> coop_gemm::CoopTile {
+    match std::env::var(knob).ok().and_then(|v| v.parse().ok()) {
+        Some(depth) if tile.with_depth(depth).is_valid() => tile.with_depth(depth),
+        _ => tile,
+    }
 }
 
 /// Tuning knob: `DG_SPLIT_TARGET=N` sets the workgroups a tensor-core GEMM is split towards
@@ -337,6 +347,7 @@ impl<'a> Recorder<'a> {
         let panels = b_layout == MatrixLayout::KPanels;
         let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
         let planned = if tensor_cores && self.ctx.coop_matrix { coop_gemm::plan_layout(&p, panels, coop_tile_override(), max_shared) } else { None };
+        let planned = planned.map(|(tile, layout)| (depth_override("DG_COOP_DEPTH", tile), layout));
         if panels && (planned.is_none() || b_format != WeightFormat::F16) {
             return Err(GpuError::Unsupported {
                 what: format!("a {b_format:?} matrix in K panels for a product of m {} n {} k {} (b_cs {}): no tensor-core tile takes it", p.m, p.n, p.k, p.b_cs),

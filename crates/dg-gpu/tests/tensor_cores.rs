@@ -187,8 +187,9 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
     for &tile in coop_grouped_gemm::TILES {
         for counts in [&edges, &uneven] {
             for gather in [false, true] {
-                // n = 3·bn: 192 fits only the 64-wide tile, 384 the 128-wide ones.
-                let case = Case { n: 3 * tile.bn as usize, k: 96, counts: counts.clone(), gather };
+                // n = 3·bn: 192 fits only the 64-wide tile, 384 the 128-wide ones; 3 or 7 K steps,
+                // fewer than some rings and no multiple of any ring's length.
+                let case = Case { n: 3 * tile.bn as usize, k: if gather { 224 } else { 96 }, counts: counts.clone(), gather };
                 let x = case.inputs(7 + tile.bm as u64);
                 // The Recorder chooses by shape; the tile under test also runs directly.
                 let got = run_grouped(&ctx, &mut pipelines, &x);
@@ -197,6 +198,11 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
                 for path in [WPath::Staged, WPath::Direct] {
                     let direct = run_tile(&ctx, &mut pipelines, tile, path, &x);
                     check(&direct, &want, &x, |_| true, &format!("tile {} {path:?} counts {counts:?} gather {gather}", tile.label()));
+                    // Deeper rings add the same products in the same order: the same bits.
+                    for depth in 2..=dg_kernels::coop_kloop::MAX_DEPTH {
+                        let deeper = run_tile(&ctx, &mut pipelines, tile.with_depth(depth), path, &x);
+                        assert!(deeper == direct, "tile {} {path:?} depth {depth} counts {counts:?} gather {gather}: other bits than depth 1", tile.label());
+                    }
                 }
             }
         }
@@ -277,25 +283,77 @@ fn real_experts(test: &str, timed: bool) {
                     flops / best / 1e12
                 );
             }
+            // The same grid with every expert empty: what the workgroups that exit at once cost.
+            let (tile, path) = (coop_grouped_gemm::TILE_32X128, WPath::Direct);
+            let mut b = Buffers::upload(&ctx, &x, tile.bk);
+            b.offsets = ctx.upload("offsets", &vec![0u32; x.offsets.len()]).unwrap();
+            let empty = best_time(&ctx, &tile_plan(&ctx, &mut pipelines, tile, path, &x, &b, 50), 50);
+            eprintln!("{test}: {name} [{} {path:?}] every expert empty: {:.1} us", tile.label(), empty * 1e6);
+            // The W bytes alone: every workgroup of the 32 × 128 grid streams its experts' panels
+            // (8 KiB a K step) as 16-byte loads with no products: the read ceiling of this layout.
+            let stream = {
+                let tiles_n = n as u32 / 128;
+                let source = dg_kernels::KernelSource {
+                    name: format!("stream_panels_{name}"),
+                    wgsl: STREAM_PANELS_WGSL.to_string(),
+                    entry: "main",
+                    buffers: vec![dg_kernels::Access::Read, dg_kernels::Access::ReadWrite],
+                    params_size: 16,
+                };
+                let pipeline = pipelines.get(&ctx, source).unwrap();
+                let out = ctx.storage_buffer("out", 128 * 4 * u64::from(128 * tiles_n)).unwrap();
+                let params = [n as u32, k as u32, tiles_n, 0];
+                time_dispatch(&ctx, &pipeline, &params, &[&b.w.buffer, &out], dg_gpu::groups_1d(128 * tiles_n, 65535), 20)
+            };
+            eprintln!("{test}: {name} W streamed alone: {:.1} us, {:.0} GB/s", stream * 1e6, (128 * n * k * 2) as f64 / stream / 1e9);
+            // How the time grows with the experts that have rows (16 each, the rest empty): one m
+            // tile and n / 128 workgroups an expert; flat while the multiprocessors have room.
+            let mut line = format!("{test}: {name} [{} {path:?}] experts of 16 rows (workgroups):", tile.label());
+            for active in [1usize, 12, 24, 48, 72, 96, 128] {
+                let counts: Vec<u32> = (0..128).map(|e| if e < active { 16 } else { 0 }).collect();
+                let y = Case { n, k, counts, gather }.inputs(50);
+                let b = Buffers::upload(&ctx, &y, tile.bk);
+                let t = best_time(&ctx, &tile_plan(&ctx, &mut pipelines, tile, path, &y, &b, 20), 20);
+                line += &format!(" | {active} ({}): {:.1} us", active * n / 128, t * 1e6);
+            }
+            eprintln!("{line}");
         }
     }
 }
 
+/// Streams the experts' F16 panels as the 32 × 128 expert tile's workgroups read them (workgroup
+/// `g · tiles_n + t` reads columns `128·t ..` of expert `g`, one 8 KiB block a K step), with
+/// 16-byte loads and no products; `p = (n, k, tiles_n, _)`.
+const STREAM_PANELS_WGSL: &str = "@group(0) @binding(0) var<uniform> p: vec4<u32>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lt: u32) {
+    let id = wid.x + nwg.x * wid.y;
+    if (id >= 128u * p.z) {
+        return;
+    }
+    let g = id / p.z;
+    let t = id % p.z;
+    let first = g * (p.x * p.y / 8u) + t * 512u + lt;
+    let step = p.x * 4u;
+    var acc = vec4<u32>();
+    for (var s = 0u; s < p.y / 32u; s++) {
+        let at = first + s * step;
+        acc ^= w[at] ^ w[at + 128u] ^ w[at + 256u] ^ w[at + 384u];
+    }
+    out[id * 128u + lt] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+}
+";
+
 /// Tiles timed at the real shapes: the kernel's own and other candidates (K steps of 32 to 128,
 /// 16- and 32-row tiles, 4 and 8 subgroups).
 const TIMED_TILES: &[(CoopTile, WPath)] = &[
-    (coop_grouped_gemm::TILE_32X128, WPath::Staged),
     (coop_grouped_gemm::TILE_32X128, WPath::Direct),
-    (coop_grouped_gemm::TILE_32X64, WPath::Direct),
-    (CoopTile { bm: 16, bn: 128, bk: 64, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::Staged),
-    (CoopTile { bm: 16, bn: 128, bk: 64, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::Direct),
-    (CoopTile { bm: 32, bn: 128, bk: 64, wm: 32, wn: 32, staging: Staging::Vec4 }, WPath::Direct),
-    (CoopTile { bm: 32, bn: 256, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 }, WPath::Direct),
-    (CoopTile { bm: 32, bn: 128, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::Direct),
-    (CoopTile { bm: 16, bn: 128, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4 }, WPath::Direct),
-    (coop_grouped_gemm::TILE_16X256, WPath::Direct),
-    (coop_grouped_gemm::TILE_64X128, WPath::Direct),
-    (coop_grouped_gemm::TILE_64X128, WPath::Staged),
+    (coop_grouped_gemm::TILE_32X128.with_depth(2), WPath::Direct),
+    (coop_grouped_gemm::TILE_16X128, WPath::Direct),
+    (CoopTile { bm: 32, bn: 256, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1 }, WPath::Direct),
+    (CoopTile { bm: 32, bn: 256, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 1 }, WPath::Direct),
 ];
 
 /// Best time of one dispatch of `tile` over 5 submissions of 50 replays, in seconds.
@@ -674,6 +732,44 @@ fn panelled_matrix_refuses_products_no_tile_takes() {
     }
 }
 
+/// Deeper prefetch rings (`dg_kernels::coop_kloop`) add the same products in the same order: the
+/// dense kernel gives the same bits at every depth, staged and direct, whole and in K splits, with
+/// a partial last m tile, and K steps (7, or 3 and 4 a split) fewer than some rings and no multiple
+/// of any ring's length.
+#[test]
+fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
+    use dg_kernels::coop_gemm::{self, BLayout, Split};
+    use dg_kernels::gemm::GemmParams;
+    let test = "deeper_prefetch_gives_the_same_bits_in_dense_products";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let p = GemmParams::linear(200, 256, 224);
+    let a = ctx.upload("a", &seeded((p.m * p.k) as usize, 81, 1.0)).unwrap();
+    let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((p.n * p.k) as usize, 82, 1.0))).unwrap();
+    let scratch = ctx.storage_buffer("split partials", 1 << 20).unwrap();
+    let c = ctx.storage_buffer("c", u64::from(p.m * p.n) * 4).unwrap();
+    let reduce = pipelines.get(&ctx, dg_kernels::split_k::source()).unwrap();
+    for tile in [coop_gemm::TILE_128X128, coop_gemm::TILE_64X64] {
+        for path in [WPath::Staged, WPath::Direct] {
+            for split in [Split { splits: 1, steps: 7 }, Split { splits: 2, steps: 4 }] {
+                let mut first: Option<Vec<f32>> = None;
+                for depth in 1..=dg_kernels::coop_kloop::MAX_DEPTH {
+                    let t = tile.with_depth(depth);
+                    let kernel = pipelines.get(&ctx, coop_gemm::source_for(t, path, WeightFormat::F16, BLayout::Nk)).unwrap();
+                    let mut plan = dg_gpu::PlanBuilder::new(&ctx);
+                    push_product(&mut plan, (&kernel, &reduce), t, &p, split, [&a, &b, &scratch, &c]);
+                    plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+                    let got = ctx.read_f32(&c, 0, (p.m * p.n) as usize).unwrap();
+                    match &first {
+                        None => first = Some(got),
+                        Some(want) => assert!(&got == want, "{} {path:?} {split:?}: other bits than depth 1", t.label()),
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The Recorder's choices for large products (`coop_gemm::plan`): a head-like product with 512
 /// tiles of 128×128 (BF16, softcapped, at a column offset) takes that tile; a long `[k][n]` product
 /// (the soft embedding's shape with K = 16384: 512 steps) splits towards
@@ -721,10 +817,12 @@ fn dense_tensor_core_throughput_by_tile_and_split() {
         let best = best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
         (best, ctx.read_f32(&c, 0, (p.m * p.n) as usize).unwrap())
     };
-    let tiles = [coop_gemm::TILE_64X64, coop_gemm::TILE_64X128, coop_gemm::TILE_128X128, coop_gemm::TILE_32X64, coop_gemm::TILE_64X64_K64];
+    let big = coop_gemm::TILE_128X128;
+    let tiles = [coop_gemm::TILE_64X64, coop_gemm::TILE_64X64.with_depth(2), coop_gemm::TILE_64X128, big.with_depth(1), big.with_depth(2), big.with_depth(3), big.with_depth(4), coop_gemm::TILE_32X64];
     let shapes = [("q", 256, 4096, 2816), ("o", 256, 2816, 4096), ("mlp gate_up", 256, 4224, 2816), ("mlp down", 256, 2816, 2112), ("router", 256, 128, 2816)];
     for (name, m, n, k) in shapes {
         let p = GemmParams::linear(m, n, k);
+        let mut wholes = std::collections::HashMap::new();
         for tile in tiles {
             if !tile.fits(m, n, k) || tile.dense_shared_bytes() > ctx.limits.max_compute_workgroup_storage_size {
                 continue;
@@ -745,6 +843,8 @@ fn dense_tensor_core_throughput_by_tile_and_split() {
             // W straight from the buffer: the same products in the same order, so the same C.
             let (t, direct) = time(&mut pipelines, tile, WPath::Direct, p, 1);
             assert!(direct == whole, "{name} [{}]: direct W fragments changed C", tile.label());
+            let shallow = wholes.entry(tile.with_depth(1).label()).or_insert(whole);
+            assert!(direct == *shallow, "{name} [{}]: a deeper ring changed C", tile.label());
             line += &format!(" | direct: {:.1} us {:.0} TF", t * 1e6, flops / t / 1e12);
             eprintln!("{line}");
         }
@@ -902,7 +1002,7 @@ fn tensor_core_operand_traffic_probe() {
     ];
     let w_cached: &[(&str, &str)] = &[("let w_next = w_sub + min(s + 1u, steps - 1u) * w_step;", "let w_next = w_sub;")];
     let both: Vec<(&str, &str)> = tile_major.iter().chain(f16_a).copied().collect();
-    for tile in [coop_grouped_gemm::TILE_32X128, CoopTile { bm: 32, bn: 128, bk: 64, wm: 32, wn: 32, staging: Staging::Vec4 }] {
+    for tile in [coop_grouped_gemm::TILE_32X128, CoopTile { bm: 32, bn: 128, bk: 64, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1 }] {
         let grouped = coop_grouped_gemm::source_with(tile, WPath::Direct);
         let variants = [
             ("as is", grouped.clone()),
@@ -1111,6 +1211,7 @@ fn probe_kernels_validate() {
         kernels.extend([1u32, 4, 8].map(|acc| peak_probe_wgsl(acc, reload, barrier)));
     }
     kernels.extend(DRAIN_PROBE_CASES.iter().map(|&(_, loads, distance, barrier)| drain_probe_wgsl(loads, distance, barrier, DRAIN_PROBE_GROUPS)));
+    kernels.push(STREAM_PANELS_WGSL.to_string());
     for wgsl in &kernels {
         let module = naga::front::wgsl::parse_str(wgsl).unwrap_or_else(|e| panic!("{}\n{wgsl}", e.emit_to_string(wgsl)));
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{wgsl}"));

@@ -47,9 +47,9 @@
 //! Tiling: one workgroup per `bm × bn` tile of C, `bm/wm · bn/wn` subgroups of 32 invocations, each
 //! owning a `wm × wn` block as `(wm/16)·(wn/16)` f32 accumulator fragments; K in steps of `bk`
 //! through two stages of workgroup memory (the next step's global loads are in flight while the
-//! current one multiplies; one barrier a step; `wgsl/coop_kloop.wgsl`, shared with
-//! [`crate::coop_grouped_gemm`]). With [`WPath::Direct`] only A is staged and each subgroup loads
-//! its W fragments straight from the buffer one step ahead (`wgsl/coop_kloop_direct.wgsl`): slower
+//! current one multiplies, or [`CoopTile::depth`] steps ahead; one barrier a step;
+//! [`crate::coop_kloop`], shared with [`crate::coop_grouped_gemm`]). With [`WPath::Direct`] only
+//! A is staged and each subgroup loads its W fragments straight from the buffer (same module): slower
 //! for these dense products on an H200, faster for the experts'. A product may also split its K
 //! into ranges, one layer of workgroups each, whose partials [`crate::split_k`] adds ([`Split`]).
 //! See `wgsl/coop_gemm.wgsl`.
@@ -136,6 +136,9 @@ pub struct CoopTile {
     pub wm: u32,
     pub wn: u32,
     pub staging: Staging,
+    /// K steps ahead of their use that the global loads are issued (1: the next step's; see
+    /// [`crate::coop_kloop`]).
+    pub depth: u32,
 }
 
 impl CoopTile {
@@ -193,6 +196,8 @@ impl CoopTile {
             && (self.bn * self.bk / 4).is_multiple_of(self.invocations())
             && self.invocations() <= MAX_INVOCATIONS
             && self.shared_bytes() <= MAX_SHARED_BYTES
+            && self.depth >= 1
+            && self.depth <= crate::coop_kloop::MAX_DEPTH
     }
 
     /// Whether the kernel computes an `m × n × k` product with this tile (any `m`: the last m tile
@@ -201,18 +206,25 @@ impl CoopTile {
         m > 0 && n > 0 && k > 0 && n.is_multiple_of(self.bn) && k.is_multiple_of(self.bk)
     }
 
+    /// This tile with its loads issued `depth` K steps ahead.
+    pub const fn with_depth(self, depth: u32) -> CoopTile {
+        CoopTile { depth, ..self }
+    }
+
     /// Workgroups of an `m × n` product: `ceil(m / bm) · n / bn`.
     pub const fn tiles(self, m: u32, n: u32) -> u32 {
         m.div_ceil(self.bm) * (n / self.bn)
     }
 
-    /// `"{bm}x{bn}x{bk}_{wm}x{wn}"` plus `"_v4"` for [`Staging::Vec4`].
+    /// `"{bm}x{bn}x{bk}_{wm}x{wn}"` plus `"_v4"` for [`Staging::Vec4`] and `"_d{depth}"` for a
+    /// depth over 1.
     pub fn label(self) -> String {
         let staging = match self.staging {
             Staging::Scalar => "",
             Staging::Vec4 => "_v4",
         };
-        format!("{}x{}x{}_{}x{}{staging}", self.bm, self.bn, self.bk, self.wm, self.wn)
+        let depth = if self.depth == 1 { String::new() } else { format!("_d{}", self.depth) };
+        format!("{}x{}x{}_{}x{}{staging}{depth}", self.bm, self.bn, self.bk, self.wm, self.wn)
     }
 
     fn prelude(self) -> Vec<(&'static str, u32)> {
@@ -299,27 +311,18 @@ impl CoopTile {
     }
 
     /// [`Self::expand`] for W reaching the tensor cores by `path`: with [`WPath::Direct`] the
-    /// template's `sb` is dropped and the K loop is `coop_kloop_direct.wgsl`, whose W fragments
-    /// start at `w_sub` (a `let` of the template), `stride_w` vec4s between W rows, `w_step` between
-    /// steps.
-    pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, w_format: WeightFormat, layout: BLayout, mut pieces: Vec<(&str, String)>) -> String {
+    /// template's `sb` is dropped and the K loop is [`crate::coop_kloop`]'s direct one, whose W
+    /// fragments start at `w_sub` (a `let` of the template), `stride_w` vec4s between W rows,
+    /// `w_step` between steps.
+    pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, w_format: WeightFormat, layout: BLayout, pieces: Vec<(&str, String)>) -> String {
         match path {
             WPath::Staged => self.expand(template, w_at, w_format, layout, &pieces),
             WPath::Direct => {
                 let (_, fn_) = self.fragments();
-                let (mut init, mut next, mut rotate) = (String::new(), String::new(), String::new());
-                for kk in 0..self.bk / FRAGMENT {
-                    for j in 0..fn_ {
-                        let at = format!("{}u * stride_w + {}u", j * FRAGMENT, kk * FRAGMENT / 4);
-                        init += &format!("    let iw_{kk}_{j} = w_sub + {at};\n    var fb_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[iw_{kk}_{j}], stride_w);\n");
-                        next += &format!("        let inw_{kk}_{j} = w_next + {at};\n        let nb_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[inw_{kk}_{j}], stride_w);\n");
-                        rotate += &format!("        fb_{kk}_{j} = nb_{kk}_{j};\n");
-                    }
-                }
-                pieces.extend([("//@FB_INIT\n", init), ("//@FB_NEXT\n", next), ("//@FB_ROTATE\n", rotate)]);
                 let template = template.replace("var<workgroup> sb: array<SElem, SBL>;\n", "");
                 let fragment = |kk: u32, j: u32| format!("fb_{kk}_{j}");
-                self.expand_with(&template, include_str!("wgsl/coop_kloop_direct.wgsl"), "", w_format, layout, Some(&fragment), &pieces)
+                let kloop = crate::coop_kloop::direct(self.depth, self.bk / FRAGMENT, fn_);
+                self.expand_with(&template, &kloop, "", w_format, layout, Some(&fragment), &pieces)
             }
         }
     }
@@ -330,7 +333,7 @@ impl CoopTile {
     /// (`//@MULTIPLY`), then the kernel's own `pieces`; `enable`s and the const prelude in front,
     /// `// @unroll` loops expanded.
     pub(crate) fn expand(self, template: &str, w_at: &str, w_format: WeightFormat, layout: BLayout, pieces: &[(&str, String)]) -> String {
-        self.expand_with(template, include_str!("wgsl/coop_kloop.wgsl"), w_at, w_format, layout, None, pieces)
+        self.expand_with(template, &crate::coop_kloop::staged(self.depth), w_at, w_format, layout, None, pieces)
     }
 
     /// [`Self::expand`] with the K loop `kloop`, and with `b_fragment(kk, j)` naming the B
@@ -440,25 +443,29 @@ impl CoopTile {
 
 /// 64×128 tile, 32×64 per subgroup (4 subgroups, 2×4 fragments each), K steps of 32, vec4
 /// staging (30 KiB): 128 workgroups for `256 × 4096`, about one per SM of an H200.
-pub const TILE_64X128: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 };
+pub const TILE_64X128: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 1 };
 /// [`TILE_64X128`] with scalar f16 staging (the plainest WGSL).
 pub const TILE_64X128_SCALAR: CoopTile = CoopTile { staging: Staging::Scalar, ..TILE_64X128 };
 /// 64×64 tile, 32×32 per subgroup (4 subgroups, 2×2 fragments), K steps of 32 (20 KiB): more
 /// workgroups (256 for `256 × 4096`).
-pub const TILE_64X64: CoopTile = CoopTile { bm: 64, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4 };
+pub const TILE_64X64: CoopTile = CoopTile { bm: 64, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1 };
 /// [`TILE_64X64`] with K steps of 64 (36 KiB): half the barriers.
 pub const TILE_64X64_K64: CoopTile = CoopTile { bk: 64, ..TILE_64X64 };
 /// 128×64 tile, 64×32 per subgroup (4 subgroups, 4×2 fragments), K steps of 32 (30 KiB).
-pub const TILE_128X64: CoopTile = CoopTile { bm: 128, bn: 64, bk: 32, wm: 64, wn: 32, staging: Staging::Vec4 };
+pub const TILE_128X64: CoopTile = CoopTile { bm: 128, bn: 64, bk: 32, wm: 64, wn: 32, staging: Staging::Vec4, depth: 1 };
 /// 128×128 tile, 32×64 per subgroup (8 subgroups, 2×4 fragments), K steps of 32 (40 KiB): the most
-/// reuse, few workgroups at 256 rows.
-pub const TILE_128X128: CoopTile = CoopTile { bm: 128, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 };
+/// reuse, few workgroups at 256 rows. Its loads run 3 K steps ahead: alone on its multiprocessor
+/// (48 KiB with the scratch), a workgroup has no other to hide its loads' latency behind. On an
+/// H200 (`dense_tensor_core_throughput_by_tile_and_split`, 2 splits, µs at depths 1 / 2 / 3 / 4):
+/// q 133 / 75 / 60 / 71, o 111 / 81 / 70 / 94, MLP gate/up 82 / 61 / 55 / 73; in the F16 forward
+/// the panelled projections 348 → 289 µs a layer, the layers 1.407 → 1.355 ms.
+pub const TILE_128X128: CoopTile = CoopTile { bm: 128, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 3 };
 
 /// 32×64 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB): twice the workgroups of
 /// [`TILE_64X64`] (352 for `256 × 2816`).
-pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4 };
+pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1 };
 /// 64×32 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB).
-pub const TILE_64X32: CoopTile = CoopTile { bm: 64, bn: 32, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4 };
+pub const TILE_64X32: CoopTile = CoopTile { bm: 64, bn: 32, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1 };
 
 /// [`TILE_64X64`] with K steps of 16 (16 KiB with the scratch): three workgroups fit a
 /// multiprocessor's workgroup memory where [`TILE_64X64`]'s 24 KiB fit two.
@@ -734,7 +741,8 @@ mod tests {
             }
             all
         };
-        for k in TILES.iter().chain(TUNING_TILES).flat_map(|&t| variants(t)) {
+        let depths = |t: &CoopTile| { let t = *t; (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d)) };
+        for k in TILES.iter().chain(TUNING_TILES).flat_map(depths).flat_map(variants) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)

@@ -54,19 +54,19 @@ pub fn pack_f16_panels(w: &[f32], n: usize, k: usize, panel: usize) -> Vec<u32> 
 
 /// 32 rows × 128 columns, 32×32 per subgroup (4 subgroups), K steps of 32: the decoder's ~16 slots
 /// per expert in one m tile.
-pub const TILE_32X128: CoopTile = CoopTile { bm: 32, bn: 128, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4 };
+pub const TILE_32X128: CoopTile = CoopTile { bm: 32, bn: 128, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1 };
 /// 16 × 256, 16×64 per subgroup (4 subgroups): wide tiles for short K (the down projection, K 704,
 /// N 2816); tested and timed, but not picked by [`choose`] (32 × 128 measured faster in the forward).
-pub const TILE_16X256: CoopTile = CoopTile { bm: 16, bn: 256, bk: 32, wm: 16, wn: 64, staging: Staging::Vec4 };
+pub const TILE_16X256: CoopTile = CoopTile { bm: 16, bn: 256, bk: 32, wm: 16, wn: 64, staging: Staging::Vec4, depth: 1 };
 /// 32 × 64, 16×32 per subgroup (4 subgroups): for `n` not a multiple of 128.
-pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4 };
+pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4, depth: 1 };
 /// 64 × 128, 32×64 per subgroup (4 subgroups): the encoder's chunks (1024 tokens, ~64 slots per
 /// expert).
-pub const TILE_64X128: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4 };
+pub const TILE_64X128: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 1 };
 
 /// 16 × 128, 16×32 per subgroup (4 subgroups): half the accumulators of [`TILE_32X128`] per
 /// subgroup (fewer registers, more workgroups resident); a group over 16 slots takes two m tiles.
-pub const TILE_16X128: CoopTile = CoopTile { bm: 16, bn: 128, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4 };
+pub const TILE_16X128: CoopTile = CoopTile { bm: 16, bn: 128, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4, depth: 1 };
 /// 32 × 128 in 8 subgroups of 16×32 (256 invocations): [`TILE_32X128`]'s tile with half the
 /// accumulators per subgroup.
 pub const TILE_32X128_W8: CoopTile = CoopTile { wm: 16, ..TILE_32X128 };
@@ -186,7 +186,8 @@ mod tests {
 
     #[test]
     fn every_tile_renders_and_validates_with_cooperative_matrices() {
-        for k in TILES.iter().flat_map(|&t| [source(t), source_with(t, WPath::Direct)]) {
+        let depths = |t: &CoopTile| { let t = *t; (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d)) };
+        for k in TILES.iter().flat_map(depths).flat_map(|t| [source(t), source_with(t, WPath::Direct)]) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)

@@ -11,6 +11,7 @@ pub mod axpby;
 pub mod bf16;
 pub mod coop_gemm;
 pub mod coop_grouped_gemm;
+pub mod coop_kloop;
 pub mod copy;
 pub mod embed;
 pub mod gelu_glu;

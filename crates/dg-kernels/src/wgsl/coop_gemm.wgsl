@@ -93,7 +93,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let e = lt + l * WT;
         w_src[l] = W_SRC + s0 * w_step;
     }
-    // Direct W fragments (NK only, coop_kloop_direct.wgsl): the subgroup's first W row, W rows
+    // Direct W fragments (coop_kloop.rs, direct): the subgroup's first W row, W rows
     // stride_w vec4s apart.
     let stride_w = W_ROW;
     let w_sub = w_base + (n0 + sn) * stride_w + s0 * w_step;

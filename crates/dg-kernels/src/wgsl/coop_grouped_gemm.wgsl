@@ -14,7 +14,7 @@
 // the linear workgroup index is decoded m tile fastest, then n tile, then group; a workgroup whose
 // m tile starts past its group's count leaves at once. The rows of a tile past the count are
 // staged from the group's last row (any valid row: rows of a product are independent) and never
-// stored. The K loop is the dense kernel's (coop_kloop.wgsl). Stores: a tile whose rows are all
+// stored. The K loop is the dense kernel's (coop_kloop.rs). Stores: a tile whose rows are all
 // the group's goes straight to C; a partial one goes fragment by fragment through a 16 x 16
 // scratch per subgroup in workgroup memory, from which the rows below the count are copied out.
 
@@ -88,7 +88,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // w_first + lt + l * WT.
     let w_first = g * (p.b_group_stride / 4u) + n0 * BK4;
     let w_step = p.n * BK4;
-    // Direct W fragments (coop_kloop_direct.wgsl): the subgroup's first column, W rows BK4 apart.
+    // Direct W fragments (coop_kloop.rs, direct): the subgroup's first column, W rows BK4 apart.
     let w_sub = w_first + sn * BK4;
     let stride_w = BK4;
 

@@ -1,0 +1,139 @@
+//! The K loops of the tensor-core GEMMs ([`crate::coop_gemm`], [`crate::coop_grouped_gemm`]),
+//! rendered for a prefetch depth: how many K steps ahead of their use the global loads are issued.
+//!
+//! A K step multiplies one `bm × bk` block of A by one `bn × bk` block of W. A reaches the tensor
+//! cores through two stages of workgroup memory (rounded to f16 as it is staged); W either with it
+//! ([`crate::coop_gemm::WPath::Staged`]) or as fragments each subgroup loads straight from the
+//! buffer ([`crate::coop_gemm::WPath::Direct`]). One barrier a step. The loads of later steps
+//! wait in registers, in a ring of sets indexed by constants: the loop is unrolled by the ring's
+//! length, so that no set is ever copied (a register copy would wait for its load).
+//!
+//! - Staged, depth `d`: `d` sets of A and W vec4s. Step `s` multiplies its stage, writes step
+//!   `s + 1` (loaded `d` steps earlier) into the other stage, then loads step `s + 1 + d` into the
+//!   set just written out.
+//! - Direct, depth `d`: `d + 1` sets of W fragments. Step `s` first loads step `s + d`'s
+//!   fragments into the set step `s − 1` used, then multiplies with its own; A as staged, with
+//!   `d + 1` sets.
+//!
+//! Depth 1 is the classic double buffer (the loads of the next step in flight while this one
+//! multiplies). Every depth adds the same products in the same order: results are bit-identical
+//! across depths. Global loads are not drained by barriers on NVIDIA (`tests/tensor_cores.rs`,
+//! `barrier_drain_probe`), so a deeper ring keeps more bytes in flight per workgroup, which is
+//! what a lone 128×128 workgroup per multiprocessor, or the experts' weight stream, need.
+//!
+//! The text expects in scope: `a_src` (LA vec4 indices into `a` at step 0), `steps`, `w_step`
+//! (vec4s of W between steps), `stride_s`, `sg`, `sm`, `sn`; staged, the expression `W_AT` (the
+//! index into `w` of the invocation's vec4 `l` at step 0, replaced by the kernel's); direct,
+//! `w_sub` (the subgroup's first W vec4 at step 0) and `stride_w` (vec4s between W rows). It
+//! leaves the accumulators `acc_i_j`; the markers `//@ACC` and `//@MULTIPLY` (one per phase of
+//! the unrolled loop, each in a scope with `a_st`, `b_st`) are filled in by the tile.
+
+/// The deepest ring a tile may ask for.
+pub const MAX_DEPTH: u32 = 4;
+
+/// Loads step `step` (a WGSL u32 expression) of A, and of W when `with_w`, into set `set`.
+fn load(set: u32, step: &str, with_w: bool, indent: &str) -> String {
+    let mut s = format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LA; l++) {{\n{indent}    ra[{set}][l] = a[a_src[l] + ({step}) * BK4];\n{indent}}}\n");
+    if with_w {
+        s += &format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    rw[{set}][l] = load_w(W_AT + ({step}) * w_step);\n{indent}}}\n");
+    }
+    s
+}
+
+/// Writes set `set` into the stage whose A starts at `a_at` (and W at `b_at` when `with_w`).
+fn put(set: u32, a_at: &str, b_at: &str, with_w: bool, indent: &str) -> String {
+    let mut s = format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LA; l++) {{\n{indent}    put_a({a_at} + dst_of(lt + l * WT), vec4<f16>(ra[{set}][l]));\n{indent}}}\n");
+    if with_w {
+        s += &format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    put_b({b_at} + dst_w(lt + l * WT), rw[{set}][l]);\n{indent}}}\n");
+    }
+    s
+}
+
+/// The ring's declarations and prologue: step 0 staged, steps `1..=sets` loaded into their sets
+/// (step `t` in set `t % sets`).
+fn prologue(sets: u32, with_w: bool) -> String {
+    let mut s = format!("    var ra: array<array<vec4<f32>, LA>, {sets}>;\n");
+    if with_w {
+        s += &format!("    var rw: array<array<vec4<f16>, LW>, {sets}>;\n");
+    }
+    s += &load(0, "0u", with_w, "    ");
+    s += &put(0, "0u", "0u", with_w, "    ");
+    for t in 1..=sets {
+        s += &format!("    if ({t}u < steps) {{\n{}    }}\n", load(t % sets, &format!("{t}u"), with_w, "        "));
+    }
+    s
+}
+
+/// After step `s` (phase `ph` of a ring of `sets`) multiplied: step `s + 1` into the other stage
+/// from its set, and step `s + 1 + sets` loaded into that set.
+fn advance(ph: u32, sets: u32, with_w: bool) -> String {
+    let next = (ph + 1) % sets;
+    let i = "                    ";
+    format!(
+        "                if (s + 1u < steps) {{\n\
+         \x20                   let a_nx = ((s + 1u) & 1u) * (BM * KP);\n\
+         \x20                   let b_nx = ((s + 1u) & 1u) * SBS;\n\
+         {}\
+         \x20                   if (s + {}u < steps) {{\n{}\
+         \x20                   }}\n\
+         \x20               }}\n",
+        put(next, "a_nx", "b_nx", with_w, i),
+        1 + sets,
+        load(next, &format!("s + {}u", 1 + sets), with_w, "                        "),
+    )
+}
+
+/// The staged K loop of `depth` (A and W through workgroup memory).
+pub(crate) fn staged(depth: u32) -> String {
+    assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
+    let mut s = prologue(depth, true);
+    s += "    workgroupBarrier();\n\n//@ACC\n";
+    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
+    for ph in 0..depth {
+        s += &format!(
+            "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
+             \x20           {{\n                let a_st = (s & 1u) * (BM * KP);\n                let b_st = (s & 1u) * SBS;\n\
+             //@MULTIPLY\n{}\
+             \x20               workgroupBarrier();\n            }}\n        }}\n",
+            advance(ph, depth, true)
+        );
+    }
+    s + "    }\n"
+}
+
+/// The direct K loop of `depth` for a tile with `k_frags` fragments along its K step and `n_frags`
+/// along a subgroup's columns: W fragment `(kk, j)` of the current step is `fb_{kk}_{j}`.
+pub(crate) fn direct(depth: u32, k_frags: u32, n_frags: u32) -> String {
+    assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
+    let sets = depth + 1;
+    let fragments = |f: &dyn Fn(u32, u32, String) -> String| -> String {
+        (0..k_frags).flat_map(|kk| (0..n_frags).map(move |j| (kk, j))).map(|(kk, j)| f(kk, j, format!("{}u * stride_w + {}u", j * 16, kk * 4))).collect()
+    };
+    let mut s = prologue(sets, false);
+    // W steps 0..depth in sets 0..depth (steps past the last repeat it); the last set is free.
+    for set in 0..sets {
+        s += &fragments(&|kk, j, at| match set < depth {
+            true => format!("    var fw{set}_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[w_sub + min({set}u, steps - 1u) * w_step + {at}], stride_w);\n"),
+            false => format!("    var fw{set}_{kk}_{j} = coop_mat16x16<f16, B>();\n"),
+        });
+    }
+    s += "    workgroupBarrier();\n\n//@ACC\n";
+    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {sets}u) {{\n");
+    for ph in 0..sets {
+        let ahead = (ph + depth) % sets;
+        // Unconditional (cooperative loads need uniform control flow): past the last step, the
+        // last step's fragments again.
+        let refill = fragments(&|kk, j, at| format!("                fw{ahead}_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[w_sub + min(s + {depth}u, steps - 1u) * w_step + {at}], stride_w);\n"));
+        let current = fragments(&|kk, j, _| format!("                let fb_{kk}_{j} = fw{ph}_{kk}_{j};\n"));
+        s += &format!(
+            "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
+             \x20           {{\n{refill}\
+             {current}\
+             \x20               let a_st = (s & 1u) * (BM * KP);\n                let b_st = 0u;\n\
+             //@MULTIPLY\n{}\
+             \x20               workgroupBarrier();\n            }}\n        }}\n",
+            advance(ph, sets, false)
+        );
+    }
+    s + "    }\n"
+}
