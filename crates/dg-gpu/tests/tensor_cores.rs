@@ -302,10 +302,15 @@ fn real_experts(test: &str, timed: bool) {
                 };
                 let pipeline = pipelines.get(&ctx, source).unwrap();
                 let out = ctx.storage_buffer("out", 128 * 4 * u64::from(128 * tiles_n)).unwrap();
-                let params = [n as u32, k as u32, tiles_n, 0];
-                time_dispatch(&ctx, &pipeline, &params, &[&b.w.buffer, &out], dg_gpu::groups_1d(128 * tiles_n, 65535), 20)
+                let mut line = format!("{test}: {name} W streamed alone (panels; tile-major with 1, 4 tiles a workgroup):");
+                for mode in [0u32, 1, 4, 0] {
+                    let params = [n as u32, k as u32, tiles_n, mode];
+                    let t = time_dispatch(&ctx, &pipeline, &params, &[&b.w.buffer, &out], dg_gpu::groups_1d((128 * tiles_n).div_ceil(mode.max(1)), 65535), 20);
+                    line += &format!(" | {:.1} us {:.0} GB/s", t * 1e6, (128 * n * k * 2) as f64 / t / 1e9);
+                }
+                line
             };
-            eprintln!("{test}: {name} W streamed alone: {:.1} us, {:.0} GB/s", stream * 1e6, (128 * n * k * 2) as f64 / stream / 1e9);
+            eprintln!("{stream}");
             // How the time grows with the experts that have rows (16 each, the rest empty): one m
             // tile and n / 128 workgroups an expert; flat while the multiprocessors have room.
             let mut line = format!("{test}: {name} [{} {path:?}] experts of 16 rows (workgroups):", tile.label());
@@ -321,24 +326,32 @@ fn real_experts(test: &str, timed: bool) {
     }
 }
 
-/// Streams the experts' F16 panels as the 32 × 128 expert tile's workgroups read them (workgroup
-/// `g · tiles_n + t` reads columns `128·t ..` of expert `g`, one 8 KiB block a K step), with
-/// 16-byte loads and no products; `p = (n, k, tiles_n, _)`.
+/// Streams the experts' F16 weights in 8 KiB blocks with 16-byte loads and no products, either as
+/// the 32 × 128 expert tile's workgroups read the K panels (workgroup `g · tiles_n + t` reads
+/// columns `128·t ..` of expert `g`, one block a K step, the blocks a panel apart), or as they
+/// would read a tile-major layout (each workgroup's blocks back to back, one or more tiles a
+/// workgroup); `p = (n, k, tiles_n, mode)`. The bytes read are the same; only their order differs.
 const STREAM_PANELS_WGSL: &str = "@group(0) @binding(0) var<uniform> p: vec4<u32>;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lt: u32) {
     let id = wid.x + nwg.x * wid.y;
-    if (id >= 128u * p.z) {
+    let steps = p.y / 32u;
+    // p.w: 0 panels, 1 tile-major (each workgroup's blocks back to back), t > 1 tile-major with
+    // t tiles a workgroup.
+    let per = max(p.w, 1u);
+    if (id * per >= 128u * p.z) {
         return;
     }
-    let g = id / p.z;
-    let t = id % p.z;
-    let first = g * (p.x * p.y / 8u) + t * 512u + lt;
-    let step = p.x * 4u;
+    var first = (id * per) * steps * 512u + lt;
+    var step = 512u;
+    if (p.w == 0u) {
+        first = (id / p.z) * (p.x * p.y / 8u) + (id % p.z) * 512u + lt;
+        step = p.x * 4u;
+    }
     var acc = vec4<u32>();
-    for (var s = 0u; s < p.y / 32u; s++) {
+    for (var s = 0u; s < steps * per; s++) {
         let at = first + s * step;
         acc ^= w[at] ^ w[at + 128u] ^ w[at + 256u] ^ w[at + 384u];
     }
@@ -643,11 +656,11 @@ fn panelled_projections_match_the_exact_product() {
     let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
     let kv = |m: u32, n: u32, k: u32| GemmParams { batch: 2, a_batch: 0, b_batch: n * k, c_batch: m * n + 8, ..GemmParams::linear(m, n, k) };
     let cases: [(&str, GemmParams, &str); 5] = [
-        ("q_proj", GemmParams::linear(256, 4096, 2816), "coop_gemm_128x128x32_32x64_v4_kp"),
-        ("K and V stacked", kv(256, 256, 512), "coop_gemm_128x128x32_32x64_v4_kp"),
+        ("q_proj", GemmParams::linear(256, 4096, 2816), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
+        ("K and V stacked", kv(256, 256, 512), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
         ("router, split K", GemmParams::linear(256, 128, 2816), "split_k_reduce"),
         ("ragged chunk", GemmParams::linear(77, 256, 512), "coop_gemm_64x64x32_32x32_v4_kp"),
-        ("ragged batched chunk", kv(1000, 128, 256), "coop_gemm_128x128x32_32x64_v4_kp"),
+        ("ragged batched chunk", kv(1000, 128, 256), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
     ];
     for (name, p, expect) in cases {
         let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
