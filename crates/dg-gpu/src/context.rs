@@ -131,7 +131,9 @@ impl GpuContext {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let coop_matrix = std::env::var("DG_NO_COOP").as_deref() != Ok("1") && offers_coop_gemm(&adapter);
-        let mut features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
+        // f16 in shaders wherever offered: the tensor-core kernels need it, and so do the kernels
+        // that store their activations as f16 for them (tested on every adapter that has it).
+        let mut features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS | wgpu::Features::SHADER_F16);
         if coop_matrix {
             features |= COOP_FEATURES;
         }

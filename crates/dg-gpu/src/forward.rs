@@ -5,14 +5,16 @@
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
 //! norm → q/k/v GEMMs → q/k norms fused with RoPE, v norm → attention over [cache | canvas] as two score
 //! GEMMs, a row softmax and two value GEMMs → o_proj → post-attention norm + residual fused with
-//! the dense MLP's, the experts' and the router's input norms → dense MLP ‖ router + experts → the
-//! three post-FF norms, residual and layer scalar in one dispatch.
+//! the dense MLP's, the experts' and the router's input norms → dense MLP ‖ router + experts (their
+//! activations stored as f16 for the tensor cores where the device has f16) → the three post-FF
+//! norms, residual and layer scalar in one dispatch.
 //!
 //! The encoder (`DiffusionGemmaEncoderModel`: prompt prefill and the commit of a finished canvas) is
 //! the same layer with [`LayerPass::Encode`]: the new tokens' K/V are appended to the GPU-resident
 //! cache, attention is causal (windowed in sliding layers), and the encoder's layer scalar applies.
 
 use dg_kernels::WeightFormat;
+use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::softmax::{self, SoftmaxParams};
@@ -21,7 +23,7 @@ use dg_model::{LayerKind, ModelConfig};
 use crate::arena::{Arena, KEY_PAD};
 use crate::error::GpuError;
 use crate::ops::{Batches, Recorder, linear_params};
-use crate::weights::GpuWeights;
+use crate::weights::{GpuMatrix, GpuWeights};
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,8 +309,8 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         gather: u32::from(gather),
     };
     rec.grouped_gemm_matrix(&a.branch_in, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
-    rec.gelu_glu_fused(&a.expert_gate_up, &a.expert_act, c * k, ei)?;
-    rec.grouped_gemm_matrix(&a.expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
+    let expert_act = expert_gelu(rec, &a.expert_gate_up, &a.expert_act, &l.experts_down, c * k, ei)?;
+    rec.grouped_gemm_matrix_a(expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
     rec.moe_combine(&a.expert_out, &a.topk_idx, &a.topk_w, &a.slot_of, &a.moe, c, k, h)?;
     // dense = post_feedforward_layernorm_1(mlp) + post_feedforward_layernorm_2(moe);
     // h = (h + post_feedforward_layernorm(dense)) · layer_scalar; one dispatch.
@@ -318,4 +320,17 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     };
     rec.ffn_residual_norms((mlp, &l.norms.post_ff_1), (&a.moe, &l.norms.post_ff_2), &l.norms.post_ff, &a.dense, &a.hidden, c, h, eps, scalar)?;
     Ok(())
+}
+
+/// The experts' `out = gelu_tanh(gate) ⊙ up` from `gate_up`, for their down projection `w`: stored
+/// as f16 where that product reads f16 activations ([`Recorder::half_activations_for_experts`]),
+/// else f32. Returns `out` with its format.
+fn expert_gelu<'a>(rec: &mut Recorder<'a>, gate_up: &'a wgpu::Buffer, out: &'a wgpu::Buffer, w: &GpuMatrix, rows: usize, inter: usize) -> Result<(&'a wgpu::Buffer, AFormat), GpuError> {
+    if rec.half_activations_for_experts(w) {
+        rec.gelu_glu_fused_half(gate_up, out, rows, inter)?;
+        Ok((out, AFormat::F16))
+    } else {
+        rec.gelu_glu_fused(gate_up, out, rows, inter)?;
+        Ok((out, AFormat::F32))
+    }
 }

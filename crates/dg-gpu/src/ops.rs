@@ -1,6 +1,7 @@
 //! Typed recording of kernel dispatches: one method per op, hiding parameter structs, variant
 //! choice and workgroup counts. Everything recorded lands in one [`Plan`].
 
+use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::sample_rows::{self, SampleRowsParams};
@@ -485,14 +486,33 @@ impl<'a> Recorder<'a> {
         slots: usize,
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
+        self.grouped_gemm_matrix_a((a, AFormat::F32), w, offsets, rows, c, slots, p)
+    }
+
+    /// [`Self::grouped_gemm_matrix`] with A stored as the given format: f16 activations only for
+    /// experts in K panels (the tensor-core kernel); anything else is [`GpuError::Unsupported`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn grouped_gemm_matrix_a(
+        &mut self,
+        (a, a_format): (&'a wgpu::Buffer, AFormat),
+        w: &'a GpuMatrix,
+        offsets: &'a wgpu::Buffer,
+        rows: &'a wgpu::Buffer,
+        c: &'a wgpu::Buffer,
+        slots: usize,
+        p: GroupedGemmParams,
+    ) -> Result<(), GpuError> {
         match w.layout {
+            MatrixLayout::RowMajor if a_format != AFormat::F32 => Err(GpuError::Unsupported {
+                what: format!("{a_format:?} activations for row-major experts (n {} k {}): only the tensor-core kernel reads them", p.n, p.k),
+            }),
             MatrixLayout::RowMajor => self.grouped_gemm_format(a, &w.buffer, w.format, offsets, rows, c, slots, p),
             MatrixLayout::KPanels => {
                 let (tile, path) = coop_grouped_gemm::choose(&p, slots as u32).ok_or_else(|| GpuError::Unsupported {
                     what: format!("expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits", p.n, p.k, p.a_rs),
                 })?;
                 let (tile, path) = coop_grouped_override(&p, (tile, path));
-                self.push(coop_grouped_gemm::source_with(tile, path), &p, &[a, &w.buffer, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
+                self.push(coop_grouped_gemm::source_with_a(tile, path, a_format), &p, &[a, &w.buffer, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
             }
         }
     }
@@ -539,6 +559,32 @@ impl<'a> Recorder<'a> {
         let p = gelu_glu::GeluGluParams { rows: rows as u32, inter: inter as u32, splits: input.splits, split_stride: input.split_stride };
         let g = self.groups(gelu_glu::workgroups(&p));
         self.push(gelu_glu::fused(), &p, &[input.buffer, out], g)
+    }
+
+    /// Whether the activations of the experts `w` are best stored as f16: experts in K panels
+    /// (read by the tensor cores, which round A to f16 as they stage it anyway) on a device with
+    /// `SHADER_F16`; then the producer stores them so, and the product reads half A's bytes. On an
+    /// H200 the experts' down projection went 258 → 247 µs; the dense 128×128 products went the
+    /// other way (MLP down 37 → 42 µs, q 53 → 61: `tests/half_activations.rs`), so they read f32.
+    /// Tuning knob: `DG_F32_ACTIVATIONS=1` keeps them f32 (the same results, for comparison).
+    pub fn half_activations_for_experts(&self, w: &GpuMatrix) -> bool {
+        w.layout == MatrixLayout::KPanels
+            && w.format == WeightFormat::F16
+            && self.ctx.device.features().contains(wgpu::Features::SHADER_F16)
+            && std::env::var("DG_F32_ACTIVATIONS").as_deref() != Ok("1")
+    }
+
+    /// [`Self::gelu_glu_fused`] storing `out` as f16 (`[rows, inter]` halves): the activations of a
+    /// tensor-core product that reads them as such ([`Self::grouped_gemm_matrix_a`]), rounded as
+    /// that product would round f32 ones. Needs a device with `SHADER_F16`.
+    pub fn gelu_glu_fused_half(&mut self, input: impl Into<Product<'a>>, out: &'a wgpu::Buffer, rows: usize, inter: usize) -> Result<(), GpuError> {
+        if !self.ctx.device.features().contains(wgpu::Features::SHADER_F16) {
+            return Err(GpuError::Unsupported { what: "f16 activations on a device without SHADER_F16".into() });
+        }
+        let input = input.into();
+        let p = gelu_glu::GeluGluParams { rows: rows as u32, inter: inter as u32, splits: input.splits, split_stride: input.split_stride };
+        let g = self.groups(gelu_glu::workgroups(&p));
+        self.push(gelu_glu::fused_half(), &p, &[input.buffer, out], g)
     }
 
     /// Rows `row_start..row_start+row_count` of the scaled embedding for the ids in that range.

@@ -334,6 +334,42 @@ fn gelu_glu_matches_cpu() {
     }
 }
 
+/// `gelu_glu_fused_half` stores each output as the f16 its f32 output rounds to (nearest, ties to
+/// even, as `dg_kernels::pack_f16` rounds): the activations a tensor-core product reads as f16
+/// are bit for bit those it would round from the f32 ones. Also from split-K partials.
+#[test]
+fn gelu_glu_fused_half_stores_the_rounded_f32_output() {
+    let test = "gelu_glu_fused_half_stores_the_rounded_f32_output";
+    let Some(ctx) = test_context(test) else { return };
+    if !ctx.device.features().contains(wgpu::Features::SHADER_F16) {
+        eprintln!("SKIP {test}: adapter {} has no SHADER_F16", ctx.info.name);
+        return;
+    }
+    let mut pipelines = Pipelines::default();
+    let fused = pipelines.get(&ctx, gelu_glu::fused()).unwrap();
+    let half = pipelines.get(&ctx, gelu_glu::fused_half()).unwrap();
+    for &(rows, inter, splits) in &[(3, 704, 1), (5, 2112, 1), (64, 34, 1), (7, 704, 3)] {
+        let n = rows * inter;
+        // splits partials of [rows, 2·inter], split_stride apart.
+        let gate_up = seeded(splits * 2 * n, 31 + inter as u64, 3.0);
+        let params = GeluGluParams { rows: rows as u32, inter: inter as u32, splits: splits as u32, split_stride: (2 * n) as u32 };
+        let groups = groups_1d(gelu_glu::workgroups(&params), 65535);
+        let input = ctx.upload("gate_up", &gate_up).unwrap();
+        let out = guarded_output(&ctx, "out", n);
+        let halves = ctx.upload("halves", &vec![0u32; n.div_ceil(2)]).unwrap();
+        let mut plan = PlanBuilder::new(&ctx);
+        plan.push(&fused, &params, &[&input, &out], groups);
+        plan.push(&half, &params, &[&input, &halves], groups);
+        plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+        let want = dg_kernels::unpack_f16(&dg_kernels::pack_f16(&read_guarded(&ctx, &out, n)), n);
+        let words: Vec<u32> = ctx.read_f32(&halves, 0, n.div_ceil(2)).unwrap().into_iter().map(f32::to_bits).collect();
+        let got = dg_kernels::unpack_f16(&words, n);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{rows}x{inter} in {splits} partials: element {i}: {g} stored, {w} is the rounded f32 output");
+        }
+    }
+}
+
 #[test]
 fn embed_chunks_cover_the_vocab() {
     let Some(ctx) = test_context("embed_chunks_cover_the_vocab") else { return };

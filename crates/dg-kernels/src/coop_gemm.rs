@@ -117,6 +117,34 @@ impl WPath {
     }
 }
 
+/// How A (the activations) is stored: f32, rounded to f16 as it is staged, or already f16 (the
+/// same bits reach the tensor cores; half the bytes cross from L2 to the multiprocessor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AFormat {
+    /// `array<vec4<f32>>`.
+    F32,
+    /// `array<vec4<f16>>`: four halves per 8 bytes, as [`crate::pack_f16`] packs them.
+    F16,
+}
+
+impl AFormat {
+    /// The WGSL type of one vec4 of A.
+    pub fn elem(self) -> &'static str {
+        match self {
+            AFormat::F32 => "vec4<f32>",
+            AFormat::F16 => "vec4<f16>",
+        }
+    }
+
+    /// `""` or `"_a16"`, for kernel names.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            AFormat::F32 => "",
+            AFormat::F16 => "_a16",
+        }
+    }
+}
+
 /// How the staged tiles are stored in workgroup memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Staging {
@@ -264,6 +292,11 @@ impl CoopTile {
     /// or f32 when staged) and laid out as `layout`, reaching the tensor cores by `path` (direct
     /// only for F16 [`BLayout::Nk`]).
     pub fn render_with(self, path: WPath, w_format: WeightFormat, layout: BLayout) -> String {
+        self.render_with_a(path, w_format, layout, AFormat::F32)
+    }
+
+    /// [`Self::render_with`] with A stored as `a_format`.
+    pub fn render_with_a(self, path: WPath, w_format: WeightFormat, layout: BLayout, a_format: AFormat) -> String {
         assert!(path != WPath::Direct || layout != BLayout::Kn, "direct W fragments need W[n][k]");
         assert!(layout != BLayout::NkPanels || (self.bk == PANEL && w_format == WeightFormat::F16), "K panels are F16 with bk = PANEL");
         let (fm, fn_) = self.fragments();
@@ -307,7 +340,7 @@ impl CoopTile {
         };
         let template =
             crate::gemm::with_params(include_str!("wgsl/coop_gemm.wgsl")).replace("W_SRC", w_src).replace("W_STEP", w_step).replace("W_ROW", w_row);
-        self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)])
+        self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)]).replace("A_ELEM", a_format.elem())
     }
 
     /// [`Self::expand`] for W reaching the tensor cores by `path`: with [`WPath::Direct`] the
@@ -515,9 +548,14 @@ pub fn source_with(tile: CoopTile, path: WPath) -> KernelSource {
 /// [`WPath::Staged`], each value rounded to f16 when staged) laid out as `layout` ([`WPath::Direct`]
 /// only for [`BLayout::Nk`]).
 pub fn source_for(tile: CoopTile, path: WPath, w_format: WeightFormat, layout: BLayout) -> KernelSource {
+    source_for_a(tile, path, w_format, layout, AFormat::F32)
+}
+
+/// [`source_for`] with A stored as `a_format`.
+pub fn source_for_a(tile: CoopTile, path: WPath, w_format: WeightFormat, layout: BLayout, a_format: AFormat) -> KernelSource {
     KernelSource {
-        name: format!("coop_gemm_{}{}{}{}", tile.label(), path.suffix(), layout.suffix(), w_format.suffix()),
-        wgsl: tile.render_with(path, w_format, layout),
+        name: format!("coop_gemm_{}{}{}{}{}", tile.label(), path.suffix(), layout.suffix(), w_format.suffix(), a_format.suffix()),
+        wgsl: tile.render_with_a(path, w_format, layout, a_format),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<GemmParams>() as u64,
@@ -738,7 +776,9 @@ mod tests {
             ];
             if t.bk == PANEL {
                 all.extend([WPath::Staged, WPath::Direct].map(|path| source_for(t, path, WeightFormat::F16, BLayout::NkPanels)));
+                all.extend([WPath::Staged, WPath::Direct].map(|path| source_for_a(t, path, WeightFormat::F16, BLayout::NkPanels, AFormat::F16)));
             }
+            all.push(source_for_a(t, WPath::Staged, WeightFormat::F32, BLayout::Kn, AFormat::F16));
             all
         };
         let depths = |t: &CoopTile| { let t = *t; (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d)) };

@@ -28,7 +28,7 @@
 //! `wgsl/coop_grouped_gemm.wgsl`.
 
 pub use crate::coop_gemm::WPath;
-use crate::coop_gemm::{CoopTile, FRAGMENT, MAX_SHARED_BYTES, Staging};
+use crate::coop_gemm::{AFormat, CoopTile, FRAGMENT, MAX_SHARED_BYTES, Staging};
 use crate::grouped_gemm::GroupedGemmParams;
 use crate::gemm::fold;
 use crate::{Access, KernelSource};
@@ -160,13 +160,18 @@ pub fn source(tile: CoopTile) -> KernelSource {
 
 /// The kernel for `tile` with W reaching the tensor cores by `path`.
 pub fn source_with(tile: CoopTile, path: WPath) -> KernelSource {
+    source_with_a(tile, path, AFormat::F32)
+}
+
+/// [`source_with`] with A stored as `a_format`.
+pub fn source_with_a(tile: CoopTile, path: WPath, a_format: AFormat) -> KernelSource {
     let (full, partial) = stores(tile);
     let template = include_str!("wgsl/coop_grouped_gemm.wgsl");
     let stores = [("//@STORE_PARTIAL\n", partial), ("//@STORE\n", full)];
     let wgsl = tile.expand_path(template, "(w_first + lt + l * WT)", path, crate::WeightFormat::F16, crate::coop_gemm::BLayout::Nk, stores.to_vec());
     KernelSource {
-        name: format!("coop_grouped_gemm_{}{}", tile.label(), path.suffix()),
-        wgsl,
+        name: format!("coop_grouped_gemm_{}{}{}", tile.label(), path.suffix(), a_format.suffix()),
+        wgsl: wgsl.replace("A_ELEM", a_format.elem()),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<GroupedGemmParams>() as u64,
@@ -187,7 +192,7 @@ mod tests {
     #[test]
     fn every_tile_renders_and_validates_with_cooperative_matrices() {
         let depths = |t: &CoopTile| { let t = *t; (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d)) };
-        for k in TILES.iter().flat_map(depths).flat_map(|t| [source(t), source_with(t, WPath::Direct)]) {
+        for k in TILES.iter().flat_map(depths).flat_map(|t| [source(t), source_with(t, WPath::Direct), source_with_a(t, WPath::Direct, AFormat::F16), source_with_a(t, WPath::Staged, AFormat::F16)]) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)

@@ -21,7 +21,8 @@
 //! `barrier_drain_probe`), so a deeper ring keeps more bytes in flight per workgroup, which is
 //! what a lone 128×128 workgroup per multiprocessor, or the experts' weight stream, need.
 //!
-//! The text expects in scope: `a_src` (LA vec4 indices into `a` at step 0), `steps`, `w_step`
+//! A's vec4s are `A_ELEM` (`vec4<f32>` or `vec4<f16>`, see [`crate::coop_gemm::AFormat`]), which
+//! the kernel's source names. The text expects in scope: `a_src` (LA vec4 indices into `a` at step 0), `steps`, `w_step`
 //! (vec4s of W between steps), `stride_s`, `sg`, `sm`, `sn`; staged, the expression `W_AT` (the
 //! index into `w` of the invocation's vec4 `l` at step 0, replaced by the kernel's); direct,
 //! `w_sub` (the subgroup's first W vec4 at step 0) and `stride_w` (vec4s between W rows). It
@@ -52,7 +53,7 @@ fn put(set: u32, a_at: &str, b_at: &str, with_w: bool, indent: &str) -> String {
 /// The ring's declarations and prologue: step 0 staged, steps `1..=sets` loaded into their sets
 /// (step `t` in set `t % sets`).
 fn prologue(sets: u32, with_w: bool) -> String {
-    let mut s = format!("    var ra: array<array<vec4<f32>, LA>, {sets}>;\n");
+    let mut s = format!("    var ra: array<array<A_ELEM, LA>, {sets}>;\n");
     if with_w {
         s += &format!("    var rw: array<array<vec4<f16>, LW>, {sets}>;\n");
     }

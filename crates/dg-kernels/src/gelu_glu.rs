@@ -1,7 +1,7 @@
 //! The gated-MLP activation `gelu_tanh(gate) ⊙ up` (`dg_cpu::ops::gelu_glu`), in two layouts:
 //! [`split`] (gate and up in separate buffers, in place on gate) and [`fused`] (one `[rows, 2·I]`
 //! buffer holding the gate then the up half of each row, as the fused `gate_up` projection
-//! writes it, into a separate `[rows, I]` output).
+//! writes it, into a separate `[rows, I]` output, f32 or, [`fused_half`], f16).
 //!
 //! `gelu_tanh(x) = 0.5·x·(1 + tanh(0.7978845608·(x + 0.044715·x³)))`; the tanh argument is
 //! clamped (|inner| > 15 gives ±1, which is tanh's f32 value there) because some drivers build
@@ -53,6 +53,18 @@ pub fn fused() -> KernelSource {
         buffers: vec![Access::Read, Access::ReadWrite],
         params_size: size_of::<GeluGluParams>() as u64,
     }
+}
+
+/// [`fused`] storing its output as f16 (`out`: `[rows, I]` halves, two a word as
+/// [`crate::pack_f16`] packs them, rounded by the device's conversion): the activations of a
+/// tensor-core GEMM that reads A as f16 ([`crate::coop_gemm::AFormat::F16`]), which the GEMM would
+/// otherwise round the same way as it staged them. Needs `wgpu::Features::SHADER_F16`.
+pub fn fused_half() -> KernelSource {
+    let full = fused();
+    let store = "out[i] = gelu_tanh(gate_up_at(g)) * gate_up_at(g + p.inter);";
+    assert!(full.wgsl.contains(store) && full.wgsl.contains("out: array<f32>"), "gelu_glu.wgsl: the fused store moved");
+    let wgsl = full.wgsl.replace("out: array<f32>", "out: array<f16>").replace(store, "out[i] = f16(gelu_tanh(gate_up_at(g)) * gate_up_at(g + p.inter));");
+    KernelSource { name: "gelu_glu_fused_half".into(), wgsl: format!("enable f16;\n{wgsl}"), ..full }
 }
 
 /// The shared part of `gelu_glu.wgsl` (before the first `// @variant` line) followed by the

@@ -42,7 +42,7 @@ alias SElem = SELEM_TYPE;
 //@PARAMS
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> a: array<A_ELEM>;
 @group(0) @binding(2) var<storage, read> w: array<W_ELEM>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
 

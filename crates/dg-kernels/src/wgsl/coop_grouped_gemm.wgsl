@@ -34,7 +34,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> a: array<A_ELEM>;
 @group(0) @binding(2) var<storage, read> w: array<W_ELEM>;
 @group(0) @binding(3) var<storage, read> offsets: array<u32>;
 @group(0) @binding(4) var<storage, read> gather_rows: array<u32>;
