@@ -185,8 +185,9 @@ fn best_time(ctx: &GpuContext, plan: &dg_gpu::Plan, replays: u32) -> f64 {
         .fold(f64::MAX, f64::min)
 }
 
-/// Keeps the GPU busy for about a second, so that the timings after it run at its working clocks
-/// (an H200 coming out of idle ran the same kernel 2.3× slower).
+/// Keeps the GPU busy for about a second before the timings (on an H200, single timings right
+/// after new buffers or a pause ran up to 4× slow; the cases are also alternated and repeated, and
+/// only repeats that agree are read).
 fn warm_up(ctx: &GpuContext, plan: &dg_gpu::Plan) {
     let start = Instant::now();
     while start.elapsed().as_secs_f64() < 1.0 {
