@@ -1,9 +1,33 @@
 //! Helpers for GPU tests: opening the test device (with the lavapipe hint or a visible SKIP),
 //! guard-banded outputs that catch out-of-bounds writes, seeded inputs, and the CPU reference of a
-//! strided GEMM ([`gemm_reference`]).
+//! strided GEMM ([`gemm_reference`]), and the timing of throughput probes ([`best_time`]).
 
 use crate::context::{GpuContext, GpuOptions};
 use crate::error::GpuError;
+
+/// Seconds a throughput probe runs a plan before timing it ([`best_time`]): on an H200 the first
+/// timings of a plan on freshly created buffers ran up to 4× slow, even right after a second of
+/// other work.
+pub const WARM_UP_SECONDS: f64 = 0.3;
+
+/// The best wall time of one of a plan's `replays` dispatches over 5 submissions, in seconds, after
+/// running the plan for [`WARM_UP_SECONDS`] (at least twice).
+pub fn best_time(ctx: &GpuContext, plan: &crate::Plan, replays: u32) -> f64 {
+    let start = std::time::Instant::now();
+    for run in 0.. {
+        plan.run(ctx).expect("a timed plan runs");
+        if run >= 1 && start.elapsed().as_secs_f64() >= WARM_UP_SECONDS {
+            break;
+        }
+    }
+    (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            plan.run(ctx).expect("a timed plan runs");
+            t.elapsed().as_secs_f64() / f64::from(replays)
+        })
+        .fold(f64::MAX, f64::min)
+}
 
 /// Value written around every output so that a stray write shows.
 pub const GUARD: f32 = -7.777e17;

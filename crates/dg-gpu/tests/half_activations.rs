@@ -6,9 +6,7 @@
 //! Activations are drawn away from f16's subnormal range, where a CPU's and a GPU's rounding might
 //! differ (on the GPU, producer and GEMM round with the same conversion).
 
-use std::time::Instant;
-
-use dg_gpu::testing::{coop_test_context, seeded};
+use dg_gpu::testing::{best_time, coop_test_context, seeded};
 use dg_gpu::{GpuContext, Pipelines};
 use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
 use dg_kernels::coop_grouped_gemm::{self, PANEL, pack_f16_panels};
@@ -173,28 +171,6 @@ fn f16_activations_give_the_same_bits_as_f32_ones_rounded_when_staged() {
     }
 }
 
-/// The best time of one of `replays` dispatches over 5 submissions, in seconds.
-fn best_time(ctx: &GpuContext, plan: &dg_gpu::Plan, replays: u32) -> f64 {
-    plan.run(ctx).unwrap();
-    (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            plan.run(ctx).unwrap();
-            t.elapsed().as_secs_f64() / f64::from(replays)
-        })
-        .fold(f64::MAX, f64::min)
-}
-
-/// Keeps the GPU busy for about a second before the timings (on an H200, single timings right
-/// after new buffers or a pause ran up to 4× slow; the cases are also alternated and repeated, and
-/// only repeats that agree are read).
-fn warm_up(ctx: &GpuContext, plan: &dg_gpu::Plan) {
-    let start = Instant::now();
-    while start.elapsed().as_secs_f64() < 1.0 {
-        plan.run(ctx).unwrap();
-    }
-}
-
 /// µs per product at the real geometry's shapes with f32 and f16 activations, alternating
 /// (`--include-ignored --nocapture`): the experts' gate/up and down, and the decoder's dense
 /// projections on 128 × 128 tiles in the forward's splits.
@@ -209,7 +185,6 @@ fn f16_activations_throughput_at_the_real_shapes() {
     let counts: Vec<u32> = (0..128u32).map(|e| 10 + (e * 7) % 13).collect();
     let (tile, path) = (coop_grouped_gemm::TILE_32X128, WPath::Direct);
     let gate_up = Grouped::new(&ctx, 1408, 2816, &counts, true);
-    warm_up(&ctx, &gate_up.plan(&ctx, &mut pipelines, tile, path, AFormat::F32, 50));
     let down = Grouped::new(&ctx, 2816, 704, &counts, false);
     for (name, g) in [("experts gate_up", &gate_up), ("experts down", &down)] {
         let mut line = format!("{test}: {name} [{} {path:?}] f32 / f16 A:", tile.label());

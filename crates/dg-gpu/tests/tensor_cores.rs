@@ -15,10 +15,9 @@
 //! -- --include-ignored --nocapture`.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use dg_gpu::ops::{Batches, Recorder};
-use dg_gpu::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
+use dg_gpu::testing::{GUARD, best_time, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
 use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::coop_gemm::{CoopTile, Staging};
@@ -374,19 +373,6 @@ fn time_tile(ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: 
     let replays = 50;
     let b = Buffers::upload(ctx, x, tile.bk);
     best_time(ctx, &tile_plan(ctx, pipelines, tile, path, x, &b, replays), replays)
-}
-
-/// The best wall time of one of a plan's `replays` dispatches over 5 submissions after a warm-up,
-/// in seconds.
-fn best_time(ctx: &GpuContext, plan: &dg_gpu::Plan, replays: u32) -> f64 {
-    plan.run(ctx).unwrap();
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t = Instant::now();
-        plan.run(ctx).unwrap();
-        best = best.min(t.elapsed().as_secs_f64() / f64::from(replays));
-    }
-    best
 }
 
 /// [`best_time`] of `replays` dispatches of one kernel with the same parameters and buffers.
