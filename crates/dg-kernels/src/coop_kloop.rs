@@ -18,12 +18,13 @@
 //! Depth 1 is the classic double buffer (the loads of the next step in flight while this one
 //! multiplies). Every depth adds the same products in the same order: results are bit-identical
 //! across depths. Global loads are not drained by barriers on NVIDIA (`tests/tensor_cores.rs`,
-//! `barrier_drain_probe`), so a deeper ring keeps more bytes in flight per workgroup, which is
-//! what a lone 128×128 workgroup per multiprocessor, or the experts' weight stream, need.
+//! `barrier_drain_probe`), so a deeper ring keeps more bytes in flight per workgroup: what a lone
+//! 128×128 workgroup per multiprocessor needs (depth 3 on an H200; the experts' tiles, several to
+//! a multiprocessor, gained nothing and stay at depth 1).
 //!
 //! A's vec4s are `A_ELEM` (`vec4<f32>` or `vec4<f16>`, see [`crate::coop_gemm::AFormat`]), which
-//! the kernel's source names. The text expects in scope: `a_src` (LA vec4 indices into `a` at step 0), `steps`, `w_step`
-//! (vec4s of W between steps), `stride_s`, `sg`, `sm`, `sn`; staged, the expression `W_AT` (the
+//! the kernel's source names. The text expects in scope: `a_src` (LA vec4 indices into `a` at step
+//! 0), `steps`, `w_step` (vec4s of W between steps), `stride_s`, `sg`, `sm`, `sn`; staged, the expression `W_AT` (the
 //! index into `w` of the invocation's vec4 `l` at step 0, replaced by the kernel's); direct,
 //! `w_sub` (the subgroup's first W vec4 at step 0) and `stride_w` (vec4s between W rows). It
 //! leaves the accumulators `acc_i_j`; the markers `//@ACC` and `//@MULTIPLY` (one per phase of
