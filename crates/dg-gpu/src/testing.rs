@@ -1,6 +1,6 @@
 //! Helpers for GPU tests: opening the test device (with the lavapipe hint or a visible SKIP),
 //! guard-banded outputs that catch out-of-bounds writes, seeded inputs, and the CPU reference of a
-//! strided GEMM ([`gemm_reference`]), and the timing of throughput probes ([`best_time`]).
+//! strided GEMM ([`gemm_reference`]), and the recording and timing of throughput probes ([`push_product`], [`best_time`]).
 
 use crate::context::{GpuContext, GpuOptions};
 use crate::error::GpuError;
@@ -27,6 +27,26 @@ pub fn best_time(ctx: &GpuContext, plan: &crate::Plan, replays: u32) -> f64 {
             t.elapsed().as_secs_f64() / f64::from(replays)
         })
         .fold(f64::MAX, f64::min)
+}
+
+/// Pushes one dense tensor-core product `p` of `a` and `b` into `c`: whole when `split` has one
+/// range, else its partials into `scratch` and the reduction (`reduce`) into `c`.
+pub fn push_product<'a>(
+    plan: &mut crate::PlanBuilder<'a>,
+    (kernel, reduce): (&std::sync::Arc<crate::Pipeline>, &std::sync::Arc<crate::Pipeline>),
+    tile: dg_kernels::coop_gemm::CoopTile,
+    p: &dg_kernels::gemm::GemmParams,
+    split: dg_kernels::coop_gemm::Split,
+    [a, b, scratch, c]: [&'a wgpu::Buffer; 4],
+) {
+    use dg_kernels::{coop_gemm, split_k};
+    if split.splits > 1 {
+        plan.push(kernel, &split.partial_params(p), &[a, b, scratch], coop_gemm::workgroups_split(tile, p.m, p.n, 1, split.splits));
+        let r = split.reduce_params(p);
+        plan.push(reduce, &r, &[scratch, c], crate::groups_1d(split_k::workgroups(&r), 65535));
+    } else {
+        plan.push(kernel, p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, 1));
+    }
 }
 
 /// Value written around every output so that a stray write shows.

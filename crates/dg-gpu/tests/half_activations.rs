@@ -6,7 +6,7 @@
 //! Activations are drawn away from f16's subnormal range, where a CPU's and a GPU's rounding might
 //! differ (on the GPU, producer and GEMM round with the same conversion).
 
-use dg_gpu::testing::{best_time, coop_test_context, seeded};
+use dg_gpu::testing::{best_time, coop_test_context, push_product, seeded};
 use dg_gpu::{GpuContext, Pipelines};
 use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
 use dg_kernels::coop_grouped_gemm::{self, PANEL, pack_f16_panels};
@@ -72,13 +72,7 @@ impl Dense {
         let (p, a) = (&self.p, self.a.get(format));
         let mut plan = dg_gpu::PlanBuilder::new(ctx);
         for _ in 0..replays {
-            if self.split.splits > 1 {
-                plan.push(&kernel, &self.split.partial_params(p), &[a, &self.w, &self.scratch], coop_gemm::workgroups_split(self.tile, p.m, p.n, 1, self.split.splits));
-                let r = self.split.reduce_params(p);
-                plan.push(&reduce, &r, &[&self.scratch, &self.c], dg_gpu::groups_1d(split_k::workgroups(&r), 65535));
-            } else {
-                plan.push(&kernel, p, &[a, &self.w, &self.c], coop_gemm::workgroups(self.tile, p.m, p.n, 1));
-            }
+            push_product(&mut plan, (&kernel, &reduce), self.tile, p, self.split, [a, &self.w, &self.scratch, &self.c]);
         }
         plan.finish(ctx).unwrap()
     }

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use dg_gpu::ops::{Batches, Recorder};
-use dg_gpu::testing::{GUARD, best_time, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
+use dg_gpu::testing::{GUARD, best_time, coop_test_context, guarded_output, max_rel_err, push_product, read_guarded, seeded};
 use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::coop_gemm::{CoopTile, Staging};
@@ -389,27 +389,6 @@ fn split_into(tile: CoopTile, k: u32, splits: u32) -> dg_kernels::coop_gemm::Spl
     let steps = k / tile.bk;
     let per = steps.div_ceil(splits);
     dg_kernels::coop_gemm::Split { splits: steps.div_ceil(per), steps: per }
-}
-
-/// Pushes one dense tensor-core product `p` of `a` and `b` into `c`: whole when `split` has one
-/// range, else its partials into `scratch` and the reduction (`reduce`) into `c`.
-#[allow(clippy::too_many_arguments)]
-fn push_product<'a>(
-    plan: &mut dg_gpu::PlanBuilder<'a>,
-    (kernel, reduce): (&Arc<dg_gpu::Pipeline>, &Arc<dg_gpu::Pipeline>),
-    tile: CoopTile,
-    p: &dg_kernels::gemm::GemmParams,
-    split: dg_kernels::coop_gemm::Split,
-    [a, b, scratch, c]: [&'a wgpu::Buffer; 4],
-) {
-    use dg_kernels::{coop_gemm, split_k};
-    if split.splits > 1 {
-        plan.push(kernel, &split.partial_params(p), &[a, b, scratch], coop_gemm::workgroups_split(tile, p.m, p.n, 1, split.splits));
-        let r = split.reduce_params(p);
-        plan.push(reduce, &r, &[scratch, c], dg_gpu::groups_1d(split_k::workgroups(&r), 65535));
-    } else {
-        plan.push(kernel, p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, 1));
-    }
 }
 
 #[test]
