@@ -1,6 +1,7 @@
 //! Helpers for GPU tests: opening the test device (with the lavapipe hint or a visible SKIP),
 //! guard-banded outputs that catch out-of-bounds writes, seeded inputs, and the CPU reference of a
-//! strided GEMM ([`gemm_reference`]), and the recording and timing of throughput probes ([`push_product`], [`best_time`]).
+//! strided GEMM ([`gemm_reference`]), and the recording and timing of throughput probes
+//! ([`push_product`], [`best_time`]).
 
 use crate::context::{GpuContext, GpuOptions};
 use crate::error::GpuError;
