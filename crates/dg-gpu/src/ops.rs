@@ -34,23 +34,25 @@ fn grouped_tile_override() -> Option<grouped_gemm::GroupedTile> {
     grouped_gemm::TILES.iter().copied().find(|t| format!("{}x{}", t.bm, t.bn) == wanted)
 }
 
-/// Tuning knob: `DG_COOP_PATH=direct` loads the dense tensor-core GEMM's W fragments straight from
+/// Tuning knob: `DG_COOP_PATH=direct` (or `single`: one stage of workgroup memory) loads the dense tensor-core GEMM's W fragments straight from
 /// the buffer instead of staging them (on an H200: 133 µs instead of 83 for q_proj, so staged is
 /// the default; the experts' grouped GEMM goes the other way, see `coop_grouped_gemm::choose`).
 fn coop_path() -> coop_gemm::WPath {
     match std::env::var("DG_COOP_PATH").as_deref() {
         Ok("direct") => coop_gemm::WPath::Direct,
+        Ok("single") => coop_gemm::WPath::Single,
         _ => coop_gemm::WPath::Staged,
     }
 }
 
-/// Tuning knobs: `DG_GROUPED_PATH=staged|direct` forces the W path of the experts' tensor-core
+/// Tuning knobs: `DG_GROUPED_PATH=staged|direct|single` forces the W path of the experts' tensor-core
 /// tile and `DG_COOP_GROUPED_TILE=BMxBN` (e.g. `32x128`, or a full label) the tile, where it fits
 /// (`coop_grouped_gemm::choose` picks both by default).
 fn coop_grouped_override(p: &GroupedGemmParams, (tile, path): (coop_gemm::CoopTile, coop_gemm::WPath)) -> (coop_gemm::CoopTile, coop_gemm::WPath) {
     let path = match std::env::var("DG_GROUPED_PATH").as_deref() {
         Ok("staged") => coop_gemm::WPath::Staged,
         Ok("direct") => coop_gemm::WPath::Direct,
+        Ok("single") => coop_gemm::WPath::Single,
         _ => path,
     };
     let wanted = std::env::var("DG_COOP_GROUPED_TILE").ok();
@@ -508,7 +510,7 @@ impl<'a> Recorder<'a> {
             }),
             MatrixLayout::RowMajor => self.grouped_gemm_format(a, &w.buffer, w.format, offsets, rows, c, slots, p),
             MatrixLayout::KPanels => {
-                let (tile, path) = coop_grouped_gemm::choose(&p, slots as u32).ok_or_else(|| GpuError::Unsupported {
+                let (tile, path) = coop_grouped_gemm::choose(&p, slots as u32, a_format).ok_or_else(|| GpuError::Unsupported {
                     what: format!("expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits", p.n, p.k, p.a_rs),
                 })?;
                 let (tile, path) = coop_grouped_override(&p, (tile, path));

@@ -194,7 +194,7 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
                 let got = run_grouped(&ctx, &mut pipelines, &x);
                 let want = grouped_reference(&x, |_| true);
                 check(&got, &want, &x, |_| true, &format!("n {} counts {counts:?} gather {gather}", case.n));
-                for path in [WPath::Staged, WPath::Direct] {
+                for path in [WPath::Staged, WPath::Direct, WPath::Single] {
                     let direct = run_tile(&ctx, &mut pipelines, tile, path, &x);
                     check(&direct, &want, &x, |_| true, &format!("tile {} {path:?} counts {counts:?} gather {gather}", tile.label()));
                     // Deeper rings add the same products in the same order: the same bits.
@@ -282,6 +282,19 @@ fn real_experts(test: &str, timed: bool) {
                     flops / best / 1e12
                 );
             }
+            // Residency: the direct tile (9 KiB of workgroup memory) with its scratch padded to 20
+            // and 34 KiB, so that at most two, then one, workgroups share a multiprocessor.
+            let direct = coop_grouped_gemm::source_with(coop_grouped_gemm::TILE_32X128, WPath::Direct);
+            let mut line = format!("{test}: {name} [32x128 Direct] by workgroup memory:");
+            for (kib, extra) in [(9u32, 0u32), (20, 2816), (34, 6400)] {
+                let padded = replaced(&direct, &format!("pad{kib}"), &[("var<workgroup> scratch: array<f32, WT * 8u>;", &format!("var<workgroup> scratch: array<f32, WT * 8u + {extra}u>;"))]);
+                let pipeline = pipelines.get(&ctx, padded).unwrap();
+                let b = Buffers::upload(&ctx, &x, 32);
+                let buffers = [&b.a, &b.w.buffer, &b.offsets, &b.rows, &b.c];
+                let t = time_dispatch(&ctx, &pipeline, &x.params, &buffers, coop_grouped_gemm::workgroups(coop_grouped_gemm::TILE_32X128, &x.params), 50);
+                line += &format!(" | {kib} KiB: {:.1} us", t * 1e6);
+            }
+            eprintln!("{line}");
             // The same grid with every expert empty: what the workgroups that exit at once cost.
             let (tile, path) = (coop_grouped_gemm::TILE_32X128, WPath::Direct);
             let mut b = Buffers::upload(&ctx, &x, tile.bk);
@@ -362,6 +375,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 /// 16- and 32-row tiles, 4 and 8 subgroups).
 const TIMED_TILES: &[(CoopTile, WPath)] = &[
     (coop_grouped_gemm::TILE_32X128, WPath::Direct),
+    (coop_grouped_gemm::TILE_32X128, WPath::Single),
+    (coop_grouped_gemm::TILE_32X128.with_depth(2), WPath::Single),
+    (coop_grouped_gemm::TILE_32X128, WPath::Staged),
+    (coop_grouped_gemm::TILE_16X128, WPath::Single),
+    (coop_grouped_gemm::TILE_32X64, WPath::Single),
     (coop_grouped_gemm::TILE_32X128.with_depth(2), WPath::Direct),
     (coop_grouped_gemm::TILE_16X128, WPath::Direct),
     (CoopTile { bm: 32, bn: 256, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1 }, WPath::Direct),

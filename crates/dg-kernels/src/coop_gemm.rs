@@ -105,6 +105,9 @@ pub enum WPath {
     Staged,
     /// Loaded by each subgroup straight from the buffer, one step ahead (only A is staged).
     Direct,
+    /// Staged with A through a single stage (half the workgroup memory of [`WPath::Staged`], two
+    /// barriers a step; the loads of later steps wait in registers).
+    Single,
 }
 
 impl WPath {
@@ -113,6 +116,7 @@ impl WPath {
         match self {
             WPath::Staged => "",
             WPath::Direct => "_direct",
+            WPath::Single => "_single",
         }
     }
 }
@@ -350,6 +354,14 @@ impl CoopTile {
     pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, w_format: WeightFormat, layout: BLayout, pieces: Vec<(&str, String)>) -> String {
         match path {
             WPath::Staged => self.expand(template, w_at, w_format, layout, &pieces),
+            WPath::Single => {
+                let one = self.expand_with(template, &crate::coop_kloop::single(self.depth), w_at, w_format, layout, None, &pieces);
+                // One stage of each tile: the stage arrays at half their double-buffered length.
+                let stage = self.w_stage_halves(layout) / self.element_halves();
+                let half_a = self.bm * self.row_halves() / self.element_halves();
+                one.replacen(&format!("const SAL: u32 = {}u;", 2 * half_a), &format!("const SAL: u32 = {half_a}u;"), 1)
+                    .replacen(&format!("const SBL: u32 = {}u;", 2 * stage), &format!("const SBL: u32 = {stage}u;"), 1)
+            }
             WPath::Direct => {
                 let (_, fn_) = self.fragments();
                 let template = template.replace("var<workgroup> sb: array<SElem, SBL>;\n", "");

@@ -85,6 +85,7 @@ pub const fn shared_bytes(tile: CoopTile) -> u32 {
 pub const fn shared_bytes_with(tile: CoopTile, path: WPath) -> u32 {
     match path {
         WPath::Staged => shared_bytes(tile),
+        WPath::Single => shared_bytes(tile) / 2 + tile.subgroups() * FRAGMENT * FRAGMENT * 2,
         WPath::Direct => 2 * 2 * tile.bm * tile.row_halves() + tile.subgroups() * FRAGMENT * FRAGMENT * 4,
     }
 }
@@ -114,15 +115,21 @@ pub fn panels_fit(n: u32, k: u32) -> bool {
     n > 0 && k > 0 && k.is_multiple_of(PANEL) && TILES.iter().any(|t| n.is_multiple_of(t.bn))
 }
 
-/// The tile and W path for `p` over `slots` slots, the first of the preferred list that fits:
-/// in the decoder (groups of ~16 slots) W straight from the buffer, 32 × 128 tiles (on an H200 in
-/// the real forward: gate/up 455 µs, 755 staged; down 271 µs against 318 for 16 × 256, whose
-/// isolated timings moved between 297 and 726 µs from one compile to the next), else 32 × 64; for
-/// the encoder's chunks (groups over 48 slots) 64-row tiles, W staged.
-pub fn choose(p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
+/// The tile and W path for `p` over `slots` slots with A stored as `a_format`, the first of the
+/// preferred list that fits. In the decoder (groups of ~16 slots) 32 × 128 tiles, else 32 × 64;
+/// f32 activations (gate/up, gathered) staged through a single stage of workgroup memory, f16
+/// ones (down) with W straight from the buffer. On an H200 in the real 6-layer forward: gate/up
+/// 422 µs single-staged against 450 direct and 755 double-staged; down with f16 A 245 direct
+/// against 254 single-staged. For the encoder's chunks (groups over 48 slots) 64-row tiles, W
+/// staged.
+pub fn choose(p: &GroupedGemmParams, slots: u32, a_format: AFormat) -> Option<(CoopTile, WPath)> {
     let average = slots.div_ceil(p.groups.max(1));
-    let decoder: &[(CoopTile, WPath)] = &[(TILE_32X128, WPath::Direct), (TILE_32X64, WPath::Direct)];
-    let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (TILE_32X128, WPath::Direct), (TILE_32X64, WPath::Direct)];
+    let first = match a_format {
+        AFormat::F32 => WPath::Single,
+        AFormat::F16 => WPath::Direct,
+    };
+    let decoder: &[(CoopTile, WPath)] = &[(TILE_32X128, first), (TILE_32X64, first)];
+    let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (TILE_32X128, first), (TILE_32X64, first)];
     let preferred = if average > 48 { encoder } else { decoder };
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
 }
@@ -192,7 +199,7 @@ mod tests {
     #[test]
     fn every_tile_renders_and_validates_with_cooperative_matrices() {
         let depths = |t: &CoopTile| { let t = *t; (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d)) };
-        for k in TILES.iter().flat_map(depths).flat_map(|t| [source(t), source_with(t, WPath::Direct), source_with_a(t, WPath::Direct, AFormat::F16), source_with_a(t, WPath::Staged, AFormat::F16)]) {
+        for k in TILES.iter().flat_map(depths).flat_map(|t| [source(t), source_with(t, WPath::Direct), source_with_a(t, WPath::Direct, AFormat::F16), source_with_a(t, WPath::Staged, AFormat::F16), source_with(t, WPath::Single), source_with_a(t, WPath::Single, AFormat::F16)]) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
@@ -218,12 +225,13 @@ mod tests {
     fn the_real_experts_fit_and_pick_their_measured_tiles() {
         let gate_up = GroupedGemmParams { n: 1408, k: 2816, groups: 128, max_rows: 256, a_rs: 2816, b_group_stride: 1408 * 2816, c_rs: 1408, gather: 1 };
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
-        assert_eq!(choose(&gate_up, 2048), Some((TILE_32X128, WPath::Direct)));
-        assert_eq!(choose(&down, 2048), Some((TILE_32X128, WPath::Direct)));
-        assert_eq!(choose(&down, 8192), Some((TILE_64X128, WPath::Staged)));
+        assert_eq!(choose(&gate_up, 2048, AFormat::F32), Some((TILE_32X128, WPath::Single)));
+        assert_eq!(choose(&down, 2048, AFormat::F16), Some((TILE_32X128, WPath::Direct)));
+        assert_eq!(choose(&down, 2048, AFormat::F32), Some((TILE_32X128, WPath::Single)));
+        assert_eq!(choose(&down, 8192, AFormat::F32), Some((TILE_64X128, WPath::Staged)));
         let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
-        assert_eq!(choose(&tiny, 128), Some((TILE_32X64, WPath::Direct)));
-        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128), None);
-        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128), None);
+        assert_eq!(choose(&tiny, 128, AFormat::F16), Some((TILE_32X64, WPath::Direct)));
+        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128, AFormat::F32), None);
+        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128, AFormat::F32), None);
     }
 }

@@ -4,13 +4,17 @@
 //! A K step multiplies one `bm × bk` block of A by one `bn × bk` block of W. A reaches the tensor
 //! cores through two stages of workgroup memory (rounded to f16 as it is staged); W either with it
 //! ([`crate::coop_gemm::WPath::Staged`]) or as fragments each subgroup loads straight from the
-//! buffer ([`crate::coop_gemm::WPath::Direct`]). One barrier a step. The loads of later steps
+//! buffer ([`crate::coop_gemm::WPath::Direct`]). One barrier a step (two single-staged). The loads of later steps
 //! wait in registers, in a ring of sets indexed by constants: the loop is unrolled by the ring's
 //! length, so that no set is ever copied (a register copy would wait for its load).
 //!
 //! - Staged, depth `d`: `d` sets of A and W vec4s. Step `s` multiplies its stage, writes step
 //!   `s + 1` (loaded `d` steps earlier) into the other stage, then loads step `s + 1 + d` into the
 //!   set just written out.
+//! - Single, depth `d` ([`crate::coop_gemm::WPath::Single`]): one stage of A and W (half the
+//!   workgroup memory, so more workgroups share a multiprocessor), two barriers a step, `d` sets
+//!   of vec4s. Step `s` writes its set into the stage, loads step `s + d` into that set, then
+//!   multiplies.
 //! - Direct, depth `d`: `d + 1` sets of W fragments. Step `s` first loads step `s + d`'s
 //!   fragments into the set step `s − 1` used, then multiplies with its own; A as staged, with
 //!   `d + 1` sets.
@@ -98,6 +102,34 @@ pub(crate) fn staged(depth: u32) -> String {
              //@MULTIPLY\n{}\
              \x20               workgroupBarrier();\n            }}\n        }}\n",
             advance(ph, depth, true)
+        );
+    }
+    s + "    }\n"
+}
+
+/// The single-stage K loop of `depth` (A and W through one stage of workgroup memory, half the
+/// double buffer's; two barriers a step): `depth` sets of A and W vec4s, step `s + depth` loaded
+/// into the set step `s` just wrote out, before step `s` multiplies.
+pub(crate) fn single(depth: u32) -> String {
+    assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
+    let mut s = format!("    var ra: array<array<A_ELEM, LA>, {depth}>;\n    var rw: array<array<vec4<f16>, LW>, {depth}>;\n");
+    s += &load(0, "0u", true, "    ");
+    for t in 1..depth {
+        s += &format!("    if ({t}u < steps) {{\n{}    }}\n", load(t, &format!("{t}u"), true, "        "));
+    }
+    s += "\n//@ACC\n";
+    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
+    for ph in 0..depth {
+        s += &format!(
+            "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
+             \x20           {{\n                workgroupBarrier();\n{}\
+             \x20               if (s + {depth}u < steps) {{\n{}\
+             \x20               }}\n                workgroupBarrier();\n\
+             \x20               let a_st = 0u;\n                let b_st = 0u;\n\
+             //@MULTIPLY\n\
+             \x20           }}\n        }}\n",
+            put(ph, "0u", "0u", true, "                "),
+            load(ph, &format!("s + {depth}u"), true, "                    "),
         );
     }
     s + "    }\n"
