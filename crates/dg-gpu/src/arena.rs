@@ -102,6 +102,8 @@ pub struct Arena {
     /// [`SPLIT_PARTIALS`] partials of the widest canvas product, on a device with cooperative
     /// matrices (elsewhere one element, and no product splits).
     pub split_partials: wgpu::Buffer,
+    /// The chunked vocabulary softmax's `(max, sum)` pairs (`dg_kernels::softmax_chunked`).
+    pub softmax_pairs: wgpu::Buffer,
 }
 
 /// Canvas-sized partial products (of the widest canvas product) the split-K scratch holds: the
@@ -173,6 +175,7 @@ impl Arena {
             expert_act: f("expert_act", r * k * e_i)?,
             expert_out: f("expert_out", r * k * h)?,
             sc_probs: f("sc_probs", c * v)?,
+            softmax_pairs: f("softmax pairs", 2 * dg_kernels::softmax_chunked::ChunkedSoftmaxParams::new(c as u32, v as u32).pairs() as usize)?,
             logits: f("logits", c * v)?,
             rope_sliding: rope("sliding", half(dg_model::LayerKind::Sliding))?,
             rope_full: rope("full", half(dg_model::LayerKind::Full))?,

@@ -74,7 +74,7 @@ pub fn record_canvas_forward<'a>(
     }
     if shape.self_conditioning {
         // P = softmax(sc) (in place), soft = (P·E)·√H, signal = MLP_sc(pre_norm(soft)), e += signal.
-        rec.softmax(&a.sc_probs, SoftmaxParams::plain(c as u32, v as u32))?;
+        rec.softmax_rows(&a.sc_probs, &a.softmax_pairs, c, v)?;
         for (i, chunk) in w.embed.iter().enumerate() {
             let p = GemmParams {
                 a_offset: chunk.start as u32,

@@ -5,7 +5,7 @@ use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::sample_rows::{self, SampleRowsParams};
-use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, copy, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms, rmsnorm, rope, router_topk, softmax, split_k};
+use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, copy, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms, rmsnorm, rope, router_topk, softmax, softmax_chunked, split_k};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -552,6 +552,23 @@ impl<'a> Recorder<'a> {
     pub fn softmax(&mut self, x: &'a wgpu::Buffer, p: softmax::SoftmaxParams) -> Result<(), GpuError> {
         let g = self.groups(softmax::workgroups(&p));
         self.push(softmax::source(), &p, &[x], g)
+    }
+
+    /// Plain softmax in place over `x: [rows, cols]`: rows of at least
+    /// `softmax_chunked::MIN_COLS` (the vocabulary) spread over many workgroups in chunks, their
+    /// `(max, sum)` pairs in `part` (at least `ChunkedSoftmaxParams::pairs` `vec2<f32>`); shorter
+    /// rows one workgroup each ([`Self::softmax`]).
+    pub fn softmax_rows(&mut self, x: &'a wgpu::Buffer, part: &'a wgpu::Buffer, rows: usize, cols: usize) -> Result<(), GpuError> {
+        let p = softmax_chunked::ChunkedSoftmaxParams::new(rows as u32, cols as u32);
+        if p.cols < softmax_chunked::MIN_COLS {
+            return self.softmax(x, softmax::SoftmaxParams::plain(p.rows, p.cols));
+        }
+        if part.size() < p.pairs() * 8 {
+            return Err(GpuError::Unsupported { what: format!("chunked softmax of [{rows}, {cols}]: {} pairs, the partials buffer holds {}", p.pairs(), part.size() / 8) });
+        }
+        let g = self.groups(p.workgroups());
+        self.push(softmax_chunked::partials(), &p, &[x, part], g)?;
+        self.push(softmax_chunked::apply(), &p, &[x, part], g)
     }
 
     /// `out[rows, I] = gelu_tanh(in[:, :I]) ⊙ in[:, I:]` for `in: [rows, 2·I]` (a buffer or a

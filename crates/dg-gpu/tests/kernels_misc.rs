@@ -218,6 +218,50 @@ fn softmax_vocab_rows_match_cpu() {
     }
 }
 
+/// `Recorder::softmax_rows` on the vocabulary's width: the rows spread over chunks of
+/// `softmax_chunked::CHUNK` columns (a last chunk ragged at 20000 columns, one partial chunk of
+/// 17000), against the CPU and an f64 softmax within the row kernel's tolerances; and a short row
+/// going to the row kernel. Pre-masked -inf entries, one whole chunk of them, stay exact zeros.
+#[test]
+fn chunked_softmax_rows_match_cpu() {
+    use dg_kernels::softmax_chunked::ChunkedSoftmaxParams;
+    let Some(ctx) = test_context("chunked_softmax_rows_match_cpu") else { return };
+    for &(rows, cols) in &[(2usize, 262_144usize), (3, 20_000), (5, 17_000), (2, 1000)] {
+        let mut x = seeded(rows * cols, 91 + cols as u64, 12.0);
+        if cols == 20_000 {
+            x[cols..cols + 4096].fill(f32::NEG_INFINITY);
+        }
+        let mut pipelines = Pipelines::default();
+        let xb = guarded_output(&ctx, "x", x.len());
+        ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(&x));
+        let part = ctx.storage_buffer("pairs", ChunkedSoftmaxParams::new(rows as u32, cols as u32).pairs() * 8).unwrap();
+        let mut rec = dg_gpu::ops::Recorder::new(&ctx, &mut pipelines);
+        rec.softmax_rows(&xb, &part, rows, cols).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &xb, x.len());
+        let params = SoftmaxParams::plain(rows as u32, cols as u32);
+        let tol = if cols >= 100_000 { SOFTMAX_VOCAB_CPU_TOLERANCE } else { SOFTMAX_TOLERANCE };
+        check_softmax(&got, &softmax_cpu(&x, &params), cols, tol, &format!("chunked {rows}x{cols}"));
+        for (r, (g, xr)) in got.chunks_exact(cols).zip(x.chunks_exact(cols)).enumerate() {
+            let m = xr.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+            let z: f64 = xr.iter().map(|&v| (v as f64 - m).exp()).sum();
+            let exact: Vec<f32> = xr.iter().map(|&v| ((v as f64 - m).exp() / z) as f32).collect();
+            let (err, at) = max_rel_err(g, &exact);
+            assert!(err <= SOFTMAX_VOCAB_EXACT_TOLERANCE, "chunked {rows}x{cols} row {r} vs f64: rel err {err} at {at}");
+        }
+        if cols == 20_000 {
+            assert!(got[cols..cols + 4096].iter().all(|&v| v == 0.0), "masked chunk not zero");
+        }
+    }
+    // A partials buffer too small is refused with the sizes.
+    let xb = ctx.storage_buffer("x", 2 * 262_144 * 4).unwrap();
+    let small = ctx.storage_buffer("pairs", 8).unwrap();
+    let mut pipelines = Pipelines::default();
+    let mut rec = dg_gpu::ops::Recorder::new(&ctx, &mut pipelines);
+    let err = rec.softmax_rows(&xb, &small, 2, 262_144).unwrap_err().to_string();
+    assert!(err.contains("128 pairs") && err.contains("holds 1"), "{err}");
+}
+
 #[test]
 fn softmax_masks_match_cpu() {
     let Some(ctx) = test_context("softmax_masks_match_cpu") else { return };

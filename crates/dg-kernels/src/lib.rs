@@ -26,6 +26,7 @@ pub mod rope;
 pub mod router_topk;
 pub mod sample_rows;
 pub mod softmax;
+pub mod softmax_chunked;
 pub mod split_k;
 
 pub use bf16::{pack_bf16, pack_f16, unpack_bf16, unpack_f16};

@@ -1,0 +1,40 @@
+// Chunked row softmax, pass 2 of 2 (see softmax_chunked.rs): x: [rows, cols] in place. Workgroup
+// id = row * chunks + c merges its row's `chunks` pairs from pass 1 (invocation i the pairs i,
+// i + WG, ... in order, then the tree) and writes x = exp(x - max) * (1 / sum) over the columns
+// of chunk c. Workgroups past rows * chunks (padding of a folded grid) leave at once.
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    chunk: u32,
+    chunks: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read> part: array<vec2<f32>>;
+
+//@MERGE
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = wid.x + wid.y * nwg.x;
+    if (id >= p.rows * p.chunks) {
+        return;
+    }
+    let row = id / p.chunks;
+    var acc = vec2<f32>(LOWEST, 0.0);
+    for (var i = lid.x; i < p.chunks; i += WG) {
+        let q = part[row * p.chunks + i];
+        acc = merge(acc.x, acc.y, q.x, q.y);
+    }
+    let total = merge_tree(acc, lid.x);
+    let inv = 1.0 / total.y;
+    let first = (id % p.chunks) * p.chunk;
+    let end = min(first + p.chunk, p.cols);
+    let base = row * p.cols;
+    for (var j = first + lid.x; j < end; j += WG) {
+        x[base + j] = exp(x[base + j] - total.x) * inv;
+    }
+}

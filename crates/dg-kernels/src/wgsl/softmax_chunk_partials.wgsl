@@ -1,0 +1,46 @@
+// Chunked row softmax, pass 1 of 2 (see softmax_chunked.rs): x: [rows, cols] read-only. Workgroup
+// id = row * chunks + c covers columns [c * chunk, min((c + 1) * chunk, cols)) of its row: each
+// invocation keeps a running (max, sum of exp(x - max)) over its strided columns, the pairs are
+// merged by a tree (as softmax.wgsl merges a whole row), and invocation 0 stores the chunk's pair
+// in part[id]. Workgroups past rows * chunks (padding of a folded grid) leave at once.
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    chunk: u32,
+    chunks: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> part: array<vec2<f32>>;
+
+//@MERGE
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let id = wid.x + wid.y * nwg.x;
+    if (id >= p.rows * p.chunks) {
+        return;
+    }
+    let row = id / p.chunks;
+    let first = (id % p.chunks) * p.chunk;
+    let end = min(first + p.chunk, p.cols);
+    let base = row * p.cols;
+    var m = LOWEST;
+    var s = 0.0;
+    for (var j = first + lid.x; j < end; j += WG) {
+        let v = x[base + j];
+        if (v > m) {
+            s = s * exp(m - v) + 1.0;
+            m = v;
+        } else {
+            s += exp(v - m);
+        }
+    }
+    let total = merge_tree(vec2<f32>(m, s), lid.x);
+    if (lid.x == 0u) {
+        part[id] = total;
+    }
+}
