@@ -9,9 +9,11 @@ use dg_kernels::sample_rows::RESULT_WORDS;
 use crate::context::GpuContext;
 use crate::error::GpuError;
 
-/// Per-layer cached K/V of the context (what the encoder wrote), `[max_context, kv_heads, head_dim]`.
-/// The GPU encoder writes token `p` at row `p` (sliding layers too: the decoder reads their last
-/// W−1 rows); a context uploaded from the host starts at row 0.
+/// Per-layer cached K/V of the context (what the encoder wrote), `[max_context + KEY_PAD + C,
+/// kv_heads, head_dim]`. The GPU encoder writes token `p` at row `p` (sliding layers too: the
+/// decoder reads their last W−1 rows); a context uploaded from the host starts at row 0. The
+/// decoder writes its canvas's K/V into the rows after the visible ones padded to [`KEY_PAD`]
+/// (`forward.rs`), so every buffer has `KEY_PAD + C` rows beyond `max_context`.
 #[derive(Debug)]
 pub struct CacheBuffers {
     pub keys: wgpu::Buffer,
@@ -19,8 +21,9 @@ pub struct CacheBuffers {
 }
 
 /// The decoder pads its visible cached keys to a multiple of this many columns in a scores row
-/// (`forward.rs`): the products then read up to `KEY_PAD − 1` cache rows past the visible ones,
-/// which every cache buffer has beyond `max_context` (zeros, never written).
+/// (`forward.rs`): the products then read up to `KEY_PAD − 1` dead cache rows between the visible
+/// ones and the canvas's, masked to probability 0 (zeros, or K/V rows an earlier canvas wrote:
+/// finite either way, so they add exact zeros to the values).
 pub const KEY_PAD: usize = 32;
 
 /// Tokens per encoder chunk at most (a longer prompt is encoded in several): 1024 rows of activations
@@ -134,7 +137,7 @@ impl Arena {
             .iter()
             .enumerate()
             .map(|(li, l)| {
-                let n = (max_context + KEY_PAD) * l.num_kv_heads * l.head_dim;
+                let n = (max_context + KEY_PAD + c) * l.num_kv_heads * l.head_dim;
                 Ok(CacheBuffers { keys: f(&format!("cache.{li}.k"), n)?, values: f(&format!("cache.{li}.v"), n)? })
             })
             .collect::<Result<Vec<_>, GpuError>>()?;

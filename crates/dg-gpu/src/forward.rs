@@ -162,24 +162,9 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     let halves = if l.has_v_proj { 2 } else { 1 };
     let kv_batches = Batches { count: halves, x_stride: 0, w_stride: (kv * d * h) as u32, c_stride: (c * kv * d) as u32 };
     let kv_raw = rec.linear_product(&a.normed, &l.kv_proj, &a.kv_raw, c, kv * d, h, kv_batches)?;
-    rec.norm_rope(kv_raw, &l.k_norm, cos, sin, &a.k_new, c, kv, d, eps)?;
-    // v_norm (weightless) over both halves; V is the last half of v_new.
-    rec.rmsnorm(kv_raw, None, &a.dummy, &a.v_new, halves as usize * c * kv, d, eps, false, 1.0)?;
     let v_offset = (halves as usize - 1) * c * kv * d;
     let cache = &a.cache[i];
     let row = kv * d;
-    if let LayerPass::Encode { start, .. } = pass {
-        // DynamicCache.update: the new K/V rows land at their positions.
-        rec.copy(&a.k_new, &cache.keys, c * row, 0, start * row)?;
-        rec.copy(&a.v_new, &cache.values, c * row, v_offset, start * row)?;
-    }
-    if kv_only {
-        return Ok(());
-    }
-
-    // Attention, scaling 1.0. Decoder: scores [heads, C, S] over [visible cache | canvas].
-    // Encoder: scores [heads, T, S] over cache rows key_start..start+T (the new rows included),
-    // masked causally (and by the window in sliding layers).
     // The decoder's rows are [cached keys | dead columns up to a multiple of KEY_PAD | canvas]:
     // the canvas part and the value products' K then stay aligned for the tensor cores, and the
     // dead columns (the scores of cache rows past the visible ones, masked to probability 0)
@@ -188,6 +173,32 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         LayerPass::Decode(v) if v.len > 0 => v.len.next_multiple_of(KEY_PAD),
         _ => 0,
     };
+    match pass {
+        LayerPass::Decode(v) => {
+            // The canvas's K/V go into the cache rows after the padded visible ones (scratch rows
+            // past the context, which the encoder rewrites when it commits the canvas), so that
+            // each attention product runs once over [visible | dead | canvas].
+            let at = (v.start + cached) * row;
+            rec.norm_rope_at(kv_raw, &l.k_norm, (cos, sin), (&cache.keys, at), c, kv, d, eps)?;
+            // v_norm (weightless) over the V half.
+            rec.rmsnorm_at((kv_raw, v_offset), None, &a.dummy, (&cache.values, at), c * kv, d, eps, false, 1.0)?;
+        }
+        LayerPass::Encode { start, .. } => {
+            rec.norm_rope(kv_raw, &l.k_norm, cos, sin, &a.k_new, c, kv, d, eps)?;
+            // v_norm (weightless) over both halves; V is the last half of v_new.
+            rec.rmsnorm(kv_raw, None, &a.dummy, &a.v_new, halves as usize * c * kv, d, eps, false, 1.0)?;
+            // DynamicCache.update: the new K/V rows land at their positions.
+            rec.copy(&a.k_new, &cache.keys, c * row, 0, start * row)?;
+            rec.copy(&a.v_new, &cache.values, c * row, v_offset, start * row)?;
+        }
+    }
+    if kv_only {
+        return Ok(());
+    }
+
+    // Attention, scaling 1.0. Decoder: scores [heads, C, S] over cache rows key_start.. (visible,
+    // dead, canvas). Encoder: scores [heads, T, S] over cache rows key_start..start+T (the new
+    // rows included), masked causally (and by the window in sliding layers).
     let (s, key_start) = match pass {
         LayerPass::Decode(v) => (cached + c, v.start),
         LayerPass::Encode { start, .. } => {
@@ -198,9 +209,10 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
             (start + c - key_start, key_start)
         }
     };
-    let scores = |n: usize, b_offset: usize, c_offset: usize| GemmParams {
+    // scores = q · Kᵀ over cache rows key_start..key_start + s.
+    let scores = GemmParams {
         m: c as u32,
-        n: n as u32,
+        n: s as u32,
         k: d as u32,
         batch: heads as u32,
         a_rs: (heads * d) as u32,
@@ -210,8 +222,7 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         b_cs: (kv * d) as u32,
         b_batch: d as u32,
         b_batch_div: group as u32,
-        b_offset: b_offset as u32,
-        c_offset: c_offset as u32,
+        b_offset: (key_start * row) as u32,
         c_rs: s as u32,
         c_batch: (c * s) as u32,
         alpha: 1.0,
@@ -221,17 +232,13 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     // probabilities rounded to f16 when staged) where the shapes fit.
     let tc = w.format == WeightFormat::F16;
     let f32_ = WeightFormat::F32;
+    rec.gemm_auto(&a.q, &cache.keys, f32_, &a.scores, scores, tc)?;
     match pass {
         LayerPass::Decode(v) => {
-            if v.len > 0 {
-                rec.gemm_auto(&a.q, &cache.keys, f32_, &a.scores, scores(cached, key_start * row, 0), tc)?;
-            }
-            rec.gemm_auto(&a.q, &a.k_new, f32_, &a.scores, scores(c, 0, cached), tc)?;
             let gap = SoftmaxParams { gap_start: v.len as u32, gap_end: cached as u32, ..SoftmaxParams::plain((heads * c) as u32, s as u32) };
             rec.softmax(&a.scores, gap)?;
         }
         LayerPass::Encode { start, .. } => {
-            rec.gemm_auto(&a.q, &cache.keys, f32_, &a.scores, scores(s, key_start * row, 0), tc)?;
             let window = match spec.kind {
                 LayerKind::Sliding => cfg.sliding_window as u32,
                 LayerKind::Full => 0,
@@ -247,13 +254,13 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
             rec.softmax(&a.scores, mask)?;
         }
     }
-    let values = |k: usize, a_offset: usize, b_offset: usize, accumulate: bool| GemmParams {
+    // attn = P · V over the same cache rows as the scores.
+    let values = GemmParams {
         m: c as u32,
         n: d as u32,
-        k: k as u32,
+        k: s as u32,
         batch: heads as u32,
-        a_offset: a_offset as u32,
-        b_offset: b_offset as u32,
+        b_offset: (key_start * row) as u32,
         a_rs: s as u32,
         a_cs: 1,
         a_batch: (c * s) as u32,
@@ -264,18 +271,9 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         c_rs: (heads * d) as u32,
         c_batch: d as u32,
         alpha: 1.0,
-        accumulate: u32::from(accumulate),
         ..bytemuck::Zeroable::zeroed()
     };
-    match pass {
-        LayerPass::Decode(v) => {
-            if v.len > 0 {
-                rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values(cached, 0, key_start * row, false), tc)?;
-            }
-            rec.gemm_auto(&a.scores, &a.v_new, f32_, &a.attn, values(c, cached, v_offset, v.len > 0), tc)?;
-        }
-        LayerPass::Encode { .. } => rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values(s, 0, key_start * row, false), tc)?,
-    }
+    rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values, tc)?;
     let o = rec.linear_product(&a.attn, &l.o_proj, &a.proj, c, h, heads * d, Batches::ONE)?;
     // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
     // pre_feedforward_layernorm(h) in `normed`, and in `branch_in` the experts' input

@@ -176,9 +176,38 @@ impl<'a> Recorder<'a> {
         accumulate: bool,
         scale: f32,
     ) -> Result<(), GpuError> {
+        self.rmsnorm_at((x, 0), w, dummy, (out, 0), rows, dim, eps, accumulate, scale)
+    }
+
+    /// [`Self::rmsnorm`] with the rows starting `x_offset` elements into `x` (into each partial of
+    /// a split product) and `out_offset` into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_at(
+        &mut self,
+        (x, x_offset): (impl Into<Product<'a>>, usize),
+        w: Option<&'a wgpu::Buffer>,
+        dummy: &'a wgpu::Buffer,
+        (out, out_offset): (&'a wgpu::Buffer, usize),
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        accumulate: bool,
+        scale: f32,
+    ) -> Result<(), GpuError> {
         let flags = if w.is_some() { rmsnorm::WEIGHTED } else { 0 } | if accumulate { rmsnorm::ACCUMULATE } else { 0 };
         let x = x.into();
-        let p = rmsnorm::RmsNormParams { rows: rows as u32, dim: dim as u32, eps, flags, scale, splits: x.splits, split_stride: x.split_stride, _pad: 0 };
+        let p = rmsnorm::RmsNormParams {
+            rows: rows as u32,
+            dim: dim as u32,
+            eps,
+            flags,
+            scale,
+            splits: x.splits,
+            split_stride: x.split_stride,
+            x_offset: x_offset as u32,
+            out_offset: out_offset as u32,
+            _pad: [0; 3],
+        };
         let g = self.groups(rows as u32);
         self.push(rmsnorm::source(), &p, &[x.buffer, w.unwrap_or(dummy), out], g)
     }
@@ -541,9 +570,26 @@ impl<'a> Recorder<'a> {
         d: usize,
         eps: f32,
     ) -> Result<(), GpuError> {
+        self.norm_rope_at(x, w, (cos, sin), (out, 0), tokens, heads, d, eps)
+    }
+
+    /// [`Self::norm_rope`] with the rows written from `out_offset` elements into `out` (the
+    /// decoder's canvas keys, straight into the cache).
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_rope_at(
+        &mut self,
+        x: impl Into<Product<'a>>,
+        w: &'a wgpu::Buffer,
+        (cos, sin): (&'a wgpu::Buffer, &'a wgpu::Buffer),
+        (out, out_offset): (&'a wgpu::Buffer, usize),
+        tokens: usize,
+        heads: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
         use dg_kernels::norm_rope;
         let x = x.into();
-        let p = norm_rope::NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps, splits: x.splits, split_stride: x.split_stride, _pad: [0; 2] };
+        let p = norm_rope::NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps, splits: x.splits, split_stride: x.split_stride, out_offset: out_offset as u32, _pad: 0 };
         let g = self.groups(norm_rope::workgroups(&p));
         self.push(norm_rope::source(), &p, &[x.buffer, w, cos, sin, out], g)
     }

@@ -28,7 +28,7 @@ fn run(ctx: &GpuContext, rows: usize, dim: usize, flags: u32, scale: f32) {
     let out = guarded_output(ctx, "out", rows * dim);
     ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&base));
     let mut plan = PlanBuilder::new(ctx);
-    let params = RmsNormParams { rows: rows as u32, dim: dim as u32, eps: 1e-6, flags, scale, splits: 1, split_stride: 0, _pad: 0 };
+    let params = RmsNormParams { rows: rows as u32, dim: dim as u32, eps: 1e-6, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
     plan.push(&p, &params, &[&xb, &wb, &out], groups_1d(rows as u32, ctx.limits.max_compute_workgroups_per_dimension));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
     let got = read_guarded(ctx, &out, rows * dim);
@@ -51,6 +51,45 @@ fn rmsnorm_matches_cpu() {
             run(&ctx, rows, dim, flags, scale);
         }
     }
+}
+
+/// `x_offset` and `out_offset` (the decoder's V rows: the second half of a [K | V] product
+/// written into the cache at the canvas's rows): the rows read from and written at their
+/// offsets, bit for bit what the norm gives without them, every other element of `out` untouched.
+#[test]
+fn rmsnorm_reads_and_writes_at_offsets() {
+    let Some(ctx) = test_context("rmsnorm_reads_and_writes_at_offsets") else { return };
+    let (rows, dim, x_offset, out_offset) = (6usize, 256usize, 6 * 256, 3 * 256 + 4);
+    let x = seeded(2 * rows * dim, 41, 3.0);
+    let mut pipelines = Pipelines::default();
+    let p = pipelines.get(&ctx, rmsnorm::source()).unwrap();
+    let xb = ctx.upload("x", &x).unwrap();
+    let plain = guarded_output(&ctx, "plain", rows * dim);
+    let placed = guarded_output(&ctx, "placed", out_offset + rows * dim + 100);
+    let before = seeded(out_offset + rows * dim + 100, 42, 1.0);
+    ctx.queue.write_buffer(&placed, 0, bytemuck::cast_slice(&before));
+    let params = |x_offset: usize, out_offset: usize| RmsNormParams {
+        rows: rows as u32,
+        dim: dim as u32,
+        eps: 1e-6,
+        flags: 0,
+        scale: 1.0,
+        splits: 1,
+        split_stride: 0,
+        x_offset: x_offset as u32,
+        out_offset: out_offset as u32,
+        _pad: [0; 3],
+    };
+    let xv = ctx.upload("x second half", &x[x_offset..]).unwrap();
+    let mut plan = PlanBuilder::new(&ctx);
+    let groups = groups_1d(rows as u32, ctx.limits.max_compute_workgroups_per_dimension);
+    plan.push(&p, &params(0, 0), &[&xv, &xb, &plain], groups);
+    plan.push(&p, &params(x_offset, out_offset), &[&xb, &xb, &placed], groups);
+    plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+    let want = read_guarded(&ctx, &plain, rows * dim);
+    let got = read_guarded(&ctx, &placed, out_offset + rows * dim + 100);
+    assert!(got[out_offset..out_offset + rows * dim] == want[..], "rows at offsets differ from the plain norm");
+    assert!(got[..out_offset] == before[..out_offset] && got[out_offset + rows * dim..] == before[out_offset + rows * dim..], "elements outside the rows changed");
 }
 
 // Against the CPU chain of `rms_norm_rows` steps the single-norm `NORM_TOLERANCE` still holds:
@@ -170,7 +209,7 @@ impl AttentionCase {
             plan.push(&p, &self.params(), &[&x, &w_res, &w_a, &w_b, &w_c, &hidden, &out_a, &out_bc], groups);
         } else {
             let p = pipelines.get(ctx, rmsnorm::source()).unwrap();
-            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, _pad: 0 };
+            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&x, &w_res, &hidden], groups);
             plan.push(&p, &norm(WEIGHTED, self.scale_a), &[&hidden, &w_a, &out_a], groups);
             plan.push(&p, &norm(WEIGHTED, self.scale_b), &[&hidden, &w_b, &out_b], groups);
@@ -250,7 +289,7 @@ impl FfnCase {
             plan.push(&p, &self.params(), &[&mlp, &w_1, &moe, &w_2, &w_3, &dense, &hidden], groups);
         } else {
             let p = pipelines.get(ctx, rmsnorm::source()).unwrap();
-            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, _pad: 0 };
+            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
             plan.push(&p, &norm(WEIGHTED, 1.0), &[&mlp, &w_1, &dense], groups);
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&moe, &w_2, &dense], groups);
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, self.scalar), &[&dense, &w_3, &hidden], groups);

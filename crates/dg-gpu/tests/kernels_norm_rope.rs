@@ -38,18 +38,26 @@ fn rope_spec(head_dim: usize) -> LayerSpec {
 /// The fused kernel; returns `out`.
 #[allow(clippy::too_many_arguments)]
 fn run_fused(ctx: &GpuContext, x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize, max_dim: u32) -> Vec<f32> {
+    run_fused_at(ctx, x, w, (cos, sin), (tokens, heads, d), max_dim, 0)
+}
+
+/// [`run_fused`] with the rows written `out_offset` elements into `out` (the decoder's canvas keys,
+/// straight into the cache); returns the whole of `out` (`out_offset + x.len()`, guarded), every
+/// element before the rows preset to 7.
+fn run_fused_at(ctx: &GpuContext, x: &[f32], w: &[f32], (cos, sin): (&[f32], &[f32]), (tokens, heads, d): (usize, usize, usize), max_dim: u32, out_offset: usize) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
     let p = pipelines.get(ctx, norm_rope::source()).unwrap();
     let xb = ctx.upload("x", x).unwrap();
     let wb = ctx.upload("w", w).unwrap();
     let cb = ctx.upload("cos", cos).unwrap();
     let sb = ctx.upload("sin", sin).unwrap();
-    let out = guarded_output(ctx, "out", x.len());
-    let params = NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps: EPS, splits: 1, split_stride: 0, _pad: [0; 2] };
+    let out = guarded_output(ctx, "out", out_offset + x.len());
+    ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&vec![7.0f32; out_offset]));
+    let params = NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps: EPS, splits: 1, split_stride: 0, out_offset: out_offset as u32, _pad: 0 };
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&p, &params, &[&xb, &wb, &cb, &sb, &out], groups_1d(norm_rope::workgroups(&params), max_dim));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
-    read_guarded(ctx, &out, x.len())
+    read_guarded(ctx, &out, out_offset + x.len())
 }
 
 /// `rmsnorm` (weighted, scale 1) then `rope` in place, as the decoder layer records them today.
@@ -65,7 +73,7 @@ fn run_two_dispatches(ctx: &GpuContext, x: &[f32], w: &[f32], cos: &[f32], sin: 
     let out = guarded_output(ctx, "out", x.len());
     let max_dim = ctx.limits.max_compute_workgroups_per_dimension;
     let rows = tokens * heads;
-    let np = RmsNormParams { rows: rows as u32, dim: d as u32, eps: EPS, flags: WEIGHTED, scale: 1.0, splits: 1, split_stride: 0, _pad: 0 };
+    let np = RmsNormParams { rows: rows as u32, dim: d as u32, eps: EPS, flags: WEIGHTED, scale: 1.0, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
     let rp = RopeParams { tokens: tokens as u32, heads: heads as u32, half: (d / 2) as u32, _pad: 0 };
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&pn, &np, &[&xb, &wb, &out], groups_1d(rows as u32, max_dim));
@@ -96,6 +104,9 @@ fn norm_rope_matches_cpu_and_the_two_dispatches() {
                 }
                 let got = run_fused(&ctx, &x, &w, &table.cos, &table.sin, tokens, heads, d, fold[0]);
                 let two = run_two_dispatches(&ctx, &x, &w, &table.cos, &table.sin, tokens, heads, d);
+                // Written at an offset: the same bits there, the elements before untouched.
+                let placed = run_fused_at(&ctx, &x, &w, (&table.cos, &table.sin), (tokens, heads, d), fold[0], 3 * d + 4);
+                assert!(placed[3 * d + 4..] == got[..] && placed[..3 * d + 4].iter().all(|&v| v == 7.0), "{what}: written at an offset");
                 let (err, at) = max_rel_err(&got, &two);
                 assert!(err <= TWO_DISPATCH_TOLERANCE, "{what}: vs rmsnorm + rope: rel err {err} at {at}: {} vs {}", got[at], two[at]);
             }

@@ -30,7 +30,9 @@ pub struct NormRopeParams {
     /// (`crate::split_k::with_reader`).
     pub splits: u32,
     pub split_stride: u32,
-    pub _pad: [u32; 2],
+    /// Elements before row 0 of `out`.
+    pub out_offset: u32,
+    pub _pad: u32,
 }
 
 /// Workgroups to dispatch, one per (token, head) row (fold through `groups_1d`: more than 65535

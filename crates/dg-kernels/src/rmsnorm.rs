@@ -25,7 +25,11 @@ pub struct RmsNormParams {
     /// (`crate::split_k::with_reader`).
     pub splits: u32,
     pub split_stride: u32,
-    pub _pad: u32,
+    /// Elements before row 0 of `x` (and of each partial).
+    pub x_offset: u32,
+    /// Elements before row 0 of `out`.
+    pub out_offset: u32,
+    pub _pad: [u32; 3],
 }
 
 /// `template` with the shared row reduction (`wgsl/row_sum.wgsl`, `row_sum` over `RowSum =

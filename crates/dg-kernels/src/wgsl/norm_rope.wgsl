@@ -13,8 +13,9 @@ struct Params {
     // x may be a split-K GEMM's partials (split_k.rs `with_reader`).
     splits: u32,
     split_stride: u32,
+    // Elements before row 0 of out.
+    out_offset: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -60,7 +61,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let y2 = (x_at(base + j + half) * inv) * w[j + half];
         let c = cos_t[table + j];
         let s = sin_t[table + j];
-        out[base + j] = y1 * c + (-y2) * s;
-        out[base + j + half] = y2 * c + y1 * s;
+        out[p.out_offset + base + j] = y1 * c + (-y2) * s;
+        out[p.out_offset + base + j + half] = y2 * c + y1 * s;
     }
 }

@@ -2,7 +2,8 @@
 // optionally added to the previous contents of out, then multiplied by `scale`:
 //   out = ((accumulate ? out : 0) + rms(x) [* w]) * scale
 // One workgroup per row; rows beyond 65535 workgroups wrap into the y dimension.
-// Also serves the per-head q/k/v norms (rows = tokens * heads, dim = head_dim).
+// Also serves the per-head q/k/v norms (rows = tokens * heads, dim = head_dim). Rows start
+// x_offset elements into x and out_offset into out.
 
 struct Params {
     rows: u32,
@@ -13,7 +14,12 @@ struct Params {
     // x may be a split-K GEMM's partials (split_k.rs `with_reader`).
     splits: u32,
     split_stride: u32,
+    // Elements before row 0 of x (and of each partial) and of out.
+    x_offset: u32,
+    out_offset: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -29,7 +35,8 @@ struct Params {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = wid.x + wid.y * nwg.x;
-    let base = row * p.dim;
+    let base = p.x_offset + row * p.dim;
+    let out_base = p.out_offset + row * p.dim;
     let live = row < p.rows;
     var acc = 0.0;
     if (live) {
@@ -49,8 +56,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             y = y * w[i];
         }
         if ((p.flags & 2u) != 0u) {
-            y = out[base + i] + y;
+            y = out[out_base + i] + y;
         }
-        out[base + i] = y * p.scale;
+        out[out_base + i] = y * p.scale;
     }
 }
