@@ -3,8 +3,9 @@
 //! replayed every denoising step.
 //!
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
-//! norm → q/k/v GEMMs → q/k norms fused with RoPE, v norm → attention over [cache | canvas] as two score
-//! GEMMs, a row softmax and two value GEMMs → o_proj → post-attention norm + residual fused with
+//! norm → q/k/v GEMMs → q/k norms fused with RoPE, v norm (the canvas's K/V written into the cache
+//! after the visible rows) → attention over [visible | dead | canvas] cache rows as one score
+//! GEMM, a row softmax and one value GEMM → o_proj → post-attention norm + residual fused with
 //! the dense MLP's, the experts' and the router's input norms → dense MLP ‖ router + experts (their
 //! activations stored as f16 for the tensor cores where the device has f16) → the three post-FF
 //! norms, residual and layer scalar in one dispatch.
