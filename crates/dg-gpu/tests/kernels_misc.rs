@@ -207,14 +207,20 @@ fn softmax_vocab_rows_match_cpu() {
     let got = run_softmax(&ctx, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
     check_softmax(&got, &want, cols, SOFTMAX_VOCAB_CPU_TOLERANCE, "vocab rows vs CPU");
     // Against an f64 softmax the GPU is much closer than the CPU.
+    check_against_f64(&got, &x, cols, "vocab");
+}
+
+/// Every row of `got` against an f64 softmax of `x`'s row (within
+/// [`SOFTMAX_VOCAB_EXACT_TOLERANCE`]), and summing to 1.
+fn check_against_f64(got: &[f32], x: &[f32], cols: usize, what: &str) {
     for (r, (g, xr)) in got.chunks_exact(cols).zip(x.chunks_exact(cols)).enumerate() {
         let m = xr.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
         let z: f64 = xr.iter().map(|&v| (v as f64 - m).exp()).sum();
         let exact: Vec<f32> = xr.iter().map(|&v| ((v as f64 - m).exp() / z) as f32).collect();
         let (err, at) = max_rel_err(g, &exact);
-        assert!(err <= SOFTMAX_VOCAB_EXACT_TOLERANCE, "vocab row {r} vs f64: rel err {err} at {at}");
+        assert!(err <= SOFTMAX_VOCAB_EXACT_TOLERANCE, "{what} row {r} vs f64: rel err {err} at {at}");
         let total: f64 = g.iter().map(|&v| v as f64).sum();
-        assert!((total - 1.0).abs() < 1e-4, "vocab row {r} sums to {total}");
+        assert!((total - 1.0).abs() < 1e-4, "{what} row {r} sums to {total}");
     }
 }
 
@@ -242,13 +248,7 @@ fn chunked_softmax_rows_match_cpu() {
         let params = SoftmaxParams::plain(rows as u32, cols as u32);
         let tol = if cols >= 100_000 { SOFTMAX_VOCAB_CPU_TOLERANCE } else { SOFTMAX_TOLERANCE };
         check_softmax(&got, &softmax_cpu(&x, &params), cols, tol, &format!("chunked {rows}x{cols}"));
-        for (r, (g, xr)) in got.chunks_exact(cols).zip(x.chunks_exact(cols)).enumerate() {
-            let m = xr.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
-            let z: f64 = xr.iter().map(|&v| (v as f64 - m).exp()).sum();
-            let exact: Vec<f32> = xr.iter().map(|&v| ((v as f64 - m).exp() / z) as f32).collect();
-            let (err, at) = max_rel_err(g, &exact);
-            assert!(err <= SOFTMAX_VOCAB_EXACT_TOLERANCE, "chunked {rows}x{cols} row {r} vs f64: rel err {err} at {at}");
-        }
+        check_against_f64(&got, &x, cols, &format!("chunked {rows}x{cols}"));
         if cols == 20_000 {
             assert!(got[cols..cols + 4096].iter().all(|&v| v == 0.0), "masked chunk not zero");
         }

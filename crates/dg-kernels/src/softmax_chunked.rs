@@ -53,7 +53,7 @@ impl ChunkedSoftmaxParams {
 }
 
 fn render(template: &str) -> String {
-    with_prelude(&[("WG", WORKGROUP)], &template.replace("//@MERGE\n", include_str!("wgsl/softmax_merge.wgsl")))
+    with_prelude(&[("WG", WORKGROUP)], &template.replace("//@COMMON\n", include_str!("wgsl/softmax_chunk_common.wgsl")))
 }
 
 /// Pass 1. Bindings: `x` (read, `[rows, cols]`), `part` (read-write, [`ChunkedSoftmaxParams::pairs`]

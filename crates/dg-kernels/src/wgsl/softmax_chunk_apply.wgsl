@@ -3,18 +3,10 @@
 // i + WG, ... in order, then the tree) and writes x = exp(x - max) * (1 / sum) over the columns
 // of chunk c. Workgroups past rows * chunks (padding of a folded grid) leave at once.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    chunk: u32,
-    chunks: u32,
-}
-
+//@COMMON
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> part: array<vec2<f32>>;
-
-//@MERGE
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,

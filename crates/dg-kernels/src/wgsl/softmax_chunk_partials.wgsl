@@ -4,18 +4,10 @@
 // merged by a tree (as softmax.wgsl merges a whole row), and invocation 0 stores the chunk's pair
 // in part[id]. Workgroups past rows * chunks (padding of a folded grid) leave at once.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    chunk: u32,
-    chunks: u32,
-}
-
+//@COMMON
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> part: array<vec2<f32>>;
-
-//@MERGE
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,

@@ -1,4 +1,13 @@
-// The (max, sum of exp(x - max)) pairs of the chunked softmax and their merge (as softmax.wgsl's).
+// What both passes of the chunked softmax share: their parameters, and the (max, sum of
+// exp(x - max)) pairs with their merge (as softmax.wgsl's).
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    chunk: u32,
+    chunks: u32,
+}
+
 var<workgroup> pairs: array<vec2<f32>, WG>;
 
 // The lowest finite f32 (WGSL has no infinity literal): the max of an empty set.
