@@ -176,6 +176,15 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     };
     match pass {
         LayerPass::Decode(v) => {
+            let rows = (cache.keys.size() / 4) as usize / row;
+            if v.start + cached + c > rows {
+                return Err(GpuError::TooLong {
+                    len: v.start + v.len,
+                    max: rows - KEY_PAD - c,
+                    limit_name: "the cache rows that leave room for the canvas after the visible ones (max_context)",
+                    hint: "",
+                });
+            }
             // The canvas's K/V go into the cache rows after the padded visible ones (scratch rows
             // past the context, which the encoder rewrites when it commits the canvas), so that
             // each attention product runs once over [visible | dead | canvas].
