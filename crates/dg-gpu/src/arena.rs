@@ -49,9 +49,6 @@ pub struct Arena {
     pub q: wgpu::Buffer,
     /// Raw K projection, then (sliding layers) raw V: `[2, C, kv·d]`.
     pub kv_raw: wgpu::Buffer,
-    pub k_new: wgpu::Buffer,
-    /// v_norm of `kv_raw` (both halves; V is the second half in sliding layers).
-    pub v_new: wgpu::Buffer,
     /// Attention scores/probabilities `[heads, C, context + C]`.
     pub scores: wgpu::Buffer,
     pub attn: wgpu::Buffer,
@@ -156,8 +153,6 @@ impl Arena {
             q_raw: f("q_raw", r * q_w)?,
             q: f("q", r * q_w)?,
             kv_raw: f("kv_raw", 2 * r * kv_w)?,
-            k_new: f("k_new", r * kv_w)?,
-            v_new: f("v_new", 2 * r * kv_w)?,
             // Decoder: [heads, C, visible padded to KEY_PAD + C]; encoder chunk: [heads, T, at most
             // max_context].
             scores: f("scores", heads * (c * (max_context.next_multiple_of(KEY_PAD) + c)).max(r * max_context))?,

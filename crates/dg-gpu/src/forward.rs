@@ -174,7 +174,11 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         LayerPass::Decode(v) if v.len > 0 => v.len.next_multiple_of(KEY_PAD),
         _ => 0,
     };
-    match pass {
+    // The cache row this pass's K/V start at. Encoder: the new tokens' positions
+    // (DynamicCache.update). Decoder: the rows after the visible ones padded to KEY_PAD (scratch
+    // rows past the context, which the encoder rewrites when it commits the canvas), so that each
+    // attention product runs once over [visible | dead | canvas].
+    let first_row = match pass {
         LayerPass::Decode(v) => {
             let rows = (cache.keys.size() / 4) as usize / row;
             if v.start + cached + c > rows {
@@ -185,23 +189,13 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
                     hint: "",
                 });
             }
-            // The canvas's K/V go into the cache rows after the padded visible ones (scratch rows
-            // past the context, which the encoder rewrites when it commits the canvas), so that
-            // each attention product runs once over [visible | dead | canvas].
-            let at = (v.start + cached) * row;
-            rec.norm_rope_at(kv_raw, &l.k_norm, (cos, sin), (&cache.keys, at), c, kv, d, eps)?;
-            // v_norm (weightless) over the V half.
-            rec.rmsnorm_at((kv_raw, v_offset), None, &a.dummy, (&cache.values, at), c * kv, d, eps, false, 1.0)?;
+            v.start + cached
         }
-        LayerPass::Encode { start, .. } => {
-            rec.norm_rope(kv_raw, &l.k_norm, cos, sin, &a.k_new, c, kv, d, eps)?;
-            // v_norm (weightless) over both halves; V is the last half of v_new.
-            rec.rmsnorm(kv_raw, None, &a.dummy, &a.v_new, halves as usize * c * kv, d, eps, false, 1.0)?;
-            // DynamicCache.update: the new K/V rows land at their positions.
-            rec.copy(&a.k_new, &cache.keys, c * row, 0, start * row)?;
-            rec.copy(&a.v_new, &cache.values, c * row, v_offset, start * row)?;
-        }
-    }
+        LayerPass::Encode { start, .. } => start,
+    };
+    rec.norm_rope_at(kv_raw, &l.k_norm, (cos, sin), (&cache.keys, first_row * row), c, kv, d, eps)?;
+    // v_norm (weightless) over the V half.
+    rec.rmsnorm_at((kv_raw, v_offset), None, &a.dummy, (&cache.values, first_row * row), c * kv, d, eps, false, 1.0)?;
     if kv_only {
         return Ok(());
     }

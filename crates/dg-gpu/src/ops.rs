@@ -5,7 +5,7 @@ use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::sample_rows::{self, SampleRowsParams};
-use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, copy, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms, rmsnorm, rope, router_topk, softmax, softmax_chunked, split_k};
+use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms, rmsnorm, rope, router_topk, softmax, softmax_chunked, split_k};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -683,13 +683,6 @@ impl<'a> Recorder<'a> {
         let p = axpby::AxpbyParams { n: n as u32, alpha, beta, _pad: 0 };
         let g = self.groups(axpby::workgroups(&p));
         self.push(axpby::source(), &p, &[x, out], g)
-    }
-
-    /// `dst[dst_offset..][..n] = src[src_offset..][..n]` (element offsets).
-    pub fn copy(&mut self, src: &'a wgpu::Buffer, dst: &'a wgpu::Buffer, n: usize, src_offset: usize, dst_offset: usize) -> Result<(), GpuError> {
-        let p = copy::CopyParams { n: n as u32, src_offset: src_offset as u32, dst_offset: dst_offset as u32, _pad: 0 };
-        let g = self.groups(copy::workgroups(&p));
-        self.push(copy::source(), &p, &[src, dst], g)
     }
 
     /// Softmax over experts, top-k, renormalise, × per-expert scale.

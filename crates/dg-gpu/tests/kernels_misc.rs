@@ -607,7 +607,7 @@ fn kernels_fold_past_65535_workgroups() {
 /// that adds 1 to one word per invocation, each reading the previous one's writes (the barrier
 /// between dependent dispatches every layer kernel pays), by workgroups; and the same dispatches
 /// writing 8 buffers in turn, so that neighbours are independent. The forward's row kernels
-/// (norms, routing, reductions) are 9–30 µs each on an H200, 28 dispatches a layer: this says how
+/// (norms, routing, reductions) are 9–30 µs each on an H200, 23 dispatches a layer: this says how
 /// much of that is the dispatch itself. On an H200: 3.4 µs for one workgroup, 4.5–5.5 for 132 to
 /// 1024, 8.0 for 4096, dependent or not.
 #[test]

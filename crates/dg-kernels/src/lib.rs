@@ -12,7 +12,6 @@ pub mod bf16;
 pub mod coop_gemm;
 pub mod coop_grouped_gemm;
 pub mod coop_kloop;
-pub mod copy;
 pub mod embed;
 pub mod gelu_glu;
 pub mod gemm;
@@ -37,13 +36,14 @@ pub fn all_variants() -> Vec<KernelSource> {
         rmsnorm::source(),
         rope::source(),
         softmax::source(),
+        softmax_chunked::partials(),
+        softmax_chunked::apply(),
         gelu_glu::split(),
         gelu_glu::fused(),
         embed::source(),
         embed::source_for(WeightFormat::Bf16),
         embed::source_for(WeightFormat::F16),
         axpby::source(),
-        copy::source(),
         router_topk::source(),
         moe_dispatch::source(),
         moe_combine::source(),
