@@ -133,7 +133,9 @@ impl GpuContext {
         let coop_matrix = std::env::var("DG_NO_COOP").as_deref() != Ok("1") && offers_coop_gemm(&adapter);
         // f16 in shaders wherever offered: the tensor-core kernels need it, and so do the kernels
         // that store their activations as f16 for them (tested on every adapter that has it).
-        let mut features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS | wgpu::Features::SHADER_F16);
+        // Subgroups wherever offered: the row kernels reduce through them (`Self::row_reduce`).
+        let wanted = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS | wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        let mut features = adapter.features() & wanted;
         if coop_matrix {
             features |= COOP_FEATURES;
         }
@@ -171,6 +173,24 @@ impl GpuContext {
     /// A handle on the creation counters that outlives borrows of the context.
     pub fn counters(&self) -> Arc<Counters> {
         self.counters.clone()
+    }
+
+    /// How the row kernels (norms, softmax, the router's top-k) reduce across a workgroup:
+    /// through subgroups where the device has them (`dg_kernels::row_reduce`), else a tree. Set
+    /// `DG_ROW_REDUCE=tree` to keep the tree on any device.
+    pub fn row_reduce(&self) -> dg_kernels::row_reduce::RowReduce {
+        use dg_kernels::row_reduce::RowReduce;
+        match self.features.contains(wgpu::Features::SUBGROUP) && std::env::var("DG_ROW_REDUCE").as_deref() != Ok("tree") {
+            true => RowReduce::Subgroup,
+            false => RowReduce::Tree,
+        }
+    }
+
+    /// The row reductions this device can run (the tree, and subgroups where it has them): what
+    /// the kernel tests check.
+    pub fn row_reduces(&self) -> Vec<dg_kernels::row_reduce::RowReduce> {
+        use dg_kernels::row_reduce::RowReduce;
+        RowReduce::ALL.into_iter().filter(|r| *r == RowReduce::Tree || self.features.contains(wgpu::Features::SUBGROUP)).collect()
     }
 
     /// Largest storage binding the device accepts.

@@ -209,7 +209,7 @@ impl<'a> Recorder<'a> {
             _pad: [0; 3],
         };
         let g = self.groups(rows as u32);
-        self.push(rmsnorm::source(), &p, &[x.buffer, w.unwrap_or(dummy), out], g)
+        self.push(rmsnorm::source(self.ctx.row_reduce()), &p, &[x.buffer, w.unwrap_or(dummy), out], g)
     }
 
     /// After attention, in one dispatch (`dg_kernels::residual_norms`): `hidden += rms(x)·w_res`,
@@ -239,7 +239,7 @@ impl<'a> Recorder<'a> {
             split_stride: x.split_stride,
         };
         let g = self.groups(residual_norms::workgroups(rows as u32));
-        self.push(residual_norms::source_attention(), &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
+        self.push(residual_norms::source_attention(self.ctx.row_reduce()), &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
     }
 
     /// After the feed-forward blocks, in one dispatch (`dg_kernels::residual_norms`):
@@ -261,7 +261,7 @@ impl<'a> Recorder<'a> {
         let mlp = mlp.into();
         let p = residual_norms::FfnResidualNormsParams { rows: rows as u32, dim: dim as u32, eps, scalar, splits: mlp.splits, split_stride: mlp.split_stride, _pad: [0; 2] };
         let g = self.groups(residual_norms::workgroups(rows as u32));
-        self.push(residual_norms::source_ffn(), &p, &[mlp.buffer, w_1, moe, w_2, w_3, dense, hidden], g)
+        self.push(residual_norms::source_ffn(self.ctx.row_reduce()), &p, &[mlp.buffer, w_1, moe, w_2, w_3, dense, hidden], g)
     }
 
     /// A GEMM with explicit strides (see `dg_kernels::gemm`), f32 operands.
@@ -591,13 +591,13 @@ impl<'a> Recorder<'a> {
         let x = x.into();
         let p = norm_rope::NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps, splits: x.splits, split_stride: x.split_stride, out_offset: out_offset as u32, _pad: 0 };
         let g = self.groups(norm_rope::workgroups(&p));
-        self.push(norm_rope::source(), &p, &[x.buffer, w, cos, sin, out], g)
+        self.push(norm_rope::source(self.ctx.row_reduce()), &p, &[x.buffer, w, cos, sin, out], g)
     }
 
     /// Row softmax in place (with the attention mask of `p`).
     pub fn softmax(&mut self, x: &'a wgpu::Buffer, p: softmax::SoftmaxParams) -> Result<(), GpuError> {
         let g = self.groups(softmax::workgroups(&p));
-        self.push(softmax::source(), &p, &[x], g)
+        self.push(softmax::source(self.ctx.row_reduce()), &p, &[x], g)
     }
 
     /// Plain softmax in place over `x: [rows, cols]`: rows of at least
@@ -698,7 +698,7 @@ impl<'a> Recorder<'a> {
             _pad: [0; 3],
         };
         let g = self.groups(router_topk::workgroups(&p));
-        self.push(router_topk::source(), &p, &[logits.buffer, per_expert_scale, idx, w], g)
+        self.push(router_topk::source(self.ctx.row_reduce()), &p, &[logits.buffer, per_expert_scale, idx, w], g)
     }
 
     /// Groups the (token, k) slots by expert.

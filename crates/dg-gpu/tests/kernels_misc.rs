@@ -7,6 +7,7 @@
 
 use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
+use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::axpby::{self, AxpbyParams};
 use dg_kernels::embed::{self, EmbedParams};
 use dg_kernels::gelu_glu::{self, GeluGluParams};
@@ -43,6 +44,11 @@ const SPLIT_K_TOLERANCE: f32 = 2e-6;
 /// the workgroups into y.
 fn limits(ctx: &GpuContext) -> [u32; 2] {
     [ctx.limits.max_compute_workgroups_per_dimension, 3]
+}
+
+/// Every fold of [`limits`] with every row reduction the device runs.
+fn folds_and_reduces(ctx: &GpuContext) -> Vec<(u32, RowReduce)> {
+    limits(ctx).into_iter().flat_map(|m| ctx.row_reduces().into_iter().map(move |r| (m, r))).collect()
 }
 
 fn rope_spec(proportional: bool, head_dim: usize) -> LayerSpec {
@@ -140,9 +146,9 @@ fn softmax_cpu(x: &[f32], p: &SoftmaxParams) -> Vec<f32> {
     out
 }
 
-fn run_softmax(ctx: &GpuContext, x: &[f32], params: &SoftmaxParams, max_dim: u32) -> Vec<f32> {
+fn run_softmax(ctx: &GpuContext, reduce: RowReduce, x: &[f32], params: &SoftmaxParams, max_dim: u32) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, softmax::source()).unwrap();
+    let p = pipelines.get(ctx, softmax::source(reduce)).unwrap();
     let xb = guarded_output(ctx, "x", x.len());
     ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
     let mut plan = PlanBuilder::new(ctx);
@@ -174,9 +180,9 @@ fn softmax_plain_rows_match_cpu() {
         let x = seeded(rows * cols, 5 + rows as u64 * 7 + cols as u64, scale);
         let params = SoftmaxParams::plain(rows as u32, cols as u32);
         let want = softmax_cpu(&x, &params);
-        for max_dim in limits(&ctx) {
-            let got = run_softmax(&ctx, &x, &params, max_dim);
-            check_softmax(&got, &want, cols, SOFTMAX_TOLERANCE, &format!("{rows}x{cols} fold={max_dim}"));
+        for (max_dim, reduce) in folds_and_reduces(&ctx) {
+            let got = run_softmax(&ctx, reduce, &x, &params, max_dim);
+            check_softmax(&got, &want, cols, SOFTMAX_TOLERANCE, &format!("{rows}x{cols} fold={max_dim} {reduce:?}"));
         }
     }
     // Pre-masked scores (-inf) contribute nothing; a row of one finite value gives exactly 1.
@@ -191,9 +197,11 @@ fn softmax_plain_rows_match_cpu() {
         f32::NEG_INFINITY,
     ];
     let params = SoftmaxParams::plain(2, 4);
-    let got = run_softmax(&ctx, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
-    check_softmax(&got, &softmax_cpu(&x, &params), 4, SOFTMAX_TOLERANCE, "-inf entries");
-    assert_eq!(&got[4..], &[0.0, 1.0, 0.0, 0.0]);
+    for reduce in ctx.row_reduces() {
+        let got = run_softmax(&ctx, reduce, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
+        check_softmax(&got, &softmax_cpu(&x, &params), 4, SOFTMAX_TOLERANCE, &format!("-inf entries {reduce:?}"));
+        assert_eq!(&got[4..], &[0.0, 1.0, 0.0, 0.0]);
+    }
 }
 
 #[test]
@@ -204,10 +212,12 @@ fn softmax_vocab_rows_match_cpu() {
     let x = seeded(rows * cols, 77, 12.0);
     let params = SoftmaxParams::plain(rows as u32, cols as u32);
     let want = softmax_cpu(&x, &params);
-    let got = run_softmax(&ctx, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
-    check_softmax(&got, &want, cols, SOFTMAX_VOCAB_CPU_TOLERANCE, "vocab rows vs CPU");
-    // Against an f64 softmax the GPU is much closer than the CPU.
-    check_against_f64(&got, &x, cols, "vocab");
+    for reduce in ctx.row_reduces() {
+        let got = run_softmax(&ctx, reduce, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
+        check_softmax(&got, &want, cols, SOFTMAX_VOCAB_CPU_TOLERANCE, &format!("vocab rows vs CPU {reduce:?}"));
+        // Against an f64 softmax the GPU is much closer than the CPU.
+        check_against_f64(&got, &x, cols, &format!("vocab {reduce:?}"));
+    }
 }
 
 /// Every row of `got` against an f64 softmax of `x`'s row (within
@@ -300,9 +310,9 @@ fn softmax_masks_match_cpu() {
         params.cols = keys;
         let x = seeded((params.rows * keys) as usize, 9 + keys as u64, 5.0);
         let want = softmax_cpu(&x, &params);
-        for max_dim in limits(&ctx) {
-            let got = run_softmax(&ctx, &x, &params, max_dim);
-            let what = format!("{params:?} fold={max_dim}");
+        for (max_dim, reduce) in folds_and_reduces(&ctx) {
+            let got = run_softmax(&ctx, reduce, &x, &params, max_dim);
+            let what = format!("{params:?} fold={max_dim} {reduce:?}");
             for (i, &g) in got.iter().enumerate() {
                 let (r, j) = (i / keys as usize, i % keys as usize);
                 let (lo, hi) = visible(&params, r % params.queries as usize, keys as usize);
@@ -573,7 +583,7 @@ fn kernels_fold_past_65535_workgroups() {
     let cols = 3;
     let x = seeded(rows * cols, 51, 4.0);
     let params = SoftmaxParams::plain(rows as u32, cols as u32);
-    let got = run_softmax(&ctx, &x, &params, max_dim);
+    let got = run_softmax(&ctx, ctx.row_reduce(), &x, &params, max_dim);
     check_softmax(&got, &softmax_cpu(&x, &params), cols, SOFTMAX_TOLERANCE, "softmax past 65535 rows");
 
     let mut pipelines = Pipelines::default();

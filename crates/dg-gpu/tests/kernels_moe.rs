@@ -7,6 +7,7 @@
 
 use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
+use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::moe_combine::{self, MoeCombineParams};
 use dg_kernels::moe_dispatch::{self, MoeDispatchParams, NO_SLOT};
 use dg_kernels::router_topk::{self, RouterTopkParams};
@@ -49,6 +50,7 @@ fn route_tail(logits: &[f32], experts: usize, k: usize, per_expert_scale: &[f32]
 /// Runs `router_topk`; returns (idx, weights).
 fn run_router(
     ctx: &GpuContext,
+    reduce: RowReduce,
     logits: &[f32],
     scale: &[f32],
     tokens: usize,
@@ -57,7 +59,7 @@ fn run_router(
     max_dim: u32,
 ) -> (Vec<u32>, Vec<f32>) {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, router_topk::source()).unwrap();
+    let p = pipelines.get(ctx, router_topk::source(reduce)).unwrap();
     let lb = ctx.upload("logits", logits).unwrap();
     let sb = ctx.upload("per_expert_scale", scale).unwrap();
     let idx = guarded_output(ctx, "idx", tokens * k);
@@ -89,9 +91,9 @@ fn router_topk_matches_cpu() {
         let logits = seeded(tokens * experts, 61 + tokens as u64 * 3 + experts as u64, 4.0);
         let scale: Vec<f32> = seeded(experts, 62, 0.2).iter().map(|v| 1.0 + v).collect();
         let want = route_tail(&logits, experts, k, &scale);
-        for max_dim in fold {
-            let got = run_router(&ctx, &logits, &scale, tokens, experts, k, max_dim);
-            check_router(&got, &want, k, &format!("T={tokens} E={experts} K={k} fold={max_dim}"));
+        for (max_dim, reduce) in fold.into_iter().flat_map(|m| ctx.row_reduces().into_iter().map(move |r| (m, r))) {
+            let got = run_router(&ctx, reduce, &logits, &scale, tokens, experts, k, max_dim);
+            check_router(&got, &want, k, &format!("T={tokens} E={experts} K={k} fold={max_dim} {reduce:?}"));
         }
     }
 }
@@ -107,9 +109,11 @@ fn router_topk_breaks_ties_by_lower_expert() {
     let scale = vec![1.0; experts];
     let want = route_tail(&logits, experts, k, &scale);
     assert_eq!(&want.0[..k], &[0, 1, 2, 3, 4, 5, 6, 7]);
-    let got = run_router(&ctx, &logits, &scale, tokens, experts, k, 65_535);
-    check_router(&got, &want, k, "ties");
-    assert!(got.1[..k].iter().all(|&w| (w - 0.125).abs() < 1e-7), "equal logits give equal weights: {:?}", &got.1[..k]);
+    for reduce in ctx.row_reduces() {
+        let got = run_router(&ctx, reduce, &logits, &scale, tokens, experts, k, 65_535);
+        check_router(&got, &want, k, &format!("ties {reduce:?}"));
+        assert!(got.1[..k].iter().all(|&w| (w - 0.125).abs() < 1e-7), "{reduce:?}: equal logits give equal weights: {:?}", &got.1[..k]);
+    }
 }
 
 /// Runs `moe_dispatch`; returns (offsets, rows, slot_of).
@@ -371,7 +375,7 @@ fn moe_end_to_end_matches_cpu_experts() {
             dg_cpu::linalg::linear(&mut logits, &r, tokens, &lw.router_proj);
 
             // GPU: router_topk, then dispatch.
-            let (idx, w) = run_router(&ctx, &logits, &lw.per_expert_scale, tokens, e, top_k, 65_535);
+            let (idx, w) = run_router(&ctx, ctx.row_reduce(), &logits, &lw.per_expert_scale, tokens, e, top_k, 65_535);
             let want_idx: Vec<u32> = routing.experts.iter().map(|&x| x as u32).collect();
             check_router(&(idx.clone(), w.clone()), &(want_idx, routing.weights.clone()), top_k, &what);
             let d = run_dispatch(&ctx, &idx, tokens, top_k, e);

@@ -13,16 +13,17 @@ use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_co
 use dg_gpu::{GpuContext, PlanBuilder, Pipelines, groups_1d};
 use dg_kernels::residual_norms::{self, AttentionResidualNormsParams, FfnResidualNormsParams};
 use dg_kernels::rmsnorm::{self, ACCUMULATE, RmsNormParams, WEIGHTED};
+use dg_kernels::row_reduce::RowReduce;
 
 /// f32 reductions in a different order and `1/sqrt` vs `pow`: a few ulps per element.
 const NORM_TOLERANCE: f32 = 2e-6;
 
-fn run(ctx: &GpuContext, rows: usize, dim: usize, flags: u32, scale: f32) {
+fn run(ctx: &GpuContext, reduce: RowReduce, rows: usize, dim: usize, flags: u32, scale: f32) {
     let x = seeded(rows * dim, 1 + rows as u64 * 31 + dim as u64, 3.0);
     let w = seeded(dim, 2, 1.5);
     let base = seeded(rows * dim, 3, 2.0);
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, rmsnorm::source()).unwrap();
+    let p = pipelines.get(ctx, rmsnorm::source(reduce)).unwrap();
     let xb = ctx.upload("x", &x).unwrap();
     let wb = ctx.upload("w", &w).unwrap();
     let out = guarded_output(ctx, "out", rows * dim);
@@ -46,9 +47,12 @@ fn run(ctx: &GpuContext, rows: usize, dim: usize, flags: u32, scale: f32) {
 #[test]
 fn rmsnorm_matches_cpu() {
     let Some(ctx) = test_context("rmsnorm_matches_cpu") else { return };
+    eprintln!("rmsnorm_matches_cpu: row reductions {:?}", ctx.row_reduces());
     for &(rows, dim) in &[(1, 1), (1, 7), (3, 2816), (33, 256), (5, 512), (64, 48), (300, 100)] {
         for (flags, scale) in [(WEIGHTED, 1.0), (0, 1.0), (WEIGHTED | ACCUMULATE, 0.75)] {
-            run(&ctx, rows, dim, flags, scale);
+            for reduce in ctx.row_reduces() {
+                run(&ctx, reduce, rows, dim, flags, scale);
+            }
         }
     }
 }
@@ -59,37 +63,39 @@ fn rmsnorm_matches_cpu() {
 #[test]
 fn rmsnorm_reads_and_writes_at_offsets() {
     let Some(ctx) = test_context("rmsnorm_reads_and_writes_at_offsets") else { return };
-    let (rows, dim, x_offset, out_offset) = (6usize, 256usize, 6 * 256, 3 * 256 + 4);
-    let x = seeded(2 * rows * dim, 41, 3.0);
-    let mut pipelines = Pipelines::default();
-    let p = pipelines.get(&ctx, rmsnorm::source()).unwrap();
-    let xb = ctx.upload("x", &x).unwrap();
-    let plain = guarded_output(&ctx, "plain", rows * dim);
-    let placed = guarded_output(&ctx, "placed", out_offset + rows * dim + 100);
-    let before = seeded(out_offset + rows * dim + 100, 42, 1.0);
-    ctx.queue.write_buffer(&placed, 0, bytemuck::cast_slice(&before));
-    let params = |x_offset: usize, out_offset: usize| RmsNormParams {
-        rows: rows as u32,
-        dim: dim as u32,
-        eps: 1e-6,
-        flags: 0,
-        scale: 1.0,
-        splits: 1,
-        split_stride: 0,
-        x_offset: x_offset as u32,
-        out_offset: out_offset as u32,
-        _pad: [0; 3],
-    };
-    let xv = ctx.upload("x second half", &x[x_offset..]).unwrap();
-    let mut plan = PlanBuilder::new(&ctx);
-    let groups = groups_1d(rows as u32, ctx.limits.max_compute_workgroups_per_dimension);
-    plan.push(&p, &params(0, 0), &[&xv, &xb, &plain], groups);
-    plan.push(&p, &params(x_offset, out_offset), &[&xb, &xb, &placed], groups);
-    plan.finish(&ctx).unwrap().run(&ctx).unwrap();
-    let want = read_guarded(&ctx, &plain, rows * dim);
-    let got = read_guarded(&ctx, &placed, out_offset + rows * dim + 100);
-    assert!(got[out_offset..out_offset + rows * dim] == want[..], "rows at offsets differ from the plain norm");
-    assert!(got[..out_offset] == before[..out_offset] && got[out_offset + rows * dim..] == before[out_offset + rows * dim..], "elements outside the rows changed");
+    for reduce in ctx.row_reduces() {
+        let (rows, dim, x_offset, out_offset) = (6usize, 256usize, 6 * 256, 3 * 256 + 4);
+        let x = seeded(2 * rows * dim, 41, 3.0);
+        let mut pipelines = Pipelines::default();
+        let p = pipelines.get(&ctx, rmsnorm::source(reduce)).unwrap();
+        let xb = ctx.upload("x", &x).unwrap();
+        let plain = guarded_output(&ctx, "plain", rows * dim);
+        let placed = guarded_output(&ctx, "placed", out_offset + rows * dim + 100);
+        let before = seeded(out_offset + rows * dim + 100, 42, 1.0);
+        ctx.queue.write_buffer(&placed, 0, bytemuck::cast_slice(&before));
+        let params = |x_offset: usize, out_offset: usize| RmsNormParams {
+            rows: rows as u32,
+            dim: dim as u32,
+            eps: 1e-6,
+            flags: 0,
+            scale: 1.0,
+            splits: 1,
+            split_stride: 0,
+            x_offset: x_offset as u32,
+            out_offset: out_offset as u32,
+            _pad: [0; 3],
+        };
+        let xv = ctx.upload("x second half", &x[x_offset..]).unwrap();
+        let mut plan = PlanBuilder::new(&ctx);
+        let groups = groups_1d(rows as u32, ctx.limits.max_compute_workgroups_per_dimension);
+        plan.push(&p, &params(0, 0), &[&xv, &xb, &plain], groups);
+        plan.push(&p, &params(x_offset, out_offset), &[&xb, &xb, &placed], groups);
+        plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+        let want = read_guarded(&ctx, &plain, rows * dim);
+        let got = read_guarded(&ctx, &placed, out_offset + rows * dim + 100);
+        assert!(got[out_offset..out_offset + rows * dim] == want[..], "rows at offsets differ from the plain norm");
+        assert!(got[..out_offset] == before[..out_offset] && got[out_offset + rows * dim..] == before[out_offset + rows * dim..], "elements outside the rows changed");
+    }
 }
 
 // Against the CPU chain of `rms_norm_rows` steps the single-norm `NORM_TOLERANCE` still holds:
@@ -188,7 +194,7 @@ impl AttentionCase {
     /// `[hidden, out_a, out_b, out_c]` from the fused kernel (`out_b`, `out_c` the halves of its
     /// `out_bc`), or from the four `rmsnorm` dispatches it replaces, with workgroups folded at
     /// `max_dim` per dimension.
-    fn run(&self, ctx: &GpuContext, fused: bool, max_dim: u32) -> [Vec<f32>; 4] {
+    fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> [Vec<f32>; 4] {
         let n = self.rows * self.dim;
         let mut pipelines = Pipelines::default();
         let x = ctx.upload("x", &self.x).unwrap();
@@ -205,10 +211,10 @@ impl AttentionCase {
         let groups = groups_1d(residual_norms::workgroups(self.rows as u32), max_dim);
         let mut plan = PlanBuilder::new(ctx);
         if fused {
-            let p = pipelines.get(ctx, residual_norms::source_attention()).unwrap();
+            let p = pipelines.get(ctx, residual_norms::source_attention(reduce)).unwrap();
             plan.push(&p, &self.params(), &[&x, &w_res, &w_a, &w_b, &w_c, &hidden, &out_a, &out_bc], groups);
         } else {
-            let p = pipelines.get(ctx, rmsnorm::source()).unwrap();
+            let p = pipelines.get(ctx, rmsnorm::source(reduce)).unwrap();
             let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&x, &w_res, &hidden], groups);
             plan.push(&p, &norm(WEIGHTED, self.scale_a), &[&hidden, &w_a, &out_a], groups);
@@ -271,7 +277,7 @@ impl FfnCase {
     /// `[dense, hidden]` from the fused kernel, or from the three `rmsnorm` dispatches it
     /// replaces, with workgroups folded at `max_dim` per dimension. `dense` starts out holding
     /// guard values, which neither path may read.
-    fn run(&self, ctx: &GpuContext, fused: bool, max_dim: u32) -> [Vec<f32>; 2] {
+    fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> [Vec<f32>; 2] {
         let n = self.rows * self.dim;
         let mut pipelines = Pipelines::default();
         let mlp = ctx.upload("mlp", &self.mlp).unwrap();
@@ -285,10 +291,10 @@ impl FfnCase {
         let groups = groups_1d(residual_norms::workgroups(self.rows as u32), max_dim);
         let mut plan = PlanBuilder::new(ctx);
         if fused {
-            let p = pipelines.get(ctx, residual_norms::source_ffn()).unwrap();
+            let p = pipelines.get(ctx, residual_norms::source_ffn(reduce)).unwrap();
             plan.push(&p, &self.params(), &[&mlp, &w_1, &moe, &w_2, &w_3, &dense, &hidden], groups);
         } else {
-            let p = pipelines.get(ctx, rmsnorm::source()).unwrap();
+            let p = pipelines.get(ctx, rmsnorm::source(reduce)).unwrap();
             let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
             plan.push(&p, &norm(WEIGHTED, 1.0), &[&mlp, &w_1, &dense], groups);
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&moe, &w_2, &dense], groups);
@@ -305,7 +311,7 @@ trait FusedCase {
     const NAMES: &'static [&'static str];
     fn new(rows: usize, dim: usize) -> Self;
     fn reference(&self) -> Vec<Vec<f32>>;
-    fn run(&self, ctx: &GpuContext, fused: bool, max_dim: u32) -> Vec<Vec<f32>>;
+    fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> Vec<Vec<f32>>;
 }
 
 impl FusedCase for AttentionCase {
@@ -316,8 +322,8 @@ impl FusedCase for AttentionCase {
     fn reference(&self) -> Vec<Vec<f32>> {
         AttentionCase::reference(self).to_vec()
     }
-    fn run(&self, ctx: &GpuContext, fused: bool, max_dim: u32) -> Vec<Vec<f32>> {
-        AttentionCase::run(self, ctx, fused, max_dim).to_vec()
+    fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> Vec<Vec<f32>> {
+        AttentionCase::run(self, ctx, reduce, fused, max_dim).to_vec()
     }
 }
 
@@ -329,8 +335,8 @@ impl FusedCase for FfnCase {
     fn reference(&self) -> Vec<Vec<f32>> {
         FfnCase::reference(self).to_vec()
     }
-    fn run(&self, ctx: &GpuContext, fused: bool, max_dim: u32) -> Vec<Vec<f32>> {
-        FfnCase::run(self, ctx, fused, max_dim).to_vec()
+    fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> Vec<Vec<f32>> {
+        FfnCase::run(self, ctx, reduce, fused, max_dim).to_vec()
     }
 }
 
@@ -342,11 +348,11 @@ fn check_fused<C: FusedCase>(test: &str) {
     for &(rows, dim) in RESIDUAL_SHAPES {
         let case = C::new(rows, dim);
         let want = case.reference();
-        for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 3] {
-            let what = format!("rows={rows} dim={dim} fold={max_dim}");
-            let got = case.run(&ctx, true, max_dim);
+        for (max_dim, reduce) in [ctx.limits.max_compute_workgroups_per_dimension, 3].into_iter().flat_map(|m| ctx.row_reduces().into_iter().map(move |r| (m, r))) {
+            let what = format!("rows={rows} dim={dim} fold={max_dim} {reduce:?}");
+            let got = case.run(&ctx, reduce, true, max_dim);
             worst_cpu = worst_cpu.max(check(&format!("{what} vs cpu"), C::NAMES, &got, &want, NORM_TOLERANCE));
-            let chain = case.run(&ctx, false, max_dim);
+            let chain = case.run(&ctx, reduce, false, max_dim);
             worst_chain = worst_chain.max(check(&format!("{what} vs the rmsnorm chain"), C::NAMES, &got, &chain, FUSED_VS_CHAIN_TOLERANCE));
         }
     }

@@ -6,6 +6,7 @@
 
 use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
+use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::norm_rope::{self, NormRopeParams};
 use dg_kernels::rmsnorm::{self, RmsNormParams, WEIGHTED};
 use dg_kernels::rope::{self, RopeParams};
@@ -37,16 +38,16 @@ fn rope_spec(head_dim: usize) -> LayerSpec {
 
 /// The fused kernel; returns `out`.
 #[allow(clippy::too_many_arguments)]
-fn run_fused(ctx: &GpuContext, x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize, max_dim: u32) -> Vec<f32> {
-    run_fused_at(ctx, x, w, (cos, sin), (tokens, heads, d), max_dim, 0)
+fn run_fused(ctx: &GpuContext, reduce: RowReduce, x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize, max_dim: u32) -> Vec<f32> {
+    run_fused_at(ctx, reduce, x, w, (cos, sin), (tokens, heads, d), max_dim, 0)
 }
 
 /// [`run_fused`] with the rows written `out_offset` elements into `out` (the decoder's canvas keys,
 /// straight into the cache); returns the whole of `out` (`out_offset + x.len()`, guarded), every
 /// element before the rows preset to 7.
-fn run_fused_at(ctx: &GpuContext, x: &[f32], w: &[f32], (cos, sin): (&[f32], &[f32]), (tokens, heads, d): (usize, usize, usize), max_dim: u32, out_offset: usize) -> Vec<f32> {
+fn run_fused_at(ctx: &GpuContext, reduce: RowReduce, x: &[f32], w: &[f32], (cos, sin): (&[f32], &[f32]), (tokens, heads, d): (usize, usize, usize), max_dim: u32, out_offset: usize) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, norm_rope::source()).unwrap();
+    let p = pipelines.get(ctx, norm_rope::source(reduce)).unwrap();
     let xb = ctx.upload("x", x).unwrap();
     let wb = ctx.upload("w", w).unwrap();
     let cb = ctx.upload("cos", cos).unwrap();
@@ -62,9 +63,9 @@ fn run_fused_at(ctx: &GpuContext, x: &[f32], w: &[f32], (cos, sin): (&[f32], &[f
 
 /// `rmsnorm` (weighted, scale 1) then `rope` in place, as the decoder layer records them today.
 #[allow(clippy::too_many_arguments)]
-fn run_two_dispatches(ctx: &GpuContext, x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize) -> Vec<f32> {
+fn run_two_dispatches(ctx: &GpuContext, reduce: RowReduce, x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let pn = pipelines.get(ctx, rmsnorm::source()).unwrap();
+    let pn = pipelines.get(ctx, rmsnorm::source(reduce)).unwrap();
     let pr = pipelines.get(ctx, rope::source()).unwrap();
     let xb = ctx.upload("x", x).unwrap();
     let wb = ctx.upload("w", w).unwrap();
@@ -97,18 +98,20 @@ fn norm_rope_matches_cpu_and_the_two_dispatches() {
                 let mut want = x.clone();
                 dg_cpu::ops::rms_norm_rows(&mut want, d, Some(&w), EPS);
                 table.apply(&mut want, heads);
-                for max_dim in fold {
-                    let got = run_fused(&ctx, &x, &w, &table.cos, &table.sin, tokens, heads, d, max_dim);
+                for (max_dim, reduce) in fold.into_iter().flat_map(|m| ctx.row_reduces().into_iter().map(move |r| (m, r))) {
+                    let got = run_fused(&ctx, reduce, &x, &w, &table.cos, &table.sin, tokens, heads, d, max_dim);
                     let (err, at) = max_rel_err(&got, &want);
-                    assert!(err <= NORM_ROPE_TOLERANCE, "{what} fold={max_dim}: rel err {err} at {at}: {} vs {}", got[at], want[at]);
+                    assert!(err <= NORM_ROPE_TOLERANCE, "{what} fold={max_dim} {reduce:?}: rel err {err} at {at}: {} vs {}", got[at], want[at]);
                 }
-                let got = run_fused(&ctx, &x, &w, &table.cos, &table.sin, tokens, heads, d, fold[0]);
-                let two = run_two_dispatches(&ctx, &x, &w, &table.cos, &table.sin, tokens, heads, d);
-                // Written at an offset: the same bits there, the elements before untouched.
-                let placed = run_fused_at(&ctx, &x, &w, (&table.cos, &table.sin), (tokens, heads, d), fold[0], 3 * d + 4);
-                assert!(placed[3 * d + 4..] == got[..] && placed[..3 * d + 4].iter().all(|&v| v == 7.0), "{what}: written at an offset");
-                let (err, at) = max_rel_err(&got, &two);
-                assert!(err <= TWO_DISPATCH_TOLERANCE, "{what}: vs rmsnorm + rope: rel err {err} at {at}: {} vs {}", got[at], two[at]);
+                for reduce in ctx.row_reduces() {
+                    let got = run_fused(&ctx, reduce, &x, &w, &table.cos, &table.sin, tokens, heads, d, fold[0]);
+                    let two = run_two_dispatches(&ctx, reduce, &x, &w, &table.cos, &table.sin, tokens, heads, d);
+                    // Written at an offset: the same bits there, the elements before untouched.
+                    let placed = run_fused_at(&ctx, reduce, &x, &w, (&table.cos, &table.sin), (tokens, heads, d), fold[0], 3 * d + 4);
+                    assert!(placed[3 * d + 4..] == got[..] && placed[..3 * d + 4].iter().all(|&v| v == 7.0), "{what} {reduce:?}: written at an offset");
+                    let (err, at) = max_rel_err(&got, &two);
+                    assert!(err <= TWO_DISPATCH_TOLERANCE, "{what} {reduce:?}: vs rmsnorm + rope: rel err {err} at {at}: {} vs {}", got[at], two[at]);
+                }
             }
         }
     }

@@ -23,6 +23,7 @@ pub mod residual_norms;
 pub mod rmsnorm;
 pub mod rope;
 pub mod router_topk;
+pub mod row_reduce;
 pub mod sample_rows;
 pub mod softmax;
 pub mod softmax_chunked;
@@ -33,9 +34,7 @@ pub use bf16::{pack_bf16, pack_f16, unpack_bf16, unpack_f16};
 /// Every kernel variant dg may compile (validated offline by naga in the tests).
 pub fn all_variants() -> Vec<KernelSource> {
     vec![
-        rmsnorm::source(),
         rope::source(),
-        softmax::source(),
         softmax_chunked::partials(),
         softmax_chunked::apply(),
         gelu_glu::split(),
@@ -44,16 +43,15 @@ pub fn all_variants() -> Vec<KernelSource> {
         embed::source_for(WeightFormat::Bf16),
         embed::source_for(WeightFormat::F16),
         axpby::source(),
-        router_topk::source(),
         moe_dispatch::source(),
         moe_combine::source(),
         sample_rows::source(),
-        norm_rope::source(),
         split_k::source(),
-        residual_norms::source_attention(),
-        residual_norms::source_ffn(),
     ]
     .into_iter()
+    .chain(row_reduce::RowReduce::ALL.into_iter().flat_map(|r| {
+        [rmsnorm::source(r), softmax::source(r), router_topk::source(r), norm_rope::source(r), residual_norms::source_attention(r), residual_norms::source_ffn(r)]
+    }))
     .chain(gemm::TILES.iter().map(|&t| gemm::source(t)))
     .chain(gemm::TILES.iter().map(|&t| gemm::source_for(t, WeightFormat::Bf16)))
     .chain(gemm::TILES.iter().map(|&t| gemm::source_for(t, WeightFormat::F16)))

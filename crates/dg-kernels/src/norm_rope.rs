@@ -4,11 +4,12 @@
 //! `dg_cpu::rope::RopeTable::apply` (rotate-half, dimension `i` paired with `i + d/2`).
 //!
 //! One workgroup per (token, head) row: the sum of squares is accumulated and reduced exactly as
-//! in `rmsnorm.wgsl` (same strided per-invocation sums, same tree, `1/sqrt`), then each invocation
+//! in `rmsnorm.wgsl` (same strided per-invocation sums, same `row_sum` of the same [`RowReduce`], `1/sqrt`), then each invocation
 //! rotates pairs `j, j + WG, …` of `[0, d/2)`. Any even `d` works (the model has 256 and 512).
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::row_reduce::{Part, RowReduce};
 use crate::{Access, KernelSource, with_prelude};
 
 /// Workgroup size (one workgroup per row); the same as `rmsnorm::WORKGROUP`, so that the
@@ -43,10 +44,11 @@ pub fn workgroups(p: &NormRopeParams) -> u32 {
 
 /// Bindings: `x` (read, `[tokens, heads, d]`, or the split-K partials of the product it would hold), `w` (read, `[d]`), `cos` (read, `[tokens, d/2]`),
 /// `sin` (read, `[tokens, d/2]`), `out` (read-write, `[tokens, heads, d]`).
-pub fn source() -> KernelSource {
+pub fn source(reduce: RowReduce) -> KernelSource {
+    let body = reduce.render(include_str!("wgsl/norm_rope.wgsl"), &[Part::Sum("f32")]);
     KernelSource {
-        name: "norm_rope".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(include_str!("wgsl/norm_rope.wgsl"), "x_at", "x")),
+        name: format!("norm_rope{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&body, "x_at", "x")),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<NormRopeParams>() as u64,

@@ -27,7 +27,7 @@
 //!
 //! with `rms(v) = v · (mean(v²) + eps)^-1/2` over a row of `dim`, the CPU twin of which is
 //! `dg_cpu::ops::rms_norm_rows`. Each step is the rmsnorm kernel's op (weighted, accumulating where
-//! it adds) with the same per-invocation strided sums, the same tree reduction and `1/sqrt`, so a
+//! it adds) with the same per-invocation strided sums, the same reduction (`crate::row_reduce`, the same variant as the chain's) and `1/sqrt`, so a
 //! fused result matches the chain it replaces to an ulp or two (only the driver's FMA contraction
 //! may differ between the compilations).
 //!
@@ -37,7 +37,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::rmsnorm::with_row_sum;
+use crate::row_reduce::{Part, RowReduce};
 use crate::{Access, KernelSource, with_prelude};
 
 /// Workgroup size (one workgroup per row); the same as `rmsnorm::WORKGROUP`, so that the
@@ -92,13 +92,11 @@ pub fn workgroups(rows: u32) -> u32 {
 /// `[dim]`), `hidden` (read-write, `[rows, dim]`, the residual stream, updated in place), `out_a`
 /// (read-write, `[rows, dim]`) and `out_bc` (read-write, `[2, rows, dim]`), written only. `x`,
 /// `hidden`, `out_a` and `out_bc` must be four different buffers.
-pub fn source_attention() -> KernelSource {
+pub fn source_attention(reduce: RowReduce) -> KernelSource {
+    let body = reduce.render(include_str!("wgsl/attention_residual_norms.wgsl"), &[Part::Sum("f32")]);
     KernelSource {
-        name: "attention_residual_norms".into(),
-        wgsl: with_prelude(
-            &[("WG", WORKGROUP)],
-            &crate::split_k::with_reader(&with_row_sum(include_str!("wgsl/attention_residual_norms.wgsl"), "f32"), "x_at", "x"),
-        ),
+        name: format!("attention_residual_norms{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&body, "x_at", "x")),
         entry: "main",
         buffers: vec![
             Access::Read,
@@ -120,13 +118,11 @@ pub fn source_attention() -> KernelSource {
 /// (read-write, `[rows, dim]`: written, its previous contents ignored, and left holding the summed
 /// branch norms), `hidden` (read-write, `[rows, dim]`, the residual stream, updated in place).
 /// `mlp`, `moe`, `dense` and `hidden` must be four different buffers.
-pub fn source_ffn() -> KernelSource {
+pub fn source_ffn(reduce: RowReduce) -> KernelSource {
+    let body = reduce.render(include_str!("wgsl/ffn_residual_norms.wgsl"), &[Part::Sum("vec2<f32>")]);
     KernelSource {
-        name: "ffn_residual_norms".into(),
-        wgsl: with_prelude(
-            &[("WG", WORKGROUP)],
-            &crate::split_k::with_reader(&with_row_sum(include_str!("wgsl/ffn_residual_norms.wgsl"), "vec2<f32>"), "mlp_at", "mlp"),
-        ),
+        name: format!("ffn_residual_norms{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&body, "mlp_at", "mlp")),
         entry: "main",
         buffers: vec![
             Access::Read,
@@ -154,7 +150,7 @@ mod tests {
     #[test]
     fn bindings_fit_the_default_limits() {
         // WebGPU's default maxStorageBuffersPerShaderStage.
-        for k in [source_attention(), source_ffn()] {
+        for k in RowReduce::ALL.into_iter().flat_map(|r| [source_attention(r), source_ffn(r)]) {
             assert!(k.buffers.len() <= 8, "{}: {} storage buffers", k.name, k.buffers.len());
         }
     }

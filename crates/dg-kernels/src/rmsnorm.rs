@@ -3,6 +3,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::row_reduce::{Part, RowReduce};
 use crate::{Access, KernelSource, with_prelude};
 
 /// Workgroup size (one workgroup per row).
@@ -32,19 +33,13 @@ pub struct RmsNormParams {
     pub _pad: [u32; 3],
 }
 
-/// `template` with the shared row reduction (`wgsl/row_sum.wgsl`, `row_sum` over `RowSum =
-/// row_type`) in place of its `//@ROW_SUM` line: the one tree every norm kernel sums with.
-pub(crate) fn with_row_sum(template: &str, row_type: &str) -> String {
-    assert!(template.contains("//@ROW_SUM\n"), "a norm kernel without the row-sum marker");
-    template.replace("//@ROW_SUM\n", &format!("alias RowSum = {row_type};\n{}", include_str!("wgsl/row_sum.wgsl")))
-}
-
 /// Bindings: `x` (read, or the split-K partials of the product it would hold), `w` (read; any
-/// buffer when unweighted), `out` (read-write).
-pub fn source() -> KernelSource {
+/// buffer when unweighted), `out` (read-write). Reduced with `reduce` (`crate::row_reduce`).
+pub fn source(reduce: RowReduce) -> KernelSource {
+    let body = reduce.render(include_str!("wgsl/rmsnorm.wgsl"), &[Part::Sum("f32")]);
     KernelSource {
-        name: "rmsnorm".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&with_row_sum(include_str!("wgsl/rmsnorm.wgsl"), "f32"), "x_at", "x")),
+        name: format!("rmsnorm{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&body, "x_at", "x")),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<RmsNormParams>() as u64,

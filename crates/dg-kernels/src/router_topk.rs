@@ -9,6 +9,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::row_reduce::{Part, RowReduce};
 use crate::{Access, KernelSource, with_prelude};
 
 /// Largest expert count supported (the model has 128).
@@ -42,12 +43,13 @@ pub fn workgroups(p: &RouterTopkParams) -> u32 {
 /// Bindings: `logits` (read, `[tokens, E]`, or the split-K partials of the router's product), `per_expert_scale` (read, `[E]`), `idx`
 /// (read-write, u32 `[tokens, K]`, by descending probability), `weights` (read-write,
 /// `[tokens, K]`).
-pub fn source() -> KernelSource {
+pub fn source(reduce: RowReduce) -> KernelSource {
+    let body = reduce.render(include_str!("wgsl/router_topk.wgsl"), &[Part::Sum("f32"), Part::Max]);
     KernelSource {
-        name: "router_topk".into(),
+        name: format!("router_topk{}", reduce.suffix()),
         wgsl: with_prelude(
             &[("WG", WORKGROUP), ("MAX_E", MAX_EXPERTS), ("MAX_K", MAX_K)],
-            &crate::split_k::with_reader(include_str!("wgsl/router_topk.wgsl"), "logits_at", "logits"),
+            &crate::split_k::with_reader(&body, "logits_at", "logits"),
         ),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite, Access::ReadWrite],

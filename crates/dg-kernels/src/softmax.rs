@@ -8,6 +8,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::row_reduce::{Part, RowReduce};
 use crate::{Access, KernelSource, with_prelude};
 
 /// Invocations per workgroup (one workgroup per row).
@@ -56,10 +57,10 @@ pub fn workgroups(p: &SoftmaxParams) -> u32 {
 }
 
 /// Bindings: `x` (read-write, `[rows, cols]`).
-pub fn source() -> KernelSource {
+pub fn source(reduce: RowReduce) -> KernelSource {
     KernelSource {
-        name: "softmax".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/softmax.wgsl")),
+        name: format!("softmax{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &reduce.render(include_str!("wgsl/softmax.wgsl"), &[Part::Pair])),
         entry: "main",
         buffers: vec![Access::ReadWrite],
         params_size: size_of::<SoftmaxParams>() as u64,

@@ -32,11 +32,11 @@ struct Params {
 
 //@SPLIT_READER
 
-//@ROW_SUM
+//@ROW_REDUCE
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
+        @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let row = wid.x + wid.y * nwg.x;
     let base = row * p.dim;
     let live = row < p.rows;
@@ -48,7 +48,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             acc_x += v * v;
         }
     }
-    let inv_x = 1.0 / sqrt(row_sum(acc_x, lid.x) / f32(p.dim) + p.eps);
+    let inv_x = 1.0 / sqrt(row_sum(acc_x, lanes) / f32(p.dim) + p.eps);
 
     // The residual add. Each invocation updates elements lid.x, lid.x + WG, ... and sums the
     // squares of exactly those, the elements rmsnorm.wgsl would have it sum, so no other
@@ -61,7 +61,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             acc_h += h * h;
         }
     }
-    let inv_h = 1.0 / sqrt(row_sum(acc_h, lid.x) / f32(p.dim) + p.eps);
+    let inv_h = 1.0 / sqrt(row_sum(acc_h, lanes) / f32(p.dim) + p.eps);
     if (!live) {
         return;
     }

@@ -31,11 +31,11 @@ struct Params {
 //@SPLIT_READER
 
 // Two sums side by side (RowSum = vec2<f32>), so that the mlp and moe rows reduce in one pass.
-//@ROW_SUM
+//@ROW_REDUCE
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
+        @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let row = wid.x + wid.y * nwg.x;
     let base = row * p.dim;
     let live = row < p.rows;
@@ -50,7 +50,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             acc_moe += e * e;
         }
     }
-    let sums = row_sum(vec2<f32>(acc_mlp, acc_moe), lid.x);
+    let sums = row_sum(vec2<f32>(acc_mlp, acc_moe), lanes);
     let inv_mlp = 1.0 / sqrt(sums.x / f32(p.dim) + p.eps);
     let inv_moe = 1.0 / sqrt(sums.y / f32(p.dim) + p.eps);
 
@@ -65,7 +65,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             acc_dense += d * d;
         }
     }
-    let inv_dense = 1.0 / sqrt(row_sum(vec2<f32>(acc_dense, 0.0), lid.x).x / f32(p.dim) + p.eps);
+    let inv_dense = 1.0 / sqrt(row_sum(vec2<f32>(acc_dense, 0.0), lanes).x / f32(p.dim) + p.eps);
     if (!live) {
         return;
     }

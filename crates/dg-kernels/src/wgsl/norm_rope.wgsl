@@ -4,6 +4,7 @@
 //   out[i]        = y[i] * cos + (-y[i + half]) * sin
 //   out[i + half] = y[i + half] * cos + y[i] * sin      (as rope.wgsl)
 // with cos/sin = table[token, i]. One workgroup per row; rows beyond 65535 workgroups wrap into y.
+// The sum of squares reduces with row_sum (row_reduce.rs), as rmsnorm.wgsl's does.
 
 struct Params {
     tokens: u32,
@@ -27,11 +28,11 @@ struct Params {
 
 //@SPLIT_READER
 
-var<workgroup> partial: array<f32, WG>;
+//@ROW_REDUCE
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
+        @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let row = wid.x + wid.y * nwg.x;
     let base = row * p.dim;
     let live = row < p.tokens * p.heads;
@@ -42,18 +43,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             acc += v * v;
         }
     }
-    partial[lid.x] = acc;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lid.x < s) {
-            partial[lid.x] += partial[lid.x + s];
-        }
-        workgroupBarrier();
-    }
+    let total = row_sum(acc, lanes);
     if (!live) {
         return;
     }
-    let inv = 1.0 / sqrt(partial[0] / f32(p.dim) + p.eps);
+    let inv = 1.0 / sqrt(total / f32(p.dim) + p.eps);
     let half = p.dim / 2u;
     let table = (row / p.heads) * half;
     for (var j = lid.x; j < half; j += WG) {

@@ -29,11 +29,11 @@ struct Params {
 
 //@SPLIT_READER
 
-//@ROW_SUM
+//@ROW_REDUCE
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
+        @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let row = wid.x + wid.y * nwg.x;
     let base = p.x_offset + row * p.dim;
     let out_base = p.out_offset + row * p.dim;
@@ -45,7 +45,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             acc += v * v;
         }
     }
-    let total = row_sum(acc, lid.x);
+    let total = row_sum(acc, lanes);
     if (!live) {
         return;
     }

@@ -3,7 +3,7 @@
 //   top K by prob, descending, ties to the lower expert index (repeated strict-max selection);
 //   w_k = (prob_k / sum of the K chosen, summed in chosen order) * per_expert_scale[idx_k].
 // One workgroup per token, one invocation per expert (E <= MAX_E = WG, K <= MAX_K); the max and
-// the sum are workgroup tree reductions, each of the K selections a workgroup argmax. Workgroups
+// the sum are workgroup reductions (row_reduce.rs), each of the K selections a workgroup argmax. Workgroups
 // beyond 65535 wrap into y.
 
 struct Params {
@@ -31,12 +31,11 @@ const LOWEST: f32 = -0x1.fffffep+127f;
 // initial best, which nothing equal to it (or NaN) can displace.
 const NONE: f32 = -2.0;
 
-var<workgroup> red_v: array<f32, WG>;
-var<workgroup> red_i: array<u32, WG>;
+//@ROW_REDUCE
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
+        @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     // t and everything derived from p are workgroup-uniform: the early return and the loops
     // around the barriers below are uniform control flow.
     let t = wid.x + wid.y * nwg.x;
@@ -52,33 +51,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         l = logits_at(t * p.experts + e);
     }
 
-    // Max over the experts.
-    red_v[e] = l;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (e < s) {
-            red_v[e] = max(red_v[e], red_v[e + s]);
-        }
-        workgroupBarrier();
-    }
-    let m = red_v[0];
-    workgroupBarrier();
-
-    // Sum of exp(l - max).
+    // Max over the experts, then the sum of exp(l - max).
+    let m = row_max(l, lanes);
     var v = 0.0;
     if (live) {
         v = exp(l - m);
     }
-    red_v[e] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (e < s) {
-            red_v[e] += red_v[e + s];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / red_v[0];
-    workgroupBarrier();
+    let inv = 1.0 / row_sum(v, lanes);
     var prob = NONE;
     if (live) {
         prob = v * inv;
@@ -91,25 +70,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var value: array<f32, MAX_K>;
     for (var k = 0u; k < k_n; k++) {
         let ok = prob > NONE;
-        red_v[e] = select(NONE, prob, ok);
-        red_i[e] = select(0u, e, ok);
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-            if (e < s) {
-                let ov = red_v[e + s];
-                let oi = red_i[e + s];
-                let mv = red_v[e];
-                if (ov > mv || (ov == mv && oi < red_i[e])) {
-                    red_v[e] = ov;
-                    red_i[e] = oi;
-                }
-            }
-            workgroupBarrier();
-        }
-        let best = red_i[0];
+        let best_of = row_argmax(select(NONE, prob, ok), select(0u, e, ok), lanes);
+        let best = best_of.i;
         chosen[k] = best;
-        value[k] = red_v[0];
-        workgroupBarrier();
+        value[k] = best_of.v;
         if (e == best) {
             prob = -1.0;
         }

@@ -1,11 +1,10 @@
-// The workgroup-wide sum of a row's per-invocation partial sums (rmsnorm.wgsl and the fused norms
-// of residual_norms: one tree, so that the fused kernels compute every norm exactly as rmsnorm.wgsl
-// does). RowSum is f32, or vec2<f32> for two sums side by side (vector addition is per component,
-// so each follows the same tree). Called from uniform control flow by every invocation, live row
-// or not; returns the total to every invocation.
+// The workgroup-wide sum of the invocations' partial sums, as a tree through workgroup memory
+// (row_reduce.rs, RowReduce::Tree). RowSum is f32, or vec2<f32> for two sums side by side (vector
+// addition is per component, so each follows the same tree).
 var<workgroup> partial: array<RowSum, WG>;
 
-fn row_sum(acc: RowSum, lane: u32) -> RowSum {
+fn row_sum(acc: RowSum, lanes: RowLanes) -> RowSum {
+    let lane = lanes.lane;
     partial[lane] = acc;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s = s >> 1u) {

@@ -6,7 +6,7 @@
 // Columns [gap_start, gap_end) are masked in every mode (written as 0, outside the max and sum).
 // One workgroup per row; rows beyond 65535 workgroups wrap into the y dimension.
 // Pass 1: each invocation keeps a running (max, sum of exp(x - max)) over its strided elements;
-// the pairs are merged by a tree reduction. Pass 2: x = exp(x - max) * (1 / sum).
+// the pairs are merged across the workgroup by row_max_sum (row_reduce.rs). Pass 2: x = exp(x - max) * (1 / sum).
 
 struct Params {
     rows: u32,
@@ -26,9 +26,6 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 
-var<workgroup> part_max: array<f32, WG>;
-var<workgroup> part_sum: array<f32, WG>;
-
 // The lowest finite f32 (WGSL has no infinity literal): the max of an empty set. Inputs of -inf
 // (pre-masked scores) contribute exp(-inf) = 0.
 const LOWEST: f32 = -0x1.fffffep+127f;
@@ -42,9 +39,11 @@ fn merge(m1: f32, s1: f32, m2: f32, s2: f32) -> vec2<f32> {
     return vec2<f32>(m2, s1 * exp(m1 - m2) + s2);
 }
 
+//@ROW_REDUCE
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
+        @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let row = wid.x + wid.y * nwg.x;
     let live = row < p.rows;
     let base = row * p.cols;
@@ -78,22 +77,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             }
         }
     }
-    part_max[lid.x] = m;
-    part_sum[lid.x] = s;
-    workgroupBarrier();
-    for (var k = WG / 2u; k > 0u; k = k >> 1u) {
-        if (lid.x < k) {
-            let r = merge(part_max[lid.x], part_sum[lid.x], part_max[lid.x + k], part_sum[lid.x + k]);
-            part_max[lid.x] = r.x;
-            part_sum[lid.x] = r.y;
-        }
-        workgroupBarrier();
-    }
+    let total = row_max_sum(m, s, lanes);
     if (!live) {
         return;
     }
-    let row_max = part_max[0];
-    let inv = 1.0 / part_sum[0];
+    let row_max = total.x;
+    let inv = 1.0 / total.y;
     for (var j = lid.x; j < p.cols; j += WG) {
         var y = 0.0;
         if (j >= lo && j < hi && !(j >= p.gap_start && j < p.gap_end)) {
