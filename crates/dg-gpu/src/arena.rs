@@ -58,8 +58,6 @@ pub struct Arena {
     pub gate_up: wgpu::Buffer,
     /// `[C, I]`.
     pub act: wgpu::Buffer,
-    /// `[C, H]` dense MLP branch.
-    pub dense: wgpu::Buffer,
     /// `[C, H]` MoE branch.
     pub moe: wgpu::Buffer,
     /// The experts' input `pre_feedforward_layernorm_2(h)`, then the router's `rms(h)·scale·H^-½`:
@@ -160,7 +158,6 @@ impl Arena {
             proj: f("proj", r * h)?,
             gate_up: f("gate_up", r * 2 * i.max(1))?,
             act: f("act", r * i)?,
-            dense: f("dense", r * h)?,
             moe: f("moe", r * h)?,
             branch_in: f("branch_in", 2 * r * h)?,
             router_logits: f("router_logits", r * cfg.num_experts)?,

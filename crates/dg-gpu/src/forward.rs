@@ -6,9 +6,10 @@
 //! norm → q/k/v GEMMs → q/k norms fused with RoPE, v norm (the canvas's K/V written into the cache
 //! after the visible rows) → attention over [visible | dead | canvas] cache rows as one score
 //! GEMM, a row softmax and one value GEMM → o_proj → post-attention norm + residual fused with
-//! the dense MLP's, the experts' and the router's input norms → dense MLP ‖ router + experts (their
-//! activations stored as f16 for the tensor cores where the device has f16) → the three post-FF
-//! norms, residual and layer scalar in one dispatch.
+//! the dense MLP's, the experts' and the router's input norms → router → the dense MLP's and the
+//! experts' gate/up, both activations in one dispatch (the experts' stored as f16 for the tensor
+//! cores where the device has f16), both down projections → the three post-FF norms, residual and
+//! layer scalar, and the next layer's input norm, in one dispatch.
 //!
 //! The encoder (`DiffusionGemmaEncoderModel`: prompt prefill and the commit of a finished canvas) is
 //! the same layer with [`LayerPass::Encode`]: the new tokens' K/V are appended to the GPU-resident
@@ -24,7 +25,7 @@ use dg_model::{LayerKind, ModelConfig};
 use crate::arena::{Arena, KEY_PAD};
 use crate::error::GpuError;
 use crate::ops::{Batches, Recorder, linear_params};
-use crate::weights::{GpuMatrix, GpuWeights};
+use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,14 +99,20 @@ pub fn record_canvas_forward<'a>(
     // h0 = post_norm(e + signal), weightless.
     rec.rmsnorm(&a.embedded, None, &a.dummy, &a.hidden, c, h, eps, false, 1.0)?;
 
+    // Each layer's closing norms also write the next norm of the stream into `normed`: the next
+    // layer's input norm, and after the last layer the final norm.
+    let layers = shape.visible.len();
     for (i, visible) in shape.visible.iter().enumerate() {
         rec.scope(format!("layer{i}"));
-        record_layer(rec, config, w, a, i, LayerPass::Decode(*visible))?;
+        let next = if i + 1 < layers { &w.layers[i + 1].norms.input } else { &w.final_norm };
+        record_layer_with(rec, config, w, a, i, LayerPass::Decode(*visible), Chain { normed_in: i > 0, next_norm: Some(next) })?;
     }
 
-    // logits = softcap(norm(h)·Eᵀ)
+    // logits = softcap(norm(h)·Eᵀ), norm(h) in `normed` from the last layer's closing norms.
     rec.scope("head");
-    rec.rmsnorm(&a.hidden, Some(&w.final_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
+    if layers == 0 {
+        rec.rmsnorm(&a.hidden, Some(&w.final_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
+    }
     for chunk in &w.embed {
         let shape = (c, chunk.rows, h);
         let tensor_cores = w.format == WeightFormat::F16;
@@ -126,13 +133,31 @@ pub fn record_encoder_chunk<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w:
     let last = cfg.num_layers() - 1;
     for i in 0..=last {
         rec.scope(format!("encoder layer{i}"));
-        record_layer(rec, config, w, a, i, LayerPass::Encode { start, tokens, kv_only: i == last })?;
+        // Each layer's closing norms write the next layer's input norm (the last layer has none).
+        let chain = Chain { normed_in: i > 0, next_norm: (i < last).then(|| &w.layers[i + 1].norms.input) };
+        record_layer_with(rec, config, w, a, i, LayerPass::Encode { start, tokens, kv_only: i == last }, chain)?;
     }
     Ok(())
 }
 
+/// How a recorded layer links to its neighbours through `arena.normed`.
+#[derive(Debug, Clone, Copy)]
+struct Chain<'a> {
+    /// The layer's input norm is already in `normed` (the previous layer's closing norms wrote
+    /// it); else the layer normalises `hidden` itself.
+    normed_in: bool,
+    /// The weight of the norm that follows the layer (the next layer's input norm, or the final
+    /// norm), which its closing norms then write into `normed`.
+    next_norm: Option<&'a wgpu::Buffer>,
+}
+
 /// Records layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).
 pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, pass: LayerPass) -> Result<(), GpuError> {
+    record_layer_with(rec, config, w, a, i, pass, Chain { normed_in: false, next_norm: None })
+}
+
+/// [`record_layer`], linked to its neighbours by `chain`.
+fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, pass: LayerPass, chain: Chain<'a>) -> Result<(), GpuError> {
     rec.split_k_scratch(&a.split_partials);
     let cfg = &config.text;
     let spec = &cfg.layers[i];
@@ -152,11 +177,13 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
 
     // Attention inputs.
     let kv_only = matches!(pass, LayerPass::Encode { kv_only: true, .. });
-    rec.rmsnorm(&a.hidden, Some(&l.norms.input), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
+    if !chain.normed_in {
+        rec.rmsnorm(&a.hidden, Some(&l.norms.input), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
+    }
     if !kv_only {
         // A split product's partials go straight to their consumer (`Recorder::linear_product`).
         let q_raw = rec.linear_product(&a.normed, &l.q_proj, &a.q_raw, c, heads * d, h, Batches::ONE)?;
-        rec.norm_rope(q_raw, &l.q_norm, cos, sin, &a.q, c, heads, d, eps)?;
+        rec.norm_rope(q_raw, &l.q_norm, cos, sin, &a.q, &a.dummy, c, heads, d, eps)?;
     }
     // Raw K (and, in sliding layers, raw V as a second batch of the same GEMM) into kv_raw:
     // [K | V], each [C, kv·d]. Full layers: V is the raw K projection itself.
@@ -193,9 +220,9 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         }
         LayerPass::Encode { start, .. } => start,
     };
-    rec.norm_rope_at(kv_raw, &l.k_norm, (cos, sin), (&cache.keys, first_row * row), c, kv, d, eps)?;
-    // v_norm (weightless) over the V half.
-    rec.rmsnorm_at((kv_raw, v_offset), None, &a.dummy, (&cache.values, first_row * row), c * kv, d, eps, false, 1.0)?;
+    // k_norm and RoPE over the K half into the keys, and in the same dispatch v_norm (weightless)
+    // over the V half into the values.
+    rec.norm_rope_kv(kv_raw, &l.k_norm, (cos, sin), (&cache.keys, first_row * row), (&cache.values, kv, v_offset), c, kv, d, eps)?;
     if kv_only {
         return Ok(());
     }
@@ -293,12 +320,12 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e)?;
 
-    // Dense MLP branch (its output, or its down projection's partials, stays untouched until the
-    // layer's closing norms).
+    // The two branches' gate/up products, then both activations in one dispatch, then both down
+    // projections. The dense MLP's gate/up partials (a split product) survive the experts'
+    // gate/up, which never splits; its down projection's partials stay untouched until the
+    // layer's closing norms (the experts' down projection and the combine do not split either).
     let inter = cfg.intermediate_size;
     let gate_up = rec.linear_product(&a.normed, &l.mlp_gate_up, &a.gate_up, c, 2 * inter, h, Batches::ONE)?;
-    rec.gelu_glu_fused(gate_up, &a.act, c, inter)?;
-    let mlp = rec.linear_product(&a.act, &l.mlp_down, &a.proj, c, h, inter, Batches::ONE)?;
     // Experts on pre_feedforward_layernorm_2(h), the first half of `branch_in`.
     let grouped = |n: usize, kk: usize, gather: bool| GroupedGemmParams {
         n: n as u32,
@@ -311,28 +338,20 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
         gather: u32::from(gather),
     };
     rec.grouped_gemm_matrix(&a.branch_in, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
-    let expert_act = expert_gelu(rec, &a.expert_gate_up, &a.expert_act, &l.experts_down, c * k, ei)?;
-    rec.grouped_gemm_matrix_a(expert_act, &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
+    // The experts' activations as f16 where their down projection reads f16 (the tensor cores).
+    let expert_format = if rec.half_activations_for_experts(&l.experts_down) { AFormat::F16 } else { AFormat::F32 };
+    rec.gelu_glu_pair((gate_up, &a.act, c, inter), (&a.expert_gate_up, &a.expert_act, c * k, ei, expert_format))?;
+    let mlp = rec.linear_product(&a.act, &l.mlp_down, &a.proj, c, h, inter, Batches::ONE)?;
+    rec.grouped_gemm_matrix_a((&a.expert_act, expert_format), &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
     rec.moe_combine(&a.expert_out, &a.topk_idx, &a.topk_w, &a.slot_of, &a.moe, c, k, h)?;
     // dense = post_feedforward_layernorm_1(mlp) + post_feedforward_layernorm_2(moe);
-    // h = (h + post_feedforward_layernorm(dense)) · layer_scalar; one dispatch.
+    // h = (h + post_feedforward_layernorm(dense)) · layer_scalar; and the next norm of h into
+    // `normed` (the dense MLP, its last reader, is done); one dispatch.
     let scalar = match pass {
         LayerPass::Decode(_) => l.decoder_scalar,
         LayerPass::Encode { .. } => l.encoder_scalar,
     };
-    rec.ffn_residual_norms((mlp, &l.norms.post_ff_1), (&a.moe, &l.norms.post_ff_2), &l.norms.post_ff, &a.dense, &a.hidden, c, h, eps, scalar)?;
+    let next = chain.next_norm.map(|w_next| (w_next, &a.normed));
+    rec.ffn_residual_norms((mlp, &l.norms.post_ff_1), (&a.moe, &l.norms.post_ff_2), &l.norms.post_ff, &a.hidden, next, &a.dummy, (c, h, eps), scalar)?;
     Ok(())
-}
-
-/// The experts' `out = gelu_tanh(gate) ⊙ up` from `gate_up`, for their down projection `w`: stored
-/// as f16 where that product reads f16 activations ([`Recorder::half_activations_for_experts`]),
-/// else f32. Returns `out` with its format.
-fn expert_gelu<'a>(rec: &mut Recorder<'a>, gate_up: &'a wgpu::Buffer, out: &'a wgpu::Buffer, w: &GpuMatrix, rows: usize, inter: usize) -> Result<(&'a wgpu::Buffer, AFormat), GpuError> {
-    if rec.half_activations_for_experts(w) {
-        rec.gelu_glu_fused_half(gate_up, out, rows, inter)?;
-        Ok((out, AFormat::F16))
-    } else {
-        rec.gelu_glu_fused(gate_up, out, rows, inter)?;
-        Ok((out, AFormat::F32))
-    }
 }

@@ -244,24 +244,36 @@ impl<'a> Recorder<'a> {
 
     /// After the feed-forward blocks, in one dispatch (`dg_kernels::residual_norms`):
     /// `dense = rms(mlp)·w_1 + rms(moe)·w_2`, then `hidden = (hidden + rms(dense)·w_3)·scalar`
-    /// (`mlp` a buffer or a split product, see [`Product`]).
+    /// (`mlp` a buffer or a split product, see [`Product`]); with `next = Some((w_next, normed))`
+    /// also `normed = rms(hidden)·w_next`, the norm the next op applies to the new stream.
+    /// `dummy` is any buffer none of the others is (bound in `normed`'s place without `next`).
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_residual_norms(
         &mut self,
         (mlp, w_1): (impl Into<Product<'a>>, &'a wgpu::Buffer),
         (moe, w_2): (&'a wgpu::Buffer, &'a wgpu::Buffer),
         w_3: &'a wgpu::Buffer,
-        dense: &'a wgpu::Buffer,
         hidden: &'a wgpu::Buffer,
-        rows: usize,
-        dim: usize,
-        eps: f32,
+        next: Option<(&'a wgpu::Buffer, &'a wgpu::Buffer)>,
+        dummy: &'a wgpu::Buffer,
+        (rows, dim, eps): (usize, usize, f32),
         scalar: f32,
     ) -> Result<(), GpuError> {
         let mlp = mlp.into();
-        let p = residual_norms::FfnResidualNormsParams { rows: rows as u32, dim: dim as u32, eps, scalar, splits: mlp.splits, split_stride: mlp.split_stride, _pad: [0; 2] };
+        let p = residual_norms::FfnResidualNormsParams {
+            rows: rows as u32,
+            dim: dim as u32,
+            eps,
+            scalar,
+            splits: mlp.splits,
+            split_stride: mlp.split_stride,
+            next_norm: u32::from(next.is_some()),
+            _pad: 0,
+        };
         let g = self.groups(residual_norms::workgroups(rows as u32));
-        self.push(residual_norms::source_ffn(self.ctx.row_reduce()), &p, &[mlp.buffer, w_1, moe, w_2, w_3, dense, hidden], g)
+        // Without `next`, w_3 (already bound read-only) stands in for w_next.
+        let (w_next, normed) = next.unwrap_or((w_3, dummy));
+        self.push(residual_norms::source_ffn(self.ctx.row_reduce()), &p, &[mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed], g)
     }
 
     /// A GEMM with explicit strides (see `dg_kernels::gemm`), f32 operands.
@@ -555,8 +567,8 @@ impl<'a> Recorder<'a> {
         self.push(rope::source(), &p, &[x, cos, sin], g)
     }
 
-    /// `out = rope(rms(x)·w)` per head of `x: [tokens, heads, d]`: `rmsnorm` (weighted, scale 1)
-    /// then `rope`, fused into one dispatch (`x` a buffer or a split product, see [`Product`]).
+    /// Per-head RMSNorm fused with RoPE (`dg_kernels::norm_rope`) from `x` (a buffer or a split
+    /// product) into `out`; `values` is bound but not touched (any buffer the others are not).
     #[allow(clippy::too_many_arguments)]
     pub fn norm_rope(
         &mut self,
@@ -565,23 +577,27 @@ impl<'a> Recorder<'a> {
         cos: &'a wgpu::Buffer,
         sin: &'a wgpu::Buffer,
         out: &'a wgpu::Buffer,
+        values: &'a wgpu::Buffer,
         tokens: usize,
         heads: usize,
         d: usize,
         eps: f32,
     ) -> Result<(), GpuError> {
-        self.norm_rope_at(x, w, (cos, sin), (out, 0), tokens, heads, d, eps)
+        self.norm_rope_kv(x, w, (cos, sin), (out, 0), (values, 0, 0), tokens, heads, d, eps)
     }
 
     /// [`Self::norm_rope`] with the rows written from `out_offset` elements into `out` (the
-    /// decoder's canvas keys, straight into the cache).
+    /// decoder's canvas keys, straight into the cache), and in the same dispatch `v_heads` V rows a
+    /// token from element `v_offset` of `x` normed without weight or rope into `values` from
+    /// `out_offset` (what [`Self::rmsnorm_at`] would write there, bit for bit).
     #[allow(clippy::too_many_arguments)]
-    pub fn norm_rope_at(
+    pub fn norm_rope_kv(
         &mut self,
         x: impl Into<Product<'a>>,
         w: &'a wgpu::Buffer,
         (cos, sin): (&'a wgpu::Buffer, &'a wgpu::Buffer),
         (out, out_offset): (&'a wgpu::Buffer, usize),
+        (values, v_heads, v_offset): (&'a wgpu::Buffer, usize, usize),
         tokens: usize,
         heads: usize,
         d: usize,
@@ -589,9 +605,20 @@ impl<'a> Recorder<'a> {
     ) -> Result<(), GpuError> {
         use dg_kernels::norm_rope;
         let x = x.into();
-        let p = norm_rope::NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps, splits: x.splits, split_stride: x.split_stride, out_offset: out_offset as u32, _pad: 0 };
+        let p = norm_rope::NormRopeParams {
+            tokens: tokens as u32,
+            heads: heads as u32,
+            dim: d as u32,
+            eps,
+            splits: x.splits,
+            split_stride: x.split_stride,
+            out_offset: out_offset as u32,
+            v_heads: v_heads as u32,
+            v_offset: v_offset as u32,
+            _pad: [0; 3],
+        };
         let g = self.groups(norm_rope::workgroups(&p));
-        self.push(norm_rope::source(self.ctx.row_reduce()), &p, &[x.buffer, w, cos, sin, out], g)
+        self.push(norm_rope::source(self.ctx.row_reduce()), &p, &[x.buffer, w, cos, sin, out, values], g)
     }
 
     /// Row softmax in place (with the attention mask of `p`).
@@ -621,7 +648,7 @@ impl<'a> Recorder<'a> {
     /// split product, see [`Product`]).
     pub fn gelu_glu_fused(&mut self, input: impl Into<Product<'a>>, out: &'a wgpu::Buffer, rows: usize, inter: usize) -> Result<(), GpuError> {
         let input = input.into();
-        let p = gelu_glu::GeluGluParams { rows: rows as u32, inter: inter as u32, splits: input.splits, split_stride: input.split_stride };
+        let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride);
         let g = self.groups(gelu_glu::workgroups(&p));
         self.push(gelu_glu::fused(), &p, &[input.buffer, out], g)
     }
@@ -647,9 +674,29 @@ impl<'a> Recorder<'a> {
             return Err(GpuError::Unsupported { what: "f16 activations on a device without SHADER_F16".into() });
         }
         let input = input.into();
-        let p = gelu_glu::GeluGluParams { rows: rows as u32, inter: inter as u32, splits: input.splits, split_stride: input.split_stride };
+        let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride);
         let g = self.groups(gelu_glu::workgroups(&p));
         self.push(gelu_glu::fused_half(), &p, &[input.buffer, out], g)
+    }
+
+    /// Two gated activations in one dispatch (`dg_kernels::gelu_glu::pair`): `out = gelu_tanh(gate)
+    /// ⊙ up` from `input` (`[rows, 2·inter]`, a buffer or a split product) as
+    /// [`Self::gelu_glu_fused`] computes it, and `out_b` from `input_b` (`[rows_b, 2·inter_b]`),
+    /// stored as `format_b` (f16 as [`Self::gelu_glu_fused_half`] stores it).
+    pub fn gelu_glu_pair(
+        &mut self,
+        (input, out, rows, inter): (impl Into<Product<'a>>, &'a wgpu::Buffer, usize, usize),
+        (input_b, out_b, rows_b, inter_b, format_b): (&'a wgpu::Buffer, &'a wgpu::Buffer, usize, usize, AFormat),
+    ) -> Result<(), GpuError> {
+        let half_b = format_b == AFormat::F16;
+        if half_b && !self.ctx.device.features().contains(wgpu::Features::SHADER_F16) {
+            return Err(GpuError::Unsupported { what: "f16 activations on a device without SHADER_F16".into() });
+        }
+        let input = input.into();
+        let a = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride);
+        let p = gelu_glu::GeluGluParams::pair(a, (rows_b as u32, inter_b as u32));
+        let g = self.groups(gelu_glu::workgroups(&p));
+        self.push(gelu_glu::pair(half_b), &p, &[input.buffer, out, input_b, out_b], g)
     }
 
     /// Rows `row_start..row_start+row_count` of the scaled embedding for the ids in that range.

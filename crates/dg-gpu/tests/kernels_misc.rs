@@ -331,7 +331,7 @@ fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f3
     let fused = pipelines.get(ctx, gelu_glu::fused()).unwrap();
     let mut want = gate.to_vec();
     dg_cpu::ops::gelu_glu(&mut want, up);
-    let params = GeluGluParams { rows: rows as u32, inter: inter as u32, splits: 1, split_stride: 0 };
+    let params = GeluGluParams::one(rows as u32, inter as u32, 1, 0);
     let groups = groups_1d(gelu_glu::workgroups(&params), max_dim);
 
     let gb = guarded_output(ctx, "gate", gate.len());
@@ -406,7 +406,7 @@ fn gelu_glu_fused_half_stores_the_rounded_f32_output() {
         let n = rows * inter;
         // splits partials of [rows, 2·inter], split_stride apart.
         let gate_up = seeded(splits * 2 * n, 31 + inter as u64, 3.0);
-        let params = GeluGluParams { rows: rows as u32, inter: inter as u32, splits: splits as u32, split_stride: (2 * n) as u32 };
+        let params = GeluGluParams::one(rows as u32, inter as u32, splits as u32, (2 * n) as u32);
         let groups = groups_1d(gelu_glu::workgroups(&params), 65535);
         let input = ctx.upload("gate_up", &gate_up).unwrap();
         let out = guarded_output(&ctx, "out", n);
@@ -420,6 +420,47 @@ fn gelu_glu_fused_half_stores_the_rounded_f32_output() {
         let got = dg_kernels::unpack_f16(&words, n);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.to_bits(), w.to_bits(), "{rows}x{inter} in {splits} partials: element {i}: {g} stored, {w} is the rounded f32 output");
+        }
+    }
+}
+
+/// `gelu_glu_pair`: the two jobs in one dispatch give, bit for bit, what `gelu_glu_fused` gives
+/// for the first (also from split-K partials) and `gelu_glu_fused` / `gelu_glu_fused_half` for the
+/// second; workgroups folded into y included.
+#[test]
+fn gelu_glu_pair_gives_the_bits_of_its_two_jobs() {
+    let test = "gelu_glu_pair_gives_the_bits_of_its_two_jobs";
+    let Some(ctx) = test_context(test) else { return };
+    let halves_too = ctx.device.features().contains(wgpu::Features::SHADER_F16);
+    if !halves_too {
+        eprintln!("{test}: adapter {} has no SHADER_F16: the f32 second job only", ctx.info.name);
+    }
+    let mut pipelines = Pipelines::default();
+    let fused = pipelines.get(&ctx, gelu_glu::fused()).unwrap();
+    for half_b in [false, true].into_iter().filter(|&h| !h || halves_too) {
+        let pair = pipelines.get(&ctx, gelu_glu::pair(half_b)).unwrap();
+        let second = pipelines.get(&ctx, if half_b { gelu_glu::fused_half() } else { gelu_glu::fused() }).unwrap();
+        for &((rows, inter, splits), (rows_b, inter_b)) in &[((5, 2112, 2), (33, 704)), ((3, 7, 1), (1, 1)), ((64, 34, 3), (100, 300))] {
+            let (n, n_b) = (rows * inter, rows_b * inter_b);
+            let gate_up = ctx.upload("gate_up", &seeded(splits * 2 * n, 41 + inter as u64, 3.0)).unwrap();
+            let gate_up_b = ctx.upload("gate_up_b", &seeded(2 * n_b, 42 + inter_b as u64, 3.0)).unwrap();
+            let a = GeluGluParams::one(rows as u32, inter as u32, splits as u32, (2 * n) as u32);
+            let b = GeluGluParams::one(rows_b as u32, inter_b as u32, 1, 0);
+            let both = GeluGluParams::pair(a, (rows_b as u32, inter_b as u32));
+            let words_b = if half_b { n_b.div_ceil(2) } else { n_b };
+            for max_dim in limits(&ctx) {
+                let [out, out_b, want, want_b] = [n, words_b, n, words_b].map(|len| guarded_output(&ctx, "out", len));
+                let mut plan = PlanBuilder::new(&ctx);
+                plan.push(&pair, &both, &[&gate_up, &out, &gate_up_b, &out_b], groups_1d(gelu_glu::workgroups(&both), max_dim));
+                plan.push(&fused, &a, &[&gate_up, &want], groups_1d(gelu_glu::workgroups(&a), max_dim));
+                plan.push(&second, &b, &[&gate_up_b, &want_b], groups_1d(gelu_glu::workgroups(&b), max_dim));
+                plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+                let what = format!("{rows}x{inter} in {splits} partials, then {rows_b}x{inter_b} (half {half_b}), fold {max_dim}");
+                let bits = |buf: &wgpu::Buffer, len: usize| -> Vec<u32> { read_guarded(&ctx, buf, len).iter().map(|v| v.to_bits()).collect() };
+                assert!(bits(&out, n) == bits(&want, n), "{what}: the first job differs from gelu_glu_fused");
+                // An odd count of halves leaves the last word's upper half as the guard's bits.
+                assert!(bits(&out_b, words_b) == bits(&want_b, words_b), "{what}: the second job differs from its own kernel");
+            }
         }
     }
 }

@@ -9,7 +9,7 @@
 //! runs with its workgroups folded into y by 3 per dimension (rows that leave dead workgroups
 //! included).
 
-use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, PlanBuilder, Pipelines, groups_1d};
 use dg_kernels::residual_norms::{self, AttentionResidualNormsParams, FfnResidualNormsParams};
 use dg_kernels::rmsnorm::{self, ACCUMULATE, RmsNormParams, WEIGHTED};
@@ -243,6 +243,7 @@ struct FfnCase {
     w_3: Vec<f32>,
     hidden: Vec<f32>,
     scalar: f32,
+    w_next: Vec<f32>,
 }
 
 impl FfnCase {
@@ -258,26 +259,43 @@ impl FfnCase {
             w_3: seeded(dim, seed + 4, 1.5),
             hidden: seeded(rows * dim, seed + 5, 4.0),
             scalar: 1.0 + 0.5 * seeded(1, seed + 6, 1.0)[0],
+            w_next: seeded(dim, seed + 7, 1.5),
         }
     }
 
-    fn params(&self) -> FfnResidualNormsParams {
-        FfnResidualNormsParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, scalar: self.scalar, splits: 1, split_stride: 0, _pad: [0; 2] }
+    fn params(&self, next_norm: bool) -> FfnResidualNormsParams {
+        FfnResidualNormsParams {
+            rows: self.rows as u32,
+            dim: self.dim as u32,
+            eps: EPS,
+            scalar: self.scalar,
+            splits: 1,
+            split_stride: 0,
+            next_norm: u32::from(next_norm),
+            _pad: 0,
+        }
     }
 
-    /// `[dense, hidden]` on the CPU, step by step.
+    /// `[hidden, normed]` on the CPU, step by step.
     fn reference(&self) -> [Vec<f32>; 2] {
         let mut dense = normed(&self.mlp, self.dim, &self.w_1);
         dense.iter_mut().zip(normed(&self.moe, self.dim, &self.w_2)).for_each(|(d, m)| *d += m);
         let post = normed(&dense, self.dim, &self.w_3);
-        let hidden = self.hidden.iter().zip(&post).map(|(h, p)| (h + p) * self.scalar).collect();
-        [dense, hidden]
+        let hidden: Vec<f32> = self.hidden.iter().zip(&post).map(|(h, p)| (h + p) * self.scalar).collect();
+        let next = normed(&hidden, self.dim, &self.w_next);
+        [hidden, next]
     }
 
-    /// `[dense, hidden]` from the fused kernel, or from the three `rmsnorm` dispatches it
-    /// replaces, with workgroups folded at `max_dim` per dimension. `dense` starts out holding
-    /// guard values, which neither path may read.
+    /// `[hidden, normed]` from the fused kernel (with the next norm), or from the four `rmsnorm`
+    /// dispatches it replaces, with workgroups folded at `max_dim` per dimension.
     fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> [Vec<f32>; 2] {
+        let [hidden, normed] = self.run_with(ctx, reduce, fused.then_some(true), max_dim);
+        [hidden, normed]
+    }
+
+    /// `[hidden, normed]` from the fused kernel (`Some(next_norm)`) or the `rmsnorm` chain
+    /// (`None`). `normed` starts out holding guard values.
+    fn run_with(&self, ctx: &GpuContext, reduce: RowReduce, fused: Option<bool>, max_dim: u32) -> [Vec<f32>; 2] {
         let n = self.rows * self.dim;
         let mut pipelines = Pipelines::default();
         let mlp = ctx.upload("mlp", &self.mlp).unwrap();
@@ -285,23 +303,26 @@ impl FfnCase {
         let moe = ctx.upload("moe", &self.moe).unwrap();
         let w_2 = ctx.upload("w_2", &self.w_2).unwrap();
         let w_3 = ctx.upload("w_3", &self.w_3).unwrap();
+        let w_next = ctx.upload("w_next", &self.w_next).unwrap();
+        let normed = guarded_output(ctx, "normed", n);
         let dense = guarded_output(ctx, "dense", n);
         let hidden = guarded_output(ctx, "hidden", n);
         ctx.queue.write_buffer(&hidden, 0, bytemuck::cast_slice(&self.hidden));
         let groups = groups_1d(residual_norms::workgroups(self.rows as u32), max_dim);
         let mut plan = PlanBuilder::new(ctx);
-        if fused {
+        if let Some(next_norm) = fused {
             let p = pipelines.get(ctx, residual_norms::source_ffn(reduce)).unwrap();
-            plan.push(&p, &self.params(), &[&mlp, &w_1, &moe, &w_2, &w_3, &dense, &hidden], groups);
+            plan.push(&p, &self.params(next_norm), &[&mlp, &w_1, &moe, &w_2, &w_3, &hidden, &w_next, &normed], groups);
         } else {
             let p = pipelines.get(ctx, rmsnorm::source(reduce)).unwrap();
             let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
             plan.push(&p, &norm(WEIGHTED, 1.0), &[&mlp, &w_1, &dense], groups);
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&moe, &w_2, &dense], groups);
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, self.scalar), &[&dense, &w_3, &hidden], groups);
+            plan.push(&p, &norm(WEIGHTED, 1.0), &[&hidden, &w_next, &normed], groups);
         }
         plan.finish(ctx).unwrap().run(ctx).unwrap();
-        [read_guarded(ctx, &dense, n), read_guarded(ctx, &hidden, n)]
+        [read_guarded(ctx, &hidden, n), read_guarded(ctx, &normed, n)]
     }
 }
 
@@ -328,7 +349,7 @@ impl FusedCase for AttentionCase {
 }
 
 impl FusedCase for FfnCase {
-    const NAMES: &'static [&'static str] = &["dense", "hidden"];
+    const NAMES: &'static [&'static str] = &["hidden", "normed"];
     fn new(rows: usize, dim: usize) -> Self {
         FfnCase::new(rows, dim)
     }
@@ -367,4 +388,21 @@ fn attention_residual_norms_match_cpu_and_the_chain() {
 #[test]
 fn ffn_residual_norms_match_cpu_and_the_chain() {
     check_fused::<FfnCase>("ffn_residual_norms_match_cpu_and_the_chain");
+}
+
+/// Without `next_norm` the kernel updates `hidden` to the same bits and leaves `normed` (guard
+/// values here) untouched.
+#[test]
+fn ffn_residual_norms_without_the_next_norm_leave_normed_alone() {
+    let Some(ctx) = test_context("ffn_residual_norms_without_the_next_norm_leave_normed_alone") else { return };
+    for &(rows, dim) in RESIDUAL_SHAPES {
+        let case = FfnCase::new(rows, dim);
+        for reduce in ctx.row_reduces() {
+            let max_dim = ctx.limits.max_compute_workgroups_per_dimension;
+            let [with_hidden, _] = case.run_with(&ctx, reduce, Some(true), max_dim);
+            let [hidden, normed] = case.run_with(&ctx, reduce, Some(false), max_dim);
+            assert!(hidden == with_hidden, "rows={rows} dim={dim} {reduce:?}: hidden differs without the next norm");
+            assert!(normed.iter().all(|&v| v == GUARD), "rows={rows} dim={dim} {reduce:?}: normed was written without the next norm");
+        }
+    }
 }

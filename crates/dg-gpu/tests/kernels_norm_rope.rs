@@ -4,7 +4,8 @@
 //! and 8 heads; and against the two dispatches it replaces (`rmsnorm` then `rope` on the GPU).
 //! Every output carries a guard band, and every case also runs with its workgroups folded into y.
 
-use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_gpu::ops::Recorder;
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::norm_rope::{self, NormRopeParams};
@@ -54,10 +55,23 @@ fn run_fused_at(ctx: &GpuContext, reduce: RowReduce, x: &[f32], w: &[f32], (cos,
     let sb = ctx.upload("sin", sin).unwrap();
     let out = guarded_output(ctx, "out", out_offset + x.len());
     ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&vec![7.0f32; out_offset]));
-    let params = NormRopeParams { tokens: tokens as u32, heads: heads as u32, dim: d as u32, eps: EPS, splits: 1, split_stride: 0, out_offset: out_offset as u32, _pad: 0 };
+    let values = guarded_output(ctx, "values", 4);
+    let params = NormRopeParams {
+        tokens: tokens as u32,
+        heads: heads as u32,
+        dim: d as u32,
+        eps: EPS,
+        splits: 1,
+        split_stride: 0,
+        out_offset: out_offset as u32,
+        v_heads: 0,
+        v_offset: 0,
+        _pad: [0; 3],
+    };
     let mut plan = PlanBuilder::new(ctx);
-    plan.push(&p, &params, &[&xb, &wb, &cb, &sb, &out], groups_1d(norm_rope::workgroups(&params), max_dim));
+    plan.push(&p, &params, &[&xb, &wb, &cb, &sb, &out, &values], groups_1d(norm_rope::workgroups(&params), max_dim));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
+    assert!(read_guarded(ctx, &values, 4).iter().all(|&v| v == GUARD), "values written without V rows");
     read_guarded(ctx, &out, out_offset + x.len())
 }
 
@@ -114,5 +128,41 @@ fn norm_rope_matches_cpu_and_the_two_dispatches() {
                 }
             }
         }
+    }
+}
+
+/// K and V of one [K | V] product in one dispatch (`Recorder::norm_rope_kv`, the decoder's and
+/// encoder's K/V into the cache): the keys bit for bit what `norm_rope` alone writes, the values
+/// what the weightless `rmsnorm_at` writes from V's half, both at the cache offset, every element
+/// around them untouched; V either after K (sliding layers) or K itself (full layers: V is the raw
+/// K projection), with workgroups folded into y.
+#[test]
+fn norm_rope_kv_writes_what_norm_rope_and_rmsnorm_write() {
+    let Some(ctx) = test_context("norm_rope_kv_writes_what_norm_rope_and_rmsnorm_write") else { return };
+    for (d, tokens, kv, has_v) in [(256usize, 7usize, 2usize, true), (512, 5, 1, false), (8, 300, 3, true)] {
+        let table = dg_cpu::rope::RopeTable::new(&rope_spec(d), 11, tokens);
+        let n = tokens * kv * d;
+        let halves = if has_v { 2 } else { 1 };
+        let v_offset = (halves - 1) * n;
+        let x = ctx.upload("kv_raw", &seeded(halves * n, 200 + d as u64, 3.0)).unwrap();
+        let w = ctx.upload("w", &seeded(d, 201, 0.5).iter().map(|v| 1.0 + v).collect::<Vec<_>>()).unwrap();
+        let cb = ctx.upload("cos", &table.cos).unwrap();
+        let sb = ctx.upload("sin", &table.sin).unwrap();
+        let at = 3 * d + 4;
+        let len = at + n + 50;
+        let dummy = guarded_output(&ctx, "dummy", 4);
+        let [keys, values, keys_alone, values_alone] = ["keys", "values", "keys alone", "values alone"].map(|l| guarded_output(&ctx, l, len));
+        let mut pipelines = Pipelines::default();
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.norm_rope_kv(&x, &w, (&cb, &sb), (&keys, at), (&values, kv, v_offset), tokens, kv, d, EPS).unwrap();
+        rec.norm_rope_kv(&x, &w, (&cb, &sb), (&keys_alone, at), (&dummy, 0, 0), tokens, kv, d, EPS).unwrap();
+        rec.rmsnorm_at((&x, v_offset), None, &dummy, (&values_alone, at), tokens * kv, d, EPS, false, 1.0).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        let bits = |b: &wgpu::Buffer| -> Vec<u32> { read_guarded(&ctx, b, len).iter().map(|v| v.to_bits()).collect() };
+        let what = format!("d={d} tokens={tokens} kv={kv} v after k {has_v}");
+        assert!(bits(&keys) == bits(&keys_alone), "{what}: keys differ from norm_rope's");
+        assert!(bits(&values) == bits(&values_alone), "{what}: values differ from rmsnorm's");
+        let v = read_guarded(&ctx, &values, len);
+        assert!(v[..at].iter().chain(&v[at + n..]).all(|&e| e == GUARD) && v[at..at + n].iter().all(|e| e.is_finite()), "{what}: values outside the rows");
     }
 }

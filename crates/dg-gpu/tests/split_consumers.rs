@@ -111,14 +111,24 @@ fn norm_rope_reads_split_partials_as_the_reduced_product() {
     let got = both(
         test,
         tokens * heads * d,
-        |rec, x, o| rec.norm_rope(x, &o.bufs[0], &o.bufs[1], &o.bufs[2], &o.bufs[3], tokens, heads, d, 1e-6).unwrap(),
+        |rec, x, o| {
+            // K: the first two heads; V: the last two, normed into values.
+            let half = tokens * 2 * d;
+            rec.norm_rope_kv(x, &o.bufs[0], (&o.bufs[1], &o.bufs[2]), (&o.bufs[3], 0), (&o.bufs[4], 2, half), tokens, 2, d, 1e-6).unwrap()
+        },
         |ctx| {
             Outputs::new(
                 ctx,
-                &[(seeded(d, 4, 1.0), false), (seeded(tokens * d / 2, 5, 1.0), false), (seeded(tokens * d / 2, 6, 1.0), false), (vec![0.0; tokens * heads * d], true)],
+                &[
+                    (seeded(d, 4, 1.0), false),
+                    (seeded(tokens * d / 2, 5, 1.0), false),
+                    (seeded(tokens * d / 2, 6, 1.0), false),
+                    (vec![0.0; tokens * heads * d / 2], true),
+                    (vec![0.0; tokens * heads * d / 2], true),
+                ],
             )
         },
-        |ctx, o| o.read(ctx, &[3]),
+        |ctx, o| o.read(ctx, &[3, 4]),
     );
     assert_same(test, got);
 }
@@ -165,14 +175,15 @@ fn ffn_residual_norms_read_split_partials_as_the_reduced_product() {
         test,
         rows * dim,
         |rec, mlp, o| {
-            let [w_1, moe, w_2, w_3, dense, hidden] = &o.bufs[..] else { unreachable!() };
-            rec.ffn_residual_norms((mlp, w_1), (moe, w_2), w_3, dense, hidden, rows, dim, 1e-6, 0.5).unwrap()
+            let [w_1, moe, w_2, w_3, hidden, w_next, normed, dummy] = &o.bufs[..] else { unreachable!() };
+            rec.ffn_residual_norms((mlp, w_1), (moe, w_2), w_3, hidden, Some((w_next, normed)), dummy, (rows, dim, 1e-6), 0.5).unwrap()
         },
         |ctx| {
             let w = |s| (seeded(dim, s, 1.0), false);
-            Outputs::new(ctx, &[w(12), (seeded(rows * dim, 13, 1.0), false), w(14), w(15), (vec![0.0; rows * dim], true), (seeded(rows * dim, 16, 1.0), true)])
+            let rows_of = |v: Vec<f32>| (v, true);
+            Outputs::new(ctx, &[w(12), (seeded(rows * dim, 13, 1.0), false), w(14), w(15), rows_of(seeded(rows * dim, 16, 1.0)), w(17), rows_of(vec![0.0; rows * dim]), rows_of(vec![0.0; 4])])
         },
-        |ctx, o| o.read(ctx, &[4, 5]),
+        |ctx, o| o.read(ctx, &[4, 6]),
     );
     assert_same(test, got);
 }

@@ -21,15 +21,34 @@ pub struct GeluGluParams {
     pub rows: u32,
     /// I: the width of the activation (of `gate`, `up` and the output).
     pub inter: u32,
-    /// [`fused`]: more than 1 when `gate_up` holds that many split-K partials of the gate/up
-    /// product, `split_stride` elements apart (`crate::split_k::with_reader`); [`split`] ignores both.
+    /// [`fused`], [`pair`]: more than 1 when `gate_up` holds that many split-K partials of the
+    /// gate/up product, `split_stride` elements apart (`crate::split_k::with_reader`); [`split`]
+    /// ignores both.
     pub splits: u32,
     pub split_stride: u32,
+    /// [`pair`]: the second job's rows and width (its `gate_up_b` is never split).
+    pub rows_b: u32,
+    pub inter_b: u32,
+    /// [`pair`]: the workgroups of the first job (`(rows·I).div_ceil(WORKGROUP)`, [`GeluGluParams::pair`]).
+    pub groups_a: u32,
+    pub _pad: u32,
 }
 
-/// Workgroups to dispatch, either variant (fold through `groups_1d`).
+impl GeluGluParams {
+    /// One job of `rows × inter` (the split and fused variants), its input split `splits` ways.
+    pub fn one(rows: u32, inter: u32, splits: u32, split_stride: u32) -> Self {
+        GeluGluParams { rows, inter, splits, split_stride, ..Zeroable::zeroed() }
+    }
+
+    /// Two jobs for [`pair`]: `a` as [`GeluGluParams::one`], then `(rows_b, inter_b)`.
+    pub fn pair(a: GeluGluParams, (rows_b, inter_b): (u32, u32)) -> Self {
+        GeluGluParams { rows_b, inter_b, groups_a: (a.rows * a.inter).div_ceil(WORKGROUP), ..a }
+    }
+}
+
+/// Workgroups to dispatch, any variant (fold through `groups_1d`).
 pub fn workgroups(p: &GeluGluParams) -> u32 {
-    (p.rows * p.inter).div_ceil(WORKGROUP)
+    (p.rows * p.inter).div_ceil(WORKGROUP) + (p.rows_b * p.inter_b).div_ceil(WORKGROUP)
 }
 
 /// Bindings: `gate` (read-write, `[rows, I]`, becomes the output), `up` (read, `[rows, I]`).
@@ -65,6 +84,27 @@ pub fn fused_half() -> KernelSource {
     assert!(full.wgsl.contains(store) && full.wgsl.contains("out: array<f32>"), "gelu_glu.wgsl: the fused store moved");
     let wgsl = full.wgsl.replace("out: array<f32>", "out: array<f16>").replace(store, "out[i] = f16(gelu_tanh(gate_up_at(g)) * gate_up_at(g + p.inter));");
     KernelSource { name: "gelu_glu_fused_half".into(), wgsl: format!("enable f16;\n{wgsl}"), ..full }
+}
+
+/// Two [`fused`] jobs in one dispatch (the dense MLP's and the experts' activations, which are
+/// independent): the first [`GeluGluParams::groups_a`] workgroups compute `out` from `gate_up`
+/// (possibly split-K partials), the rest `out_b` from `gate_up_b`, stored as f16 with `half_b`
+/// (as [`fused_half`] stores them; needs `wgpu::Features::SHADER_F16`). Each element is computed
+/// by the same expression as in [`fused`] / [`fused_half`]. Bindings: `gate_up` (read), `out`
+/// (read-write), `gate_up_b` (read), `out_b` (read-write).
+pub fn pair(half_b: bool) -> KernelSource {
+    let body = with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&variant("pair"), "gate_up_at", "gate_up"));
+    let (name, wgsl) = match half_b {
+        true => ("gelu_glu_pair_half", format!("enable f16;\n{}", body.replace("OUT_B", "f16"))),
+        false => ("gelu_glu_pair", body.replace("OUT_B", "f32")),
+    };
+    KernelSource {
+        name: name.into(),
+        wgsl,
+        entry: "main",
+        buffers: vec![Access::Read, Access::ReadWrite, Access::Read, Access::ReadWrite],
+        params_size: size_of::<GeluGluParams>() as u64,
+    }
 }
 
 /// The shared part of `gelu_glu.wgsl` (before the first `// @variant` line) followed by the

@@ -39,6 +39,8 @@ pub fn all_variants() -> Vec<KernelSource> {
         softmax_chunked::apply(),
         gelu_glu::split(),
         gelu_glu::fused(),
+        gelu_glu::pair(false),
+        gelu_glu::pair(true),
         embed::source(),
         embed::source_for(WeightFormat::Bf16),
         embed::source_for(WeightFormat::F16),

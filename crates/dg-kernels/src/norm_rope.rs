@@ -3,6 +3,9 @@
 //! accumulating, scale 1) then `rope.wgsl` in place; CPU twins `dg_cpu::ops::rms_norm_rows` then
 //! `dg_cpu::rope::RopeTable::apply` (rotate-half, dimension `i` paired with `i + d/2`).
 //!
+//! The same dispatch may also norm the V rows of a [K | V] product (weightless, no rope, the
+//! `rmsnorm.wgsl` op; `v_heads`), so that K and V reach the cache in one dispatch.
+//!
 //! One workgroup per (token, head) row: the sum of squares is accumulated and reduced exactly as
 //! in `rmsnorm.wgsl` (same strided per-invocation sums, same `row_sum` of the same [`RowReduce`], `1/sqrt`), then each invocation
 //! rotates pairs `j, j + WG, …` of `[0, d/2)`. Any even `d` works (the model has 256 and 512).
@@ -31,26 +34,34 @@ pub struct NormRopeParams {
     /// (`crate::split_k::with_reader`).
     pub splits: u32,
     pub split_stride: u32,
-    /// Elements before row 0 of `out`.
+    /// Elements before row 0 of `out` (and of `values`).
     pub out_offset: u32,
-    pub _pad: u32,
+    /// V rows per token normed (weightless, no rope) into `values` by the same dispatch, after the
+    /// K rows; 0 for none.
+    pub v_heads: u32,
+    /// Element of `x` (of each partial) where the V rows start.
+    pub v_offset: u32,
+    pub _pad: [u32; 3],
 }
 
-/// Workgroups to dispatch, one per (token, head) row (fold through `groups_1d`: more than 65535
-/// wrap into y).
+/// Workgroups to dispatch, one per (token, head) row of K and of V (fold through `groups_1d`:
+/// more than 65535 wrap into y).
 pub fn workgroups(p: &NormRopeParams) -> u32 {
-    p.tokens * p.heads
+    p.tokens * (p.heads + p.v_heads)
 }
 
-/// Bindings: `x` (read, `[tokens, heads, d]`, or the split-K partials of the product it would hold), `w` (read, `[d]`), `cos` (read, `[tokens, d/2]`),
-/// `sin` (read, `[tokens, d/2]`), `out` (read-write, `[tokens, heads, d]`).
+/// Bindings: `x` (read, `[tokens, heads, d]`, or the split-K partials of the product it would
+/// hold; with V rows, those follow from `v_offset`), `w` (read, `[d]`), `cos` (read, `[tokens,
+/// d/2]`), `sin` (read, `[tokens, d/2]`), `out` (read-write, `[tokens, heads, d]` from
+/// `out_offset`), `values` (read-write, `[tokens, v_heads, d]` from `out_offset`; untouched, and
+/// any buffer but the others, without V rows).
 pub fn source(reduce: RowReduce) -> KernelSource {
     let body = reduce.render(include_str!("wgsl/norm_rope.wgsl"), &[Part::Sum("f32")]);
     KernelSource {
         name: format!("norm_rope{}", reduce.suffix()),
         wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&body, "x_at", "x")),
         entry: "main",
-        buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+        buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite, Access::ReadWrite],
         params_size: size_of::<NormRopeParams>() as u64,
     }
 }

@@ -23,7 +23,11 @@
 //! dense  = rms(mlp)·w_1
 //! dense  = dense + rms(moe)·w_2
 //! hidden = (hidden + rms(dense)·w_3)·scalar
+//! normed = rms(hidden)·w_next          (optional: the next layer's input_layernorm, or the final norm)
 //! ```
+//!
+//! (`dense` stays in registers: each invocation computes its elements once for their squares and
+//! again, by the same expression, for the residual add.)
 //!
 //! with `rms(v) = v · (mean(v²) + eps)^-1/2` over a row of `dim`, the CPU twin of which is
 //! `dg_cpu::ops::rms_norm_rows`. Each step is the rmsnorm kernel's op (weighted, accumulating where
@@ -32,8 +36,8 @@
 //! may differ between the compilations).
 //!
 //! One workgroup per row; rows beyond 65535 workgroups wrap into y (fold [`workgroups`] through
-//! `groups_1d`). Every invocation re-reads only the elements of `hidden` / `dense` that it wrote
-//! itself, so the second reduction sees the updated row without a storage barrier.
+//! `groups_1d`). Every invocation re-reads only the elements of `hidden` that it wrote itself, so
+//! the next reduction sees the updated row without a storage barrier.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -69,7 +73,7 @@ pub struct AttentionResidualNormsParams {
 #[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
 pub struct FfnResidualNormsParams {
     pub rows: u32,
-    /// Elements per row of every `[rows, dim]` buffer, and the length of the three weights.
+    /// Elements per row of every `[rows, dim]` buffer, and the length of the weights.
     pub dim: u32,
     pub eps: f32,
     /// Multiplies the updated `hidden` (the layer's `layer_scalar`).
@@ -78,7 +82,10 @@ pub struct FfnResidualNormsParams {
     /// `split_stride` elements apart (`crate::split_k::with_reader`).
     pub splits: u32,
     pub split_stride: u32,
-    pub _pad: [u32; 2],
+    /// 1: also write `normed = rms(hidden)·w_next` (the next layer's input norm, or the final
+    /// norm); 0: `w_next` and `normed` are not touched.
+    pub next_norm: u32,
+    pub _pad: u32,
 }
 
 /// Workgroups to dispatch, one per row, for either kernel (fold through `groups_1d`: more than
@@ -113,11 +120,11 @@ pub fn source_attention(reduce: RowReduce) -> KernelSource {
 }
 
 /// Bindings: `mlp` (read, `[rows, dim]`, the dense MLP's output, or the split-K partials of its down
-/// projection), `w_1` (read, `[dim]`), `moe`
-/// (read, `[rows, dim]`, the experts' combined output), `w_2`, `w_3` (read, `[dim]`), `dense`
-/// (read-write, `[rows, dim]`: written, its previous contents ignored, and left holding the summed
-/// branch norms), `hidden` (read-write, `[rows, dim]`, the residual stream, updated in place).
-/// `mlp`, `moe`, `dense` and `hidden` must be four different buffers.
+/// projection), `w_1` (read, `[dim]`), `moe` (read, `[rows, dim]`, the experts' combined output),
+/// `w_2`, `w_3` (read, `[dim]`), `hidden` (read-write, `[rows, dim]`, the residual stream, updated
+/// in place), `w_next` (read, `[dim]`) and `normed` (read-write, `[rows, dim]`, written only), the
+/// last two touched only with `next_norm`. `mlp`, `moe`, `hidden` and `normed` must be four
+/// different buffers.
 pub fn source_ffn(reduce: RowReduce) -> KernelSource {
     let body = reduce.render(include_str!("wgsl/ffn_residual_norms.wgsl"), &[Part::Sum("vec2<f32>")]);
     KernelSource {
@@ -131,6 +138,7 @@ pub fn source_ffn(reduce: RowReduce) -> KernelSource {
             Access::Read,
             Access::Read,
             Access::ReadWrite,
+            Access::Read,
             Access::ReadWrite,
         ],
         params_size: size_of::<FfnResidualNormsParams>() as u64,

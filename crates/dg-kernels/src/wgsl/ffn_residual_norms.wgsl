@@ -1,11 +1,15 @@
 // The norms and residual add after the feed-forward blocks, fused: for each row of mlp, moe,
-// dense, hidden: [rows, dim],
+// hidden, normed: [rows, dim],
 //   dense  = rms(mlp) * w_1                          (as rmsnorm.wgsl: weighted)
 //   dense  = dense + rms(moe) * w_2                  (as rmsnorm.wgsl: weighted, accumulate)
 //   hidden = (hidden + rms(dense) * w_3) * scalar    (as rmsnorm.wgsl: weighted, accumulate, scale)
-// with rms(v) = v * (mean(v^2) + eps)^-1/2 over the row, the last over the summed dense. dense's
-// previous contents are never read. One workgroup per row; rows beyond 65535 workgroups wrap
-// into y.
+// and, when p.next_norm != 0, the norm the next op applies to the new stream (the next layer's
+// input_layernorm, or the final norm ahead of the head):
+//   normed = rms(hidden) * w_next                    (as rmsnorm.wgsl: weighted)
+// with rms(v) = v * (mean(v^2) + eps)^-1/2 over the row. dense lives in no buffer: each
+// invocation computes its elements lid.x, lid.x + WG, ... once to sum their squares and again,
+// by the same expression, to add them to hidden. One workgroup per row; rows beyond 65535
+// workgroups wrap into y.
 
 struct Params {
     rows: u32,
@@ -15,8 +19,9 @@ struct Params {
     // mlp may be a split-K GEMM's partials (split_k.rs `with_reader`).
     splits: u32,
     split_stride: u32,
+    // 1: also write normed = rms(hidden) * w_next.
+    next_norm: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -25,8 +30,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read> moe: array<f32>;
 @group(0) @binding(4) var<storage, read> w_2: array<f32>;
 @group(0) @binding(5) var<storage, read> w_3: array<f32>;
-@group(0) @binding(6) var<storage, read_write> dense: array<f32>;
-@group(0) @binding(7) var<storage, read_write> hidden: array<f32>;
+@group(0) @binding(6) var<storage, read_write> hidden: array<f32>;
+@group(0) @binding(7) var<storage, read> w_next: array<f32>;
+@group(0) @binding(8) var<storage, read_write> normed: array<f32>;
 
 //@SPLIT_READER
 
@@ -54,23 +60,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let inv_mlp = 1.0 / sqrt(sums.x / f32(p.dim) + p.eps);
     let inv_moe = 1.0 / sqrt(sums.y / f32(p.dim) + p.eps);
 
-    // The two branch norms, summed. Each invocation writes elements lid.x, lid.x + WG, ... and
-    // sums the squares of exactly those, the elements rmsnorm.wgsl would have it sum, so no other
-    // invocation's write has to be visible before the second reduction.
+    // The two branch norms, summed: the elements rmsnorm.wgsl would have this invocation sum.
     var acc_dense = 0.0;
     if (live) {
         for (var i = lid.x; i < p.dim; i += WG) {
             let d = (mlp_at(base + i) * inv_mlp) * w_1[i] + (moe[base + i] * inv_moe) * w_2[i];
-            dense[base + i] = d;
             acc_dense += d * d;
         }
     }
     let inv_dense = 1.0 / sqrt(row_sum(vec2<f32>(acc_dense, 0.0), lanes).x / f32(p.dim) + p.eps);
+
+    // The residual add: each invocation updates exactly the elements it sums for the next norm,
+    // so no other invocation's write has to be visible before that reduction.
+    var acc_h = 0.0;
+    if (live) {
+        for (var i = lid.x; i < p.dim; i += WG) {
+            let d = (mlp_at(base + i) * inv_mlp) * w_1[i] + (moe[base + i] * inv_moe) * w_2[i];
+            let h = (hidden[base + i] + (d * inv_dense) * w_3[i]) * p.scalar;
+            hidden[base + i] = h;
+            acc_h += h * h;
+        }
+    }
+    if (p.next_norm == 0u) {
+        return;
+    }
+    let inv_h = 1.0 / sqrt(row_sum(vec2<f32>(acc_h, 0.0), lanes).x / f32(p.dim) + p.eps);
     if (!live) {
         return;
     }
     for (var i = lid.x; i < p.dim; i += WG) {
         // This invocation's own write above.
-        hidden[base + i] = (hidden[base + i] + (dense[base + i] * inv_dense) * w_3[i]) * p.scalar;
+        normed[base + i] = (hidden[base + i] * inv_h) * w_next[i];
     }
 }

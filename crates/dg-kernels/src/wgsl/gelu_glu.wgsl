@@ -3,16 +3,25 @@
 // The tanh argument is clamped: for |inner| > 15, tanh is exactly +-1 in f32 (it already rounds
 // to 1 above ~9), and some drivers evaluate tanh through exp, which overflows to NaN there.
 // One invocation per output element; workgroups beyond 65535 wrap into y.
-// Two variants (the Rust side picks one "@variant" section after this shared part):
+// Three variants (the Rust side picks one "@variant" section after this shared part):
 //   split: gate (read_write, [rows, inter]) becomes the output; up (read, [rows, inter]).
 //   fused: gate_up (read, [rows, 2 * inter], gate then up per row); out (read_write, [rows, inter]).
+//   pair: two fused jobs in one dispatch, the first groups_a workgroups on gate_up / out (rows,
+//     inter, the split-K partials), the rest on gate_up_b / out_b (rows_b, inter_b, OUT_B: f32 or
+//     f16), each element computed as the fused variant computes it.
 
 struct Params {
     rows: u32,
     inter: u32,
-    // The fused variant's gate_up may be a split-K GEMM's partials (split_k.rs `with_reader`).
+    // The fused and pair variants' gate_up may be a split-K GEMM's partials (split_k.rs
+    // `with_reader`).
     splits: u32,
     split_stride: u32,
+    // pair: the second job, and the first job's workgroups.
+    rows_b: u32,
+    inter_b: u32,
+    groups_a: u32,
+    _pad0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -64,4 +73,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let c = i - r * p.inter;
     let g = r * 2u * p.inter + c;
     out[i] = gelu_tanh(gate_up_at(g)) * gate_up_at(g + p.inter);
+}
+
+// @variant pair
+@group(0) @binding(1) var<storage, read> gate_up: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read> gate_up_b: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out_b: array<OUT_B>;
+
+//@SPLIT_READER
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let group = wid.x + wid.y * nwg.x;
+    if (group < p.groups_a) {
+        let i = group * WG + lid.x;
+        if (i >= p.rows * p.inter) {
+            return;
+        }
+        let r = i / p.inter;
+        let c = i - r * p.inter;
+        let g = r * 2u * p.inter + c;
+        out[i] = gelu_tanh(gate_up_at(g)) * gate_up_at(g + p.inter);
+        return;
+    }
+    let i = (group - p.groups_a) * WG + lid.x;
+    if (i >= p.rows_b * p.inter_b) {
+        return;
+    }
+    let r = i / p.inter_b;
+    let c = i - r * p.inter_b;
+    let g = r * 2u * p.inter_b + c;
+    out_b[i] = OUT_B(gelu_tanh(gate_up_b[g]) * gate_up_b[g + p.inter_b]);
 }

@@ -3,8 +3,12 @@
 //   y = x * (mean(x^2) + eps)^-1/2 * w        (as rmsnorm.wgsl: weighted, scale 1)
 //   out[i]        = y[i] * cos + (-y[i + half]) * sin
 //   out[i + half] = y[i + half] * cos + y[i] * sin      (as rope.wgsl)
-// with cos/sin = table[token, i]. One workgroup per row; rows beyond 65535 workgroups wrap into y.
-// The sum of squares reduces with row_sum (row_reduce.rs), as rmsnorm.wgsl's does.
+// with cos/sin = table[token, i]; optionally followed, in the same dispatch, by the V rows of the
+// same product (p.v_heads per token, from element v_offset of x), each normed without weight and
+// rope (as rmsnorm.wgsl: weightless, scale 1) into values:
+//   values[out_offset + r * d + i] = x[v_offset + r * d + i] * (mean(x^2) + eps)^-1/2
+// One workgroup per row, the K rows first; rows beyond 65535 workgroups wrap into y. The sum of
+// squares reduces with row_sum (row_reduce.rs), as rmsnorm.wgsl's does.
 
 struct Params {
     tokens: u32,
@@ -14,9 +18,14 @@ struct Params {
     // x may be a split-K GEMM's partials (split_k.rs `with_reader`).
     splits: u32,
     split_stride: u32,
-    // Elements before row 0 of out.
+    // Elements before row 0 of out (and of values).
     out_offset: u32,
+    // V rows per token (0: none), and the element of x where they start.
+    v_heads: u32,
+    v_offset: u32,
     _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -25,6 +34,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> cos_t: array<f32>;
 @group(0) @binding(4) var<storage, read> sin_t: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> values: array<f32>;
 
 //@SPLIT_READER
 
@@ -34,8 +44,12 @@ struct Params {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let row = wid.x + wid.y * nwg.x;
-    let base = row * p.dim;
-    let live = row < p.tokens * p.heads;
+    let k_rows = p.tokens * p.heads;
+    // Workgroup-uniform: which part this row belongs to.
+    let is_v = row >= k_rows;
+    let v_row = row - k_rows;
+    let base = select(row * p.dim, p.v_offset + v_row * p.dim, is_v);
+    let live = select(row < k_rows, v_row < p.tokens * p.v_heads, is_v);
     var acc = 0.0;
     if (live) {
         for (var i = lid.x; i < p.dim; i += WG) {
@@ -48,6 +62,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     let inv = 1.0 / sqrt(total / f32(p.dim) + p.eps);
+    if (is_v) {
+        let dst = p.out_offset + v_row * p.dim;
+        for (var i = lid.x; i < p.dim; i += WG) {
+            values[dst + i] = x_at(base + i) * inv;
+        }
+        return;
+    }
     let half = p.dim / 2u;
     let table = (row / p.heads) * half;
     for (var j = lid.x; j < half; j += WG) {
