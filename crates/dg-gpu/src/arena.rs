@@ -94,7 +94,8 @@ pub struct Arena {
     pub row_results: wgpu::Buffer,
     /// Host-visible staging for `row_results`.
     pub row_staging: wgpu::Buffer,
-    /// A 4-byte buffer bound where a kernel ignores a binding.
+    /// A 16-byte buffer bound where a kernel ignores a binding (one vec4: the size a binding of
+    /// `array<vec4<f32>>` needs at least).
     pub dummy: wgpu::Buffer,
     /// The split-K partial products of the tensor-core GEMMs (`dg_kernels::split_k`): room for
     /// [`SPLIT_PARTIALS`] partials of the widest canvas product, on a device with cooperative
@@ -180,7 +181,7 @@ impl Arena {
             draws: f("draws", c)?,
             row_results: f("row results", c * RESULT_WORDS)?,
             row_staging: ctx.buffer("row results staging", (c * RESULT_WORDS * 4) as u64, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?,
-            dummy: f("dummy", 1)?,
+            dummy: f("dummy", 4)?,
             split_partials: f("split partials", if ctx.coop_matrix { SPLIT_PARTIALS * c * h.max(q_w).max(2 * kv_w).max(2 * i) } else { 1 })?,
         })
     }

@@ -80,6 +80,16 @@ fn split_target(tile: coop_gemm::CoopTile, p: &GemmParams) -> u32 {
     std::env::var("DG_SPLIT_TARGET").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| coop_gemm::Split::target(tile, p))
 }
 
+/// Columns the norm kernels take at a time for rows of `dim` read at element `offsets`
+/// (`dg_kernels::rmsnorm::lanes_for`: 4 where all are multiples of 4). Tuning knob:
+/// `DG_ROW_LANES=1` keeps them one at a time.
+fn row_lanes(dim: usize, offsets: &[u32]) -> u32 {
+    match std::env::var("DG_ROW_LANES").as_deref() {
+        Ok("1") => 1,
+        _ => rmsnorm::lanes_for(dim as u32, offsets),
+    }
+}
+
 /// Tuning knob: `DG_COOP_TILE=BMxBN` (e.g. `64x128`, or a full label) makes the dense tensor-core GEMM take that
 /// tile of `dg_kernels::coop_gemm::TILES` wherever it fits (`coop_gemm::plan` chooses otherwise).
 fn coop_tile_override() -> Option<coop_gemm::CoopTile> {
@@ -209,7 +219,8 @@ impl<'a> Recorder<'a> {
             _pad: [0; 3],
         };
         let g = self.groups(rows as u32);
-        self.push(rmsnorm::source(self.ctx.row_reduce()), &p, &[x.buffer, w.unwrap_or(dummy), out], g)
+        let lanes = row_lanes(dim, &[p.x_offset, p.out_offset, p.split_stride]);
+        self.push(rmsnorm::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w.unwrap_or(dummy), out], g)
     }
 
     /// After attention, in one dispatch (`dg_kernels::residual_norms`): `hidden += rms(x)·w_res`,
@@ -239,7 +250,8 @@ impl<'a> Recorder<'a> {
             split_stride: x.split_stride,
         };
         let g = self.groups(residual_norms::workgroups(rows as u32));
-        self.push(residual_norms::source_attention(self.ctx.row_reduce()), &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
+        let lanes = row_lanes(dim, &[p.split_stride]);
+        self.push(residual_norms::source_attention_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
     }
 
     /// After the feed-forward blocks, in one dispatch (`dg_kernels::residual_norms`):
@@ -273,7 +285,8 @@ impl<'a> Recorder<'a> {
         let g = self.groups(residual_norms::workgroups(rows as u32));
         // Without `next`, w_3 (already bound read-only) stands in for w_next.
         let (w_next, normed) = next.unwrap_or((w_3, dummy));
-        self.push(residual_norms::source_ffn(self.ctx.row_reduce()), &p, &[mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed], g)
+        let lanes = row_lanes(dim, &[p.split_stride]);
+        self.push(residual_norms::source_ffn_lanes(self.ctx.row_reduce(), lanes), &p, &[mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed], g)
     }
 
     /// A GEMM with explicit strides (see `dg_kernels::gemm`), f32 operands.
@@ -761,7 +774,7 @@ impl<'a> Recorder<'a> {
     pub fn moe_combine(&mut self, y: &'a wgpu::Buffer, idx: &'a wgpu::Buffer, w: &'a wgpu::Buffer, slot_of: &'a wgpu::Buffer, out: &'a wgpu::Buffer, tokens: usize, k: usize, hidden: usize) -> Result<(), GpuError> {
         let p = moe_combine::MoeCombineParams { tokens: tokens as u32, k: k as u32, hidden: hidden as u32, _pad: 0 };
         let g = self.groups(moe_combine::workgroups(&p));
-        self.push(moe_combine::source(), &p, &[y, idx, w, slot_of, out], g)
+        self.push(moe_combine::source_for(hidden as u32), &p, &[y, idx, w, slot_of, out], g)
     }
 
     /// The per-row work of a sampler step on `logits: [rows, vocab]`: `scaled = logits / T`, and per row

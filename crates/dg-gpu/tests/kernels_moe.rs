@@ -271,6 +271,7 @@ fn combine_cpu(
 #[allow(clippy::too_many_arguments)]
 fn run_combine(
     ctx: &GpuContext,
+    source: dg_kernels::KernelSource,
     y: &[f32],
     idx: &[u32],
     weights: &[f32],
@@ -281,7 +282,7 @@ fn run_combine(
     max_dim: u32,
 ) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, moe_combine::source()).unwrap();
+    let p = pipelines.get(ctx, source).unwrap();
     let yb = ctx.upload("y", y).unwrap();
     let ib = ctx.upload("idx", idx).unwrap();
     let wb = ctx.upload("weights", weights).unwrap();
@@ -304,22 +305,28 @@ fn moe_combine_sums_in_expert_order() {
         let y = seeded(tokens * k * hidden, 82, 3.0);
         let want = combine_cpu(&y, &idx, &weights, &slot_of, tokens, k, hidden);
         for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 3] {
-            let got = run_combine(&ctx, &y, &idx, &weights, &slot_of, tokens, k, hidden, max_dim);
+            let got = run_combine(&ctx, moe_combine::source(), &y, &idx, &weights, &slot_of, tokens, k, hidden, max_dim);
             let (err, at) = max_rel_err(&got, &want);
             assert!(err <= COMBINE_TOLERANCE, "T={tokens} K={k} H={hidden} fold={max_dim}: rel err {err} at {at}");
+            // Four columns at a time where H allows: the same bits.
+            let wide = run_combine(&ctx, moe_combine::source_for(hidden as u32), &y, &idx, &weights, &slot_of, tokens, k, hidden, max_dim);
+            assert!(wide.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "T={tokens} K={k} H={hidden} fold={max_dim}: vec4 columns differ");
         }
     }
     // Skipped entries (no slot) contribute nothing.
     let (tokens, k, hidden) = (2, 2, 3);
     let y = vec![1.0, 2.0, 3.0, 10.0, 20.0, 30.0, 100.0, 200.0, 300.0];
-    let got =
-        run_combine(&ctx, &y, &[0, 1, 1, 0], &[1.0, 0.5, 2.0, 1.0], &[0, NO_SLOT, 1, 2], tokens, k, hidden, 65_535);
+    let got = run_combine(&ctx, moe_combine::source(), &y, &[0, 1, 1, 0], &[1.0, 0.5, 2.0, 1.0], &[0, NO_SLOT, 1, 2], tokens, k, hidden, 65_535);
     assert_eq!(got, vec![1.0, 2.0, 3.0, 100.0 + 20.0, 200.0 + 40.0, 300.0 + 60.0]);
     // The order is observable: experts (2, 0, 1) in k order with outputs (1, 1e8, −1e8) sum to 1
     // in ascending expert order ((1e8 − 1e8) + 1) but to 0 in k order ((1 + 1e8) − 1e8).
     let y = vec![1e8, -1e8, 1.0];
-    let got = run_combine(&ctx, &y, &[2, 0, 1], &[1.0, 1.0, 1.0], &[2, 0, 1], 1, 3, 1, 65_535);
+    let got = run_combine(&ctx, moe_combine::source(), &y, &[2, 0, 1], &[1.0, 1.0, 1.0], &[2, 0, 1], 1, 3, 1, 65_535);
     assert_eq!(got, vec![1.0], "combine must sum in ascending expert order");
+    // The same with four columns at a time (each column a copy) and a skipped entry in between.
+    let y4: Vec<f32> = [1e8f32, -1e8, 1.0, 5.0].iter().flat_map(|&v| [v; 4]).collect();
+    let got = run_combine(&ctx, moe_combine::source_for(4), &y4, &[2, 3, 0, 1], &[1.0, 1.0, 1.0, 1.0], &[2, NO_SLOT, 0, 1], 1, 4, 4, 65_535);
+    assert_eq!(got, vec![1.0; 4], "vec4 combine must sum in ascending expert order");
 }
 
 /// A small config with 8 experts of width 24 over hidden 64.
@@ -405,7 +412,7 @@ fn moe_end_to_end_matches_cpu_experts() {
                 dg_cpu::linalg::linear_raw(&mut y[lo * hid..hi * hid], &act, n, lw.experts.down(ex), hid, inter, one);
             }
 
-            let got = run_combine(&ctx, &y, &idx, &w, &slot_of, tokens, top_k, hid, 65_535);
+            let got = run_combine(&ctx, moe_combine::source_for(hid as u32), &y, &idx, &w, &slot_of, tokens, top_k, hid, 65_535);
             let (err, at) = max_rel_err(&got, &want);
             assert!(err <= MOE_TOLERANCE, "{what}: rel err {err} at {at}: {} vs {}", got[at], want[at]);
         }

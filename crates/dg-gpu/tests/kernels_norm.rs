@@ -18,12 +18,12 @@ use dg_kernels::row_reduce::RowReduce;
 /// f32 reductions in a different order and `1/sqrt` vs `pow`: a few ulps per element.
 const NORM_TOLERANCE: f32 = 2e-6;
 
-fn run(ctx: &GpuContext, reduce: RowReduce, rows: usize, dim: usize, flags: u32, scale: f32) {
+fn run(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), rows: usize, dim: usize, flags: u32, scale: f32) {
     let x = seeded(rows * dim, 1 + rows as u64 * 31 + dim as u64, 3.0);
     let w = seeded(dim, 2, 1.5);
     let base = seeded(rows * dim, 3, 2.0);
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, rmsnorm::source(reduce)).unwrap();
+    let p = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
     let xb = ctx.upload("x", &x).unwrap();
     let wb = ctx.upload("w", &w).unwrap();
     let out = guarded_output(ctx, "out", rows * dim);
@@ -44,14 +44,21 @@ fn run(ctx: &GpuContext, reduce: RowReduce, rows: usize, dim: usize, flags: u32,
     assert!(err <= NORM_TOLERANCE, "rows={rows} dim={dim} flags={flags}: rel err {err} at {at}: {} vs {}", got[at], want[at]);
 }
 
+/// The row kernels' variants a device runs on rows of `dim`: every row reduction, one column at
+/// a time and, where `dim` is a multiple of 4, four.
+fn variants(ctx: &GpuContext, dim: usize) -> Vec<(RowReduce, u32)> {
+    let lanes: &[u32] = if dim.is_multiple_of(4) { &[1, 4] } else { &[1] };
+    ctx.row_reduces().into_iter().flat_map(|r| lanes.iter().map(move |&l| (r, l))).collect()
+}
+
 #[test]
 fn rmsnorm_matches_cpu() {
     let Some(ctx) = test_context("rmsnorm_matches_cpu") else { return };
     eprintln!("rmsnorm_matches_cpu: row reductions {:?}", ctx.row_reduces());
     for &(rows, dim) in &[(1, 1), (1, 7), (3, 2816), (33, 256), (5, 512), (64, 48), (300, 100)] {
         for (flags, scale) in [(WEIGHTED, 1.0), (0, 1.0), (WEIGHTED | ACCUMULATE, 0.75)] {
-            for reduce in ctx.row_reduces() {
-                run(&ctx, reduce, rows, dim, flags, scale);
+            for variant in variants(&ctx, dim) {
+                run(&ctx, variant, rows, dim, flags, scale);
             }
         }
     }
@@ -63,11 +70,12 @@ fn rmsnorm_matches_cpu() {
 #[test]
 fn rmsnorm_reads_and_writes_at_offsets() {
     let Some(ctx) = test_context("rmsnorm_reads_and_writes_at_offsets") else { return };
-    for reduce in ctx.row_reduces() {
-        let (rows, dim, x_offset, out_offset) = (6usize, 256usize, 6 * 256, 3 * 256 + 4);
+    let (rows, dim) = (6usize, 256usize);
+    for (reduce, lanes) in variants(&ctx, dim) {
+        let (x_offset, out_offset) = (6 * 256, 3 * 256 + 4);
         let x = seeded(2 * rows * dim, 41, 3.0);
         let mut pipelines = Pipelines::default();
-        let p = pipelines.get(&ctx, rmsnorm::source(reduce)).unwrap();
+        let p = pipelines.get(&ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
         let xb = ctx.upload("x", &x).unwrap();
         let plain = guarded_output(&ctx, "plain", rows * dim);
         let placed = guarded_output(&ctx, "placed", out_offset + rows * dim + 100);
@@ -194,7 +202,7 @@ impl AttentionCase {
     /// `[hidden, out_a, out_b, out_c]` from the fused kernel (`out_b`, `out_c` the halves of its
     /// `out_bc`), or from the four `rmsnorm` dispatches it replaces, with workgroups folded at
     /// `max_dim` per dimension.
-    fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> [Vec<f32>; 4] {
+    fn run(&self, ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), fused: bool, max_dim: u32) -> [Vec<f32>; 4] {
         let n = self.rows * self.dim;
         let mut pipelines = Pipelines::default();
         let x = ctx.upload("x", &self.x).unwrap();
@@ -211,10 +219,10 @@ impl AttentionCase {
         let groups = groups_1d(residual_norms::workgroups(self.rows as u32), max_dim);
         let mut plan = PlanBuilder::new(ctx);
         if fused {
-            let p = pipelines.get(ctx, residual_norms::source_attention(reduce)).unwrap();
+            let p = pipelines.get(ctx, residual_norms::source_attention_lanes(reduce, lanes)).unwrap();
             plan.push(&p, &self.params(), &[&x, &w_res, &w_a, &w_b, &w_c, &hidden, &out_a, &out_bc], groups);
         } else {
-            let p = pipelines.get(ctx, rmsnorm::source(reduce)).unwrap();
+            let p = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
             let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&x, &w_res, &hidden], groups);
             plan.push(&p, &norm(WEIGHTED, self.scale_a), &[&hidden, &w_a, &out_a], groups);
@@ -288,14 +296,14 @@ impl FfnCase {
 
     /// `[hidden, normed]` from the fused kernel (with the next norm), or from the four `rmsnorm`
     /// dispatches it replaces, with workgroups folded at `max_dim` per dimension.
-    fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> [Vec<f32>; 2] {
-        let [hidden, normed] = self.run_with(ctx, reduce, fused.then_some(true), max_dim);
+    fn run(&self, ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), fused: bool, max_dim: u32) -> [Vec<f32>; 2] {
+        let [hidden, normed] = self.run_with(ctx, (reduce, lanes), fused.then_some(true), max_dim);
         [hidden, normed]
     }
 
     /// `[hidden, normed]` from the fused kernel (`Some(next_norm)`) or the `rmsnorm` chain
     /// (`None`). `normed` starts out holding guard values.
-    fn run_with(&self, ctx: &GpuContext, reduce: RowReduce, fused: Option<bool>, max_dim: u32) -> [Vec<f32>; 2] {
+    fn run_with(&self, ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), fused: Option<bool>, max_dim: u32) -> [Vec<f32>; 2] {
         let n = self.rows * self.dim;
         let mut pipelines = Pipelines::default();
         let mlp = ctx.upload("mlp", &self.mlp).unwrap();
@@ -311,10 +319,10 @@ impl FfnCase {
         let groups = groups_1d(residual_norms::workgroups(self.rows as u32), max_dim);
         let mut plan = PlanBuilder::new(ctx);
         if let Some(next_norm) = fused {
-            let p = pipelines.get(ctx, residual_norms::source_ffn(reduce)).unwrap();
+            let p = pipelines.get(ctx, residual_norms::source_ffn_lanes(reduce, lanes)).unwrap();
             plan.push(&p, &self.params(next_norm), &[&mlp, &w_1, &moe, &w_2, &w_3, &hidden, &w_next, &normed], groups);
         } else {
-            let p = pipelines.get(ctx, rmsnorm::source(reduce)).unwrap();
+            let p = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
             let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
             plan.push(&p, &norm(WEIGHTED, 1.0), &[&mlp, &w_1, &dense], groups);
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&moe, &w_2, &dense], groups);
@@ -332,7 +340,7 @@ trait FusedCase {
     const NAMES: &'static [&'static str];
     fn new(rows: usize, dim: usize) -> Self;
     fn reference(&self) -> Vec<Vec<f32>>;
-    fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> Vec<Vec<f32>>;
+    fn run(&self, ctx: &GpuContext, variant: (RowReduce, u32), fused: bool, max_dim: u32) -> Vec<Vec<f32>>;
 }
 
 impl FusedCase for AttentionCase {
@@ -343,8 +351,8 @@ impl FusedCase for AttentionCase {
     fn reference(&self) -> Vec<Vec<f32>> {
         AttentionCase::reference(self).to_vec()
     }
-    fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> Vec<Vec<f32>> {
-        AttentionCase::run(self, ctx, reduce, fused, max_dim).to_vec()
+    fn run(&self, ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), fused: bool, max_dim: u32) -> Vec<Vec<f32>> {
+        AttentionCase::run(self, ctx, (reduce, lanes), fused, max_dim).to_vec()
     }
 }
 
@@ -356,8 +364,8 @@ impl FusedCase for FfnCase {
     fn reference(&self) -> Vec<Vec<f32>> {
         FfnCase::reference(self).to_vec()
     }
-    fn run(&self, ctx: &GpuContext, reduce: RowReduce, fused: bool, max_dim: u32) -> Vec<Vec<f32>> {
-        FfnCase::run(self, ctx, reduce, fused, max_dim).to_vec()
+    fn run(&self, ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), fused: bool, max_dim: u32) -> Vec<Vec<f32>> {
+        FfnCase::run(self, ctx, (reduce, lanes), fused, max_dim).to_vec()
     }
 }
 
@@ -369,11 +377,11 @@ fn check_fused<C: FusedCase>(test: &str) {
     for &(rows, dim) in RESIDUAL_SHAPES {
         let case = C::new(rows, dim);
         let want = case.reference();
-        for (max_dim, reduce) in [ctx.limits.max_compute_workgroups_per_dimension, 3].into_iter().flat_map(|m| ctx.row_reduces().into_iter().map(move |r| (m, r))) {
-            let what = format!("rows={rows} dim={dim} fold={max_dim} {reduce:?}");
-            let got = case.run(&ctx, reduce, true, max_dim);
+        for (max_dim, variant) in [ctx.limits.max_compute_workgroups_per_dimension, 3].into_iter().flat_map(|m| variants(&ctx, dim).into_iter().map(move |v| (m, v))) {
+            let what = format!("rows={rows} dim={dim} fold={max_dim} {variant:?}");
+            let got = case.run(&ctx, variant, true, max_dim);
             worst_cpu = worst_cpu.max(check(&format!("{what} vs cpu"), C::NAMES, &got, &want, NORM_TOLERANCE));
-            let chain = case.run(&ctx, reduce, false, max_dim);
+            let chain = case.run(&ctx, variant, false, max_dim);
             worst_chain = worst_chain.max(check(&format!("{what} vs the rmsnorm chain"), C::NAMES, &got, &chain, FUSED_VS_CHAIN_TOLERANCE));
         }
     }
@@ -397,12 +405,12 @@ fn ffn_residual_norms_without_the_next_norm_leave_normed_alone() {
     let Some(ctx) = test_context("ffn_residual_norms_without_the_next_norm_leave_normed_alone") else { return };
     for &(rows, dim) in RESIDUAL_SHAPES {
         let case = FfnCase::new(rows, dim);
-        for reduce in ctx.row_reduces() {
+        for variant in variants(&ctx, dim) {
             let max_dim = ctx.limits.max_compute_workgroups_per_dimension;
-            let [with_hidden, _] = case.run_with(&ctx, reduce, Some(true), max_dim);
-            let [hidden, normed] = case.run_with(&ctx, reduce, Some(false), max_dim);
-            assert!(hidden == with_hidden, "rows={rows} dim={dim} {reduce:?}: hidden differs without the next norm");
-            assert!(normed.iter().all(|&v| v == GUARD), "rows={rows} dim={dim} {reduce:?}: normed was written without the next norm");
+            let [with_hidden, _] = case.run_with(&ctx, variant, Some(true), max_dim);
+            let [hidden, normed] = case.run_with(&ctx, variant, Some(false), max_dim);
+            assert!(hidden == with_hidden, "rows={rows} dim={dim} {variant:?}: hidden differs without the next norm");
+            assert!(normed.iter().all(|&v| v == GUARD), "rows={rows} dim={dim} {variant:?}: normed was written without the next norm");
         }
     }
 }

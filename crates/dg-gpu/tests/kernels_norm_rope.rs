@@ -133,7 +133,7 @@ fn norm_rope_matches_cpu_and_the_two_dispatches() {
 
 /// K and V of one [K | V] product in one dispatch (`Recorder::norm_rope_kv`, the decoder's and
 /// encoder's K/V into the cache): the keys bit for bit what `norm_rope` alone writes, the values
-/// what the weightless `rmsnorm_at` writes from V's half, both at the cache offset, every element
+/// what the weightless `rmsnorm` (one column at a time) writes from V's half, both at the cache offset, every element
 /// around them untouched; V either after K (sliding layers) or K itself (full layers: V is the raw
 /// K projection), with workgroups folded into y.
 #[test]
@@ -156,8 +156,13 @@ fn norm_rope_kv_writes_what_norm_rope_and_rmsnorm_write() {
         let mut rec = Recorder::new(&ctx, &mut pipelines);
         rec.norm_rope_kv(&x, &w, (&cb, &sb), (&keys, at), (&values, kv, v_offset), tokens, kv, d, EPS).unwrap();
         rec.norm_rope_kv(&x, &w, (&cb, &sb), (&keys_alone, at), (&dummy, 0, 0), tokens, kv, d, EPS).unwrap();
-        rec.rmsnorm_at((&x, v_offset), None, &dummy, (&values_alone, at), tokens * kv, d, EPS, false, 1.0).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
+        // The weightless norm one column at a time, as norm_rope sums its rows.
+        let rms = pipelines.get(&ctx, rmsnorm::source(ctx.row_reduce())).unwrap();
+        let np = RmsNormParams { rows: (tokens * kv) as u32, dim: d as u32, eps: EPS, flags: 0, scale: 1.0, splits: 1, split_stride: 0, x_offset: v_offset as u32, out_offset: at as u32, _pad: [0; 3] };
+        let mut plan = PlanBuilder::new(&ctx);
+        plan.push(&rms, &np, &[&x, &dummy, &values_alone], groups_1d((tokens * kv) as u32, ctx.limits.max_compute_workgroups_per_dimension));
+        plan.finish(&ctx).unwrap().run(&ctx).unwrap();
         let bits = |b: &wgpu::Buffer| -> Vec<u32> { read_guarded(&ctx, b, len).iter().map(|v| v.to_bits()).collect() };
         let what = format!("d={d} tokens={tokens} kv={kv} v after k {has_v}");
         assert!(bits(&keys) == bits(&keys_alone), "{what}: keys differ from norm_rope's");

@@ -14,10 +14,12 @@ use dg_gpu::testing::{guarded_output, read_guarded, seeded, test_context};
 
 const SPLITS: u32 = 3;
 
-/// `len` values as `SPLITS` partials `stride = len + 5` apart (the gap holds values that must
-/// never be read: huge ones), and their sum in split order from 0.
+/// `len` values as `SPLITS` partials `stride = len + 8` apart (the gap holds values that must
+/// never be read: huge ones), and their sum in split order from 0. The stride stays a multiple of
+/// 4 when `len` is one, as a GEMM's partials are (`batch · m · n`), so that the norms read them
+/// four columns at a time as they read the whole product.
 fn partials(len: usize, seed: u64) -> (Vec<f32>, u32, Vec<f32>) {
-    let stride = len + 5;
+    let stride = len + 8;
     let mut parts = vec![1e30f32; SPLITS as usize * stride];
     let mut whole = vec![0f32; len];
     for z in 0..SPLITS as usize {

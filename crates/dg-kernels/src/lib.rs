@@ -47,12 +47,23 @@ pub fn all_variants() -> Vec<KernelSource> {
         axpby::source(),
         moe_dispatch::source(),
         moe_combine::source(),
+        moe_combine::source_for(4),
         sample_rows::source(),
         split_k::source(),
     ]
     .into_iter()
     .chain(row_reduce::RowReduce::ALL.into_iter().flat_map(|r| {
-        [rmsnorm::source(r), softmax::source(r), router_topk::source(r), norm_rope::source(r), residual_norms::source_attention(r), residual_norms::source_ffn(r)]
+        [
+            rmsnorm::source(r),
+            rmsnorm::source_lanes(r, 4),
+            softmax::source(r),
+            router_topk::source(r),
+            norm_rope::source(r),
+            residual_norms::source_attention(r),
+            residual_norms::source_attention_lanes(r, 4),
+            residual_norms::source_ffn(r),
+            residual_norms::source_ffn_lanes(r, 4),
+        ]
     }))
     .chain(gemm::TILES.iter().map(|&t| gemm::source(t)))
     .chain(gemm::TILES.iter().map(|&t| gemm::source_for(t, WeightFormat::Bf16)))

@@ -2,7 +2,9 @@
 //! expert order (ties, which top-k never produces, in k order), the fixed order of the reference's
 //! per-expert `index_add_` and of `dg_cpu::moe::experts`. One workgroup per token; each output
 //! element belongs to one invocation (no atomics). Entries whose `slot_of` is
-//! [`crate::moe_dispatch::NO_SLOT`] are skipped.
+//! [`crate::moe_dispatch::NO_SLOT`] are skipped. The token's entries are ranked in that order by
+//! K invocations at once; the columns are read and written as vec4s where `H` allows
+//! ([`source_for`]; the same bits as one at a time).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -32,11 +34,25 @@ pub fn workgroups(p: &MoeCombineParams) -> u32 {
 
 /// Bindings: `y` (read, `[slots, H]`: expert outputs by slot, unweighted), `idx` (read, u32
 /// `[tokens, K]`), `weights` (read, `[tokens, K]`), `slot_of` (read, u32 `[tokens, K]`), `out`
-/// (read-write, `[tokens, H]`).
+/// (read-write, `[tokens, H]`). Columns one at a time (any `H`).
 pub fn source() -> KernelSource {
+    source_lanes(1)
+}
+
+/// The kernel for rows of `hidden` columns: four columns at a time where `hidden` is a multiple
+/// of 4 (`y` and `out` then bound as vec4s), else [`source`].
+pub fn source_for(hidden: u32) -> KernelSource {
+    source_lanes(if hidden.is_multiple_of(4) { 4 } else { 1 })
+}
+
+fn source_lanes(lanes: u32) -> KernelSource {
+    let (name, v) = match lanes {
+        4 => ("moe_combine_v4", "vec4<f32>"),
+        _ => ("moe_combine", "f32"),
+    };
     KernelSource {
-        name: "moe_combine".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP), ("MAX_K", MAX_K)], include_str!("wgsl/moe_combine.wgsl")),
+        name: name.into(),
+        wgsl: with_prelude(&[("WG", WORKGROUP), ("MAX_K", MAX_K), ("LANES", lanes)], &format!("alias V = {v};\n{}", include_str!("wgsl/moe_combine.wgsl"))),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<MoeCombineParams>() as u64,

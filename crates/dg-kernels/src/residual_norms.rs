@@ -41,6 +41,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::rmsnorm::with_lanes;
 use crate::row_reduce::{Part, RowReduce};
 use crate::{Access, KernelSource, with_prelude};
 
@@ -100,10 +101,15 @@ pub fn workgroups(rows: u32) -> u32 {
 /// (read-write, `[rows, dim]`) and `out_bc` (read-write, `[2, rows, dim]`), written only. `x`,
 /// `hidden`, `out_a` and `out_bc` must be four different buffers.
 pub fn source_attention(reduce: RowReduce) -> KernelSource {
-    let body = reduce.render(include_str!("wgsl/attention_residual_norms.wgsl"), &[Part::Sum("f32")]);
+    source_attention_lanes(reduce, 1)
+}
+
+/// [`source_attention`] taking `lanes` columns at a time (1, or 4 for `dim` a multiple of 4).
+pub fn source_attention_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
+    let (body, suffix) = with_lanes(&reduce.render(include_str!("wgsl/attention_residual_norms.wgsl"), &[Part::Sum("f32")]), lanes);
     KernelSource {
-        name: format!("attention_residual_norms{}", reduce.suffix()),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&body, "x_at", "x")),
+        name: format!("attention_residual_norms{suffix}{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader_lanes(&body, "x_at", "x")),
         entry: "main",
         buffers: vec![
             Access::Read,
@@ -126,10 +132,15 @@ pub fn source_attention(reduce: RowReduce) -> KernelSource {
 /// last two touched only with `next_norm`. `mlp`, `moe`, `hidden` and `normed` must be four
 /// different buffers.
 pub fn source_ffn(reduce: RowReduce) -> KernelSource {
-    let body = reduce.render(include_str!("wgsl/ffn_residual_norms.wgsl"), &[Part::Sum("vec2<f32>")]);
+    source_ffn_lanes(reduce, 1)
+}
+
+/// [`source_ffn`] taking `lanes` columns at a time (1, or 4 for `dim` a multiple of 4).
+pub fn source_ffn_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
+    let (body, suffix) = with_lanes(&reduce.render(include_str!("wgsl/ffn_residual_norms.wgsl"), &[Part::Sum("vec2<f32>")]), lanes);
     KernelSource {
-        name: format!("ffn_residual_norms{}", reduce.suffix()),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&body, "mlp_at", "mlp")),
+        name: format!("ffn_residual_norms{suffix}{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader_lanes(&body, "mlp_at", "mlp")),
         entry: "main",
         buffers: vec![
             Access::Read,

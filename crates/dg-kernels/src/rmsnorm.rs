@@ -33,13 +33,38 @@ pub struct RmsNormParams {
     pub _pad: [u32; 3],
 }
 
+/// `body` (a row kernel written over `V`, `LANES` and `sq`) for `lanes` columns at a time: 1
+/// (`V` = f32) or 4 (`V` = `vec4<f32>`, `sq` summing a vec4's squares as `(x² + y²) + (z² + w²)`),
+/// and the name suffix (`""` or `"_v4"`). Every row kernel of one width sums its squares the same
+/// way, so the fused norms still match the `rmsnorm` chain of the same width.
+pub(crate) fn with_lanes(body: &str, lanes: u32) -> (String, &'static str) {
+    let (prelude, suffix) = match lanes {
+        1 => ("alias V = f32;\nconst LANES: u32 = 1u;\nfn sq(v: V) -> f32 {\n    return v * v;\n}\n", ""),
+        4 => ("alias V = vec4<f32>;\nconst LANES: u32 = 4u;\nfn sq(v: V) -> f32 {\n    let s = v * v;\n    return (s.x + s.y) + (s.z + s.w);\n}\n", "_v4"),
+        _ => panic!("row kernels take 1 or 4 columns at a time, not {lanes}"),
+    };
+    (format!("{prelude}{body}"), suffix)
+}
+
+/// The columns a row kernel takes at a time for rows of `dim` starting at element offsets
+/// `offsets`: 4 where all are multiples of 4, else 1.
+pub fn lanes_for(dim: u32, offsets: &[u32]) -> u32 {
+    if dim.is_multiple_of(4) && offsets.iter().all(|o| o.is_multiple_of(4)) { 4 } else { 1 }
+}
+
 /// Bindings: `x` (read, or the split-K partials of the product it would hold), `w` (read; any
 /// buffer when unweighted), `out` (read-write). Reduced with `reduce` (`crate::row_reduce`).
 pub fn source(reduce: RowReduce) -> KernelSource {
-    let body = reduce.render(include_str!("wgsl/rmsnorm.wgsl"), &[Part::Sum("f32")]);
+    source_lanes(reduce, 1)
+}
+
+/// [`source`] taking `lanes` columns at a time (1, or 4 for `dim` and both offsets multiples of
+/// 4, see [`lanes_for`]).
+pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
+    let (body, suffix) = with_lanes(&reduce.render(include_str!("wgsl/rmsnorm.wgsl"), &[Part::Sum("f32")]), lanes);
     KernelSource {
-        name: format!("rmsnorm{}", reduce.suffix()),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&body, "x_at", "x")),
+        name: format!("rmsnorm{suffix}{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader_lanes(&body, "x_at", "x")),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<RmsNormParams>() as u64,

@@ -59,6 +59,18 @@ pub fn with_reader(template: &str, name: &str, binding: &str) -> String {
     template.replacen(READER_MARKER, &reader, 1)
 }
 
+/// [`with_reader`] for a kernel that reads `LANES` columns at a time: `fn {name}(i: u32) -> V`
+/// (`V` f32 or `vec4<f32>`, `LANES` its width, both defined by the kernel), `i` and the
+/// partials' `split_stride` counted in `V`s (the stride a multiple of `LANES`). Per component the
+/// same sum, in the same order, as [`with_reader`]'s.
+pub fn with_reader_lanes(template: &str, name: &str, binding: &str) -> String {
+    assert!(template.contains(READER_MARKER), "a split-K consumer without the reader marker");
+    let reader = format!(
+        "fn {name}(i: u32) -> V {{\n    if (p.splits <= 1u) {{\n        return {binding}[i];\n    }}\n    var v = V(0.0);\n    for (var z = 0u; z < p.splits; z++) {{\n        v += {binding}[z * (p.split_stride / LANES) + i];\n    }}\n    return v;\n}}\n"
+    );
+    template.replacen(READER_MARKER, &reader, 1)
+}
+
 /// Workgroups to dispatch (fold through `groups_1d`): one invocation per element of C.
 pub fn workgroups(p: &SplitKParams) -> u32 {
     (p.batch.max(1) * p.m * p.n).div_ceil(WORKGROUP)

@@ -6,7 +6,8 @@
 //   out_bc[1][row]  = (rms(hidden) * w_c) * scale_c
 // with rms(v) = v * (mean(v^2) + eps)^-1/2 over the row, the last three over the UPDATED hidden.
 // (Two outputs share a binding: eight storage buffers is WebGPU's default limit.) One workgroup
-// per row; rows beyond 65535 workgroups wrap into y.
+// per row; rows beyond 65535 workgroups wrap into y. Columns go LANES at a time (V: f32 or
+// vec4<f32>, as in rmsnorm.wgsl).
 
 struct Params {
     rows: u32,
@@ -21,14 +22,14 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w_res: array<f32>;
-@group(0) @binding(3) var<storage, read> w_a: array<f32>;
-@group(0) @binding(4) var<storage, read> w_b: array<f32>;
-@group(0) @binding(5) var<storage, read> w_c: array<f32>;
-@group(0) @binding(6) var<storage, read_write> hidden: array<f32>;
-@group(0) @binding(7) var<storage, read_write> out_a: array<f32>;
-@group(0) @binding(8) var<storage, read_write> out_bc: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<V>;
+@group(0) @binding(2) var<storage, read> w_res: array<V>;
+@group(0) @binding(3) var<storage, read> w_a: array<V>;
+@group(0) @binding(4) var<storage, read> w_b: array<V>;
+@group(0) @binding(5) var<storage, read> w_c: array<V>;
+@group(0) @binding(6) var<storage, read_write> hidden: array<V>;
+@group(0) @binding(7) var<storage, read_write> out_a: array<V>;
+@group(0) @binding(8) var<storage, read_write> out_bc: array<V>;
 
 //@SPLIT_READER
 
@@ -38,14 +39,15 @@ struct Params {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let row = wid.x + wid.y * nwg.x;
-    let base = row * p.dim;
+    let cols = p.dim / LANES;
+    let base = row * cols;
     let live = row < p.rows;
 
     var acc_x = 0.0;
     if (live) {
-        for (var i = lid.x; i < p.dim; i += WG) {
+        for (var i = lid.x; i < cols; i += WG) {
             let v = x_at(base + i);
-            acc_x += v * v;
+            acc_x += sq(v);
         }
     }
     let inv_x = 1.0 / sqrt(row_sum(acc_x, lanes) / f32(p.dim) + p.eps);
@@ -55,21 +57,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     // invocation's write has to be visible before the second reduction.
     var acc_h = 0.0;
     if (live) {
-        for (var i = lid.x; i < p.dim; i += WG) {
+        for (var i = lid.x; i < cols; i += WG) {
             let h = hidden[base + i] + (x_at(base + i) * inv_x) * w_res[i];
             hidden[base + i] = h;
-            acc_h += h * h;
+            acc_h += sq(h);
         }
     }
     let inv_h = 1.0 / sqrt(row_sum(acc_h, lanes) / f32(p.dim) + p.eps);
     if (!live) {
         return;
     }
-    for (var i = lid.x; i < p.dim; i += WG) {
+    for (var i = lid.x; i < cols; i += WG) {
         // This invocation's own write above.
         let n = hidden[base + i] * inv_h;
         out_a[base + i] = (n * w_a[i]) * p.scale_a;
         out_bc[base + i] = (n * w_b[i]) * p.scale_b;
-        out_bc[p.rows * p.dim + base + i] = (n * w_c[i]) * p.scale_c;
+        out_bc[p.rows * cols + base + i] = (n * w_c[i]) * p.scale_c;
     }
 }

@@ -9,7 +9,7 @@
 // with rms(v) = v * (mean(v^2) + eps)^-1/2 over the row. dense lives in no buffer: each
 // invocation computes its elements lid.x, lid.x + WG, ... once to sum their squares and again,
 // by the same expression, to add them to hidden. One workgroup per row; rows beyond 65535
-// workgroups wrap into y.
+// workgroups wrap into y. Columns go LANES at a time (V: f32 or vec4<f32>, as in rmsnorm.wgsl).
 
 struct Params {
     rows: u32,
@@ -25,14 +25,14 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> mlp: array<f32>;
-@group(0) @binding(2) var<storage, read> w_1: array<f32>;
-@group(0) @binding(3) var<storage, read> moe: array<f32>;
-@group(0) @binding(4) var<storage, read> w_2: array<f32>;
-@group(0) @binding(5) var<storage, read> w_3: array<f32>;
-@group(0) @binding(6) var<storage, read_write> hidden: array<f32>;
-@group(0) @binding(7) var<storage, read> w_next: array<f32>;
-@group(0) @binding(8) var<storage, read_write> normed: array<f32>;
+@group(0) @binding(1) var<storage, read> mlp: array<V>;
+@group(0) @binding(2) var<storage, read> w_1: array<V>;
+@group(0) @binding(3) var<storage, read> moe: array<V>;
+@group(0) @binding(4) var<storage, read> w_2: array<V>;
+@group(0) @binding(5) var<storage, read> w_3: array<V>;
+@group(0) @binding(6) var<storage, read_write> hidden: array<V>;
+@group(0) @binding(7) var<storage, read> w_next: array<V>;
+@group(0) @binding(8) var<storage, read_write> normed: array<V>;
 
 //@SPLIT_READER
 
@@ -43,17 +43,18 @@ struct Params {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let row = wid.x + wid.y * nwg.x;
-    let base = row * p.dim;
+    let cols = p.dim / LANES;
+    let base = row * cols;
     let live = row < p.rows;
 
     var acc_mlp = 0.0;
     var acc_moe = 0.0;
     if (live) {
-        for (var i = lid.x; i < p.dim; i += WG) {
+        for (var i = lid.x; i < cols; i += WG) {
             let m = mlp_at(base + i);
-            acc_mlp += m * m;
+            acc_mlp += sq(m);
             let e = moe[base + i];
-            acc_moe += e * e;
+            acc_moe += sq(e);
         }
     }
     let sums = row_sum(vec2<f32>(acc_mlp, acc_moe), lanes);
@@ -63,9 +64,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     // The two branch norms, summed: the elements rmsnorm.wgsl would have this invocation sum.
     var acc_dense = 0.0;
     if (live) {
-        for (var i = lid.x; i < p.dim; i += WG) {
+        for (var i = lid.x; i < cols; i += WG) {
             let d = (mlp_at(base + i) * inv_mlp) * w_1[i] + (moe[base + i] * inv_moe) * w_2[i];
-            acc_dense += d * d;
+            acc_dense += sq(d);
         }
     }
     let inv_dense = 1.0 / sqrt(row_sum(vec2<f32>(acc_dense, 0.0), lanes).x / f32(p.dim) + p.eps);
@@ -74,11 +75,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     // so no other invocation's write has to be visible before that reduction.
     var acc_h = 0.0;
     if (live) {
-        for (var i = lid.x; i < p.dim; i += WG) {
+        for (var i = lid.x; i < cols; i += WG) {
             let d = (mlp_at(base + i) * inv_mlp) * w_1[i] + (moe[base + i] * inv_moe) * w_2[i];
             let h = (hidden[base + i] + (d * inv_dense) * w_3[i]) * p.scalar;
             hidden[base + i] = h;
-            acc_h += h * h;
+            acc_h += sq(h);
         }
     }
     if (p.next_norm == 0u) {
@@ -88,7 +89,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (!live) {
         return;
     }
-    for (var i = lid.x; i < p.dim; i += WG) {
+    for (var i = lid.x; i < cols; i += WG) {
         // This invocation's own write above.
         normed[base + i] = (hidden[base + i] * inv_h) * w_next[i];
     }
