@@ -80,13 +80,22 @@ fn split_target(tile: coop_gemm::CoopTile, p: &GemmParams) -> u32 {
     std::env::var("DG_SPLIT_TARGET").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| coop_gemm::Split::target(tile, p))
 }
 
-/// Columns the norm kernels take at a time for rows of `dim` read at element `offsets`
+/// Columns the row kernels (norms, softmax) take at a time for rows of `dim` read at element `offsets`
 /// (`dg_kernels::rmsnorm::lanes_for`: 4 where all are multiples of 4). Tuning knob:
 /// `DG_ROW_LANES=1` keeps them one at a time.
 fn row_lanes(dim: usize, offsets: &[u32]) -> u32 {
     match std::env::var("DG_ROW_LANES").as_deref() {
         Ok("1") => 1,
         _ => rmsnorm::lanes_for(dim as u32, offsets),
+    }
+}
+
+/// Columns the gated activations take at a time for these widths (`dg_kernels::gelu_glu::lanes_for`);
+/// `DG_ROW_LANES=1` keeps one, as for the norms.
+fn gelu_lanes(widths: &[u32]) -> u32 {
+    match std::env::var("DG_ROW_LANES").as_deref() {
+        Ok("1") => 1,
+        _ => gelu_glu::lanes_for(widths),
     }
 }
 
@@ -637,7 +646,8 @@ impl<'a> Recorder<'a> {
     /// Row softmax in place (with the attention mask of `p`).
     pub fn softmax(&mut self, x: &'a wgpu::Buffer, p: softmax::SoftmaxParams) -> Result<(), GpuError> {
         let g = self.groups(softmax::workgroups(&p));
-        self.push(softmax::source(self.ctx.row_reduce()), &p, &[x], g)
+        let lanes = row_lanes(p.cols as usize, &[]);
+        self.push(softmax::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x], g)
     }
 
     /// Plain softmax in place over `x: [rows, cols]`: rows of at least
@@ -661,9 +671,10 @@ impl<'a> Recorder<'a> {
     /// split product, see [`Product`]).
     pub fn gelu_glu_fused(&mut self, input: impl Into<Product<'a>>, out: &'a wgpu::Buffer, rows: usize, inter: usize) -> Result<(), GpuError> {
         let input = input.into();
-        let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride);
+        let lanes = gelu_lanes(&[inter as u32, input.split_stride]);
+        let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
         let g = self.groups(gelu_glu::workgroups(&p));
-        self.push(gelu_glu::fused(), &p, &[input.buffer, out], g)
+        self.push(gelu_glu::fused_lanes(lanes, false), &p, &[input.buffer, out], g)
     }
 
     /// Whether the activations of the experts `w` are best stored as f16: experts in K panels
@@ -687,9 +698,10 @@ impl<'a> Recorder<'a> {
             return Err(GpuError::Unsupported { what: "f16 activations on a device without SHADER_F16".into() });
         }
         let input = input.into();
-        let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride);
+        let lanes = gelu_lanes(&[inter as u32, input.split_stride]);
+        let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
         let g = self.groups(gelu_glu::workgroups(&p));
-        self.push(gelu_glu::fused_half(), &p, &[input.buffer, out], g)
+        self.push(gelu_glu::fused_lanes(lanes, true), &p, &[input.buffer, out], g)
     }
 
     /// Two gated activations in one dispatch (`dg_kernels::gelu_glu::pair`): `out = gelu_tanh(gate)
@@ -706,10 +718,11 @@ impl<'a> Recorder<'a> {
             return Err(GpuError::Unsupported { what: "f16 activations on a device without SHADER_F16".into() });
         }
         let input = input.into();
-        let a = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride);
+        let lanes = gelu_lanes(&[inter as u32, inter_b as u32, input.split_stride]);
+        let a = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
         let p = gelu_glu::GeluGluParams::pair(a, (rows_b as u32, inter_b as u32));
         let g = self.groups(gelu_glu::workgroups(&p));
-        self.push(gelu_glu::pair(half_b), &p, &[input.buffer, out, input_b, out_b], g)
+        self.push(gelu_glu::pair_lanes(half_b, lanes), &p, &[input.buffer, out, input_b, out_b], g)
     }
 
     /// Rows `row_start..row_start+row_count` of the scaled embedding for the ids in that range.

@@ -46,9 +46,17 @@ fn limits(ctx: &GpuContext) -> [u32; 2] {
     [ctx.limits.max_compute_workgroups_per_dimension, 3]
 }
 
-/// Every fold of [`limits`] with every row reduction the device runs.
-fn folds_and_reduces(ctx: &GpuContext) -> Vec<(u32, RowReduce)> {
-    limits(ctx).into_iter().flat_map(|m| ctx.row_reduces().into_iter().map(move |r| (m, r))).collect()
+/// Every fold of [`limits`] with every row reduction the device runs, one column at a time and,
+/// for rows of `cols` a multiple of 4, four.
+fn folds_and_reduces(ctx: &GpuContext, cols: usize) -> Vec<(u32, (RowReduce, u32))> {
+    limits(ctx).into_iter().flat_map(|m| row_variants(ctx, cols).into_iter().map(move |v| (m, v))).collect()
+}
+
+/// The row kernels' variants for rows of `cols`: every row reduction, 1 column at a time and, where
+/// `cols` is a multiple of 4, 4.
+fn row_variants(ctx: &GpuContext, cols: usize) -> Vec<(RowReduce, u32)> {
+    let lanes: &[u32] = if cols.is_multiple_of(4) { &[1, 4] } else { &[1] };
+    ctx.row_reduces().into_iter().flat_map(|r| lanes.iter().map(move |&l| (r, l))).collect()
 }
 
 fn rope_spec(proportional: bool, head_dim: usize) -> LayerSpec {
@@ -146,9 +154,9 @@ fn softmax_cpu(x: &[f32], p: &SoftmaxParams) -> Vec<f32> {
     out
 }
 
-fn run_softmax(ctx: &GpuContext, reduce: RowReduce, x: &[f32], params: &SoftmaxParams, max_dim: u32) -> Vec<f32> {
+fn run_softmax(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), x: &[f32], params: &SoftmaxParams, max_dim: u32) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, softmax::source(reduce)).unwrap();
+    let p = pipelines.get(ctx, softmax::source_lanes(reduce, lanes)).unwrap();
     let xb = guarded_output(ctx, "x", x.len());
     ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
     let mut plan = PlanBuilder::new(ctx);
@@ -180,9 +188,9 @@ fn softmax_plain_rows_match_cpu() {
         let x = seeded(rows * cols, 5 + rows as u64 * 7 + cols as u64, scale);
         let params = SoftmaxParams::plain(rows as u32, cols as u32);
         let want = softmax_cpu(&x, &params);
-        for (max_dim, reduce) in folds_and_reduces(&ctx) {
-            let got = run_softmax(&ctx, reduce, &x, &params, max_dim);
-            check_softmax(&got, &want, cols, SOFTMAX_TOLERANCE, &format!("{rows}x{cols} fold={max_dim} {reduce:?}"));
+        for (max_dim, variant) in folds_and_reduces(&ctx, cols) {
+            let got = run_softmax(&ctx, variant, &x, &params, max_dim);
+            check_softmax(&got, &want, cols, SOFTMAX_TOLERANCE, &format!("{rows}x{cols} fold={max_dim} {variant:?}"));
         }
     }
     // Pre-masked scores (-inf) contribute nothing; a row of one finite value gives exactly 1.
@@ -197,9 +205,9 @@ fn softmax_plain_rows_match_cpu() {
         f32::NEG_INFINITY,
     ];
     let params = SoftmaxParams::plain(2, 4);
-    for reduce in ctx.row_reduces() {
-        let got = run_softmax(&ctx, reduce, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
-        check_softmax(&got, &softmax_cpu(&x, &params), 4, SOFTMAX_TOLERANCE, &format!("-inf entries {reduce:?}"));
+    for variant in row_variants(&ctx, 4) {
+        let got = run_softmax(&ctx, variant, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
+        check_softmax(&got, &softmax_cpu(&x, &params), 4, SOFTMAX_TOLERANCE, &format!("-inf entries {variant:?}"));
         assert_eq!(&got[4..], &[0.0, 1.0, 0.0, 0.0]);
     }
 }
@@ -212,11 +220,11 @@ fn softmax_vocab_rows_match_cpu() {
     let x = seeded(rows * cols, 77, 12.0);
     let params = SoftmaxParams::plain(rows as u32, cols as u32);
     let want = softmax_cpu(&x, &params);
-    for reduce in ctx.row_reduces() {
-        let got = run_softmax(&ctx, reduce, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
-        check_softmax(&got, &want, cols, SOFTMAX_VOCAB_CPU_TOLERANCE, &format!("vocab rows vs CPU {reduce:?}"));
+    for variant in row_variants(&ctx, cols) {
+        let got = run_softmax(&ctx, variant, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
+        check_softmax(&got, &want, cols, SOFTMAX_VOCAB_CPU_TOLERANCE, &format!("vocab rows vs CPU {variant:?}"));
         // Against an f64 softmax the GPU is much closer than the CPU.
-        check_against_f64(&got, &x, cols, &format!("vocab {reduce:?}"));
+        check_against_f64(&got, &x, cols, &format!("vocab {variant:?}"));
     }
 }
 
@@ -310,9 +318,9 @@ fn softmax_masks_match_cpu() {
         params.cols = keys;
         let x = seeded((params.rows * keys) as usize, 9 + keys as u64, 5.0);
         let want = softmax_cpu(&x, &params);
-        for (max_dim, reduce) in folds_and_reduces(&ctx) {
-            let got = run_softmax(&ctx, reduce, &x, &params, max_dim);
-            let what = format!("{params:?} fold={max_dim} {reduce:?}");
+        for (max_dim, variant) in folds_and_reduces(&ctx, keys as usize) {
+            let got = run_softmax(&ctx, variant, &x, &params, max_dim);
+            let what = format!("{params:?} fold={max_dim} {variant:?}");
             for (i, &g) in got.iter().enumerate() {
                 let (r, j) = (i / keys as usize, i % keys as usize);
                 let (lo, hi) = visible(&params, r % params.queries as usize, keys as usize);
@@ -344,10 +352,21 @@ fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f3
     }
     let gub = ctx.upload("gate_up", &gate_up).unwrap();
     let out = guarded_output(ctx, "out", gate.len());
+    let out4 = guarded_output(ctx, "out4", gate.len());
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&split, &params, &[&gb, &ub], groups);
     plan.push(&fused, &params, &[&gub, &out], groups);
+    if inter.is_multiple_of(4) {
+        // Four columns at a time: the same bits.
+        let fused4 = pipelines.get(ctx, gelu_glu::fused_lanes(4, false)).unwrap();
+        let p4 = params.with_lanes(4);
+        plan.push(&fused4, &p4, &[&gub, &out4], groups_1d(gelu_glu::workgroups(&p4), max_dim));
+    }
     plan.finish(ctx).unwrap().run(ctx).unwrap();
+    if inter.is_multiple_of(4) {
+        let bits = |b: &wgpu::Buffer| -> Vec<u32> { read_guarded(ctx, b, gate.len()).iter().map(|v| v.to_bits()).collect() };
+        assert!(bits(&out4) == bits(&out), "{rows}x{inter}: four columns at a time differ from one");
+    }
     for (name, buf) in [("split", &gb), ("fused", &out)] {
         let got = read_guarded(ctx, buf, gate.len());
         for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
@@ -436,16 +455,20 @@ fn gelu_glu_pair_gives_the_bits_of_its_two_jobs() {
         eprintln!("{test}: adapter {} has no SHADER_F16: the f32 second job only", ctx.info.name);
     }
     let mut pipelines = Pipelines::default();
-    let fused = pipelines.get(&ctx, gelu_glu::fused()).unwrap();
     for half_b in [false, true].into_iter().filter(|&h| !h || halves_too) {
-        let pair = pipelines.get(&ctx, gelu_glu::pair(half_b)).unwrap();
-        let second = pipelines.get(&ctx, if half_b { gelu_glu::fused_half() } else { gelu_glu::fused() }).unwrap();
-        for &((rows, inter, splits), (rows_b, inter_b)) in &[((5, 2112, 2), (33, 704)), ((3, 7, 1), (1, 1)), ((64, 34, 3), (100, 300))] {
+        let second_of = |lanes| gelu_glu::fused_lanes(lanes, half_b);
+        for (&((rows, inter, splits), (rows_b, inter_b)), lanes) in [((5, 2112, 2), (33, 704)), ((3, 7, 1), (1, 1)), ((64, 34, 3), (100, 300)), ((5, 2112, 2), (33, 704)), ((64, 36, 3), (100, 300))]
+            .iter()
+            .zip([1u32, 1, 1, 4, 4])
+        {
             let (n, n_b) = (rows * inter, rows_b * inter_b);
             let gate_up = ctx.upload("gate_up", &seeded(splits * 2 * n, 41 + inter as u64, 3.0)).unwrap();
             let gate_up_b = ctx.upload("gate_up_b", &seeded(2 * n_b, 42 + inter_b as u64, 3.0)).unwrap();
-            let a = GeluGluParams::one(rows as u32, inter as u32, splits as u32, (2 * n) as u32);
-            let b = GeluGluParams::one(rows_b as u32, inter_b as u32, 1, 0);
+            let pair = pipelines.get(&ctx, gelu_glu::pair_lanes(half_b, lanes)).unwrap();
+            let second = pipelines.get(&ctx, second_of(lanes)).unwrap();
+            let fused = pipelines.get(&ctx, gelu_glu::fused_lanes(lanes, false)).unwrap();
+            let a = GeluGluParams::one(rows as u32, inter as u32, splits as u32, (2 * n) as u32).with_lanes(lanes);
+            let b = GeluGluParams::one(rows_b as u32, inter_b as u32, 1, 0).with_lanes(lanes);
             let both = GeluGluParams::pair(a, (rows_b as u32, inter_b as u32));
             let words_b = if half_b { n_b.div_ceil(2) } else { n_b };
             for max_dim in limits(&ctx) {
@@ -455,7 +478,7 @@ fn gelu_glu_pair_gives_the_bits_of_its_two_jobs() {
                 plan.push(&fused, &a, &[&gate_up, &want], groups_1d(gelu_glu::workgroups(&a), max_dim));
                 plan.push(&second, &b, &[&gate_up_b, &want_b], groups_1d(gelu_glu::workgroups(&b), max_dim));
                 plan.finish(&ctx).unwrap().run(&ctx).unwrap();
-                let what = format!("{rows}x{inter} in {splits} partials, then {rows_b}x{inter_b} (half {half_b}), fold {max_dim}");
+                let what = format!("{rows}x{inter} in {splits} partials, then {rows_b}x{inter_b} (half {half_b}, {lanes} columns a time), fold {max_dim}");
                 let bits = |buf: &wgpu::Buffer, len: usize| -> Vec<u32> { read_guarded(&ctx, buf, len).iter().map(|v| v.to_bits()).collect() };
                 assert!(bits(&out, n) == bits(&want, n), "{what}: the first job differs from gelu_glu_fused");
                 // An odd count of halves leaves the last word's upper half as the guard's bits.
@@ -624,7 +647,7 @@ fn kernels_fold_past_65535_workgroups() {
     let cols = 3;
     let x = seeded(rows * cols, 51, 4.0);
     let params = SoftmaxParams::plain(rows as u32, cols as u32);
-    let got = run_softmax(&ctx, ctx.row_reduce(), &x, &params, max_dim);
+    let got = run_softmax(&ctx, (ctx.row_reduce(), 1), &x, &params, max_dim);
     check_softmax(&got, &softmax_cpu(&x, &params), cols, SOFTMAX_TOLERANCE, "softmax past 65535 rows");
 
     let mut pipelines = Pipelines::default();

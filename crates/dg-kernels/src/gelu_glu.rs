@@ -29,33 +29,63 @@ pub struct GeluGluParams {
     /// [`pair`]: the second job's rows and width (its `gate_up_b` is never split).
     pub rows_b: u32,
     pub inter_b: u32,
-    /// [`pair`]: the workgroups of the first job (`(rows·I).div_ceil(WORKGROUP)`, [`GeluGluParams::pair`]).
+    /// [`pair`]: the workgroups of the first job (`(rows·I / lanes).div_ceil(WORKGROUP)`,
+    /// [`GeluGluParams::pair`]).
     pub groups_a: u32,
-    pub _pad: u32,
+    /// Columns an invocation takes: 1, or 4 for the kernels of [`fused_lanes`] and [`pair_lanes`]
+    /// with 4 (every width a multiple of 4); the dispatch's size follows it.
+    pub lanes: u32,
 }
 
 impl GeluGluParams {
     /// One job of `rows × inter` (the split and fused variants), its input split `splits` ways.
     pub fn one(rows: u32, inter: u32, splits: u32, split_stride: u32) -> Self {
-        GeluGluParams { rows, inter, splits, split_stride, ..Zeroable::zeroed() }
+        GeluGluParams { rows, inter, splits, split_stride, lanes: 1, ..Zeroable::zeroed() }
     }
 
-    /// Two jobs for [`pair`]: `a` as [`GeluGluParams::one`], then `(rows_b, inter_b)`.
-    pub fn pair(a: GeluGluParams, (rows_b, inter_b): (u32, u32)) -> Self {
-        GeluGluParams { rows_b, inter_b, groups_a: (a.rows * a.inter).div_ceil(WORKGROUP), ..a }
+    /// This job for a kernel taking `lanes` columns at a time.
+    pub fn with_lanes(self, lanes: u32) -> Self {
+        GeluGluParams { lanes, ..self }
     }
+
+    /// Two jobs for [`pair`]: `a` as [`GeluGluParams::one`] (its lanes for both), then
+    /// `(rows_b, inter_b)`.
+    pub fn pair(a: GeluGluParams, (rows_b, inter_b): (u32, u32)) -> Self {
+        GeluGluParams { rows_b, inter_b, groups_a: (a.rows * a.inter / a.lanes.max(1)).div_ceil(WORKGROUP), ..a }
+    }
+}
+
+/// The columns the fused and pair kernels take at a time for widths `inter` (and the split
+/// stride of their partials): 4 where all are multiples of 4, else 1.
+pub fn lanes_for(widths: &[u32]) -> u32 {
+    if widths.iter().all(|w| w.is_multiple_of(4)) { 4 } else { 1 }
 }
 
 /// Workgroups to dispatch, any variant (fold through `groups_1d`).
 pub fn workgroups(p: &GeluGluParams) -> u32 {
-    (p.rows * p.inter).div_ceil(WORKGROUP) + (p.rows_b * p.inter_b).div_ceil(WORKGROUP)
+    let lanes = p.lanes.max(1);
+    (p.rows * p.inter / lanes).div_ceil(WORKGROUP) + (p.rows_b * p.inter_b / lanes).div_ceil(WORKGROUP)
+}
+
+/// The const prelude and the `V` / `OUT` aliases of a variant taking `lanes` columns, its output
+/// f16 with `half`.
+fn prelude(body: &str, lanes: u32, half: bool) -> String {
+    let (v, out) = match (lanes, half) {
+        (1, false) => ("f32", "f32"),
+        (1, true) => ("f32", "f16"),
+        (4, false) => ("vec4<f32>", "vec4<f32>"),
+        (4, true) => ("vec4<f32>", "vec4<f16>"),
+        _ => panic!("gelu_glu takes 1 or 4 columns at a time, not {lanes}"),
+    };
+    let text = with_prelude(&[("WG", WORKGROUP), ("LANES", lanes)], &format!("alias V = {v};\nalias OUT = {out};\n{body}"));
+    if half { format!("enable f16;\n{text}") } else { text }
 }
 
 /// Bindings: `gate` (read-write, `[rows, I]`, becomes the output), `up` (read, `[rows, I]`).
 pub fn split() -> KernelSource {
     KernelSource {
         name: "gelu_glu_split".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &variant("split")),
+        wgsl: prelude(&variant("split"), 1, false),
         entry: "main",
         buffers: vec![Access::ReadWrite, Access::Read],
         params_size: size_of::<GeluGluParams>() as u64,
@@ -65,13 +95,7 @@ pub fn split() -> KernelSource {
 /// Bindings: `gate_up` (read, `[rows, 2·I]`: gate `[0, I)` then up `[I, 2·I)` per row, or the
 /// split-K partials of that product), `out` (read-write, `[rows, I]`).
 pub fn fused() -> KernelSource {
-    KernelSource {
-        name: "gelu_glu_fused".into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&variant("fused"), "gate_up_at", "gate_up")),
-        entry: "main",
-        buffers: vec![Access::Read, Access::ReadWrite],
-        params_size: size_of::<GeluGluParams>() as u64,
-    }
+    fused_lanes(1, false)
 }
 
 /// [`fused`] storing its output as f16 (`out`: `[rows, I]` halves, two a word as
@@ -79,11 +103,20 @@ pub fn fused() -> KernelSource {
 /// tensor-core GEMM that reads A as f16 ([`crate::coop_gemm::AFormat::F16`]), which the GEMM would
 /// otherwise round the same way as it staged them. Needs `wgpu::Features::SHADER_F16`.
 pub fn fused_half() -> KernelSource {
-    let full = fused();
-    let store = "out[i] = gelu_tanh(gate_up_at(g)) * gate_up_at(g + p.inter);";
-    assert!(full.wgsl.contains(store) && full.wgsl.contains("out: array<f32>"), "gelu_glu.wgsl: the fused store moved");
-    let wgsl = full.wgsl.replace("out: array<f32>", "out: array<f16>").replace(store, "out[i] = f16(gelu_tanh(gate_up_at(g)) * gate_up_at(g + p.inter));");
-    KernelSource { name: "gelu_glu_fused_half".into(), wgsl: format!("enable f16;\n{wgsl}"), ..full }
+    fused_lanes(1, true)
+}
+
+/// [`fused`] (or, with `half`, [`fused_half`]) taking `lanes` columns at a time: 1, or 4 (`I` and
+/// the partials' split stride multiples of 4; each element computed as with 1).
+pub fn fused_lanes(lanes: u32, half: bool) -> KernelSource {
+    let name = format!("gelu_glu_fused{}{}", if half { "_half" } else { "" }, if lanes == 4 { "_v4" } else { "" });
+    KernelSource {
+        name,
+        wgsl: prelude(&crate::split_k::with_reader_lanes(&variant("fused"), "gate_up_at", "gate_up"), lanes, half),
+        entry: "main",
+        buffers: vec![Access::Read, Access::ReadWrite],
+        params_size: size_of::<GeluGluParams>() as u64,
+    }
 }
 
 /// Two [`fused`] jobs in one dispatch (the dense MLP's and the experts' activations, which are
@@ -93,14 +126,16 @@ pub fn fused_half() -> KernelSource {
 /// by the same expression as in [`fused`] / [`fused_half`]. Bindings: `gate_up` (read), `out`
 /// (read-write), `gate_up_b` (read), `out_b` (read-write).
 pub fn pair(half_b: bool) -> KernelSource {
-    let body = with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&variant("pair"), "gate_up_at", "gate_up"));
-    let (name, wgsl) = match half_b {
-        true => ("gelu_glu_pair_half", format!("enable f16;\n{}", body.replace("OUT_B", "f16"))),
-        false => ("gelu_glu_pair", body.replace("OUT_B", "f32")),
-    };
+    pair_lanes(half_b, 1)
+}
+
+/// [`pair`] taking `lanes` columns at a time (1, or 4 with both widths and the split stride
+/// multiples of 4).
+pub fn pair_lanes(half_b: bool, lanes: u32) -> KernelSource {
+    let name = format!("gelu_glu_pair{}{}", if half_b { "_half" } else { "" }, if lanes == 4 { "_v4" } else { "" });
     KernelSource {
-        name: name.into(),
-        wgsl,
+        name,
+        wgsl: prelude(&crate::split_k::with_reader_lanes(&variant("pair"), "gate_up_at", "gate_up"), lanes, half_b),
         entry: "main",
         buffers: vec![Access::Read, Access::ReadWrite, Access::Read, Access::ReadWrite],
         params_size: size_of::<GeluGluParams>() as u64,

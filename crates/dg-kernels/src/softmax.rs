@@ -58,9 +58,26 @@ pub fn workgroups(p: &SoftmaxParams) -> u32 {
 
 /// Bindings: `x` (read-write, `[rows, cols]`).
 pub fn source(reduce: RowReduce) -> KernelSource {
+    source_lanes(reduce, 1)
+}
+
+/// [`source`] reading and writing `lanes` columns at a time: 1, or 4 for `cols` a multiple of 4
+/// (`x` then bound as vec4s; each column masked, summed and written as with 1, in another order
+/// across the invocation's columns).
+pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
+    let template = include_str!("wgsl/softmax.wgsl");
+    let (a, rest) = template.split_once("#if LANES4\n").expect("softmax.wgsl: #if LANES4");
+    let (four, rest) = rest.split_once("#else\n").expect("softmax.wgsl: #else");
+    let (one, b) = rest.split_once("#endif\n").expect("softmax.wgsl: #endif");
+    let (body, elem, suffix) = match lanes {
+        1 => (one, "f32", ""),
+        4 => (four, "vec4<f32>", "_v4"),
+        _ => panic!("softmax takes 1 or 4 columns at a time, not {lanes}"),
+    };
+    let wgsl = format!("{a}{body}{b}").replace("XELEM", elem);
     KernelSource {
-        name: format!("softmax{}", reduce.suffix()),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &reduce.render(include_str!("wgsl/softmax.wgsl"), &[Part::Pair])),
+        name: format!("softmax{suffix}{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &reduce.render(&wgsl, &[Part::Pair])),
         entry: "main",
         buffers: vec![Access::ReadWrite],
         params_size: size_of::<SoftmaxParams>() as u64,

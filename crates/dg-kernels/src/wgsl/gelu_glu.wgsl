@@ -7,8 +7,11 @@
 //   split: gate (read_write, [rows, inter]) becomes the output; up (read, [rows, inter]).
 //   fused: gate_up (read, [rows, 2 * inter], gate then up per row); out (read_write, [rows, inter]).
 //   pair: two fused jobs in one dispatch, the first groups_a workgroups on gate_up / out (rows,
-//     inter, the split-K partials), the rest on gate_up_b / out_b (rows_b, inter_b, OUT_B: f32 or
-//     f16), each element computed as the fused variant computes it.
+//     inter, the split-K partials), the rest on gate_up_b / out_b (rows_b, inter_b), each element
+//     computed as the fused variant computes it.
+// The fused and pair variants take LANES columns at a time (V: f32, or vec4<f32> with every
+// width a multiple of 4); OUT is V, or its f16 twin for f16 outputs (fused_half, pair's second
+// job).
 
 struct Params {
     rows: u32,
@@ -29,12 +32,11 @@ struct Params {
 const BETA: f32 = 0.7978845608; // sqrt(2 / pi)
 const KAPPA: f32 = 0.044715;
 
-fn gelu_tanh(x: f32) -> f32 {
+// Per component for V = vec4<f32> (the fused and pair variants' four columns at a time), the
+// same operations as for f32.
+fn gelu_tanh(x: V) -> V {
     let inner = BETA * (x + KAPPA * (x * x * x));
-    var t = sign(inner);
-    if (abs(inner) <= 15.0) {
-        t = tanh(inner);
-    }
+    let t = select(sign(inner), tanh(inner), abs(inner) <= V(15.0));
     return 0.5 * x * (1.0 + t);
 }
 
@@ -43,8 +45,8 @@ fn element(wid: vec3<u32>, lid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 }
 
 // @variant split
-@group(0) @binding(1) var<storage, read_write> gate: array<f32>;
-@group(0) @binding(2) var<storage, read> up: array<f32>;
+@group(0) @binding(1) var<storage, read_write> gate: array<V>;
+@group(0) @binding(2) var<storage, read> up: array<V>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -57,8 +59,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 
 // @variant fused
-@group(0) @binding(1) var<storage, read> gate_up: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<storage, read> gate_up: array<V>;
+@group(0) @binding(2) var<storage, read_write> out: array<OUT>;
 
 //@SPLIT_READER
 
@@ -66,20 +68,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = element(wid, lid, nwg);
-    if (i >= p.rows * p.inter) {
+    let inter = p.inter / LANES;
+    if (i >= p.rows * inter) {
         return;
     }
-    let r = i / p.inter;
-    let c = i - r * p.inter;
-    let g = r * 2u * p.inter + c;
-    out[i] = gelu_tanh(gate_up_at(g)) * gate_up_at(g + p.inter);
+    let r = i / inter;
+    let c = i - r * inter;
+    let g = r * 2u * inter + c;
+    out[i] = OUT(gelu_tanh(gate_up_at(g)) * gate_up_at(g + inter));
 }
 
 // @variant pair
-@group(0) @binding(1) var<storage, read> gate_up: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<storage, read> gate_up_b: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out_b: array<OUT_B>;
+@group(0) @binding(1) var<storage, read> gate_up: array<V>;
+@group(0) @binding(2) var<storage, read_write> out: array<V>;
+@group(0) @binding(3) var<storage, read> gate_up_b: array<V>;
+@group(0) @binding(4) var<storage, read_write> out_b: array<OUT>;
 
 //@SPLIT_READER
 
@@ -89,21 +92,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let group = wid.x + wid.y * nwg.x;
     if (group < p.groups_a) {
         let i = group * WG + lid.x;
-        if (i >= p.rows * p.inter) {
+        let inter = p.inter / LANES;
+        if (i >= p.rows * inter) {
             return;
         }
-        let r = i / p.inter;
-        let c = i - r * p.inter;
-        let g = r * 2u * p.inter + c;
-        out[i] = gelu_tanh(gate_up_at(g)) * gate_up_at(g + p.inter);
+        let r = i / inter;
+        let c = i - r * inter;
+        let g = r * 2u * inter + c;
+        out[i] = gelu_tanh(gate_up_at(g)) * gate_up_at(g + inter);
         return;
     }
     let i = (group - p.groups_a) * WG + lid.x;
-    if (i >= p.rows_b * p.inter_b) {
+    let inter_b = p.inter_b / LANES;
+    if (i >= p.rows_b * inter_b) {
         return;
     }
-    let r = i / p.inter_b;
-    let c = i - r * p.inter_b;
-    let g = r * 2u * p.inter_b + c;
-    out_b[i] = OUT_B(gelu_tanh(gate_up_b[g]) * gate_up_b[g + p.inter_b]);
+    let r = i / inter_b;
+    let c = i - r * inter_b;
+    let g = r * 2u * inter_b + c;
+    out_b[i] = OUT(gelu_tanh(gate_up_b[g]) * gate_up_b[g + inter_b]);
 }

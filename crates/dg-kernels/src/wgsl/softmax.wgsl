@@ -6,7 +6,8 @@
 // Columns [gap_start, gap_end) are masked in every mode (written as 0, outside the max and sum).
 // One workgroup per row; rows beyond 65535 workgroups wrap into the y dimension.
 // Pass 1: each invocation keeps a running (max, sum of exp(x - max)) over its strided elements;
-// the pairs are merged across the workgroup by row_max_sum (row_reduce.rs). Pass 2: x = exp(x - max) * (1 / sum).
+// the pairs are merged across the workgroup by row_max_sum (row_reduce.rs). The LANES4 variant
+// reads and writes four columns at a time (cols a multiple of 4), each column as the plain one. Pass 2: x = exp(x - max) * (1 / sum).
 
 struct Params {
     rows: u32,
@@ -24,7 +25,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> x: array<XELEM>;
 
 // The lowest finite f32 (WGSL has no infinity literal): the max of an empty set. Inputs of -inf
 // (pre-masked scores) contribute exp(-inf) = 0.
@@ -63,6 +64,45 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
     var m = LOWEST;
     var s = 0.0;
+#if LANES4
+    // Four columns a load (cols a multiple of 4): the quads lid.x, lid.x + WG, ... that meet
+    // [lo, hi), each column of a quad taken in order if visible.
+    if (live) {
+        for (var q = lo / 4u + lid.x; q * 4u < hi; q += WG) {
+            let v4 = x[base / 4u + q];
+            for (var c = 0u; c < 4u; c++) {
+                let j = q * 4u + c;
+                if (j < lo || j >= hi || (j >= p.gap_start && j < p.gap_end)) {
+                    continue;
+                }
+                let v = v4[c];
+                if (v > m) {
+                    s = s * exp(m - v) + 1.0;
+                    m = v;
+                } else {
+                    s += exp(v - m);
+                }
+            }
+        }
+    }
+    let total = row_max_sum(m, s, lanes);
+    if (!live) {
+        return;
+    }
+    let row_max = total.x;
+    let inv = 1.0 / total.y;
+    for (var q = lid.x; q * 4u < p.cols; q += WG) {
+        let v4 = x[base / 4u + q];
+        var y = vec4<f32>(0.0);
+        for (var c = 0u; c < 4u; c++) {
+            let j = q * 4u + c;
+            if (j >= lo && j < hi && !(j >= p.gap_start && j < p.gap_end)) {
+                y[c] = exp(v4[c] - row_max) * inv;
+            }
+        }
+        x[base / 4u + q] = y;
+    }
+#else
     if (live) {
         for (var j = lo + lid.x; j < hi; j += WG) {
             if (j >= p.gap_start && j < p.gap_end) {
@@ -90,4 +130,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
         x[base + j] = y;
     }
+#endif
 }
