@@ -640,7 +640,11 @@ impl<'a> Recorder<'a> {
             _pad: [0; 3],
         };
         let g = self.groups(norm_rope::workgroups(&p));
-        self.push(norm_rope::source(self.ctx.row_reduce()), &p, &[x.buffer, w, cos, sin, out, values], g)
+        let lanes = match std::env::var("DG_ROW_LANES").as_deref() {
+            Ok("1") => 1,
+            _ => norm_rope::lanes_for(&p),
+        };
+        self.push(norm_rope::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w, cos, sin, out, values], g)
     }
 
     /// Row softmax in place (with the attention mask of `p`).

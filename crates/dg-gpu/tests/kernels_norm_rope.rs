@@ -39,16 +39,16 @@ fn rope_spec(head_dim: usize) -> LayerSpec {
 
 /// The fused kernel; returns `out`.
 #[allow(clippy::too_many_arguments)]
-fn run_fused(ctx: &GpuContext, reduce: RowReduce, x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize, max_dim: u32) -> Vec<f32> {
+fn run_fused(ctx: &GpuContext, reduce: (RowReduce, u32), x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize, max_dim: u32) -> Vec<f32> {
     run_fused_at(ctx, reduce, x, w, (cos, sin), (tokens, heads, d), max_dim, 0)
 }
 
 /// [`run_fused`] with the rows written `out_offset` elements into `out` (the decoder's canvas keys,
 /// straight into the cache); returns the whole of `out` (`out_offset + x.len()`, guarded), every
 /// element before the rows preset to 7.
-fn run_fused_at(ctx: &GpuContext, reduce: RowReduce, x: &[f32], w: &[f32], (cos, sin): (&[f32], &[f32]), (tokens, heads, d): (usize, usize, usize), max_dim: u32, out_offset: usize) -> Vec<f32> {
+fn run_fused_at(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), x: &[f32], w: &[f32], (cos, sin): (&[f32], &[f32]), (tokens, heads, d): (usize, usize, usize), max_dim: u32, out_offset: usize) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, norm_rope::source(reduce)).unwrap();
+    let p = pipelines.get(ctx, norm_rope::source_lanes(reduce, lanes)).unwrap();
     let xb = ctx.upload("x", x).unwrap();
     let wb = ctx.upload("w", w).unwrap();
     let cb = ctx.upload("cos", cos).unwrap();
@@ -77,9 +77,9 @@ fn run_fused_at(ctx: &GpuContext, reduce: RowReduce, x: &[f32], w: &[f32], (cos,
 
 /// `rmsnorm` (weighted, scale 1) then `rope` in place, as the decoder layer records them today.
 #[allow(clippy::too_many_arguments)]
-fn run_two_dispatches(ctx: &GpuContext, reduce: RowReduce, x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize) -> Vec<f32> {
+fn run_two_dispatches(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let pn = pipelines.get(ctx, rmsnorm::source(reduce)).unwrap();
+    let pn = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
     let pr = pipelines.get(ctx, rope::source()).unwrap();
     let xb = ctx.upload("x", x).unwrap();
     let wb = ctx.upload("w", w).unwrap();
@@ -97,6 +97,12 @@ fn run_two_dispatches(ctx: &GpuContext, reduce: RowReduce, x: &[f32], w: &[f32],
     read_guarded(ctx, &out, x.len())
 }
 
+/// Every row reduction the device runs, one column at a time and four (every `d` tested has
+/// `d / 2` a multiple of 4, and the offsets too).
+fn variants(ctx: &GpuContext) -> Vec<(RowReduce, u32)> {
+    ctx.row_reduces().into_iter().flat_map(|r| [(r, 1), (r, 4)]).collect()
+}
+
 #[test]
 fn norm_rope_matches_cpu_and_the_two_dispatches() {
     let Some(ctx) = test_context("norm_rope_matches_cpu_and_the_two_dispatches") else { return };
@@ -112,12 +118,12 @@ fn norm_rope_matches_cpu_and_the_two_dispatches() {
                 let mut want = x.clone();
                 dg_cpu::ops::rms_norm_rows(&mut want, d, Some(&w), EPS);
                 table.apply(&mut want, heads);
-                for (max_dim, reduce) in fold.into_iter().flat_map(|m| ctx.row_reduces().into_iter().map(move |r| (m, r))) {
+                for (max_dim, reduce) in fold.into_iter().flat_map(|m| variants(&ctx).into_iter().map(move |r| (m, r))) {
                     let got = run_fused(&ctx, reduce, &x, &w, &table.cos, &table.sin, tokens, heads, d, max_dim);
                     let (err, at) = max_rel_err(&got, &want);
                     assert!(err <= NORM_ROPE_TOLERANCE, "{what} fold={max_dim} {reduce:?}: rel err {err} at {at}: {} vs {}", got[at], want[at]);
                 }
-                for reduce in ctx.row_reduces() {
+                for reduce in variants(&ctx) {
                     let got = run_fused(&ctx, reduce, &x, &w, &table.cos, &table.sin, tokens, heads, d, fold[0]);
                     let two = run_two_dispatches(&ctx, reduce, &x, &w, &table.cos, &table.sin, tokens, heads, d);
                     // Written at an offset: the same bits there, the elements before untouched.
@@ -133,7 +139,7 @@ fn norm_rope_matches_cpu_and_the_two_dispatches() {
 
 /// K and V of one [K | V] product in one dispatch (`Recorder::norm_rope_kv`, the decoder's and
 /// encoder's K/V into the cache): the keys bit for bit what `norm_rope` alone writes, the values
-/// what the weightless `rmsnorm` (one column at a time) writes from V's half, both at the cache offset, every element
+/// what the weightless `rmsnorm` of the same width writes from V's half, both at the cache offset, every element
 /// around them untouched; V either after K (sliding layers) or K itself (full layers: V is the raw
 /// K projection), with workgroups folded into y.
 #[test]
@@ -157,8 +163,9 @@ fn norm_rope_kv_writes_what_norm_rope_and_rmsnorm_write() {
         rec.norm_rope_kv(&x, &w, (&cb, &sb), (&keys, at), (&values, kv, v_offset), tokens, kv, d, EPS).unwrap();
         rec.norm_rope_kv(&x, &w, (&cb, &sb), (&keys_alone, at), (&dummy, 0, 0), tokens, kv, d, EPS).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
-        // The weightless norm one column at a time, as norm_rope sums its rows.
-        let rms = pipelines.get(&ctx, rmsnorm::source(ctx.row_reduce())).unwrap();
+        // The weightless norm as many columns at a time as the Recorder's norm_rope takes (four:
+        // d / 2 and the offsets are multiples of 4), so that it sums its rows the same way.
+        let rms = pipelines.get(&ctx, rmsnorm::source_lanes(ctx.row_reduce(), 4)).unwrap();
         let np = RmsNormParams { rows: (tokens * kv) as u32, dim: d as u32, eps: EPS, flags: 0, scale: 1.0, splits: 1, split_stride: 0, x_offset: v_offset as u32, out_offset: at as u32, _pad: [0; 3] };
         let mut plan = PlanBuilder::new(&ctx);
         plan.push(&rms, &np, &[&x, &dummy, &values_alone], groups_1d((tokens * kv) as u32, ctx.limits.max_compute_workgroups_per_dimension));

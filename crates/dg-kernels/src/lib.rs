@@ -65,6 +65,7 @@ pub fn all_variants() -> Vec<KernelSource> {
             softmax::source_lanes(r, 4),
             router_topk::source(r),
             norm_rope::source(r),
+            norm_rope::source_lanes(r, 4),
             residual_norms::source_attention(r),
             residual_norms::source_attention_lanes(r, 4),
             residual_norms::source_ffn(r),

@@ -56,12 +56,25 @@ pub fn workgroups(p: &NormRopeParams) -> u32 {
 /// `out_offset`), `values` (read-write, `[tokens, v_heads, d]` from `out_offset`; untouched, and
 /// any buffer but the others, without V rows).
 pub fn source(reduce: RowReduce) -> KernelSource {
-    let body = reduce.render(include_str!("wgsl/norm_rope.wgsl"), &[Part::Sum("f32")]);
+    source_lanes(reduce, 1)
+}
+
+/// [`source`] taking `lanes` columns at a time: 1, or 4 with `d / 2`, `out_offset`, `v_offset`
+/// and the split stride multiples of 4 ([`lanes_for`]); the same sums as `rmsnorm`'s of that width.
+pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
+    let (body, suffix) = crate::rmsnorm::with_lanes(&reduce.render(include_str!("wgsl/norm_rope.wgsl"), &[Part::Sum("f32")]), lanes);
     KernelSource {
-        name: format!("norm_rope{}", reduce.suffix()),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader(&body, "x_at", "x")),
+        name: format!("norm_rope{suffix}{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader_lanes(&body, "x_at", "x")),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite, Access::ReadWrite],
         params_size: size_of::<NormRopeParams>() as u64,
     }
+}
+
+/// The columns [`source_lanes`] may take at a time for `p`: 4 where `d / 2` and every offset and
+/// stride are multiples of 4, else 1.
+pub fn lanes_for(p: &NormRopeParams) -> u32 {
+    let aligned = [p.dim / 2, p.out_offset, p.v_offset, p.split_stride].iter().all(|v| v.is_multiple_of(4));
+    if aligned && p.dim.is_multiple_of(2) { 4 } else { 1 }
 }

@@ -8,7 +8,8 @@
 // rope (as rmsnorm.wgsl: weightless, scale 1) into values:
 //   values[out_offset + r * d + i] = x[v_offset + r * d + i] * (mean(x^2) + eps)^-1/2
 // One workgroup per row, the K rows first; rows beyond 65535 workgroups wrap into y. The sum of
-// squares reduces with row_sum (row_reduce.rs), as rmsnorm.wgsl's does.
+// squares reduces with row_sum (row_reduce.rs), as rmsnorm.wgsl's does. Columns go LANES at a
+// time (V: f32, or vec4<f32> with d / 2 and the offsets multiples of 4), as in rmsnorm.wgsl.
 
 struct Params {
     tokens: u32,
@@ -29,12 +30,12 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<f32>;
-@group(0) @binding(3) var<storage, read> cos_t: array<f32>;
-@group(0) @binding(4) var<storage, read> sin_t: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
-@group(0) @binding(6) var<storage, read_write> values: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<V>;
+@group(0) @binding(2) var<storage, read> w: array<V>;
+@group(0) @binding(3) var<storage, read> cos_t: array<V>;
+@group(0) @binding(4) var<storage, read> sin_t: array<V>;
+@group(0) @binding(5) var<storage, read_write> out: array<V>;
+@group(0) @binding(6) var<storage, read_write> values: array<V>;
 
 //@SPLIT_READER
 
@@ -48,13 +49,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     // Workgroup-uniform: which part this row belongs to.
     let is_v = row >= k_rows;
     let v_row = row - k_rows;
-    let base = select(row * p.dim, p.v_offset + v_row * p.dim, is_v);
+    let cols = p.dim / LANES;
+    let base = select(row * cols, p.v_offset / LANES + v_row * cols, is_v);
     let live = select(row < k_rows, v_row < p.tokens * p.v_heads, is_v);
     var acc = 0.0;
     if (live) {
-        for (var i = lid.x; i < p.dim; i += WG) {
+        for (var i = lid.x; i < cols; i += WG) {
             let v = x_at(base + i);
-            acc += v * v;
+            acc += sq(v);
         }
     }
     let total = row_sum(acc, lanes);
@@ -62,21 +64,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     let inv = 1.0 / sqrt(total / f32(p.dim) + p.eps);
+    let out_base = p.out_offset / LANES;
     if (is_v) {
-        let dst = p.out_offset + v_row * p.dim;
-        for (var i = lid.x; i < p.dim; i += WG) {
+        let dst = out_base + v_row * cols;
+        for (var i = lid.x; i < cols; i += WG) {
             values[dst + i] = x_at(base + i) * inv;
         }
         return;
     }
-    let half = p.dim / 2u;
+    let half = cols / 2u;
     let table = (row / p.heads) * half;
     for (var j = lid.x; j < half; j += WG) {
         let y1 = (x_at(base + j) * inv) * w[j];
         let y2 = (x_at(base + j + half) * inv) * w[j + half];
         let c = cos_t[table + j];
         let s = sin_t[table + j];
-        out[p.out_offset + base + j] = y1 * c + (-y2) * s;
-        out[p.out_offset + base + j + half] = y2 * c + y1 * s;
+        out[out_base + base + j] = y1 * c + (-y2) * s;
+        out[out_base + base + j + half] = y2 * c + y1 * s;
     }
 }
