@@ -48,6 +48,7 @@ fn route_tail(logits: &[f32], experts: usize, k: usize, per_expert_scale: &[f32]
 }
 
 /// Runs `router_topk`; returns (idx, weights).
+#[allow(clippy::too_many_arguments)]
 fn run_router(
     ctx: &GpuContext,
     reduce: RowReduce,

@@ -46,6 +46,7 @@ fn run_fused(ctx: &GpuContext, reduce: (RowReduce, u32), x: &[f32], w: &[f32], c
 /// [`run_fused`] with the rows written `out_offset` elements into `out` (the decoder's canvas keys,
 /// straight into the cache); returns the whole of `out` (`out_offset + x.len()`, guarded), every
 /// element before the rows preset to 7.
+#[allow(clippy::too_many_arguments)]
 fn run_fused_at(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), x: &[f32], w: &[f32], (cos, sin): (&[f32], &[f32]), (tokens, heads, d): (usize, usize, usize), max_dim: u32, out_offset: usize) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
     let p = pipelines.get(ctx, norm_rope::source_lanes(reduce, lanes)).unwrap();
