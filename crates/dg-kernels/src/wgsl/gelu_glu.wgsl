@@ -40,6 +40,12 @@ fn gelu_tanh(x: V) -> V {
     return 0.5 * x * (1.0 + t);
 }
 
+// Where output element i of [rows, inter] finds its gate in [rows, 2 * inter] (up is inter further).
+fn gate_of(i: u32, inter: u32) -> u32 {
+    let r = i / inter;
+    return r * 2u * inter + (i - r * inter);
+}
+
 fn element(wid: vec3<u32>, lid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return (wid.x + wid.y * nwg.x) * WG + lid.x;
 }
@@ -72,9 +78,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (i >= p.rows * inter) {
         return;
     }
-    let r = i / inter;
-    let c = i - r * inter;
-    let g = r * 2u * inter + c;
+    let g = gate_of(i, inter);
     out[i] = OUT(gelu_tanh(gate_up_at(g)) * gate_up_at(g + inter));
 }
 
@@ -96,9 +100,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         if (i >= p.rows * inter) {
             return;
         }
-        let r = i / inter;
-        let c = i - r * inter;
-        let g = r * 2u * inter + c;
+        let g = gate_of(i, inter);
         out[i] = gelu_tanh(gate_up_at(g)) * gate_up_at(g + inter);
         return;
     }
@@ -107,8 +109,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (i >= p.rows_b * inter_b) {
         return;
     }
-    let r = i / inter_b;
-    let c = i - r * inter_b;
-    let g = r * 2u * inter_b + c;
+    let g = gate_of(i, inter_b);
     out_b[i] = OUT(gelu_tanh(gate_up_b[g]) * gate_up_b[g + inter_b]);
 }

@@ -40,6 +40,14 @@ fn merge(m1: f32, s1: f32, m2: f32, s2: f32) -> vec2<f32> {
     return vec2<f32>(m2, s1 * exp(m1 - m2) + s2);
 }
 
+// One element into an invocation's running (max, sum of exp(x - max)).
+fn online(ms: vec2<f32>, v: f32) -> vec2<f32> {
+    if (v > ms.x) {
+        return vec2<f32>(v, ms.y * exp(ms.x - v) + 1.0);
+    }
+    return vec2<f32>(ms.x, ms.y + exp(v - ms.x));
+}
+
 //@ROW_REDUCE
 
 @compute @workgroup_size(WG)
@@ -75,13 +83,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
                 if (j < lo || j >= hi || (j >= p.gap_start && j < p.gap_end)) {
                     continue;
                 }
-                let v = v4[c];
-                if (v > m) {
-                    s = s * exp(m - v) + 1.0;
-                    m = v;
-                } else {
-                    s += exp(v - m);
-                }
+                let ms = online(vec2<f32>(m, s), v4[c]);
+                m = ms.x;
+                s = ms.y;
             }
         }
     }
@@ -108,13 +112,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             if (j >= p.gap_start && j < p.gap_end) {
                 continue;
             }
-            let v = x[base + j];
-            if (v > m) {
-                s = s * exp(m - v) + 1.0;
-                m = v;
-            } else {
-                s += exp(v - m);
-            }
+            let ms = online(vec2<f32>(m, s), x[base + j]);
+            m = ms.x;
+            s = ms.y;
         }
     }
     let total = row_max_sum(m, s, lanes);
