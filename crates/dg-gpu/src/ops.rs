@@ -667,8 +667,8 @@ impl<'a> Recorder<'a> {
             return Err(GpuError::Unsupported { what: format!("chunked softmax of [{rows}, {cols}]: {} pairs, the partials buffer holds {}", p.pairs(), part.size() / 8) });
         }
         let g = self.groups(p.workgroups());
-        self.push(softmax_chunked::partials(), &p, &[x, part], g)?;
-        self.push(softmax_chunked::apply(), &p, &[x, part], g)
+        self.push(softmax_chunked::partials(self.ctx.row_reduce()), &p, &[x, part], g)?;
+        self.push(softmax_chunked::apply(self.ctx.row_reduce()), &p, &[x, part], g)
     }
 
     /// `out[rows, I] = gelu_tanh(in[:, :I]) ⊙ in[:, I:]` for `in: [rows, 2·I]` (a buffer or a

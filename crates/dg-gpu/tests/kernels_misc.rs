@@ -271,6 +271,30 @@ fn chunked_softmax_rows_match_cpu() {
             assert!(got[cols..cols + 4096].iter().all(|&v| v == 0.0), "masked chunk not zero");
         }
     }
+    // Both passes by hand with every row reduction the device runs (the Recorder takes the
+    // device's own).
+    let (rows, cols) = (3usize, 20_000usize);
+    let mut x = seeded(rows * cols, 92, 12.0);
+    x[cols..cols + 4096].fill(f32::NEG_INFINITY);
+    let p = ChunkedSoftmaxParams::new(rows as u32, cols as u32);
+    for reduce in ctx.row_reduces() {
+        let mut pipelines = Pipelines::default();
+        let partials = pipelines.get(&ctx, dg_kernels::softmax_chunked::partials(reduce)).unwrap();
+        let apply = pipelines.get(&ctx, dg_kernels::softmax_chunked::apply(reduce)).unwrap();
+        let xb = guarded_output(&ctx, "x", x.len());
+        ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(&x));
+        let part = ctx.storage_buffer("pairs", p.pairs() * 8).unwrap();
+        let mut plan = PlanBuilder::new(&ctx);
+        let groups = groups_1d(p.workgroups(), ctx.limits.max_compute_workgroups_per_dimension);
+        plan.push(&partials, &p, &[&xb, &part], groups);
+        plan.push(&apply, &p, &[&xb, &part], groups);
+        plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &xb, x.len());
+        let what = format!("chunked by hand {rows}x{cols} {reduce:?}");
+        check_softmax(&got, &softmax_cpu(&x, &SoftmaxParams::plain(rows as u32, cols as u32)), cols, SOFTMAX_TOLERANCE, &what);
+        check_against_f64(&got, &x, cols, &what);
+        assert!(got[cols..cols + 4096].iter().all(|&v| v == 0.0), "{what}: masked chunk not zero");
+    }
     // A partials buffer too small is refused with the sizes.
     let xb = ctx.storage_buffer("x", 2 * 262_144 * 4).unwrap();
     let small = ctx.storage_buffer("pairs", 8).unwrap();

@@ -35,8 +35,6 @@ pub use bf16::{pack_bf16, pack_f16, unpack_bf16, unpack_f16};
 pub fn all_variants() -> Vec<KernelSource> {
     vec![
         rope::source(),
-        softmax_chunked::partials(),
-        softmax_chunked::apply(),
         gelu_glu::split(),
         gelu_glu::fused(),
         gelu_glu::fused_lanes(4, false),
@@ -63,6 +61,8 @@ pub fn all_variants() -> Vec<KernelSource> {
             rmsnorm::source_lanes(r, 4),
             softmax::source(r),
             softmax::source_lanes(r, 4),
+            softmax_chunked::partials(r),
+            softmax_chunked::apply(r),
             router_topk::source(r),
             norm_rope::source(r),
             norm_rope::source_lanes(r, 4),

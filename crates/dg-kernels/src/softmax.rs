@@ -56,6 +56,28 @@ pub fn workgroups(p: &SoftmaxParams) -> u32 {
     p.rows
 }
 
+/// `template` with its `//@ONLINE` line replaced by the online softmax's shared pairs
+/// (`wgsl/softmax_online.wgsl`: `LOWEST`, `merge`, `online`).
+pub(crate) fn with_online(template: &str) -> String {
+    assert!(template.contains("//@ONLINE\n"), "a softmax kernel without the online marker");
+    template.replace("//@ONLINE\n", include_str!("wgsl/softmax_online.wgsl"))
+}
+
+/// `template` with each `#if LANES4` … `#else` … `#endif` block reduced to its first branch
+/// (`four`) or its second.
+fn select_lanes(template: &str, four: bool) -> String {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some((before, block)) = rest.split_once("#if LANES4\n") {
+        let (first, after) = block.split_once("#else\n").expect("softmax.wgsl: #if LANES4 without #else");
+        let (second, after) = after.split_once("#endif\n").expect("softmax.wgsl: #if LANES4 without #endif");
+        out += before;
+        out += if four { first } else { second };
+        rest = after;
+    }
+    out + rest
+}
+
 /// Bindings: `x` (read-write, `[rows, cols]`).
 pub fn source(reduce: RowReduce) -> KernelSource {
     source_lanes(reduce, 1)
@@ -65,16 +87,12 @@ pub fn source(reduce: RowReduce) -> KernelSource {
 /// (`x` then bound as vec4s; each column masked, summed and written as with 1, in another order
 /// across the invocation's columns).
 pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
-    let template = include_str!("wgsl/softmax.wgsl");
-    let (a, rest) = template.split_once("#if LANES4\n").expect("softmax.wgsl: #if LANES4");
-    let (four, rest) = rest.split_once("#else\n").expect("softmax.wgsl: #else");
-    let (one, b) = rest.split_once("#endif\n").expect("softmax.wgsl: #endif");
-    let (body, elem, suffix) = match lanes {
-        1 => (one, "f32", ""),
-        4 => (four, "vec4<f32>", "_v4"),
+    let (suffix, elem) = match lanes {
+        1 => ("", "f32"),
+        4 => ("_v4", "vec4<f32>"),
         _ => panic!("softmax takes 1 or 4 columns at a time, not {lanes}"),
     };
-    let wgsl = format!("{a}{body}{b}").replace("XELEM", elem);
+    let wgsl = with_online(&select_lanes(include_str!("wgsl/softmax.wgsl"), lanes == 4)).replace("XELEM", elem);
     KernelSource {
         name: format!("softmax{suffix}{}", reduce.suffix()),
         wgsl: with_prelude(&[("WG", WORKGROUP)], &reduce.render(&wgsl, &[Part::Pair])),

@@ -5,7 +5,8 @@
 //!
 //! Two dispatches over `rows · chunks` workgroups, workgroup `row · chunks + c` owning columns
 //! `c·chunk ..` of its row:
-//! 1. [`partials`]: the chunk's `(max, Σ exp(x − max))`, merged as [`crate::softmax`] merges a row,
+//! 1. [`partials`]: the chunk's `(max, Σ exp(x − max))`, merged as [`crate::softmax`] merges a row
+//!    (the same online step and [`crate::row_reduce`] merge),
 //!    into `part[row · chunks + c]`;
 //! 2. [`apply`]: the row's pairs merged in chunk order, then `x = exp(x − max) · (1 / sum)` over
 //!    the chunk, in place.
@@ -14,6 +15,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::row_reduce::{Part, RowReduce};
 use crate::{Access, KernelSource, with_prelude};
 
 /// Invocations per workgroup.
@@ -52,27 +54,29 @@ impl ChunkedSoftmaxParams {
     }
 }
 
-fn render(template: &str) -> String {
-    with_prelude(&[("WG", WORKGROUP)], &template.replace("//@COMMON\n", include_str!("wgsl/softmax_chunk_common.wgsl")))
+fn render(template: &str, reduce: RowReduce) -> String {
+    let body = crate::softmax::with_online(&template.replace("//@COMMON\n", include_str!("wgsl/softmax_chunk_common.wgsl")));
+    with_prelude(&[("WG", WORKGROUP)], &reduce.render(&body, &[Part::Pair]))
 }
 
-/// Pass 1. Bindings: `x` (read, `[rows, cols]`), `part` (read-write, [`ChunkedSoftmaxParams::pairs`]
-/// `vec2<f32>`).
-pub fn partials() -> KernelSource {
+/// Pass 1, its workgroups' merges by `reduce`. Bindings: `x` (read, `[rows, cols]`), `part`
+/// (read-write, [`ChunkedSoftmaxParams::pairs`] `vec2<f32>`).
+pub fn partials(reduce: RowReduce) -> KernelSource {
     KernelSource {
-        name: "softmax_chunk_partials".into(),
-        wgsl: render(include_str!("wgsl/softmax_chunk_partials.wgsl")),
+        name: format!("softmax_chunk_partials{}", reduce.suffix()),
+        wgsl: render(include_str!("wgsl/softmax_chunk_partials.wgsl"), reduce),
         entry: "main",
         buffers: vec![Access::Read, Access::ReadWrite],
         params_size: size_of::<ChunkedSoftmaxParams>() as u64,
     }
 }
 
-/// Pass 2. Bindings: `x` (read-write, in place), `part` (read, pass 1's pairs).
-pub fn apply() -> KernelSource {
+/// Pass 2, its workgroups' merges by `reduce`. Bindings: `x` (read-write, in place), `part` (read,
+/// pass 1's pairs).
+pub fn apply(reduce: RowReduce) -> KernelSource {
     KernelSource {
-        name: "softmax_chunk_apply".into(),
-        wgsl: render(include_str!("wgsl/softmax_chunk_apply.wgsl")),
+        name: format!("softmax_chunk_apply{}", reduce.suffix()),
+        wgsl: render(include_str!("wgsl/softmax_chunk_apply.wgsl"), reduce),
         entry: "main",
         buffers: vec![Access::ReadWrite, Access::Read],
         params_size: size_of::<ChunkedSoftmaxParams>() as u64,
@@ -85,9 +89,9 @@ mod tests {
 
     #[test]
     fn both_passes_validate() {
-        for k in [partials(), apply()] {
+        for k in RowReduce::ALL.into_iter().flat_map(|r| [partials(r), apply(r)]) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
-            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty())
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::SUBGROUP)
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
         }

@@ -7,7 +7,8 @@
 // One workgroup per row; rows beyond 65535 workgroups wrap into the y dimension.
 // Pass 1: each invocation keeps a running (max, sum of exp(x - max)) over its strided elements;
 // the pairs are merged across the workgroup by row_max_sum (row_reduce.rs). The LANES4 variant
-// reads and writes four columns at a time (cols a multiple of 4), each column as the plain one. Pass 2: x = exp(x - max) * (1 / sum).
+// reads and writes four columns at a time (cols a multiple of 4), each column as the plain one.
+// Pass 2: x = exp(x - max) * (1 / sum).
 
 struct Params {
     rows: u32,
@@ -27,25 +28,11 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<XELEM>;
 
-// The lowest finite f32 (WGSL has no infinity literal): the max of an empty set. Inputs of -inf
-// (pre-masked scores) contribute exp(-inf) = 0.
-const LOWEST: f32 = -0x1.fffffep+127f;
+//@ONLINE
 
-// Merges two (max, sum) pairs; an empty side has max LOWEST and sum 0. The side holding the
-// larger max keeps its sum unscaled (exp(0) = 1 exactly).
-fn merge(m1: f32, s1: f32, m2: f32, s2: f32) -> vec2<f32> {
-    if (m1 >= m2) {
-        return vec2<f32>(m1, s1 + s2 * exp(m2 - m1));
-    }
-    return vec2<f32>(m2, s1 * exp(m1 - m2) + s2);
-}
-
-// One element into an invocation's running (max, sum of exp(x - max)).
-fn online(ms: vec2<f32>, v: f32) -> vec2<f32> {
-    if (v > ms.x) {
-        return vec2<f32>(v, ms.y * exp(ms.x - v) + 1.0);
-    }
-    return vec2<f32>(ms.x, ms.y + exp(v - ms.x));
+// Column j is in the row's visible range and outside the gap.
+fn visible(j: u32, lo: u32, hi: u32) -> bool {
+    return j >= lo && j < hi && !(j >= p.gap_start && j < p.gap_end);
 }
 
 //@ROW_REDUCE
@@ -70,62 +57,48 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
     }
 
-    var m = LOWEST;
-    var s = 0.0;
-#if LANES4
-    // Four columns a load (cols a multiple of 4): the quads lid.x, lid.x + WG, ... that meet
-    // [lo, hi), each column of a quad taken in order if visible.
+    var ms = vec2<f32>(LOWEST, 0.0);
     if (live) {
+#if LANES4
+        // Four columns a load (cols a multiple of 4): the quads lid.x, lid.x + WG, ... that meet
+        // [lo, hi), each visible column of a quad taken in order.
         for (var q = lo / 4u + lid.x; q * 4u < hi; q += WG) {
             let v4 = x[base / 4u + q];
             for (var c = 0u; c < 4u; c++) {
-                let j = q * 4u + c;
-                if (j < lo || j >= hi || (j >= p.gap_start && j < p.gap_end)) {
-                    continue;
+                if (visible(q * 4u + c, lo, hi)) {
+                    ms = online(ms, v4[c]);
                 }
-                let ms = online(vec2<f32>(m, s), v4[c]);
-                m = ms.x;
-                s = ms.y;
             }
         }
+#else
+        for (var j = lo + lid.x; j < hi; j += WG) {
+            if (visible(j, lo, hi)) {
+                ms = online(ms, x[base + j]);
+            }
+        }
+#endif
     }
-    let total = row_max_sum(m, s, lanes);
+    let total = row_max_sum(ms.x, ms.y, lanes);
     if (!live) {
         return;
     }
     let row_max = total.x;
     let inv = 1.0 / total.y;
+#if LANES4
     for (var q = lid.x; q * 4u < p.cols; q += WG) {
         let v4 = x[base / 4u + q];
         var y = vec4<f32>(0.0);
         for (var c = 0u; c < 4u; c++) {
-            let j = q * 4u + c;
-            if (j >= lo && j < hi && !(j >= p.gap_start && j < p.gap_end)) {
+            if (visible(q * 4u + c, lo, hi)) {
                 y[c] = exp(v4[c] - row_max) * inv;
             }
         }
         x[base / 4u + q] = y;
     }
 #else
-    if (live) {
-        for (var j = lo + lid.x; j < hi; j += WG) {
-            if (j >= p.gap_start && j < p.gap_end) {
-                continue;
-            }
-            let ms = online(vec2<f32>(m, s), x[base + j]);
-            m = ms.x;
-            s = ms.y;
-        }
-    }
-    let total = row_max_sum(m, s, lanes);
-    if (!live) {
-        return;
-    }
-    let row_max = total.x;
-    let inv = 1.0 / total.y;
     for (var j = lid.x; j < p.cols; j += WG) {
         var y = 0.0;
-        if (j >= lo && j < hi && !(j >= p.gap_start && j < p.gap_end)) {
+        if (visible(j, lo, hi)) {
             y = exp(x[base + j] - row_max) * inv;
         }
         x[base + j] = y;

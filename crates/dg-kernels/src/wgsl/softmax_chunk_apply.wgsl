@@ -1,6 +1,6 @@
 // Chunked row softmax, pass 2 of 2 (see softmax_chunked.rs): x: [rows, cols] in place. Workgroup
 // id = row * chunks + c merges its row's `chunks` pairs from pass 1 (invocation i the pairs i,
-// i + WG, ... in order, then the tree) and writes x = exp(x - max) * (1 / sum) over the columns
+// i + WG, ... in order, then row_max_sum) and writes x = exp(x - max) * (1 / sum) over the columns
 // of chunk c. Workgroups past rows * chunks (padding of a folded grid) leave at once.
 
 //@COMMON
@@ -10,7 +10,7 @@
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
+        @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let id = wid.x + wid.y * nwg.x;
     if (id >= p.rows * p.chunks) {
         return;
@@ -21,7 +21,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let q = part[row * p.chunks + i];
         acc = merge(acc.x, acc.y, q.x, q.y);
     }
-    let total = merge_tree(acc, lid.x);
+    let total = row_max_sum(acc.x, acc.y, lanes);
     let inv = 1.0 / total.y;
     let first = (id % p.chunks) * p.chunk;
     let end = min(first + p.chunk, p.cols);

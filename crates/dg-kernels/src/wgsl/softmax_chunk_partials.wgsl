@@ -1,7 +1,7 @@
 // Chunked row softmax, pass 1 of 2 (see softmax_chunked.rs): x: [rows, cols] read-only. Workgroup
 // id = row * chunks + c covers columns [c * chunk, min((c + 1) * chunk, cols)) of its row: each
 // invocation keeps a running (max, sum of exp(x - max)) over its strided columns, the pairs are
-// merged by a tree (as softmax.wgsl merges a whole row), and invocation 0 stores the chunk's pair
+// merged across the workgroup (row_max_sum, as softmax.wgsl merges a whole row), and invocation 0 stores the chunk's pair
 // in part[id]. Workgroups past rows * chunks (padding of a folded grid) leave at once.
 
 //@COMMON
@@ -11,7 +11,7 @@
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
+        @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let id = wid.x + wid.y * nwg.x;
     if (id >= p.rows * p.chunks) {
         return;
@@ -20,18 +20,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let first = (id % p.chunks) * p.chunk;
     let end = min(first + p.chunk, p.cols);
     let base = row * p.cols;
-    var m = LOWEST;
-    var s = 0.0;
+    var ms = vec2<f32>(LOWEST, 0.0);
     for (var j = first + lid.x; j < end; j += WG) {
-        let v = x[base + j];
-        if (v > m) {
-            s = s * exp(m - v) + 1.0;
-            m = v;
-        } else {
-            s += exp(v - m);
-        }
+        ms = online(ms, x[base + j]);
     }
-    let total = merge_tree(vec2<f32>(m, s), lid.x);
+    let total = row_max_sum(ms.x, ms.y, lanes);
     if (lid.x == 0u) {
         part[id] = total;
     }
