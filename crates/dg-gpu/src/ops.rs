@@ -80,22 +80,17 @@ fn split_target(tile: coop_gemm::CoopTile, p: &GemmParams) -> u32 {
     std::env::var("DG_SPLIT_TARGET").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| coop_gemm::Split::target(tile, p))
 }
 
-/// Columns the row kernels (norms, softmax) take at a time for rows of `dim` read at element `offsets`
-/// (`dg_kernels::rmsnorm::lanes_for`: 4 where all are multiples of 4). Tuning knob:
-/// `DG_ROW_LANES=1` keeps them one at a time.
-fn row_lanes(dim: usize, offsets: &[u32]) -> u32 {
-    match std::env::var("DG_ROW_LANES").as_deref() {
-        Ok("1") => 1,
-        _ => rmsnorm::lanes_for(dim as u32, offsets),
-    }
+/// Columns the row kernels (norms, softmax, gated activations) take at a time for rows whose
+/// widths, offsets and strides are `values` (`dg_kernels::lanes_for`), after the knob.
+fn row_lanes(values: &[u32]) -> u32 {
+    lanes_knob(dg_kernels::lanes_for(values))
 }
 
-/// Columns the gated activations take at a time for these widths (`dg_kernels::gelu_glu::lanes_for`);
-/// `DG_ROW_LANES=1` keeps one, as for the norms.
-fn gelu_lanes(widths: &[u32]) -> u32 {
+/// Tuning knob: `DG_ROW_LANES=1` keeps every row kernel one column at a time (else `lanes`).
+fn lanes_knob(lanes: u32) -> u32 {
     match std::env::var("DG_ROW_LANES").as_deref() {
         Ok("1") => 1,
-        _ => gelu_glu::lanes_for(widths),
+        _ => lanes,
     }
 }
 
@@ -228,7 +223,7 @@ impl<'a> Recorder<'a> {
             _pad: [0; 3],
         };
         let g = self.groups(rows as u32);
-        let lanes = row_lanes(dim, &[p.x_offset, p.out_offset, p.split_stride]);
+        let lanes = row_lanes(&[p.dim, p.x_offset, p.out_offset, p.split_stride]);
         self.push(rmsnorm::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w.unwrap_or(dummy), out], g)
     }
 
@@ -259,7 +254,7 @@ impl<'a> Recorder<'a> {
             split_stride: x.split_stride,
         };
         let g = self.groups(residual_norms::workgroups(rows as u32));
-        let lanes = row_lanes(dim, &[p.split_stride]);
+        let lanes = row_lanes(&[p.dim, p.split_stride]);
         self.push(residual_norms::source_attention_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
     }
 
@@ -294,7 +289,7 @@ impl<'a> Recorder<'a> {
         let g = self.groups(residual_norms::workgroups(rows as u32));
         // Without `next`, w_3 (already bound read-only) stands in for w_next.
         let (w_next, normed) = next.unwrap_or((w_3, dummy));
-        let lanes = row_lanes(dim, &[p.split_stride]);
+        let lanes = row_lanes(&[p.dim, p.split_stride]);
         self.push(residual_norms::source_ffn_lanes(self.ctx.row_reduce(), lanes), &p, &[mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed], g)
     }
 
@@ -640,17 +635,14 @@ impl<'a> Recorder<'a> {
             _pad: [0; 3],
         };
         let g = self.groups(norm_rope::workgroups(&p));
-        let lanes = match std::env::var("DG_ROW_LANES").as_deref() {
-            Ok("1") => 1,
-            _ => norm_rope::lanes_for(&p),
-        };
+        let lanes = lanes_knob(norm_rope::lanes_for(&p));
         self.push(norm_rope::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w, cos, sin, out, values], g)
     }
 
     /// Row softmax in place (with the attention mask of `p`).
     pub fn softmax(&mut self, x: &'a wgpu::Buffer, p: softmax::SoftmaxParams) -> Result<(), GpuError> {
         let g = self.groups(softmax::workgroups(&p));
-        let lanes = row_lanes(p.cols as usize, &[]);
+        let lanes = row_lanes(&[p.cols]);
         self.push(softmax::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x], g)
     }
 
@@ -675,7 +667,7 @@ impl<'a> Recorder<'a> {
     /// split product, see [`Product`]).
     pub fn gelu_glu_fused(&mut self, input: impl Into<Product<'a>>, out: &'a wgpu::Buffer, rows: usize, inter: usize) -> Result<(), GpuError> {
         let input = input.into();
-        let lanes = gelu_lanes(&[inter as u32, input.split_stride]);
+        let lanes = row_lanes(&[inter as u32, input.split_stride]);
         let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
         let g = self.groups(gelu_glu::workgroups(&p));
         self.push(gelu_glu::fused_lanes(lanes, false), &p, &[input.buffer, out], g)
@@ -694,24 +686,11 @@ impl<'a> Recorder<'a> {
             && std::env::var("DG_F32_ACTIVATIONS").as_deref() != Ok("1")
     }
 
-    /// [`Self::gelu_glu_fused`] storing `out` as f16 (`[rows, inter]` halves): the activations of a
-    /// tensor-core product that reads them as such ([`Self::grouped_gemm_matrix_a`]), rounded as
-    /// that product would round f32 ones. Needs a device with `SHADER_F16`.
-    pub fn gelu_glu_fused_half(&mut self, input: impl Into<Product<'a>>, out: &'a wgpu::Buffer, rows: usize, inter: usize) -> Result<(), GpuError> {
-        if !self.ctx.device.features().contains(wgpu::Features::SHADER_F16) {
-            return Err(GpuError::Unsupported { what: "f16 activations on a device without SHADER_F16".into() });
-        }
-        let input = input.into();
-        let lanes = gelu_lanes(&[inter as u32, input.split_stride]);
-        let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
-        let g = self.groups(gelu_glu::workgroups(&p));
-        self.push(gelu_glu::fused_lanes(lanes, true), &p, &[input.buffer, out], g)
-    }
-
     /// Two gated activations in one dispatch (`dg_kernels::gelu_glu::pair`): `out = gelu_tanh(gate)
     /// ⊙ up` from `input` (`[rows, 2·inter]`, a buffer or a split product) as
     /// [`Self::gelu_glu_fused`] computes it, and `out_b` from `input_b` (`[rows_b, 2·inter_b]`),
-    /// stored as `format_b` (f16 as [`Self::gelu_glu_fused_half`] stores it).
+    /// stored as `format_b` (f16: rounded by the device's conversion, as
+    /// `dg_kernels::gelu_glu::fused_half` stores it).
     pub fn gelu_glu_pair(
         &mut self,
         (input, out, rows, inter): (impl Into<Product<'a>>, &'a wgpu::Buffer, usize, usize),
@@ -722,7 +701,7 @@ impl<'a> Recorder<'a> {
             return Err(GpuError::Unsupported { what: "f16 activations on a device without SHADER_F16".into() });
         }
         let input = input.into();
-        let lanes = gelu_lanes(&[inter as u32, inter_b as u32, input.split_stride]);
+        let lanes = row_lanes(&[inter as u32, inter_b as u32, input.split_stride]);
         let a = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
         let p = gelu_glu::GeluGluParams::pair(a, (rows_b as u32, inter_b as u32));
         let g = self.groups(gelu_glu::workgroups(&p));

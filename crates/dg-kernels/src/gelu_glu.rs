@@ -55,12 +55,6 @@ impl GeluGluParams {
     }
 }
 
-/// The columns the fused and pair kernels take at a time for widths `inter` (and the split
-/// stride of their partials): 4 where all are multiples of 4, else 1.
-pub fn lanes_for(widths: &[u32]) -> u32 {
-    if widths.iter().all(|w| w.is_multiple_of(4)) { 4 } else { 1 }
-}
-
 /// Workgroups to dispatch, any variant (fold through `groups_1d`).
 pub fn workgroups(p: &GeluGluParams) -> u32 {
     let lanes = p.lanes.max(1);

@@ -142,6 +142,12 @@ pub struct KernelSource {
     pub params_size: u64,
 }
 
+/// Columns a row kernel takes at a time (its `LANES`: rows viewed as vec4s) for rows whose
+/// widths, offsets and strides are `values`: 4 where every one is a multiple of 4, else 1.
+pub fn lanes_for(values: &[u32]) -> u32 {
+    if values.iter().all(|v| v.is_multiple_of(4)) { 4 } else { 1 }
+}
+
 /// Renders a const prelude (`const NAME: u32 = value;` lines) in front of a kernel body.
 pub fn with_prelude(consts: &[(&str, u32)], body: &str) -> String {
     let mut s = String::new();

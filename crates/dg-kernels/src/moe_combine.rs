@@ -42,7 +42,7 @@ pub fn source() -> KernelSource {
 /// The kernel for rows of `hidden` columns: four columns at a time where `hidden` is a multiple
 /// of 4 (`y` and `out` then bound as vec4s), else [`source`].
 pub fn source_for(hidden: u32) -> KernelSource {
-    source_lanes(if hidden.is_multiple_of(4) { 4 } else { 1 })
+    source_lanes(crate::lanes_for(&[hidden]))
 }
 
 fn source_lanes(lanes: u32) -> KernelSource {

@@ -75,6 +75,5 @@ pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
 /// The columns [`source_lanes`] may take at a time for `p`: 4 where `d / 2` and every offset and
 /// stride are multiples of 4, else 1.
 pub fn lanes_for(p: &NormRopeParams) -> u32 {
-    let aligned = [p.dim / 2, p.out_offset, p.v_offset, p.split_stride].iter().all(|v| v.is_multiple_of(4));
-    if aligned && p.dim.is_multiple_of(2) { 4 } else { 1 }
+    if p.dim.is_multiple_of(2) { crate::lanes_for(&[p.dim / 2, p.out_offset, p.v_offset, p.split_stride]) } else { 1 }
 }

@@ -46,12 +46,6 @@ pub(crate) fn with_lanes(body: &str, lanes: u32) -> (String, &'static str) {
     (format!("{prelude}{body}"), suffix)
 }
 
-/// The columns a row kernel takes at a time for rows of `dim` starting at element offsets
-/// `offsets`: 4 where all are multiples of 4, else 1.
-pub fn lanes_for(dim: u32, offsets: &[u32]) -> u32 {
-    if dim.is_multiple_of(4) && offsets.iter().all(|o| o.is_multiple_of(4)) { 4 } else { 1 }
-}
-
 /// Bindings: `x` (read, or the split-K partials of the product it would hold), `w` (read; any
 /// buffer when unweighted), `out` (read-write). Reduced with `reduce` (`crate::row_reduce`).
 pub fn source(reduce: RowReduce) -> KernelSource {
@@ -59,7 +53,7 @@ pub fn source(reduce: RowReduce) -> KernelSource {
 }
 
 /// [`source`] taking `lanes` columns at a time (1, or 4 for `dim` and both offsets multiples of
-/// 4, see [`lanes_for`]).
+/// 4, see [`crate::lanes_for`]).
 pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
     let (body, suffix) = with_lanes(&reduce.render(include_str!("wgsl/rmsnorm.wgsl"), &[Part::Sum("f32")]), lanes);
     KernelSource {

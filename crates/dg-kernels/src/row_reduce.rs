@@ -72,17 +72,25 @@ impl RowReduce {
                 include_str!("wgsl/row_pair_subgroup.wgsl"),
             ),
         };
+        // Each part's workgroup memory (and types), the same for both variants, then its functions.
         let mut text = lanes.to_string();
         for part in parts {
             match part {
-                Part::Sum(ty) => text += &format!("alias RowSum = {ty};\n{sum}"),
-                Part::Max => text += max,
-                Part::Pair => text += pair,
+                Part::Sum(ty) => text += &format!("alias RowSum = {ty};\n{SUM_SHARED}{sum}"),
+                Part::Max => text += &format!("{MAX_SHARED}{max}"),
+                Part::Pair => text += &format!("{PAIR_SHARED}{pair}"),
             }
         }
         template.replace("//@ROW_REDUCE\n", &text)
     }
 }
+
+/// [`Part::Sum`]'s workgroup memory: one slot per invocation (the tree) or per subgroup.
+const SUM_SHARED: &str = "var<workgroup> partial: array<RowSum, WG>;\n";
+/// [`Part::Max`]'s workgroup memory and result type.
+const MAX_SHARED: &str = "var<workgroup> red_v: array<f32, WG>;\nvar<workgroup> red_i: array<u32, WG>;\n\nstruct ArgMax {\n    v: f32,\n    i: u32,\n}\n";
+/// [`Part::Pair`]'s workgroup memory.
+const PAIR_SHARED: &str = "var<workgroup> part_max: array<f32, WG>;\nvar<workgroup> part_sum: array<f32, WG>;\n";
 
 const TREE_LANES: &str = "// The invocation's index in the workgroup (row_reduce.rs).\nstruct RowLanes {\n    @builtin(local_invocation_index) lane: u32,\n}\n";
 

@@ -1,12 +1,6 @@
 // The workgroup-wide maximum, and the argmax (strict maximum, ties to the lower index), as trees
-// through workgroup memory (row_reduce.rs, RowReduce::Tree). Values are never NaN.
-var<workgroup> red_v: array<f32, WG>;
-var<workgroup> red_i: array<u32, WG>;
-
-struct ArgMax {
-    v: f32,
-    i: u32,
-}
+// through workgroup memory (row_reduce.rs, RowReduce::Tree; red_v, red_i and ArgMax declared
+// there). Values are never NaN.
 
 fn row_max(v: f32, lanes: RowLanes) -> f32 {
     let lane = lanes.lane;

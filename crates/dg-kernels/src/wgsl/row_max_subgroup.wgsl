@@ -1,13 +1,6 @@
 // The workgroup-wide maximum, and the argmax (strict maximum, ties to the lower index), through
 // subgroups (row_reduce.rs, RowReduce::Subgroup): each subgroup's, then the subgroups' in subgroup
 // order. Values are never NaN.
-var<workgroup> red_v: array<f32, WG>;
-var<workgroup> red_i: array<u32, WG>;
-
-struct ArgMax {
-    v: f32,
-    i: u32,
-}
 
 fn row_max(v: f32, lanes: RowLanes) -> f32 {
     let m = subgroupMax(v);

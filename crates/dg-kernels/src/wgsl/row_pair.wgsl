@@ -1,7 +1,5 @@
 // The workgroup-wide merge of online-softmax (max, sum) pairs as a tree through workgroup memory
 // (row_reduce.rs, RowReduce::Tree), with the kernel's merge().
-var<workgroup> part_max: array<f32, WG>;
-var<workgroup> part_sum: array<f32, WG>;
 
 fn row_max_sum(m: f32, s: f32, lanes: RowLanes) -> vec2<f32> {
     let lane = lanes.lane;

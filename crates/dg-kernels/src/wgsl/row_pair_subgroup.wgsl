@@ -2,8 +2,6 @@
 // RowReduce::Subgroup): each subgroup's max, its sums rescaled to it and added (exp(0) = 1 exactly
 // for the invocations that hold the max), then the subgroups' pairs merged in subgroup order with
 // the kernel's merge().
-var<workgroup> part_max: array<f32, WG>;
-var<workgroup> part_sum: array<f32, WG>;
 
 fn row_max_sum(m: f32, s: f32, lanes: RowLanes) -> vec2<f32> {
     let gm = subgroupMax(m);

@@ -1,7 +1,6 @@
 // The workgroup-wide sum of the invocations' partial sums, as a tree through workgroup memory
 // (row_reduce.rs, RowReduce::Tree). RowSum is f32, or vec2<f32> for two sums side by side (vector
 // addition is per component, so each follows the same tree).
-var<workgroup> partial: array<RowSum, WG>;
 
 fn row_sum(acc: RowSum, lanes: RowLanes) -> RowSum {
     let lane = lanes.lane;

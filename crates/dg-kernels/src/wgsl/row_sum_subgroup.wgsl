@@ -1,7 +1,6 @@
 // The workgroup-wide sum of the invocations' partial sums through subgroups (row_reduce.rs,
 // RowReduce::Subgroup): each subgroup's sum, then the subgroups' sums added in subgroup order by
 // every invocation. RowSum is f32 or a vector of f32 (per component).
-var<workgroup> partial: array<RowSum, WG>;
 
 fn row_sum(acc: RowSum, lanes: RowLanes) -> RowSum {
     let s = subgroupAdd(acc);
