@@ -4,6 +4,8 @@
 
 use dg_model::{ModelConfig, TextConfig};
 
+use dg_kernels::coop_grouped_gemm::MIN_TILE_ROWS;
+use dg_kernels::moe_dispatch::MoeDispatchParams;
 use dg_kernels::sample_rows::RESULT_WORDS;
 
 use crate::context::GpuContext;
@@ -66,6 +68,8 @@ pub struct Arena {
     pub router_logits: wgpu::Buffer,
     pub topk_idx: wgpu::Buffer,
     pub topk_w: wgpu::Buffer,
+    /// The experts' `E + 1` slot offsets, then the tensor-core grouped GEMM's tile table
+    /// (`dg_kernels::moe_dispatch`).
     pub offsets: wgpu::Buffer,
     pub rows: wgpu::Buffer,
     pub slot_of: wgpu::Buffer,
@@ -164,7 +168,8 @@ impl Arena {
             router_logits: f("router_logits", r * cfg.num_experts)?,
             topk_idx: f("topk_idx", r * k)?,
             topk_w: f("topk_w", r * k)?,
-            offsets: f("offsets", cfg.num_experts + 1)?,
+            // The experts' offsets and room for the tile table of the smallest m tiles.
+            offsets: f("offsets", dg_kernels::moe_dispatch::offsets_len(&MoeDispatchParams { tokens: r as u32, k: k as u32, experts: cfg.num_experts as u32, tile_rows: MIN_TILE_ROWS }) as usize)?,
             rows: f("rows", r * k)?,
             slot_of: f("slot_of", r * k)?,
             expert_gate_up: f("expert_gate_up", r * k * 2 * e_i)?,

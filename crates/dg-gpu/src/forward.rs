@@ -17,6 +17,7 @@
 
 use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm::AFormat;
+use dg_kernels::coop_grouped_gemm;
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::softmax::{self, SoftmaxParams};
@@ -318,7 +319,6 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
     let logits = rec.gemm_product(&a.branch_in, &l.router_proj, &a.router_logits, router)?;
     rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
-    rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e)?;
 
     // The two branches' gate/up products, then both activations in one dispatch, then both down
     // projections (the experts' first: measured 1.219–1.221 against 1.224–1.226 ms a layer on an
@@ -327,7 +327,7 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     // until the layer's closing norms (the combine does not split either).
     let inter = cfg.intermediate_size;
     // Experts on pre_feedforward_layernorm_2(h), the first half of `branch_in`.
-    let grouped = |n: usize, kk: usize, gather: bool| GroupedGemmParams {
+    let grouped = |n: usize, kk: usize, gather: bool, tile_rows: u32| GroupedGemmParams {
         n: n as u32,
         k: kk as u32,
         groups: e as u32,
@@ -336,13 +336,20 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
         b_group_stride: (n * kk) as u32,
         c_rs: n as u32,
         gather: u32::from(gather),
+        tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len((c * k) as u32, e as u32, tile_rows) },
+        tile_rows,
+        _pad: [0; 2],
     };
+    // The dispatch also lists the experts' m tiles that hold slots, for the tensor-core GEMMs'
+    // grids (a product whose tile has other rows covers `max_rows` instead).
+    let tile_rows = rec.expert_tile_rows(&l.experts_gate_up, c * k, &grouped(2 * ei, h, true, 0));
+    rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e, tile_rows)?;
     let gate_up = rec.linear_product(&a.normed, &l.mlp_gate_up, &a.gate_up, c, 2 * inter, h, Batches::ONE)?;
-    rec.grouped_gemm_matrix(&a.branch_in, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true))?;
+    rec.grouped_gemm_matrix(&a.branch_in, &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true, tile_rows))?;
     // The experts' activations as f16 where their down projection reads f16 (the tensor cores).
     let expert_format = if rec.half_activations_for_experts(&l.experts_down) { AFormat::F16 } else { AFormat::F32 };
     rec.gelu_glu_pair((gate_up, &a.act, c, inter), (&a.expert_gate_up, &a.expert_act, c * k, ei, expert_format))?;
-    rec.grouped_gemm_matrix_a((&a.expert_act, expert_format), &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false))?;
+    rec.grouped_gemm_matrix_a((&a.expert_act, expert_format), &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false, tile_rows))?;
     let mlp = rec.linear_product(&a.act, &l.mlp_down, &a.proj, c, h, inter, Batches::ONE)?;
     rec.moe_combine(&a.expert_out, &a.topk_idx, &a.topk_w, &a.slot_of, &a.moe, c, k, h)?;
     // dense = post_feedforward_layernorm_1(mlp) + post_feedforward_layernorm_2(moe);

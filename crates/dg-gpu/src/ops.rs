@@ -572,6 +572,7 @@ impl<'a> Recorder<'a> {
                     what: format!("expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits", p.n, p.k, p.a_rs),
                 })?;
                 let (tile, path) = coop_grouped_override(&p, (tile, path));
+                let p = coop_grouped_gemm::params_for(tile, &p);
                 self.push(coop_grouped_gemm::source_with_a(tile, path, a_format), &p, &[a, &w.buffer, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
             }
         }
@@ -759,8 +760,23 @@ impl<'a> Recorder<'a> {
 
     /// Groups the (token, k) slots by expert.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_dispatch(&mut self, idx: &'a wgpu::Buffer, offsets: &'a wgpu::Buffer, rows: &'a wgpu::Buffer, slot_of: &'a wgpu::Buffer, tokens: usize, k: usize, experts: usize) -> Result<(), GpuError> {
-        let p = moe_dispatch::MoeDispatchParams { tokens: tokens as u32, k: k as u32, experts: experts as u32, _pad: 0 };
+    /// The rows of the m tiles in which the tensor-core grouped GEMM would run the experts `w`
+    /// over `slots` slots (`p` as for [`Self::grouped_gemm_matrix`]): what [`Self::moe_dispatch`]
+    /// writes a tile table for. 0 where no table serves (row-major experts, or more of them than
+    /// `dg_kernels::moe_dispatch::TABLE_EXPERTS`).
+    pub fn expert_tile_rows(&self, w: &GpuMatrix, slots: usize, p: &GroupedGemmParams) -> u32 {
+        match w.layout {
+            MatrixLayout::KPanels if p.groups <= moe_dispatch::TABLE_EXPERTS => coop_grouped_gemm::choose(p, slots as u32, AFormat::F32).map_or(0, |(tile, _)| coop_grouped_override(p, (tile, coop_gemm::WPath::Staged)).0.bm),
+            _ => 0,
+        }
+    }
+
+    /// Groups the `[tokens, k]` routing entries `idx` by expert (offsets, rows, slot_of; see
+    /// `dg_kernels::moe_dispatch`); with `tile_rows` non-zero also the tensor-core grouped GEMM's
+    /// tile table of m tiles of that many rows, after the offsets.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_dispatch(&mut self, idx: &'a wgpu::Buffer, offsets: &'a wgpu::Buffer, rows: &'a wgpu::Buffer, slot_of: &'a wgpu::Buffer, tokens: usize, k: usize, experts: usize, tile_rows: u32) -> Result<(), GpuError> {
+        let p = moe_dispatch::MoeDispatchParams { tokens: tokens as u32, k: k as u32, experts: experts as u32, tile_rows };
         let g = self.groups(moe_dispatch::workgroups(&p));
         self.push(moe_dispatch::source(), &p, &[idx, offsets, rows, slot_of], g)
     }

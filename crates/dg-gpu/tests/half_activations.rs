@@ -112,6 +112,7 @@ impl Grouped {
             b_group_stride: n * k,
             c_rs: n,
             gather: u32::from(gather),
+            ..bytemuck::Zeroable::zeroed()
         };
         let w: Vec<u32> = (0..counts.len()).flat_map(|g| pack_f16_panels(&seeded((n * k) as usize, 100 + g as u64, 1.0), n as usize, k as usize, PANEL as usize)).collect();
         Grouped {
@@ -209,7 +210,7 @@ fn f16_activations_for_row_major_experts_are_refused() {
     let buffer = |len: usize| ctx.storage_buffer("b", len as u64 * 4).unwrap();
     let (a, offsets, rows, c) = (buffer(64), buffer(3), buffer(4), buffer(64));
     let w = dg_gpu::GpuMatrix { buffer: buffer(64 * 32), format: WeightFormat::F32, layout: dg_gpu::MatrixLayout::RowMajor };
-    let p = GroupedGemmParams { n: 64, k: 32, groups: 2, max_rows: 2, a_rs: 32, b_group_stride: 64 * 32, c_rs: 64, gather: 0 };
+    let p = GroupedGemmParams { n: 64, k: 32, groups: 2, max_rows: 2, a_rs: 32, b_group_stride: 64 * 32, c_rs: 64, gather: 0, ..bytemuck::Zeroable::zeroed() };
     let mut rec = dg_gpu::ops::Recorder::new(&ctx, &mut pipelines);
     let err = rec.grouped_gemm_matrix_a((&a, AFormat::F16), &w, &offsets, &rows, &c, 4, p).expect_err("f16 activations on row-major experts");
     assert!(err.to_string().contains("n 64 k 32"), "{err}");

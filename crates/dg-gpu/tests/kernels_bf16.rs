@@ -266,6 +266,7 @@ fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, format: WeightForm
         b_group_stride: stride as u32,
         c_rs: c_rs as u32,
         gather: g.gather as u32,
+        ..bytemuck::Zeroable::zeroed()
     };
     let what = format!("{format:?} grouped [{}] n {n} k {k} gap {} counts {:?} gather {}", tile.label(), g.gap, g.counts, g.gather);
 
@@ -445,6 +446,7 @@ fn recorder_format_methods_match_their_f32_twins(test: &str, format: WeightForma
         b_group_stride: (n * k) as u32,
         c_rs: n as u32,
         gather: 1,
+        ..bytemuck::Zeroable::zeroed()
     };
     // Embedding: a chunk of rows 3..40 of a [50, k] table (k odd).
     let ids: Vec<u32> = (0..20).map(|i| (i * 7) % 50).collect();

@@ -201,6 +201,7 @@ fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GroupedTile,
         b_group_stride: (n * k) as u32,
         c_rs: c_rs as u32,
         gather: g.gather as u32,
+        ..bytemuck::Zeroable::zeroed()
     };
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&pipeline, &params, &[&ab, &wb, &ob, &rb, &cb], grouped_gemm::workgroups(tile, g.n, max_rows, groups as u32));
@@ -369,6 +370,7 @@ fn grouped_gemm_throughput() {
             b_group_stride: (n * k) as u32,
             c_rs: n as u32,
             gather: gather as u32,
+            ..bytemuck::Zeroable::zeroed()
         };
         for &tile in grouped_gemm::TILES {
             let pipeline = pipelines.get(&ctx, grouped_gemm::source(tile)).unwrap();

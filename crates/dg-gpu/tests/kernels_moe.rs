@@ -9,6 +9,7 @@ use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_co
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::moe_combine::{self, MoeCombineParams};
+use dg_kernels::coop_grouped_gemm;
 use dg_kernels::moe_dispatch::{self, MoeDispatchParams, NO_SLOT};
 use dg_kernels::router_topk::{self, RouterTopkParams};
 use dg_model::{LayerKind, LayerSpec, RopeSpec, TextConfig, Weights};
@@ -125,10 +126,11 @@ fn run_dispatch(
     k: usize,
     experts: usize,
 ) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
-    run_dispatch_folded(ctx, idx, tokens, k, experts, 65_535)
+    run_dispatch_folded(ctx, idx, tokens, k, experts, 65_535, 0)
 }
 
-/// [`run_dispatch`] with the grid folded at `max_dim` workgroups per dimension.
+/// [`run_dispatch`] with the grid folded at `max_dim` workgroups per dimension, and with the tile
+/// table of m tiles of `tile_rows` after the offsets where that is not 0.
 fn run_dispatch_folded(
     ctx: &GpuContext,
     idx: &[u32],
@@ -136,19 +138,21 @@ fn run_dispatch_folded(
     k: usize,
     experts: usize,
     max_dim: u32,
+    tile_rows: u32,
 ) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let mut pipelines = Pipelines::default();
     let p = pipelines.get(ctx, moe_dispatch::source()).unwrap();
     let ib = ctx.upload("idx", idx).unwrap();
-    let offsets = guarded_output(ctx, "offsets", experts + 1);
+    let params = MoeDispatchParams { tokens: tokens as u32, k: k as u32, experts: experts as u32, tile_rows };
+    let offsets_len = moe_dispatch::offsets_len(&params) as usize;
+    let offsets = guarded_output(ctx, "offsets", offsets_len);
     let rows = guarded_output(ctx, "rows", tokens * k);
     let slot_of = guarded_output(ctx, "slot_of", tokens * k);
-    let params = MoeDispatchParams { tokens: tokens as u32, k: k as u32, experts: experts as u32, _pad: 0 };
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&p, &params, &[&ib, &offsets, &rows, &slot_of], groups_1d(moe_dispatch::workgroups(&params), max_dim));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
     (
-        read_guarded_u32(ctx, &offsets, experts + 1),
+        read_guarded_u32(ctx, &offsets, offsets_len),
         read_guarded_u32(ctx, &rows, tokens * k),
         read_guarded_u32(ctx, &slot_of, tokens * k),
     )
@@ -228,7 +232,7 @@ fn moe_dispatch_invariants() {
     // A folded grid (padding workgroups past E + 1 leave at once).
     let (tokens, k, experts) = (50, 3, 16);
     let idx = random_idx(tokens, k, experts, 78);
-    let d = run_dispatch_folded(&ctx, &idx, tokens, k, experts, 4);
+    let d = run_dispatch_folded(&ctx, &idx, tokens, k, experts, 4, 0);
     check_dispatch(&d, &idx, tokens, k, experts, "folded grid");
     // Everything to one expert, and repeated experts within a token (not top-k, still sorted).
     let (tokens, k, experts) = (100, 4, 16);
@@ -244,6 +248,37 @@ fn moe_dispatch_invariants() {
     let (offsets, _, slot_of) = run_dispatch(&ctx, &idx, 6, 2, 8);
     assert_eq!(slot_of[3], NO_SLOT);
     assert_eq!(offsets[8], 11);
+}
+
+#[test]
+fn moe_dispatch_lists_the_experts_m_tiles_for_the_tensor_core_gemm() {
+    let Some(ctx) = test_context("moe_dispatch_lists_the_experts_m_tiles_for_the_tensor_core_gemm") else { return };
+    // The real decoder (256 × top-8 over 128) and encoder chunk, more experts than a workgroup
+    // has invocations, everything to one expert, and out-of-range ids (no slot, no tile; the
+    // table's length still counts them).
+    let mut cases: Vec<(usize, usize, usize, Vec<u32>)> = [(256, 8, 128), (1000, 8, 128), (31, 5, 256), (97, 4, 300), (5, 3, 8)]
+        .iter()
+        .map(|&(t, k, e)| (t, k, e, random_idx(t, k, e, 90 + t as u64)))
+        .collect();
+    cases.push((100, 4, 16, vec![9u32; 400]));
+    let mut bad = random_idx(40, 4, 8, 79);
+    for e in bad.iter_mut().step_by(10) {
+        *e = 8;
+    }
+    cases.push((40, 4, 8, bad));
+    for (tokens, k, experts, idx) in &cases {
+        let (tokens, k, experts) = (*tokens, *k, *experts);
+        let plain = run_dispatch(&ctx, idx, tokens, k, experts);
+        for tile_rows in [16, 32, 64] {
+            let what = format!("T={tokens} K={k} E={experts}, m tiles of {tile_rows}");
+            // A folded grid too: the table's workgroup is then not the last of the grid.
+            let (offsets, rows, slot_of) = run_dispatch_folded(&ctx, idx, tokens, k, experts, 7, tile_rows);
+            assert_eq!(&offsets[..=experts], &plain.0[..], "{what}: offsets");
+            assert_eq!((&rows, &slot_of), (&plain.1, &plain.2), "{what}: rows and slots");
+            let counts: Vec<u32> = offsets[..=experts].windows(2).map(|w| w[1] - w[0]).collect();
+            assert_eq!(&offsets[experts + 1..], &coop_grouped_gemm::tile_table(&counts, (tokens * k) as u32, tile_rows)[..], "{what}: tile table");
+        }
+    }
 }
 
 /// The CPU twin of the combine: from 0, ascending expert order, `+= y·w`.

@@ -50,6 +50,7 @@ struct Case {
     gather: bool,
 }
 
+#[derive(Clone)]
 struct Inputs {
     params: GroupedGemmParams,
     offsets: Vec<u32>,
@@ -82,6 +83,7 @@ impl Case {
             b_group_stride: stride as u32,
             c_rs: c_rs as u32,
             gather: u32::from(self.gather),
+            ..bytemuck::Zeroable::zeroed()
         };
         Inputs {
             params,
@@ -92,6 +94,18 @@ impl Case {
             c0: seeded(slots.max(1) * c_rs, seed + 2, 2.0),
             slots,
         }
+    }
+}
+
+impl Inputs {
+    /// The same product over the tile table of m tiles of `tile_rows` (after the offsets, as
+    /// `moe_dispatch` writes it) instead of the `max_rows` grid.
+    fn with_table(&self, tile_rows: u32) -> Inputs {
+        let groups = self.params.groups as usize;
+        let counts: Vec<u32> = self.offsets[..=groups].windows(2).map(|w| w[1] - w[0]).collect();
+        let table = coop_grouped_gemm::tile_table(&counts, self.slots as u32, tile_rows);
+        let params = GroupedGemmParams { tiles: table.len() as u32, tile_rows, ..self.params };
+        Inputs { params, offsets: [&self.offsets[..=groups], &table[..]].concat(), ..self.clone() }
     }
 }
 
@@ -194,9 +208,17 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
                 let got = run_grouped(&ctx, &mut pipelines, &x);
                 let want = grouped_reference(&x, |_| true);
                 check(&got, &want, &x, |_| true, &format!("n {} counts {counts:?} gather {gather}", case.n));
+                // With a table of the chosen tile's rows, and of other rows (the grid then).
+                for rows in [32, 64] {
+                    let tabled = run_grouped(&ctx, &mut pipelines, &x.with_table(rows));
+                    assert!(tabled == got, "n {} counts {counts:?} gather {gather}: other bits with a table of {rows} rows", case.n);
+                }
                 for path in [WPath::Staged, WPath::Direct, WPath::Single] {
                     let direct = run_tile(&ctx, &mut pipelines, tile, path, &x);
                     check(&direct, &want, &x, |_| true, &format!("tile {} {path:?} counts {counts:?} gather {gather}", tile.label()));
+                    // The tile table's grid runs the same tiles.
+                    let tabled = run_tile(&ctx, &mut pipelines, tile, path, &x.with_table(tile.bm));
+                    assert!(tabled == direct, "tile {} {path:?} counts {counts:?} gather {gather}: other bits over the tile table", tile.label());
                     // Deeper rings add the same products in the same order: the same bits.
                     for depth in 2..=dg_kernels::coop_kloop::MAX_DEPTH {
                         let deeper = run_tile(&ctx, &mut pipelines, tile.with_depth(depth), path, &x);

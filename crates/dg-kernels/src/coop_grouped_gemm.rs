@@ -18,8 +18,12 @@
 //! adapter's workgroup memory): `n` a multiple of the tile's `bn`, `k` of its `bk`, and `k`,
 //! `a_rs`, `b_group_stride` multiples of 4 ([`fits`]).
 //!
-//! The grid covers `max_rows` rows for every group, like the f32 kernel; a workgroup whose m tile
-//! starts past its group's slot count exits at once. With 2048 slots over 128 experts (the
+//! The grid: where [`crate::moe_dispatch`] wrote a tile table after the offsets (`p.tiles`
+//! entries, one per m tile of `p.tile_rows` rows that holds slots, [`tile_table`]), one workgroup
+//! per entry and n tile; else it covers `max_rows` rows for every group, like the f32 kernel,
+//! and a workgroup whose m tile starts past its group's slot count exits at once. In the decoder
+//! (`max_rows` 256, 32-row tiles) that grid is 8 times the tiles with work; on an H200 its idle
+//! workgroups cost the experts' two products 23 µs of 670 a layer. With 2048 slots over 128 experts (the
 //! decoder's 256 tokens × top-8), a 32-row tile holds most experts whole, so each expert's
 //! weights are read about once: its floor is the weight bytes (1.5 GB a layer at the real
 //! geometry), not the tensor cores' work. (On an H200 it runs at about half the weights'
@@ -91,10 +95,15 @@ pub const fn shared_bytes_with(tile: CoopTile, path: WPath) -> u32 {
     }
 }
 
+/// The fewest rows of any tile's m tiles: a tile table of m tiles this small is the longest
+/// ([`table_len`]).
+pub const MIN_TILE_ROWS: u32 = 16;
+
 const _: () = {
     let mut i = 0;
     while i < TILES.len() {
         assert!(TILES[i].is_valid() && shared_bytes(TILES[i]) <= MAX_SHARED_BYTES, "a coop grouped tile breaks its invariants");
+        assert!(TILES[i].bm >= MIN_TILE_ROWS, "a coop grouped tile has fewer rows than MIN_TILE_ROWS");
         i += 1;
     }
 };
@@ -186,11 +195,43 @@ pub fn source_with_a(tile: CoopTile, path: WPath, a_format: AFormat) -> KernelSo
     }
 }
 
-/// The dispatch: `ceil(max_rows / bm) · (n / bn) · groups` workgroups, folded as
-/// [`crate::gemm::fold`] folds them.
+/// Tile table entry past the last m tile that holds slots.
+pub const NO_TILE: u32 = u32::MAX;
+
+/// Entries of the tile table of `slots` slots over `groups` groups in m tiles of `tile_rows`:
+/// `Σ ⌈count_g / tile_rows⌉` is at most `⌊(slots + groups · (tile_rows − 1)) / tile_rows⌋`, whatever
+/// the counts (`moe_dispatch.wgsl` computes the same bound).
+pub fn table_len(slots: u32, groups: u32, tile_rows: u32) -> u32 {
+    (slots + groups * (tile_rows - 1)) / tile_rows
+}
+
+/// The tile table of groups with `counts` slots, as `moe_dispatch` writes it after the offsets
+/// for `entries` routing entries (valid or not: at least the counts' sum): `g | (m << 16)` for
+/// each m tile `m` of each group `g` in order, then [`NO_TILE`] up to [`table_len`] of `entries`.
+pub fn tile_table(counts: &[u32], entries: u32, tile_rows: u32) -> Vec<u32> {
+    let mut table: Vec<u32> = counts.iter().enumerate().flat_map(|(g, &c)| (0..c.div_ceil(tile_rows)).map(move |m| g as u32 | (m << 16))).collect();
+    table.resize(table_len(entries, counts.len() as u32, tile_rows) as usize, NO_TILE);
+    table
+}
+
+/// `p` as the kernel with `tile` runs it: with the tile table only where its m tiles are the
+/// tile's rows (else over the `max_rows` grid).
+pub fn params_for(tile: CoopTile, p: &GroupedGemmParams) -> GroupedGemmParams {
+    match p.tiles != 0 && p.tile_rows != tile.bm {
+        true => GroupedGemmParams { tiles: 0, ..*p },
+        false => *p,
+    }
+}
+
+/// The dispatch for `p` as [`params_for`] gives it: `tiles · (n / bn)` workgroups with a tile
+/// table, else `ceil(max_rows / bm) · (n / bn) · groups`; folded as [`crate::gemm::fold`] folds
+/// them.
 pub fn workgroups(tile: CoopTile, p: &GroupedGemmParams) -> [u32; 3] {
-    let total = u64::from(p.max_rows.div_ceil(tile.bm)) * u64::from(p.n / tile.bn) * u64::from(p.groups);
-    fold(total)
+    let m_tiles = match p.tiles {
+        0 => u64::from(p.max_rows.div_ceil(tile.bm)) * u64::from(p.groups),
+        tiles => u64::from(tiles),
+    };
+    fold(m_tiles * u64::from(p.n / tile.bn))
 }
 
 #[cfg(test)]
@@ -211,6 +252,20 @@ mod tests {
     }
 
     #[test]
+    fn tile_tables_list_each_groups_m_tiles_within_their_bound() {
+        let table = tile_table(&[3, 0, 40, 32, 1], 76, 32);
+        assert_eq!(table_len(76, 5, 32), 7);
+        assert_eq!(table, vec![0, 2, 2 | 1 << 16, 3, 4, NO_TILE, NO_TILE]);
+        // The bound is reached when every group's count leaves one row over a whole tile.
+        let worst = [33u32; 4];
+        assert_eq!(tile_table(&worst, 4 * 33, 32).iter().filter(|&&e| e != NO_TILE).count() as u32, table_len(4 * 33, 4, 32));
+        let p = GroupedGemmParams { tiles: 6, tile_rows: 32, ..bytemuck::Zeroable::zeroed() };
+        assert_eq!(params_for(TILE_32X128, &p).tiles, 6);  // (any length the caller sizes)
+        assert_eq!(params_for(TILE_64X128, &p).tiles, 0);
+        assert_eq!(workgroups(TILE_32X128, &GroupedGemmParams { n: 256, ..p }), [12, 1, 1]);
+    }
+
+    #[test]
     fn panels_hold_each_k_block_of_all_rows_contiguously() {
         let (n, k) = (3, 64);
         let w: Vec<f32> = (0..n * k).map(|i| i as f32).collect();
@@ -224,7 +279,7 @@ mod tests {
 
     #[test]
     fn the_real_experts_fit_and_pick_their_measured_tiles() {
-        let gate_up = GroupedGemmParams { n: 1408, k: 2816, groups: 128, max_rows: 256, a_rs: 2816, b_group_stride: 1408 * 2816, c_rs: 1408, gather: 1 };
+        let gate_up = GroupedGemmParams { n: 1408, k: 2816, groups: 128, max_rows: 256, a_rs: 2816, b_group_stride: 1408 * 2816, c_rs: 1408, gather: 1, ..bytemuck::Zeroable::zeroed() };
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
         assert_eq!(choose(&gate_up, 2048, AFormat::F32), Some((TILE_32X128, WPath::Single)));
         assert_eq!(choose(&down, 2048, AFormat::F16), Some((TILE_32X128, WPath::Direct)));

@@ -32,7 +32,8 @@ use crate::gemm::{MAX_INVOCATIONS, MAX_SHARED_BYTES, fold, shared_stride, unroll
 use crate::bf16::with_operand_format;
 use crate::{Access, KernelSource, WeightFormat, with_prelude};
 
-/// Uniform parameters of `grouped_gemm.wgsl`. 32 bytes, a multiple of 16, so no padding.
+/// Uniform parameters of `grouped_gemm.wgsl` and `coop_grouped_gemm.wgsl`. 48 bytes, a multiple
+/// of 16.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable, PartialEq)]
 pub struct GroupedGemmParams {
@@ -51,6 +52,15 @@ pub struct GroupedGemmParams {
     pub c_rs: u32,
     /// Non-zero: slot `s` reads row `rows[s]` of A; zero: row `s`.
     pub gather: u32,
+    /// Tensor-core kernel only ([`crate::coop_grouped_gemm`]): the length of the tile table that
+    /// follows the `groups + 1` offsets (one entry per m tile that holds slots, as
+    /// [`crate::moe_dispatch`] writes it), or 0: no table, the grid covers `max_rows` rows of every
+    /// group. The portable kernel ignores it.
+    pub tiles: u32,
+    /// The rows of one m tile of the table (its `bm`); a kernel whose tile has other rows uses the
+    /// `max_rows` grid.
+    pub tile_rows: u32,
+    pub _pad: [u32; 2],
 }
 
 /// One tile variant: a `bm × bn` block of C per workgroup, K in steps of `bk`, a `tm × tn`

@@ -10,9 +10,12 @@
 // Requires N % BN == 0, K % BK == 0, a_rs and b_group_stride multiples of 4, and subgroups of
 // exactly 32 invocations.
 //
-// The grid covers max_rows (an upper bound on any group's slot count, known without a readback):
-// the linear workgroup index is decoded m tile fastest, then n tile, then group; a workgroup whose
-// m tile starts past its group's count leaves at once. The rows of a tile past the count are
+// The grid: with a tile table (p.tiles != 0), n tile fastest, then the table's entries: entry t,
+// at offsets[groups + 1 + t], names one m tile that holds slots, as group | (m tile << 16), or
+// NO_TILE past the last one (moe_dispatch.wgsl writes it). Without one, the grid covers max_rows
+// (an upper bound on any group's slot count, known without a readback): m tile fastest, then n
+// tile, then group. Either way a workgroup whose m tile starts past its group's count leaves at
+// once. The rows of a tile past the count are
 // staged from the group's last row (any valid row: rows of a product are independent) and never
 // stored. The K loop is the dense kernel's (coop_kloop.rs). Stores: a tile whose rows are all
 // the group's goes straight to C; a partial one goes fragment by fragment through a 16 x 16
@@ -31,7 +34,13 @@ struct Params {
     b_group_stride: u32,
     c_rs: u32,
     gather: u32,
+    tiles: u32,
+    tile_rows: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
+
+const NO_TILE: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<A_ELEM>;
@@ -50,17 +59,24 @@ var<workgroup> scratch: array<f32, WT * 8u>;
 @compute @workgroup_size(WT)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lt: u32) {
-    let tiles_m = (p.max_rows + BM - 1u) / BM;
-    let tiles_n = p.n / BN;
     let id = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
-    if (id >= tiles_m * tiles_n * p.groups) {
+    // Read-only storage indexed by a uniform value: uniform, so the early exits and the store
+    // branch keep the barriers in uniform control flow.
+    let tiles_n = p.n / BN;
+    let tiles_m = (p.max_rows + BM - 1u) / BM;
+    let table = p.tiles != 0u;
+    let t = id / tiles_n;
+    if (!select(id < tiles_m * tiles_n * p.groups, t < p.tiles, table)) {
         return;   // padding of a folded grid
     }
-    let m0 = (id % tiles_m) * BM;
-    let n0 = ((id / tiles_m) % tiles_n) * BN;
-    let g = id / (tiles_m * tiles_n);
-    // Read-only storage indexed by a uniform value: uniform, so the early exit and the store
-    // branch keep the barriers in uniform control flow.
+    // select, not branches or `&&`: naga would see the exits below in non-uniform control flow.
+    let entry = offsets[select(0u, p.groups + 1u + t, table)];
+    if (select(false, entry == NO_TILE, table)) {
+        return;   // past the last m tile that holds slots
+    }
+    let g = select(id / (tiles_m * tiles_n), entry & 0xffffu, table);
+    let m0 = select(id % tiles_m, entry >> 16u, table) * BM;
+    let n0 = select((id / tiles_m) % tiles_n, id % tiles_n, table) * BN;
     let first = offsets[g];
     let count = offsets[g + 1u] - first;
     if (m0 >= count) {

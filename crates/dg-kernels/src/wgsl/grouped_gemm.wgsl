@@ -44,6 +44,10 @@ struct Params {
     b_group_stride: u32,
     c_rs: u32,
     gather: u32,
+    tiles: u32,       // (the tensor-core kernel's tile table; unused here)
+    tile_rows: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
