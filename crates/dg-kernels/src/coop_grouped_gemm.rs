@@ -144,29 +144,47 @@ pub fn choose(p: &GroupedGemmParams, slots: u32, a_format: AFormat) -> Option<(C
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
 }
 
-/// The tile's stores: straight to C for a full m tile, through the subgroup's scratch fragment
-/// otherwise.
-fn stores(tile: CoopTile) -> (String, String) {
+/// The tile's stores: a fragment whose rows are all the group's straight to C, one with some
+/// through the subgroup's scratch fragment (its rows below the count copied out), one with none
+/// not at all. Where every subgroup spans the tile's rows (`wm = bm`) this is decided per row of
+/// fragments (a 32-row tile of a group of 16 stores one row of fragments straight and skips the
+/// other); else for the whole tile, whose subgroups then reach their barriers together.
+fn stores(tile: CoopTile) -> String {
     let (fm, fn_) = tile.fragments();
-    let mut full = String::new();
-    let mut partial = String::new();
-    for i in 0..fm {
-        for j in 0..fn_ {
-            let (di, dj) = (i * FRAGMENT, j * FRAGMENT);
-            full += &format!(
-                "        {{\n            let ic = (first + m0 + sm + {di}u) * p.c_rs + n0 + sn + {dj}u;\n            coopStoreT(acc_{i}_{j}, &c[ic], stride_c);\n        }}\n"
-            );
-            partial += &format!(
-                "        {{\n            let fs = sg * 256u;\n            coopStoreT(acc_{i}_{j}, &scratch[fs], stride_f);\n            workgroupBarrier();\n\
-                 \x20           let r = m0 + sm + {di}u + lane / 2u;\n            if (r < count) {{\n\
-                 \x20               let src = fs + (lane / 2u) * 16u + (lane % 2u) * 8u;\n\
-                 \x20               let dst = (first + r) * p.c_rs + n0 + sn + {dj}u + (lane % 2u) * 8u;\n\
-                 \x20               for (var q = 0u; q < 8u; q++) {{\n                    c[dst + q] = scratch[src + q];\n                }}\n\
-                 \x20           }}\n            workgroupBarrier();\n        }}\n"
-            );
-        }
+    let full = |i: u32| -> String {
+        (0..fn_)
+            .map(|j| {
+                let (di, dj) = (i * FRAGMENT, j * FRAGMENT);
+                format!("        {{\n            let ic = (first + m0 + sm + {di}u) * p.c_rs + n0 + sn + {dj}u;\n            coopStoreT(acc_{i}_{j}, &c[ic], stride_c);\n        }}\n")
+            })
+            .collect()
+    };
+    let partial = |i: u32| -> String {
+        (0..fn_)
+            .map(|j| {
+                let (di, dj) = (i * FRAGMENT, j * FRAGMENT);
+                format!(
+                    "        {{\n            let fs = sg * 256u;\n            coopStoreT(acc_{i}_{j}, &scratch[fs], stride_f);\n            workgroupBarrier();\n\
+                     \x20           let r = m0 + sm + {di}u + lane / 2u;\n            if (r < count) {{\n\
+                     \x20               let src = fs + (lane / 2u) * 16u + (lane % 2u) * 8u;\n\
+                     \x20               let dst = (first + r) * p.c_rs + n0 + sn + {dj}u + (lane % 2u) * 8u;\n\
+                     \x20               for (var q = 0u; q < 8u; q++) {{\n                    c[dst + q] = scratch[src + q];\n                }}\n\
+                     \x20           }}\n            workgroupBarrier();\n        }}\n"
+                )
+            })
+            .collect()
+    };
+    if tile.wm == tile.bm {
+        (0..fm)
+            .map(|i| {
+                let di = i * FRAGMENT;
+                format!("    if (m0 + {}u <= count) {{\n{}    }} else if (m0 + {di}u < count) {{\n{}    }}\n", di + FRAGMENT, full(i), partial(i))
+            })
+            .collect()
+    } else {
+        let all = |f: &dyn Fn(u32) -> String| (0..fm).map(f).collect::<String>();
+        format!("    if (m0 + BM <= count) {{\n{}    }} else {{\n{}    }}\n", all(&full), all(&partial))
     }
-    (full, partial)
 }
 
 /// The kernel for `tile` with W [`WPath::Staged`], named `coop_grouped_gemm_{label}`. Bindings:
@@ -182,9 +200,8 @@ pub fn source_with(tile: CoopTile, path: WPath) -> KernelSource {
 
 /// [`source_with`] with A stored as `a_format`.
 pub fn source_with_a(tile: CoopTile, path: WPath, a_format: AFormat) -> KernelSource {
-    let (full, partial) = stores(tile);
     let template = include_str!("wgsl/coop_grouped_gemm.wgsl");
-    let stores = [("//@STORE_PARTIAL\n", partial), ("//@STORE\n", full)];
+    let stores = [("//@STORE\n", stores(tile))];
     let wgsl = tile.expand_path(template, "(w_first + lt + l * WT)", path, crate::WeightFormat::F16, crate::coop_gemm::BLayout::Nk, stores.to_vec());
     KernelSource {
         name: format!("coop_grouped_gemm_{}{}{}", tile.label(), path.suffix(), a_format.suffix()),

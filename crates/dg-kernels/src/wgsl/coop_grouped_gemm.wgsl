@@ -17,9 +17,10 @@
 // tile, then group. Either way a workgroup whose m tile starts past its group's count leaves at
 // once. The rows of a tile past the count are
 // staged from the group's last row (any valid row: rows of a product are independent) and never
-// stored. The K loop is the dense kernel's (coop_kloop.rs). Stores: a tile whose rows are all
-// the group's goes straight to C; a partial one goes fragment by fragment through a 16 x 16
-// scratch per subgroup in workgroup memory, from which the rows below the count are copied out.
+// stored. The K loop is the dense kernel's (coop_kloop.rs). Stores (coop_grouped_gemm.rs,
+// stores): fragments whose rows are all the group's go straight to C; partial ones through a
+// 16 x 16 scratch per subgroup in workgroup memory, from which the rows below the count are
+// copied out; where each subgroup spans the tile's rows, fragments with no such row not at all.
 
 // (`enable f16;` and `enable wgpu_cooperative_matrix;` come first, ahead of the const prelude.)
 
@@ -112,9 +113,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let stride_c = p.c_rs;
     let stride_f = 16u;
     let lane = lt % 32u;
-    if (m0 + BM <= count) {
 //@STORE
-    } else {
-//@STORE_PARTIAL
-    }
 }
