@@ -158,7 +158,7 @@ fn f16_activations_give_the_same_bits_as_f32_ones_rounded_when_staged() {
     let counts = [31, 32, 33, 0, 1, 70, 16, 5];
     for gather in [false, true] {
         let grouped = Grouped::new(&ctx, 256, 224, &counts, gather);
-        for (tile, path) in [(coop_grouped_gemm::TILE_32X128, WPath::Direct), (coop_grouped_gemm::TILE_64X128, WPath::Staged)] {
+        for (tile, path) in [(coop_grouped_gemm::TILE_32X128, WPath::Direct), (coop_grouped_gemm::TILE_32X128, WPath::Single), (coop_grouped_gemm::TILE_64X128, WPath::Staged)] {
             let want = grouped.run(&ctx, &mut pipelines, tile, path, AFormat::F32);
             let got = grouped.run(&ctx, &mut pipelines, tile, path, AFormat::F16);
             assert!(got == want, "experts {} {path:?} gather {gather}: f16 activations gave other bits", tile.label());

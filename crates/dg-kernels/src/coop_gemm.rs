@@ -140,6 +140,15 @@ impl AFormat {
         }
     }
 
+    /// The function that pins a prefetched vec4 of A in this format (see `coop_kloop.rs`,
+    /// prefetch): `pin_f` or `pin_h`.
+    pub(crate) fn pin(self) -> &'static str {
+        match self {
+            AFormat::F32 => "pin_f",
+            AFormat::F16 => "pin_h",
+        }
+    }
+
     /// `""` or `"_a16"`, for kernel names.
     pub fn suffix(self) -> &'static str {
         match self {
@@ -344,7 +353,7 @@ impl CoopTile {
         };
         let template =
             crate::gemm::with_params(include_str!("wgsl/coop_gemm.wgsl")).replace("W_SRC", w_src).replace("W_STEP", w_step).replace("W_ROW", w_row);
-        self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)]).replace("A_ELEM", a_format.elem())
+        self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)]).replace("A_ELEM", a_format.elem()).replace("PIN_A", a_format.pin())
     }
 
     /// [`Self::expand`] for W reaching the tensor cores by `path`: with [`WPath::Direct`] the
@@ -457,20 +466,34 @@ impl CoopTile {
         }
         // W's storage: vec4s of f16, or BF16 pairs in u32 words widened to f32 and rounded to f16
         // when loaded (exact for |w| in f16's normal range).
-        let (w_elem, load_w) = match w_format {
-            WeightFormat::F16 => ("vec4<f16>", "fn load_w(i: u32) -> vec4<f16> {\n    return w[i];\n}\n"),
+        // The K loop keeps W's vec4s as stored and converts them as it stages them.
+        let (w_elem, w16) = match w_format {
+            WeightFormat::F16 => ("vec4<f16>", "fn w16(v: vec4<f16>) -> vec4<f16> {\n    return v;\n}\n"),
             WeightFormat::Bf16 => (
                 "vec2<u32>",
-                "fn load_w(i: u32) -> vec4<f16> {\n    let v = w[i];\n    return vec4<f16>(vec4<f32>(bitcast<f32>(v.x << 16u), bitcast<f32>(v.x & 0xffff0000u), bitcast<f32>(v.y << 16u), bitcast<f32>(v.y & 0xffff0000u)));\n}\n",
+                "fn w16(v: vec2<u32>) -> vec4<f16> {\n    return vec4<f16>(vec4<f32>(bitcast<f32>(v.x << 16u), bitcast<f32>(v.x & 0xffff0000u), bitcast<f32>(v.y << 16u), bitcast<f32>(v.y & 0xffff0000u)));\n}\n",
             ),
-            WeightFormat::F32 => ("vec4<f32>", "fn load_w(i: u32) -> vec4<f16> {\n    return vec4<f16>(w[i]);\n}\n"),
+            WeightFormat::F32 => ("vec4<f32>", "fn w16(v: vec4<f32>) -> vec4<f16> {\n    return vec4<f16>(v);\n}\n"),
         };
         assert!(w_format == WeightFormat::F16 || b_fragment.is_none(), "direct W fragments need F16 weights");
         let dst_w = match layout {
             BLayout::Nk | BLayout::NkPanels => "fn dst_w(e: u32) -> u32 {\n    return dst_of(e);\n}\n",
             BLayout::Kn => "fn dst_w(e: u32) -> u32 {\n    return (e / BN4) * NP + 4u * (e % BN4);\n}\n",
         };
-        let put = format!("{put}{load_w}{dst_w}");
+        // The pins of the K loop's prefetches (coop_kloop.rs, prefetch): f16 vec4s into A's
+        // stage, f32 ones and BF16 words into the scratch, as they are.
+        let pin_h = match self.staging {
+            Staging::Vec4 => "fn pin_h(l: u32, v: vec4<f16>) {\n    sa[l] = v;\n}\n",
+            Staging::Scalar => "fn pin_h(l: u32, v: vec4<f16>) {\n    sa[4u * l] = v.x;\n    sa[4u * l + 1u] = v.y;\n    sa[4u * l + 2u] = v.z;\n    sa[4u * l + 3u] = v.w;\n}\n",
+        };
+        let pin_f = "fn pin_f(l: u32, v: vec4<f32>) {\n    scratch[4u * l] = v.x;\n    scratch[4u * l + 1u] = v.y;\n    scratch[4u * l + 2u] = v.z;\n    scratch[4u * l + 3u] = v.w;\n}\n";
+        let pin_w = match w_format {
+            WeightFormat::F16 => "fn pin_w(l: u32, v: vec4<f16>) {\n    pin_h(l, v);\n}\n",
+            WeightFormat::Bf16 => "fn pin_w(l: u32, v: vec2<u32>) {\n    scratch[2u * l] = bitcast<f32>(v.x);\n    scratch[2u * l + 1u] = bitcast<f32>(v.y);\n}\n",
+            WeightFormat::F32 => "fn pin_w(l: u32, v: vec4<f32>) {\n    pin_f(l, v);\n}\n",
+        };
+        let pin_a = "fn pin_a(l: u32, v: A_ELEM) {\n    PIN_A(l, v);\n}\n";
+        let put = format!("{put}{w16}{dst_w}{pin_h}{pin_f}{pin_w}{pin_a}");
         let mut body = template.replace("//@KLOOP\n", &kloop.replace("W_AT", w_at)).replace("W_ELEM", w_elem);
         // Where the invocation's vec4 number e of a step goes in a stage, in halves.
         let put = format!("{put}fn dst_of(e: u32) -> u32 {{\n    return (e / BK4) * KP + 4u * (e % BK4);\n}}\n");

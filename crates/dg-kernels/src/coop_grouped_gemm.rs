@@ -134,12 +134,14 @@ pub fn panels_fit(n: u32, k: u32) -> bool {
 /// staged.
 pub fn choose(p: &GroupedGemmParams, slots: u32, a_format: AFormat) -> Option<(CoopTile, WPath)> {
     let average = slots.div_ceil(p.groups.max(1));
+    // The gate/up product (f32 activations, K 2816) loads two steps ahead; the down projection
+    // (f16 activations, K 704) one.
     let first = match a_format {
-        AFormat::F32 => WPath::Single,
-        AFormat::F16 => WPath::Direct,
+        AFormat::F32 => TILE_32X128.with_depth(2),
+        AFormat::F16 => TILE_32X128,
     };
-    let decoder: &[(CoopTile, WPath)] = &[(TILE_32X128, first), (TILE_32X64, first)];
-    let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (TILE_32X128, first), (TILE_32X64, first)];
+    let decoder: &[(CoopTile, WPath)] = &[(first, WPath::Single), (TILE_32X64, WPath::Single)];
+    let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (first, WPath::Single), (TILE_32X64, WPath::Single)];
     let preferred = if average > 48 { encoder } else { decoder };
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
 }
@@ -205,7 +207,7 @@ pub fn source_with_a(tile: CoopTile, path: WPath, a_format: AFormat) -> KernelSo
     let wgsl = tile.expand_path(template, "(w_first + lt + l * WT)", path, crate::WeightFormat::F16, crate::coop_gemm::BLayout::Nk, stores.to_vec());
     KernelSource {
         name: format!("coop_grouped_gemm_{}{}{}", tile.label(), path.suffix(), a_format.suffix()),
-        wgsl: wgsl.replace("A_ELEM", a_format.elem()),
+        wgsl: wgsl.replace("A_ELEM", a_format.elem()).replace("PIN_A", a_format.pin()),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<GroupedGemmParams>() as u64,
@@ -298,12 +300,12 @@ mod tests {
     fn the_real_experts_fit_and_pick_their_measured_tiles() {
         let gate_up = GroupedGemmParams { n: 1408, k: 2816, groups: 128, max_rows: 256, a_rs: 2816, b_group_stride: 1408 * 2816, c_rs: 1408, gather: 1, ..bytemuck::Zeroable::zeroed() };
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
-        assert_eq!(choose(&gate_up, 2048, AFormat::F32), Some((TILE_32X128, WPath::Single)));
-        assert_eq!(choose(&down, 2048, AFormat::F16), Some((TILE_32X128, WPath::Direct)));
-        assert_eq!(choose(&down, 2048, AFormat::F32), Some((TILE_32X128, WPath::Single)));
+        assert_eq!(choose(&gate_up, 2048, AFormat::F32), Some((TILE_32X128.with_depth(2), WPath::Single)));
+        assert_eq!(choose(&down, 2048, AFormat::F16), Some((TILE_32X128, WPath::Single)));
+        assert_eq!(choose(&down, 2048, AFormat::F32), Some((TILE_32X128.with_depth(2), WPath::Single)));
         assert_eq!(choose(&down, 8192, AFormat::F32), Some((TILE_64X128, WPath::Staged)));
         let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
-        assert_eq!(choose(&tiny, 128, AFormat::F16), Some((TILE_32X64, WPath::Direct)));
+        assert_eq!(choose(&tiny, 128, AFormat::F16), Some((TILE_32X64, WPath::Single)));
         assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128, AFormat::F32), None);
         assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128, AFormat::F32), None);
     }

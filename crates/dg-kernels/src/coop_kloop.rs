@@ -21,7 +21,16 @@
 //!
 //! Depth 1 is the classic double buffer (the loads of the next step in flight while this one
 //! multiplies). Every depth adds the same products in the same order: results are bit-identical
-//! across depths. Global loads are not drained by barriers on NVIDIA (`tests/tensor_cores.rs`,
+//! across depths.
+//!
+//! Every load is unconditional: past the last step it loads the last step again (`min(·, steps −
+//! 1)`), and every put happens (past the last step into the stage no one reads again). A load
+//! under a condition leaves its set holding either the new or the old values where the branches
+//! meet, and the NVIDIA compiler resolves that with register moves that wait for the load right
+//! after issuing it: the disassembled kernels showed each step's loads waited for before the
+//! step multiplied, whatever the depth. W likewise stays in its stored form in the ring (BF16
+//! words, f32) and is converted as it is staged (`w16`), since a conversion also waits for its
+//! load. Global loads are not drained by barriers on NVIDIA (`tests/tensor_cores.rs`,
 //! `barrier_drain_probe`), so a deeper ring keeps more bytes in flight per workgroup: what a lone
 //! 128×128 workgroup per multiprocessor needs (depth 3 on an H200; the experts' tiles, several to
 //! a multiprocessor, gained nothing and stay at depth 1).
@@ -41,16 +50,37 @@ pub const MAX_DEPTH: u32 = 4;
 fn load(set: u32, step: &str, with_w: bool, indent: &str) -> String {
     let mut s = format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LA; l++) {{\n{indent}    ra[{set}][l] = a[a_src[l] + ({step}) * BK4];\n{indent}}}\n");
     if with_w {
-        s += &format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    rw[{set}][l] = load_w(W_AT + ({step}) * w_step);\n{indent}}}\n");
+        s += &format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    rw[{set}][l] = w[W_AT + ({step}) * w_step];\n{indent}}}\n");
     }
     s
+}
+
+/// [`load`] for a later step, its values pinned where they are loaded: a branch no run takes
+/// (`p.n` is never 0) stores them to workgroup memory (`pin_a`, `pin_w`: into a stage or the
+/// scratch, as they are, no conversion). The NVIDIA compiler otherwise sinks each load down to the
+/// put that consumes it, a step later (the disassembly showed every step's loads issued right
+/// before their stores, however deep the ring), so that nothing overlaps their latency; a use on
+/// another path keeps the load where the ring issues it.
+fn prefetch(set: u32, step: &str, with_w: bool, indent: &str) -> String {
+    let mut s = load(set, step, with_w, indent);
+    s += &format!("{indent}if (p.n == 0u) {{\n{indent}    // @unroll\n{indent}    for (var l = 0u; l < LA; l++) {{\n{indent}        pin_a(l, ra[{set}][l]);\n{indent}    }}\n");
+    if with_w {
+        s += &format!("{indent}    // @unroll\n{indent}    for (var l = 0u; l < LW; l++) {{\n{indent}        pin_w(l, rw[{set}][l]);\n{indent}    }}\n");
+    }
+    s + &format!("{indent}}}\n")
+}
+
+/// Step `step` clamped to the last one (a WGSL u32 expression): what an unconditional load past
+/// the end loads.
+fn clamped(step: &str) -> String {
+    format!("min({step}, steps - 1u)")
 }
 
 /// Writes set `set` into the stage whose A starts at `a_at` (and W at `b_at` when `with_w`).
 fn put(set: u32, a_at: &str, b_at: &str, with_w: bool, indent: &str) -> String {
     let mut s = format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LA; l++) {{\n{indent}    put_a({a_at} + dst_of(lt + l * WT), vec4<f16>(ra[{set}][l]));\n{indent}}}\n");
     if with_w {
-        s += &format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    put_b({b_at} + dst_w(lt + l * WT), rw[{set}][l]);\n{indent}}}\n");
+        s += &format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    put_b({b_at} + dst_w(lt + l * WT), w16(rw[{set}][l]));\n{indent}}}\n");
     }
     s
 }
@@ -60,12 +90,12 @@ fn put(set: u32, a_at: &str, b_at: &str, with_w: bool, indent: &str) -> String {
 fn prologue(sets: u32, with_w: bool) -> String {
     let mut s = format!("    var ra: array<array<A_ELEM, LA>, {sets}>;\n");
     if with_w {
-        s += &format!("    var rw: array<array<vec4<f16>, LW>, {sets}>;\n");
+        s += &format!("    var rw: array<array<W_ELEM, LW>, {sets}>;\n");
     }
     s += &load(0, "0u", with_w, "    ");
     s += &put(0, "0u", "0u", with_w, "    ");
     for t in 1..=sets {
-        s += &format!("    if ({t}u < steps) {{\n{}    }}\n", load(t % sets, &format!("{t}u"), with_w, "        "));
+        s += &prefetch(t % sets, &clamped(&format!("{t}u")), with_w, "    ");
     }
     s
 }
@@ -76,16 +106,13 @@ fn advance(ph: u32, sets: u32, with_w: bool) -> String {
     let next = (ph + 1) % sets;
     let i = "                    ";
     format!(
-        "                if (s + 1u < steps) {{\n\
+        "                {{\n\
          \x20                   let a_nx = ((s + 1u) & 1u) * (BM * KP);\n\
          \x20                   let b_nx = ((s + 1u) & 1u) * SBS;\n\
-         {}\
-         \x20                   if (s + {}u < steps) {{\n{}\
-         \x20                   }}\n\
+         {}{}\
          \x20               }}\n",
         put(next, "a_nx", "b_nx", with_w, i),
-        1 + sets,
-        load(next, &format!("s + {}u", 1 + sets), with_w, "                        "),
+        prefetch(next, &clamped(&format!("s + {}u", 1 + sets)), with_w, i),
     )
 }
 
@@ -112,24 +139,23 @@ pub(crate) fn staged(depth: u32) -> String {
 /// into the set step `s` just wrote out, before step `s` multiplies.
 pub(crate) fn single(depth: u32) -> String {
     assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
-    let mut s = format!("    var ra: array<array<A_ELEM, LA>, {depth}>;\n    var rw: array<array<vec4<f16>, LW>, {depth}>;\n");
+    let mut s = format!("    var ra: array<array<A_ELEM, LA>, {depth}>;\n    var rw: array<array<W_ELEM, LW>, {depth}>;\n");
     s += &load(0, "0u", true, "    ");
     for t in 1..depth {
-        s += &format!("    if ({t}u < steps) {{\n{}    }}\n", load(t, &format!("{t}u"), true, "        "));
+        s += &prefetch(t, &clamped(&format!("{t}u")), true, "    ");
     }
     s += "\n//@ACC\n";
     s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
     for ph in 0..depth {
         s += &format!(
             "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
-             \x20           {{\n                workgroupBarrier();\n{}\
-             \x20               if (s + {depth}u < steps) {{\n{}\
-             \x20               }}\n                workgroupBarrier();\n\
+             \x20           {{\n                workgroupBarrier();\n{}{}\
+             \x20               workgroupBarrier();\n\
              \x20               let a_st = 0u;\n                let b_st = 0u;\n\
              //@MULTIPLY\n\
              \x20           }}\n        }}\n",
             put(ph, "0u", "0u", true, "                "),
-            load(ph, &format!("s + {depth}u"), true, "                    "),
+            prefetch(ph, &clamped(&format!("s + {depth}u")), true, "                "),
         );
     }
     s + "    }\n"
