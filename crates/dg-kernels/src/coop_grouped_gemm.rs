@@ -126,12 +126,13 @@ pub fn panels_fit(n: u32, k: u32) -> bool {
 }
 
 /// The tile and W path for `p` over `slots` slots with A stored as `a_format`, the first of the
-/// preferred list that fits. In the decoder (groups of ~16 slots) 32 × 128 tiles, else 32 × 64;
-/// f32 activations (gate/up, gathered) staged through a single stage of workgroup memory, f16
-/// ones (down) with W straight from the buffer. On an H200 in the real 6-layer forward: gate/up
-/// 422 µs single-staged against 450 direct and 755 double-staged; down with f16 A 245 direct
-/// against 254 single-staged. For the encoder's chunks (groups over 48 slots) 64-row tiles, W
-/// staged.
+/// preferred list that fits. In the decoder (groups of ~16 slots) 32 × 128 tiles, else 32 × 64,
+/// A and W staged through a single stage of workgroup memory; f32 activations (gate/up,
+/// gathered) loaded two steps ahead, f16 ones (down) one. On an H200 in the real 6-layer forward,
+/// since the K loop's loads are pinned (`coop_kloop.rs`): gate/up 370 µs at depth 2 against 397
+/// at depth 1; down 216 single-staged against 224 with W fragments straight from the buffer
+/// (which the driver loads two bytes at a time) and 238 direct at depth 2. For the encoder's
+/// chunks (groups over 48 slots) 64-row tiles, W staged.
 pub fn choose(p: &GroupedGemmParams, slots: u32, a_format: AFormat) -> Option<(CoopTile, WPath)> {
     let average = slots.div_ceil(p.groups.max(1));
     // The gate/up product (f32 activations, K 2816) loads two steps ahead; the down projection

@@ -30,10 +30,12 @@
 //! after issuing it: the disassembled kernels showed each step's loads waited for before the
 //! step multiplied, whatever the depth. W likewise stays in its stored form in the ring (BF16
 //! words, f32) and is converted as it is staged (`w16`), since a conversion also waits for its
-//! load. Global loads are not drained by barriers on NVIDIA (`tests/tensor_cores.rs`,
-//! `barrier_drain_probe`), so a deeper ring keeps more bytes in flight per workgroup: what a lone
-//! 128×128 workgroup per multiprocessor needs (depth 3 on an H200; the experts' tiles, several to
-//! a multiprocessor, gained nothing and stay at depth 1).
+//! load. Unconditional loads alone are not enough: the compiler then sinks them down to the put
+//! that consumes them, so `prefetch` pins them where the ring issues them. Global loads are not
+//! drained by barriers on NVIDIA (`tests/tensor_cores.rs`, `barrier_drain_probe`), so a deeper
+//! ring keeps more bytes in flight per workgroup: depth 3 for the lone 128×128 workgroup of a
+//! multiprocessor, 2 for the experts' single-staged gate/up (on an H200, with the pins: 397 →
+//! 370 µs; before them the experts gained nothing from a deeper ring).
 //!
 //! A's vec4s are `A_ELEM` (`vec4<f32>` or `vec4<f16>`, see [`crate::coop_gemm::AFormat`]), which
 //! the kernel's source names. The text expects in scope: `a_src` (LA vec4 indices into `a` at step

@@ -1,0 +1,109 @@
+"""Disassemble the kernels the NVIDIA Vulkan driver compiled for dg, from its shader disk cache.
+
+Run dg with the cache kept where you choose, then point this script at it:
+
+    export __GL_SHADER_DISK_CACHE=1 __GL_SHADER_DISK_CACHE_PATH=/tmp/nvcache \
+           __GL_SHADER_DISK_CACHE_SKIP_CLEANUP=1
+    ./target/release/xtask bench-gpu --weights f16 --steps 1
+    python3 bench/nv_sass.py /tmp/nvcache out/ --nvdisasm nvdisasm
+
+The cache's `.bin` files hold zstd frames; each frame that decompresses to a compiled kernel
+holds, 8 bytes in, a container that `nvdisasm -b SM90` reads whole (register count, barriers,
+symbol table, then the SASS). For every kernel with matrix instructions the script writes
+`kNNN.sass` and prints one line: registers, HMMA / LDG / LDSM / STS / BAR.SYNC counts, and how many
+global loads are waited for before any HMMA follows them (a prefetch that the compiler undid:
+see `crates/dg-kernels/src/coop_kloop.rs`). Tooling only: needs the `zstd` command and nvdisasm
+(CUDA's, or the `nvidia-cuda-nvdisasm` wheel's).
+"""
+
+import argparse
+import glob
+import os
+import re
+import subprocess
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+LINE = re.compile(r"/\*([0-9a-f]{4})\*/\s+(.*?);\s+/\* (0x[0-9a-f]+) \*/")
+HIGH = re.compile(r"^\s+/\* (0x[0-9a-f]+) \*/\s*$")
+
+
+def frames(path):
+    """Every zstd frame of a cache file, decompressed (frames that fail are skipped)."""
+    data = open(path, "rb").read()
+    at = data.find(ZSTD_MAGIC)
+    while at >= 0:
+        out = subprocess.run(["zstd", "-d", "-c", "-q"], input=data[at:], capture_output=True).stdout
+        if out:
+            yield out
+        at = data.find(ZSTD_MAGIC, at + 4)
+
+
+def instructions(nvdisasm, binary):
+    """(address, text, write scoreboard, wait mask) of each instruction, from `-hex` output: the
+    control bits are the high word's bits 41 and up (stall 4, yield 1, write 3, read 3, wait 6)."""
+    out = subprocess.run([nvdisasm, "-b", "SM90", "-hex", binary], capture_output=True, text=True).stdout
+    rows, current = [], None
+    for line in out.splitlines():
+        m = LINE.search(line)
+        if m:
+            current = (int(m.group(1), 16), m.group(2).strip())
+            continue
+        m = HIGH.match(line)
+        if m and current:
+            control = int(m.group(1), 16) >> 41
+            rows.append((current[0], current[1], (control >> 5) & 7, (control >> 11) & 0x3F))
+            current = None
+    return rows
+
+
+def loads_waited_before_hmma(rows):
+    """How many global loads have their first consumer before any HMMA follows them, walking
+    forward and taking every predicated forward branch (so that the K loop's pins, behind a branch
+    every run takes, do not count as consumers; a heuristic)."""
+    at = {address: i for i, (address, _, _, _) in enumerate(rows)}
+    branch = re.compile(r"^@!?U?P\w+\s+BRA\s+(0x[0-9a-f]+)")
+    early = 0
+    for i, (_, text, write, _) in enumerate(rows):
+        if "LDG" not in text or write == 7:
+            continue
+        j = i + 1
+        while j < len(rows):
+            address, later, _, wait = rows[j]
+            if wait >> write & 1:
+                early += 1
+                break
+            if "HMMA" in later:
+                break
+            m = branch.match(later)
+            target = at.get(int(m.group(1), 16)) if m else None
+            j = target if target is not None and target > j else j + 1
+    return early
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cache", help="the __GL_SHADER_DISK_CACHE_PATH directory")
+    parser.add_argument("out", help="where to write kNNN.sass")
+    parser.add_argument("--nvdisasm", default="nvdisasm")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    n = 0
+    for path in sorted(glob.glob(os.path.join(args.cache, "**", "*.bin"), recursive=True)):
+        for frame in frames(path):
+            payload = frame[8:]
+            binary = os.path.join(args.out, f"k{n:03d}.bin")
+            open(binary, "wb").write(payload[: len(payload) // 16 * 16])
+            sass = subprocess.run([args.nvdisasm, "-b", "SM90", binary], capture_output=True, text=True).stdout
+            if "HMMA" not in sass:
+                os.remove(binary)
+                continue
+            open(os.path.join(args.out, f"k{n:03d}.sass"), "w").write(sass)
+            regs = re.search(r"Register count=(\d+)", sass)
+            counts = {op: len(re.findall(op, sass)) for op in ("HMMA", "LDG", "LDSM", "STS", "BAR.SYNC")}
+            early = loads_waited_before_hmma(instructions(args.nvdisasm, binary))
+            print(f"k{n:03d} registers {regs.group(1) if regs else '?'} " + " ".join(f"{k}={v}" for k, v in counts.items()) + f" loads-waited-before-HMMA={early}")
+            n += 1
+
+
+if __name__ == "__main__":
+    main()
