@@ -758,15 +758,13 @@ impl<'a> Recorder<'a> {
         self.push(router_topk::source(self.ctx.row_reduce()), &p, &[logits.buffer, per_expert_scale, idx, w], g)
     }
 
-    /// Groups the (token, k) slots by expert.
-    #[allow(clippy::too_many_arguments)]
     /// The rows of the m tiles in which the tensor-core grouped GEMM would run the experts `w`
     /// over `slots` slots (`p` as for [`Self::grouped_gemm_matrix`]): what [`Self::moe_dispatch`]
     /// writes a tile table for. 0 where no table serves (row-major experts, or more of them than
     /// `dg_kernels::moe_dispatch::TABLE_EXPERTS`).
     pub fn expert_tile_rows(&self, w: &GpuMatrix, slots: usize, p: &GroupedGemmParams) -> u32 {
         match w.layout {
-            MatrixLayout::KPanels if p.groups <= moe_dispatch::TABLE_EXPERTS => coop_grouped_gemm::choose(p, slots as u32, AFormat::F32).map_or(0, |(tile, _)| coop_grouped_override(p, (tile, coop_gemm::WPath::Staged)).0.bm),
+            MatrixLayout::KPanels if p.groups <= moe_dispatch::TABLE_EXPERTS => coop_grouped_gemm::choose(p, slots as u32, AFormat::F32).map_or(0, |choice| coop_grouped_override(p, choice).0.bm),
             _ => 0,
         }
     }

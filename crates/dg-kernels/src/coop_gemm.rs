@@ -465,8 +465,8 @@ impl CoopTile {
             put = &put[..put.find("fn put_b").expect("put_b")];
         }
         // W's storage: vec4s of f16, or BF16 pairs in u32 words widened to f32 and rounded to f16
-        // when loaded (exact for |w| in f16's normal range).
-        // The K loop keeps W's vec4s as stored and converts them as it stages them.
+        // (exact for |w| in f16's normal range), or f32. The K loop keeps W's vec4s as stored and
+        // converts them (`w16`) as it stages them.
         let (w_elem, w16) = match w_format {
             WeightFormat::F16 => ("vec4<f16>", "fn w16(v: vec4<f16>) -> vec4<f16> {\n    return v;\n}\n"),
             WeightFormat::Bf16 => (

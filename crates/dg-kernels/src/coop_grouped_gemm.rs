@@ -280,7 +280,7 @@ mod tests {
         let worst = [33u32; 4];
         assert_eq!(tile_table(&worst, 4 * 33, 32).iter().filter(|&&e| e != NO_TILE).count() as u32, table_len(4 * 33, 4, 32));
         let p = GroupedGemmParams { tiles: 6, tile_rows: 32, ..bytemuck::Zeroable::zeroed() };
-        assert_eq!(params_for(TILE_32X128, &p).tiles, 6);  // (any length the caller sizes)
+        assert_eq!(params_for(TILE_32X128, &p).tiles, 6);
         assert_eq!(params_for(TILE_64X128, &p).tiles, 0);
         assert_eq!(workgroups(TILE_32X128, &GroupedGemmParams { n: 256, ..p }), [12, 1, 1]);
     }

@@ -58,7 +58,7 @@ fn load(set: u32, step: &str, with_w: bool, indent: &str) -> String {
 }
 
 /// [`load`] for a later step, its values pinned where they are loaded: a branch no run takes
-/// (`p.n` is never 0) stores them to workgroup memory (`pin_a`, `pin_w`: into a stage or the
+/// (`p.n` is never 0: both kernels' `fits` refuse an empty n) stores them to workgroup memory (`pin_a`, `pin_w`: into a stage or the
 /// scratch, as they are, no conversion). The NVIDIA compiler otherwise sinks each load down to the
 /// put that consumes it, a step later (the disassembly showed every step's loads issued right
 /// before their stores, however deep the ring), so that nothing overlaps their latency; a use on
