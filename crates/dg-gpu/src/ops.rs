@@ -568,7 +568,7 @@ impl<'a> Recorder<'a> {
             }),
             MatrixLayout::RowMajor => self.grouped_gemm_format(a, &w.buffer, w.format, offsets, rows, c, slots, p),
             MatrixLayout::KPanels => {
-                let (tile, path) = coop_grouped_gemm::choose(&p, slots as u32, a_format).ok_or_else(|| GpuError::Unsupported {
+                let (tile, path) = coop_grouped_gemm::choose(&p, slots as u32).ok_or_else(|| GpuError::Unsupported {
                     what: format!("expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits", p.n, p.k, p.a_rs),
                 })?;
                 let (tile, path) = coop_grouped_override(&p, (tile, path));
@@ -764,7 +764,7 @@ impl<'a> Recorder<'a> {
     /// `dg_kernels::moe_dispatch::TABLE_EXPERTS`).
     pub fn expert_tile_rows(&self, w: &GpuMatrix, slots: usize, p: &GroupedGemmParams) -> u32 {
         match w.layout {
-            MatrixLayout::KPanels if p.groups <= moe_dispatch::TABLE_EXPERTS => coop_grouped_gemm::choose(p, slots as u32, AFormat::F32).map_or(0, |choice| coop_grouped_override(p, choice).0.bm),
+            MatrixLayout::KPanels if p.groups <= moe_dispatch::TABLE_EXPERTS => coop_grouped_gemm::choose(p, slots as u32).map_or(0, |choice| coop_grouped_override(p, choice).0.bm),
             _ => 0,
         }
     }

@@ -178,23 +178,30 @@ fn f16_activations_throughput_at_the_real_shapes() {
     let replays = 20;
     // 256 tokens × top-8 over 128 experts, as evenly as a real routing spreads them.
     let counts: Vec<u32> = (0..128u32).map(|e| 10 + (e * 7) % 13).collect();
-    let (tile, path) = (coop_grouped_gemm::TILE_32X128, WPath::Direct);
     let gate_up = Grouped::new(&ctx, 1408, 2816, &counts, true);
     let down = Grouped::new(&ctx, 2816, 704, &counts, false);
+    // The forward's tile (single-staged 32×128, four steps ahead) against the other format and a
+    // shallower ring.
+    let tile = coop_grouped_gemm::TILE_32X128;
+    let configs = [(AFormat::F32, 4), (AFormat::F16, 4), (AFormat::F32, 2), (AFormat::F16, 2)];
     for (name, g) in [("experts gate_up", &gate_up), ("experts down", &down)] {
-        let mut line = format!("{test}: {name} [{} {path:?}] f32 / f16 A:", tile.label());
-        for format in [AFormat::F32, AFormat::F16, AFormat::F32, AFormat::F16] {
-            let t = best_time(&ctx, &g.plan(&ctx, &mut pipelines, tile, path, format, replays), replays);
-            line += &format!(" {:.1}", t * 1e6);
+        let mut line = format!("{test}: {name} [{} Single] f32 d4 / f16 d4 / f32 d2 / f16 d2:", tile.label());
+        for _ in 0..2 {
+            for (format, depth) in configs {
+                let t = best_time(&ctx, &g.plan(&ctx, &mut pipelines, tile.with_depth(depth), WPath::Single, format, replays), replays);
+                line += &format!(" {:.1}", t * 1e6);
+            }
         }
         eprintln!("{line} us");
     }
-    for (name, shape, splits) in [("q", (256, 4096, 2816), 2), ("o", (256, 2816, 4096), 2), ("mlp gate_up", (256, 4224, 2816), 2), ("mlp down", (256, 2816, 2112), 3)] {
-        let dense = Dense::new(&ctx, shape, coop_gemm::TILE_128X128, splits);
-        let mut line = format!("{test}: {name} {shape:?} [{}] {} splits, f32 / f16 A:", dense.tile.label(), dense.split.splits);
-        for format in [AFormat::F32, AFormat::F16, AFormat::F32, AFormat::F16] {
-            let t = best_time(&ctx, &dense.plan(&ctx, &mut pipelines, format, replays), replays);
-            line += &format!(" {:.1}", t * 1e6);
+    for (name, shape, splits) in [("q", (256, 4096, 2816), 2), ("o", (256, 2816, 4096), 3), ("mlp gate_up", (256, 4224, 2816), 2), ("mlp down", (256, 2816, 2112), 3)] {
+        let mut line = format!("{test}: {name} {shape:?} [128x128] {splits} splits, f32 d3 / f16 d3 / f16 d2 / f16 d4:");
+        for _ in 0..2 {
+            for (format, depth) in [(AFormat::F32, 3), (AFormat::F16, 3), (AFormat::F16, 2), (AFormat::F16, 4)] {
+                let dense = Dense::new(&ctx, shape, coop_gemm::TILE_128X128.with_depth(depth), splits);
+                let t = best_time(&ctx, &dense.plan(&ctx, &mut pipelines, format, replays), replays);
+                line += &format!(" {:.1}", t * 1e6);
+            }
         }
         eprintln!("{line} us");
     }
@@ -229,5 +236,29 @@ fn half_activation_kernels_validate() {
         let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
         assert!(k.wgsl.contains("array<vec4<f16>>") && !k.wgsl.contains("A_ELEM"), "{}: A not f16", k.name);
+    }
+}
+
+/// Whether the experts' products lose time to their last wave of workgroups
+/// (`--include-ignored --nocapture`): the forward's gate/up and down tiles timed over 16 slots an
+/// expert for a sweep of expert counts. Without a tail the time grows with the experts; where a
+/// multiprocessor runs `r` workgroups, it steps every `132 r / n_tiles` experts instead.
+#[test]
+#[ignore = "throughput: run with --include-ignored --nocapture on a GPU with cooperative matrices"]
+fn experts_wave_probe() {
+    let test = "experts_wave_probe";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let replays = 20;
+    let tile = coop_grouped_gemm::TILE_32X128;
+    let depth = coop_grouped_gemm::EXPERT_DEPTH;
+    for (name, n, k, gather, format) in [("gate_up", 1408, 2816, true, AFormat::F32), ("down", 2816, 704, false, AFormat::F16)] {
+        let mut line = format!("{test}: {name} [{} Single d{depth}], 16 slots an expert, experts:", tile.label());
+        for experts in (60u32..=144).step_by(6) {
+            let g = Grouped::new(&ctx, n, k, &vec![16; experts as usize], gather);
+            let t = best_time(&ctx, &g.plan(&ctx, &mut pipelines, tile.with_depth(depth), WPath::Single, format, replays), replays);
+            line += &format!(" | {experts}: {:.1}", t * 1e6);
+        }
+        eprintln!("{line} us");
     }
 }

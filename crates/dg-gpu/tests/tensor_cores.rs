@@ -1284,3 +1284,33 @@ fn workgroup_residency_probe() {
         eprintln!("{line}");
     }
 }
+
+/// What one dispatch costs the forward by itself (`--include-ignored --nocapture`): a plan of
+/// dispatches of a kernel that writes one word per invocation of the buffer they all share (so
+/// that each waits for the one before, as the forward's do), timed per dispatch against its
+/// workgroups. The forward runs about 21 dispatches a layer; what this costs each is what fusing
+/// two of them can save.
+#[test]
+#[ignore = "throughput: run with --include-ignored --nocapture on a GPU"]
+fn dispatch_overhead_probe() {
+    use dg_kernels::{Access, KernelSource};
+    let test = "dispatch_overhead_probe";
+    let Some(ctx) = dg_gpu::testing::test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let out = ctx.storage_buffer("out", 4096 * 256 * 4).unwrap();
+    let wgsl = "@group(0) @binding(0) var<uniform> p: vec4<u32>;\n\
+                @group(0) @binding(1) var<storage, read_write> out: array<u32>;\n\
+                @compute @workgroup_size(256)\n\
+                fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lt: u32) {\n\
+                \x20   let i = wid.x * 256u + lt;\n\
+                \x20   out[i] = out[i] + p.x;\n\
+                }\n";
+    let source = KernelSource { name: "dispatch_overhead".into(), wgsl: wgsl.into(), entry: "main", buffers: vec![Access::ReadWrite], params_size: 16 };
+    let pipeline = pipelines.get(&ctx, source).unwrap();
+    let mut line = format!("{test}: one dispatch after another, by workgroups of 256:");
+    for groups in [1u32, 132, 256, 1024, 4096] {
+        let t = time_dispatch(&ctx, &pipeline, &[1u32, 0, 0, 0], &[&out], [groups, 1, 1], 200);
+        line += &format!(" | {groups}: {:.2} us", t * 1e6);
+    }
+    eprintln!("{line}");
+}

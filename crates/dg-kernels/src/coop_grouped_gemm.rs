@@ -108,6 +108,13 @@ const _: () = {
     }
 };
 
+/// How many K steps ahead the decoder's expert tiles load (`coop_kloop`). On an H200 in the real
+/// 6-layer forward (µs for gate/up and down, the layer's mean): depth 1 578 / 314 (1.587 ms),
+/// 2 / 1 (the earlier choice) 370 / 214 (1.066), 3 359 / 203 (1.041), 4 343–345 / 193–195
+/// (1.017–1.018), 5 390 / 199 (1.070), 6 475 / 212 (1.169), 8 801 / 338 (1.586): past 4 the
+/// ring's registers cost more than its loads in flight gain.
+pub const EXPERT_DEPTH: u32 = 4;
+
 /// Whether the kernel computes the grouped product `p` with `tile`.
 pub fn fits(tile: CoopTile, p: &GroupedGemmParams) -> bool {
     tile.bk == PANEL
@@ -125,22 +132,16 @@ pub fn panels_fit(n: u32, k: u32) -> bool {
     n > 0 && k > 0 && k.is_multiple_of(PANEL) && TILES.iter().any(|t| n.is_multiple_of(t.bn))
 }
 
-/// The tile and W path for `p` over `slots` slots with A stored as `a_format`, the first of the
+/// The tile and W path for `p` over `slots` slots (either A format), the first of the
 /// preferred list that fits. In the decoder (groups of ~16 slots) 32 × 128 tiles, else 32 × 64,
-/// A and W staged through a single stage of workgroup memory; f32 activations (gate/up,
-/// gathered) loaded two steps ahead, f16 ones (down) one. On an H200 in the real 6-layer forward,
-/// since the K loop's loads are pinned (`coop_kloop.rs`): gate/up 370 µs at depth 2 against 397
-/// at depth 1; down 216 single-staged against 224 with W fragments straight from the buffer
+/// A and W staged through a single stage of workgroup memory, loaded [`EXPERT_DEPTH`] steps ahead.
+/// On an H200 in the real 6-layer forward, since the K loop's loads are pinned (`coop_kloop.rs`):
+/// down 216 µs single-staged at depth 1 against 224 with W fragments straight from the buffer
 /// (which the driver loads two bytes at a time) and 238 direct at depth 2. For the encoder's
 /// chunks (groups over 48 slots) 64-row tiles, W staged.
-pub fn choose(p: &GroupedGemmParams, slots: u32, a_format: AFormat) -> Option<(CoopTile, WPath)> {
+pub fn choose(p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
     let average = slots.div_ceil(p.groups.max(1));
-    // The gate/up product (f32 activations, K 2816) loads two steps ahead; the down projection
-    // (f16 activations, K 704) one.
-    let first = match a_format {
-        AFormat::F32 => TILE_32X128.with_depth(2),
-        AFormat::F16 => TILE_32X128,
-    };
+    let first = TILE_32X128.with_depth(EXPERT_DEPTH);
     let decoder: &[(CoopTile, WPath)] = &[(first, WPath::Single), (TILE_32X64, WPath::Single)];
     let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (first, WPath::Single), (TILE_32X64, WPath::Single)];
     let preferred = if average > 48 { encoder } else { decoder };
@@ -301,13 +302,12 @@ mod tests {
     fn the_real_experts_fit_and_pick_their_measured_tiles() {
         let gate_up = GroupedGemmParams { n: 1408, k: 2816, groups: 128, max_rows: 256, a_rs: 2816, b_group_stride: 1408 * 2816, c_rs: 1408, gather: 1, ..bytemuck::Zeroable::zeroed() };
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
-        assert_eq!(choose(&gate_up, 2048, AFormat::F32), Some((TILE_32X128.with_depth(2), WPath::Single)));
-        assert_eq!(choose(&down, 2048, AFormat::F16), Some((TILE_32X128, WPath::Single)));
-        assert_eq!(choose(&down, 2048, AFormat::F32), Some((TILE_32X128.with_depth(2), WPath::Single)));
-        assert_eq!(choose(&down, 8192, AFormat::F32), Some((TILE_64X128, WPath::Staged)));
+        assert_eq!(choose(&gate_up, 2048), Some((TILE_32X128.with_depth(EXPERT_DEPTH), WPath::Single)));
+        assert_eq!(choose(&down, 2048), Some((TILE_32X128.with_depth(EXPERT_DEPTH), WPath::Single)));
+        assert_eq!(choose(&down, 8192), Some((TILE_64X128, WPath::Staged)));
         let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
-        assert_eq!(choose(&tiny, 128, AFormat::F16), Some((TILE_32X64, WPath::Single)));
-        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128, AFormat::F32), None);
-        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128, AFormat::F32), None);
+        assert_eq!(choose(&tiny, 128), Some((TILE_32X64, WPath::Single)));
+        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128), None);
+        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128), None);
     }
 }

@@ -34,8 +34,9 @@
 //! that consumes them, so `prefetch` pins them where the ring issues them. Global loads are not
 //! drained by barriers on NVIDIA (`tests/tensor_cores.rs`, `barrier_drain_probe`), so a deeper
 //! ring keeps more bytes in flight per workgroup: depth 3 for the lone 128×128 workgroup of a
-//! multiprocessor, 2 for the experts' single-staged gate/up (on an H200, with the pins: 397 →
-//! 370 µs; before them the experts gained nothing from a deeper ring).
+//! multiprocessor, 4 for the experts' single-staged tiles (on an H200, with the pins: gate/up 397
+//! µs at depth 1, 370 at 2, 343 at 4; before them the experts gained nothing from a deeper ring;
+//! see [`crate::coop_grouped_gemm::EXPERT_DEPTH`]).
 //!
 //! A's vec4s are `A_ELEM` (`vec4<f32>` or `vec4<f16>`, see [`crate::coop_gemm::AFormat`]), which
 //! the kernel's source names. The text expects in scope: `a_src` (LA vec4 indices into `a` at step
