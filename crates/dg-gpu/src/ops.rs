@@ -125,6 +125,17 @@ impl<'a> From<&'a wgpu::Buffer> for Product<'a> {
     }
 }
 
+/// The experts' outputs a MoE combine sums into a token's row (see [`Recorder::moe_combine`]):
+/// `y` (`[slots, H]`, by slot), `idx`, `weights` and `slot_of` (`[tokens, top_k]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Combine<'a> {
+    pub y: &'a wgpu::Buffer,
+    pub idx: &'a wgpu::Buffer,
+    pub weights: &'a wgpu::Buffer,
+    pub slot_of: &'a wgpu::Buffer,
+    pub top_k: usize,
+}
+
 /// How many products a batched linear runs and where each one's operands start, in elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batches {
@@ -230,14 +241,16 @@ impl<'a> Recorder<'a> {
     /// After attention, in one dispatch (`dg_kernels::residual_norms`): `hidden += rms(x)·w_res`,
     /// then `out_a = rms(hidden)·w_a·scale_a` and, in `out_bc: [2, rows, dim]`,
     /// `rms(hidden)·w_b·scale_b` and `rms(hidden)·w_c·scale_c`, over rows of `dim` (every buffer
-    /// distinct; `x` a buffer or a split product, see [`Product`]).
+    /// distinct; `x` a buffer or a split product, see [`Product`]). `out_bc[0]` is stored as
+    /// `format_b`: f16 (`dg_kernels::residual_norms::source_attention_half`, `dim` a multiple
+    /// of 4) packs its rows from the buffer's start, `out_bc[1]` staying at element `rows·dim`.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_residual_norms(
         &mut self,
         (x, w_res): (impl Into<Product<'a>>, &'a wgpu::Buffer),
         hidden: &'a wgpu::Buffer,
         (w_a, out_a, scale_a): (&'a wgpu::Buffer, &'a wgpu::Buffer, f32),
-        (w_b, scale_b): (&'a wgpu::Buffer, f32),
+        (w_b, scale_b, format_b): (&'a wgpu::Buffer, f32, AFormat),
         (w_c, scale_c): (&'a wgpu::Buffer, f32),
         out_bc: &'a wgpu::Buffer,
         (rows, dim, eps): (usize, usize, f32),
@@ -255,7 +268,12 @@ impl<'a> Recorder<'a> {
         };
         let g = self.groups(residual_norms::workgroups(rows as u32));
         let lanes = row_lanes(&[p.dim, p.split_stride]);
-        self.push(residual_norms::source_attention_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
+        let source = match format_b {
+            AFormat::F16 if lanes == 4 => residual_norms::source_attention_half(self.ctx.row_reduce()),
+            AFormat::F16 => return Err(GpuError::Unsupported { what: format!("f16 norms of rows of {dim} (split stride {}): the half kernel takes 4 columns at a time", p.split_stride) }),
+            AFormat::F32 => residual_norms::source_attention_lanes(self.ctx.row_reduce(), lanes),
+        };
+        self.push(source, &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
     }
 
     /// After the feed-forward blocks, in one dispatch (`dg_kernels::residual_norms`):
@@ -263,11 +281,16 @@ impl<'a> Recorder<'a> {
     /// (`mlp` a buffer or a split product, see [`Product`]); with `next = Some((w_next, normed))`
     /// also `normed = rms(hidden)·w_next`, the norm the next op applies to the new stream.
     /// `dummy` is any buffer none of the others is (bound in `normed`'s place without `next`).
+    /// With `combine`, `moe` is first written as [`Self::moe_combine`] computes it from the
+    /// experts' outputs: in the same dispatch where the adapter allows the combine variant's
+    /// storage buffers (`dg_kernels::residual_norms::FFN_COMBINE_BUFFERS`), else in one of its own.
+    /// Tuning knob: `DG_UNFUSED_COMBINE=1` always takes the two dispatches (the same results).
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_residual_norms(
         &mut self,
         (mlp, w_1): (impl Into<Product<'a>>, &'a wgpu::Buffer),
         (moe, w_2): (&'a wgpu::Buffer, &'a wgpu::Buffer),
+        combine: Option<Combine<'a>>,
         w_3: &'a wgpu::Buffer,
         hidden: &'a wgpu::Buffer,
         next: Option<(&'a wgpu::Buffer, &'a wgpu::Buffer)>,
@@ -276,6 +299,15 @@ impl<'a> Recorder<'a> {
         scalar: f32,
     ) -> Result<(), GpuError> {
         let mlp = mlp.into();
+        if let Some(c) = combine.filter(|c| c.top_k > moe_combine::MAX_K as usize) {
+            return Err(GpuError::Unsupported { what: format!("a MoE combine of {} experts a token (at most {})", c.top_k, moe_combine::MAX_K) });
+        }
+        let fused = combine.filter(|_| {
+            self.ctx.limits.max_storage_buffers_per_shader_stage >= residual_norms::FFN_COMBINE_BUFFERS && std::env::var("DG_UNFUSED_COMBINE").as_deref() != Ok("1")
+        });
+        if let (Some(c), None) = (combine, fused) {
+            self.moe_combine(c.y, c.idx, c.weights, c.slot_of, moe, rows, c.top_k, dim)?;
+        }
         let p = residual_norms::FfnResidualNormsParams {
             rows: rows as u32,
             dim: dim as u32,
@@ -284,13 +316,20 @@ impl<'a> Recorder<'a> {
             splits: mlp.splits,
             split_stride: mlp.split_stride,
             next_norm: u32::from(next.is_some()),
-            _pad: 0,
+            top_k: fused.map_or(0, |c| c.top_k as u32),
         };
         let g = self.groups(residual_norms::workgroups(rows as u32));
         // Without `next`, w_3 (already bound read-only) stands in for w_next.
         let (w_next, normed) = next.unwrap_or((w_3, dummy));
         let lanes = row_lanes(&[p.dim, p.split_stride]);
-        self.push(residual_norms::source_ffn_lanes(self.ctx.row_reduce(), lanes), &p, &[mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed], g)
+        let reduce = self.ctx.row_reduce();
+        match fused {
+            Some(c) => {
+                let buffers = [mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed, c.y, c.idx, c.weights, c.slot_of];
+                self.push(residual_norms::source_ffn_combine_lanes(reduce, lanes), &p, &buffers, g)
+            }
+            None => self.push(residual_norms::source_ffn_lanes(reduce, lanes), &p, &[mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed], g),
+        }
     }
 
     /// A GEMM with explicit strides (see `dg_kernels::gemm`), f32 operands.
@@ -407,7 +446,14 @@ impl<'a> Recorder<'a> {
     ) -> Result<Product<'a>, GpuError> {
         let panels = b_layout == MatrixLayout::KPanels;
         let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
-        let planned = if tensor_cores && self.ctx.coop_matrix { coop_gemm::plan_layout(&p, panels, coop_tile_override(), max_shared) } else { None };
+        // Attention's products (B: the f32 cache) take their own tile where the large one would
+        // split K (`coop_gemm::ATTENTION_TILE`).
+        let splits_large = || {
+            let large = coop_gemm::TILE_128X128;
+            self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(large, &p, split_target(large, &p), len).is_some())
+        };
+        let prefer = coop_tile_override().or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
+        let planned = if tensor_cores && self.ctx.coop_matrix { coop_gemm::plan_layout(&p, panels, prefer, max_shared) } else { None };
         let planned = planned.map(|(tile, layout)| (depth_override("DG_COOP_DEPTH", tile), layout));
         if panels && (planned.is_none() || b_format != WeightFormat::F16) {
             return Err(GpuError::Unsupported {

@@ -454,3 +454,67 @@ fn moe_end_to_end_matches_cpu_experts() {
         }
     }
 }
+
+/// The combine fused into the closing norms (`residual_norms::source_ffn_combine_lanes`, what
+/// `Recorder::ffn_residual_norms` takes with a `Combine` where the adapter allows its 12 storage
+/// buffers) against `moe_combine` followed by the plain `ffn_residual_norms`: the same `moe`,
+/// `hidden` and `normed`, bit for bit, one and four columns at a time, with skipped entries, every
+/// entry of a token skipped, and the workgroups folded.
+#[test]
+fn ffn_norms_with_the_combine_fused_give_the_two_dispatches_bits() {
+    use dg_kernels::residual_norms::{self, FFN_COMBINE_BUFFERS, FfnResidualNormsParams};
+    let test = "ffn_norms_with_the_combine_fused_give_the_two_dispatches_bits";
+    let Some(ctx) = test_context(test) else { return };
+    if ctx.limits.max_storage_buffers_per_shader_stage < FFN_COMBINE_BUFFERS {
+        panic!("{test}: the adapter allows {} storage buffers a stage, the fused kernel needs {FFN_COMBINE_BUFFERS}", ctx.limits.max_storage_buffers_per_shader_stage);
+    }
+    let mut pipelines = Pipelines::default();
+    for &(tokens, k, experts, dim) in &[(6usize, 4usize, 8usize, 12usize), (5, 8, 128, 2816), (3, 3, 8, 7)] {
+        let idx = random_idx(tokens, k, experts, 300 + dim as u64);
+        let (_, _, mut slot_of) = run_dispatch(&ctx, &idx, tokens, k, experts);
+        // One skipped entry, and a token with none.
+        slot_of[1] = NO_SLOT;
+        slot_of[k..2 * k].fill(NO_SLOT);
+        let slots = tokens * k;
+        let weights = seeded(slots, 301, 1.0);
+        let y = seeded(slots * dim, 302, 3.0);
+        let (mlp, hidden0) = (seeded(tokens * dim, 303, 2.0), seeded(tokens * dim, 304, 4.0));
+        let norm_weights: Vec<Vec<f32>> = (0..4).map(|i| seeded(dim, 305 + i, 1.5)).collect();
+        let lanes = dg_kernels::lanes_for(&[dim as u32]);
+        let reduce = RowReduce::ALL[0];
+        for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 2] {
+            let run = |fused: bool, pipelines: &mut Pipelines| -> [Vec<f32>; 3] {
+                let up = |name: &str, v: &[f32]| ctx.upload(name, v).unwrap();
+                let (yb, wb) = (up("y", &y), up("weights", &weights));
+                let ib = ctx.upload("idx", &idx).unwrap();
+                let sb = ctx.upload("slot_of", &slot_of).unwrap();
+                let mlp_b = up("mlp", &mlp);
+                let w: Vec<wgpu::Buffer> = norm_weights.iter().map(|v| up("w", v)).collect();
+                let (moe, hidden, normed) = (guarded_output(&ctx, "moe", tokens * dim), guarded_output(&ctx, "hidden", tokens * dim), guarded_output(&ctx, "normed", tokens * dim));
+                ctx.queue.write_buffer(&hidden, 0, bytemuck::cast_slice(&hidden0));
+                let p = FfnResidualNormsParams { rows: tokens as u32, dim: dim as u32, eps: 1e-6, scalar: 0.75, splits: 1, split_stride: 0, next_norm: 1, top_k: k as u32 };
+                let groups = groups_1d(residual_norms::workgroups(tokens as u32), max_dim);
+                let norms = [&mlp_b, &w[0], &moe, &w[1], &w[2], &hidden, &w[3], &normed];
+                let mut plan = PlanBuilder::new(&ctx);
+                if fused {
+                    let kernel = pipelines.get(&ctx, residual_norms::source_ffn_combine_lanes(reduce, lanes)).unwrap();
+                    plan.push(&kernel, &p, &[&norms[..], &[&yb, &ib, &wb, &sb]].concat(), groups);
+                } else {
+                    let combine = pipelines.get(&ctx, moe_combine::source_for(dim as u32)).unwrap();
+                    let cp = MoeCombineParams { tokens: tokens as u32, k: k as u32, hidden: dim as u32, _pad: 0 };
+                    plan.push(&combine, &cp, &[&yb, &ib, &wb, &sb, &moe], groups_1d(moe_combine::workgroups(&cp), max_dim));
+                    let kernel = pipelines.get(&ctx, residual_norms::source_ffn_lanes(reduce, lanes)).unwrap();
+                    plan.push(&kernel, &FfnResidualNormsParams { top_k: 0, ..p }, &norms, groups);
+                }
+                plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+                [&moe, &hidden, &normed].map(|b| read_guarded(&ctx, b, tokens * dim))
+            };
+            let (fused, chain) = (run(true, &mut pipelines), run(false, &mut pipelines));
+            for (name, (f, c)) in ["moe", "hidden", "normed"].iter().zip(fused.iter().zip(&chain)) {
+                let same = f.iter().zip(c).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "T={tokens} K={k} dim={dim} fold={max_dim}: fused {name} differs from the two dispatches'");
+            }
+            assert!(fused[0][dim..2 * dim].iter().all(|&v| v == 0.0), "a token with every entry skipped combines to 0");
+        }
+    }
+}

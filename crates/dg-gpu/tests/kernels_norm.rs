@@ -280,7 +280,7 @@ impl FfnCase {
             splits: 1,
             split_stride: 0,
             next_norm: u32::from(next_norm),
-            _pad: 0,
+            top_k: 0,
         }
     }
 
@@ -411,6 +411,53 @@ fn ffn_residual_norms_without_the_next_norm_leave_normed_alone() {
             let [hidden, normed] = case.run_with(&ctx, variant, Some(false), max_dim);
             assert!(hidden == with_hidden, "rows={rows} dim={dim} {variant:?}: hidden differs without the next norm");
             assert!(normed.iter().all(|&v| v == GUARD), "rows={rows} dim={dim} {variant:?}: normed was written without the next norm");
+        }
+    }
+}
+
+/// The half variant of the norms after attention (`residual_norms::source_attention_half`, the
+/// experts' input for tensor cores that read f16) against the f32 kernel: `hidden`, `out_a` and
+/// `out_bc[1]` the same bits, and `out_bc[0]` packed from the buffer's start as those f32 values
+/// rounded to nearest even (subnormal halves included, as the GEMMs' staging converts them), with
+/// the workgroups folded.
+#[test]
+fn attention_residual_norms_half_packs_the_experts_input_as_f16() {
+    let test = "attention_residual_norms_half_packs_the_experts_input_as_f16";
+    let Some(ctx) = test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    for (rows, dim) in [(3usize, 8usize), (5, 2816)] {
+        let mut case = AttentionCase::new(rows, dim);
+        // Outputs small enough to round to subnormal halves, and one past the f16 range.
+        case.w_b[0] = 1e-6;
+        case.w_b[1] = 1e-3;
+        case.w_b[2] = 1e6;
+        let n = rows * dim;
+        for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 2] {
+            let mut run = |half: bool| -> [Vec<f32>; 3] {
+                let up = |name: &str, v: &[f32]| ctx.upload(name, v).unwrap();
+                let (x, w_res, w_a, w_b, w_c) = (up("x", &case.x), up("w_res", &case.w_res), up("w_a", &case.w_a), up("w_b", &case.w_b), up("w_c", &case.w_c));
+                let hidden = guarded_output(&ctx, "hidden", n);
+                ctx.queue.write_buffer(&hidden, 0, bytemuck::cast_slice(&case.hidden));
+                let (out_a, out_bc) = (guarded_output(&ctx, "out_a", n), guarded_output(&ctx, "out_bc", 2 * n));
+                let source = if half { residual_norms::source_attention_half(RowReduce::ALL[0]) } else { residual_norms::source_attention_lanes(RowReduce::ALL[0], 4) };
+                let kernel = pipelines.get(&ctx, source).unwrap();
+                let mut plan = PlanBuilder::new(&ctx);
+                plan.push(&kernel, &case.params(), &[&x, &w_res, &w_a, &w_b, &w_c, &hidden, &out_a, &out_bc], groups_1d(rows as u32, max_dim));
+                plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+                [read_guarded(&ctx, &hidden, n), read_guarded(&ctx, &out_a, n), read_guarded(&ctx, &out_bc, 2 * n)]
+            };
+            let (full, half) = (run(false), run(true));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&half[0]), bits(&full[0]), "{rows}x{dim} fold {max_dim}: hidden");
+            assert_eq!(bits(&half[1]), bits(&full[1]), "{rows}x{dim} fold {max_dim}: out_a");
+            assert_eq!(bits(&half[2][n..]), bits(&full[2][n..]), "{rows}x{dim} fold {max_dim}: out_bc[1]");
+            let want: Vec<u16> = full[2][..n].iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            let got: Vec<u16> = half[2][..n / 2].iter().flat_map(|w| { let b = w.to_bits(); [b as u16, (b >> 16) as u16] }).collect();
+            let subnormal = want.iter().filter(|&&h| h & 0x7c00 == 0 && h & 0x3ff != 0).count();
+            assert!(subnormal > 0 && want.iter().any(|&h| h & 0x7fff == 0x7c00), "{rows}x{dim}: the case should reach subnormal and infinite halves");
+            if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
+                panic!("{rows}x{dim} fold {max_dim}: half {i} is {:#06x}, {} rounds to {:#06x}", got[i], full[2][i], want[i]);
+            }
         }
     }
 }

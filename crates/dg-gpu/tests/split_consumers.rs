@@ -144,7 +144,7 @@ fn attention_residual_norms_read_split_partials_as_the_reduced_product() {
         rows * dim,
         |rec, x, o| {
             let [w_res, w_a, w_b, w_c, hidden, out_a, out_bc] = &o.bufs[..] else { unreachable!() };
-            rec.attention_residual_norms((x, w_res), hidden, (w_a, out_a, 1.5), (w_b, 0.5), (w_c, 2.0), out_bc, (rows, dim, 1e-6)).unwrap()
+            rec.attention_residual_norms((x, w_res), hidden, (w_a, out_a, 1.5), (w_b, 0.5, dg_kernels::coop_gemm::AFormat::F32), (w_c, 2.0), out_bc, (rows, dim, 1e-6)).unwrap()
         },
         |ctx| {
             let w = |s| (seeded(dim, s, 1.0), false);
@@ -178,7 +178,7 @@ fn ffn_residual_norms_read_split_partials_as_the_reduced_product() {
         rows * dim,
         |rec, mlp, o| {
             let [w_1, moe, w_2, w_3, hidden, w_next, normed, dummy] = &o.bufs[..] else { unreachable!() };
-            rec.ffn_residual_norms((mlp, w_1), (moe, w_2), w_3, hidden, Some((w_next, normed)), dummy, (rows, dim, 1e-6), 0.5).unwrap()
+            rec.ffn_residual_norms((mlp, w_1), (moe, w_2), None, w_3, hidden, Some((w_next, normed)), dummy, (rows, dim, 1e-6), 0.5).unwrap()
         },
         |ctx| {
             let w = |s| (seeded(dim, s, 1.0), false);

@@ -68,8 +68,11 @@ pub fn all_variants() -> Vec<KernelSource> {
             norm_rope::source_lanes(r, 4),
             residual_norms::source_attention(r),
             residual_norms::source_attention_lanes(r, 4),
+            residual_norms::source_attention_half(r),
             residual_norms::source_ffn(r),
             residual_norms::source_ffn_lanes(r, 4),
+            residual_norms::source_ffn_combine_lanes(r, 1),
+            residual_norms::source_ffn_combine_lanes(r, 4),
         ]
     }))
     .chain(gemm::TILES.iter().map(|&t| gemm::source(t)))

@@ -27,7 +27,10 @@
 //! ```
 //!
 //! (`dense` stays in registers: each invocation computes its elements once for their squares and
-//! again, by the same expression, for the residual add.)
+//! again, by the same expression, for the residual add.) Its combine variant
+//! ([`source_ffn_combine_lanes`]) also computes `moe` from the experts' outputs by slot, as
+//! [`crate::moe_combine`] does (the same adds in the same order), which saves that dispatch: 12
+//! storage buffers, so only for adapters that allow them ([`FFN_COMBINE_BUFFERS`]).
 //!
 //! with `rms(v) = v · (mean(v²) + eps)^-1/2` over a row of `dim`, the CPU twin of which is
 //! `dg_cpu::ops::rms_norm_rows`. Each step is the rmsnorm kernel's op (weighted, accumulating where
@@ -86,7 +89,9 @@ pub struct FfnResidualNormsParams {
     /// 1: also write `normed = rms(hidden)·w_next` (the next layer's input norm, or the final
     /// norm); 0: `w_next` and `normed` are not touched.
     pub next_norm: u32,
-    pub _pad: u32,
+    /// The combine variant ([`source_ffn_combine_lanes`]): the entries a row in `idx`, `weights`
+    /// and `slot_of` (at most [`crate::moe_combine::MAX_K`]); unused otherwise.
+    pub top_k: u32,
 }
 
 /// Workgroups to dispatch, one per row, for either kernel (fold through `groups_1d`: more than
@@ -106,10 +111,37 @@ pub fn source_attention(reduce: RowReduce) -> KernelSource {
 
 /// [`source_attention`] taking `lanes` columns at a time (1, or 4 for `dim` a multiple of 4).
 pub fn source_attention_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
-    let (body, suffix) = with_lanes(&reduce.render(include_str!("wgsl/attention_residual_norms.wgsl"), &[Part::Sum("f32")]), lanes);
+    attention_source(reduce, lanes, false)
+}
+
+/// [`source_attention_lanes`] at 4 columns a time storing `out_bc[0]` (the experts' input) as f16
+/// (`pack2x16float`, round to nearest even), for the tensor cores' experts, which read half the
+/// bytes and round their operands to f16 anyway: the same values to the bit as the f32 ones
+/// converted when staged (`tests/kernels_norm.rs` checks the rounding). Its rows are packed from
+/// the start of `out_bc` (`rows·dim` halves); `out_bc[1]` stays f32 at element `rows·dim`.
+pub fn source_attention_half(reduce: RowReduce) -> KernelSource {
+    attention_source(reduce, 4, true)
+}
+
+fn attention_source(reduce: RowReduce, lanes: u32, half: bool) -> KernelSource {
+    let template = include_str!("wgsl/attention_residual_norms.wgsl");
+    let (elem, store) = match half {
+        // out_bc as vec2<u32> words: a vec4 of f16 is one, a vec4 of f32 two.
+        true => {
+            assert_eq!(lanes, 4, "the half variant takes 4 columns at a time");
+            (
+                "vec2<u32>",
+                "fn store_bc(e: u32, b: V, c: V) {\n    out_bc[e] = vec2<u32>(pack2x16float(b.xy), pack2x16float(b.zw));\n    let words = bitcast<vec4<u32>>(c);\n    let at = 2u * (p.rows * (p.dim / LANES) + e);\n    out_bc[at] = words.xy;\n    out_bc[at + 1u] = words.zw;\n}\n",
+            )
+        }
+        false => ("V", "fn store_bc(e: u32, b: V, c: V) {\n    out_bc[e] = b;\n    out_bc[p.rows * (p.dim / LANES) + e] = c;\n}\n"),
+    };
+    let template = template.replace("BC_ELEM", elem).replace("//@STORE_BC", store);
+    let (body, suffix) = with_lanes(&reduce.render(&template, &[Part::Sum("f32")]), lanes);
+    let body = crate::split_k::with_reader_lanes(&body, "x_at", "x");
     KernelSource {
-        name: format!("attention_residual_norms{suffix}{}", reduce.suffix()),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader_lanes(&body, "x_at", "x")),
+        name: format!("attention_residual_norms{}{suffix}{}", if half { "_half" } else { "" }, reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &body),
         entry: "main",
         buffers: vec![
             Access::Read,
@@ -137,21 +169,48 @@ pub fn source_ffn(reduce: RowReduce) -> KernelSource {
 
 /// [`source_ffn`] taking `lanes` columns at a time (1, or 4 for `dim` a multiple of 4).
 pub fn source_ffn_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
-    let (body, suffix) = with_lanes(&reduce.render(include_str!("wgsl/ffn_residual_norms.wgsl"), &[Part::Sum("vec2<f32>")]), lanes);
+    ffn_source(reduce, lanes, false)
+}
+
+/// Storage buffers of the combine variant ([`source_ffn_combine_lanes`]): over WebGPU's default
+/// limit of 8, so the Recorder takes it only where the adapter allows as many.
+pub const FFN_COMBINE_BUFFERS: u32 = 12;
+
+/// [`source_ffn_lanes`] computing `moe` itself (the MoE combine fused in): bindings as
+/// [`source_ffn`]'s, but `moe` read-write (`[rows, dim]`, written with the combined rows), then
+/// `y` (read, `[slots, dim]`: the experts' outputs by slot, unweighted), `idx` (read, u32
+/// `[rows, top_k]`), `weights` (read, `[rows, top_k]`) and `slot_of` (read, u32 `[rows, top_k]`),
+/// as `crate::moe_combine::source_for` binds them.
+pub fn source_ffn_combine_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
+    ffn_source(reduce, lanes, true)
+}
+
+fn ffn_source(reduce: RowReduce, lanes: u32, combine: bool) -> KernelSource {
+    let template = include_str!("wgsl/ffn_residual_norms.wgsl");
+    let (template, access, moe_source) = match combine {
+        true => (template.replace("MOE_ACCESS", "read_write"), Access::ReadWrite, include_str!("wgsl/ffn_combine.wgsl").to_string()),
+        false => (
+            template.replace("MOE_ACCESS", "read"),
+            Access::Read,
+            "fn rank_entries(t: u32, live: bool, k: u32) {}
+
+fn moe_first(base: u32, i: u32) -> V {
+    return moe[base + i];
+}
+".to_string(),
+        ),
+    };
+    let template = template.replace("//@MOE_SOURCE\n", &moe_source);
+    let (body, suffix) = with_lanes(&reduce.render(&template, &[Part::Sum("vec2<f32>")]), lanes);
+    let mut buffers = vec![Access::Read, Access::Read, access, Access::Read, Access::Read, Access::ReadWrite, Access::Read, Access::ReadWrite];
+    if combine {
+        buffers.extend([Access::Read; 4]);
+    }
     KernelSource {
-        name: format!("ffn_residual_norms{suffix}{}", reduce.suffix()),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader_lanes(&body, "mlp_at", "mlp")),
+        name: format!("ffn_residual_norms{}{suffix}{}", if combine { "_combine" } else { "" }, reduce.suffix()),
+        wgsl: with_prelude(&[("WG", WORKGROUP), ("MAX_K", crate::moe_combine::MAX_K)], &crate::split_k::with_reader_lanes(&body, "mlp_at", "mlp")),
         entry: "main",
-        buffers: vec![
-            Access::Read,
-            Access::Read,
-            Access::Read,
-            Access::Read,
-            Access::Read,
-            Access::ReadWrite,
-            Access::Read,
-            Access::ReadWrite,
-        ],
+        buffers,
         params_size: size_of::<FfnResidualNormsParams>() as u64,
     }
 }
@@ -171,6 +230,9 @@ mod tests {
         // WebGPU's default maxStorageBuffersPerShaderStage.
         for k in RowReduce::ALL.into_iter().flat_map(|r| [source_attention(r), source_ffn(r)]) {
             assert!(k.buffers.len() <= 8, "{}: {} storage buffers", k.name, k.buffers.len());
+        }
+        for k in RowReduce::ALL.into_iter().map(|r| source_ffn_combine_lanes(r, 4)) {
+            assert_eq!(k.buffers.len() as u32, FFN_COMBINE_BUFFERS, "{}", k.name);
         }
     }
 }

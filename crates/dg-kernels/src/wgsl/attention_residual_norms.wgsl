@@ -7,7 +7,10 @@
 // with rms(v) = v * (mean(v^2) + eps)^-1/2 over the row, the last three over the UPDATED hidden.
 // (Two outputs share a binding: eight storage buffers is WebGPU's default limit.) One workgroup
 // per row; rows beyond 65535 workgroups wrap into y. Columns go LANES at a time (V: f32 or
-// vec4<f32>, as in rmsnorm.wgsl).
+// vec4<f32>, as in rmsnorm.wgsl). The half variant (residual_norms.rs, source_attention_half;
+// LANES 4 only) stores out_bc[0] as f16 (the experts' input, which the tensor cores round to f16
+// anyway): row r's halves from half r * dim of out_bc on, packed by pack2x16float; out_bc[1]
+// stays f32 where it was (from word rows * dim on).
 
 struct Params {
     rows: u32,
@@ -29,7 +32,9 @@ struct Params {
 @group(0) @binding(5) var<storage, read> w_c: array<V>;
 @group(0) @binding(6) var<storage, read_write> hidden: array<V>;
 @group(0) @binding(7) var<storage, read_write> out_a: array<V>;
-@group(0) @binding(8) var<storage, read_write> out_bc: array<V>;
+@group(0) @binding(8) var<storage, read_write> out_bc: array<BC_ELEM>;
+
+//@STORE_BC
 
 //@SPLIT_READER
 
@@ -71,7 +76,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         // This invocation's own write above.
         let n = hidden[base + i] * inv_h;
         out_a[base + i] = (n * w_a[i]) * p.scale_a;
-        out_bc[base + i] = (n * w_b[i]) * p.scale_b;
-        out_bc[p.rows * cols + base + i] = (n * w_c[i]) * p.scale_c;
+        store_bc(base + i, (n * w_b[i]) * p.scale_b, (n * w_c[i]) * p.scale_c);
     }
 }

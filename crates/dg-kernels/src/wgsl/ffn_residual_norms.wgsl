@@ -10,6 +10,10 @@
 // invocation computes its elements lid.x, lid.x + WG, ... once to sum their squares and again,
 // by the same expression, to add them to hidden. One workgroup per row; rows beyond 65535
 // workgroups wrap into y. Columns go LANES at a time (V: f32 or vec4<f32>, as in rmsnorm.wgsl).
+// The combine variant (residual_norms.rs, source_ffn_combine) also computes moe itself, as
+// moe_combine.wgsl does, from the experts' outputs by slot (bindings 9 to 12): the first pass
+// writes each element to moe as it sums its square, and the later passes read back the elements
+// the same invocation wrote.
 
 struct Params {
     rows: u32,
@@ -21,13 +25,14 @@ struct Params {
     split_stride: u32,
     // 1: also write normed = rms(hidden) * w_next.
     next_norm: u32,
-    _pad0: u32,
+    // The combine variant: K entries a row in idx, weights and slot_of.
+    top_k: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> mlp: array<V>;
 @group(0) @binding(2) var<storage, read> w_1: array<V>;
-@group(0) @binding(3) var<storage, read> moe: array<V>;
+@group(0) @binding(3) var<storage, MOE_ACCESS> moe: array<V>;
 @group(0) @binding(4) var<storage, read> w_2: array<V>;
 @group(0) @binding(5) var<storage, read> w_3: array<V>;
 @group(0) @binding(6) var<storage, read_write> hidden: array<V>;
@@ -35,6 +40,8 @@ struct Params {
 @group(0) @binding(8) var<storage, read_write> normed: array<V>;
 
 //@SPLIT_READER
+
+//@MOE_SOURCE
 
 // Two sums side by side (RowSum = vec2<f32>), so that the mlp and moe rows reduce in one pass.
 //@ROW_REDUCE
@@ -47,13 +54,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let base = row * cols;
     let live = row < p.rows;
 
+    rank_entries(row, live, lid.x);
     var acc_mlp = 0.0;
     var acc_moe = 0.0;
     if (live) {
         for (var i = lid.x; i < cols; i += WG) {
             let m = mlp_at(base + i);
             acc_mlp += sq(m);
-            let e = moe[base + i];
+            let e = moe_first(base, i);
             acc_moe += sq(e);
         }
     }
