@@ -723,8 +723,10 @@ impl<'a> Recorder<'a> {
     /// Whether the activations of the experts `w` are best stored as f16: experts in K panels
     /// (read by the tensor cores, which round A to f16 as they stage it anyway) on a device with
     /// `SHADER_F16`; then the producer stores them so, and the product reads half A's bytes. On an
-    /// H200 the experts' down projection went 258 → 247 µs; the dense 128×128 products went the
-    /// other way (MLP down 37 → 42 µs, q 53 → 61: `tests/half_activations.rs`), so they read f32.
+    /// H200 the experts' down projection went 258 → 247 µs, and since the pinned prefetches their
+    /// gate/up 346 → 333; the dense 128×128 products went the other way before the pins (MLP down
+    /// 37 → 42 µs, q 53 → 61) and gain at most a few µs since (q 55.9 → 54.9, MLP down 43.2 →
+    /// 39.0, in the noise of `tests/half_activations.rs`), so they read f32.
     /// Tuning knob: `DG_F32_ACTIVATIONS=1` keeps them f32 (the same results, for comparison).
     pub fn half_activations_for_experts(&self, w: &GpuMatrix) -> bool {
         w.layout == MatrixLayout::KPanels

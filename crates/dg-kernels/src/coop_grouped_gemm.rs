@@ -109,10 +109,12 @@ const _: () = {
 };
 
 /// How many K steps ahead the decoder's expert tiles load (`coop_kloop`). On an H200 in the real
-/// 6-layer forward (µs for gate/up and down, the layer's mean): depth 1 578 / 314 (1.587 ms),
-/// 2 / 1 (the earlier choice) 370 / 214 (1.066), 3 359 / 203 (1.041), 4 343–345 / 193–195
-/// (1.017–1.018), 5 390 / 199 (1.070), 6 475 / 212 (1.169), 8 801 / 338 (1.586): past 4 the
-/// ring's registers cost more than its loads in flight gain.
+/// 6-layer forward (µs for gate/up and down with f32 activations for gate/up, the layer's mean):
+/// depth 2 (with 1 for down, the earlier choice) 370 / 214 (1.066 ms), 3 359 / 203 (1.041), 4
+/// 343–345 / 193–195 (1.017–1.018), 5 390 / 199 (1.070), 6 475 / 212 (1.169), 8 801 / 338
+/// (1.586): past 4 the ring's registers cost more than its loads in flight gain. With f16
+/// activations for gate/up (the forward's since): 3 352 / 204 (1.027), 4 337–338 / 195–196
+/// (1.002).
 pub const EXPERT_DEPTH: u32 = 4;
 
 /// Whether the kernel computes the grouped product `p` with `tile`.

@@ -52,9 +52,15 @@ fn source_lanes(lanes: u32) -> KernelSource {
     };
     KernelSource {
         name: name.into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP), ("MAX_K", MAX_K), ("LANES", lanes)], &format!("alias V = {v};\n{}", include_str!("wgsl/moe_combine.wgsl"))),
+        wgsl: with_prelude(&[("WG", WORKGROUP), ("MAX_K", MAX_K), ("LANES", lanes)], &format!("alias V = {v};\n{}", include_str!("wgsl/moe_combine.wgsl").replace("//@RANK\n", &rank_text("p.k")))),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<MoeCombineParams>() as u64,
     }
+}
+
+/// The entries' ranking and sum (`moe_rank.wgsl`) for a kernel whose K parameter is `top_k` (a
+/// WGSL expression); the kernel declares `y`, `idx`, `weights` and `slot_of`.
+pub(crate) fn rank_text(top_k: &str) -> String {
+    include_str!("wgsl/moe_rank.wgsl").replace("TOP_K", top_k)
 }

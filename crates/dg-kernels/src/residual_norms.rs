@@ -188,7 +188,7 @@ pub fn source_ffn_combine_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
 fn ffn_source(reduce: RowReduce, lanes: u32, combine: bool) -> KernelSource {
     let template = include_str!("wgsl/ffn_residual_norms.wgsl");
     let (template, access, moe_source) = match combine {
-        true => (template.replace("MOE_ACCESS", "read_write"), Access::ReadWrite, include_str!("wgsl/ffn_combine.wgsl").to_string()),
+        true => (template.replace("MOE_ACCESS", "read_write"), Access::ReadWrite, format!("{}\n{}", include_str!("wgsl/ffn_combine.wgsl"), crate::moe_combine::rank_text("p.top_k"))),
         false => (
             template.replace("MOE_ACCESS", "read"),
             Access::Read,
