@@ -323,12 +323,10 @@ impl<'a> Recorder<'a> {
         let (w_next, normed) = next.unwrap_or((w_3, dummy));
         let lanes = row_lanes(&[p.dim, p.split_stride]);
         let reduce = self.ctx.row_reduce();
+        let norms = [mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed];
         match fused {
-            Some(c) => {
-                let buffers = [mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed, c.y, c.idx, c.weights, c.slot_of];
-                self.push(residual_norms::source_ffn_combine_lanes(reduce, lanes), &p, &buffers, g)
-            }
-            None => self.push(residual_norms::source_ffn_lanes(reduce, lanes), &p, &[mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed], g),
+            Some(c) => self.push(residual_norms::source_ffn_combine_lanes(reduce, lanes), &p, &[&norms[..], &[c.y, c.idx, c.weights, c.slot_of]].concat(), g),
+            None => self.push(residual_norms::source_ffn_lanes(reduce, lanes), &p, &norms, g),
         }
     }
 

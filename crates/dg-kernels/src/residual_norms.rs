@@ -189,16 +189,7 @@ fn ffn_source(reduce: RowReduce, lanes: u32, combine: bool) -> KernelSource {
     let template = include_str!("wgsl/ffn_residual_norms.wgsl");
     let (template, access, moe_source) = match combine {
         true => (template.replace("MOE_ACCESS", "read_write"), Access::ReadWrite, format!("{}\n{}", include_str!("wgsl/ffn_combine.wgsl"), crate::moe_combine::rank_text("p.top_k"))),
-        false => (
-            template.replace("MOE_ACCESS", "read"),
-            Access::Read,
-            "fn rank_entries(t: u32, live: bool, k: u32) {}
-
-fn moe_first(base: u32, i: u32) -> V {
-    return moe[base + i];
-}
-".to_string(),
-        ),
+        false => (template.replace("MOE_ACCESS", "read"), Access::Read, include_str!("wgsl/ffn_moe_buffer.wgsl").to_string()),
     };
     let template = template.replace("//@MOE_SOURCE\n", &moe_source);
     let (body, suffix) = with_lanes(&reduce.render(&template, &[Part::Sum("vec2<f32>")]), lanes);

@@ -1,5 +1,6 @@
 // The MoE combine's sum for one token t (moe_combine.wgsl, and the closing norms' combine variant,
-// ffn_combine.wgsl, which include this text with TOP_K replaced by their K parameter):
+// ffn_combine.wgsl, which include this text with the placeholder of K replaced by their own
+// parameter, moe_combine.rs rank_text):
 //   sum over its K entries in ascending expert order of weights[t, k] * y[slot_of[t, k], :]
 // from 0 (ties in expert id, which top-k never produces, in k order; entries with slot NO_SLOT
 // skipped). The including kernel declares y (array<V>), idx, weights and slot_of. rank_entries,
