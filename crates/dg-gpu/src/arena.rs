@@ -47,9 +47,12 @@ pub struct Arena {
     pub hidden: wgpu::Buffer,
     /// A normed copy of the stream `[C, H]`.
     pub normed: wgpu::Buffer,
-    pub q_raw: wgpu::Buffer,
+    /// Raw projections of `GpuLayer::qkv_proj`'s blocks, `[blocks, C, kv·d]`: q's, or q's then K's
+    /// (then V's), in one product.
+    pub qkv_raw: wgpu::Buffer,
     pub q: wgpu::Buffer,
-    /// Raw K projection, then (sliding layers) raw V: `[2, C, kv·d]`.
+    /// Raw K projection, then (sliding layers) raw V, where they are a product of their own: `[2,
+    /// C, kv·d]`.
     pub kv_raw: wgpu::Buffer,
     /// Attention scores/probabilities `[heads, C, context + C]`.
     pub scores: wgpu::Buffer,
@@ -153,7 +156,7 @@ impl Arena {
             embedded: f("embedded", r * h)?,
             hidden: f("hidden", r * h)?,
             normed: f("normed", r * h)?,
-            q_raw: f("q_raw", r * q_w)?,
+            qkv_raw: f("qkv_raw", r * (q_w + 2 * kv_w))?,
             q: f("q", r * q_w)?,
             kv_raw: f("kv_raw", 2 * r * kv_w)?,
             // Decoder: [heads, C, visible padded to KEY_PAD + C]; encoder chunk: [heads, T, at most

@@ -25,7 +25,7 @@ use dg_model::{LayerKind, ModelConfig};
 
 use crate::arena::{Arena, KEY_PAD};
 use crate::error::GpuError;
-use crate::ops::{Batches, Combine, Recorder, linear_params};
+use crate::ops::{Batches, Combine, HeadRows, Recorder, linear_params};
 use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
@@ -157,6 +157,25 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     record_layer_with(rec, config, w, a, i, pass, Chain { normed_in: false, next_norm: None })
 }
 
+/// Whether q, K and V run as one product (`q` and `kv` the products of q's blocks and of K/V's):
+/// wherever they do not run on the tensor cores (one dispatch fewer), and on the tensor cores
+/// where the merged product takes no more waves of workgroups than q's alone and K/V's (a product
+/// that splits K counting as none: its splits fill the wave it shares). The decoder's sliding
+/// layers merge (128 tiles of 128×128: one wave, as q's 64 alone), its full layers do not (144: two
+/// waves, where q's 128 take one and K's 16 split). Tuning knob: `DG_QKV=merged` or `separate`.
+fn merge_qkv(rec: &Recorder<'_>, w: &crate::weights::GpuMatrix, q: GemmParams, kv: GemmParams) -> bool {
+    match std::env::var("DG_QKV").as_deref() {
+        Ok("merged") => return true,
+        Ok("separate") => return false,
+        _ => {}
+    }
+    let merged = GemmParams { batch: q.batch + kv.batch, ..q };
+    match (rec.coop_waves(w, &merged), rec.coop_waves(w, &q), rec.coop_waves(w, &kv)) {
+        (Some((all, _)), Some((q_waves, _)), Some((kv_waves, kv_splits))) => all <= q_waves + if kv_splits { 0 } else { kv_waves },
+        _ => true,
+    }
+}
+
 /// [`record_layer`], linked to its neighbours by `chain`.
 fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, pass: LayerPass, chain: Chain<'a>) -> Result<(), GpuError> {
     rec.split_k_scratch(&a.split_partials);
@@ -181,17 +200,6 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     if !chain.normed_in {
         rec.rmsnorm(&a.hidden, Some(&l.norms.input), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
     }
-    if !kv_only {
-        // A split product's partials go straight to their consumer (`Recorder::linear_product`).
-        let q_raw = rec.linear_product(&a.normed, &l.q_proj, &a.q_raw, c, heads * d, h, Batches::ONE)?;
-        rec.norm_rope(q_raw, &l.q_norm, cos, sin, &a.q, &a.dummy, c, heads, d, eps)?;
-    }
-    // Raw K (and, in sliding layers, raw V as a second batch of the same GEMM) into kv_raw:
-    // [K | V], each [C, kv·d]. Full layers: V is the raw K projection itself.
-    let halves = if l.has_v_proj { 2 } else { 1 };
-    let kv_batches = Batches { count: halves, x_stride: 0, w_stride: (kv * d * h) as u32, c_stride: (c * kv * d) as u32 };
-    let kv_raw = rec.linear_product(&a.normed, &l.kv_proj, &a.kv_raw, c, kv * d, h, kv_batches)?;
-    let v_offset = (halves as usize - 1) * c * kv * d;
     let cache = &a.cache[i];
     let row = kv * d;
     // The decoder's rows are [cached keys | dead columns up to a multiple of KEY_PAD | canvas]:
@@ -221,9 +229,28 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
         }
         LayerPass::Encode { start, .. } => start,
     };
-    // k_norm and RoPE over the K half into the keys, and in the same dispatch v_norm (weightless)
-    // over the V half into the values.
-    rec.norm_rope_kv(kv_raw, &l.k_norm, (cos, sin), (&cache.keys, first_row * row), (&cache.values, kv, v_offset), c, kv, d, eps)?;
+
+    // q, K and V: `qkv_proj`'s blocks of kv·d rows (q's `group`, K's, V's in sliding layers), as
+    // one GEMM batched over the blocks (`[blocks, C, kv·d]`), or as q's product then K/V's; then
+    // q_norm and RoPE into q, k_norm and RoPE into the keys, and v_norm (weightless) into the
+    // values: in full layers V is the raw K projection, K's rows read again. A split product's
+    // partials go straight to their consumer (`Recorder::linear_product`).
+    let halves = if l.has_v_proj { 2 } else { 1 };
+    let blocks = |count: usize, first: usize| GemmParams { batch: count as u32, a_batch: 0, b_offset: (first * row * h) as u32, b_batch: (row * h) as u32, c_batch: (c * row) as u32, ..linear_params(c, row, h) };
+    let k_rows = Some((&l.k_norm, &cache.keys, first_row * row));
+    if !kv_only && merge_qkv(rec, &l.qkv_proj, blocks(group, 0), blocks(halves, group)) {
+        let qkv = rec.gemm_product(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group + halves, 0))?;
+        let v = (&cache.values, kv, (group + halves - 1) * c * row);
+        rec.norm_rope_rows(qkv, HeadRows { q: Some((&l.q_norm, &a.q, group)), k: k_rows, v }, (cos, sin), c, kv, d, eps)?;
+    } else {
+        if !kv_only {
+            let q_raw = rec.gemm_product(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group, 0))?;
+            rec.norm_rope_rows(q_raw, HeadRows { q: Some((&l.q_norm, &a.q, group)), k: None, v: (&a.dummy, 0, 0) }, (cos, sin), c, kv, d, eps)?;
+        }
+        let kv_raw = rec.gemm_product(&a.normed, &l.qkv_proj, &a.kv_raw, blocks(halves, group))?;
+        let v = (&cache.values, kv, (halves - 1) * c * row);
+        rec.norm_rope_rows(kv_raw, HeadRows { q: None, k: k_rows, v }, (cos, sin), c, kv, d, eps)?;
+    }
     if kv_only {
         return Ok(());
     }

@@ -150,6 +150,19 @@ impl Batches {
     pub const ONE: Batches = Batches { count: 1, x_stride: 0, w_stride: 0, c_stride: 0 };
 }
 
+/// The rows of one projection that [`Recorder::norm_rope_rows`] norms, by kind.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadRows<'a> {
+    /// q: its norm weight, the output `[tokens, blocks·heads, d]`, and the blocks of `heads` heads
+    /// ahead of the K rows in the input.
+    pub q: Option<(&'a wgpu::Buffer, &'a wgpu::Buffer, usize)>,
+    /// K: its norm weight, the output and the element of it the rows start at.
+    pub k: Option<(&'a wgpu::Buffer, &'a wgpu::Buffer, usize)>,
+    /// V: the output (from K's element, or 0), the heads a token (0: none) and the element of the
+    /// input they start at.
+    pub v: (&'a wgpu::Buffer, usize, usize),
+}
+
 /// A plain `[m, k] · Wᵀ` product for `W: [n, k]` (PyTorch linear layout).
 pub fn linear_params(m: usize, n: usize, k: usize) -> GemmParams {
     GemmParams::linear(m as u32, n as u32, k as u32)
@@ -427,6 +440,22 @@ impl<'a> Recorder<'a> {
         self.gemm_layout(a, &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16, true)
     }
 
+    /// How the product `p` of `w` would run on the tensor cores: in how many waves of workgroups
+    /// (its tiles over those a 132-multiprocessor H200 holds at once,
+    /// `dg_kernels::coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS` a multiprocessor's worth of the
+    /// tile), and whether it splits K; `None` where it would not run there.
+    pub fn coop_waves(&self, w: &GpuMatrix, p: &GemmParams) -> Option<(u32, bool)> {
+        if w.format != WeightFormat::F16 || !self.ctx.coop_matrix {
+            return None;
+        }
+        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
+        let (tile, _) = coop_gemm::plan_layout(p, w.layout == MatrixLayout::KPanels, coop_tile_override(), max_shared)?;
+        let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
+        let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS);
+        let splits = self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(tile, p, split_target(tile, p), len).is_some());
+        Some((waves, splits))
+    }
+
     /// [`Self::gemm_auto`] with B laid out as `b_layout`; with `defer`, a split product whose
     /// partials are laid out as its C (a plain product into a contiguous `[batch][m][n]`) is left
     /// unreduced and returned as such (see [`Self::linear_product`]).
@@ -665,8 +694,20 @@ impl<'a> Recorder<'a> {
         d: usize,
         eps: f32,
     ) -> Result<(), GpuError> {
+        let rows = HeadRows { q: None, k: Some((w, out, out_offset)), v: (values, v_heads, v_offset) };
+        self.norm_rope_rows(x, rows, (cos, sin), tokens, heads, d, eps)
+    }
+
+    /// The per-head norms (and RoPE) of one projection's `rows` (`dg_kernels::norm_rope`) from `x`
+    /// (a buffer or a split product): q rows in blocks of `heads` heads into their output, K rows
+    /// into theirs, V rows normed without weight or rope; in one dispatch.
+    pub fn norm_rope_rows(&mut self, x: impl Into<Product<'a>>, rows: HeadRows<'a>, (cos, sin): (&'a wgpu::Buffer, &'a wgpu::Buffer), tokens: usize, heads: usize, d: usize, eps: f32) -> Result<(), GpuError> {
         use dg_kernels::norm_rope;
         let x = x.into();
+        let (values, v_heads, v_offset) = rows.v;
+        // An output with no rows is bound to one that has some (never read or written).
+        let (q_w, q_out, q_blocks) = rows.q.unwrap_or((cos, values, 0));
+        let (w, out, out_offset) = rows.k.unwrap_or((q_w, q_out, 0));
         let p = norm_rope::NormRopeParams {
             tokens: tokens as u32,
             heads: heads as u32,
@@ -677,11 +718,13 @@ impl<'a> Recorder<'a> {
             out_offset: out_offset as u32,
             v_heads: v_heads as u32,
             v_offset: v_offset as u32,
-            _pad: [0; 3],
+            q_blocks: q_blocks as u32,
+            skip_k: u32::from(rows.k.is_none()),
+            _pad: 0,
         };
         let g = self.groups(norm_rope::workgroups(&p));
         let lanes = lanes_knob(norm_rope::lanes_for(&p));
-        self.push(norm_rope::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w, cos, sin, out, values], g)
+        self.push(norm_rope::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w, cos, sin, out, values, q_w, q_out], g)
     }
 
     /// Row softmax in place (with the attention mask of `p`).

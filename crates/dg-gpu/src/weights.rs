@@ -55,11 +55,11 @@ pub struct EmbedChunk {
 pub struct GpuLayer {
     pub kind: LayerKind,
     pub norms: LayerNorms,
-    pub q_proj: GpuMatrix,
-    /// Sliding layers: `[K; V]` projections stacked, `[2·kv·d, H]` (one batched GEMM computes
-    /// both); full layers: the K projection alone (V is the raw K projection).
-    pub kv_proj: GpuMatrix,
-    /// Whether `kv_proj` holds a V half.
+    /// The q, K and (sliding layers) V projections stacked, `[q; K; V]`: `heads/kv + 2` blocks of
+    /// `[kv·d, H]` (`heads/kv + 1` in full layers, where V is the raw K projection), so that one
+    /// GEMM batched over the blocks computes any run of them (q's alone, K and V, or all).
+    pub qkv_proj: GpuMatrix,
+    /// Whether `qkv_proj` ends with a V block.
     pub has_v_proj: bool,
     pub o_proj: GpuMatrix,
     pub q_norm: wgpu::Buffer,
@@ -178,6 +178,24 @@ impl Uploader<'_> {
         Ok(GpuMatrix { buffer, format: WeightFormat::F16, layout: MatrixLayout::KPanels })
     }
 
+    /// A layer's `[q; K; V]` projections in blocks of K's rows ([`GpuLayer::qkv_proj`]).
+    fn qkv_projection(&mut self, label: &str, l: &LayerWeights) -> Result<GpuMatrix, GpuError> {
+        let (k, cols) = (&l.k_proj, l.k_proj.cols);
+        if k.rows == 0 || !l.q_proj.rows.is_multiple_of(k.rows) || l.q_proj.cols != cols || l.v_proj.as_ref().is_some_and(|v| v.rows != k.rows || v.cols != cols) {
+            return Err(GpuError::Unsupported {
+                what: format!("{label}: q [{}, {}], k [{}, {cols}]{}: q's rows are not whole blocks of k's", l.q_proj.rows, l.q_proj.cols, k.rows, l.v_proj.as_ref().map_or(String::new(), |v| format!(", v [{}, {}]", v.rows, v.cols))),
+            });
+        }
+        let mut data = Vec::with_capacity(l.q_proj.data.len() + 2 * k.data.len());
+        data.extend_from_slice(&l.q_proj.data);
+        data.extend_from_slice(&k.data);
+        if let Some(v) = &l.v_proj {
+            data.extend_from_slice(&v.data);
+        }
+        let blocks = data.len() / (k.rows * cols);
+        self.projection_blocks(label, &data, blocks, k.rows, cols)
+    }
+
     /// Expert weights `[experts, n, k]`: in the F16 mode on a device with cooperative matrices, in
     /// K panels for the tensor-core grouped GEMM when a tile fits the shape; otherwise as
     /// [`Self::matrix`].
@@ -206,11 +224,7 @@ impl Uploader<'_> {
         Ok(GpuLayer {
             kind: l.kind,
             norms,
-            q_proj: self.projection(&p("q_proj"), &l.q_proj)?,
-            kv_proj: match &l.v_proj {
-                Some(v) => self.projection_blocks(&p("k_proj+v_proj"), &[&l.k_proj.data[..], &v.data].concat(), 2, l.k_proj.rows, l.k_proj.cols)?,
-                None => self.projection(&p("k_proj"), &l.k_proj)?,
-            },
+            qkv_proj: self.qkv_projection(&p("q_proj+k_proj+v_proj"), l)?,
             has_v_proj: l.v_proj.is_some(),
             o_proj: self.projection(&p("o_proj"), &l.o_proj)?,
             q_norm: self.f32(&p("q_norm"), &l.q_norm)?,

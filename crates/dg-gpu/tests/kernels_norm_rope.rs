@@ -5,7 +5,7 @@
 //! Every output carries a guard band, and every case also runs with its workgroups folded into y.
 
 use dg_gpu::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
-use dg_gpu::ops::Recorder;
+use dg_gpu::ops::{HeadRows, Recorder};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::norm_rope::{self, NormRopeParams};
@@ -67,10 +67,12 @@ fn run_fused_at(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), x: &[f32], 
         out_offset: out_offset as u32,
         v_heads: 0,
         v_offset: 0,
-        _pad: [0; 3],
+        q_blocks: 0,
+        skip_k: 0,
+        _pad: 0,
     };
     let mut plan = PlanBuilder::new(ctx);
-    plan.push(&p, &params, &[&xb, &wb, &cb, &sb, &out, &values], groups_1d(norm_rope::workgroups(&params), max_dim));
+    plan.push(&p, &params, &[&xb, &wb, &cb, &sb, &out, &values, &wb, &values], groups_1d(norm_rope::workgroups(&params), max_dim));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
     assert!(read_guarded(ctx, &values, 4).iter().all(|&v| v == GUARD), "values written without V rows");
     read_guarded(ctx, &out, out_offset + x.len())
@@ -177,5 +179,65 @@ fn norm_rope_kv_writes_what_norm_rope_and_rmsnorm_write() {
         assert!(bits(&values) == bits(&values_alone), "{what}: values differ from rmsnorm's");
         let v = read_guarded(&ctx, &values, len);
         assert!(v[..at].iter().chain(&v[at + n..]).all(|&e| e == GUARD) && v[at..at + n].iter().all(|e| e.is_finite()), "{what}: values outside the rows");
+    }
+}
+
+/// q, K and V of one product batched over blocks of kv heads (`[q blocks; K; V]`, the decoder's
+/// merged `qkv_proj`) in one dispatch (`Recorder::norm_rope_rows`): q bit for bit what the q rows
+/// alone write (as the separate q product's dispatch), and that the CPU's norm and rotation of
+/// q's heads in token order (`[tokens, heads, d]`) within the kernel's tolerance; the keys and
+/// values bit for bit what `norm_rope_kv` writes from the K/V part.
+#[test]
+fn norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write() {
+    let test = "norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write";
+    let Some(ctx) = test_context(test) else { return };
+    for (d, tokens, kv, group, has_v) in [(256usize, 7usize, 2usize, 2usize, true), (512, 5, 1, 8, false), (8, 300, 3, 2, true)] {
+        let table = dg_cpu::rope::RopeTable::new(&rope_spec(d), 11, tokens);
+        let n = tokens * kv * d;
+        let halves = if has_v { 2 } else { 1 };
+        let x_host = seeded((group + halves) * n, 300 + d as u64, 3.0);
+        let x = ctx.upload("qkv_raw", &x_host).unwrap();
+        let kv_x = ctx.upload("kv_raw", &x_host[group * n..]).unwrap();
+        let q_w_host: Vec<f32> = seeded(d, 301, 0.5).iter().map(|v| 1.0 + v).collect();
+        let q_w = ctx.upload("q_w", &q_w_host).unwrap();
+        let k_w = ctx.upload("k_w", &seeded(d, 302, 0.5).iter().map(|v| 1.0 + v).collect::<Vec<_>>()).unwrap();
+        let cb = ctx.upload("cos", &table.cos).unwrap();
+        let sb = ctx.upload("sin", &table.sin).unwrap();
+        let at = 3 * d + 4;
+        let len = at + n + 50;
+        let q_len = group * n;
+        let dummy = guarded_output(&ctx, "dummy", 4);
+        let [q, q_alone] = ["q", "q alone"].map(|l| guarded_output(&ctx, l, q_len));
+        let [keys, values, keys_kv, values_kv] = ["keys", "values", "keys kv", "values kv"].map(|l| guarded_output(&ctx, l, len));
+        let mut pipelines = Pipelines::default();
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        let all = HeadRows { q: Some((&q_w, &q, group)), k: Some((&k_w, &keys, at)), v: (&values, kv, (group + halves - 1) * n) };
+        rec.norm_rope_rows(&x, all, (&cb, &sb), tokens, kv, d, EPS).unwrap();
+        rec.norm_rope_rows(&x, HeadRows { q: Some((&q_w, &q_alone, group)), k: None, v: (&dummy, 0, 0) }, (&cb, &sb), tokens, kv, d, EPS).unwrap();
+        rec.norm_rope_kv(&kv_x, &k_w, (&cb, &sb), (&keys_kv, at), (&values_kv, kv, (halves - 1) * n), tokens, kv, d, EPS).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        let what = format!("d={d} tokens={tokens} kv={kv} group={group} v after k {has_v}");
+        let bits = |b: &wgpu::Buffer, len: usize| -> Vec<u32> { read_guarded(&ctx, b, len).iter().map(|v| v.to_bits()).collect() };
+        assert!(bits(&q, q_len) == bits(&q_alone, q_len), "{what}: q differs from q's rows alone");
+        assert!(bits(&keys, len) == bits(&keys_kv, len), "{what}: keys differ from norm_rope_kv's");
+        assert!(bits(&values, len) == bits(&values_kv, len), "{what}: values differ from norm_rope_kv's");
+        assert!(read_guarded(&ctx, &dummy, 4).iter().all(|&v| v == GUARD), "{what}: the unused output written");
+        // q's heads in token order: head b·kv + j of token t is row (b, t, j) of the blocks.
+        let heads = group * kv;
+        let mut want = vec![0.0f32; q_len];
+        for b in 0..group {
+            for t in 0..tokens {
+                for j in 0..kv {
+                    let src = ((b * tokens + t) * kv + j) * d;
+                    let dst = (t * heads + b * kv + j) * d;
+                    want[dst..dst + d].copy_from_slice(&x_host[src..src + d]);
+                }
+            }
+        }
+        dg_cpu::ops::rms_norm_rows(&mut want, d, Some(&q_w_host), EPS);
+        table.apply(&mut want, heads);
+        let got = read_guarded(&ctx, &q, q_len);
+        let (err, at) = max_rel_err(&got, &want);
+        assert!(err <= NORM_ROPE_TOLERANCE, "{what}: q against the CPU: rel err {err} at {at}: {} vs {}", got[at], want[at]);
     }
 }

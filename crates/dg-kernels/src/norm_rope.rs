@@ -3,8 +3,10 @@
 //! accumulating, scale 1) then `rope.wgsl` in place; CPU twins `dg_cpu::ops::rms_norm_rows` then
 //! `dg_cpu::rope::RopeTable::apply` (rotate-half, dimension `i` paired with `i + d/2`).
 //!
-//! The same dispatch may also norm the V rows of a [K | V] product (weightless, no rope, the
-//! `rmsnorm.wgsl` op; `v_heads`), so that K and V reach the cache in one dispatch.
+//! The same dispatch may also take the q rows of a projection batched by blocks of heads ahead of
+//! the K rows (`q_blocks`, their own weight and output), and norm the V rows of the product after
+//! them (weightless, no rope, the `rmsnorm.wgsl` op; `v_heads`): so that q, K and V of one
+//! projection reach the attention and the cache in one dispatch.
 //!
 //! One workgroup per (token, head) row: the sum of squares is accumulated and reduced exactly as
 //! in `rmsnorm.wgsl` (same strided per-invocation sums, same `row_sum` of the same [`RowReduce`], `1/sqrt`), then each invocation
@@ -41,20 +43,28 @@ pub struct NormRopeParams {
     pub v_heads: u32,
     /// Element of `x` (of each partial) where the V rows start.
     pub v_offset: u32,
-    pub _pad: [u32; 3],
+    /// Blocks of q rows ahead of the K rows, each `[tokens, heads, dim]` (block `b` holds q heads
+    /// `b·heads ..`), normed with `q_w` and rotated into `q_out`, `[tokens, q_blocks·heads, dim]`; 0
+    /// for none.
+    pub q_blocks: u32,
+    /// Non-zero: no K rows (the q rows, or the V rows, alone).
+    pub skip_k: u32,
+    pub _pad: u32,
 }
 
-/// Workgroups to dispatch, one per (token, head) row of K and of V (fold through `groups_1d`:
+/// Workgroups to dispatch, one per (token, head) row of q, K and V (fold through `groups_1d`:
 /// more than 65535 wrap into y).
 pub fn workgroups(p: &NormRopeParams) -> u32 {
-    p.tokens * (p.heads + p.v_heads)
+    let k_heads = if p.skip_k != 0 { 0 } else { p.heads };
+    p.tokens * (p.q_blocks * p.heads + k_heads + p.v_heads)
 }
 
-/// Bindings: `x` (read, `[tokens, heads, d]`, or the split-K partials of the product it would
-/// hold; with V rows, those follow from `v_offset`), `w` (read, `[d]`), `cos` (read, `[tokens,
-/// d/2]`), `sin` (read, `[tokens, d/2]`), `out` (read-write, `[tokens, heads, d]` from
-/// `out_offset`), `values` (read-write, `[tokens, v_heads, d]` from `out_offset`; untouched, and
-/// any buffer but the others, without V rows).
+/// Bindings: `x` (read, `[q_blocks, tokens, heads, d]` then `[tokens, heads, d]`, or the split-K
+/// partials of the product it would hold; with V rows, those follow from `v_offset`), `w` (read,
+/// `[d]`), `cos` (read, `[tokens, d/2]`), `sin` (read, `[tokens, d/2]`), `out` (read-write,
+/// `[tokens, heads, d]` from `out_offset`), `values` (read-write, `[tokens, v_heads, d]` from
+/// `out_offset`), `q_w` (read, `[d]`), `q_out` (read-write, `[tokens, q_blocks·heads, d]`). An
+/// output with no rows is untouched, and may be any buffer the others are not.
 pub fn source(reduce: RowReduce) -> KernelSource {
     source_lanes(reduce, 1)
 }
@@ -67,7 +77,7 @@ pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
         name: format!("norm_rope{suffix}{}", reduce.suffix()),
         wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader_lanes(&body, "x_at", "x")),
         entry: "main",
-        buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite, Access::ReadWrite],
+        buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite, Access::ReadWrite, Access::Read, Access::ReadWrite],
         params_size: size_of::<NormRopeParams>() as u64,
     }
 }

@@ -3,11 +3,18 @@
 //   y = x * (mean(x^2) + eps)^-1/2 * w        (as rmsnorm.wgsl: weighted, scale 1)
 //   out[i]        = y[i] * cos + (-y[i + half]) * sin
 //   out[i + half] = y[i + half] * cos + y[i] * sin      (as rope.wgsl)
-// with cos/sin = table[token, i]; optionally followed, in the same dispatch, by the V rows of the
-// same product (p.v_heads per token, from element v_offset of x), each normed without weight and
-// rope (as rmsnorm.wgsl: weightless, scale 1) into values:
+// with cos/sin = table[token, i]. The rows of one dispatch, in order:
+// - Q rows (p.q_blocks blocks of [tokens, heads, d] at the start of x: a batched q projection whose
+//   batch b holds q heads b * heads ..): normed with q_w and rotated into q_out, [tokens,
+//   q_blocks * heads, d];
+// - K rows ([tokens, heads, d] right after them, unless p.skip_k): normed with w and rotated into
+//   out from element out_offset;
+// - V rows (p.v_heads per token, from element v_offset of x), each normed without weight and rope
+//   (as rmsnorm.wgsl: weightless, scale 1) into values:
 //   values[out_offset + r * d + i] = x[v_offset + r * d + i] * (mean(x^2) + eps)^-1/2
-// One workgroup per row, the K rows first; rows beyond 65535 workgroups wrap into y. The sum of
+// so that one projection of q, K and V reaches q and the cache in one dispatch. Every row is
+// computed the same way whatever else the dispatch holds.
+// One workgroup per row; rows beyond 65535 workgroups wrap into y. The sum of
 // squares reduces with row_sum (row_reduce.rs), as rmsnorm.wgsl's does. Columns go LANES at a
 // time (V: f32, or vec4<f32> with d / 2 and the offsets multiples of 4), as in rmsnorm.wgsl.
 
@@ -24,9 +31,10 @@ struct Params {
     // V rows per token (0: none), and the element of x where they start.
     v_heads: u32,
     v_offset: u32,
+    // Blocks of Q rows ahead of the K rows (0: none), and whether the K rows are left out.
+    q_blocks: u32,
+    skip_k: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -36,6 +44,8 @@ struct Params {
 @group(0) @binding(4) var<storage, read> sin_t: array<V>;
 @group(0) @binding(5) var<storage, read_write> out: array<V>;
 @group(0) @binding(6) var<storage, read_write> values: array<V>;
+@group(0) @binding(7) var<storage, read> q_w: array<V>;
+@group(0) @binding(8) var<storage, read_write> q_out: array<V>;
 
 //@SPLIT_READER
 
@@ -45,13 +55,16 @@ struct Params {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
     let row = wid.x + wid.y * nwg.x;
-    let k_rows = p.tokens * p.heads;
+    let block_rows = p.tokens * p.heads;
+    let q_rows = p.q_blocks * block_rows;
+    let k_rows = select(block_rows, 0u, p.skip_k != 0u);
     // Workgroup-uniform: which part this row belongs to.
-    let is_v = row >= k_rows;
-    let v_row = row - k_rows;
+    let is_q = row < q_rows;
+    let is_v = row >= q_rows + k_rows;
+    let v_row = row - q_rows - k_rows;
     let cols = p.dim / LANES;
     let base = select(row * cols, p.v_offset / LANES + v_row * cols, is_v);
-    let live = select(row < k_rows, v_row < p.tokens * p.v_heads, is_v);
+    let live = select(true, v_row < p.tokens * p.v_heads, is_v);
     var acc = 0.0;
     if (live) {
         for (var i = lid.x; i < cols; i += WG) {
@@ -73,13 +86,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     let half = cols / 2u;
-    let table = (row / p.heads) * half;
+    if (is_q) {
+        // Row (b, t, j) of the blocks: q head b * heads + j of token t.
+        let b = row / block_rows;
+        let t = (row % block_rows) / p.heads;
+        let head = b * p.heads + row % p.heads;
+        let dst = (t * p.q_blocks * p.heads + head) * cols;
+        let table = t * half;
+        for (var j = lid.x; j < half; j += WG) {
+            let y1 = (x_at(base + j) * inv) * q_w[j];
+            let y2 = (x_at(base + j + half) * inv) * q_w[j + half];
+            let c = cos_t[table + j];
+            let s = sin_t[table + j];
+            q_out[dst + j] = y1 * c + (-y2) * s;
+            q_out[dst + j + half] = y2 * c + y1 * s;
+        }
+        return;
+    }
+    let k_row = row - q_rows;
+    let table = (k_row / p.heads) * half;
+    let dst = out_base + k_row * cols;
     for (var j = lid.x; j < half; j += WG) {
         let y1 = (x_at(base + j) * inv) * w[j];
         let y2 = (x_at(base + j + half) * inv) * w[j + half];
         let c = cos_t[table + j];
         let s = sin_t[table + j];
-        out[out_base + base + j] = y1 * c + (-y2) * s;
-        out[out_base + base + j + half] = y2 * c + y1 * s;
+        out[dst + j] = y1 * c + (-y2) * s;
+        out[dst + j + half] = y2 * c + y1 * s;
     }
 }
