@@ -56,9 +56,6 @@ pub struct Arena {
     pub kv_raw: wgpu::Buffer,
     /// Attention scores/probabilities `[heads, C, context + C]`.
     pub scores: wgpu::Buffer,
-    /// The probabilities as f16 (two a word), as many as `scores` holds, where the values product
-    /// reads them so (on a device with cooperative matrices; a placeholder elsewhere).
-    pub probs_half: wgpu::Buffer,
     pub attn: wgpu::Buffer,
     /// `[C, H]` scratch: attention output, MoE output.
     pub proj: wgpu::Buffer,
@@ -151,9 +148,6 @@ impl Arena {
         let rope = |name: &str, hd: usize| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
             Ok((f(&format!("rope.{name}.cos"), r * hd)?, f(&format!("rope.{name}.sin"), r * hd)?))
         };
-        // Decoder: [heads, C, visible padded to KEY_PAD + C]; encoder chunk: [heads, T, at most
-        // max_context].
-        let scores = heads * (c * (max_context.next_multiple_of(KEY_PAD) + c)).max(r * max_context);
         Ok(Arena {
             canvas: c,
             token_rows: r,
@@ -165,9 +159,9 @@ impl Arena {
             qkv_raw: f("qkv_raw", r * (q_w + 2 * kv_w))?,
             q: f("q", r * q_w)?,
             kv_raw: f("kv_raw", 2 * r * kv_w)?,
-            scores: f("scores", scores)?,
-            // Only the tensor cores read f16 probabilities.
-            probs_half: f("probs_half", if ctx.coop_matrix { scores.div_ceil(2) } else { 1 })?,
+            // Decoder: [heads, C, visible padded to KEY_PAD + C]; encoder chunk: [heads, T, at most
+            // max_context].
+            scores: f("scores", heads * (c * (max_context.next_multiple_of(KEY_PAD) + c)).max(r * max_context))?,
             attn: f("attn", r * q_w)?,
             proj: f("proj", r * h)?,
             gate_up: f("gate_up", r * 2 * i.max(1))?,

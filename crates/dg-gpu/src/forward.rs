@@ -292,6 +292,27 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     let tc = w.format == WeightFormat::F16;
     let f32_ = WeightFormat::F32;
     rec.gemm_auto(&a.q, &cache.keys, f32_, &a.scores, scores, tc)?;
+    match pass {
+        LayerPass::Decode(v) => {
+            let gap = SoftmaxParams { gap_start: v.len as u32, gap_end: cached as u32, ..SoftmaxParams::plain((heads * c) as u32, s as u32) };
+            rec.softmax(&a.scores, gap)?;
+        }
+        LayerPass::Encode { start, .. } => {
+            let window = match spec.kind {
+                LayerKind::Sliding => cfg.sliding_window as u32,
+                LayerKind::Full => 0,
+            };
+            let mask = SoftmaxParams {
+                queries: c as u32,
+                mode: softmax::MODE_CAUSAL,
+                key_start: key_start as u32,
+                query_start: start as u32,
+                window,
+                ..SoftmaxParams::plain((heads * c) as u32, s as u32)
+            };
+            rec.softmax(&a.scores, mask)?;
+        }
+    }
     // attn = P · V over the same cache rows as the scores.
     let values = GemmParams {
         m: c as u32,
@@ -311,33 +332,7 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
         alpha: 1.0,
         ..bytemuck::Zeroable::zeroed()
     };
-    // P rounded to f16 into its own buffer where the values product runs on the tensor cores,
-    // which round it to f16 as they stage it anyway: the same product from half the bytes.
-    let half_probs = s % 4 == 0 && rec.takes_half_a(f32_, &values, tc);
-    let probabilities = |rec: &mut Recorder<'a>, p: SoftmaxParams| if half_probs { rec.softmax_half(&a.scores, &a.probs_half, p) } else { rec.softmax(&a.scores, p) };
-    match pass {
-        LayerPass::Decode(v) => {
-            let gap = SoftmaxParams { gap_start: v.len as u32, gap_end: cached as u32, ..SoftmaxParams::plain((heads * c) as u32, s as u32) };
-            probabilities(rec, gap)?;
-        }
-        LayerPass::Encode { start, .. } => {
-            let window = match spec.kind {
-                LayerKind::Sliding => cfg.sliding_window as u32,
-                LayerKind::Full => 0,
-            };
-            let mask = SoftmaxParams {
-                queries: c as u32,
-                mode: softmax::MODE_CAUSAL,
-                key_start: key_start as u32,
-                query_start: start as u32,
-                window,
-                ..SoftmaxParams::plain((heads * c) as u32, s as u32)
-            };
-            probabilities(rec, mask)?;
-        }
-    }
-    let probs = if half_probs { (&a.probs_half, AFormat::F16) } else { (&a.scores, AFormat::F32) };
-    rec.gemm_auto_a(probs, &cache.values, f32_, &a.attn, values, tc)?;
+    rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values, tc)?;
     let o = rec.linear_product(&a.attn, &l.o_proj, &a.proj, c, h, heads * d, Batches::ONE)?;
     // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
     // pre_feedforward_layernorm(h) in `normed`, and in `branch_in` the experts' input

@@ -396,38 +396,7 @@ impl<'a> Recorder<'a> {
     /// tensor-core body and an f32 tail. F16 `W[n][k]` may load its fragments directly (`DG_COOP_PATH=direct`);
     /// everything else is staged.
     pub fn gemm_auto(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
-        self.gemm_layout((a, AFormat::F32), b, b_format, MatrixLayout::RowMajor, c, p, tensor_cores, false).map(|_| ())
-    }
-
-    /// [`Self::gemm_auto`] with A stored as `a_format`: f16 A (as [`Self::softmax_half`] writes
-    /// it) only on the tensor cores, where [`Self::takes_half_a`] says the product runs; an error
-    /// elsewhere, never a misread.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_auto_a(&mut self, a: (&'a wgpu::Buffer, AFormat), b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
         self.gemm_layout(a, b, b_format, MatrixLayout::RowMajor, c, p, tensor_cores, false).map(|_| ())
-    }
-
-    /// Whether [`Self::gemm_auto`] would run `p` (B row-major, stored as `b_format`) on the tensor
-    /// cores, which read A as f16 as well as f32 ([`Self::gemm_auto_a`]).
-    pub fn takes_half_a(&self, b_format: WeightFormat, p: &GemmParams, tensor_cores: bool) -> bool {
-        self.coop_plan(b_format, false, p, tensor_cores).is_some()
-    }
-
-    /// The tile and B layout on which the tensor cores would run `p` (B stored as `b_format`, in K
-    /// panels or not), if they would.
-    fn coop_plan(&self, b_format: WeightFormat, panels: bool, p: &GemmParams, tensor_cores: bool) -> Option<(coop_gemm::CoopTile, coop_gemm::BLayout)> {
-        if !tensor_cores || !self.ctx.coop_matrix {
-            return None;
-        }
-        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
-        // Attention's products (B: the f32 cache) take their own tile where the large one would
-        // split K (`coop_gemm::ATTENTION_TILE`).
-        let splits_large = || {
-            let large = coop_gemm::TILE_128X128;
-            self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(large, p, split_target(large, p), len).is_some())
-        };
-        let prefer = coop_tile_override().or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
-        coop_gemm::plan_layout(p, panels, prefer, max_shared).map(|(tile, layout)| (depth_override("DG_COOP_DEPTH", tile), layout))
     }
 
     /// `c = a · wᵀ` as [`Self::gemm_auto`] takes it, for an uploaded matrix (`p`'s B strides
@@ -435,7 +404,7 @@ impl<'a> Recorder<'a> {
     /// the upload only panels when the tensor cores take its shapes) always runs on the tensor
     /// cores, and a product no tile takes is an error, never a misread.
     pub fn gemm_matrix(&mut self, a: &'a wgpu::Buffer, w: &'a GpuMatrix, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
-        self.gemm_layout((a, AFormat::F32), &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16, false).map(|_| ())
+        self.gemm_layout(a, &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16, false).map(|_| ())
     }
 
     /// `out[m, n] = x[m, k] · Wᵀ` for an uploaded matrix ([`Self::linear_format`] on its buffer,
@@ -468,7 +437,7 @@ impl<'a> Recorder<'a> {
     /// [`Self::gemm_matrix`] for a consumer that reads its output through a [`Product`], as
     /// [`Self::linear_product`].
     pub fn gemm_product(&mut self, a: &'a wgpu::Buffer, w: &'a GpuMatrix, c: &'a wgpu::Buffer, p: GemmParams) -> Result<Product<'a>, GpuError> {
-        self.gemm_layout((a, AFormat::F32), &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16, true)
+        self.gemm_layout(a, &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16, true)
     }
 
     /// How the product `p` of `w` would run on the tensor cores: in how many waves of workgroups
@@ -476,7 +445,11 @@ impl<'a> Recorder<'a> {
     /// `dg_kernels::coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS` a multiprocessor's worth of the
     /// tile), and whether it splits K; `None` where it would not run there.
     pub fn coop_waves(&self, w: &GpuMatrix, p: &GemmParams) -> Option<(u32, bool)> {
-        let (tile, _) = self.coop_plan(w.format, w.layout == MatrixLayout::KPanels, p, w.format == WeightFormat::F16)?;
+        if w.format != WeightFormat::F16 || !self.ctx.coop_matrix {
+            return None;
+        }
+        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
+        let (tile, _) = coop_gemm::plan_layout(p, w.layout == MatrixLayout::KPanels, coop_tile_override(), max_shared)?;
         let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
         let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS);
         let splits = self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(tile, p, split_target(tile, p), len).is_some());
@@ -489,7 +462,7 @@ impl<'a> Recorder<'a> {
     #[allow(clippy::too_many_arguments)]
     fn gemm_layout(
         &mut self,
-        (a, a_format): (&'a wgpu::Buffer, AFormat),
+        a: &'a wgpu::Buffer,
         b: &'a wgpu::Buffer,
         b_format: WeightFormat,
         b_layout: MatrixLayout,
@@ -499,17 +472,23 @@ impl<'a> Recorder<'a> {
         defer: bool,
     ) -> Result<Product<'a>, GpuError> {
         let panels = b_layout == MatrixLayout::KPanels;
-        let planned = self.coop_plan(b_format, panels, &p, tensor_cores);
+        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
+        // Attention's products (B: the f32 cache) take their own tile where the large one would
+        // split K (`coop_gemm::ATTENTION_TILE`).
+        let splits_large = || {
+            let large = coop_gemm::TILE_128X128;
+            self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(large, &p, split_target(large, &p), len).is_some())
+        };
+        let prefer = coop_tile_override().or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
+        let planned = if tensor_cores && self.ctx.coop_matrix { coop_gemm::plan_layout(&p, panels, prefer, max_shared) } else { None };
+        let planned = planned.map(|(tile, layout)| (depth_override("DG_COOP_DEPTH", tile), layout));
         if panels && (planned.is_none() || b_format != WeightFormat::F16) {
             return Err(GpuError::Unsupported {
                 what: format!("a {b_format:?} matrix in K panels for a product of m {} n {} k {} (b_cs {}): no tensor-core tile takes it", p.m, p.n, p.k, p.b_cs),
             });
         }
         if let Some(planned) = planned {
-            return self.coop_product((a, a_format), b, b_format, c, p, planned, defer);
-        }
-        if a_format != AFormat::F32 {
-            return Err(GpuError::Unsupported { what: format!("{a_format:?} A for a product of m {} n {} k {} that does not run on the tensor cores", p.m, p.n, p.k) });
+            return self.coop_product(a, b, b_format, c, p, planned, defer);
         }
         if tensor_cores && self.ctx.coop_matrix {
             // Ragged columns (a sliding layer's scores over its 1023 visible keys): the body of
@@ -536,7 +515,7 @@ impl<'a> Recorder<'a> {
     #[allow(clippy::too_many_arguments)]
     fn coop_product(
         &mut self,
-        (a, a_format): (&'a wgpu::Buffer, AFormat),
+        a: &'a wgpu::Buffer,
         b: &'a wgpu::Buffer,
         b_format: WeightFormat,
         c: &'a wgpu::Buffer,
@@ -548,7 +527,7 @@ impl<'a> Recorder<'a> {
             coop_gemm::WPath::Direct if b_format != WeightFormat::F16 || layout == coop_gemm::BLayout::Kn => coop_gemm::WPath::Staged,
             path => path,
         };
-        let kernel = coop_gemm::source_for_a(tile, path, b_format, layout, a_format);
+        let kernel = coop_gemm::source_for(tile, path, b_format, layout);
         let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(tile, &p), len)?)));
         let Some((scratch, split)) = split else {
             self.push(kernel, &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch))?;
@@ -722,7 +701,6 @@ impl<'a> Recorder<'a> {
     /// The per-head norms (and RoPE) of one projection's `rows` (`dg_kernels::norm_rope`) from `x`
     /// (a buffer or a split product): q rows in blocks of `heads` heads into their output, K rows
     /// into theirs, V rows normed without weight or rope; in one dispatch.
-    #[allow(clippy::too_many_arguments)]
     pub fn norm_rope_rows(&mut self, x: impl Into<Product<'a>>, rows: HeadRows<'a>, (cos, sin): (&'a wgpu::Buffer, &'a wgpu::Buffer), tokens: usize, heads: usize, d: usize, eps: f32) -> Result<(), GpuError> {
         use dg_kernels::norm_rope;
         let x = x.into();
@@ -754,17 +732,6 @@ impl<'a> Recorder<'a> {
         let g = self.groups(softmax::workgroups(&p));
         let lanes = row_lanes(&[p.cols]);
         self.push(softmax::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x], g)
-    }
-
-    /// Row softmax of `x` (with the attention mask of `p`; `cols` a multiple of 4) rounded to f16
-    /// into `out` (`[rows, cols]` halves, two a word), `x` untouched: P for a values product that
-    /// reads f16 A ([`Self::gemm_auto_a`]).
-    pub fn softmax_half(&mut self, x: &'a wgpu::Buffer, out: &'a wgpu::Buffer, p: softmax::SoftmaxParams) -> Result<(), GpuError> {
-        if !p.cols.is_multiple_of(4) || out.size() < u64::from(p.rows) * u64::from(p.cols) * 2 {
-            return Err(GpuError::Unsupported { what: format!("f16 softmax of [{}, {}] into {} bytes: the kernel takes rows of a multiple of 4 columns", p.rows, p.cols, out.size()) });
-        }
-        let g = self.groups(softmax::workgroups(&p));
-        self.push(softmax::source_half(self.ctx.row_reduce()), &p, &[x, out], g)
     }
 
     /// Plain softmax in place over `x: [rows, cols]`: rows of at least

@@ -357,43 +357,6 @@ fn softmax_masks_match_cpu() {
     }
 }
 
-/// The half softmax (`softmax::source_half`, the decoder's P for a values product reading f16):
-/// its output is exactly the four-column softmax's, each probability rounded to f16 (to nearest,
-/// ties to even, as `half` rounds), and `x` is left as it was; for plain rows, the decoder's gap
-/// and a causal window, with workgroups folded into y.
-#[test]
-fn softmax_half_writes_the_f32_probabilities_rounded_to_f16() {
-    let Some(ctx) = test_context("softmax_half_writes_the_f32_probabilities_rounded_to_f16") else { return };
-    let cases = [
-        SoftmaxParams { queries: 64, gap_start: 1023, gap_end: 1024, ..SoftmaxParams::plain(2 * 64, 1024 + 64) },
-        SoftmaxParams { queries: 9, mode: MODE_CAUSAL, key_start: 10, query_start: 51, window: 3, ..SoftmaxParams::plain(2 * 9, 52) },
-        SoftmaxParams::plain(300, 8),
-    ];
-    for params in cases {
-        let len = (params.rows * params.cols) as usize;
-        let x = seeded(len, 19 + params.cols as u64, 5.0);
-        for (max_dim, reduce) in limits(&ctx).into_iter().flat_map(|m| ctx.row_reduces().into_iter().map(move |r| (m, r))) {
-            let what = format!("{params:?} fold={max_dim} {reduce:?}");
-            let want = run_softmax(&ctx, (reduce, 4), &x, &params, max_dim);
-            let mut pipelines = Pipelines::default();
-            let p = pipelines.get(&ctx, softmax::source_half(reduce)).unwrap();
-            let xb = guarded_output(&ctx, "x", len);
-            ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(&x));
-            let out = guarded_output(&ctx, "out", len / 2);
-            let mut plan = PlanBuilder::new(&ctx);
-            plan.push(&p, &params, &[&xb, &out], groups_1d(softmax::workgroups(&params), max_dim));
-            plan.finish(&ctx).unwrap().run(&ctx).unwrap();
-            assert!(read_guarded(&ctx, &xb, len) == x, "{what}: x changed");
-            let words = read_guarded(&ctx, &out, len / 2);
-            let got: Vec<u16> = words.iter().flat_map(|w| { let b = w.to_bits(); [b as u16, (b >> 16) as u16] }).collect();
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                let rounded = half::f16::from_f32(*w).to_bits();
-                assert_eq!(*g, rounded, "{what}: element {i}: {:?} where the f32 softmax's {w} rounds to {:?}", half::f16::from_bits(*g), half::f16::from_bits(rounded));
-            }
-        }
-    }
-}
-
 fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f32], max_dim: u32) {
     let mut pipelines = Pipelines::default();
     let split = pipelines.get(ctx, gelu_glu::split()).unwrap();

@@ -638,46 +638,6 @@ fn split_k_products_on_tensor_cores_match_the_reference() {
     }
 }
 
-/// The decoder's values product from f16 probabilities (`Recorder::softmax_half`'s P, read through
-/// `Recorder::gemm_auto_a`): the same bits as from the f32 probabilities, which the tensor cores
-/// round to f16 as they stage them, for a product on the large tile and one that splits K on the
-/// attention tile; the plan runs the f16-A kernel.
-#[test]
-fn values_product_from_f16_probabilities_gives_the_f32_probabilities_bits() {
-    use dg_gpu::testing::{attention_values_params, gemm_extent};
-    use dg_kernels::coop_gemm::AFormat;
-    use dg_kernels::gemm::GemmParams;
-    let test = "values_product_from_f16_probabilities_gives_the_f32_probabilities_bits";
-    let Some(ctx) = coop_test_context(test) else { return };
-    let mut pipelines = Pipelines::default();
-    let scratch = ctx.storage_buffer("split partials", 64 << 20).unwrap();
-    // (queries, keys, head dim, heads, kv heads): a sliding layer's canvas over 1024 cached keys
-    // (K long enough to split on 128×128), and a full layer's over none.
-    for (t, s, d, heads, kv) in [(256u32, 1280u32, 256u32, 16u32, 8u32), (256, 256, 512, 16, 2)] {
-        let p = GemmParams { b_offset: 4 * kv * d, ..attention_values_params(t, s, d, heads, kv) };
-        let what = format!("t={t} s={s} d={d} heads={heads} kv={kv}");
-        let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
-        let b_len = gemm_extent(p.b_offset, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs);
-        let c_len = gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
-        let probs: Vec<f32> = seeded(a_len, 71, 1.0).iter().map(|v| v.abs() / s as f32).collect();
-        let pf = ctx.upload("p f32", &probs).unwrap();
-        let ph = ctx.upload("p f16", &dg_kernels::pack_f16(&probs)).unwrap();
-        let vb = ctx.upload("values", &seeded(b_len, 72, 1.0)).unwrap();
-        let [cf, ch] = ["c from f32", "c from f16"].map(|l| guarded_output(&ctx, l, c_len));
-        let mut rec = Recorder::new(&ctx, &mut pipelines);
-        rec.split_k_scratch(&scratch);
-        assert!(rec.takes_half_a(WeightFormat::F32, &p, true), "{what}: meant for the tensor cores");
-        rec.gemm_auto_a((&pf, AFormat::F32), &vb, WeightFormat::F32, &cf, p, true).unwrap();
-        rec.gemm_auto_a((&ph, AFormat::F16), &vb, WeightFormat::F32, &ch, p, true).unwrap();
-        let plan = rec.finish().unwrap();
-        assert!(plan.kernel_names().iter().any(|k| k.ends_with("_a16")), "{what}: no f16-A kernel in {:?}", plan.kernel_names());
-        plan.run(&ctx).unwrap();
-        let bits = |b: &wgpu::Buffer| -> Vec<u32> { read_guarded(&ctx, b, c_len).iter().map(|v| v.to_bits()).collect() };
-        assert!(bits(&cf) == bits(&ch), "{what}: the products differ");
-        assert!(read_guarded(&ctx, &cf, c_len).iter().all(|v| v.is_finite()), "{what}: non-finite output");
-    }
-}
-
 /// Stacked `[n, k]` F16 matrices (`w` holds whole blocks) uploaded as the F16 mode uploads a
 /// projection on a tensor-core device: each block in K panels.
 fn panelled_projection(ctx: &GpuContext, w: &[f32], n: usize, k: usize) -> GpuMatrix {

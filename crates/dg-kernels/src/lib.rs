@@ -61,7 +61,6 @@ pub fn all_variants() -> Vec<KernelSource> {
             rmsnorm::source_lanes(r, 4),
             softmax::source(r),
             softmax::source_lanes(r, 4),
-            softmax::source_half(r),
             softmax_chunked::partials(r),
             softmax_chunked::apply(r),
             router_topk::source(r),

@@ -92,38 +92,12 @@ pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
         4 => ("_v4", "vec4<f32>"),
         _ => panic!("softmax takes 1 or 4 columns at a time, not {lanes}"),
     };
-    let store = if lanes == 4 { "fn store4(i: u32, y: vec4<f32>) {\n    x[i] = y;\n}\n" } else { "" };
+    let wgsl = with_online(&select_lanes(include_str!("wgsl/softmax.wgsl"), lanes == 4)).replace("XELEM", elem);
     KernelSource {
         name: format!("softmax{suffix}{}", reduce.suffix()),
-        wgsl: render(reduce, lanes == 4, elem, store),
+        wgsl: with_prelude(&[("WG", WORKGROUP)], &reduce.render(&wgsl, &[Part::Pair])),
         entry: "main",
         buffers: vec![Access::ReadWrite],
         params_size: size_of::<SoftmaxParams>() as u64,
     }
-}
-
-/// [`source_lanes`] with 4 columns at a time whose probabilities are written rounded to f16
-/// (`pack2x16float`) into a second buffer instead of in place: the attention's P for a values
-/// product that reads A as f16 (`crate::coop_gemm::AFormat::F16`; the tensor cores round P to
-/// f16 as they stage it anyway, so the product is the same, from half the bytes). Bindings: `x`
-/// (read-write but only read, `[rows, cols]` f32, `cols` a multiple of 4), `out` (read-write,
-/// `[rows, cols]` halves, two a u32).
-pub fn source_half(reduce: RowReduce) -> KernelSource {
-    let store = "@group(0) @binding(2) var<storage, read_write> out: array<vec2<u32>>;\n\n\
-                 fn store4(i: u32, y: vec4<f32>) {\n    out[i] = vec2<u32>(pack2x16float(y.xy), pack2x16float(y.zw));\n}\n";
-    KernelSource {
-        name: format!("softmax_v4_half{}", reduce.suffix()),
-        wgsl: render(reduce, true, "vec4<f32>", store),
-        entry: "main",
-        buffers: vec![Access::ReadWrite, Access::ReadWrite],
-        params_size: size_of::<SoftmaxParams>() as u64,
-    }
-}
-
-/// `softmax.wgsl` with its lanes chosen, `x`'s element type and the store of four columns.
-fn render(reduce: RowReduce, four: bool, elem: &str, store: &str) -> String {
-    let template = include_str!("wgsl/softmax.wgsl");
-    assert!(template.contains("//@STORE\n"), "softmax.wgsl without its store marker");
-    let wgsl = with_online(&select_lanes(template, four)).replace("XELEM", elem).replace("//@STORE\n", store);
-    with_prelude(&[("WG", WORKGROUP)], &reduce.render(&wgsl, &[Part::Pair]))
 }

@@ -8,8 +8,7 @@
 // Pass 1: each invocation keeps a running (max, sum of exp(x - max)) over its strided elements;
 // the pairs are merged across the workgroup by row_max_sum (row_reduce.rs). The LANES4 variant
 // reads and writes four columns at a time (cols a multiple of 4), each column as the plain one.
-// Pass 2: x = exp(x - max) * (1 / sum); or (the half variant, four columns at a time) those
-// probabilities rounded to f16 into out, [rows, cols] halves packed two a u32, x left as it was.
+// Pass 2: x = exp(x - max) * (1 / sum).
 
 struct Params {
     rows: u32,
@@ -28,8 +27,6 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<XELEM>;
-
-//@STORE
 
 //@ONLINE
 
@@ -96,7 +93,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
                 y[c] = exp(v4[c] - row_max) * inv;
             }
         }
-        store4(base / 4u + q, y);
+        x[base / 4u + q] = y;
     }
 #else
     for (var j = lid.x; j < p.cols; j += WG) {
