@@ -46,7 +46,6 @@ const QUARTERS: u32 = 4u;
 // Panels of 32 columns staged a chunk.
 const CHUNK: u32 = 16u;
 const CHUNK4: u32 = CHUNK * 8u;   // vec4s of x a token a chunk
-const PER_QUARTER: u32 = CHUNK / QUARTERS;
 const LOWEST: f32 = -0x1.fffffep+127f;
 const NONE: f32 = -2.0;
 
@@ -109,14 +108,15 @@ fn group_argmax(i: u32, v: f32, e: u32) -> vec2<u32> {
     return r;
 }
 
-// The 32 weights of one panel row (four vec4s of packed halves, loaded) into sums for the four
-// tokens staged at column vec4 `at` of the chunk.
-fn panel_sums(words: array<vec4<u32>, 4>, at: u32, acc: ptr<function, array<vec4<f32>, 4>>) {
+// The 32 weights of one panel row (four vec4s of packed halves) into sums for the four tokens
+// staged at column vec4 `at` of the chunk.
+fn panel_sums(base: u32, at: u32, acc: ptr<function, array<vec4<f32>, 4>>) {
     for (var q = 0u; q < 4u; q++) {
-        let w0 = unpack2x16float(words[q].x);
-        let w1 = unpack2x16float(words[q].y);
-        let w2 = unpack2x16float(words[q].z);
-        let w3 = unpack2x16float(words[q].w);
+        let words = w[base + q];
+        let w0 = unpack2x16float(words.x);
+        let w1 = unpack2x16float(words.y);
+        let w2 = unpack2x16float(words.z);
+        let w3 = unpack2x16float(words.w);
         let wa = vec4<f32>(w0.x, w0.y, w1.x, w1.y);
         let wb = vec4<f32>(w2.x, w2.y, w3.x, w3.y);
         let c = at + q * 2u;
@@ -142,18 +142,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     // Projection.
     var acc = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-    // Every load of a chunk is issued before any of its products (the weights' first, ahead of
-    // x's staging and its barrier): a product waiting on each load in turn would make each
-    // invocation's chain of L2 round trips the kernel's time. Panels past the end load the last
-    // one, experts past the count the last expert's, and neither is added.
-    let e_row = min(e, p.experts - 1u);
     for (var c0 = 0u; c0 < panels; c0 += CHUNK) {
-        var wv: array<array<vec4<u32>, 4>, PER_QUARTER>;
-        for (var pp = 0u; pp < PER_QUARTER; pp++) {
-            let panel = min(c0 + quarter * PER_QUARTER + pp, panels - 1u);
-            let base = (panel * p.experts + e_row) * 4u;
-            wv[pp] = array<vec4<u32>, 4>(w[base], w[base + 1u], w[base + 2u], w[base + 3u]);
-        }
         for (var s = i; s < TOKENS * CHUNK4; s += WG) {
             let tt = s / CHUNK4;
             let col4 = c0 * 8u + s % CHUNK4;
@@ -164,10 +153,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             xs[s] = v;
         }
         workgroupBarrier();
-        for (var pp = 0u; pp < PER_QUARTER; pp++) {
-            let local = quarter * PER_QUARTER + pp;
-            if (live && c0 + local < panels) {
-                panel_sums(wv[pp], local * 8u, &acc);
+        if (live) {
+            for (var pp = 0u; pp < CHUNK / QUARTERS; pp++) {
+                let local = quarter * (CHUNK / QUARTERS) + pp;
+                let panel = c0 + local;
+                if (panel < panels) {
+                    panel_sums((panel * p.experts + e) * 4u, local * 8u, &acc);
+                }
             }
         }
         workgroupBarrier();
