@@ -101,8 +101,8 @@ fn router_topk_matches_cpu() {
 }
 
 /// The one-dispatch router (`Recorder::router`: projection from F16 weights in K panels, then
-/// the top-k) against `dg_cpu::moe::route`'s product and tail, over token counts that leave the
-/// last workgroup part-full. The operands are multiples of 1/8 so that every
+/// the top-k) against `dg_cpu::moe::route`'s product and tail, with 1, 4 and 8 tokens a
+/// workgroup. The operands are multiples of 1/8 so that every
 /// logit is exact in f32 in any order: the experts then match exactly (many ties, broken by the
 /// lower index) and the weights within [`ROUTER_TOLERANCE`].
 #[test]
@@ -129,15 +129,15 @@ fn router_in_one_dispatch_matches_cpu() {
         let xb = ctx.upload("x", &x).unwrap();
         let wm = GpuMatrix { buffer: ctx.upload("w", &pack_f16_panels(&w, experts, hidden, 32)).unwrap(), format: dg_kernels::WeightFormat::F16, layout: MatrixLayout::KPanels };
         let sb = ctx.upload("per_expert_scale", &scale).unwrap();
-        {
+        for per_group in [1, 4, 8] {
             let idx = guarded_output(&ctx, "idx", tokens * k);
             let wt = guarded_output(&ctx, "weights", tokens * k);
             let mut pipelines = Pipelines::default();
             let mut rec = Recorder::new(&ctx, &mut pipelines);
-            rec.router((&xb, x_offset), &wm, &sb, (&idx, &wt), (tokens, experts, k, hidden)).unwrap();
+            rec.router_grouped((&xb, x_offset), &wm, &sb, (&idx, &wt), (tokens, experts, k, hidden), per_group).unwrap();
             rec.finish().unwrap().run(&ctx).unwrap();
             let got = (read_guarded_u32(&ctx, &idx, tokens * k), read_guarded(&ctx, &wt, tokens * k));
-            check_router(&got, &want, k, &format!("T={tokens} E={experts} K={k} H={hidden}"));
+            check_router(&got, &want, k, &format!("T={tokens} E={experts} K={k} H={hidden} {per_group} a workgroup"));
         }
     }
 }

@@ -52,6 +52,8 @@ pub fn all_variants() -> Vec<KernelSource> {
         moe_dispatch::source(),
         moe_combine::source(),
         router::source(),
+        router::source_for(1),
+        router::source_for(8),
         moe_combine::source_for(4),
         sample_rows::source(),
         split_k::source(),

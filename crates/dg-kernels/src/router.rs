@@ -17,14 +17,11 @@ use crate::{Access, KernelSource, with_prelude};
 pub const MAX_EXPERTS: u32 = 128;
 /// Largest top-k supported (the model uses 8).
 pub const MAX_K: u32 = crate::router_topk::MAX_K;
-/// Invocations a workgroup (`router.wgsl`'s WG): 128 experts × 4 quarters of K.
-pub const WORKGROUP: u32 = 512;
 /// Columns of W's K panels.
 pub const PANEL: u32 = 32;
-/// Tokens a workgroup routes (fixed in `router.wgsl`). Each workgroup streams all of W, so fewer
-/// tokens a workgroup read more of L2 in all, and more make each workgroup's f32 products longer:
-/// at the real geometry (256 tokens, W 128 × 2816) 4 tokens make 64 workgroups, 46 MB from L2 and
-/// 1.4 M products each.
+/// Tokens a workgroup routes. Each workgroup streams all of W, so fewer tokens a workgroup read
+/// more of L2 in all, and more make each workgroup's f32 products longer: at the real geometry
+/// (256 tokens, W 128 × 2816) 4 tokens make 64 workgroups, 46 MB from L2 and 1.4 M products each.
 pub const TOKENS: u32 = 4;
 
 /// Uniform parameters of `router.wgsl`.
@@ -48,19 +45,26 @@ pub fn fits(experts: u32, k: u32, hidden: u32) -> bool {
     (1..=MAX_EXPERTS).contains(&experts) && (1..=MAX_K.min(experts)).contains(&k) && hidden.is_multiple_of(PANEL) && hidden > 0
 }
 
-/// Workgroups to dispatch (fold through `groups_1d`).
-pub fn workgroups(p: &RouterParams) -> u32 {
-    p.tokens.div_ceil(TOKENS)
+/// Workgroups to dispatch with `tokens` tokens a workgroup (fold through `groups_1d`).
+pub fn workgroups(p: &RouterParams, tokens: u32) -> u32 {
+    p.tokens.div_ceil(tokens)
 }
 
-/// Bindings: `x` (read, f32 `[tokens, hidden]` from `x_offset`), `w` (read, f16 `[hidden / PANEL,
-/// experts, PANEL]`, as [`crate::coop_grouped_gemm::pack_f16_panels`] packs `[experts, hidden]`),
-/// `per_expert_scale` (read, `[E]`), `idx` (read-write, u32 `[tokens, K]`, by descending
-/// probability), `weights` (read-write, `[tokens, K]`).
+/// The kernel routing [`TOKENS`] tokens a workgroup.
 pub fn source() -> KernelSource {
+    source_for(TOKENS)
+}
+
+/// The kernel routing `tokens` (1 to 8) tokens a workgroup. Bindings: `x` (read, f32 `[tokens,
+/// hidden]` from `x_offset`), `w` (read, f16 `[hidden / PANEL, experts, PANEL]`, as
+/// [`crate::coop_grouped_gemm::pack_f16_panels`] packs `[experts, hidden]`), `per_expert_scale`
+/// (read, `[E]`), `idx` (read-write, u32 `[tokens, K]`, by descending probability), `weights`
+/// (read-write, `[tokens, K]`).
+pub fn source_for(tokens: u32) -> KernelSource {
+    assert!((1..=8).contains(&tokens), "the router takes 1 to 8 tokens a workgroup, not {tokens}");
     KernelSource {
-        name: "router".into(),
-        wgsl: with_prelude(&[("MAX_K", MAX_K)], include_str!("wgsl/router.wgsl")),
+        name: format!("router_t{tokens}"),
+        wgsl: with_prelude(&[("TOKENS", tokens), ("MAX_K", MAX_K)], include_str!("wgsl/router.wgsl")),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::ReadWrite, Access::ReadWrite],
         params_size: size_of::<RouterParams>() as u64,

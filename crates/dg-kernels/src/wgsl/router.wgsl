@@ -6,13 +6,12 @@
 // x: [tokens, hidden] f32 rows from element x_offset; W: [experts, hidden] f16 in K panels of 32
 // columns ([hidden / 32, experts, 32] halves, two a word; coop_grouped_gemm.rs pack_f16_panels).
 //
-// One workgroup per TOKENS (4) tokens, in one dispatch: every workgroup streams all of W (the
-// router's 720 KB at the real geometry) once for its tokens, so the projection costs no split
-// partials and the top-k no dispatch of its own. Projection: invocation i takes expert i % 128 and
-// quarter i / 128 of each chunk's panels, the chunk's columns of x staged in workgroup memory; per
-// token a vec4 of sums (columns 4j + c in component c, in order of p), whose components are added
-// (x + y) + (z + w), then the quarters in order. Top-k: group g of 32 invocations takes token g,
-// lane j experts j, j + 32, j + 64, j + 96; the max, the sum and each of the K argmaxes
+// One workgroup per TOKENS tokens, in one dispatch: every workgroup streams all of W (the router's
+// 720 KB at the real geometry) once for its tokens, so the projection costs no split partials and
+// the top-k no dispatch of its own. Projection: invocation i takes expert i % 128 and half i / 128
+// of each chunk's panels, TOKENS sums (sequential in p within a half; the two halves then added),
+// the chunk's columns of x staged in workgroup memory. Top-k: group g of 32 invocations takes
+// token g, lane j experts j, j + 32, j + 64, j + 96; the max, the sum and each of the K argmaxes
 // (strictly greater wins, ties to the lower index; knocked-out entries -1, NaN and padding never
 // picked) are trees over the 32 lanes in workgroup memory, uniform across the workgroup.
 // Requires experts <= 128, k <= MAX_K, hidden a multiple of 32, x_offset a multiple of 4.
@@ -35,23 +34,16 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> idx: array<u32>;
 @group(0) @binding(5) var<storage, read_write> weights: array<f32>;
 
-const WG: u32 = 512u;
+const WG: u32 = 256u;
 const EXPERTS: u32 = 128u;
-// Tokens a workgroup: each invocation keeps one vec4 of sums per token (four interleaved partial
-// sums: independent FMAs in flight).
-const TOKENS: u32 = 4u;
-// The K range is cut in QUARTERS: invocation i takes expert i % 128 and quarter i / 128 of each
-// chunk's panels.
-const QUARTERS: u32 = 4u;
-// Panels of 32 columns staged a chunk.
-const CHUNK: u32 = 16u;
+// Panels of 32 columns staged a chunk (each half of the workgroup takes half of them).
+const CHUNK: u32 = 8u;
 const CHUNK4: u32 = CHUNK * 8u;   // vec4s of x a token a chunk
 const LOWEST: f32 = -0x1.fffffep+127f;
 const NONE: f32 = -2.0;
 
 var<workgroup> xs: array<vec4<f32>, TOKENS * CHUNK4>;
-// The quarters' sums (quarter 0's slot then holds the logits).
-var<workgroup> lg: array<f32, QUARTERS * TOKENS * EXPERTS>;
+var<workgroup> lg: array<f32, TOKENS * EXPERTS>;
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
 
@@ -108,25 +100,6 @@ fn group_argmax(i: u32, v: f32, e: u32) -> vec2<u32> {
     return r;
 }
 
-// The 32 weights of one panel row (four vec4s of packed halves) into sums for the four tokens
-// staged at column vec4 `at` of the chunk.
-fn panel_sums(base: u32, at: u32, acc: ptr<function, array<vec4<f32>, 4>>) {
-    for (var q = 0u; q < 4u; q++) {
-        let words = w[base + q];
-        let w0 = unpack2x16float(words.x);
-        let w1 = unpack2x16float(words.y);
-        let w2 = unpack2x16float(words.z);
-        let w3 = unpack2x16float(words.w);
-        let wa = vec4<f32>(w0.x, w0.y, w1.x, w1.y);
-        let wb = vec4<f32>(w2.x, w2.y, w3.x, w3.y);
-        let c = at + q * 2u;
-        (*acc)[0] = fma(wb, xs[c + 1u], fma(wa, xs[c], (*acc)[0]));
-        (*acc)[1] = fma(wb, xs[CHUNK4 + c + 1u], fma(wa, xs[CHUNK4 + c], (*acc)[1]));
-        (*acc)[2] = fma(wb, xs[2u * CHUNK4 + c + 1u], fma(wa, xs[2u * CHUNK4 + c], (*acc)[2]));
-        (*acc)[3] = fma(wb, xs[3u * CHUNK4 + c + 1u], fma(wa, xs[3u * CHUNK4 + c], (*acc)[3]));
-    }
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) i: u32) {
@@ -135,13 +108,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;   // padding of a folded grid (uniform: the whole workgroup leaves)
     }
     let e = i % EXPERTS;
-    let quarter = i / EXPERTS;
+    let half = i / EXPERTS;
     let live = e < p.experts;
     let panels = p.hidden / 32u;
     let row4 = p.hidden / 4u;
 
     // Projection.
-    var acc = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    var acc: array<f32, TOKENS>;
     for (var c0 = 0u; c0 < panels; c0 += CHUNK) {
         for (var s = i; s < TOKENS * CHUNK4; s += WG) {
             let tt = s / CHUNK4;
@@ -154,29 +127,49 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
         if (live) {
-            for (var pp = 0u; pp < CHUNK / QUARTERS; pp++) {
-                let local = quarter * (CHUNK / QUARTERS) + pp;
+            for (var pp = 0u; pp < CHUNK / 2u; pp++) {
+                let local = half * (CHUNK / 2u) + pp;
                 let panel = c0 + local;
                 if (panel < panels) {
-                    panel_sums((panel * p.experts + e) * 4u, local * 8u, &acc);
+                    let base = (panel * p.experts + e) * 4u;
+                    for (var q = 0u; q < 4u; q++) {
+                        let words = w[base + q];
+                        let w0 = unpack2x16float(words.x);
+                        let w1 = unpack2x16float(words.y);
+                        let w2 = unpack2x16float(words.z);
+                        let w3 = unpack2x16float(words.w);
+                        let wa = vec4<f32>(w0.x, w0.y, w1.x, w1.y);
+                        let wb = vec4<f32>(w2.x, w2.y, w3.x, w3.y);
+                        for (var tt = 0u; tt < TOKENS; tt++) {
+                            let xa = xs[tt * CHUNK4 + local * 8u + q * 2u];
+                            let xb = xs[tt * CHUNK4 + local * 8u + q * 2u + 1u];
+                            var a = acc[tt];
+                            a = fma(wa.x, xa.x, a);
+                            a = fma(wa.y, xa.y, a);
+                            a = fma(wa.z, xa.z, a);
+                            a = fma(wa.w, xa.w, a);
+                            a = fma(wb.x, xb.x, a);
+                            a = fma(wb.y, xb.y, a);
+                            a = fma(wb.z, xb.z, a);
+                            a = fma(wb.w, xb.w, a);
+                            acc[tt] = a;
+                        }
+                    }
                 }
             }
         }
         workgroupBarrier();
     }
-    // The quarters' sums, added in quarter order.
-    for (var tt = 0u; tt < TOKENS; tt++) {
-        let a = acc[tt];
-        lg[(quarter * TOKENS + tt) * EXPERTS + e] = (a.x + a.y) + (a.z + a.w);
+    // The second half's sums, then the logits.
+    if (half == 1u) {
+        for (var tt = 0u; tt < TOKENS; tt++) {
+            lg[tt * EXPERTS + e] = acc[tt];
+        }
     }
     workgroupBarrier();
-    if (quarter == 0u) {
+    if (half == 0u) {
         for (var tt = 0u; tt < TOKENS; tt++) {
-            var sum = lg[tt * EXPERTS + e];
-            for (var qq = 1u; qq < QUARTERS; qq++) {
-                sum += lg[(qq * TOKENS + tt) * EXPERTS + e];
-            }
-            lg[tt * EXPERTS + e] = select(LOWEST, sum, live);
+            lg[tt * EXPERTS + e] = select(LOWEST, acc[tt] + lg[tt * EXPERTS + e], live);
         }
     }
     workgroupBarrier();
@@ -189,28 +182,53 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t = t0 + g;
     let e_n = min(p.experts, EXPERTS);
     let k_n = min(p.k, min(MAX_K, e_n));
-    let ex = vec4<u32>(lane, lane + 32u, lane + 64u, lane + 96u);
-    let on = ex < vec4<u32>(e_n);
-    let l = vec4<f32>(lg[tt * EXPERTS + ex.x], lg[tt * EXPERTS + ex.y], lg[tt * EXPERTS + ex.z], lg[tt * EXPERTS + ex.w]);
-    let lm = select(vec4<f32>(LOWEST), l, on);
-    let m = group_max(i, max(max(lm.x, lm.y), max(lm.z, lm.w)));
-    let v = select(vec4<f32>(0.0), exp(l - m), on);
-    let inv = 1.0 / group_sum(i, ((v.x + v.y) + v.z) + v.w);
-    var prob = select(vec4<f32>(NONE), v * inv, on);
+    var l: array<f32, 4>;
+    var m = LOWEST;
+    for (var s = 0u; s < 4u; s++) {
+        l[s] = lg[tt * EXPERTS + lane + 32u * s];
+        if (lane + 32u * s < e_n) {
+            m = max(m, l[s]);
+        }
+    }
+    m = group_max(i, m);
+    var v: array<f32, 4>;
+    var local_sum = 0.0;
+    for (var s = 0u; s < 4u; s++) {
+        v[s] = 0.0;
+        if (lane + 32u * s < e_n) {
+            v[s] = exp(l[s] - m);
+        }
+        local_sum += v[s];
+    }
+    let inv = 1.0 / group_sum(i, local_sum);
+    var prob: array<f32, 4>;
+    for (var s = 0u; s < 4u; s++) {
+        prob[s] = NONE;
+        if (lane + 32u * s < e_n) {
+            prob[s] = v[s] * inv;
+        }
+    }
     var chosen: array<u32, MAX_K>;
     var value: array<f32, MAX_K>;
     for (var k = 0u; k < k_n; k++) {
         // This lane's best: strictly greater wins, so the lowest of its experts among equals.
         var bv = NONE;
         var bi = 0u;
-        if (prob.x > bv) { bv = prob.x; bi = ex.x; }
-        if (prob.y > bv) { bv = prob.y; bi = ex.y; }
-        if (prob.z > bv) { bv = prob.z; bi = ex.z; }
-        if (prob.w > bv) { bv = prob.w; bi = ex.w; }
+        for (var s = 0u; s < 4u; s++) {
+            let ok = prob[s] > NONE;
+            if (ok && prob[s] > bv) {
+                bv = prob[s];
+                bi = lane + 32u * s;
+            }
+        }
         let best = group_argmax(i, bv, bi);
         chosen[k] = best.y;
         value[k] = bitcast<f32>(best.x);
-        prob = select(prob, vec4<f32>(-1.0), ex == vec4<u32>(best.y));
+        for (var s = 0u; s < 4u; s++) {
+            if (lane + 32u * s == best.y) {
+                prob[s] = -1.0;
+            }
+        }
     }
     if (lane == 0u && g < TOKENS && t < p.tokens) {
         var total = 0.0;
