@@ -26,7 +26,7 @@ use dg_model::{LayerKind, ModelConfig};
 use crate::arena::{Arena, KEY_PAD};
 use crate::error::GpuError;
 use crate::ops::{Batches, Combine, HeadRows, Recorder, linear_params};
-use crate::weights::{GpuWeights, MatrixLayout};
+use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -346,19 +346,9 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     // Router on the un-normalised stream → logits → top-k (ahead of the dense MLP, so that the
     // MLP's down projection is the last split product before the closing norms read it).
     let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
-    // In one dispatch where the router's weights are F16 in K panels (`dg_kernels::router`: the
-    // product from L2 in f32 arithmetic, no split partials; on an H200 19.6 + 14.9 → … µs);
-    // else the product, then the top-k over its logits. Tuning knob: `DG_ROUTER=split`.
-    let one_dispatch = l.router_proj.layout == MatrixLayout::KPanels
-        && dg_kernels::router::fits(e as u32, k as u32, h as u32)
-        && std::env::var("DG_ROUTER").as_deref() != Ok("split");
-    if one_dispatch {
-        rec.router((&a.branch_in, c * h), &l.router_proj, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k, h)?;
-    } else {
-        let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
-        let logits = rec.gemm_product(&a.branch_in, &l.router_proj, &a.router_logits, router)?;
-        rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
-    }
+    let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
+    let logits = rec.gemm_product(&a.branch_in, &l.router_proj, &a.router_logits, router)?;
+    rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
 
     // The two branches' gate/up products, then both activations in one dispatch, then both down
     // projections (the experts' first: measured 1.219–1.221 against 1.224–1.226 ms a layer on an

@@ -847,36 +847,6 @@ impl<'a> Recorder<'a> {
         self.push(router_topk::source(self.ctx.row_reduce()), &p, &[logits.buffer, per_expert_scale, idx, w], g)
     }
 
-    /// The whole router in one dispatch (`dg_kernels::router`): top-k experts and weights of
-    /// `tokens` rows of `x` (`[tokens, hidden]` from element `x_offset`) through `w` (`[experts,
-    /// hidden]`, F16 in K panels), as [`Self::router_topk`] writes them from the product's logits;
-    /// `dg_kernels::router::TOKENS` tokens a workgroup, or N with the tuning knob
-    /// `DG_ROUTER_TOKENS=N` (1 to 8).
-    #[allow(clippy::too_many_arguments)]
-    pub fn router(&mut self, x: (&'a wgpu::Buffer, usize), w: &'a GpuMatrix, per_expert_scale: &'a wgpu::Buffer, idx: &'a wgpu::Buffer, weights: &'a wgpu::Buffer, tokens: usize, experts: usize, k: usize, hidden: usize) -> Result<(), GpuError> {
-        let per_group = std::env::var("DG_ROUTER_TOKENS").ok().and_then(|v| v.parse().ok()).filter(|t| (1..=8).contains(t)).unwrap_or(dg_kernels::router::TOKENS);
-        self.router_grouped(x, w, per_expert_scale, (idx, weights), (tokens, experts, k, hidden), per_group)
-    }
-
-    /// [`Self::router`] with `per_group` (1 to 8) tokens a workgroup.
-    pub fn router_grouped(
-        &mut self,
-        (x, x_offset): (&'a wgpu::Buffer, usize),
-        w: &'a GpuMatrix,
-        per_expert_scale: &'a wgpu::Buffer,
-        (idx, weights): (&'a wgpu::Buffer, &'a wgpu::Buffer),
-        (tokens, experts, k, hidden): (usize, usize, usize, usize),
-        per_group: u32,
-    ) -> Result<(), GpuError> {
-        use dg_kernels::router;
-        let p = router::RouterParams { tokens: tokens as u32, experts: experts as u32, k: k as u32, hidden: hidden as u32, x_offset: x_offset as u32, _pad: [0; 3] };
-        if w.layout != MatrixLayout::KPanels || w.format != WeightFormat::F16 || !router::fits(p.experts, p.k, p.hidden) || !p.x_offset.is_multiple_of(4) {
-            return Err(GpuError::Unsupported { what: format!("the one-dispatch router for {experts} experts, top {k}, over {hidden} columns from element {x_offset} of a {:?} {:?} matrix", w.format, w.layout) });
-        }
-        let g = self.groups(router::workgroups(&p, per_group));
-        self.push(router::source_for(per_group), &p, &[x, &w.buffer, per_expert_scale, idx, weights], g)
-    }
-
     /// The rows of the m tiles in which the tensor-core grouped GEMM would run the experts `w`
     /// over `slots` slots (`p` as for [`Self::grouped_gemm_matrix`]): what [`Self::moe_dispatch`]
     /// writes a tile table for. 0 where no table serves (row-major experts, or more of them than

@@ -100,48 +100,6 @@ fn router_topk_matches_cpu() {
     }
 }
 
-/// The one-dispatch router (`Recorder::router`: projection from F16 weights in K panels, then
-/// the top-k) against `dg_cpu::moe::route`'s product and tail, with 1, 4 and 8 tokens a
-/// workgroup. The operands are multiples of 1/8 so that every
-/// logit is exact in f32 in any order: the experts then match exactly (many ties, broken by the
-/// lower index) and the weights within [`ROUTER_TOLERANCE`].
-#[test]
-fn router_in_one_dispatch_matches_cpu() {
-    use dg_gpu::ops::Recorder;
-    use dg_gpu::{GpuMatrix, MatrixLayout};
-    use dg_kernels::coop_grouped_gemm::pack_f16_panels;
-    let test = "router_in_one_dispatch_matches_cpu";
-    let Some(ctx) = test_context(test) else { return };
-    let grid = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| (x * 8.0).round() / 8.0).collect() };
-    for &(tokens, experts, k, hidden) in &[(1usize, 8usize, 2usize, 64usize), (5, 8, 3, 96), (300, 128, 8, 2816), (9, 5, 5, 32), (33, 128, 1, 256), (7, 1, 1, 32)] {
-        let x_offset = 4 * hidden + 8;
-        let x = grid(&seeded(x_offset + tokens * hidden, 70 + tokens as u64, 1.0));
-        let w = grid(&seeded(experts * hidden, 71 + experts as u64, 1.0));
-        let scale: Vec<f32> = seeded(experts, 72, 0.2).iter().map(|v| 1.0 + v).collect();
-        let mut logits = vec![0f32; tokens * experts];
-        for (t, row) in logits.chunks_exact_mut(experts).enumerate() {
-            let xt = &x[x_offset + t * hidden..][..hidden];
-            for (e, l) in row.iter_mut().enumerate() {
-                *l = w[e * hidden..][..hidden].iter().zip(xt).map(|(a, b)| a * b).sum();
-            }
-        }
-        let want = route_tail(&logits, experts, k, &scale);
-        let xb = ctx.upload("x", &x).unwrap();
-        let wm = GpuMatrix { buffer: ctx.upload("w", &pack_f16_panels(&w, experts, hidden, 32)).unwrap(), format: dg_kernels::WeightFormat::F16, layout: MatrixLayout::KPanels };
-        let sb = ctx.upload("per_expert_scale", &scale).unwrap();
-        for per_group in [1, 4, 8] {
-            let idx = guarded_output(&ctx, "idx", tokens * k);
-            let wt = guarded_output(&ctx, "weights", tokens * k);
-            let mut pipelines = Pipelines::default();
-            let mut rec = Recorder::new(&ctx, &mut pipelines);
-            rec.router_grouped((&xb, x_offset), &wm, &sb, (&idx, &wt), (tokens, experts, k, hidden), per_group).unwrap();
-            rec.finish().unwrap().run(&ctx).unwrap();
-            let got = (read_guarded_u32(&ctx, &idx, tokens * k), read_guarded(&ctx, &wt, tokens * k));
-            check_router(&got, &want, k, &format!("T={tokens} E={experts} K={k} H={hidden} {per_group} a workgroup"));
-        }
-    }
-}
-
 #[test]
 fn router_topk_breaks_ties_by_lower_expert() {
     let Some(ctx) = test_context("router_topk_breaks_ties_by_lower_expert") else { return };

@@ -22,7 +22,6 @@ pub mod norm_rope;
 pub mod residual_norms;
 pub mod rmsnorm;
 pub mod rope;
-pub mod router;
 pub mod router_topk;
 pub mod row_reduce;
 pub mod sample_rows;
@@ -51,9 +50,6 @@ pub fn all_variants() -> Vec<KernelSource> {
         axpby::source(),
         moe_dispatch::source(),
         moe_combine::source(),
-        router::source(),
-        router::source_for(1),
-        router::source_for(8),
         moe_combine::source_for(4),
         sample_rows::source(),
         split_k::source(),
