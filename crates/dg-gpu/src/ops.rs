@@ -701,6 +701,7 @@ impl<'a> Recorder<'a> {
     /// The per-head norms (and RoPE) of one projection's `rows` (`dg_kernels::norm_rope`) from `x`
     /// (a buffer or a split product): q rows in blocks of `heads` heads into their output, K rows
     /// into theirs, V rows normed without weight or rope; in one dispatch.
+    #[allow(clippy::too_many_arguments)]
     pub fn norm_rope_rows(&mut self, x: impl Into<Product<'a>>, rows: HeadRows<'a>, (cos, sin): (&'a wgpu::Buffer, &'a wgpu::Buffer), tokens: usize, heads: usize, d: usize, eps: f32) -> Result<(), GpuError> {
         use dg_kernels::norm_rope;
         let x = x.into();
