@@ -844,7 +844,7 @@ impl<'a> Recorder<'a> {
             split_stride: logits.split_stride,
             _pad: [0; 3],
         };
-        let g = self.groups(router_topk::workgroups(&p, self.ctx.row_reduce()));
+        let g = self.groups(router_topk::workgroups(&p));
         self.push(router_topk::source(self.ctx.row_reduce()), &p, &[logits.buffer, per_expert_scale, idx, w], g)
     }
 

@@ -68,7 +68,7 @@ fn run_router(
     let w = guarded_output(ctx, "weights", tokens * k);
     let params = RouterTopkParams { tokens: tokens as u32, experts: experts as u32, k: k as u32, splits: 1, split_stride: 0, _pad: [0; 3] };
     let mut plan = PlanBuilder::new(ctx);
-    plan.push(&p, &params, &[&lb, &sb, &idx, &w], groups_1d(router_topk::workgroups(&params, reduce), max_dim));
+    plan.push(&p, &params, &[&lb, &sb, &idx, &w], groups_1d(router_topk::workgroups(&params), max_dim));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
     (read_guarded_u32(ctx, &idx, tokens * k), read_guarded(ctx, &w, tokens * k))
 }

@@ -2,13 +2,10 @@
 //! all E expert logits, the top K by probability (descending; ties keep the lower expert index),
 //! renormalised by their sum (taken in that order), then `× per_expert_scale[expert]`.
 //!
-//! Through a tree ([`RowReduce::Tree`]): one workgroup per token and one invocation per expert
-//! (E ≤ [`MAX_EXPERTS`], K ≤ [`MAX_K`]): reductions for the max and the sum, then K workgroup
-//! argmaxes (strictly greater wins, ties to the lower expert index, so the choice is exactly the
-//! CPU's sort order), and one invocation renormalises the K chosen in chosen order. Through
-//! subgroups ([`RowReduce::Subgroup`]): [`SUBGROUP_TOKENS`] tokens a workgroup, one subgroup a
-//! token, the same choice and order from subgroup operations with no barrier between them
-//! (`wgsl/router_topk_subgroups.wgsl`).
+//! One workgroup per token and one invocation per expert (E ≤ [`MAX_EXPERTS`], K ≤ [`MAX_K`]):
+//! tree reductions for the max and the sum, then K workgroup argmaxes (strictly greater wins, ties
+//! to the lower expert index, so the choice is exactly the CPU's sort order), and one invocation
+//! renormalises the K chosen in chosen order.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -38,32 +35,22 @@ pub struct RouterTopkParams {
     pub _pad: [u32; 3],
 }
 
-/// Tokens a workgroup of the subgroup variant routes (one subgroup each where subgroups are 32
-/// wide).
-pub const SUBGROUP_TOKENS: u32 = 8;
-/// Invocations a workgroup of the subgroup variant.
-pub const SUBGROUP_WORKGROUP: u32 = 256;
-
-/// Workgroups to dispatch for `reduce`'s kernel: one per token (tree) or per
-/// [`SUBGROUP_TOKENS`] tokens (subgroups); fold through `groups_1d` (more than 65535 wrap into y).
-pub fn workgroups(p: &RouterTopkParams, reduce: RowReduce) -> u32 {
-    match reduce {
-        RowReduce::Tree => p.tokens,
-        RowReduce::Subgroup => p.tokens.div_ceil(SUBGROUP_TOKENS),
-    }
+/// Workgroups to dispatch, one per token (fold through `groups_1d`: more than 65535 wrap into y).
+pub fn workgroups(p: &RouterTopkParams) -> u32 {
+    p.tokens
 }
 
 /// Bindings: `logits` (read, `[tokens, E]`, or the split-K partials of the router's product), `per_expert_scale` (read, `[E]`), `idx`
 /// (read-write, u32 `[tokens, K]`, by descending probability), `weights` (read-write,
 /// `[tokens, K]`).
 pub fn source(reduce: RowReduce) -> KernelSource {
-    let (body, consts) = match reduce {
-        RowReduce::Tree => (reduce.render(include_str!("wgsl/router_topk.wgsl"), &[Part::Sum("f32"), Part::Max]), [("WG", WORKGROUP), ("MAX_E", MAX_EXPERTS), ("MAX_K", MAX_K), ("TOKENS", 1)]),
-        RowReduce::Subgroup => (include_str!("wgsl/router_topk_subgroups.wgsl").to_string(), [("WG", SUBGROUP_WORKGROUP), ("MAX_E", MAX_EXPERTS), ("MAX_K", MAX_K), ("TOKENS", SUBGROUP_TOKENS)]),
-    };
+    let body = reduce.render(include_str!("wgsl/router_topk.wgsl"), &[Part::Sum("f32"), Part::Max]);
     KernelSource {
         name: format!("router_topk{}", reduce.suffix()),
-        wgsl: with_prelude(&consts, &crate::split_k::with_reader(&body, "logits_at", "logits")),
+        wgsl: with_prelude(
+            &[("WG", WORKGROUP), ("MAX_E", MAX_EXPERTS), ("MAX_K", MAX_K)],
+            &crate::split_k::with_reader(&body, "logits_at", "logits"),
+        ),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite, Access::ReadWrite],
         params_size: size_of::<RouterTopkParams>() as u64,
