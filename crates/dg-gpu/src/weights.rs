@@ -1,7 +1,8 @@
 //! The model's weights on the GPU, uploaded once at load.
 //!
 //! Layouts stay PyTorch's `[out, in]`; the dense and self-conditioning MLPs' gate and up
-//! projections are concatenated into one `[2·I, H]` matrix so one GEMM computes both. The
+//! projections are concatenated into one `[2·I, H]` matrix so one GEMM computes both, and a
+//! layer's q, K and V projections into one matrix of blocks ([`GpuLayer::qkv_proj`]). The
 //! embedding (also the tied head) is split by rows into chunks that each fit the adapter's
 //! largest storage binding (the real one is 2.95 GB in f32, over the H200's 2 GiB).
 //!
