@@ -3,7 +3,7 @@
 //! replayed every denoising step.
 //!
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
-//! norm → the q/k/v GEMM (one, or q's and K/V's, see [`merge_qkv`]) → q/k norms fused with RoPE,
+//! norm → the q/k/v GEMM (one, or q's and K/V's: `merge_qkv`) → q/k norms fused with RoPE,
 //! v norm, in one dispatch (the canvas's K/V written into the cache after the visible rows) → attention over [visible | dead | canvas] cache rows as one score
 //! GEMM, a row softmax and one value GEMM → o_proj → post-attention norm + residual fused with
 //! the dense MLP's, the experts' and the router's input norms → router → the dense MLP's and the
