@@ -3,13 +3,14 @@
 //! replayed every denoising step.
 //!
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
-//! norm → the q/k/v GEMM (one, or q's and K/V's: `merge_qkv`) → q/k norms fused with RoPE,
-//! v norm, in one dispatch (the canvas's K/V written into the cache after the visible rows) → attention over [visible | dead | canvas] cache rows as one score
-//! GEMM, a row softmax and one value GEMM → o_proj → post-attention norm + residual fused with
-//! the dense MLP's, the experts' and the router's input norms → router → the dense MLP's and the
-//! experts' gate/up, both activations in one dispatch (the experts' stored as f16 for the tensor
-//! cores where the device has f16), both down projections → the three post-FF norms, residual and
-//! layer scalar, and the next layer's input norm, in one dispatch.
+//! norm → the q/k/v GEMM (one, or q's and K/V's: `merge_qkv`) → q/k norms fused with RoPE and the
+//! v norm in one dispatch (the canvas's K/V written into the cache after the visible rows) →
+//! attention over [visible | dead | canvas] cache rows as one score GEMM, a row softmax and one
+//! value GEMM → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
+//! and the router's input norms → router → the dense MLP's and the experts' gate/up, both
+//! activations in one dispatch (the experts' stored as f16 for the tensor cores where the device
+//! has f16), both down projections → the three post-FF norms, residual and layer scalar, and the
+//! next layer's input norm, in one dispatch.
 //!
 //! The encoder (`DiffusionGemmaEncoderModel`: prompt prefill and the commit of a finished canvas) is
 //! the same layer with [`LayerPass::Encode`]: the new tokens' K/V are appended to the GPU-resident
