@@ -658,26 +658,8 @@ impl<'a> Recorder<'a> {
         self.push(rope::source(), &p, &[x, cos, sin], g)
     }
 
-    /// Per-head RMSNorm fused with RoPE (`dg_kernels::norm_rope`) from `x` (a buffer or a split
-    /// product) into `out`; `values` is bound but not touched (any buffer the others are not).
-    #[allow(clippy::too_many_arguments)]
-    pub fn norm_rope(
-        &mut self,
-        x: impl Into<Product<'a>>,
-        w: &'a wgpu::Buffer,
-        cos: &'a wgpu::Buffer,
-        sin: &'a wgpu::Buffer,
-        out: &'a wgpu::Buffer,
-        values: &'a wgpu::Buffer,
-        tokens: usize,
-        heads: usize,
-        d: usize,
-        eps: f32,
-    ) -> Result<(), GpuError> {
-        self.norm_rope_kv(x, w, (cos, sin), (out, 0), (values, 0, 0), tokens, heads, d, eps)
-    }
-
-    /// [`Self::norm_rope`] with the rows written from `out_offset` elements into `out` (the
+    /// Per-head RMSNorm fused with RoPE (`dg_kernels::norm_rope`) of `heads` K rows a token from
+    /// `x` (a buffer or a split product), written from `out_offset` elements into `out` (the
     /// decoder's canvas keys, straight into the cache), and in the same dispatch `v_heads` V rows a
     /// token from element `v_offset` of `x` normed without weight or rope into `values` from
     /// `out_offset` (what [`Self::rmsnorm_at`] would write there, bit for bit).
