@@ -445,15 +445,29 @@ impl<'a> Recorder<'a> {
     /// `dg_kernels::coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS` a multiprocessor's worth of the
     /// tile), and whether it splits K; `None` where it would not run there.
     pub fn coop_waves(&self, w: &GpuMatrix, p: &GemmParams) -> Option<(u32, bool)> {
-        if w.format != WeightFormat::F16 || !self.ctx.coop_matrix {
-            return None;
-        }
-        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
-        let (tile, _) = coop_gemm::plan_layout(p, w.layout == MatrixLayout::KPanels, coop_tile_override(), max_shared)?;
+        let (tile, _) = self.coop_plan(w.format, w.layout == MatrixLayout::KPanels, p, w.format == WeightFormat::F16)?;
         let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
         let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS);
         let splits = self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(tile, p, split_target(tile, p), len).is_some());
         Some((waves, splits))
+    }
+
+    /// The tile (and B layout) on which the tensor cores run `p` with B stored as `b_format` (in K
+    /// panels or not), if they do: what [`Self::gemm_layout`] dispatches and
+    /// [`Self::coop_waves`] counts.
+    fn coop_plan(&self, b_format: WeightFormat, panels: bool, p: &GemmParams, tensor_cores: bool) -> Option<(coop_gemm::CoopTile, coop_gemm::BLayout)> {
+        if !tensor_cores || !self.ctx.coop_matrix {
+            return None;
+        }
+        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
+        // Attention's products (B: the f32 cache) take their own tile where the large one would
+        // split K (`coop_gemm::ATTENTION_TILE`).
+        let splits_large = || {
+            let large = coop_gemm::TILE_128X128;
+            self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(large, p, split_target(large, p), len).is_some())
+        };
+        let prefer = coop_tile_override().or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
+        coop_gemm::plan_layout(p, panels, prefer, max_shared).map(|(tile, layout)| (depth_override("DG_COOP_DEPTH", tile), layout))
     }
 
     /// [`Self::gemm_auto`] with B laid out as `b_layout`; with `defer`, a split product whose
@@ -472,16 +486,7 @@ impl<'a> Recorder<'a> {
         defer: bool,
     ) -> Result<Product<'a>, GpuError> {
         let panels = b_layout == MatrixLayout::KPanels;
-        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
-        // Attention's products (B: the f32 cache) take their own tile where the large one would
-        // split K (`coop_gemm::ATTENTION_TILE`).
-        let splits_large = || {
-            let large = coop_gemm::TILE_128X128;
-            self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(large, &p, split_target(large, &p), len).is_some())
-        };
-        let prefer = coop_tile_override().or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
-        let planned = if tensor_cores && self.ctx.coop_matrix { coop_gemm::plan_layout(&p, panels, prefer, max_shared) } else { None };
-        let planned = planned.map(|(tile, layout)| (depth_override("DG_COOP_DEPTH", tile), layout));
+        let planned = self.coop_plan(b_format, panels, &p, tensor_cores);
         if panels && (planned.is_none() || b_format != WeightFormat::F16) {
             return Err(GpuError::Unsupported {
                 what: format!("a {b_format:?} matrix in K panels for a product of m {} n {} k {} (b_cs {}): no tensor-core tile takes it", p.m, p.n, p.k, p.b_cs),
