@@ -47,13 +47,10 @@ pub struct Arena {
     pub hidden: wgpu::Buffer,
     /// A normed copy of the stream `[C, H]`.
     pub normed: wgpu::Buffer,
-    /// Raw projections of `GpuLayer::qkv_proj`'s blocks, `[blocks, C, kv·d]`: q's, or q's then K's
-    /// (then V's), in one product.
+    /// Raw projections of `GpuLayer::qkv_proj`'s blocks, `[blocks, C, kv·d]`: q's, K's and V's in
+    /// one product, or one product's blocks at a time (q's, then K's and V's once q is normed).
     pub qkv_raw: wgpu::Buffer,
     pub q: wgpu::Buffer,
-    /// Raw K projection, then (sliding layers) raw V, where they are a product of their own: `[2,
-    /// C, kv·d]`.
-    pub kv_raw: wgpu::Buffer,
     /// Attention scores/probabilities `[heads, C, context + C]`.
     pub scores: wgpu::Buffer,
     pub attn: wgpu::Buffer,
@@ -158,7 +155,6 @@ impl Arena {
             normed: f("normed", r * h)?,
             qkv_raw: f("qkv_raw", r * (q_w + 2 * kv_w))?,
             q: f("q", r * q_w)?,
-            kv_raw: f("kv_raw", 2 * r * kv_w)?,
             // Decoder: [heads, C, visible padded to KEY_PAD + C]; encoder chunk: [heads, T, at most
             // max_context].
             scores: f("scores", heads * (c * (max_context.next_multiple_of(KEY_PAD) + c)).max(r * max_context))?,

@@ -248,7 +248,8 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
             let q_raw = rec.gemm_product(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group, 0))?;
             rec.norm_rope_rows(q_raw, HeadRows { q: Some((&l.q_norm, &a.q, group)), k: None, v: (&a.dummy, 0, 0) }, (cos, sin), c, kv, d, eps)?;
         }
-        let kv_raw = rec.gemm_product(&a.normed, &l.qkv_proj, &a.kv_raw, blocks(halves, group))?;
+        // Into the same buffer as q's: its norms, recorded first, have read it.
+        let kv_raw = rec.gemm_product(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(halves, group))?;
         let v = (&cache.values, kv, (halves - 1) * c * row);
         rec.norm_rope_rows(kv_raw, HeadRows { q: None, k: k_rows, v }, (cos, sin), c, kv, d, eps)?;
     }
