@@ -11,6 +11,7 @@ mod generation;
 mod json;
 mod model_dir;
 mod random;
+mod stored;
 mod tensors;
 mod weights;
 
@@ -19,6 +20,7 @@ pub use error::{ModelError, Result};
 pub use generation::{GenerationConfig, RawGenerationConfig, RawSamplerConfig, StoppingConfig};
 pub use model_dir::ModelDir;
 pub use random::RandomWeights;
+pub use stored::{StoredDtype, StoredTensor};
 pub use tensors::{Checkpoint, SafetensorsFile, Tensor};
 pub use weights::{
     ExpertWeights, LayerWeights, Matrix, SelfConditioningWeights, TensorSource, Weights, tensor_manifest,

@@ -6,6 +6,7 @@ use rayon::prelude::*;
 
 use crate::config::TextConfig;
 use crate::error::Result;
+use crate::stored::StoredTensor;
 use crate::weights::{TensorSource, Weights};
 
 /// A [`TensorSource`] that invents every tensor from `(seed, name)`.
@@ -24,12 +25,12 @@ impl Weights {
     /// Random weights of the right shapes: linear layers uniform with variance `1/in`, embedding
     /// with unit variance, norm weights and scales around 1, layer scalars in [0.5, 1].
     pub fn random(cfg: &TextConfig, seed: u64) -> Result<Self> {
-        Weights::build(&mut RandomWeights { seed }, cfg)
+        Weights::build(&RandomWeights { seed }, cfg)
     }
 }
 
 impl TensorSource for RandomWeights {
-    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    fn stored(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>> {
         let n: usize = shape.iter().product();
         let base = splitmix(self.seed ^ fnv1a(name));
         let (center, half_width) = if name.ends_with("layer_scalar") {
@@ -52,7 +53,7 @@ impl TensorSource for RandomWeights {
                 *x = center + half_width * (2.0 * u - 1.0);
             }
         });
-        Ok(out)
+        Ok(StoredTensor::from_f32(shape.to_vec(), out))
     }
 }
 

@@ -1,4 +1,5 @@
-//! Memory-mapped safetensors files and sharded checkpoints, read as f32 (from F32, F16 or BF16).
+//! Memory-mapped safetensors files and sharded checkpoints: tensors as stored (F32, F16, BF16,
+//! borrowed from the map) or widened to f32.
 //!
 //! Mirrors what `PreTrainedModel.from_pretrained` reads: `model.safetensors`, or the shards named by
 //! `model.safetensors.index.json` (`weight_map`). Headers are validated by the `safetensors` crate,
@@ -14,6 +15,7 @@ use serde::Deserialize;
 
 use crate::error::{ModelError, Result};
 use crate::json::read_json;
+use crate::stored::{StoredDtype, StoredTensor};
 
 /// One safetensors file, memory-mapped, with its parsed header.
 #[derive(Debug)]
@@ -86,24 +88,24 @@ impl SafetensorsFile {
         Ok((info.dtype, &info.shape, bytes))
     }
 
-    /// Reads `name` as f32 (F32, F16 and BF16 are converted exactly).
-    pub fn tensor_f32(&self, name: &str) -> Result<Tensor> {
+    /// `name` as stored: its dtype, shape and bytes, borrowed from the map (F32, F16, BF16).
+    pub fn stored(&self, name: &str) -> Result<StoredTensor<'_>> {
         let (dtype, shape, bytes) = self.raw(name)?;
-        let data = match dtype {
-            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
+        let dtype = match dtype {
+            Dtype::F32 => StoredDtype::F32,
+            Dtype::BF16 => StoredDtype::BF16,
+            Dtype::F16 => StoredDtype::F16,
             other => return Err(self.bad_dtype(name, other)),
         };
+        Ok(StoredTensor::from_bytes(dtype, shape.to_vec(), bytes))
+    }
+
+    /// Reads `name` as f32 (F32, F16 and BF16 are converted exactly).
+    pub fn tensor_f32(&self, name: &str) -> Result<Tensor> {
+        let t = self.stored(name)?;
         Ok(Tensor {
-            shape: shape.to_vec(),
-            data,
+            shape: t.shape.clone(),
+            data: t.to_f32(),
         })
     }
 
@@ -234,8 +236,13 @@ impl Checkpoint {
 
     /// Reads `name` as f32 and checks its shape.
     pub fn tensor(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+        Ok(self.stored(name, expected)?.to_f32())
+    }
+
+    /// `name` as stored (borrowed from the memory map), its shape checked against `expected`.
+    pub fn stored(&self, name: &str, expected: &[usize]) -> Result<StoredTensor<'_>> {
         let file = self.file_of(name)?;
-        let t = file.tensor_f32(name)?;
+        let t = file.stored(name)?;
         if t.shape != expected {
             return Err(ModelError::ShapeMismatch {
                 name: name.to_string(),
@@ -244,7 +251,7 @@ impl Checkpoint {
                 got: t.shape,
             });
         }
-        Ok(t.data)
+        Ok(t)
     }
 
     /// Shape and dtype name of `name`.

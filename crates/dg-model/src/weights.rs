@@ -6,7 +6,8 @@
 //! embedding; the vision tower is skipped. Linear weights keep PyTorch's `[out, in]` layout.
 
 use crate::config::{LayerKind, TextConfig};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
+use crate::stored::{StoredDtype, StoredTensor, f32_bytes};
 use crate::tensors::Checkpoint;
 
 const D: &str = "model.decoder";
@@ -159,26 +160,118 @@ const NORMS: [&str; 7] = [
     "post_feedforward_layernorm",
 ];
 
-/// Something that yields a named tensor of a given shape as f32.
+/// Something that yields named tensors of given shapes: as stored ([`TensorSource::stored`], what
+/// the GPU upload packs from) or widened to f32 ([`TensorSource::get`], what the CPU computes in).
 pub trait TensorSource {
-    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+    /// `name` in its stored dtype; an error when it is missing or its shape is not `shape`.
+    fn stored(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>>;
+
+    /// `name` widened to f32.
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        Ok(self.stored(name, shape)?.into_f32())
+    }
 }
 
-impl TensorSource for &Checkpoint {
-    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        self.tensor(name, shape)
+impl<T: TensorSource + ?Sized> TensorSource for &T {
+    fn stored(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>> {
+        (**self).stored(name, shape)
+    }
+}
+
+impl TensorSource for Checkpoint {
+    fn stored(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>> {
+        Checkpoint::stored(self, name, shape)
+    }
+}
+
+/// Weights already in memory serve their tensors by HF name (as F32, borrowed), so that the one
+/// upload path that reads a checkpoint also takes weights a test or the parity harness prepared.
+impl TensorSource for Weights {
+    fn stored(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>> {
+        let missing = || ModelError::MissingTensor { name: name.to_string(), location: "the in-memory weights".to_string() };
+        let values = self.by_name(name).ok_or_else(missing)?;
+        if values.len() != shape.iter().product::<usize>() {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                path: "the in-memory weights".into(),
+                expected: shape.to_vec(),
+                got: vec![values.len()],
+            });
+        }
+        Ok(StoredTensor::from_bytes(StoredDtype::F32, shape.to_vec(), f32_bytes(values)))
+    }
+}
+
+impl Weights {
+    /// The values of the tensor HF names `name` (the inverse of [`Weights::build`]'s reads).
+    fn by_name(&self, name: &str) -> Option<&[f32]> {
+        let sc = &self.self_conditioning;
+        if let Some(rest) = name.strip_prefix(&format!("{ENC}.layers.")) {
+            let (i, rest) = rest.split_once('.')?;
+            let l = self.layers.get(i.parse::<usize>().ok()?)?;
+            return (rest == "layer_scalar").then(|| std::slice::from_ref(&l.encoder_scalar));
+        }
+        let rest = name.strip_prefix(&format!("{D}."))?;
+        if let Some(rest) = rest.strip_prefix("layers.") {
+            let (i, rest) = rest.split_once('.')?;
+            return self.layers.get(i.parse::<usize>().ok()?)?.by_name(rest);
+        }
+        Some(match rest {
+            "embed_tokens.weight" => &self.embed.data,
+            "norm.weight" => &self.final_norm,
+            "self_conditioning.pre_norm.weight" => &sc.pre_norm,
+            "self_conditioning.gate_proj.weight" => &sc.gate.data,
+            "self_conditioning.up_proj.weight" => &sc.up.data,
+            "self_conditioning.down_proj.weight" => &sc.down.data,
+            _ => return None,
+        })
+    }
+}
+
+impl LayerWeights {
+    /// The values of the layer tensor named `rest` (the part of its HF name after `layers.N.`).
+    fn by_name(&self, rest: &str) -> Option<&[f32]> {
+        let norms = [
+            &self.input_layernorm,
+            &self.post_attention_layernorm,
+            &self.pre_feedforward_layernorm,
+            &self.post_feedforward_layernorm_1,
+            &self.pre_feedforward_layernorm_2,
+            &self.post_feedforward_layernorm_2,
+            &self.post_feedforward_layernorm,
+        ];
+        if let Some(norm) = rest.strip_suffix(".weight").and_then(|n| NORMS.iter().position(|&m| m == n)) {
+            return Some(norms[norm]);
+        }
+        Some(match rest {
+            "self_attn.q_proj.weight" => &self.q_proj.data,
+            "self_attn.k_proj.weight" => &self.k_proj.data,
+            "self_attn.v_proj.weight" => &self.v_proj.as_ref()?.data,
+            "self_attn.o_proj.weight" => &self.o_proj.data,
+            "self_attn.q_norm.weight" => &self.q_norm,
+            "self_attn.k_norm.weight" => &self.k_norm,
+            "mlp.gate_proj.weight" => &self.mlp_gate.data,
+            "mlp.up_proj.weight" => &self.mlp_up.data,
+            "mlp.down_proj.weight" => &self.mlp_down.data,
+            "router.proj.weight" => &self.router_proj.data,
+            "router.scale" => &self.router_scale,
+            "router.per_expert_scale" => &self.per_expert_scale,
+            "experts.gate_up_proj" => &self.experts.gate_up,
+            "experts.down_proj" => &self.experts.down,
+            "layer_scalar" => std::slice::from_ref(&self.decoder_scalar),
+            _ => return None,
+        })
     }
 }
 
 impl Weights {
     /// Loads every text tensor from a checkpoint, checking names and shapes against `cfg`.
     pub fn from_checkpoint(ckpt: &Checkpoint, cfg: &TextConfig) -> Result<Self> {
-        let mut src = ckpt;
-        Self::build(&mut src, cfg)
+        Self::build(ckpt, cfg)
     }
 
     /// Assembles the weights from any source of named tensors (a checkpoint, a random generator).
-    pub fn build(src: &mut impl TensorSource, cfg: &TextConfig) -> Result<Self> {
+    pub fn build(src: &(impl TensorSource + ?Sized), cfg: &TextConfig) -> Result<Self> {
         let mut w = Self::build_shared(src, cfg)?;
         for i in 0..cfg.num_layers() {
             w.layers.push(LayerWeights::load(src, cfg, i)?);
@@ -238,9 +331,9 @@ impl Weights {
 
     /// The tensors outside the layers (embedding, final norm, self-conditioning), with `layers`
     /// empty: a loader that streams the layers one by one ([`LayerWeights::load`]) starts here.
-    pub fn build_shared(src: &mut impl TensorSource, cfg: &TextConfig) -> Result<Self> {
+    pub fn build_shared(src: &(impl TensorSource + ?Sized), cfg: &TextConfig) -> Result<Self> {
         let (h, v, i_d) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-        let mut mat = |name: String, rows: usize, cols: usize| -> Result<Matrix> {
+        let mat = |name: String, rows: usize, cols: usize| -> Result<Matrix> {
             Ok(Matrix::new(rows, cols, src.get(&name, &[rows, cols])?))
         };
         let embed = mat(format!("{D}.embed_tokens.weight"), v, h)?;
@@ -266,17 +359,17 @@ impl Weights {
 
 impl LayerWeights {
     /// Layer `i`'s tensors (and the encoder's layer scalar), checked against `cfg`.
-    pub fn load(src: &mut impl TensorSource, cfg: &TextConfig, i: usize) -> Result<Self> {
+    pub fn load(src: &(impl TensorSource + ?Sized), cfg: &TextConfig, i: usize) -> Result<Self> {
         load_layer(src, cfg, i)
     }
 }
 
-fn load_layer(src: &mut impl TensorSource, cfg: &TextConfig, i: usize) -> Result<LayerWeights> {
+fn load_layer(src: &(impl TensorSource + ?Sized), cfg: &TextConfig, i: usize) -> Result<LayerWeights> {
     let spec = &cfg.layers[i];
     let (h, i_d) = (cfg.hidden_size, cfg.intermediate_size);
     let (q, kv) = (cfg.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim);
     let p = format!("{D}.layers.{i}");
-    let mut vec = |name: String, n: usize| src.get(&name, &[n]);
+    let vec = |name: String, n: usize| src.get(&name, &[n]);
     let [input_layernorm, post_attention_layernorm, pre_ff, post_ff_1, pre_ff_2, post_ff_2, post_ff] =
         NORMS.map(|norm| vec(format!("{p}.{norm}.weight"), h));
     let q_norm = vec(format!("{p}.self_attn.q_norm.weight"), spec.head_dim)?;
@@ -285,7 +378,7 @@ fn load_layer(src: &mut impl TensorSource, cfg: &TextConfig, i: usize) -> Result
     let per_expert_scale = vec(format!("{p}.router.per_expert_scale"), cfg.num_experts)?;
     let decoder_scalar = vec(format!("{p}.layer_scalar"), 1)?[0];
     let encoder_scalar = vec(format!("{ENC}.layers.{i}.layer_scalar"), 1)?[0];
-    let mut mat = |name: String, rows: usize, cols: usize| -> Result<Matrix> {
+    let mat = |name: String, rows: usize, cols: usize| -> Result<Matrix> {
         Ok(Matrix::new(rows, cols, src.get(&name, &[rows, cols])?))
     };
     let q_proj = mat(format!("{p}.self_attn.q_proj.weight"), q, h)?;

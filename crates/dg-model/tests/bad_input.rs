@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use dg_model::{
-    Checkpoint, LayerKind, ModelConfig, ModelDir, RandomWeights, Result, SafetensorsFile, TensorSource, Weights,
-    tensor_manifest,
+    Checkpoint, LayerKind, ModelConfig, ModelDir, RandomWeights, Result, SafetensorsFile, StoredDtype, StoredTensor,
+    TensorSource, Weights, tensor_manifest,
 };
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, View};
@@ -151,22 +151,22 @@ struct Stored {
 }
 
 impl TensorSource for Stored {
-    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    fn stored(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>> {
         let values = RandomWeights { seed: SEED }.get(name, shape)?;
-        Ok(values.into_iter().map(|v| upcast(self.dtype, v)).collect())
+        Ok(StoredTensor::from_f32(shape.to_vec(), values.into_iter().map(|v| upcast(self.dtype, v)).collect()))
     }
 }
 
 /// Records every tensor request while delegating to `RandomWeights`.
 #[derive(Default)]
 struct Recorder {
-    requests: Vec<(String, Vec<usize>)>,
+    requests: std::cell::RefCell<Vec<(String, Vec<usize>)>>,
 }
 
 impl TensorSource for Recorder {
-    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        self.requests.push((name.to_string(), shape.to_vec()));
-        RandomWeights { seed: SEED }.get(name, shape)
+    fn stored(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>> {
+        self.requests.borrow_mut().push((name.to_string(), shape.to_vec()));
+        RandomWeights { seed: SEED }.stored(name, shape)
     }
 }
 
@@ -188,7 +188,7 @@ fn checkpoint(dtype: Dtype) -> Tensors {
 
 /// The weights a checkpoint from [`checkpoint`]`(dtype)` must load to.
 fn expected_weights(dtype: Dtype) -> Weights {
-    Weights::build(&mut Stored { dtype }, &tiny_config().text).unwrap()
+    Weights::build(&Stored { dtype }, &tiny_config().text).unwrap()
 }
 
 fn write_safetensors(path: &Path, tensors: &Tensors) {
@@ -738,9 +738,9 @@ fn random_weights_are_deterministic_and_seed_dependent() {
 #[test]
 fn random_weights_have_the_manifest_shapes() {
     let cfg = tiny_config().text;
-    let mut recorder = Recorder::default();
-    let weights = Weights::build(&mut recorder, &cfg).unwrap();
-    let mut requested = recorder.requests;
+    let recorder = Recorder::default();
+    let weights = Weights::build(&recorder, &cfg).unwrap();
+    let mut requested = recorder.requests.into_inner();
     let mut manifest = tensor_manifest(&cfg);
     requested.sort();
     manifest.sort();
@@ -766,19 +766,20 @@ fn random_weights_have_the_manifest_shapes() {
 struct MatricesRounded(fn(f32) -> f32);
 
 impl TensorSource for MatricesRounded {
-    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    fn stored(&self, name: &str, shape: &[usize]) -> Result<StoredTensor<'_>> {
         let values = RandomWeights { seed: SEED }.get(name, shape)?;
-        Ok(if shape.len() >= 2 { values.into_iter().map(self.0).collect() } else { values })
+        let values = if shape.len() >= 2 { values.into_iter().map(self.0).collect() } else { values };
+        Ok(StoredTensor::from_f32(shape.to_vec(), values))
     }
 }
 
 /// `round_matrices` on random weights equals rounding exactly their tensors of rank ≥ 2 by `round`.
 fn check_matrix_rounding(name: &str, round_matrices: fn(&mut Weights), round: fn(f32) -> f32) {
     let cfg = tiny_config().text;
-    let f32_weights = Weights::build(&mut RandomWeights { seed: SEED }, &cfg).unwrap();
+    let f32_weights = Weights::build(&RandomWeights { seed: SEED }, &cfg).unwrap();
     let mut rounded = f32_weights.clone();
     round_matrices(&mut rounded);
-    assert_eq!(rounded, Weights::build(&mut MatricesRounded(round), &cfg).unwrap(), "{name}");
+    assert_eq!(rounded, Weights::build(&MatricesRounded(round), &cfg).unwrap(), "{name}");
     assert_ne!(rounded, f32_weights, "{name}: nothing was rounded");
 }
 
@@ -847,4 +848,30 @@ fn real_config_parameter_count_and_manifest() {
         &[128, 1408, 2816]
     );
     assert_eq!(shape("model.decoder.layers.29.experts.down_proj"), &[128, 2816, 704]);
+}
+
+/// In-memory weights serve every manifest tensor by its HF name: building weights from them gives
+/// them back (a swapped name, e.g. gate for up, would break the equality: their values differ).
+#[test]
+fn in_memory_weights_serve_every_tensor_by_name() {
+    let cfg = tiny_config().text;
+    let weights = Weights::random(&cfg, SEED).unwrap();
+    assert_eq!(Weights::build(&weights, &cfg).unwrap(), weights);
+    let t = weights.stored("model.decoder.layers.0.self_attn.q_norm.weight", &[cfg.layers[0].head_dim]).unwrap();
+    assert_eq!(t.dtype, StoredDtype::F32);
+    assert_err(weights.stored("model.decoder.layers.0.nope", &[1]), &["\"model.decoder.layers.0.nope\"", "not found"]);
+    assert_err(weights.stored("model.decoder.norm.weight", &[cfg.hidden_size + 1]), &["model.decoder.norm.weight", "shape"]);
+}
+
+/// A checkpoint hands out its tensors as stored: BF16 bytes stay BF16, borrowed from the file.
+#[test]
+fn checkpoint_tensors_come_as_stored() {
+    let fixture = ModelFixture::with_tensors(&checkpoint(Dtype::BF16));
+    let model = ModelDir::open(fixture.path()).unwrap();
+    let name = "model.decoder.embed_tokens.weight";
+    let shape = [model.config.text.vocab_size, model.config.text.hidden_size];
+    let t = model.checkpoint.stored(name, &shape).unwrap();
+    assert_eq!((t.dtype, t.byte_len()), (StoredDtype::BF16, shape[0] * shape[1] * 2));
+    assert_eq!(t.to_f32(), model.checkpoint.tensor(name, &shape).unwrap());
+    assert_err(model.checkpoint.stored(name, &[1, 2]), &[name, "shape"]);
 }
