@@ -10,6 +10,7 @@ mod error;
 mod generation;
 mod json;
 mod model_dir;
+mod names;
 mod random;
 mod stored;
 mod tensors;
@@ -19,9 +20,10 @@ pub use config::{IdOrList, LayerKind, LayerSpec, ModelConfig, RopeSpec, TextConf
 pub use error::{ModelError, Result};
 pub use generation::{GenerationConfig, RawGenerationConfig, RawSamplerConfig, StoppingConfig};
 pub use model_dir::ModelDir;
+pub use names::{LayerNames, Named, SharedNames, tensor_manifest};
 pub use random::RandomWeights;
 pub use stored::{StoredDtype, StoredTensor};
 pub use tensors::{Checkpoint, SafetensorsFile, Tensor};
 pub use weights::{
-    ExpertWeights, LayerWeights, Matrix, SelfConditioningWeights, TensorSource, Weights, tensor_manifest,
+    ExpertWeights, LayerWeights, Matrix, SelfConditioningWeights, TensorSource, Weights,
 };

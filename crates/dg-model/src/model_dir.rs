@@ -23,7 +23,7 @@ impl ModelDir {
     /// Whether every matrix of the text model (every tensor of rank ≥ 2) is stored as BF16 in the
     /// checkpoint: then a BF16 copy of the weights is exact.
     pub fn matrices_are_bf16(&self) -> bool {
-        crate::weights::tensor_manifest(&self.config.text)
+        crate::names::tensor_manifest(&self.config.text)
             .iter()
             .filter(|(_, shape)| shape.len() >= 2)
             .all(|(name, _)| matches!(self.checkpoint.shape(name), Ok((_, dtype)) if dtype == "BF16"))

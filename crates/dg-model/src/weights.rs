@@ -7,11 +7,10 @@
 
 use crate::config::{LayerKind, TextConfig};
 use crate::error::{ModelError, Result};
+use crate::names::{D, ENC, LayerNames, NORMS, Named, SharedNames};
 use crate::stored::{StoredDtype, StoredTensor, f32_bytes};
 use crate::tensors::Checkpoint;
 
-const D: &str = "model.decoder";
-const ENC: &str = "model.encoder.language_model";
 
 /// A row-major `[rows, cols]` matrix; for a linear layer `rows = out`, `cols = in`.
 #[derive(Debug, Clone, PartialEq)]
@@ -109,56 +108,6 @@ pub struct Weights {
     pub self_conditioning: SelfConditioningWeights,
     pub layers: Vec<LayerWeights>,
 }
-
-/// Every text tensor the model needs: HF name and expected shape.
-pub fn tensor_manifest(cfg: &TextConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, v, i_d) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-    let mut out = vec![
-        (format!("{D}.embed_tokens.weight"), vec![v, h]),
-        (format!("{D}.norm.weight"), vec![h]),
-        (format!("{D}.self_conditioning.pre_norm.weight"), vec![h]),
-        (format!("{D}.self_conditioning.gate_proj.weight"), vec![i_d, h]),
-        (format!("{D}.self_conditioning.up_proj.weight"), vec![i_d, h]),
-        (format!("{D}.self_conditioning.down_proj.weight"), vec![h, i_d]),
-    ];
-    for (i, l) in cfg.layers.iter().enumerate() {
-        let p = format!("{D}.layers.{i}");
-        let (q, kv) = (cfg.num_attention_heads * l.head_dim, l.num_kv_heads * l.head_dim);
-        for norm in NORMS {
-            out.push((format!("{p}.{norm}.weight"), vec![h]));
-        }
-        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
-        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
-        if l.has_v_proj() {
-            out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
-        }
-        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
-        out.push((format!("{p}.self_attn.q_norm.weight"), vec![l.head_dim]));
-        out.push((format!("{p}.self_attn.k_norm.weight"), vec![l.head_dim]));
-        out.push((format!("{p}.mlp.gate_proj.weight"), vec![i_d, h]));
-        out.push((format!("{p}.mlp.up_proj.weight"), vec![i_d, h]));
-        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i_d]));
-        out.push((format!("{p}.router.proj.weight"), vec![cfg.num_experts, h]));
-        out.push((format!("{p}.router.scale"), vec![h]));
-        out.push((format!("{p}.router.per_expert_scale"), vec![cfg.num_experts]));
-        let (e, ie) = (cfg.num_experts, cfg.moe_intermediate_size);
-        out.push((format!("{p}.experts.gate_up_proj"), vec![e, 2 * ie, h]));
-        out.push((format!("{p}.experts.down_proj"), vec![e, h, ie]));
-        out.push((format!("{p}.layer_scalar"), vec![1]));
-        out.push((format!("{ENC}.layers.{i}.layer_scalar"), vec![1]));
-    }
-    out
-}
-
-const NORMS: [&str; 7] = [
-    "input_layernorm",
-    "post_attention_layernorm",
-    "pre_feedforward_layernorm",
-    "post_feedforward_layernorm_1",
-    "pre_feedforward_layernorm_2",
-    "post_feedforward_layernorm_2",
-    "post_feedforward_layernorm",
-];
 
 /// Something that yields named tensors of given shapes: as stored ([`TensorSource::stored`], what
 /// the GPU upload packs from) or widened to f32 ([`TensorSource::get`], what the CPU computes in).
@@ -332,29 +281,25 @@ impl Weights {
     /// The tensors outside the layers (embedding, final norm, self-conditioning), with `layers`
     /// empty: a loader that streams the layers one by one ([`LayerWeights::load`]) starts here.
     pub fn build_shared(src: &(impl TensorSource + ?Sized), cfg: &TextConfig) -> Result<Self> {
-        let (h, v, i_d) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-        let mat = |name: String, rows: usize, cols: usize| -> Result<Matrix> {
-            Ok(Matrix::new(rows, cols, src.get(&name, &[rows, cols])?))
-        };
-        let embed = mat(format!("{D}.embed_tokens.weight"), v, h)?;
-        let sc_gate = mat(format!("{D}.self_conditioning.gate_proj.weight"), i_d, h)?;
-        let sc_up = mat(format!("{D}.self_conditioning.up_proj.weight"), i_d, h)?;
-        let sc_down = mat(format!("{D}.self_conditioning.down_proj.weight"), h, i_d)?;
-        let final_norm = src.get(&format!("{D}.norm.weight"), &[h])?;
-        let sc_pre = src.get(&format!("{D}.self_conditioning.pre_norm.weight"), &[h])?;
-        let layers = Vec::with_capacity(cfg.num_layers());
+        let n = SharedNames::new(cfg);
+        let get = |t: &Named| src.get(&t.name, &t.shape);
         Ok(Weights {
-            embed,
-            final_norm,
+            embed: matrix(src, &n.embed)?,
+            final_norm: get(&n.final_norm)?,
             self_conditioning: SelfConditioningWeights {
-                pre_norm: sc_pre,
-                gate: sc_gate,
-                up: sc_up,
-                down: sc_down,
+                pre_norm: get(&n.sc_pre_norm)?,
+                gate: matrix(src, &n.sc_gate)?,
+                up: matrix(src, &n.sc_up)?,
+                down: matrix(src, &n.sc_down)?,
             },
-            layers,
+            layers: Vec::with_capacity(cfg.num_layers()),
         })
     }
+}
+
+/// A rank-2 tensor as a [`Matrix`].
+fn matrix(src: &(impl TensorSource + ?Sized), t: &Named) -> Result<Matrix> {
+    Ok(Matrix::new(t.shape[0], t.shape[1], src.get(&t.name, &t.shape)?))
 }
 
 impl LayerWeights {
@@ -365,38 +310,13 @@ impl LayerWeights {
 }
 
 fn load_layer(src: &(impl TensorSource + ?Sized), cfg: &TextConfig, i: usize) -> Result<LayerWeights> {
-    let spec = &cfg.layers[i];
-    let (h, i_d) = (cfg.hidden_size, cfg.intermediate_size);
-    let (q, kv) = (cfg.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim);
-    let p = format!("{D}.layers.{i}");
-    let vec = |name: String, n: usize| src.get(&name, &[n]);
-    let [input_layernorm, post_attention_layernorm, pre_ff, post_ff_1, pre_ff_2, post_ff_2, post_ff] =
-        NORMS.map(|norm| vec(format!("{p}.{norm}.weight"), h));
-    let q_norm = vec(format!("{p}.self_attn.q_norm.weight"), spec.head_dim)?;
-    let k_norm = vec(format!("{p}.self_attn.k_norm.weight"), spec.head_dim)?;
-    let router_scale = vec(format!("{p}.router.scale"), h)?;
-    let per_expert_scale = vec(format!("{p}.router.per_expert_scale"), cfg.num_experts)?;
-    let decoder_scalar = vec(format!("{p}.layer_scalar"), 1)?[0];
-    let encoder_scalar = vec(format!("{ENC}.layers.{i}.layer_scalar"), 1)?[0];
-    let mat = |name: String, rows: usize, cols: usize| -> Result<Matrix> {
-        Ok(Matrix::new(rows, cols, src.get(&name, &[rows, cols])?))
-    };
-    let q_proj = mat(format!("{p}.self_attn.q_proj.weight"), q, h)?;
-    let k_proj = mat(format!("{p}.self_attn.k_proj.weight"), kv, h)?;
-    let v_proj = match spec.kind {
-        LayerKind::Sliding => Some(mat(format!("{p}.self_attn.v_proj.weight"), kv, h)?),
-        LayerKind::Full => None,
-    };
-    let o_proj = mat(format!("{p}.self_attn.o_proj.weight"), h, q)?;
-    let mlp_gate = mat(format!("{p}.mlp.gate_proj.weight"), i_d, h)?;
-    let mlp_up = mat(format!("{p}.mlp.up_proj.weight"), i_d, h)?;
-    let mlp_down = mat(format!("{p}.mlp.down_proj.weight"), h, i_d)?;
-    let router_proj = mat(format!("{p}.router.proj.weight"), cfg.num_experts, h)?;
-    let (e, ie) = (cfg.num_experts, cfg.moe_intermediate_size);
-    let gate_up = src.get(&format!("{p}.experts.gate_up_proj"), &[e, 2 * ie, h])?;
-    let down = src.get(&format!("{p}.experts.down_proj"), &[e, h, ie])?;
+    let n = LayerNames::new(cfg, i);
+    let get = |t: &Named| src.get(&t.name, &t.shape);
+    let mat = |t: &Named| matrix(src, t);
+    let [input_layernorm, post_attention_layernorm, pre_ff, post_ff_1, pre_ff_2, post_ff_2, post_ff] = n.norms.each_ref().map(get);
+    let (e, ie, h) = (cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size);
     Ok(LayerWeights {
-        kind: spec.kind,
+        kind: n.kind,
         input_layernorm: input_layernorm?,
         post_attention_layernorm: post_attention_layernorm?,
         pre_feedforward_layernorm: pre_ff?,
@@ -404,26 +324,26 @@ fn load_layer(src: &(impl TensorSource + ?Sized), cfg: &TextConfig, i: usize) ->
         pre_feedforward_layernorm_2: pre_ff_2?,
         post_feedforward_layernorm_2: post_ff_2?,
         post_feedforward_layernorm: post_ff?,
-        q_proj,
-        k_proj,
-        v_proj,
-        o_proj,
-        q_norm,
-        k_norm,
-        mlp_gate,
-        mlp_up,
-        mlp_down,
-        router_proj,
-        router_scale,
-        per_expert_scale,
+        q_proj: mat(&n.q_proj)?,
+        k_proj: mat(&n.k_proj)?,
+        v_proj: n.v_proj.as_ref().map(mat).transpose()?,
+        o_proj: mat(&n.o_proj)?,
+        q_norm: get(&n.q_norm)?,
+        k_norm: get(&n.k_norm)?,
+        mlp_gate: mat(&n.mlp_gate)?,
+        mlp_up: mat(&n.mlp_up)?,
+        mlp_down: mat(&n.mlp_down)?,
+        router_proj: mat(&n.router_proj)?,
+        router_scale: get(&n.router_scale)?,
+        per_expert_scale: get(&n.per_expert_scale)?,
         experts: ExpertWeights {
             num_experts: e,
             intermediate: ie,
             hidden: h,
-            gate_up,
-            down,
+            gate_up: get(&n.experts_gate_up)?,
+            down: get(&n.experts_down)?,
         },
-        encoder_scalar,
-        decoder_scalar,
+        encoder_scalar: get(&n.encoder_scalar)?[0],
+        decoder_scalar: get(&n.decoder_scalar)?[0],
     })
 }
