@@ -99,7 +99,7 @@ pub fn run(args: Args) -> Result<bool> {
         (true, false) => WeightFormat::Bf16,
         (false, false) => WeightFormat::F32,
     };
-    let mut model = GpuModel::from_source(ctx, &config, &mut RandomWeights::new(0), max_context, format)?;
+    let mut model = GpuModel::from_source(ctx, &config, &RandomWeights::new(0), max_context, format)?;
     println!("weights on the GPU: {:.2} GB ({format:?})", model.weight_bytes() as f64 / 1e9);
     let settings = GenerationConfig {
         max_new_tokens: args.canvases * c,

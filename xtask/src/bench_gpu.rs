@@ -117,7 +117,7 @@ pub fn run(args: Args) -> Result<bool> {
         WeightsArg::F16 => WeightFormat::F16,
     };
     // Random weights generated and uploaded one layer at a time (the 30-layer model is 104 GB in f32).
-    let mut model = GpuModel::from_source(ctx, &config, &mut RandomWeights::new(0), args.context, format)?;
+    let mut model = GpuModel::from_source(ctx, &config, &RandomWeights::new(0), args.context, format)?;
     println!(
         "random weights + upload: {:.1}s, {:.2} GB of weights on the GPU ({:?}, {:.2} bytes per parameter)",
         t.elapsed().as_secs_f64(),

@@ -3,13 +3,17 @@
 //! `cargo xtask parity [--model DIR]... [--backend cpu|gpu|all]` checks reference directories;
 //! `cargo xtask bench [--quick]` runs the criterion benchmarks; `cargo xtask bench-gpu` times the
 //! GPU canvas forward with a per-kernel profile; `cargo xtask bench-generate` times a GPU-resident
-//! generation; `cargo xtask shader-stats` prints the driver's compile statistics of the kernels.
+//! generation; `cargo xtask shader-stats` prints the driver's compile statistics of the kernels;
+//! `cargo xtask write-checkpoint` writes a random model directory and `cargo xtask load-memory`
+//! reports a command's peak host memory.
 
 mod bench;
 mod bench_generate;
 mod bench_gpu;
+mod load_memory;
 mod parity;
 mod shader_stats;
+mod write_checkpoint;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +36,10 @@ enum Command {
     BenchGenerate(bench_generate::Args),
     /// Print the Vulkan driver's compile statistics (registers, spills...) of the GPU kernels.
     ShaderStats(shader_stats::Args),
+    /// Write a model directory with seeded random weights for a config (sharded on request).
+    WriteCheckpoint(write_checkpoint::Args),
+    /// Run a command and report its peak anonymous resident memory.
+    LoadMemory(load_memory::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -42,6 +50,8 @@ fn main() -> std::process::ExitCode {
         Command::BenchGpu(args) => bench_gpu::run(args),
         Command::BenchGenerate(args) => bench_generate::run(args),
         Command::ShaderStats(args) => shader_stats::run(args),
+        Command::WriteCheckpoint(args) => write_checkpoint::run(args),
+        Command::LoadMemory(args) => load_memory::run(args),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

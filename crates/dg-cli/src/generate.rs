@@ -6,8 +6,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use dg_cpu::CpuModel;
-use dg_gpu::GpuModel;
 use dg_model::{GenerationConfig, ModelDir, RawGenerationConfig};
 use dg_sampler::{Generation, SeededRng};
 
@@ -18,7 +16,7 @@ use crate::error::{Input, input};
 use crate::report::{Report, Timings};
 use crate::text::TextCodec;
 use crate::timing::Timed;
-use crate::{model_dir, prompt};
+use crate::{load, model_dir, prompt};
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let started = Instant::now();
@@ -57,7 +55,6 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
 
     let load_start = Instant::now();
-    let weights = model.load_weights().context(Input(format!("cannot load the weights of {}", dir.display())))?;
     let mut progress = Progress::new(
         mode,
         stream_stdout,
@@ -71,27 +68,22 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let adapter = choice.adapter();
     let (generation, mut timings) = match choice.backend {
         Backend::Cpu => {
-            let cpu = CpuModel::new(config.clone(), weights);
+            let cpu = load::cpu(&model)?;
             let load = load_start.elapsed();
             sample(cpu, load, args.seed, |m, rng| {
                 dg_sampler::generate(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
             })?
         }
         Backend::Gpu(ctx) => {
-            // Encoder, canvas forward and the sampler's per-row work on the GPU; the weights' host
-            // copy is dropped once uploaded.
+            // Encoder, canvas forward and the sampler's per-row work on the GPU; the weights go
+            // from the checkpoint's memory map to the device as stored.
             let format = crate::weights::choose(&model, args.weights);
-            let gpu = GpuModel::with_format(*ctx, config, &weights, positions, format).context("cannot upload the model to the GPU")?;
-            drop(weights);
-            if mode != Mode::Quiet {
-                let (bytes, params) = (gpu.weight_bytes(), gpu.weight_parameters().max(1));
-                eprintln!(
-                    "weights on the GPU: {:.1} MiB, {} ({:.2} bytes per parameter)",
-                    bytes as f64 / 1_048_576.0,
-                    crate::weights::name(format),
-                    bytes as f64 / params as f64
-                );
-            }
+            let report = match mode {
+                Mode::Quiet => load::Report::Quiet,
+                Mode::Live => load::Report::Bar,
+                Mode::Lines => load::Report::Summary,
+            };
+            let gpu = load::gpu(&model, *ctx, positions, format, report)?;
             let load = load_start.elapsed();
             sample(gpu, load, args.seed, |m, rng| {
                 dg_sampler::generate_resident(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)

@@ -13,6 +13,7 @@ mod display;
 mod error;
 mod generate;
 mod info;
+mod load;
 mod model_dir;
 mod prompt;
 mod report;

@@ -231,6 +231,13 @@ impl GpuContext {
         Ok(buffer)
     }
 
+    /// Submits the queue's pending buffer writes and waits for them, freeing their staging memory.
+    pub fn flush_writes(&self) -> Result<(), GpuError> {
+        self.queue.submit([]);
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
+        Ok(())
+    }
+
     /// Copies `len` u32 values from `buffer` (starting at element `offset`) to the host.
     pub fn read_u32(&self, buffer: &wgpu::Buffer, offset: usize, len: usize) -> Result<Vec<u32>, GpuError> {
         Ok(self.read_f32(buffer, offset, len)?.into_iter().map(f32::to_bits).collect())

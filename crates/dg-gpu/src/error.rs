@@ -32,6 +32,8 @@ pub enum GpuError {
     Empty,
     #[error("unsupported on this device or shape: {what}")]
     Unsupported { what: String },
+    #[error(transparent)]
+    Model(#[from] dg_model::ModelError),
     #[error("no context: encode a prompt (or set a context) before the first canvas forward")]
     NoContext,
 }

@@ -22,7 +22,7 @@ use crate::error::GpuError;
 use crate::forward::{ForwardShape, LayerPass, Visible, record_canvas_forward, record_encoder_chunk, record_layer};
 use crate::ops::Recorder;
 use crate::plan::{Pipelines, Plan};
-use crate::weights::{GpuWeights, UploadError};
+use crate::weights::{GpuWeights, UploadProgress};
 
 /// Visible cached K/V of one layer, `[tokens, kv_heads, head_dim]` each.
 #[derive(Debug, Clone, Copy)]
@@ -77,14 +77,26 @@ impl GpuModel {
 
     /// [`Self::new`] with the matrices stored in `format` (BF16: 2 bytes per parameter).
     pub fn with_format(ctx: GpuContext, config: &ModelConfig, weights: &Weights, max_context: usize, format: WeightFormat) -> Result<Self, GpuError> {
-        let gpu_weights = GpuWeights::upload(&ctx, &config.text, weights, format)?;
-        Self::from_weights(ctx, config, gpu_weights, max_context)
+        Self::from_source(ctx, config, weights, max_context, format)
     }
 
-    /// Uploads from `src` one layer at a time (the host never holds the whole model).
-    pub fn from_source(ctx: GpuContext, config: &ModelConfig, src: &mut impl TensorSource, max_context: usize, format: WeightFormat) -> Result<Self, UploadError> {
-        let gpu_weights = GpuWeights::upload_streaming(&ctx, &config.text, src, format)?;
-        Ok(Self::from_weights(ctx, config, gpu_weights, max_context)?)
+    /// Uploads from `src` tensor by tensor in their stored dtypes (a checkpoint's bytes go from
+    /// the memory map to the device; the host never holds the model, nor an f32 copy of a tensor).
+    pub fn from_source(ctx: GpuContext, config: &ModelConfig, src: &(impl TensorSource + ?Sized), max_context: usize, format: WeightFormat) -> Result<Self, GpuError> {
+        Self::from_source_with_progress(ctx, config, src, max_context, format, &mut |_| {})
+    }
+
+    /// [`Self::from_source`], calling `on_progress` as the upload goes.
+    pub fn from_source_with_progress(
+        ctx: GpuContext,
+        config: &ModelConfig,
+        src: &(impl TensorSource + ?Sized),
+        max_context: usize,
+        format: WeightFormat,
+        on_progress: &mut dyn FnMut(&UploadProgress),
+    ) -> Result<Self, GpuError> {
+        let gpu_weights = GpuWeights::upload_with_progress(&ctx, &config.text, src, format, on_progress)?;
+        Self::from_weights(ctx, config, gpu_weights, max_context)
     }
 
     fn from_weights(ctx: GpuContext, config: &ModelConfig, gpu_weights: GpuWeights, max_context: usize) -> Result<Self, GpuError> {

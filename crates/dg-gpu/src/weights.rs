@@ -11,16 +11,19 @@
 //! per parameter): every matrix that runs on tensor cores where the device has them (q, K/V, o,
 //! dense and self-conditioning MLPs, router, experts) in F16, the embedding in BF16 (its products,
 //! the soft embedding and the head, run in the f32 kernels, which unpack BF16 with a shift and F16
-//! with a conversion). Norm weights, scales and scalars (a few thousand values per layer) stay f32. [`GpuWeights::upload_streaming`] uploads
-//! one layer at a time from a [`TensorSource`], so the host never holds the whole model in f32
-//! (the real 30-layer model is 104 GB in f32).
+//! with a conversion). Norm weights, scales and scalars (a few thousand values per layer) stay f32.
+//!
+//! [`GpuWeights::upload`] reads a [`TensorSource`] tensor by tensor in its stored dtype and packs
+//! each buffer from those bytes a piece at a time ([`crate::pack`]), so the host never holds an
+//! f32 copy of the model (the real 30-layer model is 104 GB in f32) nor a whole tensor's packed
+//! copy, and the queue's staging memory is flushed as it goes.
 
 use dg_kernels::WeightFormat;
-use dg_model::{LayerKind, LayerWeights, TensorSource, TextConfig, Weights};
-use rayon::prelude::*;
+use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredTensor, TensorSource, TextConfig};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
+use crate::pack::{Order, Packing};
 
 /// A weight matrix on the device, in its storage format.
 #[derive(Debug)]
@@ -106,161 +109,197 @@ pub struct GpuWeights {
     pub parameters: u64,
 }
 
-struct Uploader<'a> {
+/// Bytes of a buffer converted on the host at a time: an upload holds one piece, never a tensor.
+const PIECE: usize = 16 << 20;
+/// Bytes written through the queue's staging memory after which the upload submits and waits,
+/// so that staging (host memory on every backend) stays bounded instead of growing to the model.
+const FLUSH: u64 = 128 << 20;
+
+/// How far an upload has come, for a progress display.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UploadProgress {
+    /// Parameters uploaded so far, and in all.
+    pub parameters: u64,
+    pub total_parameters: u64,
+    /// Bytes of the source's tensors read so far (in their stored dtypes).
+    pub stored_bytes: u64,
+}
+
+struct Uploader<'a, S: TensorSource + ?Sized> {
     ctx: &'a GpuContext,
+    src: &'a S,
     format: WeightFormat,
     bytes: u64,
-    parameters: u64,
+    staged: u64,
+    progress: UploadProgress,
+    on_progress: &'a mut dyn FnMut(&UploadProgress),
 }
 
-/// f32 → packed 16-bit words with `pack`, in parallel over blocks of an even length (so pairs
-/// never straddle blocks).
-fn pack_parallel(data: &[f32], pack: fn(&[f32]) -> Vec<u32>) -> Vec<u32> {
-    data.par_chunks(1 << 20).flat_map_iter(pack).collect()
-}
-
-impl Uploader<'_> {
-    fn f32(&mut self, label: &str, data: &[f32]) -> Result<wgpu::Buffer, GpuError> {
-        self.bytes += (data.len() * 4) as u64;
-        self.parameters += data.len() as u64;
-        self.ctx.upload(label, data)
+impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
+    /// `t` as the source stores it (borrowed from the source, not from the uploader).
+    fn stored(&self, t: &Named) -> Result<StoredTensor<'a>, GpuError> {
+        let src: &'a S = self.src;
+        Ok(src.stored(&t.name, &t.shape)?)
     }
 
-    /// A projection matrix, in the upload's format.
-    fn matrix(&mut self, label: &str, data: &[f32]) -> Result<GpuMatrix, GpuError> {
-        self.matrix_as(label, data, self.format)
-    }
-
-    /// The embedding (and tied head): in the F16 mode it stays BF16, whose unpack (a shift) is
-    /// cheaper than F16's in the f32 soft-embedding kernel; the tensor-core head converts it.
-    fn embedding_matrix(&mut self, label: &str, data: &[f32]) -> Result<GpuMatrix, GpuError> {
-        let format = if self.format == WeightFormat::F16 { WeightFormat::Bf16 } else { self.format };
-        self.matrix_as(label, data, format)
-    }
-
-    fn matrix_as(&mut self, label: &str, data: &[f32], format: WeightFormat) -> Result<GpuMatrix, GpuError> {
-        let buffer = match format {
-            WeightFormat::F32 => self.f32(label, data)?,
-            WeightFormat::Bf16 | WeightFormat::F16 => {
-                let pack = if format == WeightFormat::Bf16 { dg_kernels::pack_bf16 } else { dg_kernels::pack_f16 };
-                self.words(label, &pack_parallel(data, pack), data.len())?
+    /// Creates the buffer of `packing` and writes it piece by piece, counting what it read.
+    fn put(&mut self, label: &str, packing: &Packing) -> Result<wgpu::Buffer, GpuError> {
+        let size = packing.bytes();
+        let buffer = self.ctx.storage_buffer(label, size as u64)?;
+        let mut piece = vec![0u8; PIECE.min(size)];
+        for offset in (0..size).step_by(PIECE) {
+            let piece = &mut piece[..PIECE.min(size - offset)];
+            packing.fill(offset, piece);
+            self.ctx.queue.write_buffer(&buffer, offset as u64, piece);
+            self.staged += piece.len() as u64;
+            if self.staged >= FLUSH {
+                self.ctx.flush_writes()?;
+                self.staged = 0;
             }
-        };
+        }
+        self.bytes += size as u64;
+        self.progress.parameters += packing.len() as u64;
+        self.progress.stored_bytes += packing.stored_bytes() as u64;
+        (self.on_progress)(&self.progress);
+        Ok(buffer)
+    }
+
+    /// A vector (norm weight, scale) in f32.
+    fn vector(&mut self, t: &Named) -> Result<wgpu::Buffer, GpuError> {
+        let stored = self.stored(t)?;
+        self.put(&t.name, &Packing::new(vec![&stored], WeightFormat::F32, Order::RowMajor))
+    }
+
+    /// A scalar, kept on the host.
+    fn scalar(&mut self, t: &Named) -> Result<f32, GpuError> {
+        let value = self.src.get(&t.name, &t.shape)?[0];
+        self.progress.parameters += 1;
+        Ok(value)
+    }
+
+    /// `parts` stacked by rows, row-major in `format`.
+    fn row_major(&mut self, label: &str, parts: &[&StoredTensor], format: WeightFormat) -> Result<GpuMatrix, GpuError> {
+        let buffer = self.put(label, &Packing::new(parts.to_vec(), format, Order::RowMajor))?;
         Ok(GpuMatrix { buffer, format, layout: MatrixLayout::RowMajor })
     }
 
-    /// Uploads `parameters` 16-bit values packed in `words`, counting them.
-    fn words(&mut self, label: &str, words: &[u32], parameters: usize) -> Result<wgpu::Buffer, GpuError> {
-        self.bytes += (words.len() * 4) as u64;
-        self.parameters += parameters as u64;
-        self.ctx.upload(label, words)
+    /// `parts` stacked by rows, each block of `n` rows of `k` columns in F16 K panels.
+    fn panels(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
+        let order = Order::KPanels { rows: n, cols: k, panel: dg_kernels::coop_gemm::PANEL as usize };
+        let buffer = self.put(label, &Packing::new(parts.to_vec(), WeightFormat::F16, order))?;
+        Ok(GpuMatrix { buffer, format: WeightFormat::F16, layout: MatrixLayout::KPanels })
     }
 
-    /// One `[out, in]` projection, as [`Self::projection_blocks`] uploads it.
-    fn projection(&mut self, label: &str, m: &dg_model::Matrix) -> Result<GpuMatrix, GpuError> {
-        self.projection_blocks(label, &m.data, 1, m.rows, m.cols)
-    }
-
-    /// A projection's `blocks` stacked `[n, k]` matrices (`data` holds `blocks · n · k` values): in
-    /// the F16 mode on a device with cooperative matrices, each block in K panels when the
-    /// tensor-core GEMM takes its products (`[m, k] · Wᵀ` for any m); otherwise as
-    /// [`Self::matrix`].
-    fn projection_blocks(&mut self, label: &str, data: &[f32], blocks: usize, n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
-        use dg_kernels::coop_gemm::{PANEL, plan_layout};
-        use dg_kernels::coop_grouped_gemm::pack_f16_panels;
-        assert_eq!(data.len(), blocks * n * k, "{label}: {} values for {blocks} blocks of [{n}, {k}]", data.len());
+    /// A projection: `parts` stacked by rows into blocks of `[n, k]` matrices: in the F16 mode on
+    /// a device with cooperative matrices, each block in K panels when the tensor-core GEMM takes
+    /// its products (`[m, k] · Wᵀ` for any m); otherwise row-major in the upload's format.
+    fn projection(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
         let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
         let probe = dg_kernels::gemm::GemmParams::linear(1, n as u32, k as u32);
-        if self.format != WeightFormat::F16 || !self.ctx.coop_matrix || plan_layout(&probe, true, None, max_shared).is_none() {
-            return self.matrix(label, data);
+        if self.format == WeightFormat::F16 && self.ctx.coop_matrix && dg_kernels::coop_gemm::plan_layout(&probe, true, None, max_shared).is_some() {
+            self.panels(label, parts, n, k)
+        } else {
+            self.row_major(label, parts, self.format)
         }
-        let words: Vec<u32> = data.par_chunks(n * k).flat_map_iter(|block| pack_f16_panels(block, n, k, PANEL as usize)).collect();
-        let buffer = self.words(label, &words, data.len())?;
-        Ok(GpuMatrix { buffer, format: WeightFormat::F16, layout: MatrixLayout::KPanels })
+    }
+
+    /// One `[out, in]` projection.
+    fn linear(&mut self, t: &Named) -> Result<GpuMatrix, GpuError> {
+        let stored = self.stored(t)?;
+        self.projection(&t.name, &[&stored], t.shape[0], t.shape[1])
+    }
+
+    /// A gate and an up projection stacked into one `[2·I, H]` matrix.
+    fn gate_up(&mut self, label: &str, gate: &Named, up: &Named) -> Result<GpuMatrix, GpuError> {
+        let (g, u) = (self.stored(gate)?, self.stored(up)?);
+        self.projection(label, &[&g, &u], 2 * gate.shape[0], gate.shape[1])
     }
 
     /// A layer's `[q; K; V]` projections in blocks of K's rows ([`GpuLayer::qkv_proj`]).
-    fn qkv_projection(&mut self, label: &str, l: &LayerWeights) -> Result<GpuMatrix, GpuError> {
-        let (k, cols) = (&l.k_proj, l.k_proj.cols);
-        if k.rows == 0 || !l.q_proj.rows.is_multiple_of(k.rows) || l.q_proj.cols != cols || l.v_proj.as_ref().is_some_and(|v| v.rows != k.rows || v.cols != cols) {
+    fn qkv_projection(&mut self, label: &str, n: &LayerNames) -> Result<GpuMatrix, GpuError> {
+        let (rows, cols) = (n.k_proj.shape[0], n.k_proj.shape[1]);
+        if rows == 0 || !n.q_proj.shape[0].is_multiple_of(rows) || n.q_proj.shape[1] != cols {
             return Err(GpuError::Unsupported {
-                what: format!("{label}: q [{}, {}], k [{}, {cols}]{}: q's rows are not whole blocks of k's", l.q_proj.rows, l.q_proj.cols, k.rows, l.v_proj.as_ref().map_or(String::new(), |v| format!(", v [{}, {}]", v.rows, v.cols))),
+                what: format!("{label}: q {:?}, k {:?}: q's rows are not whole blocks of k's", n.q_proj.shape, n.k_proj.shape),
             });
         }
-        let mut data = Vec::with_capacity(l.q_proj.data.len() + 2 * k.data.len());
-        data.extend_from_slice(&l.q_proj.data);
-        data.extend_from_slice(&k.data);
-        if let Some(v) = &l.v_proj {
-            data.extend_from_slice(&v.data);
-        }
-        let blocks = data.len() / (k.rows * cols);
-        self.projection_blocks(label, &data, blocks, k.rows, cols)
+        let (q, k) = (self.stored(&n.q_proj)?, self.stored(&n.k_proj)?);
+        let v = n.v_proj.as_ref().map(|v| self.stored(v)).transpose()?;
+        let parts: Vec<&StoredTensor> = [&q, &k].into_iter().chain(v.as_ref()).collect();
+        self.projection(label, &parts, rows, cols)
     }
 
     /// Expert weights `[experts, n, k]`: in the F16 mode on a device with cooperative matrices, in
-    /// K panels for the tensor-core grouped GEMM when a tile fits the shape; otherwise as
-    /// [`Self::matrix`].
-    fn experts(&mut self, label: &str, data: &[f32], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
-        use dg_kernels::coop_grouped_gemm::{PANEL, pack_f16_panels, panels_fit};
-        if self.format != WeightFormat::F16 || !self.ctx.coop_matrix || !panels_fit(n as u32, k as u32) {
-            return self.matrix(label, data);
+    /// K panels for the tensor-core grouped GEMM when a tile fits the shape; otherwise row-major.
+    fn experts(&mut self, t: &Named) -> Result<GpuMatrix, GpuError> {
+        let (n, k) = (t.shape[1], t.shape[2]);
+        let stored = self.stored(t)?;
+        if self.format == WeightFormat::F16 && self.ctx.coop_matrix && dg_kernels::coop_grouped_gemm::panels_fit(n as u32, k as u32) {
+            self.panels(&t.name, &[&stored], n, k)
+        } else {
+            self.row_major(&t.name, &[&stored], self.format)
         }
-        let words: Vec<u32> = data.par_chunks(n * k).flat_map_iter(|group| pack_f16_panels(group, n, k, PANEL as usize)).collect();
-        let buffer = self.words(label, &words, data.len())?;
-        Ok(GpuMatrix { buffer, format: WeightFormat::F16, layout: MatrixLayout::KPanels })
     }
 
-    fn layer(&mut self, i: usize, l: &LayerWeights) -> Result<GpuLayer, GpuError> {
-        let p = |name: &str| format!("layers.{i}.{name}");
-        let mut norm = |name: &str, v: &[f32]| self.f32(&p(name), v);
+    fn layer(&mut self, cfg: &TextConfig, i: usize) -> Result<GpuLayer, GpuError> {
+        let n = LayerNames::new(cfg, i);
+        let [input, post_attention, pre_ff, post_ff_1, pre_ff_2, post_ff_2, post_ff] = &n.norms;
         let norms = LayerNorms {
-            input: norm("input_layernorm", &l.input_layernorm)?,
-            post_attention: norm("post_attention_layernorm", &l.post_attention_layernorm)?,
-            pre_ff: norm("pre_feedforward_layernorm", &l.pre_feedforward_layernorm)?,
-            post_ff_1: norm("post_feedforward_layernorm_1", &l.post_feedforward_layernorm_1)?,
-            pre_ff_2: norm("pre_feedforward_layernorm_2", &l.pre_feedforward_layernorm_2)?,
-            post_ff_2: norm("post_feedforward_layernorm_2", &l.post_feedforward_layernorm_2)?,
-            post_ff: norm("post_feedforward_layernorm", &l.post_feedforward_layernorm)?,
+            input: self.vector(input)?,
+            post_attention: self.vector(post_attention)?,
+            pre_ff: self.vector(pre_ff)?,
+            post_ff_1: self.vector(post_ff_1)?,
+            pre_ff_2: self.vector(pre_ff_2)?,
+            post_ff_2: self.vector(post_ff_2)?,
+            post_ff: self.vector(post_ff)?,
         };
         Ok(GpuLayer {
-            kind: l.kind,
+            kind: n.kind,
             norms,
-            qkv_proj: self.qkv_projection(&p("q_proj+k_proj+v_proj"), l)?,
-            has_v_proj: l.v_proj.is_some(),
-            o_proj: self.projection(&p("o_proj"), &l.o_proj)?,
-            q_norm: self.f32(&p("q_norm"), &l.q_norm)?,
-            k_norm: self.f32(&p("k_norm"), &l.k_norm)?,
-            mlp_gate_up: self.projection_blocks(&p("mlp.gate_up"), &[&l.mlp_gate.data[..], &l.mlp_up.data].concat(), 1, 2 * l.mlp_gate.rows, l.mlp_gate.cols)?,
-            mlp_down: self.projection(&p("mlp.down_proj"), &l.mlp_down)?,
-            router_proj: self.projection(&p("router.proj"), &l.router_proj)?,
-            router_scale: self.f32(&p("router.scale"), &l.router_scale)?,
-            per_expert_scale: self.f32(&p("router.per_expert_scale"), &l.per_expert_scale)?,
-            experts_gate_up: self.experts(&p("experts.gate_up_proj"), &l.experts.gate_up, 2 * l.experts.intermediate, l.experts.hidden)?,
-            experts_down: self.experts(&p("experts.down_proj"), &l.experts.down, l.experts.hidden, l.experts.intermediate)?,
-            encoder_scalar: l.encoder_scalar,
-            decoder_scalar: l.decoder_scalar,
+            qkv_proj: self.qkv_projection(&format!("layers.{i}.q_proj+k_proj+v_proj"), &n)?,
+            has_v_proj: n.v_proj.is_some(),
+            o_proj: self.linear(&n.o_proj)?,
+            q_norm: self.vector(&n.q_norm)?,
+            k_norm: self.vector(&n.k_norm)?,
+            mlp_gate_up: self.gate_up(&format!("layers.{i}.mlp.gate_up"), &n.mlp_gate, &n.mlp_up)?,
+            mlp_down: self.linear(&n.mlp_down)?,
+            router_proj: self.linear(&n.router_proj)?,
+            router_scale: self.vector(&n.router_scale)?,
+            per_expert_scale: self.vector(&n.per_expert_scale)?,
+            experts_gate_up: self.experts(&n.experts_gate_up)?,
+            experts_down: self.experts(&n.experts_down)?,
+            encoder_scalar: self.scalar(&n.encoder_scalar)?,
+            decoder_scalar: self.scalar(&n.decoder_scalar)?,
         })
     }
 
-    /// Everything outside the layers; `layers` empty.
-    fn shared(&mut self, cfg: &TextConfig, w: &Weights) -> Result<GpuWeights, GpuError> {
+    /// Everything outside the layers; `layers` empty. The embedding (and tied head) is split by
+    /// rows into chunks that each fit a binding; in the F16 mode it stays BF16, whose unpack (a
+    /// shift) is cheaper than F16's in the f32 soft-embedding kernel; the tensor-core head
+    /// converts it.
+    fn shared(&mut self, cfg: &TextConfig) -> Result<GpuWeights, GpuError> {
+        let n = SharedNames::new(cfg);
         let h = cfg.hidden_size;
-        let rows_per_chunk = ((self.ctx.max_binding() / self.format.bytes() as u64) as usize / h).max(1);
+        let format = if self.format == WeightFormat::F16 { WeightFormat::Bf16 } else { self.format };
+        let rows_per_chunk = ((self.ctx.max_binding() / format.bytes() as u64) as usize / h).max(1);
+        let stored = self.stored(&n.embed)?;
         let mut embed = Vec::new();
         let mut start = 0;
         while start < cfg.vocab_size {
             let rows = rows_per_chunk.min(cfg.vocab_size - start);
-            let matrix = self.embedding_matrix(&format!("embed[{start}..]"), &w.embed.data[start * h..(start + rows) * h])?;
+            let bytes = &stored.bytes()[start * h * stored.dtype.size()..(start + rows) * h * stored.dtype.size()];
+            let chunk = StoredTensor::from_bytes(stored.dtype, vec![rows, h], bytes);
+            let matrix = self.row_major(&format!("embed[{start}..]"), &[&chunk], format)?;
             embed.push(EmbedChunk { start, rows, matrix });
             start += rows;
         }
-        let sc = &w.self_conditioning;
+        drop(stored);
         Ok(GpuWeights {
             embed,
-            final_norm: self.f32("norm", &w.final_norm)?,
-            sc_pre_norm: self.f32("self_conditioning.pre_norm", &sc.pre_norm)?,
-            sc_gate_up: self.projection_blocks("self_conditioning.gate_up", &[&sc.gate.data[..], &sc.up.data].concat(), 1, 2 * sc.gate.rows, sc.gate.cols)?,
-            sc_down: self.projection("self_conditioning.down_proj", &sc.down)?,
+            final_norm: self.vector(&n.final_norm)?,
+            sc_pre_norm: self.vector(&n.sc_pre_norm)?,
+            sc_gate_up: self.gate_up("self_conditioning.gate_up", &n.sc_gate, &n.sc_up)?,
+            sc_down: self.linear(&n.sc_down)?,
             layers: Vec::with_capacity(cfg.num_layers()),
             format: self.format,
             bytes: 0,
@@ -270,38 +309,30 @@ impl Uploader<'_> {
 }
 
 impl GpuWeights {
-    /// Uploads every tensor with matrices in `format`; fails with a clear error when one does not
-    /// fit a binding.
-    pub fn upload(ctx: &GpuContext, cfg: &TextConfig, w: &Weights, format: WeightFormat) -> Result<Self, GpuError> {
-        let mut up = Uploader { ctx, format, bytes: 0, parameters: 0 };
-        let mut gw = up.shared(cfg, w)?;
-        for (i, l) in w.layers.iter().enumerate() {
-            gw.layers.push(up.layer(i, l)?);
-        }
-        (gw.bytes, gw.parameters) = (up.bytes, up.parameters);
-        Ok(gw)
+    /// Uploads every tensor of `src` with matrices in `format`, tensor by tensor from their stored
+    /// bytes (the host holds one piece of a buffer at a time); fails with a clear error naming
+    /// the tensor when one is missing, misshapen or does not fit a binding.
+    pub fn upload(ctx: &GpuContext, cfg: &TextConfig, src: &(impl TensorSource + ?Sized), format: WeightFormat) -> Result<Self, GpuError> {
+        Self::upload_with_progress(ctx, cfg, src, format, &mut |_| {})
     }
 
-    /// Uploads from `src` one layer at a time (the host holds one layer's f32 tensors at most).
-    pub fn upload_streaming(ctx: &GpuContext, cfg: &TextConfig, src: &mut impl TensorSource, format: WeightFormat) -> Result<Self, UploadError> {
-        let mut up = Uploader { ctx, format, bytes: 0, parameters: 0 };
-        let shared = Weights::build_shared(src, cfg)?;
-        let mut gw = up.shared(cfg, &shared)?;
-        drop(shared);
+    /// [`Self::upload`], calling `on_progress` after every buffer.
+    pub fn upload_with_progress(
+        ctx: &GpuContext,
+        cfg: &TextConfig,
+        src: &(impl TensorSource + ?Sized),
+        format: WeightFormat,
+        on_progress: &mut dyn FnMut(&UploadProgress),
+    ) -> Result<Self, GpuError> {
+        let total_parameters = dg_model::tensor_manifest(cfg).iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum();
+        let progress = UploadProgress { parameters: 0, total_parameters, stored_bytes: 0 };
+        let mut up = Uploader { ctx, src, format, bytes: 0, staged: 0, progress, on_progress };
+        let mut gw = up.shared(cfg)?;
         for i in 0..cfg.num_layers() {
-            let l = LayerWeights::load(src, cfg, i)?;
-            gw.layers.push(up.layer(i, &l)?);
+            gw.layers.push(up.layer(cfg, i)?);
         }
-        (gw.bytes, gw.parameters) = (up.bytes, up.parameters);
+        ctx.flush_writes()?;
+        (gw.bytes, gw.parameters) = (up.bytes, up.progress.parameters);
         Ok(gw)
     }
-}
-
-/// Errors of a streaming upload: reading a tensor, or the GPU.
-#[derive(Debug, thiserror::Error)]
-pub enum UploadError {
-    #[error(transparent)]
-    Model(#[from] dg_model::ModelError),
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
 }

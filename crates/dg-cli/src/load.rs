@@ -1,0 +1,100 @@
+//! Putting a model directory's weights where the backend computes: the GPU takes the checkpoint's
+//! tensors as stored, straight from the memory map ([`dg_gpu::GpuModel::from_source`]); only the
+//! CPU backend widens them to f32. Reports the load's throughput and, on a terminal, a progress
+//! bar.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use dg_cpu::CpuModel;
+use dg_gpu::{GpuContext, GpuError, GpuModel, UploadProgress, WeightFormat};
+use dg_model::ModelDir;
+
+use crate::error::Input;
+
+/// How much a load reports on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// Nothing.
+    Quiet,
+    /// One summary line.
+    Summary,
+    /// A progress bar redrawn in place, then the summary line.
+    Bar,
+}
+
+/// The model's weights in f32 for the CPU backend.
+pub fn cpu(model: &ModelDir) -> Result<CpuModel> {
+    let weights = model.load_weights().context(Input(format!("cannot load the weights of {}", model.dir.display())))?;
+    Ok(CpuModel::new(model.config.clone(), weights))
+}
+
+/// The model on the GPU with matrices in `format`, for sequences of up to `max_context` tokens.
+pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, format: WeightFormat, report: Report) -> Result<GpuModel> {
+    let start = Instant::now();
+    let mut bar = Bar { report, last: None };
+    let gpu = GpuModel::from_source_with_progress(ctx, &model.config, &model.checkpoint, max_context, format, &mut |p| bar.draw(p, start.elapsed()))
+        .map_err(|e| match e {
+            GpuError::Model(e) => anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display()))),
+            other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
+        })?;
+    bar.clear();
+    if report != Report::Quiet {
+        let (bytes, params) = (gpu.weight_bytes(), gpu.weight_parameters().max(1));
+        let stored = bar.last.map_or(0, |p| p.stored_bytes);
+        eprintln!(
+            "weights on the GPU: {:.1} MiB, {} ({:.2} bytes per parameter), loaded in {:.2} s ({})",
+            bytes as f64 / 1_048_576.0,
+            crate::weights::name(format),
+            bytes as f64 / params as f64,
+            start.elapsed().as_secs_f64(),
+            throughput(stored, start.elapsed())
+        );
+    }
+    Ok(gpu)
+}
+
+/// `1.23 GB/s` of checkpoint bytes read.
+fn throughput(bytes: u64, elapsed: Duration) -> String {
+    format!("{:.2} GB/s from the checkpoint", bytes as f64 / 1e9 / elapsed.as_secs_f64().max(1e-9))
+}
+
+/// The progress bar of a load.
+struct Bar {
+    report: Report,
+    last: Option<UploadProgress>,
+}
+
+impl Bar {
+    const WIDTH: usize = 30;
+
+    fn draw(&mut self, p: &UploadProgress, elapsed: Duration) {
+        let previous = self.last.replace(*p);
+        if self.report != Report::Bar {
+            return;
+        }
+        let fraction = p.parameters as f64 / p.total_parameters.max(1) as f64;
+        let filled = (fraction * Self::WIDTH as f64).round() as usize;
+        // Redraw only when the bar or the percentage moves.
+        if previous.is_some_and(|q| (q.parameters * 100 / q.total_parameters.max(1)) == (p.parameters * 100 / p.total_parameters.max(1))) {
+            return;
+        }
+        let mut err = std::io::stderr();
+        let _ = write!(
+            err,
+            "\r\x1b[Kloading weights [{}{}] {:>3.0}%  {}",
+            "#".repeat(filled.min(Self::WIDTH)),
+            " ".repeat(Self::WIDTH - filled.min(Self::WIDTH)),
+            fraction * 100.0,
+            throughput(p.stored_bytes, elapsed)
+        );
+        let _ = err.flush();
+    }
+
+    fn clear(&self) {
+        if self.report == Report::Bar && self.last.is_some() {
+            let _ = write!(std::io::stderr(), "\r\x1b[K");
+        }
+    }
+}

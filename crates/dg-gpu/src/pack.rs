@@ -1,0 +1,243 @@
+//! Host packing of stored checkpoint tensors into the device's weight formats, piece by piece.
+//!
+//! A [`Packing`] describes one device buffer: the stored tensors it stacks by rows (q, K and V,
+//! or gate and up), the [`WeightFormat`] it holds and the element order (PyTorch's row-major, or
+//! the K panels the tensor-core kernels stream). [`Packing::fill`] converts any run of the
+//! buffer's elements straight from the stored bytes (BF16 → BF16 and F16 → F16 are copies;
+//! every other pair goes through f32 with the same round-to-nearest-even as
+//! `dg_kernels::pack_bf16`/`pack_f16`), so an upload never holds an f32 copy of a tensor, only
+//! the piece being written.
+
+use dg_kernels::WeightFormat;
+use dg_model::{StoredDtype, StoredTensor};
+use rayon::prelude::*;
+
+/// Elements one parallel task converts (a multiple of every panel width).
+const TASK: usize = 1 << 16;
+
+/// How a buffer orders a matrix's elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The stacked tensors' own row-major order.
+    RowMajor,
+    /// Each block of `rows` rows of `cols` columns as `[cols / panel][rows][panel]`
+    /// (`dg_kernels::coop_grouped_gemm::pack_f16_panels`, block after block).
+    KPanels { rows: usize, cols: usize, panel: usize },
+}
+
+/// One device buffer's worth of stored tensors, stacked by rows, in a format and order.
+#[derive(Debug)]
+pub struct Packing<'t, 'a> {
+    parts: Vec<&'t StoredTensor<'a>>,
+    /// First element of each part in the stacked tensor, and one past the last.
+    starts: Vec<usize>,
+    pub format: WeightFormat,
+    pub order: Order,
+}
+
+impl<'t, 'a> Packing<'t, 'a> {
+    /// `parts` stacked in order, stored as `format` in `order`.
+    ///
+    /// # Panics
+    /// When a K-panel order does not tile the stacked elements (the planner only asks for panels
+    /// where whole blocks of whole panels fit).
+    pub fn new(parts: Vec<&'t StoredTensor<'a>>, format: WeightFormat, order: Order) -> Self {
+        let mut starts = vec![0];
+        for p in &parts {
+            starts.push(starts.last().unwrap() + p.len());
+        }
+        let packing = Packing { parts, starts, format, order };
+        if let Order::KPanels { rows, cols, panel } = order {
+            let block = rows * cols;
+            assert!(panel > 0 && cols.is_multiple_of(panel) && TASK.is_multiple_of(panel), "K panels of {panel} for {cols} columns");
+            assert!(block > 0 && packing.len().is_multiple_of(block), "{} elements are not whole blocks of [{rows}, {cols}]", packing.len());
+        }
+        packing
+    }
+
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        *self.starts.last().unwrap()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes the stacked tensors take in their stored dtypes.
+    pub fn stored_bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.byte_len()).sum()
+    }
+
+    /// Bytes of one element in the buffer.
+    pub fn element_bytes(&self) -> usize {
+        self.format.bytes()
+    }
+
+    /// The buffer's size: every element, padded to whole 4-byte words.
+    pub fn bytes(&self) -> usize {
+        (self.len() * self.element_bytes()).next_multiple_of(4)
+    }
+
+    /// Writes the buffer's bytes `offset..offset + dst.len()` (`offset` a multiple of
+    /// [`TASK`]'s bytes, as every piece of an upload is) into `dst`, in parallel; padding past
+    /// the last element is zero.
+    pub fn fill(&self, offset: usize, dst: &mut [u8]) {
+        let size = self.element_bytes();
+        assert!(offset.is_multiple_of(TASK * size), "pieces start at whole tasks");
+        let first = offset / size;
+        dst.par_chunks_mut(TASK * size).enumerate().for_each(|(t, chunk)| {
+            let start = first + t * TASK;
+            let count = (chunk.len() / size).min(self.len().saturating_sub(start));
+            let (elements, padding) = chunk.split_at_mut(count * size);
+            self.fill_elements(start, elements);
+            padding.fill(0);
+        });
+    }
+
+    /// Buffer elements `start..start + dst.len() / size` into `dst`, run by contiguous run of
+    /// the stacked source.
+    fn fill_elements(&self, start: usize, dst: &mut [u8]) {
+        let size = self.element_bytes();
+        let mut o = 0;
+        let count = dst.len() / size;
+        while o < count {
+            let (source, run) = match self.order {
+                Order::RowMajor => (start + o, count - o),
+                Order::KPanels { rows, cols, panel } => {
+                    let e = start + o;
+                    let (block, within) = (e / (rows * cols), e % (rows * cols));
+                    let (p, in_panel) = (within / (rows * panel), within % (rows * panel));
+                    let (row, j) = (in_panel / panel, in_panel % panel);
+                    ((block * rows + row) * cols + p * panel + j, (panel - j).min(count - o))
+                }
+            };
+            self.convert(source, &mut dst[o * size..(o + run) * size]);
+            o += run;
+        }
+    }
+
+    /// Stacked source elements `source..` converted into `dst` (a whole number of elements).
+    fn convert(&self, mut source: usize, mut dst: &mut [u8]) {
+        let size = self.element_bytes();
+        while !dst.is_empty() {
+            let part = self.starts.partition_point(|&s| s <= source) - 1;
+            let local = source - self.starts[part];
+            let n = (dst.len() / size).min(self.starts[part + 1] - source);
+            let (now, rest) = dst.split_at_mut(n * size);
+            convert_run(self.parts[part], local, self.format, now);
+            (source, dst) = (source + n, rest);
+        }
+    }
+}
+
+/// Elements `start..` of `t` (as many as `dst` holds) in `format`, little-endian.
+fn convert_run(t: &StoredTensor, start: usize, format: WeightFormat, dst: &mut [u8]) {
+    let same = matches!(
+        (t.dtype, format),
+        (StoredDtype::F32, WeightFormat::F32) | (StoredDtype::BF16, WeightFormat::Bf16) | (StoredDtype::F16, WeightFormat::F16)
+    );
+    if same {
+        let size = t.dtype.size();
+        dst.copy_from_slice(&t.bytes()[start * size..start * size + dst.len()]);
+        return;
+    }
+    const BATCH: usize = 1024;
+    let mut wide = [0f32; BATCH];
+    let size = format.bytes();
+    for (b, out) in dst.chunks_mut(BATCH * size).enumerate() {
+        let wide = &mut wide[..out.len() / size];
+        t.widen_range(start + b * BATCH, wide);
+        match format {
+            WeightFormat::F32 => {
+                for (o, v) in out.chunks_exact_mut(4).zip(wide.iter()) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            WeightFormat::Bf16 => {
+                for (o, &v) in out.chunks_exact_mut(2).zip(wide.iter()) {
+                    o.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+                }
+            }
+            WeightFormat::F16 => {
+                for (o, &v) in out.chunks_exact_mut(2).zip(wide.iter()) {
+                    o.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 * 0.37 + seed).sin() * 3.0) + 1.0e-6 * i as f32).collect()
+    }
+
+    fn stored(dtype: StoredDtype, shape: Vec<usize>, v: &[f32]) -> StoredTensor<'static> {
+        let bytes: Vec<u8> = match dtype {
+            StoredDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            StoredDtype::BF16 => v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+            StoredDtype::F16 => v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
+        };
+        StoredTensor::from_bytes(dtype, shape, bytes)
+    }
+
+    /// All of a packing's bytes, written in pieces of `piece` bytes as an upload does.
+    fn packed(p: &Packing, piece: usize) -> Vec<u8> {
+        let mut out = vec![0xAA; p.bytes()];
+        for (i, chunk) in out.chunks_mut(piece).enumerate() {
+            p.fill(i * piece, chunk);
+        }
+        out
+    }
+
+    fn words(bytes: &[u8]) -> Vec<u32> {
+        bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect()
+    }
+
+    /// Every (stored dtype, format) pair gives the words the f32 path's packers give for the
+    /// widened values, also for an odd element count split across two stacked parts and pieces.
+    #[test]
+    fn row_major_packing_equals_packing_the_widened_values() {
+        let (a, b) = (values(3 * 5, 0.1), values(2 * 5, 0.7));
+        for dtype in [StoredDtype::F32, StoredDtype::BF16, StoredDtype::F16] {
+            let (ta, tb) = (stored(dtype, vec![3, 5], &a), stored(dtype, vec![2, 5], &b));
+            let wide = [ta.to_f32(), tb.to_f32()].concat();
+            for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16] {
+                let p = Packing::new(vec![&ta, &tb], format, Order::RowMajor);
+                let want = match format {
+                    WeightFormat::F32 => wide.iter().map(|v| v.to_bits()).collect(),
+                    WeightFormat::Bf16 => dg_kernels::pack_bf16(&wide),
+                    WeightFormat::F16 => dg_kernels::pack_f16(&wide),
+                };
+                assert_eq!(words(&packed(&p, 1 << 20)), want, "{dtype:?} → {format:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn k_panels_equal_the_f32_panel_packer_per_block() {
+        let (rows, cols, panel) = (6, 64, 32);
+        let (q, k) = (values(2 * rows * cols, 0.3), values(rows * cols, 0.9));
+        let (tq, tk) = (stored(StoredDtype::BF16, vec![2 * rows, cols], &q), stored(StoredDtype::BF16, vec![rows, cols], &k));
+        let wide = [tq.to_f32(), tk.to_f32()].concat();
+        let want: Vec<u32> = wide
+            .chunks(rows * cols)
+            .flat_map(|block| dg_kernels::coop_grouped_gemm::pack_f16_panels(block, rows, cols, panel))
+            .collect();
+        let p = Packing::new(vec![&tq, &tk], WeightFormat::F16, Order::KPanels { rows, cols, panel });
+        assert_eq!(words(&packed(&p, TASK * 2)), want);
+    }
+
+    #[test]
+    fn pieces_of_several_tasks_give_the_same_bytes() {
+        let v = values(3 * TASK + 7, 0.5);
+        let t = stored(StoredDtype::F32, vec![v.len()], &v);
+        let p = Packing::new(vec![&t], WeightFormat::Bf16, Order::RowMajor);
+        assert_eq!(packed(&p, TASK * 2), packed(&p, p.bytes()));
+        assert_eq!(words(&packed(&p, TASK * 2)), dg_kernels::pack_bf16(&v));
+    }
+}
