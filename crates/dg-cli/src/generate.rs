@@ -12,7 +12,7 @@ use dg_sampler::{Generation, SeededRng};
 use crate::args::GenerateArgs;
 use crate::backend::{self, Backend};
 use crate::display::{Mode, Progress};
-use crate::error::{Input, input};
+use crate::error::input;
 use crate::report::{Report, Timings};
 use crate::text::TextCodec;
 use crate::timing::Timed;

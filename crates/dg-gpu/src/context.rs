@@ -214,9 +214,18 @@ impl GpuContext {
 
     /// A buffer with explicit usages; allocation failures become [`GpuError::OutOfMemory`].
     pub fn buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, GpuError> {
+        self.create_buffer(label, size, usage, false)
+    }
+
+    /// [`Self::buffer`], mapped at creation.
+    pub fn buffer_mapped(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, GpuError> {
+        self.create_buffer(label, size, usage, true)
+    }
+
+    fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages, mapped_at_creation: bool) -> Result<wgpu::Buffer, GpuError> {
         self.counters.buffers.fetch_add(1, Ordering::Relaxed);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false });
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::OutOfMemory { context: format!("allocating {label} ({size} bytes)"), message: e.to_string() });
         }
@@ -229,13 +238,6 @@ impl GpuContext {
         let buffer = self.storage_buffer(label, bytes.len() as u64)?;
         self.queue.write_buffer(&buffer, 0, bytes);
         Ok(buffer)
-    }
-
-    /// Submits the queue's pending buffer writes and waits for them, freeing their staging memory.
-    pub fn flush_writes(&self) -> Result<(), GpuError> {
-        self.queue.submit([]);
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
-        Ok(())
     }
 
     /// Copies `len` u32 values from `buffer` (starting at element `offset`) to the host.

@@ -13,6 +13,7 @@ pub mod model;
 pub mod ops;
 pub mod pack;
 pub mod plan;
+mod staging;
 pub mod testing;
 pub mod weights;
 

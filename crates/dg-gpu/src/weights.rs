@@ -16,7 +16,7 @@
 //! [`GpuWeights::upload`] reads a [`TensorSource`] tensor by tensor in its stored dtype and packs
 //! each buffer from those bytes a piece at a time ([`crate::pack`]), so the host never holds an
 //! f32 copy of the model (the real 30-layer model is 104 GB in f32) nor a whole tensor's packed
-//! copy, and the queue's staging memory is flushed as it goes.
+//! copy; every piece goes through one reused staging buffer ([`crate::staging`]).
 
 use dg_kernels::WeightFormat;
 use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredTensor, TensorSource, TextConfig};
@@ -24,6 +24,7 @@ use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredTensor, TensorSo
 use crate::context::GpuContext;
 use crate::error::GpuError;
 use crate::pack::{Order, Packing};
+use crate::staging::StagingBelt;
 
 /// A weight matrix on the device, in its storage format.
 #[derive(Debug)]
@@ -111,9 +112,9 @@ pub struct GpuWeights {
 
 /// Bytes of a buffer converted on the host at a time: an upload holds one piece, never a tensor.
 const PIECE: usize = 16 << 20;
-/// Bytes written through the queue's staging memory after which the upload submits and waits,
-/// so that staging (host memory on every backend) stays bounded instead of growing to the model.
-const FLUSH: u64 = 128 << 20;
+/// Size of the staging buffer the upload reuses ([`StagingBelt`]): the host memory, beyond one
+/// piece, that an upload of any size takes.
+const STAGING: u64 = 128 << 20;
 
 /// How far an upload has come, for a progress display.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +131,7 @@ struct Uploader<'a, S: TensorSource + ?Sized> {
     src: &'a S,
     format: WeightFormat,
     bytes: u64,
-    staged: u64,
+    belt: StagingBelt,
     progress: UploadProgress,
     on_progress: &'a mut dyn FnMut(&UploadProgress),
 }
@@ -150,12 +151,7 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         for offset in (0..size).step_by(PIECE) {
             let piece = &mut piece[..PIECE.min(size - offset)];
             packing.fill(offset, piece);
-            self.ctx.queue.write_buffer(&buffer, offset as u64, piece);
-            self.staged += piece.len() as u64;
-            if self.staged >= FLUSH {
-                self.ctx.flush_writes()?;
-                self.staged = 0;
-            }
+            self.belt.write(self.ctx, &buffer, offset as u64, piece)?;
         }
         self.bytes += size as u64;
         self.progress.parameters += packing.len() as u64;
@@ -326,12 +322,13 @@ impl GpuWeights {
     ) -> Result<Self, GpuError> {
         let total_parameters = dg_model::tensor_manifest(cfg).iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum();
         let progress = UploadProgress { parameters: 0, total_parameters, stored_bytes: 0 };
-        let mut up = Uploader { ctx, src, format, bytes: 0, staged: 0, progress, on_progress };
+        let belt = StagingBelt::new(ctx, STAGING)?;
+        let mut up = Uploader { ctx, src, format, bytes: 0, belt, progress, on_progress };
         let mut gw = up.shared(cfg)?;
         for i in 0..cfg.num_layers() {
             gw.layers.push(up.layer(cfg, i)?);
         }
-        ctx.flush_writes()?;
+        up.belt.flush(ctx)?;
         (gw.bytes, gw.parameters) = (up.bytes, up.progress.parameters);
         Ok(gw)
     }
