@@ -27,6 +27,7 @@ use dg_model::{LayerKind, ModelConfig};
 use crate::arena::{Arena, KEY_PAD};
 use crate::error::GpuError;
 use crate::ops::{Batches, Combine, HeadRows, Recorder, linear_params};
+use crate::tuning::QkvChoice;
 use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
@@ -163,12 +164,12 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
 /// where the merged product takes no more waves of workgroups than q's alone and K/V's (a product
 /// that splits K counting as none: its splits fill the wave it shares). The decoder's sliding
 /// layers merge (128 tiles of 128×128: one wave, as q's 64 alone), its full layers do not (144: two
-/// waves, where q's 128 take one and K's 16 split). Tuning knob: `DG_QKV=merged` or `separate`.
+/// waves, where q's 128 take one and K's 16 split). [`crate::tuning::Tuning::qkv`] overrides it.
 fn merge_qkv(rec: &Recorder<'_>, w: &crate::weights::GpuMatrix, q: GemmParams, kv: GemmParams) -> bool {
-    match std::env::var("DG_QKV").as_deref() {
-        Ok("merged") => return true,
-        Ok("separate") => return false,
-        _ => {}
+    match rec.tuning().qkv {
+        QkvChoice::Merged => return true,
+        QkvChoice::Separate => return false,
+        QkvChoice::Auto => {}
     }
     let merged = GemmParams { batch: q.batch + kv.batch, ..q };
     match (rec.coop_waves(w, &merged), rec.coop_waves(w, &q), rec.coop_waves(w, &kv)) {

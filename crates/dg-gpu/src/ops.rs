@@ -10,6 +10,7 @@ use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm
 use crate::context::GpuContext;
 use crate::error::GpuError;
 use crate::plan::{Pipelines, Plan, PlanBuilder, groups_1d};
+use crate::tuning::{RowLanes, Tuning};
 use crate::weights::{GpuMatrix, MatrixLayout};
 
 /// Records dispatches into a plan.
@@ -28,83 +29,23 @@ impl std::fmt::Debug for Recorder<'_> {
     }
 }
 
-/// Tuning knob: `DG_GROUPED_TILE=BMxBN` (e.g. `32x256`) forces the experts' grouped tile.
-fn grouped_tile_override() -> Option<grouped_gemm::GroupedTile> {
-    let wanted = std::env::var("DG_GROUPED_TILE").ok()?;
-    grouped_gemm::TILES.iter().copied().find(|t| format!("{}x{}", t.bm, t.bn) == wanted)
-}
-
-/// Tuning knob: `DG_COOP_PATH=direct` (or `single`: one stage of workgroup memory) loads the dense tensor-core GEMM's W fragments straight from
-/// the buffer instead of staging them (on an H200: 133 µs instead of 83 for q_proj, so staged is
-/// the default; the experts' grouped GEMM goes the other way, see `coop_grouped_gemm::choose`).
-fn coop_path() -> coop_gemm::WPath {
-    match std::env::var("DG_COOP_PATH").as_deref() {
-        Ok("direct") => coop_gemm::WPath::Direct,
-        Ok("single") => coop_gemm::WPath::Single,
-        _ => coop_gemm::WPath::Staged,
-    }
-}
-
-/// Tuning knobs: `DG_GROUPED_PATH=staged|direct|single` forces the W path of the experts' tensor-core
-/// tile and `DG_COOP_GROUPED_TILE=BMxBN` (e.g. `32x128`, or a full label) the tile, where it fits
-/// (`coop_grouped_gemm::choose` picks both by default).
-fn coop_grouped_override(p: &GroupedGemmParams, (tile, path): (coop_gemm::CoopTile, coop_gemm::WPath)) -> (coop_gemm::CoopTile, coop_gemm::WPath) {
-    let path = match std::env::var("DG_GROUPED_PATH").as_deref() {
-        Ok("staged") => coop_gemm::WPath::Staged,
-        Ok("direct") => coop_gemm::WPath::Direct,
-        Ok("single") => coop_gemm::WPath::Single,
-        _ => path,
-    };
-    let wanted = std::env::var("DG_COOP_GROUPED_TILE").ok();
+/// The experts' tensor-core tile and W path after the tuning's overrides
+/// ([`Tuning::coop_grouped_path`], [`Tuning::coop_grouped_tile`] where it fits,
+/// [`Tuning::coop_grouped_depth`]; `coop_grouped_gemm::choose` picks both by default).
+fn coop_grouped_override(tuning: &Tuning, p: &GroupedGemmParams, (tile, path): (coop_gemm::CoopTile, coop_gemm::WPath)) -> (coop_gemm::CoopTile, coop_gemm::WPath) {
+    let path = tuning.coop_grouped_path.unwrap_or(path);
     let tile = coop_grouped_gemm::TILES
         .iter()
         .copied()
-        .find(|t| wanted.as_deref().is_some_and(|w| names_tile(w, *t)) && coop_grouped_gemm::fits(*t, p))
+        .find(|t| tuning.coop_grouped_tile.is_some_and(|w| w.names(*t)) && coop_grouped_gemm::fits(*t, p))
         .unwrap_or(tile);
-    (depth_override("DG_COOP_GROUPED_DEPTH", tile), path)
+    (tuning.grouped_depth(tile), path)
 }
 
-/// Tuning knobs: `DG_COOP_DEPTH=N` (dense) and `DG_COOP_GROUPED_DEPTH=N` (experts) issue a
-/// tensor-core tile's global loads N K steps ahead (`dg_kernels::coop_kloop`; 1 to its
-/// `MAX_DEPTH`, otherwise the tile's own).
-fn depth_override(knob: &str, tile: coop_gemm::CoopTile) -> coop_gemm::CoopTile {
-    match std::env::var(knob).ok().and_then(|v| v.parse().ok()) {
-        Some(depth) if tile.with_depth(depth).is_valid() => tile.with_depth(depth),
-        _ => tile,
-    }
-}
-
-/// Tuning knob: `DG_SPLIT_TARGET=N` sets the workgroups a tensor-core GEMM is split towards
-/// (default `dg_kernels::coop_gemm::Split::target`; 0 never splits).
-fn split_target(tile: coop_gemm::CoopTile, p: &GemmParams) -> u32 {
-    std::env::var("DG_SPLIT_TARGET").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| coop_gemm::Split::target(tile, p))
-}
-
-/// Columns the row kernels (norms, softmax, gated activations) take at a time for rows whose
-/// widths, offsets and strides are `values` (`dg_kernels::lanes_for`), after the knob.
-fn row_lanes(values: &[u32]) -> u32 {
-    lanes_knob(dg_kernels::lanes_for(values))
-}
-
-/// Tuning knob: `DG_ROW_LANES=1` keeps every row kernel one column at a time (else `lanes`).
-fn lanes_knob(lanes: u32) -> u32 {
-    match std::env::var("DG_ROW_LANES").as_deref() {
-        Ok("1") => 1,
-        _ => lanes,
-    }
-}
-
-/// Tuning knob: `DG_COOP_TILE=BMxBN` (e.g. `64x128`, or a full label) makes the dense tensor-core GEMM take that
-/// tile of `dg_kernels::coop_gemm::TILES` wherever it fits (`coop_gemm::plan` chooses otherwise).
-fn coop_tile_override() -> Option<coop_gemm::CoopTile> {
-    let wanted = std::env::var("DG_COOP_TILE").ok()?;
-    coop_gemm::TILES.iter().chain(coop_gemm::TUNING_TILES).copied().find(|t| names_tile(&wanted, *t))
-}
-
-/// Whether a tuning knob's value names `tile`: `BMxBN` (the first such tile of a list) or its full
-/// label (`64x64x16_32x32_v4`, see `dg_kernels::coop_gemm::CoopTile::label`).
-fn names_tile(wanted: &str, tile: coop_gemm::CoopTile) -> bool {
-    wanted == format!("{}x{}", tile.bm, tile.bn) || wanted == tile.label()
+/// The workgroups a tensor-core GEMM is split towards: [`Tuning::split_target`], else
+/// `dg_kernels::coop_gemm::Split::target` (0 never splits).
+fn split_target(tuning: &Tuning, tile: coop_gemm::CoopTile, p: &GemmParams) -> u32 {
+    tuning.split_target.unwrap_or_else(|| coop_gemm::Split::target(tile, p))
 }
 
 /// Where a consumer kernel reads a product: the buffer that holds it whole, or the split-K
@@ -199,6 +140,26 @@ impl<'a> Recorder<'a> {
         groups_1d(n, self.ctx.limits.max_compute_workgroups_per_dimension)
     }
 
+    /// The knobs this recording follows (the context's).
+    pub fn tuning(&self) -> &'a Tuning {
+        &self.ctx.tuning
+    }
+
+    /// Columns the row kernels (norms, softmax, gated activations) take at a time for rows whose
+    /// widths, offsets and strides are `values` (`dg_kernels::lanes_for`; one with
+    /// [`RowLanes::One`]).
+    fn row_lanes(&self, values: &[u32]) -> u32 {
+        self.lanes_knob(dg_kernels::lanes_for(values))
+    }
+
+    /// `lanes`, or one with [`RowLanes::One`].
+    fn lanes_knob(&self, lanes: u32) -> u32 {
+        match self.ctx.tuning.row_lanes {
+            RowLanes::Auto => lanes,
+            RowLanes::One => 1,
+        }
+    }
+
     /// `out = ((accumulate ? out : 0) + rms(x)[·w]) · scale` over rows of `dim` (`x` a buffer or a
     /// split product, see [`Product`]).
     #[allow(clippy::too_many_arguments)]
@@ -247,7 +208,7 @@ impl<'a> Recorder<'a> {
             _pad: [0; 3],
         };
         let g = self.groups(rows as u32);
-        let lanes = row_lanes(&[p.dim, p.x_offset, p.out_offset, p.split_stride]);
+        let lanes = self.row_lanes(&[p.dim, p.x_offset, p.out_offset, p.split_stride]);
         self.push(rmsnorm::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w.unwrap_or(dummy), out], g)
     }
 
@@ -280,7 +241,7 @@ impl<'a> Recorder<'a> {
             split_stride: x.split_stride,
         };
         let g = self.groups(residual_norms::workgroups(rows as u32));
-        let lanes = row_lanes(&[p.dim, p.split_stride]);
+        let lanes = self.row_lanes(&[p.dim, p.split_stride]);
         let source = match format_b {
             AFormat::F16 if lanes == 4 => residual_norms::source_attention_half(self.ctx.row_reduce()),
             AFormat::F16 => return Err(GpuError::Unsupported { what: format!("f16 norms of rows of {dim} (split stride {}): the half kernel takes 4 columns at a time", p.split_stride) }),
@@ -297,7 +258,7 @@ impl<'a> Recorder<'a> {
     /// With `combine`, `moe` is first written as [`Self::moe_combine`] computes it from the
     /// experts' outputs: in the same dispatch where the adapter allows the combine variant's
     /// storage buffers (`dg_kernels::residual_norms::FFN_COMBINE_BUFFERS`), else in one of its own.
-    /// Tuning knob: `DG_UNFUSED_COMBINE=1` always takes the two dispatches (the same results).
+    /// [`Tuning::fused_combine`] false always takes the two dispatches (the same results).
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_residual_norms(
         &mut self,
@@ -316,7 +277,7 @@ impl<'a> Recorder<'a> {
             return Err(GpuError::Unsupported { what: format!("a MoE combine of {} experts a token (at most {})", c.top_k, moe_combine::MAX_K) });
         }
         let fused = combine.filter(|_| {
-            self.ctx.limits.max_storage_buffers_per_shader_stage >= residual_norms::FFN_COMBINE_BUFFERS && std::env::var("DG_UNFUSED_COMBINE").as_deref() != Ok("1")
+            self.ctx.limits.max_storage_buffers_per_shader_stage >= residual_norms::FFN_COMBINE_BUFFERS && self.ctx.tuning.fused_combine
         });
         if let (Some(c), None) = (combine, fused) {
             self.moe_combine(c.y, c.idx, c.weights, c.slot_of, moe, rows, c.top_k, dim)?;
@@ -334,7 +295,7 @@ impl<'a> Recorder<'a> {
         let g = self.groups(residual_norms::workgroups(rows as u32));
         // Without `next`, w_3 (already bound read-only) stands in for w_next.
         let (w_next, normed) = next.unwrap_or((w_3, dummy));
-        let lanes = row_lanes(&[p.dim, p.split_stride]);
+        let lanes = self.row_lanes(&[p.dim, p.split_stride]);
         let reduce = self.ctx.row_reduce();
         let norms = [mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed];
         match fused {
@@ -393,7 +354,7 @@ impl<'a> Recorder<'a> {
     /// device has cooperative matrices and `dg_kernels::coop_gemm::plan` takes the product: A and
     /// B rounded to f16 when staged (B stored as F16, BF16 or f32), f32 accumulation, the same
     /// strides, batches, accumulate and softcap; f32 operands with ragged columns split into a
-    /// tensor-core body and an f32 tail. F16 `W[n][k]` may load its fragments directly (`DG_COOP_PATH=direct`);
+    /// tensor-core body and an f32 tail. F16 `W[n][k]` may load its fragments directly ([`Tuning::coop_path`]);
     /// everything else is staged.
     pub fn gemm_auto(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
         self.gemm_layout(a, b, b_format, MatrixLayout::RowMajor, c, p, tensor_cores, false).map(|_| ())
@@ -448,7 +409,7 @@ impl<'a> Recorder<'a> {
         let (tile, _) = self.coop_plan(w.format, w.layout == MatrixLayout::KPanels, p, w.format == WeightFormat::F16)?;
         let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
         let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS);
-        let splits = self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(tile, p, split_target(tile, p), len).is_some());
+        let splits = self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(tile, p, split_target(&self.ctx.tuning, tile, p), len).is_some());
         Some((waves, splits))
     }
 
@@ -464,10 +425,10 @@ impl<'a> Recorder<'a> {
         // split K (`coop_gemm::ATTENTION_TILE`).
         let splits_large = || {
             let large = coop_gemm::TILE_128X128;
-            self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(large, p, split_target(large, p), len).is_some())
+            self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(large, p, split_target(&self.ctx.tuning, large, p), len).is_some())
         };
-        let prefer = coop_tile_override().or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
-        coop_gemm::plan_layout(p, panels, prefer, max_shared).map(|(tile, layout)| (depth_override("DG_COOP_DEPTH", tile), layout))
+        let prefer = self.ctx.tuning.coop_tile.or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
+        coop_gemm::plan_layout(p, panels, prefer, max_shared).map(|(tile, layout)| (self.ctx.tuning.dense_depth(tile), layout))
     }
 
     /// [`Self::gemm_auto`] with B laid out as `b_layout`; with `defer`, a split product whose
@@ -528,12 +489,15 @@ impl<'a> Recorder<'a> {
         (tile, layout): (coop_gemm::CoopTile, coop_gemm::BLayout),
         defer: bool,
     ) -> Result<Product<'a>, GpuError> {
-        let path = match coop_path() {
+        // Direct loads only for F16 `W[n][k]` (on an H200: 133 µs instead of 83 for q_proj, so
+        // staged is the default; the experts' grouped GEMM goes the other way, see
+        // `coop_grouped_gemm::choose`).
+        let path = match self.ctx.tuning.coop_path {
             coop_gemm::WPath::Direct if b_format != WeightFormat::F16 || layout == coop_gemm::BLayout::Kn => coop_gemm::WPath::Staged,
             path => path,
         };
         let kernel = coop_gemm::source_for(tile, path, b_format, layout);
-        let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(tile, &p), len)?)));
+        let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(&self.ctx.tuning, tile, &p), len)?)));
         let Some((scratch, split)) = split else {
             self.push(kernel, &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch))?;
             return Ok(c.into());
@@ -605,7 +569,7 @@ impl<'a> Recorder<'a> {
         slots: usize,
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
-        let tile = grouped_tile_override().unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots as u32, p.groups));
+        let tile = self.ctx.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots as u32, p.groups));
         let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
         self.push(grouped_gemm::source_for(tile, b_format), &p, &[a, b, offsets, rows, c], g)
     }
@@ -649,7 +613,7 @@ impl<'a> Recorder<'a> {
                 let (tile, path) = coop_grouped_gemm::choose(&p, slots as u32).ok_or_else(|| GpuError::Unsupported {
                     what: format!("expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits", p.n, p.k, p.a_rs),
                 })?;
-                let (tile, path) = coop_grouped_override(&p, (tile, path));
+                let (tile, path) = coop_grouped_override(&self.ctx.tuning, &p, (tile, path));
                 let p = coop_grouped_gemm::params_for(tile, &p);
                 self.push(coop_grouped_gemm::source_with_a(tile, path, a_format), &p, &[a, &w.buffer, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
             }
@@ -711,14 +675,14 @@ impl<'a> Recorder<'a> {
             _pad: 0,
         };
         let g = self.groups(norm_rope::workgroups(&p));
-        let lanes = lanes_knob(norm_rope::lanes_for(&p));
+        let lanes = self.lanes_knob(norm_rope::lanes_for(&p));
         self.push(norm_rope::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w, cos, sin, out, values, q_w, q_out], g)
     }
 
     /// Row softmax in place (with the attention mask of `p`).
     pub fn softmax(&mut self, x: &'a wgpu::Buffer, p: softmax::SoftmaxParams) -> Result<(), GpuError> {
         let g = self.groups(softmax::workgroups(&p));
-        let lanes = row_lanes(&[p.cols]);
+        let lanes = self.row_lanes(&[p.cols]);
         self.push(softmax::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x], g)
     }
 
@@ -743,7 +707,7 @@ impl<'a> Recorder<'a> {
     /// split product, see [`Product`]).
     pub fn gelu_glu_fused(&mut self, input: impl Into<Product<'a>>, out: &'a wgpu::Buffer, rows: usize, inter: usize) -> Result<(), GpuError> {
         let input = input.into();
-        let lanes = row_lanes(&[inter as u32, input.split_stride]);
+        let lanes = self.row_lanes(&[inter as u32, input.split_stride]);
         let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
         let g = self.groups(gelu_glu::workgroups(&p));
         self.push(gelu_glu::fused_lanes(lanes, false), &p, &[input.buffer, out], g)
@@ -756,12 +720,12 @@ impl<'a> Recorder<'a> {
     /// gate/up 346 → 333; the dense 128×128 products went the other way before the pins (MLP down
     /// 37 → 42 µs, q 53 → 61) and gain at most a few µs since (q 55.9 → 54.9, MLP down 43.2 →
     /// 39.0, in the noise of `tests/half_activations.rs`), so they read f32.
-    /// Tuning knob: `DG_F32_ACTIVATIONS=1` keeps them f32 (the same results, for comparison).
+    /// [`Tuning::half_expert_activations`] false keeps them f32 (the same results, for comparison).
     pub fn half_activations_for_experts(&self, w: &GpuMatrix) -> bool {
         w.layout == MatrixLayout::KPanels
             && w.format == WeightFormat::F16
             && self.ctx.device.features().contains(wgpu::Features::SHADER_F16)
-            && std::env::var("DG_F32_ACTIVATIONS").as_deref() != Ok("1")
+            && self.ctx.tuning.half_expert_activations
     }
 
     /// Two gated activations in one dispatch (`dg_kernels::gelu_glu::pair`): `out = gelu_tanh(gate)
@@ -779,7 +743,7 @@ impl<'a> Recorder<'a> {
             return Err(GpuError::Unsupported { what: "f16 activations on a device without SHADER_F16".into() });
         }
         let input = input.into();
-        let lanes = row_lanes(&[inter as u32, inter_b as u32, input.split_stride]);
+        let lanes = self.row_lanes(&[inter as u32, inter_b as u32, input.split_stride]);
         let a = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
         let p = gelu_glu::GeluGluParams::pair(a, (rows_b as u32, inter_b as u32));
         let g = self.groups(gelu_glu::workgroups(&p));
@@ -841,7 +805,7 @@ impl<'a> Recorder<'a> {
     /// `dg_kernels::moe_dispatch::TABLE_EXPERTS`).
     pub fn expert_tile_rows(&self, w: &GpuMatrix, slots: usize, p: &GroupedGemmParams) -> u32 {
         match w.layout {
-            MatrixLayout::KPanels if p.groups <= moe_dispatch::TABLE_EXPERTS => coop_grouped_gemm::choose(p, slots as u32).map_or(0, |choice| coop_grouped_override(p, choice).0.bm),
+            MatrixLayout::KPanels if p.groups <= moe_dispatch::TABLE_EXPERTS => coop_grouped_gemm::choose(p, slots as u32).map_or(0, |choice| coop_grouped_override(&self.ctx.tuning, p, choice).0.bm),
             _ => 0,
         }
     }
