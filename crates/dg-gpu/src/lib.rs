@@ -1,10 +1,10 @@
 //! dg-gpu: DiffusionGemma's canvas forward on any GPU wgpu reaches (Vulkan, Metal, DX12).
 //!
 //! [`context`] opens the device and counts every created object; [`plan`] compiles kernels and
-//! records replayable dispatch lists; [`weights`] uploads the model once; [`arena`] allocates the
-//! activations and the KV cache once; [`ops`] and [`forward`] record the encoder and the canvas
-//! forward; [`tuning`] carries the knobs that override their choices; [`model`] is the API (the
-//! sampler's `DenoiseModel` and `ResidentModel`).
+//! records replayable dispatch lists; [`planner`] decides how each matrix product runs; [`weights`]
+//! uploads the model once; [`arena`] allocates the activations and the KV cache once; [`ops`] and
+//! [`forward`] record the encoder and the canvas forward; [`tuning`] carries the knobs that
+//! override their choices; [`model`] is the API (the sampler's `DenoiseModel` and `ResidentModel`).
 
 pub mod arena;
 pub mod context;
@@ -13,6 +13,7 @@ pub mod forward;
 pub mod model;
 pub mod ops;
 pub mod plan;
+pub mod planner;
 pub mod testing;
 pub mod tuning;
 pub mod weights;
