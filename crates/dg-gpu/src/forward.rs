@@ -3,7 +3,7 @@
 //! replayed every denoising step.
 //!
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
-//! norm → the q/k/v GEMM (one, or q's and K/V's: `merge_qkv`) → q/k norms fused with RoPE and the
+//! norm → the q/k/v GEMM (one, or q's and K/V's: `Planner::merge_qkv`) → q/k norms fused with RoPE and the
 //! v norm in one dispatch (the canvas's K/V written into the cache after the visible rows) →
 //! attention over [visible | dead | canvas] cache rows as one score GEMM, a row softmax and one
 //! value GEMM → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
@@ -27,7 +27,6 @@ use dg_model::{LayerKind, ModelConfig};
 use crate::arena::{Arena, KEY_PAD};
 use crate::error::GpuError;
 use crate::ops::{Batches, Combine, HeadRows, Recorder, linear_params};
-use crate::tuning::QkvChoice;
 use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
@@ -159,25 +158,6 @@ pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gpu
     record_layer_with(rec, config, w, a, i, pass, Chain { normed_in: false, next_norm: None })
 }
 
-/// Whether q, K and V run as one product (`q` and `kv` the products of q's blocks and of K/V's):
-/// wherever they do not run on the tensor cores (one dispatch fewer), and on the tensor cores
-/// where the merged product takes no more waves of workgroups than q's alone and K/V's (a product
-/// that splits K counting as none: its splits fill the wave it shares). The decoder's sliding
-/// layers merge (128 tiles of 128×128: one wave, as q's 64 alone), its full layers do not (144: two
-/// waves, where q's 128 take one and K's 16 split). [`crate::tuning::Tuning::qkv`] overrides it.
-fn merge_qkv(rec: &Recorder<'_>, w: &crate::weights::GpuMatrix, q: GemmParams, kv: GemmParams) -> bool {
-    match rec.tuning().qkv {
-        QkvChoice::Merged => return true,
-        QkvChoice::Separate => return false,
-        QkvChoice::Auto => {}
-    }
-    let merged = GemmParams { batch: q.batch + kv.batch, ..q };
-    match (rec.coop_waves(w, &merged), rec.coop_waves(w, &q), rec.coop_waves(w, &kv)) {
-        (Some((all, _)), Some((q_waves, _)), Some((kv_waves, kv_splits))) => all <= q_waves + if kv_splits { 0 } else { kv_waves },
-        _ => true,
-    }
-}
-
 /// [`record_layer`], linked to its neighbours by `chain`.
 fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, pass: LayerPass, chain: Chain<'a>) -> Result<(), GpuError> {
     rec.split_k_scratch(&a.split_partials);
@@ -240,7 +220,8 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     let halves = if l.has_v_proj { 2 } else { 1 };
     let blocks = |count: usize, first: usize| GemmParams { batch: count as u32, a_batch: 0, b_offset: (first * row * h) as u32, b_batch: (row * h) as u32, c_batch: (c * row) as u32, ..linear_params(c, row, h) };
     let k_rows = Some((&l.k_norm, &cache.keys, first_row * row));
-    if !kv_only && merge_qkv(rec, &l.qkv_proj, blocks(group, 0), blocks(halves, group)) {
+    let planner = rec.planner();
+    if !kv_only && planner.merge_qkv(l.qkv_proj.format, l.qkv_proj.layout, &blocks(group, 0), &blocks(halves, group), rec.split_scratch_len()) {
         let qkv = rec.gemm_product(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group + halves, 0))?;
         let v = (&cache.values, kv, (group + halves - 1) * c * row);
         rec.norm_rope_rows(qkv, HeadRows { q: Some((&l.q_norm, &a.q, group)), k: k_rows, v }, (cos, sin), c, kv, d, eps)?;
@@ -343,7 +324,7 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     // The experts' input as f16 where their gate/up reads f16 (the tensor cores): half the bytes,
     // the same products (on an H200: 346 → 333 µs).
     let root = (h as f64).powf(-0.5) as f32;
-    let experts_in = if rec.half_activations_for_experts(&l.experts_gate_up) && h % 4 == 0 { AFormat::F16 } else { AFormat::F32 };
+    let experts_in = if planner.half_expert_activations(l.experts_gate_up.format, l.experts_gate_up.layout) && h % 4 == 0 { AFormat::F16 } else { AFormat::F32 };
     rec.attention_residual_norms((o, &l.norms.post_attention), &a.hidden, (&l.norms.pre_ff, &a.normed, 1.0), (&l.norms.pre_ff_2, 1.0, experts_in), (&l.router_scale, root), &a.branch_in, (c, h, eps))?;
 
     // Router on the un-normalised stream → logits → top-k (ahead of the dense MLP, so that the
@@ -375,12 +356,12 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     };
     // The dispatch also lists the experts' m tiles that hold slots, for the tensor-core GEMMs'
     // grids (a product whose tile has other rows covers `max_rows` instead).
-    let tile_rows = rec.expert_tile_rows(&l.experts_gate_up, c * k, &grouped(2 * ei, h, true, 0));
+    let tile_rows = planner.expert_tile_rows(l.experts_gate_up.layout, (c * k) as u32, &grouped(2 * ei, h, true, 0));
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e, tile_rows)?;
     let gate_up = rec.linear_product(&a.normed, &l.mlp_gate_up, &a.gate_up, c, 2 * inter, h, Batches::ONE)?;
     rec.grouped_gemm_matrix_a((&a.branch_in, experts_in), &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true, tile_rows))?;
     // The experts' activations as f16 where their down projection reads f16 (the tensor cores).
-    let expert_format = if rec.half_activations_for_experts(&l.experts_down) { AFormat::F16 } else { AFormat::F32 };
+    let expert_format = if planner.half_expert_activations(l.experts_down.format, l.experts_down.layout) { AFormat::F16 } else { AFormat::F32 };
     rec.gelu_glu_pair((gate_up, &a.act, c, inter), (&a.expert_gate_up, &a.expert_act, c * k, ei, expert_format))?;
     rec.grouped_gemm_matrix_a((&a.expert_act, expert_format), &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false, tile_rows))?;
     let mlp = rec.linear_product(&a.act, &l.mlp_down, &a.proj, c, h, inter, Batches::ONE)?;

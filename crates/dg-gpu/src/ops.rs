@@ -10,6 +10,7 @@ use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm
 use crate::context::GpuContext;
 use crate::error::GpuError;
 use crate::plan::{Pipelines, Plan, PlanBuilder, groups_1d};
+use crate::planner::{CoopPlan, Dense, Grouped, NoKernel, Planner};
 use crate::tuning::{RowLanes, Tuning};
 use crate::weights::{GpuMatrix, MatrixLayout};
 
@@ -27,25 +28,6 @@ impl std::fmt::Debug for Recorder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Recorder").field("plan", &self.plan).finish()
     }
-}
-
-/// The experts' tensor-core tile and W path after the tuning's overrides
-/// ([`Tuning::coop_grouped_path`], [`Tuning::coop_grouped_tile`] where it fits,
-/// [`Tuning::coop_grouped_depth`]; `coop_grouped_gemm::choose` picks both by default).
-fn coop_grouped_override(tuning: &Tuning, p: &GroupedGemmParams, (tile, path): (coop_gemm::CoopTile, coop_gemm::WPath)) -> (coop_gemm::CoopTile, coop_gemm::WPath) {
-    let path = tuning.coop_grouped_path.unwrap_or(path);
-    let tile = coop_grouped_gemm::TILES
-        .iter()
-        .copied()
-        .find(|t| tuning.coop_grouped_tile.is_some_and(|w| w.names(*t)) && coop_grouped_gemm::fits(*t, p))
-        .unwrap_or(tile);
-    (tuning.grouped_depth(tile), path)
-}
-
-/// The workgroups a tensor-core GEMM is split towards: [`Tuning::split_target`], else
-/// `dg_kernels::coop_gemm::Split::target` (0 never splits).
-fn split_target(tuning: &Tuning, tile: coop_gemm::CoopTile, p: &GemmParams) -> u32 {
-    tuning.split_target.unwrap_or_else(|| coop_gemm::Split::target(tile, p))
 }
 
 /// Where a consumer kernel reads a product: the buffer that holds it whole, or the split-K
@@ -143,6 +125,16 @@ impl<'a> Recorder<'a> {
     /// The knobs this recording follows (the context's).
     pub fn tuning(&self) -> &'a Tuning {
         &self.ctx.tuning
+    }
+
+    /// The planner of this recording's device and tuning: how every matrix product runs.
+    pub fn planner(&self) -> Planner<'a> {
+        Planner::of(self.ctx)
+    }
+
+    /// The f32 elements of the split-K scratch (none: products do not split).
+    pub fn split_scratch_len(&self) -> Option<u64> {
+        self.split_scratch.map(|(_, len)| len)
     }
 
     /// Columns the row kernels (norms, softmax, gated activations) take at a time for rows whose
@@ -312,7 +304,7 @@ impl<'a> Recorder<'a> {
     /// [`Self::gemm`] with B stored as `b_format` (offsets and strides of `p` in elements either
     /// way); the tile is chosen as for f32.
     pub fn gemm_format(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
-        let tile = gemm::choose_batched(p.m, p.n, p.k, p.batch);
+        let tile = self.planner().portable(&p);
         let g = gemm::workgroups(tile, p.m, p.n, p.batch);
         self.push(gemm::source_for(tile, b_format), &p, &[a, b, c], g)
     }
@@ -351,7 +343,7 @@ impl<'a> Recorder<'a> {
     }
 
     /// [`Self::gemm_format`], on the tensor cores when `tensor_cores` (the F16 mode) is set, the
-    /// device has cooperative matrices and `dg_kernels::coop_gemm::plan` takes the product: A and
+    /// device has cooperative matrices and the planner takes the product ([`Planner::dense`]): A and
     /// B rounded to f16 when staged (B stored as F16, BF16 or f32), f32 accumulation, the same
     /// strides, batches, accumulate and softcap; f32 operands with ragged columns split into a
     /// tensor-core body and an f32 tail. F16 `W[n][k]` may load its fragments directly ([`Tuning::coop_path`]);
@@ -401,36 +393,6 @@ impl<'a> Recorder<'a> {
         self.gemm_layout(a, &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16, true)
     }
 
-    /// How the product `p` of `w` would run on the tensor cores: in how many waves of workgroups
-    /// (its tiles over those a 132-multiprocessor H200 holds at once,
-    /// `dg_kernels::coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS` a multiprocessor's worth of the
-    /// tile), and whether it splits K; `None` where it would not run there.
-    pub fn coop_waves(&self, w: &GpuMatrix, p: &GemmParams) -> Option<(u32, bool)> {
-        let (tile, _) = self.coop_plan(w.format, w.layout == MatrixLayout::KPanels, p, w.format == WeightFormat::F16)?;
-        let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
-        let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS);
-        let splits = self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(tile, p, split_target(&self.ctx.tuning, tile, p), len).is_some());
-        Some((waves, splits))
-    }
-
-    /// The tile (and B layout) on which the tensor cores run `p` with B stored as `b_format` (in K
-    /// panels or not), if they do: what [`Self::gemm_layout`] dispatches and
-    /// [`Self::coop_waves`] counts.
-    fn coop_plan(&self, b_format: WeightFormat, panels: bool, p: &GemmParams, tensor_cores: bool) -> Option<(coop_gemm::CoopTile, coop_gemm::BLayout)> {
-        if !tensor_cores || !self.ctx.coop_matrix {
-            return None;
-        }
-        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
-        // Attention's products (B: the f32 cache) take their own tile where the large one would
-        // split K (`coop_gemm::ATTENTION_TILE`).
-        let splits_large = || {
-            let large = coop_gemm::TILE_128X128;
-            self.split_scratch.is_some_and(|(_, len)| coop_gemm::Split::choose(large, p, split_target(&self.ctx.tuning, large, p), len).is_some())
-        };
-        let prefer = self.ctx.tuning.coop_tile.or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
-        coop_gemm::plan_layout(p, panels, prefer, max_shared).map(|(tile, layout)| (self.ctx.tuning.dense_depth(tile), layout))
-    }
-
     /// [`Self::gemm_auto`] with B laid out as `b_layout`; with `defer`, a split product whose
     /// partials are laid out as its C (a plain product into a contiguous `[batch][m][n]`) is left
     /// unreduced and returned as such (see [`Self::linear_product`]).
@@ -446,38 +408,24 @@ impl<'a> Recorder<'a> {
         tensor_cores: bool,
         defer: bool,
     ) -> Result<Product<'a>, GpuError> {
-        let panels = b_layout == MatrixLayout::KPanels;
-        let planned = self.coop_plan(b_format, panels, &p, tensor_cores);
-        if panels && (planned.is_none() || b_format != WeightFormat::F16) {
-            return Err(GpuError::Unsupported {
-                what: format!("a {b_format:?} matrix in K panels for a product of m {} n {} k {} (b_cs {}): no tensor-core tile takes it", p.m, p.n, p.k, p.b_cs),
-            });
-        }
-        if let Some(planned) = planned {
-            return self.coop_product(a, b, b_format, c, p, planned, defer);
-        }
-        if tensor_cores && self.ctx.coop_matrix {
-            // Ragged columns (a sliding layer's scores over its 1023 visible keys): the body of
-            // whole 32-wide column blocks on the tensor cores, the last columns in the f32 GEMM.
-            // Only for f32 operands (attention), the case measured on an H200 and tested
-            // (`tests/tensor_cores.rs`); ragged K stays in the f32 GEMM.
-            const STEP: u32 = 32;
-            let n_body = p.n / STEP * STEP;
-            let body = GemmParams { n: n_body, ..p };
-            if b_format == WeightFormat::F32 && n_body > 0 && n_body < p.n && coop_gemm::plan(&body).is_some() {
-                self.gemm_auto(a, b, b_format, c, body, true)?;
+        match self.planner().dense(b_format, b_layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)? {
+            Dense::TensorCores(plan) => self.coop_product(a, b, b_format, c, p, plan, defer),
+            Dense::BodyAndTail { n_body } => {
+                self.gemm_auto(a, b, b_format, c, GemmParams { n: n_body, ..p }, true)?;
                 let n_tail = GemmParams { n: p.n - n_body, b_offset: p.b_offset + n_body * p.b_cs, c_offset: p.c_offset + n_body, ..p };
                 self.gemm_format(a, b, b_format, c, n_tail)?;
-                return Ok(c.into());
+                Ok(c.into())
+            }
+            Dense::Portable { tile } => {
+                self.push(gemm::source_for(tile, b_format), &p, &[a, b, c], gemm::workgroups(tile, p.m, p.n, p.batch))?;
+                Ok(c.into())
             }
         }
-        self.gemm_format(a, b, b_format, c, p)?;
-        Ok(c.into())
     }
 
-    /// `p` on the tensor cores with the planned tile and B layout, split K where
-    /// `dg_kernels::coop_gemm::Split` says so; with `defer`, a split product whose partials are laid
-    /// out as its C is left unreduced (see [`Self::gemm_layout`]).
+    /// `p` on the tensor cores as planned (split K into the split-K scratch where the plan says
+    /// so); with `defer`, a split product whose partials are laid out as its C is left unreduced
+    /// (see [`Self::gemm_layout`]).
     #[allow(clippy::too_many_arguments)]
     fn coop_product(
         &mut self,
@@ -486,18 +434,12 @@ impl<'a> Recorder<'a> {
         b_format: WeightFormat,
         c: &'a wgpu::Buffer,
         p: GemmParams,
-        (tile, layout): (coop_gemm::CoopTile, coop_gemm::BLayout),
+        plan: CoopPlan,
         defer: bool,
     ) -> Result<Product<'a>, GpuError> {
-        // Direct loads only for F16 `W[n][k]` (on an H200: 133 µs instead of 83 for q_proj, so
-        // staged is the default; the experts' grouped GEMM goes the other way, see
-        // `coop_grouped_gemm::choose`).
-        let path = match self.ctx.tuning.coop_path {
-            coop_gemm::WPath::Direct if b_format != WeightFormat::F16 || layout == coop_gemm::BLayout::Kn => coop_gemm::WPath::Staged,
-            path => path,
-        };
+        let CoopPlan { tile, layout, path, split } = plan;
         let kernel = coop_gemm::source_for(tile, path, b_format, layout);
-        let split = self.split_scratch.and_then(|(scratch, len)| Some((scratch, coop_gemm::Split::choose(tile, &p, split_target(&self.ctx.tuning, tile, &p), len)?)));
+        let split = self.split_scratch.zip(split).map(|((scratch, _), split)| (scratch, split));
         let Some((scratch, split)) = split else {
             self.push(kernel, &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch))?;
             return Ok(c.into());
@@ -569,9 +511,8 @@ impl<'a> Recorder<'a> {
         slots: usize,
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
-        let tile = self.ctx.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots as u32, p.groups));
-        let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
-        self.push(grouped_gemm::source_for(tile, b_format), &p, &[a, b, offsets, rows, c], g)
+        let plan = self.planner().grouped(MatrixLayout::RowMajor, &p, slots as u32).map_err(unsupported)?;
+        self.grouped_product(plan, (a, AFormat::F32), (b, b_format), offsets, rows, c, p)
     }
 
     /// [`Self::grouped_gemm_format`] on an uploaded expert matrix: weights in K panels go through
@@ -604,18 +545,33 @@ impl<'a> Recorder<'a> {
         slots: usize,
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
-        match w.layout {
-            MatrixLayout::RowMajor if a_format != AFormat::F32 => Err(GpuError::Unsupported {
+        let plan = self.planner().grouped(w.layout, &p, slots as u32).map_err(unsupported)?;
+        self.grouped_product(plan, (a, a_format), (&w.buffer, w.format), offsets, rows, c, p)
+    }
+
+    /// The grouped product `p` as planned: f16 activations only on the tensor cores.
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_product(
+        &mut self,
+        plan: Grouped,
+        (a, a_format): (&'a wgpu::Buffer, AFormat),
+        (b, b_format): (&'a wgpu::Buffer, WeightFormat),
+        offsets: &'a wgpu::Buffer,
+        rows: &'a wgpu::Buffer,
+        c: &'a wgpu::Buffer,
+        p: GroupedGemmParams,
+    ) -> Result<(), GpuError> {
+        match plan {
+            Grouped::Portable { .. } if a_format != AFormat::F32 => Err(GpuError::Unsupported {
                 what: format!("{a_format:?} activations for row-major experts (n {} k {}): only the tensor-core kernel reads them", p.n, p.k),
             }),
-            MatrixLayout::RowMajor => self.grouped_gemm_format(a, &w.buffer, w.format, offsets, rows, c, slots, p),
-            MatrixLayout::KPanels => {
-                let (tile, path) = coop_grouped_gemm::choose(&p, slots as u32).ok_or_else(|| GpuError::Unsupported {
-                    what: format!("expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits", p.n, p.k, p.a_rs),
-                })?;
-                let (tile, path) = coop_grouped_override(&self.ctx.tuning, &p, (tile, path));
+            Grouped::Portable { tile } => {
+                let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
+                self.push(grouped_gemm::source_for(tile, b_format), &p, &[a, b, offsets, rows, c], g)
+            }
+            Grouped::TensorCores { tile, path } => {
                 let p = coop_grouped_gemm::params_for(tile, &p);
-                self.push(coop_grouped_gemm::source_with_a(tile, path, a_format), &p, &[a, &w.buffer, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
+                self.push(coop_grouped_gemm::source_with_a(tile, path, a_format), &p, &[a, b, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
             }
         }
     }
@@ -713,21 +669,6 @@ impl<'a> Recorder<'a> {
         self.push(gelu_glu::fused_lanes(lanes, false), &p, &[input.buffer, out], g)
     }
 
-    /// Whether the activations of the experts `w` are best stored as f16: experts in K panels
-    /// (read by the tensor cores, which round A to f16 as they stage it anyway) on a device with
-    /// `SHADER_F16`; then the producer stores them so, and the product reads half A's bytes. On an
-    /// H200 the experts' down projection went 258 → 247 µs, and since the pinned prefetches their
-    /// gate/up 346 → 333; the dense 128×128 products went the other way before the pins (MLP down
-    /// 37 → 42 µs, q 53 → 61) and gain at most a few µs since (q 55.9 → 54.9, MLP down 43.2 →
-    /// 39.0, in the noise of `tests/half_activations.rs`), so they read f32.
-    /// [`Tuning::half_expert_activations`] false keeps them f32 (the same results, for comparison).
-    pub fn half_activations_for_experts(&self, w: &GpuMatrix) -> bool {
-        w.layout == MatrixLayout::KPanels
-            && w.format == WeightFormat::F16
-            && self.ctx.device.features().contains(wgpu::Features::SHADER_F16)
-            && self.ctx.tuning.half_expert_activations
-    }
-
     /// Two gated activations in one dispatch (`dg_kernels::gelu_glu::pair`): `out = gelu_tanh(gate)
     /// ⊙ up` from `input` (`[rows, 2·inter]`, a buffer or a split product) as
     /// [`Self::gelu_glu_fused`] computes it, and `out_b` from `input_b` (`[rows_b, 2·inter_b]`),
@@ -799,20 +740,10 @@ impl<'a> Recorder<'a> {
         self.push(router_topk::source(self.ctx.row_reduce()), &p, &[logits.buffer, per_expert_scale, idx, w], g)
     }
 
-    /// The rows of the m tiles in which the tensor-core grouped GEMM would run the experts `w`
-    /// over `slots` slots (`p` as for [`Self::grouped_gemm_matrix`]): what [`Self::moe_dispatch`]
-    /// writes a tile table for. 0 where no table serves (row-major experts, or more of them than
-    /// `dg_kernels::moe_dispatch::TABLE_EXPERTS`).
-    pub fn expert_tile_rows(&self, w: &GpuMatrix, slots: usize, p: &GroupedGemmParams) -> u32 {
-        match w.layout {
-            MatrixLayout::KPanels if p.groups <= moe_dispatch::TABLE_EXPERTS => coop_grouped_gemm::choose(p, slots as u32).map_or(0, |choice| coop_grouped_override(&self.ctx.tuning, p, choice).0.bm),
-            _ => 0,
-        }
-    }
-
     /// Groups the `[tokens, k]` routing entries `idx` by expert (offsets, rows, slot_of; see
     /// `dg_kernels::moe_dispatch`); with `tile_rows` non-zero also the tensor-core grouped GEMM's
-    /// tile table of m tiles of that many rows, after the offsets.
+    /// tile table of m tiles of that many rows, after the offsets
+    /// ([`Planner::expert_tile_rows`]).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_dispatch(&mut self, idx: &'a wgpu::Buffer, offsets: &'a wgpu::Buffer, rows: &'a wgpu::Buffer, slot_of: &'a wgpu::Buffer, tokens: usize, k: usize, experts: usize, tile_rows: u32) -> Result<(), GpuError> {
         let p = moe_dispatch::MoeDispatchParams { tokens: tokens as u32, k: k as u32, experts: experts as u32, tile_rows };
@@ -847,4 +778,9 @@ impl<'a> Recorder<'a> {
         let g = self.groups(sample_rows::workgroups(&p));
         self.push(sample_rows::source(), &p, &[logits, scaled, step, draws, results], g)
     }
+}
+
+/// A product the planner finds no kernel for, as the GPU backend reports it.
+fn unsupported(e: NoKernel) -> GpuError {
+    GpuError::Unsupported { what: e.0 }
 }

@@ -261,7 +261,12 @@ impl<'t> Planner<'t> {
 
     /// Whether the activations of experts stored as `format` in `layout` are best stored as f16:
     /// experts in K panels (read by the tensor cores, which round A to f16 as they stage it
-    /// anyway) on a device with `SHADER_F16`, unless [`Tuning::half_expert_activations`] is off.
+    /// anyway) on a device with `SHADER_F16`; then the producer stores them so, and the product
+    /// reads half A's bytes. On an H200 the experts' down projection went 258 → 247 µs, and since
+    /// the pinned prefetches their gate/up 346 → 333; the dense 128×128 products went the other way
+    /// before the pins (MLP down 37 → 42 µs, q 53 → 61) and gain at most a few µs since (q 55.9 →
+    /// 54.9, MLP down 43.2 → 39.0, in the noise of `tests/half_activations.rs`), so they read f32.
+    /// [`Tuning::half_expert_activations`] false keeps them f32 (the same results, for comparison).
     pub fn half_expert_activations(&self, format: WeightFormat, layout: MatrixLayout) -> bool {
         layout == MatrixLayout::KPanels && format == WeightFormat::F16 && self.caps.shader_f16 && self.tuning.half_expert_activations
     }

@@ -166,12 +166,10 @@ impl Uploader<'_> {
     /// tensor-core GEMM takes its products (`[m, k] · Wᵀ` for any m); otherwise as
     /// [`Self::matrix`].
     fn projection_blocks(&mut self, label: &str, data: &[f32], blocks: usize, n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
-        use dg_kernels::coop_gemm::{PANEL, plan_layout};
+        use dg_kernels::coop_gemm::PANEL;
         use dg_kernels::coop_grouped_gemm::pack_f16_panels;
         assert_eq!(data.len(), blocks * n * k, "{label}: {} values for {blocks} blocks of [{n}, {k}]", data.len());
-        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
-        let probe = dg_kernels::gemm::GemmParams::linear(1, n as u32, k as u32);
-        if self.format != WeightFormat::F16 || !self.ctx.coop_matrix || plan_layout(&probe, true, None, max_shared).is_none() {
+        if crate::planner::Planner::of(self.ctx).projection_layout(self.format, n, k) == MatrixLayout::RowMajor {
             return self.matrix(label, data);
         }
         let words: Vec<u32> = data.par_chunks(n * k).flat_map_iter(|block| pack_f16_panels(block, n, k, PANEL as usize)).collect();
@@ -201,8 +199,8 @@ impl Uploader<'_> {
     /// K panels for the tensor-core grouped GEMM when a tile fits the shape; otherwise as
     /// [`Self::matrix`].
     fn experts(&mut self, label: &str, data: &[f32], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
-        use dg_kernels::coop_grouped_gemm::{PANEL, pack_f16_panels, panels_fit};
-        if self.format != WeightFormat::F16 || !self.ctx.coop_matrix || !panels_fit(n as u32, k as u32) {
+        use dg_kernels::coop_grouped_gemm::{PANEL, pack_f16_panels};
+        if crate::planner::Planner::of(self.ctx).experts_layout(self.format, n, k) == MatrixLayout::RowMajor {
             return self.matrix(label, data);
         }
         let words: Vec<u32> = data.par_chunks(n * k).flat_map_iter(|group| pack_f16_panels(group, n, k, PANEL as usize)).collect();
