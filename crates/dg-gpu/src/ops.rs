@@ -73,6 +73,54 @@ impl Batches {
     pub const ONE: Batches = Batches { count: 1, x_stride: 0, w_stride: 0, c_stride: 0 };
 }
 
+impl Batches {
+    /// The parameters of `count` linear products `out[b·c_stride..][m, n] = x[b·x_stride..][m, k]
+    /// · W[b·w_stride..][n, k]ᵀ` (element strides).
+    pub fn linear(self, m: usize, n: usize, k: usize) -> GemmParams {
+        GemmParams { batch: self.count, a_batch: self.x_stride, b_batch: self.w_stride, c_batch: self.c_stride, ..linear_params(m, n, k) }
+    }
+}
+
+/// A matrix operand as stored: its buffer, element format and layout (offsets and strides of a
+/// product's parameters count elements whatever the format).
+#[derive(Debug, Clone, Copy)]
+pub struct Operand<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub format: WeightFormat,
+    pub layout: MatrixLayout,
+}
+
+impl<'a> Operand<'a> {
+    /// `buffer` holding row-major values stored as `format`.
+    pub fn stored(buffer: &'a wgpu::Buffer, format: WeightFormat) -> Self {
+        Operand { buffer, format, layout: MatrixLayout::RowMajor }
+    }
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Operand<'a> {
+    /// Row-major f32 values.
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        Operand::stored(buffer, WeightFormat::F32)
+    }
+}
+
+impl<'a> From<&'a GpuMatrix> for Operand<'a> {
+    fn from(m: &'a GpuMatrix) -> Self {
+        Operand { buffer: &m.buffer, format: m.format, layout: m.layout }
+    }
+}
+
+/// The tied head's parameters for one chunk of the vocabulary: `out[i·c_rs + c_offset + j] =
+/// softcap(x·Wᵀ)[i, j]` for `W: [n, k]` (`cap` `None`: no softcap).
+pub fn head_params((m, n, k): (usize, usize, usize), (c_rs, c_offset): (usize, usize), cap: Option<f32>) -> GemmParams {
+    let mut p = GemmParams { c_offset: c_offset as u32, c_rs: c_rs as u32, ..linear_params(m, n, k) };
+    if let Some(cap) = cap {
+        p.epilogue = 1;
+        p.cap = cap;
+    }
+    p
+}
+
 /// The rows of one projection that [`Recorder::norm_rope_rows`] norms, by kind.
 #[derive(Debug, Clone, Copy)]
 pub struct HeadRows<'a> {
@@ -296,128 +344,39 @@ impl<'a> Recorder<'a> {
         }
     }
 
-    /// A GEMM with explicit strides (see `dg_kernels::gemm`), f32 operands.
-    pub fn gemm(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
-        self.gemm_format(a, b, WeightFormat::F32, c, p)
+    /// `c = a · b` with the strides, batches, accumulate and epilogue of `p` (see
+    /// `dg_kernels::gemm`; offsets and strides in elements whatever B's format), B as stored (an
+    /// uploaded [`GpuMatrix`], or any buffer through [`Operand`]), and C whole. How it runs is the
+    /// planner's choice ([`Planner::dense`]): with `tensor_cores` (the F16 mode) on a device with
+    /// cooperative matrices, on the tensor cores where a tile takes the product (A and B rounded to
+    /// f16 when staged, f32 accumulation; f32 B with ragged columns as a tensor-core body and a
+    /// portable tail), else the portable GEMM. B in K panels that no tensor-core tile takes is an
+    /// error, never a misread.
+    pub fn product(&mut self, a: &'a wgpu::Buffer, b: impl Into<Operand<'a>>, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
+        self.dense(a, b.into(), c, p, tensor_cores, false).map(|_| ())
     }
 
-    /// [`Self::gemm`] with B stored as `b_format` (offsets and strides of `p` in elements either
-    /// way); the tile is chosen as for f32.
-    pub fn gemm_format(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
-        let tile = self.planner().portable(&p);
-        let g = gemm::workgroups(tile, p.m, p.n, p.batch);
-        self.push(gemm::source_for(tile, b_format), &p, &[a, b, c], g)
+    /// [`Self::product`] for a consumer that reads its output through a [`Product`]: where the
+    /// tensor-core GEMM splits K, only the partials are written and returned (the consumer adds
+    /// them as it reads, no reduction dispatch), otherwise `c` is. The partials live in the
+    /// recorder's split-K scratch, which the next split product overwrites: record the product's
+    /// consumers before it.
+    pub fn product_to_consumer(&mut self, a: &'a wgpu::Buffer, b: impl Into<Operand<'a>>, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<Product<'a>, GpuError> {
+        self.dense(a, b.into(), c, p, tensor_cores, true)
     }
 
-    /// `out[m, n] = x[m, k] · Wᵀ`.
-    pub fn linear(&mut self, x: &'a wgpu::Buffer, w: &'a wgpu::Buffer, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize) -> Result<(), GpuError> {
-        self.linear_format(x, w, WeightFormat::F32, out, m, n, k)
-    }
-
-    /// [`Self::linear`] with W stored as `w_format`. F16 weights on a device with cooperative
-    /// matrices go through the tensor-core GEMM (`dg_kernels::coop_gemm`: x rounded to f16, f32
-    /// accumulation) when the shape fits one of its tiles; everything else through the f32 GEMM.
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear_format(&mut self, x: &'a wgpu::Buffer, w: &'a wgpu::Buffer, w_format: WeightFormat, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize) -> Result<(), GpuError> {
-        self.batched_linear_format(x, w, w_format, out, m, n, k, Batches::ONE)
-    }
-
-    /// `batches.count` linear products in one dispatch: batch `b` computes
-    /// `out[b·c_stride..][m, n] = x[b·x_stride..][m, k] · W[b·w_stride..][n, k]ᵀ` (element strides),
-    /// on the tensor cores as [`Self::linear_format`] when it can.
-    #[allow(clippy::too_many_arguments)]
-    pub fn batched_linear_format(
-        &mut self,
-        x: &'a wgpu::Buffer,
-        w: &'a wgpu::Buffer,
-        w_format: WeightFormat,
-        out: &'a wgpu::Buffer,
-        m: usize,
-        n: usize,
-        k: usize,
-        batches: Batches,
-    ) -> Result<(), GpuError> {
-        let Batches { count, x_stride, w_stride, c_stride } = batches;
-        let p = GemmParams { batch: count, a_batch: x_stride, b_batch: w_stride, c_batch: c_stride, ..linear_params(m, n, k) };
-        self.gemm_auto(x, w, w_format, out, p, w_format == WeightFormat::F16)
-    }
-
-    /// [`Self::gemm_format`], on the tensor cores when `tensor_cores` (the F16 mode) is set, the
-    /// device has cooperative matrices and the planner takes the product ([`Planner::dense`]): A and
-    /// B rounded to f16 when staged (B stored as F16, BF16 or f32), f32 accumulation, the same
-    /// strides, batches, accumulate and softcap; f32 operands with ragged columns split into a
-    /// tensor-core body and an f32 tail. F16 `W[n][k]` may load its fragments directly ([`Tuning::coop_path`]);
-    /// everything else is staged.
-    pub fn gemm_auto(&mut self, a: &'a wgpu::Buffer, b: &'a wgpu::Buffer, b_format: WeightFormat, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
-        self.gemm_layout(a, b, b_format, MatrixLayout::RowMajor, c, p, tensor_cores, false).map(|_| ())
-    }
-
-    /// `c = a · wᵀ` as [`Self::gemm_auto`] takes it, for an uploaded matrix (`p`'s B strides
-    /// describe `[n][k]`): a matrix in K panels (F16 on a device with cooperative matrices, which
-    /// the upload only panels when the tensor cores take its shapes) always runs on the tensor
-    /// cores, and a product no tile takes is an error, never a misread.
-    pub fn gemm_matrix(&mut self, a: &'a wgpu::Buffer, w: &'a GpuMatrix, c: &'a wgpu::Buffer, p: GemmParams) -> Result<(), GpuError> {
-        self.gemm_layout(a, &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16, false).map(|_| ())
-    }
-
-    /// `out[m, n] = x[m, k] · Wᵀ` for an uploaded matrix ([`Self::linear_format`] on its buffer,
-    /// format and layout).
-    pub fn linear_matrix(&mut self, x: &'a wgpu::Buffer, w: &'a GpuMatrix, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize) -> Result<(), GpuError> {
-        self.batched_linear_matrix(x, w, out, m, n, k, Batches::ONE)
-    }
-
-    /// [`Self::batched_linear_format`] for an uploaded matrix holding the batches' `[n, k]`
-    /// matrices `batches.w_stride` elements apart (in K panels each on its own).
-    #[allow(clippy::too_many_arguments)]
-    pub fn batched_linear_matrix(&mut self, x: &'a wgpu::Buffer, w: &'a GpuMatrix, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize, batches: Batches) -> Result<(), GpuError> {
-        let Batches { count, x_stride, w_stride, c_stride } = batches;
-        let p = GemmParams { batch: count, a_batch: x_stride, b_batch: w_stride, c_batch: c_stride, ..linear_params(m, n, k) };
-        self.gemm_matrix(x, w, out, p)
-    }
-
-    /// [`Self::batched_linear_matrix`] for a consumer that reads its output through a [`Product`]:
-    /// where the tensor-core GEMM splits K, only the partials are written and returned (the
-    /// consumer adds them as it reads, no reduction dispatch), otherwise `out` is. The partials live
-    /// in the recorder's split-K scratch, which the next split product overwrites: record the
-    /// product's consumers before it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear_product(&mut self, x: &'a wgpu::Buffer, w: &'a GpuMatrix, out: &'a wgpu::Buffer, m: usize, n: usize, k: usize, batches: Batches) -> Result<Product<'a>, GpuError> {
-        let Batches { count, x_stride, w_stride, c_stride } = batches;
-        let p = GemmParams { batch: count, a_batch: x_stride, b_batch: w_stride, c_batch: c_stride, ..linear_params(m, n, k) };
-        self.gemm_product(x, w, out, p)
-    }
-
-    /// [`Self::gemm_matrix`] for a consumer that reads its output through a [`Product`], as
-    /// [`Self::linear_product`].
-    pub fn gemm_product(&mut self, a: &'a wgpu::Buffer, w: &'a GpuMatrix, c: &'a wgpu::Buffer, p: GemmParams) -> Result<Product<'a>, GpuError> {
-        self.gemm_layout(a, &w.buffer, w.format, w.layout, c, p, w.format == WeightFormat::F16, true)
-    }
-
-    /// [`Self::gemm_auto`] with B laid out as `b_layout`; with `defer`, a split product whose
-    /// partials are laid out as its C (a plain product into a contiguous `[batch][m][n]`) is left
-    /// unreduced and returned as such (see [`Self::linear_product`]).
-    #[allow(clippy::too_many_arguments)]
-    fn gemm_layout(
-        &mut self,
-        a: &'a wgpu::Buffer,
-        b: &'a wgpu::Buffer,
-        b_format: WeightFormat,
-        b_layout: MatrixLayout,
-        c: &'a wgpu::Buffer,
-        p: GemmParams,
-        tensor_cores: bool,
-        defer: bool,
-    ) -> Result<Product<'a>, GpuError> {
-        match self.planner().dense(b_format, b_layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)? {
-            Dense::TensorCores(plan) => self.coop_product(a, b, b_format, c, p, plan, defer),
+    /// [`Self::product`]; with `defer`, a split product whose partials are laid out as its C (a
+    /// plain product into a contiguous `[batch][m][n]`) is left unreduced and returned as such.
+    fn dense(&mut self, a: &'a wgpu::Buffer, b: Operand<'a>, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool, defer: bool) -> Result<Product<'a>, GpuError> {
+        match self.planner().dense(b.format, b.layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)? {
+            Dense::TensorCores(plan) => self.coop_product(a, b, c, p, plan, defer),
             Dense::BodyAndTail { n_body } => {
-                self.gemm_auto(a, b, b_format, c, GemmParams { n: n_body, ..p }, true)?;
-                let n_tail = GemmParams { n: p.n - n_body, b_offset: p.b_offset + n_body * p.b_cs, c_offset: p.c_offset + n_body, ..p };
-                self.gemm_format(a, b, b_format, c, n_tail)?;
-                Ok(c.into())
+                self.dense(a, b, c, GemmParams { n: n_body, ..p }, true, false)?;
+                let tail = GemmParams { n: p.n - n_body, b_offset: p.b_offset + n_body * p.b_cs, c_offset: p.c_offset + n_body, ..p };
+                self.dense(a, b, c, tail, false, false)
             }
             Dense::Portable { tile } => {
-                self.push(gemm::source_for(tile, b_format), &p, &[a, b, c], gemm::workgroups(tile, p.m, p.n, p.batch))?;
+                self.push(gemm::source_for(tile, b.format), &p, &[a, b.buffer, c], gemm::workgroups(tile, p.m, p.n, p.batch))?;
                 Ok(c.into())
             }
         }
@@ -425,27 +384,17 @@ impl<'a> Recorder<'a> {
 
     /// `p` on the tensor cores as planned (split K into the split-K scratch where the plan says
     /// so); with `defer`, a split product whose partials are laid out as its C is left unreduced
-    /// (see [`Self::gemm_layout`]).
-    #[allow(clippy::too_many_arguments)]
-    fn coop_product(
-        &mut self,
-        a: &'a wgpu::Buffer,
-        b: &'a wgpu::Buffer,
-        b_format: WeightFormat,
-        c: &'a wgpu::Buffer,
-        p: GemmParams,
-        plan: CoopPlan,
-        defer: bool,
-    ) -> Result<Product<'a>, GpuError> {
+    /// (see [`Self::dense`]).
+    fn coop_product(&mut self, a: &'a wgpu::Buffer, b: Operand<'a>, c: &'a wgpu::Buffer, p: GemmParams, plan: CoopPlan, defer: bool) -> Result<Product<'a>, GpuError> {
         let CoopPlan { tile, layout, path, split } = plan;
-        let kernel = coop_gemm::source_for(tile, path, b_format, layout);
+        let kernel = coop_gemm::source_for(tile, path, b.format, layout);
         let split = self.split_scratch.zip(split).map(|((scratch, _), split)| (scratch, split));
         let Some((scratch, split)) = split else {
-            self.push(kernel, &p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch))?;
+            self.push(kernel, &p, &[a, b.buffer, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch))?;
             return Ok(c.into());
         };
         let partial = split.partial_params(&p);
-        self.push(kernel, &partial, &[a, b, scratch], coop_gemm::workgroups_split(tile, p.m, p.n, p.batch, split.splits))?;
+        self.push(kernel, &partial, &[a, b.buffer, scratch], coop_gemm::workgroups_split(tile, p.m, p.n, p.batch, split.splits))?;
         let plain = p.alpha == 1.0 && p.accumulate == 0 && p.epilogue == gemm::EPILOGUE_NONE;
         let as_c = p.c_offset == 0 && p.c_rs == p.n && (p.batch <= 1 || p.c_batch == p.m * p.n);
         if defer && plain && as_c {
@@ -457,121 +406,34 @@ impl<'a> Recorder<'a> {
         Ok(c.into())
     }
 
-    /// The tied head's product for one chunk of the vocabulary: `out[i·c_rs + c_offset + j] =
-    /// softcap(x·Wᵀ)[i, j]` for `W: [n, k]` stored as `w_format` (`cap` `None`: no softcap). With
-    /// `tensor_cores` (the F16 mode) on a device with cooperative matrices and a shape that fits a
-    /// tile, on the tensor cores (`dg_kernels::coop_gemm`, BF16 or F16 W rounded to f16 when staged,
-    /// x rounded to f16); otherwise the f32-arithmetic GEMM with the softcap epilogue.
+    /// Per-expert products over `slots` grouped slots (see `dg_kernels::grouped_gemm`), the
+    /// experts `w` as stored (`b_group_stride` in elements either way) and A stored as
+    /// `a_format`: experts in K panels on the tensor-core grouped GEMM, row-major ones on the
+    /// portable one ([`Planner::grouped`]); f16 activations only for the tensor cores, anything else
+    /// is [`GpuError::Unsupported`].
     #[allow(clippy::too_many_arguments)]
-    pub fn head_linear(
-        &mut self,
-        x: &'a wgpu::Buffer,
-        w: &'a wgpu::Buffer,
-        w_format: WeightFormat,
-        out: &'a wgpu::Buffer,
-        (m, n, k): (usize, usize, usize),
-        (c_rs, c_offset): (usize, usize),
-        cap: Option<f32>,
-        tensor_cores: bool,
-    ) -> Result<(), GpuError> {
-        let mut p = GemmParams { c_offset: c_offset as u32, c_rs: c_rs as u32, ..linear_params(m, n, k) };
-        if let Some(cap) = cap {
-            p.epilogue = 1;
-            p.cap = cap;
-        }
-        self.gemm_auto(x, w, w_format, out, p, tensor_cores && w_format != WeightFormat::F32)
-    }
-
-    /// Per-expert GEMMs over `slots` grouped slots (the tile is chosen by the mean group size).
-    #[allow(clippy::too_many_arguments)]
-    pub fn grouped_gemm(
-        &mut self,
-        a: &'a wgpu::Buffer,
-        b: &'a wgpu::Buffer,
-        offsets: &'a wgpu::Buffer,
-        rows: &'a wgpu::Buffer,
-        c: &'a wgpu::Buffer,
-        slots: usize,
-        p: GroupedGemmParams,
-    ) -> Result<(), GpuError> {
-        self.grouped_gemm_format(a, b, WeightFormat::F32, offsets, rows, c, slots, p)
-    }
-
-    /// [`Self::grouped_gemm`] with the expert weights `b` stored as `b_format` (`b_group_stride`
-    /// in elements either way), row-major; the tile is chosen as for f32.
-    #[allow(clippy::too_many_arguments)]
-    pub fn grouped_gemm_format(
-        &mut self,
-        a: &'a wgpu::Buffer,
-        b: &'a wgpu::Buffer,
-        b_format: WeightFormat,
-        offsets: &'a wgpu::Buffer,
-        rows: &'a wgpu::Buffer,
-        c: &'a wgpu::Buffer,
-        slots: usize,
-        p: GroupedGemmParams,
-    ) -> Result<(), GpuError> {
-        let plan = self.planner().grouped(MatrixLayout::RowMajor, &p, slots as u32).map_err(unsupported)?;
-        self.grouped_product(plan, (a, AFormat::F32), (b, b_format), offsets, rows, c, p)
-    }
-
-    /// [`Self::grouped_gemm_format`] on an uploaded expert matrix: weights in K panels go through
-    /// the tensor-core grouped GEMM (the upload only panels shapes it fits), row-major ones as
-    /// [`Self::grouped_gemm_format`] takes them.
-    #[allow(clippy::too_many_arguments)]
-    pub fn grouped_gemm_matrix(
-        &mut self,
-        a: &'a wgpu::Buffer,
-        w: &'a GpuMatrix,
-        offsets: &'a wgpu::Buffer,
-        rows: &'a wgpu::Buffer,
-        c: &'a wgpu::Buffer,
-        slots: usize,
-        p: GroupedGemmParams,
-    ) -> Result<(), GpuError> {
-        self.grouped_gemm_matrix_a((a, AFormat::F32), w, offsets, rows, c, slots, p)
-    }
-
-    /// [`Self::grouped_gemm_matrix`] with A stored as the given format: f16 activations only for
-    /// experts in K panels (the tensor-core kernel); anything else is [`GpuError::Unsupported`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn grouped_gemm_matrix_a(
+    pub fn grouped_product(
         &mut self,
         (a, a_format): (&'a wgpu::Buffer, AFormat),
-        w: &'a GpuMatrix,
+        w: impl Into<Operand<'a>>,
         offsets: &'a wgpu::Buffer,
         rows: &'a wgpu::Buffer,
         c: &'a wgpu::Buffer,
         slots: usize,
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
-        let plan = self.planner().grouped(w.layout, &p, slots as u32).map_err(unsupported)?;
-        self.grouped_product(plan, (a, a_format), (&w.buffer, w.format), offsets, rows, c, p)
-    }
-
-    /// The grouped product `p` as planned: f16 activations only on the tensor cores.
-    #[allow(clippy::too_many_arguments)]
-    fn grouped_product(
-        &mut self,
-        plan: Grouped,
-        (a, a_format): (&'a wgpu::Buffer, AFormat),
-        (b, b_format): (&'a wgpu::Buffer, WeightFormat),
-        offsets: &'a wgpu::Buffer,
-        rows: &'a wgpu::Buffer,
-        c: &'a wgpu::Buffer,
-        p: GroupedGemmParams,
-    ) -> Result<(), GpuError> {
-        match plan {
+        let w = w.into();
+        match self.planner().grouped(w.layout, &p, slots as u32).map_err(unsupported)? {
             Grouped::Portable { .. } if a_format != AFormat::F32 => Err(GpuError::Unsupported {
                 what: format!("{a_format:?} activations for row-major experts (n {} k {}): only the tensor-core kernel reads them", p.n, p.k),
             }),
             Grouped::Portable { tile } => {
                 let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
-                self.push(grouped_gemm::source_for(tile, b_format), &p, &[a, b, offsets, rows, c], g)
+                self.push(grouped_gemm::source_for(tile, w.format), &p, &[a, w.buffer, offsets, rows, c], g)
             }
             Grouped::TensorCores { tile, path } => {
                 let p = coop_grouped_gemm::params_for(tile, &p);
-                self.push(coop_grouped_gemm::source_with_a(tile, path, a_format), &p, &[a, b, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
+                self.push(coop_grouped_gemm::source_with_a(tile, path, a_format), &p, &[a, w.buffer, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
             }
         }
     }
