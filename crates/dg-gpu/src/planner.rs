@@ -31,7 +31,14 @@ pub struct Capabilities {
     pub max_workgroup_storage: u32,
     /// Largest storage binding in bytes ([`GpuContext::max_binding`]).
     pub max_binding: u64,
+    /// Multiprocessors (SMs, compute units) the device runs workgroups on: what a product's waves
+    /// of workgroups and its split-K targets count in.
+    pub multiprocessors: u32,
 }
+
+/// The multiprocessors [`Capabilities::of`] assumes: wgpu reports no count, and the split-K
+/// targets were measured on a 132-multiprocessor H200.
+pub const ASSUMED_MULTIPROCESSORS: u32 = 132;
 
 impl Capabilities {
     /// The capabilities of an open device.
@@ -41,6 +48,7 @@ impl Capabilities {
             shader_f16: ctx.device.features().contains(wgpu::Features::SHADER_F16),
             max_workgroup_storage: ctx.limits.max_compute_workgroup_storage_size,
             max_binding: ctx.max_binding(),
+            multiprocessors: ASSUMED_MULTIPROCESSORS,
         }
     }
 }
@@ -182,19 +190,20 @@ impl<'t> Planner<'t> {
     }
 
     /// The workgroups a tensor-core GEMM is split towards: [`Tuning::split_target`], else
-    /// `coop_gemm::Split::target` (0 never splits).
+    /// `coop_gemm::Split::target` on this device's multiprocessors (0 never splits).
     fn split_target(&self, tile: CoopTile, p: &GemmParams) -> u32 {
-        self.tuning.split_target.unwrap_or_else(|| Split::target(tile, p))
+        self.tuning.split_target.unwrap_or_else(|| Split::target(tile, p, self.caps.multiprocessors))
     }
 
     /// How the product `p` of a matrix stored as `format` in `layout` would run on the tensor
-    /// cores: in how many waves of workgroups (its tiles over those a 132-multiprocessor H200
-    /// holds at once, `coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS` a multiprocessor's worth of
-    /// the tile), and whether it splits K; `None` where it would not run there.
+    /// cores: in how many waves of workgroups (its tiles over those the device's multiprocessors
+    /// hold at once: one workgroup of the tile each, two up to
+    /// `coop_gemm::PAIR_RESIDENT_SHARED_BYTES` of workgroup memory), and whether it splits K;
+    /// `None` where it would not run there.
     pub fn coop_waves(&self, format: WeightFormat, layout: MatrixLayout, p: &GemmParams, split_scratch: Option<u64>) -> Option<(u32, bool)> {
         let (tile, _) = self.coop_tile(format, layout == MatrixLayout::KPanels, p, format == WeightFormat::F16, split_scratch)?;
         let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
-        let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * coop_gemm::LARGE_TILE_SPLIT_TARGET_WORKGROUPS);
+        let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * self.caps.multiprocessors);
         let splits = split_scratch.is_some_and(|len| Split::choose(tile, p, self.split_target(tile, p), len).is_some());
         Some((waves, splits))
     }

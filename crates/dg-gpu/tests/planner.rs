@@ -5,7 +5,7 @@
 //! change of any kernel, tile, path, split or grid shows here. No device needed.
 
 use dg_gpu::MatrixLayout;
-use dg_gpu::planner::{Capabilities, Dense, Grouped, Planner};
+use dg_gpu::planner::{ASSUMED_MULTIPROCESSORS, Capabilities, Dense, Grouped, Planner};
 use dg_gpu::tuning::Tuning;
 use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm;
@@ -13,10 +13,13 @@ use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::coop_grouped_gemm;
 
-/// An H200 as wgpu reports it: cooperative matrices, 48 KiB of workgroup memory, 4 GiB bindings.
-const H200: Capabilities = Capabilities { coop_matrix: true, shader_f16: true, max_workgroup_storage: 48 * 1024, max_binding: u32::MAX as u64 };
-/// Lavapipe: no cooperative matrices, 32 KiB of workgroup memory, 128 MiB bindings.
-const LAVAPIPE: Capabilities = Capabilities { coop_matrix: false, shader_f16: true, max_workgroup_storage: 32 * 1024, max_binding: 128 << 20 };
+/// An H200 as wgpu reports it: cooperative matrices, 48 KiB of workgroup memory, 4 GiB bindings;
+/// its 132 multiprocessors.
+const H200: Capabilities = Capabilities { coop_matrix: true, shader_f16: true, max_workgroup_storage: 48 * 1024, max_binding: u32::MAX as u64, multiprocessors: 132 };
+/// Lavapipe: no cooperative matrices, 32 KiB of workgroup memory, 128 MiB bindings (the
+/// multiprocessors as `Capabilities::of` assumes them).
+const LAVAPIPE: Capabilities =
+    Capabilities { coop_matrix: false, shader_f16: true, max_workgroup_storage: 32 * 1024, max_binding: 128 << 20, multiprocessors: ASSUMED_MULTIPROCESSORS };
 
 const H: u32 = 2816;
 const HEADS: u32 = 16;
@@ -191,6 +194,18 @@ fn tuning_reaches_the_choices() {
         Ok(Dense::TensorCores(plan)) => assert_eq!(plan.tile, coop_gemm::TILE_64X64),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn the_multiprocessors_set_the_large_tiles_split() {
+    // q_proj's product: 64 tiles of 128×128, split towards one workgroup per multiprocessor.
+    let tuning = Tuning::default();
+    let q = GemmParams::linear(CANVAS, 4096, H);
+    let splits = |multiprocessors: u32| match Planner::new(Capabilities { multiprocessors, ..H200 }, &tuning).dense(WeightFormat::F16, MatrixLayout::KPanels, &q, true, Some(SPLIT_SCRATCH)) {
+        Ok(Dense::TensorCores(plan)) => plan.split.map_or(1, |s| s.splits),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((splits(132), splits(264), splits(64)), (2, 4, 1));
 }
 
 /// Today's choices, one product a line (`tests/planner_golden/`).
