@@ -81,7 +81,8 @@ pub fn run(args: Args) -> Result<bool> {
     let config = ModelConfig::from_file(&args.config).with_context(|| format!("reading {}", args.config.display()))?;
     let cfg = &config.text;
     let c = config.canvas_length;
-    let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone() })?;
+    let env = GpuOptions::from_env()?;
+    let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone().or(env.adapter), ..env })?;
     println!("adapter: {} ({:?}, driver {} {})", ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info);
     println!(
         "config: {} ({} layers, hidden {}, vocab {}, canvas {c}); prompt {} tokens, {} canvases × {} steps, stopping off",

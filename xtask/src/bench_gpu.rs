@@ -100,7 +100,8 @@ pub fn run(args: Args) -> Result<bool> {
         cfg.top_k_experts,
         args.context
     );
-    let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone() })?;
+    let env = GpuOptions::from_env()?;
+    let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone().or(env.adapter), ..env })?;
     println!(
         "adapter: {} ({:?}, {:?}, driver {} {}), cooperative matrices: {}",
         ctx.info.name,

@@ -78,13 +78,13 @@ fn check_dir(dir: &Path, choice: BackendChoice) -> Result<Vec<(&'static str, Che
     }
     let max_context = sequence_length(&reference).max(1);
     if matches!(choice, BackendChoice::Gpu | BackendChoice::All) {
-        let ctx = GpuContext::new(&GpuOptions::default())?;
+        let ctx = GpuContext::new(&GpuOptions::from_env()?)?;
         let gpu = GpuBackend::new(ctx, &model_dir.config, weights.clone(), max_context).map_err(|e| anyhow::anyhow!(e))?;
         backends.push(Box::new(gpu));
     }
     if matches!(choice, BackendChoice::GpuBf16 | BackendChoice::All) {
         if model_dir.matrices_are_bf16() {
-            let ctx = GpuContext::new(&GpuOptions::default())?;
+            let ctx = GpuContext::new(&GpuOptions::from_env()?)?;
             let gpu = GpuBackend::with_format(ctx, &model_dir.config, weights, max_context, WeightFormat::Bf16).map_err(|e| anyhow::anyhow!(e))?;
             backends.push(Box::new(gpu));
         } else if choice == BackendChoice::GpuBf16 {

@@ -37,19 +37,22 @@ impl Choice {
     }
 }
 
-/// Opens the backend `arg` asks for; `adapter` picks a GPU adapter by name.
+/// Opens the backend `arg` asks for; `adapter` picks a GPU adapter by name (over `DG_ADAPTER`).
+/// The GPU's options come from the `DG_*` variables (`GpuOptions::from_env`); a variable with a
+/// bad value, or an unknown `DG_*` one, is an input error on any backend.
 pub fn choose(arg: BackendArg, adapter: Option<&str>) -> Result<Choice> {
+    let env = GpuOptions::from_env().map_err(|e| input(e.to_string()))?;
     match (arg, adapter) {
         (BackendArg::Cpu, Some(_)) => {
             Err(input("--adapter selects a GPU adapter; it cannot be used with --backend cpu"))
         }
         (BackendArg::Cpu, None) => Ok(Choice { backend: Backend::Cpu, description: "cpu (--backend cpu)".into() }),
         (BackendArg::Gpu, _) | (BackendArg::Auto, Some(_)) => {
-            let ctx = open_gpu(adapter)?;
+            let ctx = open_gpu(adapter, env)?;
             let description = format!("gpu: {}", describe(&ctx));
             Ok(Choice { backend: Backend::Gpu(Box::new(ctx)), description })
         }
-        (BackendArg::Auto, None) => match GpuContext::new(&GpuOptions::default()) {
+        (BackendArg::Auto, None) => match GpuContext::new(&env) {
             Ok(ctx) => {
                 let description =
                     format!("gpu: {} (default when an adapter exists; --backend cpu for the CPU)", describe(&ctx));
@@ -63,8 +66,8 @@ pub fn choose(arg: BackendArg, adapter: Option<&str>) -> Result<Choice> {
     }
 }
 
-fn open_gpu(adapter: Option<&str>) -> Result<GpuContext> {
-    match GpuContext::new(&GpuOptions { adapter: adapter.map(str::to_string) }) {
+fn open_gpu(adapter: Option<&str>, env: GpuOptions) -> Result<GpuContext> {
+    match GpuContext::new(&GpuOptions { adapter: adapter.map(str::to_string).or(env.adapter), ..env }) {
         Ok(ctx) => Ok(ctx),
         Err(e @ GpuError::AdapterNotFound { .. }) => {
             let source = if adapter.is_some() { "--adapter" } else { "DG_ADAPTER" };

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{bundled, copy_model, dg, dg_without_gpu, fixture};
+use common::{bundled, command, copy_model, dg, dg_without_gpu, fixture, run_cmd};
 
 const INPUT: i32 = 2;
 const RUNTIME: i32 = 1;
@@ -80,6 +80,20 @@ fn unknown_adapter_name() {
         run.fails(INPUT, &["no adapter matches \"no-such-adapter-xyz\""]);
     }
     dg(&["generate", "--prompt", "hi", "--backend", "cpu", "--adapter", "x"]).fails(INPUT, &["--backend cpu"]);
+}
+
+#[test]
+fn bad_tuning_variables() {
+    let mut cmd = command(&["generate", "--prompt", "hi", "--backend", "cpu"]);
+    cmd.env("DG_COOP_PATH", "diret");
+    run_cmd(cmd, "").fails(INPUT, &["DG_COOP_PATH=\"diret\" is not a valid value", "staged, direct or single"]);
+    let mut cmd = command(&["generate", "--prompt", "hi"]);
+    cmd.env("DG_SPLIT_TARGETS", "8");
+    run_cmd(cmd, "").fails(INPUT, &["unknown variable DG_SPLIT_TARGETS", "DG_SPLIT_TARGET,"]);
+    let mut cmd = command(&["generate", "--prompt-ids", "2,17", "--max-new-tokens", "4", "--steps", "2", "--backend", "cpu"]);
+    cmd.env("DG_QKV", "separate").env("DG_ALLOW_NO_GPU", "1");
+    let run = run_cmd(cmd, "");
+    assert_eq!(run.code, 0, "valid variables are accepted: {}", run.stderr);
 }
 
 #[test]

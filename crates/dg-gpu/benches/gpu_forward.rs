@@ -22,7 +22,8 @@ fn forward(crit: &mut Criterion) {
         (root.join("bench/configs/real-6layer.json"), 1024)
     };
     let config = ModelConfig::from_file(&path).expect("bench config");
-    let ctx = match GpuContext::new(&GpuOptions::default()) {
+    let options = GpuOptions::from_env().expect("the DG_* variables");
+    let ctx = match GpuContext::new(&options) {
         Ok(ctx) => ctx,
         Err(e) => {
             eprintln!("SKIP gpu_forward bench: {e}");

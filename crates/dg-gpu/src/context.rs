@@ -1,7 +1,8 @@
 //! The GPU device: adapter choice, features and limits, and counted resource creation.
 //!
-//! Adapter choice: a discrete GPU first, then integrated, then virtual, then CPU (lavapipe); the
-//! `DG_ADAPTER` environment variable or [`GpuOptions::adapter`] picks one by name substring.
+//! Adapter choice: a discrete GPU first, then integrated, then virtual, then CPU (lavapipe);
+//! [`GpuOptions::adapter`] (`DG_ADAPTER` where the application builds the options with
+//! [`GpuOptions::from_env`]) picks one by name substring.
 //! Every buffer, bind group and pipeline dg creates goes through this type, which counts them, so
 //! tests can prove that nothing is created after the first denoising step.
 
@@ -9,12 +10,35 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::GpuError;
+use crate::tuning::{RowReduceChoice, Tuning, TuningError};
 
-/// How to pick and open the device.
+/// How to pick and open the device, and how to run on it.
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
-    /// Case-insensitive substring of the adapter name (overrides `DG_ADAPTER`).
+    /// Case-insensitive substring of the adapter name (none: the ranking above).
     pub adapter: Option<String>,
+    /// The knobs (default: dg-gpu's own choices).
+    pub tuning: Tuning,
+}
+
+impl GpuOptions {
+    /// The options the `DG_*` variables of this process's environment ask for: `DG_ADAPTER` and
+    /// the tuning ([`Tuning::from_env`]). Applications call this; the library itself never does.
+    pub fn from_env() -> Result<GpuOptions, TuningError> {
+        GpuOptions::from_vars(crate::tuning::env_vars())
+    }
+
+    /// [`Self::from_env`] over `vars` (name, value pairs) instead of the environment.
+    pub fn from_vars<N: AsRef<str>, V: AsRef<str>>(vars: impl IntoIterator<Item = (N, V)>) -> Result<GpuOptions, TuningError> {
+        let vars: Vec<(N, V)> = vars.into_iter().collect();
+        let adapter = adapter_from(vars.iter().map(|(n, v)| (n.as_ref(), v.as_ref())));
+        Ok(GpuOptions { adapter, tuning: Tuning::from_vars(vars)? })
+    }
+}
+
+/// The non-empty value of `DG_ADAPTER` among `vars`.
+fn adapter_from<N: AsRef<str>, V: AsRef<str>>(vars: impl IntoIterator<Item = (N, V)>) -> Option<String> {
+    vars.into_iter().find(|(n, _)| n.as_ref() == "DG_ADAPTER").map(|(_, v)| v.as_ref().to_string()).filter(|v| !v.is_empty())
 }
 
 /// Numbers of GPU objects created so far.
@@ -62,8 +86,10 @@ pub struct GpuContext {
     pub features: wgpu::Features,
     /// The device runs the tensor-core GEMM (`dg_kernels::coop_gemm`): cooperative matrices with a
     /// 16×16×16 f16 → f32 configuration, f16 shader types and 32-wide subgroups. Set
-    /// `DG_NO_COOP=1` to leave them off.
+    /// [`Tuning::tensor_cores`] false to leave them off.
     pub coop_matrix: bool,
+    /// The knobs the context was opened with, which every recording reads.
+    pub tuning: Tuning,
     counters: Arc<Counters>,
 }
 
@@ -111,7 +137,7 @@ impl GpuContext {
         if adapters.is_empty() {
             return Err(GpuError::NoAdapter { detail: String::new() });
         }
-        let wanted = opts.adapter.clone().or_else(|| std::env::var("DG_ADAPTER").ok()).filter(|s| !s.is_empty());
+        let wanted = opts.adapter.clone().filter(|s| !s.is_empty());
         adapters.sort_by_key(|a| rank(a.get_info().device_type));
         let adapter = match &wanted {
             Some(w) => {
@@ -130,7 +156,7 @@ impl GpuContext {
         };
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let coop_matrix = std::env::var("DG_NO_COOP").as_deref() != Ok("1") && offers_coop_gemm(&adapter);
+        let coop_matrix = opts.tuning.tensor_cores && offers_coop_gemm(&adapter);
         // f16 in shaders wherever offered: the tensor-core kernels need it, and so do the kernels
         // that store their activations as f16 for them (tested on every adapter that has it).
         // Subgroups wherever offered: the row kernels reduce through them (`Self::row_reduce`).
@@ -161,6 +187,7 @@ impl GpuContext {
             limits,
             features,
             coop_matrix,
+            tuning: opts.tuning.clone(),
             counters: Arc::default(),
         })
     }
@@ -176,11 +203,11 @@ impl GpuContext {
     }
 
     /// How the row kernels (norms, softmax, the router's top-k) reduce across a workgroup:
-    /// through subgroups where the device has them (`dg_kernels::row_reduce`), else a tree. Set
-    /// `DG_ROW_REDUCE=tree` to keep the tree on any device.
+    /// through subgroups where the device has them (`dg_kernels::row_reduce`), else a tree
+    /// ([`Tuning::row_reduce`] keeps the tree on any device).
     pub fn row_reduce(&self) -> dg_kernels::row_reduce::RowReduce {
         use dg_kernels::row_reduce::RowReduce;
-        match self.features.contains(wgpu::Features::SUBGROUP) && std::env::var("DG_ROW_REDUCE").as_deref() != Ok("tree") {
+        match self.features.contains(wgpu::Features::SUBGROUP) && self.tuning.row_reduce == RowReduceChoice::Auto {
             true => RowReduce::Subgroup,
             false => RowReduce::Tree,
         }

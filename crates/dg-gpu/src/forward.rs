@@ -3,7 +3,7 @@
 //! replayed every denoising step.
 //!
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
-//! norm → the q/k/v GEMM (one, or q's and K/V's: `merge_qkv`) → q/k norms fused with RoPE and the
+//! norm → the q/k/v GEMM (one, or q's and K/V's: `Planner::merge_qkv`) → q/k norms fused with RoPE and the
 //! v norm in one dispatch (the canvas's K/V written into the cache after the visible rows) →
 //! attention over [visible | dead | canvas] cache rows as one score GEMM, a row softmax and one
 //! value GEMM → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
@@ -26,7 +26,7 @@ use dg_model::{LayerKind, ModelConfig};
 
 use crate::arena::{Arena, KEY_PAD};
 use crate::error::GpuError;
-use crate::ops::{Batches, Combine, HeadRows, Recorder, linear_params};
+use crate::ops::{Combine, HeadRows, Recorder, head_params, linear_params};
 use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
@@ -88,14 +88,14 @@ pub fn record_canvas_forward<'a>(
                 accumulate: u32::from(i > 0),
                 ..linear_params(c, h, chunk.rows)
             };
-            rec.gemm_auto(&a.sc_probs, &chunk.matrix.buffer, chunk.matrix.format, &a.proj, p, w.format == WeightFormat::F16)?;
+            rec.product(&a.sc_probs, &chunk.matrix, &a.proj, p, w.format == WeightFormat::F16)?;
         }
         rec.axpby(&a.dummy, &a.proj, c * h, 0.0, scale)?;
         rec.rmsnorm(&a.proj, Some(&w.sc_pre_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
         let inter = cfg.intermediate_size;
-        let gate_up = rec.linear_product(&a.normed, &w.sc_gate_up, &a.gate_up, c, 2 * inter, h, Batches::ONE)?;
+        let gate_up = rec.product_to_consumer(&a.normed, &w.sc_gate_up, &a.gate_up, linear_params(c, 2 * inter, h), w.sc_gate_up.format == WeightFormat::F16)?;
         rec.gelu_glu_fused(gate_up, &a.act, c, inter)?;
-        rec.linear_matrix(&a.act, &w.sc_down, &a.proj, c, h, inter)?;
+        rec.product(&a.act, &w.sc_down, &a.proj, linear_params(c, h, inter), w.sc_down.format == WeightFormat::F16)?;
         rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?;
     }
     // h0 = post_norm(e + signal), weightless.
@@ -118,7 +118,8 @@ pub fn record_canvas_forward<'a>(
     for chunk in &w.embed {
         let shape = (c, chunk.rows, h);
         let tensor_cores = w.format == WeightFormat::F16;
-        rec.head_linear(&a.normed, &chunk.matrix.buffer, chunk.matrix.format, &a.logits, shape, (v, chunk.start), cfg.final_logit_softcapping, tensor_cores)?;
+        let p = head_params(shape, (v, chunk.start), cfg.final_logit_softcapping);
+        rec.product(&a.normed, &chunk.matrix, &a.logits, p, tensor_cores && chunk.matrix.format != WeightFormat::F32)?;
     }
     Ok(())
 }
@@ -156,25 +157,6 @@ struct Chain<'a> {
 /// Records layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).
 pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, pass: LayerPass) -> Result<(), GpuError> {
     record_layer_with(rec, config, w, a, i, pass, Chain { normed_in: false, next_norm: None })
-}
-
-/// Whether q, K and V run as one product (`q` and `kv` the products of q's blocks and of K/V's):
-/// wherever they do not run on the tensor cores (one dispatch fewer), and on the tensor cores
-/// where the merged product takes no more waves of workgroups than q's alone and K/V's (a product
-/// that splits K counting as none: its splits fill the wave it shares). The decoder's sliding
-/// layers merge (128 tiles of 128×128: one wave, as q's 64 alone), its full layers do not (144: two
-/// waves, where q's 128 take one and K's 16 split). Tuning knob: `DG_QKV=merged` or `separate`.
-fn merge_qkv(rec: &Recorder<'_>, w: &crate::weights::GpuMatrix, q: GemmParams, kv: GemmParams) -> bool {
-    match std::env::var("DG_QKV").as_deref() {
-        Ok("merged") => return true,
-        Ok("separate") => return false,
-        _ => {}
-    }
-    let merged = GemmParams { batch: q.batch + kv.batch, ..q };
-    match (rec.coop_waves(w, &merged), rec.coop_waves(w, &q), rec.coop_waves(w, &kv)) {
-        (Some((all, _)), Some((q_waves, _)), Some((kv_waves, kv_splits))) => all <= q_waves + if kv_splits { 0 } else { kv_waves },
-        _ => true,
-    }
 }
 
 /// [`record_layer`], linked to its neighbours by `chain`.
@@ -235,21 +217,23 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     // one GEMM batched over the blocks (`[blocks, C, kv·d]`), or as q's product then K/V's; then
     // q_norm and RoPE into q, k_norm and RoPE into the keys, and v_norm (weightless) into the
     // values: in full layers V is the raw K projection, K's rows read again. A split product's
-    // partials go straight to their consumer (`Recorder::linear_product`).
+    // partials go straight to their consumer (`Recorder::product_to_consumer`).
     let halves = if l.has_v_proj { 2 } else { 1 };
     let blocks = |count: usize, first: usize| GemmParams { batch: count as u32, a_batch: 0, b_offset: (first * row * h) as u32, b_batch: (row * h) as u32, c_batch: (c * row) as u32, ..linear_params(c, row, h) };
     let k_rows = Some((&l.k_norm, &cache.keys, first_row * row));
-    if !kv_only && merge_qkv(rec, &l.qkv_proj, blocks(group, 0), blocks(halves, group)) {
-        let qkv = rec.gemm_product(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group + halves, 0))?;
+    let planner = rec.planner();
+    let qkv_tc = l.qkv_proj.format == WeightFormat::F16;
+    if !kv_only && planner.merge_qkv(l.qkv_proj.format, l.qkv_proj.layout, &blocks(group, 0), &blocks(halves, group), rec.split_scratch_len()) {
+        let qkv = rec.product_to_consumer(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group + halves, 0), qkv_tc)?;
         let v = (&cache.values, kv, (group + halves - 1) * c * row);
         rec.norm_rope_rows(qkv, HeadRows { q: Some((&l.q_norm, &a.q, group)), k: k_rows, v }, (cos, sin), c, kv, d, eps)?;
     } else {
         if !kv_only {
-            let q_raw = rec.gemm_product(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group, 0))?;
+            let q_raw = rec.product_to_consumer(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group, 0), qkv_tc)?;
             rec.norm_rope_rows(q_raw, HeadRows { q: Some((&l.q_norm, &a.q, group)), k: None, v: (&a.dummy, 0, 0) }, (cos, sin), c, kv, d, eps)?;
         }
         // Into the same buffer as q's: its norms, recorded first, have read it.
-        let kv_raw = rec.gemm_product(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(halves, group))?;
+        let kv_raw = rec.product_to_consumer(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(halves, group), qkv_tc)?;
         let v = (&cache.values, kv, (halves - 1) * c * row);
         rec.norm_rope_rows(kv_raw, HeadRows { q: None, k: k_rows, v }, (cos, sin), c, kv, d, eps)?;
     }
@@ -292,8 +276,7 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     // The F16 mode runs attention's products on the tensor cores too (q, K, V and the
     // probabilities rounded to f16 when staged) where the shapes fit.
     let tc = w.format == WeightFormat::F16;
-    let f32_ = WeightFormat::F32;
-    rec.gemm_auto(&a.q, &cache.keys, f32_, &a.scores, scores, tc)?;
+    rec.product(&a.q, &cache.keys, &a.scores, scores, tc)?;
     match pass {
         LayerPass::Decode(v) => {
             let gap = SoftmaxParams { gap_start: v.len as u32, gap_end: cached as u32, ..SoftmaxParams::plain((heads * c) as u32, s as u32) };
@@ -334,22 +317,22 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
         alpha: 1.0,
         ..bytemuck::Zeroable::zeroed()
     };
-    rec.gemm_auto(&a.scores, &cache.values, f32_, &a.attn, values, tc)?;
-    let o = rec.linear_product(&a.attn, &l.o_proj, &a.proj, c, h, heads * d, Batches::ONE)?;
+    rec.product(&a.scores, &cache.values, &a.attn, values, tc)?;
+    let o = rec.product_to_consumer(&a.attn, &l.o_proj, &a.proj, linear_params(c, h, heads * d), l.o_proj.format == WeightFormat::F16)?;
     // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
     // pre_feedforward_layernorm(h) in `normed`, and in `branch_in` the experts' input
     // pre_feedforward_layernorm_2(h) and (c·h further) the router's rms(h)·scale·H^-½.
     // The experts' input as f16 where their gate/up reads f16 (the tensor cores): half the bytes,
     // the same products (on an H200: 346 → 333 µs).
     let root = (h as f64).powf(-0.5) as f32;
-    let experts_in = if rec.half_activations_for_experts(&l.experts_gate_up) && h % 4 == 0 { AFormat::F16 } else { AFormat::F32 };
+    let experts_in = if planner.half_expert_activations(l.experts_gate_up.format, l.experts_gate_up.layout) && h % 4 == 0 { AFormat::F16 } else { AFormat::F32 };
     rec.attention_residual_norms((o, &l.norms.post_attention), &a.hidden, (&l.norms.pre_ff, &a.normed, 1.0), (&l.norms.pre_ff_2, 1.0, experts_in), (&l.router_scale, root), &a.branch_in, (c, h, eps))?;
 
     // Router on the un-normalised stream → logits → top-k (ahead of the dense MLP, so that the
     // MLP's down projection is the last split product before the closing norms read it).
     let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
     let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
-    let logits = rec.gemm_product(&a.branch_in, &l.router_proj, &a.router_logits, router)?;
+    let logits = rec.product_to_consumer(&a.branch_in, &l.router_proj, &a.router_logits, router, l.router_proj.format == WeightFormat::F16)?;
     rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
 
     // The two branches' gate/up products, then both activations in one dispatch, then both down
@@ -374,15 +357,15 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     };
     // The dispatch also lists the experts' m tiles that hold slots, for the tensor-core GEMMs'
     // grids (a product whose tile has other rows covers `max_rows` instead).
-    let tile_rows = rec.expert_tile_rows(&l.experts_gate_up, c * k, &grouped(2 * ei, h, true, 0));
+    let tile_rows = planner.expert_tile_rows(l.experts_gate_up.layout, (c * k) as u32, &grouped(2 * ei, h, true, 0));
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e, tile_rows)?;
-    let gate_up = rec.linear_product(&a.normed, &l.mlp_gate_up, &a.gate_up, c, 2 * inter, h, Batches::ONE)?;
-    rec.grouped_gemm_matrix_a((&a.branch_in, experts_in), &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true, tile_rows))?;
+    let gate_up = rec.product_to_consumer(&a.normed, &l.mlp_gate_up, &a.gate_up, linear_params(c, 2 * inter, h), l.mlp_gate_up.format == WeightFormat::F16)?;
+    rec.grouped_product((&a.branch_in, experts_in), &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true, tile_rows))?;
     // The experts' activations as f16 where their down projection reads f16 (the tensor cores).
-    let expert_format = if rec.half_activations_for_experts(&l.experts_down) { AFormat::F16 } else { AFormat::F32 };
+    let expert_format = if planner.half_expert_activations(l.experts_down.format, l.experts_down.layout) { AFormat::F16 } else { AFormat::F32 };
     rec.gelu_glu_pair((gate_up, &a.act, c, inter), (&a.expert_gate_up, &a.expert_act, c * k, ei, expert_format))?;
-    rec.grouped_gemm_matrix_a((&a.expert_act, expert_format), &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false, tile_rows))?;
-    let mlp = rec.linear_product(&a.act, &l.mlp_down, &a.proj, c, h, inter, Batches::ONE)?;
+    rec.grouped_product((&a.expert_act, expert_format), &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false, tile_rows))?;
+    let mlp = rec.product_to_consumer(&a.act, &l.mlp_down, &a.proj, linear_params(c, h, inter), l.mlp_down.format == WeightFormat::F16)?;
     // moe = the experts' outputs combined by token;
     // dense = post_feedforward_layernorm_1(mlp) + post_feedforward_layernorm_2(moe);
     // h = (h + post_feedforward_layernorm(dense)) · layer_scalar; and the next norm of h into

@@ -1,9 +1,10 @@
 //! dg-gpu: DiffusionGemma's canvas forward on any GPU wgpu reaches (Vulkan, Metal, DX12).
 //!
 //! [`context`] opens the device and counts every created object; [`plan`] compiles kernels and
-//! records replayable dispatch lists; [`weights`] uploads the model once; [`arena`] allocates the
-//! activations and the KV cache once; [`ops`] and [`forward`] record the encoder and the canvas
-//! forward; [`model`] is the API (the sampler's `DenoiseModel` and `ResidentModel`).
+//! records replayable dispatch lists; [`planner`] decides how each matrix product runs; [`weights`]
+//! uploads the model once; [`arena`] allocates the activations and the KV cache once; [`ops`] and
+//! [`forward`] record the encoder and the canvas forward; [`tuning`] carries the knobs that
+//! override their choices; [`model`] is the API (the sampler's `DenoiseModel` and `ResidentModel`).
 
 pub mod arena;
 pub mod context;
@@ -13,12 +14,15 @@ pub mod model;
 pub mod ops;
 pub mod pack;
 pub mod plan;
+pub mod planner;
 mod staging;
 pub mod testing;
+pub mod tuning;
 pub mod weights;
 
 pub use context::{Counters, Created, GpuContext, GpuOptions, list_adapters};
 pub use error::GpuError;
+pub use tuning::{Tuning, TuningError};
 pub use model::{GpuModel, LayerContext};
 pub use forward::Visible;
 pub use weights::{GpuMatrix, MatrixLayout, UploadProgress};

@@ -24,6 +24,7 @@ use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredTensor, TensorSo
 use crate::context::GpuContext;
 use crate::error::GpuError;
 use crate::pack::{Order, Packing};
+use crate::planner::Planner;
 use crate::staging::StagingBelt;
 
 /// A weight matrix on the device, in its storage format.
@@ -190,12 +191,9 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     /// a device with cooperative matrices, each block in K panels when the tensor-core GEMM takes
     /// its products (`[m, k] · Wᵀ` for any m); otherwise row-major in the upload's format.
     fn projection(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
-        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
-        let probe = dg_kernels::gemm::GemmParams::linear(1, n as u32, k as u32);
-        if self.format == WeightFormat::F16 && self.ctx.coop_matrix && dg_kernels::coop_gemm::plan_layout(&probe, true, None, max_shared).is_some() {
-            self.panels(label, parts, n, k)
-        } else {
-            self.row_major(label, parts, self.format)
+        match Planner::of(self.ctx).projection_layout(self.format, n, k) {
+            MatrixLayout::KPanels => self.panels(label, parts, n, k),
+            MatrixLayout::RowMajor => self.row_major(label, parts, self.format),
         }
     }
 
@@ -230,10 +228,9 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     fn experts(&mut self, t: &Named) -> Result<GpuMatrix, GpuError> {
         let (n, k) = (t.shape[1], t.shape[2]);
         let stored = self.stored(t)?;
-        if self.format == WeightFormat::F16 && self.ctx.coop_matrix && dg_kernels::coop_grouped_gemm::panels_fit(n as u32, k as u32) {
-            self.panels(&t.name, &[&stored], n, k)
-        } else {
-            self.row_major(&t.name, &[&stored], self.format)
+        match Planner::of(self.ctx).experts_layout(self.format, n, k) {
+            MatrixLayout::KPanels => self.panels(&t.name, &[&stored], n, k),
+            MatrixLayout::RowMajor => self.row_major(&t.name, &[&stored], self.format),
         }
     }
 

@@ -219,9 +219,9 @@ fn f16_activations_for_row_major_experts_are_refused() {
     let w = dg_gpu::GpuMatrix { buffer: buffer(64 * 32), format: WeightFormat::F32, layout: dg_gpu::MatrixLayout::RowMajor };
     let p = GroupedGemmParams { n: 64, k: 32, groups: 2, max_rows: 2, a_rs: 32, b_group_stride: 64 * 32, c_rs: 64, gather: 0, ..bytemuck::Zeroable::zeroed() };
     let mut rec = dg_gpu::ops::Recorder::new(&ctx, &mut pipelines);
-    let err = rec.grouped_gemm_matrix_a((&a, AFormat::F16), &w, &offsets, &rows, &c, 4, p).expect_err("f16 activations on row-major experts");
+    let err = rec.grouped_product((&a, AFormat::F16), &w, &offsets, &rows, &c, 4, p).expect_err("f16 activations on row-major experts");
     assert!(err.to_string().contains("n 64 k 32"), "{err}");
-    rec.grouped_gemm_matrix_a((&a, AFormat::F32), &w, &offsets, &rows, &c, 4, p).expect("f32 activations on row-major experts");
+    rec.grouped_product((&a, AFormat::F32), &w, &offsets, &rows, &c, 4, p).expect("f32 activations on row-major experts");
 }
 
 /// The kernels this file runs parse and validate on every machine.

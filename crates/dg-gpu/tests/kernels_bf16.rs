@@ -16,11 +16,12 @@
 //! m = 0, accumulate and the softcap epilogue, split-K tiles; experts whose weights start at odd
 //! elements (odd `n·k`, padded group strides) with gather on and off; embedding chunks with an
 //! odd hidden size and odd row counts (each chunk packed from its own first element, padded).
-//! The `Recorder` methods (`gemm_format`, `linear_format`, `grouped_gemm_format`,
-//! `embed_format`) are checked against their f32 twins the same way. Every output is pre-filled
+//! The `Recorder`'s products (`product`, `grouped_product`) and `embed_format` on stored
+//! weights are checked against their f32 twins the same way. Every output is pre-filled
 //! with seeded values and followed by a guard band.
 
-use dg_gpu::ops::Recorder;
+use dg_gpu::ops::{Operand, Recorder, linear_params};
+use dg_kernels::coop_gemm::AFormat;
 use dg_gpu::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference, GUARD_LEN, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::embed::{self, EmbedParams};
@@ -415,7 +416,7 @@ fn f16_embed_equals_f32_on_upcast_table_in_chunks() {
 fn recorder_format_methods_match_their_f32_twins(test: &str, format: WeightFormat) {
     let Some(ctx) = test_context(test) else { return };
     let mut pipelines = Pipelines::default();
-    // Odd sizes: no tile of the tensor-core GEMM fits them, so `linear_format` with f16 weights
+    // Odd sizes: no tile of the tensor-core GEMM fits them, so `Recorder::product` with f16 weights
     // takes the f32-arithmetic GEMM on a device with cooperative matrices too.
     let (m, n, k) = (37usize, 75usize, 131usize);
     let x = ctx.upload("x", &seeded(m * k, 1, 1.0)).unwrap();
@@ -467,14 +468,14 @@ fn recorder_format_methods_match_their_f32_twins(test: &str, format: WeightForma
         .collect();
     let mut rec = Recorder::new(&ctx, &mut pipelines);
     let [l0, g0, q0, e0] = &outs[0];
-    rec.linear(&x, &w_f32, l0, m, n, k).unwrap();
-    rec.gemm(&x, &b_f32, g0, gp).unwrap();
-    rec.grouped_gemm(&x, &e_f32, &ob, &rb, q0, slots, gg).unwrap();
+    rec.product(&x, &w_f32, l0, linear_params(m, n, k), false).unwrap();
+    rec.product(&x, &b_f32, g0, gp, false).unwrap();
+    rec.grouped_product((&x, AFormat::F32), &e_f32, &ob, &rb, q0, slots, gg).unwrap();
     rec.embed(&idb, &t_f32, e0, ids.len(), k, 3, 37, 2.5).unwrap();
     let [l1, g1, q1, e1] = &outs[1];
-    rec.linear_format(&x, &w_packed, format, l1, m, n, k).unwrap();
-    rec.gemm_format(&x, &b_packed, format, g1, gp).unwrap();
-    rec.grouped_gemm_format(&x, &e_packed, format, &ob, &rb, q1, slots, gg).unwrap();
+    rec.product(&x, Operand::stored(&w_packed, format), l1, linear_params(m, n, k), format == WeightFormat::F16).unwrap();
+    rec.product(&x, Operand::stored(&b_packed, format), g1, gp, false).unwrap();
+    rec.grouped_product((&x, AFormat::F32), Operand::stored(&e_packed, format), &ob, &rb, q1, slots, gg).unwrap();
     rec.embed_format(&idb, &t_packed, format, e1, ids.len(), k, 3, 37, 2.5).unwrap();
     rec.finish().unwrap().run(&ctx).unwrap();
     for (i, (name, len)) in [("linear", m * n), ("gemm", m * n), ("grouped", slots * n), ("embed", ids.len() * k)].into_iter().enumerate() {

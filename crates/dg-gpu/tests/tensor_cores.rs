@@ -1,10 +1,10 @@
 //! The tensor-core kernels as the F16 mode's forward records them, on a device with cooperative
-//! matrices: `Recorder::grouped_gemm_matrix` on F16 experts in K panels
+//! matrices: `Recorder::grouped_product` on F16 experts in K panels
 //! (`dg_kernels::coop_grouped_gemm`, every tile, W staged and direct), and through
-//! `dg_kernels::coop_gemm` `Recorder::batched_linear_format` (K and V in one dispatch),
-//! `Recorder::head_linear` (a softcapped vocabulary chunk from F16 or BF16 weights) and
-//! `Recorder::gemm_auto` (attention's strided GQA products, ragged columns included) and
-//! `Recorder::gemm_matrix` (dense projections in K panels, ragged rows included), each against
+//! `dg_kernels::coop_gemm` `Recorder::product` on batched products (K and V in one dispatch),
+//! the tied head (a softcapped vocabulary chunk from F16 or BF16 weights, `ops::head_params`),
+//! attention's strided GQA products (ragged columns included) and dense projections in K panels
+//! (ragged rows included), each against
 //! the exact (f64) product of the f16-rounded operands. Every output has a guard band and values
 //! the kernel must not touch.
 //!
@@ -16,11 +16,11 @@
 
 use std::sync::Arc;
 
-use dg_gpu::ops::{Batches, Recorder};
+use dg_gpu::ops::{Batches, Operand, Recorder, head_params, linear_params};
 use dg_gpu::testing::{GUARD, best_time, coop_test_context, guarded_output, max_rel_err, push_product, read_guarded, seeded};
 use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
 use dg_kernels::grouped_gemm::GroupedGemmParams;
-use dg_kernels::coop_gemm::{CoopTile, Staging};
+use dg_kernels::coop_gemm::{AFormat, CoopTile, Staging};
 use dg_kernels::coop_grouped_gemm::WPath;
 use dg_kernels::{WeightFormat, coop_grouped_gemm};
 
@@ -145,7 +145,7 @@ impl Buffers {
 fn run_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, x: &Inputs) -> Vec<f32> {
     let b = Buffers::upload(ctx, x, coop_grouped_gemm::PANEL);
     let mut rec = Recorder::new(ctx, pipelines);
-    rec.grouped_gemm_matrix(&b.a, &b.w, &b.offsets, &b.rows, &b.c, x.slots, x.params).unwrap();
+    rec.grouped_product((&b.a, AFormat::F32), &b.w, &b.offsets, &b.rows, &b.c, x.slots, x.params).unwrap();
     rec.finish().unwrap().run(ctx).unwrap();
     read_guarded(ctx, &b.c, x.c0.len())
 }
@@ -460,7 +460,7 @@ fn batched_coop_linear_matches_the_exact_product() {
         let cb = guarded_output(&ctx, "c", len);
         let mut rec = Recorder::new(&ctx, &mut pipelines);
         let batches = Batches { count: 2, x_stride: 0, w_stride: (n * k) as u32, c_stride: c_stride as u32 };
-        rec.batched_linear_format(&xb, &wb, WeightFormat::F16, &cb, m, n, k, batches).unwrap();
+        rec.product(&xb, Operand::stored(&wb, WeightFormat::F16), &cb, batches.linear(m, n, k), true).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
         let got = read_guarded(&ctx, &cb, len);
         let x16 = f16_round(&x);
@@ -483,7 +483,7 @@ fn batched_coop_linear_matches_the_exact_product() {
     }
 }
 
-/// The tied head on the tensor cores (`Recorder::head_linear` in the F16 mode): one vocabulary
+/// The tied head on the tensor cores (`Recorder::product` on `ops::head_params` in the F16 mode): one vocabulary
 /// chunk of the logits, softcapped, written at its column offset of rows `c_rs` apart, from F16
 /// and from BF16 weights (BF16 values in f16's normal range convert exactly), against
 /// `cap·tanh(exact / cap)` of the f16-rounded operands. The columns of other chunks keep their
@@ -503,7 +503,7 @@ fn head_linear_on_tensor_cores_matches_the_exact_softcapped_product() {
         let wb = ctx.upload("w", &packed).unwrap();
         let cb = guarded_output(&ctx, "logits", m * c_rs);
         let mut rec = Recorder::new(&ctx, &mut pipelines);
-        rec.head_linear(&xb, &wb, format, &cb, (m, n, k), (c_rs, c_offset), Some(cap), true).unwrap();
+        rec.product(&xb, Operand::stored(&wb, format), &cb, head_params((m, n, k), (c_rs, c_offset), Some(cap)), format != WeightFormat::F32).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
         let got = read_guarded(&ctx, &cb, m * c_rs);
         let w16 = f16_round(&w);
@@ -529,7 +529,7 @@ fn head_linear_on_tensor_cores_matches_the_exact_softcapped_product() {
     }
 }
 
-/// Attention's products on the tensor cores (`Recorder::gemm_auto` in the F16 mode, f32 operands
+/// Attention's products on the tensor cores (`Recorder::product` in the F16 mode, f32 operands
 /// rounded to f16 when staged): scores over a GQA cache (`[n][k]` keys from a row offset, written
 /// at a column offset, scaled: the epilogue path), values (`[k][n]` from a row offset, read from a
 /// column offset of the probabilities, accumulated onto C), ragged columns (a tensor-core body and
@@ -565,7 +565,7 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
         let cb = guarded_output(&ctx, "c", c_len);
         ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
         let mut rec = Recorder::new(&ctx, &mut pipelines);
-        rec.gemm_auto(&ab, &bb, WeightFormat::F32, &cb, p, true).unwrap();
+        rec.product(&ab, &bb, &cb, p, true).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
         let got = read_guarded(&ctx, &cb, c_len);
         let want = gemm_reference(&p, &a, &b, &c0);
@@ -575,7 +575,7 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
     }
 }
 
-/// Runs `p` through `Recorder::gemm_auto` on the tensor cores (with a split-K scratch) on seeded
+/// Runs `p` through `Recorder::product` on the tensor cores (with a split-K scratch) on seeded
 /// f16-exact operands, B stored as `format`; asserts that the plan dispatched a kernel whose name
 /// starts with `expect` and compares the whole C buffer with `gemm_reference`.
 fn check_gemm_auto(ctx: &GpuContext, pipelines: &mut Pipelines, scratch: &wgpu::Buffer, name: &str, format: WeightFormat, p: dg_kernels::gemm::GemmParams, expect: &str) {
@@ -594,7 +594,7 @@ fn check_gemm_auto(ctx: &GpuContext, pipelines: &mut Pipelines, scratch: &wgpu::
     ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
     let mut rec = Recorder::new(ctx, pipelines);
     rec.split_k_scratch(scratch);
-    rec.gemm_auto(&ab, &bb, format, &cb, p, true).unwrap();
+    rec.product(&ab, Operand::stored(&bb, format), &cb, p, true).unwrap();
     let plan = rec.finish().unwrap();
     assert!(plan.kernel_names().iter().any(|k| k.starts_with(expect)), "{name}: no {expect} in {:?}", plan.kernel_names());
     plan.run(ctx).unwrap();
@@ -605,7 +605,7 @@ fn check_gemm_auto(ctx: &GpuContext, pipelines: &mut Pipelines, scratch: &wgpu::
     assert!(err <= tol, "{name}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
 }
 
-/// Split K through the Recorder (`Recorder::gemm_auto` with a split-K scratch): products with few
+/// Split K through the Recorder (`Recorder::product` with a split-K scratch): products with few
 /// tiles run K in ranges whose partials `dg_kernels::split_k` adds with the product's own epilogue.
 /// The router's shape (8 tiles, F16 `W[n][k]`), a softcapped head chunk at a column offset (BF16),
 /// the soft embedding's `[k][n]` BF16 product read from a column offset of the probabilities,
@@ -647,7 +647,7 @@ fn panelled_projection(ctx: &GpuContext, w: &[f32], n: usize, k: usize) -> GpuMa
 }
 
 /// Dense projections uploaded in K panels (`MatrixLayout::KPanels`, the F16 mode's q, K/V, o, MLPs
-/// and router on a device with cooperative matrices) through `Recorder::gemm_matrix`, against
+/// and router on a device with cooperative matrices) through `Recorder::product`, against
 /// `gemm_reference` on the row-major f16-rounded operands over the whole C buffer: q_proj's real
 /// shape; K and V as two batches of one stacked matrix, each block in its own panels; the router's
 /// shape, which splits K; and encoder chunks whose rows do not fill the last m tile (77 rows on
@@ -680,7 +680,7 @@ fn panelled_projections_match_the_exact_product() {
         ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
         let mut rec = Recorder::new(&ctx, &mut pipelines);
         rec.split_k_scratch(&scratch);
-        rec.gemm_matrix(&ab, &matrix, &cb, p).unwrap();
+        rec.product(&ab, &matrix, &cb, p, matrix.format == WeightFormat::F16).unwrap();
         let plan = rec.finish().unwrap();
         let names = plan.kernel_names();
         assert!(names.iter().any(|k| k.starts_with(expect)) && names.iter().any(|k| k.contains("_kp")), "{name}: expected {expect} on K panels, got {names:?}");
@@ -692,10 +692,10 @@ fn panelled_projections_match_the_exact_product() {
     }
 }
 
-/// `Recorder::linear_product` on a product that splits K (q_proj's real shape on 128 × 128 tiles,
+/// `Recorder::product_to_consumer` on a product that splits K (q_proj's real shape on 128 × 128 tiles,
 /// W in K panels) leaves its partials to the consumer: no reduction is recorded, the product view
 /// has more than one split, and an RMSNorm reading the partials gives the same bits as one reading
-/// the product that `gemm_matrix` reduces.
+/// the product that `Recorder::product` reduces.
 #[test]
 fn linear_product_leaves_split_partials_to_their_consumer() {
     let test = "linear_product_leaves_split_partials_to_their_consumer";
@@ -714,11 +714,11 @@ fn linear_product_leaves_split_partials_to_their_consumer() {
         let mut rec = Recorder::new(&ctx, &mut pipelines);
         rec.split_k_scratch(&scratch);
         if deferred {
-            let view = rec.linear_product(&a, &matrix, &product, m, n, k, Batches::ONE).unwrap();
+            let view = rec.product_to_consumer(&a, &matrix, &product, linear_params(m, n, k), matrix.format == WeightFormat::F16).unwrap();
             assert!(view.splits > 1, "{test}: q_proj's shape did not split ({} splits)", view.splits);
             rec.rmsnorm(view, Some(&norm_w), &norm_w, &out, m, n, 1e-6, false, 1.0).unwrap();
         } else {
-            rec.linear_matrix(&a, &matrix, &product, m, n, k).unwrap();
+            rec.product(&a, &matrix, &product, linear_params(m, n, k), matrix.format == WeightFormat::F16).unwrap();
             rec.rmsnorm(&product, Some(&norm_w), &norm_w, &out, m, n, 1e-6, false, 1.0).unwrap();
         }
         let plan = rec.finish().unwrap();
@@ -745,7 +745,7 @@ fn panelled_matrix_refuses_products_no_tile_takes() {
     let cb = ctx.upload("c", &vec![0f32; 64 * 64]).unwrap();
     for p in [GemmParams::linear(64, 64, 48), GemmParams { b_cs: 96, ..GemmParams::linear(64, 32, 48) }] {
         let mut rec = Recorder::new(&ctx, &mut pipelines);
-        let err = rec.gemm_matrix(&ab, &matrix, &cb, p).expect_err("a panelled product no tile takes must fail").to_string();
+        let err = rec.product(&ab, &matrix, &cb, p, matrix.format == WeightFormat::F16).expect_err("a panelled product no tile takes must fail").to_string();
         assert!(err.contains("K panels") && err.contains(&format!("k {}", p.k)), "{err}");
     }
 }

@@ -543,7 +543,7 @@ pub const TILE_64X64_K16: CoopTile = CoopTile { bk: 16, ..TILE_64X64 };
 pub const TILE_64X64_K16_W8: CoopTile = CoopTile { wn: 16, ..TILE_64X64_K16 };
 
 /// The tile of attention's products (f32 `B`: the KV cache) where [`TILE_128X128`] would split
-/// their K (`Recorder::gemm_auto` prefers it there over [`plan`]'s rule): a sliding layer's values
+/// their K (dg-gpu's planner prefers it there over [`plan`]'s rule): a sliding layer's values
 /// (`N` = head dim 256: 64 tiles of 128×128). On an H200 (µs, 128×128 → 64×64): sliding values
 /// 35.0 + 10.8 for the split's reduction → 40.6–42.5 whole (its 256 tiles of 64×64 do not split);
 /// sliding scores 53.2 → 51.7–53.1; but a full layer's scores (head dim 512) 67.6 → 73.3 and
@@ -682,12 +682,6 @@ pub fn workgroups_split(tile: CoopTile, m: u32, n: u32, batch: u32, splits: u32)
 /// whole, 93 in two splits; such projections now take 128×128 tiles, [`LARGE_TILE_MIN_ROWS`]).
 /// Long products have their own target ([`LONG_K_TARGET_WORKGROUPS`]).
 pub const SPLIT_TARGET_WORKGROUPS: u32 = 256;
-/// Workgroups a product is split towards when its tile runs one workgroup per multiprocessor
-/// (over [`PAIR_RESIDENT_SHARED_BYTES`] of workgroup memory, as the 128×128 tile's 48 KiB): one
-/// per multiprocessor of a 132-SM H200. In the F16 forward on an H200 (decoder, 256 rows, W in K
-/// panels, 128×128 tiles, µs against splitting towards 256): q 73 → 65, K+V 72 → 64, o 78 → 64,
-/// MLP gate/up 85 → 65, down 53 → 41; the layers 1.550 → 1.466 ms each (towards 512: 1.615).
-pub const LARGE_TILE_SPLIT_TARGET_WORKGROUPS: u32 = 132;
 /// Workgroup memory up to which two workgroups share a multiprocessor of an H200 (its driver gives
 /// these pipelines less than 64 KiB a multiprocessor: `tests/tensor_cores.rs`,
 /// `workgroup_residency_probe`, 24 KiB two, 32 KiB one).
@@ -711,14 +705,18 @@ pub struct Split {
 }
 
 impl Split {
-    /// The workgroups `p` on `tile` is split towards by default: [`LONG_K_TARGET_WORKGROUPS`] for a
-    /// long K, else [`SPLIT_TARGET_WORKGROUPS`], or [`LARGE_TILE_SPLIT_TARGET_WORKGROUPS`] for a
-    /// tile that runs alone on a multiprocessor.
-    pub fn target(tile: CoopTile, p: &GemmParams) -> u32 {
+    /// The workgroups `p` on `tile` is split towards by default on a device of `multiprocessors`
+    /// multiprocessors: [`LONG_K_TARGET_WORKGROUPS`] for a long K, else
+    /// [`SPLIT_TARGET_WORKGROUPS`], or one per multiprocessor for a tile that runs alone on one
+    /// (over [`PAIR_RESIDENT_SHARED_BYTES`] of workgroup memory, as the 128×128 tile's 48 KiB). In
+    /// the F16 forward on a 132-multiprocessor H200 (decoder, 256 rows, W in K panels, 128×128
+    /// tiles, µs against splitting towards 256): q 73 → 65, K+V 72 → 64, o 78 → 64, MLP gate/up
+    /// 85 → 65, down 53 → 41; the layers 1.550 → 1.466 ms each (towards 512: 1.615).
+    pub fn target(tile: CoopTile, p: &GemmParams, multiprocessors: u32) -> u32 {
         if p.k / tile.bk >= LONG_K_STEPS {
             LONG_K_TARGET_WORKGROUPS
         } else if tile.dense_shared_bytes() > PAIR_RESIDENT_SHARED_BYTES {
-            LARGE_TILE_SPLIT_TARGET_WORKGROUPS
+            multiprocessors
         } else {
             SPLIT_TARGET_WORKGROUPS
         }
@@ -874,8 +872,8 @@ mod tests {
         let q = GemmParams::linear(256, 4096, 2816);
         assert_eq!(plan(&q).map(|(t, _)| t), Some(TILE_128X128));
         assert_eq!(TILE_64X64.dense_shared_bytes(), PAIR_RESIDENT_SHARED_BYTES);
-        assert_eq!(Split::target(TILE_128X128, &q), LARGE_TILE_SPLIT_TARGET_WORKGROUPS);
-        assert_eq!(Split::choose(TILE_128X128, &q, Split::target(TILE_128X128, &q), u64::MAX).map(|s| s.splits), Some(2));
+        assert_eq!(Split::target(TILE_128X128, &q, 132), 132);
+        assert_eq!(Split::choose(TILE_128X128, &q, Split::target(TILE_128X128, &q, 132), u64::MAX).map(|s| s.splits), Some(2));
         // Fewer than 128 rows (a short encoder chunk): the first fitting tile.
         assert_eq!(plan(&GemmParams::linear(100, 4096, 2816)).map(|(t, _)| t), Some(TILE_64X64));
         // A preferred tile wins where it fits, and only there.
@@ -888,9 +886,9 @@ mod tests {
         let soft = GemmParams { a_rs: 262144, b_rs: 2816, b_cs: 1, ..GemmParams::new(256, 2816, 262144) };
         let (tile, _) = plan(&soft).unwrap();
         assert_eq!(tile, TILE_128X128);
-        assert_eq!(Split::target(tile, &soft), LONG_K_TARGET_WORKGROUPS);
-        assert_eq!(Split::choose(tile, &soft, Split::target(tile, &soft), u64::MAX).map(|s| s.splits), Some(23));
-        assert_eq!(Split::target(TILE_64X64, &GemmParams::linear(256, 4096, 2816)), SPLIT_TARGET_WORKGROUPS);
+        assert_eq!(Split::target(tile, &soft, 132), LONG_K_TARGET_WORKGROUPS);
+        assert_eq!(Split::choose(tile, &soft, Split::target(tile, &soft, 132), u64::MAX).map(|s| s.splits), Some(23));
+        assert_eq!(Split::target(TILE_64X64, &GemmParams::linear(256, 4096, 2816), 132), SPLIT_TARGET_WORKGROUPS);
     }
 
     #[test]

@@ -1,0 +1,282 @@
+//! The planner: every choice of how a matrix product runs, in one place. At upload, the layout a
+//! weight matrix is stored in (K panels for the tensor cores, or row-major); at record time, for
+//! dense, batched and grouped (experts) products, the kernel (tensor-core or portable), its tile,
+//! W path, split of K and grid, and whether q, K and V run as one product.
+//!
+//! A [`Planner`] is the device's [`Capabilities`] (a plain value, so that the choices can be tested
+//! without a device: `tests/planner.rs` holds them for the real model's products) and the
+//! [`Tuning`]. The tile rules and measured thresholds themselves live with their kernels in
+//! dg-kernels (`coop_gemm::plan_layout`, `coop_gemm::Split`, `coop_grouped_gemm::choose`,
+//! `grouped_gemm::choose`, `gemm::choose_batched`); this module is where they are combined.
+
+use dg_kernels::WeightFormat;
+use dg_kernels::coop_gemm::{self, BLayout, CoopTile, Split, WPath};
+use dg_kernels::gemm::{self, GemmParams, GemmTile};
+use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
+use dg_kernels::{coop_grouped_gemm, moe_dispatch};
+
+use crate::context::GpuContext;
+use crate::tuning::{QkvChoice, Tuning};
+use crate::weights::MatrixLayout;
+
+/// What the planner needs to know of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The device runs the tensor-core GEMM ([`GpuContext::coop_matrix`]: cooperative matrices,
+    /// and the tuning leaves them on).
+    pub coop_matrix: bool,
+    /// f16 in shaders (`SHADER_F16`).
+    pub shader_f16: bool,
+    /// Bytes of workgroup memory a kernel may use (`max_compute_workgroup_storage_size`).
+    pub max_workgroup_storage: u32,
+    /// Largest storage binding in bytes ([`GpuContext::max_binding`]).
+    pub max_binding: u64,
+    /// Multiprocessors (SMs, compute units) the device runs workgroups on: what a product's waves
+    /// of workgroups and its split-K targets count in.
+    pub multiprocessors: u32,
+}
+
+/// The multiprocessors [`Capabilities::of`] assumes: wgpu reports no count, and the split-K
+/// targets were measured on a 132-multiprocessor H200.
+pub const ASSUMED_MULTIPROCESSORS: u32 = 132;
+
+impl Capabilities {
+    /// The capabilities of an open device.
+    pub fn of(ctx: &GpuContext) -> Self {
+        Capabilities {
+            coop_matrix: ctx.coop_matrix,
+            shader_f16: ctx.device.features().contains(wgpu::Features::SHADER_F16),
+            max_workgroup_storage: ctx.limits.max_compute_workgroup_storage_size,
+            max_binding: ctx.max_binding(),
+            multiprocessors: ASSUMED_MULTIPROCESSORS,
+        }
+    }
+}
+
+/// How a dense or batched product runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dense {
+    /// On the tensor cores (`dg_kernels::coop_gemm`).
+    TensorCores(CoopPlan),
+    /// Ragged columns: the first `n_body` columns (whole 32-wide blocks) as a product of their own
+    /// (planned again with `n = n_body`), the rest in the portable GEMM.
+    BodyAndTail { n_body: u32 },
+    /// The portable f32-arithmetic GEMM (`dg_kernels::gemm`).
+    Portable { tile: GemmTile },
+}
+
+/// A product on the tensor cores: the kernel's tile, B layout and W path, and the split of K.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoopPlan {
+    pub tile: CoopTile,
+    pub layout: BLayout,
+    pub path: WPath,
+    /// `None`: the product whole; else its partials, added by the consumer or by `split_k`.
+    pub split: Option<Split>,
+}
+
+/// How a grouped (experts) product runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grouped {
+    /// The tensor-core grouped GEMM (`dg_kernels::coop_grouped_gemm`), experts in K panels.
+    TensorCores { tile: CoopTile, path: WPath },
+    /// The portable grouped GEMM (`dg_kernels::grouped_gemm`), row-major experts.
+    Portable { tile: GroupedTile },
+}
+
+/// A product no kernel can take with its weights as stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NoKernel(pub String);
+
+/// The device's capabilities and the tuning: see the module documentation.
+#[derive(Debug, Clone, Copy)]
+pub struct Planner<'t> {
+    pub caps: Capabilities,
+    pub tuning: &'t Tuning,
+}
+
+impl<'t> Planner<'t> {
+    pub fn new(caps: Capabilities, tuning: &'t Tuning) -> Self {
+        Planner { caps, tuning }
+    }
+
+    /// The planner of an open device and the tuning it was opened with.
+    pub fn of(ctx: &'t GpuContext) -> Self {
+        Planner::new(Capabilities::of(ctx), &ctx.tuning)
+    }
+
+    /// The layout a projection's `[n, k]` blocks are stored in when uploaded as `format`: K panels
+    /// in the F16 mode on a device with cooperative matrices where the tensor-core GEMM takes its
+    /// products (`[m, k] · Wᵀ` for any m), else row-major.
+    pub fn projection_layout(&self, format: WeightFormat, n: usize, k: usize) -> MatrixLayout {
+        let probe = GemmParams::linear(1, n as u32, k as u32);
+        match format == WeightFormat::F16 && self.caps.coop_matrix && coop_gemm::plan_layout(&probe, true, None, self.caps.max_workgroup_storage).is_some() {
+            true => MatrixLayout::KPanels,
+            false => MatrixLayout::RowMajor,
+        }
+    }
+
+    /// The layout expert weights `[experts, n, k]` are stored in when uploaded as `format`: K
+    /// panels for the tensor-core grouped GEMM in the F16 mode on a device with cooperative
+    /// matrices where a tile fits the shape, else row-major.
+    pub fn experts_layout(&self, format: WeightFormat, n: usize, k: usize) -> MatrixLayout {
+        match format == WeightFormat::F16 && self.caps.coop_matrix && coop_grouped_gemm::panels_fit(n as u32, k as u32) {
+            true => MatrixLayout::KPanels,
+            false => MatrixLayout::RowMajor,
+        }
+    }
+
+    /// How `p` runs with B stored as `b_format` in `b_layout`: on the tensor cores when
+    /// `tensor_cores` (the F16 mode) is set, the device has them and a tile takes the product
+    /// (split K where `split_scratch`, the f32 elements of the split-K scratch, holds the partials
+    /// and `coop_gemm::Split` says so); f32 B with ragged columns as a tensor-core body and a
+    /// portable tail; everything else portable. B in K panels that no tensor-core tile takes is an
+    /// error, never a misread.
+    pub fn dense(&self, b_format: WeightFormat, b_layout: MatrixLayout, p: &GemmParams, tensor_cores: bool, split_scratch: Option<u64>) -> Result<Dense, NoKernel> {
+        let panels = b_layout == MatrixLayout::KPanels;
+        let planned = self.coop_tile(b_format, panels, p, tensor_cores, split_scratch);
+        if panels && (planned.is_none() || b_format != WeightFormat::F16) {
+            return Err(NoKernel(format!(
+                "a {b_format:?} matrix in K panels for a product of m {} n {} k {} (b_cs {}): no tensor-core tile takes it",
+                p.m, p.n, p.k, p.b_cs
+            )));
+        }
+        if let Some((tile, layout)) = planned {
+            // Direct loads only for F16 `W[n][k]` (on an H200: 133 µs instead of 83 for q_proj, so
+            // staged is the default; the experts' grouped GEMM goes the other way, see
+            // `coop_grouped_gemm::choose`).
+            let path = match self.tuning.coop_path {
+                WPath::Direct if b_format != WeightFormat::F16 || layout == BLayout::Kn => WPath::Staged,
+                path => path,
+            };
+            let split = split_scratch.and_then(|len| Split::choose(tile, p, self.split_target(tile, p), len));
+            return Ok(Dense::TensorCores(CoopPlan { tile, layout, path, split }));
+        }
+        if tensor_cores && self.caps.coop_matrix {
+            // Ragged columns (a sliding layer's scores over its 1023 visible keys): the body of
+            // whole 32-wide column blocks on the tensor cores, the last columns in the f32 GEMM.
+            // Only for f32 operands (attention), the case measured on an H200 and tested
+            // (`tests/tensor_cores.rs`); ragged K stays in the f32 GEMM.
+            const STEP: u32 = 32;
+            let n_body = p.n / STEP * STEP;
+            let body = GemmParams { n: n_body, ..*p };
+            if b_format == WeightFormat::F32 && n_body > 0 && n_body < p.n && coop_gemm::plan(&body).is_some() {
+                return Ok(Dense::BodyAndTail { n_body });
+            }
+        }
+        Ok(Dense::Portable { tile: self.portable(p) })
+    }
+
+    /// The portable GEMM's tile for `p` (any B format, the tile chosen as for f32).
+    pub fn portable(&self, p: &GemmParams) -> GemmTile {
+        gemm::choose_batched(p.m, p.n, p.k, p.batch)
+    }
+
+    /// The tile (and B layout) on which the tensor cores run `p` with B stored as `b_format` (in K
+    /// panels or not), if they do: what [`Self::dense`] plans and [`Self::coop_waves`] counts.
+    fn coop_tile(&self, b_format: WeightFormat, panels: bool, p: &GemmParams, tensor_cores: bool, split_scratch: Option<u64>) -> Option<(CoopTile, BLayout)> {
+        if !tensor_cores || !self.caps.coop_matrix {
+            return None;
+        }
+        // Attention's products (B: the f32 cache) take their own tile where the large one would
+        // split K (`coop_gemm::ATTENTION_TILE`).
+        let splits_large = || {
+            let large = coop_gemm::TILE_128X128;
+            split_scratch.is_some_and(|len| Split::choose(large, p, self.split_target(large, p), len).is_some())
+        };
+        let prefer = self.tuning.coop_tile.or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
+        coop_gemm::plan_layout(p, panels, prefer, self.caps.max_workgroup_storage).map(|(tile, layout)| (self.tuning.dense_depth(tile), layout))
+    }
+
+    /// The workgroups a tensor-core GEMM is split towards: [`Tuning::split_target`], else
+    /// `coop_gemm::Split::target` on this device's multiprocessors (0 never splits).
+    fn split_target(&self, tile: CoopTile, p: &GemmParams) -> u32 {
+        self.tuning.split_target.unwrap_or_else(|| Split::target(tile, p, self.caps.multiprocessors))
+    }
+
+    /// How the product `p` of a matrix stored as `format` in `layout` would run on the tensor
+    /// cores: in how many waves of workgroups (its tiles over those the device's multiprocessors
+    /// hold at once: one workgroup of the tile each, two up to
+    /// `coop_gemm::PAIR_RESIDENT_SHARED_BYTES` of workgroup memory), and whether it splits K;
+    /// `None` where it would not run there.
+    pub fn coop_waves(&self, format: WeightFormat, layout: MatrixLayout, p: &GemmParams, split_scratch: Option<u64>) -> Option<(u32, bool)> {
+        let (tile, _) = self.coop_tile(format, layout == MatrixLayout::KPanels, p, format == WeightFormat::F16, split_scratch)?;
+        let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
+        let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * self.caps.multiprocessors);
+        let splits = split_scratch.is_some_and(|len| Split::choose(tile, p, self.split_target(tile, p), len).is_some());
+        Some((waves, splits))
+    }
+
+    /// Whether q, K and V run as one product (`q` and `kv` the products of q's blocks and of
+    /// K/V's of the matrix stored as `format` in `layout`): wherever they do not run on the tensor
+    /// cores (one dispatch fewer), and on the tensor cores where the merged product takes no more
+    /// waves of workgroups than q's alone and K/V's (a product that splits K counting as none: its
+    /// splits fill the wave it shares). The decoder's sliding layers merge (128 tiles of 128×128:
+    /// one wave, as q's 64 alone), its full layers do not (144: two waves, where q's 128 take one
+    /// and K's 16 split). [`Tuning::qkv`] overrides it.
+    pub fn merge_qkv(&self, format: WeightFormat, layout: MatrixLayout, q: &GemmParams, kv: &GemmParams, split_scratch: Option<u64>) -> bool {
+        match self.tuning.qkv {
+            QkvChoice::Merged => return true,
+            QkvChoice::Separate => return false,
+            QkvChoice::Auto => {}
+        }
+        let merged = GemmParams { batch: q.batch + kv.batch, ..*q };
+        let waves = |p: &GemmParams| self.coop_waves(format, layout, p, split_scratch);
+        match (waves(&merged), waves(q), waves(kv)) {
+            (Some((all, _)), Some((q_waves, _)), Some((kv_waves, kv_splits))) => all <= q_waves + if kv_splits { 0 } else { kv_waves },
+            _ => true,
+        }
+    }
+
+    /// How the grouped product `p` over `slots` slots runs on experts stored in `layout`: K panels
+    /// on the tensor cores (`coop_grouped_gemm::choose`, then the tuning's overrides), row-major
+    /// in the portable grouped GEMM (the tile by the mean group size).
+    pub fn grouped(&self, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> Result<Grouped, NoKernel> {
+        match layout {
+            MatrixLayout::RowMajor => Ok(Grouped::Portable { tile: self.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)) }),
+            MatrixLayout::KPanels => {
+                let (tile, path) = self.coop_grouped(p, slots).ok_or_else(|| {
+                    NoKernel(format!("expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits", p.n, p.k, p.a_rs))
+                })?;
+                Ok(Grouped::TensorCores { tile, path })
+            }
+        }
+    }
+
+    /// The experts' tensor-core tile and W path after the tuning's overrides
+    /// ([`Tuning::coop_grouped_path`], [`Tuning::coop_grouped_tile`] where it fits,
+    /// [`Tuning::coop_grouped_depth`]).
+    fn coop_grouped(&self, p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
+        let (tile, path) = coop_grouped_gemm::choose(p, slots)?;
+        let path = self.tuning.coop_grouped_path.unwrap_or(path);
+        let tile = coop_grouped_gemm::TILES
+            .iter()
+            .copied()
+            .find(|t| self.tuning.coop_grouped_tile.is_some_and(|w| w.names(*t)) && coop_grouped_gemm::fits(*t, p))
+            .unwrap_or(tile);
+        Some((self.tuning.grouped_depth(tile), path))
+    }
+
+    /// The rows of the m tiles in which the tensor-core grouped GEMM would run experts stored in
+    /// `layout` over `slots` slots: what the MoE dispatch writes a tile table for. 0 where no table
+    /// serves (row-major experts, or more of them than `moe_dispatch::TABLE_EXPERTS`).
+    pub fn expert_tile_rows(&self, layout: MatrixLayout, slots: u32, p: &GroupedGemmParams) -> u32 {
+        match layout {
+            MatrixLayout::KPanels if p.groups <= moe_dispatch::TABLE_EXPERTS => self.coop_grouped(p, slots).map_or(0, |(tile, _)| tile.bm),
+            _ => 0,
+        }
+    }
+
+    /// Whether the activations of experts stored as `format` in `layout` are best stored as f16:
+    /// experts in K panels (read by the tensor cores, which round A to f16 as they stage it
+    /// anyway) on a device with `SHADER_F16`; then the producer stores them so, and the product
+    /// reads half A's bytes. On an H200 the experts' down projection went 258 → 247 µs, and since
+    /// the pinned prefetches their gate/up 346 → 333; the dense 128×128 products went the other way
+    /// before the pins (MLP down 37 → 42 µs, q 53 → 61) and gain at most a few µs since (q 55.9 →
+    /// 54.9, MLP down 43.2 → 39.0, in the noise of `tests/half_activations.rs`), so they read f32.
+    /// [`Tuning::half_expert_activations`] false keeps them f32 (the same results, for comparison).
+    pub fn half_expert_activations(&self, format: WeightFormat, layout: MatrixLayout) -> bool {
+        layout == MatrixLayout::KPanels && format == WeightFormat::F16 && self.caps.shader_f16 && self.tuning.half_expert_activations
+    }
+}

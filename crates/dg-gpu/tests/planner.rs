@@ -1,0 +1,213 @@
+//! The planner's choices for every matrix product of the real model (bench/configs/real-30layer.json:
+//! hidden 2816, 16 q heads of 256 (sliding, 8 KV heads) or 512 (full, 2 KV heads), 128 experts
+//! top-8 of width 704, dense MLP 2112, vocabulary 262144; canvas 256, context 1024, encoder chunks
+//! of 1024 tokens) on an H200-like device and on a lavapipe-like one, held as golden values: a
+//! change of any kernel, tile, path, split or grid shows here. No device needed.
+
+use dg_gpu::MatrixLayout;
+use dg_gpu::planner::{ASSUMED_MULTIPROCESSORS, Capabilities, Dense, Grouped, Planner};
+use dg_gpu::tuning::Tuning;
+use dg_kernels::WeightFormat;
+use dg_kernels::coop_gemm;
+use dg_kernels::gemm::{self, GemmParams};
+use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
+use dg_kernels::coop_grouped_gemm;
+
+/// An H200 as wgpu reports it: cooperative matrices, 48 KiB of workgroup memory, 4 GiB bindings;
+/// its 132 multiprocessors.
+const H200: Capabilities = Capabilities { coop_matrix: true, shader_f16: true, max_workgroup_storage: 48 * 1024, max_binding: u32::MAX as u64, multiprocessors: 132 };
+/// Lavapipe: no cooperative matrices, 32 KiB of workgroup memory, 128 MiB bindings (the
+/// multiprocessors as `Capabilities::of` assumes them).
+const LAVAPIPE: Capabilities =
+    Capabilities { coop_matrix: false, shader_f16: true, max_workgroup_storage: 32 * 1024, max_binding: 128 << 20, multiprocessors: ASSUMED_MULTIPROCESSORS };
+
+const H: u32 = 2816;
+const HEADS: u32 = 16;
+const EXPERTS: u32 = 128;
+const TOP_K: u32 = 8;
+const EXPERT_WIDTH: u32 = 704;
+const INTER: u32 = 2112;
+const VOCAB: u32 = 262144;
+const CANVAS: u32 = 256;
+const CONTEXT: u32 = 1024;
+const CHUNK: u32 = 1024;
+/// The arena's split-K scratch in f32 elements: `SPLIT_PARTIALS · C · max(H, q width, 2·kv width,
+/// 2·I)` with q's width 16·512 (`arena.rs`).
+const SPLIT_SCRATCH: u64 = 8 * CANVAS as u64 * 8192;
+
+/// One attention geometry: head dim, KV heads, whether V has its own projection.
+struct Attention {
+    name: &'static str,
+    d: u32,
+    kv: u32,
+    has_v: bool,
+}
+
+const SLIDING: Attention = Attention { name: "sliding", d: 256, kv: 8, has_v: true };
+const FULL: Attention = Attention { name: "full", d: 512, kv: 2, has_v: false };
+
+fn describe_dense(planner: &Planner<'_>, format: WeightFormat, layout: MatrixLayout, p: &GemmParams, tensor_cores: bool, scratch: Option<u64>) -> String {
+    match planner.dense(format, layout, p, tensor_cores, scratch) {
+        Err(e) => format!("error: {e}"),
+        Ok(Dense::TensorCores(plan)) => {
+            let splits = plan.split.map_or(1, |s| s.splits);
+            let grid = coop_gemm::workgroups_split(plan.tile, p.m, p.n, p.batch, splits);
+            let split = plan.split.map_or("whole".to_string(), |s| format!("split {}x{}", s.splits, s.steps));
+            format!("coop_gemm {} {:?} {:?} {format:?} {split} grid {grid:?}", plan.tile.label(), plan.layout, plan.path)
+        }
+        Ok(Dense::BodyAndTail { n_body }) => {
+            let body = GemmParams { n: n_body, ..*p };
+            let tail = GemmParams { n: p.n - n_body, ..*p };
+            format!(
+                "body [{}] + tail [{}]",
+                describe_dense(planner, format, layout, &body, true, scratch),
+                describe_dense(planner, format, MatrixLayout::RowMajor, &tail, false, scratch)
+            )
+        }
+        Ok(Dense::Portable { tile }) => format!("gemm {} {format:?} grid {:?}", tile.label(), gemm::workgroups(tile, p.m, p.n, p.batch)),
+    }
+}
+
+fn describe_grouped(planner: &Planner<'_>, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> String {
+    match planner.grouped(layout, p, slots) {
+        Err(e) => format!("error: {e}"),
+        Ok(Grouped::TensorCores { tile, path }) => {
+            let q = coop_grouped_gemm::params_for(tile, p);
+            format!("coop_grouped_gemm {} {path:?} grid {:?}", tile.label(), coop_grouped_gemm::workgroups(tile, &q))
+        }
+        Ok(Grouped::Portable { tile }) => format!("grouped_gemm {} grid {:?}", tile.label(), grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups)),
+    }
+}
+
+/// Every product of one pass of `rows` rows over `s` keys starting at cache row `key_start`.
+fn layer_products(planner: &Planner<'_>, format: WeightFormat, att: &Attention, rows: u32, (s, key_start): (u32, u32), out: &mut Vec<String>) {
+    let f16 = format == WeightFormat::F16;
+    let scratch = Some(SPLIT_SCRATCH);
+    let (d, kv) = (att.d, att.kv);
+    let group = HEADS / kv;
+    let row = kv * d;
+    let halves = if att.has_v { 2 } else { 1 };
+    let qkv_layout = planner.projection_layout(format, row as usize, H as usize);
+    let blocks = |count: u32, first: u32| GemmParams { batch: count, a_batch: 0, b_offset: first * row * H, b_batch: row * H, c_batch: rows * row, ..GemmParams::linear(rows, row, H) };
+    let name = |what: &str| format!("{} rows {rows} {}: {what}", att.name, format!("{format:?}").to_lowercase());
+    let merged = planner.merge_qkv(format, qkv_layout, &blocks(group, 0), &blocks(halves, group), scratch);
+    out.push(format!("{} = {merged} ({qkv_layout:?})", name("merge qkv")));
+    for (what, p) in [("qkv merged", blocks(group + halves, 0)), ("q", blocks(group, 0)), ("kv", blocks(halves, group))] {
+        out.push(format!("{} -> {}", name(what), describe_dense(planner, format, qkv_layout, &p, f16, scratch)));
+    }
+    let scores = GemmParams {
+        m: rows, n: s, k: d, batch: HEADS, a_rs: HEADS * d, a_cs: 1, a_batch: d, b_rs: 1, b_cs: kv * d, b_batch: d, b_batch_div: group,
+        b_offset: key_start * row, c_rs: s, c_batch: rows * s, alpha: 1.0, ..bytemuck::Zeroable::zeroed()
+    };
+    out.push(format!("{} -> {}", name("scores"), describe_dense(planner, WeightFormat::F32, MatrixLayout::RowMajor, &scores, f16, scratch)));
+    let values = GemmParams {
+        m: rows, n: d, k: s, batch: HEADS, b_offset: key_start * row, a_rs: s, a_cs: 1, a_batch: rows * s, b_rs: kv * d, b_cs: 1, b_batch: d,
+        b_batch_div: group, c_rs: HEADS * d, c_batch: d, alpha: 1.0, ..bytemuck::Zeroable::zeroed()
+    };
+    out.push(format!("{} -> {}", name("values"), describe_dense(planner, WeightFormat::F32, MatrixLayout::RowMajor, &values, f16, scratch)));
+    let linear = |what: &str, n: u32, k: u32, a_offset: u32| {
+        let layout = planner.projection_layout(format, n as usize, k as usize);
+        let p = GemmParams { a_offset, ..GemmParams::linear(rows, n, k) };
+        format!("{} -> {}", name(what), describe_dense(planner, format, layout, &p, f16, scratch))
+    };
+    out.push(linear("o", H, HEADS * d, 0));
+    out.push(linear("router", EXPERTS, H, rows * H));
+    out.push(linear("mlp gate/up", 2 * INTER, H, 0));
+    out.push(linear("mlp down", H, INTER, 0));
+    let slots = rows * TOP_K;
+    let gate_up_layout = planner.experts_layout(format, (2 * EXPERT_WIDTH) as usize, H as usize);
+    let down_layout = planner.experts_layout(format, H as usize, EXPERT_WIDTH as usize);
+    let grouped = |n: u32, k: u32, gather: bool, tile_rows: u32| GroupedGemmParams {
+        n, k, groups: EXPERTS, max_rows: rows, a_rs: k, b_group_stride: n * k, c_rs: n, gather: u32::from(gather),
+        tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len(slots, EXPERTS, tile_rows) }, tile_rows, _pad: [0; 2],
+    };
+    let tile_rows = planner.expert_tile_rows(gate_up_layout, slots, &grouped(2 * EXPERT_WIDTH, H, true, 0));
+    let halves_in = planner.half_expert_activations(format, gate_up_layout);
+    out.push(format!("{} = {tile_rows}, f16 activations {halves_in}", name("expert tile rows")));
+    out.push(format!("{} -> {}", name("experts gate/up"), describe_grouped(planner, gate_up_layout, &grouped(2 * EXPERT_WIDTH, H, true, tile_rows), slots)));
+    out.push(format!("{} -> {}", name("experts down"), describe_grouped(planner, down_layout, &grouped(H, EXPERT_WIDTH, false, tile_rows), slots)));
+}
+
+/// The products outside the layers: the tied head's chunks and self-conditioning's.
+fn shared_products(planner: &Planner<'_>, format: WeightFormat, out: &mut Vec<String>) {
+    let f16 = format == WeightFormat::F16;
+    let embed_format = if f16 { WeightFormat::Bf16 } else { format };
+    let rows_per_chunk = ((planner.caps.max_binding / format.bytes() as u64) as u32 / H).max(1);
+    let tag = format!("{format:?}").to_lowercase();
+    let mut start = 0;
+    while start < VOCAB {
+        let rows = rows_per_chunk.min(VOCAB - start);
+        let head = GemmParams { c_offset: start, c_rs: VOCAB, epilogue: 1, cap: 30.0, ..GemmParams::linear(CANVAS, rows, H) };
+        let tc = f16 && embed_format != WeightFormat::F32;
+        out.push(format!("head {tag} chunk {start}+{rows} -> {}", describe_dense(planner, embed_format, MatrixLayout::RowMajor, &head, tc, None)));
+        let soft = GemmParams { a_offset: start, a_rs: VOCAB, b_rs: H, b_cs: 1, accumulate: u32::from(start > 0), ..GemmParams::linear(CANVAS, H, rows) };
+        out.push(format!("soft embedding {tag} chunk {start}+{rows} -> {}", describe_dense(planner, embed_format, MatrixLayout::RowMajor, &soft, f16, Some(SPLIT_SCRATCH))));
+        start += rows;
+    }
+}
+
+fn choices(caps: Capabilities) -> Vec<String> {
+    let tuning = Tuning::default();
+    let planner = Planner::new(caps, &tuning);
+    let mut out = Vec::new();
+    for format in [WeightFormat::F16, WeightFormat::Bf16, WeightFormat::F32] {
+        for att in [&SLIDING, &FULL] {
+            // Decoder: the canvas over the visible context and itself (a sliding layer sees 1023
+            // cached keys); encoder: a chunk of 1024 tokens from the start.
+            let visible = if att.has_v { CONTEXT - 1 } else { CONTEXT };
+            layer_products(&planner, format, att, CANVAS, (visible + CANVAS, 0), &mut out);
+            layer_products(&planner, format, att, CHUNK, (CHUNK, 0), &mut out);
+        }
+        shared_products(&planner, format, &mut out);
+    }
+    out
+}
+
+fn check(name: &str, caps: Capabilities, golden: &str) {
+    let actual = choices(caps).join("\n");
+    if actual.trim() != golden.trim() {
+        let (a, g): (Vec<&str>, Vec<&str>) = (actual.lines().collect(), golden.trim().lines().collect());
+        let first = a.iter().zip(&g).position(|(x, y)| x != y).unwrap_or(a.len().min(g.len()));
+        panic!("{name}: the planner's choices changed at line {first}:\n  now:    {:?}\n  golden: {:?}\nall of them now:\n{actual}", a.get(first), g.get(first));
+    }
+}
+
+#[test]
+fn h200_choices_are_unchanged() {
+    check("H200", H200, H200_GOLDEN);
+}
+
+#[test]
+fn lavapipe_choices_are_unchanged() {
+    check("lavapipe", LAVAPIPE, LAVAPIPE_GOLDEN);
+}
+
+#[test]
+fn tuning_reaches_the_choices() {
+    let tuning = Tuning { qkv: dg_gpu::tuning::QkvChoice::Separate, tensor_cores: true, ..Tuning::default() };
+    let planner = Planner::new(H200, &tuning);
+    let p = GemmParams::linear(CANVAS, 2048, H);
+    assert!(!planner.merge_qkv(WeightFormat::F16, MatrixLayout::KPanels, &p, &p, Some(SPLIT_SCRATCH)));
+    let tuning = Tuning { coop_tile: Some(coop_gemm::TILE_64X64), ..Tuning::default() };
+    let planner = Planner::new(H200, &tuning);
+    match planner.dense(WeightFormat::F16, MatrixLayout::KPanels, &GemmParams::linear(CANVAS, H, INTER), true, None) {
+        Ok(Dense::TensorCores(plan)) => assert_eq!(plan.tile, coop_gemm::TILE_64X64),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_multiprocessors_set_the_large_tiles_split() {
+    // q_proj's product: 64 tiles of 128×128, split towards one workgroup per multiprocessor.
+    let tuning = Tuning::default();
+    let q = GemmParams::linear(CANVAS, 4096, H);
+    let splits = |multiprocessors: u32| match Planner::new(Capabilities { multiprocessors, ..H200 }, &tuning).dense(WeightFormat::F16, MatrixLayout::KPanels, &q, true, Some(SPLIT_SCRATCH)) {
+        Ok(Dense::TensorCores(plan)) => plan.split.map_or(1, |s| s.splits),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((splits(132), splits(264), splits(64)), (2, 4, 1));
+}
+
+/// Today's choices, one product a line (`tests/planner_golden/`).
+const H200_GOLDEN: &str = include_str!("planner_golden/h200.txt");
+const LAVAPIPE_GOLDEN: &str = include_str!("planner_golden/lavapipe.txt");
