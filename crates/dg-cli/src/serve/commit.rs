@@ -135,9 +135,12 @@ mod tests {
         let mut c = Committer::new(&letters, &eos, &stop, 10);
         assert_eq!(c.push(&[0, 25, 1]), "a");
         assert_eq!(c.end(), (String::new(), Finish::Stop));
-        // EOS right after max_tokens tokens: the cut is max_tokens' (length).
+        // EOS right after max_tokens tokens: the answer ended by itself (stop); one later, length.
         let mut c = Committer::new(&letters, &eos, &stop, 2);
         assert_eq!(c.push(&[0, 1, 25]), "ab");
+        assert_eq!(c.finished(), Some(Finish::Stop));
+        let mut c = Committer::new(&letters, &eos, &stop, 2);
+        assert_eq!(c.push(&[0, 1, 2, 25]), "ab");
         assert_eq!(c.finished(), Some(Finish::Length));
     }
 
