@@ -72,7 +72,7 @@ impl ChatTemplate {
         });
         let bad = || Input(format!("chat template {}", self.origin.display()));
         let template = env.template_from_str(&self.source).map_err(anyhow::Error::new).context(bad())?;
-        let messages: Vec<Value> = turns.iter().map(|&(role, content)| Value::from(context! { role, content })).collect();
+        let messages: Vec<Value> = turns.iter().map(|&(role, content)| context! { role, content }).collect();
         let ctx = context! {
             messages => Value::from(messages),
             add_generation_prompt => true,

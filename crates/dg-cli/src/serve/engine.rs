@@ -84,7 +84,7 @@ pub struct EngineSetup {
 
 /// The loaded model on its backend.
 enum Loaded {
-    Cpu(CpuModel),
+    Cpu(Box<CpuModel>),
     Gpu(Box<GpuModel>),
 }
 
@@ -105,7 +105,7 @@ fn load_model(setup: &EngineSetup) -> Result<(Loaded, String)> {
     let choice = backend::choose(setup.backend, setup.adapter.as_deref())?;
     let weights = model.load_weights().context(Input(format!("cannot load the weights of {}", setup.dir.display())))?;
     let loaded = match choice.backend {
-        Backend::Cpu => Loaded::Cpu(CpuModel::new(config.clone(), weights)),
+        Backend::Cpu => Loaded::Cpu(Box::new(CpuModel::new(config.clone(), weights))),
         Backend::Gpu(ctx) => {
             let format = crate::weights::choose(&model, setup.weights);
             let gpu = GpuModel::with_format(*ctx, config, &weights, setup.context, format)
@@ -197,7 +197,7 @@ impl Engine {
         let mut rng = SeededRng::new(job.seed);
         let (c, v) = (self.canvas, self.vocab);
         let generation = match &mut self.model {
-            Loaded::Cpu(m) => dg_sampler::generate(&mut cache.wrap(m), &job.prompt, &job.settings, c, v, &mut rng, &mut hooks)
+            Loaded::Cpu(m) => dg_sampler::generate(&mut cache.wrap(&mut **m), &job.prompt, &job.settings, c, v, &mut rng, &mut hooks)
                 .map_err(anyhow::Error::new),
             Loaded::Gpu(m) => {
                 dg_sampler::generate_resident(&mut cache.wrap(&mut **m), &job.prompt, &job.settings, c, v, &mut rng, &mut hooks)
