@@ -31,6 +31,9 @@ pub enum Command {
     /// Describe a model (geometry, parameters, memory) and the GPU adapters wgpu finds.
     #[command(after_help = AFTER_HELP)]
     Info(InfoArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions, streaming).
+    #[command(after_help = AFTER_HELP)]
+    Serve(Box<crate::serve::ServeArgs>),
 }
 
 /// How the GPU stores the weight matrices.

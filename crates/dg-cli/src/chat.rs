@@ -1,7 +1,8 @@
 //! Chat prompts: the model's chat template (`chat_template.jinja`, or `chat_template` in
 //! `tokenizer_config.json`) rendered with minijinja the way transformers renders it (`trim_blocks`,
-//! `lstrip_blocks`, Python string methods, `raise_exception`) for one user message followed by the
-//! generation prompt.
+//! `lstrip_blocks`, Python string methods, `raise_exception`) for a list of messages (one user
+//! message for `dg generate --chat`, whole conversations for `dg serve`) followed by the generation
+//! prompt.
 
 use std::path::{Path, PathBuf};
 
@@ -51,6 +52,12 @@ impl ChatTemplate {
 
     /// The prompt text for one user message, ending with the generation prompt.
     pub fn render_user(&self, content: &str) -> Result<String> {
+        self.render(&[("user", content)])
+    }
+
+    /// The prompt text for `(role, content)` messages in order (system, user and assistant turns),
+    /// ending with the generation prompt.
+    pub fn render(&self, turns: &[(&str, &str)]) -> Result<String> {
         let mut env = Environment::new();
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
@@ -65,9 +72,9 @@ impl ChatTemplate {
         });
         let bad = || Input(format!("chat template {}", self.origin.display()));
         let template = env.template_from_str(&self.source).map_err(anyhow::Error::new).context(bad())?;
-        let messages = Value::from(vec![context! { role => "user", content => content }]);
+        let messages: Vec<Value> = turns.iter().map(|&(role, content)| context! { role, content }).collect();
         let ctx = context! {
-            messages => messages,
+            messages => Value::from(messages),
             add_generation_prompt => true,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
@@ -121,6 +128,11 @@ mod tests {
              <|turn>model\n{% endif %}\n",
         );
         assert_eq!(t.render_user(" hi ").unwrap(), "<bos><|turn>user\nhi<turn|>\n<|turn>model\n");
+        let turns = [("system", "be brief"), ("user", "hi"), ("model", "hello")];
+        assert_eq!(
+            t.render(&turns).unwrap(),
+            "<bos><|turn>system\nbe brief<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\nhello<turn|>\n<|turn>model\n"
+        );
     }
 
     #[test]

@@ -117,7 +117,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 
 /// generation_config.json of the directory, overridden by the command line, resolved.
 fn generation_config(args: &GenerateArgs, model: &ModelDir) -> Result<GenerationConfig> {
-    let over = RawGenerationConfig {
+    resolve_settings(model, sampler_overrides(args))
+}
+
+/// The sampler settings the command line sets.
+fn sampler_overrides(args: &GenerateArgs) -> RawGenerationConfig {
+    RawGenerationConfig {
         max_new_tokens: args.max_new_tokens,
         max_denoising_steps: args.steps,
         entropy_bound: args.entropy_bound,
@@ -126,7 +131,11 @@ fn generation_config(args: &GenerateArgs, model: &ModelDir) -> Result<Generation
         stability_threshold: args.stability_threshold,
         confidence_threshold: args.confidence_threshold,
         ..Default::default()
-    };
+    }
+}
+
+/// generation_config.json of `model` with the fields `over` sets replaced, resolved and checked.
+pub fn resolve_settings(model: &ModelDir, over: RawGenerationConfig) -> Result<GenerationConfig> {
     let raw = model.generation.clone().overridden_by(over);
     let source = Path::new("generation settings (generation_config.json and options)");
     let cfg = raw.resolve(&model.config, source).map_err(|e| input(e.to_string()))?;
@@ -137,7 +146,7 @@ fn generation_config(args: &GenerateArgs, model: &ModelDir) -> Result<Generation
 }
 
 /// The prompt and every decoded canvas must fit in the model's positions.
-fn check_positions(prompt_len: usize, canvases: usize, canvas: usize, max: usize) -> Result<()> {
+pub fn check_positions(prompt_len: usize, canvases: usize, canvas: usize, max: usize) -> Result<()> {
     let needed = prompt_len + canvases * canvas;
     if needed > max {
         return Err(input(format!(

@@ -1,5 +1,5 @@
-//! `dg`: generate text with DiffusionGemma (`dg generate`) and describe a model and the GPU
-//! adapters (`dg info`).
+//! `dg`: generate text with DiffusionGemma (`dg generate`), describe a model and the GPU adapters
+//! (`dg info`), and serve a model over an OpenAI-compatible HTTP API (`dg serve`).
 //!
 //! Exit status: 0 on success; 2 for usage and input errors (bad arguments, a missing or
 //! incomplete model directory, no tokenizer without `--prompt-ids`, a token id outside the
@@ -17,6 +17,7 @@ mod load;
 mod model_dir;
 mod prompt;
 mod report;
+mod serve;
 mod text;
 mod timing;
 mod weights;
@@ -32,6 +33,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => generate::run(*args),
         Command::Info(args) => info::run(args),
+        Command::Serve(args) => serve::run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

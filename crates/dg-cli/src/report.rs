@@ -166,5 +166,6 @@ fn stop_name(reason: StopReason) -> &'static str {
         StopReason::Eos => "eos",
         StopReason::MaxLength => "max_length",
         StopReason::AllCanvases => "all_canvases",
+        StopReason::Cancelled => "cancelled",
     }
 }

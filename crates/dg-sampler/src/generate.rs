@@ -80,11 +80,16 @@ pub struct StepInfo<'a> {
     pub finished: bool,
 }
 
-/// Callbacks during generation. Both default to doing nothing.
+/// Callbacks during generation. They default to doing nothing and never stopping.
 pub trait Hooks {
     fn on_step(&mut self, _info: &StepInfo<'_>) {}
     /// A finished block, after EOS padding, as appended to the sequence.
     fn on_canvas(&mut self, _block: usize, _tokens: &[u32]) {}
+    /// Asked after every step's [`Hooks::on_step`] and every block's [`Hooks::on_canvas`]: `true` ends
+    /// the generation there with [`StopReason::Cancelled`] (a block cut short is not appended).
+    fn should_stop(&mut self) -> bool {
+        false
+    }
 }
 
 /// Hooks that do nothing.
@@ -100,6 +105,9 @@ impl<H: Hooks + ?Sized> Hooks for &mut H {
     fn on_canvas(&mut self, block: usize, tokens: &[u32]) {
         (**self).on_canvas(block, tokens)
     }
+    fn should_stop(&mut self) -> bool {
+        (**self).should_stop()
+    }
 }
 
 /// Why generation stopped.
@@ -111,6 +119,8 @@ pub enum StopReason {
     MaxLength,
     /// All `new_canvases` blocks were generated.
     AllCanvases,
+    /// [`Hooks::should_stop`] asked to stop.
+    Cancelled,
 }
 
 /// The result of `generate`.
@@ -315,7 +325,7 @@ impl Sampler {
         let mut steps_per_canvas = Vec::with_capacity(blocks);
         let mut decoder_passes = 0;
         let mut stop_reason = StopReason::AllCanvases;
-        for block in 0..blocks {
+        'blocks: for block in 0..blocks {
             let committed = if block == 0 {
                 prompt
             } else {
@@ -337,6 +347,11 @@ impl Sampler {
                 steps += 1;
                 let outcome = model.step(self, cfg, remaining, rng, block, step)?;
                 hooks.on_step(&self.step_info(block, step, remaining, &outcome));
+                if hooks.should_stop() {
+                    steps_per_canvas.push(steps);
+                    stop_reason = StopReason::Cancelled;
+                    break 'blocks;
+                }
                 if outcome.finished {
                     break;
                 }
@@ -346,6 +361,10 @@ impl Sampler {
             let len = sequence.len();
             let end = finalize::finalize_canvas(&mut sequence[len - c..], len, cfg);
             hooks.on_canvas(block, &sequence[len - c..]);
+            if hooks.should_stop() && block + 1 < blocks && end == CanvasEnd::Continue {
+                stop_reason = StopReason::Cancelled;
+                break;
+            }
             match end {
                 CanvasEnd::Continue => {}
                 CanvasEnd::Eos { .. } => {
@@ -358,7 +377,10 @@ impl Sampler {
                 }
             }
         }
-        rng.finish()?;
+        if stop_reason != StopReason::Cancelled {
+            // A cancelled run leaves recorded draws unused on purpose.
+            rng.finish()?;
+        }
         let new_tokens = &sequence[prompt.len()..];
         let valid_tokens = finalize::valid_tokens(new_tokens, cfg.pad_token_id);
         let tokens_per_forward =

@@ -326,3 +326,62 @@ fn seeded_generation_is_reproducible() {
     };
     assert_eq!(run(11), run(11));
 }
+
+/// Stops when asked: after step `at_step` of block `at_block`, or after the canvas of `after_canvas`.
+struct StopAt {
+    at: Option<(usize, usize)>,
+    after_canvas: Option<usize>,
+    last_step: (usize, usize),
+    canvases: usize,
+    stop_now: bool,
+}
+
+impl StopAt {
+    fn new(at: Option<(usize, usize)>, after_canvas: Option<usize>) -> Self {
+        StopAt { at, after_canvas, last_step: (0, 0), canvases: 0, stop_now: false }
+    }
+}
+
+impl Hooks for StopAt {
+    fn on_step(&mut self, s: &StepInfo<'_>) {
+        self.last_step = (s.block, s.step);
+        self.stop_now = self.at == Some((s.block, s.step));
+    }
+    fn on_canvas(&mut self, block: usize, _tokens: &[u32]) {
+        self.canvases += 1;
+        self.stop_now = self.after_canvas == Some(block);
+    }
+    fn should_stop(&mut self) -> bool {
+        self.stop_now
+    }
+}
+
+#[test]
+fn should_stop_ends_generation_at_the_step_it_is_asked() {
+    let cfg = cfg(3, 4);
+    let mut model = FakeModel::new(spec());
+    let mut hooks = StopAt::new(Some((1, 2)), None);
+    let g = generate(&mut model, &[2, 3], &cfg, C, V, &mut SeededRng::new(5), &mut hooks).unwrap();
+    assert_eq!(g.stop_reason, StopReason::Cancelled);
+    assert_eq!(hooks.last_step, (1, 2), "no step runs after the stop");
+    // Block 0 whole; block 1 cut after its third step and not appended.
+    assert_eq!(g.steps_per_canvas, [4, 3]);
+    assert_eq!(g.decoder_passes, 7);
+    assert_eq!(g.new_tokens().len(), C);
+    assert_eq!(hooks.canvases, 1);
+}
+
+#[test]
+fn should_stop_after_a_canvas_keeps_that_canvas_and_starts_no_other() {
+    let cfg = cfg(3, 4);
+    let mut hooks = StopAt::new(None, Some(0));
+    let g = generate(&mut FakeModel::new(spec()), &[2, 3], &cfg, C, V, &mut SeededRng::new(5), &mut hooks).unwrap();
+    assert_eq!(g.stop_reason, StopReason::Cancelled);
+    assert_eq!(g.steps_per_canvas, [4]);
+    let full = generate(&mut FakeModel::new(spec()), &[2, 3], &cfg, C, V, &mut SeededRng::new(5), &mut NoHooks).unwrap();
+    assert_eq!(g.new_tokens(), &full.new_tokens()[..C], "the kept canvas is the uncancelled run's first");
+    // Stopping after the last canvas changes nothing: there is nothing left to cancel.
+    let mut hooks = StopAt::new(None, Some(2));
+    let g = generate(&mut FakeModel::new(spec()), &[2, 3], &cfg, C, V, &mut SeededRng::new(5), &mut hooks).unwrap();
+    assert_eq!(g.stop_reason, full.stop_reason);
+}

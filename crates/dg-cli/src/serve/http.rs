@@ -1,0 +1,333 @@
+//! The HTTP side: routes, the API key gate, per-status request counts, reading bodies (size and
+//! time limits), turning a checked request into an engine job, and answering it as one JSON object
+//! or as server-sent events in OpenAI's chunk shape (with `event: draft` events on request).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use dg_model::{ModelDir, RawGenerationConfig};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::engine::{Event, Job, Summary};
+use super::metrics::Metrics;
+use super::openai::{self, ApiError, Endpoint, PromptInput};
+use crate::chat::ChatTemplate;
+use crate::text::TextCodec;
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct App {
+    /// The `model` name requests must give.
+    pub model_name: String,
+    pub model: ModelDir,
+    pub template: Option<ChatTemplate>,
+    pub codec: Arc<TextCodec>,
+    pub jobs: mpsc::Sender<Job>,
+    pub metrics: Arc<Metrics>,
+    /// The sampler settings of the command line (over generation_config.json).
+    pub defaults: RawGenerationConfig,
+    pub default_seed: u64,
+    /// Positions a job may use (prompt and every canvas).
+    pub context: usize,
+    pub api_key: Option<String>,
+    pub max_body: usize,
+    pub body_timeout: Duration,
+    /// Unix time of the start, the `created` of `/v1/models`.
+    pub started: u64,
+    pub next_id: AtomicU64,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// The routes.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completion))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::invalid(None, "no such endpoint").with(StatusCode::NOT_FOUND, "not_found") })
+        .layer(middleware::from_fn_with_state(app.clone(), gate))
+        .with_state(app)
+}
+
+/// The API key check (every path but /health) and the request count by endpoint and status.
+async fn gate(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    let endpoint = match path.as_str() {
+        "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics" => path.as_str(),
+        _ => "other",
+    };
+    let authorized = match &app.api_key {
+        None => true,
+        Some(key) => {
+            path == "/health"
+                || request
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .is_some_and(|given| given == key)
+        }
+    };
+    let response = if authorized {
+        next.run(request).await
+    } else {
+        let e = ApiError::invalid(None, "missing or wrong API key: send Authorization: Bearer KEY");
+        ApiError { kind: "authentication_error", ..e }.with(StatusCode::UNAUTHORIZED, "invalid_api_key").into_response()
+    };
+    app.metrics.request(endpoint, response.status().as_u16());
+    response
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    let model = json!({"id": app.model_name, "object": "model", "created": app.started, "owned_by": "dg"});
+    axum::Json(json!({"object": "list", "data": [model]})).into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.metrics.render()).into_response()
+}
+
+async fn chat(State(app): State<Arc<App>>, request: Request) -> Result<Response, ApiError> {
+    generate(app, Endpoint::Chat, request).await
+}
+
+async fn completion(State(app): State<Arc<App>>, request: Request) -> Result<Response, ApiError> {
+    generate(app, Endpoint::Completion, request).await
+}
+
+/// The body, within the size and time limits.
+async fn read_body(app: &App, body: Body) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, app.max_body)).await {
+        Err(_) => Err(ApiError::invalid(None, "the request body did not arrive in time")
+            .with(StatusCode::REQUEST_TIMEOUT, "request_timeout")),
+        Ok(Err(_)) => Err(ApiError::invalid(None, format!("the request body is over {} bytes", app.max_body))
+            .with(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large")),
+        Ok(Ok(bytes)) => Ok(bytes),
+    }
+}
+
+async fn generate(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result<Response, ApiError> {
+    let body = read_body(&app, request.into_body()).await?;
+    let req = openai::parse(endpoint, &body)?;
+    if req.model != app.model_name {
+        return Err(ApiError::invalid(Some("model"), format!("model {:?} does not exist; this server serves {:?}", req.model, app.model_name))
+            .with(StatusCode::NOT_FOUND, "model_not_found"));
+    }
+    let prompt = prompt_ids(&app, &req.prompt)?;
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let job = job(&app, &req, prompt, events_tx)?;
+    app.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = app.jobs.try_send(job) {
+        app.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        return Err(match e {
+            mpsc::error::TrySendError::Full(_) => ApiError::invalid(None, "the queue is full; retry later")
+                .with(StatusCode::TOO_MANY_REQUESTS, "queue_full"),
+            mpsc::error::TrySendError::Closed(_) => ApiError::invalid(None, "the server is shutting down")
+                .with(StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        });
+    }
+    let id = app.next_id.fetch_add(1, Ordering::Relaxed);
+    let shape = Shape { endpoint, id, model: app.model_name.clone(), created: unix_now() };
+    if req.stream { Ok(stream(shape, events)) } else { whole(shape, events).await }
+}
+
+/// The prompt's token ids.
+fn prompt_ids(app: &App, prompt: &PromptInput) -> Result<Vec<u32>, ApiError> {
+    let failed = |param: &str, e: anyhow::Error| ApiError::invalid(Some(param), format!("{e:#}"));
+    let ids = match prompt {
+        PromptInput::Chat(turns) => {
+            let template = app.template.as_ref().ok_or_else(|| {
+                ApiError::invalid(Some("messages"), "this model has no chat template; use /v1/completions")
+            })?;
+            let turns: Vec<(&str, &str)> = turns.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
+            let text = template.render(&turns).map_err(|e| failed("messages", e))?;
+            app.codec.encode(&text, false).map_err(|e| failed("messages", e))?
+        }
+        PromptInput::Text(text) => app.codec.encode(text, true).map_err(|e| failed("prompt", e))?,
+        PromptInput::Ids(ids) => {
+            let vocab = app.model.config.text.vocab_size as u64;
+            if let Some(id) = ids.iter().find(|&&id| id >= vocab) {
+                return Err(ApiError::invalid(Some("prompt"), format!("token id {id} is outside the vocabulary (0..{vocab})")));
+            }
+            ids.iter().map(|&id| id as u32).collect()
+        }
+    };
+    if ids.is_empty() {
+        return Err(ApiError::invalid(None, "the prompt has no tokens"));
+    }
+    Ok(ids)
+}
+
+/// The engine job of a checked request: settings resolved and checked, positions counted.
+fn job(app: &App, req: &openai::Request, prompt: Vec<u32>, events: mpsc::UnboundedSender<Event>) -> Result<Job, ApiError> {
+    let config = &app.model.config;
+    let ext = &req.dg;
+    let over = RawGenerationConfig {
+        max_new_tokens: req.max_tokens,
+        max_denoising_steps: ext.steps,
+        entropy_bound: ext.entropy_bound,
+        t_min: ext.t_min,
+        t_max: ext.t_max,
+        stability_threshold: ext.stability_threshold,
+        confidence_threshold: ext.confidence_threshold,
+        ..Default::default()
+    };
+    let raw = app.defaults.clone().overridden_by(over);
+    let settings = crate::generate::resolve_settings(&app.model, raw).map_err(|e| ApiError::invalid(Some("dg"), format!("{e:#}")))?;
+    dg_sampler::validate_config(&settings, config.text.vocab_size).map_err(|e| ApiError::invalid(Some("dg"), e.to_string()))?;
+    let max_tokens = settings.max_new_tokens;
+    let param = Some("max_tokens");
+    if max_tokens > app.context {
+        return Err(ApiError::invalid(param, format!("max_tokens {max_tokens} is over the server's context of {} positions", app.context)));
+    }
+    let canvases = settings.new_canvases(prompt.len(), config.canvas_length);
+    crate::generate::check_positions(prompt.len(), canvases, config.canvas_length, app.context)
+        .map_err(|e| ApiError::invalid(param, format!("{e:#}")).with(StatusCode::BAD_REQUEST, "context_length_exceeded"))?;
+    Ok(Job {
+        prompt,
+        settings,
+        max_tokens,
+        stop: req.stop.clone(),
+        seed: req.seed.unwrap_or(app.default_seed),
+        drafts: ext.drafts,
+        events,
+    })
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The parts every response object of one request shares.
+struct Shape {
+    endpoint: Endpoint,
+    id: u64,
+    model: String,
+    created: u64,
+}
+
+impl Shape {
+    fn object(&self, chunk: bool) -> Value {
+        let (id, object) = match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => (format!("chatcmpl-{}", self.id), "chat.completion"),
+            (Endpoint::Chat, true) => (format!("chatcmpl-{}", self.id), "chat.completion.chunk"),
+            (Endpoint::Completion, _) => (format!("cmpl-{}", self.id), "text_completion"),
+        };
+        json!({"id": id, "object": object, "created": self.created, "model": self.model, "choices": []})
+    }
+
+    /// A choice carrying `text`; `finish` on the last one.
+    fn choice(&self, text: Option<&str>, finish: Option<&str>, whole: bool) -> Value {
+        match (self.endpoint, whole) {
+            (Endpoint::Chat, true) => json!({"index": 0, "message": {"role": "assistant", "content": text.unwrap_or("")},
+                "logprobs": null, "finish_reason": finish}),
+            (Endpoint::Chat, false) => {
+                let delta = text.map_or(json!({}), |t| json!({"content": t}));
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            (Endpoint::Completion, _) => json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}),
+        }
+    }
+
+    fn with_choice(&self, chunk: bool, choice: Value) -> Value {
+        let mut v = self.object(chunk);
+        v["choices"] = json!([choice]);
+        v
+    }
+
+    fn finish(&self, mut v: Value, s: &Summary) -> Value {
+        v["usage"] = json!({"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+            "total_tokens": s.prompt_tokens + s.completion_tokens});
+        v["dg"] = json!({
+            "steps_per_canvas": s.steps_per_canvas,
+            "tokens_per_forward": s.tokens_per_forward,
+            "reused_prompt_tokens": s.reused_tokens,
+            "prefill_ms": s.prefill.as_secs_f64() * 1e3,
+            "first_canvas_ms": s.first_canvas.map(|d| d.as_secs_f64() * 1e3),
+        });
+        v
+    }
+}
+
+fn server_error(message: String) -> ApiError {
+    ApiError { kind: "server_error", ..ApiError::invalid(None, message) }.with(StatusCode::INTERNAL_SERVER_ERROR, "generation_failed")
+}
+
+/// A non-streamed answer: waits for the whole text.
+async fn whole(shape: Shape, mut events: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Draft { .. } => {}
+            Event::Text(t) => text.push_str(&t),
+            Event::Failed(message) => return Err(server_error(message)),
+            Event::Done(summary) => {
+                let v = shape.with_choice(false, shape.choice(Some(&text), Some(summary.finish.name()), true));
+                return Ok(axum::Json(shape.finish(v, &summary)).into_response());
+            }
+        }
+    }
+    Err(server_error("the engine stopped before the generation ended".into()))
+}
+
+/// A streamed answer: one SSE frame per event, ending with `data: [DONE]`.
+fn stream(shape: Shape, events: mpsc::UnboundedReceiver<Event>) -> Response {
+    let data = |v: Value| format!("data: {v}\n\n");
+    let first = match shape.endpoint {
+        Endpoint::Chat => {
+            let mut v = shape.object(true);
+            v["choices"] = json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
+            Some(data(v))
+        }
+        Endpoint::Completion => None,
+    };
+    let state = (shape, events, first, false);
+    let frames = futures_util::stream::unfold(state, move |(shape, mut events, first, done)| async move {
+        if let Some(frame) = first {
+            return Some((Ok::<_, std::convert::Infallible>(Bytes::from(frame)), (shape, events, None, done)));
+        }
+        if done {
+            return None;
+        }
+        let (frame, done) = match events.recv().await {
+            None => (data(server_error("the engine stopped before the generation ended".into()).body()) + "data: [DONE]\n\n", true),
+            Some(Event::Draft { block, step, accepted, text }) => {
+                let mut v = shape.object(true);
+                v["dg"] = json!({"draft": {"block": block, "step": step, "accepted": accepted, "text": text}});
+                (format!("event: draft\n{}", data(v)), false)
+            }
+            Some(Event::Text(t)) => (data(shape.with_choice(true, shape.choice(Some(&t), None, false))), false),
+            Some(Event::Failed(message)) => (data(server_error(message).body()) + "data: [DONE]\n\n", true),
+            Some(Event::Done(summary)) => {
+                let last = shape.with_choice(true, shape.choice(None, Some(summary.finish.name()), false));
+                (data(shape.finish(last, &summary)) + "data: [DONE]\n\n", true)
+            }
+        };
+        Some((Ok(Bytes::from(frame)), (shape, events, None, done)))
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(frames))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
