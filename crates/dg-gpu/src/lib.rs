@@ -12,7 +12,6 @@ pub mod forward;
 pub mod model;
 pub mod ops;
 pub mod plan;
-pub mod testing;
 pub mod weights;
 
 pub use context::{Counters, Created, GpuContext, GpuOptions, list_adapters};

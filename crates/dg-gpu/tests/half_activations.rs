@@ -6,7 +6,7 @@
 //! Activations are drawn away from f16's subnormal range, where a CPU's and a GPU's rounding might
 //! differ (on the GPU, producer and GEMM round with the same conversion).
 
-use dg_gpu::testing::{best_time, coop_test_context, push_product, seeded};
+use dg_parity::testing::{best_time, coop_test_context, push_product, seeded};
 use dg_gpu::{GpuContext, Pipelines};
 use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
 use dg_kernels::coop_grouped_gemm::{self, PANEL, pack_f16_panels};
@@ -212,7 +212,7 @@ fn f16_activations_throughput_at_the_real_shapes() {
 #[test]
 fn f16_activations_for_row_major_experts_are_refused() {
     let test = "f16_activations_for_row_major_experts_are_refused";
-    let Some(ctx) = dg_gpu::testing::test_context(test) else { return };
+    let Some(ctx) = dg_parity::testing::test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let buffer = |len: usize| ctx.storage_buffer("b", len as u64 * 4).unwrap();
     let (a, offsets, rows, c) = (buffer(64), buffer(3), buffer(4), buffer(64));

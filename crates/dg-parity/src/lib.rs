@@ -13,6 +13,7 @@ pub mod divergence;
 pub mod gpu;
 pub mod reference;
 pub mod replay;
+pub mod testing;
 
 use std::path::PathBuf;
 

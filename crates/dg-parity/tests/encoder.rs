@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use dg_gpu::testing::test_context;
+use dg_parity::testing::test_context;
 use dg_model::ModelDir;
 use dg_parity::checks::Backend;
 use dg_parity::gpu::GpuBackend;

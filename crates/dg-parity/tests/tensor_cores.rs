@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use dg_gpu::ops::{Batches, Recorder};
-use dg_gpu::testing::{GUARD, best_time, coop_test_context, guarded_output, max_rel_err, push_product, read_guarded, seeded};
+use dg_parity::testing::{GUARD, best_time, coop_test_context, guarded_output, max_rel_err, push_product, read_guarded, seeded};
 use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::coop_gemm::{CoopTile, Staging};
@@ -537,7 +537,7 @@ fn head_linear_on_tensor_cores_matches_the_exact_softcapped_product() {
 /// (what the product must not touch included).
 #[test]
 fn strided_attention_products_on_tensor_cores_match_the_reference() {
-    use dg_gpu::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference};
+    use dg_parity::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference};
     use dg_kernels::gemm::GemmParams;
     let test = "strided_attention_products_on_tensor_cores_match_the_reference";
     let Some(ctx) = coop_test_context(test) else { return };
@@ -579,7 +579,7 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
 /// f16-exact operands, B stored as `format`; asserts that the plan dispatched a kernel whose name
 /// starts with `expect` and compares the whole C buffer with `gemm_reference`.
 fn check_gemm_auto(ctx: &GpuContext, pipelines: &mut Pipelines, scratch: &wgpu::Buffer, name: &str, format: WeightFormat, p: dg_kernels::gemm::GemmParams, expect: &str) {
-    use dg_gpu::testing::{gemm_extent, gemm_reference};
+    use dg_parity::testing::{gemm_extent, gemm_reference};
     let bf16_round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
     let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
     let b_len = gemm_extent(p.b_offset, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs);
@@ -670,7 +670,7 @@ fn panelled_projections_match_the_exact_product() {
     for (name, p, expect) in cases {
         let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
         let blocks = p.batch.max(1) as usize;
-        let c_len = dg_gpu::testing::gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
+        let c_len = dg_parity::testing::gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
         let a = seeded(m * k, 71, 1.0);
         let w = f16_round(&seeded(blocks * n * k, 72, 1.0));
         let c0 = seeded(c_len, 73, 2.0);
@@ -686,7 +686,7 @@ fn panelled_projections_match_the_exact_product() {
         assert!(names.iter().any(|k| k.starts_with(expect)) && names.iter().any(|k| k.contains("_kp")), "{name}: expected {expect} on K panels, got {names:?}");
         plan.run(&ctx).unwrap();
         let got = read_guarded(&ctx, &cb, c_len);
-        let want = dg_gpu::testing::gemm_reference(&p, &f16_round(&a), &w, &c0);
+        let want = dg_parity::testing::gemm_reference(&p, &f16_round(&a), &w, &c0);
         let (err, at) = max_rel_err(&got, &want);
         assert!(err <= tolerance(k), "{name}: rel err {err} > {} at {at}: got {} want {}", tolerance(k), got[at], want[at]);
     }
@@ -738,7 +738,7 @@ fn linear_product_leaves_split_partials_to_their_consumer() {
 fn panelled_matrix_refuses_products_no_tile_takes() {
     use dg_kernels::gemm::GemmParams;
     let test = "panelled_matrix_refuses_products_no_tile_takes";
-    let Some(ctx) = dg_gpu::testing::test_context(test) else { return };
+    let Some(ctx) = dg_parity::testing::test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let matrix = GpuMatrix { buffer: ctx.upload("w", &vec![0u32; 64 * 48]).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels };
     let ab = ctx.upload("a", &vec![0f32; 64 * 96]).unwrap();
@@ -1249,7 +1249,7 @@ fn probe_kernels_validate() {
 fn workgroup_residency_probe() {
     use dg_kernels::{Access, KernelSource};
     let test = "workgroup_residency_probe";
-    let Some(ctx) = dg_gpu::testing::test_context(test) else { return };
+    let Some(ctx) = dg_parity::testing::test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let len = 1u32 << 20;
     // A single cycle through all entries with a large odd stride: consecutive loads are far apart.
@@ -1295,7 +1295,7 @@ fn workgroup_residency_probe() {
 fn dispatch_overhead_probe() {
     use dg_kernels::{Access, KernelSource};
     let test = "dispatch_overhead_probe";
-    let Some(ctx) = dg_gpu::testing::test_context(test) else { return };
+    let Some(ctx) = dg_parity::testing::test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let out = ctx.storage_buffer("out", 4096 * 256 * 4).unwrap();
     let wgsl = "@group(0) @binding(0) var<uniform> p: vec4<u32>;\n\

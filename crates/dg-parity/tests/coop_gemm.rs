@@ -3,7 +3,7 @@
 //! matrices (elsewhere, lavapipe for one, a visible SKIP). Timings by tile, K split and W path:
 //! `tensor_cores.rs`, `dense_tensor_core_throughput_by_tile_and_split`.
 
-use dg_gpu::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
+use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
 use dg_gpu::{Pipelines, PlanBuilder};
 use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm::{self, BLayout, Staging, TILES, WPath};

@@ -3,8 +3,8 @@
 //! strided GEMM ([`gemm_reference`]), and the recording and timing of throughput probes
 //! ([`push_product`], [`best_time`]).
 
-use crate::context::{GpuContext, GpuOptions};
-use crate::error::GpuError;
+use dg_gpu::{GpuContext, GpuOptions};
+use dg_gpu::GpuError;
 
 /// Seconds a throughput probe runs a plan before timing it ([`best_time`]): on an H200 the first
 /// timings of a plan on freshly created buffers ran up to 4× slow, even right after a second of
@@ -13,7 +13,7 @@ pub const WARM_UP_SECONDS: f64 = 0.3;
 
 /// The best wall time of one of a plan's `replays` dispatches over 5 submissions, in seconds, after
 /// running the plan for [`WARM_UP_SECONDS`] (at least twice).
-pub fn best_time(ctx: &GpuContext, plan: &crate::Plan, replays: u32) -> f64 {
+pub fn best_time(ctx: &GpuContext, plan: &dg_gpu::Plan, replays: u32) -> f64 {
     let start = std::time::Instant::now();
     for run in 0.. {
         plan.run(ctx).expect("a timed plan runs");
@@ -33,8 +33,8 @@ pub fn best_time(ctx: &GpuContext, plan: &crate::Plan, replays: u32) -> f64 {
 /// Pushes one dense tensor-core product `p` of `a` and `b` into `c`: whole when `split` has one
 /// range, else its partials into `scratch` and the reduction (`reduce`) into `c`.
 pub fn push_product<'a>(
-    plan: &mut crate::PlanBuilder<'a>,
-    (kernel, reduce): (&std::sync::Arc<crate::Pipeline>, &std::sync::Arc<crate::Pipeline>),
+    plan: &mut dg_gpu::PlanBuilder<'a>,
+    (kernel, reduce): (&std::sync::Arc<dg_gpu::Pipeline>, &std::sync::Arc<dg_gpu::Pipeline>),
     tile: dg_kernels::coop_gemm::CoopTile,
     p: &dg_kernels::gemm::GemmParams,
     split: dg_kernels::coop_gemm::Split,
@@ -44,7 +44,7 @@ pub fn push_product<'a>(
     if split.splits > 1 {
         plan.push(kernel, &split.partial_params(p), &[a, b, scratch], coop_gemm::workgroups_split(tile, p.m, p.n, 1, split.splits));
         let r = split.reduce_params(p);
-        plan.push(reduce, &r, &[scratch, c], crate::groups_1d(split_k::workgroups(&r), 65535));
+        plan.push(reduce, &r, &[scratch, c], dg_gpu::groups_1d(split_k::workgroups(&r), 65535));
     } else {
         plan.push(kernel, p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, 1));
     }

@@ -5,7 +5,7 @@
 //! its workgroups folded into y (an artificially small per-dimension limit) to exercise the
 //! wrap-around indexing and the out-of-range workgroups.
 
-use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_parity::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::axpby::{self, AxpbyParams};
@@ -733,7 +733,7 @@ fn dispatch_floor_probe() {
             for r in 0..replays as usize {
                 plan.push(&pipeline, &[0u32; 4], &[&buffers[r % distinct]], [groups, 1, 1]);
             }
-            let t = dg_gpu::testing::best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
+            let t = dg_parity::testing::best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
             line += &format!(" | {what}: {:.2} us a dispatch", t * 1e6);
         }
         eprintln!("{line}");
