@@ -3,12 +3,14 @@
 //! `cargo xtask parity [--model DIR]... [--backend cpu|gpu|all]` checks reference directories;
 //! `cargo xtask bench [--quick]` runs the criterion benchmarks; `cargo xtask bench-gpu` times the
 //! GPU canvas forward with a per-kernel profile; `cargo xtask bench-generate` times a GPU-resident
-//! generation; `cargo xtask shader-stats` prints the driver's compile statistics of the kernels.
+//! generation; `cargo xtask shader-stats` prints the driver's compile statistics of the kernels;
+//! `cargo xtask probe NAME` runs a hardware probe (`--list` lists them).
 
 mod bench;
 mod bench_generate;
 mod bench_gpu;
 mod parity;
+mod probe;
 mod shader_stats;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +34,8 @@ enum Command {
     BenchGenerate(bench_generate::Args),
     /// Print the Vulkan driver's compile statistics (registers, spills...) of the GPU kernels.
     ShaderStats(shader_stats::Args),
+    /// Run a hardware probe (kernel and GPU timings) by name; `--list` lists them.
+    Probe(probe::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -42,6 +46,7 @@ fn main() -> std::process::ExitCode {
         Command::BenchGpu(args) => bench_gpu::run(args),
         Command::BenchGenerate(args) => bench_generate::run(args),
         Command::ShaderStats(args) => shader_stats::run(args),
+        Command::Probe(args) => probe::run(args),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

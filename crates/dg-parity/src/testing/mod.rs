@@ -1,7 +1,12 @@
-//! Helpers for GPU tests: opening the test device (with the lavapipe hint or a visible SKIP),
-//! guard-banded outputs that catch out-of-bounds writes, seeded inputs, and the CPU reference of a
-//! strided GEMM ([`gemm_reference`]), and the recording and timing of throughput probes
-//! ([`push_product`], [`best_time`]).
+//! Support for the GPU tests, the benches and the probes: opening the test device (with the
+//! lavapipe hint or a visible SKIP; `DG_ALLOW_NO_GPU=1` skips), guard-banded outputs that catch
+//! out-of-bounds writes, seeded inputs, the CPU reference of a strided GEMM ([`gemm_reference`]),
+//! and the recording and timing of throughput probes ([`push_product`], [`best_time`]);
+//! [`coop_experts`] and [`half_activations`] hold the tensor-core products that tests and probes
+//! both run.
+
+pub mod coop_experts;
+pub mod half_activations;
 
 use dg_gpu::{GpuContext, GpuOptions};
 use dg_gpu::GpuError;
@@ -111,14 +116,28 @@ pub fn seeded(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// Max |a − b| relative to max |b|, and the index where |a − b| peaks.
+/// Slot counts of `groups` experts like a top-k routing of `tokens` tokens: about
+/// `tokens·k/groups` each, skewed (some experts empty, a few with twice the mean).
+pub fn skewed_counts(groups: usize, tokens: usize, k: usize) -> Vec<u32> {
+    let weights: Vec<f32> = seeded(groups, 77, 1.0).iter().map(|v| (v + 1.0) * (v + 1.0)).collect();
+    let total: f32 = weights.iter().sum();
+    let mut counts: Vec<u32> = weights.iter().map(|w| (w / total * (tokens * k) as f32) as u32).collect();
+    counts[3] = 0;
+    counts
+}
+
+/// Max |a − b| relative to max |b|, and the index where |a − b| peaks; NaN and the index of the
+/// first non-finite difference where there is one (so that no tolerance accepts it).
 pub fn max_rel_err(a: &[f32], b: &[f32]) -> (f32, usize) {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
     let (mut worst, mut at) = (0f32, 0);
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         let d = (x - y).abs();
-        if !(d <= worst) {
+        if !d.is_finite() {
+            return (f32::NAN, i);
+        }
+        if d > worst {
             worst = d;
             at = i;
         }
