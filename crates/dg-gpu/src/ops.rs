@@ -499,7 +499,7 @@ impl<'a> Recorder<'a> {
             // Ragged columns (a sliding layer's scores over its 1023 visible keys): the body of
             // whole 32-wide column blocks on the tensor cores, the last columns in the f32 GEMM.
             // Only for f32 operands (attention), the case measured on an H200 and tested
-            // (`tests/tensor_cores.rs`); ragged K stays in the f32 GEMM.
+            // (dg-parity `tests/tensor_cores.rs`); ragged K stays in the f32 GEMM.
             const STEP: u32 = 32;
             let n_body = p.n / STEP * STEP;
             let body = GemmParams { n: n_body, ..p };
