@@ -65,3 +65,32 @@ pub fn run(args: Args) -> Result<bool> {
     probe.run(&ctx, &options)?;
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_names_are_unique_and_found() {
+        for (i, p) in PROBES.iter().enumerate() {
+            assert!(PROBES[..i].iter().all(|q| q.name != p.name), "{} listed twice", p.name);
+            assert_eq!(probe::find(p.name).unwrap().name, p.name);
+        }
+        let err = probe::find("gemm_thruput").unwrap_err().to_string();
+        assert!(err.contains("gemm_thruput") && err.contains("gemm_throughput"), "{err}");
+    }
+
+    #[test]
+    fn bad_shapes_and_geometries_are_errors_naming_them() {
+        assert_eq!(parse_shapes("256x1024x1024, 1x2x3").unwrap(), vec![[256, 1024, 1024], [1, 2, 3]]);
+        for bad in ["256x1024", "256x0x4", "axbxc", ""] {
+            let err = parse_shapes(bad).unwrap_err().to_string();
+            assert!(err.contains("--shapes"), "{bad}: {err}");
+        }
+        assert_eq!(parse_grouped("64,32,8,512,128").unwrap(), [64, 32, 8, 512, 128]);
+        for bad in ["64,32,8,512", "64,4,8,512,128", "64,0,1,512,128", "x"] {
+            let err = parse_grouped(bad).unwrap_err().to_string();
+            assert!(err.contains("--grouped"), "{bad}: {err}");
+        }
+    }
+}
