@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use dg_gpu::testing::{random_context, seeded};
+use dg_parity::testing::{random_context, seeded};
 use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext, WeightFormat};
 use dg_model::{LayerKind, ModelConfig, RandomWeights, TextConfig};
 

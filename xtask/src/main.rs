@@ -6,12 +6,14 @@
 //! generation; `cargo xtask shader-stats` prints the driver's compile statistics of the kernels;
 //! `cargo xtask write-checkpoint` writes a random model directory and `cargo xtask load-memory`
 //! reports a command's peak host memory.
+//! `cargo xtask probe NAME` runs a hardware probe (`--list` lists them).
 
 mod bench;
 mod bench_generate;
 mod bench_gpu;
 mod load_memory;
 mod parity;
+mod probe;
 mod shader_stats;
 mod write_checkpoint;
 
@@ -40,6 +42,8 @@ enum Command {
     WriteCheckpoint(write_checkpoint::Args),
     /// Run a command and report its peak anonymous resident memory.
     LoadMemory(load_memory::Args),
+    /// Run a hardware probe (kernel and GPU timings) by name; `--list` lists them.
+    Probe(probe::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,6 +56,7 @@ fn main() -> std::process::ExitCode {
         Command::ShaderStats(args) => shader_stats::run(args),
         Command::WriteCheckpoint(args) => write_checkpoint::run(args),
         Command::LoadMemory(args) => load_memory::run(args),
+        Command::Probe(args) => probe::run(args),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

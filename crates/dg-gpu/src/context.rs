@@ -172,7 +172,7 @@ impl GpuContext {
             experimental_features: if coop_matrix {
                 // SAFETY: only requested where the adapter reports the cooperative-matrix
                 // configuration the tensor-core GEMM uses; its results are gated against the f32
-                // kernels (dg-gpu tests/coop_gemm.rs) on such devices.
+                // kernels (dg-parity tests/coop_gemm.rs) on such devices.
                 unsafe { wgpu::ExperimentalFeatures::enabled() }
             } else {
                 wgpu::ExperimentalFeatures::disabled()

@@ -16,7 +16,6 @@ pub mod pack;
 pub mod plan;
 pub mod planner;
 mod staging;
-pub mod testing;
 pub mod tuning;
 pub mod weights;
 

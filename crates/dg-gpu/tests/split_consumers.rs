@@ -10,7 +10,7 @@
 
 use dg_gpu::Pipelines;
 use dg_gpu::ops::{Product, Recorder};
-use dg_gpu::testing::{guarded_output, read_guarded, seeded, test_context};
+use dg_parity::testing::{guarded_output, read_guarded, seeded, test_context};
 
 const SPLITS: u32 = 3;
 

@@ -132,7 +132,7 @@ const LIBRARY_CRATES: &[&str] = &["dg-model", "dg-kernels", "dg-cpu", "dg-gpu", 
 const EXEMPT: &[(&str, &str)] = &[
     // Test support (the GPU tests' device, which `DG_ALLOW_NO_GPU=1` lets them skip): test code
     // kept in src/ so that the crate's test files share it, not code the library runs.
-    ("dg-gpu/src/testing.rs", "env::var"),
+    ("dg-parity/src/testing/mod.rs", "env::var"),
     // `Tuning::from_env` / `GpuOptions::from_env`: the one reading of the environment, which only
     // applications call (wgpu's `*_from_env` helpers are the model).
     ("dg-gpu/src/tuning.rs", "std::env::vars_os()"),

@@ -615,7 +615,7 @@ pub fn plan(p: &GemmParams) -> Option<(CoopTile, BLayout)> {
 }
 
 /// Rows from which a product takes [`TILE_128X128`] where it fits, rather than the first fitting
-/// tile of [`TILES`]: a K step's throughput is bound by its global loads (`tests/tensor_cores.rs`,
+/// tile of [`TILES`]: a K step's throughput is bound by its global loads (`cargo xtask probe`,
 /// `tensor_core_step_ceiling_probe`), and a 128×128 step loads 16 KB of A and 8 KB of W for four
 /// times the products of a 64×64 step's 8 + 4 KB. A product with few such tiles splits K to fill
 /// the GPU ([`Split`]). In the F16 forward on an H200 (decoder, 256 rows, W in K panels, µs,
@@ -675,7 +675,7 @@ pub fn workgroups_split(tile: CoopTile, m: u32, n: u32, batch: u32, splits: u32)
 
 /// Workgroups a product is split towards when two workgroups of its tile share a multiprocessor
 /// (up to [`PAIR_RESIDENT_SHARED_BYTES`]): about two per multiprocessor of a 132-SM H200, where a product of 264 64×64 tiles already runs a K step on each multiprocessor about as fast as one
-/// lone workgroup does (0.36 against 0.55 µs; `tests/tensor_cores.rs`,
+/// lone workgroup does (0.36 against 0.55 µs; `cargo xtask probe`,
 /// `dense_tensor_core_throughput_by_tile_and_split`). Only products with fewer than half that many
 /// tiles split: the router's 256 × 128 (8 tiles: 54 µs whole, 20 µs in 16 splits). A 256-row
 /// projection's 176 to 256 tiles of 64×64 do not: splitting it measured slower (q_proj 59 µs
@@ -683,7 +683,7 @@ pub fn workgroups_split(tile: CoopTile, m: u32, n: u32, batch: u32, splits: u32)
 /// Long products have their own target ([`LONG_K_TARGET_WORKGROUPS`]).
 pub const SPLIT_TARGET_WORKGROUPS: u32 = 256;
 /// Workgroup memory up to which two workgroups share a multiprocessor of an H200 (its driver gives
-/// these pipelines less than 64 KiB a multiprocessor: `tests/tensor_cores.rs`,
+/// these pipelines less than 64 KiB a multiprocessor: `cargo xtask probe`,
 /// `workgroup_residency_probe`, 24 KiB two, 32 KiB one).
 pub const PAIR_RESIDENT_SHARED_BYTES: u32 = 24 * 1024;
 /// Fewest K steps one split runs: below that, staging the first step and storing the partial

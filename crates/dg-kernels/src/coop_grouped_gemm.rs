@@ -27,7 +27,7 @@
 //! decoder's 256 tokens × top-8), a 32-row tile holds most experts whole, so each expert's
 //! weights are read about once: its floor is the weight bytes (1.5 GB a layer at the real
 //! geometry), not the tensor cores' work. (On an H200 it runs at about half the weights'
-//! streaming rate, bound by what a K step costs a multiprocessor: BENCHMARKS.md.) The K-panel layout makes the `bn × PANEL` block of W one
+//! streaming rate, bound by what a K step costs a multiprocessor: bench/HISTORY.md.) The K-panel layout makes the `bn × PANEL` block of W one
 //! K step stages one contiguous run (8 KiB for a 128-wide tile) instead of `bn` runs of 64 bytes
 //! a row apart, which DRAM serves at a fraction of its bandwidth. See
 //! `wgsl/coop_grouped_gemm.wgsl`.

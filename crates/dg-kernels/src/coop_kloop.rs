@@ -32,7 +32,7 @@
 //! words, f32) and is converted as it is staged (`w16`), since a conversion also waits for its
 //! load. Unconditional loads alone are not enough: the compiler then sinks them down to the put
 //! that consumes them, so `prefetch` pins them where the ring issues them. Global loads are not
-//! drained by barriers on NVIDIA (`tests/tensor_cores.rs`, `barrier_drain_probe`), so a deeper
+//! drained by barriers on NVIDIA (`xtask probe barrier_drain_probe`), so a deeper
 //! ring keeps more bytes in flight per workgroup: depth 3 for the lone 128×128 workgroup of a
 //! multiprocessor, 4 for the experts' single-staged tiles (on an H200, with the pins: gate/up 397
 //! µs at depth 1, 370 at 2, 343 at 4; before them the experts gained nothing from a deeper ring;

@@ -5,14 +5,20 @@
 //! within their tolerance, where two generations part and whether that error explains it
 //! ([`divergence`]). Metrics and the argmax rule live in [`compare`]. Backends plug in through
 //! [`checks::Backend`].
+//!
+//! Kernel level: the GPU kernels against dg-cpu's ops and exact products (`tests/kernels_*.rs`,
+//! `tests/tensor_cores.rs`, `tests/coop_gemm.rs`), on the test support of [`testing`]; the
+//! hardware probes behind `cargo xtask probe` are in [`probe`].
 
 pub mod checks;
 pub mod compare;
 pub mod cpu;
 pub mod divergence;
 pub mod gpu;
+pub mod probe;
 pub mod reference;
 pub mod replay;
+pub mod testing;
 
 use std::path::PathBuf;
 

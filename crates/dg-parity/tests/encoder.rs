@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use dg_gpu::testing::test_context;
+use dg_parity::testing::test_context;
 use dg_model::ModelDir;
 use dg_parity::checks::Backend;
 use dg_parity::gpu::GpuBackend;
@@ -37,7 +37,7 @@ fn gpu_encoder_rejects_bad_input_by_name() {
     let mut gpu = dg_gpu::GpuModel::new(ctx, &model.config, &model.load_weights().unwrap(), 40).unwrap();
     let e = gpu.encode(&[1, 2, v]).unwrap_err().to_string();
     assert!(e.contains(&format!("token id {v} at position 2")) && e.contains(&format!("vocab_size {v}")), "{e}");
-    let e = gpu.encode(&vec![1; 41]).unwrap_err().to_string();
+    let e = gpu.encode(&[1; 41]).unwrap_err().to_string();
     assert!(e.contains("41 tokens") && e.contains("max_context 40"), "{e}");
     assert!(gpu.encode(&[]).unwrap_err().to_string().contains("empty"));
     // Nothing was encoded by the failed calls; a canvas forward without context says so.

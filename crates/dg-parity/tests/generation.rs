@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dg_cpu::CpuModel;
-use dg_gpu::testing::test_context;
+use dg_parity::testing::test_context;
 use dg_gpu::{Counters, Created};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_parity::checks::Backend;

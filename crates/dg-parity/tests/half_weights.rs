@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use dg_cpu::CpuModel;
 use dg_gpu::WeightFormat;
-use dg_gpu::testing::test_context;
+use dg_parity::testing::test_context;
 use dg_model::{GenerationConfig, ModelConfig, ModelDir};
 use dg_parity::checks::Backend;
 use dg_parity::compare::compare;

@@ -4,7 +4,7 @@
 //! and 8 heads; and against the two dispatches it replaces (`rmsnorm` then `rope` on the GPU).
 //! Every output carries a guard band, and every case also runs with its workgroups folded into y.
 
-use dg_gpu::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_parity::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::ops::{HeadRows, Recorder};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::row_reduce::RowReduce;

@@ -1,10 +1,15 @@
-//! Helpers for GPU tests: opening the test device (with the lavapipe hint or a visible SKIP),
-//! guard-banded outputs that catch out-of-bounds writes, seeded inputs, and the CPU reference of a
-//! strided GEMM ([`gemm_reference`]), and the recording and timing of throughput probes
-//! ([`push_product`], [`best_time`]).
+//! Support for the GPU tests, the benches and the probes: opening the test device (with the
+//! lavapipe hint or a visible SKIP; `DG_ALLOW_NO_GPU=1` skips), guard-banded outputs that catch
+//! out-of-bounds writes, seeded inputs, the CPU reference of a strided GEMM ([`gemm_reference`]),
+//! and the recording and timing of throughput probes ([`push_product`], [`best_time`]);
+//! [`coop_experts`] and [`half_activations`] hold the tensor-core products that tests and probes
+//! both run.
 
-use crate::context::{GpuContext, GpuOptions};
-use crate::error::GpuError;
+pub mod coop_experts;
+pub mod half_activations;
+
+use dg_gpu::{GpuContext, GpuOptions};
+use dg_gpu::GpuError;
 
 /// Seconds a throughput probe runs a plan before timing it ([`best_time`]): on an H200 the first
 /// timings of a plan on freshly created buffers ran up to 4× slow, even right after a second of
@@ -13,7 +18,7 @@ pub const WARM_UP_SECONDS: f64 = 0.3;
 
 /// The best wall time of one of a plan's `replays` dispatches over 5 submissions, in seconds, after
 /// running the plan for [`WARM_UP_SECONDS`] (at least twice).
-pub fn best_time(ctx: &GpuContext, plan: &crate::Plan, replays: u32) -> f64 {
+pub fn best_time(ctx: &GpuContext, plan: &dg_gpu::Plan, replays: u32) -> f64 {
     let start = std::time::Instant::now();
     for run in 0.. {
         plan.run(ctx).expect("a timed plan runs");
@@ -33,8 +38,8 @@ pub fn best_time(ctx: &GpuContext, plan: &crate::Plan, replays: u32) -> f64 {
 /// Pushes one dense tensor-core product `p` of `a` and `b` into `c`: whole when `split` has one
 /// range, else its partials into `scratch` and the reduction (`reduce`) into `c`.
 pub fn push_product<'a>(
-    plan: &mut crate::PlanBuilder<'a>,
-    (kernel, reduce): (&std::sync::Arc<crate::Pipeline>, &std::sync::Arc<crate::Pipeline>),
+    plan: &mut dg_gpu::PlanBuilder<'a>,
+    (kernel, reduce): (&std::sync::Arc<dg_gpu::Pipeline>, &std::sync::Arc<dg_gpu::Pipeline>),
     tile: dg_kernels::coop_gemm::CoopTile,
     p: &dg_kernels::gemm::GemmParams,
     split: dg_kernels::coop_gemm::Split,
@@ -44,7 +49,7 @@ pub fn push_product<'a>(
     if split.splits > 1 {
         plan.push(kernel, &split.partial_params(p), &[a, b, scratch], coop_gemm::workgroups_split(tile, p.m, p.n, 1, split.splits));
         let r = split.reduce_params(p);
-        plan.push(reduce, &r, &[scratch, c], crate::groups_1d(split_k::workgroups(&r), 65535));
+        plan.push(reduce, &r, &[scratch, c], dg_gpu::groups_1d(split_k::workgroups(&r), 65535));
     } else {
         plan.push(kernel, p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, 1));
     }
@@ -55,10 +60,12 @@ pub const GUARD: f32 = -7.777e17;
 /// Elements of guard band after each output.
 pub const GUARD_LEN: usize = 64;
 
-/// The device for a test. With no adapter: `None` and a visible SKIP line when `DG_ALLOW_NO_GPU=1`,
-/// otherwise a panic that says how to install lavapipe.
+/// The device for a test, chosen and tuned by the `DG_*` variables as `dg` would
+/// (`GpuOptions::from_env`). With no adapter: `None` and a visible SKIP line when
+/// `DG_ALLOW_NO_GPU=1`, otherwise a panic that says how to install lavapipe.
 pub fn test_context(test: &str) -> Option<GpuContext> {
-    match GpuContext::new(&GpuOptions::default()) {
+    let opts = GpuOptions::from_env().unwrap_or_else(|e| panic!("{test}: {e}"));
+    match GpuContext::new(&opts) {
         Ok(ctx) => Some(ctx),
         Err(e @ GpuError::NoAdapter { .. }) => {
             if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") {
@@ -111,14 +118,28 @@ pub fn seeded(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-/// Max |a − b| relative to max |b|, and the index where |a − b| peaks.
+/// Slot counts of `groups` experts like a top-k routing of `tokens` tokens: about
+/// `tokens·k/groups` each, skewed (some experts empty, a few with twice the mean).
+pub fn skewed_counts(groups: usize, tokens: usize, k: usize) -> Vec<u32> {
+    let weights: Vec<f32> = seeded(groups, 77, 1.0).iter().map(|v| (v + 1.0) * (v + 1.0)).collect();
+    let total: f32 = weights.iter().sum();
+    let mut counts: Vec<u32> = weights.iter().map(|w| (w / total * (tokens * k) as f32) as u32).collect();
+    counts[3] = 0;
+    counts
+}
+
+/// Max |a − b| relative to max |b|, and the index where |a − b| peaks; NaN and the index of the
+/// first non-finite difference where there is one (so that no tolerance accepts it).
 pub fn max_rel_err(a: &[f32], b: &[f32]) -> (f32, usize) {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
     let (mut worst, mut at) = (0f32, 0);
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         let d = (x - y).abs();
-        if !(d <= worst) {
+        if !d.is_finite() {
+            return (f32::NAN, i);
+        }
+        if d > worst {
             worst = d;
             at = i;
         }

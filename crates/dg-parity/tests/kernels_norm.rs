@@ -9,7 +9,7 @@
 //! runs with its workgroups folded into y by 3 per dimension (rows that leave dead workgroups
 //! included).
 
-use dg_gpu::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_parity::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, PlanBuilder, Pipelines, groups_1d};
 use dg_kernels::residual_norms::{self, AttentionResidualNormsParams, FfnResidualNormsParams};
 use dg_kernels::rmsnorm::{self, ACCUMULATE, RmsNormParams, WEIGHTED};

@@ -14,7 +14,7 @@
 //! Every output buffer is pre-filled with seeded values (so untouched elements, e.g. the gaps
 //! between strided rows, are checked to stay untouched) and followed by a guard band.
 
-use dg_gpu::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_parity::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference, guarded_output, max_rel_err, read_guarded, seeded, skewed_counts, test_context};
 use dg_gpu::{GpuContext, PlanBuilder, Pipelines};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
@@ -233,16 +233,6 @@ fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GroupedTile,
     );
 }
 
-/// Slot counts of `groups` experts like a top-k routing of `tokens` tokens: about
-/// `tokens·k/groups` each, skewed (some experts empty, a few with twice the mean).
-fn skewed_counts(groups: usize, tokens: usize, k: usize) -> Vec<u32> {
-    let weights: Vec<f32> = seeded(groups, 77, 1.0).iter().map(|v| (v + 1.0) * (v + 1.0)).collect();
-    let total: f32 = weights.iter().sum();
-    let mut counts: Vec<u32> = weights.iter().map(|w| (w / total * (tokens * k) as f32) as u32).collect();
-    counts[3] = 0;
-    counts
-}
-
 #[test]
 fn grouped_gemm_matches_naive_for_every_tile() {
     let Some(ctx) = test_context("grouped_gemm_matches_naive_for_every_tile") else { return };
@@ -278,119 +268,5 @@ fn grouped_gemm_choose_covers_a_moe_routing() {
         let tile = grouped_gemm::choose(n, k, slots, counts.len() as u32);
         assert_eq!(tile, grouped_gemm::TILE_32X256);
         check_grouped(&ctx, &mut pipelines, tile, &Grouped { n, k, counts: counts.clone(), gather: true });
-    }
-}
-
-/// Throughput on the test device (lavapipe by default: a sanity number, not a benchmark):
-/// `cargo test -p dg-gpu --test kernels_gemm gemm_throughput -- --ignored --nocapture`.
-/// `DG_GEMM_BENCH=256x2816x2816,4096x4096x4096` picks the shapes (default 256x1024x1024) and
-/// `DG_GEMM_REPS` the dispatches per submit (default 3; more on a fast GPU, to amortise the
-/// submit and wait).
-#[test]
-#[ignore]
-fn gemm_throughput() {
-    let Some(ctx) = test_context("gemm_throughput") else { return };
-    let mut pipelines = Pipelines::default();
-    let shapes: Vec<[u32; 3]> = std::env::var("DG_GEMM_BENCH")
-        .unwrap_or_else(|_| "256x1024x1024".into())
-        .split(',')
-        .map(|s| {
-            let v: Vec<u32> = s.trim().split('x').map(|d| d.parse().expect("DG_GEMM_BENCH: MxNxK,...")).collect();
-            [v[0], v[1], v[2]]
-        })
-        .collect();
-    let reps: u32 = std::env::var("DG_GEMM_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
-    for [m, n, k] in shapes {
-        let ab = ctx.upload("a", &seeded((m * k) as usize, 1, 1.0)).unwrap();
-        let bb = ctx.upload("b", &seeded((k * n) as usize, 2, 1.0)).unwrap();
-        let cb = ctx.storage_buffer("c", u64::from(m * n) * 4).unwrap();
-        for (label, p) in [("row-major B", GemmParams::new(m, n, k)), ("linear B = Wᵀ", GemmParams::linear(m, n, k))] {
-            for &tile in TILES {
-                let pipeline = pipelines.get(&ctx, gemm::source(tile)).unwrap();
-                let mut plan = PlanBuilder::new(&ctx);
-                for _ in 0..reps {
-                    plan.push(&pipeline, &p, &[&ab, &bb, &cb], gemm::workgroups(tile, m, n, 1));
-                }
-                let plan = plan.finish(&ctx).unwrap();
-                plan.run(&ctx).unwrap();
-                let t0 = std::time::Instant::now();
-                plan.run(&ctx).unwrap();
-                let secs = t0.elapsed().as_secs_f64() / f64::from(reps);
-                let gflops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / secs / 1e9;
-                let chosen = if gemm::choose(m, n, k) == tile { " (chosen)" } else { "" };
-                println!(
-                    "{} {m}x{n}x{k} {label} [{}]{chosen}: {:.3} ms, {gflops:.1} GFLOP/s",
-                    ctx.info.name,
-                    tile.label(),
-                    secs * 1e3
-                );
-            }
-        }
-    }
-}
-
-/// Throughput of the grouped expert GEMMs on the test device, every grouped tile, gate‖up then
-/// down, over a skewed top-k routing:
-/// `cargo test -p dg-gpu --release --test kernels_gemm grouped_gemm_throughput -- --ignored --nocapture`.
-/// `DG_GROUPED_BENCH=tokens,experts,top_k,hidden,expert_width` picks the geometry (default
-/// `64,32,8,512,128`; the real model is `256,128,8,2816,704`), `DG_GEMM_REPS` the dispatches per
-/// submit (default 3).
-#[test]
-#[ignore]
-fn grouped_gemm_throughput() {
-    let Some(ctx) = test_context("grouped_gemm_throughput") else { return };
-    let mut pipelines = Pipelines::default();
-    let geometry: Vec<usize> = std::env::var("DG_GROUPED_BENCH")
-        .unwrap_or_else(|_| "64,32,8,512,128".into())
-        .split(',')
-        .map(|d| d.trim().parse().expect("DG_GROUPED_BENCH: tokens,experts,top_k,hidden,expert_width"))
-        .collect();
-    let [tokens, experts, top_k, hidden, width] = geometry[..] else { panic!("DG_GROUPED_BENCH needs 5 numbers") };
-    let reps: u32 = std::env::var("DG_GEMM_REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
-    let counts = skewed_counts(experts, tokens, top_k);
-    let mut offsets = vec![0u32];
-    for &c in &counts {
-        offsets.push(offsets.last().unwrap() + c);
-    }
-    let slots = *offsets.last().unwrap() as usize;
-    let rows: Vec<u32> = (0..slots.max(1)).map(|s| (s % tokens) as u32).collect();
-    let ob = ctx.upload("offsets", &offsets).unwrap();
-    let rb = ctx.upload("rows", &rows).unwrap();
-    for (label, n, k, gather) in [("gate_up", 2 * width, hidden, true), ("down", hidden, width, false)] {
-        let a_rows = if gather { tokens } else { slots.max(1) };
-        let ab = ctx.upload("a", &seeded(a_rows * k, 1, 1.0)).unwrap();
-        let wb = ctx.upload("w", &seeded(experts * n * k, 2, 1.0)).unwrap();
-        let cb = ctx.storage_buffer("c", (slots.max(1) * n * 4) as u64).unwrap();
-        let params = GroupedGemmParams {
-            n: n as u32,
-            k: k as u32,
-            groups: experts as u32,
-            max_rows: tokens as u32,
-            a_rs: k as u32,
-            b_group_stride: (n * k) as u32,
-            c_rs: n as u32,
-            gather: gather as u32,
-            ..bytemuck::Zeroable::zeroed()
-        };
-        for &tile in grouped_gemm::TILES {
-            let pipeline = pipelines.get(&ctx, grouped_gemm::source(tile)).unwrap();
-            let mut plan = PlanBuilder::new(&ctx);
-            for _ in 0..reps {
-                plan.push(&pipeline, &params, &[&ab, &wb, &ob, &rb, &cb], grouped_gemm::workgroups(tile, n as u32, tokens as u32, experts as u32));
-            }
-            let plan = plan.finish(&ctx).unwrap();
-            plan.run(&ctx).unwrap();
-            let t0 = std::time::Instant::now();
-            plan.run(&ctx).unwrap();
-            let secs = t0.elapsed().as_secs_f64() / f64::from(reps);
-            let gflops = 2.0 * (slots * n * k) as f64 / secs / 1e9;
-            let chosen = if grouped_gemm::choose(n as u32, k as u32, slots as u32, experts as u32) == tile { " (chosen)" } else { "" };
-            println!(
-                "{} grouped {label} {slots} slots / {experts} experts, n {n} k {k} [{}]{chosen}: {:.3} ms, {gflops:.1} GFLOP/s",
-                ctx.info.name,
-                tile.label(),
-                secs * 1e3
-            );
-        }
     }
 }

@@ -5,7 +5,7 @@
 //! its workgroups folded into y (an artificially small per-dimension limit) to exercise the
 //! wrap-around indexing and the out-of-range workgroups.
 
-use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_parity::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::axpby::{self, AxpbyParams};
@@ -698,44 +698,5 @@ fn kernels_fold_past_65535_workgroups() {
     for (t, row) in got.chunks_exact(hidden).enumerate() {
         let id = t % 10;
         assert_eq!(row, [table[id * hidden] * 2.0, table[id * hidden + 1] * 2.0], "token {t}");
-    }
-}
-
-/// What a dispatch costs by itself (`--include-ignored --nocapture`): 100 dispatches of a kernel
-/// that adds 1 to one word per invocation, each reading the previous one's writes (the barrier
-/// between dependent dispatches every layer kernel pays), by workgroups; and the same dispatches
-/// writing 8 buffers in turn, so that neighbours are independent. The forward's row kernels
-/// (norms, routing, reductions) are 9–30 µs each on an H200, 23 dispatches a layer: this says how
-/// much of that is the dispatch itself. On an H200: 3.4 µs for one workgroup, 4.5–5.5 for 132 to
-/// 1024, 8.0 for 4096, dependent or not.
-#[test]
-#[ignore = "throughput: run with --include-ignored --nocapture on a GPU"]
-fn dispatch_floor_probe() {
-    use dg_kernels::{Access, KernelSource};
-    let test = "dispatch_floor_probe";
-    let Some(ctx) = test_context(test) else { return };
-    let mut pipelines = Pipelines::default();
-    let wgsl = "@group(0) @binding(0) var<uniform> p: vec4<u32>;\n\
-                @group(0) @binding(1) var<storage, read_write> out: array<u32>;\n\
-                @compute @workgroup_size(256)\n\
-                fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lt: u32) {\n\
-                \x20   let i = wid.x * 256u + lt;\n\
-                \x20   out[i] = out[i] + 1u + p.x;\n\
-                }\n";
-    let source = KernelSource { name: "dispatch_floor".into(), wgsl: wgsl.into(), entry: "main", buffers: vec![Access::ReadWrite], params_size: 16 };
-    let pipeline = pipelines.get(&ctx, source).unwrap();
-    let buffers: Vec<wgpu::Buffer> = (0..8).map(|_| ctx.storage_buffer("out", 4096 * 256 * 4).unwrap()).collect();
-    let replays = 100u32;
-    for groups in [1u32, 132, 1024, 4096] {
-        let mut line = format!("{test}: {groups} workgroups of 256:");
-        for (what, distinct) in [("dependent", 1usize), ("8 buffers in turn", 8)] {
-            let mut plan = PlanBuilder::new(&ctx);
-            for r in 0..replays as usize {
-                plan.push(&pipeline, &[0u32; 4], &[&buffers[r % distinct]], [groups, 1, 1]);
-            }
-            let t = dg_gpu::testing::best_time(&ctx, &plan.finish(&ctx).unwrap(), replays);
-            line += &format!(" | {what}: {:.2} us a dispatch", t * 1e6);
-        }
-        eprintln!("{line}");
     }
 }

@@ -22,7 +22,7 @@
 
 use dg_gpu::ops::{Operand, Recorder, linear_params};
 use dg_kernels::coop_gemm::AFormat;
-use dg_gpu::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference, GUARD_LEN, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_parity::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference, GUARD_LEN, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::embed::{self, EmbedParams};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
@@ -481,7 +481,7 @@ fn recorder_format_methods_match_their_f32_twins(test: &str, format: WeightForma
     for (i, (name, len)) in [("linear", m * n), ("gemm", m * n), ("grouped", slots * n), ("embed", ids.len() * k)].into_iter().enumerate() {
         let f32_out = read_all(&ctx, &outs[0][i], len);
         let packed_out = read_all(&ctx, &outs[1][i], len);
-        assert!(f32_out[..len].iter().any(|&v| v != dg_gpu::testing::GUARD && v != 0.0), "{name}: f32 output not written");
+        assert!(f32_out[..len].iter().any(|&v| v != dg_parity::testing::GUARD && v != 0.0), "{name}: f32 output not written");
         assert_bits_equal(&packed_out, &f32_out, &format!("{format:?} Recorder::{name}_format"));
     }
 }

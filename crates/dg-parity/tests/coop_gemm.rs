@@ -1,9 +1,9 @@
 //! The tensor-core GEMM (`dg_kernels::coop_gemm`), every tile of `coop_gemm::TILES`, on the
 //! decoder's 256-row linear shapes against the exact product, on a device with cooperative
 //! matrices (elsewhere, lavapipe for one, a visible SKIP). Timings by tile, K split and W path:
-//! `tensor_cores.rs`, `dense_tensor_core_throughput_by_tile_and_split`.
+//! `cargo xtask probe dense_tensor_core_throughput_by_tile_and_split`.
 
-use dg_gpu::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
+use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
 use dg_gpu::{Pipelines, PlanBuilder};
 use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm::{self, BLayout, Staging, TILES, WPath};

@@ -5,7 +5,7 @@
 //! the CPU over the dispatched slots → combine) against `dg_cpu::moe::experts` on random weights.
 //! Every output carries a guard band.
 
-use dg_gpu::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_parity::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::moe_combine::{self, MoeCombineParams};

@@ -7,7 +7,7 @@
 //! limit) to exercise the wrap-around indexing and the out-of-range workgroups.
 
 use dg_gpu::ops::Recorder;
-use dg_gpu::testing::{guarded_output, read_guarded, seeded, test_context};
+use dg_parity::testing::{guarded_output, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::sample_rows::{
     self, MODE_GIVEN, MODE_UNIFORM, RESULT_ARGMAX, RESULT_ENTROPY, RESULT_NON_FINITE, RESULT_SAMPLED, RESULT_WORDS,

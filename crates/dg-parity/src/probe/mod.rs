@@ -1,0 +1,130 @@
+//! Hardware probes: timed measurements of dg's kernels and of the GPU itself (dispatch cost,
+//! residency, the tensor cores' ceiling), printed line by line, for deciding how a kernel should
+//! be shaped. They check nothing about dg's results beyond what a timed product needs to mean
+//! something; `cargo xtask probe NAME` runs one, `cargo xtask probe --list` lists them ([`PROBES`]).
+
+pub mod dispatch;
+pub mod experts;
+pub mod gemm;
+pub mod tensor_cores;
+
+use std::sync::Arc;
+
+use dg_gpu::{GpuContext, GpuError};
+use dg_kernels::coop_gemm::{CoopTile, Split};
+use dg_kernels::KernelSource;
+
+use crate::testing::best_time;
+
+/// Why a probe could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("no probe named `{name}` (known: {known})")]
+    Unknown { name: String, known: String },
+    #[error("probe {probe} needs cooperative matrices, which adapter {adapter} does not offer")]
+    NoCoopMatrix { probe: &'static str, adapter: String },
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+}
+
+/// What the probes that take parameters measure (the others ignore it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeOptions {
+    /// `m × n × k` shapes of [`gemm::gemm_throughput`].
+    pub gemm_shapes: Vec<[u32; 3]>,
+    /// Tokens, experts, top-k, hidden and expert width of [`gemm::grouped_gemm_throughput`].
+    pub grouped: [usize; 5],
+    /// Dispatches a submit in the GEMM probes.
+    pub reps: u32,
+}
+
+impl Default for ProbeOptions {
+    fn default() -> Self {
+        ProbeOptions { gemm_shapes: vec![[256, 1024, 1024]], grouped: [64, 32, 8, 512, 128], reps: 3 }
+    }
+}
+
+/// A probe's entry point.
+pub type ProbeFn = fn(&GpuContext, &ProbeOptions) -> Result<(), ProbeError>;
+
+/// One probe: its name on the command line, a line saying what it measures, whether it needs
+/// cooperative matrices, and its entry point.
+#[derive(Debug, Clone, Copy)]
+pub struct Probe {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub needs_coop: bool,
+    run: ProbeFn,
+}
+
+impl Probe {
+    /// Runs the probe on `ctx`; refuses, naming the adapter, when it needs cooperative matrices
+    /// that `ctx` does not offer.
+    pub fn run(&self, ctx: &GpuContext, options: &ProbeOptions) -> Result<(), ProbeError> {
+        if self.needs_coop && !ctx.coop_matrix {
+            return Err(ProbeError::NoCoopMatrix { probe: self.name, adapter: ctx.info.name.clone() });
+        }
+        (self.run)(ctx, options)
+    }
+}
+
+const fn probe(name: &'static str, about: &'static str, needs_coop: bool, run: ProbeFn) -> Probe {
+    Probe { name, about, needs_coop, run }
+}
+
+/// Every probe, by name.
+pub const PROBES: &[Probe] = &[
+    probe("gemm_throughput", "f32 GEMM, every tile, over the given shapes: ms and GFLOP/s", false, gemm::gemm_throughput),
+    probe("grouped_gemm_throughput", "f32 grouped (experts) GEMM, every tile, over a skewed routing: ms and GFLOP/s", false, gemm::grouped_gemm_throughput),
+    probe("dispatch_floor_probe", "what a dispatch costs by itself, dependent on the one before or not, by workgroups", false, dispatch::dispatch_floor_probe),
+    probe("dispatch_overhead_probe", "one dependent dispatch after another, µs each by workgroups", false, dispatch::dispatch_overhead_probe),
+    probe("workgroup_residency_probe", "workgroups a multiprocessor runs side by side, by workgroup memory", false, dispatch::workgroup_residency_probe),
+    probe(
+        "coop_grouped_gemm_throughput_at_the_real_expert_shapes",
+        "the experts' tensor-core product at the real shapes: every candidate tile, residency, empty grid, W streamed alone, active experts",
+        true,
+        experts::coop_grouped_gemm_throughput_at_the_real_expert_shapes,
+    ),
+    probe("f16_activations_throughput_at_the_real_shapes", "experts and dense projections with f32 against f16 activations", true, experts::f16_activations_throughput_at_the_real_shapes),
+    probe("experts_wave_probe", "the experts' products over a sweep of expert counts: the last wave of workgroups", true, experts::experts_wave_probe),
+    probe("dense_tensor_core_throughput_by_tile_and_split", "the decoder's dense products on the tensor cores by tile and K split", true, tensor_cores::dense_tensor_core_throughput_by_tile_and_split),
+    probe("tensor_core_step_ceiling_probe", "what bounds a tensor-core workgroup's K step (loads, products, staging)", true, tensor_cores::tensor_core_step_ceiling_probe),
+    probe("tensor_core_operand_traffic_probe", "what the operands' traffic costs: f16 A, W in panels, loads removed", true, tensor_cores::tensor_core_operand_traffic_probe),
+    probe("tensor_core_peak_probe", "the tensor cores' own ceiling through WGSL cooperative matrices: TFLOP/s", true, tensor_cores::tensor_core_peak_probe),
+    probe("barrier_drain_probe", "whether a workgroup barrier waits for global loads still in flight", true, tensor_cores::barrier_drain_probe),
+];
+
+/// The probe named `name`.
+pub fn find(name: &str) -> Result<&'static Probe, ProbeError> {
+    PROBES.iter().find(|p| p.name == name).ok_or_else(|| ProbeError::Unknown {
+        name: name.to_string(),
+        known: PROBES.iter().map(|p| p.name).collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// [`best_time`] of `replays` dispatches of one kernel with the same parameters and buffers.
+fn time_dispatch<P: bytemuck::Pod>(ctx: &GpuContext, pipeline: &Arc<dg_gpu::Pipeline>, params: &P, buffers: &[&wgpu::Buffer], groups: [u32; 3], replays: u32) -> Result<f64, ProbeError> {
+    let mut plan = dg_gpu::PlanBuilder::new(ctx);
+    for _ in 0..replays {
+        plan.push(pipeline, params, buffers, groups);
+    }
+    Ok(best_time(ctx, &plan.finish(ctx)?, replays))
+}
+
+/// `k` on `tile` cut into `splits` ranges as even as its K steps allow (1: whole).
+fn split_into(tile: CoopTile, k: u32, splits: u32) -> Split {
+    let steps = k / tile.bk;
+    let per = steps.div_ceil(splits);
+    Split { splits: steps.div_ceil(per), steps: per }
+}
+
+/// `src` with every `(from, to)` replacement made; panics when one is not found (the probe would
+/// time the unchanged kernel: a bug in the probe, not in its input).
+fn replaced(src: &KernelSource, tag: &str, edits: &[(&str, &str)]) -> KernelSource {
+    let mut wgsl = src.wgsl.clone();
+    for (from, to) in edits {
+        assert!(wgsl.contains(from), "{tag}: `{from}` not in {}", src.name);
+        wgsl = wgsl.replace(from, to);
+    }
+    KernelSource { name: format!("{}_{tag}", src.name), wgsl, ..src.clone() }
+}

@@ -1,0 +1,474 @@
+//! The tensor-core kernels as the F16 mode's forward records them, on a device with cooperative
+//! matrices: `Recorder::grouped_product` on F16 experts in K panels
+//! (`dg_kernels::coop_grouped_gemm`, every tile, W staged and direct), and through
+//! `dg_kernels::coop_gemm` `Recorder::product` on batched products (K and V in one dispatch),
+//! the tied head (a softcapped vocabulary chunk from F16 or BF16 weights, `ops::head_params`),
+//! attention's strided GQA products (ragged columns included) and dense projections in K panels
+//! (ragged rows included), each against
+//! the exact (f64) product of the f16-rounded operands. Every output has a guard band and values
+//! the kernel must not touch.
+//!
+//! On a device without cooperative matrices (lavapipe) these tests print a visible SKIP: the
+//! Recorder takes the f32-arithmetic kernels there, which `kernels_bf16.rs` covers.
+//!
+//! Throughput at the real expert shapes and the tensor cores' probes: `cargo xtask probe --list`
+//! (`dg_parity::probe`); their generated kernels are validated here.
+
+use dg_gpu::ops::{Batches, Operand, Recorder, head_params, linear_params};
+use dg_parity::probe::experts::STREAM_PANELS_WGSL;
+use dg_parity::probe::tensor_cores::{DRAIN_PROBE_CASES, DRAIN_PROBE_GROUPS, drain_probe_sums_at, drain_probe_wgsl, peak_probe_wgsl};
+use dg_parity::testing::coop_experts::{Case, check, f16_round, grouped_reference, real_counts, run_grouped, run_tile, tolerance};
+use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, push_product, read_guarded, seeded};
+use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
+use dg_kernels::coop_grouped_gemm::WPath;
+use dg_kernels::{WeightFormat, coop_grouped_gemm};
+
+/// The device's f32 `tanh` against the exact one, relative to the cap: the f32 GEMM's softcap
+/// epilogue uses the same `tanh`, and the f32 GPU logits agree with the CPU's to 2.7e-6
+/// normwise on an H200.
+const TANH_ALLOWANCE: f32 = 4e-6;
+
+#[test]
+fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
+    let test = "coop_grouped_gemm_matches_the_exact_product_on_every_tile";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    // Counts around the 32- and 64-row tile edges (full and partial tiles, several m tiles, empty
+    // experts), and the uneven counts of a real routing.
+    let edges = vec![31, 32, 33, 64, 65, 0, 1, 96];
+    let uneven = vec![5, 0, 37, 1, 0, 70, 16, 3];
+    for &tile in coop_grouped_gemm::TILES {
+        for counts in [&edges, &uneven] {
+            for gather in [false, true] {
+                // n = 3·bn: 192 fits only the 64-wide tile, 384 the 128-wide ones; 3 or 7 K steps,
+                // fewer than some rings and no multiple of any ring's length.
+                let case = Case { n: 3 * tile.bn as usize, k: if gather { 224 } else { 96 }, counts: counts.clone(), gather };
+                let x = case.inputs(7 + tile.bm as u64);
+                // The Recorder chooses by shape; the tile under test also runs directly.
+                let got = run_grouped(&ctx, &mut pipelines, &x);
+                let want = grouped_reference(&x, |_| true);
+                check(&got, &want, &x, |_| true, &format!("n {} counts {counts:?} gather {gather}", case.n));
+                // With a table of the chosen tile's rows, and of other rows (the grid then).
+                for rows in [32, 64] {
+                    let tabled = run_grouped(&ctx, &mut pipelines, &x.with_table(rows));
+                    assert!(tabled == got, "n {} counts {counts:?} gather {gather}: other bits with a table of {rows} rows", case.n);
+                }
+                for path in [WPath::Staged, WPath::Direct, WPath::Single] {
+                    let direct = run_tile(&ctx, &mut pipelines, tile, path, &x);
+                    check(&direct, &want, &x, |_| true, &format!("tile {} {path:?} counts {counts:?} gather {gather}", tile.label()));
+                    // The tile table's grid runs the same tiles.
+                    let tabled = run_tile(&ctx, &mut pipelines, tile, path, &x.with_table(tile.bm));
+                    assert!(tabled == direct, "tile {} {path:?} counts {counts:?} gather {gather}: other bits over the tile table", tile.label());
+                    // Deeper rings add the same products in the same order: the same bits.
+                    for depth in 2..=dg_kernels::coop_kloop::MAX_DEPTH {
+                        let deeper = run_tile(&ctx, &mut pipelines, tile.with_depth(depth), path, &x);
+                        assert!(deeper == direct, "tile {} {path:?} depth {depth} counts {counts:?} gather {gather}: other bits than depth 1", tile.label());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The real geometry's expert products (gate_up: 1408 × 2816 with gather; down: 2816 × 704), every
+/// 13th slot checked against the exact product (`cargo xtask probe
+/// coop_grouped_gemm_throughput_at_the_real_expert_shapes` times them).
+#[test]
+fn coop_grouped_gemm_matches_at_the_real_expert_shapes() {
+    let test = "coop_grouped_gemm_matches_at_the_real_expert_shapes";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let counts = real_counts(99);
+    for (name, n, k, gather) in [("gate_up", 1408, 2816, true), ("down", 2816, 704, false)] {
+        let case = Case { n, k, counts: counts.clone(), gather };
+        let x = case.inputs(40 + n as u64);
+        let got = run_grouped(&ctx, &mut pipelines, &x);
+        let pick = |s: usize| s.is_multiple_of(13);
+        let want = grouped_reference(&x, pick);
+        check(&got, &want, &x, pick, &format!("real {name}"));
+    }
+}
+
+/// K and V of a sliding layer in one batched dispatch (the real shape: 256 × 2048 × 2816, two
+/// batches) and a small one, against the exact product; C's batches sit `c_stride` apart with a
+/// gap that must keep its values.
+#[test]
+fn batched_coop_linear_matches_the_exact_product() {
+    let test = "batched_coop_linear_matches_the_exact_product";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    for (m, n, k) in [(256usize, 2048usize, 2816usize), (64, 32, 64)] {
+        let x = seeded(m * k, 5, 1.0);
+        let w = f16_round(&seeded(2 * n * k, 6, 1.0));
+        let c_stride = m * n + 8;
+        let len = 2 * c_stride;
+        let xb = ctx.upload("x", &x).unwrap();
+        let wb = ctx.upload("w", &dg_kernels::pack_f16(&w)).unwrap();
+        let cb = guarded_output(&ctx, "c", len);
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        let batches = Batches { count: 2, x_stride: 0, w_stride: (n * k) as u32, c_stride: c_stride as u32 };
+        rec.product(&xb, Operand::stored(&wb, WeightFormat::F16), &cb, batches.linear(m, n, k), true).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &cb, len);
+        let x16 = f16_round(&x);
+        for b in 0..2 {
+            let gap = &got[b * c_stride + m * n..(b + 1) * c_stride];
+            assert!(gap.iter().all(|&v| v == GUARD), "{m}x{n}x{k}: batch {b}: the gap after C was written");
+            let mut want = vec![0f32; m * n];
+            for i in (0..m).step_by(if m > 64 { 7 } else { 1 }) {
+                for j in 0..n {
+                    let sum: f64 = (0..k).map(|q| f64::from(x16[i * k + q]) * f64::from(w[b * n * k + j * k + q])).sum();
+                    want[i * n + j] = sum as f32;
+                }
+            }
+            let rows: Vec<usize> = (0..m).step_by(if m > 64 { 7 } else { 1 }).collect();
+            let g: Vec<f32> = rows.iter().flat_map(|&i| got[b * c_stride + i * n..b * c_stride + (i + 1) * n].to_vec()).collect();
+            let wv: Vec<f32> = rows.iter().flat_map(|&i| want[i * n..(i + 1) * n].to_vec()).collect();
+            let (err, at) = max_rel_err(&g, &wv);
+            assert!(err <= tolerance(k), "{m}x{n}x{k}: batch {b}: rel err {err} at {at}: got {} want {}", g[at], wv[at]);
+        }
+    }
+}
+
+/// The tied head on the tensor cores (`Recorder::product` on `ops::head_params` in the F16 mode): one vocabulary
+/// chunk of the logits, softcapped, written at its column offset of rows `c_rs` apart, from F16
+/// and from BF16 weights (BF16 values in f16's normal range convert exactly), against
+/// `cap·tanh(exact / cap)` of the f16-rounded operands. The columns of other chunks keep their
+/// guard values.
+#[test]
+fn head_linear_on_tensor_cores_matches_the_exact_softcapped_product() {
+    let test = "head_linear_on_tensor_cores_matches_the_exact_softcapped_product";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let (m, n, k, c_rs, c_offset, cap) = (64usize, 256usize, 128usize, 512usize, 128usize, 3.0f32);
+    let x = seeded(m * k, 11, 1.0);
+    let x16 = f16_round(&x);
+    for format in [WeightFormat::F16, WeightFormat::Bf16] {
+        let w: Vec<f32> = seeded(n * k, 12, 0.5).iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
+        let packed = if format == WeightFormat::F16 { dg_kernels::pack_f16(&w) } else { dg_kernels::pack_bf16(&w) };
+        let xb = ctx.upload("x", &x).unwrap();
+        let wb = ctx.upload("w", &packed).unwrap();
+        let cb = guarded_output(&ctx, "logits", m * c_rs);
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.product(&xb, Operand::stored(&wb, format), &cb, head_params((m, n, k), (c_rs, c_offset), Some(cap)), format != WeightFormat::F32).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &cb, m * c_rs);
+        let w16 = f16_round(&w);
+        assert_eq!(w16, w, "BF16 test weights in f16's normal range convert exactly");
+        let (mut g, mut want) = (Vec::new(), Vec::new());
+        for i in 0..m {
+            for col in 0..c_rs {
+                let v = got[i * c_rs + col];
+                if col < c_offset || col >= c_offset + n {
+                    assert_eq!(v, GUARD, "{format:?}: row {i} column {col} outside the chunk was written");
+                    continue;
+                }
+                let j = col - c_offset;
+                let dot: f64 = (0..k).map(|q| f64::from(x16[i * k + q]) * f64::from(w16[j * k + q])).sum();
+                g.push(v);
+                want.push((f64::from(cap) * (dot / f64::from(cap)).tanh()) as f32);
+            }
+        }
+        assert!(want.iter().any(|v| v.abs() > 0.9 * cap), "the softcap is exercised");
+        let (err, at) = max_rel_err(&g, &want);
+        let tol = tolerance(k) + TANH_ALLOWANCE;
+        assert!(err <= tol, "{format:?}: rel err {err} > {tol} at {at}: got {} want {}", g[at], want[at]);
+    }
+}
+
+/// Attention's products on the tensor cores (`Recorder::product` in the F16 mode, f32 operands
+/// rounded to f16 when staged): scores over a GQA cache (`[n][k]` keys from a row offset, written
+/// at a column offset, scaled: the epilogue path), values (`[k][n]` from a row offset, read from a
+/// column offset of the probabilities, accumulated onto C), ragged columns (a tensor-core body and
+/// an f32 tail), each against `gemm_reference` on the f16-rounded operands, over the whole C buffer
+/// (what the product must not touch included).
+#[test]
+fn strided_attention_products_on_tensor_cores_match_the_reference() {
+    use dg_parity::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference};
+    use dg_kernels::gemm::GemmParams;
+    let test = "strided_attention_products_on_tensor_cores_match_the_reference";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let (t, s, d, heads, kv) = (64u32, 128u32, 64u32, 4u32, 2u32);
+    let row = kv * d;
+    let cases: [(&str, GemmParams); 4] = [
+        // A sliding layer sees W − 1 cached keys: 127 here, a 96-column body and a 31-column tail.
+        ("ragged scores", GemmParams { b_offset: 4 * row, ..attention_scores_params(t, 127, d, heads, kv, 1.0) }),
+        ("scores", GemmParams { b_offset: 4 * row, c_offset: 64, c_rs: s + 64, c_batch: t * (s + 64), ..attention_scores_params(t, s, d, heads, kv, 1.0) }),
+        ("scaled scores", GemmParams { b_offset: 8 * row, ..attention_scores_params(t, s, d, heads, kv, 0.125) }),
+        ("values, accumulated", GemmParams { a_offset: 32, a_rs: s + 32, a_batch: t * (s + 32), b_offset: 4 * row, accumulate: 1, ..attention_values_params(t, s, d, heads, kv) }),
+    ];
+    for (name, p) in cases {
+        let body = GemmParams { n: p.n / 32 * 32, ..p };
+        assert!(dg_kernels::coop_gemm::plan(&body).is_some(), "{name}: meant for the tensor cores");
+        let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
+        let b_len = gemm_extent(p.b_offset, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs);
+        let c_len = gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
+        let a = f16_round(&seeded(a_len, 31, 1.0));
+        let b = f16_round(&seeded(b_len, 32, 1.0));
+        let c0 = seeded(c_len, 33, 2.0);
+        let ab = ctx.upload("a", &a).unwrap();
+        let bb = ctx.upload("b", &b).unwrap();
+        let cb = guarded_output(&ctx, "c", c_len);
+        ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.product(&ab, &bb, &cb, p, true).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &cb, c_len);
+        let want = gemm_reference(&p, &a, &b, &c0);
+        let (err, at) = max_rel_err(&got, &want);
+        let tol = tolerance(p.k as usize);
+        assert!(err <= tol, "{name}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
+    }
+}
+
+/// Runs `p` through `Recorder::product` on the tensor cores (with a split-K scratch) on seeded
+/// f16-exact operands, B stored as `format`; asserts that the plan dispatched a kernel whose name
+/// starts with `expect` and compares the whole C buffer with `gemm_reference`.
+fn check_gemm_auto(ctx: &GpuContext, pipelines: &mut Pipelines, scratch: &wgpu::Buffer, name: &str, format: WeightFormat, p: dg_kernels::gemm::GemmParams, expect: &str) {
+    use dg_parity::testing::{gemm_extent, gemm_reference};
+    let bf16_round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
+    let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
+    let b_len = gemm_extent(p.b_offset, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs);
+    let c_len = gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
+    let a = f16_round(&seeded(a_len, 61, 1.0));
+    let b = f16_round(&bf16_round(&seeded(b_len, 62, 1.0)));
+    let c0 = seeded(c_len, 63, 2.0);
+    let packed = if format == WeightFormat::F16 { dg_kernels::pack_f16(&b) } else { dg_kernels::pack_bf16(&b) };
+    let ab = ctx.upload("a", &a).unwrap();
+    let bb = ctx.upload("b", &packed).unwrap();
+    let cb = guarded_output(ctx, "c", c_len);
+    ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
+    let mut rec = Recorder::new(ctx, pipelines);
+    rec.split_k_scratch(scratch);
+    rec.product(&ab, Operand::stored(&bb, format), &cb, p, true).unwrap();
+    let plan = rec.finish().unwrap();
+    assert!(plan.kernel_names().iter().any(|k| k.starts_with(expect)), "{name}: no {expect} in {:?}", plan.kernel_names());
+    plan.run(ctx).unwrap();
+    let got = read_guarded(ctx, &cb, c_len);
+    let want = gemm_reference(&p, &a, &b, &c0);
+    let (err, at) = max_rel_err(&got, &want);
+    let tol = tolerance(p.k as usize) + if p.epilogue == dg_kernels::gemm::EPILOGUE_SOFTCAP { TANH_ALLOWANCE } else { 0.0 };
+    assert!(err <= tol, "{name}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
+}
+
+/// Split K through the Recorder (`Recorder::product` with a split-K scratch): products with few
+/// tiles run K in ranges whose partials `dg_kernels::split_k` adds with the product's own epilogue.
+/// The router's shape (8 tiles, F16 `W[n][k]`), a softcapped head chunk at a column offset (BF16),
+/// the soft embedding's `[k][n]` BF16 product read from a column offset of the probabilities,
+/// scaled and accumulated onto C, and a batched GQA product whose K does not divide evenly into the
+/// splits (89 K steps in 18 splits of 5, the last of 4), each against `gemm_reference` on the
+/// f16-rounded operands over the whole C buffer.
+#[test]
+fn split_k_products_on_tensor_cores_match_the_reference() {
+    use dg_kernels::gemm::{EPILOGUE_SOFTCAP, GemmParams};
+    let test = "split_k_products_on_tensor_cores_match_the_reference";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let cases: [(&str, WeightFormat, GemmParams); 4] = [
+        ("router", WeightFormat::F16, GemmParams::linear(256, 128, 2816)),
+        ("softcapped head chunk", WeightFormat::Bf16, GemmParams { c_rs: 192, c_offset: 64, epilogue: EPILOGUE_SOFTCAP, cap: 3.0, ..GemmParams::linear(64, 64, 1024) }),
+        (
+            "soft embedding",
+            WeightFormat::Bf16,
+            GemmParams { a_offset: 512, a_rs: 4096, b_rs: 128, b_cs: 1, alpha: 0.5, accumulate: 1, ..GemmParams::new(64, 128, 2048) },
+        ),
+        (
+            "batched GQA, uneven splits",
+            WeightFormat::F16,
+            GemmParams { batch: 4, a_batch: 64 * 2848, b_batch: 64 * 2848, b_batch_div: 2, c_rs: 72, c_batch: 64 * 72, ..GemmParams::linear(64, 64, 2848) },
+        ),
+    ];
+    let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
+    for (name, format, p) in cases {
+        check_gemm_auto(&ctx, &mut pipelines, &scratch, name, format, p, "split_k_reduce");
+    }
+}
+
+/// Stacked `[n, k]` F16 matrices (`w` holds whole blocks) uploaded as the F16 mode uploads a
+/// projection on a tensor-core device: each block in K panels.
+fn panelled_projection(ctx: &GpuContext, w: &[f32], n: usize, k: usize) -> GpuMatrix {
+    use dg_kernels::coop_grouped_gemm::{PANEL, pack_f16_panels};
+    let packed: Vec<u32> = w.chunks_exact(n * k).flat_map(|block| pack_f16_panels(block, n, k, PANEL as usize)).collect();
+    GpuMatrix { buffer: ctx.upload("w", &packed).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels }
+}
+
+/// Dense projections uploaded in K panels (`MatrixLayout::KPanels`, the F16 mode's q, K/V, o, MLPs
+/// and router on a device with cooperative matrices) through `Recorder::product`, against
+/// `gemm_reference` on the row-major f16-rounded operands over the whole C buffer: q_proj's real
+/// shape; K and V as two batches of one stacked matrix, each block in its own panels; the router's
+/// shape, which splits K; and encoder chunks whose rows do not fill the last m tile (77 rows on
+/// 64×64 tiles, 1000 on 128×128 in split K), whose extra rows must not be stored.
+#[test]
+fn panelled_projections_match_the_exact_product() {
+    use dg_kernels::gemm::GemmParams;
+    let test = "panelled_projections_match_the_exact_product";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
+    let kv = |m: u32, n: u32, k: u32| GemmParams { batch: 2, a_batch: 0, b_batch: n * k, c_batch: m * n + 8, ..GemmParams::linear(m, n, k) };
+    let cases: [(&str, GemmParams, &str); 5] = [
+        ("q_proj", GemmParams::linear(256, 4096, 2816), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
+        ("K and V stacked", kv(256, 256, 512), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
+        ("router, split K", GemmParams::linear(256, 128, 2816), "split_k_reduce"),
+        ("ragged chunk", GemmParams::linear(77, 256, 512), "coop_gemm_64x64x32_32x32_v4_kp"),
+        ("ragged batched chunk", kv(1000, 128, 256), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
+    ];
+    for (name, p, expect) in cases {
+        let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
+        let blocks = p.batch.max(1) as usize;
+        let c_len = dg_parity::testing::gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
+        let a = seeded(m * k, 71, 1.0);
+        let w = f16_round(&seeded(blocks * n * k, 72, 1.0));
+        let c0 = seeded(c_len, 73, 2.0);
+        let matrix = panelled_projection(&ctx, &w, n, k);
+        let ab = ctx.upload("a", &a).unwrap();
+        let cb = guarded_output(&ctx, "c", c_len);
+        ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.split_k_scratch(&scratch);
+        rec.product(&ab, &matrix, &cb, p, matrix.format == WeightFormat::F16).unwrap();
+        let plan = rec.finish().unwrap();
+        let names = plan.kernel_names();
+        assert!(names.iter().any(|k| k.starts_with(expect)) && names.iter().any(|k| k.contains("_kp")), "{name}: expected {expect} on K panels, got {names:?}");
+        plan.run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &cb, c_len);
+        let want = dg_parity::testing::gemm_reference(&p, &f16_round(&a), &w, &c0);
+        let (err, at) = max_rel_err(&got, &want);
+        assert!(err <= tolerance(k), "{name}: rel err {err} > {} at {at}: got {} want {}", tolerance(k), got[at], want[at]);
+    }
+}
+
+/// `Recorder::product_to_consumer` on a product that splits K (q_proj's real shape on 128 × 128 tiles,
+/// W in K panels) leaves its partials to the consumer: no reduction is recorded, the product view
+/// has more than one split, and an RMSNorm reading the partials gives the same bits as one reading
+/// the product that `Recorder::product` reduces.
+#[test]
+fn linear_product_leaves_split_partials_to_their_consumer() {
+    let test = "linear_product_leaves_split_partials_to_their_consumer";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
+    let (m, n, k) = (256usize, 4096usize, 2816usize);
+    let a = ctx.upload("a", &seeded(m * k, 81, 1.0)).unwrap();
+    let w = f16_round(&seeded(n * k, 82, 1.0));
+    let matrix = panelled_projection(&ctx, &w, n, k);
+    let norm_w = ctx.upload("norm", &seeded(n, 83, 1.0)).unwrap();
+    let product = ctx.storage_buffer("product", (m * n * 4) as u64).unwrap();
+    let mut outputs = Vec::new();
+    for deferred in [false, true] {
+        let out = guarded_output(&ctx, "normed", m * n);
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.split_k_scratch(&scratch);
+        if deferred {
+            let view = rec.product_to_consumer(&a, &matrix, &product, linear_params(m, n, k), matrix.format == WeightFormat::F16).unwrap();
+            assert!(view.splits > 1, "{test}: q_proj's shape did not split ({} splits)", view.splits);
+            rec.rmsnorm(view, Some(&norm_w), &norm_w, &out, m, n, 1e-6, false, 1.0).unwrap();
+        } else {
+            rec.product(&a, &matrix, &product, linear_params(m, n, k), matrix.format == WeightFormat::F16).unwrap();
+            rec.rmsnorm(&product, Some(&norm_w), &norm_w, &out, m, n, 1e-6, false, 1.0).unwrap();
+        }
+        let plan = rec.finish().unwrap();
+        assert_eq!(plan.kernel_names().contains(&"split_k_reduce"), !deferred, "{test}: {:?}", plan.kernel_names());
+        plan.run(&ctx).unwrap();
+        outputs.push(read_guarded(&ctx, &out, m * n));
+    }
+    let first = outputs[0].iter().zip(&outputs[1]).position(|(x, y)| x.to_bits() != y.to_bits());
+    assert!(first.is_none(), "{test}: the consumer of the partials differs at {first:?}");
+}
+
+/// A matrix in K panels is read only by the tensor cores: a product no tile takes (k not a whole
+/// number of panels, or B strides that are not the whole matrix's) is a clear error naming the
+/// shape, never a silent row-major read. Runs on every adapter: without cooperative matrices no
+/// tile takes any product.
+#[test]
+fn panelled_matrix_refuses_products_no_tile_takes() {
+    use dg_kernels::gemm::GemmParams;
+    let test = "panelled_matrix_refuses_products_no_tile_takes";
+    let Some(ctx) = dg_parity::testing::test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let matrix = GpuMatrix { buffer: ctx.upload("w", &vec![0u32; 64 * 48]).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels };
+    let ab = ctx.upload("a", &vec![0f32; 64 * 96]).unwrap();
+    let cb = ctx.upload("c", &vec![0f32; 64 * 64]).unwrap();
+    for p in [GemmParams::linear(64, 64, 48), GemmParams { b_cs: 96, ..GemmParams::linear(64, 32, 48) }] {
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        let err = rec.product(&ab, &matrix, &cb, p, matrix.format == WeightFormat::F16).expect_err("a panelled product no tile takes must fail").to_string();
+        assert!(err.contains("K panels") && err.contains(&format!("k {}", p.k)), "{err}");
+    }
+}
+
+/// Deeper prefetch rings (`dg_kernels::coop_kloop`) add the same products in the same order: the
+/// dense kernel gives the same bits at every depth, staged and direct, whole and in K splits, with
+/// a partial last m tile, and K steps (7, or 3 and 4 a split) fewer than some rings and no multiple
+/// of any ring's length.
+#[test]
+fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
+    use dg_kernels::coop_gemm::{self, BLayout, Split};
+    use dg_kernels::gemm::GemmParams;
+    let test = "deeper_prefetch_gives_the_same_bits_in_dense_products";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let p = GemmParams::linear(200, 256, 224);
+    let a = ctx.upload("a", &seeded((p.m * p.k) as usize, 81, 1.0)).unwrap();
+    let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((p.n * p.k) as usize, 82, 1.0))).unwrap();
+    let scratch = ctx.storage_buffer("split partials", 1 << 20).unwrap();
+    let c = ctx.storage_buffer("c", u64::from(p.m * p.n) * 4).unwrap();
+    let reduce = pipelines.get(&ctx, dg_kernels::split_k::source()).unwrap();
+    for tile in [coop_gemm::TILE_128X128, coop_gemm::TILE_64X64] {
+        for path in [WPath::Staged, WPath::Direct] {
+            for split in [Split { splits: 1, steps: 7 }, Split { splits: 2, steps: 4 }] {
+                let mut first: Option<Vec<f32>> = None;
+                for depth in 1..=dg_kernels::coop_kloop::MAX_DEPTH {
+                    let t = tile.with_depth(depth);
+                    let kernel = pipelines.get(&ctx, coop_gemm::source_for(t, path, WeightFormat::F16, BLayout::Nk)).unwrap();
+                    let mut plan = dg_gpu::PlanBuilder::new(&ctx);
+                    push_product(&mut plan, (&kernel, &reduce), t, &p, split, [&a, &b, &scratch, &c]);
+                    plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+                    let got = ctx.read_f32(&c, 0, (p.m * p.n) as usize).unwrap();
+                    match &first {
+                        None => first = Some(got),
+                        Some(want) => assert!(&got == want, "{} {path:?} {split:?}: other bits than depth 1", t.label()),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The Recorder's choices for large products (`coop_gemm::plan`): a head-like product with 512
+/// tiles of 128×128 (BF16, softcapped, at a column offset) takes that tile; a long `[k][n]` product
+/// (the soft embedding's shape with K = 16384: 512 steps) splits towards
+/// `LONG_K_TARGET_WORKGROUPS`. Both against `gemm_reference` over the whole C buffer.
+#[test]
+fn large_and_long_products_on_tensor_cores_match_the_reference() {
+    use dg_kernels::gemm::{EPILOGUE_SOFTCAP, GemmParams};
+    let test = "large_and_long_products_on_tensor_cores_match_the_reference";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let scratch = ctx.storage_buffer("split partials", 64 << 20).unwrap();
+    let head = GemmParams { c_rs: 32768 + 64, c_offset: 32, epilogue: EPILOGUE_SOFTCAP, cap: 3.0, ..GemmParams::linear(256, 32768, 64) };
+    check_gemm_auto(&ctx, &mut pipelines, &scratch, "head-like", WeightFormat::Bf16, head, "coop_gemm_128x128");
+    let soft = GemmParams { a_offset: 32, a_rs: 16384 + 64, b_rs: 256, b_cs: 1, alpha: 0.5, accumulate: 1, ..GemmParams::new(128, 256, 16384) };
+    check_gemm_auto(&ctx, &mut pipelines, &scratch, "long soft embedding", WeightFormat::Bf16, soft, "split_k_reduce");
+}
+
+/// The probes' generated kernels parse and validate (with cooperative matrices and f16) on every
+/// machine, GPU or not, so that a probe run on a GPU fails only on what the GPU does; the drain
+/// probe's output covers its last workgroup's stores.
+#[test]
+fn probe_kernels_validate() {
+    let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
+    let mut kernels: Vec<String> = Vec::new();
+    for (reload, barrier) in [(false, false), (true, false), (true, true)] {
+        kernels.extend([1u32, 4, 8].map(|acc| peak_probe_wgsl(acc, reload, barrier)));
+    }
+    kernels.extend(DRAIN_PROBE_CASES.iter().map(|&(_, loads, distance, barrier)| drain_probe_wgsl(loads, distance, barrier, DRAIN_PROBE_GROUPS)));
+    kernels.push(STREAM_PANELS_WGSL.to_string());
+    for wgsl in &kernels {
+        let module = naga::front::wgsl::parse_str(wgsl).unwrap_or_else(|e| panic!("{}\n{wgsl}", e.emit_to_string(wgsl)));
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{wgsl}"));
+    }
+    // Last subgroup's last accumulator ends where the sums start.
+    let last = (DRAIN_PROBE_GROUPS * 4 - 1) * 1024 + 768 + 256;
+    assert_eq!(last, drain_probe_sums_at(DRAIN_PROBE_GROUPS));
+}
