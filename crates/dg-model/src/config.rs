@@ -422,7 +422,7 @@ impl RawTextConfig {
             if hd == 0 || hd % 2 != 0 {
                 return Err(err(format!("layer {i}: head_dim {hd} must be even and > 0")));
             }
-            if kv == 0 || num_heads % kv != 0 {
+            if kv == 0 || !num_heads.is_multiple_of(kv) {
                 return Err(err(format!(
                     "layer {i}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads {kv}"
                 )));
