@@ -43,7 +43,7 @@ fn inv_rms(row: &[f32], eps: f32) -> f32 {
 /// `gelu_pytorch_tanh`: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
-    const BETA: f32 = 0.797_884_56; // sqrt(2/pi)
+    const BETA: f32 = 0.797_884_6; // sqrt(2/pi)
     const KAPPA: f32 = 0.044715;
     let inner = BETA * (x + KAPPA * (x * x * x));
     0.5 * x * (1.0 + inner.tanh())

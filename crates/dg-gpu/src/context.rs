@@ -222,7 +222,7 @@ impl GpuContext {
 
     /// Largest storage binding the device accepts.
     pub fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 
     /// A storage buffer of `size` bytes (at least 4), checked against the limits.

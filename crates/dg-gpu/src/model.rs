@@ -57,6 +57,9 @@ pub struct GpuModel {
     prefill_chunk: usize,
 }
 
+/// One layer's cached keys and values on the host, each `[tokens, kv_heads, head_dim]`.
+pub type LayerKv = (Vec<f32>, Vec<f32>);
+
 impl std::fmt::Debug for GpuModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuModel").field("adapter", &self.ctx.info.name).field("seq_len", &self.seq_len).finish()
@@ -301,7 +304,7 @@ impl GpuModel {
 
     /// The cached K/V each decoder layer would see now, read back (cache-level parity):
     /// `(keys, values)` per layer, `[tokens, kv_heads, head_dim]`.
-    pub fn read_visible_cache(&mut self) -> Result<Vec<(Vec<f32>, Vec<f32>)>, GpuError> {
+    pub fn read_visible_cache(&mut self) -> Result<Vec<LayerKv>, GpuError> {
         self.prepare_canvas()?;
         let visible = self.plans.as_ref().map(|p| p.visible.clone()).unwrap_or_default();
         let cfg = &self.config.text;

@@ -633,7 +633,7 @@ mod tests {
         approx_eq(s[127], 1.0746e-4);
         let f = c.text.layers[5].rope.inv_freq(512);
         assert_eq!(f.len(), 256);
-        approx_eq(f[1], 0.947_463_53);
+        approx_eq(f[1], 0.947_463_5);
         approx_eq(f[63], 0.033_376_25);
         assert!(f[64..].iter().all(|&x| x == 0.0));
     }

@@ -11,9 +11,12 @@ use dg_sampler::{
     RowResult, SamplerError, SeededRng, StepInfo, generate, generate_resident,
 };
 
-/// Every step's (accepted, entropies, draft, canvas) for comparing the two paths step by step.
+/// One step's accepted flags, entropies, draft, canvas and scaled-logits length.
+type StepTrace = (Vec<bool>, Vec<f32>, Vec<u32>, Vec<u32>, usize);
+
+/// Every step's trace, for comparing the two paths step by step.
 #[derive(Default)]
-struct Trace(Vec<(Vec<bool>, Vec<f32>, Vec<u32>, Vec<u32>, usize)>);
+struct Trace(Vec<StepTrace>);
 
 impl Hooks for Trace {
     fn on_step(&mut self, s: &StepInfo<'_>) {
