@@ -60,7 +60,14 @@ impl ResidentModel for Timed<'_> {
         self.encodes.push(start.elapsed());
         r
     }
-    fn denoise_rows(&mut self, canvas: &[u32], sc: bool, t: f32, draw: CategoricalRequest<'_>, rows: &mut [RowResult]) -> Result<(), Self::Error> {
+    fn denoise_rows(
+        &mut self,
+        canvas: &[u32],
+        sc: bool,
+        t: f32,
+        draw: CategoricalRequest<'_>,
+        rows: &mut [RowResult],
+    ) -> Result<(), Self::Error> {
         let start = Instant::now();
         let r = self.model.denoise_rows(canvas, sc, t, draw, rows);
         self.steps.push(start.elapsed());

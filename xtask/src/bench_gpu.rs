@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use dg_parity::testing::{random_context, seeded};
 use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext, WeightFormat};
 use dg_model::{LayerKind, ModelConfig, RandomWeights, TextConfig};
+use dg_parity::testing::{random_context, seeded};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum WeightsArg {
@@ -65,7 +65,8 @@ struct Cost {
 
 fn forward_cost(cfg: &TextConfig, canvas: usize, context: usize, bytes_per_weight: f64) -> Cost {
     let (t, h, heads) = (canvas as f64, cfg.hidden_size as f64, cfg.num_attention_heads as f64);
-    let (dense, e, k, ie) = (cfg.intermediate_size as f64, cfg.num_experts as f64, cfg.top_k_experts as f64, cfg.moe_intermediate_size as f64);
+    let (dense, e, k, ie) =
+        (cfg.intermediate_size as f64, cfg.num_experts as f64, cfg.top_k_experts as f64, cfg.moe_intermediate_size as f64);
     let mut layer_flops = Vec::new();
     let mut layer_params = 0.0;
     for l in &cfg.layers {
@@ -84,7 +85,12 @@ fn forward_cost(cfg: &TextConfig, canvas: usize, context: usize, bytes_per_weigh
     }
     let (v, sc_mlp) = (cfg.vocab_size as f64, 3.0 * h * dense);
     let flops = layer_flops.iter().sum::<f64>() + 2.0 * (2.0 * t * v * h) + 2.0 * t * sc_mlp;
-    Cost { layer_flops, flops, bytes: bytes_per_weight * (layer_params + sc_mlp + 2.0 * v * h), layer_bytes: bytes_per_weight * layer_params }
+    Cost {
+        layer_flops,
+        flops,
+        bytes: bytes_per_weight * (layer_params + sc_mlp + 2.0 * v * h),
+        layer_bytes: bytes_per_weight * layer_params,
+    }
 }
 
 pub fn run(args: Args) -> Result<bool> {
@@ -151,7 +157,10 @@ pub fn run(args: Args) -> Result<bool> {
     let no_read = time(&mut model, false, &mut logits)?;
     let with_read = time(&mut model, true, &mut logits)?;
     assert_eq!(created, model.created(), "a GPU object was created during the timed steps");
-    println!("canvas forward (self-conditioning on): {no_read:.2} ms without readback, {with_read:.2} ms with the [C, V] logits readback ({} steps)", args.steps);
+    println!(
+        "canvas forward (self-conditioning on): {no_read:.2} ms without readback, {with_read:.2} ms with the [C, V] logits readback ({} steps)",
+        args.steps
+    );
     let cost = forward_cost(cfg, c, args.context, format.bytes() as f64);
     let layers_flops: f64 = cost.layer_flops.iter().sum();
     println!(
@@ -162,10 +171,7 @@ pub fn run(args: Args) -> Result<bool> {
         cost.layer_bytes / 1e9
     );
     let floor_ms = |bytes: f64| bytes / (args.bandwidth * 1e9) * 1e3;
-    println!(
-        "achieved GEMM TFLOP/s (counted FLOPs / wall time): {:.1} over the forward",
-        cost.flops / (no_read * 1e-3) / 1e12
-    );
+    println!("achieved GEMM TFLOP/s (counted FLOPs / wall time): {:.1} over the forward", cost.flops / (no_read * 1e-3) / 1e12);
     println!(
         "memory-bandwidth floor at {:.0} GB/s: {:.2} ms per forward (measured {:.1}x the floor), {:.3} ms for the layers",
         args.bandwidth,
@@ -173,7 +179,10 @@ pub fn run(args: Args) -> Result<bool> {
         no_read / floor_ms(cost.bytes),
         floor_ms(cost.layer_bytes)
     );
-    println!("objects created after the first step: none (buffers {}, bind groups {}, pipelines {})", created.buffers, created.bind_groups, created.pipelines);
+    println!(
+        "objects created after the first step: none (buffers {}, bind groups {}, pipelines {})",
+        created.buffers, created.bind_groups, created.pipelines
+    );
     let layers_ms = model.time_layers(args.steps)?;
     println!(
         "decoder layers alone (one pass, wall time, {} replays): {layers_ms:.2} ms for {layers_n} layers = {:.3} ms per layer",

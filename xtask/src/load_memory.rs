@@ -31,7 +31,8 @@ pub fn run(args: Args) -> Result<bool> {
         bail!("load-memory reads /proc and runs on Linux only");
     }
     let start = Instant::now();
-    let mut child = Command::new(&args.command[0]).args(&args.command[1..]).spawn().with_context(|| format!("starting {}", args.command[0]))?;
+    let mut child =
+        Command::new(&args.command[0]).args(&args.command[1..]).spawn().with_context(|| format!("starting {}", args.command[0]))?;
     let status_path = format!("/proc/{}/status", child.id());
     let (mut peak_anon, mut peak_hwm) = (0u64, 0u64);
     let exit = loop {

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use dg_cpu::CpuModel;
+use dg_gpu::{GpuContext, GpuOptions, WeightFormat};
 use dg_model::ModelDir;
 use dg_parity::checks::{Backend, CheckResult, logits_checks};
-use dg_gpu::{GpuContext, GpuOptions, WeightFormat};
 use dg_parity::cpu::CpuBackend;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
@@ -65,11 +65,7 @@ fn check_dir(dir: &Path, choice: BackendChoice) -> Result<Vec<(&'static str, Che
     let reference = Reference::open(dir)?;
     let model_dir = ModelDir::open(dir)?;
     if reference.meta.canvas_length != model_dir.config.canvas_length {
-        bail!(
-            "reference.json canvas_length {} differs from config.json {}",
-            reference.meta.canvas_length,
-            model_dir.config.canvas_length
-        );
+        bail!("reference.json canvas_length {} differs from config.json {}", reference.meta.canvas_length, model_dir.config.canvas_length);
     }
     let weights = model_dir.load_weights()?;
     let mut backends: Vec<Box<dyn Backend>> = Vec::new();
@@ -85,7 +81,8 @@ fn check_dir(dir: &Path, choice: BackendChoice) -> Result<Vec<(&'static str, Che
     if matches!(choice, BackendChoice::GpuBf16 | BackendChoice::All) {
         if model_dir.matrices_are_bf16() {
             let ctx = GpuContext::new(&GpuOptions::from_env()?)?;
-            let gpu = GpuBackend::with_format(ctx, &model_dir.config, weights, max_context, WeightFormat::Bf16).map_err(|e| anyhow::anyhow!(e))?;
+            let gpu = GpuBackend::with_format(ctx, &model_dir.config, weights, max_context, WeightFormat::Bf16)
+                .map_err(|e| anyhow::anyhow!(e))?;
             backends.push(Box::new(gpu));
         } else if choice == BackendChoice::GpuBf16 {
             let label = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());

@@ -32,7 +32,12 @@ pub struct Args {
 fn parse_shapes(text: &str) -> Result<Vec<[u32; 3]>> {
     text.split(',')
         .map(|shape| {
-            let dims: Vec<u32> = shape.trim().split('x').map(|d| d.parse()).collect::<Result<_, _>>().with_context(|| format!("--shapes: `{shape}` is not MxNxK"))?;
+            let dims: Vec<u32> = shape
+                .trim()
+                .split('x')
+                .map(|d| d.parse())
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("--shapes: `{shape}` is not MxNxK"))?;
             match dims[..] {
                 [m, n, k] if m > 0 && n > 0 && k > 0 => Ok([m, n, k]),
                 _ => bail!("--shapes: `{shape}` is not MxNxK with three dimensions over 0"),
@@ -43,9 +48,15 @@ fn parse_shapes(text: &str) -> Result<Vec<[u32; 3]>> {
 
 /// `--grouped`: five counts over 0, separated by commas.
 fn parse_grouped(text: &str) -> Result<[usize; 5]> {
-    let v: Vec<usize> = text.split(',').map(|d| d.trim().parse()).collect::<Result<_, _>>().with_context(|| format!("--grouped: `{text}` is not five numbers"))?;
+    let v: Vec<usize> = text
+        .split(',')
+        .map(|d| d.trim().parse())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--grouped: `{text}` is not five numbers"))?;
     match v[..] {
-        [tokens, experts, top_k, hidden, width] if v.iter().all(|&d| d > 0) && top_k <= experts && experts > 3 => Ok([tokens, experts, top_k, hidden, width]),
+        [tokens, experts, top_k, hidden, width] if v.iter().all(|&d| d > 0) && top_k <= experts && experts > 3 => {
+            Ok([tokens, experts, top_k, hidden, width])
+        }
         _ => bail!("--grouped: `{text}` is not tokens,experts,top_k,hidden,expert_width (all over 0, top_k ≤ experts, at least 4 experts)"),
     }
 }

@@ -82,7 +82,8 @@ impl StatsDevice {
     fn new() -> Result<Self> {
         let entry = unsafe { ash::Entry::load() }.map_err(|e| anyhow!("no Vulkan loader: {e}"))?;
         let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_3);
-        let instance = unsafe { entry.create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None) }.context("vkCreateInstance")?;
+        let instance = unsafe { entry.create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None) }
+            .context("vkCreateInstance")?;
         let wanted = [ash::khr::pipeline_executable_properties::NAME, ash::khr::cooperative_matrix::NAME];
         let mut chosen = None;
         for pd in unsafe { instance.enumerate_physical_devices() }.context("enumerating devices")? {
@@ -100,12 +101,14 @@ impl StatsDevice {
         }
         let (pd, name, coop) = chosen.ok_or_else(|| anyhow!("no Vulkan device offers VK_KHR_pipeline_executable_properties"))?;
         let extensions: Vec<*const c_char> = wanted.iter().take(if coop { 2 } else { 1 }).map(|n| n.as_ptr()).collect();
-        let mut f11 = vk::PhysicalDeviceVulkan11Features::default().storage_buffer16_bit_access(true).uniform_and_storage_buffer16_bit_access(true);
+        let mut f11 =
+            vk::PhysicalDeviceVulkan11Features::default().storage_buffer16_bit_access(true).uniform_and_storage_buffer16_bit_access(true);
         let mut f12 = vk::PhysicalDeviceVulkan12Features::default()
             .shader_float16(true)
             .vulkan_memory_model(true)
             .vulkan_memory_model_device_scope(true);
-        let mut f13 = vk::PhysicalDeviceVulkan13Features::default().shader_zero_initialize_workgroup_memory(true).subgroup_size_control(true);
+        let mut f13 =
+            vk::PhysicalDeviceVulkan13Features::default().shader_zero_initialize_workgroup_memory(true).subgroup_size_control(true);
         let mut exec = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default().pipeline_executable_info(true);
         let mut cm = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
         let queue = [vk::DeviceQueueCreateInfo::default().queue_family_index(0).queue_priorities(&[1.0])];
@@ -121,7 +124,13 @@ impl StatsDevice {
         }
         let device = unsafe { instance.create_device(pd, &info, None) }.context("vkCreateDevice")?;
         let stats = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
-        Ok(StatsDevice { _entry: entry, instance, device, stats, name: format!("{name}{}", if coop { "" } else { " (no cooperative matrices)" }) })
+        Ok(StatsDevice {
+            _entry: entry,
+            instance,
+            device,
+            stats,
+            name: format!("{name}{}", if coop { "" } else { " (no cooperative matrices)" }),
+        })
     }
 
     /// One line per statistic of each executable of `k`'s compute pipeline.
@@ -129,12 +138,15 @@ impl StatsDevice {
         let spirv = spirv(k)?;
         let d = &self.device;
         unsafe {
-            let module = d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&spirv), None).context("vkCreateShaderModule")?;
-            let mut bindings = vec![vk::DescriptorSetLayoutBinding::default()
-                .binding(0)
-                .descriptor_type(vk::DescriptorType::UNIFORM_BUFFER)
-                .descriptor_count(1)
-                .stage_flags(vk::ShaderStageFlags::COMPUTE)];
+            let module =
+                d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&spirv), None).context("vkCreateShaderModule")?;
+            let mut bindings = vec![
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(0)
+                    .descriptor_type(vk::DescriptorType::UNIFORM_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE),
+            ];
             for i in 0..k.buffers.len() {
                 bindings.push(
                     vk::DescriptorSetLayoutBinding::default()
@@ -188,17 +200,24 @@ impl StatsDevice {
     unsafe fn write_ir(&self, info: &vk::PipelineExecutableInfoKHR<'_>, stem: &std::path::Path) -> Result<()> {
         let fp = self.stats.fp();
         let mut count = 0u32;
-        unsafe { (fp.get_pipeline_executable_internal_representations_khr)(self.device.handle(), info, &mut count, std::ptr::null_mut()) }.result()?;
+        unsafe { (fp.get_pipeline_executable_internal_representations_khr)(self.device.handle(), info, &mut count, std::ptr::null_mut()) }
+            .result()?;
         let mut reps = vec![vk::PipelineExecutableInternalRepresentationKHR::default(); count as usize];
-        unsafe { (fp.get_pipeline_executable_internal_representations_khr)(self.device.handle(), info, &mut count, reps.as_mut_ptr()) }.result()?;
+        unsafe { (fp.get_pipeline_executable_internal_representations_khr)(self.device.handle(), info, &mut count, reps.as_mut_ptr()) }
+            .result()?;
         let mut buffers: Vec<Vec<u8>> = reps.iter().map(|r| vec![0u8; r.data_size]).collect();
         for (r, b) in reps.iter_mut().zip(&mut buffers) {
             r.p_data = b.as_mut_ptr().cast();
         }
-        unsafe { (fp.get_pipeline_executable_internal_representations_khr)(self.device.handle(), info, &mut count, reps.as_mut_ptr()) }.result()?;
+        unsafe { (fp.get_pipeline_executable_internal_representations_khr)(self.device.handle(), info, &mut count, reps.as_mut_ptr()) }
+            .result()?;
         for (r, b) in reps.iter().zip(&buffers) {
             let name: String = c_text(&r.name).chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-            let path = stem.with_extension(format!("{}.{}", stem.extension().and_then(|e| e.to_str()).unwrap_or("0"), if r.is_text != 0 { format!("{name}.txt") } else { format!("{name}.bin") }));
+            let path = stem.with_extension(format!(
+                "{}.{}",
+                stem.extension().and_then(|e| e.to_str()).unwrap_or("0"),
+                if r.is_text != 0 { format!("{name}.txt") } else { format!("{name}.bin") }
+            ));
             let bytes = if r.is_text != 0 { b.split(|&c| c == 0).next().unwrap_or(&[]) } else { &b[..] };
             std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
         }
@@ -225,7 +244,9 @@ fn spirv(k: &KernelSource) -> Result<Vec<u32>> {
     use naga::back::spv;
     let module = naga::front::wgsl::parse_str(&k.wgsl).map_err(|e| anyhow!("{}: {}", k.name, e.emit_to_string(&k.wgsl)))?;
     let caps = naga::valid::Capabilities::all();
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).map_err(|e| anyhow!("{}: {e:?}", k.name))?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| anyhow!("{}: {e:?}", k.name))?;
     let options = spv::Options {
         lang_version: (1, 6),
         flags: spv::WriterFlags::empty(),

@@ -43,9 +43,7 @@ impl Choice {
 pub fn choose(arg: BackendArg, adapter: Option<&str>) -> Result<Choice> {
     let env = GpuOptions::from_env().map_err(|e| input(e.to_string()))?;
     match (arg, adapter) {
-        (BackendArg::Cpu, Some(_)) => {
-            Err(input("--adapter selects a GPU adapter; it cannot be used with --backend cpu"))
-        }
+        (BackendArg::Cpu, Some(_)) => Err(input("--adapter selects a GPU adapter; it cannot be used with --backend cpu")),
         (BackendArg::Cpu, None) => Ok(Choice { backend: Backend::Cpu, description: "cpu (--backend cpu)".into() }),
         (BackendArg::Gpu, _) | (BackendArg::Auto, Some(_)) => {
             let ctx = open_gpu(adapter, env)?;
@@ -54,13 +52,10 @@ pub fn choose(arg: BackendArg, adapter: Option<&str>) -> Result<Choice> {
         }
         (BackendArg::Auto, None) => match GpuContext::new(&env) {
             Ok(ctx) => {
-                let description =
-                    format!("gpu: {} (default when an adapter exists; --backend cpu for the CPU)", describe(&ctx));
+                let description = format!("gpu: {} (default when an adapter exists; --backend cpu for the CPU)", describe(&ctx));
                 Ok(Choice { backend: Backend::Gpu(Box::new(ctx)), description })
             }
-            Err(GpuError::NoAdapter { .. }) => {
-                Ok(Choice { backend: Backend::Cpu, description: "cpu (no GPU adapter found)".into() })
-            }
+            Err(GpuError::NoAdapter { .. }) => Ok(Choice { backend: Backend::Cpu, description: "cpu (no GPU adapter found)".into() }),
             Err(e) => Ok(Choice { backend: Backend::Cpu, description: format!("cpu (the GPU is unavailable: {e})") }),
         },
     }

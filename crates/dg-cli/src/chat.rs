@@ -26,8 +26,7 @@ impl ChatTemplate {
     pub fn load(dir: &Path) -> Result<Option<Self>> {
         let config_path = dir.join("tokenizer_config.json");
         let config: Json = if config_path.is_file() {
-            let text = std::fs::read_to_string(&config_path)
-                .context(Input(format!("cannot read {}", config_path.display())))?;
+            let text = std::fs::read_to_string(&config_path).context(Input(format!("cannot read {}", config_path.display())))?;
             serde_json::from_str(&text).context(Input(format!("{}: malformed JSON", config_path.display())))?
         } else {
             Json::Null
@@ -60,11 +59,7 @@ impl ChatTemplate {
     pub fn render(&self, turns: &[(&str, &str)]) -> Result<String> {
         let mut env = Environment::new();
         env.set_syntax(
-            minijinja::syntax::SyntaxConfig::builder()
-                .trim_blocks(true)
-                .lstrip_blocks(true)
-                .build()
-                .expect("default delimiters are valid"),
+            minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build().expect("default delimiters are valid"),
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |message: String| -> Result<Value, minijinja::Error> {
@@ -112,12 +107,7 @@ mod tests {
     use super::*;
 
     fn template(source: &str) -> ChatTemplate {
-        ChatTemplate {
-            source: source.into(),
-            origin: "t.jinja".into(),
-            bos_token: "<bos>".into(),
-            eos_token: "<eos>".into(),
-        }
+        ChatTemplate { source: source.into(), origin: "t.jinja".into(), bos_token: "<bos>".into(), eos_token: "<eos>".into() }
     }
 
     #[test]

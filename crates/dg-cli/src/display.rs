@@ -62,14 +62,7 @@ impl std::fmt::Debug for Progress<'_> {
 }
 
 impl<'a> Progress<'a> {
-    pub fn new(
-        mode: Mode,
-        stream_stdout: bool,
-        codec: Option<&'a TextCodec>,
-        eos: &'a [u32],
-        planned: usize,
-        max_steps: usize,
-    ) -> Self {
+    pub fn new(mode: Mode, stream_stdout: bool, codec: Option<&'a TextCodec>, eos: &'a [u32], planned: usize, max_steps: usize) -> Self {
         Progress {
             canvases: Vec::with_capacity(planned),
             mode,

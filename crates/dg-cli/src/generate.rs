@@ -55,14 +55,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
 
     let load_start = Instant::now();
-    let mut progress = Progress::new(
-        mode,
-        stream_stdout,
-        codec.as_ref(),
-        &settings.eos_token_ids,
-        planned,
-        settings.max_denoising_steps,
-    );
+    let mut progress = Progress::new(mode, stream_stdout, codec.as_ref(), &settings.eos_token_ids, planned, settings.max_denoising_steps);
     let positions = prompt.ids.len() + planned * c;
     let backend_name = choice.name();
     let adapter = choice.adapter();
@@ -92,18 +85,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     timings.total = started.elapsed();
 
-    let report = Report::new(
-        &dir,
-        backend_name,
-        adapter,
-        args.seed,
-        &prompt,
-        &generation,
-        &settings,
-        codec.as_ref(),
-        progress.canvases,
-        timings,
-    )?;
+    let report =
+        Report::new(&dir, backend_name, adapter, args.seed, &prompt, &generation, &settings, codec.as_ref(), progress.canvases, timings)?;
     if mode != Mode::Quiet {
         eprintln!("{}", report.summary(mode == Mode::Live));
     }

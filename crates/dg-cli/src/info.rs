@@ -137,20 +137,13 @@ fn render(v: &Value) -> String {
     };
     let mem = &v["memory"];
     let params = n("parameters");
-    let dtypes = v["checkpoint"]["dtypes"]
-        .as_object()
-        .map(|m| m.iter().map(|(d, c)| format!("{d} ({c} tensors)")).collect::<Vec<_>>().join(", "));
+    let dtypes =
+        v["checkpoint"]["dtypes"].as_object().map(|m| m.iter().map(|(d, c)| format!("{d} ({c} tensors)")).collect::<Vec<_>>().join(", "));
     let mut out = format!("model      {}\n", v["model"].as_str().unwrap_or(""));
     if v["bundled_random_model"] == true {
         out += "           the bundled model: random weights, its text is noise\n";
     }
-    out += &format!(
-        "layers     {} ({} sliding, {} full): {}\n",
-        layers.len(),
-        sliding,
-        layers.len() - sliding,
-        pattern.join(" ")
-    );
+    out += &format!("layers     {} ({} sliding, {} full): {}\n", layers.len(), sliding, layers.len() - sliding, pattern.join(" "));
     out += &format!(
         "hidden     {} · dense MLP {} · vocab {} · canvas {} · sliding window {} · max positions {}\n",
         n("hidden_size"),
@@ -160,24 +153,11 @@ fn render(v: &Value) -> String {
         n("sliding_window"),
         n("max_position_embeddings")
     );
-    out += &format!(
-        "heads      {} query{}{}\n",
-        n("num_attention_heads"),
-        heads("sliding_heads", "sliding"),
-        heads("full_heads", "full")
-    );
-    out += &format!(
-        "experts    {} per layer, top-{}, width {}\n",
-        n("num_experts"),
-        n("top_k_experts"),
-        n("moe_intermediate_size")
-    );
+    out += &format!("heads      {} query{}{}\n", n("num_attention_heads"), heads("sliding_heads", "sliding"), heads("full_heads", "full"));
+    out += &format!("experts    {} per layer, top-{}, width {}\n", n("num_experts"), n("top_k_experts"), n("moe_intermediate_size"));
     out += &format!("parameters {} (text; embedding counted once)\n", group(params));
-    out += &format!(
-        "checkpoint {}; text weights {}\n",
-        dtypes.unwrap_or_default(),
-        size(v["checkpoint"]["text_bytes"].as_u64().unwrap_or(0))
-    );
+    out +=
+        &format!("checkpoint {}; text weights {}\n", dtypes.unwrap_or_default(), size(v["checkpoint"]["text_bytes"].as_u64().unwrap_or(0)));
     out += &format!(
         "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32)\n",
         size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),

@@ -34,11 +34,13 @@ pub fn cpu(model: &ModelDir) -> Result<CpuModel> {
 pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, format: WeightFormat, report: Report) -> Result<GpuModel> {
     let start = Instant::now();
     let mut bar = Bar { report, last: None };
-    let gpu = GpuModel::from_source_with_progress(ctx, &model.config, &model.checkpoint, max_context, format, &mut |p| bar.draw(p, start.elapsed()))
-        .map_err(|e| match e {
-            GpuError::Model(e) => anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display()))),
-            other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
-        })?;
+    let gpu = GpuModel::from_source_with_progress(ctx, &model.config, &model.checkpoint, max_context, format, &mut |p| {
+        bar.draw(p, start.elapsed())
+    })
+    .map_err(|e| match e {
+        GpuError::Model(e) => anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display()))),
+        other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
+    })?;
     bar.clear();
     if report != Report::Quiet {
         let (bytes, params) = (gpu.weight_bytes(), gpu.weight_parameters().max(1));

@@ -62,9 +62,7 @@ fn read_text(args: &GenerateArgs) -> Result<String> {
     } else {
         let stdin = std::io::stdin();
         if args.prompt_file.is_none() && stdin.is_terminal() {
-            return Err(input(
-                "no prompt: give --prompt TEXT, --prompt-file FILE, --prompt-ids IDS, or pipe the text on stdin",
-            ));
+            return Err(input("no prompt: give --prompt TEXT, --prompt-file FILE, --prompt-ids IDS, or pipe the text on stdin"));
         }
         let mut text = String::new();
         stdin.lock().read_to_string(&mut text).context(Input("cannot read the prompt from stdin".into()))?;
@@ -79,10 +77,7 @@ pub fn parse_ids(list: &str) -> Result<Vec<u32>> {
     inner
         .split(|c: char| c == ',' || c.is_whitespace())
         .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse::<u32>()
-                .map_err(|_| input(format!("--prompt-ids: {s:?} is not a token id (a number from 0 to 4294967295)")))
-        })
+        .map(|s| s.parse::<u32>().map_err(|_| input(format!("--prompt-ids: {s:?} is not a token id (a number from 0 to 4294967295)"))))
         .collect()
 }
 

@@ -26,9 +26,8 @@ impl TextCodec {
         if !path.is_file() {
             return Ok(None);
         }
-        let tokenizer = Tokenizer::from_file(&path)
-            .map_err(anyhow::Error::from_boxed)
-            .context(Input(format!("cannot load {}", path.display())))?;
+        let tokenizer =
+            Tokenizer::from_file(&path).map_err(anyhow::Error::from_boxed).context(Input(format!("cannot load {}", path.display())))?;
         Ok(Some(TextCodec { tokenizer }))
     }
 

@@ -60,7 +60,14 @@ impl<M: ResidentModel> ResidentModel for Timed<M> {
     }
 
     /// Timed as a forward: the canvas forward and the per-row work are one submit.
-    fn denoise_rows(&mut self, canvas: &[u32], sc: bool, temperature: f32, draw: CategoricalRequest<'_>, rows: &mut [RowResult]) -> Result<(), M::Error> {
+    fn denoise_rows(
+        &mut self,
+        canvas: &[u32],
+        sc: bool,
+        temperature: f32,
+        draw: CategoricalRequest<'_>,
+        rows: &mut [RowResult],
+    ) -> Result<(), M::Error> {
         let start = Instant::now();
         let result = self.inner.denoise_rows(canvas, sc, temperature, draw, rows);
         self.forwards += start.elapsed();

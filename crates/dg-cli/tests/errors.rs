@@ -108,8 +108,7 @@ fn bad_prompts_and_settings() {
     dg(&["generate", "--prompt", "", "--backend", "cpu"]).fails(INPUT, &["the prompt is empty"]);
     dg(&["generate", "--backend", "cpu"]).fails(INPUT, &["the prompt is empty"]);
     dg(&["generate", "--prompt-file", "/nonexistent/prompt.txt"]).fails(INPUT, &["cannot read the prompt file"]);
-    dg(&["generate", "--prompt", "hi", "--t-min", "0.9", "--t-max", "0.5", "--backend", "cpu"])
-        .fails(INPUT, &["t_min < t_max"]);
+    dg(&["generate", "--prompt", "hi", "--t-min", "0.9", "--t-max", "0.5", "--backend", "cpu"]).fails(INPUT, &["t_min < t_max"]);
     dg(&["generate", "--prompt", "hi", "--steps", "0", "--backend", "cpu"]).fails(INPUT, &["max_denoising_steps"]);
     dg(&["generate", "--prompt", "hi", "--entropy-bound=-1", "--backend", "cpu"]).fails(INPUT, &["entropy_bound"]);
 }

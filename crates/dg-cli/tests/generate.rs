@@ -69,21 +69,8 @@ fn stdin_and_prompt_files_give_the_same_run_as_prompt() {
 
 #[test]
 fn json_report_has_ids_text_steps_and_timings() {
-    let run = dg(&[
-        "generate",
-        "--prompt",
-        "hello",
-        "--backend",
-        "cpu",
-        "--json",
-        "--steps",
-        "3",
-        "--max-new-tokens",
-        "40",
-        "--seed",
-        "11",
-    ])
-    .ok();
+    let run =
+        dg(&["generate", "--prompt", "hello", "--backend", "cpu", "--json", "--steps", "3", "--max-new-tokens", "40", "--seed", "11"]).ok();
     let v = run.json();
     assert_eq!(v["backend"], "cpu");
     assert!(v["adapter"].is_null());
@@ -151,8 +138,7 @@ fn sampler_options_override_the_generation_config() {
 
 #[test]
 fn gpu_backend_generates() {
-    let run =
-        dg(&["generate", "--prompt", "hello", "--backend", "gpu", "--json", "--max-new-tokens", "32", "--steps", "4"]);
+    let run = dg(&["generate", "--prompt", "hello", "--backend", "gpu", "--json", "--max-new-tokens", "32", "--steps", "4"]);
     if run.code == 1 && run.stderr.contains("no GPU adapter found") {
         if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") {
             eprintln!("SKIP gpu_backend_generates: no GPU adapter");
@@ -171,7 +157,9 @@ fn gpu_backend_generates() {
 /// parameter; the f32 norms add a fraction of a percent) unless `--weights f32` asks otherwise.
 #[test]
 fn gpu_backend_reports_bf16_weights_for_a_bf16_checkpoint() {
-    let args = |w: &'static str| vec!["generate", "--prompt", "hello", "--backend", "gpu", "--max-new-tokens", "32", "--steps", "2", "--weights", w];
+    let args = |w: &'static str| {
+        vec!["generate", "--prompt", "hello", "--backend", "gpu", "--max-new-tokens", "32", "--steps", "2", "--weights", w]
+    };
     let run = dg(&args("auto"));
     if run.code == 1 && run.stderr.contains("no GPU adapter found") {
         if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") {

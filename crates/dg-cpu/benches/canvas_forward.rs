@@ -36,12 +36,8 @@ fn canvas_forward(crit: &mut Criterion) {
     let mut logits = vec![0f32; sc.len()];
     let mut group = crit.benchmark_group("cpu_canvas_forward");
     group.sample_size(10);
-    group.bench_function("canvas_forward_sc", |b| {
-        b.iter(|| model.canvas_forward(&canvas, Some(&sc), &mut logits).expect("forward"))
-    });
-    group.bench_function("canvas_forward_plain", |b| {
-        b.iter(|| model.canvas_forward(&canvas, None, &mut logits).expect("forward"))
-    });
+    group.bench_function("canvas_forward_sc", |b| b.iter(|| model.canvas_forward(&canvas, Some(&sc), &mut logits).expect("forward")));
+    group.bench_function("canvas_forward_plain", |b| b.iter(|| model.canvas_forward(&canvas, None, &mut logits).expect("forward")));
     group.finish();
 }
 

@@ -56,25 +56,21 @@ pub fn attention(out: &mut [f32], q: &[f32], k: &[f32], v: &[f32], s: AttnShape,
     let group = heads / kv_heads;
     let mut per_head = vec![0f32; heads * t * d];
     let mut scores = vec![0f32; heads * t * n];
-    per_head
-        .par_chunks_mut(t * d)
-        .zip(scores.par_chunks_mut(t * n))
-        .enumerate()
-        .for_each(|(h, (head_out, sc))| {
-            let g = h / group;
-            let qv = View { data: &q[h * d..], rows: t, cols: d, row_stride: heads * d, col_stride: 1 };
-            let kt = View { data: &k[g * d..], rows: d, cols: n, row_stride: 1, col_stride: kv_heads * d };
-            matmul(sc, n, qv, kt, false, Threads::One);
-            for (row_idx, row) in sc.chunks_exact_mut(n).enumerate() {
-                let (lo, hi) = mask.visible(row_idx, n);
-                row[..lo].fill(0.0);
-                row[hi..].fill(0.0);
-                softmax_in_place(&mut row[lo..hi]);
-            }
-            let pv = View::rows(sc, t, n);
-            let vv = View { data: &v[g * d..], rows: n, cols: d, row_stride: kv_heads * d, col_stride: 1 };
-            matmul(head_out, d, pv, vv, false, Threads::One);
-        });
+    per_head.par_chunks_mut(t * d).zip(scores.par_chunks_mut(t * n)).enumerate().for_each(|(h, (head_out, sc))| {
+        let g = h / group;
+        let qv = View { data: &q[h * d..], rows: t, cols: d, row_stride: heads * d, col_stride: 1 };
+        let kt = View { data: &k[g * d..], rows: d, cols: n, row_stride: 1, col_stride: kv_heads * d };
+        matmul(sc, n, qv, kt, false, Threads::One);
+        for (row_idx, row) in sc.chunks_exact_mut(n).enumerate() {
+            let (lo, hi) = mask.visible(row_idx, n);
+            row[..lo].fill(0.0);
+            row[hi..].fill(0.0);
+            softmax_in_place(&mut row[lo..hi]);
+        }
+        let pv = View::rows(sc, t, n);
+        let vv = View { data: &v[g * d..], rows: n, cols: d, row_stride: kv_heads * d, col_stride: 1 };
+        matmul(head_out, d, pv, vv, false, Threads::One);
+    });
     for h in 0..heads {
         for row in 0..t {
             let src = &per_head[(h * t + row) * d..(h * t + row + 1) * d];
@@ -101,8 +97,7 @@ mod tests {
                 let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = sc.iter().map(|s| (s - m).exp()).sum();
                 for x in 0..d {
-                    let acc: f64 =
-                        (lo..hi).zip(&sc).map(|(j, s)| (s - m).exp() / z * v[(j * kv_heads + g) * d + x] as f64).sum();
+                    let acc: f64 = (lo..hi).zip(&sc).map(|(j, s)| (s - m).exp() / z * v[(j * kv_heads + g) * d + x] as f64).sum();
                     out[(i * heads + h) * d + x] = acc as f32;
                 }
             }

@@ -160,12 +160,7 @@ impl CpuModel {
 
     /// One denoising forward of `canvas` (C ids) at positions `seq_len()..`, with the previous
     /// step's temperature-scaled logits `[C, V]` as self-conditioning, into `logits[C, V]`.
-    pub fn canvas_forward(
-        &self,
-        canvas: &[u32],
-        self_conditioning: Option<&[f32]>,
-        logits: &mut [f32],
-    ) -> Result<(), CpuError> {
+    pub fn canvas_forward(&self, canvas: &[u32], self_conditioning: Option<&[f32]>, logits: &mut [f32]) -> Result<(), CpuError> {
         let cfg = &self.config.text;
         let c = self.config.canvas_length;
         if canvas.len() != c {

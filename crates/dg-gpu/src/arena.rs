@@ -168,14 +168,25 @@ impl Arena {
             topk_idx: f("topk_idx", r * k)?,
             topk_w: f("topk_w", r * k)?,
             // The experts' offsets and room for the tile table of the smallest m tiles.
-            offsets: f("offsets", dg_kernels::moe_dispatch::offsets_len(&MoeDispatchParams { tokens: r as u32, k: k as u32, experts: cfg.num_experts as u32, tile_rows: MIN_TILE_ROWS }) as usize)?,
+            offsets: f(
+                "offsets",
+                dg_kernels::moe_dispatch::offsets_len(&MoeDispatchParams {
+                    tokens: r as u32,
+                    k: k as u32,
+                    experts: cfg.num_experts as u32,
+                    tile_rows: MIN_TILE_ROWS,
+                }) as usize,
+            )?,
             rows: f("rows", r * k)?,
             slot_of: f("slot_of", r * k)?,
             expert_gate_up: f("expert_gate_up", r * k * 2 * e_i)?,
             expert_act: f("expert_act", r * k * e_i)?,
             expert_out: f("expert_out", r * k * h)?,
             sc_probs: f("sc_probs", c * v)?,
-            softmax_pairs: f("softmax pairs", 2 * dg_kernels::softmax_chunked::ChunkedSoftmaxParams::new(c as u32, v as u32).pairs() as usize)?,
+            softmax_pairs: f(
+                "softmax pairs",
+                2 * dg_kernels::softmax_chunked::ChunkedSoftmaxParams::new(c as u32, v as u32).pairs() as usize,
+            )?,
             logits: f("logits", c * v)?,
             rope_sliding: rope("sliding", half(dg_model::LayerKind::Sliding))?,
             rope_full: rope("full", half(dg_model::LayerKind::Full))?,
@@ -184,9 +195,16 @@ impl Arena {
             sample_step: ctx.storage_buffer("sample step", size_of::<dg_kernels::sample_rows::SampleStep>() as u64)?,
             draws: f("draws", c)?,
             row_results: f("row results", c * RESULT_WORDS)?,
-            row_staging: ctx.buffer("row results staging", (c * RESULT_WORDS * 4) as u64, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?,
+            row_staging: ctx.buffer(
+                "row results staging",
+                (c * RESULT_WORDS * 4) as u64,
+                wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
+            )?,
             dummy: f("dummy", 4)?,
-            split_partials: f("split partials", if ctx.coop_matrix { SPLIT_PARTIALS * c * h.max(q_w).max(2 * kv_w).max(2 * i) } else { 1 })?,
+            split_partials: f(
+                "split partials",
+                if ctx.coop_matrix { SPLIT_PARTIALS * c * h.max(q_w).max(2 * kv_w).max(2 * i) } else { 1 },
+            )?,
         })
     }
 }

@@ -146,8 +146,7 @@ impl GpuContext {
                 match pos {
                     Some(i) => adapters.swap_remove(i),
                     None => {
-                        let available =
-                            adapters.iter().map(|a| a.get_info().name).collect::<Vec<_>>().join(", ");
+                        let available = adapters.iter().map(|a| a.get_info().name).collect::<Vec<_>>().join(", ");
                         return Err(GpuError::AdapterNotFound { wanted: w.clone(), available });
                     }
                 }
@@ -160,7 +159,10 @@ impl GpuContext {
         // f16 in shaders wherever offered: the tensor-core kernels need it, and so do the kernels
         // that store their activations as f16 for them (tested on every adapter that has it).
         // Subgroups wherever offered: the row kernels reduce through them (`Self::row_reduce`).
-        let wanted = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS | wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        let wanted = wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP;
         let mut features = adapter.features() & wanted;
         if coop_matrix {
             features |= COOP_FEATURES;
@@ -180,16 +182,7 @@ impl GpuContext {
             ..Default::default()
         }))
         .map_err(|e| GpuError::Device { adapter: info.name.clone(), message: e.to_string() })?;
-        Ok(GpuContext {
-            device,
-            queue,
-            info,
-            limits,
-            features,
-            coop_matrix,
-            tuning: opts.tuning.clone(),
-            counters: Arc::default(),
-        })
+        Ok(GpuContext { device, queue, info, limits, features, coop_matrix, tuning: opts.tuning.clone(), counters: Arc::default() })
     }
 
     /// Counts of created objects.
@@ -294,12 +287,7 @@ impl GpuContext {
 
 /// Maps `staging` (already filled by a submitted copy) and hands its first `bytes` bytes to `read`
 /// without an intermediate copy (the logits readback is [C, V] f32: 268 MB at the real size).
-pub(crate) fn map_read_with<R>(
-    ctx: &GpuContext,
-    staging: &wgpu::Buffer,
-    bytes: u64,
-    read: impl FnOnce(&[u8]) -> R,
-) -> Result<R, GpuError> {
+pub(crate) fn map_read_with<R>(ctx: &GpuContext, staging: &wgpu::Buffer, bytes: u64, read: impl FnOnce(&[u8]) -> R) -> Result<R, GpuError> {
     let slice = staging.slice(..bytes);
     let (tx, rx) = std::sync::mpsc::channel();
     slice.map_async(wgpu::MapMode::Read, move |r| {

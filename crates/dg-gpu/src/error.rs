@@ -22,9 +22,7 @@ pub enum GpuError {
     Readback(String),
     #[error("token id {id} at position {index} of the {what} is out of range (vocab_size {vocab})")]
     TokenOutOfRange { what: &'static str, id: u32, index: usize, vocab: usize },
-    #[error(
-        "sequence of {len} tokens exceeds {limit_name} {max}{hint}"
-    )]
+    #[error("sequence of {len} tokens exceeds {limit_name} {max}{hint}")]
     TooLong { len: usize, max: usize, limit_name: &'static str, hint: &'static str },
     #[error("{what}: got {got} values, expected {expected}")]
     Length { what: &'static str, got: usize, expected: usize },

@@ -93,7 +93,13 @@ pub fn record_canvas_forward<'a>(
         rec.axpby(&a.dummy, &a.proj, c * h, 0.0, scale)?;
         rec.rmsnorm(&a.proj, Some(&w.sc_pre_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
         let inter = cfg.intermediate_size;
-        let gate_up = rec.product_to_consumer(&a.normed, &w.sc_gate_up, &a.gate_up, linear_params(c, 2 * inter, h), w.sc_gate_up.format == WeightFormat::F16)?;
+        let gate_up = rec.product_to_consumer(
+            &a.normed,
+            &w.sc_gate_up,
+            &a.gate_up,
+            linear_params(c, 2 * inter, h),
+            w.sc_gate_up.format == WeightFormat::F16,
+        )?;
         rec.gelu_glu_fused(gate_up, &a.act, c, inter)?;
         rec.product(&a.act, &w.sc_down, &a.proj, linear_params(c, h, inter), w.sc_down.format == WeightFormat::F16)?;
         rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?;
@@ -126,12 +132,29 @@ pub fn record_canvas_forward<'a>(
 
 /// Records one encoder chunk: `ids` in `arena.ids` (the first `tokens`), RoPE tables of positions
 /// `start..start + tokens` → every layer's K/V appended to the cache at row `start`.
-pub fn record_encoder_chunk<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, start: usize, tokens: usize) -> Result<(), GpuError> {
+pub fn record_encoder_chunk<'a>(
+    rec: &mut Recorder<'a>,
+    config: &ModelConfig,
+    w: &'a GpuWeights,
+    a: &'a Arena,
+    start: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
     let cfg = &config.text;
     // h0 = E[ids]·√H (no self-conditioning, no post-norm in the encoder).
     rec.scope("encoder input");
     for chunk in &w.embed {
-        rec.embed_format(&a.ids, &chunk.matrix.buffer, chunk.matrix.format, &a.hidden, tokens, cfg.hidden_size, chunk.start, chunk.rows, cfg.embed_scale())?;
+        rec.embed_format(
+            &a.ids,
+            &chunk.matrix.buffer,
+            chunk.matrix.format,
+            &a.hidden,
+            tokens,
+            cfg.hidden_size,
+            chunk.start,
+            chunk.rows,
+            cfg.embed_scale(),
+        )?;
     }
     let last = cfg.num_layers() - 1;
     for i in 0..=last {
@@ -155,12 +178,27 @@ struct Chain<'a> {
 }
 
 /// Records layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).
-pub fn record_layer<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, pass: LayerPass) -> Result<(), GpuError> {
+pub fn record_layer<'a>(
+    rec: &mut Recorder<'a>,
+    config: &ModelConfig,
+    w: &'a GpuWeights,
+    a: &'a Arena,
+    i: usize,
+    pass: LayerPass,
+) -> Result<(), GpuError> {
     record_layer_with(rec, config, w, a, i, pass, Chain { normed_in: false, next_norm: None })
 }
 
 /// [`record_layer`], linked to its neighbours by `chain`.
-fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, i: usize, pass: LayerPass, chain: Chain<'a>) -> Result<(), GpuError> {
+fn record_layer_with<'a>(
+    rec: &mut Recorder<'a>,
+    config: &ModelConfig,
+    w: &'a GpuWeights,
+    a: &'a Arena,
+    i: usize,
+    pass: LayerPass,
+    chain: Chain<'a>,
+) -> Result<(), GpuError> {
     rec.split_k_scratch(&a.split_partials);
     let cfg = &config.text;
     let spec = &cfg.layers[i];
@@ -219,18 +257,35 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     // values: in full layers V is the raw K projection, K's rows read again. A split product's
     // partials go straight to their consumer (`Recorder::product_to_consumer`).
     let halves = if l.has_v_proj { 2 } else { 1 };
-    let blocks = |count: usize, first: usize| GemmParams { batch: count as u32, a_batch: 0, b_offset: (first * row * h) as u32, b_batch: (row * h) as u32, c_batch: (c * row) as u32, ..linear_params(c, row, h) };
+    let blocks = |count: usize, first: usize| GemmParams {
+        batch: count as u32,
+        a_batch: 0,
+        b_offset: (first * row * h) as u32,
+        b_batch: (row * h) as u32,
+        c_batch: (c * row) as u32,
+        ..linear_params(c, row, h)
+    };
     let k_rows = Some((&l.k_norm, &cache.keys, first_row * row));
     let planner = rec.planner();
     let qkv_tc = l.qkv_proj.format == WeightFormat::F16;
-    if !kv_only && planner.merge_qkv(l.qkv_proj.format, l.qkv_proj.layout, &blocks(group, 0), &blocks(halves, group), rec.split_scratch_len()) {
+    if !kv_only
+        && planner.merge_qkv(l.qkv_proj.format, l.qkv_proj.layout, &blocks(group, 0), &blocks(halves, group), rec.split_scratch_len())
+    {
         let qkv = rec.product_to_consumer(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group + halves, 0), qkv_tc)?;
         let v = (&cache.values, kv, (group + halves - 1) * c * row);
         rec.norm_rope_rows(qkv, HeadRows { q: Some((&l.q_norm, &a.q, group)), k: k_rows, v }, (cos, sin), c, kv, d, eps)?;
     } else {
         if !kv_only {
             let q_raw = rec.product_to_consumer(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group, 0), qkv_tc)?;
-            rec.norm_rope_rows(q_raw, HeadRows { q: Some((&l.q_norm, &a.q, group)), k: None, v: (&a.dummy, 0, 0) }, (cos, sin), c, kv, d, eps)?;
+            rec.norm_rope_rows(
+                q_raw,
+                HeadRows { q: Some((&l.q_norm, &a.q, group)), k: None, v: (&a.dummy, 0, 0) },
+                (cos, sin),
+                c,
+                kv,
+                d,
+                eps,
+            )?;
         }
         // Into the same buffer as q's: its norms, recorded first, have read it.
         let kv_raw = rec.product_to_consumer(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(halves, group), qkv_tc)?;
@@ -279,7 +334,8 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     rec.product(&a.q, &cache.keys, &a.scores, scores, tc)?;
     match pass {
         LayerPass::Decode(v) => {
-            let gap = SoftmaxParams { gap_start: v.len as u32, gap_end: cached as u32, ..SoftmaxParams::plain((heads * c) as u32, s as u32) };
+            let gap =
+                SoftmaxParams { gap_start: v.len as u32, gap_end: cached as u32, ..SoftmaxParams::plain((heads * c) as u32, s as u32) };
             rec.softmax(&a.scores, gap)?;
         }
         LayerPass::Encode { start, .. } => {
@@ -325,14 +381,27 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     // The experts' input as f16 where their gate/up reads f16 (the tensor cores): half the bytes,
     // the same products (on an H200: 346 → 333 µs).
     let root = (h as f64).powf(-0.5) as f32;
-    let experts_in = if planner.half_expert_activations(l.experts_gate_up.format, l.experts_gate_up.layout) && h % 4 == 0 { AFormat::F16 } else { AFormat::F32 };
-    rec.attention_residual_norms((o, &l.norms.post_attention), &a.hidden, (&l.norms.pre_ff, &a.normed, 1.0), (&l.norms.pre_ff_2, 1.0, experts_in), (&l.router_scale, root), &a.branch_in, (c, h, eps))?;
+    let experts_in = if planner.half_expert_activations(l.experts_gate_up.format, l.experts_gate_up.layout) && h % 4 == 0 {
+        AFormat::F16
+    } else {
+        AFormat::F32
+    };
+    rec.attention_residual_norms(
+        (o, &l.norms.post_attention),
+        &a.hidden,
+        (&l.norms.pre_ff, &a.normed, 1.0),
+        (&l.norms.pre_ff_2, 1.0, experts_in),
+        (&l.router_scale, root),
+        &a.branch_in,
+        (c, h, eps),
+    )?;
 
     // Router on the un-normalised stream → logits → top-k (ahead of the dense MLP, so that the
     // MLP's down projection is the last split product before the closing norms read it).
     let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
     let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
-    let logits = rec.product_to_consumer(&a.branch_in, &l.router_proj, &a.router_logits, router, l.router_proj.format == WeightFormat::F16)?;
+    let logits =
+        rec.product_to_consumer(&a.branch_in, &l.router_proj, &a.router_logits, router, l.router_proj.format == WeightFormat::F16)?;
     rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
 
     // The two branches' gate/up products, then both activations in one dispatch, then both down
@@ -359,12 +428,35 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     // grids (a product whose tile has other rows covers `max_rows` instead).
     let tile_rows = planner.expert_tile_rows(l.experts_gate_up.layout, (c * k) as u32, &grouped(2 * ei, h, true, 0));
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e, tile_rows)?;
-    let gate_up = rec.product_to_consumer(&a.normed, &l.mlp_gate_up, &a.gate_up, linear_params(c, 2 * inter, h), l.mlp_gate_up.format == WeightFormat::F16)?;
-    rec.grouped_product((&a.branch_in, experts_in), &l.experts_gate_up, &a.offsets, &a.rows, &a.expert_gate_up, c * k, grouped(2 * ei, h, true, tile_rows))?;
+    let gate_up = rec.product_to_consumer(
+        &a.normed,
+        &l.mlp_gate_up,
+        &a.gate_up,
+        linear_params(c, 2 * inter, h),
+        l.mlp_gate_up.format == WeightFormat::F16,
+    )?;
+    rec.grouped_product(
+        (&a.branch_in, experts_in),
+        &l.experts_gate_up,
+        &a.offsets,
+        &a.rows,
+        &a.expert_gate_up,
+        c * k,
+        grouped(2 * ei, h, true, tile_rows),
+    )?;
     // The experts' activations as f16 where their down projection reads f16 (the tensor cores).
-    let expert_format = if planner.half_expert_activations(l.experts_down.format, l.experts_down.layout) { AFormat::F16 } else { AFormat::F32 };
+    let expert_format =
+        if planner.half_expert_activations(l.experts_down.format, l.experts_down.layout) { AFormat::F16 } else { AFormat::F32 };
     rec.gelu_glu_pair((gate_up, &a.act, c, inter), (&a.expert_gate_up, &a.expert_act, c * k, ei, expert_format))?;
-    rec.grouped_product((&a.expert_act, expert_format), &l.experts_down, &a.offsets, &a.rows, &a.expert_out, c * k, grouped(h, ei, false, tile_rows))?;
+    rec.grouped_product(
+        (&a.expert_act, expert_format),
+        &l.experts_down,
+        &a.offsets,
+        &a.rows,
+        &a.expert_out,
+        c * k,
+        grouped(h, ei, false, tile_rows),
+    )?;
     let mlp = rec.product_to_consumer(&a.act, &l.mlp_down, &a.proj, linear_params(c, h, inter), l.mlp_down.format == WeightFormat::F16)?;
     // moe = the experts' outputs combined by token;
     // dense = post_feedforward_layernorm_1(mlp) + post_feedforward_layernorm_2(moe);
@@ -376,6 +468,16 @@ fn record_layer_with<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a Gp
     };
     let next = chain.next_norm.map(|w_next| (w_next, &a.normed));
     let combine = Combine { y: &a.expert_out, idx: &a.topk_idx, weights: &a.topk_w, slot_of: &a.slot_of, top_k: k };
-    rec.ffn_residual_norms((mlp, &l.norms.post_ff_1), (&a.moe, &l.norms.post_ff_2), Some(combine), &l.norms.post_ff, &a.hidden, next, &a.dummy, (c, h, eps), scalar)?;
+    rec.ffn_residual_norms(
+        (mlp, &l.norms.post_ff_1),
+        (&a.moe, &l.norms.post_ff_2),
+        Some(combine),
+        &l.norms.post_ff,
+        &a.hidden,
+        next,
+        &a.dummy,
+        (c, h, eps),
+        scalar,
+    )?;
     Ok(())
 }

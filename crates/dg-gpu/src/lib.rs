@@ -20,10 +20,10 @@ pub mod tuning;
 pub mod weights;
 
 pub use context::{Counters, Created, GpuContext, GpuOptions, list_adapters};
-pub use error::GpuError;
-pub use tuning::{Tuning, TuningError};
-pub use model::{GpuModel, LayerContext};
-pub use forward::Visible;
-pub use weights::{GpuMatrix, MatrixLayout, UploadProgress};
 pub use dg_kernels::WeightFormat;
+pub use error::GpuError;
+pub use forward::Visible;
+pub use model::{GpuModel, LayerContext};
 pub use plan::{Pipeline, Pipelines, Plan, PlanBuilder, groups_1d};
+pub use tuning::{Tuning, TuningError};
+pub use weights::{GpuMatrix, MatrixLayout, UploadProgress};

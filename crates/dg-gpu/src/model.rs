@@ -79,13 +79,25 @@ impl GpuModel {
     }
 
     /// [`Self::new`] with the matrices stored in `format` (BF16: 2 bytes per parameter).
-    pub fn with_format(ctx: GpuContext, config: &ModelConfig, weights: &Weights, max_context: usize, format: WeightFormat) -> Result<Self, GpuError> {
+    pub fn with_format(
+        ctx: GpuContext,
+        config: &ModelConfig,
+        weights: &Weights,
+        max_context: usize,
+        format: WeightFormat,
+    ) -> Result<Self, GpuError> {
         Self::from_source(ctx, config, weights, max_context, format)
     }
 
     /// Uploads from `src` tensor by tensor in their stored dtypes (a checkpoint's bytes go from
     /// the memory map to the device; the host never holds the model, nor an f32 copy of a tensor).
-    pub fn from_source(ctx: GpuContext, config: &ModelConfig, src: &(impl TensorSource + ?Sized), max_context: usize, format: WeightFormat) -> Result<Self, GpuError> {
+    pub fn from_source(
+        ctx: GpuContext,
+        config: &ModelConfig,
+        src: &(impl TensorSource + ?Sized),
+        max_context: usize,
+        format: WeightFormat,
+    ) -> Result<Self, GpuError> {
         Self::from_source_with_progress(ctx, config, src, max_context, format, &mut |_| {})
     }
 
@@ -109,7 +121,15 @@ impl GpuModel {
             let mut rec = Recorder::new(&ctx, &mut pipelines);
             rec.scope("sampler rows");
             let a = &arena;
-            rec.sample_rows(&a.logits, &a.sc_probs, &a.sample_step, &a.draws, &a.row_results, config.canvas_length, config.text.vocab_size)?;
+            rec.sample_rows(
+                &a.logits,
+                &a.sc_probs,
+                &a.sample_step,
+                &a.draws,
+                &a.row_results,
+                config.canvas_length,
+                config.text.vocab_size,
+            )?;
             rec.finish()?
         };
         Ok(GpuModel {
@@ -314,7 +334,10 @@ impl GpuModel {
             .zip(&self.arena.cache)
             .map(|((v, spec), cache)| {
                 let row = spec.num_kv_heads * spec.head_dim;
-                Ok((self.ctx.read_f32(&cache.keys, v.start * row, v.len * row)?, self.ctx.read_f32(&cache.values, v.start * row, v.len * row)?))
+                Ok((
+                    self.ctx.read_f32(&cache.keys, v.start * row, v.len * row)?,
+                    self.ctx.read_f32(&cache.values, v.start * row, v.len * row)?,
+                ))
             })
             .collect()
     }
@@ -434,7 +457,9 @@ impl GpuModel {
         }
         match logits {
             Some(out) => {
-                map_read_with(&self.ctx, &self.arena.staging, bytes, |data| bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(data))?;
+                map_read_with(&self.ctx, &self.arena.staging, bytes, |data| {
+                    bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(data)
+                })?;
             }
             None => {
                 self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
@@ -446,7 +471,14 @@ impl GpuModel {
     /// One resident denoising step: canvas forward (self-conditioned on the scaled logits the
     /// previous call left in `sc_probs`), then `sample_rows` (scaled logits → `sc_probs`, per-row
     /// entropy, argmax and sample) in the same pass; reads back `RESULT_WORDS` u32 per row.
-    pub fn denoise_rows(&mut self, canvas: &[u32], self_conditioning: bool, temperature: f32, draw: CategoricalRequest<'_>, rows: &mut [RowResult]) -> Result<(), GpuError> {
+    pub fn denoise_rows(
+        &mut self,
+        canvas: &[u32],
+        self_conditioning: bool,
+        temperature: f32,
+        draw: CategoricalRequest<'_>,
+        rows: &mut [RowResult],
+    ) -> Result<(), GpuError> {
         self.check_canvas(canvas)?;
         let c = self.config.canvas_length;
         if rows.len() != c {
@@ -532,7 +564,14 @@ impl dg_sampler::ResidentModel for GpuModel {
         GpuModel::encode(self, ids)
     }
 
-    fn denoise_rows(&mut self, canvas: &[u32], sc: bool, temperature: f32, draw: CategoricalRequest<'_>, rows: &mut [RowResult]) -> Result<(), GpuError> {
+    fn denoise_rows(
+        &mut self,
+        canvas: &[u32],
+        sc: bool,
+        temperature: f32,
+        draw: CategoricalRequest<'_>,
+        rows: &mut [RowResult],
+    ) -> Result<(), GpuError> {
         GpuModel::denoise_rows(self, canvas, sc, temperature, draw, rows)
     }
 }

@@ -5,7 +5,10 @@ use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::sample_rows::{self, SampleRowsParams};
-use dg_kernels::{KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms, rmsnorm, rope, router_topk, softmax, softmax_chunked, split_k};
+use dg_kernels::{
+    KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms, rmsnorm,
+    rope, router_topk, softmax, softmax_chunked, split_k,
+};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -284,7 +287,14 @@ impl<'a> Recorder<'a> {
         let lanes = self.row_lanes(&[p.dim, p.split_stride]);
         let source = match format_b {
             AFormat::F16 if lanes == 4 => residual_norms::source_attention_half(self.ctx.row_reduce()),
-            AFormat::F16 => return Err(GpuError::Unsupported { what: format!("f16 norms of rows of {dim} (split stride {}): the half kernel takes 4 columns at a time", p.split_stride) }),
+            AFormat::F16 => {
+                return Err(GpuError::Unsupported {
+                    what: format!(
+                        "f16 norms of rows of {dim} (split stride {}): the half kernel takes 4 columns at a time",
+                        p.split_stride
+                    ),
+                });
+            }
             AFormat::F32 => residual_norms::source_attention_lanes(self.ctx.row_reduce(), lanes),
         };
         self.push(source, &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
@@ -314,7 +324,9 @@ impl<'a> Recorder<'a> {
     ) -> Result<(), GpuError> {
         let mlp = mlp.into();
         if let Some(c) = combine.filter(|c| c.top_k > moe_combine::MAX_K as usize) {
-            return Err(GpuError::Unsupported { what: format!("a MoE combine of {} experts a token (at most {})", c.top_k, moe_combine::MAX_K) });
+            return Err(GpuError::Unsupported {
+                what: format!("a MoE combine of {} experts a token (at most {})", c.top_k, moe_combine::MAX_K),
+            });
         }
         let fused = combine.filter(|_| {
             self.ctx.limits.max_storage_buffers_per_shader_stage >= residual_norms::FFN_COMBINE_BUFFERS && self.ctx.tuning.fused_combine
@@ -339,7 +351,12 @@ impl<'a> Recorder<'a> {
         let reduce = self.ctx.row_reduce();
         let norms = [mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed];
         match fused {
-            Some(c) => self.push(residual_norms::source_ffn_combine_lanes(reduce, lanes), &p, &[&norms[..], &[c.y, c.idx, c.weights, c.slot_of]].concat(), g),
+            Some(c) => self.push(
+                residual_norms::source_ffn_combine_lanes(reduce, lanes),
+                &p,
+                &[&norms[..], &[c.y, c.idx, c.weights, c.slot_of]].concat(),
+                g,
+            ),
             None => self.push(residual_norms::source_ffn_lanes(reduce, lanes), &p, &norms, g),
         }
     }
@@ -352,7 +369,14 @@ impl<'a> Recorder<'a> {
     /// f16 when staged, f32 accumulation; f32 B with ragged columns as a tensor-core body and a
     /// portable tail), else the portable GEMM. B in K panels that no tensor-core tile takes is an
     /// error, never a misread.
-    pub fn product(&mut self, a: &'a wgpu::Buffer, b: impl Into<Operand<'a>>, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<(), GpuError> {
+    pub fn product(
+        &mut self,
+        a: &'a wgpu::Buffer,
+        b: impl Into<Operand<'a>>,
+        c: &'a wgpu::Buffer,
+        p: GemmParams,
+        tensor_cores: bool,
+    ) -> Result<(), GpuError> {
         self.dense(a, b.into(), c, p, tensor_cores, false).map(|_| ())
     }
 
@@ -361,13 +385,28 @@ impl<'a> Recorder<'a> {
     /// them as it reads, no reduction dispatch), otherwise `c` is. The partials live in the
     /// recorder's split-K scratch, which the next split product overwrites: record the product's
     /// consumers before it.
-    pub fn product_to_consumer(&mut self, a: &'a wgpu::Buffer, b: impl Into<Operand<'a>>, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool) -> Result<Product<'a>, GpuError> {
+    pub fn product_to_consumer(
+        &mut self,
+        a: &'a wgpu::Buffer,
+        b: impl Into<Operand<'a>>,
+        c: &'a wgpu::Buffer,
+        p: GemmParams,
+        tensor_cores: bool,
+    ) -> Result<Product<'a>, GpuError> {
         self.dense(a, b.into(), c, p, tensor_cores, true)
     }
 
     /// [`Self::product`]; with `defer`, a split product whose partials are laid out as its C (a
     /// plain product into a contiguous `[batch][m][n]`) is left unreduced and returned as such.
-    fn dense(&mut self, a: &'a wgpu::Buffer, b: Operand<'a>, c: &'a wgpu::Buffer, p: GemmParams, tensor_cores: bool, defer: bool) -> Result<Product<'a>, GpuError> {
+    fn dense(
+        &mut self,
+        a: &'a wgpu::Buffer,
+        b: Operand<'a>,
+        c: &'a wgpu::Buffer,
+        p: GemmParams,
+        tensor_cores: bool,
+        defer: bool,
+    ) -> Result<Product<'a>, GpuError> {
         match self.planner().dense(b.format, b.layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)? {
             Dense::TensorCores(plan) => self.coop_product(a, b, c, p, plan, defer),
             Dense::BodyAndTail { n_body } => {
@@ -385,7 +424,15 @@ impl<'a> Recorder<'a> {
     /// `p` on the tensor cores as planned (split K into the split-K scratch where the plan says
     /// so); with `defer`, a split product whose partials are laid out as its C is left unreduced
     /// (see [`Self::dense`]).
-    fn coop_product(&mut self, a: &'a wgpu::Buffer, b: Operand<'a>, c: &'a wgpu::Buffer, p: GemmParams, plan: CoopPlan, defer: bool) -> Result<Product<'a>, GpuError> {
+    fn coop_product(
+        &mut self,
+        a: &'a wgpu::Buffer,
+        b: Operand<'a>,
+        c: &'a wgpu::Buffer,
+        p: GemmParams,
+        plan: CoopPlan,
+        defer: bool,
+    ) -> Result<Product<'a>, GpuError> {
         let CoopPlan { tile, layout, path, split } = plan;
         let kernel = coop_gemm::source_for(tile, path, b.format, layout);
         let split = self.split_scratch.zip(split).map(|((scratch, _), split)| (scratch, split));
@@ -425,7 +472,10 @@ impl<'a> Recorder<'a> {
         let w = w.into();
         match self.planner().grouped(w.layout, &p, slots as u32).map_err(unsupported)? {
             Grouped::Portable { .. } if a_format != AFormat::F32 => Err(GpuError::Unsupported {
-                what: format!("{a_format:?} activations for row-major experts (n {} k {}): only the tensor-core kernel reads them", p.n, p.k),
+                what: format!(
+                    "{a_format:?} activations for row-major experts (n {} k {}): only the tensor-core kernel reads them",
+                    p.n, p.k
+                ),
             }),
             Grouped::Portable { tile } => {
                 let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
@@ -433,13 +483,26 @@ impl<'a> Recorder<'a> {
             }
             Grouped::TensorCores { tile, path } => {
                 let p = coop_grouped_gemm::params_for(tile, &p);
-                self.push(coop_grouped_gemm::source_with_a(tile, path, a_format), &p, &[a, w.buffer, offsets, rows, c], coop_grouped_gemm::workgroups(tile, &p))
+                self.push(
+                    coop_grouped_gemm::source_with_a(tile, path, a_format),
+                    &p,
+                    &[a, w.buffer, offsets, rows, c],
+                    coop_grouped_gemm::workgroups(tile, &p),
+                )
             }
         }
     }
 
     /// RoPE in place on `x: [tokens·heads, 2·half]`.
-    pub fn rope(&mut self, x: &'a wgpu::Buffer, cos: &'a wgpu::Buffer, sin: &'a wgpu::Buffer, tokens: usize, heads: usize, half: usize) -> Result<(), GpuError> {
+    pub fn rope(
+        &mut self,
+        x: &'a wgpu::Buffer,
+        cos: &'a wgpu::Buffer,
+        sin: &'a wgpu::Buffer,
+        tokens: usize,
+        heads: usize,
+        half: usize,
+    ) -> Result<(), GpuError> {
         let p = rope::RopeParams { tokens: tokens as u32, heads: heads as u32, half: half as u32, _pad: 0 };
         let g = self.groups(rope::workgroups(&p));
         self.push(rope::source(), &p, &[x, cos, sin], g)
@@ -471,7 +534,16 @@ impl<'a> Recorder<'a> {
     /// (a buffer or a split product): q rows in blocks of `heads` heads into their output, K rows
     /// into theirs, V rows normed without weight or rope; in one dispatch.
     #[allow(clippy::too_many_arguments)]
-    pub fn norm_rope_rows(&mut self, x: impl Into<Product<'a>>, rows: HeadRows<'a>, (cos, sin): (&'a wgpu::Buffer, &'a wgpu::Buffer), tokens: usize, heads: usize, d: usize, eps: f32) -> Result<(), GpuError> {
+    pub fn norm_rope_rows(
+        &mut self,
+        x: impl Into<Product<'a>>,
+        rows: HeadRows<'a>,
+        (cos, sin): (&'a wgpu::Buffer, &'a wgpu::Buffer),
+        tokens: usize,
+        heads: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
         use dg_kernels::norm_rope;
         let x = x.into();
         let (values, v_heads, v_offset) = rows.v;
@@ -514,7 +586,9 @@ impl<'a> Recorder<'a> {
             return self.softmax(x, softmax::SoftmaxParams::plain(p.rows, p.cols));
         }
         if part.size() < p.pairs() * 8 {
-            return Err(GpuError::Unsupported { what: format!("chunked softmax of [{rows}, {cols}]: {} pairs, the partials buffer holds {}", p.pairs(), part.size() / 8) });
+            return Err(GpuError::Unsupported {
+                what: format!("chunked softmax of [{rows}, {cols}]: {} pairs, the partials buffer holds {}", p.pairs(), part.size() / 8),
+            });
         }
         let g = self.groups(p.workgroups());
         self.push(softmax_chunked::partials(self.ctx.row_reduce()), &p, &[x, part], g)?;
@@ -523,7 +597,13 @@ impl<'a> Recorder<'a> {
 
     /// `out[rows, I] = gelu_tanh(in[:, :I]) ⊙ in[:, I:]` for `in: [rows, 2·I]` (a buffer or a
     /// split product, see [`Product`]).
-    pub fn gelu_glu_fused(&mut self, input: impl Into<Product<'a>>, out: &'a wgpu::Buffer, rows: usize, inter: usize) -> Result<(), GpuError> {
+    pub fn gelu_glu_fused(
+        &mut self,
+        input: impl Into<Product<'a>>,
+        out: &'a wgpu::Buffer,
+        rows: usize,
+        inter: usize,
+    ) -> Result<(), GpuError> {
         let input = input.into();
         let lanes = self.row_lanes(&[inter as u32, input.split_stride]);
         let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
@@ -555,7 +635,17 @@ impl<'a> Recorder<'a> {
 
     /// Rows `row_start..row_start+row_count` of the scaled embedding for the ids in that range.
     #[allow(clippy::too_many_arguments)]
-    pub fn embed(&mut self, ids: &'a wgpu::Buffer, table: &'a wgpu::Buffer, out: &'a wgpu::Buffer, tokens: usize, hidden: usize, row_start: usize, row_count: usize, scale: f32) -> Result<(), GpuError> {
+    pub fn embed(
+        &mut self,
+        ids: &'a wgpu::Buffer,
+        table: &'a wgpu::Buffer,
+        out: &'a wgpu::Buffer,
+        tokens: usize,
+        hidden: usize,
+        row_start: usize,
+        row_count: usize,
+        scale: f32,
+    ) -> Result<(), GpuError> {
         self.embed_format(ids, table, WeightFormat::F32, out, tokens, hidden, row_start, row_count, scale)
     }
 
@@ -574,7 +664,14 @@ impl<'a> Recorder<'a> {
         row_count: usize,
         scale: f32,
     ) -> Result<(), GpuError> {
-        let p = embed::EmbedParams { tokens: tokens as u32, hidden: hidden as u32, row_start: row_start as u32, row_count: row_count as u32, scale, _pad: [0; 3] };
+        let p = embed::EmbedParams {
+            tokens: tokens as u32,
+            hidden: hidden as u32,
+            row_start: row_start as u32,
+            row_count: row_count as u32,
+            scale,
+            _pad: [0; 3],
+        };
         let g = self.groups(embed::workgroups(&p));
         self.push(embed::source_for(table_format), &p, &[ids, table, out], g)
     }
@@ -588,7 +685,16 @@ impl<'a> Recorder<'a> {
 
     /// Softmax over experts, top-k, renormalise, × per-expert scale.
     #[allow(clippy::too_many_arguments)]
-    pub fn router_topk(&mut self, logits: impl Into<Product<'a>>, per_expert_scale: &'a wgpu::Buffer, idx: &'a wgpu::Buffer, w: &'a wgpu::Buffer, tokens: usize, experts: usize, k: usize) -> Result<(), GpuError> {
+    pub fn router_topk(
+        &mut self,
+        logits: impl Into<Product<'a>>,
+        per_expert_scale: &'a wgpu::Buffer,
+        idx: &'a wgpu::Buffer,
+        w: &'a wgpu::Buffer,
+        tokens: usize,
+        experts: usize,
+        k: usize,
+    ) -> Result<(), GpuError> {
         let logits = logits.into();
         let p = router_topk::RouterTopkParams {
             tokens: tokens as u32,
@@ -607,7 +713,17 @@ impl<'a> Recorder<'a> {
     /// tile table of m tiles of that many rows, after the offsets
     /// ([`Planner::expert_tile_rows`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_dispatch(&mut self, idx: &'a wgpu::Buffer, offsets: &'a wgpu::Buffer, rows: &'a wgpu::Buffer, slot_of: &'a wgpu::Buffer, tokens: usize, k: usize, experts: usize, tile_rows: u32) -> Result<(), GpuError> {
+    pub fn moe_dispatch(
+        &mut self,
+        idx: &'a wgpu::Buffer,
+        offsets: &'a wgpu::Buffer,
+        rows: &'a wgpu::Buffer,
+        slot_of: &'a wgpu::Buffer,
+        tokens: usize,
+        k: usize,
+        experts: usize,
+        tile_rows: u32,
+    ) -> Result<(), GpuError> {
         let p = moe_dispatch::MoeDispatchParams { tokens: tokens as u32, k: k as u32, experts: experts as u32, tile_rows };
         let g = self.groups(moe_dispatch::workgroups(&p));
         self.push(moe_dispatch::source(), &p, &[idx, offsets, rows, slot_of], g)
@@ -615,7 +731,17 @@ impl<'a> Recorder<'a> {
 
     /// Per token, the weighted sum of its experts' outputs in ascending expert order.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine(&mut self, y: &'a wgpu::Buffer, idx: &'a wgpu::Buffer, w: &'a wgpu::Buffer, slot_of: &'a wgpu::Buffer, out: &'a wgpu::Buffer, tokens: usize, k: usize, hidden: usize) -> Result<(), GpuError> {
+    pub fn moe_combine(
+        &mut self,
+        y: &'a wgpu::Buffer,
+        idx: &'a wgpu::Buffer,
+        w: &'a wgpu::Buffer,
+        slot_of: &'a wgpu::Buffer,
+        out: &'a wgpu::Buffer,
+        tokens: usize,
+        k: usize,
+        hidden: usize,
+    ) -> Result<(), GpuError> {
         let p = moe_combine::MoeCombineParams { tokens: tokens as u32, k: k as u32, hidden: hidden as u32, _pad: 0 };
         let g = self.groups(moe_combine::workgroups(&p));
         self.push(moe_combine::source_for(hidden as u32), &p, &[y, idx, w, slot_of, out], g)

@@ -50,7 +50,11 @@ impl<'t, 'a> Packing<'t, 'a> {
         if let Order::KPanels { rows, cols, panel } = order {
             let block = rows * cols;
             assert!(panel > 0 && cols.is_multiple_of(panel) && TASK.is_multiple_of(panel), "K panels of {panel} for {cols} columns");
-            assert!(block > 0 && packing.len().is_multiple_of(block), "{} elements are not whole blocks of [{rows}, {cols}]", packing.len());
+            assert!(
+                block > 0 && packing.len().is_multiple_of(block),
+                "{} elements are not whole blocks of [{rows}, {cols}]",
+                packing.len()
+            );
         }
         packing
     }
@@ -224,10 +228,8 @@ mod tests {
         let (q, k) = (values(2 * rows * cols, 0.3), values(rows * cols, 0.9));
         let (tq, tk) = (stored(StoredDtype::BF16, vec![2 * rows, cols], &q), stored(StoredDtype::BF16, vec![rows, cols], &k));
         let wide = [tq.to_f32(), tk.to_f32()].concat();
-        let want: Vec<u32> = wide
-            .chunks(rows * cols)
-            .flat_map(|block| dg_kernels::coop_grouped_gemm::pack_f16_panels(block, rows, cols, panel))
-            .collect();
+        let want: Vec<u32> =
+            wide.chunks(rows * cols).flat_map(|block| dg_kernels::coop_grouped_gemm::pack_f16_panels(block, rows, cols, panel)).collect();
         let p = Packing::new(vec![&tq, &tk], WeightFormat::F16, Order::KPanels { rows, cols, panel });
         assert_eq!(words(&packed(&p, TASK * 2)), want);
     }

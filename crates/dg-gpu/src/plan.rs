@@ -236,7 +236,11 @@ impl Plan {
         // Query sets hold at most 4096 queries: profile in chunks of 2048 dispatches.
         for first in (0..n).step_by(2048) {
             let count = (n - first).min(2048);
-            let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: 2 * count });
+            let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * count,
+            });
             let bytes = 16 * count as u64;
             let resolve = ctx.buffer("profile resolve", bytes, wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC)?;
             let staging = ctx.buffer("profile staging", bytes, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?;

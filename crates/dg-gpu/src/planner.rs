@@ -111,7 +111,10 @@ impl<'t> Planner<'t> {
     /// products (`[m, k] · Wᵀ` for any m), else row-major.
     pub fn projection_layout(&self, format: WeightFormat, n: usize, k: usize) -> MatrixLayout {
         let probe = GemmParams::linear(1, n as u32, k as u32);
-        match format == WeightFormat::F16 && self.caps.coop_matrix && coop_gemm::plan_layout(&probe, true, None, self.caps.max_workgroup_storage).is_some() {
+        match format == WeightFormat::F16
+            && self.caps.coop_matrix
+            && coop_gemm::plan_layout(&probe, true, None, self.caps.max_workgroup_storage).is_some()
+        {
             true => MatrixLayout::KPanels,
             false => MatrixLayout::RowMajor,
         }
@@ -133,7 +136,14 @@ impl<'t> Planner<'t> {
     /// and `coop_gemm::Split` says so); f32 B with ragged columns as a tensor-core body and a
     /// portable tail; everything else portable. B in K panels that no tensor-core tile takes is an
     /// error, never a misread.
-    pub fn dense(&self, b_format: WeightFormat, b_layout: MatrixLayout, p: &GemmParams, tensor_cores: bool, split_scratch: Option<u64>) -> Result<Dense, NoKernel> {
+    pub fn dense(
+        &self,
+        b_format: WeightFormat,
+        b_layout: MatrixLayout,
+        p: &GemmParams,
+        tensor_cores: bool,
+        split_scratch: Option<u64>,
+    ) -> Result<Dense, NoKernel> {
         let panels = b_layout == MatrixLayout::KPanels;
         let planned = self.coop_tile(b_format, panels, p, tensor_cores, split_scratch);
         if panels && (planned.is_none() || b_format != WeightFormat::F16) {
@@ -175,7 +185,14 @@ impl<'t> Planner<'t> {
 
     /// The tile (and B layout) on which the tensor cores run `p` with B stored as `b_format` (in K
     /// panels or not), if they do: what [`Self::dense`] plans and [`Self::coop_waves`] counts.
-    fn coop_tile(&self, b_format: WeightFormat, panels: bool, p: &GemmParams, tensor_cores: bool, split_scratch: Option<u64>) -> Option<(CoopTile, BLayout)> {
+    fn coop_tile(
+        &self,
+        b_format: WeightFormat,
+        panels: bool,
+        p: &GemmParams,
+        tensor_cores: bool,
+        split_scratch: Option<u64>,
+    ) -> Option<(CoopTile, BLayout)> {
         if !tensor_cores || !self.caps.coop_matrix {
             return None;
         }
@@ -185,8 +202,10 @@ impl<'t> Planner<'t> {
             let large = coop_gemm::TILE_128X128;
             split_scratch.is_some_and(|len| Split::choose(large, p, self.split_target(large, p), len).is_some())
         };
-        let prefer = self.tuning.coop_tile.or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
-        coop_gemm::plan_layout(p, panels, prefer, self.caps.max_workgroup_storage).map(|(tile, layout)| (self.tuning.dense_depth(tile), layout))
+        let prefer =
+            self.tuning.coop_tile.or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
+        coop_gemm::plan_layout(p, panels, prefer, self.caps.max_workgroup_storage)
+            .map(|(tile, layout)| (self.tuning.dense_depth(tile), layout))
     }
 
     /// The workgroups a tensor-core GEMM is split towards: [`Tuning::split_target`], else
@@ -200,7 +219,13 @@ impl<'t> Planner<'t> {
     /// hold at once: one workgroup of the tile each, two up to
     /// `coop_gemm::PAIR_RESIDENT_SHARED_BYTES` of workgroup memory), and whether it splits K;
     /// `None` where it would not run there.
-    pub fn coop_waves(&self, format: WeightFormat, layout: MatrixLayout, p: &GemmParams, split_scratch: Option<u64>) -> Option<(u32, bool)> {
+    pub fn coop_waves(
+        &self,
+        format: WeightFormat,
+        layout: MatrixLayout,
+        p: &GemmParams,
+        split_scratch: Option<u64>,
+    ) -> Option<(u32, bool)> {
         let (tile, _) = self.coop_tile(format, layout == MatrixLayout::KPanels, p, format == WeightFormat::F16, split_scratch)?;
         let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
         let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * self.caps.multiprocessors);
@@ -215,7 +240,14 @@ impl<'t> Planner<'t> {
     /// splits fill the wave it shares). The decoder's sliding layers merge (128 tiles of 128×128:
     /// one wave, as q's 64 alone), its full layers do not (144: two waves, where q's 128 take one
     /// and K's 16 split). [`Tuning::qkv`] overrides it.
-    pub fn merge_qkv(&self, format: WeightFormat, layout: MatrixLayout, q: &GemmParams, kv: &GemmParams, split_scratch: Option<u64>) -> bool {
+    pub fn merge_qkv(
+        &self,
+        format: WeightFormat,
+        layout: MatrixLayout,
+        q: &GemmParams,
+        kv: &GemmParams,
+        split_scratch: Option<u64>,
+    ) -> bool {
         match self.tuning.qkv {
             QkvChoice::Merged => return true,
             QkvChoice::Separate => return false,
@@ -234,10 +266,15 @@ impl<'t> Planner<'t> {
     /// in the portable grouped GEMM (the tile by the mean group size).
     pub fn grouped(&self, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> Result<Grouped, NoKernel> {
         match layout {
-            MatrixLayout::RowMajor => Ok(Grouped::Portable { tile: self.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)) }),
+            MatrixLayout::RowMajor => {
+                Ok(Grouped::Portable { tile: self.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)) })
+            }
             MatrixLayout::KPanels => {
                 let (tile, path) = self.coop_grouped(p, slots).ok_or_else(|| {
-                    NoKernel(format!("expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits", p.n, p.k, p.a_rs))
+                    NoKernel(format!(
+                        "expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits",
+                        p.n, p.k, p.a_rs
+                    ))
                 })?;
                 Ok(Grouped::TensorCores { tile, path })
             }

@@ -38,7 +38,9 @@ impl StagingBelt {
         let mut view = self.buffer.get_mapped_range_mut(range).map_err(|e| GpuError::Readback(e.to_string()))?;
         view.slice(..).copy_from_slice(bytes);
         drop(view);
-        let encoder = self.encoder.get_or_insert_with(|| ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("upload") }));
+        let encoder = self
+            .encoder
+            .get_or_insert_with(|| ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("upload") }));
         encoder.copy_buffer_to_buffer(&self.buffer, self.used, dst, offset, len);
         self.used += len;
         Ok(())

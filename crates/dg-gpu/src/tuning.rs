@@ -191,11 +191,16 @@ impl Tuning {
         let paths = [("staged", WPath::Staged), ("direct", WPath::Direct), ("single", WPath::Single)];
         match name {
             "DG_NO_COOP" => self.tensor_cores = !flag(value).ok_or_else(bad)?,
-            "DG_ROW_REDUCE" => self.row_reduce = choice(value, &[("auto", RowReduceChoice::Auto), ("tree", RowReduceChoice::Tree)]).ok_or_else(bad)?,
+            "DG_ROW_REDUCE" => {
+                self.row_reduce = choice(value, &[("auto", RowReduceChoice::Auto), ("tree", RowReduceChoice::Tree)]).ok_or_else(bad)?
+            }
             "DG_ROW_LANES" => self.row_lanes = choice(value, &[("auto", RowLanes::Auto), ("1", RowLanes::One)]).ok_or_else(bad)?,
             "DG_UNFUSED_COMBINE" => self.fused_combine = !flag(value).ok_or_else(bad)?,
             "DG_F32_ACTIVATIONS" => self.half_expert_activations = !flag(value).ok_or_else(bad)?,
-            "DG_QKV" => self.qkv = choice(value, &[("auto", QkvChoice::Auto), ("merged", QkvChoice::Merged), ("separate", QkvChoice::Separate)]).ok_or_else(bad)?,
+            "DG_QKV" => {
+                self.qkv = choice(value, &[("auto", QkvChoice::Auto), ("merged", QkvChoice::Merged), ("separate", QkvChoice::Separate)])
+                    .ok_or_else(bad)?
+            }
             "DG_COOP_TILE" => {
                 // The first tile of the lists that the value names, as `coop_gemm::plan` prefers it.
                 let tiles: Vec<CoopTile> = dense_tiles().collect();
@@ -206,7 +211,8 @@ impl Tuning {
             "DG_COOP_DEPTH" => self.coop_depth = Some(depth(value).ok_or_else(bad)?),
             "DG_SPLIT_TARGET" => self.split_target = Some(value.parse().map_err(|_| bad())?),
             "DG_GROUPED_TILE" => {
-                self.grouped_tile = Some(grouped_gemm::TILES.iter().copied().find(|t| format!("{}x{}", t.bm, t.bn) == value).ok_or_else(bad)?);
+                self.grouped_tile =
+                    Some(grouped_gemm::TILES.iter().copied().find(|t| format!("{}x{}", t.bm, t.bn) == value).ok_or_else(bad)?);
             }
             "DG_COOP_GROUPED_TILE" => self.coop_grouped_tile = Some(TileName::parse(value, coop_grouped_gemm::TILES).ok_or_else(bad)?),
             "DG_GROUPED_PATH" => self.coop_grouped_path = Some(choice(value, &paths).ok_or_else(bad)?),

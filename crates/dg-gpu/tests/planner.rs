@@ -9,17 +9,28 @@ use dg_gpu::planner::{ASSUMED_MULTIPROCESSORS, Capabilities, Dense, Grouped, Pla
 use dg_gpu::tuning::Tuning;
 use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm;
+use dg_kernels::coop_grouped_gemm;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
-use dg_kernels::coop_grouped_gemm;
 
 /// An H200 as wgpu reports it: cooperative matrices, 48 KiB of workgroup memory, 4 GiB bindings;
 /// its 132 multiprocessors.
-const H200: Capabilities = Capabilities { coop_matrix: true, shader_f16: true, max_workgroup_storage: 48 * 1024, max_binding: u32::MAX as u64, multiprocessors: 132 };
+const H200: Capabilities = Capabilities {
+    coop_matrix: true,
+    shader_f16: true,
+    max_workgroup_storage: 48 * 1024,
+    max_binding: u32::MAX as u64,
+    multiprocessors: 132,
+};
 /// Lavapipe: no cooperative matrices, 32 KiB of workgroup memory, 128 MiB bindings (the
 /// multiprocessors as `Capabilities::of` assumes them).
-const LAVAPIPE: Capabilities =
-    Capabilities { coop_matrix: false, shader_f16: true, max_workgroup_storage: 32 * 1024, max_binding: 128 << 20, multiprocessors: ASSUMED_MULTIPROCESSORS };
+const LAVAPIPE: Capabilities = Capabilities {
+    coop_matrix: false,
+    shader_f16: true,
+    max_workgroup_storage: 32 * 1024,
+    max_binding: 128 << 20,
+    multiprocessors: ASSUMED_MULTIPROCESSORS,
+};
 
 const H: u32 = 2816;
 const HEADS: u32 = 16;
@@ -46,7 +57,14 @@ struct Attention {
 const SLIDING: Attention = Attention { name: "sliding", d: 256, kv: 8, has_v: true };
 const FULL: Attention = Attention { name: "full", d: 512, kv: 2, has_v: false };
 
-fn describe_dense(planner: &Planner<'_>, format: WeightFormat, layout: MatrixLayout, p: &GemmParams, tensor_cores: bool, scratch: Option<u64>) -> String {
+fn describe_dense(
+    planner: &Planner<'_>,
+    format: WeightFormat,
+    layout: MatrixLayout,
+    p: &GemmParams,
+    tensor_cores: bool,
+    scratch: Option<u64>,
+) -> String {
     match planner.dense(format, layout, p, tensor_cores, scratch) {
         Err(e) => format!("error: {e}"),
         Ok(Dense::TensorCores(plan)) => {
@@ -75,12 +93,21 @@ fn describe_grouped(planner: &Planner<'_>, layout: MatrixLayout, p: &GroupedGemm
             let q = coop_grouped_gemm::params_for(tile, p);
             format!("coop_grouped_gemm {} {path:?} grid {:?}", tile.label(), coop_grouped_gemm::workgroups(tile, &q))
         }
-        Ok(Grouped::Portable { tile }) => format!("grouped_gemm {} grid {:?}", tile.label(), grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups)),
+        Ok(Grouped::Portable { tile }) => {
+            format!("grouped_gemm {} grid {:?}", tile.label(), grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups))
+        }
     }
 }
 
 /// Every product of one pass of `rows` rows over `s` keys starting at cache row `key_start`.
-fn layer_products(planner: &Planner<'_>, format: WeightFormat, att: &Attention, rows: u32, (s, key_start): (u32, u32), out: &mut Vec<String>) {
+fn layer_products(
+    planner: &Planner<'_>,
+    format: WeightFormat,
+    att: &Attention,
+    rows: u32,
+    (s, key_start): (u32, u32),
+    out: &mut Vec<String>,
+) {
     let f16 = format == WeightFormat::F16;
     let scratch = Some(SPLIT_SCRATCH);
     let (d, kv) = (att.d, att.kv);
@@ -88,7 +115,14 @@ fn layer_products(planner: &Planner<'_>, format: WeightFormat, att: &Attention, 
     let row = kv * d;
     let halves = if att.has_v { 2 } else { 1 };
     let qkv_layout = planner.projection_layout(format, row as usize, H as usize);
-    let blocks = |count: u32, first: u32| GemmParams { batch: count, a_batch: 0, b_offset: first * row * H, b_batch: row * H, c_batch: rows * row, ..GemmParams::linear(rows, row, H) };
+    let blocks = |count: u32, first: u32| GemmParams {
+        batch: count,
+        a_batch: 0,
+        b_offset: first * row * H,
+        b_batch: row * H,
+        c_batch: rows * row,
+        ..GemmParams::linear(rows, row, H)
+    };
     let name = |what: &str| format!("{} rows {rows} {}: {what}", att.name, format!("{format:?}").to_lowercase());
     let merged = planner.merge_qkv(format, qkv_layout, &blocks(group, 0), &blocks(halves, group), scratch);
     out.push(format!("{} = {merged} ({qkv_layout:?})", name("merge qkv")));
@@ -96,15 +130,51 @@ fn layer_products(planner: &Planner<'_>, format: WeightFormat, att: &Attention, 
         out.push(format!("{} -> {}", name(what), describe_dense(planner, format, qkv_layout, &p, f16, scratch)));
     }
     let scores = GemmParams {
-        m: rows, n: s, k: d, batch: HEADS, a_rs: HEADS * d, a_cs: 1, a_batch: d, b_rs: 1, b_cs: kv * d, b_batch: d, b_batch_div: group,
-        b_offset: key_start * row, c_rs: s, c_batch: rows * s, alpha: 1.0, ..bytemuck::Zeroable::zeroed()
+        m: rows,
+        n: s,
+        k: d,
+        batch: HEADS,
+        a_rs: HEADS * d,
+        a_cs: 1,
+        a_batch: d,
+        b_rs: 1,
+        b_cs: kv * d,
+        b_batch: d,
+        b_batch_div: group,
+        b_offset: key_start * row,
+        c_rs: s,
+        c_batch: rows * s,
+        alpha: 1.0,
+        ..bytemuck::Zeroable::zeroed()
     };
-    out.push(format!("{} -> {}", name("scores"), describe_dense(planner, WeightFormat::F32, MatrixLayout::RowMajor, &scores, f16, scratch)));
+    out.push(format!(
+        "{} -> {}",
+        name("scores"),
+        describe_dense(planner, WeightFormat::F32, MatrixLayout::RowMajor, &scores, f16, scratch)
+    ));
     let values = GemmParams {
-        m: rows, n: d, k: s, batch: HEADS, b_offset: key_start * row, a_rs: s, a_cs: 1, a_batch: rows * s, b_rs: kv * d, b_cs: 1, b_batch: d,
-        b_batch_div: group, c_rs: HEADS * d, c_batch: d, alpha: 1.0, ..bytemuck::Zeroable::zeroed()
+        m: rows,
+        n: d,
+        k: s,
+        batch: HEADS,
+        b_offset: key_start * row,
+        a_rs: s,
+        a_cs: 1,
+        a_batch: rows * s,
+        b_rs: kv * d,
+        b_cs: 1,
+        b_batch: d,
+        b_batch_div: group,
+        c_rs: HEADS * d,
+        c_batch: d,
+        alpha: 1.0,
+        ..bytemuck::Zeroable::zeroed()
     };
-    out.push(format!("{} -> {}", name("values"), describe_dense(planner, WeightFormat::F32, MatrixLayout::RowMajor, &values, f16, scratch)));
+    out.push(format!(
+        "{} -> {}",
+        name("values"),
+        describe_dense(planner, WeightFormat::F32, MatrixLayout::RowMajor, &values, f16, scratch)
+    ));
     let linear = |what: &str, n: u32, k: u32, a_offset: u32| {
         let layout = planner.projection_layout(format, n as usize, k as usize);
         let p = GemmParams { a_offset, ..GemmParams::linear(rows, n, k) };
@@ -118,14 +188,31 @@ fn layer_products(planner: &Planner<'_>, format: WeightFormat, att: &Attention, 
     let gate_up_layout = planner.experts_layout(format, (2 * EXPERT_WIDTH) as usize, H as usize);
     let down_layout = planner.experts_layout(format, H as usize, EXPERT_WIDTH as usize);
     let grouped = |n: u32, k: u32, gather: bool, tile_rows: u32| GroupedGemmParams {
-        n, k, groups: EXPERTS, max_rows: rows, a_rs: k, b_group_stride: n * k, c_rs: n, gather: u32::from(gather),
-        tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len(slots, EXPERTS, tile_rows) }, tile_rows, _pad: [0; 2],
+        n,
+        k,
+        groups: EXPERTS,
+        max_rows: rows,
+        a_rs: k,
+        b_group_stride: n * k,
+        c_rs: n,
+        gather: u32::from(gather),
+        tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len(slots, EXPERTS, tile_rows) },
+        tile_rows,
+        _pad: [0; 2],
     };
     let tile_rows = planner.expert_tile_rows(gate_up_layout, slots, &grouped(2 * EXPERT_WIDTH, H, true, 0));
     let halves_in = planner.half_expert_activations(format, gate_up_layout);
     out.push(format!("{} = {tile_rows}, f16 activations {halves_in}", name("expert tile rows")));
-    out.push(format!("{} -> {}", name("experts gate/up"), describe_grouped(planner, gate_up_layout, &grouped(2 * EXPERT_WIDTH, H, true, tile_rows), slots)));
-    out.push(format!("{} -> {}", name("experts down"), describe_grouped(planner, down_layout, &grouped(H, EXPERT_WIDTH, false, tile_rows), slots)));
+    out.push(format!(
+        "{} -> {}",
+        name("experts gate/up"),
+        describe_grouped(planner, gate_up_layout, &grouped(2 * EXPERT_WIDTH, H, true, tile_rows), slots)
+    ));
+    out.push(format!(
+        "{} -> {}",
+        name("experts down"),
+        describe_grouped(planner, down_layout, &grouped(H, EXPERT_WIDTH, false, tile_rows), slots)
+    ));
 }
 
 /// The products outside the layers: the tied head's chunks and self-conditioning's.
@@ -139,9 +226,22 @@ fn shared_products(planner: &Planner<'_>, format: WeightFormat, out: &mut Vec<St
         let rows = rows_per_chunk.min(VOCAB - start);
         let head = GemmParams { c_offset: start, c_rs: VOCAB, epilogue: 1, cap: 30.0, ..GemmParams::linear(CANVAS, rows, H) };
         let tc = f16 && embed_format != WeightFormat::F32;
-        out.push(format!("head {tag} chunk {start}+{rows} -> {}", describe_dense(planner, embed_format, MatrixLayout::RowMajor, &head, tc, None)));
-        let soft = GemmParams { a_offset: start, a_rs: VOCAB, b_rs: H, b_cs: 1, accumulate: u32::from(start > 0), ..GemmParams::linear(CANVAS, H, rows) };
-        out.push(format!("soft embedding {tag} chunk {start}+{rows} -> {}", describe_dense(planner, embed_format, MatrixLayout::RowMajor, &soft, f16, Some(SPLIT_SCRATCH))));
+        out.push(format!(
+            "head {tag} chunk {start}+{rows} -> {}",
+            describe_dense(planner, embed_format, MatrixLayout::RowMajor, &head, tc, None)
+        ));
+        let soft = GemmParams {
+            a_offset: start,
+            a_rs: VOCAB,
+            b_rs: H,
+            b_cs: 1,
+            accumulate: u32::from(start > 0),
+            ..GemmParams::linear(CANVAS, H, rows)
+        };
+        out.push(format!(
+            "soft embedding {tag} chunk {start}+{rows} -> {}",
+            describe_dense(planner, embed_format, MatrixLayout::RowMajor, &soft, f16, Some(SPLIT_SCRATCH))
+        ));
         start += rows;
     }
 }
@@ -168,7 +268,11 @@ fn check(name: &str, caps: Capabilities, golden: &str) {
     if actual.trim() != golden.trim() {
         let (a, g): (Vec<&str>, Vec<&str>) = (actual.lines().collect(), golden.trim().lines().collect());
         let first = a.iter().zip(&g).position(|(x, y)| x != y).unwrap_or(a.len().min(g.len()));
-        panic!("{name}: the planner's choices changed at line {first}:\n  now:    {:?}\n  golden: {:?}\nall of them now:\n{actual}", a.get(first), g.get(first));
+        panic!(
+            "{name}: the planner's choices changed at line {first}:\n  now:    {:?}\n  golden: {:?}\nall of them now:\n{actual}",
+            a.get(first),
+            g.get(first)
+        );
     }
 }
 
@@ -201,7 +305,13 @@ fn the_multiprocessors_set_the_large_tiles_split() {
     // q_proj's product: 64 tiles of 128×128, split towards one workgroup per multiprocessor.
     let tuning = Tuning::default();
     let q = GemmParams::linear(CANVAS, 4096, H);
-    let splits = |multiprocessors: u32| match Planner::new(Capabilities { multiprocessors, ..H200 }, &tuning).dense(WeightFormat::F16, MatrixLayout::KPanels, &q, true, Some(SPLIT_SCRATCH)) {
+    let splits = |multiprocessors: u32| match Planner::new(Capabilities { multiprocessors, ..H200 }, &tuning).dense(
+        WeightFormat::F16,
+        MatrixLayout::KPanels,
+        &q,
+        true,
+        Some(SPLIT_SCRATCH),
+    ) {
         Ok(Dense::TensorCores(plan)) => plan.split.map_or(1, |s| s.splits),
         other => panic!("{other:?}"),
     };

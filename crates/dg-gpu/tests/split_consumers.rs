@@ -66,7 +66,10 @@ struct Outputs {
 
 impl Outputs {
     fn new(ctx: &dg_gpu::GpuContext, inputs: &[(Vec<f32>, bool)]) -> Self {
-        let bufs = inputs.iter().map(|(v, out)| if *out { guarded_output(ctx, "out", v.len()) } else { ctx.upload("in", v).unwrap() }).collect::<Vec<_>>();
+        let bufs = inputs
+            .iter()
+            .map(|(v, out)| if *out { guarded_output(ctx, "out", v.len()) } else { ctx.upload("in", v).unwrap() })
+            .collect::<Vec<_>>();
         // Outputs that start with values (read-write inputs) get them written.
         for ((v, out), b) in inputs.iter().zip(&bufs) {
             if *out && v.iter().any(|&x| x != 0.0) {
@@ -88,7 +91,12 @@ fn assert_same(test: &str, got: Option<(Bits, Bits)>) {
     let Some((whole, parts)) = got else { return };
     for (i, (w, p)) in whole.iter().zip(&parts).enumerate() {
         let first = w.iter().zip(p).position(|(a, b)| a != b);
-        assert!(first.is_none(), "{test}: output {i} differs at {first:?}: whole {:?} partials {:?}", first.map(|j| f32::from_bits(w[j])), first.map(|j| f32::from_bits(p[j])));
+        assert!(
+            first.is_none(),
+            "{test}: output {i} differs at {first:?}: whole {:?} partials {:?}",
+            first.map(|j| f32::from_bits(w[j])),
+            first.map(|j| f32::from_bits(p[j]))
+        );
     }
 }
 
@@ -144,11 +152,31 @@ fn attention_residual_norms_read_split_partials_as_the_reduced_product() {
         rows * dim,
         |rec, x, o| {
             let [w_res, w_a, w_b, w_c, hidden, out_a, out_bc] = &o.bufs[..] else { unreachable!() };
-            rec.attention_residual_norms((x, w_res), hidden, (w_a, out_a, 1.5), (w_b, 0.5, dg_kernels::coop_gemm::AFormat::F32), (w_c, 2.0), out_bc, (rows, dim, 1e-6)).unwrap()
+            rec.attention_residual_norms(
+                (x, w_res),
+                hidden,
+                (w_a, out_a, 1.5),
+                (w_b, 0.5, dg_kernels::coop_gemm::AFormat::F32),
+                (w_c, 2.0),
+                out_bc,
+                (rows, dim, 1e-6),
+            )
+            .unwrap()
         },
         |ctx| {
             let w = |s| (seeded(dim, s, 1.0), false);
-            Outputs::new(ctx, &[w(7), w(8), w(9), w(10), (seeded(rows * dim, 11, 1.0), true), (vec![0.0; rows * dim], true), (vec![0.0; 2 * rows * dim], true)])
+            Outputs::new(
+                ctx,
+                &[
+                    w(7),
+                    w(8),
+                    w(9),
+                    w(10),
+                    (seeded(rows * dim, 11, 1.0), true),
+                    (vec![0.0; rows * dim], true),
+                    (vec![0.0; 2 * rows * dim], true),
+                ],
+            )
         },
         |ctx, o| o.read(ctx, &[4, 5, 6]),
     );
@@ -178,12 +206,25 @@ fn ffn_residual_norms_read_split_partials_as_the_reduced_product() {
         rows * dim,
         |rec, mlp, o| {
             let [w_1, moe, w_2, w_3, hidden, w_next, normed, dummy] = &o.bufs[..] else { unreachable!() };
-            rec.ffn_residual_norms((mlp, w_1), (moe, w_2), None, w_3, hidden, Some((w_next, normed)), dummy, (rows, dim, 1e-6), 0.5).unwrap()
+            rec.ffn_residual_norms((mlp, w_1), (moe, w_2), None, w_3, hidden, Some((w_next, normed)), dummy, (rows, dim, 1e-6), 0.5)
+                .unwrap()
         },
         |ctx| {
             let w = |s| (seeded(dim, s, 1.0), false);
             let rows_of = |v: Vec<f32>| (v, true);
-            Outputs::new(ctx, &[w(12), (seeded(rows * dim, 13, 1.0), false), w(14), w(15), rows_of(seeded(rows * dim, 16, 1.0)), w(17), rows_of(vec![0.0; rows * dim]), rows_of(vec![0.0; 4])])
+            Outputs::new(
+                ctx,
+                &[
+                    w(12),
+                    (seeded(rows * dim, 13, 1.0), false),
+                    w(14),
+                    w(15),
+                    rows_of(seeded(rows * dim, 16, 1.0)),
+                    w(17),
+                    rows_of(vec![0.0; rows * dim]),
+                    rows_of(vec![0.0; 4]),
+                ],
+            )
         },
         |ctx, o| o.read(ctx, &[4, 6]),
     );

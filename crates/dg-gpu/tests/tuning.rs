@@ -172,5 +172,8 @@ fn no_library_crate_reads_the_environment() {
         }
     }
     assert!(scanned > 20, "only {scanned} files scanned: wrong root {}", crates.display());
-    assert!(offenders.is_empty(), "library code reads the environment (take it from a value the application builds, see dg_gpu::tuning): {offenders:?}");
+    assert!(
+        offenders.is_empty(),
+        "library code reads the environment (take it from a value the application builds, see dg_gpu::tuning): {offenders:?}"
+    );
 }

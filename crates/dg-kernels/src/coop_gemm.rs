@@ -54,7 +54,6 @@
 //! into ranges, one layer of workgroups each, whose partials [`crate::split_k`] adds ([`Split`]).
 //! See `wgsl/coop_gemm.wgsl`.
 
-
 use crate::gemm::GemmParams;
 use crate::{Access, KernelSource, WeightFormat, with_prelude};
 
@@ -351,16 +350,28 @@ impl CoopTile {
             BLayout::Kn => ("w_base + (e / BN4) * (p.b_rs / 4u) + n0 / 4u + e % BN4", "BK * (p.b_rs / 4u)", "p.b_cs / 4u"),
             BLayout::NkPanels => ("w_base + n0 * BK4 + e", "p.n * BK4", "BK4"),
         };
-        let template =
-            crate::gemm::with_params(include_str!("wgsl/coop_gemm.wgsl")).replace("W_SRC", w_src).replace("W_STEP", w_step).replace("W_ROW", w_row);
-        self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)]).replace("A_ELEM", a_format.elem()).replace("PIN_A", a_format.pin())
+        let template = crate::gemm::with_params(include_str!("wgsl/coop_gemm.wgsl"))
+            .replace("W_SRC", w_src)
+            .replace("W_STEP", w_step)
+            .replace("W_ROW", w_row);
+        self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)])
+            .replace("A_ELEM", a_format.elem())
+            .replace("PIN_A", a_format.pin())
     }
 
     /// [`Self::expand`] for W reaching the tensor cores by `path`: with [`WPath::Direct`] the
     /// template's `sb` is dropped and the K loop is [`crate::coop_kloop`]'s direct one, whose W
     /// fragments start at `w_sub` (a `let` of the template), `stride_w` vec4s between W rows,
     /// `w_step` between steps.
-    pub(crate) fn expand_path(self, template: &str, w_at: &str, path: WPath, w_format: WeightFormat, layout: BLayout, pieces: Vec<(&str, String)>) -> String {
+    pub(crate) fn expand_path(
+        self,
+        template: &str,
+        w_at: &str,
+        path: WPath,
+        w_format: WeightFormat,
+        layout: BLayout,
+        pieces: Vec<(&str, String)>,
+    ) -> String {
         match path {
             WPath::Staged => self.expand(template, w_at, w_format, layout, &pieces),
             WPath::Single => {
@@ -368,8 +379,11 @@ impl CoopTile {
                 // One stage of each tile: the stage arrays at half their double-buffered length.
                 let stage = self.w_stage_halves(layout) / self.element_halves();
                 let half_a = self.bm * self.row_halves() / self.element_halves();
-                one.replacen(&format!("const SAL: u32 = {}u;", 2 * half_a), &format!("const SAL: u32 = {half_a}u;"), 1)
-                    .replacen(&format!("const SBL: u32 = {}u;", 2 * stage), &format!("const SBL: u32 = {stage}u;"), 1)
+                one.replacen(&format!("const SAL: u32 = {}u;", 2 * half_a), &format!("const SAL: u32 = {half_a}u;"), 1).replacen(
+                    &format!("const SBL: u32 = {}u;", 2 * stage),
+                    &format!("const SBL: u32 = {stage}u;"),
+                    1,
+                )
             }
             WPath::Direct => {
                 let (_, fn_) = self.fragments();
@@ -484,12 +498,16 @@ impl CoopTile {
         // stage, f32 ones and BF16 words into the scratch, as they are.
         let pin_h = match self.staging {
             Staging::Vec4 => "fn pin_h(l: u32, v: vec4<f16>) {\n    sa[l] = v;\n}\n",
-            Staging::Scalar => "fn pin_h(l: u32, v: vec4<f16>) {\n    sa[4u * l] = v.x;\n    sa[4u * l + 1u] = v.y;\n    sa[4u * l + 2u] = v.z;\n    sa[4u * l + 3u] = v.w;\n}\n",
+            Staging::Scalar => {
+                "fn pin_h(l: u32, v: vec4<f16>) {\n    sa[4u * l] = v.x;\n    sa[4u * l + 1u] = v.y;\n    sa[4u * l + 2u] = v.z;\n    sa[4u * l + 3u] = v.w;\n}\n"
+            }
         };
         let pin_f = "fn pin_f(l: u32, v: vec4<f32>) {\n    scratch[4u * l] = v.x;\n    scratch[4u * l + 1u] = v.y;\n    scratch[4u * l + 2u] = v.z;\n    scratch[4u * l + 3u] = v.w;\n}\n";
         let pin_w = match w_format {
             WeightFormat::F16 => "fn pin_w(l: u32, v: vec4<f16>) {\n    pin_h(l, v);\n}\n",
-            WeightFormat::Bf16 => "fn pin_w(l: u32, v: vec2<u32>) {\n    scratch[2u * l] = bitcast<f32>(v.x);\n    scratch[2u * l + 1u] = bitcast<f32>(v.y);\n}\n",
+            WeightFormat::Bf16 => {
+                "fn pin_w(l: u32, v: vec2<u32>) {\n    scratch[2u * l] = bitcast<f32>(v.x);\n    scratch[2u * l + 1u] = bitcast<f32>(v.y);\n}\n"
+            }
             WeightFormat::F32 => "fn pin_w(l: u32, v: vec4<f32>) {\n    pin_f(l, v);\n}\n",
         };
         let pin_a = "fn pin_a(l: u32, v: A_ELEM) {\n    PIN_A(l, v);\n}\n";
@@ -552,16 +570,8 @@ pub const ATTENTION_TILE: CoopTile = TILE_64X64;
 
 /// Every tile variant, the default first: [`TILE_64X64`], the fastest on an H200 for both 256-row
 /// decoder shapes (`256 × 4096 × 2816` and `256 × 2816 × 4096`).
-pub const TILES: &[CoopTile] = &[
-    TILE_64X64,
-    TILE_64X64_K64,
-    TILE_64X128,
-    TILE_64X128_SCALAR,
-    TILE_128X64,
-    TILE_128X128,
-    TILE_32X64,
-    TILE_64X32,
-];
+pub const TILES: &[CoopTile] =
+    &[TILE_64X64, TILE_64X64_K64, TILE_64X128, TILE_64X128_SCALAR, TILE_128X64, TILE_128X128, TILE_32X64, TILE_64X32];
 
 /// Tiles built and tested but never chosen by [`plan`]: candidates for the `DG_COOP_TILE` knob.
 pub const TUNING_TILES: &[CoopTile] = &[TILE_64X64_K16, TILE_64X64_K16_W8];
@@ -571,7 +581,10 @@ const _: () = {
     while i < TILES.len() + TUNING_TILES.len() {
         let t = if i < TILES.len() { TILES[i] } else { TUNING_TILES[i - TILES.len()] };
         assert!(t.is_valid(), "a coop gemm tile breaks its invariants (see CoopTile::is_valid)");
-        assert!(t.dense_shared_bytes() <= MAX_SHARED_BYTES, "a coop gemm tile's workgroup memory with the epilogue scratch is over the limit");
+        assert!(
+            t.dense_shared_bytes() <= MAX_SHARED_BYTES,
+            "a coop gemm tile's workgroup memory with the epilogue scratch is over the limit"
+        );
         i += 1;
     }
 };
@@ -648,7 +661,10 @@ pub fn plan_layout(p: &GemmParams, panels: bool, prefer: Option<CoopTile>, max_s
         return None;
     }
     let fits = |t: &CoopTile| {
-        t.fits(p.m, p.n, p.k) && t.tiles(p.m, p.n) <= 65535 && t.dense_shared_bytes() <= max_shared && (layout != BLayout::NkPanels || t.bk == PANEL)
+        t.fits(p.m, p.n, p.k)
+            && t.tiles(p.m, p.n) <= 65535
+            && t.dense_shared_bytes() <= max_shared
+            && (layout != BLayout::NkPanels || t.bk == PANEL)
     };
     if let Some(t) = prefer.filter(fits) {
         return Some((t, layout));
@@ -795,9 +811,33 @@ mod tests {
         // values ([k][n]).
         let q = GemmParams::linear(256, 4096, 2816);
         assert_eq!(plan(&q).map(|(_, l)| l), Some(BLayout::Nk));
-        let scores = GemmParams { batch: 16, a_rs: 4096, a_batch: 256, b_rs: 1, b_cs: 2048, b_batch: 256, b_batch_div: 2, c_rs: 1280, c_batch: 256 * 1280, ..GemmParams::new(256, 1024, 256) };
+        let scores = GemmParams {
+            batch: 16,
+            a_rs: 4096,
+            a_batch: 256,
+            b_rs: 1,
+            b_cs: 2048,
+            b_batch: 256,
+            b_batch_div: 2,
+            c_rs: 1280,
+            c_batch: 256 * 1280,
+            ..GemmParams::new(256, 1024, 256)
+        };
         assert_eq!(plan(&scores).map(|(_, l)| l), Some(BLayout::Nk));
-        let values = GemmParams { batch: 16, a_rs: 1280, a_batch: 256 * 1280, a_offset: 1024, b_rs: 2048, b_cs: 1, b_batch: 256, b_batch_div: 2, c_rs: 4096, c_batch: 256, accumulate: 1, ..GemmParams::new(256, 256, 256) };
+        let values = GemmParams {
+            batch: 16,
+            a_rs: 1280,
+            a_batch: 256 * 1280,
+            a_offset: 1024,
+            b_rs: 2048,
+            b_cs: 1,
+            b_batch: 256,
+            b_batch_div: 2,
+            c_rs: 4096,
+            c_batch: 256,
+            accumulate: 1,
+            ..GemmParams::new(256, 256, 256)
+        };
         assert_eq!(plan(&values).map(|(_, l)| l), Some(BLayout::Kn));
         assert_eq!(plan(&GemmParams { a_cs: 2, ..q }), None, "A not row-major");
         assert_eq!(plan(&GemmParams { b_rs: 2, ..q }), None, "no unit stride in B");
@@ -817,12 +857,17 @@ mod tests {
             ];
             if t.bk == PANEL {
                 all.extend([WPath::Staged, WPath::Direct].map(|path| source_for(t, path, WeightFormat::F16, BLayout::NkPanels)));
-                all.extend([WPath::Staged, WPath::Direct].map(|path| source_for_a(t, path, WeightFormat::F16, BLayout::NkPanels, AFormat::F16)));
+                all.extend(
+                    [WPath::Staged, WPath::Direct].map(|path| source_for_a(t, path, WeightFormat::F16, BLayout::NkPanels, AFormat::F16)),
+                );
             }
             all.push(source_for_a(t, WPath::Staged, WeightFormat::F32, BLayout::Kn, AFormat::F16));
             all
         };
-        let depths = |t: &CoopTile| { let t = *t; (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d)) };
+        let depths = |t: &CoopTile| {
+            let t = *t;
+            (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d))
+        };
         for k in TILES.iter().chain(TUNING_TILES).flat_map(depths).flat_map(variants) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
@@ -909,12 +954,14 @@ mod tests {
         assert_eq!(plan_layout(&q, true, None, MAX_SHARED_BYTES), Some((TILE_128X128, BLayout::NkPanels)));
         // The preferred K-64 tile does not match the panels: the rule's tile instead.
         assert_eq!(plan_layout(&q, true, Some(TILE_64X64_K64), MAX_SHARED_BYTES), Some((TILE_128X128, BLayout::NkPanels)));
-        assert_eq!(plan_layout(&GemmParams::linear(1000, 4096, 2816), true, None, MAX_SHARED_BYTES).map(|(_, l)| l), Some(BLayout::NkPanels));
+        assert_eq!(
+            plan_layout(&GemmParams::linear(1000, 4096, 2816), true, None, MAX_SHARED_BYTES).map(|(_, l)| l),
+            Some(BLayout::NkPanels)
+        );
         // Not whole panels, or not one whole [n][k] matrix: refused, never read as row-major.
         assert_eq!(plan_layout(&GemmParams::linear(256, 4096, 2800), true, None, MAX_SHARED_BYTES), None);
         assert_eq!(plan_layout(&GemmParams { b_cs: 4096, ..q }, true, None, MAX_SHARED_BYTES), None);
         let kn = GemmParams { b_rs: 4096, b_cs: 1, ..q };
         assert_eq!(plan_layout(&kn, true, None, MAX_SHARED_BYTES), None);
     }
-
 }

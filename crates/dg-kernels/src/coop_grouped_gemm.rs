@@ -34,8 +34,8 @@
 
 pub use crate::coop_gemm::WPath;
 use crate::coop_gemm::{AFormat, CoopTile, FRAGMENT, MAX_SHARED_BYTES, Staging};
-use crate::grouped_gemm::GroupedGemmParams;
 use crate::gemm::fold;
+use crate::grouped_gemm::GroupedGemmParams;
 use crate::{Access, KernelSource};
 
 /// Columns of K per panel of the weight layout: every tile's `bk` (the dense kernel's
@@ -184,7 +184,12 @@ fn stores(tile: CoopTile) -> String {
         (0..fm)
             .map(|i| {
                 let di = i * FRAGMENT;
-                format!("    if (m0 + {}u <= count) {{\n{}    }} else if (m0 + {di}u < count) {{\n{}    }}\n", di + FRAGMENT, full(i), partial(i))
+                format!(
+                    "    if (m0 + {}u <= count) {{\n{}    }} else if (m0 + {di}u < count) {{\n{}    }}\n",
+                    di + FRAGMENT,
+                    full(i),
+                    partial(i)
+                )
             })
             .collect()
     } else {
@@ -208,7 +213,14 @@ pub fn source_with(tile: CoopTile, path: WPath) -> KernelSource {
 pub fn source_with_a(tile: CoopTile, path: WPath, a_format: AFormat) -> KernelSource {
     let template = include_str!("wgsl/coop_grouped_gemm.wgsl");
     let stores = [("//@STORE\n", stores(tile))];
-    let wgsl = tile.expand_path(template, "(w_first + lt + l * WT)", path, crate::WeightFormat::F16, crate::coop_gemm::BLayout::Nk, stores.to_vec());
+    let wgsl = tile.expand_path(
+        template,
+        "(w_first + lt + l * WT)",
+        path,
+        crate::WeightFormat::F16,
+        crate::coop_gemm::BLayout::Nk,
+        stores.to_vec(),
+    );
     KernelSource {
         name: format!("coop_grouped_gemm_{}{}{}", tile.label(), path.suffix(), a_format.suffix()),
         wgsl: wgsl.replace("A_ELEM", a_format.elem()).replace("PIN_A", a_format.pin()),
@@ -232,7 +244,8 @@ pub fn table_len(slots: u32, groups: u32, tile_rows: u32) -> u32 {
 /// for `entries` routing entries (valid or not: at least the counts' sum): `g | (m << 16)` for
 /// each m tile `m` of each group `g` in order, then [`NO_TILE`] up to [`table_len`] of `entries`.
 pub fn tile_table(counts: &[u32], entries: u32, tile_rows: u32) -> Vec<u32> {
-    let mut table: Vec<u32> = counts.iter().enumerate().flat_map(|(g, &c)| (0..c.div_ceil(tile_rows)).map(move |m| g as u32 | (m << 16))).collect();
+    let mut table: Vec<u32> =
+        counts.iter().enumerate().flat_map(|(g, &c)| (0..c.div_ceil(tile_rows)).map(move |m| g as u32 | (m << 16))).collect();
     table.resize(table_len(entries, counts.len() as u32, tile_rows) as usize, NO_TILE);
     table
 }
@@ -263,8 +276,20 @@ mod tests {
 
     #[test]
     fn every_tile_renders_and_validates_with_cooperative_matrices() {
-        let depths = |t: &CoopTile| { let t = *t; (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d)) };
-        for k in TILES.iter().flat_map(depths).flat_map(|t| [source(t), source_with(t, WPath::Direct), source_with_a(t, WPath::Direct, AFormat::F16), source_with_a(t, WPath::Staged, AFormat::F16), source_with(t, WPath::Single), source_with_a(t, WPath::Single, AFormat::F16)]) {
+        let depths = |t: &CoopTile| {
+            let t = *t;
+            (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d))
+        };
+        for k in TILES.iter().flat_map(depths).flat_map(|t| {
+            [
+                source(t),
+                source_with(t, WPath::Direct),
+                source_with_a(t, WPath::Direct, AFormat::F16),
+                source_with_a(t, WPath::Staged, AFormat::F16),
+                source_with(t, WPath::Single),
+                source_with_a(t, WPath::Single, AFormat::F16),
+            ]
+        }) {
             let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
             let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
             naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
@@ -302,7 +327,17 @@ mod tests {
 
     #[test]
     fn the_real_experts_fit_and_pick_their_measured_tiles() {
-        let gate_up = GroupedGemmParams { n: 1408, k: 2816, groups: 128, max_rows: 256, a_rs: 2816, b_group_stride: 1408 * 2816, c_rs: 1408, gather: 1, ..bytemuck::Zeroable::zeroed() };
+        let gate_up = GroupedGemmParams {
+            n: 1408,
+            k: 2816,
+            groups: 128,
+            max_rows: 256,
+            a_rs: 2816,
+            b_group_stride: 1408 * 2816,
+            c_rs: 1408,
+            gather: 1,
+            ..bytemuck::Zeroable::zeroed()
+        };
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
         assert_eq!(choose(&gate_up, 2048), Some((TILE_32X128.with_depth(EXPERT_DEPTH), WPath::Single)));
         assert_eq!(choose(&down, 2048), Some((TILE_32X128.with_depth(EXPERT_DEPTH), WPath::Single)));

@@ -51,9 +51,13 @@ pub const MAX_DEPTH: u32 = 4;
 
 /// Loads step `step` (a WGSL u32 expression) of A, and of W when `with_w`, into set `set`.
 fn load(set: u32, step: &str, with_w: bool, indent: &str) -> String {
-    let mut s = format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LA; l++) {{\n{indent}    ra[{set}][l] = a[a_src[l] + ({step}) * BK4];\n{indent}}}\n");
+    let mut s = format!(
+        "{indent}// @unroll\n{indent}for (var l = 0u; l < LA; l++) {{\n{indent}    ra[{set}][l] = a[a_src[l] + ({step}) * BK4];\n{indent}}}\n"
+    );
     if with_w {
-        s += &format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    rw[{set}][l] = w[W_AT + ({step}) * w_step];\n{indent}}}\n");
+        s += &format!(
+            "{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    rw[{set}][l] = w[W_AT + ({step}) * w_step];\n{indent}}}\n"
+        );
     }
     s
 }
@@ -66,9 +70,13 @@ fn load(set: u32, step: &str, with_w: bool, indent: &str) -> String {
 /// another path keeps the load where the ring issues it.
 fn prefetch(set: u32, step: &str, with_w: bool, indent: &str) -> String {
     let mut s = load(set, step, with_w, indent);
-    s += &format!("{indent}if (p.n == 0u) {{\n{indent}    // @unroll\n{indent}    for (var l = 0u; l < LA; l++) {{\n{indent}        pin_a(l, ra[{set}][l]);\n{indent}    }}\n");
+    s += &format!(
+        "{indent}if (p.n == 0u) {{\n{indent}    // @unroll\n{indent}    for (var l = 0u; l < LA; l++) {{\n{indent}        pin_a(l, ra[{set}][l]);\n{indent}    }}\n"
+    );
     if with_w {
-        s += &format!("{indent}    // @unroll\n{indent}    for (var l = 0u; l < LW; l++) {{\n{indent}        pin_w(l, rw[{set}][l]);\n{indent}    }}\n");
+        s += &format!(
+            "{indent}    // @unroll\n{indent}    for (var l = 0u; l < LW; l++) {{\n{indent}        pin_w(l, rw[{set}][l]);\n{indent}    }}\n"
+        );
     }
     s + &format!("{indent}}}\n")
 }
@@ -81,9 +89,13 @@ fn clamped(step: &str) -> String {
 
 /// Writes set `set` into the stage whose A starts at `a_at` (and W at `b_at` when `with_w`).
 fn put(set: u32, a_at: &str, b_at: &str, with_w: bool, indent: &str) -> String {
-    let mut s = format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LA; l++) {{\n{indent}    put_a({a_at} + dst_of(lt + l * WT), vec4<f16>(ra[{set}][l]));\n{indent}}}\n");
+    let mut s = format!(
+        "{indent}// @unroll\n{indent}for (var l = 0u; l < LA; l++) {{\n{indent}    put_a({a_at} + dst_of(lt + l * WT), vec4<f16>(ra[{set}][l]));\n{indent}}}\n"
+    );
     if with_w {
-        s += &format!("{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    put_b({b_at} + dst_w(lt + l * WT), w16(rw[{set}][l]));\n{indent}}}\n");
+        s += &format!(
+            "{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    put_b({b_at} + dst_w(lt + l * WT), w16(rw[{set}][l]));\n{indent}}}\n"
+        );
     }
     s
 }
@@ -170,13 +182,18 @@ pub(crate) fn direct(depth: u32, k_frags: u32, n_frags: u32) -> String {
     assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
     let sets = depth + 1;
     let fragments = |f: &dyn Fn(u32, u32, String) -> String| -> String {
-        (0..k_frags).flat_map(|kk| (0..n_frags).map(move |j| (kk, j))).map(|(kk, j)| f(kk, j, format!("{}u * stride_w + {}u", j * 16, kk * 4))).collect()
+        (0..k_frags)
+            .flat_map(|kk| (0..n_frags).map(move |j| (kk, j)))
+            .map(|(kk, j)| f(kk, j, format!("{}u * stride_w + {}u", j * 16, kk * 4)))
+            .collect()
     };
     let mut s = prologue(sets, false);
     // W steps 0..depth in sets 0..depth (steps past the last repeat it); the last set is free.
     for set in 0..sets {
         s += &fragments(&|kk, j, at| match set < depth {
-            true => format!("    var fw{set}_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[w_sub + min({set}u, steps - 1u) * w_step + {at}], stride_w);\n"),
+            true => format!(
+                "    var fw{set}_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[w_sub + min({set}u, steps - 1u) * w_step + {at}], stride_w);\n"
+            ),
             false => format!("    var fw{set}_{kk}_{j} = coop_mat16x16<f16, B>();\n"),
         });
     }
@@ -186,7 +203,11 @@ pub(crate) fn direct(depth: u32, k_frags: u32, n_frags: u32) -> String {
         let ahead = (ph + depth) % sets;
         // Unconditional (cooperative loads need uniform control flow): past the last step, the
         // last step's fragments again.
-        let refill = fragments(&|kk, j, at| format!("                fw{ahead}_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[w_sub + min(s + {depth}u, steps - 1u) * w_step + {at}], stride_w);\n"));
+        let refill = fragments(&|kk, j, at| {
+            format!(
+                "                fw{ahead}_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[w_sub + min(s + {depth}u, steps - 1u) * w_step + {at}], stride_w);\n"
+            )
+        });
         let current = fragments(&|kk, j, _| format!("                let fb_{kk}_{j} = fw{ph}_{kk}_{j};\n"));
         s += &format!(
             "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\

@@ -544,7 +544,10 @@ mod tests {
             for format in [WeightFormat::Bf16, WeightFormat::F16] {
                 let packed = source_for(t, format);
                 assert_eq!(packed.name, format!("gemm_{}{}", t.label(), format.suffix()));
-                assert_eq!((packed.buffers.clone(), packed.params_size, packed.entry), (f32_src.buffers.clone(), f32_src.params_size, f32_src.entry));
+                assert_eq!(
+                    (packed.buffers.clone(), packed.params_size, packed.entry),
+                    (f32_src.buffers.clone(), f32_src.params_size, f32_src.entry)
+                );
                 let code = |w: &str| w.lines().map(|l| l.split("//").next().unwrap_or_default().to_string()).collect::<Vec<_>>().join("\n");
                 let (f, h) = (code(&f32_src.wgsl), code(&packed.wgsl));
                 let what = format!("{} {format:?}", t.label());

@@ -28,8 +28,8 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::gemm::{MAX_INVOCATIONS, MAX_SHARED_BYTES, fold, shared_stride, unroll};
 use crate::bf16::with_operand_format;
+use crate::gemm::{MAX_INVOCATIONS, MAX_SHARED_BYTES, fold, shared_stride, unroll};
 use crate::{Access, KernelSource, WeightFormat, with_prelude};
 
 /// Uniform parameters of `grouped_gemm.wgsl` and `coop_grouped_gemm.wgsl`. 48 bytes, a multiple

@@ -52,7 +52,10 @@ fn source_lanes(lanes: u32) -> KernelSource {
     };
     KernelSource {
         name: name.into(),
-        wgsl: with_prelude(&[("WG", WORKGROUP), ("MAX_K", MAX_K), ("LANES", lanes)], &format!("alias V = {v};\n{}", include_str!("wgsl/moe_combine.wgsl").replace("//@RANK\n", &rank_text("p.k")))),
+        wgsl: with_prelude(
+            &[("WG", WORKGROUP), ("MAX_K", MAX_K), ("LANES", lanes)],
+            &format!("alias V = {v};\n{}", include_str!("wgsl/moe_combine.wgsl").replace("//@RANK\n", &rank_text("p.k"))),
+        ),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<MoeCombineParams>() as u64,

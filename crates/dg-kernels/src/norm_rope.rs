@@ -77,7 +77,16 @@ pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
         name: format!("norm_rope{suffix}{}", reduce.suffix()),
         wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader_lanes(&body, "x_at", "x")),
         entry: "main",
-        buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite, Access::ReadWrite, Access::Read, Access::ReadWrite],
+        buffers: vec![
+            Access::Read,
+            Access::Read,
+            Access::Read,
+            Access::Read,
+            Access::ReadWrite,
+            Access::ReadWrite,
+            Access::Read,
+            Access::ReadWrite,
+        ],
         params_size: size_of::<NormRopeParams>() as u64,
     }
 }

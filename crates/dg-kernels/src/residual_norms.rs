@@ -188,18 +188,26 @@ pub fn source_ffn_combine_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
 fn ffn_source(reduce: RowReduce, lanes: u32, combine: bool) -> KernelSource {
     let template = include_str!("wgsl/ffn_residual_norms.wgsl");
     let (template, access, moe_source) = match combine {
-        true => (template.replace("MOE_ACCESS", "read_write"), Access::ReadWrite, format!("{}\n{}", include_str!("wgsl/ffn_combine.wgsl"), crate::moe_combine::rank_text("p.top_k"))),
+        true => (
+            template.replace("MOE_ACCESS", "read_write"),
+            Access::ReadWrite,
+            format!("{}\n{}", include_str!("wgsl/ffn_combine.wgsl"), crate::moe_combine::rank_text("p.top_k")),
+        ),
         false => (template.replace("MOE_ACCESS", "read"), Access::Read, include_str!("wgsl/ffn_moe_buffer.wgsl").to_string()),
     };
     let template = template.replace("//@MOE_SOURCE\n", &moe_source);
     let (body, suffix) = with_lanes(&reduce.render(&template, &[Part::Sum("vec2<f32>")]), lanes);
-    let mut buffers = vec![Access::Read, Access::Read, access, Access::Read, Access::Read, Access::ReadWrite, Access::Read, Access::ReadWrite];
+    let mut buffers =
+        vec![Access::Read, Access::Read, access, Access::Read, Access::Read, Access::ReadWrite, Access::Read, Access::ReadWrite];
     if combine {
         buffers.extend([Access::Read; 4]);
     }
     KernelSource {
         name: format!("ffn_residual_norms{}{suffix}{}", if combine { "_combine" } else { "" }, reduce.suffix()),
-        wgsl: with_prelude(&[("WG", WORKGROUP), ("MAX_K", crate::moe_combine::MAX_K)], &crate::split_k::with_reader_lanes(&body, "mlp_at", "mlp")),
+        wgsl: with_prelude(
+            &[("WG", WORKGROUP), ("MAX_K", crate::moe_combine::MAX_K)],
+            &crate::split_k::with_reader_lanes(&body, "mlp_at", "mlp"),
+        ),
         entry: "main",
         buffers,
         params_size: size_of::<FfnResidualNormsParams>() as u64,

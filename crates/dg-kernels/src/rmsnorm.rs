@@ -40,7 +40,10 @@ pub struct RmsNormParams {
 pub(crate) fn with_lanes(body: &str, lanes: u32) -> (String, &'static str) {
     let (prelude, suffix) = match lanes {
         1 => ("alias V = f32;\nconst LANES: u32 = 1u;\nfn sq(v: V) -> f32 {\n    return v * v;\n}\n", ""),
-        4 => ("alias V = vec4<f32>;\nconst LANES: u32 = 4u;\nfn sq(v: V) -> f32 {\n    let s = v * v;\n    return (s.x + s.y) + (s.z + s.w);\n}\n", "_v4"),
+        4 => (
+            "alias V = vec4<f32>;\nconst LANES: u32 = 4u;\nfn sq(v: V) -> f32 {\n    let s = v * v;\n    return (s.x + s.y) + (s.z + s.w);\n}\n",
+            "_v4",
+        ),
         _ => panic!("row kernels take 1 or 4 columns at a time, not {lanes}"),
     };
     (format!("{prelude}{body}"), suffix)

@@ -64,7 +64,9 @@ impl RowReduce {
     pub fn render(self, template: &str, parts: &[Part]) -> String {
         assert!(template.contains("//@ROW_REDUCE\n"), "a row kernel without the row-reduce marker");
         let (lanes, sum, max, pair) = match self {
-            RowReduce::Tree => (TREE_LANES, include_str!("wgsl/row_sum.wgsl"), include_str!("wgsl/row_max.wgsl"), include_str!("wgsl/row_pair.wgsl")),
+            RowReduce::Tree => {
+                (TREE_LANES, include_str!("wgsl/row_sum.wgsl"), include_str!("wgsl/row_max.wgsl"), include_str!("wgsl/row_pair.wgsl"))
+            }
             RowReduce::Subgroup => (
                 SUBGROUP_LANES,
                 include_str!("wgsl/row_sum_subgroup.wgsl"),
@@ -88,11 +90,13 @@ impl RowReduce {
 /// [`Part::Sum`]'s workgroup memory: one slot per invocation (the tree) or per subgroup.
 const SUM_SHARED: &str = "var<workgroup> partial: array<RowSum, WG>;\n";
 /// [`Part::Max`]'s workgroup memory and result type.
-const MAX_SHARED: &str = "var<workgroup> red_v: array<f32, WG>;\nvar<workgroup> red_i: array<u32, WG>;\n\nstruct ArgMax {\n    v: f32,\n    i: u32,\n}\n";
+const MAX_SHARED: &str =
+    "var<workgroup> red_v: array<f32, WG>;\nvar<workgroup> red_i: array<u32, WG>;\n\nstruct ArgMax {\n    v: f32,\n    i: u32,\n}\n";
 /// [`Part::Pair`]'s workgroup memory.
 const PAIR_SHARED: &str = "var<workgroup> part_max: array<f32, WG>;\nvar<workgroup> part_sum: array<f32, WG>;\n";
 
-const TREE_LANES: &str = "// The invocation's index in the workgroup (row_reduce.rs).\nstruct RowLanes {\n    @builtin(local_invocation_index) lane: u32,\n}\n";
+const TREE_LANES: &str =
+    "// The invocation's index in the workgroup (row_reduce.rs).\nstruct RowLanes {\n    @builtin(local_invocation_index) lane: u32,\n}\n";
 
 const SUBGROUP_LANES: &str = "// The invocation's subgroup and its place in it (row_reduce.rs).\nstruct RowLanes {\n    @builtin(local_invocation_index) lane: u32,\n    @builtin(subgroup_invocation_id) sg_lane: u32,\n    @builtin(subgroup_id) sg: u32,\n    @builtin(num_subgroups) sgs: u32,\n}\n";
 

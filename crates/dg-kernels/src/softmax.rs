@@ -47,7 +47,18 @@ pub struct SoftmaxParams {
 impl SoftmaxParams {
     /// Plain row softmax over `[rows, cols]`.
     pub fn plain(rows: u32, cols: u32) -> Self {
-        SoftmaxParams { rows, cols, queries: 0, mode: MODE_ALL, key_start: 0, query_start: 0, window: 0, gap_start: 0, gap_end: 0, _pad: [0; 3] }
+        SoftmaxParams {
+            rows,
+            cols,
+            queries: 0,
+            mode: MODE_ALL,
+            key_start: 0,
+            query_start: 0,
+            window: 0,
+            gap_start: 0,
+            gap_end: 0,
+            _pad: [0; 3],
+        }
     }
 }
 

@@ -57,11 +57,7 @@ impl RopeSpec {
     /// reference: f32 exponent `2k / head_dim`, `theta ^ exponent` correctly rounded to f32.
     pub fn inv_freq(&self, head_dim: usize) -> Vec<f32> {
         let half = head_dim / 2;
-        let rotated = if self.proportional {
-            (self.partial_rotary_factor * head_dim as f64 / 2.0).floor() as usize
-        } else {
-            half
-        };
+        let rotated = if self.proportional { (self.partial_rotary_factor * head_dim as f64 / 2.0).floor() as usize } else { half };
         let theta = self.theta as f32;
         (0..half)
             .map(|k| {
@@ -200,10 +196,7 @@ impl ModelConfig {
 
     /// Parses a `config.json` held in memory; `path` only names the source in errors.
     pub fn from_json_str(json: &str, path: &Path) -> Result<Self> {
-        let raw: RawConfig = serde_json::from_str(json).map_err(|source| ModelError::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let raw: RawConfig = serde_json::from_str(json).map_err(|source| ModelError::Json { path: path.to_path_buf(), source })?;
         Self::from_raw(raw, path)
     }
 
@@ -211,17 +204,11 @@ impl ModelConfig {
         match raw.model_type.as_deref() {
             Some("diffusion_gemma") => {}
             Some(other) => {
-                return Err(ModelError::UnknownModelType {
-                    path: path.into(),
-                    found: other.to_string(),
-                    expected: "diffusion_gemma",
-                });
+                return Err(ModelError::UnknownModelType { path: path.into(), found: other.to_string(), expected: "diffusion_gemma" });
             }
             None => return Err(ModelError::config(path, "missing \"model_type\"")),
         }
-        let text_raw = raw
-            .text_config
-            .ok_or_else(|| ModelError::config(path, "missing \"text_config\""))?;
+        let text_raw = raw.text_config.ok_or_else(|| ModelError::config(path, "missing \"text_config\""))?;
         let text = text_raw.resolve(path)?;
         let canvas_length = raw.canvas_length.unwrap_or(256);
         if canvas_length == 0 {
@@ -231,12 +218,7 @@ impl ModelConfig {
         for &id in &eos_token_ids {
             check_id(path, "eos_token_id", id, text.vocab_size)?;
         }
-        Ok(ModelConfig {
-            text,
-            canvas_length,
-            eos_token_ids,
-            image_token_id: raw.image_token_id,
-        })
+        Ok(ModelConfig { text, canvas_length, eos_token_ids, image_token_id: raw.image_token_id })
     }
 }
 
@@ -244,10 +226,7 @@ fn check_id(path: &Path, field: &str, id: u32, vocab: usize) -> Result<()> {
     if (id as usize) < vocab {
         Ok(())
     } else {
-        Err(ModelError::config(
-            path,
-            format!("{field} {id} is outside the vocabulary (vocab_size {vocab})"),
-        ))
+        Err(ModelError::config(path, format!("{field} {id} is outside the vocabulary (vocab_size {vocab})")))
     }
 }
 
@@ -335,11 +314,7 @@ impl RawTextConfig {
         if let Some(mt) = &self.model_type
             && mt != "diffusion_gemma_text"
         {
-            return Err(ModelError::UnknownModelType {
-                path: path.into(),
-                found: mt.clone(),
-                expected: "diffusion_gemma_text",
-            });
+            return Err(ModelError::UnknownModelType { path: path.into(), found: mt.clone(), expected: "diffusion_gemma_text" });
         }
         // Class defaults of DiffusionGemmaTextConfig.
         let vocab_size = self.vocab_size.unwrap_or(262_144);
@@ -352,9 +327,7 @@ impl RawTextConfig {
         let sliding_window = self.sliding_window.unwrap_or(512);
         let num_experts = self.num_experts.ok_or_else(|| err("num_experts is required".into()))?;
         let top_k = self.top_k_experts.ok_or_else(|| err("top_k_experts is required".into()))?;
-        let moe_intermediate_size = self
-            .moe_intermediate_size
-            .ok_or_else(|| err("moe_intermediate_size is required".into()))?;
+        let moe_intermediate_size = self.moe_intermediate_size.ok_or_else(|| err("moe_intermediate_size is required".into()))?;
 
         for (name, v) in [
             ("vocab_size", vocab_size),
@@ -385,9 +358,7 @@ impl RawTextConfig {
         if let Some(act) = &self.hidden_activation
             && act != "gelu_pytorch_tanh"
         {
-            return Err(err(format!(
-                "hidden_activation {act:?} is not supported (only gelu_pytorch_tanh)"
-            )));
+            return Err(err(format!("hidden_activation {act:?} is not supported (only gelu_pytorch_tanh)")));
         }
         if self.attention_bias == Some(true) {
             return Err(err("attention_bias = true is not supported".into()));
@@ -398,9 +369,7 @@ impl RawTextConfig {
         match self.use_bidirectional_attention.as_deref() {
             None | Some("vision") => {}
             Some(other) => {
-                return Err(err(format!(
-                    "use_bidirectional_attention {other:?} is not supported (text encoder must be causal)"
-                )));
+                return Err(err(format!("use_bidirectional_attention {other:?} is not supported (text encoder must be causal)")));
             }
         }
         let rms_norm_eps = self.rms_norm_eps.unwrap_or(1e-6);
@@ -411,8 +380,7 @@ impl RawTextConfig {
         let kinds = resolve_layer_types(self.layer_types.as_deref(), num_layers).map_err(err)?;
         let ropes = resolve_rope(self.rope_parameters).map_err(err)?;
         let overrides =
-            resolve_overrides(self.per_layer_config, &kinds, self.global_head_dim, self.num_global_key_value_heads)
-                .map_err(err)?;
+            resolve_overrides(self.per_layer_config, &kinds, self.global_head_dim, self.num_global_key_value_heads).map_err(err)?;
 
         let mut layers = Vec::with_capacity(num_layers);
         for (i, &kind) in kinds.iter().enumerate() {
@@ -423,20 +391,11 @@ impl RawTextConfig {
                 return Err(err(format!("layer {i}: head_dim {hd} must be even and > 0")));
             }
             if kv == 0 || !num_heads.is_multiple_of(kv) {
-                return Err(err(format!(
-                    "layer {i}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads {kv}"
-                )));
+                return Err(err(format!("layer {i}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads {kv}")));
             }
-            let rope = ropes
-                .get(kind.hf_name())
-                .cloned()
-                .ok_or_else(|| err(format!("rope_parameters has no entry for {:?}", kind.hf_name())))?;
-            layers.push(LayerSpec {
-                kind,
-                head_dim: hd,
-                num_kv_heads: kv,
-                rope,
-            });
+            let rope =
+                ropes.get(kind.hf_name()).cloned().ok_or_else(|| err(format!("rope_parameters has no entry for {:?}", kind.hf_name())))?;
+            layers.push(LayerSpec { kind, head_dim: hd, num_kv_heads: kv, rope });
         }
         // The reference keeps one RoPE table per layer type, built from that type's head_dim.
         for kind in [LayerKind::Sliding, LayerKind::Full] {
@@ -491,15 +450,10 @@ const MAX_LAYERS: usize = 4096;
 /// `layer_types`, or the default pattern: 5 sliding : 1 full, and the last layer always full.
 fn resolve_layer_types(types: Option<&[String]>, num_layers: usize) -> Result<Vec<LayerKind>, String> {
     let mut kinds = match types {
-        None => (0..num_layers)
-            .map(|i| if (i + 1) % 6 != 0 { LayerKind::Sliding } else { LayerKind::Full })
-            .collect::<Vec<_>>(),
+        None => (0..num_layers).map(|i| if (i + 1) % 6 != 0 { LayerKind::Sliding } else { LayerKind::Full }).collect::<Vec<_>>(),
         Some(types) => {
             if types.len() != num_layers {
-                return Err(format!(
-                    "layer_types has {} entries but num_hidden_layers is {num_layers}",
-                    types.len()
-                ));
+                return Err(format!("layer_types has {} entries but num_hidden_layers is {num_layers}", types.len()));
             }
             types
                 .iter()
@@ -517,14 +471,8 @@ fn resolve_layer_types(types: Option<&[String]>, num_layers: usize) -> Result<Ve
 fn resolve_rope(raw: Option<BTreeMap<String, RawRope>>) -> Result<BTreeMap<String, RopeSpec>, String> {
     let mut out = BTreeMap::new();
     let Some(raw) = raw else {
-        out.insert(
-            "sliding_attention".into(),
-            RopeSpec { theta: 10_000.0, proportional: false, partial_rotary_factor: 1.0, factor: 1.0 },
-        );
-        out.insert(
-            "full_attention".into(),
-            RopeSpec { theta: 1_000_000.0, proportional: true, partial_rotary_factor: 0.25, factor: 1.0 },
-        );
+        out.insert("sliding_attention".into(), RopeSpec { theta: 10_000.0, proportional: false, partial_rotary_factor: 1.0, factor: 1.0 });
+        out.insert("full_attention".into(), RopeSpec { theta: 1_000_000.0, proportional: true, partial_rotary_factor: 0.25, factor: 1.0 });
         return Ok(out);
     };
     for (name, r) in raw {
@@ -536,9 +484,7 @@ fn resolve_rope(raw: Option<BTreeMap<String, RawRope>>) -> Result<BTreeMap<Strin
         let spec = match r.rope_type.as_deref().unwrap_or("default") {
             "default" => {
                 if prf != 1.0 {
-                    return Err(format!(
-                        "rope_parameters.{name}: partial_rotary_factor with rope_type \"default\" is not supported"
-                    ));
+                    return Err(format!("rope_parameters.{name}: partial_rotary_factor with rope_type \"default\" is not supported"));
                 }
                 RopeSpec { theta, proportional: false, partial_rotary_factor: 1.0, factor: 1.0 }
             }
@@ -568,9 +514,7 @@ fn resolve_overrides(
     match per_layer {
         Some(map) => {
             for (key, o) in map {
-                let idx: usize = key
-                    .parse()
-                    .map_err(|_| format!("per_layer_config key {key:?} is not a layer index"))?;
+                let idx: usize = key.parse().map_err(|_| format!("per_layer_config key {key:?} is not a layer index"))?;
                 if idx >= kinds.len() {
                     return Err(format!("per_layer_config names layer {idx}, but there are {} layers", kinds.len()));
                 }
@@ -582,10 +526,7 @@ fn resolve_overrides(
                 if *kind == LayerKind::Full {
                     out.insert(
                         i,
-                        RawLayerOverride {
-                            head_dim: Some(global_head_dim.unwrap_or(512)),
-                            num_key_value_heads: global_kv_heads,
-                        },
+                        RawLayerOverride { head_dim: Some(global_head_dim.unwrap_or(512)), num_key_value_heads: global_kv_heads },
                     );
                 }
             }
@@ -613,8 +554,7 @@ mod tests {
     #[test]
     fn real_geometry_resolves() {
         let c = parse(REAL).unwrap();
-        let full: Vec<usize> =
-            c.text.layers.iter().enumerate().filter(|(_, l)| l.kind == LayerKind::Full).map(|(i, _)| i).collect();
+        let full: Vec<usize> = c.text.layers.iter().enumerate().filter(|(_, l)| l.kind == LayerKind::Full).map(|(i, _)| i).collect();
         assert_eq!(full, vec![5, 11, 17, 23, 29]);
         assert_eq!((c.text.layers[5].head_dim, c.text.layers[5].num_kv_heads), (512, 2));
         assert_eq!((c.text.layers[0].head_dim, c.text.layers[0].num_kv_heads), (256, 8));
@@ -675,11 +615,26 @@ mod tests {
             (r#"{"model_type":"diffusion_gemma"}"#, "missing \"text_config\""),
             (r#"{"model_type":"diffusion_gemma","text_config":{"top_k_experts":2,"moe_intermediate_size":8}}"#, "num_experts"),
             (r#"{"model_type":"diffusion_gemma","text_config":{"num_experts":2,"top_k_experts":4,"moe_intermediate_size":8}}"#, "exceeds"),
-            (r#"{"model_type":"diffusion_gemma","text_config":{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8,"num_hidden_layers":2,"layer_types":["sliding_attention"]}}"#, "layer_types has 1"),
-            (r#"{"model_type":"diffusion_gemma","text_config":{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8,"hidden_activation":"relu"}}"#, "relu"),
-            (r#"{"model_type":"diffusion_gemma","text_config":{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8,"num_attention_heads":3}}"#, "multiple"),
-            (r#"{"model_type":"diffusion_gemma","text_config":{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8,"hidden_size":"big"}}"#, "malformed JSON"),
-            (r#"{"model_type":"diffusion_gemma","eos_token_id":999999,"text_config":{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8,"vocab_size":10}}"#, "outside the vocabulary"),
+            (
+                r#"{"model_type":"diffusion_gemma","text_config":{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8,"num_hidden_layers":2,"layer_types":["sliding_attention"]}}"#,
+                "layer_types has 1",
+            ),
+            (
+                r#"{"model_type":"diffusion_gemma","text_config":{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8,"hidden_activation":"relu"}}"#,
+                "relu",
+            ),
+            (
+                r#"{"model_type":"diffusion_gemma","text_config":{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8,"num_attention_heads":3}}"#,
+                "multiple",
+            ),
+            (
+                r#"{"model_type":"diffusion_gemma","text_config":{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8,"hidden_size":"big"}}"#,
+                "malformed JSON",
+            ),
+            (
+                r#"{"model_type":"diffusion_gemma","eos_token_id":999999,"text_config":{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8,"vocab_size":10}}"#,
+                "outside the vocabulary",
+            ),
         ];
         for (json, needle) in cases {
             let e = parse(json).unwrap_err().to_string();

@@ -20,34 +20,17 @@ pub enum ModelError {
     #[error("{path}: invalid config: {message}")]
     Config { path: PathBuf, message: String },
     #[error("{path}: unsupported model_type {found:?} (expected {expected:?})")]
-    UnknownModelType {
-        path: PathBuf,
-        found: String,
-        expected: &'static str,
-    },
+    UnknownModelType { path: PathBuf, found: String, expected: &'static str },
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },
     #[error("tensor {name:?} not found in {location}")]
     MissingTensor { name: String, location: String },
     #[error("tensor {name:?} in {path}: shape {got:?}, expected {expected:?}")]
-    ShapeMismatch {
-        name: String,
-        path: PathBuf,
-        expected: Vec<usize>,
-        got: Vec<usize>,
-    },
+    ShapeMismatch { name: String, path: PathBuf, expected: Vec<usize>, got: Vec<usize> },
     #[error("tensor {name:?} in {path}: unsupported dtype {dtype} (supported: F32, F16, BF16)")]
-    UnsupportedDtype {
-        name: String,
-        path: PathBuf,
-        dtype: String,
-    },
+    UnsupportedDtype { name: String, path: PathBuf, dtype: String },
     #[error("{path}: shard index names {file:?} for tensor {name:?}, but that file is missing")]
-    MissingShard {
-        path: PathBuf,
-        file: String,
-        name: String,
-    },
+    MissingShard { path: PathBuf, file: String, name: String },
 }
 
 /// Shorthand used throughout the crate.
@@ -55,9 +38,6 @@ pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
 impl ModelError {
     pub(crate) fn config(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        ModelError::Config {
-            path: path.into(),
-            message: message.into(),
-        }
+        ModelError::Config { path: path.into(), message: message.into() }
     }
 }

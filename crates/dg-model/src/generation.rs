@@ -52,10 +52,7 @@ impl Default for GenerationConfig {
             max_denoising_steps: 48,
             entropy_bound: 0.1,
             temperature: Some((0.4, 0.8)),
-            stopping: Some(StoppingConfig {
-                stability_threshold: 1,
-                confidence_threshold: 0.005,
-            }),
+            stopping: Some(StoppingConfig { stability_threshold: 1, confidence_threshold: 0.005 }),
             eos_token_ids: Vec::new(),
             pad_token_id: None,
         }
@@ -110,8 +107,17 @@ impl RawGenerationConfig {
             ($($f:ident),*) => { $( if over.$f.is_some() { self.$f = over.$f; } )* };
         }
         take!(
-            max_new_tokens, max_length, max_denoising_steps, sampler_config, entropy_bound, t_min, t_max,
-            stability_threshold, confidence_threshold, eos_token_id, pad_token_id
+            max_new_tokens,
+            max_length,
+            max_denoising_steps,
+            sampler_config,
+            entropy_bound,
+            t_min,
+            t_max,
+            stability_threshold,
+            confidence_threshold,
+            eos_token_id,
+            pad_token_id
         );
         self
     }
@@ -127,10 +133,8 @@ impl RawGenerationConfig {
         {
             return Err(err(format!("sampler_config._cls_name {name:?} is not supported")));
         }
-        let entropy_bound = self
-            .entropy_bound
-            .or(self.sampler_config.as_ref().map(|s| s.entropy_bound))
-            .map_or(d.entropy_bound, |b| b as f32);
+        let entropy_bound =
+            self.entropy_bound.or(self.sampler_config.as_ref().map(|s| s.entropy_bound)).map_or(d.entropy_bound, |b| b as f32);
         if !(entropy_bound > 0.0) {
             return Err(err(format!("entropy_bound must be > 0 (got {entropy_bound})")));
         }
@@ -169,10 +173,7 @@ impl RawGenerationConfig {
             max_denoising_steps,
             entropy_bound,
             temperature: Some((t_min, t_max)),
-            stopping: Some(StoppingConfig {
-                stability_threshold,
-                confidence_threshold,
-            }),
+            stopping: Some(StoppingConfig { stability_threshold, confidence_threshold }),
             eos_token_ids,
             pad_token_id: self.pad_token_id.or(model.text.pad_token_id),
         })
@@ -237,10 +238,8 @@ mod tests {
 
     #[test]
     fn nulls_mean_defaults_and_model_eos() {
-        let raw: RawGenerationConfig = serde_json::from_str(
-            r#"{"max_new_tokens":null,"t_min":null,"sampler_config":null,"eos_token_id":null}"#,
-        )
-        .unwrap();
+        let raw: RawGenerationConfig =
+            serde_json::from_str(r#"{"max_new_tokens":null,"t_min":null,"sampler_config":null,"eos_token_id":null}"#).unwrap();
         let g = raw.resolve(&model(), Path::new("g.json")).unwrap();
         assert_eq!(g.max_denoising_steps, 48);
         assert_eq!(g.entropy_bound, 0.1);

@@ -24,6 +24,4 @@ pub use names::{LayerNames, Named, SharedNames, tensor_manifest};
 pub use random::RandomWeights;
 pub use stored::{StoredDtype, StoredTensor};
 pub use tensors::{Checkpoint, SafetensorsFile, Tensor};
-pub use weights::{
-    ExpertWeights, LayerWeights, Matrix, SelfConditioningWeights, TensorSource, Weights,
-};
+pub use weights::{ExpertWeights, LayerWeights, Matrix, SelfConditioningWeights, TensorSource, Weights};

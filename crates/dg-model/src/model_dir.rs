@@ -39,18 +39,9 @@ impl ModelDir {
         }
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let gen_path = dir.join("generation_config.json");
-        let generation = if gen_path.exists() {
-            RawGenerationConfig::from_file(&gen_path)?
-        } else {
-            RawGenerationConfig::default()
-        };
+        let generation = if gen_path.exists() { RawGenerationConfig::from_file(&gen_path)? } else { RawGenerationConfig::default() };
         let checkpoint = Checkpoint::open_dir(dir)?;
-        Ok(ModelDir {
-            dir: dir.to_path_buf(),
-            config,
-            generation,
-            checkpoint,
-        })
+        Ok(ModelDir { dir: dir.to_path_buf(), config, generation, checkpoint })
     }
 
     /// The generation parameters of this directory, resolved with the built-in defaults.

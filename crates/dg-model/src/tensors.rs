@@ -36,10 +36,7 @@ pub struct Tensor {
 impl SafetensorsFile {
     /// Maps `path` and validates its header against the file length.
     pub fn open(path: &Path) -> Result<Self> {
-        let io = |source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |source| ModelError::Io { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len < 8 {
@@ -51,17 +48,9 @@ impl SafetensorsFile {
         // SAFETY: the map is read-only; like every mmap-based loader we rely on the checkpoint not
         // being modified while it is open.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let (header_len, meta) =
-            safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
-                path: path.into(),
-                message: describe(&e),
-            })?;
-        Ok(SafetensorsFile {
-            path: path.to_path_buf(),
-            mmap,
-            data_start: 8 + header_len,
-            meta,
-        })
+        let (header_len, meta) = safetensors::SafeTensors::read_metadata(&mmap)
+            .map_err(|e| ModelError::Safetensors { path: path.into(), message: describe(&e) })?;
+        Ok(SafetensorsFile { path: path.to_path_buf(), mmap, data_start: 8 + header_len, meta })
     }
 
     pub fn path(&self) -> &Path {
@@ -79,10 +68,10 @@ impl SafetensorsFile {
     }
 
     fn raw(&self, name: &str) -> Result<(Dtype, &[usize], &[u8])> {
-        let info = self.meta.info(name).ok_or_else(|| ModelError::MissingTensor {
-            name: name.to_string(),
-            location: self.path.display().to_string(),
-        })?;
+        let info = self
+            .meta
+            .info(name)
+            .ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), location: self.path.display().to_string() })?;
         let (start, end) = info.data_offsets;
         let bytes = &self.mmap[self.data_start + start..self.data_start + end];
         Ok((info.dtype, &info.shape, bytes))
@@ -103,10 +92,7 @@ impl SafetensorsFile {
     /// Reads `name` as f32 (F32, F16 and BF16 are converted exactly).
     pub fn tensor_f32(&self, name: &str) -> Result<Tensor> {
         let t = self.stored(name)?;
-        Ok(Tensor {
-            shape: t.shape.clone(),
-            data: t.to_f32(),
-        })
+        Ok(Tensor { shape: t.shape.clone(), data: t.to_f32() })
     }
 
     /// Reads an integer tensor (I64 or I32) as i64.
@@ -114,30 +100,21 @@ impl SafetensorsFile {
         let (dtype, shape, bytes) = self.raw(name)?;
         let data = match dtype {
             Dtype::I64 => bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect(),
-            Dtype::I32 => bytes
-                .chunks_exact(4)
-                .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as i64)
-                .collect(),
+            Dtype::I32 => bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap()) as i64).collect(),
             other => return Err(self.bad_dtype(name, other)),
         };
         Ok((shape.to_vec(), data))
     }
 
     fn bad_dtype(&self, name: &str, dtype: Dtype) -> ModelError {
-        ModelError::UnsupportedDtype {
-            name: name.to_string(),
-            path: self.path.clone(),
-            dtype: format!("{dtype:?}"),
-        }
+        ModelError::UnsupportedDtype { name: name.to_string(), path: self.path.clone(), dtype: format!("{dtype:?}") }
     }
 }
 
 fn describe(e: &safetensors::SafeTensorError) -> String {
     use safetensors::SafeTensorError as E;
     match e {
-        E::MetadataIncompleteBuffer => {
-            "the data section does not match the header (file truncated or padded)".to_string()
-        }
+        E::MetadataIncompleteBuffer => "the data section does not match the header (file truncated or padded)".to_string(),
         E::InvalidHeaderLength => "header length points past the end of the file (truncated?)".to_string(),
         other => format!("{other}"),
     }
@@ -174,11 +151,7 @@ impl Checkpoint {
                 let path = dir.join(shard);
                 if !path.exists() {
                     let name = index.weight_map.iter().find(|(_, f)| *f == shard).map(|(n, _)| n.clone());
-                    return Err(ModelError::MissingShard {
-                        path: index_path.clone(),
-                        file: shard.clone(),
-                        name: name.unwrap_or_default(),
-                    });
+                    return Err(ModelError::MissingShard { path: index_path.clone(), file: shard.clone(), name: name.unwrap_or_default() });
                 }
                 shard_of.insert(shard.clone(), files.len());
                 files.push(SafetensorsFile::open(&path)?);
@@ -187,11 +160,7 @@ impl Checkpoint {
             for (name, shard) in &index.weight_map {
                 location.insert(name.clone(), shard_of[shard]);
             }
-            Ok(Checkpoint {
-                origin: index_path,
-                files,
-                location,
-            })
+            Ok(Checkpoint { origin: index_path, files, location })
         } else if single.exists() {
             Self::from_files(dir, vec![SafetensorsFile::open(&single)?])
         } else {
@@ -217,11 +186,7 @@ impl Checkpoint {
             [one] => one.path().to_path_buf(),
             _ => dir.to_path_buf(),
         };
-        Ok(Checkpoint {
-            origin,
-            files,
-            location,
-        })
+        Ok(Checkpoint { origin, files, location })
     }
 
     /// Does the checkpoint hold `name`?
@@ -258,19 +223,13 @@ impl Checkpoint {
     pub fn shape(&self, name: &str) -> Result<(Vec<usize>, String)> {
         let file = self.file_of(name)?;
         // A shard index may name a shard that does not hold the tensor.
-        file.shape(name).ok_or_else(|| ModelError::MissingTensor {
-            name: name.to_string(),
-            location: file.path().display().to_string(),
-        })
+        file.shape(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), location: file.path().display().to_string() })
     }
 
     fn file_of(&self, name: &str) -> Result<&SafetensorsFile> {
         self.location
             .get(name)
             .map(|&i| &self.files[i])
-            .ok_or_else(|| ModelError::MissingTensor {
-                name: name.to_string(),
-                location: self.origin.display().to_string(),
-            })
+            .ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), location: self.origin.display().to_string() })
     }
 }

@@ -11,7 +11,6 @@ use crate::names::{D, ENC, LayerNames, NORMS, Named, SharedNames};
 use crate::stored::{StoredDtype, StoredTensor, f32_bytes};
 use crate::tensors::Checkpoint;
 
-
 /// A row-major `[rows, cols]` matrix; for a linear layer `rows = out`, `cols = in`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Matrix {

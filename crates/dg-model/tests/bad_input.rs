@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use dg_model::{
-    Checkpoint, LayerKind, ModelConfig, ModelDir, RandomWeights, Result, SafetensorsFile, StoredDtype, StoredTensor,
-    TensorSource, Weights, tensor_manifest,
+    Checkpoint, LayerKind, ModelConfig, ModelDir, RandomWeights, Result, SafetensorsFile, StoredDtype, StoredTensor, TensorSource, Weights,
+    tensor_manifest,
 };
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, View};
@@ -124,11 +124,7 @@ impl RawTensor {
             Dtype::I64 => values.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect(),
             other => panic!("test helper cannot encode {other:?}"),
         };
-        RawTensor {
-            dtype,
-            shape: shape.to_vec(),
-            bytes,
-        }
+        RawTensor { dtype, shape: shape.to_vec(), bytes }
     }
 }
 
@@ -203,9 +199,7 @@ struct ModelFixture {
 impl ModelFixture {
     /// Config files only, no checkpoint.
     fn configs_only() -> Self {
-        let fixture = ModelFixture {
-            dir: tempfile::tempdir().expect("temp dir"),
-        };
+        let fixture = ModelFixture { dir: tempfile::tempdir().expect("temp dir") };
         fixture.write("config.json", TINY_CONFIG);
         fixture.write("generation_config.json", TINY_GENERATION);
         fixture
@@ -287,10 +281,7 @@ fn assert_err<T>(result: Result<T>, needles: &[&str]) -> String {
         Err(e) => e.to_string(),
     };
     for needle in needles {
-        assert!(
-            message.contains(needle),
-            "error {message:?} does not mention {needle:?}"
-        );
+        assert!(message.contains(needle), "error {message:?} does not mention {needle:?}");
     }
     message
 }
@@ -333,26 +324,17 @@ fn truncated_config_json() {
 #[test]
 fn unknown_model_type() {
     let fixture = ModelFixture::valid();
-    fixture.write(
-        "config.json",
-        TINY_CONFIG.replacen("\"diffusion_gemma\"", "\"gemma4\"", 1),
-    );
+    fixture.write("config.json", TINY_CONFIG.replacen("\"diffusion_gemma\"", "\"gemma4\"", 1));
     assert_err(fixture.load(), &["config.json", "model_type", "gemma4"]);
 
-    fixture.write(
-        "config.json",
-        TINY_CONFIG.replace("diffusion_gemma_text", "gemma4_text"),
-    );
+    fixture.write("config.json", TINY_CONFIG.replace("diffusion_gemma_text", "gemma4_text"));
     assert_err(fixture.load(), &["config.json", "model_type", "gemma4_text"]);
 }
 
 #[test]
 fn config_field_of_wrong_type_names_the_field() {
     let fixture = ModelFixture::valid();
-    fixture.write(
-        "config.json",
-        TINY_CONFIG.replace("\"hidden_size\": 12", "\"hidden_size\": \"12\""),
-    );
+    fixture.write("config.json", TINY_CONFIG.replace("\"hidden_size\": 12", "\"hidden_size\": \"12\""));
     let message = assert_err(fixture.load(), &["config.json", "malformed JSON"]);
     assert!(message.contains("line") || message.contains("column"), "{message}");
 }
@@ -371,10 +353,7 @@ fn tiny_config_with(fields: serde_json::Value) -> String {
 #[test]
 fn absurd_sizes_in_config_json() {
     let fixture = ModelFixture::valid();
-    fixture.write(
-        "config.json",
-        tiny_config_with(serde_json::json!({"num_hidden_layers": 100_000_000_000_u64, "layer_types": null})),
-    );
+    fixture.write("config.json", tiny_config_with(serde_json::json!({"num_hidden_layers": 100_000_000_000_u64, "layer_types": null})));
     assert_err(fixture.load(), &["config.json", "num_hidden_layers", "100000000000"]);
 
     for fields in [
@@ -409,10 +388,7 @@ fn malformed_generation_config() {
 #[test]
 fn generation_config_with_t_min_above_t_max() {
     let fixture = ModelFixture::valid();
-    fixture.write(
-        "generation_config.json",
-        TINY_GENERATION.replace("\"t_min\": 0.4", "\"t_min\": 0.9"),
-    );
+    fixture.write("generation_config.json", TINY_GENERATION.replace("\"t_min\": 0.4", "\"t_min\": 0.9"));
     let dir = ModelDir::open(fixture.path()).expect("the raw file parses");
     assert_err(dir.generation_config(), &["generation_config.json", "t_min", "t_max"]);
 }
@@ -420,25 +396,13 @@ fn generation_config_with_t_min_above_t_max() {
 #[test]
 fn generation_config_with_out_of_range_eos() {
     let fixture = ModelFixture::valid();
-    fixture.write(
-        "generation_config.json",
-        TINY_GENERATION.replace("[1, 6, 5]", "[1, 6, 99999]"),
-    );
+    fixture.write("generation_config.json", TINY_GENERATION.replace("[1, 6, 5]", "[1, 6, 99999]"));
     let dir = ModelDir::open(fixture.path()).expect("the raw file parses");
-    assert_err(
-        dir.generation_config(),
-        &["generation_config.json", "eos_token_id", "99999"],
-    );
+    assert_err(dir.generation_config(), &["generation_config.json", "eos_token_id", "99999"]);
 
-    fixture.write(
-        "generation_config.json",
-        TINY_GENERATION.replace("\"pad_token_id\": 0", "\"pad_token_id\": 32"),
-    );
+    fixture.write("generation_config.json", TINY_GENERATION.replace("\"pad_token_id\": 0", "\"pad_token_id\": 32"));
     let dir = ModelDir::open(fixture.path()).expect("the raw file parses");
-    assert_err(
-        dir.generation_config(),
-        &["generation_config.json", "pad_token_id", "32"],
-    );
+    assert_err(dir.generation_config(), &["generation_config.json", "pad_token_id", "32"]);
 
     fixture.write("generation_config.json", TINY_GENERATION.replace("[1, 6, 5]", "-1"));
     assert_err(fixture.load(), &["generation_config.json", "malformed JSON"]);
@@ -513,14 +477,10 @@ fn safetensors_truncated_inside_header() {
 fn safetensors_header_length_past_eof() {
     let fixture = ModelFixture::valid();
     let file_len = fixture.read("model.safetensors").len() as u64;
-    fixture.edit("model.safetensors", |bytes| {
-        bytes[..8].copy_from_slice(&file_len.to_le_bytes())
-    });
+    fixture.edit("model.safetensors", |bytes| bytes[..8].copy_from_slice(&file_len.to_le_bytes()));
     assert_err(fixture.load(), &["model.safetensors", "past the end"]);
 
-    fixture.edit("model.safetensors", |bytes| {
-        bytes[..8].copy_from_slice(&u64::MAX.to_le_bytes())
-    });
+    fixture.edit("model.safetensors", |bytes| bytes[..8].copy_from_slice(&u64::MAX.to_le_bytes()));
     assert_err(fixture.load(), &["model.safetensors", "header too large"]);
 }
 
@@ -551,14 +511,7 @@ fn missing_checkpoint() {
 fn shard_index_naming_a_missing_shard() {
     let fixture = ModelFixture::sharded(&checkpoint(Dtype::F32));
     fixture.remove("model-00002-of-00002.safetensors");
-    let message = assert_err(
-        fixture.load(),
-        &[
-            "model.safetensors.index.json",
-            "model-00002-of-00002.safetensors",
-            "missing",
-        ],
-    );
+    let message = assert_err(fixture.load(), &["model.safetensors.index.json", "model-00002-of-00002.safetensors", "missing"]);
     // The error names one of the tensors the index maps to the missing shard.
     assert!(message.contains("tensor \"model."), "{message}");
 }
@@ -581,10 +534,7 @@ fn shard_index_naming_a_shard_without_the_tensor() {
     assert_err(fixture.load(), &[other, PER_EXPERT_SCALE, "not found"]);
     let checkpoint = Checkpoint::open_dir(fixture.path()).unwrap();
     assert!(checkpoint.contains(PER_EXPERT_SCALE), "the index lists it");
-    assert_err(
-        checkpoint.shape(PER_EXPERT_SCALE),
-        &[other, PER_EXPERT_SCALE, "not found"],
-    );
+    assert_err(checkpoint.shape(PER_EXPERT_SCALE), &[other, PER_EXPERT_SCALE, "not found"]);
 }
 
 #[test]
@@ -607,11 +557,7 @@ fn valid_directory_loads() {
     assert_eq!(dir.checkpoint.shape(Q_PROJ).unwrap(), (vec![8, 12], "F32".to_string()));
 
     let weights = dir.load_weights().unwrap();
-    assert_eq!(
-        weights,
-        Weights::random(&dir.config.text, SEED).unwrap(),
-        "F32 values load bit-exact"
-    );
+    assert_eq!(weights, Weights::random(&dir.config.text, SEED).unwrap(), "F32 values load bit-exact");
     assert_eq!(weights.layers.len(), 2);
     assert_eq!(weights.layers[0].kind, LayerKind::Sliding);
     assert!(weights.layers[0].v_proj.is_some());
@@ -631,11 +577,7 @@ fn directory_without_generation_config_uses_defaults() {
     let dir = ModelDir::open(fixture.path()).unwrap();
     let generation = dir.generation_config().unwrap();
     assert_eq!(generation.max_denoising_steps, 48);
-    assert_eq!(
-        generation.eos_token_ids,
-        [1, 6],
-        "falls back to config.json's eos_token_id"
-    );
+    assert_eq!(generation.eos_token_ids, [1, 6], "falls back to config.json's eos_token_id");
 }
 
 #[test]
@@ -645,10 +587,7 @@ fn half_precision_checkpoints_load_as_exact_upcasts() {
         let fixture = ModelFixture::with_tensors(&checkpoint(dtype));
         let weights = fixture.load().unwrap();
         assert_eq!(weights, expected_weights(dtype), "{dtype:?}");
-        assert_ne!(
-            weights, f32_weights,
-            "{dtype:?} rounding must be visible in the test data"
-        );
+        assert_ne!(weights, f32_weights, "{dtype:?} rounding must be visible in the test data");
     }
 }
 
@@ -676,14 +615,8 @@ fn sharded_checkpoint_loads_like_a_single_file() {
 fn vision_tower_tensors_are_ignored() {
     let mut tensors = checkpoint(Dtype::BF16);
     let extra = [
-        (
-            "model.encoder.vision_tower.encoder.layers.0.self_attn.q_proj.weight",
-            vec![6, 6],
-        ),
-        (
-            "model.encoder.vision_tower.patch_embedder.input_proj.weight",
-            vec![6, 12],
-        ),
+        ("model.encoder.vision_tower.encoder.layers.0.self_attn.q_proj.weight", vec![6, 6]),
+        ("model.encoder.vision_tower.patch_embedder.input_proj.weight", vec![6, 12]),
         ("model.encoder.vision_tower.std_bias", vec![6]),
         ("model.encoder.embed_vision.embedding_projection.weight", vec![12, 6]),
     ];
@@ -799,35 +732,19 @@ fn real_config_parameter_count_and_manifest() {
     assert_eq!(config.image_token_id, Some(258_880));
 
     let manifest = tensor_manifest(text);
-    let decoder: Vec<_> = manifest
-        .iter()
-        .filter(|(n, _)| n.starts_with("model.decoder."))
-        .collect();
-    let encoder: Vec<_> = manifest
-        .iter()
-        .filter(|(n, _)| n.starts_with("model.encoder."))
-        .collect();
+    let decoder: Vec<_> = manifest.iter().filter(|(n, _)| n.starts_with("model.decoder.")).collect();
+    let encoder: Vec<_> = manifest.iter().filter(|(n, _)| n.starts_with("model.encoder.")).collect();
     assert_eq!(decoder.len(), 661, "spec §2.2");
     assert_eq!(encoder.len(), 30);
     assert_eq!(manifest.len(), 691);
     assert!(
-        encoder
-            .iter()
-            .all(|(n, s)| n.starts_with("model.encoder.language_model.layers.")
-                && n.ends_with(".layer_scalar")
-                && s == &[1])
+        encoder.iter().all(|(n, s)| n.starts_with("model.encoder.language_model.layers.") && n.ends_with(".layer_scalar") && s == &[1])
     );
     let count = |suffix: &str| decoder.iter().filter(|(n, _)| n.ends_with(suffix)).count();
     assert_eq!(count(".layer_scalar"), 30);
     assert_eq!(count(".v_proj.weight"), 25);
     assert_eq!(count("self_conditioning.pre_norm.weight"), 1);
-    assert_eq!(
-        decoder
-            .iter()
-            .filter(|(n, _)| n.contains(".self_conditioning."))
-            .count(),
-        4
-    );
+    assert_eq!(decoder.iter().filter(|(n, _)| n.contains(".self_conditioning.")).count(), 4);
 
     let mut names: Vec<_> = manifest.iter().map(|(n, _)| n).collect();
     names.sort();
@@ -843,10 +760,7 @@ fn real_config_parameter_count_and_manifest() {
     assert_eq!(shape("model.decoder.layers.5.self_attn.q_proj.weight"), &[8192, 2816]);
     assert_eq!(shape("model.decoder.layers.5.self_attn.k_proj.weight"), &[1024, 2816]);
     assert_eq!(shape("model.decoder.layers.0.self_attn.o_proj.weight"), &[2816, 4096]);
-    assert_eq!(
-        shape("model.decoder.layers.29.experts.gate_up_proj"),
-        &[128, 1408, 2816]
-    );
+    assert_eq!(shape("model.decoder.layers.29.experts.gate_up_proj"), &[128, 1408, 2816]);
     assert_eq!(shape("model.decoder.layers.29.experts.down_proj"), &[128, 2816, 704]);
 }
 

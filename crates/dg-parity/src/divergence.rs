@@ -202,9 +202,17 @@ pub fn record(
     let mut inputs = Vec::new();
     let outcome = match backend.reset() {
         Err(e) => Err(format!("reset: {e}")),
-        Ok(()) => generate(&mut InputRecorder { inner: AsModel(backend), inputs: &mut inputs }, prompt, cfg, canvas_len, vocab, &mut draws, &mut recorder)
-            .map(|g| g.sequence)
-            .map_err(|e| error_chain(&e)),
+        Ok(()) => generate(
+            &mut InputRecorder { inner: AsModel(backend), inputs: &mut inputs },
+            prompt,
+            cfg,
+            canvas_len,
+            vocab,
+            &mut draws,
+            &mut recorder,
+        )
+        .map(|g| g.sequence)
+        .map_err(|e| error_chain(&e)),
     };
     // One categorical draw and one forward per step, made before the step's hook ran.
     let mut steps = recorder.steps;
@@ -291,7 +299,10 @@ pub enum Decision {
     Accepted(bool),
     Stop(Option<StopDecision>),
     /// The run is at this step (where the other is at another one, or has ended).
-    At { block: usize, step: usize },
+    At {
+        block: usize,
+        step: usize,
+    },
     /// The run has ended: its sequence length, or its error.
     Ended(Result<usize, String>),
 }
@@ -352,9 +363,7 @@ impl fmt::Display for Divergence {
         }
         write!(f, ": ours {}, reference {}", self.ours, self.reference)?;
         match (self.margin, self.reach) {
-            (Some(m), Some(r)) => {
-                write!(f, "; reference margin {m:.3e} {} error reach {r:.3e}", if m <= r { "≤" } else { ">" })?
-            }
+            (Some(m), Some(r)) => write!(f, "; reference margin {m:.3e} {} error reach {r:.3e}", if m <= r { "≤" } else { ">" })?,
             (Some(m), None) => write!(f, "; reference margin {m:.3e}, error reach unknown")?,
             _ => {}
         }
@@ -365,12 +374,9 @@ impl fmt::Display for Divergence {
             write!(f, "; row max|Δ| {e:.3e}")?;
         }
         match self.normwise {
-            Some(n) => write!(
-                f,
-                "; step normwise {n:.3e} {} allowed {:.1e}",
-                if n <= self.allowed_error { "≤" } else { ">" },
-                self.allowed_error
-            )?,
+            Some(n) => {
+                write!(f, "; step normwise {n:.3e} {} allowed {:.1e}", if n <= self.allowed_error { "≤" } else { ">" }, self.allowed_error)?
+            }
             None => write!(f, "; step normwise unknown")?,
         }
         f.write_str(if self.explained { ": explained" } else { ": NOT explained" })
@@ -455,9 +461,8 @@ fn step_divergence(
     let logits_ok = vocab > 0 && o.scaled_logits.len() == c * vocab && r.scaled_logits.len() == c * vocab;
     let normwise = logits_ok.then(|| compare(&o.scaled_logits, &r.scaled_logits, vocab, f32::INFINITY).normwise);
     let row_max_abs = |p: usize| {
-        logits_ok.then(|| {
-            row(o, p, vocab).iter().zip(row(r, p, vocab)).map(|(&a, &b)| (f64::from(a) - f64::from(b)).abs()).fold(0.0, f64::max)
-        })
+        logits_ok
+            .then(|| row(o, p, vocab).iter().zip(row(r, p, vocab)).map(|(&a, &b)| (f64::from(a) - f64::from(b)).abs()).fold(0.0, f64::max))
     };
     let within_tolerance = normwise.is_some_and(|n| n <= allowed_error);
     let mut d = Divergence {
@@ -556,15 +561,11 @@ fn step_divergence(
                     && o.entropies.len() == r.entropies.len() =>
             {
                 let n = r.entropies.len().max(1) as f64;
-                let mean_delta =
-                    o.entropies.iter().zip(&r.entropies).map(|(&a, &b)| (f64::from(a) - f64::from(b)).abs()).sum::<f64>() / n;
+                let mean_delta = o.entropies.iter().zip(&r.entropies).map(|(&a, &b)| (f64::from(a) - f64::from(b)).abs()).sum::<f64>() / n;
                 let margin = (f64::from(r.mean_entropy) - f64::from(threshold)).abs();
                 let slack = rounding_slack(f64::from(r.mean_entropy.max(o.mean_entropy)));
                 (d.margin, d.reach) = (Some(margin), Some(mean_delta));
-                d.detail = format!(
-                    "reference mean entropy {:.6e} vs threshold {threshold:e}; reach: mean entropy error",
-                    r.mean_entropy
-                );
+                d.detail = format!("reference mean entropy {:.6e} vs threshold {threshold:e}; reach: mean entropy error", r.mean_entropy);
                 d.explained = margin <= mean_delta + slack && within_tolerance;
             }
             _ => d.detail = "not a confidence flip: stability or the stopping setup differs".into(),

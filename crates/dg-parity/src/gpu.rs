@@ -8,7 +8,9 @@ use dg_model::{GenerationConfig, ModelConfig, Weights};
 use dg_sampler::{Generation, Hooks, RandomSource, generate_resident};
 
 use crate::BoxError;
-use crate::checks::{ARGMAX_MARGIN, Backend, CACHE_TOLERANCE, CheckResult, F16_ACTIVATION_TOLERANCES, GPU_LOGITS_TOLERANCE, LAYER_TOLERANCE, Tolerances};
+use crate::checks::{
+    ARGMAX_MARGIN, Backend, CACHE_TOLERANCE, CheckResult, F16_ACTIVATION_TOLERANCES, GPU_LOGITS_TOLERANCE, LAYER_TOLERANCE, Tolerances,
+};
 use crate::compare::compare;
 
 /// The GPU model as a parity backend; `cpu` is used only by the cache and layer checks.
@@ -29,10 +31,17 @@ impl GpuBackend {
     /// Uploads `weights` with the matrices in `format` (backend name `gpu-bf16` for BF16). The CPU
     /// twin of the cache and layer checks gets the same matrices: rounded to BF16 for a BF16
     /// upload, so both sides compute in f32 on identical weights.
-    pub fn with_format(ctx: GpuContext, config: &ModelConfig, mut weights: Weights, max_context: usize, format: WeightFormat) -> Result<Self, BoxError> {
+    pub fn with_format(
+        ctx: GpuContext,
+        config: &ModelConfig,
+        mut weights: Weights,
+        max_context: usize,
+        format: WeightFormat,
+    ) -> Result<Self, BoxError> {
         let coop = ctx.coop_matrix;
         let gpu = GpuModel::with_format(ctx, config, &weights, max_context, format)?;
-        let f32_tolerances = Tolerances { logits: GPU_LOGITS_TOLERANCE, layer: LAYER_TOLERANCE, cache: CACHE_TOLERANCE, argmax_margin: ARGMAX_MARGIN };
+        let f32_tolerances =
+            Tolerances { logits: GPU_LOGITS_TOLERANCE, layer: LAYER_TOLERANCE, cache: CACHE_TOLERANCE, argmax_margin: ARGMAX_MARGIN };
         let (name, tolerances) = match format {
             WeightFormat::F32 => ("gpu", f32_tolerances),
             WeightFormat::Bf16 => {
@@ -136,7 +145,12 @@ impl GpuBackend {
         Ok(CheckResult {
             name: "layers".into(),
             passed: true,
-            detail: format!("all {} layers within tol={tol:.0e}; worst layer {} normwise={:.3e}", cpu.config.text.num_layers(), worst.0, worst.1),
+            detail: format!(
+                "all {} layers within tol={tol:.0e}; worst layer {} normwise={:.3e}",
+                cpu.config.text.num_layers(),
+                worst.0,
+                worst.1
+            ),
         })
     }
 
@@ -174,14 +188,23 @@ impl GpuBackend {
         Ok(CheckResult {
             name: "layers along the GPU's stream".into(),
             passed,
-            detail: format!("every layer {verdict} tol={tol:.0e} of the CPU's on the GPU's own input; worst layer {} step {:.3e}{detail}", worst.0, worst.1),
+            detail: format!(
+                "every layer {verdict} tol={tol:.0e} of the CPU's on the GPU's own input; worst layer {} step {:.3e}{detail}",
+                worst.0, worst.1
+            ),
         })
     }
 
     /// The GPU decoder's canvas forward (logits into `logits`) on the CPU encoder's cache of
     /// `blocks`: the forward alone, without the GPU encoder's own error (which
     /// [`Backend::cache_check`] bounds on its own).
-    pub fn forward_on_cpu_context(&mut self, blocks: &[&[u32]], canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), BoxError> {
+    pub fn forward_on_cpu_context(
+        &mut self,
+        blocks: &[&[u32]],
+        canvas: &[u32],
+        sc: Option<&[f32]>,
+        logits: &mut [f32],
+    ) -> Result<(), BoxError> {
         share_cpu_context(&mut self.cpu, &mut self.gpu, blocks)?;
         self.gpu.canvas_forward(canvas, sc, logits)?;
         self.gpu.reset();

@@ -42,14 +42,10 @@ impl Reference {
     /// Opens `dir/reference.json` and `dir/reference.safetensors`.
     pub fn open(dir: &Path) -> Result<Self, ParityError> {
         let json_path = dir.join("reference.json");
-        let text = std::fs::read_to_string(&json_path).map_err(|e| ParityError::Reference {
-            path: json_path.clone(),
-            message: e.to_string(),
-        })?;
-        let meta: ReferenceMeta = serde_json::from_str(&text).map_err(|e| ParityError::Reference {
-            path: json_path.clone(),
-            message: format!("malformed: {e}"),
-        })?;
+        let text =
+            std::fs::read_to_string(&json_path).map_err(|e| ParityError::Reference { path: json_path.clone(), message: e.to_string() })?;
+        let meta: ReferenceMeta = serde_json::from_str(&text)
+            .map_err(|e| ParityError::Reference { path: json_path.clone(), message: format!("malformed: {e}") })?;
         let file = SafetensorsFile::open(&dir.join("reference.safetensors"))?;
         Ok(Reference { dir: dir.to_path_buf(), meta, file })
     }

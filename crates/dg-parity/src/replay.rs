@@ -100,7 +100,15 @@ pub fn generate_check(
 }
 
 /// The check result of one replayed generation against the reference's sequence.
-fn judge(name: &str, result: Result<Generation, String>, want: &[u32], prompt_len: usize, c: usize, margins: &Margins, consumed: usize) -> CheckResult {
+fn judge(
+    name: &str,
+    result: Result<Generation, String>,
+    want: &[u32],
+    prompt_len: usize,
+    c: usize,
+    margins: &Margins,
+    consumed: usize,
+) -> CheckResult {
     let name = name.to_string();
     let generation = match result {
         Ok(g) => g,

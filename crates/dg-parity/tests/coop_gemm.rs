@@ -3,11 +3,11 @@
 //! matrices (elsewhere, lavapipe for one, a visible SKIP). Timings by tile, K split and W path:
 //! `cargo xtask probe dense_tensor_core_throughput_by_tile_and_split`.
 
-use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
 use dg_gpu::{Pipelines, PlanBuilder};
 use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm::{self, BLayout, Staging, TILES, WPath};
 use dg_kernels::gemm::GemmParams;
+use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
 
 /// The decoder's 256-row linear layers the kernel is checked on, `(m, n, k)`.
 const SHAPES: [(u32, u32, u32); 2] = [(256, 4096, 2816), (256, 2816, 4096)];
@@ -115,7 +115,9 @@ fn coop_gemm_matches_the_exact_product_on_decoder_shapes() {
             );
             // (A NaN output counts as non-finite, so the error comparisons may ignore NaN.)
             if unwritten > 0 || non_finite > 0 || err > tol || err_plain > ACTIVATION_ROUNDING_BOUND {
-                failures.push(format!("{name}: err {err:.3e}, vs f32 activations {err_plain:.3e}, unwritten {unwritten}, non-finite {non_finite}"));
+                failures.push(format!(
+                    "{name}: err {err:.3e}, vs f32 activations {err_plain:.3e}, unwritten {unwritten}, non-finite {non_finite}"
+                ));
             }
         }
     }

@@ -5,11 +5,11 @@
 
 use std::path::Path;
 
-use dg_parity::testing::test_context;
 use dg_model::ModelDir;
 use dg_parity::checks::Backend;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
+use dg_parity::testing::test_context;
 
 #[test]
 fn gpu_encoder_cache_matches_cpu_for_every_chunk_size() {

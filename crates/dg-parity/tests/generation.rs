@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dg_cpu::CpuModel;
-use dg_parity::testing::test_context;
 use dg_gpu::{Counters, Created};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_parity::checks::Backend;
@@ -14,6 +13,7 @@ use dg_parity::cpu::CpuBackend;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
 use dg_parity::replay::{AsModel, replay_config};
+use dg_parity::testing::test_context;
 use dg_sampler::{Hooks, NoHooks, SeededRng, StepInfo, generate};
 
 fn fixture(name: &str) -> PathBuf {

@@ -37,7 +37,6 @@ use std::path::{Path, PathBuf};
 
 use dg_cpu::CpuModel;
 use dg_gpu::WeightFormat;
-use dg_parity::testing::test_context;
 use dg_model::{GenerationConfig, ModelConfig, ModelDir};
 use dg_parity::checks::Backend;
 use dg_parity::compare::compare;
@@ -46,6 +45,7 @@ use dg_parity::divergence;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
 use dg_parity::replay::{AsModel, replay_config};
+use dg_parity::testing::test_context;
 use dg_sampler::{NoHooks, SeededRng, generate};
 
 /// `tensor-core-shapes` has a 64-token canvas and 64-wide projections: the tensor-core GEMM's tiles
@@ -77,7 +77,14 @@ fn f16_weights_on_the_gpu_match_the_cpu_on_the_same_weights() {
 
 /// The logits (`len` values) of one canvas forward on `ours` and on `reference`, each from an
 /// empty context with `prompt` encoded by its own encoder.
-fn both_forwards<'a>(ours: &'a mut dyn Backend, reference: &'a mut dyn Backend, prompt: &[u32], canvas: &[u32], sc: Option<&[f32]>, len: usize) -> (Vec<f32>, Vec<f32>) {
+fn both_forwards<'a>(
+    ours: &'a mut dyn Backend,
+    reference: &'a mut dyn Backend,
+    prompt: &[u32],
+    canvas: &[u32],
+    sc: Option<&[f32]>,
+    len: usize,
+) -> (Vec<f32>, Vec<f32>) {
     let mut out = [vec![0f32; len], vec![0f32; len]];
     for (b, logits) in [ours, reference].into_iter().zip(&mut out) {
         b.reset().unwrap();
@@ -125,7 +132,12 @@ fn check_format(format: WeightFormat, backend_name: &str) {
             let alone = compare(&ours, &want, v, tol.argmax_margin);
             let stream = gpu.stream_check(&[&prompt], &canvas, self_conditioning).unwrap();
             eprintln!("{backend_name} {name}   on the CPU's cache: logits {alone} | {}", stream.detail);
-            assert!(alone.passes(tol.logits) && stream.passed, "{name} (sc {}): end to end {cmp}; on the CPU's cache {alone}; {}", self_conditioning.is_some(), stream.detail);
+            assert!(
+                alone.passes(tol.logits) && stream.passed,
+                "{name} (sc {}): end to end {cmp}; on the CPU's cache {alone}; {}",
+                self_conditioning.is_some(),
+                stream.detail
+            );
         }
         let layers = gpu.layer_check(&prompt, &canvas).unwrap().unwrap();
         eprintln!("{backend_name} {name} {}: {}", layers.name, layers.detail);

@@ -21,13 +21,16 @@
 //! with seeded values and followed by a guard band.
 
 use dg_gpu::ops::{Operand, Recorder, linear_params};
-use dg_kernels::coop_gemm::AFormat;
-use dg_parity::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference, GUARD_LEN, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
+use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::embed::{self, EmbedParams};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
 use dg_kernels::{KernelSource, WeightFormat, pack_bf16, pack_f16, unpack_bf16, unpack_f16};
+use dg_parity::testing::{
+    GUARD_LEN, attention_scores_params, attention_values_params, gemm_extent, gemm_reference, guarded_output, max_rel_err, read_guarded,
+    seeded, test_context,
+};
 
 /// f32 GPU GEMM against the CPU (as in kernels_gemm.rs): f32 sums of k products in a different
 /// order, error relative to max |C| growing like ε·√k on random data (ε ≈ 6e-8); the floor covers
@@ -114,7 +117,15 @@ fn gemm_data(p: &GemmParams, format: WeightFormat) -> GemmData {
 }
 
 /// Runs one GEMM variant over `b` (f32 values or packed words) and returns the whole C buffer.
-fn run_gemm<B: bytemuck::Pod>(ctx: &GpuContext, pipelines: &mut Pipelines, src: KernelSource, tile: GemmTile, p: &GemmParams, d: &GemmData, b: &[B]) -> Vec<f32> {
+fn run_gemm<B: bytemuck::Pod>(
+    ctx: &GpuContext,
+    pipelines: &mut Pipelines,
+    src: KernelSource,
+    tile: GemmTile,
+    p: &GemmParams,
+    d: &GemmData,
+    b: &[B],
+) -> Vec<f32> {
     let pipeline = pipelines.get(ctx, src).unwrap();
     let ab = ctx.upload("a", &d.a).unwrap();
     let bb = ctx.upload("b", b).unwrap();
@@ -144,8 +155,6 @@ fn check_gemm(ctx: &GpuContext, pipelines: &mut Pipelines, format: WeightFormat,
 fn plain(m: u32, n: u32, k: u32) -> GemmParams {
     GemmParams::new(m, n, k)
 }
-
-
 
 /// The cases every tile runs, aimed at the packing (odd offsets, odd strides, odd N and K).
 fn gemm_cases() -> Vec<(&'static str, GemmParams)> {
@@ -271,7 +280,8 @@ fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, format: WeightForm
     };
     let what = format!("{format:?} grouped [{}] n {n} k {k} gap {} counts {:?} gather {}", tile.label(), g.gap, g.counts, g.gather);
 
-    let f32_out = run_grouped(ctx, pipelines, grouped_gemm::source_for(tile, WeightFormat::F32), tile, &params, &a, &w_up, &offsets, &rows, &c0);
+    let f32_out =
+        run_grouped(ctx, pipelines, grouped_gemm::source_for(tile, WeightFormat::F32), tile, &params, &a, &w_up, &offsets, &rows, &c0);
     let mut want = c0.clone();
     for e in 0..groups {
         for s in offsets[e] as usize..offsets[e + 1] as usize {
@@ -286,7 +296,8 @@ fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, format: WeightForm
     let tol = tolerance(k);
     assert!(err <= tol, "{what}: f32 kernel vs naive: rel err {err} > {tol} at {at}: got {} want {}", f32_out[at], want[at]);
 
-    let packed_out = run_grouped(ctx, pipelines, grouped_gemm::source_for(tile, format), tile, &params, &a, &w_packed, &offsets, &rows, &c0);
+    let packed_out =
+        run_grouped(ctx, pipelines, grouped_gemm::source_for(tile, format), tile, &params, &a, &w_packed, &offsets, &rows, &c0);
     assert_bits_equal(&packed_out, &f32_out, &what);
 }
 
@@ -306,7 +317,13 @@ fn grouped_gemm_equals_f32_on_upcast_weights_for_every_tile(test: &str, format: 
             check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 301, k: 19, counts: boundaries.clone(), gather, gap: 1 });
         }
         check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 33, k: 1, counts: vec![3, 0, 20, 1], gather: true, gap: 0 });
-        check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 161, k: 705, counts: vec![16, 9, 0, 33, 17, 1, 0, 24], gather: true, gap: 0 });
+        check_grouped(
+            &ctx,
+            &mut pipelines,
+            format,
+            tile,
+            &Grouped { n: 161, k: 705, counts: vec![16, 9, 0, 33, 17, 1, 0, 24], gather: true, gap: 0 },
+        );
         // K = 0 (outputs zero) and no slots at all.
         check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 40, k: 0, counts: vec![3, 0, 20], gather: true, gap: 1 });
         check_grouped(&ctx, &mut pipelines, format, tile, &Grouped { n: 40, k: 16, counts: vec![0, 0, 0], gather: true, gap: 0 });
@@ -315,12 +332,18 @@ fn grouped_gemm_equals_f32_on_upcast_weights_for_every_tile(test: &str, format: 
 
 #[test]
 fn bf16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile() {
-    grouped_gemm_equals_f32_on_upcast_weights_for_every_tile("bf16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile", WeightFormat::Bf16);
+    grouped_gemm_equals_f32_on_upcast_weights_for_every_tile(
+        "bf16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile",
+        WeightFormat::Bf16,
+    );
 }
 
 #[test]
 fn f16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile() {
-    grouped_gemm_equals_f32_on_upcast_weights_for_every_tile("f16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile", WeightFormat::F16);
+    grouped_gemm_equals_f32_on_upcast_weights_for_every_tile(
+        "f16_grouped_gemm_equals_f32_on_upcast_weights_for_every_tile",
+        WeightFormat::F16,
+    );
 }
 
 /// Runs the lookup over every `(row_start, chunk)` in turn (each chunk a table buffer of its own)
@@ -365,7 +388,9 @@ fn embed_equals_f32_on_upcast_table_in_chunks(test: &str, format: WeightFormat) 
     let scale = 17.3f32;
     // Odd hidden sizes put every other row at an odd element; odd row counts give chunks of an odd
     // number of elements (a padded last word). Chunk boundaries at rows 0, 1, 612/613, 999.
-    for (vocab, hidden, splits) in [(1000usize, 301usize, vec![0usize, 613, 1000]), (1000, 300, vec![0, 1, 612, 999, 1000]), (7, 1, vec![0, 3, 7])] {
+    for (vocab, hidden, splits) in
+        [(1000usize, 301usize, vec![0usize, 613, 1000]), (1000, 300, vec![0, 1, 612, 999, 1000]), (7, 1, vec![0, 3, 7])]
+    {
         let table = weights(vocab * hidden, 31 + hidden as u64, 1.7);
         let (_, table_up) = packed_pair(format, &table);
         let ids: Vec<u32> = [0u32, 612, 613, 999, 5, 998, 613, 0, 700, 1, 612, 2, 6, 3]
@@ -379,7 +404,8 @@ fn embed_equals_f32_on_upcast_table_in_chunks(test: &str, format: WeightFormat) 
         // and odd row_start).
         let packed: Vec<(usize, usize, Vec<u32>)> =
             ranges.iter().map(|&(s, c)| (s, c, pack(format, &table[s * hidden..(s + c) * hidden]))).collect();
-        let upcast: Vec<(usize, usize, Vec<f32>)> = ranges.iter().map(|&(s, c)| (s, c, table_up[s * hidden..(s + c) * hidden].to_vec())).collect();
+        let upcast: Vec<(usize, usize, Vec<f32>)> =
+            ranges.iter().map(|&(s, c)| (s, c, table_up[s * hidden..(s + c) * hidden].to_vec())).collect();
         for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 3] {
             let what = format!("{format:?} embed vocab {vocab} hidden {hidden} chunks {splits:?} fold {max_dim}");
             let f32_out = run_embed(&ctx, &mut pipelines, WeightFormat::F32, &ids, &upcast, hidden, scale, &base, max_dim);

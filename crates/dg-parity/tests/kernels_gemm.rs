@@ -14,10 +14,13 @@
 //! Every output buffer is pre-filled with seeded values (so untouched elements, e.g. the gaps
 //! between strided rows, are checked to stay untouched) and followed by a guard band.
 
-use dg_parity::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference, guarded_output, max_rel_err, read_guarded, seeded, skewed_counts, test_context};
-use dg_gpu::{GpuContext, PlanBuilder, Pipelines};
+use dg_gpu::{GpuContext, Pipelines, PlanBuilder};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
+use dg_parity::testing::{
+    attention_scores_params, attention_values_params, gemm_extent, gemm_reference, guarded_output, max_rel_err, read_guarded, seeded,
+    skewed_counts, test_context,
+};
 
 /// f32 sums of k products in a different order (tiles vs the CPU GEMM's blocking): the rounding
 /// error relative to max |C| grows like ε·√k on random data (ε ≈ 6e-8), so 1e-6·√k leaves a wide
@@ -82,8 +85,6 @@ fn plain(m: u32, n: u32, k: u32) -> GemmParams {
     GemmParams::new(m, n, k)
 }
 
-
-
 /// The named cases every tile runs (lavapipe is slow: the big ones are few).
 fn gemm_cases() -> Vec<Case> {
     vec![
@@ -98,20 +99,14 @@ fn gemm_cases() -> Vec<Case> {
         case("m = 0", plain(0, 10, 4)),
         case("linear layout (B = Wᵀ)", GemmParams::linear(45, 77, 100)),
         case("transposed A", GemmParams { a_rs: 1, a_cs: 50, ..plain(50, 33, 29) }),
-        case(
-            "arbitrary strides",
-            GemmParams { a_rs: 2 * 21 + 1, a_cs: 2, b_rs: 3, b_cs: 3 * 19 + 2, c_rs: 40, ..plain(19, 37, 21) },
-        ),
+        case("arbitrary strides", GemmParams { a_rs: 2 * 21 + 1, a_cs: 2, b_rs: 3, b_cs: 3 * 19 + 2, c_rs: 40, ..plain(19, 37, 21) }),
         case(
             "offsets in larger buffers, row gaps",
             GemmParams { a_offset: 5, b_offset: 7, c_offset: 11, c_rs: 50, ..GemmParams::linear(33, 47, 18) },
         ),
         case("accumulate, alpha -0.75", GemmParams { accumulate: 1, alpha: -0.75, ..plain(40, 70, 65) }),
         case("softcap", GemmParams { epilogue: EPILOGUE_SOFTCAP, cap: 3.0, alpha: 0.5, ..GemmParams::linear(20, 150, 90) }),
-        case(
-            "softcap with accumulate",
-            GemmParams { epilogue: EPILOGUE_SOFTCAP, cap: 2.0, accumulate: 1, ..plain(17, 65, 33) },
-        ),
+        case("softcap with accumulate", GemmParams { epilogue: EPILOGUE_SOFTCAP, cap: 2.0, accumulate: 1, ..plain(17, 65, 33) }),
         case("batched contiguous", GemmParams { batch: 3, ..plain(20, 30, 40) }),
         case("GQA scores q·kᵀ (4 heads, 2 kv)", attention_scores_params(33, 70, 72, 4, 2, 0.125)),
         case("GQA probabilities·V (4 heads, 2 kv)", attention_values_params(33, 70, 72, 4, 2)),
@@ -129,7 +124,10 @@ fn choose_cases() -> Vec<Case> {
     vec![
         case("router-like 64x128x2816 (16x16 split)", GemmParams::linear(64, 128, 2816)),
         case("k/v-like 256x1024x1024 (32x32 split)", GemmParams::linear(256, 1024, 1024)),
-        case("softcap head over few tiles, long K", GemmParams { epilogue: EPILOGUE_SOFTCAP, cap: 30.0, ..GemmParams::linear(40, 60, 1500) }),
+        case(
+            "softcap head over few tiles, long K",
+            GemmParams { epilogue: EPILOGUE_SOFTCAP, cap: 30.0, ..GemmParams::linear(40, 60, 1500) },
+        ),
     ]
 }
 

@@ -5,16 +5,16 @@
 //! its workgroups folded into y (an artificially small per-dimension limit) to exercise the
 //! wrap-around indexing and the out-of-range workgroups.
 
-use dg_parity::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
-use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::axpby::{self, AxpbyParams};
 use dg_kernels::embed::{self, EmbedParams};
 use dg_kernels::gelu_glu::{self, GeluGluParams};
 use dg_kernels::rope::{self, RopeParams};
+use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::softmax::{self, MODE_ALL, MODE_CAUSAL, SoftmaxParams};
 use dg_kernels::split_k::{self, SplitKParams};
 use dg_model::{LayerKind, LayerSpec, RopeSpec};
+use dg_parity::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 
 /// RoPE: two products and a sum per element (possibly fused into an FMA on the GPU): a couple of
 /// ulps of the largest element.
@@ -182,9 +182,7 @@ fn check_softmax(got: &[f32], want: &[f32], cols: usize, tol: f32, what: &str) {
 #[test]
 fn softmax_plain_rows_match_cpu() {
     let Some(ctx) = test_context("softmax_plain_rows_match_cpu") else { return };
-    for &(rows, cols, scale) in
-        &[(1, 1, 3.0), (3, 7, 3.0), (5, 1000, 8.0), (1, 1000, 60.0), (2, 257, 1.0), (300, 9, 4.0)]
-    {
+    for &(rows, cols, scale) in &[(1, 1, 3.0), (3, 7, 3.0), (5, 1000, 8.0), (1, 1000, 60.0), (2, 257, 1.0), (300, 9, 4.0)] {
         let x = seeded(rows * cols, 5 + rows as u64 * 7 + cols as u64, scale);
         let params = SoftmaxParams::plain(rows as u32, cols as u32);
         let want = softmax_cpu(&x, &params);
@@ -194,16 +192,7 @@ fn softmax_plain_rows_match_cpu() {
         }
     }
     // Pre-masked scores (-inf) contribute nothing; a row of one finite value gives exactly 1.
-    let x = vec![
-        f32::NEG_INFINITY,
-        2.0,
-        f32::NEG_INFINITY,
-        1.0,
-        f32::NEG_INFINITY,
-        5.0,
-        f32::NEG_INFINITY,
-        f32::NEG_INFINITY,
-    ];
+    let x = vec![f32::NEG_INFINITY, 2.0, f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY, 5.0, f32::NEG_INFINITY, f32::NEG_INFINITY];
     let params = SoftmaxParams::plain(2, 4);
     for variant in row_variants(&ctx, 4) {
         let got = run_softmax(&ctx, variant, &x, &params, ctx.limits.max_compute_workgroups_per_dimension);
@@ -395,11 +384,7 @@ fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f3
         let got = read_guarded(ctx, buf, gate.len());
         for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
             let scale = (gate[i] * up[i]).abs();
-            assert!(
-                a.is_finite() == b.is_finite(),
-                "{name} {rows}x{inter}: element {i}: {a} vs {b} (gate {})",
-                gate[i]
-            );
+            assert!(a.is_finite() == b.is_finite(), "{name} {rows}x{inter}: element {i}: {a} vs {b} (gate {})", gate[i]);
             assert!(
                 (a - b).abs() <= GELU_TOLERANCE * scale || a == b,
                 "{name} {rows}x{inter} fold={max_dim}: element {i}: {a} vs {b} (gate {}, up {})",
@@ -422,8 +407,8 @@ fn gelu_glu_matches_cpu() {
     }
     // Large and tiny gates: tanh saturates (clamped) and x³ overflows to inf; nothing goes NaN.
     let gate = vec![
-        0.0, -0.0, 1e-30, -1e-30, 1e-3, -1e-3, 8.9, -8.9, 9.5, -9.5, 14.0, -14.0, 20.0, -20.0, 100.0, -100.0, 1e13,
-        -1e13, 1e20, -1e20, 3e38, -3e38, 4.0, -4.0,
+        0.0, -0.0, 1e-30, -1e-30, 1e-3, -1e-3, 8.9, -8.9, 9.5, -9.5, 14.0, -14.0, 20.0, -20.0, 100.0, -100.0, 1e13, -1e13, 1e20, -1e20,
+        3e38, -3e38, 4.0, -4.0,
     ];
     let up: Vec<f32> = (0..gate.len()).map(|i| if i % 3 == 0 { -1.5 } else { 0.75 }).collect();
     for max_dim in limits(&ctx) {
@@ -462,7 +447,11 @@ fn gelu_glu_fused_half_stores_the_rounded_f32_output() {
         let words: Vec<u32> = ctx.read_f32(&halves, 0, n.div_ceil(2)).unwrap().into_iter().map(f32::to_bits).collect();
         let got = dg_kernels::unpack_f16(&words, n);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), w.to_bits(), "{rows}x{inter} in {splits} partials: element {i}: {g} stored, {w} is the rounded f32 output");
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{rows}x{inter} in {splits} partials: element {i}: {g} stored, {w} is the rounded f32 output"
+            );
         }
     }
 }
@@ -481,9 +470,15 @@ fn gelu_glu_pair_gives_the_bits_of_its_two_jobs() {
     let mut pipelines = Pipelines::default();
     for half_b in [false, true].into_iter().filter(|&h| !h || halves_too) {
         let second_of = |lanes| gelu_glu::fused_lanes(lanes, half_b);
-        for (&((rows, inter, splits), (rows_b, inter_b)), lanes) in [((5, 2112, 2), (33, 704)), ((3, 7, 1), (1, 1)), ((64, 34, 3), (100, 300)), ((5, 2112, 2), (33, 704)), ((64, 36, 3), (100, 300))]
-            .iter()
-            .zip([1u32, 1, 1, 4, 4])
+        for (&((rows, inter, splits), (rows_b, inter_b)), lanes) in [
+            ((5, 2112, 2), (33, 704)),
+            ((3, 7, 1), (1, 1)),
+            ((64, 34, 3), (100, 300)),
+            ((5, 2112, 2), (33, 704)),
+            ((64, 36, 3), (100, 300)),
+        ]
+        .iter()
+        .zip([1u32, 1, 1, 4, 4])
         {
             let (n, n_b) = (rows * inter, rows_b * inter_b);
             let gate_up = ctx.upload("gate_up", &seeded(splits * 2 * n, 41 + inter as u64, 3.0)).unwrap();
@@ -502,8 +497,11 @@ fn gelu_glu_pair_gives_the_bits_of_its_two_jobs() {
                 plan.push(&fused, &a, &[&gate_up, &want], groups_1d(gelu_glu::workgroups(&a), max_dim));
                 plan.push(&second, &b, &[&gate_up_b, &want_b], groups_1d(gelu_glu::workgroups(&b), max_dim));
                 plan.finish(&ctx).unwrap().run(&ctx).unwrap();
-                let what = format!("{rows}x{inter} in {splits} partials, then {rows_b}x{inter_b} (half {half_b}, {lanes} columns a time), fold {max_dim}");
-                let bits = |buf: &wgpu::Buffer, len: usize| -> Vec<u32> { read_guarded(&ctx, buf, len).iter().map(|v| v.to_bits()).collect() };
+                let what = format!(
+                    "{rows}x{inter} in {splits} partials, then {rows_b}x{inter_b} (half {half_b}, {lanes} columns a time), fold {max_dim}"
+                );
+                let bits =
+                    |buf: &wgpu::Buffer, len: usize| -> Vec<u32> { read_guarded(&ctx, buf, len).iter().map(|v| v.to_bits()).collect() };
                 assert!(bits(&out, n) == bits(&want, n), "{what}: the first job differs from gelu_glu_fused");
                 // An odd count of halves leaves the last word's upper half as the guard's bits.
                 assert!(bits(&out_b, words_b) == bits(&want_b, words_b), "{what}: the second job differs from its own kernel");
@@ -520,10 +518,8 @@ fn embed_chunks_cover_the_vocab() {
     let (vocab, hidden, split) = (1000usize, 300usize, 613usize);
     let table = seeded(vocab * hidden, 31, 1.7);
     let scale = (hidden as f64).sqrt() as f32;
-    let ids: Vec<u32> = [0u32, 612, 613, 999, 5, 998, 613, 0, 700, 1, 612]
-        .into_iter()
-        .chain((0..50).map(|i| (i * 37 + 11) % 1000))
-        .collect();
+    let ids: Vec<u32> =
+        [0u32, 612, 613, 999, 5, 998, 613, 0, 700, 1, 612].into_iter().chain((0..50).map(|i| (i * 37 + 11) % 1000)).collect();
     let tokens = ids.len();
     let base = seeded(tokens * hidden, 32, 1.0);
     let idb = ctx.upload("ids", &ids).unwrap();
@@ -571,9 +567,7 @@ fn axpby_matches_cpu() {
     let Some(ctx) = test_context("axpby_matches_cpu") else { return };
     let mut pipelines = Pipelines::default();
     let p = pipelines.get(&ctx, axpby::source()).unwrap();
-    for &(n, alpha, beta) in
-        &[(1usize, 2.0f32, 1.0f32), (7, 1.0, 1.0), (1000, -0.5, 0.25), (2816 * 3, 1.0, 1.0), (70_001, 0.3, -2.0)]
-    {
+    for &(n, alpha, beta) in &[(1usize, 2.0f32, 1.0f32), (7, 1.0, 1.0), (1000, -0.5, 0.25), (2816 * 3, 1.0, 1.0), (70_001, 0.3, -2.0)] {
         let x = seeded(n, 41 + n as u64, 3.0);
         let base = seeded(n, 42, 2.0);
         let want: Vec<f32> = base.iter().zip(&x).map(|(o, v)| o * beta + v * alpha).collect();
@@ -657,7 +651,12 @@ fn split_k_reduce_matches_cpu() {
             plan.finish(&ctx).unwrap().run(&ctx).unwrap();
             let got = read_guarded(&ctx, &out, c_len);
             let (err, at) = max_rel_err(&got, &want);
-            assert!(err <= SPLIT_K_TOLERANCE, "alpha {alpha} accumulate {accumulate} epilogue {epilogue} fold {max_dim}: rel err {err} at {at}: got {} want {}", got[at], want[at]);
+            assert!(
+                err <= SPLIT_K_TOLERANCE,
+                "alpha {alpha} accumulate {accumulate} epilogue {epilogue} fold {max_dim}: rel err {err} at {at}: got {} want {}",
+                got[at],
+                want[at]
+            );
         }
     }
 }
@@ -683,14 +682,7 @@ fn kernels_fold_past_65535_workgroups() {
     let idb = ctx.upload("ids", &ids).unwrap();
     let tb = ctx.upload("table", &table).unwrap();
     let out = guarded_output(&ctx, "out", tokens * hidden);
-    let params = EmbedParams {
-        tokens: tokens as u32,
-        hidden: hidden as u32,
-        row_start: 0,
-        row_count: 10,
-        scale: 2.0,
-        _pad: [0; 3],
-    };
+    let params = EmbedParams { tokens: tokens as u32, hidden: hidden as u32, row_start: 0, row_count: 10, scale: 2.0, _pad: [0; 3] };
     let mut plan = PlanBuilder::new(&ctx);
     plan.push(&p, &params, &[&idb, &tb, &out], groups_1d(embed::workgroups(&params), max_dim));
     plan.finish(&ctx).unwrap().run(&ctx).unwrap();

@@ -5,14 +5,14 @@
 //! the CPU over the dispatched slots → combine) against `dg_cpu::moe::experts` on random weights.
 //! Every output carries a guard band.
 
-use dg_parity::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
-use dg_kernels::row_reduce::RowReduce;
-use dg_kernels::moe_combine::{self, MoeCombineParams};
 use dg_kernels::coop_grouped_gemm;
+use dg_kernels::moe_combine::{self, MoeCombineParams};
 use dg_kernels::moe_dispatch::{self, MoeDispatchParams, NO_SLOT};
 use dg_kernels::router_topk::{self, RouterTopkParams};
+use dg_kernels::row_reduce::RowReduce;
 use dg_model::{LayerKind, LayerSpec, RopeSpec, TextConfig, Weights};
+use dg_parity::testing::{guarded_output, max_rel_err, read_guarded, seeded, test_context};
 
 /// Router weights: the GPU's `exp` may differ from the CPU's by an ulp or two and FMA may fuse
 /// the renormalisation; relative to the largest weight of the token.
@@ -88,8 +88,7 @@ fn check_router(got: &(Vec<u32>, Vec<f32>), want: &(Vec<u32>, Vec<f32>), k: usiz
 fn router_topk_matches_cpu() {
     let Some(ctx) = test_context("router_topk_matches_cpu") else { return };
     let fold = [ctx.limits.max_compute_workgroups_per_dimension, 2];
-    for &(tokens, experts, k) in &[(1, 8, 2), (5, 8, 3), (64, 8, 2), (300, 128, 8), (7, 1, 1), (9, 5, 5), (33, 128, 1)]
-    {
+    for &(tokens, experts, k) in &[(1, 8, 2), (5, 8, 3), (64, 8, 2), (300, 128, 8), (7, 1, 1), (9, 5, 5), (33, 128, 1)] {
         let logits = seeded(tokens * experts, 61 + tokens as u64 * 3 + experts as u64, 4.0);
         let scale: Vec<f32> = seeded(experts, 62, 0.2).iter().map(|v| 1.0 + v).collect();
         let want = route_tail(&logits, experts, k, &scale);
@@ -119,13 +118,7 @@ fn router_topk_breaks_ties_by_lower_expert() {
 }
 
 /// Runs `moe_dispatch`; returns (offsets, rows, slot_of).
-fn run_dispatch(
-    ctx: &GpuContext,
-    idx: &[u32],
-    tokens: usize,
-    k: usize,
-    experts: usize,
-) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+fn run_dispatch(ctx: &GpuContext, idx: &[u32], tokens: usize, k: usize, experts: usize) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     run_dispatch_folded(ctx, idx, tokens, k, experts, 65_535, 0)
 }
 
@@ -151,22 +144,11 @@ fn run_dispatch_folded(
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&p, &params, &[&ib, &offsets, &rows, &slot_of], groups_1d(moe_dispatch::workgroups(&params), max_dim));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
-    (
-        read_guarded_u32(ctx, &offsets, offsets_len),
-        read_guarded_u32(ctx, &rows, tokens * k),
-        read_guarded_u32(ctx, &slot_of, tokens * k),
-    )
+    (read_guarded_u32(ctx, &offsets, offsets_len), read_guarded_u32(ctx, &rows, tokens * k), read_guarded_u32(ctx, &slot_of, tokens * k))
 }
 
 /// Checks the dispatch invariants and the exact slot order (expert, then k, then t).
-fn check_dispatch(
-    d: &(Vec<u32>, Vec<u32>, Vec<u32>),
-    idx: &[u32],
-    tokens: usize,
-    k: usize,
-    experts: usize,
-    what: &str,
-) {
+fn check_dispatch(d: &(Vec<u32>, Vec<u32>, Vec<u32>), idx: &[u32], tokens: usize, k: usize, experts: usize, what: &str) {
     let (offsets, rows, slot_of) = d;
     let n = tokens * k;
     assert_eq!(offsets[0], 0, "{what}: offsets[0]");
@@ -181,10 +163,7 @@ fn check_dispatch(
             assert!(!seen[slot], "{what}: slot {slot} used twice");
             seen[slot] = true;
             assert_eq!(rows[slot] as usize, t, "{what}: rows[slot_of[{t}, {kk}]]");
-            assert!(
-                (offsets[e] as usize..offsets[e + 1] as usize).contains(&slot),
-                "{what}: slot {slot} outside expert {e}'s range"
-            );
+            assert!((offsets[e] as usize..offsets[e + 1] as usize).contains(&slot), "{what}: slot {slot} outside expert {e}'s range");
         }
     }
     // The deterministic order of the reference: per expert, k major then t.
@@ -214,17 +193,9 @@ fn moe_dispatch_invariants() {
     let Some(ctx) = test_context("moe_dispatch_invariants") else { return };
     // Tables shorter and longer than a workgroup, not multiples of it, the real 256 × top-8 over
     // 128 experts, and more experts than a workgroup has invocations.
-    for &(tokens, k, experts) in &[
-        (1, 1, 1),
-        (1, 2, 8),
-        (5, 3, 8),
-        (64, 2, 8),
-        (256, 8, 128),
-        (300, 8, 128),
-        (1000, 8, 128),
-        (31, 5, 256),
-        (97, 4, 300),
-    ] {
+    for &(tokens, k, experts) in
+        &[(1, 1, 1), (1, 2, 8), (5, 3, 8), (64, 2, 8), (256, 8, 128), (300, 8, 128), (1000, 8, 128), (31, 5, 256), (97, 4, 300)]
+    {
         let idx = random_idx(tokens, k, experts, 70 + tokens as u64);
         let d = run_dispatch(&ctx, &idx, tokens, k, experts);
         check_dispatch(&d, &idx, tokens, k, experts, &format!("T={tokens} K={k} E={experts}"));
@@ -276,21 +247,17 @@ fn moe_dispatch_lists_the_experts_m_tiles_for_the_tensor_core_gemm() {
             assert_eq!(&offsets[..=experts], &plain.0[..], "{what}: offsets");
             assert_eq!((&rows, &slot_of), (&plain.1, &plain.2), "{what}: rows and slots");
             let counts: Vec<u32> = offsets[..=experts].windows(2).map(|w| w[1] - w[0]).collect();
-            assert_eq!(&offsets[experts + 1..], &coop_grouped_gemm::tile_table(&counts, (tokens * k) as u32, tile_rows)[..], "{what}: tile table");
+            assert_eq!(
+                &offsets[experts + 1..],
+                &coop_grouped_gemm::tile_table(&counts, (tokens * k) as u32, tile_rows)[..],
+                "{what}: tile table"
+            );
         }
     }
 }
 
 /// The CPU twin of the combine: from 0, ascending expert order, `+= y·w`.
-fn combine_cpu(
-    y: &[f32],
-    idx: &[u32],
-    weights: &[f32],
-    slot_of: &[u32],
-    tokens: usize,
-    k: usize,
-    hidden: usize,
-) -> Vec<f32> {
+fn combine_cpu(y: &[f32], idx: &[u32], weights: &[f32], slot_of: &[u32], tokens: usize, k: usize, hidden: usize) -> Vec<f32> {
     let mut out = vec![0f32; tokens * hidden];
     for t in 0..tokens {
         let mut entries: Vec<usize> = (0..k).collect();
@@ -346,13 +313,17 @@ fn moe_combine_sums_in_expert_order() {
             assert!(err <= COMBINE_TOLERANCE, "T={tokens} K={k} H={hidden} fold={max_dim}: rel err {err} at {at}");
             // Four columns at a time where H allows: the same bits.
             let wide = run_combine(&ctx, moe_combine::source_for(hidden as u32), &y, &idx, &weights, &slot_of, tokens, k, hidden, max_dim);
-            assert!(wide.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "T={tokens} K={k} H={hidden} fold={max_dim}: vec4 columns differ");
+            assert!(
+                wide.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "T={tokens} K={k} H={hidden} fold={max_dim}: vec4 columns differ"
+            );
         }
     }
     // Skipped entries (no slot) contribute nothing.
     let (tokens, k, hidden) = (2, 2, 3);
     let y = vec![1.0, 2.0, 3.0, 10.0, 20.0, 30.0, 100.0, 200.0, 300.0];
-    let got = run_combine(&ctx, moe_combine::source(), &y, &[0, 1, 1, 0], &[1.0, 0.5, 2.0, 1.0], &[0, NO_SLOT, 1, 2], tokens, k, hidden, 65_535);
+    let got =
+        run_combine(&ctx, moe_combine::source(), &y, &[0, 1, 1, 0], &[1.0, 0.5, 2.0, 1.0], &[0, NO_SLOT, 1, 2], tokens, k, hidden, 65_535);
     assert_eq!(got, vec![1.0, 2.0, 3.0, 100.0 + 20.0, 200.0 + 40.0, 300.0 + 60.0]);
     // The order is observable: experts (2, 0, 1) in k order with outputs (1, 1e8, −1e8) sum to 1
     // in ascending expert order ((1e8 − 1e8) + 1) but to 0 in k order ((1 + 1e8) − 1e8).
@@ -361,7 +332,8 @@ fn moe_combine_sums_in_expert_order() {
     assert_eq!(got, vec![1.0], "combine must sum in ascending expert order");
     // The same with four columns at a time (each column a copy) and a skipped entry in between.
     let y4: Vec<f32> = [1e8f32, -1e8, 1.0, 5.0].iter().flat_map(|&v| [v; 4]).collect();
-    let got = run_combine(&ctx, moe_combine::source_for(4), &y4, &[2, 3, 0, 1], &[1.0, 1.0, 1.0, 1.0], &[2, NO_SLOT, 0, 1], 1, 4, 4, 65_535);
+    let got =
+        run_combine(&ctx, moe_combine::source_for(4), &y4, &[2, 3, 0, 1], &[1.0, 1.0, 1.0, 1.0], &[2, NO_SLOT, 0, 1], 1, 4, 4, 65_535);
     assert_eq!(got, vec![1.0; 4], "vec4 combine must sum in ascending expert order");
 }
 
@@ -433,10 +405,7 @@ fn moe_end_to_end_matches_cpu_experts() {
                     continue;
                 }
                 let n = hi - lo;
-                let x: Vec<f32> = rows[lo..hi]
-                    .iter()
-                    .flat_map(|&t| u[t as usize * hid..(t as usize + 1) * hid].iter().copied())
-                    .collect();
+                let x: Vec<f32> = rows[lo..hi].iter().flat_map(|&t| u[t as usize * hid..(t as usize + 1) * hid].iter().copied()).collect();
                 let mut gate_up = vec![0f32; n * 2 * inter];
                 let one = dg_cpu::linalg::Threads::One;
                 dg_cpu::linalg::linear_raw(&mut gate_up, &x, n, lw.experts.gate_up(ex), 2 * inter, hid, one);
@@ -466,7 +435,10 @@ fn ffn_norms_with_the_combine_fused_give_the_two_dispatches_bits() {
     let test = "ffn_norms_with_the_combine_fused_give_the_two_dispatches_bits";
     let Some(ctx) = test_context(test) else { return };
     if ctx.limits.max_storage_buffers_per_shader_stage < FFN_COMBINE_BUFFERS {
-        panic!("{test}: the adapter allows {} storage buffers a stage, the fused kernel needs {FFN_COMBINE_BUFFERS}", ctx.limits.max_storage_buffers_per_shader_stage);
+        panic!(
+            "{test}: the adapter allows {} storage buffers a stage, the fused kernel needs {FFN_COMBINE_BUFFERS}",
+            ctx.limits.max_storage_buffers_per_shader_stage
+        );
     }
     let mut pipelines = Pipelines::default();
     for &(tokens, k, experts, dim) in &[(6usize, 4usize, 8usize, 12usize), (5, 8, 128, 2816), (3, 3, 8, 7)] {
@@ -490,9 +462,22 @@ fn ffn_norms_with_the_combine_fused_give_the_two_dispatches_bits() {
                 let sb = ctx.upload("slot_of", &slot_of).unwrap();
                 let mlp_b = up("mlp", &mlp);
                 let w: Vec<wgpu::Buffer> = norm_weights.iter().map(|v| up("w", v)).collect();
-                let (moe, hidden, normed) = (guarded_output(&ctx, "moe", tokens * dim), guarded_output(&ctx, "hidden", tokens * dim), guarded_output(&ctx, "normed", tokens * dim));
+                let (moe, hidden, normed) = (
+                    guarded_output(&ctx, "moe", tokens * dim),
+                    guarded_output(&ctx, "hidden", tokens * dim),
+                    guarded_output(&ctx, "normed", tokens * dim),
+                );
                 ctx.queue.write_buffer(&hidden, 0, bytemuck::cast_slice(&hidden0));
-                let p = FfnResidualNormsParams { rows: tokens as u32, dim: dim as u32, eps: 1e-6, scalar: 0.75, splits: 1, split_stride: 0, next_norm: 1, top_k: k as u32 };
+                let p = FfnResidualNormsParams {
+                    rows: tokens as u32,
+                    dim: dim as u32,
+                    eps: 1e-6,
+                    scalar: 0.75,
+                    splits: 1,
+                    split_stride: 0,
+                    next_norm: 1,
+                    top_k: k as u32,
+                };
                 let groups = groups_1d(residual_norms::workgroups(tokens as u32), max_dim);
                 let norms = [&mlp_b, &w[0], &moe, &w[1], &w[2], &hidden, &w[3], &normed];
                 let mut plan = PlanBuilder::new(&ctx);

@@ -9,11 +9,11 @@
 //! runs with its workgroups folded into y by 3 per dimension (rows that leave dead workgroups
 //! included).
 
-use dg_parity::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
-use dg_gpu::{GpuContext, PlanBuilder, Pipelines, groups_1d};
+use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::residual_norms::{self, AttentionResidualNormsParams, FfnResidualNormsParams};
 use dg_kernels::rmsnorm::{self, ACCUMULATE, RmsNormParams, WEIGHTED};
 use dg_kernels::row_reduce::RowReduce;
+use dg_parity::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 
 /// f32 reductions in a different order and `1/sqrt` vs `pow`: a few ulps per element.
 const NORM_TOLERANCE: f32 = 2e-6;
@@ -29,7 +29,18 @@ fn run(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), rows: usize, dim: us
     let out = guarded_output(ctx, "out", rows * dim);
     ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&base));
     let mut plan = PlanBuilder::new(ctx);
-    let params = RmsNormParams { rows: rows as u32, dim: dim as u32, eps: 1e-6, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
+    let params = RmsNormParams {
+        rows: rows as u32,
+        dim: dim as u32,
+        eps: 1e-6,
+        flags,
+        scale,
+        splits: 1,
+        split_stride: 0,
+        x_offset: 0,
+        out_offset: 0,
+        _pad: [0; 3],
+    };
     plan.push(&p, &params, &[&xb, &wb, &out], groups_1d(rows as u32, ctx.limits.max_compute_workgroups_per_dimension));
     plan.finish(ctx).unwrap().run(ctx).unwrap();
     let got = read_guarded(ctx, &out, rows * dim);
@@ -102,7 +113,10 @@ fn rmsnorm_reads_and_writes_at_offsets() {
         let want = read_guarded(&ctx, &plain, rows * dim);
         let got = read_guarded(&ctx, &placed, out_offset + rows * dim + 100);
         assert!(got[out_offset..out_offset + rows * dim] == want[..], "rows at offsets differ from the plain norm");
-        assert!(got[..out_offset] == before[..out_offset] && got[out_offset + rows * dim..] == before[out_offset + rows * dim..], "elements outside the rows changed");
+        assert!(
+            got[..out_offset] == before[..out_offset] && got[out_offset + rows * dim..] == before[out_offset + rows * dim..],
+            "elements outside the rows changed"
+        );
     }
 }
 
@@ -223,7 +237,18 @@ impl AttentionCase {
             plan.push(&p, &self.params(), &[&x, &w_res, &w_a, &w_b, &w_c, &hidden, &out_a, &out_bc], groups);
         } else {
             let p = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
-            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
+            let norm = |flags, scale| RmsNormParams {
+                rows: self.rows as u32,
+                dim: self.dim as u32,
+                eps: EPS,
+                flags,
+                scale,
+                splits: 1,
+                split_stride: 0,
+                x_offset: 0,
+                out_offset: 0,
+                _pad: [0; 3],
+            };
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&x, &w_res, &hidden], groups);
             plan.push(&p, &norm(WEIGHTED, self.scale_a), &[&hidden, &w_a, &out_a], groups);
             plan.push(&p, &norm(WEIGHTED, self.scale_b), &[&hidden, &w_b, &out_b], groups);
@@ -323,7 +348,18 @@ impl FfnCase {
             plan.push(&p, &self.params(next_norm), &[&mlp, &w_1, &moe, &w_2, &w_3, &hidden, &w_next, &normed], groups);
         } else {
             let p = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
-            let norm = |flags, scale| RmsNormParams { rows: self.rows as u32, dim: self.dim as u32, eps: EPS, flags, scale, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
+            let norm = |flags, scale| RmsNormParams {
+                rows: self.rows as u32,
+                dim: self.dim as u32,
+                eps: EPS,
+                flags,
+                scale,
+                splits: 1,
+                split_stride: 0,
+                x_offset: 0,
+                out_offset: 0,
+                _pad: [0; 3],
+            };
             plan.push(&p, &norm(WEIGHTED, 1.0), &[&mlp, &w_1, &dense], groups);
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, 1.0), &[&moe, &w_2, &dense], groups);
             plan.push(&p, &norm(WEIGHTED | ACCUMULATE, self.scalar), &[&dense, &w_3, &hidden], groups);
@@ -377,7 +413,10 @@ fn check_fused<C: FusedCase>(test: &str) {
     for &(rows, dim) in RESIDUAL_SHAPES {
         let case = C::new(rows, dim);
         let want = case.reference();
-        for (max_dim, variant) in [ctx.limits.max_compute_workgroups_per_dimension, 3].into_iter().flat_map(|m| variants(&ctx, dim).into_iter().map(move |v| (m, v))) {
+        for (max_dim, variant) in [ctx.limits.max_compute_workgroups_per_dimension, 3]
+            .into_iter()
+            .flat_map(|m| variants(&ctx, dim).into_iter().map(move |v| (m, v)))
+        {
             let what = format!("rows={rows} dim={dim} fold={max_dim} {variant:?}");
             let got = case.run(&ctx, variant, true, max_dim);
             worst_cpu = worst_cpu.max(check(&format!("{what} vs cpu"), C::NAMES, &got, &want, NORM_TOLERANCE));
@@ -435,14 +474,24 @@ fn attention_residual_norms_half_packs_the_experts_input_as_f16() {
         for max_dim in [ctx.limits.max_compute_workgroups_per_dimension, 2] {
             let mut run = |half: bool| -> [Vec<f32>; 3] {
                 let up = |name: &str, v: &[f32]| ctx.upload(name, v).unwrap();
-                let (x, w_res, w_a, w_b, w_c) = (up("x", &case.x), up("w_res", &case.w_res), up("w_a", &case.w_a), up("w_b", &case.w_b), up("w_c", &case.w_c));
+                let (x, w_res, w_a, w_b, w_c) =
+                    (up("x", &case.x), up("w_res", &case.w_res), up("w_a", &case.w_a), up("w_b", &case.w_b), up("w_c", &case.w_c));
                 let hidden = guarded_output(&ctx, "hidden", n);
                 ctx.queue.write_buffer(&hidden, 0, bytemuck::cast_slice(&case.hidden));
                 let (out_a, out_bc) = (guarded_output(&ctx, "out_a", n), guarded_output(&ctx, "out_bc", 2 * n));
-                let source = if half { residual_norms::source_attention_half(RowReduce::ALL[0]) } else { residual_norms::source_attention_lanes(RowReduce::ALL[0], 4) };
+                let source = if half {
+                    residual_norms::source_attention_half(RowReduce::ALL[0])
+                } else {
+                    residual_norms::source_attention_lanes(RowReduce::ALL[0], 4)
+                };
                 let kernel = pipelines.get(&ctx, source).unwrap();
                 let mut plan = PlanBuilder::new(&ctx);
-                plan.push(&kernel, &case.params(), &[&x, &w_res, &w_a, &w_b, &w_c, &hidden, &out_a, &out_bc], groups_1d(rows as u32, max_dim));
+                plan.push(
+                    &kernel,
+                    &case.params(),
+                    &[&x, &w_res, &w_a, &w_b, &w_c, &hidden, &out_a, &out_bc],
+                    groups_1d(rows as u32, max_dim),
+                );
                 plan.finish(&ctx).unwrap().run(&ctx).unwrap();
                 [read_guarded(&ctx, &hidden, n), read_guarded(&ctx, &out_a, n), read_guarded(&ctx, &out_bc, 2 * n)]
             };
@@ -452,9 +501,18 @@ fn attention_residual_norms_half_packs_the_experts_input_as_f16() {
             assert_eq!(bits(&half[1]), bits(&full[1]), "{rows}x{dim} fold {max_dim}: out_a");
             assert_eq!(bits(&half[2][n..]), bits(&full[2][n..]), "{rows}x{dim} fold {max_dim}: out_bc[1]");
             let want: Vec<u16> = full[2][..n].iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
-            let got: Vec<u16> = half[2][..n / 2].iter().flat_map(|w| { let b = w.to_bits(); [b as u16, (b >> 16) as u16] }).collect();
+            let got: Vec<u16> = half[2][..n / 2]
+                .iter()
+                .flat_map(|w| {
+                    let b = w.to_bits();
+                    [b as u16, (b >> 16) as u16]
+                })
+                .collect();
             let subnormal = want.iter().filter(|&&h| h & 0x7c00 == 0 && h & 0x3ff != 0).count();
-            assert!(subnormal > 0 && want.iter().any(|&h| h & 0x7fff == 0x7c00), "{rows}x{dim}: the case should reach subnormal and infinite halves");
+            assert!(
+                subnormal > 0 && want.iter().any(|&h| h & 0x7fff == 0x7c00),
+                "{rows}x{dim}: the case should reach subnormal and infinite halves"
+            );
             if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
                 panic!("{rows}x{dim} fold {max_dim}: half {i} is {:#06x}, {} rounds to {:#06x}", got[i], full[2][i], want[i]);
             }

@@ -4,14 +4,14 @@
 //! and 8 heads; and against the two dispatches it replaces (`rmsnorm` then `rope` on the GPU).
 //! Every output carries a guard band, and every case also runs with its workgroups folded into y.
 
-use dg_parity::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 use dg_gpu::ops::{HeadRows, Recorder};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
-use dg_kernels::row_reduce::RowReduce;
 use dg_kernels::norm_rope::{self, NormRopeParams};
 use dg_kernels::rmsnorm::{self, RmsNormParams, WEIGHTED};
 use dg_kernels::rope::{self, RopeParams};
+use dg_kernels::row_reduce::RowReduce;
 use dg_model::{LayerKind, LayerSpec, RopeSpec};
+use dg_parity::testing::{GUARD, guarded_output, max_rel_err, read_guarded, seeded, test_context};
 
 /// Against the CPU: the norm's few ulps (`NORM_TOLERANCE` = 2e-6 in kernels_norm.rs: a different
 /// reduction order and `1/sqrt`) enter each rotated output twice, weighted by |cos| + |sin| ≤ √2,
@@ -39,7 +39,18 @@ fn rope_spec(head_dim: usize) -> LayerSpec {
 
 /// The fused kernel; returns `out`.
 #[allow(clippy::too_many_arguments)]
-fn run_fused(ctx: &GpuContext, reduce: (RowReduce, u32), x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize, max_dim: u32) -> Vec<f32> {
+fn run_fused(
+    ctx: &GpuContext,
+    reduce: (RowReduce, u32),
+    x: &[f32],
+    w: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    tokens: usize,
+    heads: usize,
+    d: usize,
+    max_dim: u32,
+) -> Vec<f32> {
     run_fused_at(ctx, reduce, x, w, (cos, sin), (tokens, heads, d), max_dim, 0)
 }
 
@@ -47,7 +58,16 @@ fn run_fused(ctx: &GpuContext, reduce: (RowReduce, u32), x: &[f32], w: &[f32], c
 /// straight into the cache); returns the whole of `out` (`out_offset + x.len()`, guarded), every
 /// element before the rows preset to 7.
 #[allow(clippy::too_many_arguments)]
-fn run_fused_at(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), x: &[f32], w: &[f32], (cos, sin): (&[f32], &[f32]), (tokens, heads, d): (usize, usize, usize), max_dim: u32, out_offset: usize) -> Vec<f32> {
+fn run_fused_at(
+    ctx: &GpuContext,
+    (reduce, lanes): (RowReduce, u32),
+    x: &[f32],
+    w: &[f32],
+    (cos, sin): (&[f32], &[f32]),
+    (tokens, heads, d): (usize, usize, usize),
+    max_dim: u32,
+    out_offset: usize,
+) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
     let p = pipelines.get(ctx, norm_rope::source_lanes(reduce, lanes)).unwrap();
     let xb = ctx.upload("x", x).unwrap();
@@ -80,7 +100,17 @@ fn run_fused_at(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), x: &[f32], 
 
 /// `rmsnorm` (weighted, scale 1) then `rope` in place, as the decoder layer records them today.
 #[allow(clippy::too_many_arguments)]
-fn run_two_dispatches(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), x: &[f32], w: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, d: usize) -> Vec<f32> {
+fn run_two_dispatches(
+    ctx: &GpuContext,
+    (reduce, lanes): (RowReduce, u32),
+    x: &[f32],
+    w: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    tokens: usize,
+    heads: usize,
+    d: usize,
+) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
     let pn = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
     let pr = pipelines.get(ctx, rope::source()).unwrap();
@@ -91,7 +121,18 @@ fn run_two_dispatches(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), x: &[
     let out = guarded_output(ctx, "out", x.len());
     let max_dim = ctx.limits.max_compute_workgroups_per_dimension;
     let rows = tokens * heads;
-    let np = RmsNormParams { rows: rows as u32, dim: d as u32, eps: EPS, flags: WEIGHTED, scale: 1.0, splits: 1, split_stride: 0, x_offset: 0, out_offset: 0, _pad: [0; 3] };
+    let np = RmsNormParams {
+        rows: rows as u32,
+        dim: d as u32,
+        eps: EPS,
+        flags: WEIGHTED,
+        scale: 1.0,
+        splits: 1,
+        split_stride: 0,
+        x_offset: 0,
+        out_offset: 0,
+        _pad: [0; 3],
+    };
     let rp = RopeParams { tokens: tokens as u32, heads: heads as u32, half: (d / 2) as u32, _pad: 0 };
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&pn, &np, &[&xb, &wb, &out], groups_1d(rows as u32, max_dim));
@@ -124,16 +165,29 @@ fn norm_rope_matches_cpu_and_the_two_dispatches() {
                 for (max_dim, reduce) in fold.into_iter().flat_map(|m| variants(&ctx).into_iter().map(move |r| (m, r))) {
                     let got = run_fused(&ctx, reduce, &x, &w, &table.cos, &table.sin, tokens, heads, d, max_dim);
                     let (err, at) = max_rel_err(&got, &want);
-                    assert!(err <= NORM_ROPE_TOLERANCE, "{what} fold={max_dim} {reduce:?}: rel err {err} at {at}: {} vs {}", got[at], want[at]);
+                    assert!(
+                        err <= NORM_ROPE_TOLERANCE,
+                        "{what} fold={max_dim} {reduce:?}: rel err {err} at {at}: {} vs {}",
+                        got[at],
+                        want[at]
+                    );
                 }
                 for reduce in variants(&ctx) {
                     let got = run_fused(&ctx, reduce, &x, &w, &table.cos, &table.sin, tokens, heads, d, fold[0]);
                     let two = run_two_dispatches(&ctx, reduce, &x, &w, &table.cos, &table.sin, tokens, heads, d);
                     // Written at an offset: the same bits there, the elements before untouched.
                     let placed = run_fused_at(&ctx, reduce, &x, &w, (&table.cos, &table.sin), (tokens, heads, d), fold[0], 3 * d + 4);
-                    assert!(placed[3 * d + 4..] == got[..] && placed[..3 * d + 4].iter().all(|&v| v == 7.0), "{what} {reduce:?}: written at an offset");
+                    assert!(
+                        placed[3 * d + 4..] == got[..] && placed[..3 * d + 4].iter().all(|&v| v == 7.0),
+                        "{what} {reduce:?}: written at an offset"
+                    );
                     let (err, at) = max_rel_err(&got, &two);
-                    assert!(err <= TWO_DISPATCH_TOLERANCE, "{what} {reduce:?}: vs rmsnorm + rope: rel err {err} at {at}: {} vs {}", got[at], two[at]);
+                    assert!(
+                        err <= TWO_DISPATCH_TOLERANCE,
+                        "{what} {reduce:?}: vs rmsnorm + rope: rel err {err} at {at}: {} vs {}",
+                        got[at],
+                        two[at]
+                    );
                 }
             }
         }
@@ -160,7 +214,8 @@ fn norm_rope_kv_writes_what_norm_rope_and_rmsnorm_write() {
         let at = 3 * d + 4;
         let len = at + n + 50;
         let dummy = guarded_output(&ctx, "dummy", 4);
-        let [keys, values, keys_alone, values_alone] = ["keys", "values", "keys alone", "values alone"].map(|l| guarded_output(&ctx, l, len));
+        let [keys, values, keys_alone, values_alone] =
+            ["keys", "values", "keys alone", "values alone"].map(|l| guarded_output(&ctx, l, len));
         let mut pipelines = Pipelines::default();
         let mut rec = Recorder::new(&ctx, &mut pipelines);
         rec.norm_rope_kv(&x, &w, (&cb, &sb), (&keys, at), (&values, kv, v_offset), tokens, kv, d, EPS).unwrap();
@@ -169,16 +224,35 @@ fn norm_rope_kv_writes_what_norm_rope_and_rmsnorm_write() {
         // The weightless norm as many columns at a time as the Recorder's norm_rope takes (four:
         // d / 2 and the offsets are multiples of 4), so that it sums its rows the same way.
         let rms = pipelines.get(&ctx, rmsnorm::source_lanes(ctx.row_reduce(), 4)).unwrap();
-        let np = RmsNormParams { rows: (tokens * kv) as u32, dim: d as u32, eps: EPS, flags: 0, scale: 1.0, splits: 1, split_stride: 0, x_offset: v_offset as u32, out_offset: at as u32, _pad: [0; 3] };
+        let np = RmsNormParams {
+            rows: (tokens * kv) as u32,
+            dim: d as u32,
+            eps: EPS,
+            flags: 0,
+            scale: 1.0,
+            splits: 1,
+            split_stride: 0,
+            x_offset: v_offset as u32,
+            out_offset: at as u32,
+            _pad: [0; 3],
+        };
         let mut plan = PlanBuilder::new(&ctx);
-        plan.push(&rms, &np, &[&x, &dummy, &values_alone], groups_1d((tokens * kv) as u32, ctx.limits.max_compute_workgroups_per_dimension));
+        plan.push(
+            &rms,
+            &np,
+            &[&x, &dummy, &values_alone],
+            groups_1d((tokens * kv) as u32, ctx.limits.max_compute_workgroups_per_dimension),
+        );
         plan.finish(&ctx).unwrap().run(&ctx).unwrap();
         let bits = |b: &wgpu::Buffer| -> Vec<u32> { read_guarded(&ctx, b, len).iter().map(|v| v.to_bits()).collect() };
         let what = format!("d={d} tokens={tokens} kv={kv} v after k {has_v}");
         assert!(bits(&keys) == bits(&keys_alone), "{what}: keys differ from norm_rope's");
         assert!(bits(&values) == bits(&values_alone), "{what}: values differ from rmsnorm's");
         let v = read_guarded(&ctx, &values, len);
-        assert!(v[..at].iter().chain(&v[at + n..]).all(|&e| e == GUARD) && v[at..at + n].iter().all(|e| e.is_finite()), "{what}: values outside the rows");
+        assert!(
+            v[..at].iter().chain(&v[at + n..]).all(|&e| e == GUARD) && v[at..at + n].iter().all(|e| e.is_finite()),
+            "{what}: values outside the rows"
+        );
     }
 }
 
@@ -213,7 +287,8 @@ fn norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write() {
         let mut rec = Recorder::new(&ctx, &mut pipelines);
         let all = HeadRows { q: Some((&q_w, &q, group)), k: Some((&k_w, &keys, at)), v: (&values, kv, (group + halves - 1) * n) };
         rec.norm_rope_rows(&x, all, (&cb, &sb), tokens, kv, d, EPS).unwrap();
-        rec.norm_rope_rows(&x, HeadRows { q: Some((&q_w, &q_alone, group)), k: None, v: (&dummy, 0, 0) }, (&cb, &sb), tokens, kv, d, EPS).unwrap();
+        rec.norm_rope_rows(&x, HeadRows { q: Some((&q_w, &q_alone, group)), k: None, v: (&dummy, 0, 0) }, (&cb, &sb), tokens, kv, d, EPS)
+            .unwrap();
         rec.norm_rope_kv(&kv_x, &k_w, (&cb, &sb), (&keys_kv, at), (&values_kv, kv, (halves - 1) * n), tokens, kv, d, EPS).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
         let what = format!("d={d} tokens={tokens} kv={kv} group={group} v after k {has_v}");

@@ -7,12 +7,12 @@
 //! limit) to exercise the wrap-around indexing and the out-of-range workgroups.
 
 use dg_gpu::ops::Recorder;
-use dg_parity::testing::{guarded_output, read_guarded, seeded, test_context};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::sample_rows::{
-    self, MODE_GIVEN, MODE_UNIFORM, RESULT_ARGMAX, RESULT_ENTROPY, RESULT_NON_FINITE, RESULT_SAMPLED, RESULT_WORDS,
-    SampleRowsParams, SampleStep,
+    self, MODE_GIVEN, MODE_UNIFORM, RESULT_ARGMAX, RESULT_ENTROPY, RESULT_NON_FINITE, RESULT_SAMPLED, RESULT_WORDS, SampleRowsParams,
+    SampleStep,
 };
+use dg_parity::testing::{guarded_output, read_guarded, seeded, test_context};
 use dg_sampler::rows::{RowDistributions, RowStat, process_row_portable, process_rows};
 
 /// Entropy, relative: the GPU's f32 sums (blocks of 32 terms, ≤ 32 block sums per invocation, a tree

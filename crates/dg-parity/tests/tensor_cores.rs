@@ -15,13 +15,13 @@
 //! (`dg_parity::probe`); their generated kernels are validated here.
 
 use dg_gpu::ops::{Batches, Operand, Recorder, head_params, linear_params};
+use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
+use dg_kernels::coop_grouped_gemm::WPath;
+use dg_kernels::{WeightFormat, coop_grouped_gemm};
 use dg_parity::probe::experts::STREAM_PANELS_WGSL;
 use dg_parity::probe::tensor_cores::{DRAIN_PROBE_CASES, DRAIN_PROBE_GROUPS, drain_probe_sums_at, drain_probe_wgsl, peak_probe_wgsl};
 use dg_parity::testing::coop_experts::{Case, check, f16_round, grouped_reference, real_counts, run_grouped, run_tile, tolerance};
 use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, push_product, read_guarded, seeded};
-use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
-use dg_kernels::coop_grouped_gemm::WPath;
-use dg_kernels::{WeightFormat, coop_grouped_gemm};
 
 /// The device's f32 `tanh` against the exact one, relative to the cap: the f32 GEMM's softcap
 /// epilogue uses the same `tanh`, and the f32 GPU logits agree with the CPU's to 2.7e-6
@@ -58,11 +58,19 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
                     check(&direct, &want, &x, |_| true, &format!("tile {} {path:?} counts {counts:?} gather {gather}", tile.label()));
                     // The tile table's grid runs the same tiles.
                     let tabled = run_tile(&ctx, &mut pipelines, tile, path, &x.with_table(tile.bm));
-                    assert!(tabled == direct, "tile {} {path:?} counts {counts:?} gather {gather}: other bits over the tile table", tile.label());
+                    assert!(
+                        tabled == direct,
+                        "tile {} {path:?} counts {counts:?} gather {gather}: other bits over the tile table",
+                        tile.label()
+                    );
                     // Deeper rings add the same products in the same order: the same bits.
                     for depth in 2..=dg_kernels::coop_kloop::MAX_DEPTH {
                         let deeper = run_tile(&ctx, &mut pipelines, tile.with_depth(depth), path, &x);
-                        assert!(deeper == direct, "tile {} {path:?} depth {depth} counts {counts:?} gather {gather}: other bits than depth 1", tile.label());
+                        assert!(
+                            deeper == direct,
+                            "tile {} {path:?} depth {depth} counts {counts:?} gather {gather}: other bits than depth 1",
+                            tile.label()
+                        );
                     }
                 }
             }
@@ -150,7 +158,14 @@ fn head_linear_on_tensor_cores_matches_the_exact_softcapped_product() {
         let wb = ctx.upload("w", &packed).unwrap();
         let cb = guarded_output(&ctx, "logits", m * c_rs);
         let mut rec = Recorder::new(&ctx, &mut pipelines);
-        rec.product(&xb, Operand::stored(&wb, format), &cb, head_params((m, n, k), (c_rs, c_offset), Some(cap)), format != WeightFormat::F32).unwrap();
+        rec.product(
+            &xb,
+            Operand::stored(&wb, format),
+            &cb,
+            head_params((m, n, k), (c_rs, c_offset), Some(cap)),
+            format != WeightFormat::F32,
+        )
+        .unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
         let got = read_guarded(&ctx, &cb, m * c_rs);
         let w16 = f16_round(&w);
@@ -184,8 +199,8 @@ fn head_linear_on_tensor_cores_matches_the_exact_softcapped_product() {
 /// (what the product must not touch included).
 #[test]
 fn strided_attention_products_on_tensor_cores_match_the_reference() {
-    use dg_parity::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference};
     use dg_kernels::gemm::GemmParams;
+    use dg_parity::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference};
     let test = "strided_attention_products_on_tensor_cores_match_the_reference";
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
@@ -194,9 +209,28 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
     let cases: [(&str, GemmParams); 4] = [
         // A sliding layer sees W − 1 cached keys: 127 here, a 96-column body and a 31-column tail.
         ("ragged scores", GemmParams { b_offset: 4 * row, ..attention_scores_params(t, 127, d, heads, kv, 1.0) }),
-        ("scores", GemmParams { b_offset: 4 * row, c_offset: 64, c_rs: s + 64, c_batch: t * (s + 64), ..attention_scores_params(t, s, d, heads, kv, 1.0) }),
+        (
+            "scores",
+            GemmParams {
+                b_offset: 4 * row,
+                c_offset: 64,
+                c_rs: s + 64,
+                c_batch: t * (s + 64),
+                ..attention_scores_params(t, s, d, heads, kv, 1.0)
+            },
+        ),
         ("scaled scores", GemmParams { b_offset: 8 * row, ..attention_scores_params(t, s, d, heads, kv, 0.125) }),
-        ("values, accumulated", GemmParams { a_offset: 32, a_rs: s + 32, a_batch: t * (s + 32), b_offset: 4 * row, accumulate: 1, ..attention_values_params(t, s, d, heads, kv) }),
+        (
+            "values, accumulated",
+            GemmParams {
+                a_offset: 32,
+                a_rs: s + 32,
+                a_batch: t * (s + 32),
+                b_offset: 4 * row,
+                accumulate: 1,
+                ..attention_values_params(t, s, d, heads, kv)
+            },
+        ),
     ];
     for (name, p) in cases {
         let body = GemmParams { n: p.n / 32 * 32, ..p };
@@ -225,7 +259,15 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
 /// Runs `p` through `Recorder::product` on the tensor cores (with a split-K scratch) on seeded
 /// f16-exact operands, B stored as `format`; asserts that the plan dispatched a kernel whose name
 /// starts with `expect` and compares the whole C buffer with `gemm_reference`.
-fn check_gemm_auto(ctx: &GpuContext, pipelines: &mut Pipelines, scratch: &wgpu::Buffer, name: &str, format: WeightFormat, p: dg_kernels::gemm::GemmParams, expect: &str) {
+fn check_gemm_auto(
+    ctx: &GpuContext,
+    pipelines: &mut Pipelines,
+    scratch: &wgpu::Buffer,
+    name: &str,
+    format: WeightFormat,
+    p: dg_kernels::gemm::GemmParams,
+    expect: &str,
+) {
     use dg_parity::testing::{gemm_extent, gemm_reference};
     let bf16_round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
     let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
@@ -267,7 +309,11 @@ fn split_k_products_on_tensor_cores_match_the_reference() {
     let mut pipelines = Pipelines::default();
     let cases: [(&str, WeightFormat, GemmParams); 4] = [
         ("router", WeightFormat::F16, GemmParams::linear(256, 128, 2816)),
-        ("softcapped head chunk", WeightFormat::Bf16, GemmParams { c_rs: 192, c_offset: 64, epilogue: EPILOGUE_SOFTCAP, cap: 3.0, ..GemmParams::linear(64, 64, 1024) }),
+        (
+            "softcapped head chunk",
+            WeightFormat::Bf16,
+            GemmParams { c_rs: 192, c_offset: 64, epilogue: EPILOGUE_SOFTCAP, cap: 3.0, ..GemmParams::linear(64, 64, 1024) },
+        ),
         (
             "soft embedding",
             WeightFormat::Bf16,
@@ -276,7 +322,15 @@ fn split_k_products_on_tensor_cores_match_the_reference() {
         (
             "batched GQA, uneven splits",
             WeightFormat::F16,
-            GemmParams { batch: 4, a_batch: 64 * 2848, b_batch: 64 * 2848, b_batch_div: 2, c_rs: 72, c_batch: 64 * 72, ..GemmParams::linear(64, 64, 2848) },
+            GemmParams {
+                batch: 4,
+                a_batch: 64 * 2848,
+                b_batch: 64 * 2848,
+                b_batch_div: 2,
+                c_rs: 72,
+                c_batch: 64 * 72,
+                ..GemmParams::linear(64, 64, 2848)
+            },
         ),
     ];
     let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
@@ -306,7 +360,8 @@ fn panelled_projections_match_the_exact_product() {
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
-    let kv = |m: u32, n: u32, k: u32| GemmParams { batch: 2, a_batch: 0, b_batch: n * k, c_batch: m * n + 8, ..GemmParams::linear(m, n, k) };
+    let kv =
+        |m: u32, n: u32, k: u32| GemmParams { batch: 2, a_batch: 0, b_batch: n * k, c_batch: m * n + 8, ..GemmParams::linear(m, n, k) };
     let cases: [(&str, GemmParams, &str); 5] = [
         ("q_proj", GemmParams::linear(256, 4096, 2816), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
         ("K and V stacked", kv(256, 256, 512), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
@@ -330,7 +385,10 @@ fn panelled_projections_match_the_exact_product() {
         rec.product(&ab, &matrix, &cb, p, matrix.format == WeightFormat::F16).unwrap();
         let plan = rec.finish().unwrap();
         let names = plan.kernel_names();
-        assert!(names.iter().any(|k| k.starts_with(expect)) && names.iter().any(|k| k.contains("_kp")), "{name}: expected {expect} on K panels, got {names:?}");
+        assert!(
+            names.iter().any(|k| k.starts_with(expect)) && names.iter().any(|k| k.contains("_kp")),
+            "{name}: expected {expect} on K panels, got {names:?}"
+        );
         plan.run(&ctx).unwrap();
         let got = read_guarded(&ctx, &cb, c_len);
         let want = dg_parity::testing::gemm_reference(&p, &f16_round(&a), &w, &c0);
@@ -387,12 +445,16 @@ fn panelled_matrix_refuses_products_no_tile_takes() {
     let test = "panelled_matrix_refuses_products_no_tile_takes";
     let Some(ctx) = dg_parity::testing::test_context(test) else { return };
     let mut pipelines = Pipelines::default();
-    let matrix = GpuMatrix { buffer: ctx.upload("w", &vec![0u32; 64 * 48]).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels };
+    let matrix =
+        GpuMatrix { buffer: ctx.upload("w", &vec![0u32; 64 * 48]).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels };
     let ab = ctx.upload("a", &vec![0f32; 64 * 96]).unwrap();
     let cb = ctx.upload("c", &vec![0f32; 64 * 64]).unwrap();
     for p in [GemmParams::linear(64, 64, 48), GemmParams { b_cs: 96, ..GemmParams::linear(64, 32, 48) }] {
         let mut rec = Recorder::new(&ctx, &mut pipelines);
-        let err = rec.product(&ab, &matrix, &cb, p, matrix.format == WeightFormat::F16).expect_err("a panelled product no tile takes must fail").to_string();
+        let err = rec
+            .product(&ab, &matrix, &cb, p, matrix.format == WeightFormat::F16)
+            .expect_err("a panelled product no tile takes must fail")
+            .to_string();
         assert!(err.contains("K panels") && err.contains(&format!("k {}", p.k)), "{err}");
     }
 }
@@ -448,7 +510,8 @@ fn large_and_long_products_on_tensor_cores_match_the_reference() {
     let scratch = ctx.storage_buffer("split partials", 64 << 20).unwrap();
     let head = GemmParams { c_rs: 32768 + 64, c_offset: 32, epilogue: EPILOGUE_SOFTCAP, cap: 3.0, ..GemmParams::linear(256, 32768, 64) };
     check_gemm_auto(&ctx, &mut pipelines, &scratch, "head-like", WeightFormat::Bf16, head, "coop_gemm_128x128");
-    let soft = GemmParams { a_offset: 32, a_rs: 16384 + 64, b_rs: 256, b_cs: 1, alpha: 0.5, accumulate: 1, ..GemmParams::new(128, 256, 16384) };
+    let soft =
+        GemmParams { a_offset: 32, a_rs: 16384 + 64, b_rs: 256, b_cs: 1, alpha: 0.5, accumulate: 1, ..GemmParams::new(128, 256, 16384) };
     check_gemm_auto(&ctx, &mut pipelines, &scratch, "long soft embedding", WeightFormat::Bf16, soft, "split_k_reduce");
 }
 
@@ -462,11 +525,15 @@ fn probe_kernels_validate() {
     for (reload, barrier) in [(false, false), (true, false), (true, true)] {
         kernels.extend([1u32, 4, 8].map(|acc| peak_probe_wgsl(acc, reload, barrier)));
     }
-    kernels.extend(DRAIN_PROBE_CASES.iter().map(|&(_, loads, distance, barrier)| drain_probe_wgsl(loads, distance, barrier, DRAIN_PROBE_GROUPS)));
+    kernels.extend(
+        DRAIN_PROBE_CASES.iter().map(|&(_, loads, distance, barrier)| drain_probe_wgsl(loads, distance, barrier, DRAIN_PROBE_GROUPS)),
+    );
     kernels.push(STREAM_PANELS_WGSL.to_string());
     for wgsl in &kernels {
         let module = naga::front::wgsl::parse_str(wgsl).unwrap_or_else(|e| panic!("{}\n{wgsl}", e.emit_to_string(wgsl)));
-        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).unwrap_or_else(|e| panic!("{e:?}\n{wgsl}"));
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{e:?}\n{wgsl}"));
     }
     // Last subgroup's last accumulator ends where the sums start.
     let last = (DRAIN_PROBE_GROUPS * 4 - 1) * 1024 + 768 + 256;

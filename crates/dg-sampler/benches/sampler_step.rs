@@ -18,11 +18,7 @@ fn synthetic_logits(c: usize, v: usize) -> Vec<f32> {
         let peak = rng.below(v as u32) as usize;
         for col in 0..v {
             let noise = (rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 24.0 - 12.0;
-            let x = if row % 2 == 0 && col == peak {
-                noise + 22.0
-            } else {
-                noise
-            };
+            let x = if row % 2 == 0 && col == peak { noise + 22.0 } else { noise };
             logits.push(30.0 * (x / 30.0).tanh());
         }
     }
@@ -47,11 +43,7 @@ fn bench_size(crit: &mut Criterion, name: &str, c: usize, v: usize, samples: usi
                 let outcome = sampler.step(&cfg, remaining, &mut rng, 0).unwrap();
                 total += start.elapsed();
                 std::hint::black_box(outcome);
-                remaining = if remaining == 1 {
-                    cfg.max_denoising_steps
-                } else {
-                    remaining - 1
-                };
+                remaining = if remaining == 1 { cfg.max_denoising_steps } else { remaining - 1 };
             }
             total
         })

@@ -25,16 +25,8 @@ fn by_entropy_then_index(entropy: &[f32], a: u32, b: u32) -> Ordering {
 ///
 /// # Panics
 /// If the three slices differ in length.
-pub fn entropy_bound_accept(
-    entropy: &[f32],
-    bound: f32,
-    order: &mut [u32],
-    accepted: &mut [bool],
-) -> usize {
-    assert!(
-        entropy.len() == order.len() && entropy.len() == accepted.len(),
-        "entropy_bound_accept: slice lengths differ"
-    );
+pub fn entropy_bound_accept(entropy: &[f32], bound: f32, order: &mut [u32], accepted: &mut [bool]) -> usize {
+    assert!(entropy.len() == order.len() && entropy.len() == accepted.len(), "entropy_bound_accept: slice lengths differ");
     for (i, o) in order.iter_mut().enumerate() {
         *o = i as u32;
     }
@@ -68,10 +60,7 @@ pub fn accept_mask(entropy: &[f32], bound: f32) -> Vec<bool> {
 /// # Panics
 /// If the slices differ in length.
 pub fn renoise(next: &mut [u32], accepted: &[bool], sampled: &[u32], noise: &[u32]) {
-    assert!(
-        next.len() == accepted.len() && next.len() == sampled.len() && next.len() == noise.len(),
-        "renoise: slice lengths differ"
-    );
+    assert!(next.len() == accepted.len() && next.len() == sampled.len() && next.len() == noise.len(), "renoise: slice lengths differ");
     for (((n, &a), &s), &z) in next.iter_mut().zip(accepted).zip(sampled).zip(noise) {
         *n = if a { s } else { z };
     }

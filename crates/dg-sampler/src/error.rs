@@ -11,36 +11,15 @@ use crate::rng::DrawKind;
 pub enum InputError {
     #[error("the prompt is empty: generation needs at least one prompt token")]
     EmptyPrompt,
-    #[error(
-        "{what} token id {id} at position {position} is outside the vocabulary (vocab_size {vocab_size})"
-    )]
-    TokenOutOfRange {
-        what: &'static str,
-        position: usize,
-        id: u32,
-        vocab_size: usize,
-    },
-    #[error(
-        "logits have {got} values, expected {expected} ({rows} rows × vocab_size {vocab_size})"
-    )]
-    LogitsLength {
-        got: usize,
-        expected: usize,
-        rows: usize,
-        vocab_size: usize,
-    },
+    #[error("{what} token id {id} at position {position} is outside the vocabulary (vocab_size {vocab_size})")]
+    TokenOutOfRange { what: &'static str, position: usize, id: u32, vocab_size: usize },
+    #[error("logits have {got} values, expected {expected} ({rows} rows × vocab_size {vocab_size})")]
+    LogitsLength { got: usize, expected: usize, rows: usize, vocab_size: usize },
     #[error(
         "non-finite logit at block {block}, step {step}, row {row}, column {column}: \
          {value} after dividing by the temperature {temperature}"
     )]
-    NonFiniteLogit {
-        block: usize,
-        step: usize,
-        row: usize,
-        column: usize,
-        value: f32,
-        temperature: f32,
-    },
+    NonFiniteLogit { block: usize, step: usize, row: usize, column: usize, value: f32, temperature: f32 },
     #[error("invalid sampler shape: {0}")]
     Shape(String),
     #[error("invalid generation config: {0}")]
@@ -50,43 +29,18 @@ pub enum InputError {
 /// A random source could not provide the draw the sampler asked for.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DrawError {
-    #[error(
-        "draw {index}: expected a {expected} draw but the recording has no draws left ({index} consumed)"
-    )]
+    #[error("draw {index}: expected a {expected} draw but the recording has no draws left ({index} consumed)")]
     Exhausted { index: usize, expected: DrawKind },
     #[error("draw {index}: expected a {expected} draw but the recorded draw is {recorded}")]
-    KindMismatch {
-        index: usize,
-        expected: DrawKind,
-        recorded: DrawKind,
-    },
+    KindMismatch { index: usize, expected: DrawKind, recorded: DrawKind },
     #[error("draw {index} ({kind}): expected {expected} ids but the recorded draw has {recorded}")]
-    LengthMismatch {
-        index: usize,
-        kind: DrawKind,
-        expected: usize,
-        recorded: usize,
-    },
-    #[error(
-        "draw {index} ({kind}): id {id} at position {position} is outside the vocabulary (vocab_size {vocab_size})"
-    )]
-    IdOutOfRange {
-        index: usize,
-        kind: DrawKind,
-        position: usize,
-        id: u32,
-        vocab_size: usize,
-    },
+    LengthMismatch { index: usize, kind: DrawKind, expected: usize, recorded: usize },
+    #[error("draw {index} ({kind}): id {id} at position {position} is outside the vocabulary (vocab_size {vocab_size})")]
+    IdOutOfRange { index: usize, kind: DrawKind, position: usize, id: u32, vocab_size: usize },
     #[error("categorical draw: {got} output ids for {expected} distributions")]
     RowCount { expected: usize, got: usize },
-    #[error(
-        "{left} recorded draws were left unconsumed (consumed {consumed}; the next one is {next})"
-    )]
-    Unconsumed {
-        consumed: usize,
-        left: usize,
-        next: DrawKind,
-    },
+    #[error("{left} recorded draws were left unconsumed (consumed {consumed}; the next one is {next})")]
+    Unconsumed { consumed: usize, left: usize, next: DrawKind },
 }
 
 /// What the sampler was asking the model to do when it failed.

@@ -27,11 +27,7 @@ impl CanvasEnd {
 
 /// Applies the stopping criteria and EOS padding to `canvas`, the newest block of a sequence that is now
 /// `sequence_len` tokens long (canvas included).
-pub fn finalize_canvas(
-    canvas: &mut [u32],
-    sequence_len: usize,
-    cfg: &GenerationConfig,
-) -> CanvasEnd {
+pub fn finalize_canvas(canvas: &mut [u32], sequence_len: usize, cfg: &GenerationConfig) -> CanvasEnd {
     let eos = canvas.iter().position(|t| cfg.eos_token_ids.contains(t));
     let end = match eos {
         Some(position) => CanvasEnd::Eos { position },
@@ -56,11 +52,7 @@ pub fn valid_tokens(new_tokens: &[u32], pad_token_id: Option<u32>) -> usize {
 
 /// `_compute_tokens_per_forward`: valid new tokens per decoder pass (0 when there was no pass; the
 /// reference would divide 0 by 0).
-pub fn tokens_per_forward(
-    new_tokens: &[u32],
-    pad_token_id: Option<u32>,
-    decoder_passes: usize,
-) -> f64 {
+pub fn tokens_per_forward(new_tokens: &[u32], pad_token_id: Option<u32>, decoder_passes: usize) -> f64 {
     if decoder_passes == 0 {
         return 0.0;
     }

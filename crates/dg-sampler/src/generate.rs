@@ -31,12 +31,7 @@ pub trait DenoiseModel {
     /// block's first step, else the previous step's temperature-scaled logits (C·V, row-major; a bf16
     /// model rounds them to its embedding dtype, as the reference does). Writes the raw softcapped logits
     /// (C·V) into `logits`.
-    fn canvas_forward(
-        &mut self,
-        canvas: &[u32],
-        self_conditioning: Option<&[f32]>,
-        logits: &mut [f32],
-    ) -> Result<(), Self::Error>;
+    fn canvas_forward(&mut self, canvas: &[u32], self_conditioning: Option<&[f32]>, logits: &mut [f32]) -> Result<(), Self::Error>;
 }
 
 impl<M: DenoiseModel + ?Sized> DenoiseModel for &mut M {
@@ -44,12 +39,7 @@ impl<M: DenoiseModel + ?Sized> DenoiseModel for &mut M {
     fn encode(&mut self, ids: &[u32]) -> Result<(), Self::Error> {
         (**self).encode(ids)
     }
-    fn canvas_forward(
-        &mut self,
-        c: &[u32],
-        sc: Option<&[f32]>,
-        logits: &mut [f32],
-    ) -> Result<(), Self::Error> {
+    fn canvas_forward(&mut self, c: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), Self::Error> {
         (**self).canvas_forward(c, sc, logits)
     }
 }
@@ -156,25 +146,17 @@ pub fn validate_config(cfg: &GenerationConfig, vocab_size: usize) -> Result<(), 
         return bad("max_new_tokens and max_length must be > 0".into());
     }
     if !(cfg.entropy_bound > 0.0 && cfg.entropy_bound.is_finite()) {
-        return bad(format!(
-            "entropy_bound must be a finite value > 0 (got {})",
-            cfg.entropy_bound
-        ));
+        return bad(format!("entropy_bound must be a finite value > 0 (got {})", cfg.entropy_bound));
     }
     if let Some((t_min, t_max)) = cfg.temperature
         && !(t_min >= 0.0 && t_max > t_min && t_max.is_finite())
     {
-        return bad(format!(
-            "need 0 <= t_min < t_max (got t_min {t_min}, t_max {t_max})"
-        ));
+        return bad(format!("need 0 <= t_min < t_max (got t_min {t_min}, t_max {t_max})"));
     }
     if let Some(s) = &cfg.stopping
         && s.confidence_threshold.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
     {
-        return bad(format!(
-            "confidence_threshold must be > 0 (got {})",
-            s.confidence_threshold
-        ));
+        return bad(format!("confidence_threshold must be > 0 (got {})", s.confidence_threshold));
     }
     check_ids("eos", &cfg.eos_token_ids, vocab_size)?;
     check_ids("pad", cfg.pad_token_id.as_slice(), vocab_size)?;
@@ -245,16 +227,12 @@ impl<M: DenoiseModel + ?Sized> StepDriver for HostLogits<'_, M> {
         step: usize,
     ) -> Result<StepOutcome, SamplerError<M::Error>> {
         let (canvas, sc, logits) = sampler.forward_buffers();
-        self.0
-            .canvas_forward(canvas, sc, logits)
-            .map_err(|source| SamplerError::Model {
-                block,
-                call: ModelCall::CanvasForward { step },
-                source,
-            })?;
-        sampler
-            .step(cfg, remaining, rng, block)
-            .map_err(SamplerError::with_model_error)
+        self.0.canvas_forward(canvas, sc, logits).map_err(|source| SamplerError::Model {
+            block,
+            call: ModelCall::CanvasForward { step },
+            source,
+        })?;
+        sampler.step(cfg, remaining, rng, block).map_err(SamplerError::with_model_error)
     }
 }
 
@@ -326,20 +304,9 @@ impl Sampler {
         let mut decoder_passes = 0;
         let mut stop_reason = StopReason::AllCanvases;
         'blocks: for block in 0..blocks {
-            let committed = if block == 0 {
-                prompt
-            } else {
-                &sequence[sequence.len() - c..]
-            };
-            model
-                .encode(committed)
-                .map_err(|source| SamplerError::Model {
-                    block,
-                    call: ModelCall::Encode,
-                    source,
-                })?;
-            self.begin_block(rng)
-                .map_err(SamplerError::with_model_error)?;
+            let committed = if block == 0 { prompt } else { &sequence[sequence.len() - c..] };
+            model.encode(committed).map_err(|source| SamplerError::Model { block, call: ModelCall::Encode, source })?;
+            self.begin_block(rng).map_err(SamplerError::with_model_error)?;
             let mut steps = 0;
             for remaining in (1..=n).rev() {
                 let step = n - remaining;
@@ -383,8 +350,7 @@ impl Sampler {
         }
         let new_tokens = &sequence[prompt.len()..];
         let valid_tokens = finalize::valid_tokens(new_tokens, cfg.pad_token_id);
-        let tokens_per_forward =
-            finalize::tokens_per_forward(new_tokens, cfg.pad_token_id, decoder_passes);
+        let tokens_per_forward = finalize::tokens_per_forward(new_tokens, cfg.pad_token_id, decoder_passes);
         Ok(Generation {
             prompt_len: prompt.len(),
             steps_per_canvas,
@@ -396,13 +362,7 @@ impl Sampler {
         })
     }
 
-    fn step_info(
-        &self,
-        block: usize,
-        step: usize,
-        remaining: usize,
-        o: &StepOutcome,
-    ) -> StepInfo<'_> {
+    fn step_info(&self, block: usize, step: usize, remaining: usize, o: &StepOutcome) -> StepInfo<'_> {
         StepInfo {
             block,
             step,

@@ -34,10 +34,7 @@ pub mod stopping;
 
 pub use error::{DrawError, InputError, ModelCall, SamplerError};
 pub use finalize::CanvasEnd;
-pub use generate::{
-    DenoiseModel, Generation, Hooks, NoHooks, StepInfo, StopReason, generate, generate_resident,
-    validate_config,
-};
+pub use generate::{DenoiseModel, Generation, Hooks, NoHooks, StepInfo, StopReason, generate, generate_resident, validate_config};
 pub use replay::Replay;
 pub use resident::{HostRows, HostRowsError, ResidentModel, RowResult};
 pub use rng::{CategoricalRequest, DrawKind, RandomSource, SeededRng};

@@ -18,10 +18,7 @@ pub struct Replay {
 
 impl std::fmt::Debug for Replay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Replay")
-            .field("draws", &self.draws.len())
-            .field("consumed", &self.next)
-            .finish()
+        f.debug_struct("Replay").field("draws", &self.draws.len()).field("consumed", &self.next).finish()
     }
 }
 
@@ -49,60 +46,28 @@ impl Replay {
     pub fn check_consumed(&self) -> Result<(), DrawError> {
         match self.draws.get(self.next) {
             None => Ok(()),
-            Some((next, _)) => Err(DrawError::Unconsumed {
-                consumed: self.next,
-                left: self.remaining(),
-                next: *next,
-            }),
+            Some((next, _)) => Err(DrawError::Unconsumed { consumed: self.next, left: self.remaining(), next: *next }),
         }
     }
 
-    fn take(
-        &mut self,
-        expected: DrawKind,
-        vocab_size: usize,
-        out: &mut [u32],
-    ) -> Result<(), DrawError> {
+    fn take(&mut self, expected: DrawKind, vocab_size: usize, out: &mut [u32]) -> Result<(), DrawError> {
         let ids = self.take_ref(expected, vocab_size, out.len())?;
         out.copy_from_slice(ids);
         Ok(())
     }
 
     /// The next draw, which must be of kind `expected` with `len` ids below `vocab_size`.
-    fn take_ref(
-        &mut self,
-        expected: DrawKind,
-        vocab_size: usize,
-        len: usize,
-    ) -> Result<&[u32], DrawError> {
+    fn take_ref(&mut self, expected: DrawKind, vocab_size: usize, len: usize) -> Result<&[u32], DrawError> {
         let index = self.next;
-        let (recorded, ids) = self
-            .draws
-            .get(index)
-            .ok_or(DrawError::Exhausted { index, expected })?;
+        let (recorded, ids) = self.draws.get(index).ok_or(DrawError::Exhausted { index, expected })?;
         if *recorded != expected {
-            return Err(DrawError::KindMismatch {
-                index,
-                expected,
-                recorded: *recorded,
-            });
+            return Err(DrawError::KindMismatch { index, expected, recorded: *recorded });
         }
         if ids.len() != len {
-            return Err(DrawError::LengthMismatch {
-                index,
-                kind: expected,
-                expected: len,
-                recorded: ids.len(),
-            });
+            return Err(DrawError::LengthMismatch { index, kind: expected, expected: len, recorded: ids.len() });
         }
         if let Some(position) = ids.iter().position(|&id| id as usize >= vocab_size) {
-            return Err(DrawError::IdOutOfRange {
-                index,
-                kind: expected,
-                position,
-                id: ids[position],
-                vocab_size,
-            });
+            return Err(DrawError::IdOutOfRange { index, kind: expected, position, id: ids[position], vocab_size });
         }
         self.next += 1;
         Ok(ids)
@@ -115,11 +80,7 @@ impl RandomSource for Replay {
     }
 
     /// The distributions are not read: the recorded ids are returned as they are.
-    fn categorical(
-        &mut self,
-        dists: &RowDistributions<'_>,
-        out: &mut [u32],
-    ) -> Result<(), DrawError> {
+    fn categorical(&mut self, dists: &RowDistributions<'_>, out: &mut [u32]) -> Result<(), DrawError> {
         self.take(DrawKind::Categorical, dists.vocab_size(), out)
     }
 

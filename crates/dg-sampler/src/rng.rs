@@ -46,9 +46,7 @@ impl std::str::FromStr for DrawKind {
         match s {
             "uniform_tokens" => Ok(DrawKind::UniformTokens),
             "categorical" => Ok(DrawKind::Categorical),
-            other => Err(format!(
-                "unknown draw kind {other:?} (expected \"uniform_tokens\" or \"categorical\")"
-            )),
+            other => Err(format!("unknown draw kind {other:?} (expected \"uniform_tokens\" or \"categorical\")")),
         }
     }
 }
@@ -60,11 +58,7 @@ pub trait RandomSource {
 
     /// Samples one id per row of `dists` (the softmax of each canvas row) into `out` (`dists.rows()`
     /// long).
-    fn categorical(
-        &mut self,
-        dists: &RowDistributions<'_>,
-        out: &mut [u32],
-    ) -> Result<(), DrawError>;
+    fn categorical(&mut self, dists: &RowDistributions<'_>, out: &mut [u32]) -> Result<(), DrawError>;
 
     /// The next categorical draw of `rows` rows over `vocab_size` ids, as inputs for a model that
     /// samples where the probabilities live (on the GPU): consumes exactly the randomness
@@ -81,11 +75,7 @@ impl<R: RandomSource + ?Sized> RandomSource for &mut R {
     fn uniform_tokens(&mut self, vocab_size: usize, out: &mut [u32]) -> Result<(), DrawError> {
         (**self).uniform_tokens(vocab_size, out)
     }
-    fn categorical(
-        &mut self,
-        dists: &RowDistributions<'_>,
-        out: &mut [u32],
-    ) -> Result<(), DrawError> {
+    fn categorical(&mut self, dists: &RowDistributions<'_>, out: &mut [u32]) -> Result<(), DrawError> {
         (**self).categorical(dists, out)
     }
     fn categorical_request(&mut self, rows: usize, vocab_size: usize) -> Result<CategoricalRequest<'_>, DrawError> {
@@ -132,16 +122,8 @@ pub struct SeededRng {
 impl SeededRng {
     pub fn new(seed: u64) -> Self {
         let mut sm = seed;
-        let s = [
-            splitmix64(&mut sm),
-            splitmix64(&mut sm),
-            splitmix64(&mut sm),
-            splitmix64(&mut sm),
-        ];
-        SeededRng {
-            s,
-            uniforms: Vec::new(),
-        }
+        let s = [splitmix64(&mut sm), splitmix64(&mut sm), splitmix64(&mut sm), splitmix64(&mut sm)];
+        SeededRng { s, uniforms: Vec::new() }
     }
 
     /// The next raw 64-bit output.
@@ -196,22 +178,12 @@ impl RandomSource for SeededRng {
         Ok(())
     }
 
-    fn categorical(
-        &mut self,
-        dists: &RowDistributions<'_>,
-        out: &mut [u32],
-    ) -> Result<(), DrawError> {
+    fn categorical(&mut self, dists: &RowDistributions<'_>, out: &mut [u32]) -> Result<(), DrawError> {
         if out.len() != dists.rows() {
-            return Err(DrawError::RowCount {
-                expected: dists.rows(),
-                got: out.len(),
-            });
+            return Err(DrawError::RowCount { expected: dists.rows(), got: out.len() });
         }
         self.fill_uniforms(out.len());
-        out.par_iter_mut()
-            .zip(self.uniforms.par_iter())
-            .enumerate()
-            .for_each(|(row, (o, &u))| *o = dists.sample(row, u));
+        out.par_iter_mut().zip(self.uniforms.par_iter()).enumerate().for_each(|(row, (o, &u))| *o = dists.sample(row, u));
         Ok(())
     }
 

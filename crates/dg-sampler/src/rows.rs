@@ -122,11 +122,7 @@ struct ExpSums {
 /// The sums of `exp(x − max)` over a row: f32 lanes, added into f64 every `BLOCK` entries.
 #[inline(always)]
 fn exp_sums(row: &[f32], max: f32) -> ExpSums {
-    let mut sums = ExpSums {
-        at_max: 0.0,
-        rest: 0.0,
-        weighted: 0.0,
-    };
+    let mut sums = ExpSums { at_max: 0.0, rest: 0.0, weighted: 0.0 };
     for block in row.chunks(BLOCK) {
         let mut lc = [0f32; LANES];
         let mut ls = [0f32; LANES];
@@ -179,22 +175,12 @@ fn process_row_with(
 ) -> RowStat {
     let (max, argmax, finite) = scale(row, t);
     if !finite {
-        return RowStat {
-            entropy: f32::NAN,
-            argmax,
-            max,
-            sum: f32::NAN,
-        };
+        return RowStat { entropy: f32::NAN, argmax, max, sum: f32::NAN };
     }
     let sums = exp(row, max);
     let s = sums.at_max + sums.rest;
     let ln_s = ((sums.at_max - 1.0) + sums.rest).ln_1p();
-    RowStat {
-        entropy: (ln_s + sums.weighted / s) as f32,
-        argmax,
-        max,
-        sum: s as f32,
-    }
+    RowStat { entropy: (ln_s + sums.weighted / s) as f32, argmax, max, sum: s as f32 }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -279,32 +265,20 @@ pub struct NonFinite {
 ///
 /// # Panics
 /// If `logits.len() != stats.len() × vocab_size` or `vocab_size == 0`.
-pub fn process_rows(
-    logits: &mut [f32],
-    vocab_size: usize,
-    temperature: f32,
-    stats: &mut [RowStat],
-) -> Result<(), NonFinite> {
+pub fn process_rows(logits: &mut [f32], vocab_size: usize, temperature: f32, stats: &mut [RowStat]) -> Result<(), NonFinite> {
     assert!(
         vocab_size > 0 && logits.len() == stats.len() * vocab_size,
         "process_rows: {} logits for {} rows of {vocab_size}",
         logits.len(),
         stats.len()
     );
-    logits
-        .par_chunks_mut(vocab_size)
-        .zip(stats.par_iter_mut())
-        .for_each(|(row, stat)| *stat = process_row(row, temperature));
+    logits.par_chunks_mut(vocab_size).zip(stats.par_iter_mut()).for_each(|(row, stat)| *stat = process_row(row, temperature));
     match stats.iter().position(|s| s.entropy.is_nan()) {
         None => Ok(()),
         Some(row) => {
             let values = &logits[row * vocab_size..(row + 1) * vocab_size];
             let column = values.iter().position(|v| !v.is_finite()).unwrap_or(0);
-            Err(NonFinite {
-                row,
-                column,
-                value: values[column],
-            })
+            Err(NonFinite { row, column, value: values[column] })
         }
     }
 }
@@ -331,11 +305,7 @@ impl<'a> RowDistributions<'a> {
             scaled_logits.len(),
             stats.len()
         );
-        RowDistributions {
-            scaled_logits,
-            stats,
-            vocab_size,
-        }
+        RowDistributions { scaled_logits, stats, vocab_size }
     }
 
     pub fn rows(&self) -> usize {
@@ -409,8 +379,7 @@ fn sample_row(x: &[f32], max: f32, sum: f32, u: f64) -> u32 {
         for (l, &pi) in lanes.iter_mut().zip(groups.remainder()) {
             *l += f64::from(pi);
         }
-        let chunk_sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-            + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+        let chunk_sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
         if cum + chunk_sum > u {
             let mut within = cum;
             for (i, &pi) in p.iter().enumerate() {

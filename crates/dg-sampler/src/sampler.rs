@@ -89,19 +89,10 @@ impl std::fmt::Debug for Sampler {
 }
 
 /// Checks that every id is below `vocab_size`.
-pub(crate) fn check_ids(
-    what: &'static str,
-    ids: &[u32],
-    vocab_size: usize,
-) -> Result<(), InputError> {
+pub(crate) fn check_ids(what: &'static str, ids: &[u32], vocab_size: usize) -> Result<(), InputError> {
     match ids.iter().position(|&id| id as usize >= vocab_size) {
         None => Ok(()),
-        Some(position) => Err(InputError::TokenOutOfRange {
-            what,
-            position,
-            id: ids[position],
-            vocab_size,
-        }),
+        Some(position) => Err(InputError::TokenOutOfRange { what, position, id: ids[position], vocab_size }),
     }
 }
 
@@ -111,18 +102,14 @@ impl Sampler {
     /// never holds them.
     pub fn new(canvas_length: usize, vocab_size: usize) -> Result<Self, InputError> {
         if canvas_length == 0 || vocab_size == 0 {
-            return Err(InputError::Shape(format!(
-                "canvas_length ({canvas_length}) and vocab_size ({vocab_size}) must be positive"
-            )));
+            return Err(InputError::Shape(format!("canvas_length ({canvas_length}) and vocab_size ({vocab_size}) must be positive")));
         }
         if u32::try_from(vocab_size).is_err() {
-            return Err(InputError::Shape(format!(
-                "vocab_size {vocab_size} does not fit token ids in u32"
-            )));
+            return Err(InputError::Shape(format!("vocab_size {vocab_size} does not fit token ids in u32")));
         }
-        let n = canvas_length.checked_mul(vocab_size).ok_or_else(|| {
-            InputError::Shape(format!("{canvas_length} × {vocab_size} logits overflow"))
-        })?;
+        let n = canvas_length
+            .checked_mul(vocab_size)
+            .ok_or_else(|| InputError::Shape(format!("{canvas_length} × {vocab_size} logits overflow")))?;
         Ok(Sampler {
             canvas_length,
             vocab_size,
@@ -160,10 +147,7 @@ impl Sampler {
 
     /// Starts a block: draws the initial canvas (`EntropyBoundSampler.initialize_canvas`), drops the
     /// self-conditioning logits and resets the stopping history.
-    pub fn begin_block<R: RandomSource + ?Sized>(
-        &mut self,
-        rng: &mut R,
-    ) -> Result<(), SamplerError> {
+    pub fn begin_block<R: RandomSource + ?Sized>(&mut self, rng: &mut R) -> Result<(), SamplerError> {
         rng.uniform_tokens(self.vocab_size, &mut self.canvas)?;
         check_ids("uniform draw", &self.canvas, self.vocab_size)?;
         self.self_conditioning_at = ScLocation::None;
@@ -174,11 +158,7 @@ impl Sampler {
     /// Replaces the current canvas (a user-supplied `decoder_input_ids`, or teacher forcing).
     pub fn set_canvas(&mut self, ids: &[u32]) -> Result<(), InputError> {
         if ids.len() != self.canvas_length {
-            return Err(InputError::Shape(format!(
-                "canvas has {} ids, expected canvas_length {}",
-                ids.len(),
-                self.canvas_length
-            )));
+            return Err(InputError::Shape(format!("canvas has {} ids, expected canvas_length {}", ids.len(), self.canvas_length)));
         }
         check_ids("canvas", ids, self.vocab_size)?;
         self.canvas.copy_from_slice(ids);
@@ -250,8 +230,7 @@ impl Sampler {
     /// Scaled logits of the last step: the next forward's self-conditioning input (`None` after a
     /// resident step: they stay in the model).
     pub fn self_conditioning(&self) -> Option<&[f32]> {
-        (self.self_conditioning_at == ScLocation::Host)
-            .then_some(&self.self_conditioning[..])
+        (self.self_conditioning_at == ScLocation::Host).then_some(&self.self_conditioning[..])
     }
 
     /// One step on the raw logits already in the buffer, with `remaining` (n, from N down to 1) steps
@@ -266,22 +245,15 @@ impl Sampler {
         self.ensure_host_buffers();
         let v = self.vocab_size;
         let temperature = cfg.temperature_at(remaining);
-        process_rows(&mut self.logits, v, temperature, &mut self.stats).map_err(|nf| {
-            InputError::NonFiniteLogit {
-                block,
-                step: cfg.max_denoising_steps.saturating_sub(remaining),
-                row: nf.row,
-                column: nf.column,
-                value: nf.value,
-                temperature,
-            }
+        process_rows(&mut self.logits, v, temperature, &mut self.stats).map_err(|nf| InputError::NonFiniteLogit {
+            block,
+            step: cfg.max_denoising_steps.saturating_sub(remaining),
+            row: nf.row,
+            column: nf.column,
+            value: nf.value,
+            temperature,
         })?;
-        for ((h, a), stat) in self
-            .entropy
-            .iter_mut()
-            .zip(&mut self.argmax)
-            .zip(&self.stats)
-        {
+        for ((h, a), stat) in self.entropy.iter_mut().zip(&mut self.argmax).zip(&self.stats) {
             (*h, *a) = (stat.entropy, stat.argmax);
         }
         let dists = RowDistributions::new(&self.logits, &self.stats, v);
@@ -315,11 +287,7 @@ impl Sampler {
         }
         model
             .denoise_rows(&self.canvas, self.self_conditioning_at == ScLocation::Model, temperature, request, &mut self.rows)
-            .map_err(|source| SamplerError::Model {
-                block,
-                call: ModelCall::CanvasForward { step },
-                source,
-            })?;
+            .map_err(|source| SamplerError::Model { block, call: ModelCall::CanvasForward { step }, source })?;
         for (row, r) in self.rows.iter().enumerate() {
             if let Some((column, value)) = r.non_finite {
                 return Err(InputError::NonFiniteLogit { block, step, row, column, value, temperature }.into());
@@ -328,9 +296,7 @@ impl Sampler {
         }
         check_ids("argmax", &self.argmax, v)?;
         check_ids("categorical draw", &self.sampled, v)?;
-        let outcome = self
-            .finish_step(cfg, temperature, rng)
-            .map_err(SamplerError::with_model_error)?;
+        let outcome = self.finish_step(cfg, temperature, rng).map_err(SamplerError::with_model_error)?;
         self.self_conditioning_at = ScLocation::Model;
         Ok(outcome)
     }
@@ -344,27 +310,13 @@ impl Sampler {
         rng: &mut R,
     ) -> Result<StepOutcome, SamplerError> {
         let v = self.vocab_size;
-        let num_accepted = entropy_bound_accept(
-            &self.entropy,
-            cfg.entropy_bound,
-            &mut self.order,
-            &mut self.accepted,
-        );
+        let num_accepted = entropy_bound_accept(&self.entropy, cfg.entropy_bound, &mut self.order, &mut self.accepted);
         rng.uniform_tokens(v, &mut self.noise)?;
         check_ids("uniform draw", &self.noise, v)?;
         renoise(&mut self.canvas, &self.accepted, &self.sampled, &self.noise);
         let mean_entropy = stopping::mean_entropy(&self.entropy);
-        let stop = cfg
-            .stopping
-            .as_ref()
-            .map(|s| stopping::evaluate(&mut self.stability, s, &self.argmax, mean_entropy));
-        Ok(StepOutcome {
-            temperature,
-            num_accepted,
-            mean_entropy,
-            stop,
-            finished: stop.is_some_and(StopDecision::finished),
-        })
+        let stop = cfg.stopping.as_ref().map(|s| stopping::evaluate(&mut self.stability, s, &self.argmax, mean_entropy));
+        Ok(StepOutcome { temperature, num_accepted, mean_entropy, stop, finished: stop.is_some_and(StopDecision::finished) })
     }
 }
 

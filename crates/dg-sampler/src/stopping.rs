@@ -20,11 +20,7 @@ pub struct StabilityTracker {
 
 impl StabilityTracker {
     pub fn new(canvas_length: usize) -> Self {
-        StabilityTracker {
-            previous: vec![0; canvas_length],
-            has_previous: false,
-            run: 0,
-        }
+        StabilityTracker { previous: vec![0; canvas_length], has_previous: false, run: 0 }
     }
 
     /// Forgets every earlier canvas (`StableAndConfidentStoppingCriteria.reset`, at each block start).
@@ -38,11 +34,7 @@ impl StabilityTracker {
     /// # Panics
     /// If `argmax` is not one canvas long.
     pub fn update(&mut self, argmax: &[u32], threshold: usize) -> bool {
-        assert_eq!(
-            argmax.len(),
-            self.previous.len(),
-            "StabilityTracker: canvas length"
-        );
+        assert_eq!(argmax.len(), self.previous.len(), "StabilityTracker: canvas length");
         if self.has_previous && self.previous == argmax {
             self.run += 1;
         } else {
@@ -76,14 +68,6 @@ impl StopDecision {
 }
 
 /// Evaluates the criteria for one step (`StableAndConfidentStoppingCriteria.__call__`), updating `tracker`.
-pub fn evaluate(
-    tracker: &mut StabilityTracker,
-    cfg: &StoppingConfig,
-    argmax: &[u32],
-    mean: f32,
-) -> StopDecision {
-    StopDecision {
-        stable: tracker.update(argmax, cfg.stability_threshold),
-        confident: mean < cfg.confidence_threshold,
-    }
+pub fn evaluate(tracker: &mut StabilityTracker, cfg: &StoppingConfig, argmax: &[u32], mean: f32) -> StopDecision {
+    StopDecision { stable: tracker.update(argmax, cfg.stability_threshold), confident: mean < cfg.confidence_threshold }
 }

@@ -16,12 +16,7 @@ fn worked_example_entropies(zero_entropy_positions: usize) -> Vec<f32> {
         }
         rows::entropy(&r)
     };
-    let (h18, h145, h_uniform, h_zero) = (
-        row(Some((0, 18.0))),
-        row(Some((5, 14.5))),
-        row(None),
-        row(Some((9, 1e6))),
-    );
+    let (h18, h145, h_uniform, h_zero) = (row(Some((0, 18.0))), row(Some((5, 14.5))), row(None), row(Some((9, 1e6))));
     let mut h = vec![h_uniform; C];
     h[0] = h18;
     h[1] = h145;
@@ -74,9 +69,7 @@ fn nine_zero_entropy_positions_then_high_entropy_accept_ten() {
 fn lowest_entropy_position_is_always_accepted() {
     for bound in [1e-30f32, 1e-6, 0.1] {
         let h: Vec<f32> = (0..50).map(|i| 5.0 + ((i * 17) % 23) as f32).collect();
-        let min = (0..h.len())
-            .min_by(|&a, &b| h[a].total_cmp(&h[b]).then(a.cmp(&b)))
-            .unwrap();
+        let min = (0..h.len()).min_by(|&a, &b| h[a].total_cmp(&h[b]).then(a.cmp(&b))).unwrap();
         let mask = accept_mask(&h, bound);
         assert!(mask[min], "bound {bound}");
         assert_eq!(mask.iter().filter(|&&a| a).count(), 1, "bound {bound}");
@@ -93,15 +86,8 @@ fn ties_are_ordered_by_position() {
     let mut order = vec![0; 8];
     let mut mask = vec![false; 8];
     assert_eq!(entropy_bound_accept(&h, 0.1, &mut order, &mut mask), 2);
-    assert_eq!(
-        mask,
-        vec![false, false, true, true, false, false, false, false]
-    );
-    assert_eq!(
-        &order[..4],
-        &[2, 3, 5, 6],
-        "sorted order is (entropy, index)"
-    );
+    assert_eq!(mask, vec![false, false, true, true, false, false, false, false]);
+    assert_eq!(&order[..4], &[2, 3, 5, 6], "sorted order is (entropy, index)");
     // -0.0 and 0.0 tie too.
     let h = [0.5f32, 0.0, -0.0, 0.0];
     entropy_bound_accept(&h, 0.0, &mut order[..4], &mut mask[..4]);
@@ -115,10 +101,7 @@ fn cumsum_is_accumulated_like_pytorch_on_cpu() {
     // running sum would reject the last one.
     let sorted = [0.029_414_64_f32, 0.035_234_65, 0.035_350_714, 0.050_000_01];
     let f32_running: f32 = sorted.iter().sum();
-    assert!(
-        f32_running - sorted[3] > 0.1,
-        "the example must separate the two accumulations"
-    );
+    assert!(f32_running - sorted[3] > 0.1, "the example must separate the two accumulations");
     let h = [sorted[3], sorted[1], sorted[0], sorted[2]];
     let mut order = [0u32; 4];
     let mut mask = [false; 4];
@@ -140,12 +123,7 @@ fn renoise_keeps_accepted_samples_and_replaces_everything_else() {
 fn a_position_accepted_earlier_but_not_now_is_renoised() {
     // Step 1 accepts position 1; step 2 accepts only position 0: position 1 must take step 2's noise.
     let mut canvas = [0u32; 3];
-    renoise(
-        &mut canvas,
-        &[false, true, false],
-        &[5, 6, 7],
-        &[30, 31, 32],
-    );
+    renoise(&mut canvas, &[false, true, false], &[5, 6, 7], &[30, 31, 32]);
     assert_eq!(canvas, [30, 6, 32]);
     // Position 0 has the lowest entropy (prefix 0); position 1's prefix is 0.2 > 0.1.
     let h = [0.2f32, 4.0, 4.0];

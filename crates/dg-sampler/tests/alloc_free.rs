@@ -45,21 +45,12 @@ impl DenoiseModel for Quiet {
     fn encode(&mut self, _ids: &[u32]) -> Result<(), Self::Error> {
         Ok(())
     }
-    fn canvas_forward(
-        &mut self,
-        canvas: &[u32],
-        sc: Option<&[f32]>,
-        logits: &mut [f32],
-    ) -> Result<(), Self::Error> {
+    fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), Self::Error> {
         for (i, row) in logits.chunks_mut(self.vocab).enumerate() {
             let peak = (canvas[i] as usize * 7 + i) % self.vocab;
             for (j, x) in row.iter_mut().enumerate() {
                 let s = sc.map_or(0.0, |sc| 0.01 * sc[i * self.vocab + j]);
-                *x = if j == peak {
-                    9.0 + s
-                } else {
-                    ((j % 5) as f32) * 0.2 + s
-                };
+                *x = if j == peak { 9.0 + s } else { ((j % 5) as f32) * 0.2 + s };
             }
         }
         Ok(())
@@ -97,32 +88,15 @@ fn replay_draws(c: usize) -> Replay {
 #[test]
 fn steps_do_not_allocate() {
     let (c, v) = (64, 3000);
-    let cfg = GenerationConfig {
-        max_new_tokens: 3 * c,
-        max_denoising_steps: 8,
-        stopping: None,
-        ..GenerationConfig::default()
-    };
+    let cfg = GenerationConfig { max_new_tokens: 3 * c, max_denoising_steps: 8, stopping: None, ..GenerationConfig::default() };
     let mut sampler = Sampler::new(c, v).unwrap();
     let mut model = Quiet { vocab: v };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
 
     // Inside a rayon pool (after warm-up runs that let its threads register with the work-stealing
     // machinery, a one-time allocation per thread): exactly zero, with the seeded source and a replay.
     for seed in 0..3 {
-        pool.install(|| {
-            sampler.generate(
-                &mut model,
-                &[1],
-                &cfg,
-                &mut SeededRng::new(seed),
-                &mut NoHooks,
-            )
-        })
-        .unwrap();
+        pool.install(|| sampler.generate(&mut model, &[1], &cfg, &mut SeededRng::new(seed), &mut NoHooks)).unwrap();
     }
     for seeded in [true, false] {
         let mut marks = Marks::default();
@@ -139,30 +113,15 @@ fn steps_do_not_allocate() {
             .unwrap();
         let end = ALLOCATIONS.load(Ordering::SeqCst);
         assert_eq!((marks.steps, &g.steps_per_canvas[..]), (24, &[8, 8, 8][..]));
-        assert_eq!(
-            end - marks.after_first_step.unwrap(),
-            0,
-            "allocations during the step loop (seeded: {seeded})"
-        );
+        assert_eq!(end - marks.after_first_step.unwrap(), 0, "allocations during the step loop (seeded: {seeded})");
     }
 
     // From outside the pool: at most rayon's job blocks (2 parallel sections per step here).
     let mut marks = Marks::default();
-    sampler
-        .generate(
-            &mut model,
-            &[1, 2, 3],
-            &cfg,
-            &mut SeededRng::new(5),
-            &mut marks,
-        )
-        .unwrap();
+    sampler.generate(&mut model, &[1, 2, 3], &cfg, &mut SeededRng::new(5), &mut marks).unwrap();
     let end = ALLOCATIONS.load(Ordering::SeqCst);
     // Rayon's job blocks, plus the one-time registration of each global-pool thread.
     let (parallel_sections, threads) = (2 * marks.steps, rayon::current_num_threads());
     let allocations = end - marks.after_first_step.unwrap();
-    assert!(
-        allocations <= 1 + parallel_sections / 63 + threads,
-        "{allocations} allocations"
-    );
+    assert!(allocations <= 1 + parallel_sections / 63 + threads, "{allocations} allocations");
 }

@@ -7,8 +7,8 @@ mod common;
 use common::{C, FakeModel, V, cfg, draws, spec};
 use dg_model::StoppingConfig;
 use dg_sampler::{
-    CategoricalRequest, Hooks, HostRows, InputError, NoHooks, RandomSource, Replay, ResidentModel,
-    RowResult, SamplerError, SeededRng, StepInfo, generate, generate_resident,
+    CategoricalRequest, Hooks, HostRows, InputError, NoHooks, RandomSource, Replay, ResidentModel, RowResult, SamplerError, SeededRng,
+    StepInfo, generate, generate_resident,
 };
 
 /// One step's accepted flags, entropies, draft, canvas and scaled-logits length.
@@ -61,7 +61,16 @@ fn resident_seeded_equals_host_seeded_with_stopping() {
     let prompt = [1u32, 2];
     for seed in 0..5 {
         let host = generate(&mut FakeModel::new(s.clone()), &prompt, &cfg, C, V, &mut SeededRng::new(seed), &mut NoHooks).unwrap();
-        let resident = generate_resident(&mut HostRows::new(FakeModel::new(s.clone()), V), &prompt, &cfg, C, V, &mut SeededRng::new(seed), &mut NoHooks).unwrap();
+        let resident = generate_resident(
+            &mut HostRows::new(FakeModel::new(s.clone()), V),
+            &prompt,
+            &cfg,
+            C,
+            V,
+            &mut SeededRng::new(seed),
+            &mut NoHooks,
+        )
+        .unwrap();
         assert_eq!(resident, host, "seed {seed}");
         assert!(host.steps_per_canvas.iter().all(|&n| n < 6), "stopping fired: {:?}", host.steps_per_canvas);
     }
@@ -71,7 +80,8 @@ fn resident_seeded_equals_host_seeded_with_stopping() {
 fn resident_non_finite_logit_names_block_step_row_and_column() {
     let mut s = spec();
     s.nan_at = Some((2, 3, 17));
-    let err = generate_resident(&mut HostRows::new(FakeModel::new(s), V), &[1], &cfg(1, 4), C, V, &mut SeededRng::new(0), &mut NoHooks).unwrap_err();
+    let err = generate_resident(&mut HostRows::new(FakeModel::new(s), V), &[1], &cfg(1, 4), C, V, &mut SeededRng::new(0), &mut NoHooks)
+        .unwrap_err();
     match err {
         SamplerError::Input(InputError::NonFiniteLogit { block: 0, step: 2, row: 3, column: 17, .. }) => {}
         other => panic!("unexpected error: {other}"),
@@ -86,7 +96,14 @@ impl ResidentModel for BadDevice {
     fn encode(&mut self, _ids: &[u32]) -> Result<(), Self::Error> {
         Ok(())
     }
-    fn denoise_rows(&mut self, _c: &[u32], _sc: bool, _t: f32, _d: CategoricalRequest<'_>, rows: &mut [RowResult]) -> Result<(), Self::Error> {
+    fn denoise_rows(
+        &mut self,
+        _c: &[u32],
+        _sc: bool,
+        _t: f32,
+        _d: CategoricalRequest<'_>,
+        rows: &mut [RowResult],
+    ) -> Result<(), Self::Error> {
         rows.fill(RowResult { entropy: 0.5, argmax: 1, sampled: V as u32, non_finite: None });
         Ok(())
     }

@@ -16,26 +16,10 @@ fn golden_xoshiro256starstar_outputs() {
     // xoshiro256** seeded by SplitMix64(seed); values from an independent implementation of both.
     let mut r = SeededRng::new(0);
     let got: Vec<u64> = (0..4).map(|_| r.next_u64()).collect();
-    assert_eq!(
-        got,
-        [
-            0x99ec5f36cb75f2b4,
-            0xbf6e1f784956452a,
-            0x1a5f849d4933e6e0,
-            0x6aa594f1262d2d2c
-        ]
-    );
+    assert_eq!(got, [0x99ec5f36cb75f2b4, 0xbf6e1f784956452a, 0x1a5f849d4933e6e0, 0x6aa594f1262d2d2c]);
     let mut r = SeededRng::new(42);
     let got: Vec<u64> = (0..4).map(|_| r.next_u64()).collect();
-    assert_eq!(
-        got,
-        [
-            0x15780b2e0c2ec716,
-            0x6104d9866d113a7e,
-            0xae17533239e499a1,
-            0xecb8ad4703b360a1
-        ]
-    );
+    assert_eq!(got, [0x15780b2e0c2ec716, 0x6104d9866d113a7e, 0xae17533239e499a1, 0xecb8ad4703b360a1]);
 }
 
 #[test]
@@ -60,10 +44,7 @@ fn golden_categorical() {
     let (logits, stats) = dists(&[0.0, 0.0, std::f32::consts::LN_2], 3);
     let d = RowDistributions::new(&logits, &stats, 3);
     let p = d.probs(0);
-    assert!(
-        (p[0] - 0.25).abs() < 1e-7 && (p[2] - 0.5).abs() < 1e-7,
-        "{p:?}"
-    );
+    assert!((p[0] - 0.25).abs() < 1e-7 && (p[2] - 0.5).abs() < 1e-7, "{p:?}");
     let mut r = SeededRng::new(7);
     let mut out = [9u32; 3];
     r.categorical(&d, &mut out).unwrap();
@@ -96,10 +77,7 @@ fn uniform_tokens_stay_in_range_and_cover_it() {
     for &t in &out {
         counts[t as usize] += 1;
     }
-    assert!(
-        counts.iter().all(|&c| (850..1150).contains(&c)),
-        "{counts:?}"
-    );
+    assert!(counts.iter().all(|&c| (850..1150).contains(&c)), "{counts:?}");
     let mut r = SeededRng::new(2);
     r.uniform_tokens(1, &mut out).unwrap();
     assert!(out.iter().all(|&t| t == 0));
@@ -113,17 +91,13 @@ fn categorical_follows_the_probabilities_and_skips_zeros() {
     let (logits, stats) = dists(&row, n);
     let mut r = SeededRng::new(11);
     let mut out = vec![0u32; n];
-    r.categorical(&RowDistributions::new(&logits, &stats, 5), &mut out)
-        .unwrap();
+    r.categorical(&RowDistributions::new(&logits, &stats, 5), &mut out).unwrap();
     let mut counts = [0usize; 5];
     for &t in &out {
         counts[t as usize] += 1;
     }
     assert_eq!((counts[0], counts[2]), (0, 0));
-    assert!(
-        (300..500).contains(&counts[1]) && (2250..2550).contains(&counts[3]),
-        "{counts:?}"
-    );
+    assert!((300..500).contains(&counts[1]) && (2250..2550).contains(&counts[3]), "{counts:?}");
 }
 
 #[test]
@@ -157,13 +131,7 @@ fn inverse_cdf_edges() {
 fn categorical_rejects_a_bad_output_length() {
     let (logits, stats) = dists(&[0.0; 3], 2);
     let e = SeededRng::new(0).categorical(&RowDistributions::new(&logits, &stats, 3), &mut [0; 3]);
-    assert_eq!(
-        e.unwrap_err(),
-        DrawError::RowCount {
-            expected: 2,
-            got: 3
-        }
-    );
+    assert_eq!(e.unwrap_err(), DrawError::RowCount { expected: 2, got: 3 });
 }
 
 #[test]
@@ -189,30 +157,15 @@ fn replay_hands_back_draws_in_order() {
     let mut out = [0u32; 2];
     r.uniform_tokens(10, &mut out).unwrap();
     assert_eq!(out, [1, 2]);
-    r.categorical(&RowDistributions::new(&z.0, &z.1, 10), &mut out)
-        .unwrap();
+    r.categorical(&RowDistributions::new(&z.0, &z.1, 10), &mut out).unwrap();
     assert_eq!(out, [3, 4]);
-    assert_eq!(
-        r.check_consumed().unwrap_err(),
-        DrawError::Unconsumed {
-            consumed: 2,
-            left: 1,
-            next: DrawKind::UniformTokens
-        }
-    );
+    assert_eq!(r.check_consumed().unwrap_err(), DrawError::Unconsumed { consumed: 2, left: 1, next: DrawKind::UniformTokens });
     r.uniform_tokens(10, &mut out).unwrap();
     assert_eq!(out, [5, 6]);
     assert_eq!((r.consumed(), r.remaining()), (3, 0));
     r.finish().unwrap();
     let kinds: Vec<_> = r.consumed_kinds().collect();
-    assert_eq!(
-        kinds,
-        [
-            DrawKind::UniformTokens,
-            DrawKind::Categorical,
-            DrawKind::UniformTokens
-        ]
-    );
+    assert_eq!(kinds, [DrawKind::UniformTokens, DrawKind::Categorical, DrawKind::UniformTokens]);
 }
 
 #[test]
@@ -221,51 +174,15 @@ fn replay_errors_name_the_draw() {
     let mut out = [0u32; 2];
     let mut r = Replay::new(vec![cat(&[1, 2])]);
     let e = r.uniform_tokens(10, &mut out).unwrap_err();
-    assert_eq!(
-        e,
-        DrawError::KindMismatch {
-            index: 0,
-            expected: DrawKind::UniformTokens,
-            recorded: DrawKind::Categorical
-        }
-    );
-    assert!(
-        e.to_string().contains(
-            "draw 0: expected a uniform_tokens draw but the recorded draw is categorical"
-        )
-    );
+    assert_eq!(e, DrawError::KindMismatch { index: 0, expected: DrawKind::UniformTokens, recorded: DrawKind::Categorical });
+    assert!(e.to_string().contains("draw 0: expected a uniform_tokens draw but the recorded draw is categorical"));
     let mut r = Replay::new(vec![u(&[1, 2, 3])]);
     let e = r.uniform_tokens(10, &mut out).unwrap_err();
-    assert_eq!(
-        e,
-        DrawError::LengthMismatch {
-            index: 0,
-            kind: DrawKind::UniformTokens,
-            expected: 2,
-            recorded: 3
-        }
-    );
+    assert_eq!(e, DrawError::LengthMismatch { index: 0, kind: DrawKind::UniformTokens, expected: 2, recorded: 3 });
     let mut r = Replay::new(vec![u(&[1, 10])]);
     let e = r.uniform_tokens(10, &mut out).unwrap_err();
-    assert_eq!(
-        e,
-        DrawError::IdOutOfRange {
-            index: 0,
-            kind: DrawKind::UniformTokens,
-            position: 1,
-            id: 10,
-            vocab_size: 10
-        }
-    );
+    assert_eq!(e, DrawError::IdOutOfRange { index: 0, kind: DrawKind::UniformTokens, position: 1, id: 10, vocab_size: 10 });
     let mut r = Replay::new(vec![]);
-    let e = r
-        .categorical(&RowDistributions::new(&z.0, &z.1, 10), &mut out)
-        .unwrap_err();
-    assert_eq!(
-        e,
-        DrawError::Exhausted {
-            index: 0,
-            expected: DrawKind::Categorical
-        }
-    );
+    let e = r.categorical(&RowDistributions::new(&z.0, &z.1, 10), &mut out).unwrap_err();
+    assert_eq!(e, DrawError::Exhausted { index: 0, expected: DrawKind::Categorical });
 }

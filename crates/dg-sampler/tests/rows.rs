@@ -42,9 +42,7 @@ fn entropy_is_exactly_zero_when_other_probabilities_underflow() {
 
 #[test]
 fn softmax_sums_to_one_and_matches_f64() {
-    let logits: Vec<f32> = (0..1000)
-        .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.3)
-        .collect();
+    let logits: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.3).collect();
     let t = 0.7f32;
     let p = rows::softmax(&logits, t);
     let scaled: Vec<f64> = logits.iter().map(|&x| f64::from(x / t)).collect();
@@ -54,10 +52,7 @@ fn softmax_sums_to_one_and_matches_f64() {
         let want = (x - max).exp() / s;
         // f32 rounding of x − max (relative |x − max|·2⁻²⁴ after exp) plus a few ulp for exp and the division.
         let tol = ((max - x) * 6e-8 + 4e-7) * want;
-        assert!(
-            (f64::from(pi) - want).abs() <= tol,
-            "p[{i}] = {pi}, want {want}"
-        );
+        assert!((f64::from(pi) - want).abs() <= tol, "p[{i}] = {pi}, want {want}");
     }
     let total: f64 = p.iter().map(|&x| f64::from(x)).sum();
     assert!((total - 1.0).abs() < 1e-5);
@@ -93,20 +88,13 @@ fn process_rows_scales_in_place_and_reports_per_row_results() {
     let argmax: Vec<u32> = stats.iter().map(|s| s.argmax).collect();
     assert_eq!(argmax, vec![3, 0, 19]);
     for (scaled, r) in logits.iter().zip(&raw) {
-        assert_eq!(
-            scaled.to_bits(),
-            (r / t).to_bits(),
-            "proc must be raw / T (f32 division)"
-        );
+        assert_eq!(scaled.to_bits(), (r / t).to_bits(), "proc must be raw / T (f32 division)");
     }
     for (r, stat) in stats.iter().enumerate() {
         let row = &logits[r * v..(r + 1) * v];
         assert_eq!(stat.entropy.to_bits(), rows::entropy(row).to_bits());
         assert_eq!(stat.max, row[stat.argmax as usize]);
-        let s: f64 = row
-            .iter()
-            .map(|&x| (f64::from(x) - f64::from(stat.max)).exp())
-            .sum();
+        let s: f64 = row.iter().map(|&x| (f64::from(x) - f64::from(stat.max)).exp()).sum();
         assert!((f64::from(stat.sum) / s - 1.0).abs() < 1e-6);
     }
     // The distributions: p = exp(x − max) / S, summing to 1.
@@ -134,14 +122,7 @@ fn non_finite_logits_name_row_and_column() {
     let mut logits = vec![0.0f32; v];
     logits[9] = f32::MAX;
     let e = rows::process_rows(&mut logits, v, 0.5, &mut stats[..1]).unwrap_err();
-    assert_eq!(
-        e,
-        NonFinite {
-            row: 0,
-            column: 9,
-            value: f32::INFINITY
-        }
-    );
+    assert_eq!(e, NonFinite { row: 0, column: 9, value: f32::INFINITY });
 }
 
 #[test]
@@ -165,22 +146,13 @@ fn exp_is_within_two_ulp_of_f64() {
 #[test]
 fn vectorised_and_portable_kernels_agree_bit_for_bit() {
     for v in [1usize, 15, 16, 17, 1023, 1024, 1025, 5000] {
-        let raw: Vec<f32> = (0..v)
-            .map(|i| (((i * 7919) % 613) as f32 - 300.0) * 0.1)
-            .collect();
+        let raw: Vec<f32> = (0..v).map(|i| (((i * 7919) % 613) as f32 - 300.0) * 0.1).collect();
         let mut a = raw.clone();
         let portable = rows::process_row_portable(&mut a, 0.6);
         let mut b = raw.clone();
         let mut stats = [RowStat::default()];
         rows::process_rows(&mut b, v, 0.6, &mut stats).unwrap();
-        let bits = |s: &RowStat| {
-            (
-                s.entropy.to_bits(),
-                s.argmax,
-                s.max.to_bits(),
-                s.sum.to_bits(),
-            )
-        };
+        let bits = |s: &RowStat| (s.entropy.to_bits(), s.argmax, s.max.to_bits(), s.sum.to_bits());
         assert_eq!(bits(&portable), bits(&stats[0]), "v = {v}");
         // Probabilities (vectorised where available) are exactly the portable exp over the f32 sum.
         let p = RowDistributions::new(&b, &stats, v).probs(0);

@@ -1,17 +1,13 @@
 //! One sampler step used directly: temperature schedule, buffers, shape errors, thread-count independence.
 
 use dg_model::GenerationConfig;
-use dg_sampler::{
-    DrawKind, InputError, RandomSource, Replay, RowDistributions, RowStat, Sampler, SeededRng, rows,
-};
+use dg_sampler::{DrawKind, InputError, RandomSource, Replay, RowDistributions, RowStat, Sampler, SeededRng, rows};
 
 const C: usize = 4;
 const V: usize = 50;
 
 fn raw_logits() -> Vec<f32> {
-    (0..C * V)
-        .map(|i| ((i * 31 % 97) as f32 - 48.0) * 0.25)
-        .collect()
+    (0..C * V).map(|i| ((i * 31 % 97) as f32 - 48.0) * 0.25).collect()
 }
 
 fn replay(steps: usize) -> Replay {
@@ -26,10 +22,7 @@ fn replay(steps: usize) -> Replay {
 #[test]
 fn step_divides_by_the_scheduled_temperature() {
     // Spec §8.3: at n = N the processor gives logits / t_max; at n = N/2, logits / ((t_max + t_min)/2).
-    let cfg = GenerationConfig {
-        max_denoising_steps: 48,
-        ..GenerationConfig::default()
-    };
+    let cfg = GenerationConfig { max_denoising_steps: 48, ..GenerationConfig::default() };
     let raw = raw_logits();
     for (n, t) in [(48usize, 0.8f32), (24, 0.6), (1, 0.408_333_33)] {
         assert_eq!(cfg.temperature_at(n), t);
@@ -41,22 +34,14 @@ fn step_divides_by_the_scheduled_temperature() {
         let out = s.step(&cfg, n, &mut r, 0).unwrap();
         assert_eq!(out.temperature, t);
         let sc = s.self_conditioning().unwrap();
-        assert!(
-            sc.iter()
-                .zip(&raw)
-                .all(|(p, x)| p.to_bits() == (x / t).to_bits()),
-            "n = {n}"
-        );
+        assert!(sc.iter().zip(&raw).all(|(p, x)| p.to_bits() == (x / t).to_bits()), "n = {n}");
         // The draft is the argmax of the scaled logits.
         for i in 0..C {
             assert_eq!(s.draft()[i], rows::argmax(&sc[i * V..(i + 1) * V]));
         }
     }
     // No schedule: T = 1 and the scaled logits are the raw ones.
-    let cfg = GenerationConfig {
-        temperature: None,
-        ..cfg
-    };
+    let cfg = GenerationConfig { temperature: None, ..cfg };
     let mut s = Sampler::new(C, V).unwrap();
     let mut r = replay(1);
     s.begin_block(&mut r).unwrap();
@@ -73,10 +58,7 @@ fn forward_buffers_carry_the_canvas_and_self_conditioning() {
     s.begin_block(&mut r).unwrap();
     {
         let (canvas, sc, logits) = s.forward_buffers();
-        assert_eq!(
-            (canvas, sc.is_none(), logits.len()),
-            (&[1u32; C][..], true, C * V)
-        );
+        assert_eq!((canvas, sc.is_none(), logits.len()), (&[1u32; C][..], true, C * V));
         logits.copy_from_slice(&raw_logits());
     }
     let out = s.step(&cfg, 48, &mut r, 0).unwrap();
@@ -87,61 +69,29 @@ fn forward_buffers_carry_the_canvas_and_self_conditioning() {
     let (_, sc, _) = s.forward_buffers();
     assert_eq!(sc.map(<[f32]>::len), Some(C * V));
     // A new block drops the self-conditioning input.
-    s.begin_block(&mut Replay::new(vec![(
-        DrawKind::UniformTokens,
-        vec![4; C],
-    )]))
-    .unwrap();
+    s.begin_block(&mut Replay::new(vec![(DrawKind::UniformTokens, vec![4; C])])).unwrap();
     assert!(s.self_conditioning().is_none());
 }
 
 #[test]
 fn shape_errors() {
     let mut s = Sampler::new(C, V).unwrap();
-    assert_eq!(
-        s.load_logits(&[0.0; 7]).unwrap_err(),
-        InputError::LogitsLength {
-            got: 7,
-            expected: C * V,
-            rows: C,
-            vocab_size: V
-        }
-    );
-    assert!(
-        s.load_logits(&[0.0; 7])
-            .unwrap_err()
-            .to_string()
-            .contains("logits have 7 values, expected 200")
-    );
+    assert_eq!(s.load_logits(&[0.0; 7]).unwrap_err(), InputError::LogitsLength { got: 7, expected: C * V, rows: C, vocab_size: V });
+    assert!(s.load_logits(&[0.0; 7]).unwrap_err().to_string().contains("logits have 7 values, expected 200"));
     assert!(matches!(s.set_canvas(&[1, 2]), Err(InputError::Shape(_))));
-    assert!(matches!(
-        s.set_canvas(&[1, 2, 3, 50]),
-        Err(InputError::TokenOutOfRange {
-            what: "canvas",
-            position: 3,
-            ..
-        })
-    ));
+    assert!(matches!(s.set_canvas(&[1, 2, 3, 50]), Err(InputError::TokenOutOfRange { what: "canvas", position: 3, .. })));
     s.set_canvas(&[1, 2, 3, 49]).unwrap();
     assert_eq!(s.canvas(), &[1, 2, 3, 49]);
     assert!(matches!(Sampler::new(4, 0), Err(InputError::Shape(_))));
-    assert!(matches!(
-        Sampler::new(usize::MAX, 2),
-        Err(InputError::Shape(_))
-    ));
+    assert!(matches!(Sampler::new(usize::MAX, 2), Err(InputError::Shape(_))));
 }
 
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     let (c, v) = (24, 3001);
-    let raw: Vec<f32> = (0..c * v)
-        .map(|i| (((i * 2_654_435_761) >> 7) % 2000) as f32 * 0.01 - 10.0)
-        .collect();
+    let raw: Vec<f32> = (0..c * v).map(|i| (((i * 2_654_435_761) >> 7) % 2000) as f32 * 0.01 - 10.0).collect();
     let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         pool.install(|| {
             let mut logits = raw.clone();
             let mut stats = vec![RowStat::default(); c];
@@ -150,17 +100,7 @@ fn results_do_not_depend_on_the_thread_count() {
             let d = RowDistributions::new(&logits, &stats, v);
             SeededRng::new(9).categorical(&d, &mut sampled).unwrap();
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            let stat_bits: Vec<_> = stats
-                .iter()
-                .map(|s| {
-                    (
-                        s.entropy.to_bits(),
-                        s.argmax,
-                        s.max.to_bits(),
-                        s.sum.to_bits(),
-                    )
-                })
-                .collect();
+            let stat_bits: Vec<_> = stats.iter().map(|s| (s.entropy.to_bits(), s.argmax, s.max.to_bits(), s.sum.to_bits())).collect();
             (bits(&logits), stat_bits, sampled)
         })
     };

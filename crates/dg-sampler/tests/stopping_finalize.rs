@@ -7,10 +7,7 @@ use dg_sampler::rows;
 use dg_sampler::stopping::{StabilityTracker, evaluate, mean_entropy};
 
 fn stopping(stability_threshold: usize, confidence_threshold: f32) -> StoppingConfig {
-    StoppingConfig {
-        stability_threshold,
-        confidence_threshold,
-    }
+    StoppingConfig { stability_threshold, confidence_threshold }
 }
 
 #[test]
@@ -23,18 +20,12 @@ fn stability_zero_is_always_stable() {
 #[test]
 fn stability_one_needs_two_identical_argmax_canvases_in_a_row() {
     let mut t = StabilityTracker::new(3);
-    assert!(
-        !t.update(&[1, 2, 3], 1),
-        "history starts at -1: never stable on the first step"
-    );
+    assert!(!t.update(&[1, 2, 3], 1), "history starts at -1: never stable on the first step");
     assert!(t.update(&[1, 2, 3], 1));
     assert!(!t.update(&[1, 2, 4], 1));
     assert!(t.update(&[1, 2, 4], 1));
     t.reset();
-    assert!(
-        !t.update(&[1, 2, 4], 1),
-        "a new block forgets the previous one"
-    );
+    assert!(!t.update(&[1, 2, 4], 1), "a new block forgets the previous one");
 }
 
 #[test]
@@ -48,14 +39,7 @@ fn stability_two_needs_three_identical_argmax_canvases() {
     assert!(!t.update(&[7, 8], 2));
     // A change in between breaks the run: A A B A A is not stable at the last A.
     let mut t = StabilityTracker::new(1);
-    for (c, want) in [
-        ([1u32], false),
-        ([1], false),
-        ([2], false),
-        ([1], false),
-        ([1], false),
-        ([1], true),
-    ] {
+    for (c, want) in [([1u32], false), ([1], false), ([2], false), ([1], false), ([1], false), ([1], true)] {
         assert_eq!(t.update(&c, 2), want);
     }
 }
@@ -82,21 +66,13 @@ fn confidence_compares_the_mean_entropy_strictly() {
 }
 
 fn cfg(eos: &[u32], pad: Option<u32>, max_length: Option<usize>) -> GenerationConfig {
-    GenerationConfig {
-        eos_token_ids: eos.to_vec(),
-        pad_token_id: pad,
-        max_length,
-        ..GenerationConfig::default()
-    }
+    GenerationConfig { eos_token_ids: eos.to_vec(), pad_token_id: pad, max_length, ..GenerationConfig::default() }
 }
 
 #[test]
 fn no_eos_continues_untouched() {
     let mut canvas = [5, 6, 7, 8];
-    assert_eq!(
-        finalize_canvas(&mut canvas, 12, &cfg(&[1], Some(0), None)),
-        CanvasEnd::Continue
-    );
+    assert_eq!(finalize_canvas(&mut canvas, 12, &cfg(&[1], Some(0), None)), CanvasEnd::Continue);
     assert_eq!(canvas, [5, 6, 7, 8]);
 }
 
@@ -108,41 +84,26 @@ fn first_eos_is_kept_and_everything_after_is_padded() {
     assert_eq!(canvas, [5, 106, 0, 0, 0, 0], "later EOS ids become pad too");
     // One EOS id, at the end: nothing after it to pad.
     let mut canvas = [5, 6, 1];
-    assert_eq!(
-        finalize_canvas(&mut canvas, 3, &cfg(&[1], Some(0), None)),
-        CanvasEnd::Eos { position: 2 }
-    );
+    assert_eq!(finalize_canvas(&mut canvas, 3, &cfg(&[1], Some(0), None)), CanvasEnd::Eos { position: 2 });
     assert_eq!(canvas, [5, 6, 1]);
 }
 
 #[test]
 fn eos_without_pad_id_finishes_without_padding() {
     let mut canvas = [1, 6, 1];
-    assert_eq!(
-        finalize_canvas(&mut canvas, 3, &cfg(&[1], None, None)),
-        CanvasEnd::Eos { position: 0 }
-    );
+    assert_eq!(finalize_canvas(&mut canvas, 3, &cfg(&[1], None, None)), CanvasEnd::Eos { position: 0 });
     assert_eq!(canvas, [1, 6, 1]);
 }
 
 #[test]
 fn max_length_finishes_without_padding() {
     let mut canvas = [5, 6, 7];
-    assert_eq!(
-        finalize_canvas(&mut canvas, 10, &cfg(&[1], Some(0), Some(10))),
-        CanvasEnd::MaxLength
-    );
+    assert_eq!(finalize_canvas(&mut canvas, 10, &cfg(&[1], Some(0), Some(10))), CanvasEnd::MaxLength);
     assert_eq!(canvas, [5, 6, 7]);
-    assert_eq!(
-        finalize_canvas(&mut canvas, 9, &cfg(&[1], Some(0), Some(10))),
-        CanvasEnd::Continue
-    );
+    assert_eq!(finalize_canvas(&mut canvas, 9, &cfg(&[1], Some(0), Some(10))), CanvasEnd::Continue);
     // EOS takes precedence in the reported reason, and pads as usual.
     let mut canvas = [1, 6, 7];
-    assert_eq!(
-        finalize_canvas(&mut canvas, 10, &cfg(&[1], Some(0), Some(10))),
-        CanvasEnd::Eos { position: 0 }
-    );
+    assert_eq!(finalize_canvas(&mut canvas, 10, &cfg(&[1], Some(0), Some(10))), CanvasEnd::Eos { position: 0 });
     assert_eq!(canvas, [1, 0, 0]);
 }
 

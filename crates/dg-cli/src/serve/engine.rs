@@ -45,7 +45,12 @@ pub struct Job {
 #[derive(Debug)]
 pub enum Event {
     /// The canvas being denoised after a step (accepted tokens and the current argmax elsewhere).
-    Draft { block: usize, step: usize, accepted: usize, text: String },
+    Draft {
+        block: usize,
+        step: usize,
+        accepted: usize,
+        text: String,
+    },
     /// Committed text; it only grows.
     Text(String),
     Done(Summary),
@@ -244,9 +249,7 @@ impl Hooks for JobHooks<'_> {
             self.metrics.steps_per_canvas.observe((info.step + 1) as f64);
         }
         if self.job.drafts {
-            let ids: Vec<u32> = (0..info.draft.len())
-                .map(|i| if info.accepted[i] { info.canvas[i] } else { info.draft[i] })
-                .collect();
+            let ids: Vec<u32> = (0..info.draft.len()).map(|i| if info.accepted[i] { info.canvas[i] } else { info.draft[i] }).collect();
             let text = (self.decode)(&ids);
             let _ = self.job.events.send(Event::Draft { block: info.block, step: info.step, accepted: info.num_accepted, text });
         }
@@ -327,7 +330,14 @@ impl<M: ResidentModel> ResidentModel for Skipping<'_, '_, M> {
     fn encode(&mut self, ids: &[u32]) -> Result<(), M::Error> {
         self.encode_with(ids, |m, ids| m.encode(ids))
     }
-    fn denoise_rows(&mut self, canvas: &[u32], sc: bool, t: f32, draw: CategoricalRequest<'_>, rows: &mut [RowResult]) -> Result<(), M::Error> {
+    fn denoise_rows(
+        &mut self,
+        canvas: &[u32],
+        sc: bool,
+        t: f32,
+        draw: CategoricalRequest<'_>,
+        rows: &mut [RowResult],
+    ) -> Result<(), M::Error> {
         self.timed(|m| m.denoise_rows(canvas, sc, t, draw, rows))
     }
 }

@@ -118,8 +118,9 @@ async fn completion(State(app): State<Arc<App>>, request: Request) -> Result<Res
 /// The body, within the size and time limits.
 async fn read_body(app: &App, body: Body) -> Result<Bytes, ApiError> {
     match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, app.max_body)).await {
-        Err(_) => Err(ApiError::invalid(None, "the request body did not arrive in time")
-            .with(StatusCode::REQUEST_TIMEOUT, "request_timeout")),
+        Err(_) => {
+            Err(ApiError::invalid(None, "the request body did not arrive in time").with(StatusCode::REQUEST_TIMEOUT, "request_timeout"))
+        }
         Ok(Err(_)) => Err(ApiError::invalid(None, format!("the request body is over {} bytes", app.max_body))
             .with(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large")),
         Ok(Ok(bytes)) => Ok(bytes),
@@ -130,8 +131,11 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result
     let body = read_body(&app, request.into_body()).await?;
     let req = openai::parse(endpoint, &body)?;
     if req.model != app.model_name {
-        return Err(ApiError::invalid(Some("model"), format!("model {:?} does not exist; this server serves {:?}", req.model, app.model_name))
-            .with(StatusCode::NOT_FOUND, "model_not_found"));
+        return Err(ApiError::invalid(
+            Some("model"),
+            format!("model {:?} does not exist; this server serves {:?}", req.model, app.model_name),
+        )
+        .with(StatusCode::NOT_FOUND, "model_not_found"));
     }
     let prompt = prompt_ids(&app, &req.prompt)?;
     let (events_tx, events) = mpsc::unbounded_channel();
@@ -140,10 +144,12 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result
     if let Err(e) = app.jobs.try_send(job) {
         app.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
         return Err(match e {
-            mpsc::error::TrySendError::Full(_) => ApiError::invalid(None, "the queue is full; retry later")
-                .with(StatusCode::TOO_MANY_REQUESTS, "queue_full"),
-            mpsc::error::TrySendError::Closed(_) => ApiError::invalid(None, "the server is shutting down")
-                .with(StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            mpsc::error::TrySendError::Full(_) => {
+                ApiError::invalid(None, "the queue is full; retry later").with(StatusCode::TOO_MANY_REQUESTS, "queue_full")
+            }
+            mpsc::error::TrySendError::Closed(_) => {
+                ApiError::invalid(None, "the server is shutting down").with(StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
+            }
         });
     }
     let id = app.next_id.fetch_add(1, Ordering::Relaxed);
@@ -156,9 +162,10 @@ fn prompt_ids(app: &App, prompt: &PromptInput) -> Result<Vec<u32>, ApiError> {
     let failed = |param: &str, e: anyhow::Error| ApiError::invalid(Some(param), format!("{e:#}"));
     let ids = match prompt {
         PromptInput::Chat(turns) => {
-            let template = app.template.as_ref().ok_or_else(|| {
-                ApiError::invalid(Some("messages"), "this model has no chat template; use /v1/completions")
-            })?;
+            let template = app
+                .template
+                .as_ref()
+                .ok_or_else(|| ApiError::invalid(Some("messages"), "this model has no chat template; use /v1/completions"))?;
             let turns: Vec<(&str, &str)> = turns.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
             let text = template.render(&turns).map_err(|e| failed("messages", e))?;
             app.codec.encode(&text, false).map_err(|e| failed("messages", e))?
@@ -203,15 +210,7 @@ fn job(app: &App, req: &openai::Request, prompt: Vec<u32>, events: mpsc::Unbound
     let canvases = settings.new_canvases(prompt.len(), config.canvas_length);
     crate::generate::check_positions(prompt.len(), canvases, config.canvas_length, app.context)
         .map_err(|e| ApiError::invalid(param, format!("{e:#}")).with(StatusCode::BAD_REQUEST, "context_length_exceeded"))?;
-    Ok(Job {
-        prompt,
-        settings,
-        max_tokens,
-        stop: req.stop.clone(),
-        seed: req.seed.unwrap_or(app.default_seed),
-        drafts: ext.drafts,
-        events,
-    })
+    Ok(Job { prompt, settings, max_tokens, stop: req.stop.clone(), seed: req.seed.unwrap_or(app.default_seed), drafts: ext.drafts, events })
 }
 
 fn unix_now() -> u64 {

@@ -107,15 +107,29 @@ impl Metrics {
         };
         gauge(&mut out, "dg_queue_depth", "Generation requests waiting for the engine.", self.queue_depth.load(Ordering::Relaxed));
         counter(&mut out, "dg_prompt_tokens_total", "Prompt tokens of generation requests.", &self.prompt_tokens);
-        counter(&mut out, "dg_reused_prompt_tokens_total", "Prompt tokens found in the KV cache and not encoded again.", &self.reused_prompt_tokens);
+        counter(
+            &mut out,
+            "dg_reused_prompt_tokens_total",
+            "Prompt tokens found in the KV cache and not encoded again.",
+            &self.reused_prompt_tokens,
+        );
         counter(&mut out, "dg_generated_tokens_total", "Completion tokens returned.", &self.generated_tokens);
         counter(&mut out, "dg_cancelled_total", "Generations cancelled (client gone or shutdown).", &self.cancelled);
-        counter(&mut out, "dg_engine_panics_total", "Generations that panicked (answered 500; the engine kept serving).", &self.engine_panics);
+        counter(
+            &mut out,
+            "dg_engine_panics_total",
+            "Generations that panicked (answered 500; the engine kept serving).",
+            &self.engine_panics,
+        );
         self.steps_per_canvas.render(&mut out, "dg_steps_per_canvas", "Decoder passes per committed canvas.");
         self.tokens_per_forward.render(&mut out, "dg_tokens_per_forward", "Valid tokens per decoder pass, per generation.");
         self.prefill_seconds.render(&mut out, "dg_prefill_seconds", "Prompt encode time per generation.");
         self.step_seconds.render(&mut out, "dg_step_seconds", "Denoising step time (canvas forward and per-row work).");
-        self.first_canvas_seconds.render(&mut out, "dg_first_canvas_seconds", "From the engine taking a request to its first committed canvas.");
+        self.first_canvas_seconds.render(
+            &mut out,
+            "dg_first_canvas_seconds",
+            "From the engine taking a request to its first committed canvas.",
+        );
         out
     }
 }

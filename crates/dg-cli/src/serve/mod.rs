@@ -125,14 +125,16 @@ const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
 pub fn run(args: ServeArgs) -> Result<()> {
     let seconds = |v: f64, name: &str| {
-        Duration::try_from_secs_f64(v).ok().filter(|d| !d.is_zero()).ok_or_else(|| input(format!("{name} must be a positive number of seconds")))
+        Duration::try_from_secs_f64(v)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| input(format!("{name} must be a positive number of seconds")))
     };
     let request_timeout = seconds(args.request_timeout, "--request-timeout")?;
     let shutdown_timeout = seconds(args.shutdown_timeout, "--shutdown-timeout")?;
     let dir = crate::model_dir::resolve(args.model.as_deref())?;
     let model = crate::model_dir::open(&dir)?;
-    let codec = TextCodec::load(&dir)?
-        .ok_or_else(|| input(format!("{} has no tokenizer.json; dg serve needs one", dir.display())))?;
+    let codec = TextCodec::load(&dir)?.ok_or_else(|| input(format!("{} has no tokenizer.json; dg serve needs one", dir.display())))?;
     let codec = Arc::new(codec);
     let template = crate::chat::ChatTemplate::load(&dir)?;
     let max_positions = model.config.text.max_position_embeddings;
@@ -151,9 +153,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ..Default::default()
     };
     crate::generate::resolve_settings(&model, defaults.clone())?;
-    let model_name = args.served_model_name.clone().unwrap_or_else(|| {
-        dir.canonicalize().unwrap_or(dir.clone()).file_name().map_or("dg".into(), |n| n.to_string_lossy().into_owned())
-    });
+    let model_name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| dir.canonicalize().unwrap_or(dir.clone()).file_name().map_or("dg".into(), |n| n.to_string_lossy().into_owned()));
 
     let metrics = Arc::new(metrics::Metrics::default());
     let cancel_all = Arc::new(AtomicBool::new(false));
@@ -210,7 +213,9 @@ async fn serve(
         .map_err(|e| input(format!("cannot listen on {}:{}: {e}", args.host, args.port)))?;
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() && args.api_key.is_none() {
-        eprintln!("warning: listening on {addr}, which is not a loopback address, without --api-key: anyone who can reach it can use the model");
+        eprintln!(
+            "warning: listening on {addr}, which is not a loopback address, without --api-key: anyone who can reach it can use the model"
+        );
     }
     eprintln!("listening on http://{addr}");
     let router = http::router(app);

@@ -82,8 +82,7 @@ pub struct Request {
 }
 
 /// Fields accepted and ignored (the README's table says why).
-const IGNORED: &[&str] =
-    &["temperature", "top_p", "user", "stream_options", "parallel_tool_calls", "metadata", "store", "service_tier"];
+const IGNORED: &[&str] = &["temperature", "top_p", "user", "stream_options", "parallel_tool_calls", "metadata", "store", "service_tier"];
 
 /// Fields refused with a 400 unless they hold their no-op value.
 fn inert(field: &str, value: &Value) -> Option<bool> {
@@ -106,10 +105,9 @@ fn inert(field: &str, value: &Value) -> Option<bool> {
 
 /// Parses and checks a body of `endpoint`.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
-    let text = std::str::from_utf8(body)
-        .map_err(|e| ApiError::invalid(None, format!("the request body is not valid UTF-8: {e}")))?;
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| ApiError::invalid(None, format!("the request body is not valid JSON: {e}")))?;
+    let text = std::str::from_utf8(body).map_err(|e| ApiError::invalid(None, format!("the request body is not valid UTF-8: {e}")))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| ApiError::invalid(None, format!("the request body is not valid JSON: {e}")))?;
     let Value::Object(map) = value else {
         return Err(ApiError::invalid(None, "the request body must be a JSON object"));
     };
@@ -257,9 +255,8 @@ fn extension(v: Option<&Value>) -> Result<Extension, ApiError> {
     let mut ext = Extension::default();
     for (key, value) in map {
         let param = format!("dg.{key}");
-        let number = || {
-            value.as_f64().filter(|x| x.is_finite()).ok_or_else(|| ApiError::invalid(Some(&param), format!("{param} must be a number")))
-        };
+        let number =
+            || value.as_f64().filter(|x| x.is_finite()).ok_or_else(|| ApiError::invalid(Some(&param), format!("{param} must be a number")));
         let count = || {
             value.as_u64().map(|n| n as usize).ok_or_else(|| ApiError::invalid(Some(&param), format!("{param} must be an integer >= 0")))
         };

@@ -86,8 +86,7 @@ pub fn dg_stdin(args: &[&str], stdin: &str) -> Run {
 /// `dg ARGS` where the Vulkan loader finds no driver, so wgpu sees no adapter.
 pub fn dg_without_gpu(args: &[&str]) -> Run {
     let mut cmd = command(args);
-    cmd.env("VK_DRIVER_FILES", "/nonexistent/dg-no-driver.json")
-        .env("VK_ICD_FILENAMES", "/nonexistent/dg-no-driver.json");
+    cmd.env("VK_DRIVER_FILES", "/nonexistent/dg-no-driver.json").env("VK_ICD_FILENAMES", "/nonexistent/dg-no-driver.json");
     run_cmd(cmd, "")
 }
 

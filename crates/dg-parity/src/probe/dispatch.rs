@@ -25,7 +25,8 @@ pub fn dispatch_floor_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Result
                 \x20   let i = wid.x * 256u + lt;\n\
                 \x20   out[i] = out[i] + 1u + p.x;\n\
                 }\n";
-    let source = KernelSource { name: "dispatch_floor".into(), wgsl: wgsl.into(), entry: "main", buffers: vec![Access::ReadWrite], params_size: 16 };
+    let source =
+        KernelSource { name: "dispatch_floor".into(), wgsl: wgsl.into(), entry: "main", buffers: vec![Access::ReadWrite], params_size: 16 };
     let pipeline = pipelines.get(ctx, source)?;
     let buffers = (0..8).map(|_| ctx.storage_buffer("out", 4096 * 256 * 4)).collect::<Result<Vec<wgpu::Buffer>, _>>()?;
     let replays = 100u32;
@@ -75,7 +76,13 @@ pub fn workgroup_residency_probe(ctx: &GpuContext, _options: &ProbeOptions) -> R
              \x20   out[wid.x * 128u + lt] = i + pad[(lt * 7u + i) % {words}u];\n\
              }}\n"
         );
-        let source = KernelSource { name: format!("residency_{shared_kib}k"), wgsl, entry: "main", buffers: vec![Access::Read, Access::ReadWrite], params_size: 16 };
+        let source = KernelSource {
+            name: format!("residency_{shared_kib}k"),
+            wgsl,
+            entry: "main",
+            buffers: vec![Access::Read, Access::ReadWrite],
+            params_size: 16,
+        };
         let pipeline = pipelines.get(ctx, source)?;
         let mut line = format!("{test}: {shared_kib} KiB of workgroup memory, workgroups:");
         for groups in [66u32, 132, 264, 396, 528, 792, 1056, 2112] {
@@ -105,7 +112,13 @@ pub fn dispatch_overhead_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Res
                 \x20   let i = wid.x * 256u + lt;\n\
                 \x20   out[i] = out[i] + p.x;\n\
                 }\n";
-    let source = KernelSource { name: "dispatch_overhead".into(), wgsl: wgsl.into(), entry: "main", buffers: vec![Access::ReadWrite], params_size: 16 };
+    let source = KernelSource {
+        name: "dispatch_overhead".into(),
+        wgsl: wgsl.into(),
+        entry: "main",
+        buffers: vec![Access::ReadWrite],
+        params_size: 16,
+    };
     let pipeline = pipelines.get(ctx, source)?;
     let mut line = format!("{test}: one dispatch after another, by workgroups of 256:");
     for groups in [1u32, 132, 256, 1024, 4096] {

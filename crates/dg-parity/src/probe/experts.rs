@@ -53,11 +53,22 @@ pub fn coop_grouped_gemm_throughput_at_the_real_expert_shapes(ctx: &GpuContext, 
         let direct = coop_grouped_gemm::source_with(coop_grouped_gemm::TILE_32X128, WPath::Direct);
         let mut line = format!("{test}: {name} [32x128 Direct] by workgroup memory:");
         for (kib, extra) in [(9u32, 0u32), (20, 2816), (34, 6400)] {
-            let padded = replaced(&direct, &format!("pad{kib}"), &[("var<workgroup> scratch: array<f32, WT * 8u>;", &format!("var<workgroup> scratch: array<f32, WT * 8u + {extra}u>;"))]);
+            let padded = replaced(
+                &direct,
+                &format!("pad{kib}"),
+                &[("var<workgroup> scratch: array<f32, WT * 8u>;", &format!("var<workgroup> scratch: array<f32, WT * 8u + {extra}u>;"))],
+            );
             let pipeline = pipelines.get(ctx, padded)?;
             let b = Buffers::upload(ctx, &x, 32);
             let buffers = [&b.a, &b.w.buffer, &b.offsets, &b.rows, &b.c];
-            let t = time_dispatch(ctx, &pipeline, &x.params, &buffers, coop_grouped_gemm::workgroups(coop_grouped_gemm::TILE_32X128, &x.params), 50)?;
+            let t = time_dispatch(
+                ctx,
+                &pipeline,
+                &x.params,
+                &buffers,
+                coop_grouped_gemm::workgroups(coop_grouped_gemm::TILE_32X128, &x.params),
+                50,
+            )?;
             line += &format!(" | {kib} KiB: {:.1} us", t * 1e6);
         }
         println!("{line}");
@@ -83,7 +94,14 @@ pub fn coop_grouped_gemm_throughput_at_the_real_expert_shapes(ctx: &GpuContext, 
             let mut line = format!("{test}: {name} W streamed alone (panels; tile-major with 1, 4 tiles a workgroup):");
             for mode in [0u32, 1, 4, 0] {
                 let params = [n as u32, k as u32, tiles_n, mode];
-                let t = time_dispatch(ctx, &pipeline, &params, &[&b.w.buffer, &out], dg_gpu::groups_1d((128 * tiles_n).div_ceil(mode.max(1)), 65535), 20)?;
+                let t = time_dispatch(
+                    ctx,
+                    &pipeline,
+                    &params,
+                    &[&b.w.buffer, &out],
+                    dg_gpu::groups_1d((128 * tiles_n).div_ceil(mode.max(1)), 65535),
+                    20,
+                )?;
                 line += &format!(" | {:.1} us {:.0} GB/s", t * 1e6, (128 * n * k * 2) as f64 / t / 1e9);
             }
             line
@@ -184,7 +202,12 @@ pub fn f16_activations_throughput_at_the_real_shapes(ctx: &GpuContext, _options:
         }
         println!("{line} us");
     }
-    for (name, shape, splits) in [("q", (256, 4096, 2816), 2), ("o", (256, 2816, 4096), 3), ("mlp gate_up", (256, 4224, 2816), 2), ("mlp down", (256, 2816, 2112), 3)] {
+    for (name, shape, splits) in [
+        ("q", (256, 4096, 2816), 2),
+        ("o", (256, 2816, 4096), 3),
+        ("mlp gate_up", (256, 4224, 2816), 2),
+        ("mlp down", (256, 2816, 2112), 3),
+    ] {
         let mut line = format!("{test}: {name} {shape:?} [128x128] {splits} splits, f32 d3 / f16 d3 / f16 d2 / f16 d4:");
         for _ in 0..2 {
             for (format, depth) in [(AFormat::F32, 3), (AFormat::F16, 3), (AFormat::F16, 2), (AFormat::F16, 4)] {

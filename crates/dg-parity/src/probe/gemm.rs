@@ -32,12 +32,7 @@ pub fn gemm_throughput(ctx: &GpuContext, options: &ProbeOptions) -> Result<(), P
                 let secs = t0.elapsed().as_secs_f64() / f64::from(reps);
                 let gflops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / secs / 1e9;
                 let chosen = if gemm::choose(m, n, k) == tile { " (chosen)" } else { "" };
-                println!(
-                    "{} {m}x{n}x{k} {label} [{}]{chosen}: {:.3} ms, {gflops:.1} GFLOP/s",
-                    ctx.info.name,
-                    tile.label(),
-                    secs * 1e3
-                );
+                println!("{} {m}x{n}x{k} {label} [{}]{chosen}: {:.3} ms, {gflops:.1} GFLOP/s", ctx.info.name, tile.label(), secs * 1e3);
             }
         }
     }
@@ -81,7 +76,12 @@ pub fn grouped_gemm_throughput(ctx: &GpuContext, options: &ProbeOptions) -> Resu
             let pipeline = pipelines.get(ctx, grouped_gemm::source(tile))?;
             let mut plan = PlanBuilder::new(ctx);
             for _ in 0..reps {
-                plan.push(&pipeline, &params, &[&ab, &wb, &ob, &rb, &cb], grouped_gemm::workgroups(tile, n as u32, tokens as u32, experts as u32));
+                plan.push(
+                    &pipeline,
+                    &params,
+                    &[&ab, &wb, &ob, &rb, &cb],
+                    grouped_gemm::workgroups(tile, n as u32, tokens as u32, experts as u32),
+                );
             }
             let plan = plan.finish(ctx)?;
             plan.run(ctx)?;

@@ -11,8 +11,8 @@ pub mod tensor_cores;
 use std::sync::Arc;
 
 use dg_gpu::{GpuContext, GpuError};
-use dg_kernels::coop_gemm::{CoopTile, Split};
 use dg_kernels::KernelSource;
+use dg_kernels::coop_gemm::{CoopTile, Split};
 
 use crate::testing::best_time;
 
@@ -75,35 +75,97 @@ const fn probe(name: &'static str, about: &'static str, needs_coop: bool, run: P
 /// Every probe, by name.
 pub const PROBES: &[Probe] = &[
     probe("gemm_throughput", "f32 GEMM, every tile, over the given shapes: ms and GFLOP/s", false, gemm::gemm_throughput),
-    probe("grouped_gemm_throughput", "f32 grouped (experts) GEMM, every tile, over a skewed routing: ms and GFLOP/s", false, gemm::grouped_gemm_throughput),
-    probe("dispatch_floor_probe", "what a dispatch costs by itself, dependent on the one before or not, by workgroups", false, dispatch::dispatch_floor_probe),
-    probe("dispatch_overhead_probe", "one dependent dispatch after another, µs each by workgroups", false, dispatch::dispatch_overhead_probe),
-    probe("workgroup_residency_probe", "workgroups a multiprocessor runs side by side, by workgroup memory", false, dispatch::workgroup_residency_probe),
+    probe(
+        "grouped_gemm_throughput",
+        "f32 grouped (experts) GEMM, every tile, over a skewed routing: ms and GFLOP/s",
+        false,
+        gemm::grouped_gemm_throughput,
+    ),
+    probe(
+        "dispatch_floor_probe",
+        "what a dispatch costs by itself, dependent on the one before or not, by workgroups",
+        false,
+        dispatch::dispatch_floor_probe,
+    ),
+    probe(
+        "dispatch_overhead_probe",
+        "one dependent dispatch after another, µs each by workgroups",
+        false,
+        dispatch::dispatch_overhead_probe,
+    ),
+    probe(
+        "workgroup_residency_probe",
+        "workgroups a multiprocessor runs side by side, by workgroup memory",
+        false,
+        dispatch::workgroup_residency_probe,
+    ),
     probe(
         "coop_grouped_gemm_throughput_at_the_real_expert_shapes",
         "the experts' tensor-core product at the real shapes: every candidate tile, residency, empty grid, W streamed alone, active experts",
         true,
         experts::coop_grouped_gemm_throughput_at_the_real_expert_shapes,
     ),
-    probe("f16_activations_throughput_at_the_real_shapes", "experts and dense projections with f32 against f16 activations", true, experts::f16_activations_throughput_at_the_real_shapes),
-    probe("experts_wave_probe", "the experts' products over a sweep of expert counts: the last wave of workgroups", true, experts::experts_wave_probe),
-    probe("dense_tensor_core_throughput_by_tile_and_split", "the decoder's dense products on the tensor cores by tile and K split", true, tensor_cores::dense_tensor_core_throughput_by_tile_and_split),
-    probe("tensor_core_step_ceiling_probe", "what bounds a tensor-core workgroup's K step (loads, products, staging)", true, tensor_cores::tensor_core_step_ceiling_probe),
-    probe("tensor_core_operand_traffic_probe", "what the operands' traffic costs: f16 A, W in panels, loads removed", true, tensor_cores::tensor_core_operand_traffic_probe),
-    probe("tensor_core_peak_probe", "the tensor cores' own ceiling through WGSL cooperative matrices: TFLOP/s", true, tensor_cores::tensor_core_peak_probe),
-    probe("barrier_drain_probe", "whether a workgroup barrier waits for global loads still in flight", true, tensor_cores::barrier_drain_probe),
+    probe(
+        "f16_activations_throughput_at_the_real_shapes",
+        "experts and dense projections with f32 against f16 activations",
+        true,
+        experts::f16_activations_throughput_at_the_real_shapes,
+    ),
+    probe(
+        "experts_wave_probe",
+        "the experts' products over a sweep of expert counts: the last wave of workgroups",
+        true,
+        experts::experts_wave_probe,
+    ),
+    probe(
+        "dense_tensor_core_throughput_by_tile_and_split",
+        "the decoder's dense products on the tensor cores by tile and K split",
+        true,
+        tensor_cores::dense_tensor_core_throughput_by_tile_and_split,
+    ),
+    probe(
+        "tensor_core_step_ceiling_probe",
+        "what bounds a tensor-core workgroup's K step (loads, products, staging)",
+        true,
+        tensor_cores::tensor_core_step_ceiling_probe,
+    ),
+    probe(
+        "tensor_core_operand_traffic_probe",
+        "what the operands' traffic costs: f16 A, W in panels, loads removed",
+        true,
+        tensor_cores::tensor_core_operand_traffic_probe,
+    ),
+    probe(
+        "tensor_core_peak_probe",
+        "the tensor cores' own ceiling through WGSL cooperative matrices: TFLOP/s",
+        true,
+        tensor_cores::tensor_core_peak_probe,
+    ),
+    probe(
+        "barrier_drain_probe",
+        "whether a workgroup barrier waits for global loads still in flight",
+        true,
+        tensor_cores::barrier_drain_probe,
+    ),
 ];
 
 /// The probe named `name`.
 pub fn find(name: &str) -> Result<&'static Probe, ProbeError> {
-    PROBES.iter().find(|p| p.name == name).ok_or_else(|| ProbeError::Unknown {
-        name: name.to_string(),
-        known: PROBES.iter().map(|p| p.name).collect::<Vec<_>>().join(", "),
-    })
+    PROBES
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| ProbeError::Unknown { name: name.to_string(), known: PROBES.iter().map(|p| p.name).collect::<Vec<_>>().join(", ") })
 }
 
 /// [`best_time`] of `replays` dispatches of one kernel with the same parameters and buffers.
-fn time_dispatch<P: bytemuck::Pod>(ctx: &GpuContext, pipeline: &Arc<dg_gpu::Pipeline>, params: &P, buffers: &[&wgpu::Buffer], groups: [u32; 3], replays: u32) -> Result<f64, ProbeError> {
+fn time_dispatch<P: bytemuck::Pod>(
+    ctx: &GpuContext,
+    pipeline: &Arc<dg_gpu::Pipeline>,
+    params: &P,
+    buffers: &[&wgpu::Buffer],
+    groups: [u32; 3],
+    replays: u32,
+) -> Result<f64, ProbeError> {
     let mut plan = dg_gpu::PlanBuilder::new(ctx);
     for _ in 0..replays {
         plan.push(pipeline, params, buffers, groups);

@@ -5,9 +5,9 @@
 //! naga on every machine (`tests/tensor_cores.rs`).
 
 use dg_gpu::{GpuContext, Pipelines};
+use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm::{CoopTile, Staging};
 use dg_kernels::coop_grouped_gemm::{self, WPath};
-use dg_kernels::WeightFormat;
 
 use super::{ProbeError, ProbeOptions, replaced, split_into, time_dispatch};
 use crate::testing::coop_experts::{Buffers, Case, real_counts};
@@ -24,24 +24,40 @@ pub fn dense_tensor_core_throughput_by_tile_and_split(ctx: &GpuContext, _options
     let mut pipelines = Pipelines::default();
     let scratch = ctx.storage_buffer("split partials", 64 << 20)?;
     // Times the product (and returns C of its last run).
-    let time = |pipelines: &mut Pipelines, tile: CoopTile, path: WPath, p: GemmParams, splits: u32| -> Result<(f64, Vec<f32>), ProbeError> {
-        let a = ctx.upload("a", &seeded((p.m * p.k) as usize, 71, 1.0))?;
-        let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((p.n * p.k) as usize, 72, 1.0)))?;
-        let c = ctx.storage_buffer("c", u64::from(p.m * p.n) * 4)?;
-        let kernel = pipelines.get(ctx, coop_gemm::source_for(tile, path, WeightFormat::F16, BLayout::Nk))?;
-        let reduce = pipelines.get(ctx, split_k::source())?;
-        let split = split_into(tile, p.k, splits);
-        let replays = 50;
-        let mut plan = dg_gpu::PlanBuilder::new(ctx);
-        for _ in 0..replays {
-            push_product(&mut plan, (&kernel, &reduce), tile, &p, split, [&a, &b, &scratch, &c]);
-        }
-        let best = best_time(ctx, &plan.finish(ctx)?, replays);
-        Ok((best, ctx.read_f32(&c, 0, (p.m * p.n) as usize)?))
-    };
+    let time =
+        |pipelines: &mut Pipelines, tile: CoopTile, path: WPath, p: GemmParams, splits: u32| -> Result<(f64, Vec<f32>), ProbeError> {
+            let a = ctx.upload("a", &seeded((p.m * p.k) as usize, 71, 1.0))?;
+            let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((p.n * p.k) as usize, 72, 1.0)))?;
+            let c = ctx.storage_buffer("c", u64::from(p.m * p.n) * 4)?;
+            let kernel = pipelines.get(ctx, coop_gemm::source_for(tile, path, WeightFormat::F16, BLayout::Nk))?;
+            let reduce = pipelines.get(ctx, split_k::source())?;
+            let split = split_into(tile, p.k, splits);
+            let replays = 50;
+            let mut plan = dg_gpu::PlanBuilder::new(ctx);
+            for _ in 0..replays {
+                push_product(&mut plan, (&kernel, &reduce), tile, &p, split, [&a, &b, &scratch, &c]);
+            }
+            let best = best_time(ctx, &plan.finish(ctx)?, replays);
+            Ok((best, ctx.read_f32(&c, 0, (p.m * p.n) as usize)?))
+        };
     let big = coop_gemm::TILE_128X128;
-    let tiles = [coop_gemm::TILE_64X64, coop_gemm::TILE_64X64.with_depth(2), coop_gemm::TILE_64X128, big.with_depth(1), big.with_depth(2), big.with_depth(3), big.with_depth(4), coop_gemm::TILE_32X64];
-    let shapes = [("q", 256, 4096, 2816), ("o", 256, 2816, 4096), ("mlp gate_up", 256, 4224, 2816), ("mlp down", 256, 2816, 2112), ("router", 256, 128, 2816)];
+    let tiles = [
+        coop_gemm::TILE_64X64,
+        coop_gemm::TILE_64X64.with_depth(2),
+        coop_gemm::TILE_64X128,
+        big.with_depth(1),
+        big.with_depth(2),
+        big.with_depth(3),
+        big.with_depth(4),
+        coop_gemm::TILE_32X64,
+    ];
+    let shapes = [
+        ("q", 256, 4096, 2816),
+        ("o", 256, 2816, 4096),
+        ("mlp gate_up", 256, 4224, 2816),
+        ("mlp down", 256, 2816, 2112),
+        ("router", 256, 128, 2816),
+    ];
     for (name, m, n, k) in shapes {
         let p = GemmParams::linear(m, n, k);
         let mut wholes = std::collections::HashMap::new();
@@ -145,7 +161,10 @@ pub fn tensor_core_operand_traffic_probe(ctx: &GpuContext, _options: &ProbeOptio
     use dg_kernels::split_k;
     let test = "tensor_core_operand_traffic_probe";
     let mut pipelines = Pipelines::default();
-    let f16_a: &[(&str, &str)] = &[("var<storage, read> a: array<vec4<f32>>", "var<storage, read> a: array<vec4<f16>>"), ("var ra: array<vec4<f32>, LA>", "var ra: array<vec4<f16>, LA>")];
+    let f16_a: &[(&str, &str)] = &[
+        ("var<storage, read> a: array<vec4<f32>>", "var<storage, read> a: array<vec4<f16>>"),
+        ("var ra: array<vec4<f32>, LA>", "var ra: array<vec4<f16>, LA>"),
+    ];
     let no_a: &[(&str, &str)] = &[("a[a_src[l] + ka]", "ra[l]")];
 
     // Dense: the decoder's projections, W in COPIES copies used in turn (more than L2 holds, so
@@ -154,7 +173,10 @@ pub fn tensor_core_operand_traffic_probe(ctx: &GpuContext, _options: &ProbeOptio
     let scratch = ctx.storage_buffer("split partials", 64 << 20)?;
     let staged_panel: &[(&str, &str)] = &[
         ("let w_step = BK4;", "let w_step = BN * BK4;"),
-        ("w_src[l] = w_base + (n0 + e / BK4) * (p.b_cs / 4u) + e % BK4 + s0 * w_step;", "w_src[l] = w_base + n0 * (p.k / 4u) + e + s0 * w_step;"),
+        (
+            "w_src[l] = w_base + (n0 + e / BK4) * (p.b_cs / 4u) + e % BK4 + s0 * w_step;",
+            "w_src[l] = w_base + n0 * (p.k / 4u) + e + s0 * w_step;",
+        ),
     ];
     let direct_panel: &[(&str, &str)] = &[
         ("let w_step = BK4;", "let w_step = BN * BK4;"),
@@ -244,9 +266,17 @@ pub fn tensor_core_peak_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Resu
     let seed = ctx.upload("seed", &[0.01f32; 4])?;
     let max_groups = 132u32 * 8;
     let out = ctx.storage_buffer("out", u64::from(max_groups * 4 * 8 * 256) * 4)?;
-    for (label, reload, barrier) in [("multiply only", false, false), ("fragments reloaded", true, false), ("reloaded + barrier", true, true)] {
+    for (label, reload, barrier) in
+        [("multiply only", false, false), ("fragments reloaded", true, false), ("reloaded + barrier", true, true)]
+    {
         for acc in [1u32, 4, 8] {
-            let source = KernelSource { name: format!("peak_{acc}_{reload}_{barrier}"), wgsl: peak_probe_wgsl(acc, reload, barrier), entry: "main", buffers: vec![Access::Read, Access::ReadWrite], params_size: 16 };
+            let source = KernelSource {
+                name: format!("peak_{acc}_{reload}_{barrier}"),
+                wgsl: peak_probe_wgsl(acc, reload, barrier),
+                entry: "main",
+                buffers: vec![Access::Read, Access::ReadWrite],
+                params_size: 16,
+            };
             let pipeline = pipelines.get(ctx, source)?;
             let mut line = format!("{test}: {label}, {acc} accumulators a subgroup, workgroups:");
             for groups in [132u32, 264, 528, 1056] {
@@ -269,7 +299,9 @@ pub fn peak_probe_wgsl(acc: u32, reload: bool, barrier: bool) -> String {
     let decls: String = (0..acc).map(|i| format!("    var acc{i} = coop_mat16x16<f32, C>();\n")).collect();
     let load = "        let fa = coopLoad<coop_mat16x16<f16, A>>(&sa[(s % 2u) * 256u], 16u);\n        let fb = coopLoad<coop_mat16x16<f16, B>>(&sa[256u - (s % 2u) * 256u], 16u);\n";
     let products: String = (0..acc).map(|i| format!("        acc{i} = coopMultiplyAdd(fa, fb, acc{i});\n")).collect();
-    let stores: String = (0..acc).map(|i| format!("    let o{i} = ((wid.x * 4u + lt / 32u) * 8u + {i}u) * 256u;\n    coopStore(acc{i}, &out[o{i}], 16u);\n")).collect();
+    let stores: String = (0..acc)
+        .map(|i| format!("    let o{i} = ((wid.x * 4u + lt / 32u) * 8u + {i}u) * 256u;\n    coopStore(acc{i}, &out[o{i}], 16u);\n"))
+        .collect();
     format!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n\
          @group(0) @binding(0) var<uniform> p: vec4<u32>;\n\
@@ -372,7 +404,11 @@ pub fn drain_probe_wgsl(loads: DrainLoads, distance: u32, barrier: bool, groups:
     let body_loads = if loads == DrainLoads::None {
         String::new()
     } else {
-        format!("        let nx = data[{}];\n        sum += r0;\n{rotate}        r{} = nx;\n", at(&format!("(s + {distance}u)")), distance - 1)
+        format!(
+            "        let nx = data[{}];\n        sum += r0;\n{rotate}        r{} = nx;\n",
+            at(&format!("(s + {distance}u)")),
+            distance - 1
+        )
     };
     format!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n\

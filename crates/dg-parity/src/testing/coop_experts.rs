@@ -6,10 +6,10 @@
 
 use dg_gpu::ops::Recorder;
 use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
+use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm::{AFormat, CoopTile};
 use dg_kernels::coop_grouped_gemm::{self, WPath};
 use dg_kernels::grouped_gemm::GroupedGemmParams;
-use dg_kernels::WeightFormat;
 
 use super::{GUARD, guarded_output, max_rel_err, read_guarded, seeded};
 
@@ -176,7 +176,15 @@ pub fn check(got: &[f32], want: &[f32], x: &Inputs, pick: impl Fn(usize) -> bool
 }
 
 /// A plan of `replays` dispatches of `tile`'s kernel on `b` (bypassing the Recorder's choice).
-pub fn tile_plan(ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: WPath, x: &Inputs, b: &Buffers, replays: u32) -> dg_gpu::Plan {
+pub fn tile_plan(
+    ctx: &GpuContext,
+    pipelines: &mut Pipelines,
+    tile: CoopTile,
+    path: WPath,
+    x: &Inputs,
+    b: &Buffers,
+    replays: u32,
+) -> dg_gpu::Plan {
     let pipeline = pipelines.get(ctx, coop_grouped_gemm::source_with(tile, path)).unwrap();
     let mut plan = dg_gpu::PlanBuilder::new(ctx);
     for _ in 0..replays {

@@ -70,7 +70,8 @@ impl Dense {
     }
 
     pub fn plan(&self, ctx: &GpuContext, pipelines: &mut Pipelines, format: AFormat, replays: u32) -> dg_gpu::Plan {
-        let kernel = pipelines.get(ctx, coop_gemm::source_for_a(self.tile, WPath::Staged, WeightFormat::F16, BLayout::NkPanels, format)).unwrap();
+        let kernel =
+            pipelines.get(ctx, coop_gemm::source_for_a(self.tile, WPath::Staged, WeightFormat::F16, BLayout::NkPanels, format)).unwrap();
         let reduce = pipelines.get(ctx, split_k::source()).unwrap();
         let (p, a) = (&self.p, self.a.get(format));
         let mut plan = dg_gpu::PlanBuilder::new(ctx);
@@ -118,7 +119,9 @@ impl Grouped {
             gather: u32::from(gather),
             ..bytemuck::Zeroable::zeroed()
         };
-        let w: Vec<u32> = (0..counts.len()).flat_map(|g| pack_f16_panels(&seeded((n * k) as usize, 100 + g as u64, 1.0), n as usize, k as usize, PANEL as usize)).collect();
+        let w: Vec<u32> = (0..counts.len())
+            .flat_map(|g| pack_f16_panels(&seeded((n * k) as usize, 100 + g as u64, 1.0), n as usize, k as usize, PANEL as usize))
+            .collect();
         Grouped {
             p,
             a: Activations::upload(ctx, &activations(tokens * k as usize, 93)),
@@ -130,11 +133,24 @@ impl Grouped {
         }
     }
 
-    pub fn plan(&self, ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: WPath, format: AFormat, replays: u32) -> dg_gpu::Plan {
+    pub fn plan(
+        &self,
+        ctx: &GpuContext,
+        pipelines: &mut Pipelines,
+        tile: CoopTile,
+        path: WPath,
+        format: AFormat,
+        replays: u32,
+    ) -> dg_gpu::Plan {
         let kernel = pipelines.get(ctx, coop_grouped_gemm::source_with_a(tile, path, format)).unwrap();
         let mut plan = dg_gpu::PlanBuilder::new(ctx);
         for _ in 0..replays {
-            plan.push(&kernel, &self.p, &[self.a.get(format), &self.w, &self.offsets, &self.rows, &self.c], coop_grouped_gemm::workgroups(tile, &self.p));
+            plan.push(
+                &kernel,
+                &self.p,
+                &[self.a.get(format), &self.w, &self.offsets, &self.rows, &self.c],
+                coop_grouped_gemm::workgroups(tile, &self.p),
+            );
         }
         plan.finish(ctx).unwrap()
     }

@@ -8,8 +8,8 @@
 pub mod coop_experts;
 pub mod half_activations;
 
-use dg_gpu::{GpuContext, GpuOptions};
 use dg_gpu::GpuError;
+use dg_gpu::{GpuContext, GpuOptions};
 
 /// Seconds a throughput probe runs a plan before timing it ([`best_time`]): on an H200 the first
 /// timings of a plan on freshly created buffers ran up to 4× slow, even right after a second of

@@ -18,21 +18,11 @@ pub struct FakeSpec {
 }
 
 impl FakeSpec {
-    pub fn logits(
-        &self,
-        cache_len: usize,
-        call: usize,
-        canvas: &[u32],
-        sc: Option<&[f32]>,
-    ) -> Vec<f32> {
+    pub fn logits(&self, cache_len: usize, call: usize, canvas: &[u32], sc: Option<&[f32]>) -> Vec<f32> {
         let v = self.vocab;
         let mut out = vec![0.0f32; canvas.len() * v];
         for (i, &tok) in canvas.iter().enumerate() {
-            let base = if self.peak_follows_canvas {
-                tok as usize * 7
-            } else {
-                0
-            };
+            let base = if self.peak_follows_canvas { tok as usize * 7 } else { 0 };
             let mut peak = (base + i * 3 + cache_len + 1) % v;
             let mut strength = if i % 2 == 0 { 14.0 } else { 0.7 };
             if let Some((row, eos, after)) = self.eos
@@ -43,11 +33,7 @@ impl FakeSpec {
                 strength = 20.0;
             }
             for j in 0..v {
-                let mut x = if j == peak {
-                    strength
-                } else {
-                    0.1 * ((j * 5 + i) % 3) as f32
-                };
+                let mut x = if j == peak { strength } else { 0.1 * ((j * 5 + i) % 3) as f32 };
                 if let Some(sc) = sc {
                     x += 0.01 * sc[i * v + j];
                 }
@@ -71,12 +57,7 @@ pub const C: usize = 6;
 pub const V: usize = 40;
 
 pub fn spec() -> FakeSpec {
-    FakeSpec {
-        vocab: V,
-        eos: None,
-        peak_follows_canvas: true,
-        nan_at: None,
-    }
+    FakeSpec { vocab: V, eos: None, peak_follows_canvas: true, nan_at: None }
 }
 
 pub fn cfg(blocks: usize, steps: usize) -> GenerationConfig {
@@ -103,13 +84,7 @@ pub struct FakeModel {
 
 impl FakeModel {
     pub fn new(spec: FakeSpec) -> Self {
-        FakeModel {
-            spec,
-            cache_len: 0,
-            encoded: vec![],
-            calls: vec![],
-            fail_encode_at: None,
-        }
+        FakeModel { spec, cache_len: 0, encoded: vec![], calls: vec![], fail_encode_at: None }
     }
 }
 
@@ -127,37 +102,21 @@ impl DenoiseModel for FakeModel {
         self.encoded.push(ids.to_vec());
         Ok(())
     }
-    fn canvas_forward(
-        &mut self,
-        canvas: &[u32],
-        sc: Option<&[f32]>,
-        logits: &mut [f32],
-    ) -> Result<(), FakeError> {
-        let out = self
-            .spec
-            .logits(self.cache_len, self.calls.len(), canvas, sc);
+    fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), FakeError> {
+        let out = self.spec.logits(self.cache_len, self.calls.len(), canvas, sc);
         logits.copy_from_slice(&out);
-        self.calls
-            .push((canvas.to_vec(), sc.map(<[f32]>::to_vec), out));
+        self.calls.push((canvas.to_vec(), sc.map(<[f32]>::to_vec), out));
         Ok(())
     }
 }
 
 /// Pseudo-random draws in the reference's order for `blocks` blocks of `steps` steps each.
-pub fn draws(
-    blocks: usize,
-    steps: usize,
-    c: usize,
-    v: usize,
-    seed: u64,
-) -> Vec<(DrawKind, Vec<u32>)> {
+pub fn draws(blocks: usize, steps: usize, c: usize, v: usize, seed: u64) -> Vec<(DrawKind, Vec<u32>)> {
     let mut s = seed;
     let mut ids = |n: usize| -> Vec<u32> {
         (0..n)
             .map(|_| {
-                s = s
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
+                s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
                 ((s >> 33) % v as u64) as u32
             })
             .collect()
@@ -182,13 +141,7 @@ pub struct Expected {
 }
 
 /// The reference's replay loop (its `generate` with recorded draws), written plainly with f64 math.
-pub fn reference_generate(
-    spec: &FakeSpec,
-    prompt: &[u32],
-    cfg: &GenerationConfig,
-    c: usize,
-    draws: &[(DrawKind, Vec<u32>)],
-) -> Expected {
+pub fn reference_generate(spec: &FakeSpec, prompt: &[u32], cfg: &GenerationConfig, c: usize, draws: &[(DrawKind, Vec<u32>)]) -> Expected {
     let v = spec.vocab;
     let mut next = 0;
     let mut take = |kind: DrawKind| {
@@ -220,16 +173,8 @@ pub fn reference_generate(
                 let row = &proc[i * v..(i + 1) * v];
                 let max = row.iter().cloned().fold(f32::MIN, f32::max);
                 argmax[i] = row.iter().position(|&x| x == max).unwrap() as u32;
-                let lse = f64::from(max)
-                    + row
-                        .iter()
-                        .map(|&x| (f64::from(x) - f64::from(max)).exp())
-                        .sum::<f64>()
-                        .ln();
-                h[i] = -row
-                    .iter()
-                    .map(|&x| (f64::from(x) - lse).exp() * (f64::from(x) - lse))
-                    .sum::<f64>();
+                let lse = f64::from(max) + row.iter().map(|&x| (f64::from(x) - f64::from(max)).exp()).sum::<f64>().ln();
+                h[i] = -row.iter().map(|&x| (f64::from(x) - lse).exp() * (f64::from(x) - lse)).sum::<f64>();
             }
             let mut order: Vec<usize> = (0..c).collect();
             order.sort_by(|&a, &b| h[a].partial_cmp(&h[b]).unwrap()); // stable: ties by index
@@ -239,18 +184,14 @@ pub fn reference_generate(
                 cum += h[i];
                 mask[i] = cum - h[i] <= f64::from(cfg.entropy_bound);
             }
-            canvas = (0..c)
-                .map(|i| if mask[i] { sampled[i] } else { noise[i] })
-                .collect();
+            canvas = (0..c).map(|i| if mask[i] { sampled[i] } else { noise[i] }).collect();
             let current: Vec<i64> = argmax.iter().map(|&a| i64::from(a)).collect();
             let stable = history.iter().all(|past| *past == current);
             if k > 0 {
                 history.remove(0);
                 history.push(current);
             }
-            let confident = cfg.stopping.is_some_and(|s| {
-                h.iter().sum::<f64>() / (c as f64) < f64::from(s.confidence_threshold)
-            });
+            let confident = cfg.stopping.is_some_and(|s| h.iter().sum::<f64>() / (c as f64) < f64::from(s.confidence_threshold));
             sc = Some(proc);
             if cfg.stopping.is_some() && stable && confident {
                 break;
@@ -270,9 +211,5 @@ pub fn reference_generate(
         }
         cache_len += c;
     }
-    Expected {
-        sequence,
-        steps,
-        draws_used: next,
-    }
+    Expected { sequence, steps, draws_used: next }
 }
