@@ -310,7 +310,10 @@ def test_disconnect_cancels(s):
             if stream:
                 sock.recv(4096)
             else:
-                time.sleep(0.1)
+                # Long enough for the server to have read the request even on a loaded machine (a
+                # connection closed before its request is read is no request to cancel), far
+                # shorter than the generation.
+                time.sleep(1.0)
             sock.close()
         deadline = time.time() + 60
         while metric(s, "dg_cancelled_total") < before + 5 and time.time() < deadline:

@@ -1,4 +1,5 @@
-//! The command line: `dg generate` and `dg info`, with their options.
+//! The command line: `dg generate`, `dg info` and `dg serve`, with their options (the sampler
+//! settings shared by generate and serve in [`SamplerArgs`]).
 
 use std::path::PathBuf;
 
@@ -84,37 +85,8 @@ pub struct GenerateArgs {
     #[arg(long, conflicts_with = "prompt_ids")]
     pub chat: bool,
 
-    /// New tokens to generate; whole canvases are generated, ceil(N / canvas) of them.
-    #[arg(long, value_name = "N")]
-    pub max_new_tokens: Option<usize>,
-
-    /// Denoising steps per canvas at most.
-    #[arg(long, value_name = "N")]
-    pub steps: Option<usize>,
-
-    /// Seed of the sampler's random draws.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-
-    /// Acceptance budget per step, in nats.
-    #[arg(long, value_name = "NATS")]
-    pub entropy_bound: Option<f64>,
-
-    /// Temperature at the last step.
-    #[arg(long, value_name = "T")]
-    pub t_min: Option<f64>,
-
-    /// Temperature at the first step.
-    #[arg(long, value_name = "T")]
-    pub t_max: Option<f64>,
-
-    /// Previous argmax canvases that must equal the current one to stop early (0: always stable).
-    #[arg(long, value_name = "N")]
-    pub stability_threshold: Option<usize>,
-
-    /// Stop a canvas early when its mean entropy (nats) falls below this.
-    #[arg(long, value_name = "NATS")]
-    pub confidence_threshold: Option<f64>,
+    #[command(flatten)]
+    pub sampler: SamplerArgs,
 
     /// Backend: gpu, cpu, or auto (the GPU when an adapter exists, else the CPU).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
@@ -151,4 +123,57 @@ pub struct InfoArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The sampler settings `generation_config.json` gives, overridden from the command line (for
+/// `dg serve`, the defaults of a request that sets none).
+#[derive(Debug, Args)]
+pub struct SamplerArgs {
+    /// New tokens to generate; whole canvases are generated, ceil(N / canvas) of them.
+    #[arg(long, value_name = "N")]
+    pub max_new_tokens: Option<usize>,
+
+    /// Denoising steps per canvas at most.
+    #[arg(long, value_name = "N")]
+    pub steps: Option<usize>,
+
+    /// Seed of the sampler's random draws.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Acceptance budget per step, in nats.
+    #[arg(long, value_name = "NATS")]
+    pub entropy_bound: Option<f64>,
+
+    /// Temperature at the last step.
+    #[arg(long, value_name = "T")]
+    pub t_min: Option<f64>,
+
+    /// Temperature at the first step.
+    #[arg(long, value_name = "T")]
+    pub t_max: Option<f64>,
+
+    /// Previous argmax canvases that must equal the current one to stop early (0: always stable).
+    #[arg(long, value_name = "N")]
+    pub stability_threshold: Option<usize>,
+
+    /// Stop a canvas early when its mean entropy (nats) falls below this.
+    #[arg(long, value_name = "NATS")]
+    pub confidence_threshold: Option<f64>,
+}
+
+impl SamplerArgs {
+    /// The `generation_config.json` fields these options set.
+    pub fn overrides(&self) -> dg_model::RawGenerationConfig {
+        dg_model::RawGenerationConfig {
+            max_new_tokens: self.max_new_tokens,
+            max_denoising_steps: self.steps,
+            entropy_bound: self.entropy_bound,
+            t_min: self.t_min,
+            t_max: self.t_max,
+            stability_threshold: self.stability_threshold,
+            confidence_threshold: self.confidence_threshold,
+            ..Default::default()
+        }
+    }
 }

@@ -50,7 +50,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             "prompt: {} tokens; up to {planned} canvas(es) of {c} tokens, {} steps each, seed {}",
             prompt.ids.len(),
             settings.max_denoising_steps,
-            args.seed
+            args.sampler.seed
         );
     }
 
@@ -63,7 +63,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Backend::Cpu => {
             let cpu = load::cpu(&model)?;
             let load = load_start.elapsed();
-            sample(cpu, load, args.seed, |m, rng| {
+            sample(cpu, load, args.sampler.seed, |m, rng| {
                 dg_sampler::generate(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
             })?
         }
@@ -78,15 +78,25 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             };
             let gpu = load::gpu(&model, *ctx, positions, format, report)?;
             let load = load_start.elapsed();
-            sample(gpu, load, args.seed, |m, rng| {
+            sample(gpu, load, args.sampler.seed, |m, rng| {
                 dg_sampler::generate_resident(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
             })?
         }
     };
     timings.total = started.elapsed();
 
-    let report =
-        Report::new(&dir, backend_name, adapter, args.seed, &prompt, &generation, &settings, codec.as_ref(), progress.canvases, timings)?;
+    let report = Report::new(
+        &dir,
+        backend_name,
+        adapter,
+        args.sampler.seed,
+        &prompt,
+        &generation,
+        &settings,
+        codec.as_ref(),
+        progress.canvases,
+        timings,
+    )?;
     if mode != Mode::Quiet {
         eprintln!("{}", report.summary(mode == Mode::Live));
     }
@@ -100,21 +110,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 
 /// generation_config.json of the directory, overridden by the command line, resolved.
 fn generation_config(args: &GenerateArgs, model: &ModelDir) -> Result<GenerationConfig> {
-    resolve_settings(model, sampler_overrides(args))
-}
-
-/// The sampler settings the command line sets.
-fn sampler_overrides(args: &GenerateArgs) -> RawGenerationConfig {
-    RawGenerationConfig {
-        max_new_tokens: args.max_new_tokens,
-        max_denoising_steps: args.steps,
-        entropy_bound: args.entropy_bound,
-        t_min: args.t_min,
-        t_max: args.t_max,
-        stability_threshold: args.stability_threshold,
-        confidence_threshold: args.confidence_threshold,
-        ..Default::default()
-    }
+    resolve_settings(model, args.sampler.overrides())
 }
 
 /// generation_config.json of `model` with the fields `over` sets replaced, resolved and checked.

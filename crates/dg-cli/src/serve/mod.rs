@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use dg_model::RawGenerationConfig;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
@@ -72,37 +71,9 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
 
-    /// Default max_tokens of a request that gives none.
-    #[arg(long, value_name = "N")]
-    pub max_new_tokens: Option<usize>,
-
-    /// Default denoising steps per canvas (a request's dg.steps overrides).
-    #[arg(long, value_name = "N")]
-    pub steps: Option<usize>,
-
-    /// Default seed of a request that gives none.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-
-    /// Default acceptance budget per step, in nats.
-    #[arg(long, value_name = "NATS")]
-    pub entropy_bound: Option<f64>,
-
-    /// Default temperature at the last step.
-    #[arg(long, value_name = "T")]
-    pub t_min: Option<f64>,
-
-    /// Default temperature at the first step.
-    #[arg(long, value_name = "T")]
-    pub t_max: Option<f64>,
-
-    /// Default stability threshold of the early stop.
-    #[arg(long, value_name = "N")]
-    pub stability_threshold: Option<usize>,
-
-    /// Default confidence threshold of the early stop (nats).
-    #[arg(long, value_name = "NATS")]
-    pub confidence_threshold: Option<f64>,
+    /// Defaults of a request that sets none of them (its `max_tokens`, `seed` and `dg` object win).
+    #[command(flatten)]
+    pub sampler: crate::args::SamplerArgs,
 
     /// Largest request body, in bytes (larger: 413).
     #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
@@ -142,16 +113,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if context == 0 || context > max_positions {
         return Err(input(format!("--context {context} must be in 1..={max_positions} (max_position_embeddings)")));
     }
-    let defaults = RawGenerationConfig {
-        max_new_tokens: args.max_new_tokens,
-        max_denoising_steps: args.steps,
-        entropy_bound: args.entropy_bound,
-        t_min: args.t_min,
-        t_max: args.t_max,
-        stability_threshold: args.stability_threshold,
-        confidence_threshold: args.confidence_threshold,
-        ..Default::default()
-    };
+    let defaults = args.sampler.overrides();
     crate::generate::resolve_settings(&model, defaults.clone())?;
     let model_name = args
         .served_model_name
@@ -187,7 +149,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         jobs: jobs_tx,
         metrics,
         defaults,
-        default_seed: args.seed,
+        default_seed: args.sampler.seed,
         context,
         api_key: args.api_key.clone(),
         max_body: args.max_body,
