@@ -17,8 +17,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
 use ash::vk;
-use dg_kernels::coop_gemm::{self, BLayout, WPath};
-use dg_kernels::{KernelSource, WeightFormat, coop_grouped_gemm};
+use dg_kernels::KernelSource;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -30,20 +29,9 @@ pub struct Args {
     ir: Option<PathBuf>,
 }
 
-/// The portable kernels plus every tensor-core tile with each W path (F16, `[n][k]` weights).
+/// Every kernel key's kernel (`dg_kernels::KernelKey::all`), the tensor-core ones included.
 fn kernels() -> Vec<KernelSource> {
-    let mut all = dg_kernels::all_variants();
-    for &tile in coop_gemm::TILES.iter().chain(coop_gemm::TUNING_TILES) {
-        for path in [WPath::Staged, WPath::Direct] {
-            all.push(coop_gemm::source_for(tile, path, WeightFormat::F16, BLayout::Nk));
-        }
-    }
-    for &tile in coop_grouped_gemm::TILES {
-        for path in [WPath::Staged, WPath::Direct] {
-            all.push(coop_grouped_gemm::source_with(tile, path));
-        }
-    }
-    all
+    dg_kernels::KernelKey::all().into_iter().map(|k| k.source()).collect()
 }
 
 pub fn run(args: Args) -> Result<bool> {

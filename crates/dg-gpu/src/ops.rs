@@ -6,8 +6,8 @@ use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::sample_rows::{self, SampleRowsParams};
 use dg_kernels::{
-    KernelSource, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms, rmsnorm,
-    rope, router_topk, softmax, softmax_chunked, split_k,
+    KernelKey, KernelKey as K, Lanes, WeightFormat, axpby, coop_gemm, coop_grouped_gemm, embed, gelu_glu, moe_combine, moe_dispatch,
+    residual_norms, rmsnorm, rope, router_topk, softmax, softmax_chunked, split_k,
 };
 
 use crate::context::GpuContext;
@@ -163,8 +163,8 @@ impl<'a> Recorder<'a> {
         self.plan.finish(self.ctx)
     }
 
-    fn push<P: bytemuck::Pod>(&mut self, src: KernelSource, p: &P, buffers: &[&'a wgpu::Buffer], groups: [u32; 3]) -> Result<(), GpuError> {
-        let pipeline = self.pipelines.get(self.ctx, src)?;
+    fn push<P: bytemuck::Pod>(&mut self, key: KernelKey, p: &P, buffers: &[&'a wgpu::Buffer], groups: [u32; 3]) -> Result<(), GpuError> {
+        let pipeline = self.pipelines.get(self.ctx, key)?;
         self.plan.push_labeled(self.scope.clone(), &pipeline, p, buffers, groups);
         Ok(())
     }
@@ -252,7 +252,7 @@ impl<'a> Recorder<'a> {
         };
         let g = self.groups(rows as u32);
         let lanes = self.row_lanes(&[p.dim, p.x_offset, p.out_offset, p.split_stride]);
-        self.push(rmsnorm::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w.unwrap_or(dummy), out], g)
+        self.push(K::RmsNorm(self.ctx.row_reduce(), Lanes::of(lanes)), &p, &[x.buffer, w.unwrap_or(dummy), out], g)
     }
 
     /// After attention, in one dispatch (`dg_kernels::residual_norms`): `hidden += rms(x)·w_res`,
@@ -285,8 +285,8 @@ impl<'a> Recorder<'a> {
         };
         let g = self.groups(residual_norms::workgroups(rows as u32));
         let lanes = self.row_lanes(&[p.dim, p.split_stride]);
-        let source = match format_b {
-            AFormat::F16 if lanes == 4 => residual_norms::source_attention_half(self.ctx.row_reduce()),
+        let key = match format_b {
+            AFormat::F16 if lanes == 4 => K::AttentionNorms { reduce: self.ctx.row_reduce(), lanes: Lanes::Four, half_bc: true },
             AFormat::F16 => {
                 return Err(GpuError::Unsupported {
                     what: format!(
@@ -295,9 +295,9 @@ impl<'a> Recorder<'a> {
                     ),
                 });
             }
-            AFormat::F32 => residual_norms::source_attention_lanes(self.ctx.row_reduce(), lanes),
+            AFormat::F32 => K::AttentionNorms { reduce: self.ctx.row_reduce(), lanes: Lanes::of(lanes), half_bc: false },
         };
-        self.push(source, &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
+        self.push(key, &p, &[x.buffer, w_res, w_a, w_b, w_c, hidden, out_a, out_bc], g)
     }
 
     /// After the feed-forward blocks, in one dispatch (`dg_kernels::residual_norms`):
@@ -352,12 +352,12 @@ impl<'a> Recorder<'a> {
         let norms = [mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed];
         match fused {
             Some(c) => self.push(
-                residual_norms::source_ffn_combine_lanes(reduce, lanes),
+                K::FfnNorms { reduce, lanes: Lanes::of(lanes), combine: true },
                 &p,
                 &[&norms[..], &[c.y, c.idx, c.weights, c.slot_of]].concat(),
                 g,
             ),
-            None => self.push(residual_norms::source_ffn_lanes(reduce, lanes), &p, &norms, g),
+            None => self.push(K::FfnNorms { reduce, lanes: Lanes::of(lanes), combine: false }, &p, &norms, g),
         }
     }
 
@@ -415,7 +415,7 @@ impl<'a> Recorder<'a> {
                 self.dense(a, b, c, tail, false, false)
             }
             Dense::Portable { tile } => {
-                self.push(gemm::source_for(tile, b.format), &p, &[a, b.buffer, c], gemm::workgroups(tile, p.m, p.n, p.batch))?;
+                self.push(K::Gemm { tile, w: b.format }, &p, &[a, b.buffer, c], gemm::workgroups(tile, p.m, p.n, p.batch))?;
                 Ok(c.into())
             }
         }
@@ -433,8 +433,8 @@ impl<'a> Recorder<'a> {
         plan: CoopPlan,
         defer: bool,
     ) -> Result<Product<'a>, GpuError> {
-        let CoopPlan { tile, layout, path, split } = plan;
-        let kernel = coop_gemm::source_for(tile, path, b.format, layout);
+        let CoopPlan { kernel, split } = plan;
+        let (tile, kernel) = (kernel.tile, K::CoopGemm(kernel));
         let split = self.split_scratch.zip(split).map(|((scratch, _), split)| (scratch, split));
         let Some((scratch, split)) = split else {
             self.push(kernel, &p, &[a, b.buffer, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch))?;
@@ -449,7 +449,7 @@ impl<'a> Recorder<'a> {
         }
         let r = split.reduce_params(&p);
         let g = self.groups(split_k::workgroups(&r));
-        self.push(split_k::source(), &r, &[scratch, c], g)?;
+        self.push(K::SplitK, &r, &[scratch, c], g)?;
         Ok(c.into())
     }
 
@@ -479,12 +479,12 @@ impl<'a> Recorder<'a> {
             }),
             Grouped::Portable { tile } => {
                 let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
-                self.push(grouped_gemm::source_for(tile, w.format), &p, &[a, w.buffer, offsets, rows, c], g)
+                self.push(K::GroupedGemm { tile, w: w.format }, &p, &[a, w.buffer, offsets, rows, c], g)
             }
             Grouped::TensorCores { tile, path } => {
                 let p = coop_grouped_gemm::params_for(tile, &p);
                 self.push(
-                    coop_grouped_gemm::source_with_a(tile, path, a_format),
+                    K::CoopGroupedGemm { tile, path, a: a_format },
                     &p,
                     &[a, w.buffer, offsets, rows, c],
                     coop_grouped_gemm::workgroups(tile, &p),
@@ -505,7 +505,7 @@ impl<'a> Recorder<'a> {
     ) -> Result<(), GpuError> {
         let p = rope::RopeParams { tokens: tokens as u32, heads: heads as u32, half: half as u32, _pad: 0 };
         let g = self.groups(rope::workgroups(&p));
-        self.push(rope::source(), &p, &[x, cos, sin], g)
+        self.push(K::Rope, &p, &[x, cos, sin], g)
     }
 
     /// Per-head RMSNorm fused with RoPE (`dg_kernels::norm_rope`) of `heads` K rows a token from
@@ -566,14 +566,14 @@ impl<'a> Recorder<'a> {
         };
         let g = self.groups(norm_rope::workgroups(&p));
         let lanes = self.lanes_knob(norm_rope::lanes_for(&p));
-        self.push(norm_rope::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x.buffer, w, cos, sin, out, values, q_w, q_out], g)
+        self.push(K::NormRope(self.ctx.row_reduce(), Lanes::of(lanes)), &p, &[x.buffer, w, cos, sin, out, values, q_w, q_out], g)
     }
 
     /// Row softmax in place (with the attention mask of `p`).
     pub fn softmax(&mut self, x: &'a wgpu::Buffer, p: softmax::SoftmaxParams) -> Result<(), GpuError> {
         let g = self.groups(softmax::workgroups(&p));
         let lanes = self.row_lanes(&[p.cols]);
-        self.push(softmax::source_lanes(self.ctx.row_reduce(), lanes), &p, &[x], g)
+        self.push(K::Softmax(self.ctx.row_reduce(), Lanes::of(lanes)), &p, &[x], g)
     }
 
     /// Plain softmax in place over `x: [rows, cols]`: rows of at least
@@ -591,8 +591,8 @@ impl<'a> Recorder<'a> {
             });
         }
         let g = self.groups(p.workgroups());
-        self.push(softmax_chunked::partials(self.ctx.row_reduce()), &p, &[x, part], g)?;
-        self.push(softmax_chunked::apply(self.ctx.row_reduce()), &p, &[x, part], g)
+        self.push(K::SoftmaxPartials(self.ctx.row_reduce()), &p, &[x, part], g)?;
+        self.push(K::SoftmaxApply(self.ctx.row_reduce()), &p, &[x, part], g)
     }
 
     /// `out[rows, I] = gelu_tanh(in[:, :I]) ⊙ in[:, I:]` for `in: [rows, 2·I]` (a buffer or a
@@ -608,7 +608,7 @@ impl<'a> Recorder<'a> {
         let lanes = self.row_lanes(&[inter as u32, input.split_stride]);
         let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
         let g = self.groups(gelu_glu::workgroups(&p));
-        self.push(gelu_glu::fused_lanes(lanes, false), &p, &[input.buffer, out], g)
+        self.push(K::GeluGlu { lanes: Lanes::of(lanes), half: false }, &p, &[input.buffer, out], g)
     }
 
     /// Two gated activations in one dispatch (`dg_kernels::gelu_glu::pair`): `out = gelu_tanh(gate)
@@ -630,7 +630,7 @@ impl<'a> Recorder<'a> {
         let a = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
         let p = gelu_glu::GeluGluParams::pair(a, (rows_b as u32, inter_b as u32));
         let g = self.groups(gelu_glu::workgroups(&p));
-        self.push(gelu_glu::pair_lanes(half_b, lanes), &p, &[input.buffer, out, input_b, out_b], g)
+        self.push(K::GeluGluPair { lanes: Lanes::of(lanes), half_b }, &p, &[input.buffer, out, input_b, out_b], g)
     }
 
     /// Rows `row_start..row_start+row_count` of the scaled embedding for the ids in that range.
@@ -673,14 +673,14 @@ impl<'a> Recorder<'a> {
             _pad: [0; 3],
         };
         let g = self.groups(embed::workgroups(&p));
-        self.push(embed::source_for(table_format), &p, &[ids, table, out], g)
+        self.push(K::Embed(table_format), &p, &[ids, table, out], g)
     }
 
     /// `out = out·beta + x·alpha` over `n` values.
     pub fn axpby(&mut self, x: &'a wgpu::Buffer, out: &'a wgpu::Buffer, n: usize, alpha: f32, beta: f32) -> Result<(), GpuError> {
         let p = axpby::AxpbyParams { n: n as u32, alpha, beta, _pad: 0 };
         let g = self.groups(axpby::workgroups(&p));
-        self.push(axpby::source(), &p, &[x, out], g)
+        self.push(K::Axpby, &p, &[x, out], g)
     }
 
     /// Softmax over experts, top-k, renormalise, × per-expert scale.
@@ -705,7 +705,7 @@ impl<'a> Recorder<'a> {
             _pad: [0; 3],
         };
         let g = self.groups(router_topk::workgroups(&p));
-        self.push(router_topk::source(self.ctx.row_reduce()), &p, &[logits.buffer, per_expert_scale, idx, w], g)
+        self.push(K::RouterTopk(self.ctx.row_reduce()), &p, &[logits.buffer, per_expert_scale, idx, w], g)
     }
 
     /// Groups the `[tokens, k]` routing entries `idx` by expert (offsets, rows, slot_of; see
@@ -726,7 +726,7 @@ impl<'a> Recorder<'a> {
     ) -> Result<(), GpuError> {
         let p = moe_dispatch::MoeDispatchParams { tokens: tokens as u32, k: k as u32, experts: experts as u32, tile_rows };
         let g = self.groups(moe_dispatch::workgroups(&p));
-        self.push(moe_dispatch::source(), &p, &[idx, offsets, rows, slot_of], g)
+        self.push(K::MoeDispatch, &p, &[idx, offsets, rows, slot_of], g)
     }
 
     /// Per token, the weighted sum of its experts' outputs in ascending expert order.
@@ -744,7 +744,7 @@ impl<'a> Recorder<'a> {
     ) -> Result<(), GpuError> {
         let p = moe_combine::MoeCombineParams { tokens: tokens as u32, k: k as u32, hidden: hidden as u32, _pad: 0 };
         let g = self.groups(moe_combine::workgroups(&p));
-        self.push(moe_combine::source_for(hidden as u32), &p, &[y, idx, w, slot_of, out], g)
+        self.push(K::MoeCombine(Lanes::of(dg_kernels::lanes_for(&[hidden as u32]))), &p, &[y, idx, w, slot_of, out], g)
     }
 
     /// The per-row work of a sampler step on `logits: [rows, vocab]`: `scaled = logits / T`, and per row
@@ -764,7 +764,7 @@ impl<'a> Recorder<'a> {
     ) -> Result<(), GpuError> {
         let p = SampleRowsParams { rows: rows as u32, vocab: vocab as u32, _pad: [0; 2] };
         let g = self.groups(sample_rows::workgroups(&p));
-        self.push(sample_rows::source(), &p, &[logits, scaled, step, draws, results], g)
+        self.push(K::SampleRows, &p, &[logits, scaled, step, draws, results], g)
     }
 }
 

@@ -152,23 +152,7 @@ fn convert_run(t: &StoredTensor, start: usize, format: WeightFormat, dst: &mut [
     for (b, out) in dst.chunks_mut(BATCH * size).enumerate() {
         let wide = &mut wide[..out.len() / size];
         t.widen_range(start + b * BATCH, wide);
-        match format {
-            WeightFormat::F32 => {
-                for (o, v) in out.chunks_exact_mut(4).zip(wide.iter()) {
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            WeightFormat::Bf16 => {
-                for (o, &v) in out.chunks_exact_mut(2).zip(wide.iter()) {
-                    o.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
-                }
-            }
-            WeightFormat::F16 => {
-                for (o, &v) in out.chunks_exact_mut(2).zip(wide.iter()) {
-                    o.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
-                }
-            }
-        }
+        format.encode(wide, out);
     }
 }
 

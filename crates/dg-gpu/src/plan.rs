@@ -1,6 +1,7 @@
 //! Compiled kernels and dispatch plans.
 //!
-//! [`Pipelines`] compiles each kernel variant once, with an explicit layout derived from the
+//! [`Pipelines`] compiles each kernel variant once, keyed by its [`KernelKey`] (or, for a one-off
+//! kernel a test or probe builds, by its name), with an explicit layout derived from the
 //! shared binding convention of dg-kernels (uniform params at binding 0 with a dynamic offset,
 //! storage buffers after it). A [`Plan`] is a list of dispatches whose parameters all live in one
 //! uniform buffer at aligned offsets and whose bind groups are created once; replaying it only
@@ -10,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dg_kernels::{Access, KernelSource};
+use dg_kernels::{Access, KernelKey, KernelSource};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -23,20 +24,32 @@ pub struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
 }
 
-/// Compiled kernels by variant name.
+/// Compiled kernels by key (and one-off kernels by name).
 #[derive(Debug, Default)]
 pub struct Pipelines {
-    map: HashMap<String, Arc<Pipeline>>,
+    by_key: HashMap<KernelKey, Arc<Pipeline>>,
+    by_name: HashMap<String, Arc<Pipeline>>,
 }
 
 impl Pipelines {
-    /// The pipeline of `source`, compiled on first use.
-    pub fn get(&mut self, ctx: &GpuContext, source: KernelSource) -> Result<Arc<Pipeline>, GpuError> {
-        if let Some(p) = self.map.get(&source.name) {
+    /// The pipeline of `key`, rendered and compiled on first use.
+    pub fn get(&mut self, ctx: &GpuContext, key: KernelKey) -> Result<Arc<Pipeline>, GpuError> {
+        if let Some(p) = self.by_key.get(&key) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(compile(ctx, key.source())?);
+        self.by_key.insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// The pipeline of a kernel built outside the key space (a probe's or a test's variant),
+    /// compiled on first use of its name.
+    pub fn get_source(&mut self, ctx: &GpuContext, source: KernelSource) -> Result<Arc<Pipeline>, GpuError> {
+        if let Some(p) = self.by_name.get(&source.name) {
             return Ok(p.clone());
         }
         let p = Arc::new(compile(ctx, source)?);
-        self.map.insert(p.source.name.clone(), p.clone());
+        self.by_name.insert(p.source.name.clone(), p.clone());
         Ok(p)
     }
 }

@@ -9,10 +9,10 @@
 //! dg-kernels (`coop_gemm::plan_layout`, `coop_gemm::Split`, `coop_grouped_gemm::choose`,
 //! `grouped_gemm::choose`, `gemm::choose_batched`); this module is where they are combined.
 
-use dg_kernels::WeightFormat;
-use dg_kernels::coop_gemm::{self, BLayout, CoopTile, Split, WPath};
+use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
 use dg_kernels::gemm::{self, GemmParams, GemmTile};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
+use dg_kernels::{CoopGemmKey, WeightFormat};
 use dg_kernels::{coop_grouped_gemm, moe_dispatch};
 
 use crate::context::GpuContext;
@@ -65,12 +65,11 @@ pub enum Dense {
     Portable { tile: GemmTile },
 }
 
-/// A product on the tensor cores: the kernel's tile, B layout and W path, and the split of K.
+/// A product on the tensor cores: the kernel (tile, W path, B format and layout, A format), and
+/// the split of K.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CoopPlan {
-    pub tile: CoopTile,
-    pub layout: BLayout,
-    pub path: WPath,
+    pub kernel: CoopGemmKey,
     /// `None`: the product whole; else its partials, added by the consumer or by `split_k`.
     pub split: Option<Split>,
 }
@@ -153,15 +152,14 @@ impl<'t> Planner<'t> {
             )));
         }
         if let Some((tile, layout)) = planned {
-            // Direct loads only for F16 `W[n][k]` (on an H200: 133 µs instead of 83 for q_proj, so
-            // staged is the default; the experts' grouped GEMM goes the other way, see
-            // `coop_grouped_gemm::choose`).
-            let path = match self.tuning.coop_path {
-                WPath::Direct if b_format != WeightFormat::F16 || layout == BLayout::Kn => WPath::Staged,
-                path => path,
-            };
+            // Staged by default (on an H200 direct loads took q_proj 83 → 133 µs; the experts'
+            // grouped GEMM goes the other way, see `coop_grouped_gemm::choose`); the tuning's path
+            // where the kernel takes it (`CoopGemmKey::is_valid`: direct and single-stage W need
+            // F16, direct `W[n][k]`), else staged.
+            let staged = CoopGemmKey { tile, path: WPath::Staged, w: b_format, layout, a: AFormat::F32 };
+            let kernel = Some(CoopGemmKey { path: self.tuning.coop_path, ..staged }).filter(|k| k.is_valid()).unwrap_or(staged);
             let split = split_scratch.and_then(|len| Split::choose(tile, p, self.split_target(tile, p), len));
-            return Ok(Dense::TensorCores(CoopPlan { tile, layout, path, split }));
+            return Ok(Dense::TensorCores(CoopPlan { kernel, split }));
         }
         if tensor_cores && self.caps.coop_matrix {
             // Ragged columns (a sliding layer's scores over its 1023 visible keys): the body of

@@ -38,7 +38,8 @@ pub struct Tuning {
     /// fits (one of `coop_gemm::TILES` or `coop_gemm::TUNING_TILES`).
     pub coop_tile: Option<CoopTile>,
     /// `DG_COOP_PATH=staged|direct|single`: how the dense tensor-core GEMM's W fragments reach
-    /// the tensor cores (direct only for F16 `W[n][k]`; the rest stays staged).
+    /// the tensor cores where the kernel takes it (`dg_kernels::CoopGemmKey::is_valid`: direct
+    /// only for F16 `W[n][k]`, single only for F16); the rest stays staged.
     pub coop_path: WPath,
     /// `DG_COOP_DEPTH=N`: the dense tensor-core tile's global loads `N` K steps ahead.
     pub coop_depth: Option<u32>,

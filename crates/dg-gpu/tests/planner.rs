@@ -2,16 +2,20 @@
 //! hidden 2816, 16 q heads of 256 (sliding, 8 KV heads) or 512 (full, 2 KV heads), 128 experts
 //! top-8 of width 704, dense MLP 2112, vocabulary 262144; canvas 256, context 1024, encoder chunks
 //! of 1024 tokens) on an H200-like device and on a lavapipe-like one, held as golden values: a
-//! change of any kernel, tile, path, split or grid shows here. No device needed.
+//! change of any kernel, tile, path, split or grid shows here. Every kernel chosen is one of the
+//! keys `KernelKey::all` enumerates (and naga validates). No device needed.
 
 use dg_gpu::MatrixLayout;
 use dg_gpu::planner::{ASSUMED_MULTIPROCESSORS, Capabilities, Dense, Grouped, Planner};
 use dg_gpu::tuning::Tuning;
-use dg_kernels::WeightFormat;
-use dg_kernels::coop_gemm;
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use dg_kernels::coop_gemm::{self, AFormat, WPath};
 use dg_kernels::coop_grouped_gemm;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
+use dg_kernels::{KernelKey, WeightFormat};
 
 /// An H200 as wgpu reports it: cooperative matrices, 48 KiB of workgroup memory, 4 GiB bindings;
 /// its 132 multiprocessors.
@@ -57,6 +61,13 @@ struct Attention {
 const SLIDING: Attention = Attention { name: "sliding", d: 256, kv: 8, has_v: true };
 const FULL: Attention = Attention { name: "full", d: 512, kv: 2, has_v: false };
 
+/// `key`, after checking that it is one of [`KernelKey::all`].
+fn known(key: KernelKey) -> KernelKey {
+    static ALL: OnceLock<HashSet<KernelKey>> = OnceLock::new();
+    assert!(ALL.get_or_init(|| KernelKey::all().into_iter().collect()).contains(&key), "the planner chose {key:?}, which is not a key");
+    key
+}
+
 fn describe_dense(
     planner: &Planner<'_>,
     format: WeightFormat,
@@ -68,10 +79,12 @@ fn describe_dense(
     match planner.dense(format, layout, p, tensor_cores, scratch) {
         Err(e) => format!("error: {e}"),
         Ok(Dense::TensorCores(plan)) => {
+            let k = plan.kernel;
+            known(KernelKey::CoopGemm(k));
             let splits = plan.split.map_or(1, |s| s.splits);
-            let grid = coop_gemm::workgroups_split(plan.tile, p.m, p.n, p.batch, splits);
+            let grid = coop_gemm::workgroups_split(k.tile, p.m, p.n, p.batch, splits);
             let split = plan.split.map_or("whole".to_string(), |s| format!("split {}x{}", s.splits, s.steps));
-            format!("coop_gemm {} {:?} {:?} {format:?} {split} grid {grid:?}", plan.tile.label(), plan.layout, plan.path)
+            format!("coop_gemm {} {:?} {:?} {format:?} {split} grid {grid:?}", k.tile.label(), k.layout, k.path)
         }
         Ok(Dense::BodyAndTail { n_body }) => {
             let body = GemmParams { n: n_body, ..*p };
@@ -82,7 +95,10 @@ fn describe_dense(
                 describe_dense(planner, format, MatrixLayout::RowMajor, &tail, false, scratch)
             )
         }
-        Ok(Dense::Portable { tile }) => format!("gemm {} {format:?} grid {:?}", tile.label(), gemm::workgroups(tile, p.m, p.n, p.batch)),
+        Ok(Dense::Portable { tile }) => {
+            known(KernelKey::Gemm { tile, w: format });
+            format!("gemm {} {format:?} grid {:?}", tile.label(), gemm::workgroups(tile, p.m, p.n, p.batch))
+        }
     }
 }
 
@@ -90,10 +106,16 @@ fn describe_grouped(planner: &Planner<'_>, layout: MatrixLayout, p: &GroupedGemm
     match planner.grouped(layout, p, slots) {
         Err(e) => format!("error: {e}"),
         Ok(Grouped::TensorCores { tile, path }) => {
+            for a in [AFormat::F32, AFormat::F16] {
+                known(KernelKey::CoopGroupedGemm { tile, path, a });
+            }
             let q = coop_grouped_gemm::params_for(tile, p);
             format!("coop_grouped_gemm {} {path:?} grid {:?}", tile.label(), coop_grouped_gemm::workgroups(tile, &q))
         }
         Ok(Grouped::Portable { tile }) => {
+            for w in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16] {
+                known(KernelKey::GroupedGemm { tile, w });
+            }
             format!("grouped_gemm {} grid {:?}", tile.label(), grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups))
         }
     }
@@ -295,8 +317,33 @@ fn tuning_reaches_the_choices() {
     let tuning = Tuning { coop_tile: Some(coop_gemm::TILE_64X64), ..Tuning::default() };
     let planner = Planner::new(H200, &tuning);
     match planner.dense(WeightFormat::F16, MatrixLayout::KPanels, &GemmParams::linear(CANVAS, H, INTER), true, None) {
-        Ok(Dense::TensorCores(plan)) => assert_eq!(plan.tile, coop_gemm::TILE_64X64),
+        Ok(Dense::TensorCores(plan)) => assert_eq!(plan.kernel.tile, coop_gemm::TILE_64X64),
         other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn every_w_path_the_tuning_sets_gives_a_kernel_that_exists() {
+    // q_proj (F16 K panels), the value product (f32 `[k][n]` cache) and a BF16 projection: the
+    // paths a kernel does not take (direct from `[k][n]`, direct or single-stage BF16 / f32 W)
+    // fall back to staged.
+    let products = [
+        (WeightFormat::F16, MatrixLayout::KPanels, GemmParams::linear(CANVAS, 4096, H)),
+        (WeightFormat::F32, MatrixLayout::RowMajor, GemmParams { b_rs: 256, b_cs: 1, ..GemmParams::new(CANVAS, 256, CONTEXT) }),
+        (WeightFormat::Bf16, MatrixLayout::RowMajor, GemmParams::linear(CANVAS, 4096, H)),
+    ];
+    for path in [WPath::Staged, WPath::Direct, WPath::Single] {
+        let tuning = Tuning { coop_path: path, ..Tuning::default() };
+        for (format, layout, p) in &products {
+            match Planner::new(H200, &tuning).dense(*format, *layout, p, true, Some(SPLIT_SCRATCH)) {
+                Ok(Dense::TensorCores(plan)) => {
+                    known(KernelKey::CoopGemm(plan.kernel));
+                    let kept = format == &WeightFormat::F16 || path == WPath::Staged;
+                    assert_eq!(plan.kernel.path == path, kept, "{path:?} for {format:?}: {:?}", plan.kernel);
+                }
+                other => panic!("{path:?} {format:?}: {other:?}"),
+            }
+        }
     }
 }
 

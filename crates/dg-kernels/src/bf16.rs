@@ -1,12 +1,9 @@
-//! 16-bit weights ([`WeightFormat::Bf16`] and [`WeightFormat::F16`]): the host packing of f32
-//! values into the device layout (two halves per u32 word, element `i` in the half `i & 1` of
-//! word `i >> 1`, low half first), its exact inverse for tests, and the rewrite that turns a
-//! kernel's f32 operand into a packed 16-bit one (every load through a `load_{name}(i)` helper
-//! that widens the half, exactly, to f32: `bits << 16` for bf16, `unpack2x16float` for f16).
+//! 16-bit weights ([`WeightFormat::Bf16`](crate::WeightFormat::Bf16) and [`WeightFormat::F16`](crate::WeightFormat::F16)): the host packing of f32
+//! values into the device layout as u32 words (two halves per word, element `i` in the half
+//! `i & 1` of word `i >> 1`, low half first) and its exact inverse, for tests and reference
+//! packers. How kernels read these formats is defined with the formats ([`crate::format`]).
 
-use crate::WeightFormat;
-
-/// Packs `values` as [`WeightFormat::Bf16`]: each value rounded to the nearest bf16 (ties to even;
+/// Packs `values` as [`WeightFormat::Bf16`](crate::WeightFormat::Bf16): each value rounded to the nearest bf16 (ties to even;
 /// a NaN stays a NaN, quieted; overflow rounds to ±∞), two per word, element `i` in bits
 /// `16·(i & 1) ..` of word `i >> 1`. An odd length is padded with a zero half.
 pub fn pack_bf16(values: &[f32]) -> Vec<u32> {
@@ -20,14 +17,14 @@ pub fn pack_bf16(values: &[f32]) -> Vec<u32> {
         .collect()
 }
 
-/// The first `len` elements of [`WeightFormat::Bf16`] words as f32, widened exactly as the
+/// The first `len` elements of [`WeightFormat::Bf16`](crate::WeightFormat::Bf16) words as f32, widened exactly as the
 /// kernels do (`bits << 16`): `unpack_bf16(&pack_bf16(v), v.len())` is `v` rounded to bf16.
 pub fn unpack_bf16(words: &[u32], len: usize) -> Vec<f32> {
     assert!(len.div_ceil(2) <= words.len(), "{len} bf16 elements need {} words, got {}", len.div_ceil(2), words.len());
     (0..len).map(|i| f32::from_bits(((words[i >> 1] >> (16 * (i & 1))) & 0xffff) << 16)).collect()
 }
 
-/// Packs `values` as [`WeightFormat::F16`]: each value rounded to the nearest IEEE f16
+/// Packs `values` as [`WeightFormat::F16`](crate::WeightFormat::F16): each value rounded to the nearest IEEE f16
 /// (`half::f16::from_f32`: ties to even; beyond ±65504 to ±∞; below 2⁻¹⁴ in magnitude to an f16
 /// subnormal or ±0; a NaN stays a NaN), two per word, element `i` in bits `16·(i & 1) ..` of word
 /// `i >> 1` (the layout the tensor-core GEMM, [`crate::coop_gemm`], reads). An odd length is padded with a zero
@@ -43,103 +40,12 @@ pub fn pack_f16(values: &[f32]) -> Vec<u32> {
         .collect()
 }
 
-/// The first `len` elements of [`WeightFormat::F16`] words as f32, widened exactly (what
+/// The first `len` elements of [`WeightFormat::F16`](crate::WeightFormat::F16) words as f32, widened exactly (what
 /// `unpack2x16float` gives on a device that keeps f16 subnormals): `unpack_f16(&pack_f16(v),
 /// v.len())` is `v` rounded to f16.
 pub fn unpack_f16(words: &[u32], len: usize) -> Vec<f32> {
     assert!(len.div_ceil(2) <= words.len(), "{len} f16 elements need {} words, got {}", len.div_ceil(2), words.len());
     (0..len).map(|i| half::f16::from_bits((words[i >> 1] >> (16 * (i & 1))) as u16).to_f32()).collect()
-}
-
-/// `wgsl` with its storage operand `name` stored as `format`: unchanged for
-/// [`WeightFormat::F32`]; for a packed 16-bit format the declaration
-/// `var<storage, read> {name}: array<f32>;` becomes `array<u32>` followed by the helper
-/// `fn load_{name}(i: u32) -> f32` (element `i` of the packed operand), and every indexing
-/// `{name}[i]` outside comments becomes `load_{name}(i)`, so the arithmetic is unchanged. Panics
-/// when the declaration is missing or no load is found (every rendering runs in the tests, and
-/// naga rejects any load left reading a u32 as f32).
-///
-/// The helper widens exactly: [`WeightFormat::Bf16`] as `bits << 16`; [`WeightFormat::F16`] as
-/// `unpack2x16float({name}[i >> 1u])[i & 1u]`, exact for every finite f16 and for ±∞ and NaN,
-/// subnormals included on a conforming device. A device (or driver) that flushes f16 subnormals
-/// to zero in `unpack2x16float` would read those weights, |w| < 2⁻¹⁴, as ±0 and differ from the
-/// f32 kernel on the upcast values ([`unpack_f16`] keeps them).
-pub(crate) fn with_operand_format(wgsl: &str, name: &str, format: WeightFormat) -> String {
-    let load = match format {
-        WeightFormat::F32 => return wgsl.to_string(),
-        WeightFormat::Bf16 => format!(
-            "// Element i of the bf16 operand `{name}` (two per word, element i in the half i & 1 of\n\
-             // word i >> 1, low half first), widened exactly to f32 (bf16 bits << 16).\n\
-             fn load_{name}(i: u32) -> f32 {{\n\
-             \x20   let w = {name}[i >> 1u];\n\
-             \x20   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) != 0u));\n\
-             }}"
-        ),
-        WeightFormat::F16 => format!(
-            "// Element i of the f16 operand `{name}` (two per word, element i in the half i & 1 of\n\
-             // word i >> 1, low half first), widened exactly to f32 (unpack2x16float: the low half\n\
-             // is component 0; subnormals exact unless the device flushes them).\n\
-             fn load_{name}(i: u32) -> f32 {{\n\
-             \x20   return unpack2x16float({name}[i >> 1u])[i & 1u];\n\
-             }}"
-        ),
-    };
-    let decl = format!("var<storage, read> {name}: array<f32>;");
-    assert_eq!(wgsl.matches(&decl).count(), 1, "operand `{name}`: expected one declaration `{decl}`");
-    let helper = format!("var<storage, read> {name}: array<u32>;\n{load}");
-    let mut out = String::with_capacity(wgsl.len() + helper.len() + 256);
-    let mut loads = 0;
-    for line in wgsl.split_inclusive('\n') {
-        let (code, comment) = match line.find("//") {
-            Some(at) => line.split_at(at),
-            None => (line, ""),
-        };
-        if code.contains(&decl) {
-            out.push_str(&code.replace(&decl, &helper));
-            out.push_str(comment);
-            continue;
-        }
-        out.push_str(&rewrite_loads(code, name, &mut loads));
-        out.push_str(comment);
-    }
-    assert!(loads > 0, "operand `{name}`: no load `{name}[..]` to rewrite");
-    out
-}
-
-/// `code` (one line, no comment) with every `{name}[expr]` replaced by `load_{name}(expr)`;
-/// `expr` may hold nested brackets. Counts the rewrites into `loads`.
-fn rewrite_loads(code: &str, name: &str, loads: &mut usize) -> String {
-    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.';
-    let pattern = format!("{name}[");
-    let mut out = String::with_capacity(code.len() + 16);
-    let mut rest = code;
-    while let Some(at) = rest.find(&pattern) {
-        let standalone = !rest[..at].ends_with(is_ident);
-        if !standalone {
-            out.push_str(&rest[..at + pattern.len()]);
-            rest = &rest[at + pattern.len()..];
-            continue;
-        }
-        let open = at + pattern.len();
-        let mut depth = 1;
-        let close = rest[open..]
-            .char_indices()
-            .find_map(|(i, c)| {
-                depth += match c {
-                    '[' => 1,
-                    ']' => -1,
-                    _ => 0,
-                };
-                (depth == 0).then_some(open + i)
-            })
-            .unwrap_or_else(|| panic!("unclosed `{name}[` in `{code}` (a load must fit on one line)"));
-        out.push_str(&rest[..at]);
-        out.push_str(&format!("load_{name}({})", rewrite_loads(&rest[open..close], name, loads)));
-        *loads += 1;
-        rest = &rest[close + 1..];
-    }
-    out.push_str(rest);
-    out
 }
 
 #[cfg(test)]
@@ -258,26 +164,5 @@ mod tests {
             let values = unpack_f16(&words, len);
             assert_eq!(pack_f16(&values), words, "len {len}");
         }
-    }
-
-    #[test]
-    fn the_operand_rewrite_leaves_f32_alone_and_routes_every_load() {
-        let src = "@group(0) @binding(2) var<storage, read> b: array<f32>;\n// b[comment] stays\nfn f(i: u32) -> f32 {\n    let bb = rb[i] + b[i + ab[i]] * b[(*b_off)[1u]]; // b[x]\n    return bb + job.b[0];\n}\n";
-        assert_eq!(with_operand_format(src, "b", WeightFormat::F32), src);
-        let out = with_operand_format(src, "b", WeightFormat::Bf16);
-        assert!(out.contains("var<storage, read> b: array<u32>;"));
-        assert!(out.contains("fn load_b(i: u32) -> f32 {"));
-        assert!(out.contains("let bb = rb[i] + load_b(i + ab[i]) * load_b((*b_off)[1u]); // b[x]"), "{out}");
-        assert!(out.contains("// b[comment] stays") && out.contains("job.b[0]"));
-        // The helper's own word load is the only raw indexing of `b` left in code.
-        let raw = out.lines().map(|l| l.split("//").next().unwrap()).filter(|l| l.contains(" b[")).count();
-        assert_eq!(raw, 1, "{out}");
-        // F16: the same routing, the helper unpacking the word's half `i & 1`.
-        let out = with_operand_format(src, "b", WeightFormat::F16);
-        assert!(out.contains("var<storage, read> b: array<u32>;"));
-        assert!(out.contains("fn load_b(i: u32) -> f32 {\n    return unpack2x16float(b[i >> 1u])[i & 1u];\n}"), "{out}");
-        assert!(out.contains("let bb = rb[i] + load_b(i + ab[i]) * load_b((*b_off)[1u]); // b[x]"), "{out}");
-        let raw = out.lines().map(|l| l.split("//").next().unwrap()).filter(|l| l.contains(" b[") || l.contains("(b[")).count();
-        assert_eq!(raw, 1, "{out}");
     }
 }

@@ -478,24 +478,15 @@ impl CoopTile {
             // No staged W: drop put_b (it would name the absent `sb`).
             put = &put[..put.find("fn put_b").expect("put_b")];
         }
-        // W's storage: vec4s of f16, or BF16 pairs in u32 words widened to f32 and rounded to f16
-        // (exact for |w| in f16's normal range), or f32. The K loop keeps W's vec4s as stored and
-        // converts them (`w16`) as it stages them.
-        let (w_elem, w16) = match w_format {
-            WeightFormat::F16 => ("vec4<f16>", "fn w16(v: vec4<f16>) -> vec4<f16> {\n    return v;\n}\n"),
-            WeightFormat::Bf16 => (
-                "vec2<u32>",
-                "fn w16(v: vec2<u32>) -> vec4<f16> {\n    return vec4<f16>(vec4<f32>(bitcast<f32>(v.x << 16u), bitcast<f32>(v.x & 0xffff0000u), bitcast<f32>(v.y << 16u), bitcast<f32>(v.y & 0xffff0000u)));\n}\n",
-            ),
-            WeightFormat::F32 => ("vec4<f32>", "fn w16(v: vec4<f32>) -> vec4<f16> {\n    return vec4<f16>(v);\n}\n"),
-        };
+        // W's storage and its conversion to the f16 stages, as the format defines them.
+        let crate::format::CoopW { elem: w_elem, w16, pin_w } = w_format.coop_w();
         assert!(w_format == WeightFormat::F16 || b_fragment.is_none(), "direct W fragments need F16 weights");
         let dst_w = match layout {
             BLayout::Nk | BLayout::NkPanels => "fn dst_w(e: u32) -> u32 {\n    return dst_of(e);\n}\n",
             BLayout::Kn => "fn dst_w(e: u32) -> u32 {\n    return (e / BN4) * NP + 4u * (e % BN4);\n}\n",
         };
         // The pins of the K loop's prefetches (coop_kloop.rs, prefetch): f16 vec4s into A's
-        // stage, f32 ones and BF16 words into the scratch, as they are.
+        // stage, f32 ones into the scratch, as they are (W's through the format's `pin_w`).
         let pin_h = match self.staging {
             Staging::Vec4 => "fn pin_h(l: u32, v: vec4<f16>) {\n    sa[l] = v;\n}\n",
             Staging::Scalar => {
@@ -503,13 +494,6 @@ impl CoopTile {
             }
         };
         let pin_f = "fn pin_f(l: u32, v: vec4<f32>) {\n    scratch[4u * l] = v.x;\n    scratch[4u * l + 1u] = v.y;\n    scratch[4u * l + 2u] = v.z;\n    scratch[4u * l + 3u] = v.w;\n}\n";
-        let pin_w = match w_format {
-            WeightFormat::F16 => "fn pin_w(l: u32, v: vec4<f16>) {\n    pin_h(l, v);\n}\n",
-            WeightFormat::Bf16 => {
-                "fn pin_w(l: u32, v: vec2<u32>) {\n    scratch[2u * l] = bitcast<f32>(v.x);\n    scratch[2u * l + 1u] = bitcast<f32>(v.y);\n}\n"
-            }
-            WeightFormat::F32 => "fn pin_w(l: u32, v: vec4<f32>) {\n    pin_f(l, v);\n}\n",
-        };
         let pin_a = "fn pin_a(l: u32, v: A_ELEM) {\n    PIN_A(l, v);\n}\n";
         let put = format!("{put}{w16}{dst_w}{pin_h}{pin_f}{pin_w}{pin_a}");
         let mut body = template.replace("//@KLOOP\n", &kloop.replace("W_AT", w_at)).replace("W_ELEM", w_elem);
@@ -843,40 +827,6 @@ mod tests {
         assert_eq!(plan(&GemmParams { b_rs: 2, ..q }), None, "no unit stride in B");
         assert_eq!(plan(&GemmParams { a_offset: 2, ..q }), None, "A offset not vec4-aligned");
         assert_eq!(plan(&GemmParams::linear(256, 4096, 2800)), None, "k not a multiple of 32");
-    }
-
-    #[test]
-    fn every_tile_renders_and_validates_with_cooperative_matrices() {
-        let variants = |t: CoopTile| {
-            let mut all = vec![
-                source(t),
-                source_with(t, WPath::Direct),
-                source_for(t, WPath::Staged, WeightFormat::Bf16, BLayout::Nk),
-                source_for(t, WPath::Staged, WeightFormat::F32, BLayout::Nk),
-                source_for(t, WPath::Staged, WeightFormat::F32, BLayout::Kn),
-            ];
-            if t.bk == PANEL {
-                all.extend([WPath::Staged, WPath::Direct].map(|path| source_for(t, path, WeightFormat::F16, BLayout::NkPanels)));
-                all.extend(
-                    [WPath::Staged, WPath::Direct].map(|path| source_for_a(t, path, WeightFormat::F16, BLayout::NkPanels, AFormat::F16)),
-                );
-            }
-            all.push(source_for_a(t, WPath::Staged, WeightFormat::F32, BLayout::Kn, AFormat::F16));
-            all
-        };
-        let depths = |t: &CoopTile| {
-            let t = *t;
-            (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d))
-        };
-        for k in TILES.iter().chain(TUNING_TILES).flat_map(depths).flat_map(variants) {
-            let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
-            let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
-            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
-                .validate(&module)
-                .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
-            assert!(k.wgsl.contains("coopMultiplyAdd"), "{}", k.name);
-            assert!(!k.wgsl.contains("@unroll") && !k.wgsl.contains("//@"), "{}: a placeholder left", k.name);
-        }
     }
 
     #[test]

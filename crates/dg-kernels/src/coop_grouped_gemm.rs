@@ -275,31 +275,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_tile_renders_and_validates_with_cooperative_matrices() {
-        let depths = |t: &CoopTile| {
-            let t = *t;
-            (1..=crate::coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d))
-        };
-        for k in TILES.iter().flat_map(depths).flat_map(|t| {
-            [
-                source(t),
-                source_with(t, WPath::Direct),
-                source_with_a(t, WPath::Direct, AFormat::F16),
-                source_with_a(t, WPath::Staged, AFormat::F16),
-                source_with(t, WPath::Single),
-                source_with_a(t, WPath::Single, AFormat::F16),
-            ]
-        }) {
-            let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
-            let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
-            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
-                .validate(&module)
-                .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
-            assert!(!k.wgsl.contains("@unroll") && !k.wgsl.contains("//@"), "{}: a placeholder left", k.name);
-        }
-    }
-
-    #[test]
     fn tile_tables_list_each_groups_m_tiles_within_their_bound() {
         let table = tile_table(&[3, 0, 40, 32, 1], 76, 32);
         assert_eq!(table_len(76, 5, 32), 7);

@@ -8,7 +8,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::bf16::with_operand_format;
+use crate::format::with_operand;
 use crate::{Access, KernelSource, WeightFormat, with_prelude};
 
 /// Invocations per workgroup (one workgroup per token, looping over the hidden size).
@@ -48,7 +48,7 @@ pub fn source() -> KernelSource {
 pub fn source_for(table: WeightFormat) -> KernelSource {
     KernelSource {
         name: format!("embed{}", table.suffix()),
-        wgsl: with_operand_format(&with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/embed.wgsl")), "table", table),
+        wgsl: with_operand(&with_prelude(&[("WG", WORKGROUP)], include_str!("wgsl/embed.wgsl")), "table", table),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<EmbedParams>() as u64,

@@ -45,7 +45,8 @@ pub fn source_for(hidden: u32) -> KernelSource {
     source_lanes(crate::lanes_for(&[hidden]))
 }
 
-fn source_lanes(lanes: u32) -> KernelSource {
+/// The kernel taking `lanes` columns at a time (1, or 4 with `hidden` a multiple of 4).
+pub fn source_lanes(lanes: u32) -> KernelSource {
     let (name, v) = match lanes {
         4 => ("moe_combine_v4", "vec4<f32>"),
         _ => ("moe_combine", "f32"),

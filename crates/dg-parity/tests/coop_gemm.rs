@@ -90,7 +90,7 @@ fn coop_gemm_matches_the_exact_product_on_decoder_shapes() {
                 eprintln!("  {name}: does not fit the shape or this device, skipped");
                 continue;
             }
-            let pipeline = match pipelines.get(&ctx, coop_gemm::source_for(tile, WPath::Staged, WeightFormat::F16, BLayout::Nk)) {
+            let pipeline = match pipelines.get_source(&ctx, coop_gemm::source_for(tile, WPath::Staged, WeightFormat::F16, BLayout::Nk)) {
                 Ok(p) => p,
                 Err(e) => {
                     failures.push(format!("{name}: compile: {e}"));

@@ -126,7 +126,7 @@ fn run_gemm<B: bytemuck::Pod>(
     d: &GemmData,
     b: &[B],
 ) -> Vec<f32> {
-    let pipeline = pipelines.get(ctx, src).unwrap();
+    let pipeline = pipelines.get_source(ctx, src).unwrap();
     let ab = ctx.upload("a", &d.a).unwrap();
     let bb = ctx.upload("b", b).unwrap();
     let cb = guarded_output(ctx, "c", d.c_len);
@@ -234,7 +234,7 @@ fn run_grouped<W: bytemuck::Pod>(
     rows: &[u32],
     c0: &[f32],
 ) -> Vec<f32> {
-    let pipeline = pipelines.get(ctx, src).unwrap();
+    let pipeline = pipelines.get_source(ctx, src).unwrap();
     let ab = ctx.upload("a", a).unwrap();
     let wb = ctx.upload("w", w).unwrap();
     let ob = ctx.upload("offsets", offsets).unwrap();
@@ -360,7 +360,7 @@ fn run_embed<T: bytemuck::Pod>(
     base: &[f32],
     max_dim: u32,
 ) -> Vec<f32> {
-    let pipeline = pipelines.get(ctx, embed::source_for(format)).unwrap();
+    let pipeline = pipelines.get_source(ctx, embed::source_for(format)).unwrap();
     let idb = ctx.upload("ids", ids).unwrap();
     let out = guarded_output(ctx, "out", base.len());
     ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(base));

@@ -52,7 +52,7 @@ fn check(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GemmTile, c: &Case) 
     let b = seeded(b_len, seed ^ 0xB, 1.0);
     let c0 = seeded(c_len, seed ^ 0xC, 2.0);
 
-    let pipeline = pipelines.get(ctx, gemm::source(tile)).unwrap();
+    let pipeline = pipelines.get_source(ctx, gemm::source(tile)).unwrap();
     let ab = ctx.upload("a", &a).unwrap();
     let bb = ctx.upload("b", &b).unwrap();
     let cb = guarded_output(ctx, "c", c_len);
@@ -183,7 +183,7 @@ fn check_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, tile: GroupedTile,
     let c_len = slots * c_rs;
     let c0 = seeded(c_len, 13, 2.0);
 
-    let pipeline = pipelines.get(ctx, grouped_gemm::source(tile)).unwrap();
+    let pipeline = pipelines.get_source(ctx, grouped_gemm::source(tile)).unwrap();
     let ab = ctx.upload("a", &a).unwrap();
     let wb = ctx.upload("w", &w).unwrap();
     let ob = ctx.upload("offsets", &offsets).unwrap();

@@ -73,7 +73,7 @@ fn rope_spec(proportional: bool, head_dim: usize) -> LayerSpec {
 fn rope_matches_cpu() {
     let Some(ctx) = test_context("rope_matches_cpu") else { return };
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(&ctx, rope::source()).unwrap();
+    let p = pipelines.get_source(&ctx, rope::source()).unwrap();
     let cases = [
         // (proportional, head_dim, heads, start, tokens)
         (false, 8, 3, 0, 5),
@@ -156,7 +156,7 @@ fn softmax_cpu(x: &[f32], p: &SoftmaxParams) -> Vec<f32> {
 
 fn run_softmax(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), x: &[f32], params: &SoftmaxParams, max_dim: u32) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, softmax::source_lanes(reduce, lanes)).unwrap();
+    let p = pipelines.get_source(ctx, softmax::source_lanes(reduce, lanes)).unwrap();
     let xb = guarded_output(ctx, "x", x.len());
     ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
     let mut plan = PlanBuilder::new(ctx);
@@ -268,8 +268,8 @@ fn chunked_softmax_rows_match_cpu() {
     let p = ChunkedSoftmaxParams::new(rows as u32, cols as u32);
     for reduce in ctx.row_reduces() {
         let mut pipelines = Pipelines::default();
-        let partials = pipelines.get(&ctx, dg_kernels::softmax_chunked::partials(reduce)).unwrap();
-        let apply = pipelines.get(&ctx, dg_kernels::softmax_chunked::apply(reduce)).unwrap();
+        let partials = pipelines.get_source(&ctx, dg_kernels::softmax_chunked::partials(reduce)).unwrap();
+        let apply = pipelines.get_source(&ctx, dg_kernels::softmax_chunked::apply(reduce)).unwrap();
         let xb = guarded_output(&ctx, "x", x.len());
         ctx.queue.write_buffer(&xb, 0, bytemuck::cast_slice(&x));
         let part = ctx.storage_buffer("pairs", p.pairs() * 8).unwrap();
@@ -348,8 +348,8 @@ fn softmax_masks_match_cpu() {
 
 fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f32], max_dim: u32) {
     let mut pipelines = Pipelines::default();
-    let split = pipelines.get(ctx, gelu_glu::split()).unwrap();
-    let fused = pipelines.get(ctx, gelu_glu::fused()).unwrap();
+    let split = pipelines.get_source(ctx, gelu_glu::split()).unwrap();
+    let fused = pipelines.get_source(ctx, gelu_glu::fused()).unwrap();
     let mut want = gate.to_vec();
     dg_cpu::ops::gelu_glu(&mut want, up);
     let params = GeluGluParams::one(rows as u32, inter as u32, 1, 0);
@@ -371,7 +371,7 @@ fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f3
     plan.push(&fused, &params, &[&gub, &out], groups);
     if inter.is_multiple_of(4) {
         // Four columns at a time: the same bits.
-        let fused4 = pipelines.get(ctx, gelu_glu::fused_lanes(4, false)).unwrap();
+        let fused4 = pipelines.get_source(ctx, gelu_glu::fused_lanes(4, false)).unwrap();
         let p4 = params.with_lanes(4);
         plan.push(&fused4, &p4, &[&gub, &out4], groups_1d(gelu_glu::workgroups(&p4), max_dim));
     }
@@ -428,8 +428,8 @@ fn gelu_glu_fused_half_stores_the_rounded_f32_output() {
         return;
     }
     let mut pipelines = Pipelines::default();
-    let fused = pipelines.get(&ctx, gelu_glu::fused()).unwrap();
-    let half = pipelines.get(&ctx, gelu_glu::fused_half()).unwrap();
+    let fused = pipelines.get_source(&ctx, gelu_glu::fused()).unwrap();
+    let half = pipelines.get_source(&ctx, gelu_glu::fused_half()).unwrap();
     for &(rows, inter, splits) in &[(3, 704, 1), (5, 2112, 1), (64, 34, 1), (7, 704, 3)] {
         let n = rows * inter;
         // splits partials of [rows, 2·inter], split_stride apart.
@@ -483,9 +483,9 @@ fn gelu_glu_pair_gives_the_bits_of_its_two_jobs() {
             let (n, n_b) = (rows * inter, rows_b * inter_b);
             let gate_up = ctx.upload("gate_up", &seeded(splits * 2 * n, 41 + inter as u64, 3.0)).unwrap();
             let gate_up_b = ctx.upload("gate_up_b", &seeded(2 * n_b, 42 + inter_b as u64, 3.0)).unwrap();
-            let pair = pipelines.get(&ctx, gelu_glu::pair_lanes(half_b, lanes)).unwrap();
-            let second = pipelines.get(&ctx, second_of(lanes)).unwrap();
-            let fused = pipelines.get(&ctx, gelu_glu::fused_lanes(lanes, false)).unwrap();
+            let pair = pipelines.get_source(&ctx, gelu_glu::pair_lanes(half_b, lanes)).unwrap();
+            let second = pipelines.get_source(&ctx, second_of(lanes)).unwrap();
+            let fused = pipelines.get_source(&ctx, gelu_glu::fused_lanes(lanes, false)).unwrap();
             let a = GeluGluParams::one(rows as u32, inter as u32, splits as u32, (2 * n) as u32).with_lanes(lanes);
             let b = GeluGluParams::one(rows_b as u32, inter_b as u32, 1, 0).with_lanes(lanes);
             let both = GeluGluParams::pair(a, (rows_b as u32, inter_b as u32));
@@ -514,7 +514,7 @@ fn gelu_glu_pair_gives_the_bits_of_its_two_jobs() {
 fn embed_chunks_cover_the_vocab() {
     let Some(ctx) = test_context("embed_chunks_cover_the_vocab") else { return };
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(&ctx, embed::source()).unwrap();
+    let p = pipelines.get_source(&ctx, embed::source()).unwrap();
     let (vocab, hidden, split) = (1000usize, 300usize, 613usize);
     let table = seeded(vocab * hidden, 31, 1.7);
     let scale = (hidden as f64).sqrt() as f32;
@@ -566,7 +566,7 @@ fn embed_chunks_cover_the_vocab() {
 fn axpby_matches_cpu() {
     let Some(ctx) = test_context("axpby_matches_cpu") else { return };
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(&ctx, axpby::source()).unwrap();
+    let p = pipelines.get_source(&ctx, axpby::source()).unwrap();
     for &(n, alpha, beta) in &[(1usize, 2.0f32, 1.0f32), (7, 1.0, 1.0), (1000, -0.5, 0.25), (2816 * 3, 1.0, 1.0), (70_001, 0.3, -2.0)] {
         let x = seeded(n, 41 + n as u64, 3.0);
         let base = seeded(n, 42, 2.0);
@@ -604,7 +604,7 @@ fn axpby_matches_cpu() {
 fn split_k_reduce_matches_cpu() {
     let Some(ctx) = test_context("split_k_reduce_matches_cpu") else { return };
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(&ctx, split_k::source()).unwrap();
+    let p = pipelines.get_source(&ctx, split_k::source()).unwrap();
     let (m, n, batch, splits) = (5usize, 12usize, 3usize, 4usize);
     let (c_rs, c_offset) = (n + 3, 2usize);
     let c_batch = m * c_rs + 1;
@@ -674,7 +674,7 @@ fn kernels_fold_past_65535_workgroups() {
     check_softmax(&got, &softmax_cpu(&x, &params), cols, SOFTMAX_TOLERANCE, "softmax past 65535 rows");
 
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(&ctx, embed::source()).unwrap();
+    let p = pipelines.get_source(&ctx, embed::source()).unwrap();
     let tokens = rows;
     let hidden = 2;
     let ids: Vec<u32> = (0..tokens as u32).map(|t| t % 10).collect();

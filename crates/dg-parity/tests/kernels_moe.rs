@@ -61,7 +61,7 @@ fn run_router(
     max_dim: u32,
 ) -> (Vec<u32>, Vec<f32>) {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, router_topk::source(reduce)).unwrap();
+    let p = pipelines.get_source(ctx, router_topk::source(reduce)).unwrap();
     let lb = ctx.upload("logits", logits).unwrap();
     let sb = ctx.upload("per_expert_scale", scale).unwrap();
     let idx = guarded_output(ctx, "idx", tokens * k);
@@ -134,7 +134,7 @@ fn run_dispatch_folded(
     tile_rows: u32,
 ) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, moe_dispatch::source()).unwrap();
+    let p = pipelines.get_source(ctx, moe_dispatch::source()).unwrap();
     let ib = ctx.upload("idx", idx).unwrap();
     let params = MoeDispatchParams { tokens: tokens as u32, k: k as u32, experts: experts as u32, tile_rows };
     let offsets_len = moe_dispatch::offsets_len(&params) as usize;
@@ -285,7 +285,7 @@ fn run_combine(
     max_dim: u32,
 ) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, source).unwrap();
+    let p = pipelines.get_source(ctx, source).unwrap();
     let yb = ctx.upload("y", y).unwrap();
     let ib = ctx.upload("idx", idx).unwrap();
     let wb = ctx.upload("weights", weights).unwrap();
@@ -482,13 +482,13 @@ fn ffn_norms_with_the_combine_fused_give_the_two_dispatches_bits() {
                 let norms = [&mlp_b, &w[0], &moe, &w[1], &w[2], &hidden, &w[3], &normed];
                 let mut plan = PlanBuilder::new(&ctx);
                 if fused {
-                    let kernel = pipelines.get(&ctx, residual_norms::source_ffn_combine_lanes(reduce, lanes)).unwrap();
+                    let kernel = pipelines.get_source(&ctx, residual_norms::source_ffn_combine_lanes(reduce, lanes)).unwrap();
                     plan.push(&kernel, &p, &[&norms[..], &[&yb, &ib, &wb, &sb]].concat(), groups);
                 } else {
-                    let combine = pipelines.get(&ctx, moe_combine::source_for(dim as u32)).unwrap();
+                    let combine = pipelines.get_source(&ctx, moe_combine::source_for(dim as u32)).unwrap();
                     let cp = MoeCombineParams { tokens: tokens as u32, k: k as u32, hidden: dim as u32, _pad: 0 };
                     plan.push(&combine, &cp, &[&yb, &ib, &wb, &sb, &moe], groups_1d(moe_combine::workgroups(&cp), max_dim));
-                    let kernel = pipelines.get(&ctx, residual_norms::source_ffn_lanes(reduce, lanes)).unwrap();
+                    let kernel = pipelines.get_source(&ctx, residual_norms::source_ffn_lanes(reduce, lanes)).unwrap();
                     plan.push(&kernel, &FfnResidualNormsParams { top_k: 0, ..p }, &norms, groups);
                 }
                 plan.finish(&ctx).unwrap().run(&ctx).unwrap();

@@ -23,7 +23,7 @@ fn run(ctx: &GpuContext, (reduce, lanes): (RowReduce, u32), rows: usize, dim: us
     let w = seeded(dim, 2, 1.5);
     let base = seeded(rows * dim, 3, 2.0);
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
+    let p = pipelines.get_source(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
     let xb = ctx.upload("x", &x).unwrap();
     let wb = ctx.upload("w", &w).unwrap();
     let out = guarded_output(ctx, "out", rows * dim);
@@ -86,7 +86,7 @@ fn rmsnorm_reads_and_writes_at_offsets() {
         let (x_offset, out_offset) = (6 * 256, 3 * 256 + 4);
         let x = seeded(2 * rows * dim, 41, 3.0);
         let mut pipelines = Pipelines::default();
-        let p = pipelines.get(&ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
+        let p = pipelines.get_source(&ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
         let xb = ctx.upload("x", &x).unwrap();
         let plain = guarded_output(&ctx, "plain", rows * dim);
         let placed = guarded_output(&ctx, "placed", out_offset + rows * dim + 100);
@@ -233,10 +233,10 @@ impl AttentionCase {
         let groups = groups_1d(residual_norms::workgroups(self.rows as u32), max_dim);
         let mut plan = PlanBuilder::new(ctx);
         if fused {
-            let p = pipelines.get(ctx, residual_norms::source_attention_lanes(reduce, lanes)).unwrap();
+            let p = pipelines.get_source(ctx, residual_norms::source_attention_lanes(reduce, lanes)).unwrap();
             plan.push(&p, &self.params(), &[&x, &w_res, &w_a, &w_b, &w_c, &hidden, &out_a, &out_bc], groups);
         } else {
-            let p = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
+            let p = pipelines.get_source(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
             let norm = |flags, scale| RmsNormParams {
                 rows: self.rows as u32,
                 dim: self.dim as u32,
@@ -344,10 +344,10 @@ impl FfnCase {
         let groups = groups_1d(residual_norms::workgroups(self.rows as u32), max_dim);
         let mut plan = PlanBuilder::new(ctx);
         if let Some(next_norm) = fused {
-            let p = pipelines.get(ctx, residual_norms::source_ffn_lanes(reduce, lanes)).unwrap();
+            let p = pipelines.get_source(ctx, residual_norms::source_ffn_lanes(reduce, lanes)).unwrap();
             plan.push(&p, &self.params(next_norm), &[&mlp, &w_1, &moe, &w_2, &w_3, &hidden, &w_next, &normed], groups);
         } else {
-            let p = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
+            let p = pipelines.get_source(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
             let norm = |flags, scale| RmsNormParams {
                 rows: self.rows as u32,
                 dim: self.dim as u32,
@@ -484,7 +484,7 @@ fn attention_residual_norms_half_packs_the_experts_input_as_f16() {
                 } else {
                     residual_norms::source_attention_lanes(RowReduce::ALL[0], 4)
                 };
-                let kernel = pipelines.get(&ctx, source).unwrap();
+                let kernel = pipelines.get_source(&ctx, source).unwrap();
                 let mut plan = PlanBuilder::new(&ctx);
                 plan.push(
                     &kernel,

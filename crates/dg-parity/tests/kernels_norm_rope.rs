@@ -69,7 +69,7 @@ fn run_fused_at(
     out_offset: usize,
 ) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get(ctx, norm_rope::source_lanes(reduce, lanes)).unwrap();
+    let p = pipelines.get_source(ctx, norm_rope::source_lanes(reduce, lanes)).unwrap();
     let xb = ctx.upload("x", x).unwrap();
     let wb = ctx.upload("w", w).unwrap();
     let cb = ctx.upload("cos", cos).unwrap();
@@ -112,8 +112,8 @@ fn run_two_dispatches(
     d: usize,
 ) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let pn = pipelines.get(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
-    let pr = pipelines.get(ctx, rope::source()).unwrap();
+    let pn = pipelines.get_source(ctx, rmsnorm::source_lanes(reduce, lanes)).unwrap();
+    let pr = pipelines.get_source(ctx, rope::source()).unwrap();
     let xb = ctx.upload("x", x).unwrap();
     let wb = ctx.upload("w", w).unwrap();
     let cb = ctx.upload("cos", cos).unwrap();
@@ -223,7 +223,7 @@ fn norm_rope_kv_writes_what_norm_rope_and_rmsnorm_write() {
         rec.finish().unwrap().run(&ctx).unwrap();
         // The weightless norm as many columns at a time as the Recorder's norm_rope takes (four:
         // d / 2 and the offsets are multiples of 4), so that it sums its rows the same way.
-        let rms = pipelines.get(&ctx, rmsnorm::source_lanes(ctx.row_reduce(), 4)).unwrap();
+        let rms = pipelines.get_source(&ctx, rmsnorm::source_lanes(ctx.row_reduce(), 4)).unwrap();
         let np = RmsNormParams {
             rows: (tokens * kv) as u32,
             dim: d as u32,

@@ -61,7 +61,7 @@ fn run_gpu(ctx: &GpuContext, logits: &[f32], vocab: usize, step: SampleStep, dra
         rec.sample_rows(&lb, &sb, &stepb, &db, &rb, rows, vocab).unwrap();
         rec.finish().unwrap().run(ctx).unwrap();
     } else {
-        let p = pipelines.get(ctx, sample_rows::source()).unwrap();
+        let p = pipelines.get_source(ctx, sample_rows::source()).unwrap();
         let params = SampleRowsParams { rows: rows as u32, vocab: vocab as u32, _pad: [0; 2] };
         let mut plan = PlanBuilder::new(ctx);
         plan.push(&p, &params, &[&lb, &sb, &stepb, &db, &rb], groups_1d(sample_rows::workgroups(&params), max_dim));

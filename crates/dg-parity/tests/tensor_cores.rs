@@ -475,14 +475,14 @@ fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
     let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((p.n * p.k) as usize, 82, 1.0))).unwrap();
     let scratch = ctx.storage_buffer("split partials", 1 << 20).unwrap();
     let c = ctx.storage_buffer("c", u64::from(p.m * p.n) * 4).unwrap();
-    let reduce = pipelines.get(&ctx, dg_kernels::split_k::source()).unwrap();
+    let reduce = pipelines.get_source(&ctx, dg_kernels::split_k::source()).unwrap();
     for tile in [coop_gemm::TILE_128X128, coop_gemm::TILE_64X64] {
         for path in [WPath::Staged, WPath::Direct] {
             for split in [Split { splits: 1, steps: 7 }, Split { splits: 2, steps: 4 }] {
                 let mut first: Option<Vec<f32>> = None;
                 for depth in 1..=dg_kernels::coop_kloop::MAX_DEPTH {
                     let t = tile.with_depth(depth);
-                    let kernel = pipelines.get(&ctx, coop_gemm::source_for(t, path, WeightFormat::F16, BLayout::Nk)).unwrap();
+                    let kernel = pipelines.get_source(&ctx, coop_gemm::source_for(t, path, WeightFormat::F16, BLayout::Nk)).unwrap();
                     let mut plan = dg_gpu::PlanBuilder::new(&ctx);
                     push_product(&mut plan, (&kernel, &reduce), t, &p, split, [&a, &b, &scratch, &c]);
                     plan.finish(&ctx).unwrap().run(&ctx).unwrap();

@@ -15,7 +15,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
-@group(0) @binding(2) var<storage, read> table: array<f32>;
+@group(0) @binding(2) var<storage, read> table: array<table_word>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(WG)
@@ -32,6 +32,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let src = (id - p.row_start) * p.hidden;
     let dst = t * p.hidden;
     for (var c = lid.x; c < p.hidden; c += WG) {
-        out[dst + c] = table[src + c] * p.scale;
+        out[dst + c] = load_table(src + c) * p.scale;
     }
 }

@@ -14,7 +14,7 @@
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<b_word>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
 
 @compute @workgroup_size(WT)

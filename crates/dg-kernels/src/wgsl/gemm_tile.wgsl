@@ -99,7 +99,7 @@ fn fetch_b(t: u32, k0: u32, job: Job, b_off: ptr<function, array<u32, LB>>) -> a
         let s = b_slot(t, l, job.b_n_fast);
         let kp = k0 + s.x;
         if (s.y < job.cols && kp < job.k_end) {
-            r[l] = b[(*b_off)[l] + kp * job.b_rs];
+            r[l] = load_b((*b_off)[l] + kp * job.b_rs);
         }
     }
     return r;

@@ -52,7 +52,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<b_word>;
 @group(0) @binding(3) var<storage, read> offsets: array<u32>;
 @group(0) @binding(4) var<storage, read> gather_rows: array<u32>;
 @group(0) @binding(5) var<storage, read_write> c: array<f32>;
@@ -90,7 +90,7 @@ fn fetch_b(k0: u32, kk: u32, u0: u32, cols: u32, b_first: u32) -> array<vec4<f32
             // @unroll
             for (var q = 0u; q < 4u; q++) {
                 if (4u * (u0 + l * RS) + q < cols) {
-                    r[l][q] = b[b_first + (4u * l * RS + q) * p.k + k0];
+                    r[l][q] = load_b(b_first + (4u * l * RS + q) * p.k + k0);
                 }
             }
         }

@@ -27,7 +27,7 @@ pub fn dispatch_floor_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Result
                 }\n";
     let source =
         KernelSource { name: "dispatch_floor".into(), wgsl: wgsl.into(), entry: "main", buffers: vec![Access::ReadWrite], params_size: 16 };
-    let pipeline = pipelines.get(ctx, source)?;
+    let pipeline = pipelines.get_source(ctx, source)?;
     let buffers = (0..8).map(|_| ctx.storage_buffer("out", 4096 * 256 * 4)).collect::<Result<Vec<wgpu::Buffer>, _>>()?;
     let replays = 100u32;
     for groups in [1u32, 132, 1024, 4096] {
@@ -83,7 +83,7 @@ pub fn workgroup_residency_probe(ctx: &GpuContext, _options: &ProbeOptions) -> R
             buffers: vec![Access::Read, Access::ReadWrite],
             params_size: 16,
         };
-        let pipeline = pipelines.get(ctx, source)?;
+        let pipeline = pipelines.get_source(ctx, source)?;
         let mut line = format!("{test}: {shared_kib} KiB of workgroup memory, workgroups:");
         for groups in [66u32, 132, 264, 396, 528, 792, 1056, 2112] {
             let replays = 10;
@@ -119,7 +119,7 @@ pub fn dispatch_overhead_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Res
         buffers: vec![Access::ReadWrite],
         params_size: 16,
     };
-    let pipeline = pipelines.get(ctx, source)?;
+    let pipeline = pipelines.get_source(ctx, source)?;
     let mut line = format!("{test}: one dispatch after another, by workgroups of 256:");
     for groups in [1u32, 132, 256, 1024, 4096] {
         let t = time_dispatch(ctx, &pipeline, &[1u32, 0, 0, 0], &[&out], [groups, 1, 1], 200)?;

@@ -58,7 +58,7 @@ pub fn coop_grouped_gemm_throughput_at_the_real_expert_shapes(ctx: &GpuContext, 
                 &format!("pad{kib}"),
                 &[("var<workgroup> scratch: array<f32, WT * 8u>;", &format!("var<workgroup> scratch: array<f32, WT * 8u + {extra}u>;"))],
             );
-            let pipeline = pipelines.get(ctx, padded)?;
+            let pipeline = pipelines.get_source(ctx, padded)?;
             let b = Buffers::upload(ctx, &x, 32);
             let buffers = [&b.a, &b.w.buffer, &b.offsets, &b.rows, &b.c];
             let t = time_dispatch(
@@ -89,7 +89,7 @@ pub fn coop_grouped_gemm_throughput_at_the_real_expert_shapes(ctx: &GpuContext, 
                 buffers: vec![dg_kernels::Access::Read, dg_kernels::Access::ReadWrite],
                 params_size: 16,
             };
-            let pipeline = pipelines.get(ctx, source)?;
+            let pipeline = pipelines.get_source(ctx, source)?;
             let out = ctx.storage_buffer("out", 128 * 4 * u64::from(128 * tiles_n))?;
             let mut line = format!("{test}: {name} W streamed alone (panels; tile-major with 1, 4 tiles a workgroup):");
             for mode in [0u32, 1, 4, 0] {

@@ -20,7 +20,7 @@ pub fn gemm_throughput(ctx: &GpuContext, options: &ProbeOptions) -> Result<(), P
         let cb = ctx.storage_buffer("c", u64::from(m * n) * 4)?;
         for (label, p) in [("row-major B", GemmParams::new(m, n, k)), ("linear B = Wᵀ", GemmParams::linear(m, n, k))] {
             for &tile in TILES {
-                let pipeline = pipelines.get(ctx, gemm::source(tile))?;
+                let pipeline = pipelines.get_source(ctx, gemm::source(tile))?;
                 let mut plan = PlanBuilder::new(ctx);
                 for _ in 0..reps {
                     plan.push(&pipeline, &p, &[&ab, &bb, &cb], gemm::workgroups(tile, m, n, 1));
@@ -73,7 +73,7 @@ pub fn grouped_gemm_throughput(ctx: &GpuContext, options: &ProbeOptions) -> Resu
             ..bytemuck::Zeroable::zeroed()
         };
         for &tile in grouped_gemm::TILES {
-            let pipeline = pipelines.get(ctx, grouped_gemm::source(tile))?;
+            let pipeline = pipelines.get_source(ctx, grouped_gemm::source(tile))?;
             let mut plan = PlanBuilder::new(ctx);
             for _ in 0..reps {
                 plan.push(

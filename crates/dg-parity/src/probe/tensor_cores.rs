@@ -29,8 +29,8 @@ pub fn dense_tensor_core_throughput_by_tile_and_split(ctx: &GpuContext, _options
             let a = ctx.upload("a", &seeded((p.m * p.k) as usize, 71, 1.0))?;
             let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((p.n * p.k) as usize, 72, 1.0)))?;
             let c = ctx.storage_buffer("c", u64::from(p.m * p.n) * 4)?;
-            let kernel = pipelines.get(ctx, coop_gemm::source_for(tile, path, WeightFormat::F16, BLayout::Nk))?;
-            let reduce = pipelines.get(ctx, split_k::source())?;
+            let kernel = pipelines.get_source(ctx, coop_gemm::source_for(tile, path, WeightFormat::F16, BLayout::Nk))?;
+            let reduce = pipelines.get_source(ctx, split_k::source())?;
             let split = split_into(tile, p.k, splits);
             let replays = 50;
             let mut plan = dg_gpu::PlanBuilder::new(ctx);
@@ -135,7 +135,7 @@ pub fn tensor_core_step_ceiling_probe(ctx: &GpuContext, _options: &ProbeOptions)
     let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded((64 * max_tiles * k) as usize, 82, 1.0)))?;
     let c = ctx.storage_buffer("c", u64::from(64 * 64 * max_tiles) * 4)?;
     for (what, tile, source) in variants {
-        let pipeline = pipelines.get(ctx, source)?;
+        let pipeline = pipelines.get_source(ctx, source)?;
         let mut line = format!("{test}: {what} [{}]:", tile.label());
         for tiles in [1u32, 66, 132, 264, 528, 1056, 2112] {
             let p = GemmParams::linear(64, 64 * tiles, k);
@@ -204,10 +204,10 @@ pub fn tensor_core_operand_traffic_probe(ctx: &GpuContext, _options: &ProbeOptio
                 ("direct W panels", replaced(&direct, "panel", direct_panel)),
             ];
             let split = split_into(tile, k, splits);
-            let reduce = pipelines.get(ctx, split_k::source())?;
+            let reduce = pipelines.get_source(ctx, split_k::source())?;
             let mut line = format!("{test}: {name} {m}x{n}x{k} [{} split {splits}]", tile.label());
             for (what, source) in variants {
-                let kernel = pipelines.get(ctx, source)?;
+                let kernel = pipelines.get_source(ctx, source)?;
                 let replays = 48;
                 let mut plan = dg_gpu::PlanBuilder::new(ctx);
                 for r in 0..replays {
@@ -243,7 +243,7 @@ pub fn tensor_core_operand_traffic_probe(ctx: &GpuContext, _options: &ProbeOptio
         ];
         let mut line = format!("{test}: experts gate_up [{} direct]", tile.label());
         for (what, source) in variants {
-            let pipeline = pipelines.get(ctx, source)?;
+            let pipeline = pipelines.get_source(ctx, source)?;
             let replays = 50;
             let buffers = [&bufs.a, &bufs.w.buffer, &bufs.offsets, &bufs.rows, &bufs.c];
             let t = time_dispatch(ctx, &pipeline, &x.params, &buffers, coop_grouped_gemm::workgroups(tile, &x.params), replays)?;
@@ -277,7 +277,7 @@ pub fn tensor_core_peak_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Resu
                 buffers: vec![Access::Read, Access::ReadWrite],
                 params_size: 16,
             };
-            let pipeline = pipelines.get(ctx, source)?;
+            let pipeline = pipelines.get_source(ctx, source)?;
             let mut line = format!("{test}: {label}, {acc} accumulators a subgroup, workgroups:");
             for groups in [132u32, 264, 528, 1056] {
                 let replays = 5;
@@ -347,7 +347,7 @@ pub fn barrier_drain_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Result<
             buffers: vec![Access::Read, Access::ReadWrite],
             params_size: 16,
         };
-        let pipeline = pipelines.get(ctx, source)?;
+        let pipeline = pipelines.get_source(ctx, source)?;
         let replays = 5;
         let t = time_dispatch(ctx, &pipeline, &[iters, 0, 0, 0], &[&data, &out], [groups, 1, 1], replays)?;
         println!("{test}: {label}: {:.3} us per iteration", t * 1e6 / f64::from(iters));
