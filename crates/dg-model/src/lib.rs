@@ -11,6 +11,7 @@ mod generation;
 mod json;
 mod model_dir;
 mod names;
+mod quant;
 mod random;
 mod stored;
 mod tensors;
