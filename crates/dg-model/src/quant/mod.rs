@@ -142,6 +142,28 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// `n` standard normal values from a fixed seed (xorshift64 and Box-Muller), for round trips.
+#[cfg(test)]
+fn gaussian(n: usize, mut seed: u64) -> Vec<f32> {
+    let mut uniform = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        ((seed >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    (0..n).map(|_| ((-2.0 * uniform().ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos()) as f32).collect()
+}
+
+/// Per-block root-mean-square error of `got` against `want`, relative to the block's RMS; the worst block.
+#[cfg(test)]
+fn worst_relative_rms(want: &[f32], got: &[f32], block: usize) -> f32 {
+    let rms = |v: &mut dyn Iterator<Item = f32>| (v.map(|e| e * e).sum::<f32>() / block as f32).sqrt();
+    want.chunks(block)
+        .zip(got.chunks(block))
+        .map(|(w, g)| rms(&mut w.iter().zip(g).map(|(a, b)| a - b)) / rms(&mut w.iter().copied()))
+        .fold(0.0, f32::max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
