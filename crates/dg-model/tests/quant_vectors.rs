@@ -55,11 +55,22 @@ fn check_dequantization(dtype: StoredDtype) {
         .map(|&i| {
             let b = i / dtype.block_len();
             let block = &blocks[b * dtype.block_bytes()..(b + 1) * dtype.block_bytes()];
-            format!("block {b} value {}: dg {:#010x} ({}), gguf-py {:#010x} ({}); block {block:02x?}", i % dtype.block_len(), got[i].to_bits(), got[i], want[i].to_bits(), want[i])
+            format!(
+                "block {b} value {}: dg {:#010x} ({}), gguf-py {:#010x} ({}); block {block:02x?}",
+                i % dtype.block_len(),
+                got[i].to_bits(),
+                got[i],
+                want[i].to_bits(),
+                want[i]
+            )
         })
         .collect();
     assert!(bad.is_empty(), "{}: {} of {} values differ from gguf-py:\n{}", dtype.name(), bad.len(), want.len(), shown.join("\n"));
-    assert!(want.iter().any(|v| v.is_nan()) && want.iter().any(|v| v.is_infinite()), "{}: the vectors reach no NaN or infinity", dtype.name());
+    assert!(
+        want.iter().any(|v| v.is_nan()) && want.iter().any(|v| v.is_infinite()),
+        "{}: the vectors reach no NaN or infinity",
+        dtype.name()
+    );
 
     // The tensor path (parallel chunks through StoredTensor::widen_range) gives the same values.
     let t = StoredTensor::from_bytes(dtype, vec![n_blocks, dtype.block_len()], &blocks[..]);
@@ -82,7 +93,14 @@ fn check_quantization(dtype: StoredDtype) {
             format!("block {b}: input {:?}\n  dg      {:02x?}\n  gguf-py {:02x?}", &x[b * 32..(b + 1) * 32], &got[r.clone()], &want[r])
         })
         .collect();
-    assert!(bad.is_empty(), "{}: {} of {} blocks differ from gguf-py's quantization:\n{}", dtype.name(), bad.len(), want.len() / bb, shown.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{}: {} of {} blocks differ from gguf-py's quantization:\n{}",
+        dtype.name(),
+        bad.len(),
+        want.len() / bb,
+        shown.join("\n")
+    );
 }
 
 #[test]

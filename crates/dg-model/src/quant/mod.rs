@@ -78,7 +78,7 @@ fn check_blocks(dtype: StoredDtype, len: usize, per_block: usize, unit: &'static
     if !dtype.is_quantized() {
         return Err(QuantError::NotQuantized { dtype: dtype.name() });
     }
-    if len % per_block != 0 {
+    if !len.is_multiple_of(per_block) {
         return Err(QuantError::PartialBlock { dtype: dtype.name(), len, unit, per_block });
     }
     Ok(())

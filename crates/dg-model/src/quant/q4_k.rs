@@ -19,11 +19,7 @@ const SUB: usize = 32;
 
 /// ggml's `get_scale_min_k4`: sub-block `j`'s 6-bit scale and min from the 12 packed bytes.
 fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    }
+    if j < 4 { (q[j] & 63, q[j + 4] & 63) } else { ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)) }
 }
 
 /// One block's 256 values.
@@ -109,7 +105,16 @@ pub(super) fn quantize_block(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
 /// `x` under `weights`, searching `nstep + 1` grid widths from `nmax + rmin` in steps of `rdelta`,
 /// and the levels in `levels`. Returns `(scale, -min)`.
 #[allow(clippy::too_many_arguments)] // ggml's signature, kept so the port reads against it
-fn make_qkx2_quants(nmax: i32, x: &[f32], weights: &[f32; SUB], levels: &mut [u8], rmin: f32, rdelta: f32, nstep: i32, use_mad: bool) -> (f32, f32) {
+fn make_qkx2_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32; SUB],
+    levels: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> (f32, f32) {
     let n = x.len();
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = weights[0];
