@@ -3,7 +3,8 @@
 //! Parses `config.json` and `generation_config.json` (HF `configuration_diffusion_gemma.py`,
 //! `generation_diffusion_gemma.py`), loads safetensors checkpoints (single file or shards,
 //! F32/F16/BF16, memory-mapped) with HF's tensor names and tying rules, and builds seeded random
-//! weights for any config. No math, no GPU.
+//! weights for any config, and reads and writes ggml's quantized blocks (Q8_0, Q5_0, Q4_K, Q6_K:
+//! [`dequantize_bytes`], [`quantize`]). No model math, no GPU.
 
 mod config;
 mod error;

@@ -16,7 +16,12 @@ mod q5_0;
 mod q6_k;
 mod q8_0;
 
+use rayon::prelude::*;
+
 use crate::stored::StoredDtype;
+
+/// Blocks quantized per parallel task at least (a Q4_K block takes a few microseconds).
+const QUANTIZE_TASK_BLOCKS: usize = 64;
 
 /// What can go wrong when quantizing or dequantizing a run of values.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -39,7 +44,7 @@ pub fn quantize(dtype: StoredDtype, values: &[f32]) -> Result<Vec<u8>, QuantErro
     if let Some(index) = values.iter().position(|v| !v.is_finite()) {
         return Err(QuantError::NonFinite { dtype: dtype.name(), index, value: values[index] });
     }
-    let mut out = Vec::with_capacity(values.len() / dtype.block_len() * dtype.block_bytes());
+    let mut out = vec![0u8; values.len() / dtype.block_len() * dtype.block_bytes()];
     match dtype {
         StoredDtype::Q8_0 => quantize_blocks(values, &mut out, q8_0::quantize_block),
         StoredDtype::Q5_0 => quantize_blocks(values, &mut out, q5_0::quantize_block),
@@ -93,12 +98,13 @@ fn dequantize_blocks<const BYTES: usize, const LEN: usize>(bytes: &[u8], out: &m
     }
 }
 
-fn quantize_blocks<const BYTES: usize, const LEN: usize>(values: &[f32], out: &mut Vec<u8>, block: fn(&[f32; LEN]) -> [u8; BYTES]) {
+/// Blocks are independent, so they are quantized in parallel (the bytes do not depend on the
+/// thread count): a model's worth of Q4_K takes minutes on one core.
+fn quantize_blocks<const BYTES: usize, const LEN: usize>(values: &[f32], out: &mut [u8], block: fn(&[f32; LEN]) -> [u8; BYTES]) {
     let (blocks, rest) = values.as_chunks::<LEN>();
-    debug_assert!(rest.is_empty());
-    for b in blocks {
-        out.extend_from_slice(&block(b));
-    }
+    let (outs, out_rest) = out.as_chunks_mut::<BYTES>();
+    debug_assert!(rest.is_empty() && out_rest.is_empty() && blocks.len() == outs.len());
+    outs.par_iter_mut().zip(blocks.par_iter()).with_min_len(QUANTIZE_TASK_BLOCKS).for_each(|(o, b)| *o = block(b));
 }
 
 /// The little-endian f16 at `bytes[at..at + 2]`, widened (exactly) to f32.
