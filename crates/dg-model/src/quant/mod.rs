@@ -20,7 +20,8 @@ use rayon::prelude::*;
 
 use crate::stored::StoredDtype;
 
-/// Blocks quantized per parallel task at least (a Q4_K block takes a few microseconds).
+/// Blocks quantized per parallel task at least (a Q4_K block takes about 60 microseconds, a Q8_0
+/// block well under one).
 const QUANTIZE_TASK_BLOCKS: usize = 64;
 
 /// What can go wrong when quantizing or dequantizing a run of values.
@@ -99,7 +100,7 @@ fn dequantize_blocks<const BYTES: usize, const LEN: usize>(bytes: &[u8], out: &m
 }
 
 /// Blocks are independent, so they are quantized in parallel (the bytes do not depend on the
-/// thread count): a model's worth of Q4_K takes minutes on one core.
+/// thread count): Q4_K's reference search quantizes only about 4 million values a second per core.
 fn quantize_blocks<const BYTES: usize, const LEN: usize>(values: &[f32], out: &mut [u8], block: fn(&[f32; LEN]) -> [u8; BYTES]) {
     let (blocks, rest) = values.as_chunks::<LEN>();
     let (outs, out_rest) = out.as_chunks_mut::<BYTES>();
