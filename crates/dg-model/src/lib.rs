@@ -3,7 +3,8 @@
 //! Parses `config.json` and `generation_config.json` (HF `configuration_diffusion_gemma.py`,
 //! `generation_diffusion_gemma.py`), loads safetensors checkpoints (single file or shards,
 //! F32/F16/BF16, memory-mapped) with HF's tensor names and tying rules, and builds seeded random
-//! weights for any config. No math, no GPU.
+//! weights for any config, and reads and writes ggml's quantized blocks (Q8_0, Q5_0, Q4_K, Q6_K:
+//! [`dequantize_bytes`], [`quantize`]). No model math, no GPU.
 
 mod config;
 mod error;
@@ -11,6 +12,7 @@ mod generation;
 mod json;
 mod model_dir;
 mod names;
+mod quant;
 mod random;
 mod stored;
 mod tensors;
@@ -21,6 +23,7 @@ pub use error::{ModelError, Result};
 pub use generation::{GenerationConfig, RawGenerationConfig, RawSamplerConfig, StoppingConfig};
 pub use model_dir::ModelDir;
 pub use names::{LayerNames, Named, SharedNames, tensor_manifest};
+pub use quant::{QuantError, dequantize_bytes, quantize};
 pub use random::RandomWeights;
 pub use stored::{StoredDtype, StoredTensor};
 pub use tensors::{Checkpoint, SafetensorsFile, Tensor};

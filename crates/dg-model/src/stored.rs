@@ -11,30 +11,101 @@ use std::borrow::Cow;
 
 use rayon::prelude::*;
 
-/// Element types a checkpoint may store floating-point tensors in.
+/// Element types a checkpoint may store tensors in: floating-point elements (safetensors and
+/// GGUF) and ggml's quantized blocks (GGUF), where `block_len` elements share `block_bytes` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
 pub enum StoredDtype {
     F32,
     F16,
     BF16,
+    /// ggml `Q8_0`: 32 values in 34 bytes (an f16 scale, 32 i8).
+    Q8_0,
+    /// ggml `Q5_0`: 32 values in 22 bytes (an f16 scale, 4 bytes of high bits, 16 of nibbles).
+    Q5_0,
+    /// ggml `Q4_K`: 256 values in 144 bytes (f16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles).
+    Q4_K,
+    /// ggml `Q6_K`: 256 values in 210 bytes (128 low nibbles, 64 of high bits, 16 i8 scales, an f16 d).
+    Q6_K,
 }
 
 impl StoredDtype {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
+    /// Every dtype, in ggml type-id order of the quantized ones.
+    pub const ALL: [StoredDtype; 7] =
+        [StoredDtype::F32, StoredDtype::F16, StoredDtype::BF16, StoredDtype::Q8_0, StoredDtype::Q5_0, StoredDtype::Q4_K, StoredDtype::Q6_K];
+
+    /// Elements per block (1 for the floating-point dtypes).
+    pub const fn block_len(self) -> usize {
         match self {
-            StoredDtype::F32 => 4,
-            StoredDtype::F16 | StoredDtype::BF16 => 2,
+            StoredDtype::F32 | StoredDtype::F16 | StoredDtype::BF16 => 1,
+            StoredDtype::Q8_0 | StoredDtype::Q5_0 => 32,
+            StoredDtype::Q4_K | StoredDtype::Q6_K => 256,
         }
     }
 
-    /// The dtype's safetensors name (`F32`, `F16`, `BF16`).
+    /// Bytes per block (per element for the floating-point dtypes).
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            StoredDtype::F32 => 4,
+            StoredDtype::F16 | StoredDtype::BF16 => 2,
+            StoredDtype::Q8_0 => 34,
+            StoredDtype::Q5_0 => 22,
+            StoredDtype::Q4_K => 144,
+            StoredDtype::Q6_K => 210,
+        }
+    }
+
+    /// Whether elements come in quantized blocks.
+    pub const fn is_quantized(self) -> bool {
+        self.block_len() > 1
+    }
+
+    /// Bytes of `elements` elements; `None` when they are not a whole number of blocks.
+    pub const fn bytes_for(self, elements: usize) -> Option<usize> {
+        if !elements.is_multiple_of(self.block_len()) {
+            return None;
+        }
+        Some(elements / self.block_len() * self.block_bytes())
+    }
+
+    /// Bytes per element of a floating-point dtype.
+    ///
+    /// # Panics
+    /// On a quantized dtype, whose elements have no whole byte count ([`Self::bytes_for`]).
+    pub fn size(self) -> usize {
+        assert!(!self.is_quantized(), "{} stores blocks of {} elements, not single elements", self.name(), self.block_len());
+        self.block_bytes()
+    }
+
+    /// The dtype's name: safetensors' (`F32`, `F16`, `BF16`) or ggml's (`Q8_0`, ...).
     pub fn name(self) -> &'static str {
         match self {
             StoredDtype::F32 => "F32",
             StoredDtype::F16 => "F16",
             StoredDtype::BF16 => "BF16",
+            StoredDtype::Q8_0 => "Q8_0",
+            StoredDtype::Q5_0 => "Q5_0",
+            StoredDtype::Q4_K => "Q4_K",
+            StoredDtype::Q6_K => "Q6_K",
         }
+    }
+
+    /// ggml's type id (`enum ggml_type`), as GGUF stores it.
+    pub const fn ggml_type(self) -> u32 {
+        match self {
+            StoredDtype::F32 => 0,
+            StoredDtype::F16 => 1,
+            StoredDtype::Q5_0 => 6,
+            StoredDtype::Q8_0 => 8,
+            StoredDtype::Q4_K => 12,
+            StoredDtype::Q6_K => 14,
+            StoredDtype::BF16 => 30,
+        }
+    }
+
+    /// The dtype of ggml type id `id`; `None` for types dg does not read.
+    pub fn from_ggml_type(id: u32) -> Option<StoredDtype> {
+        StoredDtype::ALL.into_iter().find(|d| d.ggml_type() == id)
     }
 }
 
@@ -64,7 +135,7 @@ impl<'a> StoredTensor<'a> {
     pub fn from_bytes(dtype: StoredDtype, shape: Vec<usize>, bytes: impl Into<Cow<'a, [u8]>>) -> Self {
         let bytes = bytes.into();
         let n: usize = shape.iter().product();
-        assert_eq!(bytes.len(), n * dtype.size(), "{} bytes for {n} {} elements", bytes.len(), dtype.name());
+        assert_eq!(Some(bytes.len()), dtype.bytes_for(n), "{} bytes for {n} {} elements", bytes.len(), dtype.name());
         StoredTensor { dtype, shape, data: Data::Bytes(bytes) }
     }
 
@@ -97,13 +168,17 @@ impl<'a> StoredTensor<'a> {
 
     /// Bytes of the tensor as stored.
     pub fn byte_len(&self) -> usize {
-        self.len() * self.dtype.size()
+        self.dtype.bytes_for(self.len()).expect("a stored tensor holds whole blocks")
     }
 
-    /// Elements `start..start + out.len()` widened to f32 into `out` (exact for every dtype).
+    /// Elements `start..start + out.len()` widened to f32 into `out` (exact for every dtype; for a
+    /// quantized dtype, ggml's dequantization, and `start` and `out.len()` whole blocks).
     pub fn widen_range(&self, start: usize, out: &mut [f32]) {
-        let size = self.dtype.size();
-        let bytes = &self.bytes()[start * size..(start + out.len()) * size];
+        let (at, len) = (self.dtype.bytes_for(start), self.dtype.bytes_for(out.len()));
+        let (Some(at), Some(len)) = (at, len) else {
+            panic!("{} elements {start}..{} are not whole blocks of {}", self.dtype.name(), start + out.len(), self.dtype.block_len());
+        };
+        let bytes = &self.bytes()[at..at + len];
         match self.dtype {
             StoredDtype::F32 => {
                 for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -120,6 +195,7 @@ impl<'a> StoredTensor<'a> {
                     *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
                 }
             }
+            q => crate::quant::dequantize(q, bytes, out),
         }
     }
 
