@@ -169,6 +169,7 @@ mod tests {
             StoredDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             StoredDtype::BF16 => v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
             StoredDtype::F16 => v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
+            q => dg_model::quantize(q, v).expect("whole blocks of finite values"),
         };
         StoredTensor::from_bytes(dtype, shape, bytes)
     }

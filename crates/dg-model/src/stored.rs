@@ -172,12 +172,23 @@ impl<'a> StoredTensor<'a> {
     }
 
     /// Elements `start..start + out.len()` widened to f32 into `out` (exact for every dtype; for a
-    /// quantized dtype, ggml's dequantization, and `start` and `out.len()` whole blocks).
+    /// quantized dtype, ggml's dequantization: a range that is not whole blocks dequantizes the
+    /// blocks that cover it).
+    ///
+    /// # Panics
+    /// When the range runs past the tensor.
     pub fn widen_range(&self, start: usize, out: &mut [f32]) {
-        let (at, len) = (self.dtype.bytes_for(start), self.dtype.bytes_for(out.len()));
-        let (Some(at), Some(len)) = (at, len) else {
-            panic!("{} elements {start}..{} are not whole blocks of {}", self.dtype.name(), start + out.len(), self.dtype.block_len());
-        };
+        let block = self.dtype.block_len();
+        let end = start + out.len();
+        assert!(end <= self.len(), "{} elements {start}..{end} of a tensor of {}", self.dtype.name(), self.len());
+        if !start.is_multiple_of(block) || !out.len().is_multiple_of(block) {
+            let first = start / block * block;
+            let mut covering = vec![0f32; end.div_ceil(block) * block - first];
+            self.widen_range(first, &mut covering);
+            out.copy_from_slice(&covering[start - first..end - first]);
+            return;
+        }
+        let (at, len) = (self.dtype.bytes_for(start).expect("whole blocks"), self.dtype.bytes_for(out.len()).expect("whole blocks"));
         let bytes = &self.bytes()[at..at + len];
         match self.dtype {
             StoredDtype::F32 => {
@@ -251,5 +262,19 @@ mod tests {
         let t = StoredTensor::from_f32(vec![2], vec![1.0, -2.0]);
         assert_eq!(t.bytes(), [1.0f32.to_le_bytes(), (-2.0f32).to_le_bytes()].concat());
         assert_eq!(t.into_f32(), [1.0, -2.0]);
+    }
+
+    #[test]
+    fn a_quantized_range_that_is_not_whole_blocks_reads_the_covering_blocks() {
+        let values: Vec<f32> = (0..512).map(|i| (i as f32 * 0.37).sin()).collect();
+        for dtype in [StoredDtype::Q8_0, StoredDtype::Q4_K] {
+            let t = StoredTensor::from_bytes(dtype, vec![2, 256], crate::quantize(dtype, &values).unwrap());
+            let whole = t.to_f32();
+            for (start, len) in [(3, 40), (250, 20), (0, 31), (480, 32)] {
+                let mut part = vec![0f32; len];
+                t.widen_range(start, &mut part);
+                assert_eq!(part, whole[start..start + len], "{} {start}+{len}", dtype.name());
+            }
+        }
     }
 }
