@@ -31,6 +31,10 @@ pub enum ModelError {
     UnsupportedDtype { name: String, path: PathBuf, dtype: String },
     #[error("{path}: shard index names {file:?} for tensor {name:?}, but that file is missing")]
     MissingShard { path: PathBuf, file: String, name: String },
+    #[error("unknown quantization scheme {name:?} (expected one of {expected})")]
+    UnknownScheme { name: String, expected: String },
+    #[error("tensor {name:?}: cannot quantize it: {message}")]
+    Quantize { name: String, message: String },
 }
 
 /// Shorthand used throughout the crate.

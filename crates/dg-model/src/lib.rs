@@ -23,7 +23,7 @@ pub use error::{ModelError, Result};
 pub use generation::{GenerationConfig, RawGenerationConfig, RawSamplerConfig, StoppingConfig};
 pub use model_dir::ModelDir;
 pub use names::{LayerNames, Named, SharedNames, tensor_manifest};
-pub use quant::{QuantError, dequantize_bytes, quantize};
+pub use quant::{QuantError, Quantized, Scheme, dequantize_bytes, quantize, quantize_tensor};
 pub use random::RandomWeights;
 pub use stored::{StoredDtype, StoredTensor};
 pub use tensors::{Checkpoint, SafetensorsFile, Tensor};

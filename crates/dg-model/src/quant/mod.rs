@@ -15,6 +15,9 @@ mod q4_k;
 mod q5_0;
 mod q6_k;
 mod q8_0;
+mod scheme;
+
+pub use scheme::{Quantized, Scheme, quantize_tensor};
 
 use rayon::prelude::*;
 
