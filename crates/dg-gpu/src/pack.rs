@@ -6,7 +6,8 @@
 //! buffer's elements straight from the stored bytes (BF16 → BF16 and F16 → F16 are copies;
 //! every other pair goes through f32 with the same round-to-nearest-even as
 //! `dg_kernels::pack_bf16`/`pack_f16`), so an upload never holds an f32 copy of a tensor, only
-//! the piece being written.
+//! the piece being written. A quantized format's buffer is the parts' ggml blocks as stored,
+//! concatenated (rows are whole blocks, so stacking rows stacks blocks).
 
 use dg_kernels::WeightFormat;
 use dg_model::{StoredDtype, StoredTensor};
@@ -40,8 +41,13 @@ impl<'t, 'a> Packing<'t, 'a> {
     ///
     /// # Panics
     /// When a K-panel order does not tile the stacked elements (the planner only asks for panels
-    /// where whole blocks of whole panels fit).
+    /// where whole blocks of whole panels fit), or a quantized format is asked of parts that do
+    /// not store it, or in K panels (the upload keeps quantized parts as stored).
     pub fn new(parts: Vec<&'t StoredTensor<'a>>, format: WeightFormat, order: Order) -> Self {
+        if let WeightFormat::Quantized(q) = format {
+            assert!(order == Order::RowMajor, "{} blocks are packed row-major", q.name());
+            assert!(parts.iter().all(|p| p.dtype.name() == q.name()), "{} packing of parts that store other types", q.name());
+        }
         let mut starts = vec![0];
         for p in &parts {
             starts.push(starts.last().unwrap() + p.len());
@@ -78,15 +84,18 @@ impl<'t, 'a> Packing<'t, 'a> {
         self.format.bytes()
     }
 
-    /// The buffer's size: every element, padded to whole 4-byte words.
+    /// The buffer's size: every element (or block), padded to whole 4-byte words.
     pub fn bytes(&self) -> usize {
-        (self.len() * self.element_bytes()).next_multiple_of(4)
+        self.format.bytes_for(self.len()).expect("stored tensors hold whole blocks").next_multiple_of(4)
     }
 
     /// Writes the buffer's bytes `offset..offset + dst.len()` (`offset` a multiple of
     /// [`TASK`]'s bytes, as every piece of an upload is) into `dst`, in parallel; padding past
     /// the last element is zero.
     pub fn fill(&self, offset: usize, dst: &mut [u8]) {
+        if self.format.is_quantized() {
+            return self.copy_blocks(offset, dst);
+        }
         let size = self.element_bytes();
         assert!(offset.is_multiple_of(TASK * size), "pieces start at whole tasks");
         let first = offset / size;
@@ -97,6 +106,22 @@ impl<'t, 'a> Packing<'t, 'a> {
             self.fill_elements(start, elements);
             padding.fill(0);
         });
+    }
+
+    /// A quantized buffer's bytes `offset..`: the parts' bytes one after the other, then zeros.
+    fn copy_blocks(&self, mut offset: usize, mut dst: &mut [u8]) {
+        for part in &self.parts {
+            let bytes = part.bytes();
+            if offset >= bytes.len() {
+                offset -= bytes.len();
+                continue;
+            }
+            let n = dst.len().min(bytes.len() - offset);
+            let (now, rest) = dst.split_at_mut(n);
+            now.copy_from_slice(&bytes[offset..offset + n]);
+            (offset, dst) = (0, rest);
+        }
+        dst.fill(0);
     }
 
     /// Buffer elements `start..start + dst.len() / size` into `dst`, run by contiguous run of
@@ -201,6 +226,7 @@ mod tests {
                     WeightFormat::F32 => wide.iter().map(|v| v.to_bits()).collect(),
                     WeightFormat::Bf16 => dg_kernels::pack_bf16(&wide),
                     WeightFormat::F16 => dg_kernels::pack_f16(&wide),
+                    WeightFormat::Quantized(_) => unreachable!("element formats only"),
                 };
                 assert_eq!(words(&packed(&p, 1 << 20)), want, "{dtype:?} → {format:?}");
             }
@@ -226,5 +252,25 @@ mod tests {
         let p = Packing::new(vec![&t], WeightFormat::Bf16, Order::RowMajor);
         assert_eq!(packed(&p, TASK * 2), packed(&p, p.bytes()));
         assert_eq!(words(&packed(&p, TASK * 2)), dg_kernels::pack_bf16(&v));
+    }
+
+    /// Quantized parts keep their blocks: the buffer is their bytes one after the other, whatever
+    /// the pieces, then zero padding to a whole word.
+    #[test]
+    fn quantized_parts_are_their_blocks_concatenated() {
+        let (a, b) = (values(2 * 32, 0.3), values(32, 0.9));
+        let (ta, tb) = (stored(StoredDtype::Q8_0, vec![2, 32], &a), stored(StoredDtype::Q8_0, vec![1, 32], &b));
+        let p = Packing::new(vec![&ta, &tb], WeightFormat::Quantized(dg_kernels::format::QuantFormat::Q8_0), Order::RowMajor);
+        let mut want = [ta.bytes(), tb.bytes()].concat();
+        assert_eq!(want.len(), 3 * 34);
+        want.resize(104, 0);
+        assert_eq!(p.bytes(), 104);
+        for piece in [4, 8, 1 << 20] {
+            let mut out = vec![0xAA; p.bytes()];
+            for (i, chunk) in out.chunks_mut(piece).enumerate() {
+                p.copy_blocks(i * piece, chunk);
+            }
+            assert_eq!(out, want, "pieces of {piece}");
+        }
     }
 }

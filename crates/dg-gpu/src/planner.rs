@@ -191,7 +191,9 @@ impl<'t> Planner<'t> {
         tensor_cores: bool,
         split_scratch: Option<u64>,
     ) -> Option<(CoopTile, BLayout)> {
-        if !tensor_cores || !self.caps.coop_matrix {
+        // Quantized W: the portable kernels dequantize it as they load it (no tensor-core kernel
+        // reads ggml blocks yet).
+        if !tensor_cores || !self.caps.coop_matrix || b_format.is_quantized() {
             return None;
         }
         // Attention's products (B: the f32 cache) take their own tile where the large one would

@@ -19,7 +19,8 @@
 //! copy; every piece goes through one reused staging buffer ([`crate::staging`]).
 
 use dg_kernels::WeightFormat;
-use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredTensor, TensorSource, TextConfig};
+use dg_kernels::format::QuantFormat;
+use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredDtype, StoredTensor, TensorSource, TextConfig};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -127,6 +128,21 @@ pub struct UploadProgress {
     pub stored_bytes: u64,
 }
 
+/// The quantized format `parts` keep on the device: their ggml type where they all store the
+/// same one (a quantized checkpoint's matrices stay in their blocks); `None` otherwise, and the
+/// upload's format holds them (dequantized where they are quantized).
+fn stored_quantized(parts: &[&StoredTensor]) -> Option<WeightFormat> {
+    let quant = |d: StoredDtype| match d {
+        StoredDtype::Q8_0 => Some(QuantFormat::Q8_0),
+        StoredDtype::Q5_0 => Some(QuantFormat::Q5_0),
+        StoredDtype::Q4_K => Some(QuantFormat::Q4_K),
+        StoredDtype::Q6_K => Some(QuantFormat::Q6_K),
+        StoredDtype::F32 | StoredDtype::F16 | StoredDtype::BF16 => None,
+    };
+    let first = quant(parts.first()?.dtype)?;
+    parts.iter().all(|p| quant(p.dtype) == Some(first)).then_some(WeightFormat::Quantized(first))
+}
+
 struct Uploader<'a, S: TensorSource + ?Sized> {
     ctx: &'a GpuContext,
     src: &'a S,
@@ -174,8 +190,10 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         Ok(value)
     }
 
-    /// `parts` stacked by rows, row-major in `format`.
+    /// `parts` stacked by rows, row-major in `format`, or in their quantized blocks as stored
+    /// where they all store the same ggml type ([`stored_quantized`]).
     fn row_major(&mut self, label: &str, parts: &[&StoredTensor], format: WeightFormat) -> Result<GpuMatrix, GpuError> {
+        let format = stored_quantized(parts).unwrap_or(format);
         let buffer = self.put(label, &Packing::new(parts.to_vec(), format, Order::RowMajor))?;
         Ok(GpuMatrix { buffer, format, layout: MatrixLayout::RowMajor })
     }
@@ -191,7 +209,8 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     /// a device with cooperative matrices, each block in K panels when the tensor-core GEMM takes
     /// its products (`[m, k] · Wᵀ` for any m); otherwise row-major in the upload's format.
     fn projection(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
-        match Planner::of(self.ctx).projection_layout(self.format, n, k) {
+        let format = stored_quantized(parts).unwrap_or(self.format);
+        match Planner::of(self.ctx).projection_layout(format, n, k) {
             MatrixLayout::KPanels => self.panels(label, parts, n, k),
             MatrixLayout::RowMajor => self.row_major(label, parts, self.format),
         }
@@ -228,7 +247,7 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     fn experts(&mut self, t: &Named) -> Result<GpuMatrix, GpuError> {
         let (n, k) = (t.shape[1], t.shape[2]);
         let stored = self.stored(t)?;
-        match Planner::of(self.ctx).experts_layout(self.format, n, k) {
+        match Planner::of(self.ctx).experts_layout(stored_quantized(&[&stored]).unwrap_or(self.format), n, k) {
             MatrixLayout::KPanels => self.panels(&t.name, &[&stored], n, k),
             MatrixLayout::RowMajor => self.row_major(&t.name, &[&stored], self.format),
         }

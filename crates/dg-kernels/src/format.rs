@@ -5,6 +5,11 @@
 //! f32) and [`WeightFormat::coop_w`] for the tensor-core ones (four elements at a time as f16).
 //! Kernels call the fragments' functions and declare their bindings over the fragments' word
 //! types; they are never rewritten per format.
+//!
+//! The quantized formats ([`QuantFormat`]: ggml's Q8_0, Q5_0, Q4_K, Q6_K) hold a GGUF tensor's
+//! blocks as stored, concatenated and padded to a whole word; their loaders dequantize the one
+//! element asked for with ggml's `dequantize_row_*` arithmetic (so a value may differ from the
+//! host's by the rounding of one fused multiply-add).
 
 /// How a weight matrix is stored on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -24,6 +29,108 @@ pub enum WeightFormat {
     /// `unpack2x16float`, exact for every f16, subnormals included on a conforming device (one
     /// that flushes them reads those weights, |w| < 2⁻¹⁴, as ±0); arithmetic stays f32.
     F16,
+    /// ggml's quantized blocks, as a GGUF file stores them (see [`QuantFormat`]).
+    Quantized(QuantFormat),
+}
+
+/// ggml's block formats dg reads (`ggml/src/ggml-common.h`): `block_len` values in
+/// `block_bytes` bytes, blocks along each row (a row is whole blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum QuantFormat {
+    /// `block_q8_0`: an f16 scale `d`, 32 i8 `q`; `x = q·d`.
+    Q8_0,
+    /// `block_q5_0`: an f16 `d`, 32 high bits `qh`, 16 bytes of low nibbles; `x = (q − 16)·d`.
+    Q5_0,
+    /// `block_q4_K`: f16 `d`, `dmin`, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles;
+    /// `x = d·sc·q − dmin·m` per 32-value sub-block.
+    Q4_K,
+    /// `block_q6_K`: 128 bytes of low nibbles, 64 of high bit pairs, 16 i8 scales, an f16 `d`;
+    /// `x = d·sc·(q − 32)` per 16-value sub-block.
+    Q6_K,
+}
+
+impl QuantFormat {
+    pub const ALL: [QuantFormat; 4] = [QuantFormat::Q8_0, QuantFormat::Q5_0, QuantFormat::Q4_K, QuantFormat::Q6_K];
+
+    pub const fn block_len(self) -> usize {
+        match self {
+            QuantFormat::Q8_0 | QuantFormat::Q5_0 => 32,
+            QuantFormat::Q4_K | QuantFormat::Q6_K => 256,
+        }
+    }
+
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            QuantFormat::Q8_0 => 34,
+            QuantFormat::Q5_0 => 22,
+            QuantFormat::Q4_K => 144,
+            QuantFormat::Q6_K => 210,
+        }
+    }
+
+    /// ggml's name of the type (`Q8_0`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantFormat::Q8_0 => "Q8_0",
+            QuantFormat::Q5_0 => "Q5_0",
+            QuantFormat::Q4_K => "Q4_K",
+            QuantFormat::Q6_K => "Q6_K",
+        }
+    }
+
+    /// The body of `fn load_{name}(i: u32) -> f32` over the block bytes in `{name}` (u32 words),
+    /// with the byte and f16 readers `byte_{name}`, `f16_{name}` in scope.
+    fn load_body(self) -> &'static str {
+        match self {
+            QuantFormat::Q8_0 => {
+                "let at = (i / 32u) * 34u;
+    return f32(i8_NAME(byte_NAME(at + 2u + i % 32u))) * f16_NAME(at);"
+            }
+            QuantFormat::Q5_0 => {
+                "let at = (i / 32u) * 22u;
+    let e = i % 32u;
+    let qh = byte_NAME(at + 2u) | (byte_NAME(at + 3u) << 8u) | (byte_NAME(at + 4u) << 16u) | (byte_NAME(at + 5u) << 24u);
+    let qs = byte_NAME(at + 6u + e % 16u);
+    let low = select(qs & 15u, qs >> 4u, e >= 16u);
+    let q = low | (((qh >> e) & 1u) << 4u);
+    return f32(i32(q) - 16) * f16_NAME(at);"
+            }
+            QuantFormat::Q4_K => {
+                "let at = (i / 256u) * 144u;
+    let e = i % 256u;
+    let pair = e / 64u;
+    let high = (e % 64u) >= 32u;
+    let j = 2u * pair + select(0u, 1u, high);
+    let qs = byte_NAME(at + 16u + 32u * pair + e % 32u);
+    let q = select(qs & 15u, qs >> 4u, high);
+    var sc: u32;
+    var m: u32;
+    if (j < 4u) {
+        sc = byte_NAME(at + 4u + j) & 63u;
+        m = byte_NAME(at + 8u + j) & 63u;
+    } else {
+        sc = (byte_NAME(at + 8u + j) & 15u) | ((byte_NAME(at + j) >> 6u) << 4u);
+        m = (byte_NAME(at + 8u + j) >> 4u) | ((byte_NAME(at + 4u + j) >> 6u) << 4u);
+    }
+    let d1 = f16_NAME(at) * f32(sc);
+    let m1 = f16_NAME(at + 2u) * f32(m);
+    return d1 * f32(q) - m1;"
+            }
+            QuantFormat::Q6_K => {
+                "let at = (i / 256u) * 210u;
+    let e = i % 256u;
+    let half = e / 128u;
+    let k = (e % 128u) / 32u;
+    let l = e % 32u;
+    let ql = byte_NAME(at + 64u * half + l + 32u * (k & 1u)) >> (4u * (k >> 1u));
+    let qh = byte_NAME(at + 128u + 32u * half + l) >> (2u * k);
+    let q = i32((ql & 15u) | ((qh & 3u) << 4u)) - 32;
+    let sc = i8_NAME(byte_NAME(at + 192u + 8u * half + l / 16u + 2u * k));
+    return f16_NAME(at + 208u) * f32(sc) * f32(q);"
+            }
+        }
+    }
 }
 
 /// The tensor-core kernels' view of a W format: W's binding is an array of `elem` (four
@@ -38,15 +145,52 @@ pub struct CoopW {
 }
 
 impl WeightFormat {
-    /// Every format.
-    pub const ALL: [WeightFormat; 3] = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16];
+    /// Every element format (one value per element: what every kernel reads).
+    pub const ELEMENTS: [WeightFormat; 3] = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16];
 
-    /// Bytes per element.
+    /// Every format, the quantized ones included.
+    pub const ALL: [WeightFormat; 7] = [
+        WeightFormat::F32,
+        WeightFormat::Bf16,
+        WeightFormat::F16,
+        WeightFormat::Quantized(QuantFormat::Q8_0),
+        WeightFormat::Quantized(QuantFormat::Q5_0),
+        WeightFormat::Quantized(QuantFormat::Q4_K),
+        WeightFormat::Quantized(QuantFormat::Q6_K),
+    ];
+
+    /// Bytes per element of an element format.
+    ///
+    /// # Panics
+    /// On a quantized format, whose elements take no whole number of bytes ([`Self::bytes_for`]).
     pub fn bytes(self) -> usize {
         match self {
             WeightFormat::F32 => 4,
             WeightFormat::Bf16 | WeightFormat::F16 => 2,
+            WeightFormat::Quantized(q) => panic!("{} stores blocks of {} values, not elements", q.name(), q.block_len()),
         }
+    }
+
+    /// Bytes `elements` elements take (whole blocks of a quantized format); `None` when they are
+    /// not whole blocks.
+    pub fn bytes_for(self, elements: usize) -> Option<usize> {
+        match self {
+            WeightFormat::Quantized(q) => elements.is_multiple_of(q.block_len()).then(|| elements / q.block_len() * q.block_bytes()),
+            f => Some(elements * f.bytes()),
+        }
+    }
+
+    /// Mean bytes per element (a quantized format's block bytes over its values).
+    pub fn bytes_per_element(self) -> f64 {
+        match self {
+            WeightFormat::Quantized(q) => q.block_bytes() as f64 / q.block_len() as f64,
+            f => f.bytes() as f64,
+        }
+    }
+
+    /// Whether the format holds ggml blocks.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, WeightFormat::Quantized(_))
     }
 
     /// Suffix of the name of a kernel variant that reads its weights in this format: none for
@@ -56,6 +200,10 @@ impl WeightFormat {
             WeightFormat::F32 => "",
             WeightFormat::Bf16 => "_bf16",
             WeightFormat::F16 => "_f16",
+            WeightFormat::Quantized(QuantFormat::Q8_0) => "_q8_0",
+            WeightFormat::Quantized(QuantFormat::Q5_0) => "_q5_0",
+            WeightFormat::Quantized(QuantFormat::Q4_K) => "_q4_k",
+            WeightFormat::Quantized(QuantFormat::Q6_K) => "_q6_k",
         }
     }
 
@@ -63,7 +211,8 @@ impl WeightFormat {
     /// f32 as is, BF16 and F16 rounded to nearest, ties to even (the `half` crate's conversions).
     ///
     /// # Panics
-    /// When `out` does not hold exactly `values.len()` elements.
+    /// When `out` does not hold exactly `values.len()` elements, or on a quantized format (its
+    /// tensors reach the device as the checkpoint stores their blocks).
     pub fn encode(self, values: &[f32], out: &mut [u8]) {
         assert_eq!(out.len(), values.len() * self.bytes(), "{} bytes for {} {self:?} elements", out.len(), values.len());
         match self {
@@ -82,6 +231,7 @@ impl WeightFormat {
                     o.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
                 }
             }
+            WeightFormat::Quantized(q) => panic!("{} tensors are packed as stored, not encoded from f32", q.name()),
         }
     }
 
@@ -98,6 +248,20 @@ impl WeightFormat {
             }
             // unpack2x16float: the low half is component 0.
             WeightFormat::F16 => ("u32", format!("return unpack2x16float({name}[i >> 1u])[i & 1u];")),
+            WeightFormat::Quantized(q) => {
+                let readers = format!(
+                    "// Byte `at` of the blocks in `{name}`, and the f16 at the even byte `at`.\n\
+                     fn byte_{name}(at: u32) -> u32 {{\n    return ({name}[at >> 2u] >> ((at & 3u) * 8u)) & 255u;\n}}\n\
+                     fn f16_{name}(at: u32) -> f32 {{\n    return unpack2x16float({name}[at >> 2u])[(at >> 1u) & 1u];\n}}\n\
+                     // A byte as the i8 it stores.\n\
+                     fn i8_{name}(b: u32) -> i32 {{\n    return bitcast<i32>(b << 24u) >> 24u;\n}}\n\n"
+                );
+                let body = q.load_body().replace("NAME", name);
+                return format!(
+                    "alias {name}_word = u32;\n\n{readers}// Element i of the {} operand `{name}` (ggml's dequantization).\nfn load_{name}(i: u32) -> f32 {{\n    {body}\n}}\n",
+                    q.name()
+                );
+            }
         };
         format!(
             "alias {name}_word = {word};\n\n// Element i of the {self:?} operand `{name}`, widened exactly to f32.\nfn load_{name}(i: u32) -> f32 {{\n    {body}\n}}\n"
@@ -107,6 +271,9 @@ impl WeightFormat {
     /// The tensor-core kernels' fragments for W in this format (see [`CoopW`]): vec4s of f16 as
     /// they are; BF16 pairs in u32 words widened to f32 and rounded to f16 (exact for |w| in f16's
     /// normal range); f32 rounded to f16.
+    ///
+    /// # Panics
+    /// On a quantized format (no tensor-core kernel reads one yet: `CoopGemmKey::is_valid`).
     pub fn coop_w(self) -> CoopW {
         match self {
             WeightFormat::F16 => CoopW {
@@ -124,6 +291,7 @@ impl WeightFormat {
                 w16: "fn w16(v: vec4<f32>) -> vec4<f16> {\n    return vec4<f16>(v);\n}\n",
                 pin_w: "fn pin_w(l: u32, v: vec4<f32>) {\n    pin_f(l, v);\n}\n",
             },
+            WeightFormat::Quantized(q) => panic!("no tensor-core kernel reads {} weights", q.name()),
         }
     }
 }

@@ -59,7 +59,8 @@ pub struct CoopGemmKey {
 impl CoopGemmKey {
     /// Whether the kernel exists: W fragments loaded directly need F16 `W[n][k]`, the single
     /// stage is F16 too (BF16 and f32 W are converted as they are staged, on the double-buffered
-    /// path only), K panels are F16 on tiles of the panels' depth.
+    /// path only), K panels are F16 on tiles of the panels' depth; quantized W is read by the
+    /// portable kernels only.
     pub fn is_valid(self) -> bool {
         let path_ok = match self.path {
             WPath::Staged => true,
@@ -67,7 +68,7 @@ impl CoopGemmKey {
             WPath::Single => self.w == WeightFormat::F16,
         };
         let panels_ok = self.layout != BLayout::NkPanels || (self.tile.bk == coop_gemm::PANEL && self.w == WeightFormat::F16);
-        self.tile.is_valid() && path_ok && panels_ok
+        self.tile.is_valid() && path_ok && panels_ok && !self.w.is_quantized()
     }
 }
 
@@ -183,7 +184,7 @@ impl KernelKey {
     /// every prefetch depth, with every W path, format, layout and A format its kernel takes.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey as K;
-        const FORMATS: [WeightFormat; 3] = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16];
+        const FORMATS: [WeightFormat; 3] = WeightFormat::ELEMENTS;
         const PATHS: [WPath; 3] = [WPath::Staged, WPath::Direct, WPath::Single];
         const A_FORMATS: [AFormat; 2] = [AFormat::F32, AFormat::F16];
         const LAYOUTS: [BLayout; 3] = [BLayout::Nk, BLayout::Kn, BLayout::NkPanels];
@@ -205,7 +206,7 @@ impl KernelKey {
                 keys.extend([false, true].map(|combine| K::FfnNorms { reduce, lanes, combine }));
             }
         }
-        for w in FORMATS {
+        for w in WeightFormat::ALL {
             keys.extend(gemm::TILES.iter().map(|&tile| K::Gemm { tile, w }));
             keys.extend(grouped_gemm::TILES.iter().map(|&tile| K::GroupedGemm { tile, w }));
         }

@@ -53,6 +53,9 @@ impl GpuBackend {
                 // With cooperative matrices the projections round their activations to f16 too.
                 ("gpu-f16", if coop { F16_ACTIVATION_TOLERANCES } else { f32_tolerances })
             }
+            WeightFormat::Quantized(q) => {
+                return Err(format!("{}: quantized matrices upload as their source stores them, not as an upload format", q.name()).into());
+            }
         };
         Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name, tolerances })
     }
