@@ -17,11 +17,12 @@ pub fn choose(model: &ModelDir, arg: WeightsArg) -> WeightFormat {
     }
 }
 
-/// `bf16` / `f32`.
+/// `bf16` / `f32` / `f16`, or the ggml type of quantized matrices.
 pub fn name(format: WeightFormat) -> &'static str {
     match format {
         WeightFormat::F32 => "f32",
         WeightFormat::Bf16 => "bf16",
         WeightFormat::F16 => "f16",
+        WeightFormat::Quantized(q) => q.name(),
     }
 }

@@ -44,7 +44,7 @@ fn pack(format: WeightFormat, values: &[f32]) -> Vec<u32> {
     match format {
         WeightFormat::Bf16 => pack_bf16(values),
         WeightFormat::F16 => pack_f16(values),
-        WeightFormat::F32 => panic!("f32 is not a packed format"),
+        WeightFormat::F32 | WeightFormat::Quantized(_) => panic!("{format:?} is not a 16-bit format"),
     }
 }
 
@@ -55,7 +55,7 @@ fn packed_pair(format: WeightFormat, w: &[f32]) -> (Vec<u32>, Vec<f32>) {
     let upcast = match format {
         WeightFormat::Bf16 => unpack_bf16(&packed, w.len()),
         WeightFormat::F16 => unpack_f16(&packed, w.len()),
-        WeightFormat::F32 => unreachable!(),
+        WeightFormat::F32 | WeightFormat::Quantized(_) => unreachable!(),
     };
     (packed, upcast)
 }
