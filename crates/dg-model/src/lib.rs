@@ -8,6 +8,7 @@
 mod config;
 mod error;
 mod generation;
+pub mod gguf;
 mod json;
 mod model_dir;
 mod names;
