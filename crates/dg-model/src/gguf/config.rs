@@ -49,9 +49,12 @@ impl GgufFile {
         self.uint(key, why)?.ok_or_else(|| self.missing(key, why))
     }
 
+    /// A number; an F32 as the shortest decimal that rounds to it (`0.4`, not `0.4000000059604645`),
+    /// which is what the `config.json` it was written from said.
     fn float(&self, key: &str) -> Result<Option<f64>> {
         match self.meta(key) {
             None => Ok(None),
+            Some(MetaValue::F32(v)) => Ok(Some(v.to_string().parse().expect("a float's display parses"))),
             Some(v) => v.as_f64().map(Some).ok_or_else(|| self.bad(key, format!("expected a number, got {v:?}"))),
         }
     }
