@@ -2,8 +2,9 @@
 //!
 //! Parses `config.json` and `generation_config.json` (HF `configuration_diffusion_gemma.py`,
 //! `generation_diffusion_gemma.py`), loads safetensors checkpoints (single file or shards,
-//! F32/F16/BF16, memory-mapped) with HF's tensor names and tying rules, and builds seeded random
-//! weights for any config. No math, no GPU.
+//! F32/F16/BF16, memory-mapped) with HF's tensor names and tying rules, reads and writes GGUF
+//! files as llama.cpp names DiffusionGemma's tensors (`gguf`), and builds seeded random weights for
+//! any config. No math, no GPU.
 
 mod config;
 mod error;
@@ -21,7 +22,7 @@ mod weights;
 pub use config::{IdOrList, LayerKind, LayerSpec, ModelConfig, RopeSpec, TextConfig};
 pub use error::{ModelError, Result};
 pub use generation::{GenerationConfig, RawGenerationConfig, RawSamplerConfig, StoppingConfig};
-pub use model_dir::ModelDir;
+pub use model_dir::{ModelDir, is_gguf};
 pub use names::{LayerNames, Named, SharedNames, tensor_manifest};
 pub use random::RandomWeights;
 pub use stored::{StoredDtype, StoredTensor};
