@@ -55,10 +55,10 @@ pub fn open(dir: &Path) -> Result<ModelDir> {
     if !dir.join("config.json").is_file() {
         return Err(input(format!("model directory {shown} is incomplete: config.json is missing")));
     }
-    if !dir.join("model.safetensors").is_file() && !dir.join("model.safetensors.index.json").is_file() {
+    if !dir.join("model.safetensors").is_file() && !dir.join("model.safetensors.index.json").is_file() && !dir.join("model.gguf").is_file() {
         return Err(input(format!(
             "model directory {shown} is incomplete: neither model.safetensors nor \
-             model.safetensors.index.json exists"
+             model.safetensors.index.json (nor model.gguf) exists"
         )));
     }
     ModelDir::open(dir).context(Input(format!("cannot open model directory {shown}")))

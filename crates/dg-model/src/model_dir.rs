@@ -34,7 +34,8 @@ impl ModelDir {
     }
 
     /// Opens `dir`: a missing directory or `config.json` is an error naming the path. A file named
-    /// `*.gguf` is opened as a GGUF model ([`Self::open_gguf`]).
+    /// `*.gguf`, or a directory whose weights are `model.gguf`, is opened as a GGUF model
+    /// ([`Self::open_gguf`]).
     pub fn open(dir: &Path) -> Result<Self> {
         if is_gguf(dir) {
             return Self::open_gguf(dir);
@@ -44,6 +45,11 @@ impl ModelDir {
                 path: dir.to_path_buf(),
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found"),
             });
+        }
+        // A directory whose weights are a GGUF file (`model.gguf` beside `config.json`).
+        let gguf = dir.join(GGUF_NAME);
+        if gguf.is_file() && !dir.join("model.safetensors").exists() && !dir.join("model.safetensors.index.json").exists() {
+            return Self::open_gguf(&gguf);
         }
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let gen_path = dir.join("generation_config.json");
@@ -75,6 +81,10 @@ impl ModelDir {
         Weights::from_checkpoint(&self.checkpoint, &self.config.text)
     }
 }
+
+/// The GGUF file a model directory may hold instead of safetensors (safetensors win when both are
+/// there).
+pub const GGUF_NAME: &str = "model.gguf";
 
 /// Whether `path` names a GGUF file (by its extension, as llama.cpp's tools take them).
 pub fn is_gguf(path: &Path) -> bool {

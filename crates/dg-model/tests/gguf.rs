@@ -59,6 +59,10 @@ fn round_trip_keeps_bytes_shapes_types_and_geometry() {
     let tmp = TempDir::new().unwrap();
     let path = tmp.path().join("mixed.gguf");
     write_mixed(&path, &config);
+    // CI reads this file back with gguf-py (tools/gguf_check/read_gguf.py).
+    if let Some(dir) = std::env::var_os("DG_GGUF_TEST_OUT") {
+        std::fs::copy(&path, Path::new(&dir).join("mixed.gguf")).unwrap();
+    }
     let file = GgufFile::open(&path).unwrap();
     assert_eq!(file.header().version, 3);
     assert_eq!(file.header().alignment, 32);
