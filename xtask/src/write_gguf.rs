@@ -41,6 +41,11 @@ pub fn run(args: Args) -> Result<bool> {
         }
     }
     let size = std::fs::metadata(&args.out)?.len();
-    eprintln!("wrote {} ({:.1} MiB, {} tensors)", args.out.display(), size as f64 / 1_048_576.0, dg_model::tensor_manifest(&model.config.text).len());
+    eprintln!(
+        "wrote {} ({:.1} MiB, {} tensors)",
+        args.out.display(),
+        size as f64 / 1_048_576.0,
+        dg_model::tensor_manifest(&model.config.text).len()
+    );
     Ok(true)
 }

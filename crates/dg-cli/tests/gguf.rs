@@ -62,7 +62,8 @@ fn a_gguf_of_the_bundled_model_generates_the_same_tokens_on_the_gpu() {
 fn info_lists_the_gguf_tensors_with_types_and_sizes() {
     let (_dir, path) = bundled_gguf();
     let run = dg(&["info", "--model", path.to_str().unwrap()]).ok();
-    for needle in ["checkpoint BF16 (", "(gguf ", "model.gguf", "token_embd.weight", "blk.3.ffn_gate_up_exps.weight", "parameters 342,960"] {
+    for needle in ["checkpoint BF16 (", "(gguf ", "model.gguf", "token_embd.weight", "blk.3.ffn_gate_up_exps.weight", "parameters 342,960"]
+    {
         assert!(run.stdout.contains(needle), "info lacks {needle:?}:\n{}", run.stdout);
     }
     let v = dg(&["info", "--json", "--model", path.to_str().unwrap()]).ok().json();

@@ -62,7 +62,7 @@ impl StoredDtype {
 
     /// Bytes of `elements` elements; `None` when they are not a whole number of blocks.
     pub const fn bytes_for(self, elements: usize) -> Option<usize> {
-        if elements % self.block_len() != 0 {
+        if !elements.is_multiple_of(self.block_len()) {
             return None;
         }
         Some(elements / self.block_len() * self.block_bytes())

@@ -24,7 +24,7 @@ fn mixed_dtype(hf: &str, shape: &[usize]) -> StoredDtype {
         StoredDtype::Q8_0
     } else if shape.len() < 2 {
         StoredDtype::F32
-    } else if hf.len() % 2 == 0 {
+    } else if hf.len().is_multiple_of(2) {
         StoredDtype::F16
     } else {
         StoredDtype::BF16
@@ -49,8 +49,10 @@ fn encode(hf: &str, t: &StoredTensor<'_>, dtype: StoredDtype) -> Vec<u8> {
 
 fn write_mixed(path: &Path, config: &ModelConfig) {
     let shapes: std::collections::HashMap<String, Vec<usize>> = tensor_manifest(&config.text).into_iter().collect();
-    gguf::write_model(path, config, None, &RandomWeights::new(3), &|hf, _| mixed_dtype(hf, &shapes[hf]), &mut |hf, t, d| Ok(encode(hf, t, d)))
-        .unwrap();
+    gguf::write_model(path, config, None, &RandomWeights::new(3), &|hf, _| mixed_dtype(hf, &shapes[hf]), &mut |hf, t, d| {
+        Ok(encode(hf, t, d))
+    })
+    .unwrap();
 }
 
 #[test]
@@ -94,7 +96,10 @@ fn round_trip_keeps_bytes_shapes_types_and_geometry() {
     assert_eq!(back.canvas_length, config.canvas_length);
     assert_eq!(back.eos_token_ids, config.eos_token_ids);
     let freqs = file.tensor("rope_freqs.weight").unwrap();
-    assert_eq!(file.stored_gguf(freqs).to_f32(), [1.0, 1.0, 1.0, 1.0, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30]);
+    assert_eq!(
+        file.stored_gguf(freqs).to_f32(),
+        [1.0, 1.0, 1.0, 1.0, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30]
+    );
 }
 
 fn round(dtype: StoredDtype, x: f32) -> f32 {
@@ -126,7 +131,10 @@ fn a_gguf_of_the_bundled_model_loads_the_same_weights_and_settings() {
     assert_eq!(model.checkpoint.names().count(), tensor_manifest(&model.config.text).len());
     assert_eq!(model.load_weights().unwrap(), reference.load_weights().unwrap());
     let (g, r) = (model.generation_config().unwrap(), reference.generation_config().unwrap());
-    assert_eq!((g.max_denoising_steps, g.entropy_bound, g.temperature, g.stopping), (r.max_denoising_steps, r.entropy_bound, r.temperature, r.stopping));
+    assert_eq!(
+        (g.max_denoising_steps, g.entropy_bound, g.temperature, g.stopping),
+        (r.max_denoising_steps, r.entropy_bound, r.temperature, r.stopping)
+    );
 }
 
 #[test]
@@ -243,8 +251,10 @@ fn no_prefix_and_no_flipped_byte_of_a_valid_file_panics() {
 /// Writes a GGUF with the bundled model's metadata and the given tensors (all F32 zeros).
 fn write_tensors(path: &Path, tensors: &[(String, Vec<usize>)], drop_key: Option<&str>) {
     let config = bundled_config();
-    let metadata: Vec<(String, MetaValue)> = gguf::model_metadata(&config, None).unwrap().into_iter().filter(|(k, _)| Some(k.as_str()) != drop_key).collect();
-    let plan: Vec<PlannedTensor> = tensors.iter().map(|(n, s)| PlannedTensor { name: n.clone(), shape: s.clone(), dtype: StoredDtype::F32 }).collect();
+    let metadata: Vec<(String, MetaValue)> =
+        gguf::model_metadata(&config, None).unwrap().into_iter().filter(|(k, _)| Some(k.as_str()) != drop_key).collect();
+    let plan: Vec<PlannedTensor> =
+        tensors.iter().map(|(n, s)| PlannedTensor { name: n.clone(), shape: s.clone(), dtype: StoredDtype::F32 }).collect();
     let mut w = GgufWriter::create(path, &metadata, &plan).unwrap();
     for (n, s) in tensors {
         w.write_tensor(n, &vec![0u8; 4 * s.iter().product::<usize>()]).unwrap();
@@ -279,7 +289,12 @@ fn unknown_missing_and_misshapen_tensors_and_missing_keys_are_named() {
     write_tensors(&path, &tensors, None);
     assert_err(ModelDir::open(&path).unwrap().load_weights(), &[&hf, &removed.0, "shape"]);
 
-    for key in ["diffusion-gemma.expert_count", "diffusion.canvas_length", "diffusion-gemma.attention.sliding_window_pattern", "general.architecture"] {
+    for key in [
+        "diffusion-gemma.expert_count",
+        "diffusion.canvas_length",
+        "diffusion-gemma.attention.sliding_window_pattern",
+        "general.architecture",
+    ] {
         write_tensors(&path, &gguf_manifest(), Some(key));
         assert_err(ModelDir::open(&path), &["model.gguf", key, "missing"]);
     }

@@ -41,7 +41,11 @@ impl GgufFile {
     fn uint(&self, key: &str, why: &str) -> Result<Option<usize>> {
         match self.meta(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().and_then(|v| usize::try_from(v).ok()).map(Some).ok_or_else(|| self.bad(key, format!("expected an unsigned integer ({why}), got {v:?}"))),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .map(Some)
+                .ok_or_else(|| self.bad(key, format!("expected an unsigned integer ({why}), got {v:?}"))),
         }
     }
 
@@ -126,10 +130,14 @@ impl GgufFile {
             })
             .collect();
         let theta_full = self.float(&k("rope.freq_base"))?.ok_or_else(|| self.missing(&k("rope.freq_base"), "the full layers' RoPE"))?;
-        let theta_swa = self.float(&k("rope.freq_base_swa"))?.ok_or_else(|| self.missing(&k("rope.freq_base_swa"), "the sliding layers' RoPE"))?;
+        let theta_swa =
+            self.float(&k("rope.freq_base_swa"))?.ok_or_else(|| self.missing(&k("rope.freq_base_swa"), "the sliding layers' RoPE"))?;
         let vocab = match self.uint(&k("vocab_size"), "the vocabulary size")? {
             Some(v) => v,
-            None => self.tensor("token_embd.weight").and_then(|t| t.dims.get(1).copied()).ok_or_else(|| self.missing(&k("vocab_size"), "the vocabulary size"))?,
+            None => self
+                .tensor("token_embd.weight")
+                .and_then(|t| t.dims.get(1).copied())
+                .ok_or_else(|| self.missing(&k("vocab_size"), "the vocabulary size"))?,
         };
         let canvas = self.need_uint("diffusion.canvas_length", "the canvas length")?;
         let mut eos = Vec::new();
@@ -173,13 +181,20 @@ impl GgufFile {
     fn full_rope(&self, theta: f64, head_dim: usize, dims_key: &str) -> Result<Value> {
         let Some(t) = self.tensor("rope_freqs.weight") else {
             return match self.uint(dims_key, "the full layers' RoPE")? {
-                Some(d) if d != head_dim => Err(self.bad(dims_key, format!("is {d}; without rope_freqs.weight full layers rotate all {head_dim} dims"))),
+                Some(d) if d != head_dim => {
+                    Err(self.bad(dims_key, format!("is {d}; without rope_freqs.weight full layers rotate all {head_dim} dims")))
+                }
                 _ => Ok(json!({ "rope_type": "default", "rope_theta": theta })),
             };
         };
         let bad = |message: String| ModelError::GgufTensor { path: self.path().into(), name: t.name.clone(), message };
         if t.dims != [head_dim / 2] || t.dtype != crate::stored::StoredDtype::F32 {
-            return Err(bad(format!("expected F32 [{}] (head_dim / 2 of the full layers), got {} {:?}", head_dim / 2, t.dtype.name(), t.dims)));
+            return Err(bad(format!(
+                "expected F32 [{}] (head_dim / 2 of the full layers), got {} {:?}",
+                head_dim / 2,
+                t.dtype.name(),
+                t.dims
+            )));
         }
         let values = self.stored_gguf(t).to_f32();
         let rotated = values.iter().take_while(|&&v| v != UNROTATED).count();
@@ -219,7 +234,10 @@ impl GgufFile {
 
 /// The metadata [`GgufFile::model_config`] reads back as `config` (and the sampler keys of
 /// `generation`), for dg's writer. Errors for geometry GGUF's keys cannot express.
-pub fn model_metadata(config: &ModelConfig, generation: Option<&RawGenerationConfig>) -> std::result::Result<Vec<(String, MetaValue)>, String> {
+pub fn model_metadata(
+    config: &ModelConfig,
+    generation: Option<&RawGenerationConfig>,
+) -> std::result::Result<Vec<(String, MetaValue)>, String> {
     let t = &config.text;
     let k = |s: &str| format!("{ARCH}.{s}");
     let u32v = |v: usize| u32::try_from(v).map(MetaValue::U32).map_err(|_| format!("{v} does not fit a uint32"));
@@ -240,13 +258,19 @@ pub fn model_metadata(config: &ModelConfig, generation: Option<&RawGenerationCon
         (k("block_count"), u32v(t.num_layers())?),
         (k("feed_forward_length"), u32v(t.intermediate_size)?),
         (k("attention.head_count"), u32v(t.num_attention_heads)?),
-        (k("attention.head_count_kv"), MetaValue::Array(4, t.layers.iter().map(|l| u32v(l.num_kv_heads)).collect::<std::result::Result<_, _>>()?)),
+        (
+            k("attention.head_count_kv"),
+            MetaValue::Array(4, t.layers.iter().map(|l| u32v(l.num_kv_heads)).collect::<std::result::Result<_, _>>()?),
+        ),
         (k("attention.key_length"), u32v(head(full))?),
         (k("attention.value_length"), u32v(head(full))?),
         (k("attention.key_length_swa"), u32v(head(sliding))?),
         (k("attention.value_length_swa"), u32v(head(sliding))?),
         (k("attention.sliding_window"), u32v(t.sliding_window)?),
-        (k("attention.sliding_window_pattern"), MetaValue::Array(7, t.layers.iter().map(|l| MetaValue::Bool(l.kind == LayerKind::Sliding)).collect())),
+        (
+            k("attention.sliding_window_pattern"),
+            MetaValue::Array(7, t.layers.iter().map(|l| MetaValue::Bool(l.kind == LayerKind::Sliding)).collect()),
+        ),
         (k("attention.layer_norm_rms_epsilon"), MetaValue::F32(t.rms_norm_eps)),
         (k("attention.causal"), MetaValue::Bool(false)),
         (k("expert_count"), u32v(t.num_experts)?),

@@ -186,6 +186,9 @@ impl GgufModel {
     }
 }
 
+/// Turns tensor `hf` (as its source stores it) into the bytes of another dtype.
+pub type Encode<'a> = dyn FnMut(&str, &StoredTensor<'_>, StoredDtype) -> Result<Vec<u8>> + 'a;
+
 /// Writes `config`'s model to `path` as GGUF: the metadata [`model_metadata`] gives, then every
 /// tensor of [`tensor_manifest`] (and `rope_freqs.weight`) read from `src` one at a time. `dtype`
 /// picks each tensor's stored type from its HF name and its type in `src`; `encode` turns the
@@ -196,7 +199,7 @@ pub fn write_model<S: TensorSource + ?Sized>(
     generation: Option<&RawGenerationConfig>,
     src: &S,
     dtype: &dyn Fn(&str, StoredDtype) -> StoredDtype,
-    encode: &mut dyn FnMut(&str, &StoredTensor<'_>, StoredDtype) -> Result<Vec<u8>>,
+    encode: &mut Encode<'_>,
 ) -> Result<()> {
     let bad = |message: String| ModelError::Gguf { path: path.into(), message };
     let manifest = tensor_manifest(&config.text);
@@ -227,7 +230,12 @@ pub fn write_model<S: TensorSource + ?Sized>(
 }
 
 /// [`write_model`] keeping every tensor in the type `src` stores it in.
-pub fn write_model_as_stored<S: TensorSource + ?Sized>(path: &Path, config: &ModelConfig, generation: Option<&RawGenerationConfig>, src: &S) -> Result<()> {
+pub fn write_model_as_stored<S: TensorSource + ?Sized>(
+    path: &Path,
+    config: &ModelConfig,
+    generation: Option<&RawGenerationConfig>,
+    src: &S,
+) -> Result<()> {
     write_model(path, config, generation, src, &|_, stored| stored, &mut |hf, t, want| {
         Err(ModelError::Gguf { path: path.into(), message: format!("{hf}: cannot convert {} to {}", t.dtype.name(), want.name()) })
     })

@@ -153,7 +153,14 @@ mod tests {
 
     #[test]
     fn names_outside_the_text_model_map_to_nothing() {
-        for g in ["rope_freqs.weight", "output.weight", "blk.x.attn_q.weight", "blk.01.attn_q.weight", "blk.1.attn_qkv.weight", "v.blk.0.attn_q.weight"] {
+        for g in [
+            "rope_freqs.weight",
+            "output.weight",
+            "blk.x.attn_q.weight",
+            "blk.01.attn_q.weight",
+            "blk.1.attn_qkv.weight",
+            "v.blk.0.attn_q.weight",
+        ] {
             assert_eq!(to_hf(g), None, "{g}");
         }
         for h in ["model.encoder.vision_tower.x", "model.encoder.language_model.layers.0.self_attn.q_proj.weight", "lm_head.weight"] {

@@ -166,9 +166,46 @@ pub struct Header {
 /// ggml's names of the type ids dg does not read, for error messages.
 fn ggml_type_name(id: u32) -> Option<&'static str> {
     const NAMES: [&str; 40] = [
-        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
-        "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M",
-        "BF16", "Q4_0_4_4", "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
+        "F32",
+        "F16",
+        "Q4_0",
+        "Q4_1",
+        "Q4_2",
+        "Q4_3",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q8_1",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "Q8_K",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ3_XXS",
+        "IQ1_S",
+        "IQ4_NL",
+        "IQ3_S",
+        "IQ2_S",
+        "IQ4_XS",
+        "I8",
+        "I16",
+        "I32",
+        "I64",
+        "F64",
+        "IQ1_M",
+        "BF16",
+        "Q4_0_4_4",
+        "Q4_0_4_8",
+        "Q4_0_8_8",
+        "TQ1_0",
+        "TQ2_0",
+        "IQ4_NL_4_4",
+        "IQ4_NL_4_8",
+        "IQ4_NL_8_8",
+        "MXFP4",
     ];
     NAMES.get(id as usize).copied()
 }
@@ -216,10 +253,7 @@ impl<'a> Cursor<'a> {
         let n = self.u64(what)?;
         let most = self.remaining() / min_element_bytes.max(1);
         if n > most as u64 {
-            return Err(self.err(format!(
-                "{what} is {n}, but the {} bytes left in the file hold at most {most}",
-                self.remaining()
-            )));
+            return Err(self.err(format!("{what} is {n}, but the {} bytes left in the file hold at most {most}", self.remaining())));
         }
         Ok(n as usize)
     }
@@ -416,7 +450,8 @@ impl Header {
                     dtype.block_len()
                 )));
             }
-            let elements = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| tensor_err(format!("dims {dims:?} overflow")))?;
+            let elements =
+                dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| tensor_err(format!("dims {dims:?} overflow")))?;
             let len = dtype.bytes_for(elements).ok_or_else(|| tensor_err(format!("{elements} elements are not whole blocks")))?;
             if offset % alignment != 0 {
                 return Err(tensor_err(format!("data offset {offset} is not a multiple of the alignment {alignment}")));

@@ -90,7 +90,13 @@ impl GgufWriter {
                 return Err(bad(format!("tensor {:?} has {} dimensions (ggml has at most {MAX_DIMS})", t.name, t.shape.len())));
             }
             let len = t.byte_len().ok_or_else(|| {
-                bad(format!("tensor {:?}: {} rows of shape {:?} are not whole blocks of {}", t.name, t.dtype.name(), t.shape, t.dtype.block_len()))
+                bad(format!(
+                    "tensor {:?}: {} rows of shape {:?} are not whole blocks of {}",
+                    t.name,
+                    t.dtype.name(),
+                    t.shape,
+                    t.dtype.block_len()
+                ))
             })?;
             put_string(&mut header, &t.name);
             header.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
@@ -134,7 +140,10 @@ impl GgufWriter {
     /// Checks every planned tensor was written and flushes the file.
     pub fn finish(mut self) -> Result<()> {
         if let Some((t, _)) = self.plan.get(self.next) {
-            return Err(ModelError::Gguf { path: self.path.clone(), message: format!("tensor {:?} was planned but never written", t.name) });
+            return Err(ModelError::Gguf {
+                path: self.path.clone(),
+                message: format!("tensor {:?} was planned but never written", t.name),
+            });
         }
         self.out.flush().map_err(|source| ModelError::Io { path: self.path.clone(), source })
     }
