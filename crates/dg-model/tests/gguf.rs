@@ -217,6 +217,7 @@ fn broken_headers_are_errors_naming_the_file_and_field() {
     assert_err(parse(raw(3, &[], &[("blk.0.ffn_down.weight", &[16, 2], 8, 0)], 64)), &["blk.0.ffn_down.weight", "whole blocks of 32"]);
     assert_err(parse(raw(3, &[], &[("t", &[1, 1, 1, 1, 1], 0, 0)], 32)), &["\"t\"", "5 dimensions"]);
     assert_err(parse(raw(3, &[], &[("t", &[u64::MAX, u64::MAX], 0, 0)], 32)), &["\"t\"", "overflow"]);
+    assert_err(parse(raw(3, &[], &[("t", &[1 << 62], 0, 0)], 32)), &["\"t\"", "F32 elements overflow"]);
     assert_err(parse(raw(3, &[], &[("t", &[8], 0, 8)], 64)), &["\"t\"", "not a multiple of the alignment"]);
     assert_err(parse(raw(3, &[], &[("t", &[8], 0, 1 << 62)], 32)), &["\"t\"", "beyond the end"]);
 }
@@ -314,4 +315,31 @@ fn the_writer_refuses_plans_it_cannot_write() {
     assert!(w.write_tensor("a", &[0; 4]).unwrap_err().to_string().contains("4 bytes given, 8 planned"));
     w.write_tensor("a", &[0; 8]).unwrap();
     assert!(w.finish().unwrap_err().to_string().contains("\"b\" was planned but never written"));
+}
+
+/// A file gguf-py's `GGUFWriter` wrote (committed as a fuzz seed): dg reads its metadata of every
+/// kind and its F32, F16 and Q8_0 tensors where gguf-py put them.
+#[test]
+fn a_file_written_by_gguf_py_reads_as_gguf_py_wrote_it() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/gguf_header/gguf_py_metadata.gguf");
+    let file = GgufFile::open(&path).unwrap();
+    assert_eq!(file.meta("general.architecture"), Some(MetaValue::Str("diffusion-gemma".into())));
+    let tokens = file.meta("tokenizer.ggml.tokens").unwrap();
+    let tokens: Vec<&str> = tokens.as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens, ["<pad>", "<eos>", "a", "b"]);
+    let scores = file.meta("tokenizer.ggml.scores").unwrap();
+    assert_eq!(scores.as_array().unwrap().iter().map(|s| s.as_f64().unwrap()).collect::<Vec<_>>(), [0.0, -1.0, -2.0, -3.0]);
+    assert_eq!(file.meta("x.f64"), Some(MetaValue::F64(1.5)));
+    assert_eq!(file.meta("x.i64"), Some(MetaValue::I64(-3)));
+    assert_eq!(file.meta("diffusion-gemma.attention.causal"), Some(MetaValue::Bool(false)));
+    assert_eq!(file.meta("diffusion.canvas_length").and_then(|v| v.as_u64()), Some(8));
+    let t = |name: &str| file.tensor(name).unwrap();
+    assert_eq!((t("output_norm.weight").dtype, t("output_norm.weight").shape()), (StoredDtype::F32, vec![32]));
+    assert_eq!(file.stored_gguf(t("output_norm.weight")).to_f32(), vec![1.0; 32]);
+    assert_eq!((t("token_embd.weight").dtype, t("token_embd.weight").shape()), (StoredDtype::F16, vec![4, 32]));
+    assert_eq!(file.stored_gguf(t("token_embd.weight")).to_f32(), vec![1.0; 128]);
+    let q = t("blk.0.ffn_down.weight");
+    assert_eq!((q.dtype, q.shape(), q.bytes.len()), (StoredDtype::Q8_0, vec![2, 32], 68));
+    assert_eq!(file.first_unknown(), None);
+    assert_err(file.model_config(), &["gguf_py_metadata.gguf", "diffusion-gemma.block_count", "missing"]);
 }

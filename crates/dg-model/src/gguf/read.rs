@@ -163,6 +163,14 @@ pub struct Header {
     pub data_start: usize,
 }
 
+/// Bytes of `elements` elements (whole blocks) of `dtype`; `None` when that overflows.
+pub(crate) fn byte_len(dtype: StoredDtype, elements: usize) -> Option<usize> {
+    if !elements.is_multiple_of(dtype.block_len()) {
+        return None;
+    }
+    (elements / dtype.block_len()).checked_mul(dtype.block_bytes())
+}
+
 /// ggml's names of the type ids dg does not read, for error messages.
 fn ggml_type_name(id: u32) -> Option<&'static str> {
     const NAMES: [&str; 40] = [
@@ -452,7 +460,7 @@ impl Header {
             }
             let elements =
                 dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| tensor_err(format!("dims {dims:?} overflow")))?;
-            let len = dtype.bytes_for(elements).ok_or_else(|| tensor_err(format!("{elements} elements are not whole blocks")))?;
+            let len = byte_len(dtype, elements).ok_or_else(|| tensor_err(format!("{elements} {} elements overflow", dtype.name())))?;
             if offset % alignment != 0 {
                 return Err(tensor_err(format!("data offset {offset} is not a multiple of the alignment {alignment}")));
             }

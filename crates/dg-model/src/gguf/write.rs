@@ -32,7 +32,7 @@ impl PlannedTensor {
         if !row.is_multiple_of(self.dtype.block_len()) {
             return None;
         }
-        self.dtype.bytes_for(self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?)
+        super::read::byte_len(self.dtype, self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?)
     }
 }
 
