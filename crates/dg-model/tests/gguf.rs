@@ -343,3 +343,37 @@ fn a_file_written_by_gguf_py_reads_as_gguf_py_wrote_it() {
     assert_eq!(file.first_unknown(), None);
     assert_err(file.model_config(), &["gguf_py_metadata.gguf", "diffusion-gemma.block_count", "missing"]);
 }
+
+/// The real 26B-A4B geometry survives GGUF's metadata (and `rope_freqs.weight`, which carries the
+/// full layers' partial rotary factor): the keys and values llama.cpp's converter writes for it.
+#[test]
+fn the_real_geometry_round_trips_through_the_metadata() {
+    let real = r#"{"model_type":"diffusion_gemma","canvas_length":256,"eos_token_id":[1,106],
+      "text_config":{"vocab_size":262144,"hidden_size":2816,"intermediate_size":2112,"num_hidden_layers":30,
+      "num_attention_heads":16,"num_key_value_heads":8,"num_global_key_value_heads":2,"head_dim":256,
+      "global_head_dim":512,"sliding_window":1024,"num_experts":128,"top_k_experts":8,"moe_intermediate_size":704,
+      "max_position_embeddings":262144,"rope_parameters":{"sliding_attention":{"rope_type":"default","rope_theta":10000.0},
+        "full_attention":{"rope_type":"proportional","rope_theta":1000000.0,"partial_rotary_factor":0.25}},
+      "final_logit_softcapping":30.0}}"#;
+    let config = ModelConfig::from_json_str(real, Path::new("config.json")).unwrap();
+    let metadata = gguf::model_metadata(&config, None).unwrap();
+    let value = |k: &str| metadata.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone()).unwrap();
+    assert_eq!(value("diffusion-gemma.attention.key_length"), MetaValue::U32(512));
+    assert_eq!(value("diffusion-gemma.attention.key_length_swa"), MetaValue::U32(256));
+    assert_eq!(value("diffusion-gemma.rope.dimension_count"), MetaValue::U32(512));
+    let kv: Vec<u64> = value("diffusion-gemma.attention.head_count_kv").as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(kv, [8, 8, 8, 8, 8, 2].repeat(5));
+    let freqs = gguf::rope_freqs(&config).unwrap();
+    assert_eq!(freqs.len(), 256);
+    assert_eq!(freqs.iter().filter(|&&f| f == 1.0).count(), 64, "64 rotated slots of 256, as the converter writes them");
+    let tmp = TempDir::new().unwrap();
+    let path = tmp.path().join("real.gguf");
+    let plan = [PlannedTensor { name: "rope_freqs.weight".into(), shape: vec![256], dtype: StoredDtype::F32 }];
+    let mut w = GgufWriter::create(&path, &metadata, &plan).unwrap();
+    w.write_tensor("rope_freqs.weight", &freqs.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<_>>()).unwrap();
+    w.finish().unwrap();
+    let back = GgufFile::open(&path).unwrap().model_config().unwrap();
+    assert_eq!(back.text, config.text);
+    assert_eq!((back.canvas_length, back.eos_token_ids), (256, vec![1, 106]));
+    assert_eq!(back.text.num_parameters(), 25_250_986_752);
+}
