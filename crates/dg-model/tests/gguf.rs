@@ -138,6 +138,16 @@ fn a_gguf_of_the_bundled_model_loads_the_same_weights_and_settings() {
 }
 
 #[test]
+fn a_directory_whose_weights_are_model_gguf_opens_like_a_model_directory() {
+    let (tmp, _path) = bundled_gguf();
+    std::fs::copy(bundled().join("config.json"), tmp.path().join("config.json")).unwrap();
+    let model = ModelDir::open(tmp.path()).unwrap();
+    assert_eq!(model.checkpoint.origin(), tmp.path().join("model.gguf"));
+    assert_eq!(model.config, bundled_config(), "config.json beside it is read whole (image_token_id included)");
+    assert_eq!(model.load_weights().unwrap(), ModelDir::open(&bundled()).unwrap().load_weights().unwrap());
+}
+
+#[test]
 fn a_config_json_beside_the_gguf_wins_over_its_metadata() {
     let (tmp, path) = bundled_gguf();
     let text = std::fs::read_to_string(bundled().join("config.json")).unwrap().replace("\"canvas_length\": 32", "\"canvas_length\": 16");
