@@ -153,6 +153,13 @@ fn a_config_json_beside_the_gguf_wins_over_its_metadata() {
     let text = std::fs::read_to_string(bundled().join("config.json")).unwrap().replace("\"canvas_length\": 32", "\"canvas_length\": 16");
     std::fs::write(tmp.path().join("config.json"), text).unwrap();
     assert_eq!(ModelDir::open(&path).unwrap().config.canvas_length, 16);
+    // The architecture is checked even then: a file of another model is not half-read.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.windows(15).position(|w| w == b"diffusion-gemma").unwrap();
+    bytes[at..at + 15].copy_from_slice(b"diffusion-gemmb");
+    let other = tmp.path().join("other.gguf");
+    std::fs::write(&other, bytes).unwrap();
+    assert_err(ModelDir::open(&other), &["other.gguf", "general.architecture", "diffusion-gemmb"]);
     // A config.json that disagrees with the tensors is caught by the shape checks.
     let text = std::fs::read_to_string(bundled().join("config.json")).unwrap().replace("\"hidden_size\": 64", "\"hidden_size\": 32");
     std::fs::write(tmp.path().join("config.json"), text).unwrap();

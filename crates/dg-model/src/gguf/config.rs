@@ -76,13 +76,18 @@ impl GgufFile {
         }
     }
 
+    /// Checks `general.architecture` is DiffusionGemma's.
+    pub fn check_architecture(&self) -> Result<()> {
+        match self.meta("general.architecture") {
+            Some(MetaValue::Str(a)) if a == ARCH => Ok(()),
+            Some(other) => Err(self.bad("general.architecture", format!("is {other:?}, dg reads {ARCH:?}"))),
+            None => Err(self.missing("general.architecture", "knowing the file holds DiffusionGemma")),
+        }
+    }
+
     /// The model's `config.json` equivalent, from the metadata (and `rope_freqs.weight`).
     pub fn model_config(&self) -> Result<ModelConfig> {
-        match self.meta("general.architecture") {
-            Some(MetaValue::Str(a)) if a == ARCH => {}
-            Some(other) => return Err(self.bad("general.architecture", format!("is {other:?}, dg reads {ARCH:?}"))),
-            None => return Err(self.missing("general.architecture", "knowing the file holds DiffusionGemma")),
-        }
+        self.check_architecture()?;
         let k = |s: &str| format!("{ARCH}.{s}");
         let n = self.need_uint(&k("block_count"), "the layer count")?;
         if n == 0 || n > 4096 {

@@ -171,9 +171,11 @@ pub struct GgufModel {
 
 impl GgufModel {
     /// Opens `path`; the geometry comes from `config` when given (a `config.json` beside the
-    /// file, which wins), else from the GGUF metadata. A tensor dg would not read is an error.
+    /// file, which wins), else from the GGUF metadata. Another architecture than DiffusionGemma's,
+    /// or a tensor dg would not read, is an error.
     pub fn open(path: &Path, config: Option<ModelConfig>) -> Result<Self> {
         let file = GgufFile::open(path)?;
+        file.check_architecture()?;
         if let Some(t) = file.first_unknown() {
             return Err(ModelError::UnknownTensor { path: path.into(), name: t.name.clone() });
         }
