@@ -4,8 +4,8 @@
 //! `cargo xtask bench [--quick]` runs the criterion benchmarks; `cargo xtask bench-gpu` times the
 //! GPU canvas forward with a per-kernel profile; `cargo xtask bench-generate` times a GPU-resident
 //! generation; `cargo xtask shader-stats` prints the driver's compile statistics of the kernels;
-//! `cargo xtask write-checkpoint` writes a random model directory and `cargo xtask load-memory`
-//! reports a command's peak host memory.
+//! `cargo xtask write-checkpoint` writes a random model directory, `cargo xtask write-gguf` a model
+//! directory's weights as GGUF, and `cargo xtask load-memory` reports a command's peak host memory.
 //! `cargo xtask probe NAME` runs a hardware probe (`--list` lists them).
 
 mod bench;
@@ -16,6 +16,7 @@ mod parity;
 mod probe;
 mod shader_stats;
 mod write_checkpoint;
+mod write_gguf;
 
 use clap::{Parser, Subcommand};
 
@@ -40,6 +41,8 @@ enum Command {
     ShaderStats(shader_stats::Args),
     /// Write a model directory with seeded random weights for a config (sharded on request).
     WriteCheckpoint(write_checkpoint::Args),
+    /// Write a model directory's text weights as a GGUF file (types as stored, llama.cpp's names).
+    WriteGguf(write_gguf::Args),
     /// Run a command and report its peak anonymous resident memory.
     LoadMemory(load_memory::Args),
     /// Run a hardware probe (kernel and GPU timings) by name; `--list` lists them.
@@ -55,6 +58,7 @@ fn main() -> std::process::ExitCode {
         Command::BenchGenerate(args) => bench_generate::run(args),
         Command::ShaderStats(args) => shader_stats::run(args),
         Command::WriteCheckpoint(args) => write_checkpoint::run(args),
+        Command::WriteGguf(args) => write_gguf::run(args),
         Command::LoadMemory(args) => load_memory::run(args),
         Command::Probe(args) => probe::run(args),
     };

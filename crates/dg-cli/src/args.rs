@@ -65,8 +65,9 @@ pub enum BackendArg {
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
     /// HF model directory (config.json, generation_config.json, model.safetensors, tokenizer.json,
-    /// chat template). Default: the bundled random model (its text is noise).
-    #[arg(long, value_name = "DIR")]
+    /// chat template), or a .gguf file (tokenizer and chat template from its directory). Default:
+    /// the bundled random model (its text is noise).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
 
     /// The prompt text.
@@ -116,8 +117,8 @@ pub struct GenerateArgs {
 
 #[derive(Debug, Args)]
 pub struct InfoArgs {
-    /// HF model directory. Default: the bundled random model.
-    #[arg(long, value_name = "DIR")]
+    /// HF model directory or .gguf file. Default: the bundled random model.
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
 
     /// Print one JSON object instead of text.

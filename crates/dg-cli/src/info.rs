@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use dg_model::{LayerKind, ModelDir, tensor_manifest};
+use dg_model::{LayerKind, ModelDir, StoredDtype, tensor_manifest};
 use serde_json::{Value, json};
 
 use crate::args::InfoArgs;
@@ -14,7 +14,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     let dir = model_dir::resolve(args.model.as_deref())?;
     let model = model_dir::open(&dir)?;
     let adapters = adapters();
-    let info = model_json(&model, model_dir::is_bundled(&dir), adapters);
+    let info = model_json(&model, &dir, model_dir::is_bundled(&dir), adapters);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&info)?);
     } else {
@@ -23,29 +23,42 @@ pub fn run(args: InfoArgs) -> Result<()> {
     Ok(())
 }
 
-/// Bytes per element of a safetensors dtype name.
-fn dtype_bytes(dtype: &str) -> u64 {
-    match dtype {
+/// Bytes of `elements` elements stored as `dtype` (a safetensors or ggml type name); 0 for a
+/// missing tensor.
+fn stored_bytes(dtype: &str, elements: usize) -> u64 {
+    let per_element = match dtype {
         "F64" | "I64" | "U64" => 8,
-        "F32" | "I32" | "U32" => 4,
-        "F16" | "BF16" | "I16" | "U16" => 2,
-        _ => 1,
-    }
+        "I32" | "U32" => 4,
+        "I16" | "U16" => 2,
+        "missing" => 0,
+        other => match StoredDtype::ALL.into_iter().find(|d| d.name() == other) {
+            Some(d) => return d.bytes_for(elements).unwrap_or(0) as u64,
+            None => 1,
+        },
+    };
+    elements as u64 * per_element
 }
 
-fn model_json(model: &ModelDir, bundled: bool, adapters: Vec<Value>) -> Value {
+fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters: Vec<Value>) -> Value {
     let t = &model.config.text;
     let params = t.num_parameters();
     let mut dtypes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut dtype_bytes: BTreeMap<String, u64> = BTreeMap::new();
     let mut checkpoint_bytes = 0u64;
+    let mut tensors = Vec::new();
     for (name, shape) in tensor_manifest(t) {
         let dtype = match model.checkpoint.shape(&name) {
             Ok((_, dtype)) => dtype,
             Err(_) => "missing".to_string(),
         };
-        checkpoint_bytes += shape.iter().product::<usize>() as u64 * dtype_bytes(&dtype);
-        *dtypes.entry(dtype).or_default() += 1;
+        let bytes = stored_bytes(&dtype, shape.iter().product());
+        checkpoint_bytes += bytes;
+        *dtypes.entry(dtype.clone()).or_default() += 1;
+        *dtype_bytes.entry(dtype.clone()).or_default() += bytes;
+        let gguf_name = model.checkpoint.gguf().and_then(|_| dg_model::gguf::to_gguf(&name));
+        tensors.push(json!({ "name": name, "gguf_name": gguf_name, "shape": shape, "dtype": dtype, "bytes": bytes }));
     }
+    let format = if model.checkpoint.gguf().is_some() { "gguf" } else { "safetensors" };
     let layer = |kind: LayerKind| t.layers.iter().find(|l| l.kind == kind);
     let heads = |kind| layer(kind).map(|l| json!({ "kv_heads": l.num_kv_heads, "head_dim": l.head_dim }));
     let kv_bytes_per_token: usize = t.layers.iter().map(|l| 2 * l.num_kv_heads * l.head_dim * 4).sum();
@@ -53,7 +66,7 @@ fn model_json(model: &ModelDir, bundled: bool, adapters: Vec<Value>) -> Value {
     let gpu_format = crate::weights::choose(model, crate::args::WeightsArg::Auto);
     let (gpu_name, gpu_bytes) = (crate::weights::name(gpu_format), gpu_format.bytes() as u64);
     json!({
-        "model": model.dir.display().to_string(),
+        "model": path.display().to_string(),
         "bundled_random_model": bundled,
         "layers": t.layers.iter().map(|l| l.kind.hf_name()).collect::<Vec<_>>(),
         "hidden_size": t.hidden_size,
@@ -69,7 +82,14 @@ fn model_json(model: &ModelDir, bundled: bool, adapters: Vec<Value>) -> Value {
         "sliding_window": t.sliding_window,
         "max_position_embeddings": t.max_position_embeddings,
         "parameters": params,
-        "checkpoint": { "dtypes": dtypes, "text_bytes": checkpoint_bytes },
+        "checkpoint": {
+            "format": format,
+            "path": model.checkpoint.origin().display().to_string(),
+            "dtypes": dtypes,
+            "dtype_bytes": dtype_bytes,
+            "text_bytes": checkpoint_bytes,
+            "tensors": tensors,
+        },
         "memory": {
             "cpu": { "dtype": "f32", "bytes": params * 4 },
             "gpu": { "dtype": gpu_name, "device_bytes": params * gpu_bytes, "bytes_per_parameter": gpu_bytes },
@@ -137,8 +157,13 @@ fn render(v: &Value) -> String {
     };
     let mem = &v["memory"];
     let params = n("parameters");
-    let dtypes =
-        v["checkpoint"]["dtypes"].as_object().map(|m| m.iter().map(|(d, c)| format!("{d} ({c} tensors)")).collect::<Vec<_>>().join(", "));
+    let ckpt = &v["checkpoint"];
+    let dtypes = ckpt["dtypes"].as_object().map(|m| {
+        m.iter()
+            .map(|(d, c)| format!("{d} ({c} tensors, {})", size(ckpt["dtype_bytes"][d].as_u64().unwrap_or(0))))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
     let mut out = format!("model      {}\n", v["model"].as_str().unwrap_or(""));
     if v["bundled_random_model"] == true {
         out += "           the bundled model: random weights, its text is noise\n";
@@ -156,8 +181,24 @@ fn render(v: &Value) -> String {
     out += &format!("heads      {} query{}{}\n", n("num_attention_heads"), heads("sliding_heads", "sliding"), heads("full_heads", "full"));
     out += &format!("experts    {} per layer, top-{}, width {}\n", n("num_experts"), n("top_k_experts"), n("moe_intermediate_size"));
     out += &format!("parameters {} (text; embedding counted once)\n", group(params));
-    out +=
-        &format!("checkpoint {}; text weights {}\n", dtypes.unwrap_or_default(), size(v["checkpoint"]["text_bytes"].as_u64().unwrap_or(0)));
+    out += &format!(
+        "checkpoint {}; text weights {} ({} {})\n",
+        dtypes.unwrap_or_default(),
+        size(ckpt["text_bytes"].as_u64().unwrap_or(0)),
+        ckpt["format"].as_str().unwrap_or(""),
+        ckpt["path"].as_str().unwrap_or(""),
+    );
+    if ckpt["format"] == "gguf" {
+        for t in ckpt["tensors"].as_array().into_iter().flatten() {
+            out += &format!(
+                "           {:<44} {:<6} {:>10}  {}\n",
+                t["gguf_name"].as_str().unwrap_or("-"),
+                t["dtype"].as_str().unwrap_or(""),
+                size(t["bytes"].as_u64().unwrap_or(0)),
+                t["shape"]
+            );
+        }
+    }
     out += &format!(
         "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32)\n",
         size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),

@@ -1,4 +1,5 @@
-//! Finding and opening the model directory: `--model DIR`, or the bundled random model of the
+//! Finding and opening the model directory: `--model DIR` (or `--model FILE.gguf`, whose
+//! directory holds the tokenizer and chat template), or the bundled random model of the
 //! repository (`models/tiny-random`, located from this crate's source directory).
 
 use std::path::{Path, PathBuf};
@@ -35,22 +36,30 @@ pub fn resolve(model: Option<&Path>) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Opens `dir` after checking that it looks like a complete model directory.
+/// Opens `dir` after checking that it looks like a complete model directory, or the GGUF file
+/// `dir` names.
 pub fn open(dir: &Path) -> Result<ModelDir> {
     let shown = dir.display();
+    if dg_model::is_gguf(dir) {
+        if !dir.is_file() {
+            return Err(input(format!("GGUF file {shown} does not exist")));
+        }
+        return ModelDir::open(dir).context(Input(format!("cannot open GGUF model {shown}")));
+    }
     if !dir.exists() {
         return Err(input(format!("model directory {shown} does not exist")));
     }
     if !dir.is_dir() {
-        return Err(input(format!("{shown} is not a directory (--model takes an HF model directory)")));
+        return Err(input(format!("{shown} is not a directory (--model takes an HF model directory or a .gguf file)")));
     }
     if !dir.join("config.json").is_file() {
         return Err(input(format!("model directory {shown} is incomplete: config.json is missing")));
     }
-    if !dir.join("model.safetensors").is_file() && !dir.join("model.safetensors.index.json").is_file() {
+    if !dir.join("model.safetensors").is_file() && !dir.join("model.safetensors.index.json").is_file() && !dir.join("model.gguf").is_file()
+    {
         return Err(input(format!(
             "model directory {shown} is incomplete: neither model.safetensors nor \
-             model.safetensors.index.json exists"
+             model.safetensors.index.json (nor model.gguf) exists"
         )));
     }
     ModelDir::open(dir).context(Input(format!("cannot open model directory {shown}")))

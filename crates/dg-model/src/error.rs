@@ -35,6 +35,18 @@ pub enum ModelError {
     UnknownScheme { name: String, expected: String },
     #[error("tensor {name:?}: cannot quantize it: {message}")]
     Quantize { name: String, message: String },
+    #[error("{path}: not a valid GGUF file: {message}")]
+    Gguf { path: PathBuf, message: String },
+    #[error("{path}: GGUF metadata {key:?}: {message}")]
+    GgufMetadata { path: PathBuf, key: String, message: String },
+    #[error("{path}: GGUF tensor {name:?}: {message}")]
+    GgufTensor { path: PathBuf, name: String, message: String },
+    #[error(
+        "{path}: GGUF tensor {name:?} has ggml type {type_id} ({type_name}), which dg does not read (F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K)"
+    )]
+    GgufType { path: PathBuf, name: String, type_id: u32, type_name: String },
+    #[error("{path}: GGUF tensor {name:?} is not a DiffusionGemma text tensor dg reads (is this a DiffusionGemma GGUF?)")]
+    UnknownTensor { path: PathBuf, name: String },
 }
 
 /// Shorthand used throughout the crate.

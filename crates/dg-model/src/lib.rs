@@ -2,13 +2,15 @@
 //!
 //! Parses `config.json` and `generation_config.json` (HF `configuration_diffusion_gemma.py`,
 //! `generation_diffusion_gemma.py`), loads safetensors checkpoints (single file or shards,
-//! F32/F16/BF16, memory-mapped) with HF's tensor names and tying rules, and builds seeded random
-//! weights for any config, and reads and writes ggml's quantized blocks (Q8_0, Q5_0, Q4_K, Q6_K:
-//! [`dequantize_bytes`], [`quantize`]). No model math, no GPU.
+//! F32/F16/BF16, memory-mapped) with HF's tensor names and tying rules, reads and writes GGUF
+//! files as llama.cpp names DiffusionGemma's tensors (`gguf`) and ggml's quantized blocks
+//! (Q8_0, Q5_0, Q4_K, Q6_K: [`dequantize_bytes`], [`quantize`], the schemes of [`Scheme`]),
+//! and builds seeded random weights for any config. No model math, no GPU.
 
 mod config;
 mod error;
 mod generation;
+pub mod gguf;
 mod json;
 mod model_dir;
 mod names;
@@ -21,7 +23,7 @@ mod weights;
 pub use config::{IdOrList, LayerKind, LayerSpec, ModelConfig, RopeSpec, TextConfig};
 pub use error::{ModelError, Result};
 pub use generation::{GenerationConfig, RawGenerationConfig, RawSamplerConfig, StoppingConfig};
-pub use model_dir::ModelDir;
+pub use model_dir::{ModelDir, is_gguf};
 pub use names::{LayerNames, Named, SharedNames, tensor_manifest};
 pub use quant::{QuantError, Quantized, Scheme, dequantize_bytes, quantize, quantize_tensor};
 pub use random::RandomWeights;

@@ -1,5 +1,5 @@
-//! Memory-mapped safetensors files and sharded checkpoints: tensors as stored (F32, F16, BF16,
-//! borrowed from the map) or widened to f32.
+//! Memory-mapped safetensors files and sharded checkpoints (or one GGUF file, `crate::gguf`):
+//! tensors as stored (borrowed from the map) or widened to f32.
 //!
 //! Mirrors what `PreTrainedModel.from_pretrained` reads: `model.safetensors`, or the shards named by
 //! `model.safetensors.index.json` (`weight_map`). Headers are validated by the `safetensors` crate,
@@ -14,6 +14,7 @@ use safetensors::tensor::{Dtype, Metadata};
 use serde::Deserialize;
 
 use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
 use crate::json::read_json;
 use crate::stored::{StoredDtype, StoredTensor};
 
@@ -120,14 +121,17 @@ fn describe(e: &safetensors::SafeTensorError) -> String {
     }
 }
 
-/// A checkpoint: one file or several shards, each tensor found by name.
+/// A checkpoint: one safetensors file or several shards, or one GGUF file; each tensor found by
+/// its HF name.
 #[derive(Debug)]
 pub struct Checkpoint {
     /// What lists the tensors, named in "not found" errors: `model.safetensors`, the shard index,
-    /// or the directory when several files were opened directly.
+    /// the directory when several files were opened directly, or the GGUF file.
     origin: PathBuf,
     files: Vec<SafetensorsFile>,
     location: HashMap<String, usize>,
+    /// Set for a GGUF checkpoint (then `files` is empty).
+    gguf: Option<GgufFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -160,7 +164,7 @@ impl Checkpoint {
             for (name, shard) in &index.weight_map {
                 location.insert(name.clone(), shard_of[shard]);
             }
-            Ok(Checkpoint { origin: index_path, files, location })
+            Ok(Checkpoint { origin: index_path, files, location, gguf: None })
         } else if single.exists() {
             Self::from_files(dir, vec![SafetensorsFile::open(&single)?])
         } else {
@@ -186,7 +190,23 @@ impl Checkpoint {
             [one] => one.path().to_path_buf(),
             _ => dir.to_path_buf(),
         };
-        Ok(Checkpoint { origin, files, location })
+        Ok(Checkpoint { origin, files, location, gguf: None })
+    }
+
+    /// A checkpoint of the one GGUF file `file` (its tensors found by HF name).
+    pub fn from_gguf(file: GgufFile) -> Self {
+        let location = file.hf_names().map(|n| (n, 0)).collect();
+        Checkpoint { origin: file.path().to_path_buf(), files: Vec::new(), location, gguf: Some(file) }
+    }
+
+    /// The GGUF file of a GGUF checkpoint.
+    pub fn gguf(&self) -> Option<&GgufFile> {
+        self.gguf.as_ref()
+    }
+
+    /// What lists the tensors: `model.safetensors`, the shard index, or the GGUF file.
+    pub fn origin(&self) -> &Path {
+        &self.origin
     }
 
     /// Does the checkpoint hold `name`?
@@ -194,7 +214,7 @@ impl Checkpoint {
         self.location.contains_key(name)
     }
 
-    /// All tensor names.
+    /// All tensor names (HF names, also for a GGUF file).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.location.keys().map(String::as_str)
     }
@@ -206,6 +226,9 @@ impl Checkpoint {
 
     /// `name` as stored (borrowed from the memory map), its shape checked against `expected`.
     pub fn stored(&self, name: &str, expected: &[usize]) -> Result<StoredTensor<'_>> {
+        if let Some(g) = &self.gguf {
+            return g.stored_hf(name, expected);
+        }
         let file = self.file_of(name)?;
         let t = file.stored(name)?;
         if t.shape != expected {
@@ -221,6 +244,9 @@ impl Checkpoint {
 
     /// Shape and dtype name of `name`.
     pub fn shape(&self, name: &str) -> Result<(Vec<usize>, String)> {
+        if let Some(g) = &self.gguf {
+            return g.find_hf(name).map(|t| (t.shape(), t.dtype.name().to_string()));
+        }
         let file = self.file_of(name)?;
         // A shard index may name a shard that does not hold the tensor.
         file.shape(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), location: file.path().display().to_string() })

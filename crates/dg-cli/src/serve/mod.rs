@@ -30,8 +30,8 @@ use crate::text::TextCodec;
 /// The `dg serve` options.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// HF model directory. Default: the bundled random model (its text is noise).
-    #[arg(long, value_name = "DIR")]
+    /// HF model directory or .gguf file. Default: the bundled random model (its text is noise).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
 
     /// The name clients give as `model` (default: the directory's name).
@@ -105,9 +105,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let shutdown_timeout = seconds(args.shutdown_timeout, "--shutdown-timeout")?;
     let dir = crate::model_dir::resolve(args.model.as_deref())?;
     let model = crate::model_dir::open(&dir)?;
-    let codec = TextCodec::load(&dir)?.ok_or_else(|| input(format!("{} has no tokenizer.json; dg serve needs one", dir.display())))?;
+    let codec =
+        TextCodec::load(&model.dir)?.ok_or_else(|| input(format!("{} has no tokenizer.json; dg serve needs one", model.dir.display())))?;
     let codec = Arc::new(codec);
-    let template = crate::chat::ChatTemplate::load(&dir)?;
+    let template = crate::chat::ChatTemplate::load(&model.dir)?;
     let max_positions = model.config.text.max_position_embeddings;
     let context = args.context.unwrap_or(max_positions.min(DEFAULT_CONTEXT_CAP));
     if context == 0 || context > max_positions {

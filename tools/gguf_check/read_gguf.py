@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Reads a GGUF file with gguf-py (ggml's own `gguf` package, `gguf.GGUFReader`) and checks it.
+
+Prints the architecture, the metadata keys and one line per tensor (name, type, shape in ggml
+order, bytes). Checks what a reader of dg's files relies on: the magic and version gguf-py accepts,
+`general.architecture` is `diffusion-gemma`, every tensor's type is one dg reads, its byte count
+matches its type and shape, and its data lies at a multiple of the alignment.
+
+With `--dg-info FILE` (the output of `dg info --json --model FILE.gguf`), also checks that gguf-py
+sees exactly the tensors, types and shapes dg reports: the two readers agree.
+
+    python3 tools/gguf_check/read_gguf.py model.gguf [--dg-info info.json]
+"""
+
+import argparse
+import json
+import sys
+
+import numpy as np
+from gguf import GGUFReader, GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
+
+# The ggml types dg reads (dg_model::StoredDtype).
+DG_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_K", "Q6_K"}
+
+
+def field_value(reader, key):
+    field = reader.get_field(key)
+    if field is None:
+        return None
+    return field.contents()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file")
+    parser.add_argument("--dg-info", help="`dg info --json` output for the same file, to compare with")
+    args = parser.parse_args()
+
+    reader = GGUFReader(args.file)
+    errors = []
+    arch = field_value(reader, "general.architecture")
+    alignment = field_value(reader, "general.alignment") or 32
+    print(f"{args.file}: architecture {arch}, {len(reader.fields)} metadata keys, {len(reader.tensors)} tensors, alignment {alignment}")
+    if arch != "diffusion-gemma":
+        errors.append(f"general.architecture is {arch!r}, not 'diffusion-gemma'")
+    for name in reader.fields:
+        if not name.startswith("GGUF."):
+            print(f"  meta {name} = {field_value(reader, name)!r}"[:160])
+
+    seen = {}
+    for t in reader.tensors:
+        type_name = GGMLQuantizationType(t.tensor_type).name
+        dims = [int(d) for d in t.shape]  # ggml order: dims[0] varies fastest
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.tensor_type)]
+        elements = int(np.prod(dims))
+        want_bytes = elements // block * block_bytes
+        print(f"  {t.name:<44} {type_name:<5} {str(dims):<18} {int(t.n_bytes)} bytes")
+        if type_name not in DG_TYPES:
+            errors.append(f"{t.name}: type {type_name} is not one dg reads")
+        if dims[0] % block != 0 or int(t.n_bytes) != want_bytes:
+            errors.append(f"{t.name}: {t.n_bytes} bytes for {type_name} {dims}, expected {want_bytes}")
+        if t.data_offset % alignment != 0:
+            errors.append(f"{t.name}: data at {t.data_offset}, not a multiple of {alignment}")
+        if type_name in ("F32", "F16") and tuple(t.data.shape) != tuple(reversed(dims)):
+            errors.append(f"{t.name}: gguf-py's array has shape {t.data.shape}, the dims reversed are {tuple(reversed(dims))}")
+        if type_name in ("F32", "F16") and not np.all(np.isfinite(t.data)):
+            errors.append(f"{t.name}: values that are not finite")
+        seen[t.name] = (type_name, list(reversed(dims)))
+
+    if args.dg_info:
+        with open(args.dg_info, encoding="utf-8") as f:
+            info = json.load(f)
+        dg = {t["gguf_name"]: (t["dtype"], t["shape"]) for t in info["checkpoint"]["tensors"]}
+        for name, (dtype, shape) in dg.items():
+            if name not in seen:
+                errors.append(f"dg reads {name}, gguf-py does not see it")
+            elif seen[name] != (dtype, shape):
+                errors.append(f"{name}: dg says {dtype} {shape}, gguf-py {seen[name][0]} {seen[name][1]}")
+        extra = sorted(set(seen) - set(dg) - {"rope_freqs.weight"})
+        if extra:
+            errors.append(f"gguf-py sees tensors dg does not read: {extra}")
+        print(f"dg and gguf-py agree on {len(dg)} tensors" if not errors else "dg and gguf-py disagree")
+
+    for e in errors:
+        print(f"ERROR {e}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
