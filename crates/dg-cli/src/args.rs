@@ -32,6 +32,8 @@ pub enum Command {
     /// Describe a model (geometry, parameters, memory) and the GPU adapters wgpu finds.
     #[command(after_help = AFTER_HELP)]
     Info(InfoArgs),
+    /// Quantize a model into a GGUF file (ggml's Q8_0, Q5_0, Q4_K, Q6_K blocks, llama.cpp's names).
+    Quantize(QuantizeArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions, streaming).
     #[command(after_help = AFTER_HELP)]
     Serve(Box<crate::serve::ServeArgs>),
@@ -49,6 +51,15 @@ pub enum WeightsArg {
     /// F16 (2 bytes per parameter, rounded to nearest even); on GPUs with cooperative matrices the
     /// projections then run on the tensor cores with f16 activations (less exact, faster).
     F16,
+    /// Quantized at load as `dg quantize --scheme q8_0` would (every matrix but the embedding,
+    /// router and self-conditioning MLP in ggml's Q8_0, about 1.06 bytes per parameter); the GPU
+    /// keeps the blocks, the CPU computes on their dequantized values.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// Quantized at load as `dg quantize --scheme q4_k_m` would (routed experts Q4_K/Q5_0/Q8_0 as
+    /// llama.cpp's Q4_K_M, attention and dense MLP Q8_0).
+    #[value(name = "q4_k_m")]
+    Q4KM,
 }
 
 /// Which implementation runs the model.
@@ -98,7 +109,8 @@ pub struct GenerateArgs {
     pub adapter: Option<String>,
 
     /// How the GPU stores the weight matrices: auto (the checkpoint's BF16 if it is BF16, else
-    /// f32), f32, bf16 or f16. Arithmetic is f32, except on tensor cores in f16 (projections, experts,
+    /// f32; a quantized GGUF's blocks as stored), f32, bf16, f16, or quantized at load (q8_0,
+    /// q4_k_m; on the CPU, the f32 reference on the dequantized values). Arithmetic is f32, except on tensor cores in f16 (projections, experts,
     /// head and attention with f16 operands, where the GPU has cooperative matrices).
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
@@ -111,6 +123,39 @@ pub struct GenerateArgs {
     pub json: bool,
 
     /// No progress or summary on stderr.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// A quantization scheme (`dg_model::Scheme`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SchemeArg {
+    /// Routed experts' gate/up Q4_K, their down projection Q6_K in llama.cpp's `use_more_bits`
+    /// layers and Q4_K elsewhere (Q8_0 / Q5_0 where K is not a multiple of 256), attention and
+    /// dense MLP Q8_0; embedding, router, self-conditioning MLP, norms and scalars kept.
+    #[value(name = "q4_k_m")]
+    Q4KM,
+    /// Every matrix but the embedding, router and self-conditioning MLP in Q8_0.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    /// HF model directory (or a GGUF file). Default: the bundled random model.
+    #[arg(long, value_name = "DIR|FILE.gguf")]
+    pub model: Option<PathBuf>,
+
+    /// Which tensors become which ggml type.
+    #[arg(long, value_enum)]
+    pub scheme: SchemeArg,
+
+    /// The GGUF file to write. The model's other files (config, tokenizer, chat template) are
+    /// copied beside it where they are not there yet, so `dg generate --model FILE.gguf` runs.
+    #[arg(long, value_name = "FILE.gguf")]
+    pub out: PathBuf,
+
+    /// No summary on stderr.
     #[arg(long, short)]
     pub quiet: bool,
 }

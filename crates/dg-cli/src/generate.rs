@@ -62,7 +62,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let adapter = choice.adapter();
     let (generation, mut timings) = match choice.backend {
         Backend::Cpu => {
-            let cpu = load::cpu(&model)?;
+            let cpu = load::cpu(&model, crate::weights::choose(&model, args.weights).scheme)?;
             let load = load_start.elapsed();
             sample(cpu, load, args.sampler.seed, |m, rng| {
                 dg_sampler::generate(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)

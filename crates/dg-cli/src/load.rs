@@ -1,17 +1,19 @@
 //! Putting a model directory's weights where the backend computes: the GPU takes the checkpoint's
 //! tensors as stored, straight from the memory map ([`dg_gpu::GpuModel::from_source`]); only the
-//! CPU backend widens them to f32. Reports the load's throughput and, on a terminal, a progress
-//! bar.
+//! CPU backend widens them to f32 (dequantizes quantized ones). With a quantization scheme
+//! (`--weights q8_0|q4_k_m`) the checkpoint's matrices are quantized on the way, tensor by tensor.
+//! Reports the load's throughput and, on a terminal, a progress bar.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dg_cpu::CpuModel;
-use dg_gpu::{GpuContext, GpuError, GpuModel, UploadProgress, WeightFormat};
-use dg_model::ModelDir;
+use dg_gpu::{GpuContext, GpuError, GpuModel, UploadProgress};
+use dg_model::{ModelDir, Quantized, Scheme, TensorSource};
 
 use crate::error::Input;
+use crate::weights::WeightChoice;
 
 /// How much a load reports on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,23 +26,33 @@ pub enum Report {
     Bar,
 }
 
-/// The model's weights in f32 for the CPU backend.
-pub fn cpu(model: &ModelDir) -> Result<CpuModel> {
-    let weights = model.load_weights().context(Input(format!("cannot load the weights of {}", model.dir.display())))?;
+/// The checkpoint's tensors, quantized by `scheme` where one is given.
+fn source(model: &ModelDir, scheme: Option<Scheme>) -> Box<dyn TensorSource + '_> {
+    match scheme {
+        Some(scheme) => Box::new(Quantized { inner: &model.checkpoint, scheme, config: &model.config.text }),
+        None => Box::new(&model.checkpoint),
+    }
+}
+
+/// The model's weights in f32 for the CPU backend (quantized by `scheme` first, where given).
+pub fn cpu(model: &ModelDir, scheme: Option<Scheme>) -> Result<CpuModel> {
+    let weights = dg_model::Weights::build(&*source(model, scheme), &model.config.text)
+        .context(Input(format!("cannot load the weights of {}", model.dir.display())))?;
     Ok(CpuModel::new(model.config.clone(), weights))
 }
 
-/// The model on the GPU with matrices in `format`, for sequences of up to `max_context` tokens.
-pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, format: WeightFormat, report: Report) -> Result<GpuModel> {
+/// The model on the GPU with matrices as `choice` says, for sequences of up to `max_context`
+/// tokens.
+pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, choice: WeightChoice, report: Report) -> Result<GpuModel> {
     let start = Instant::now();
     let mut bar = Bar { report, last: None };
-    let gpu = GpuModel::from_source_with_progress(ctx, &model.config, &model.checkpoint, max_context, format, &mut |p| {
-        bar.draw(p, start.elapsed())
-    })
-    .map_err(|e| match e {
-        GpuError::Model(e) => anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display()))),
-        other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
-    })?;
+    let src = source(model, choice.scheme);
+    let format = choice.format;
+    let gpu = GpuModel::from_source_with_progress(ctx, &model.config, &*src, max_context, format, &mut |p| bar.draw(p, start.elapsed()))
+        .map_err(|e| match e {
+            GpuError::Model(e) => anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display()))),
+            other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
+        })?;
     bar.clear();
     if report != Report::Quiet {
         let (bytes, params) = (gpu.weight_bytes(), gpu.weight_parameters().max(1));
@@ -48,7 +60,7 @@ pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, format: Weight
         eprintln!(
             "weights on the GPU: {:.1} MiB, {} ({:.2} bytes per parameter), loaded in {:.2} s ({})",
             bytes as f64 / 1_048_576.0,
-            crate::weights::name(format),
+            choice.scheme.map_or(crate::weights::name(format), |s| s.name()),
             bytes as f64 / params as f64,
             start.elapsed().as_secs_f64(),
             throughput(stored, start.elapsed())

@@ -1,5 +1,6 @@
 //! `dg`: generate text with DiffusionGemma (`dg generate`), describe a model and the GPU adapters
-//! (`dg info`), and serve a model over an OpenAI-compatible HTTP API (`dg serve`).
+//! (`dg info`), quantize a model into a GGUF file (`dg quantize`), and serve a model over an
+//! OpenAI-compatible HTTP API (`dg serve`).
 //!
 //! Exit status: 0 on success; 2 for usage and input errors (bad arguments, a missing or
 //! incomplete model directory, no tokenizer without `--prompt-ids`, a token id outside the
@@ -16,6 +17,7 @@ mod info;
 mod load;
 mod model_dir;
 mod prompt;
+mod quantize;
 mod report;
 mod serve;
 mod text;
@@ -33,6 +35,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => generate::run(*args),
         Command::Info(args) => info::run(args),
+        Command::Quantize(args) => quantize::run(args),
         Command::Serve(args) => serve::run(*args),
     };
     match result {

@@ -25,12 +25,13 @@ pub struct ModelDir {
 
 impl ModelDir {
     /// Whether every matrix of the text model (every tensor of rank ≥ 2) is stored as BF16 in the
-    /// checkpoint: then a BF16 copy of the weights is exact.
+    /// checkpoint (or in quantized blocks, which the GPU keeps as stored): then a BF16 copy of the
+    /// other matrices is exact.
     pub fn matrices_are_bf16(&self) -> bool {
         crate::names::tensor_manifest(&self.config.text)
             .iter()
             .filter(|(_, shape)| shape.len() >= 2)
-            .all(|(name, _)| matches!(self.checkpoint.shape(name), Ok((_, dtype)) if dtype == "BF16"))
+            .all(|(name, _)| matches!(self.checkpoint.shape(name), Ok((_, dtype)) if dtype == "BF16" || is_quantized(&dtype)))
     }
 
     /// Opens `dir`: a missing directory or `config.json` is an error naming the path. A file named
@@ -89,4 +90,9 @@ pub const GGUF_NAME: &str = "model.gguf";
 /// Whether `path` names a GGUF file (by its extension, as llama.cpp's tools take them).
 pub fn is_gguf(path: &Path) -> bool {
     path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// Whether `dtype` names one of ggml's quantized block types.
+fn is_quantized(dtype: &str) -> bool {
+    crate::StoredDtype::ALL.iter().any(|d| d.is_quantized() && d.name() == dtype)
 }

@@ -1,0 +1,49 @@
+//! `dg quantize` and `--weights q8_0|q4_k_m`: the bundled model quantized into a GGUF (ggml blocks
+//! as the scheme says, the model's other files copied beside it) generates exactly what the same
+//! scheme applied at load generates, on the CPU; bad options are input errors.
+
+mod common;
+
+use common::{dg, ids};
+use dg_model::{ModelDir, StoredDtype};
+
+const INPUT: i32 = 2;
+
+fn generate(args: &[&str]) -> serde_json::Value {
+    let mut all =
+        vec!["generate", "--prompt", "the old clock", "--backend", "cpu", "--json", "-q", "--seed", "5", "--max-new-tokens", "32"];
+    all.extend(args);
+    dg(&all).ok().json()
+}
+
+#[test]
+fn a_quantized_gguf_generates_what_quantizing_at_load_generates() {
+    for scheme in ["q8_0", "q4_k_m"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join(format!("tiny-{scheme}.gguf"));
+        dg(&["quantize", "--scheme", scheme, "--out", out.to_str().unwrap(), "-q"]).ok();
+        for copied in ["tokenizer.json", "generation_config.json", "config.json"] {
+            assert!(dir.path().join(copied).is_file(), "{scheme}: {copied} copied beside the GGUF");
+        }
+        let model = ModelDir::open(&out).unwrap();
+        let (name, shape) = dg_model::tensor_manifest(&model.config.text)
+            .into_iter()
+            .find(|(n, _)| n.ends_with("layers.0.self_attn.q_proj.weight"))
+            .unwrap();
+        assert_eq!(model.checkpoint.stored(&name, &shape).unwrap().dtype, StoredDtype::Q8_0, "{scheme}: {name}");
+        let from_gguf = generate(&["--model", out.to_str().unwrap()]);
+        let at_load = generate(&["--weights", scheme]);
+        assert_eq!(ids(&from_gguf["output_ids"]).len(), 32);
+        assert_eq!(from_gguf["output_ids"], at_load["output_ids"], "{scheme}");
+        assert_eq!(from_gguf["steps_per_canvas"], at_load["steps_per_canvas"], "{scheme}");
+    }
+}
+
+#[test]
+fn bad_quantize_options_are_input_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.bin");
+    dg(&["quantize", "--scheme", "q8_0", "--out", out.to_str().unwrap()]).fails(INPUT, &["x.bin", ".gguf"]);
+    dg(&["quantize", "--scheme", "q3_k", "--out", "x.gguf"]).fails(INPUT, &["q3_k"]);
+    dg(&["quantize", "--scheme", "q8_0", "--model", "/nonexistent-dir", "--out", "x.gguf"]).fails(INPUT, &["nonexistent-dir"]);
+}
