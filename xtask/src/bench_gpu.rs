@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext, WeightFormat};
-use dg_model::{LayerKind, ModelConfig, RandomWeights, TextConfig};
+use dg_model::{LayerKind, ModelConfig, Quantized, RandomWeights, Scheme, TextConfig};
 use dg_parity::testing::{random_context, seeded};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -21,6 +21,12 @@ enum WeightsArg {
     F32,
     Bf16,
     F16,
+    /// The random weights quantized by `dg_model::Scheme::Q8_0` (the rest as in `f16`).
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// The random weights quantized by `dg_model::Scheme::Q4KM` (the rest as in `f16`).
+    #[value(name = "q4_k_m")]
+    Q4KM,
 }
 
 #[derive(Debug, clap::Args)]
@@ -118,18 +124,25 @@ pub fn run(args: Args) -> Result<bool> {
         if ctx.coop_matrix { "yes" } else { "no" }
     );
     let t = Instant::now();
-    let format = match args.weights {
-        WeightsArg::F32 => WeightFormat::F32,
-        WeightsArg::Bf16 => WeightFormat::Bf16,
-        WeightsArg::F16 => WeightFormat::F16,
+    let (format, scheme) = match args.weights {
+        WeightsArg::F32 => (WeightFormat::F32, None),
+        WeightsArg::Bf16 => (WeightFormat::Bf16, None),
+        WeightsArg::F16 => (WeightFormat::F16, None),
+        WeightsArg::Q8_0 => (WeightFormat::F16, Some(Scheme::Q8_0)),
+        WeightsArg::Q4KM => (WeightFormat::F16, Some(Scheme::Q4KM)),
     };
-    // Random weights generated and uploaded one layer at a time (the 30-layer model is 104 GB in f32).
-    let mut model = GpuModel::from_source(ctx, &config, &RandomWeights::new(0), args.context, format)?;
+    // Random weights generated (and quantized) and uploaded one tensor at a time (the 30-layer
+    // model is 104 GB in f32).
+    let random = RandomWeights::new(0);
+    let mut model = match scheme {
+        Some(scheme) => GpuModel::from_source(ctx, &config, &Quantized { inner: &random, scheme, config: cfg }, args.context, format)?,
+        None => GpuModel::from_source(ctx, &config, &random, args.context, format)?,
+    };
+    let label = scheme.map_or(format!("{format:?}"), |s| format!("{} (the rest {format:?})", s.name()));
     println!(
-        "random weights + upload: {:.1}s, {:.2} GB of weights on the GPU ({:?}, {:.2} bytes per parameter)",
+        "random weights + upload: {:.1}s, {:.2} GB of weights on the GPU ({label}, {:.2} bytes per parameter)",
         t.elapsed().as_secs_f64(),
         model.weight_bytes() as f64 / 1e9,
-        format,
         model.weight_bytes() as f64 / model.weight_parameters().max(1) as f64
     );
 
@@ -161,7 +174,7 @@ pub fn run(args: Args) -> Result<bool> {
         "canvas forward (self-conditioning on): {no_read:.2} ms without readback, {with_read:.2} ms with the [C, V] logits readback ({} steps)",
         args.steps
     );
-    let cost = forward_cost(cfg, c, args.context, format.bytes() as f64);
+    let cost = forward_cost(cfg, c, args.context, model.weight_bytes() as f64 / model.weight_parameters().max(1) as f64);
     let layers_flops: f64 = cost.layer_flops.iter().sum();
     println!(
         "work per forward: {:.1} GFLOP ({:.1} in the {layers_n} layers), {:.2} GB of weights read ({:.2} in the layers)",

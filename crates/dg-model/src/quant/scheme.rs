@@ -189,10 +189,10 @@ mod tests {
     fn the_real_model_fits_the_sizes_its_schemes_promise() {
         let cfg = real_config();
         let (q4, q8) = (stored_bytes(&cfg, Scheme::Q4KM), stored_bytes(&cfg, Scheme::Q8_0));
-        // 18.41 GB and 26.9 GB (Unsloth's Q4_K_M GGUF is about 16 GB, quantizing the embedding
+        // 18.41 GB and 27.55 GB (Unsloth's Q4_K_M GGUF is about 16 GB, quantizing the embedding
         // too; its Q8_0 about 25 GB); the bars for the weights on the GPU are 20 and 30 GB.
         assert!((18.3e9..18.5e9).contains(&(q4 as f64)), "q4_k_m: {q4} bytes");
-        assert!((26e9..28e9).contains(&(q8 as f64)), "q8_0: {q8} bytes");
+        assert!((27.4e9..27.7e9).contains(&(q8 as f64)), "q8_0: {q8} bytes");
         let l = LayerNames::new(&cfg, 3);
         assert_eq!(Scheme::Q4KM.dtype_of(&cfg, &l.experts_gate_up.name), Some(StoredDtype::Q4_K));
         assert_eq!(Scheme::Q4KM.dtype_of(&cfg, &l.experts_down.name), Some(StoredDtype::Q5_0));
