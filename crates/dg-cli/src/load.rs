@@ -60,13 +60,28 @@ pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, choice: Weight
         eprintln!(
             "weights on the GPU: {:.1} MiB, {} ({:.2} bytes per parameter), loaded in {:.2} s ({})",
             bytes as f64 / 1_048_576.0,
-            choice.scheme.map_or(crate::weights::name(format), |s| s.name()),
+            storage_label(model, choice),
             bytes as f64 / params as f64,
             start.elapsed().as_secs_f64(),
             throughput(stored, start.elapsed())
         );
     }
     Ok(gpu)
+}
+
+/// How the matrices are stored, for the summary: the scheme that quantized them at load, the
+/// format and a quantized checkpoint's blocks, or the format.
+fn storage_label(model: &ModelDir, choice: WeightChoice) -> String {
+    let format = crate::weights::name(choice.format);
+    let quantized = || {
+        let is_block = |d: &str| dg_model::StoredDtype::ALL.iter().any(|t| t.is_quantized() && t.name() == d);
+        dg_model::tensor_manifest(&model.config.text).iter().any(|(n, _)| matches!(model.checkpoint.shape(n), Ok((_, d)) if is_block(&d)))
+    };
+    match choice.scheme {
+        Some(s) => format!("{} (the rest {format})", s.name()),
+        None if quantized() => format!("the checkpoint's quantized blocks (the rest {format})"),
+        None => format.to_string(),
+    }
 }
 
 /// The rate checkpoint bytes were read at: `6.60 GB/s`, or in MB/s below 1 GB/s.
