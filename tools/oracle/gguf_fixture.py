@@ -153,6 +153,26 @@ def load_values(model: torch.nn.Module, tensors: dict[str, tuple[Q, np.ndarray, 
     return problems
 
 
+def load_model(directory: Path) -> torch.nn.Module:
+    """The model of a GGUF fixture directory: config.json's geometry, gguf-py's dequantization of model.gguf."""
+    from transformers import DiffusionGemmaConfig
+
+    import model_builder as mb
+
+    model = mb.construct_model(DiffusionGemmaConfig.from_pretrained(str(directory)))
+    tensors = read_dequantized(directory / "model.gguf")
+    state = model.state_dict()
+    written = set()
+    with torch.no_grad():
+        for name, (_, _, values) in tensors.items():
+            state[name].copy_(torch.from_numpy(values))
+            written.add(state[name].data_ptr())
+    missing = [n for n, p in model.named_parameters() if p.data_ptr() not in written]
+    if missing:
+        raise ValueError(f"{directory / 'model.gguf'} lacks {missing}")
+    return model
+
+
 def type_counts(tensors: dict[str, tuple[Q, np.ndarray, np.ndarray]]) -> dict[str, int]:
     """How many tensors of each ggml type a file holds."""
     counts: dict[str, int] = {}
