@@ -23,6 +23,7 @@ files; reloading ``model.gguf`` through gguf-py must reproduce ``logits_plain`` 
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -106,9 +107,12 @@ def save_hf(model: torch.nn.Module, out: Path, bfloat16: bool, generation_config
 
 
 def write_gguf(model_dir: Path, out: Path, scheme: str) -> None:
-    """dg's quantizer: ``xtask write-gguf --scheme`` over an HF model directory."""
-    cmd = ["cargo", "run", "-q", "-p", "xtask", "--", "write-gguf", "--model", str(model_dir), "--out", str(out)]
-    subprocess.run([*cmd, "--scheme", scheme], cwd=ROOT, check=True)
+    """dg's quantizer: ``xtask write-gguf --scheme`` over an HF model directory (``DG_XTASK`` may name
+    a built xtask binary; by default cargo builds and runs it)."""
+    xtask = os.environ.get("DG_XTASK")
+    cmd = [xtask] if xtask else ["cargo", "run", "-q", "-p", "xtask", "--"]
+    args = ["write-gguf", "--model", str(model_dir), "--out", str(out), "--scheme", scheme]
+    subprocess.run([*cmd, *args], cwd=ROOT, check=True)
 
 
 def read_dequantized(path: Path) -> dict[str, tuple[Q, np.ndarray, np.ndarray]]:

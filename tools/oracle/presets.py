@@ -352,6 +352,8 @@ PRESET_OVERRIDES: dict[str, dict[str, Any]] = {
             "top_k_experts": 2,
             "moe_intermediate_size": 32,
         },
+        # lower temperatures than BASE so that steps accept several tokens (at t 0.4..0.8 one or two)
+        "generation": {"entropy_bound": 0.5, "t_min": 0.2, "t_max": 0.4},
         "gguf_scheme": "q4_k_m",
     },
 }
