@@ -356,6 +356,35 @@ PRESET_OVERRIDES: dict[str, dict[str, Any]] = {
         "generation": {"entropy_bound": 0.5, "t_min": 0.2, "t_max": 0.4},
         "gguf_scheme": "q4_k_m",
     },
+    "gguf-q4_k_m-k256": {
+        "description": (
+            "GGUF weights, dg's q4_k_m scheme with expert rows of 256 (I_e 256): experts gate/up and "
+            "layer 0's down Q4_K, layer 1's down Q6_K (llama.cpp's use_more_bits), attention and dense "
+            "MLP Q8_0, the rest kept BF16; the reference runs on gguf-py's dequantization of the file"
+        ),
+        "seed": 0,
+        "checkpoint_dtype": "bfloat16",
+        "canvas_length": 16,
+        "prompt_length": 9,
+        "text_config": {
+            "vocab_size": 256,
+            "hidden_size": 256,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "layer_types": [SLIDING, FULL],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 32,
+            "global_head_dim": 64,
+            "sliding_window": 8,
+            "num_experts": 2,
+            "top_k_experts": 1,
+            "moe_intermediate_size": 256,
+        },
+        "generation": {"entropy_bound": 0.5, "t_min": 0.2, "t_max": 0.4},
+        "gguf_scheme": "q4_k_m",
+    },
 }
 
 

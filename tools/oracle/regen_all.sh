@@ -23,6 +23,7 @@ all_presets=(
   vision-tower-skip
   gguf-q8_0
   gguf-q4_k_m
+  gguf-q4_k_m-k256
 )
 
 verify=0
