@@ -6,7 +6,8 @@ Usage:
     python tools/oracle/check_fixture.py --recompute fixtures/early-stop-eos
 
 The format check reads reference.json and reference.safetensors and checks names, dtypes, shapes and
-the draw structure. ``--recompute`` loads the checkpoint with transformers (f32, eager), recomputes the
+the draw structure. ``--recompute`` loads the checkpoint with transformers (f32, eager; a ``model.gguf``
+dequantized by gguf-py), recomputes the
 three logits with the parity rule (normwise error <= 1e-5, argmax agreement where the top-2 gap exceeds
 1e-3) and replays ``generate`` from the recorded draws, which must give ``gen_sequences`` exactly.
 """
@@ -42,7 +43,7 @@ def check_format(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """Assert the reference files of ``directory`` follow reference-format.md; return them."""
     for name in ("config.json", "generation_config.json", "reference.json", "reference.safetensors"):
         assert (directory / name).is_file(), f"missing {name}"
-    assert (directory / "model.safetensors").is_file() or (directory / "model.safetensors.index.json").is_file()
+    assert any((directory / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json", "model.gguf"))
     meta = json.loads((directory / "reference.json").read_text())
     tensors = load_file(str(directory / "reference.safetensors"))
     config = json.loads((directory / "config.json").read_text())
@@ -87,7 +88,12 @@ def check_format(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def recompute(directory: Path, meta: dict, tensors: dict[str, torch.Tensor]) -> list[str]:
     """Re-run the forward paths and the replay on the checkpoint; return failure messages."""
-    model = mb.load_model(str(directory))
+    if (directory / "model.gguf").is_file():
+        import gguf_fixture  # needs the gguf package
+
+        model = gguf_fixture.load_model(directory)
+    else:
+        model = mb.load_model(str(directory))
     prompt = tensors["prompt_ids"]
     prompt_len, canvas_len = prompt.numel(), meta["canvas_length"]
     cache = fp.new_cache(model)

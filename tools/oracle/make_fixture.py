@@ -196,14 +196,19 @@ def check_expectations(spec: dict[str, Any], replay: gn.ReplayResult, gen: dict[
             raise ExpectationError("generation did not stop on a mid-canvas EOS before max_new_tokens")
 
 
-def run_oracle(spec: dict[str, Any], seed: int) -> Oracle:
-    """Build the random model of ``spec`` and compute every reference tensor (nothing is written)."""
+def run_oracle(spec: dict[str, Any], seed: int, prepare: Any = None) -> Oracle:
+    """Build the random model of ``spec`` and compute every reference tensor (nothing is written).
+
+    ``prepare`` (e.g. ``gguf_fixture.GgufQuantizer``) may replace the weights before anything is computed.
+    """
     seed_of = seeds(seed)
     config = mb.build_config(spec, seed_of["weights"])
     model = mb.construct_model(config)
     mb.randomize_weights(model, mb.InitScales.from_spec(spec["init"]), seed_of["weights"])
     if spec["checkpoint_dtype"] == "bfloat16":
         mb.round_to_bfloat16(model)
+    if prepare is not None:
+        prepare(model)
     description = f"{spec['description']} ({describe_config(spec, model)})"
 
     inputs = make_inputs(spec, config.text_config.vocab_size, seed_of["inputs"])
@@ -299,23 +304,32 @@ def verify_checkpoint(oracle: Oracle, out: Path) -> str:
     assert all(k.startswith(("model.encoder.vision_tower.", "model.encoder.embed_vision.")) for k in vision)
     assert dtypes == (["BF16"] if oracle.spec["checkpoint_dtype"] == "bfloat16" else ["F32"]), dtypes
 
-    reloaded = mb.load_model(str(out))
-    ref = oracle.ref
-    cache = fp.new_cache(reloaded)
-    fp.encode(reloaded, ref.prompt_ids, 0, cache)
-    logits = fp.decode(reloaded, ref.canvas_ids, ref.prompt_ids.numel(), cache)
-    assert torch.equal(logits, ref.logits_plain), "reloading the saved checkpoint changes the logits"
+    assert_reproduces(mb.load_model(str(out)), oracle.ref)
     return f"saved {len(keys)} tensors ({', '.join(dtypes)}, {len(vision)} vision); reload reproduces logits_plain"
 
 
-def write_fixture(oracle: Oracle, out: Path) -> None:
-    """Write the fixture directory (replacing its fixture files) and verify the checkpoint."""
+def assert_reproduces(model: torch.nn.Module, ref: fp.ForwardReference) -> None:
+    """Assert that ``model`` computes ``logits_plain`` bit for bit."""
+    cache = fp.new_cache(model)
+    fp.encode(model, ref.prompt_ids, 0, cache)
+    logits = fp.decode(model, ref.canvas_ids, ref.prompt_ids.numel(), cache)
+    assert torch.equal(logits, ref.logits_plain), "reloading the saved checkpoint changes the logits"
+
+
+def write_fixture(oracle: Oracle, out: Path, quantizer: Any = None) -> None:
+    """Write the fixture directory (replacing its fixture files) and verify the checkpoint.
+
+    With a ``gguf_fixture.GgufQuantizer`` the weights are its GGUF file instead of model.safetensors.
+    """
     out.mkdir(parents=True, exist_ok=True)
-    for name in FIXTURE_FILES:
+    for name in (*FIXTURE_FILES, "model.gguf"):
         (out / name).unlink(missing_ok=True)
     save_checkpoint(oracle, out)
     write_reference(oracle, out)
-    oracle.checks.append(verify_checkpoint(oracle, out))
+    if quantizer is None:
+        oracle.checks.append(verify_checkpoint(oracle, out))
+    else:  # the safetensors file only carried config.json; the dequantized values need not be BF16
+        oracle.checks.append(quantizer.finish_fixture(out, oracle.model, lambda m: assert_reproduces(m, oracle.ref)))
 
 
 def _round(value: float) -> float | None:
@@ -388,11 +402,11 @@ def print_diagnostics(name: str, description: str, diag: dict[str, Any], problem
         print(f"  WARNING: {problem}")
 
 
-def search_seed(spec: dict[str, Any], first: int, count: int) -> tuple[Oracle, dict[str, Any]]:
+def search_seed(spec: dict[str, Any], first: int, count: int, prepare: Any = None) -> tuple[Oracle, dict[str, Any]]:
     """Return the oracle of the first seed in ``first .. first+count-1`` without robustness problems."""
     for seed in range(first, first + count):
         try:
-            oracle = run_oracle(spec, seed)
+            oracle = run_oracle(spec, seed, prepare)
         except ExpectationError as err:
             print(f"  seed {seed}: {err}")
             continue
@@ -444,14 +458,20 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.disable_progress_bar()
 
     seed = spec["seed"] if args.seed is None else args.seed
+    quantizer = None
+    if spec["gguf_scheme"] is not None:
+        import gguf_fixture  # needs the gguf package and a cargo toolchain
+
+        defaults = gn.make_generation_config(spec["generation"])
+        quantizer = gguf_fixture.GgufQuantizer(spec["gguf_scheme"], spec["checkpoint_dtype"] == "bfloat16", defaults)
     if args.search:
-        oracle, diag = search_seed(spec, seed, args.search)
+        oracle, diag = search_seed(spec, seed, args.search, quantizer)
     else:
-        oracle = run_oracle(spec, seed)
+        oracle = run_oracle(spec, seed, quantizer)
         diag = diagnostics(oracle)
     out = Path(args.out)
-    write_fixture(oracle, out)
-    diag["size_bytes"] = sum((out / name).stat().st_size for name in FIXTURE_FILES)
+    write_fixture(oracle, out, quantizer)
+    diag["size_bytes"] = sum((out / name).stat().st_size for name in (*FIXTURE_FILES, "model.gguf") if (out / name).exists())
     problems = robustness_problems(diag)
     if diag["size_bytes"] > MAX_FIXTURE_BYTES:
         problems.append(f"fixture is {diag['size_bytes']} bytes (> {MAX_FIXTURE_BYTES})")

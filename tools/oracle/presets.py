@@ -33,6 +33,10 @@ A preset is a plain dict with these keys (every key of ``BASE`` may be overridde
     What ``generation_config.json`` holds: ``"same"`` (the ``generation`` values), ``"empty"`` (all
     nulls, as a model directory without sampler settings) or ``"defaults"`` (the real checkpoint's
     values, which reference.json then overrides).
+``gguf_scheme``
+    ``None`` for a safetensors fixture, or one of dg's quantization schemes (``"q8_0"``,
+    ``"q4_k_m"``): the fixture's weights are then ``model.gguf``, quantized by dg and dequantized
+    by gguf-py, and the reference is transformers' run on the dequantized values (``gguf_fixture``).
 ``expect``
     Behaviours the generated run must show, else the fixture is rejected: ``multi_block`` (at least
     two canvases, so a block commit happens), ``early_stop`` (some block stops before
@@ -89,6 +93,7 @@ BASE: dict[str, Any] = {
     },
     "eos_auto": {"block": 1, "extra_ids": 1},
     "generation_config_json": "same",
+    "gguf_scheme": None,
     "expect": {"multi_block": True},
 }
 
@@ -292,6 +297,93 @@ PRESET_OVERRIDES: dict[str, dict[str, Any]] = {
             "entropy_bound": 0.1,
             "eos_token_id": [1, 106, 50],
         },
+    },
+    "gguf-q8_0": {
+        "description": (
+            "GGUF weights, dg's q8_0 scheme: every attention, dense-MLP and expert matrix Q8_0 (ggml blocks "
+            "of 32), embedding, router, self-conditioning MLP, norms and scalars kept F32; the reference "
+            "runs on gguf-py's dequantization of the file"
+        ),
+        "seed": 0,
+        "canvas_length": 16,
+        "prompt_length": 12,
+        "text_config": {
+            "vocab_size": 320,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 4,
+            "layer_types": [SLIDING, SLIDING, SLIDING, FULL],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "sliding_window": 8,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 32,
+        },
+        "gguf_scheme": "q8_0",
+    },
+    "gguf-q4_k_m": {
+        "description": (
+            "GGUF weights, dg's q4_k_m scheme at hidden 256: experts gate/up Q4_K (super-blocks of 256), "
+            "experts down Q5_0 (layers 0, 1) and Q8_0 (layer 2, llama.cpp's use_more_bits; K = 32 is not "
+            "a whole super-block), attention and dense MLP Q8_0, the rest kept BF16; the reference runs "
+            "on gguf-py's dequantization of the file"
+        ),
+        "seed": 0,
+        "checkpoint_dtype": "bfloat16",
+        "canvas_length": 16,
+        "prompt_length": 10,
+        "text_config": {
+            "vocab_size": 256,
+            "hidden_size": 256,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "layer_types": [SLIDING, SLIDING, FULL],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 32,
+            "global_head_dim": 64,
+            "sliding_window": 8,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 32,
+        },
+        # lower temperatures than BASE so that steps accept several tokens (at t 0.4..0.8 one or two)
+        "generation": {"entropy_bound": 0.5, "t_min": 0.2, "t_max": 0.4},
+        "gguf_scheme": "q4_k_m",
+    },
+    "gguf-q4_k_m-k256": {
+        "description": (
+            "GGUF weights, dg's q4_k_m scheme with expert rows of 256 (I_e 256): experts gate/up and "
+            "layer 0's down Q4_K, layer 1's down Q6_K (llama.cpp's use_more_bits), attention and dense "
+            "MLP Q8_0, the rest kept BF16; the reference runs on gguf-py's dequantization of the file"
+        ),
+        "seed": 0,
+        "checkpoint_dtype": "bfloat16",
+        "canvas_length": 16,
+        "prompt_length": 9,
+        "text_config": {
+            "vocab_size": 256,
+            "hidden_size": 256,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "layer_types": [SLIDING, FULL],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 32,
+            "global_head_dim": 64,
+            "sliding_window": 8,
+            "num_experts": 2,
+            "top_k_experts": 1,
+            "moe_intermediate_size": 256,
+        },
+        "generation": {"entropy_bound": 0.5, "t_min": 0.2, "t_max": 0.4},
+        "gguf_scheme": "q4_k_m",
     },
 }
 

@@ -7,6 +7,7 @@
 #   tools/oracle/regen_all.sh NAME...     only these presets (works with --verify too)
 #
 # PYTHON selects the interpreter (default: python3) that has tools/oracle/requirements.txt installed.
+# The gguf-* presets also need the gguf package and cargo (dg's quantizer writes their model.gguf).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,6 +21,9 @@ all_presets=(
   real-head-dims
   early-stop-eos
   vision-tower-skip
+  gguf-q8_0
+  gguf-q4_k_m
+  gguf-q4_k_m-k256
 )
 
 verify=0

@@ -2,7 +2,9 @@
 //! file, every tensor in the type the checkpoint stores it in, with llama.cpp's DiffusionGemma
 //! names and metadata (`dg_model::gguf`). With `--copy-files`, the directory's other files
 //! (config, tokenizer, chat template, reference dumps) are copied beside it, so the output's
-//! directory is a model directory whose weights are `model.gguf`.
+//! directory is a model directory whose weights are `model.gguf`. With `--scheme q8_0|q4_k_m`
+//! the matrices the scheme names are quantized by dg's quantizers ([`dg_model::Quantized`]) and
+//! the rest kept as stored (the oracle's GGUF fixtures are made this way).
 
 use std::path::PathBuf;
 
@@ -20,6 +22,9 @@ pub struct Args {
     /// Copy the directory's files other than its safetensors beside the output.
     #[arg(long)]
     copy_files: bool,
+    /// Quantize with this scheme (`q8_0`, `q4_k_m`); without it every tensor stays as stored.
+    #[arg(long)]
+    scheme: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<bool> {
@@ -29,7 +34,14 @@ pub fn run(args: Args) -> Result<bool> {
     }
     let out_dir = args.out.parent().filter(|p| !p.as_os_str().is_empty()).map(PathBuf::from).unwrap_or_else(|| ".".into());
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    dg_model::gguf::write_model_as_stored(&args.out, &model.config, Some(&model.generation), &model.checkpoint)?;
+    match &args.scheme {
+        None => dg_model::gguf::write_model_as_stored(&args.out, &model.config, Some(&model.generation), &model.checkpoint)?,
+        Some(name) => {
+            let scheme = dg_model::Scheme::parse(name)?;
+            let src = dg_model::Quantized { inner: &model.checkpoint, scheme, config: &model.config.text };
+            dg_model::gguf::write_model_as_stored(&args.out, &model.config, Some(&model.generation), &src)?;
+        }
+    }
     if args.copy_files {
         for entry in std::fs::read_dir(&args.model)? {
             let entry = entry?;

@@ -50,7 +50,9 @@ use dg_sampler::{NoHooks, SeededRng, generate};
 
 /// `tensor-core-shapes` has a 64-token canvas and 64-wide projections: the tensor-core GEMM's tiles
 /// fit its decoder projections, so on a device with cooperative matrices it is the fixture that
-/// exercises them (the others' shapes fall back to the f32 kernels).
+/// exercises them (the others' shapes fall back to the f32 kernels). The `gguf-*` fixtures are not
+/// listed: their matrices stay in their quantized blocks whatever the upload format, and `cargo
+/// xtask parity --backend gpu` checks them against their reference.
 const FIXTURES: [&str; 7] = [
     "bf16-checkpoint",
     "default-pattern-8experts",
