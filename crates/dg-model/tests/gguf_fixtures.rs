@@ -11,18 +11,8 @@ use dg_model::{ModelDir, Scheme, StoredDtype, tensor_manifest};
 /// Fixture, its scheme, the type of the tensors the scheme keeps, and every type the file holds.
 const FIXTURES: [(&str, Scheme, StoredDtype, &[StoredDtype]); 3] = [
     ("gguf-q8_0", Scheme::Q8_0, StoredDtype::F32, &[StoredDtype::F32, StoredDtype::Q8_0]),
-    (
-        "gguf-q4_k_m",
-        Scheme::Q4KM,
-        StoredDtype::BF16,
-        &[StoredDtype::BF16, StoredDtype::Q4_K, StoredDtype::Q5_0, StoredDtype::Q8_0],
-    ),
-    (
-        "gguf-q4_k_m-k256",
-        Scheme::Q4KM,
-        StoredDtype::BF16,
-        &[StoredDtype::BF16, StoredDtype::Q4_K, StoredDtype::Q6_K, StoredDtype::Q8_0],
-    ),
+    ("gguf-q4_k_m", Scheme::Q4KM, StoredDtype::BF16, &[StoredDtype::BF16, StoredDtype::Q4_K, StoredDtype::Q5_0, StoredDtype::Q8_0]),
+    ("gguf-q4_k_m-k256", Scheme::Q4KM, StoredDtype::BF16, &[StoredDtype::BF16, StoredDtype::Q4_K, StoredDtype::Q6_K, StoredDtype::Q8_0]),
 ];
 
 #[test]
