@@ -2,10 +2,10 @@
 //! CPU in f32 on the dequantized weights (the CPU reference dequantizes exactly as ggml does).
 //!
 //! Per model (every committed fixture and random-weight configs such as
-//! `bench/configs/cpu-medium.json`) and per scheme (`q8_0`, `q4_k_m`): the canvas logits of the
-//! quantized model against the model as stored (normwise error, max |Δ|, argmax agreement, with
-//! and without a self-conditioning input), both against transformers' f32 logits where a fixture
-//! has them, a seeded generation with adaptive stopping on (steps per canvas, tokens per forward,
+//! `bench/configs/cpu-medium.json`) and per scheme (`q8_0`, `q4_k_m`), beside the matrices rounded
+//! to BF16 for scale: the canvas logits against the model as stored (normwise error, max |Δ|,
+//! argmax agreement, with and without a self-conditioning input), each against transformers' f32
+//! logits where a fixture has them, the weights' own error, a seeded generation with adaptive stopping on (steps per canvas, tokens per forward,
 //! tokens that agree with the unquantized run) and bytes per parameter. Prints one markdown table
 //! plus the tensors each scheme quantized; `--write FILE` puts both into that file's section
 //! [`SECTION`] (replaced when present, appended otherwise).
@@ -54,7 +54,7 @@ pub struct Args {
 
 /// Where a model's tensors come from.
 enum Source {
-    Dir(ModelDir),
+    Dir(Box<ModelDir>),
     Random(RandomWeights),
 }
 
@@ -107,9 +107,28 @@ impl<S: TensorSource> TensorSource for Metered<S> {
     }
 }
 
-/// What one variant (the stored weights or a scheme) produced.
+/// Which weights a run computes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// The model's tensors as stored, widened to f32.
+    Stored,
+    /// Every matrix rounded to the nearest BF16: the scale of a rounding every 16-bit copy makes.
+    Bf16,
+    /// Quantized by the scheme, dequantized as ggml does.
+    Scheme(Scheme),
+}
+
+impl Variant {
+    const ALL: [Variant; 4] = [Variant::Stored, Variant::Bf16, Variant::Scheme(Scheme::Q8_0), Variant::Scheme(Scheme::Q4KM)];
+}
+
+/// What one variant produced.
 pub struct Run {
     pub served: Vec<Served>,
+    /// Normwise error of the changed matrices (quantized, or BF16-rounded) against the stored
+    /// ones, over all of them together; `None` for the stored weights.
+    pub weight_error: Option<f64>,
+    pub vocab: usize,
     pub plain: Vec<f32>,
     pub sc: Vec<f32>,
     pub generation: Generation,
@@ -118,7 +137,7 @@ pub struct Run {
 /// The metrics of one table row.
 pub struct Row {
     pub model: String,
-    pub scheme: Option<Scheme>,
+    pub variant: Variant,
     pub run: Run,
     /// Against the stored weights' run: (plain, self-conditioned); `None` on the stored row.
     pub vs_stored: Option<(Diff, Diff)>,
@@ -241,7 +260,7 @@ fn fixture_case(dir: &Path, canvases: usize) -> Result<Case> {
         reference: Some(logits),
         generation,
         stopping_forced,
-        source: Source::Dir(model),
+        source: Source::Dir(Box::new(model)),
     })
 }
 
@@ -266,21 +285,21 @@ fn random_case(path: &Path, args: &Args) -> Result<Case> {
     })
 }
 
-/// The stored weights' run, then each scheme's, as table rows.
+/// The stored weights' run, then each other variant's, as table rows.
 fn measure(case: &mut Case, seed: u64) -> Result<Vec<Row>> {
     let v = case.config.text.vocab_size;
-    let stored = run_variant(case, None, seed)?;
+    let stored = run_variant(case, Variant::Stored, seed)?;
     let mut rows = Vec::new();
     let versus_reference = |r: &Run, case: &Case| {
         case.reference.as_ref().map(|(plain, sc)| (diff(&r.plain, plain, v).normwise, sc.as_ref().map(|s| diff(&r.sc, s, v).normwise)))
     };
-    for scheme in [Scheme::Q8_0, Scheme::Q4KM] {
-        let q = run_variant(case, Some(scheme), seed)?;
+    for variant in &Variant::ALL[1..] {
+        let q = run_variant(case, *variant, seed)?;
         let (a, b) = (q.generation.new_tokens(), stored.generation.new_tokens());
         let agree = a.iter().zip(b).filter(|(x, y)| x == y).count() as f64 / a.len().max(b.len()).max(1) as f64;
         rows.push(Row {
             model: case.label.clone(),
-            scheme: Some(scheme),
+            variant: *variant,
             vs_stored: Some((diff(&q.plain, &stored.plain, v), diff(&q.sc, &stored.sc, v))),
             vs_reference: versus_reference(&q, case),
             tokens_agree: Some(agree),
@@ -291,7 +310,7 @@ fn measure(case: &mut Case, seed: u64) -> Result<Vec<Row>> {
         0,
         Row {
             model: case.label.clone(),
-            scheme: None,
+            variant: Variant::Stored,
             vs_stored: None,
             vs_reference: versus_reference(&stored, case),
             tokens_agree: None,
@@ -301,15 +320,29 @@ fn measure(case: &mut Case, seed: u64) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// Builds the f32 weights of `case` (quantized by `scheme` and dequantized, or as stored) and runs
-/// the logits forwards and the seeded generation on them. The stored variant runs first: on
-/// random weights its plain logits become every variant's self-conditioning input.
-fn run_variant(case: &mut Case, scheme: Option<Scheme>, seed: u64) -> Result<Run> {
+/// Builds the f32 weights of `case` for `variant` and runs the logits forwards and the seeded
+/// generation on them. The stored variant runs first: on random weights its plain logits become
+/// every variant's self-conditioning input.
+fn run_variant(case: &mut Case, variant: Variant, seed: u64) -> Result<Run> {
     let cfg = &case.config.text;
     let tensors = case.source.tensors();
-    let (weights, served) = match scheme {
-        None => build(tensors, cfg)?,
-        Some(scheme) => build(Quantized { inner: tensors, scheme, config: cfg }, cfg)?,
+    let (weights, served) = match variant {
+        Variant::Stored => build(tensors, cfg)?,
+        Variant::Bf16 => {
+            let (mut w, served) = build(tensors, cfg)?;
+            w.round_matrices_to_bf16();
+            (w, served)
+        }
+        Variant::Scheme(scheme) => build(Quantized { inner: tensors, scheme, config: cfg }, cfg)?,
+    };
+    let changed = |t: &Served| match variant {
+        Variant::Stored => false,
+        Variant::Bf16 => t.shape.len() >= 2,
+        Variant::Scheme(_) => t.dtype.block_len() > 1,
+    };
+    let weight_error = match variant {
+        Variant::Stored => None,
+        _ => Some(weight_error(tensors, &weights, served.iter().filter(|t| changed(t)))?),
     };
     let mut backend = CpuBackend(CpuModel::new(case.config.clone(), weights));
     let (c, v) = (case.config.canvas_length, cfg.vocab_size);
@@ -329,7 +362,21 @@ fn run_variant(case: &mut Case, scheme: Option<Scheme>, seed: u64) -> Result<Run
     backend.reset().map_err(|e| anyhow!("{e}"))?;
     let generation = generate(&mut AsModel(&mut backend), &case.prompt, &case.generation, c, v, &mut SeededRng::new(seed), &mut NoHooks)
         .map_err(|e| anyhow!("generation: {e:#}"))?;
-    Ok(Run { served, plain, sc, generation })
+    Ok(Run { served, weight_error, vocab: v, plain, sc, generation })
+}
+
+/// ‖W′ − W‖ / ‖W‖ over the tensors `changed` together: `W` as `stored` serves them, `W′` as
+/// `weights` holds them.
+fn weight_error<'a>(stored: &dyn TensorSource, weights: &Weights, changed: impl Iterator<Item = &'a Served>) -> Result<f64> {
+    let (mut d2, mut w2) = (0f64, 0f64);
+    for t in changed {
+        let (w, w_new) = (stored.get(&t.name, &t.shape)?, weights.get(&t.name, &t.shape)?);
+        for (&a, &b) in w.iter().zip(&w_new) {
+            d2 += (b as f64 - a as f64).powi(2);
+            w2 += (a as f64).powi(2);
+        }
+    }
+    Ok((d2 / w2.max(f64::MIN_POSITIVE)).sqrt())
 }
 
 /// The f32 weights built from `source`, with the tensors it served.
@@ -362,6 +409,25 @@ pub fn by_dtype(served: &[Served]) -> BTreeMap<&'static str, (usize, usize)> {
     out
 }
 
+/// Mean entropy in nats of the softmax of each `v`-wide row of `logits` (temperature 1).
+pub fn mean_entropy(logits: &[f32], v: usize) -> f64 {
+    let rows = logits.chunks_exact(v);
+    let n = rows.len().max(1) as f64;
+    rows.map(|row| {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let (mut z, mut s) = (0f64, 0f64);
+        for &x in row {
+            let d = x as f64 - max;
+            let e = d.exp();
+            z += e;
+            s += e * d;
+        }
+        z.ln() - s / z
+    })
+    .sum::<f64>()
+        / n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,6 +442,12 @@ mod tests {
         assert_eq!(d.argmax, 1.0);
         let flipped = diff(&[0.0, 1.0, 0.0, 2.0], &b, 2);
         assert_eq!(flipped.argmax, 0.5);
+    }
+
+    #[test]
+    fn entropy_is_ln_v_for_uniform_rows_and_near_zero_for_peaked_ones() {
+        assert!((mean_entropy(&[3.0; 8], 4) - 4f64.ln()).abs() < 1e-12);
+        assert!(mean_entropy(&[100.0, 0.0, 0.0, 0.0], 4) < 1e-40);
     }
 
     #[test]
