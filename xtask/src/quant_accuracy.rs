@@ -5,9 +5,9 @@
 //! `bench/configs/cpu-medium.json`) and per scheme (`q8_0`, `q4_k_m`), beside the matrices rounded
 //! to BF16 for scale: the canvas logits against the model as stored (normwise error, max |Δ|,
 //! argmax agreement, with and without a self-conditioning input), each against transformers' f32
-//! logits where a fixture has them, the weights' own error, a seeded generation with adaptive stopping on (steps per canvas, tokens per forward,
-//! tokens that agree with the unquantized run) and bytes per parameter. Prints one markdown table
-//! plus the tensors each scheme quantized; `--write FILE` puts both into that file's section
+//! logits where a fixture has them, the weights' own error, a seeded generation with adaptive
+//! stopping on (steps per canvas, tokens per forward, tokens that agree with the unquantized run)
+//! and bytes per parameter. Prints one markdown table plus the tensors each scheme quantized; `--write FILE` puts both into that file's section
 //! [`SECTION`] (replaced when present, appended otherwise).
 
 use std::cell::RefCell;
