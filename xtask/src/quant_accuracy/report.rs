@@ -57,8 +57,7 @@ const CAVEATS: [&str; 6] = [
      fixtures the two schemes quantize the same few matrices and their rows are identical. Only \
      the random config at hidden 512 exercises Q4_K and Q6_K.",
     "Every model here has random weights, and random networks amplify any weight error layer by \
-     layer: on the fixtures each variant's logits Δ is one to two orders of magnitude above its \
-     weights Δ, and on cpu-medium (6 layers, hidden 512) the hidden state's Δ grows about 3× per \
+     layer: on the fixtures each variant's logits Δ is about 2 to 50 times its weights Δ, and on cpu-medium (6 layers, hidden 512) the hidden state's Δ grows about 3× per \
      layer (for the BF16 rounding: 2e-2 after the first layer, 1.1 after the sixth), so there every \
      variant, BF16 rounding included, ends with logits unrelated to the stored model's (Δ ≈ 1, \
      argmax agreement at chance). Those rows show Q4_K and Q6_K at work and their weights error, \
@@ -71,8 +70,8 @@ const CAVEATS: [&str; 6] = [
      and tokens/forward is then the canvas length over the step budget. These columns therefore \
      cannot show whether quantized logits cost the entropy-bound sampler its speed-up on a trained \
      model (mlx-vlm's finding for 4-bit); that needs the trained checkpoint. The row entropy says \
-     how peaked the logits are: about 1 nat on the fixtures, close to ln V on the random config \
-     (many of its logits sit near the final soft cap).",
+     how peaked the logits are: about 1 nat on the fixtures, about two thirds of ln V on the random \
+     config (many of its logits sit near the final soft cap).",
     "The generations share the seed, but one different acceptance or sample changes every later \
      step's input, so *tokens agree* says how soon the trajectories part rather than how accurate \
      each token is (the BF16 row shows how little it takes); positions after the split agree only \
