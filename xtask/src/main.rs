@@ -6,7 +6,8 @@
 //! generation; `cargo xtask shader-stats` prints the driver's compile statistics of the kernels;
 //! `cargo xtask write-checkpoint` writes a random model directory, `cargo xtask write-gguf` a model
 //! directory's weights as GGUF, and `cargo xtask load-memory` reports a command's peak host memory.
-//! `cargo xtask probe NAME` runs a hardware probe (`--list` lists them).
+//! `cargo xtask probe NAME` runs a hardware probe (`--list` lists them); `cargo xtask quant-accuracy`
+//! measures what the quantization schemes do to logits and generation on the CPU.
 
 mod bench;
 mod bench_generate;
@@ -14,6 +15,7 @@ mod bench_gpu;
 mod load_memory;
 mod parity;
 mod probe;
+mod quant_accuracy;
 mod shader_stats;
 mod write_checkpoint;
 mod write_gguf;
@@ -47,6 +49,8 @@ enum Command {
     LoadMemory(load_memory::Args),
     /// Run a hardware probe (kernel and GPU timings) by name; `--list` lists them.
     Probe(probe::Args),
+    /// Logits error and sampler behaviour of each quantization scheme against the stored weights (CPU, f32).
+    QuantAccuracy(quant_accuracy::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -61,6 +65,7 @@ fn main() -> std::process::ExitCode {
         Command::WriteGguf(args) => write_gguf::run(args),
         Command::LoadMemory(args) => load_memory::run(args),
         Command::Probe(args) => probe::run(args),
+        Command::QuantAccuracy(args) => quant_accuracy::run(args),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,
