@@ -17,7 +17,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use dg_cpu::CpuModel;
-use dg_model::{GenerationConfig, ModelConfig, ModelDir, Quantized, RandomWeights, Scheme, StoredDtype, StoredTensor, TensorSource, Weights};
+use dg_model::{
+    GenerationConfig, ModelConfig, ModelDir, Quantized, RandomWeights, Scheme, StoredDtype, StoredTensor, TensorSource, Weights,
+};
 use dg_parity::checks::Backend;
 use dg_parity::cpu::CpuBackend;
 use dg_parity::reference::Reference;

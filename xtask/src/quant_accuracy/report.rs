@@ -110,7 +110,8 @@ fn table(rows: &[Row]) -> String {
             Variant::Stored => format!("as stored ({})", main_dtype(served)),
         };
         let pair = |f: fn(&Diff) -> String| r.vs_stored.as_ref().map_or("—".into(), |(p, sc)| format!("{} / {}", f(p), f(sc)));
-        let reference = r.vs_reference.map_or("—".into(), |(p, sc)| format!("{p:.1e} / {}", sc.map_or("—".into(), |x| format!("{x:.1e}"))));
+        let reference =
+            r.vs_reference.map_or("—".into(), |(p, sc)| format!("{p:.1e} / {}", sc.map_or("—".into(), |x| format!("{x:.1e}"))));
         let g = &r.run.generation;
         let steps: Vec<String> = g.steps_per_canvas.iter().map(usize::to_string).collect();
         let per_forward = g.new_tokens().len() as f64 / g.decoder_passes.max(1) as f64;
