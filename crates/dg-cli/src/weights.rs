@@ -17,7 +17,7 @@ pub struct WeightChoice {
 
 /// The choice `arg` makes for `model`.
 pub fn choose(model: &ModelDir, arg: WeightsArg) -> WeightChoice {
-    let auto = if model.matrices_are_bf16() { WeightFormat::Bf16 } else { WeightFormat::F32 };
+    let auto = if model.unquantized_matrices_are_bf16() { WeightFormat::Bf16 } else { WeightFormat::F32 };
     let (format, scheme) = match arg {
         WeightsArg::F32 => (WeightFormat::F32, None),
         WeightsArg::Bf16 => (WeightFormat::Bf16, None),

@@ -25,13 +25,22 @@ pub struct ModelDir {
 
 impl ModelDir {
     /// Whether every matrix of the text model (every tensor of rank ≥ 2) is stored as BF16 in the
-    /// checkpoint (or in quantized blocks, which the GPU keeps as stored): then a BF16 copy of the
-    /// other matrices is exact.
+    /// checkpoint: then a BF16 copy of the weights is exact.
     pub fn matrices_are_bf16(&self) -> bool {
+        self.matrices_all(|dtype| dtype == "BF16")
+    }
+
+    /// Whether every matrix is stored as BF16 or in quantized blocks (which the GPU keeps as
+    /// stored): then a BF16 copy of the other matrices is exact.
+    pub fn unquantized_matrices_are_bf16(&self) -> bool {
+        self.matrices_all(|dtype| dtype == "BF16" || is_quantized(dtype))
+    }
+
+    fn matrices_all(&self, keep: impl Fn(&str) -> bool) -> bool {
         crate::names::tensor_manifest(&self.config.text)
             .iter()
             .filter(|(_, shape)| shape.len() >= 2)
-            .all(|(name, _)| matches!(self.checkpoint.shape(name), Ok((_, dtype)) if dtype == "BF16" || is_quantized(&dtype)))
+            .all(|(name, _)| matches!(self.checkpoint.shape(name), Ok((_, dtype)) if keep(&dtype)))
     }
 
     /// Opens `dir`: a missing directory or `config.json` is an error naming the path. A file named
