@@ -73,13 +73,9 @@ pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, choice: Weight
 /// format and a quantized checkpoint's blocks, or the format.
 fn storage_label(model: &ModelDir, choice: WeightChoice) -> String {
     let format = crate::weights::name(choice.format);
-    let quantized = || {
-        let is_block = |d: &str| dg_model::StoredDtype::ALL.iter().any(|t| t.is_quantized() && t.name() == d);
-        dg_model::tensor_manifest(&model.config.text).iter().any(|(n, _)| matches!(model.checkpoint.shape(n), Ok((_, d)) if is_block(&d)))
-    };
     match choice.scheme {
         Some(s) => format!("{} (the rest {format})", s.name()),
-        None if quantized() => format!("the checkpoint's quantized blocks (the rest {format})"),
+        None if model.has_quantized_matrices() => format!("the checkpoint's quantized blocks (the rest {format})"),
         None => format.to_string(),
     }
 }

@@ -36,6 +36,13 @@ impl ModelDir {
         self.matrices_all(|dtype| dtype == "BF16" || is_quantized(dtype))
     }
 
+    /// Whether any matrix is stored in quantized blocks.
+    pub fn has_quantized_matrices(&self) -> bool {
+        crate::names::tensor_manifest(&self.config.text)
+            .iter()
+            .any(|(name, _)| matches!(self.checkpoint.shape(name), Ok((_, dtype)) if is_quantized(&dtype)))
+    }
+
     fn matrices_all(&self, keep: impl Fn(&str) -> bool) -> bool {
         crate::names::tensor_manifest(&self.config.text)
             .iter()
@@ -103,5 +110,5 @@ pub fn is_gguf(path: &Path) -> bool {
 
 /// Whether `dtype` names one of ggml's quantized block types.
 fn is_quantized(dtype: &str) -> bool {
-    crate::StoredDtype::ALL.iter().any(|d| d.is_quantized() && d.name() == dtype)
+    crate::StoredDtype::from_name(dtype).is_some_and(|d| d.is_quantized())
 }

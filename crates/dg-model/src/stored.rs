@@ -90,6 +90,11 @@ impl StoredDtype {
         }
     }
 
+    /// The dtype named `name` ([`Self::name`]'s spelling); `None` for any other name.
+    pub fn from_name(name: &str) -> Option<StoredDtype> {
+        StoredDtype::ALL.into_iter().find(|d| d.name() == name)
+    }
+
     /// ggml's type id (`enum ggml_type`), as GGUF stores it.
     pub const fn ggml_type(self) -> u32 {
         match self {
