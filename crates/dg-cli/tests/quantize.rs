@@ -47,3 +47,40 @@ fn bad_quantize_options_are_input_errors() {
     dg(&["quantize", "--scheme", "q3_k", "--out", "x.gguf"]).fails(INPUT, &["q3_k"]);
     dg(&["quantize", "--scheme", "q8_0", "--model", "/nonexistent-dir", "--out", "x.gguf"]).fails(INPUT, &["nonexistent-dir"]);
 }
+
+/// A GGUF whose embedding (and tied head) is quantized, as released GGUFs store it: the GPU
+/// dequantizes it into its lookup format and generates the CPU's tokens.
+#[test]
+fn a_gguf_with_a_quantized_embedding_runs_on_the_gpu_as_on_the_cpu() {
+    let model = ModelDir::open(&common::bundled()).unwrap();
+    let dir = common::copy_model(&common::bundled(), &["model.safetensors"]);
+    let path = dir.path().join("model.gguf");
+    let embed = dg_model::SharedNames::new(&model.config.text).embed.name;
+    let dtype = |hf: &str, stored| if hf == embed { StoredDtype::Q8_0 } else { stored };
+    dg_model::gguf::write_model(&path, &model.config, Some(&model.generation), &model.checkpoint, &dtype, &mut |hf, t, want| {
+        Ok(dg_model::quantize_tensor(t, want, hf)?.bytes().to_vec())
+    })
+    .unwrap();
+    let gguf = ModelDir::open(&path).unwrap();
+    let shape = [model.config.text.vocab_size, model.config.text.hidden_size];
+    assert_eq!(gguf.checkpoint.stored(&embed, &shape).unwrap().dtype, StoredDtype::Q8_0);
+    let run = |backend: &str| {
+        let mut args = vec!["generate", "--model", path.to_str().unwrap(), "--prompt", "the old clock", "--json", "-q", "--seed", "5"];
+        args.extend(["--max-new-tokens", "32", "--steps", "4", "--backend", backend]);
+        dg(&args)
+    };
+    let gpu = run("gpu");
+    if gpu.code == 1 && gpu.stderr.contains("no GPU adapter found") {
+        if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") {
+            eprintln!("SKIP a_gguf_with_a_quantized_embedding_runs_on_the_gpu_as_on_the_cpu: no GPU adapter");
+            return;
+        }
+        panic!(
+            "no GPU adapter (install lavapipe: apt-get install -y mesa-vulkan-drivers libvulkan1, or set DG_ALLOW_NO_GPU=1 to skip): {}",
+            gpu.stderr
+        );
+    }
+    let (gpu, cpu) = (gpu.ok().json(), run("cpu").ok().json());
+    assert_eq!(ids(&gpu["output_ids"]).len(), 32);
+    assert_eq!(gpu["output_ids"], cpu["output_ids"]);
+}

@@ -193,7 +193,11 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     /// `parts` stacked by rows, row-major in `format`, or in their quantized blocks as stored
     /// where they all store the same ggml type ([`stored_quantized`]).
     fn row_major(&mut self, label: &str, parts: &[&StoredTensor], format: WeightFormat) -> Result<GpuMatrix, GpuError> {
-        let format = stored_quantized(parts).unwrap_or(format);
+        self.row_major_as(label, parts, stored_quantized(parts).unwrap_or(format))
+    }
+
+    /// `parts` stacked by rows, row-major in `format` (quantized parts dequantized into it).
+    fn row_major_as(&mut self, label: &str, parts: &[&StoredTensor], format: WeightFormat) -> Result<GpuMatrix, GpuError> {
         let buffer = self.put(label, &Packing::new(parts.to_vec(), format, Order::RowMajor))?;
         Ok(GpuMatrix { buffer, format, layout: MatrixLayout::RowMajor })
     }
@@ -292,16 +296,24 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     fn shared(&mut self, cfg: &TextConfig) -> Result<GpuWeights, GpuError> {
         let n = SharedNames::new(cfg);
         let h = cfg.hidden_size;
-        let format = if self.format == WeightFormat::F16 { WeightFormat::Bf16 } else { self.format };
-        let rows_per_chunk = ((self.ctx.max_binding() / format.bytes() as u64) as usize / h).max(1);
         let stored = self.stored(&n.embed)?;
+        // The lookup and the tied head read the embedding in an element format: BF16 in the F16
+        // mode, f32 where it is stored quantized (its dequantized values exactly; BF16 would round
+        // them), else the upload's format.
+        let format = match self.format {
+            WeightFormat::F16 => WeightFormat::Bf16,
+            _ if stored.dtype.is_quantized() => WeightFormat::F32,
+            f => f,
+        };
+        let rows_per_chunk = ((self.ctx.max_binding() / format.bytes() as u64) as usize / h).max(1);
         let mut embed = Vec::new();
         let mut start = 0;
         while start < cfg.vocab_size {
             let rows = rows_per_chunk.min(cfg.vocab_size - start);
-            let bytes = &stored.bytes()[start * h * stored.dtype.size()..(start + rows) * h * stored.dtype.size()];
-            let chunk = StoredTensor::from_bytes(stored.dtype, vec![rows, h], bytes);
-            let matrix = self.row_major(&format!("embed[{start}..]"), &[&chunk], format)?;
+            // Rows are whole blocks of a quantized embedding (the GGUF reader checks it).
+            let at = |row: usize| stored.dtype.bytes_for(row * h).expect("rows of whole blocks");
+            let chunk = StoredTensor::from_bytes(stored.dtype, vec![rows, h], &stored.bytes()[at(start)..at(start + rows)]);
+            let matrix = self.row_major_as(&format!("embed[{start}..]"), &[&chunk], format)?;
             embed.push(EmbedChunk { start, rows, matrix });
             start += rows;
         }
