@@ -98,10 +98,10 @@ pub fn record_canvas_forward<'a>(
             &w.sc_gate_up,
             &a.gate_up,
             linear_params(c, 2 * inter, h),
-            w.sc_gate_up.format == WeightFormat::F16,
+            w.on_tensor_cores(&w.sc_gate_up),
         )?;
         rec.gelu_glu_fused(gate_up, &a.act, c, inter)?;
-        rec.product(&a.act, &w.sc_down, &a.proj, linear_params(c, h, inter), w.sc_down.format == WeightFormat::F16)?;
+        rec.product(&a.act, &w.sc_down, &a.proj, linear_params(c, h, inter), w.on_tensor_cores(&w.sc_down))?;
         rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?;
     }
     // h0 = post_norm(e + signal), weightless.
@@ -267,7 +267,7 @@ fn record_layer_with<'a>(
     };
     let k_rows = Some((&l.k_norm, &cache.keys, first_row * row));
     let planner = rec.planner();
-    let qkv_tc = l.qkv_proj.format == WeightFormat::F16;
+    let qkv_tc = w.on_tensor_cores(&l.qkv_proj);
     if !kv_only
         && planner.merge_qkv(l.qkv_proj.format, l.qkv_proj.layout, &blocks(group, 0), &blocks(halves, group), rec.split_scratch_len())
     {
@@ -374,14 +374,38 @@ fn record_layer_with<'a>(
         ..bytemuck::Zeroable::zeroed()
     };
     rec.product(&a.scores, &cache.values, &a.attn, values, tc)?;
-    let o = rec.product_to_consumer(&a.attn, &l.o_proj, &a.proj, linear_params(c, h, heads * d), l.o_proj.format == WeightFormat::F16)?;
+    let o = rec.product_to_consumer(&a.attn, &l.o_proj, &a.proj, linear_params(c, h, heads * d), w.on_tensor_cores(&l.o_proj))?;
     // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
     // pre_feedforward_layernorm(h) in `normed`, and in `branch_in` the experts' input
     // pre_feedforward_layernorm_2(h) and (c·h further) the router's rms(h)·scale·H^-½.
     // The experts' input as f16 where their gate/up reads f16 (the tensor cores): half the bytes,
     // the same products (on an H200: 346 → 333 µs).
     let root = (h as f64).powf(-0.5) as f32;
-    let experts_in = if planner.half_expert_activations(l.experts_gate_up.format, l.experts_gate_up.layout) && h % 4 == 0 {
+    let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
+    // Experts on pre_feedforward_layernorm_2(h), the first half of `branch_in`.
+    let grouped = |n: usize, kk: usize, gather: bool, tile_rows: u32| GroupedGemmParams {
+        n: n as u32,
+        k: kk as u32,
+        groups: e as u32,
+        max_rows: c as u32,
+        a_rs: kk as u32,
+        b_group_stride: (n * kk) as u32,
+        c_rs: n as u32,
+        gather: u32::from(gather),
+        tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len((c * k) as u32, e as u32, tile_rows) },
+        tile_rows,
+        _pad: [0; 2],
+    };
+    let slots = (c * k) as u32;
+    let experts_tc = (w.on_tensor_cores(&l.experts_gate_up), w.on_tensor_cores(&l.experts_down));
+    let experts_in = if planner.half_expert_activations(
+        l.experts_gate_up.format,
+        l.experts_gate_up.layout,
+        experts_tc.0,
+        &grouped(2 * ei, h, true, 0),
+        slots,
+    ) && h % 4 == 0
+    {
         AFormat::F16
     } else {
         AFormat::F32
@@ -398,10 +422,8 @@ fn record_layer_with<'a>(
 
     // Router on the un-normalised stream → logits → top-k (ahead of the dense MLP, so that the
     // MLP's down projection is the last split product before the closing norms read it).
-    let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
     let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
-    let logits =
-        rec.product_to_consumer(&a.branch_in, &l.router_proj, &a.router_logits, router, l.router_proj.format == WeightFormat::F16)?;
+    let logits = rec.product_to_consumer(&a.branch_in, &l.router_proj, &a.router_logits, router, w.on_tensor_cores(&l.router_proj))?;
     rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
 
     // The two branches' gate/up products, then both activations in one dispatch, then both down
@@ -410,34 +432,16 @@ fn record_layer_with<'a>(
     // the experts' gate/up, which never splits; its down projection's partials stay untouched
     // until the layer's closing norms (the combine does not split either).
     let inter = cfg.intermediate_size;
-    // Experts on pre_feedforward_layernorm_2(h), the first half of `branch_in`.
-    let grouped = |n: usize, kk: usize, gather: bool, tile_rows: u32| GroupedGemmParams {
-        n: n as u32,
-        k: kk as u32,
-        groups: e as u32,
-        max_rows: c as u32,
-        a_rs: kk as u32,
-        b_group_stride: (n * kk) as u32,
-        c_rs: n as u32,
-        gather: u32::from(gather),
-        tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len((c * k) as u32, e as u32, tile_rows) },
-        tile_rows,
-        _pad: [0; 2],
-    };
     // The dispatch also lists the experts' m tiles that hold slots, for the tensor-core GEMMs'
     // grids (a product whose tile has other rows covers `max_rows` instead).
-    let tile_rows = planner.expert_tile_rows(l.experts_gate_up.layout, (c * k) as u32, &grouped(2 * ei, h, true, 0));
+    let tile_rows =
+        planner.expert_tile_rows(l.experts_gate_up.format, l.experts_gate_up.layout, experts_tc.0, slots, &grouped(2 * ei, h, true, 0));
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e, tile_rows)?;
-    let gate_up = rec.product_to_consumer(
-        &a.normed,
-        &l.mlp_gate_up,
-        &a.gate_up,
-        linear_params(c, 2 * inter, h),
-        l.mlp_gate_up.format == WeightFormat::F16,
-    )?;
+    let gate_up =
+        rec.product_to_consumer(&a.normed, &l.mlp_gate_up, &a.gate_up, linear_params(c, 2 * inter, h), w.on_tensor_cores(&l.mlp_gate_up))?;
     rec.grouped_product(
         (&a.branch_in, experts_in),
-        &l.experts_gate_up,
+        (&l.experts_gate_up, experts_tc.0),
         &a.offsets,
         &a.rows,
         &a.expert_gate_up,
@@ -446,18 +450,22 @@ fn record_layer_with<'a>(
     )?;
     // The experts' activations as f16 where their down projection reads f16 (the tensor cores).
     let expert_format =
-        if planner.half_expert_activations(l.experts_down.format, l.experts_down.layout) { AFormat::F16 } else { AFormat::F32 };
+        if planner.half_expert_activations(l.experts_down.format, l.experts_down.layout, experts_tc.1, &grouped(h, ei, false, 0), slots) {
+            AFormat::F16
+        } else {
+            AFormat::F32
+        };
     rec.gelu_glu_pair((gate_up, &a.act, c, inter), (&a.expert_gate_up, &a.expert_act, c * k, ei, expert_format))?;
     rec.grouped_product(
         (&a.expert_act, expert_format),
-        &l.experts_down,
+        (&l.experts_down, experts_tc.1),
         &a.offsets,
         &a.rows,
         &a.expert_out,
         c * k,
         grouped(h, ei, false, tile_rows),
     )?;
-    let mlp = rec.product_to_consumer(&a.act, &l.mlp_down, &a.proj, linear_params(c, h, inter), l.mlp_down.format == WeightFormat::F16)?;
+    let mlp = rec.product_to_consumer(&a.act, &l.mlp_down, &a.proj, linear_params(c, h, inter), w.on_tensor_cores(&l.mlp_down))?;
     // moe = the experts' outputs combined by token;
     // dense = post_feedforward_layernorm_1(mlp) + post_feedforward_layernorm_2(moe);
     // h = (h + post_feedforward_layernorm(dense)) · layer_scalar; and the next norm of h into

@@ -455,14 +455,15 @@ impl<'a> Recorder<'a> {
 
     /// Per-expert products over `slots` grouped slots (see `dg_kernels::grouped_gemm`), the
     /// experts `w` as stored (`b_group_stride` in elements either way) and A stored as
-    /// `a_format`: experts in K panels on the tensor-core grouped GEMM, row-major ones on the
-    /// portable one ([`Planner::grouped`]); f16 activations only for the tensor cores, anything else
-    /// is [`GpuError::Unsupported`].
+    /// `a_format`: experts in K panels on the tensor-core grouped GEMM, and with `tensor_cores`
+    /// (the F16 mode) experts in ggml blocks too, other row-major ones on the portable one
+    /// ([`Planner::grouped`]); f16 activations only for the tensor cores, anything else is
+    /// [`GpuError::Unsupported`].
     #[allow(clippy::too_many_arguments)]
     pub fn grouped_product(
         &mut self,
         (a, a_format): (&'a wgpu::Buffer, AFormat),
-        w: impl Into<Operand<'a>>,
+        (w, tensor_cores): (impl Into<Operand<'a>>, bool),
         offsets: &'a wgpu::Buffer,
         rows: &'a wgpu::Buffer,
         c: &'a wgpu::Buffer,
@@ -470,7 +471,7 @@ impl<'a> Recorder<'a> {
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
         let w = w.into();
-        match self.planner().grouped(w.layout, &p, slots as u32).map_err(unsupported)? {
+        match self.planner().grouped(w.format, w.layout, tensor_cores, &p, slots as u32).map_err(unsupported)? {
             Grouped::Portable { .. } if a_format != AFormat::F32 => Err(GpuError::Unsupported {
                 what: format!(
                     "{a_format:?} activations for row-major experts (n {} k {}): only the tensor-core kernel reads them",
@@ -484,7 +485,7 @@ impl<'a> Recorder<'a> {
             Grouped::TensorCores { tile, path } => {
                 let p = coop_grouped_gemm::params_for(tile, &p);
                 self.push(
-                    K::CoopGroupedGemm { tile, path, a: a_format },
+                    K::CoopGroupedGemm { tile, path, w: w.format, a: a_format },
                     &p,
                     &[a, w.buffer, offsets, rows, c],
                     coop_grouped_gemm::workgroups(tile, &p),

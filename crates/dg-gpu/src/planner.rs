@@ -191,9 +191,7 @@ impl<'t> Planner<'t> {
         tensor_cores: bool,
         split_scratch: Option<u64>,
     ) -> Option<(CoopTile, BLayout)> {
-        // Quantized W: the portable kernels dequantize it as they load it (no tensor-core kernel
-        // reads ggml blocks yet).
-        if !tensor_cores || !self.caps.coop_matrix || b_format.is_quantized() {
+        if !tensor_cores || !self.caps.coop_matrix {
             return None;
         }
         // Attention's products (B: the f32 cache) take their own tile where the large one would
@@ -204,7 +202,9 @@ impl<'t> Planner<'t> {
         };
         let prefer =
             self.tuning.coop_tile.or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
+        // Quantized W is read as `W[n][k]` (its blocks run along the rows).
         coop_gemm::plan_layout(p, panels, prefer, self.caps.max_workgroup_storage)
+            .filter(|&(_, layout)| !b_format.is_quantized() || layout == BLayout::Nk)
             .map(|(tile, layout)| (self.tuning.dense_depth(tile), layout))
     }
 
@@ -226,7 +226,8 @@ impl<'t> Planner<'t> {
         p: &GemmParams,
         split_scratch: Option<u64>,
     ) -> Option<(u32, bool)> {
-        let (tile, _) = self.coop_tile(format, layout == MatrixLayout::KPanels, p, format == WeightFormat::F16, split_scratch)?;
+        let tensor_cores = format == WeightFormat::F16 || format.is_quantized();
+        let (tile, _) = self.coop_tile(format, layout == MatrixLayout::KPanels, p, tensor_cores, split_scratch)?;
         let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
         let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * self.caps.multiprocessors);
         let splits = split_scratch.is_some_and(|len| Split::choose(tile, p, self.split_target(tile, p), len).is_some());
@@ -261,14 +262,26 @@ impl<'t> Planner<'t> {
         }
     }
 
-    /// How the grouped product `p` over `slots` slots runs on experts stored in `layout`: K panels
-    /// on the tensor cores (`coop_grouped_gemm::choose`, then the tuning's overrides), row-major
-    /// in the portable grouped GEMM (the tile by the mean group size).
-    pub fn grouped(&self, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> Result<Grouped, NoKernel> {
+    /// How the grouped product `p` over `slots` slots runs on experts stored as `format` in
+    /// `layout`: K panels on the tensor cores (`coop_grouped_gemm::choose`, then the tuning's
+    /// overrides), quantized ones with `tensor_cores` (the F16 mode) there too where the device has
+    /// them and a tile fits, everything else row-major in the portable grouped GEMM (the tile by
+    /// the mean group size).
+    pub fn grouped(
+        &self,
+        format: WeightFormat,
+        layout: MatrixLayout,
+        tensor_cores: bool,
+        p: &GroupedGemmParams,
+        slots: u32,
+    ) -> Result<Grouped, NoKernel> {
         match layout {
-            MatrixLayout::RowMajor => {
-                Ok(Grouped::Portable { tile: self.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)) })
-            }
+            MatrixLayout::RowMajor => match self.coop_grouped_blocks(format, tensor_cores, p, slots) {
+                Some((tile, path)) => Ok(Grouped::TensorCores { tile, path }),
+                None => Ok(Grouped::Portable {
+                    tile: self.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)),
+                }),
+            },
             MatrixLayout::KPanels => {
                 let (tile, path) = self.coop_grouped(p, slots).ok_or_else(|| {
                     NoKernel(format!(
@@ -279,6 +292,22 @@ impl<'t> Planner<'t> {
                 Ok(Grouped::TensorCores { tile, path })
             }
         }
+    }
+
+    /// The tensor-core tile and W path for row-major experts in ggml blocks (`None` for other
+    /// formats, without `tensor_cores` or cooperative matrices, or where no tile fits): as for F16
+    /// panels, the path staged where the tuning asks for direct W fragments (which need F16).
+    fn coop_grouped_blocks(
+        &self,
+        format: WeightFormat,
+        tensor_cores: bool,
+        p: &GroupedGemmParams,
+        slots: u32,
+    ) -> Option<(CoopTile, WPath)> {
+        if !(format.is_quantized() && tensor_cores && self.caps.coop_matrix) {
+            return None;
+        }
+        self.coop_grouped(p, slots).map(|(tile, path)| (tile, if coop_grouped_gemm::reads(format, path) { path } else { WPath::Staged }))
     }
 
     /// The experts' tensor-core tile and W path after the tuning's overrides
@@ -295,25 +324,46 @@ impl<'t> Planner<'t> {
         Some((self.tuning.grouped_depth(tile), path))
     }
 
-    /// The rows of the m tiles in which the tensor-core grouped GEMM would run experts stored in
-    /// `layout` over `slots` slots: what the MoE dispatch writes a tile table for. 0 where no table
-    /// serves (row-major experts, or more of them than `moe_dispatch::TABLE_EXPERTS`).
-    pub fn expert_tile_rows(&self, layout: MatrixLayout, slots: u32, p: &GroupedGemmParams) -> u32 {
-        match layout {
-            MatrixLayout::KPanels if p.groups <= moe_dispatch::TABLE_EXPERTS => self.coop_grouped(p, slots).map_or(0, |(tile, _)| tile.bm),
+    /// The rows of the m tiles in which the tensor-core grouped GEMM would run experts stored as
+    /// `format` in `layout` (`tensor_cores` as for [`Self::grouped`]) over `slots` slots: what the
+    /// MoE dispatch writes a tile table for. 0 where no table serves (the portable kernel, or more
+    /// experts than `moe_dispatch::TABLE_EXPERTS`).
+    pub fn expert_tile_rows(
+        &self,
+        format: WeightFormat,
+        layout: MatrixLayout,
+        tensor_cores: bool,
+        slots: u32,
+        p: &GroupedGemmParams,
+    ) -> u32 {
+        if p.groups > moe_dispatch::TABLE_EXPERTS {
+            return 0;
+        }
+        match self.grouped(format, layout, tensor_cores, p, slots) {
+            Ok(Grouped::TensorCores { tile, .. }) => tile.bm,
             _ => 0,
         }
     }
 
-    /// Whether the activations of experts stored as `format` in `layout` are best stored as f16:
-    /// experts in K panels (read by the tensor cores, which round A to f16 as they stage it
-    /// anyway) on a device with `SHADER_F16`; then the producer stores them so, and the product
-    /// reads half A's bytes. On an H200 the experts' down projection went 258 → 247 µs, and since
-    /// the pinned prefetches their gate/up 346 → 333; the dense 128×128 products went the other way
-    /// before the pins (MLP down 37 → 42 µs, q 53 → 61) and gain at most a few µs since (q 55.9 →
-    /// 54.9, MLP down 43.2 → 39.0, in the noise of `tests/half_activations.rs`), so they read f32.
-    /// [`Tuning::half_expert_activations`] false keeps them f32 (the same results, for comparison).
-    pub fn half_expert_activations(&self, format: WeightFormat, layout: MatrixLayout) -> bool {
-        layout == MatrixLayout::KPanels && format == WeightFormat::F16 && self.caps.shader_f16 && self.tuning.half_expert_activations
+    /// Whether the activations of the grouped product `p` over experts stored as `format` in
+    /// `layout` are best stored as f16: where the tensor cores run it ([`Self::grouped`]: experts
+    /// in K panels, or in ggml blocks with `tensor_cores`; they round A to f16 as they stage it
+    /// anyway) on a device with `SHADER_F16`; then the producer
+    /// stores them so, and the product reads half A's bytes. On an H200 the experts' down
+    /// projection went 258 → 247 µs, and since the pinned prefetches their gate/up 346 → 333; the
+    /// dense 128×128 products went the other way before the pins (MLP down 37 → 42 µs, q 53 → 61)
+    /// and gain at most a few µs since (q 55.9 → 54.9, MLP down 43.2 → 39.0, in the noise of
+    /// `tests/half_activations.rs`), so they read f32. [`Tuning::half_expert_activations`] false
+    /// keeps them f32 (the same results, for comparison).
+    pub fn half_expert_activations(
+        &self,
+        format: WeightFormat,
+        layout: MatrixLayout,
+        tensor_cores: bool,
+        p: &GroupedGemmParams,
+        slots: u32,
+    ) -> bool {
+        let on_tensor_cores = matches!(self.grouped(format, layout, tensor_cores, p, slots), Ok(Grouped::TensorCores { .. }));
+        on_tensor_cores && self.caps.shader_f16 && self.tuning.half_expert_activations
     }
 }

@@ -333,6 +333,14 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
 }
 
 impl GpuWeights {
+    /// Whether the products of `m` run on the tensor cores (where the device has them and a tile
+    /// takes the shape): in the F16 mode, its F16 matrices and those kept in ggml blocks (which
+    /// the tensor-core kernels dequantize into their f16 tiles). In the BF16 and f32 modes every
+    /// product keeps f32 arithmetic, quantized ones included.
+    pub fn on_tensor_cores(&self, m: &GpuMatrix) -> bool {
+        self.format == WeightFormat::F16 && (m.format == WeightFormat::F16 || m.format.is_quantized())
+    }
+
     /// Uploads every tensor of `src` with matrices in `format`, tensor by tensor from their stored
     /// bytes (the host holds one piece of a buffer at a time); fails with a clear error naming
     /// the tensor when one is missing, misshapen or does not fit a binding.

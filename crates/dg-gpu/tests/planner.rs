@@ -102,12 +102,13 @@ fn describe_dense(
     }
 }
 
-fn describe_grouped(planner: &Planner<'_>, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> String {
-    match planner.grouped(layout, p, slots) {
+fn describe_grouped(planner: &Planner<'_>, format: WeightFormat, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> String {
+    let tensor_cores = format == WeightFormat::F16 || format.is_quantized();
+    match planner.grouped(format, layout, tensor_cores, p, slots) {
         Err(e) => format!("error: {e}"),
         Ok(Grouped::TensorCores { tile, path }) => {
             for a in [AFormat::F32, AFormat::F16] {
-                known(KernelKey::CoopGroupedGemm { tile, path, a });
+                known(KernelKey::CoopGroupedGemm { tile, path, w: format, a });
             }
             let q = coop_grouped_gemm::params_for(tile, p);
             format!("coop_grouped_gemm {} {path:?} grid {:?}", tile.label(), coop_grouped_gemm::workgroups(tile, &q))
@@ -222,18 +223,18 @@ fn layer_products(
         tile_rows,
         _pad: [0; 2],
     };
-    let tile_rows = planner.expert_tile_rows(gate_up_layout, slots, &grouped(2 * EXPERT_WIDTH, H, true, 0));
-    let halves_in = planner.half_expert_activations(format, gate_up_layout);
+    let tile_rows = planner.expert_tile_rows(format, gate_up_layout, f16, slots, &grouped(2 * EXPERT_WIDTH, H, true, 0));
+    let halves_in = planner.half_expert_activations(format, gate_up_layout, f16, &grouped(2 * EXPERT_WIDTH, H, true, 0), slots);
     out.push(format!("{} = {tile_rows}, f16 activations {halves_in}", name("expert tile rows")));
     out.push(format!(
         "{} -> {}",
         name("experts gate/up"),
-        describe_grouped(planner, gate_up_layout, &grouped(2 * EXPERT_WIDTH, H, true, tile_rows), slots)
+        describe_grouped(planner, format, gate_up_layout, &grouped(2 * EXPERT_WIDTH, H, true, tile_rows), slots)
     ));
     out.push(format!(
         "{} -> {}",
         name("experts down"),
-        describe_grouped(planner, down_layout, &grouped(H, EXPERT_WIDTH, false, tile_rows), slots)
+        describe_grouped(planner, format, down_layout, &grouped(H, EXPERT_WIDTH, false, tile_rows), slots)
     ));
 }
 
@@ -368,3 +369,59 @@ fn the_multiprocessors_set_the_large_tiles_split() {
 /// Today's choices, one product a line (`tests/planner_golden/`).
 const H200_GOLDEN: &str = include_str!("planner_golden/h200.txt");
 const LAVAPIPE_GOLDEN: &str = include_str!("planner_golden/lavapipe.txt");
+
+#[test]
+fn quantized_matrices_take_the_tensor_cores_in_the_f16_mode_only() {
+    use dg_kernels::format::QuantFormat;
+    let tuning = Tuning::default();
+    let direct = Tuning { coop_grouped_path: Some(WPath::Direct), ..Tuning::default() };
+    let (h200, lavapipe, h200_direct) = (Planner::new(H200, &tuning), Planner::new(LAVAPIPE, &tuning), Planner::new(H200, &direct));
+    let slots = CANVAS * TOP_K;
+    for q in QuantFormat::ALL {
+        let w = WeightFormat::Quantized(q);
+        // A projection (q_proj's shape) and, by the block length, the experts' gate/up (K = H, a
+        // multiple of 256) or down projection (K = 704).
+        let p = GemmParams::linear(CANVAS, 4096, H);
+        match h200.dense(w, MatrixLayout::RowMajor, &p, true, Some(SPLIT_SCRATCH)) {
+            Ok(Dense::TensorCores(plan)) => {
+                assert_eq!(plan.kernel.layout, coop_gemm::BLayout::Nk, "{q:?}");
+                known(KernelKey::CoopGemm(plan.kernel));
+            }
+            other => panic!("{q:?} projection on the H200: {other:?}"),
+        }
+        for (planner, tc) in [(&h200, false), (&lavapipe, true)] {
+            let plan = planner.dense(w, MatrixLayout::RowMajor, &p, tc, Some(SPLIT_SCRATCH));
+            assert!(matches!(plan, Ok(Dense::Portable { .. })), "{q:?} projection, tensor cores {tc}: {plan:?}");
+        }
+        let (n, k) = if q.block_len() == 256 { (2 * EXPERT_WIDTH, H) } else { (H, EXPERT_WIDTH) };
+        let g = GroupedGemmParams {
+            n,
+            k,
+            groups: EXPERTS,
+            max_rows: CANVAS,
+            a_rs: k,
+            b_group_stride: n * k,
+            c_rs: n,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        for planner in [&h200, &h200_direct] {
+            match planner.grouped(w, MatrixLayout::RowMajor, true, &g, slots) {
+                Ok(Grouped::TensorCores { tile, path }) => {
+                    assert_ne!(path, WPath::Direct, "{q:?}: direct W fragments need F16");
+                    for a in [AFormat::F32, AFormat::F16] {
+                        known(KernelKey::CoopGroupedGemm { tile, path, w, a });
+                    }
+                    assert_eq!(planner.expert_tile_rows(w, MatrixLayout::RowMajor, true, slots, &g), tile.bm);
+                }
+                other => panic!("{q:?} experts on the H200: {other:?}"),
+            }
+            assert!(planner.half_expert_activations(w, MatrixLayout::RowMajor, true, &g, slots), "{q:?}");
+        }
+        for (planner, tc) in [(&h200, false), (&lavapipe, true)] {
+            let plan = planner.grouped(w, MatrixLayout::RowMajor, tc, &g, slots);
+            assert!(matches!(plan, Ok(Grouped::Portable { .. })), "{q:?} experts, tensor cores {tc}: {plan:?}");
+            assert!(!planner.half_expert_activations(w, MatrixLayout::RowMajor, tc, &g, slots));
+            assert_eq!(planner.expert_tile_rows(w, MatrixLayout::RowMajor, tc, slots, &g), 0);
+        }
+    }
+}

@@ -479,7 +479,7 @@ impl CoopTile {
             put = &put[..put.find("fn put_b").expect("put_b")];
         }
         // W's storage and its conversion to the f16 stages, as the format defines them.
-        let crate::format::CoopW { elem: w_elem, w16, pin_w } = w_format.coop_w();
+        let crate::format::CoopW { word: w_word, elem: w_elem, fetch, w16, pin_w } = w_format.coop_w();
         assert!(w_format == WeightFormat::F16 || b_fragment.is_none(), "direct W fragments need F16 weights");
         let dst_w = match layout {
             BLayout::Nk | BLayout::NkPanels => "fn dst_w(e: u32) -> u32 {\n    return dst_of(e);\n}\n",
@@ -495,11 +495,12 @@ impl CoopTile {
         };
         let pin_f = "fn pin_f(l: u32, v: vec4<f32>) {\n    scratch[4u * l] = v.x;\n    scratch[4u * l + 1u] = v.y;\n    scratch[4u * l + 2u] = v.z;\n    scratch[4u * l + 3u] = v.w;\n}\n";
         let pin_a = "fn pin_a(l: u32, v: A_ELEM) {\n    PIN_A(l, v);\n}\n";
-        let put = format!("{put}{w16}{dst_w}{pin_h}{pin_f}{pin_w}{pin_a}");
-        let mut body = template.replace("//@KLOOP\n", &kloop.replace("W_AT", w_at)).replace("W_ELEM", w_elem);
+        let put = format!("{put}{fetch}{w16}{dst_w}{pin_h}{pin_f}{pin_w}{pin_a}");
+        let mut body = template.replace("//@KLOOP\n", &kloop.replace("W_AT", w_at));
         // Where the invocation's vec4 number e of a step goes in a stage, in halves.
         let put = format!("{put}fn dst_of(e: u32) -> u32 {{\n    return (e / BK4) * KP + 4u * (e % BK4);\n}}\n");
         body = body.replace("SELEM_TYPE", elem).replace("//@PUT\n", &put).replace("//@ACC\n", &acc).replace("//@MULTIPLY\n", &multiply);
+        body = body.replace("W_WORD", w_word).replace("W_ELEM", w_elem);
         for (marker, text) in pieces {
             assert!(body.contains(marker), "template lacks {marker}");
             body = body.replace(marker, text);

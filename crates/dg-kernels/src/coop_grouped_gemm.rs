@@ -36,7 +36,7 @@ pub use crate::coop_gemm::WPath;
 use crate::coop_gemm::{AFormat, CoopTile, FRAGMENT, MAX_SHARED_BYTES, Staging};
 use crate::gemm::fold;
 use crate::grouped_gemm::GroupedGemmParams;
-use crate::{Access, KernelSource};
+use crate::{Access, KernelSource, WeightFormat};
 
 /// Columns of K per panel of the weight layout: every tile's `bk` (the dense kernel's
 /// [`crate::coop_gemm::BLayout::NkPanels`] uses the same panels).
@@ -211,18 +211,36 @@ pub fn source_with(tile: CoopTile, path: WPath) -> KernelSource {
 
 /// [`source_with`] with A stored as `a_format`.
 pub fn source_with_a(tile: CoopTile, path: WPath, a_format: AFormat) -> KernelSource {
-    let template = include_str!("wgsl/coop_grouped_gemm.wgsl");
+    source_for(tile, path, WeightFormat::F16, a_format)
+}
+
+/// Whether the kernel reads experts stored as `w` by `path`: F16 in K panels by any path, a
+/// quantized format row-major (its blocks as stored) staged or single-staged.
+pub fn reads(w: WeightFormat, path: WPath) -> bool {
+    match w {
+        WeightFormat::F16 => true,
+        WeightFormat::Quantized(_) => path != WPath::Direct,
+        WeightFormat::F32 | WeightFormat::Bf16 => false,
+    }
+}
+
+/// The kernel for `tile`, experts stored as `w` (F16 in K panels, or a quantized format
+/// row-major: [`reads`]), W reaching the tensor cores by `path`, A stored as `a_format`.
+///
+/// # Panics
+/// Where the kernel does not read `w` by `path`.
+pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AFormat) -> KernelSource {
+    assert!(reads(w, path), "no tensor-core grouped kernel reads {w:?} experts by {path:?}");
+    let (w_first, w_at, w_step) = match w {
+        WeightFormat::F16 => ("g * (p.b_group_stride / 4u) + n0 * BK4", "(w_first + lt + l * WT)", "p.n * BK4"),
+        _ => ("g * (p.b_group_stride / 4u) + n0 * k4", "(w_first + ((lt + l * WT) / BK4) * k4 + (lt + l * WT) % BK4)", "BK4"),
+    };
+    let template = include_str!("wgsl/coop_grouped_gemm.wgsl").replace("W_FIRST", w_first).replace("W_STEP", w_step);
     let stores = [("//@STORE\n", stores(tile))];
-    let wgsl = tile.expand_path(
-        template,
-        "(w_first + lt + l * WT)",
-        path,
-        crate::WeightFormat::F16,
-        crate::coop_gemm::BLayout::Nk,
-        stores.to_vec(),
-    );
+    let wgsl = tile.expand_path(&template, w_at, path, w, crate::coop_gemm::BLayout::Nk, stores.to_vec());
+    let format = if w == WeightFormat::F16 { "" } else { w.suffix() };
     KernelSource {
-        name: format!("coop_grouped_gemm_{}{}{}", tile.label(), path.suffix(), a_format.suffix()),
+        name: format!("coop_grouped_gemm_{}{}{format}{}", tile.label(), path.suffix(), a_format.suffix()),
         wgsl: wgsl.replace("A_ELEM", a_format.elem()).replace("PIN_A", a_format.pin()),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],

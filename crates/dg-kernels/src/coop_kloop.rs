@@ -29,8 +29,8 @@
 //! meet, and the NVIDIA compiler resolves that with register moves that wait for the load right
 //! after issuing it: the disassembled kernels showed each step's loads waited for before the
 //! step multiplied, whatever the depth. W likewise stays in its stored form in the ring (BF16
-//! words, f32) and is converted as it is staged (`w16`), since a conversion also waits for its
-//! load. Unconditional loads alone are not enough: the compiler then sinks them down to the put
+//! words, f32, a quantized format's block words: `fetch_w` of [`crate::format::CoopW`]) and is
+//! converted as it is staged (`w16`), since a conversion also waits for its load. Unconditional loads alone are not enough: the compiler then sinks them down to the put
 //! that consumes them, so `prefetch` pins them where the ring issues them. Global loads are not
 //! drained by barriers on NVIDIA (`xtask probe barrier_drain_probe`), so a deeper
 //! ring keeps more bytes in flight per workgroup: depth 3 for the lone 128×128 workgroup of a
@@ -56,7 +56,7 @@ fn load(set: u32, step: &str, with_w: bool, indent: &str) -> String {
     );
     if with_w {
         s += &format!(
-            "{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    rw[{set}][l] = w[W_AT + ({step}) * w_step];\n{indent}}}\n"
+            "{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    rw[{set}][l] = fetch_w(W_AT + ({step}) * w_step);\n{indent}}}\n"
         );
     }
     s

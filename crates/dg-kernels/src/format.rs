@@ -133,15 +133,173 @@ impl QuantFormat {
     }
 }
 
-/// The tensor-core kernels' view of a W format: W's binding is an array of `elem` (four
-/// elements each), `w16` converts one to the f16 vec4 a stage holds, and `pin_w` parks a
-/// prefetched one (F16 in A's stage through `pin_h`, others as f32 words through `pin_f` or the
-/// scratch) until it is staged.
+/// The tensor-core kernels' view of a W format: W's binding is an array of `word`; the K loop's
+/// ring holds one `elem` per four consecutive elements along K (the vec4 `v`: elements `4v ..
+/// 4v + 3` of the row-major, or K-panelled, matrix), which `fetch_w(v)` loads as stored (no
+/// arithmetic on the loaded words, so the ring's loads stay in flight) and `w16` converts to the
+/// f16 vec4 a stage holds as it is staged; `pin_w` parks a prefetched one (F16 in A's stage
+/// through `pin_h`, others as f32 words in the scratch) until it is staged (`coop_kloop.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CoopW {
+    pub word: &'static str,
     pub elem: &'static str,
+    pub fetch: &'static str,
     pub w16: &'static str,
     pub pin_w: &'static str,
+}
+
+impl QuantFormat {
+    /// The tensor-core fragments of this format (see [`CoopW`]). `fetch_w` loads the words that
+    /// hold vec4 `v`'s quants, its block's scales and an index-derived `tag` (never a loaded
+    /// value); `w16` dequantizes with ggml's arithmetic in f32 (as [`WeightFormat::operand`]'s
+    /// loader) and rounds to f16. A vec4 never straddles a block (blocks are multiples of 4
+    /// values). Blocks of 34, 22 and 210 bytes start 2-byte aligned in every other block: those
+    /// formats load the two words around an unaligned run and the tag's bit 0 says which half
+    /// it starts in.
+    fn coop_w(self) -> CoopW {
+        match self {
+            // Block b at byte 34b: d in half (b & 1) of its word, the 4 quants from byte
+            // 34b + 2 + e, 2 bytes into a word when b is even.
+            QuantFormat::Q8_0 => CoopW {
+                word: "u32",
+                elem: "vec4<u32>",
+                fetch: "fn fetch_w(v: u32) -> vec4<u32> {
+    let i = 4u * v;
+    let b = i / 32u;
+    let at = b * 34u;
+    let s = (at + 2u + i % 32u) >> 2u;
+    return vec4<u32>(w[at >> 2u], w[s], w[s + 1u], b & 1u);
+}
+",
+                w16: "fn w16(x: vec4<u32>) -> vec4<f16> {
+    let d = unpack2x16float(x.x)[x.w];
+    let q = select((x.y >> 16u) | (x.z << 16u), x.y, x.w != 0u);
+    let qi = vec4<i32>(bitcast<i32>(q << 24u), bitcast<i32>(q << 16u), bitcast<i32>(q << 8u), bitcast<i32>(q)) >> vec4<u32>(24u);
+    return vec4<f16>(vec4<f32>(qi) * d);
+}
+",
+                pin_w: "fn pin_w(l: u32, v: vec4<u32>) {\n    pin_f(l, bitcast<vec4<f32>>(v));\n}\n",
+            },
+            // Block b at byte 22b (2 bytes into a word when b is odd): d, then 32 high bits (the
+            // word after d's when b is odd), then 16 bytes of nibbles from byte 22b + 6 + e % 16 (2 bytes
+            // into a word when b is even).
+            QuantFormat::Q5_0 => CoopW {
+                word: "u32",
+                elem: "QW",
+                fetch: "struct QW {
+    h: vec2<u32>,
+    s0: u32,
+    s1: u32,
+    tag: u32,
+}
+fn fetch_w(v: u32) -> QW {
+    let i = 4u * v;
+    let b = i / 32u;
+    let e = i % 32u;
+    let at = (b * 22u) >> 2u;
+    let s = (b * 22u + 6u + e % 16u) >> 2u;
+    return QW(vec2<u32>(w[at], w[at + 1u]), w[s], w[s + 1u], (b & 1u) | (e << 1u));
+}
+",
+                w16: "fn w16(x: QW) -> vec4<f16> {
+    let odd = (x.tag & 1u) != 0u;
+    let e = x.tag >> 1u;
+    let d = unpack2x16float(x.h.x)[x.tag & 1u];
+    let qh = select((x.h.x >> 16u) | (x.h.y << 16u), x.h.y, odd) >> e;
+    let qs = select((x.s0 >> 16u) | (x.s1 << 16u), x.s0, odd);
+    let nib = select(qs, qs >> 4u, e >= 16u);
+    let low = vec4<u32>(nib, nib >> 8u, nib >> 16u, nib >> 24u) & vec4<u32>(15u);
+    let high = (vec4<u32>(qh, qh >> 1u, qh >> 2u, qh >> 3u) & vec4<u32>(1u)) << vec4<u32>(4u);
+    return vec4<f16>(vec4<f32>(vec4<i32>(low | high) - vec4<i32>(16)) * d);
+}
+",
+                pin_w: "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(vec4<u32>(v.h.x ^ v.h.y, v.s0, v.s1, v.tag)));\n}\n",
+            },
+            // Block b at byte 144b (16-byte aligned): d and dmin, 12 bytes of 6-bit scales and
+            // mins, then the nibbles: vec4 e's 4 bytes at 16 + 32·(e / 64) + e % 32, high nibbles
+            // for the odd sub-block j = e / 32.
+            QuantFormat::Q4_K => CoopW {
+                word: "u32",
+                elem: "QW",
+                fetch: "struct QW {
+    q: u32,
+    head: vec4<u32>,
+    j: u32,
+}
+fn fetch_w(v: u32) -> QW {
+    let i = 4u * v;
+    let at = (i / 256u) * 36u;
+    let e = i % 256u;
+    let head = vec4<u32>(w[at], w[at + 1u], w[at + 2u], w[at + 3u]);
+    return QW(w[at + 4u + 8u * (e / 64u) + (e % 32u) / 4u], head, e / 32u);
+}
+",
+                w16: "fn w16(x: QW) -> vec4<f16> {
+    let t = 8u * (x.j % 4u);
+    var sc: u32;
+    var m: u32;
+    if (x.j < 4u) {
+        sc = (x.head.y >> t) & 63u;
+        m = (x.head.z >> t) & 63u;
+    } else {
+        sc = ((x.head.w >> t) & 15u) | ((((x.head.y >> t) >> 6u) & 3u) << 4u);
+        m = (((x.head.w >> t) >> 4u) & 15u) | ((((x.head.z >> t) >> 6u) & 3u) << 4u);
+    }
+    let dm = unpack2x16float(x.head.x);
+    let d1 = dm.x * f32(sc);
+    let m1 = dm.y * f32(m);
+    let nib = select(x.q, x.q >> 4u, (x.j & 1u) != 0u);
+    let q = vec4<u32>(nib, nib >> 8u, nib >> 16u, nib >> 24u) & vec4<u32>(15u);
+    return vec4<f16>(d1 * vec4<f32>(q) - m1);
+}
+",
+                pin_w: "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ vec4<u32>(v.q, v.j, 0u, 0u)));\n}\n",
+            },
+            // Block b at byte 210b (2 bytes into a word when b is odd): 128 bytes of low nibbles,
+            // 64 of high bit pairs, 16 i8 scales, d. Element e: half h = e / 128, quarter k = (e %
+            // 128) / 32, l = e % 32; low bits from byte 64h + 32(k & 1) + l (nibble k >> 1), high
+            // from 128 + 32h + l (pair k), scale byte 192 + 8h + l / 16 + 2k.
+            QuantFormat::Q6_K => CoopW {
+                word: "u32",
+                elem: "QW",
+                fetch: "struct QW {
+    ql: vec2<u32>,
+    qh: vec2<u32>,
+    sd: vec2<u32>,
+    tag: u32,
+}
+fn fetch_w(v: u32) -> QW {
+    let i = 4u * v;
+    let b = i / 256u;
+    let at = b * 210u;
+    let e = i % 256u;
+    let h = e / 128u;
+    let k = (e % 128u) / 32u;
+    let l = e % 32u;
+    let lo = (at + 64u * h + 32u * (k & 1u) + l) >> 2u;
+    let hi = (at + 128u + 32u * h + l) >> 2u;
+    let sc = at + 192u + 8u * h + l / 16u + 2u * k;
+    let tag = (b & 1u) | (k << 1u) | ((sc & 3u) << 3u);
+    return QW(vec2<u32>(w[lo], w[lo + 1u]), vec2<u32>(w[hi], w[hi + 1u]), vec2<u32>(w[sc >> 2u], w[(at + 208u) >> 2u]), tag);
+}
+",
+                w16: "fn w16(x: QW) -> vec4<f16> {
+    let odd = (x.tag & 1u) != 0u;
+    let k = (x.tag >> 1u) & 3u;
+    let ql = select(x.ql.x, (x.ql.x >> 16u) | (x.ql.y << 16u), odd) >> (4u * (k >> 1u));
+    let qh = select(x.qh.x, (x.qh.x >> 16u) | (x.qh.y << 16u), odd) >> (2u * k);
+    let low = vec4<u32>(ql, ql >> 8u, ql >> 16u, ql >> 24u) & vec4<u32>(15u);
+    let high = (vec4<u32>(qh, qh >> 8u, qh >> 16u, qh >> 24u) & vec4<u32>(3u)) << vec4<u32>(4u);
+    let q = vec4<i32>(low | high) - vec4<i32>(32);
+    let sc = bitcast<i32>((x.sd.x >> (8u * (x.tag >> 3u))) << 24u) >> 24u;
+    let d = unpack2x16float(x.sd.y)[x.tag & 1u];
+    return vec4<f16>(d * f32(sc) * vec4<f32>(q));
+}
+",
+                pin_w: "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(vec4<u32>(v.ql.x ^ v.ql.y, v.qh.x ^ v.qh.y, v.sd.x ^ v.sd.y, v.tag)));\n}\n",
+            },
+        }
+    }
 }
 
 impl WeightFormat {
@@ -270,28 +428,33 @@ impl WeightFormat {
 
     /// The tensor-core kernels' fragments for W in this format (see [`CoopW`]): vec4s of f16 as
     /// they are; BF16 pairs in u32 words widened to f32 and rounded to f16 (exact for |w| in f16's
-    /// normal range); f32 rounded to f16.
-    ///
-    /// # Panics
-    /// On a quantized format (no tensor-core kernel reads one yet: `CoopGemmKey::is_valid`).
+    /// normal range); f32 rounded to f16; ggml blocks dequantized in f32 and rounded to f16
+    /// (`QuantFormat::coop_w`).
     pub fn coop_w(self) -> CoopW {
+        const FETCH: &str = "fn fetch_w(v: u32) -> W_ELEM {\n    return w[v];\n}\n";
         match self {
             WeightFormat::F16 => CoopW {
+                word: "vec4<f16>",
                 elem: "vec4<f16>",
+                fetch: FETCH,
                 w16: "fn w16(v: vec4<f16>) -> vec4<f16> {\n    return v;\n}\n",
                 pin_w: "fn pin_w(l: u32, v: vec4<f16>) {\n    pin_h(l, v);\n}\n",
             },
             WeightFormat::Bf16 => CoopW {
+                word: "vec2<u32>",
                 elem: "vec2<u32>",
+                fetch: FETCH,
                 w16: "fn w16(v: vec2<u32>) -> vec4<f16> {\n    return vec4<f16>(vec4<f32>(bitcast<f32>(v.x << 16u), bitcast<f32>(v.x & 0xffff0000u), bitcast<f32>(v.y << 16u), bitcast<f32>(v.y & 0xffff0000u)));\n}\n",
                 pin_w: "fn pin_w(l: u32, v: vec2<u32>) {\n    scratch[2u * l] = bitcast<f32>(v.x);\n    scratch[2u * l + 1u] = bitcast<f32>(v.y);\n}\n",
             },
             WeightFormat::F32 => CoopW {
+                word: "vec4<f32>",
                 elem: "vec4<f32>",
+                fetch: FETCH,
                 w16: "fn w16(v: vec4<f32>) -> vec4<f16> {\n    return vec4<f16>(v);\n}\n",
                 pin_w: "fn pin_w(l: u32, v: vec4<f32>) {\n    pin_f(l, v);\n}\n",
             },
-            WeightFormat::Quantized(q) => panic!("no tensor-core kernel reads {} weights", q.name()),
+            WeightFormat::Quantized(q) => q.coop_w(),
         }
     }
 }

@@ -58,17 +58,18 @@ pub struct CoopGemmKey {
 
 impl CoopGemmKey {
     /// Whether the kernel exists: W fragments loaded directly need F16 `W[n][k]`, the single
-    /// stage is F16 too (BF16 and f32 W are converted as they are staged, on the double-buffered
-    /// path only), K panels are F16 on tiles of the panels' depth; quantized W is read by the
-    /// portable kernels only.
+    /// stage is F16 or quantized (BF16 and f32 W are converted as they are staged, on the
+    /// double-buffered path only), K panels are F16 on tiles of the panels' depth, quantized W is
+    /// `W[n][k]` (ggml blocks along each row) staged or single-staged.
     pub fn is_valid(self) -> bool {
+        let quantized = self.w.is_quantized();
         let path_ok = match self.path {
             WPath::Staged => true,
             WPath::Direct => self.w == WeightFormat::F16 && self.layout != BLayout::Kn,
-            WPath::Single => self.w == WeightFormat::F16,
+            WPath::Single => self.w == WeightFormat::F16 || quantized,
         };
         let panels_ok = self.layout != BLayout::NkPanels || (self.tile.bk == coop_gemm::PANEL && self.w == WeightFormat::F16);
-        self.tile.is_valid() && path_ok && panels_ok && !self.w.is_quantized()
+        self.tile.is_valid() && path_ok && panels_ok && (!quantized || self.layout == BLayout::Nk)
     }
 }
 
@@ -126,10 +127,12 @@ pub enum KernelKey {
         w: WeightFormat,
     },
     CoopGemm(CoopGemmKey),
-    /// The tensor-core grouped GEMM (experts in F16 K panels).
+    /// The tensor-core grouped GEMM: experts in F16 K panels, or row-major in a quantized format
+    /// (`coop_grouped_gemm::reads`).
     CoopGroupedGemm {
         tile: CoopTile,
         path: WPath,
+        w: WeightFormat,
         a: AFormat,
     },
 }
@@ -171,7 +174,7 @@ impl KernelKey {
                 assert!(k.is_valid(), "no tensor-core GEMM {k:?}");
                 coop_gemm::source_for_a(k.tile, k.path, k.w, k.layout, k.a)
             }
-            K::CoopGroupedGemm { tile, path, a } => coop_grouped_gemm::source_with_a(tile, path, a),
+            K::CoopGroupedGemm { tile, path, w, a } => coop_grouped_gemm::source_for(tile, path, w, a),
         }
     }
 
@@ -184,13 +187,13 @@ impl KernelKey {
     /// every prefetch depth, with every W path, format, layout and A format its kernel takes.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey as K;
-        const FORMATS: [WeightFormat; 3] = WeightFormat::ELEMENTS;
+        const FORMATS: [WeightFormat; 7] = WeightFormat::ALL;
         const PATHS: [WPath; 3] = [WPath::Staged, WPath::Direct, WPath::Single];
         const A_FORMATS: [AFormat; 2] = [AFormat::F32, AFormat::F16];
         const LAYOUTS: [BLayout; 3] = [BLayout::Nk, BLayout::Kn, BLayout::NkPanels];
         let mut keys = vec![K::Rope, K::Axpby, K::SampleRows, K::SplitK, K::MoeDispatch, K::GeluGluSplit];
         keys.extend(Lanes::ALL.map(K::MoeCombine));
-        keys.extend(FORMATS.map(K::Embed));
+        keys.extend(WeightFormat::ELEMENTS.map(K::Embed));
         for lanes in Lanes::ALL {
             for flag in [false, true] {
                 keys.push(K::GeluGlu { lanes, half: flag });
@@ -229,7 +232,9 @@ impl KernelKey {
         }
         for tile in depths(coop_grouped_gemm::TILES) {
             for path in PATHS {
-                keys.extend(A_FORMATS.map(|a| K::CoopGroupedGemm { tile, path, a }));
+                for w in FORMATS.into_iter().filter(|&w| coop_grouped_gemm::reads(w, path)) {
+                    keys.extend(A_FORMATS.map(|a| K::CoopGroupedGemm { tile, path, w, a }));
+                }
             }
         }
         keys

@@ -11,13 +11,13 @@
 //! `[e, n, k]`; the rows start at alternating halves of a word wherever a block's bytes are not a
 //! multiple of four (Q8_0's 34, Q5_0's 22, Q6_K's 210).
 
-use dg_gpu::{GpuContext, Pipelines, PlanBuilder};
+use dg_gpu::{GpuContext, Pipelines};
 use dg_kernels::format::QuantFormat;
 use dg_kernels::gemm::{self, GemmParams, GemmTile};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
 use dg_kernels::{KernelKey, WeightFormat};
-use dg_model::StoredDtype;
-use dg_parity::testing::{gemm_reference, guarded_output, max_rel_err, read_guarded, seeded, test_context};
+use dg_parity::testing::quant::{blocks as quantized, dispatch as run};
+use dg_parity::testing::{gemm_reference, max_rel_err, seeded, test_context};
 
 /// f32 GPU GEMM against the CPU (kernels_gemm.rs): f32 sums of k products in another order.
 fn tolerance(k: usize) -> f32 {
@@ -29,44 +29,6 @@ fn tolerance(k: usize) -> f32 {
 /// the k products of a row: the f32 GEMM's own tolerance covers it.
 fn q4_k_tolerance(k: usize) -> f32 {
     tolerance(k)
-}
-
-fn dtype(q: QuantFormat) -> StoredDtype {
-    match q {
-        QuantFormat::Q8_0 => StoredDtype::Q8_0,
-        QuantFormat::Q5_0 => StoredDtype::Q5_0,
-        QuantFormat::Q4_K => StoredDtype::Q4_K,
-        QuantFormat::Q6_K => StoredDtype::Q6_K,
-    }
-}
-
-/// `values` quantized to `q`: the blocks as u32 words (zero-padded) and their dequantization.
-fn quantized(q: QuantFormat, values: &[f32]) -> (Vec<u32>, Vec<f32>) {
-    let mut bytes = dg_model::quantize(dtype(q), values).unwrap();
-    let deq = dg_model::dequantize_bytes(dtype(q), &bytes).unwrap();
-    bytes.resize(bytes.len().next_multiple_of(4), 0);
-    (bytemuck::pod_collect_to_vec(&bytes), deq)
-}
-
-fn run<P: bytemuck::Pod>(
-    ctx: &GpuContext,
-    pipelines: &mut Pipelines,
-    key: KernelKey,
-    p: &P,
-    inputs: &[&[u32]],
-    c0: &[f32],
-    groups: [u32; 3],
-) -> Vec<f32> {
-    let pipeline = pipelines.get(ctx, key).unwrap();
-    let buffers: Vec<wgpu::Buffer> = inputs.iter().map(|v| ctx.upload("input", v).unwrap()).collect();
-    let cb = guarded_output(ctx, "c", c0.len());
-    ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(c0));
-    let mut all: Vec<&wgpu::Buffer> = buffers.iter().collect();
-    all.push(&cb);
-    let mut plan = PlanBuilder::new(ctx);
-    plan.push(&pipeline, p, &all, groups);
-    plan.finish(ctx).unwrap().run(ctx).unwrap();
-    read_guarded(ctx, &cb, c0.len())
 }
 
 fn compare(q: QuantFormat, got: &[f32], f32_out: &[f32], k: usize, what: &str) {

@@ -43,7 +43,7 @@ alias SElem = SELEM_TYPE;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<A_ELEM>;
-@group(0) @binding(2) var<storage, read> w: array<W_ELEM>;
+@group(0) @binding(2) var<storage, read> w: array<W_WORD>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
 
 // Two stages of A ([BM][KP] halves each) and of W ([BN][KP] halves each).

@@ -3,8 +3,10 @@
 // every slot s of expert g:
 //   C[s, j] = sum over p of f16(A[row(s), p]) * W[g, j, p]     (f16 products, f32 accumulation)
 // with row(s) = gather_rows[s] when `gather` != 0, else s;  A[r, p] = a[r * a_rs + p] (f32),
-// C[s, j] = c[s * c_rs + j] (f32), and W (f16) in K panels of BK columns:
+// C[s, j] = c[s * c_rs + j] (f32), and W either f16 in K panels of BK columns:
 //   W[g, j, p] = w[g * b_group_stride + (p / BK) * N * BK + j * BK + p % BK]
+// or row-major in a quantized format (ggml blocks along each row), read through fetch_w:
+//   W[g, j, p] = element g * b_group_stride + j * K + p
 // so that the BN x BK block of W one step stages is BN * BK contiguous halves (whole cache lines:
 // the kernel streams each expert's weights about once and is bound by how well it reads them).
 // Requires N % BN == 0, K % BK == 0, a_rs and b_group_stride multiples of 4, and subgroups of
@@ -45,7 +47,7 @@ const NO_TILE: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<A_ELEM>;
-@group(0) @binding(2) var<storage, read> w: array<W_ELEM>;
+@group(0) @binding(2) var<storage, read> w: array<W_WORD>;
 @group(0) @binding(3) var<storage, read> offsets: array<u32>;
 @group(0) @binding(4) var<storage, read> gather_rows: array<u32>;
 @group(0) @binding(5) var<storage, read_write> c: array<f32>;
@@ -101,10 +103,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         a_src[l] = row * (p.a_rs / 4u) + e % BK4;
     }
-    // The W tile of a step is BN * BK contiguous halves: vec4 l of this invocation is W_AT =
-    // w_first + lt + l * WT.
-    let w_first = g * (p.b_group_stride / 4u) + n0 * BK4;
-    let w_step = p.n * BK4;
+    // Panelled W: the W tile of a step is BN * BK contiguous halves, vec4 l of this invocation
+    // is W_AT = w_first + lt + l * WT. Row-major W (ggml blocks): rows of k4 vec4s, a step BK4
+    // of them further along.
+    let w_first = W_FIRST;
+    let w_step = W_STEP;
     // Direct W fragments (coop_kloop.rs, direct): the subgroup's first column, W rows BK4 apart.
     let w_sub = w_first + sn * BK4;
     let stride_w = BK4;

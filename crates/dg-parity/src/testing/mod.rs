@@ -3,10 +3,11 @@
 //! out-of-bounds writes, seeded inputs, the CPU reference of a strided GEMM ([`gemm_reference`]),
 //! and the recording and timing of throughput probes ([`push_product`], [`best_time`]);
 //! [`coop_experts`] and [`half_activations`] hold the tensor-core products that tests and probes
-//! both run.
+//! both run, [`quant`] the quantized weights of the kernel tests.
 
 pub mod coop_experts;
 pub mod half_activations;
+pub mod quant;
 
 use dg_gpu::GpuError;
 use dg_gpu::{GpuContext, GpuOptions};
