@@ -381,7 +381,30 @@ fn record_layer_with<'a>(
     // The experts' input as f16 where their gate/up reads f16 (the tensor cores): half the bytes,
     // the same products (on an H200: 346 → 333 µs).
     let root = (h as f64).powf(-0.5) as f32;
+    let experts_in = if planner.half_expert_activations(l.experts_gate_up.layout) && h % 4 == 0 { AFormat::F16 } else { AFormat::F32 };
+    rec.attention_residual_norms(
+        (o, &l.norms.post_attention),
+        &a.hidden,
+        (&l.norms.pre_ff, &a.normed, 1.0),
+        (&l.norms.pre_ff_2, 1.0, experts_in),
+        (&l.router_scale, root),
+        &a.branch_in,
+        (c, h, eps),
+    )?;
+
+    // Router on the un-normalised stream → logits → top-k (ahead of the dense MLP, so that the
+    // MLP's down projection is the last split product before the closing norms read it).
     let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
+    let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
+    let logits = rec.product_to_consumer(&a.branch_in, &l.router_proj, &a.router_logits, router, w.on_tensor_cores(&l.router_proj))?;
+    rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
+
+    // The two branches' gate/up products, then both activations in one dispatch, then both down
+    // projections (the experts' first: measured 1.219–1.221 against 1.224–1.226 ms a layer on an
+    // H200 with the dense one first). The dense MLP's gate/up partials (a split product) survive
+    // the experts' gate/up, which never splits; its down projection's partials stay untouched
+    // until the layer's closing norms (the combine does not split either).
+    let inter = cfg.intermediate_size;
     // Experts on pre_feedforward_layernorm_2(h), the first half of `branch_in`.
     let grouped = |n: usize, kk: usize, gather: bool, tile_rows: u32| GroupedGemmParams {
         n: n as u32,
@@ -396,52 +419,16 @@ fn record_layer_with<'a>(
         tile_rows,
         _pad: [0; 2],
     };
-    let slots = (c * k) as u32;
-    let experts_tc = (w.on_tensor_cores(&l.experts_gate_up), w.on_tensor_cores(&l.experts_down));
-    let experts_in = if planner.half_expert_activations(
-        l.experts_gate_up.format,
-        l.experts_gate_up.layout,
-        experts_tc.0,
-        &grouped(2 * ei, h, true, 0),
-        slots,
-    ) && h % 4 == 0
-    {
-        AFormat::F16
-    } else {
-        AFormat::F32
-    };
-    rec.attention_residual_norms(
-        (o, &l.norms.post_attention),
-        &a.hidden,
-        (&l.norms.pre_ff, &a.normed, 1.0),
-        (&l.norms.pre_ff_2, 1.0, experts_in),
-        (&l.router_scale, root),
-        &a.branch_in,
-        (c, h, eps),
-    )?;
-
-    // Router on the un-normalised stream → logits → top-k (ahead of the dense MLP, so that the
-    // MLP's down projection is the last split product before the closing norms read it).
-    let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
-    let logits = rec.product_to_consumer(&a.branch_in, &l.router_proj, &a.router_logits, router, w.on_tensor_cores(&l.router_proj))?;
-    rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
-
-    // The two branches' gate/up products, then both activations in one dispatch, then both down
-    // projections (the experts' first: measured 1.219–1.221 against 1.224–1.226 ms a layer on an
-    // H200 with the dense one first). The dense MLP's gate/up partials (a split product) survive
-    // the experts' gate/up, which never splits; its down projection's partials stay untouched
-    // until the layer's closing norms (the combine does not split either).
-    let inter = cfg.intermediate_size;
     // The dispatch also lists the experts' m tiles that hold slots, for the tensor-core GEMMs'
     // grids (a product whose tile has other rows covers `max_rows` instead).
     let tile_rows =
-        planner.expert_tile_rows(l.experts_gate_up.format, l.experts_gate_up.layout, experts_tc.0, slots, &grouped(2 * ei, h, true, 0));
+        planner.expert_tile_rows(l.experts_gate_up.format, l.experts_gate_up.layout, (c * k) as u32, &grouped(2 * ei, h, true, 0));
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e, tile_rows)?;
     let gate_up =
         rec.product_to_consumer(&a.normed, &l.mlp_gate_up, &a.gate_up, linear_params(c, 2 * inter, h), w.on_tensor_cores(&l.mlp_gate_up))?;
     rec.grouped_product(
         (&a.branch_in, experts_in),
-        (&l.experts_gate_up, experts_tc.0),
+        &l.experts_gate_up,
         &a.offsets,
         &a.rows,
         &a.expert_gate_up,
@@ -449,16 +436,11 @@ fn record_layer_with<'a>(
         grouped(2 * ei, h, true, tile_rows),
     )?;
     // The experts' activations as f16 where their down projection reads f16 (the tensor cores).
-    let expert_format =
-        if planner.half_expert_activations(l.experts_down.format, l.experts_down.layout, experts_tc.1, &grouped(h, ei, false, 0), slots) {
-            AFormat::F16
-        } else {
-            AFormat::F32
-        };
+    let expert_format = if planner.half_expert_activations(l.experts_down.layout) { AFormat::F16 } else { AFormat::F32 };
     rec.gelu_glu_pair((gate_up, &a.act, c, inter), (&a.expert_gate_up, &a.expert_act, c * k, ei, expert_format))?;
     rec.grouped_product(
         (&a.expert_act, expert_format),
-        (&l.experts_down, experts_tc.1),
+        &l.experts_down,
         &a.offsets,
         &a.rows,
         &a.expert_out,

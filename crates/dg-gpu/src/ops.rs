@@ -455,15 +455,14 @@ impl<'a> Recorder<'a> {
 
     /// Per-expert products over `slots` grouped slots (see `dg_kernels::grouped_gemm`), the
     /// experts `w` as stored (`b_group_stride` in elements either way) and A stored as
-    /// `a_format`: experts in K panels on the tensor-core grouped GEMM, and with `tensor_cores`
-    /// (the F16 mode) experts in ggml blocks too, other row-major ones on the portable one
-    /// ([`Planner::grouped`]); f16 activations only for the tensor cores, anything else is
-    /// [`GpuError::Unsupported`].
+    /// `a_format`: experts in K panels (F16, or ggml blocks) on the tensor-core grouped GEMM,
+    /// row-major ones on the portable one ([`Planner::grouped`]); f16 activations only for the
+    /// tensor cores, anything else is [`GpuError::Unsupported`].
     #[allow(clippy::too_many_arguments)]
     pub fn grouped_product(
         &mut self,
         (a, a_format): (&'a wgpu::Buffer, AFormat),
-        (w, tensor_cores): (impl Into<Operand<'a>>, bool),
+        w: impl Into<Operand<'a>>,
         offsets: &'a wgpu::Buffer,
         rows: &'a wgpu::Buffer,
         c: &'a wgpu::Buffer,
@@ -471,7 +470,7 @@ impl<'a> Recorder<'a> {
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
         let w = w.into();
-        match self.planner().grouped(w.format, w.layout, tensor_cores, &p, slots as u32).map_err(unsupported)? {
+        match self.planner().grouped(w.format, w.layout, &p, slots as u32).map_err(unsupported)? {
             Grouped::Portable { .. } if a_format != AFormat::F32 => Err(GpuError::Unsupported {
                 what: format!(
                     "{a_format:?} activations for row-major experts (n {} k {}): only the tensor-core kernel reads them",

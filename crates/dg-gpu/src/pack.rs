@@ -7,7 +7,9 @@
 //! every other pair goes through f32 with the same round-to-nearest-even as
 //! `dg_kernels::pack_bf16`/`pack_f16`), so an upload never holds an f32 copy of a tensor, only
 //! the piece being written. A quantized format's buffer is the parts' ggml blocks as stored,
-//! concatenated (rows are whole blocks, so stacking rows stacks blocks).
+//! concatenated (rows are whole blocks, so stacking rows stacks blocks), or in K panels one block
+//! wide: each `[rows, cols]` matrix's blocks as `[cols / block][rows]` (block `p` of every row,
+//! then block `p + 1`), which the tensor-core kernels stream as they stream F16 panels.
 
 use dg_kernels::WeightFormat;
 use dg_model::{StoredDtype, StoredTensor};
@@ -42,10 +44,13 @@ impl<'t, 'a> Packing<'t, 'a> {
     /// # Panics
     /// When a K-panel order does not tile the stacked elements (the planner only asks for panels
     /// where whole blocks of whole panels fit), or a quantized format is asked of parts that do
-    /// not store it, or in K panels (the upload keeps quantized parts as stored).
+    /// not store it, or in K panels other than one block wide (the upload keeps quantized parts
+    /// in their blocks).
     pub fn new(parts: Vec<&'t StoredTensor<'a>>, format: WeightFormat, order: Order) -> Self {
         if let WeightFormat::Quantized(q) = format {
-            assert!(order == Order::RowMajor, "{} blocks are packed row-major", q.name());
+            if let Order::KPanels { panel, .. } = order {
+                assert_eq!(panel, q.block_len(), "{} blocks are panelled one block wide", q.name());
+            }
             assert!(parts.iter().all(|p| p.dtype.name() == q.name()), "{} packing of parts that store other types", q.name());
         }
         let mut starts = vec![0];
@@ -108,8 +113,49 @@ impl<'t, 'a> Packing<'t, 'a> {
         });
     }
 
-    /// A quantized buffer's bytes `offset..`: the parts' bytes one after the other, then zeros.
-    fn copy_blocks(&self, mut offset: usize, mut dst: &mut [u8]) {
+    /// A quantized buffer's bytes `offset..`: the parts' blocks one after the other (row-major)
+    /// or in panels, then zeros.
+    fn copy_blocks(&self, offset: usize, dst: &mut [u8]) {
+        let WeightFormat::Quantized(q) = self.format else { unreachable!("blocks of an element format") };
+        let Order::KPanels { rows, cols, .. } = self.order else {
+            return self.copy_stacked_bytes(offset, dst);
+        };
+        // Output block b is block (p, row) of matrix m; its source, block p of that row.
+        let (size, per_row) = (q.block_bytes(), cols / q.block_len());
+        let blocks = self.len() / q.block_len();
+        let source_of = |b: usize| {
+            let (m, within) = (b / (rows * per_row), b % (rows * per_row));
+            (m * rows + within % rows) * per_row + within / rows
+        };
+        const TASK_BLOCKS: usize = 4096;
+        let first = offset / size;
+        let skip = offset % size;
+        // Task t's bytes start `skip` bytes into output block `first + t · TASK_BLOCKS` (its
+        // chunk is whole blocks long); the last block of a piece may be cut.
+        dst.par_chunks_mut(TASK_BLOCKS * size).enumerate().for_each(|(t, chunk)| {
+            let (mut at, mut b, mut cut) = (0, first + t * TASK_BLOCKS, skip);
+            while at < chunk.len() {
+                let n = (size - cut).min(chunk.len() - at);
+                match b < blocks {
+                    true => chunk[at..at + n].copy_from_slice(&self.stacked_block(source_of(b))[cut..cut + n]),
+                    false => chunk[at..at + n].fill(0),
+                }
+                (at, b, cut) = (at + n, b + 1, 0);
+            }
+        });
+    }
+
+    /// Block `b` of the stacked parts (within one part: rows are whole blocks).
+    fn stacked_block(&self, b: usize) -> &[u8] {
+        let WeightFormat::Quantized(q) = self.format else { unreachable!("blocks of an element format") };
+        let element = b * q.block_len();
+        let part = self.starts.partition_point(|&s| s <= element) - 1;
+        let local = (element - self.starts[part]) / q.block_len();
+        &self.parts[part].bytes()[local * q.block_bytes()..(local + 1) * q.block_bytes()]
+    }
+
+    /// The parts' bytes `offset..` one after the other, then zeros.
+    fn copy_stacked_bytes(&self, mut offset: usize, mut dst: &mut [u8]) {
         for part in &self.parts {
             let bytes = part.bytes();
             if offset >= bytes.len() {
@@ -266,6 +312,34 @@ mod tests {
         want.resize(104, 0);
         assert_eq!(p.bytes(), 104);
         for piece in [4, 8, 1 << 20] {
+            let mut out = vec![0xAA; p.bytes()];
+            for (i, chunk) in out.chunks_mut(piece).enumerate() {
+                p.copy_blocks(i * piece, chunk);
+            }
+            assert_eq!(out, want, "pieces of {piece}");
+        }
+    }
+
+    #[test]
+    fn quantized_panels_put_block_p_of_every_row_together() {
+        use dg_kernels::format::QuantFormat;
+        // Two stacked parts making two [3, 96] matrices (3 blocks a row), Q5_0's 22-byte blocks.
+        let (a, b) = (values(4 * 96, 0.1), values(2 * 96, 0.7));
+        let (ta, tb) = (stored(StoredDtype::Q5_0, vec![4, 96], &a), stored(StoredDtype::Q5_0, vec![2, 96], &b));
+        let order = Order::KPanels { rows: 3, cols: 96, panel: 32 };
+        let p = Packing::new(vec![&ta, &tb], WeightFormat::Quantized(QuantFormat::Q5_0), order);
+        let stacked = [ta.bytes(), tb.bytes()].concat();
+        let block = |row: usize, j: usize| &stacked[(row * 3 + j) * 22..(row * 3 + j + 1) * 22];
+        let mut want = Vec::new();
+        for m in 0..2 {
+            for j in 0..3 {
+                for row in 0..3 {
+                    want.extend_from_slice(block(m * 3 + row, j));
+                }
+            }
+        }
+        want.resize(p.bytes(), 0);
+        for piece in [4, 8, 44, 1 << 20] {
             let mut out = vec![0xAA; p.bytes()];
             for (i, chunk) in out.chunks_mut(piece).enumerate() {
                 p.copy_blocks(i * piece, chunk);

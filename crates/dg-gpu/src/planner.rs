@@ -106,24 +106,30 @@ impl<'t> Planner<'t> {
     }
 
     /// The layout a projection's `[n, k]` blocks are stored in when uploaded as `format`: K panels
-    /// in the F16 mode on a device with cooperative matrices where the tensor-core GEMM takes its
-    /// products (`[m, k] · Wᵀ` for any m), else row-major.
-    pub fn projection_layout(&self, format: WeightFormat, n: usize, k: usize) -> MatrixLayout {
+    /// where the tensor cores run its products (`tensor_cores`: the F16 mode, on a device with
+    /// cooperative matrices, and a tile takes `[m, k] · Wᵀ` for any m) and read the format in
+    /// panels (F16, and the quantized formats whose blocks are a panel wide,
+    /// `CoopGemmKey::is_valid`), else row-major.
+    pub fn projection_layout(&self, format: WeightFormat, n: usize, k: usize, tensor_cores: bool) -> MatrixLayout {
         let probe = GemmParams::linear(1, n as u32, k as u32);
-        match format == WeightFormat::F16
-            && self.caps.coop_matrix
-            && coop_gemm::plan_layout(&probe, true, None, self.caps.max_workgroup_storage).is_some()
-        {
+        let panelled = match format {
+            WeightFormat::F16 => true,
+            WeightFormat::Quantized(q) => tensor_cores && q.block_len() == coop_gemm::PANEL as usize,
+            WeightFormat::F32 | WeightFormat::Bf16 => false,
+        };
+        match panelled && self.caps.coop_matrix && coop_gemm::plan_layout(&probe, true, None, self.caps.max_workgroup_storage).is_some() {
             true => MatrixLayout::KPanels,
             false => MatrixLayout::RowMajor,
         }
     }
 
     /// The layout expert weights `[experts, n, k]` are stored in when uploaded as `format`: K
-    /// panels for the tensor-core grouped GEMM in the F16 mode on a device with cooperative
-    /// matrices where a tile fits the shape, else row-major.
-    pub fn experts_layout(&self, format: WeightFormat, n: usize, k: usize) -> MatrixLayout {
-        match format == WeightFormat::F16 && self.caps.coop_matrix && coop_grouped_gemm::panels_fit(n as u32, k as u32) {
+    /// panels for the tensor-core grouped GEMM (F16, or with `tensor_cores`, the F16 mode, a
+    /// quantized format in panels of its blocks) on a device with cooperative matrices where a
+    /// tile fits the shape, else row-major.
+    pub fn experts_layout(&self, format: WeightFormat, n: usize, k: usize, tensor_cores: bool) -> MatrixLayout {
+        let read = format == WeightFormat::F16 || (tensor_cores && format.is_quantized());
+        match read && self.caps.coop_matrix && coop_grouped_gemm::panels_fit(format, n as u32, k as u32) {
             true => MatrixLayout::KPanels,
             false => MatrixLayout::RowMajor,
         }
@@ -145,7 +151,7 @@ impl<'t> Planner<'t> {
     ) -> Result<Dense, NoKernel> {
         let panels = b_layout == MatrixLayout::KPanels;
         let planned = self.coop_tile(b_format, panels, p, tensor_cores, split_scratch);
-        if panels && (planned.is_none() || b_format != WeightFormat::F16) {
+        if panels && (planned.is_none() || !matches!(b_format, WeightFormat::F16 | WeightFormat::Quantized(_))) {
             return Err(NoKernel(format!(
                 "a {b_format:?} matrix in K panels for a product of m {} n {} k {} (b_cs {}): no tensor-core tile takes it",
                 p.m, p.n, p.k, p.b_cs
@@ -202,9 +208,9 @@ impl<'t> Planner<'t> {
         };
         let prefer =
             self.tuning.coop_tile.or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
-        // Quantized W is read as `W[n][k]` (its blocks run along the rows).
+        // Quantized W is read as `W[n][k]` (its blocks run along the rows), or in panels of them.
         coop_gemm::plan_layout(p, panels, prefer, self.caps.max_workgroup_storage)
-            .filter(|&(_, layout)| !b_format.is_quantized() || layout == BLayout::Nk)
+            .filter(|&(_, layout)| !b_format.is_quantized() || layout != BLayout::Kn)
             .map(|(tile, layout)| (self.tuning.dense_depth(tile), layout))
     }
 
@@ -263,25 +269,14 @@ impl<'t> Planner<'t> {
     }
 
     /// How the grouped product `p` over `slots` slots runs on experts stored as `format` in
-    /// `layout`: K panels on the tensor cores (`coop_grouped_gemm::choose`, then the tuning's
-    /// overrides), quantized ones with `tensor_cores` (the F16 mode) there too where the device has
-    /// them and a tile fits, everything else row-major in the portable grouped GEMM (the tile by
-    /// the mean group size).
-    pub fn grouped(
-        &self,
-        format: WeightFormat,
-        layout: MatrixLayout,
-        tensor_cores: bool,
-        p: &GroupedGemmParams,
-        slots: u32,
-    ) -> Result<Grouped, NoKernel> {
+    /// `layout`: K panels (F16, or ggml blocks a panel apiece) on the tensor cores
+    /// (`coop_grouped_gemm::choose`, then the tuning's overrides, a W path the kernel takes for the
+    /// format), row-major in the portable grouped GEMM (the tile by the mean group size).
+    pub fn grouped(&self, format: WeightFormat, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> Result<Grouped, NoKernel> {
         match layout {
-            MatrixLayout::RowMajor => match self.coop_grouped_blocks(format, tensor_cores, p, slots) {
-                Some((tile, path)) => Ok(Grouped::TensorCores { tile, path }),
-                None => Ok(Grouped::Portable {
-                    tile: self.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)),
-                }),
-            },
+            MatrixLayout::RowMajor => {
+                Ok(Grouped::Portable { tile: self.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)) })
+            }
             MatrixLayout::KPanels => {
                 let (tile, path) = self.coop_grouped(p, slots).ok_or_else(|| {
                     NoKernel(format!(
@@ -289,25 +284,10 @@ impl<'t> Planner<'t> {
                         p.n, p.k, p.a_rs
                     ))
                 })?;
+                let path = if coop_grouped_gemm::reads(format, path) { path } else { WPath::Staged };
                 Ok(Grouped::TensorCores { tile, path })
             }
         }
-    }
-
-    /// The tensor-core tile and W path for row-major experts in ggml blocks (`None` for other
-    /// formats, without `tensor_cores` or cooperative matrices, or where no tile fits): as for F16
-    /// panels, the path staged where the tuning asks for direct W fragments (which need F16).
-    fn coop_grouped_blocks(
-        &self,
-        format: WeightFormat,
-        tensor_cores: bool,
-        p: &GroupedGemmParams,
-        slots: u32,
-    ) -> Option<(CoopTile, WPath)> {
-        if !(format.is_quantized() && tensor_cores && self.caps.coop_matrix) {
-            return None;
-        }
-        self.coop_grouped(p, slots).map(|(tile, path)| (tile, if coop_grouped_gemm::reads(format, path) { path } else { WPath::Staged }))
     }
 
     /// The experts' tensor-core tile and W path after the tuning's overrides
@@ -325,45 +305,25 @@ impl<'t> Planner<'t> {
     }
 
     /// The rows of the m tiles in which the tensor-core grouped GEMM would run experts stored as
-    /// `format` in `layout` (`tensor_cores` as for [`Self::grouped`]) over `slots` slots: what the
-    /// MoE dispatch writes a tile table for. 0 where no table serves (the portable kernel, or more
-    /// experts than `moe_dispatch::TABLE_EXPERTS`).
-    pub fn expert_tile_rows(
-        &self,
-        format: WeightFormat,
-        layout: MatrixLayout,
-        tensor_cores: bool,
-        slots: u32,
-        p: &GroupedGemmParams,
-    ) -> u32 {
-        if p.groups > moe_dispatch::TABLE_EXPERTS {
-            return 0;
-        }
-        match self.grouped(format, layout, tensor_cores, p, slots) {
-            Ok(Grouped::TensorCores { tile, .. }) => tile.bm,
+    /// `format` in `layout` over `slots` slots: what the MoE dispatch writes a tile table for. 0
+    /// where no table serves (row-major experts, or more of them than
+    /// `moe_dispatch::TABLE_EXPERTS`).
+    pub fn expert_tile_rows(&self, format: WeightFormat, layout: MatrixLayout, slots: u32, p: &GroupedGemmParams) -> u32 {
+        match self.grouped(format, layout, p, slots) {
+            Ok(Grouped::TensorCores { tile, .. }) if p.groups <= moe_dispatch::TABLE_EXPERTS => tile.bm,
             _ => 0,
         }
     }
 
-    /// Whether the activations of the grouped product `p` over experts stored as `format` in
-    /// `layout` are best stored as f16: where the tensor cores run it ([`Self::grouped`]: experts
-    /// in K panels, or in ggml blocks with `tensor_cores`; they round A to f16 as they stage it
-    /// anyway) on a device with `SHADER_F16`; then the producer
-    /// stores them so, and the product reads half A's bytes. On an H200 the experts' down
-    /// projection went 258 → 247 µs, and since the pinned prefetches their gate/up 346 → 333; the
-    /// dense 128×128 products went the other way before the pins (MLP down 37 → 42 µs, q 53 → 61)
-    /// and gain at most a few µs since (q 55.9 → 54.9, MLP down 43.2 → 39.0, in the noise of
-    /// `tests/half_activations.rs`), so they read f32. [`Tuning::half_expert_activations`] false
-    /// keeps them f32 (the same results, for comparison).
-    pub fn half_expert_activations(
-        &self,
-        format: WeightFormat,
-        layout: MatrixLayout,
-        tensor_cores: bool,
-        p: &GroupedGemmParams,
-        slots: u32,
-    ) -> bool {
-        let on_tensor_cores = matches!(self.grouped(format, layout, tensor_cores, p, slots), Ok(Grouped::TensorCores { .. }));
-        on_tensor_cores && self.caps.shader_f16 && self.tuning.half_expert_activations
+    /// Whether the activations of experts stored in `layout` are best stored as f16: experts in
+    /// K panels (read by the tensor cores, which round A to f16 as they stage it anyway) on a
+    /// device with `SHADER_F16`; then the producer stores them so, and the product reads half A's
+    /// bytes. On an H200 the experts' down projection went 258 → 247 µs, and since the pinned
+    /// prefetches their gate/up 346 → 333; the dense 128×128 products went the other way before
+    /// the pins (MLP down 37 → 42 µs, q 53 → 61) and gain at most a few µs since (q 55.9 → 54.9,
+    /// MLP down 43.2 → 39.0, in the noise of `tests/half_activations.rs`), so they read f32.
+    /// [`Tuning::half_expert_activations`] false keeps them f32 (the same results, for comparison).
+    pub fn half_expert_activations(&self, layout: MatrixLayout) -> bool {
+        layout == MatrixLayout::KPanels && self.caps.shader_f16 && self.tuning.half_expert_activations
     }
 }

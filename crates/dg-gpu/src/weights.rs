@@ -44,8 +44,9 @@ pub enum MatrixLayout {
     /// F16 weights in K panels: expert weights `[experts, in / PANEL, out, PANEL]`, the layout the
     /// tensor-core grouped GEMM streams (`dg_kernels::coop_grouped_gemm`); a dense projection
     /// `[in / PANEL, out, PANEL]` (the stacked K and V projections each on its own), which the
-    /// tensor-core GEMM streams as `dg_kernels::coop_gemm::BLayout::NkPanels`. Only the tensor
-    /// cores read it: the upload panels a matrix only where they take its products.
+    /// tensor-core GEMM streams as `dg_kernels::coop_gemm::BLayout::NkPanels`. Quantized weights
+    /// in panels one ggml block wide (`dg_gpu::pack`: block p of every row together). Only the
+    /// tensor cores read it: the upload panels a matrix only where they take its products.
     KPanels,
 }
 
@@ -202,11 +203,18 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         Ok(GpuMatrix { buffer, format, layout: MatrixLayout::RowMajor })
     }
 
-    /// `parts` stacked by rows, each block of `n` rows of `k` columns in F16 K panels.
+    /// `parts` stacked by rows, each block of `n` rows of `k` columns in K panels: F16 panels of
+    /// `coop_gemm::PANEL` columns, or where the parts all store one ggml type
+    /// ([`stored_quantized`]) their blocks in panels one block wide.
     fn panels(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
-        let order = Order::KPanels { rows: n, cols: k, panel: dg_kernels::coop_gemm::PANEL as usize };
-        let buffer = self.put(label, &Packing::new(parts.to_vec(), WeightFormat::F16, order))?;
-        Ok(GpuMatrix { buffer, format: WeightFormat::F16, layout: MatrixLayout::KPanels })
+        let format = stored_quantized(parts).unwrap_or(WeightFormat::F16);
+        let panel = match format {
+            WeightFormat::Quantized(q) => q.block_len(),
+            _ => dg_kernels::coop_gemm::PANEL as usize,
+        };
+        let order = Order::KPanels { rows: n, cols: k, panel };
+        let buffer = self.put(label, &Packing::new(parts.to_vec(), format, order))?;
+        Ok(GpuMatrix { buffer, format, layout: MatrixLayout::KPanels })
     }
 
     /// A projection: `parts` stacked by rows into blocks of `[n, k]` matrices: in the F16 mode on
@@ -214,7 +222,7 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     /// its products (`[m, k] · Wᵀ` for any m); otherwise row-major in the upload's format.
     fn projection(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
         let format = stored_quantized(parts).unwrap_or(self.format);
-        match Planner::of(self.ctx).projection_layout(format, n, k) {
+        match Planner::of(self.ctx).projection_layout(format, n, k, self.format == WeightFormat::F16) {
             MatrixLayout::KPanels => self.panels(label, parts, n, k),
             MatrixLayout::RowMajor => self.row_major(label, parts, self.format),
         }
@@ -251,7 +259,8 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     fn experts(&mut self, t: &Named) -> Result<GpuMatrix, GpuError> {
         let (n, k) = (t.shape[1], t.shape[2]);
         let stored = self.stored(t)?;
-        match Planner::of(self.ctx).experts_layout(stored_quantized(&[&stored]).unwrap_or(self.format), n, k) {
+        let format = stored_quantized(&[&stored]).unwrap_or(self.format);
+        match Planner::of(self.ctx).experts_layout(format, n, k, self.format == WeightFormat::F16) {
             MatrixLayout::KPanels => self.panels(&t.name, &[&stored], n, k),
             MatrixLayout::RowMajor => self.row_major(&t.name, &[&stored], self.format),
         }

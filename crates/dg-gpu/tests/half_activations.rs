@@ -63,10 +63,9 @@ fn f16_activations_for_row_major_experts_are_refused() {
         ..bytemuck::Zeroable::zeroed()
     };
     let mut rec = dg_gpu::ops::Recorder::new(&ctx, &mut pipelines);
-    let err =
-        rec.grouped_product((&a, AFormat::F16), (&w, false), &offsets, &rows, &c, 4, p).expect_err("f16 activations on row-major experts");
+    let err = rec.grouped_product((&a, AFormat::F16), &w, &offsets, &rows, &c, 4, p).expect_err("f16 activations on row-major experts");
     assert!(err.to_string().contains("n 64 k 32"), "{err}");
-    rec.grouped_product((&a, AFormat::F32), (&w, false), &offsets, &rows, &c, 4, p).expect("f32 activations on row-major experts");
+    rec.grouped_product((&a, AFormat::F32), &w, &offsets, &rows, &c, 4, p).expect("f32 activations on row-major experts");
 }
 
 /// The kernels this file runs parse and validate on every machine.

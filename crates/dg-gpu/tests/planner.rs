@@ -103,8 +103,7 @@ fn describe_dense(
 }
 
 fn describe_grouped(planner: &Planner<'_>, format: WeightFormat, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> String {
-    let tensor_cores = format == WeightFormat::F16 || format.is_quantized();
-    match planner.grouped(format, layout, tensor_cores, p, slots) {
+    match planner.grouped(format, layout, p, slots) {
         Err(e) => format!("error: {e}"),
         Ok(Grouped::TensorCores { tile, path }) => {
             for a in [AFormat::F32, AFormat::F16] {
@@ -137,7 +136,7 @@ fn layer_products(
     let group = HEADS / kv;
     let row = kv * d;
     let halves = if att.has_v { 2 } else { 1 };
-    let qkv_layout = planner.projection_layout(format, row as usize, H as usize);
+    let qkv_layout = planner.projection_layout(format, row as usize, H as usize, f16);
     let blocks = |count: u32, first: u32| GemmParams {
         batch: count,
         a_batch: 0,
@@ -199,7 +198,7 @@ fn layer_products(
         describe_dense(planner, WeightFormat::F32, MatrixLayout::RowMajor, &values, f16, scratch)
     ));
     let linear = |what: &str, n: u32, k: u32, a_offset: u32| {
-        let layout = planner.projection_layout(format, n as usize, k as usize);
+        let layout = planner.projection_layout(format, n as usize, k as usize, f16);
         let p = GemmParams { a_offset, ..GemmParams::linear(rows, n, k) };
         format!("{} -> {}", name(what), describe_dense(planner, format, layout, &p, f16, scratch))
     };
@@ -208,8 +207,8 @@ fn layer_products(
     out.push(linear("mlp gate/up", 2 * INTER, H, 0));
     out.push(linear("mlp down", H, INTER, 0));
     let slots = rows * TOP_K;
-    let gate_up_layout = planner.experts_layout(format, (2 * EXPERT_WIDTH) as usize, H as usize);
-    let down_layout = planner.experts_layout(format, H as usize, EXPERT_WIDTH as usize);
+    let gate_up_layout = planner.experts_layout(format, (2 * EXPERT_WIDTH) as usize, H as usize, f16);
+    let down_layout = planner.experts_layout(format, H as usize, EXPERT_WIDTH as usize, f16);
     let grouped = |n: u32, k: u32, gather: bool, tile_rows: u32| GroupedGemmParams {
         n,
         k,
@@ -223,8 +222,8 @@ fn layer_products(
         tile_rows,
         _pad: [0; 2],
     };
-    let tile_rows = planner.expert_tile_rows(format, gate_up_layout, f16, slots, &grouped(2 * EXPERT_WIDTH, H, true, 0));
-    let halves_in = planner.half_expert_activations(format, gate_up_layout, f16, &grouped(2 * EXPERT_WIDTH, H, true, 0), slots);
+    let tile_rows = planner.expert_tile_rows(format, gate_up_layout, slots, &grouped(2 * EXPERT_WIDTH, H, true, 0));
+    let halves_in = planner.half_expert_activations(gate_up_layout);
     out.push(format!("{} = {tile_rows}, f16 activations {halves_in}", name("expert tile rows")));
     out.push(format!(
         "{} -> {}",
@@ -379,20 +378,26 @@ fn quantized_matrices_take_the_tensor_cores_in_the_f16_mode_only() {
     let slots = CANVAS * TOP_K;
     for q in QuantFormat::ALL {
         let w = WeightFormat::Quantized(q);
-        // A projection (q_proj's shape) and, by the block length, the experts' gate/up (K = H, a
-        // multiple of 256) or down projection (K = 704).
+        // A projection (q_proj's shape): K panels for the 32-value blocks, else row-major; on the
+        // tensor cores either way in the F16 mode.
         let p = GemmParams::linear(CANVAS, 4096, H);
-        match h200.dense(w, MatrixLayout::RowMajor, &p, true, Some(SPLIT_SCRATCH)) {
+        let layout = h200.projection_layout(w, 4096, H as usize, true);
+        assert_eq!(layout == MatrixLayout::KPanels, q.block_len() == 32, "{q:?}");
+        match h200.dense(w, layout, &p, true, Some(SPLIT_SCRATCH)) {
             Ok(Dense::TensorCores(plan)) => {
-                assert_eq!(plan.kernel.layout, coop_gemm::BLayout::Nk, "{q:?}");
+                let panels = layout == MatrixLayout::KPanels;
+                assert_eq!(plan.kernel.layout, if panels { coop_gemm::BLayout::NkPanels } else { coop_gemm::BLayout::Nk }, "{q:?}");
                 known(KernelKey::CoopGemm(plan.kernel));
             }
             other => panic!("{q:?} projection on the H200: {other:?}"),
         }
         for (planner, tc) in [(&h200, false), (&lavapipe, true)] {
+            assert_eq!(planner.projection_layout(w, 4096, H as usize, tc), MatrixLayout::RowMajor);
             let plan = planner.dense(w, MatrixLayout::RowMajor, &p, tc, Some(SPLIT_SCRATCH));
             assert!(matches!(plan, Ok(Dense::Portable { .. })), "{q:?} projection, tensor cores {tc}: {plan:?}");
         }
+        // The experts' gate/up (K = H, a multiple of 256) or down projection (K = 704), by the
+        // block length: in K panels of blocks on the H200 in the F16 mode.
         let (n, k) = if q.block_len() == 256 { (2 * EXPERT_WIDTH, H) } else { (H, EXPERT_WIDTH) };
         let g = GroupedGemmParams {
             n,
@@ -404,24 +409,23 @@ fn quantized_matrices_take_the_tensor_cores_in_the_f16_mode_only() {
             c_rs: n,
             ..bytemuck::Zeroable::zeroed()
         };
+        assert_eq!(h200.experts_layout(w, n as usize, k as usize, true), MatrixLayout::KPanels, "{q:?}");
         for planner in [&h200, &h200_direct] {
-            match planner.grouped(w, MatrixLayout::RowMajor, true, &g, slots) {
+            match planner.grouped(w, MatrixLayout::KPanels, &g, slots) {
                 Ok(Grouped::TensorCores { tile, path }) => {
                     assert_ne!(path, WPath::Direct, "{q:?}: direct W fragments need F16");
                     for a in [AFormat::F32, AFormat::F16] {
                         known(KernelKey::CoopGroupedGemm { tile, path, w, a });
                     }
-                    assert_eq!(planner.expert_tile_rows(w, MatrixLayout::RowMajor, true, slots, &g), tile.bm);
+                    assert_eq!(planner.expert_tile_rows(w, MatrixLayout::KPanels, slots, &g), tile.bm);
                 }
                 other => panic!("{q:?} experts on the H200: {other:?}"),
             }
-            assert!(planner.half_expert_activations(w, MatrixLayout::RowMajor, true, &g, slots), "{q:?}");
         }
         for (planner, tc) in [(&h200, false), (&lavapipe, true)] {
-            let plan = planner.grouped(w, MatrixLayout::RowMajor, tc, &g, slots);
+            assert_eq!(planner.experts_layout(w, n as usize, k as usize, tc), MatrixLayout::RowMajor, "{q:?} tensor cores {tc}");
+            let plan = planner.grouped(w, MatrixLayout::RowMajor, &g, slots);
             assert!(matches!(plan, Ok(Grouped::Portable { .. })), "{q:?} experts, tensor cores {tc}: {plan:?}");
-            assert!(!planner.half_expert_activations(w, MatrixLayout::RowMajor, tc, &g, slots));
-            assert_eq!(planner.expert_tile_rows(w, MatrixLayout::RowMajor, tc, slots, &g), 0);
         }
     }
 }

@@ -87,6 +87,17 @@ pub enum BLayout {
 /// Columns of K per panel of [`BLayout::NkPanels`]: every panelled tile's `bk`.
 pub const PANEL: u32 = 32;
 
+/// Whether W stored as `w` can be read in [`BLayout::NkPanels`]: F16, or a quantized format whose
+/// blocks are one panel wide (Q8_0, Q5_0: the upload then puts block p of every row together,
+/// which is the F16 panels' element order).
+pub fn panelled(w: WeightFormat) -> bool {
+    match w {
+        WeightFormat::F16 => true,
+        WeightFormat::Quantized(q) => q.block_len() == PANEL as usize,
+        WeightFormat::F32 | WeightFormat::Bf16 => false,
+    }
+}
+
 impl BLayout {
     fn suffix(self) -> &'static str {
         match self {
@@ -310,7 +321,10 @@ impl CoopTile {
     /// [`Self::render_with`] with A stored as `a_format`.
     pub fn render_with_a(self, path: WPath, w_format: WeightFormat, layout: BLayout, a_format: AFormat) -> String {
         assert!(path != WPath::Direct || layout != BLayout::Kn, "direct W fragments need W[n][k]");
-        assert!(layout != BLayout::NkPanels || (self.bk == PANEL && w_format == WeightFormat::F16), "K panels are F16 with bk = PANEL");
+        assert!(
+            layout != BLayout::NkPanels || (self.bk == PANEL && panelled(w_format)),
+            "K panels are F16 or blocks of PANEL values, with bk = PANEL"
+        );
         let (fm, fn_) = self.fragments();
         let mut store = String::new();
         for i in 0..fm {
@@ -354,7 +368,9 @@ impl CoopTile {
             .replace("W_SRC", w_src)
             .replace("W_STEP", w_step)
             .replace("W_ROW", w_row);
-        self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)])
+        let wgsl =
+            self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)]);
+        crate::coop_kloop::w_offsets(&wgsl, crate::coop_kloop::LINEAR_W_OFFSET)
             .replace("A_ELEM", a_format.elem())
             .replace("PIN_A", a_format.pin())
     }

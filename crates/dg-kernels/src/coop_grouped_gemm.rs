@@ -128,10 +128,23 @@ pub fn fits(tile: CoopTile, p: &GroupedGemmParams) -> bool {
         && p.b_group_stride.is_multiple_of(4)
 }
 
-/// Whether some tile runs `[groups, n, k]` experts, given activations whose rows are K-aligned
-/// (`a_rs` a multiple of 4): the shapes whose weights are worth uploading in K panels.
-pub fn panels_fit(n: u32, k: u32) -> bool {
-    n > 0 && k > 0 && k.is_multiple_of(PANEL) && TILES.iter().any(|t| n.is_multiple_of(t.bn))
+/// Whether some tile runs `[groups, n, k]` experts stored as `w` in K panels ([`panel`]),
+/// given activations whose rows are K-aligned (`a_rs` a multiple of 4): the shapes whose weights
+/// are worth uploading in K panels.
+pub fn panels_fit(w: WeightFormat, n: u32, k: u32) -> bool {
+    let Some(panel) = panel(w) else { return false };
+    n > 0 && k > 0 && k.is_multiple_of(PANEL) && k.is_multiple_of(panel) && TILES.iter().any(|t| n.is_multiple_of(t.bn))
+}
+
+/// The columns of one K panel of experts stored as `w`: [`PANEL`] for F16, one block for a
+/// quantized format (the upload puts block p of every row together: `dg_gpu::pack`); `None` for
+/// the formats this kernel does not read.
+pub fn panel(w: WeightFormat) -> Option<u32> {
+    match w {
+        WeightFormat::F16 => Some(PANEL),
+        WeightFormat::Quantized(q) => Some(q.block_len() as u32),
+        WeightFormat::F32 | WeightFormat::Bf16 => None,
+    }
 }
 
 /// The tile and W path for `p` over `slots` slots (either A format), the first of the
@@ -214,8 +227,8 @@ pub fn source_with_a(tile: CoopTile, path: WPath, a_format: AFormat) -> KernelSo
     source_for(tile, path, WeightFormat::F16, a_format)
 }
 
-/// Whether the kernel reads experts stored as `w` by `path`: F16 in K panels by any path, a
-/// quantized format row-major (its blocks as stored) staged or single-staged.
+/// Whether the kernel reads experts stored as `w` by `path`: F16 by any path, a quantized format
+/// (in panels of its blocks) staged or single-staged.
 pub fn reads(w: WeightFormat, path: WPath) -> bool {
     match w {
         WeightFormat::F16 => true,
@@ -224,20 +237,40 @@ pub fn reads(w: WeightFormat, path: WPath) -> bool {
     }
 }
 
-/// The kernel for `tile`, experts stored as `w` (F16 in K panels, or a quantized format
-/// row-major: [`reads`]), W reaching the tensor cores by `path`, A stored as `a_format`.
+/// The kernel for `tile`, experts stored as `w` in K panels ([`panel`]: F16, or a quantized
+/// format's blocks a panel apiece), W reaching the tensor cores by `path` ([`reads`]), A stored as
+/// `a_format`.
+///
+/// A panel of `P` columns holds the `P4 = P / 4` vec4s of each row's columns `p·P ..` after one
+/// another, row after row: vec4 `e` of a step (row `n0 + e / BK4`, column vec4 `e % BK4`) is at
+/// `(e / BK4)·P4 + e % BK4` from the tile's first row in the panel, and step `s` is `s / (P / BK)`
+/// panels (`N·P4` vec4s each) and `s % (P / BK)` column steps of `BK4` further. For F16 (and the
+/// 32-value blocks) `P = BK`: one panel a step, W's block of a step one contiguous run.
 ///
 /// # Panics
-/// Where the kernel does not read `w` by `path`.
+/// Where the kernel does not read `w` by `path`, or `tile.bk` does not divide the panel.
 pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AFormat) -> KernelSource {
     assert!(reads(w, path), "no tensor-core grouped kernel reads {w:?} experts by {path:?}");
-    let (w_first, w_at, w_step) = match w {
-        WeightFormat::F16 => ("g * (p.b_group_stride / 4u) + n0 * BK4", "(w_first + lt + l * WT)", "p.n * BK4"),
-        _ => ("g * (p.b_group_stride / 4u) + n0 * k4", "(w_first + ((lt + l * WT) / BK4) * k4 + (lt + l * WT) % BK4)", "BK4"),
+    let p = panel(w).expect("a panelled format");
+    assert!(p.is_multiple_of(tile.bk), "panels of {p} columns for K steps of {}", tile.bk);
+    let (w_first, w_at, w_step, offset) = match p / tile.bk {
+        1 => (
+            "g * (p.b_group_stride / 4u) + n0 * BK4".to_string(),
+            "(w_first + lt + l * WT)".to_string(),
+            "p.n * BK4".to_string(),
+            crate::coop_kloop::LINEAR_W_OFFSET.to_string(),
+        ),
+        steps => (
+            format!("g * (p.b_group_stride / 4u) + n0 * {}u", p / 4),
+            format!("(w_first + ((lt + l * WT) / BK4) * {}u + (lt + l * WT) % BK4)", p / 4),
+            format!("p.n * {}u", p / 4),
+            format!("((STEP) / {steps}u) * w_step + ((STEP) % {steps}u) * BK4"),
+        ),
     };
-    let template = include_str!("wgsl/coop_grouped_gemm.wgsl").replace("W_FIRST", w_first).replace("W_STEP", w_step);
+    let template = include_str!("wgsl/coop_grouped_gemm.wgsl").replace("W_FIRST", &w_first).replace("W_STEP", &w_step);
     let stores = [("//@STORE\n", stores(tile))];
-    let wgsl = tile.expand_path(&template, w_at, path, w, crate::coop_gemm::BLayout::Nk, stores.to_vec());
+    let wgsl = tile.expand_path(&template, &w_at, path, w, crate::coop_gemm::BLayout::Nk, stores.to_vec());
+    let wgsl = crate::coop_kloop::w_offsets(&wgsl, &offset);
     let format = if w == WeightFormat::F16 { "" } else { w.suffix() };
     KernelSource {
         name: format!("coop_grouped_gemm_{}{}{format}{}", tile.label(), path.suffix(), a_format.suffix()),

@@ -42,12 +42,46 @@
 //! the kernel's source names. The text expects in scope: `a_src` (LA vec4 indices into `a` at step
 //! 0), `steps`, `w_step` (vec4s of W between steps), `stride_s`, `sg`, `sm`, `sn`; staged, the expression `W_AT` (the
 //! index into `w` of the invocation's vec4 `l` at step 0, replaced by the kernel's); direct,
-//! `w_sub` (the subgroup's first W vec4 at step 0) and `stride_w` (vec4s between W rows). It
+//! `w_sub` (the subgroup's first W vec4 at step 0) and `stride_w` (vec4s between W rows); a staged
+//! W vec4 of step `s` is at `W_AT + W_OFFSET(s)` ([`w_offsets`]: `s · w_step` unless the kernel
+//! says otherwise). It
 //! leaves the accumulators `acc_i_j`; the markers `//@ACC` and `//@MULTIPLY` (one per phase of
 //! the unrolled loop, each in a scope with `a_st`, `b_st`) are filled in by the tile.
 
 /// The deepest ring a tile may ask for.
 pub const MAX_DEPTH: u32 = 4;
+
+/// W's offset of K step `STEP` from step 0 where a step adds `w_step` vec4s: what the rendered
+/// loops' `W_OFFSET(step)` become unless a kernel lays W out otherwise ([`w_offsets`]).
+pub(crate) const LINEAR_W_OFFSET: &str = "(STEP) * w_step";
+
+/// `text` with every `W_OFFSET(step)` the loops write replaced by `pattern` with `STEP` standing
+/// for the step expression (parentheses balanced).
+pub(crate) fn w_offsets(text: &str, pattern: &str) -> String {
+    const MARK: &str = "W_OFFSET(";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(MARK) {
+        out += &rest[..at];
+        let inner = &rest[at + MARK.len()..];
+        let mut depth = 1;
+        let end = inner
+            .char_indices()
+            .find(|&(_, c)| {
+                depth += match c {
+                    '(' => 1,
+                    ')' => -1,
+                    _ => 0,
+                };
+                depth == 0
+            })
+            .map(|(i, _)| i)
+            .expect("W_OFFSET( without its closing parenthesis");
+        out += &pattern.replace("STEP", &inner[..end]);
+        rest = &inner[end + 1..];
+    }
+    out + rest
+}
 
 /// Loads step `step` (a WGSL u32 expression) of A, and of W when `with_w`, into set `set`.
 fn load(set: u32, step: &str, with_w: bool, indent: &str) -> String {
@@ -56,7 +90,7 @@ fn load(set: u32, step: &str, with_w: bool, indent: &str) -> String {
     );
     if with_w {
         s += &format!(
-            "{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    rw[{set}][l] = fetch_w(W_AT + ({step}) * w_step);\n{indent}}}\n"
+            "{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    rw[{set}][l] = fetch_w(W_AT + W_OFFSET({step}));\n{indent}}}\n"
         );
     }
     s

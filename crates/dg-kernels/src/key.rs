@@ -59,8 +59,9 @@ pub struct CoopGemmKey {
 impl CoopGemmKey {
     /// Whether the kernel exists: W fragments loaded directly need F16 `W[n][k]`, the single
     /// stage is F16 or quantized (BF16 and f32 W are converted as they are staged, on the
-    /// double-buffered path only), K panels are F16 on tiles of the panels' depth, quantized W is
-    /// `W[n][k]` (ggml blocks along each row) staged or single-staged.
+    /// double-buffered path only), K panels are F16 or blocks one panel wide
+    /// (`coop_gemm::panelled`) on tiles of the panels' depth, quantized W is otherwise `W[n][k]`
+    /// (ggml blocks along each row).
     pub fn is_valid(self) -> bool {
         let quantized = self.w.is_quantized();
         let path_ok = match self.path {
@@ -68,8 +69,8 @@ impl CoopGemmKey {
             WPath::Direct => self.w == WeightFormat::F16 && self.layout != BLayout::Kn,
             WPath::Single => self.w == WeightFormat::F16 || quantized,
         };
-        let panels_ok = self.layout != BLayout::NkPanels || (self.tile.bk == coop_gemm::PANEL && self.w == WeightFormat::F16);
-        self.tile.is_valid() && path_ok && panels_ok && (!quantized || self.layout == BLayout::Nk)
+        let panels_ok = self.layout != BLayout::NkPanels || (self.tile.bk == coop_gemm::PANEL && coop_gemm::panelled(self.w));
+        self.tile.is_valid() && path_ok && panels_ok && (!quantized || self.layout != BLayout::Kn)
     }
 }
 

@@ -496,12 +496,12 @@ fn recorder_format_methods_match_their_f32_twins(test: &str, format: WeightForma
     let [l0, g0, q0, e0] = &outs[0];
     rec.product(&x, &w_f32, l0, linear_params(m, n, k), false).unwrap();
     rec.product(&x, &b_f32, g0, gp, false).unwrap();
-    rec.grouped_product((&x, AFormat::F32), (&e_f32, false), &ob, &rb, q0, slots, gg).unwrap();
+    rec.grouped_product((&x, AFormat::F32), &e_f32, &ob, &rb, q0, slots, gg).unwrap();
     rec.embed(&idb, &t_f32, e0, ids.len(), k, 3, 37, 2.5).unwrap();
     let [l1, g1, q1, e1] = &outs[1];
     rec.product(&x, Operand::stored(&w_packed, format), l1, linear_params(m, n, k), format == WeightFormat::F16).unwrap();
     rec.product(&x, Operand::stored(&b_packed, format), g1, gp, false).unwrap();
-    rec.grouped_product((&x, AFormat::F32), (Operand::stored(&e_packed, format), false), &ob, &rb, q1, slots, gg).unwrap();
+    rec.grouped_product((&x, AFormat::F32), Operand::stored(&e_packed, format), &ob, &rb, q1, slots, gg).unwrap();
     rec.embed_format(&idb, &t_packed, format, e1, ids.len(), k, 3, 37, 2.5).unwrap();
     rec.finish().unwrap().run(&ctx).unwrap();
     for (i, (name, len)) in [("linear", m * n), ("gemm", m * n), ("grouped", slots * n), ("embed", ids.len() * k)].into_iter().enumerate() {

@@ -1,8 +1,9 @@
-//! The tensor-core kernels on ggml blocks (`WeightFormat::Quantized`: Q8_0, Q5_0, Q4_K, Q6_K as a
-//! GGUF file stores them), dequantized into the f16 tiles as they are staged: the dense product
-//! (`dg_kernels::coop_gemm`, every tile, staged and single-staged, several prefetch depths) and the
-//! experts' grouped product (`dg_kernels::coop_grouped_gemm`, every tile, both paths, and through
-//! `Recorder::grouped_product` as the forward records it).
+//! The tensor-core kernels on ggml blocks (`WeightFormat::Quantized`: Q8_0, Q5_0, Q4_K, Q6_K
+//! blocks as a GGUF file stores them), dequantized into the f16 tiles as they are staged: the dense
+//! product (`dg_kernels::coop_gemm`, every tile, staged and single-staged, several prefetch depths,
+//! blocks row-major and, for the 32-value formats, in K panels) and the experts' grouped product
+//! (`dg_kernels::coop_grouped_gemm`, blocks in K panels one block wide, every tile, both paths, and
+//! through `Recorder::grouped_product` as the forward records it).
 //!
 //! Each is gated twice: against the exact (f64) product of the f16-rounded operands (the host's
 //! dequantization of the same blocks, bit-exact against gguf-py, rounded to f16) at the F16
@@ -16,14 +17,14 @@
 //! `kernels_quant.rs` covers the portable kernels that run there.
 
 use dg_gpu::ops::{Operand, Recorder};
-use dg_gpu::{GpuContext, Pipelines};
+use dg_gpu::{GpuContext, MatrixLayout, Pipelines};
 use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, WPath};
 use dg_kernels::coop_grouped_gemm::{self, EXPERT_DEPTH};
 use dg_kernels::format::QuantFormat;
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::{CoopGemmKey, KernelKey, WeightFormat, pack_f16};
 use dg_parity::testing::coop_experts::{Buffers, Case, Inputs, check, f16_round, grouped_reference, run_tile, tolerance};
-use dg_parity::testing::quant::{blocks, dispatch};
+use dg_parity::testing::quant::{blocks, dispatch, panelled};
 use dg_parity::testing::{coop_test_context, gemm_reference, max_rel_err, read_guarded, seeded};
 
 /// Rows of two super-blocks (K = 512) for the 256-value formats, else 22 blocks of 32 (the
@@ -48,6 +49,11 @@ fn check_dense(ctx: &GpuContext, pipelines: &mut Pipelines, q: QuantFormat, key:
     let a = seeded(m * k, (m + n) as u64, 1.0);
     let (w_blocks, w) = blocks(q, &seeded(n * k, (n * k) as u64 + q.block_bytes() as u64, 1.0));
     let w16 = f16_round(&w);
+    // In K panels the product's n is the matrix's rows and b_cs its k, as for F16 panels.
+    let (w_blocks, w16_words) = match key.layout {
+        BLayout::NkPanels => (panelled(q, &w_blocks, n, k), pack_f16(&panel_values(&w16, n, k))),
+        _ => (w_blocks, pack_f16(&w16)),
+    };
     let c0 = vec![0f32; m * n];
     let groups = coop_gemm::workgroups(key.tile, p.m, p.n, 1);
     let what = format!("{} coop gemm [{} {:?}] {m}x{n}x{k}", q.name(), key.tile.label(), key.path);
@@ -57,7 +63,7 @@ fn check_dense(ctx: &GpuContext, pipelines: &mut Pipelines, q: QuantFormat, key:
     let (err, at) = max_rel_err(&got, &want);
     assert!(err <= tolerance(k), "{what}: rel err {err} against the exact product at {at}: {} vs {}", got[at], want[at]);
     let f16_key = CoopGemmKey { w: WeightFormat::F16, ..key };
-    let f16_out = dispatch(ctx, pipelines, KernelKey::CoopGemm(f16_key), &p, &[&a_words, &pack_f16(&w16)], &c0, groups);
+    let f16_out = dispatch(ctx, pipelines, KernelKey::CoopGemm(f16_key), &p, &[&a_words, &w16_words], &c0, groups);
     same_as_f16(q, &got, &f16_out, k, &what);
 }
 
@@ -72,29 +78,33 @@ fn quantized_coop_gemm_matches_the_exact_product_and_the_f16_kernel() {
         for &tile in coop_gemm::TILES {
             for depth in [1, 3] {
                 for path in [WPath::Staged, WPath::Single] {
-                    let key = CoopGemmKey {
-                        tile: tile.with_depth(depth),
-                        path,
-                        w: WeightFormat::Quantized(q),
-                        layout: BLayout::Nk,
-                        a: AFormat::F32,
-                    };
-                    if !key.is_valid() || tile.dense_shared_bytes() > shared || !k.is_multiple_of(tile.bk as usize) {
-                        continue;
+                    for layout in [BLayout::Nk, BLayout::NkPanels] {
+                        let w = WeightFormat::Quantized(q);
+                        let key = CoopGemmKey { tile: tile.with_depth(depth), path, w, layout, a: AFormat::F32 };
+                        if !key.is_valid() || tile.dense_shared_bytes() > shared || !k.is_multiple_of(tile.bk as usize) {
+                            continue;
+                        }
+                        // 37 rows: a partial m tile; 256 columns: whole n tiles of every tile.
+                        check_dense(&ctx, &mut pipelines, q, key, (37, 256, k));
                     }
-                    // 37 rows: a partial m tile; 256 columns: whole n tiles of every tile.
-                    check_dense(&ctx, &mut pipelines, q, key, (37, 256, k));
                 }
             }
         }
     }
 }
 
-/// `x` with its experts quantized to `q`: the blocks, and `x` holding their f16-rounded
-/// dequantization (what the F16 kernels and the reference multiply).
+/// `w` (`[n, k]` row-major) in F16 K panels of `coop_gemm::PANEL` columns, as values.
+fn panel_values(w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    let panel = coop_gemm::PANEL as usize;
+    (0..k / panel).flat_map(|p| (0..n).flat_map(move |j| (0..panel).map(move |c| w[j * k + p * panel + c]))).collect()
+}
+
+/// `x` with its experts quantized to `q`: the blocks in K panels as the upload stores them, and
+/// `x` holding their f16-rounded dequantization (what the F16 kernels and the reference multiply).
 fn quantized_experts(q: QuantFormat, x: &Inputs) -> (Vec<u32>, Inputs) {
     let (w_blocks, w) = blocks(q, &seeded(x.w.len(), x.w.len() as u64 + q.block_bytes() as u64, 1.0));
-    (w_blocks, Inputs { w: f16_round(&w), ..x.clone() })
+    let (n, k) = (x.params.n as usize, x.params.k as usize);
+    (panelled(q, &w_blocks, n, k), Inputs { w: f16_round(&w), ..x.clone() })
 }
 
 fn run_blocks(
@@ -152,8 +162,8 @@ fn the_recorder_runs_quantized_experts_on_the_tensor_cores() {
         let b = Buffers::upload(&ctx, &x, coop_grouped_gemm::PANEL);
         let wb = ctx.upload("experts", &w_blocks).unwrap();
         let mut rec = Recorder::new(&ctx, &mut pipelines);
-        let w = Operand::stored(&wb, WeightFormat::Quantized(q));
-        rec.grouped_product((&b.a, AFormat::F32), (w, true), &b.offsets, &b.rows, &b.c, x.slots, x.params).unwrap();
+        let w = Operand { buffer: &wb, format: WeightFormat::Quantized(q), layout: MatrixLayout::KPanels };
+        rec.grouped_product((&b.a, AFormat::F32), w, &b.offsets, &b.rows, &b.c, x.slots, x.params).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
         let got = read_guarded(&ctx, &b.c, x.c0.len());
         check(&got, &grouped_reference(&x, |_| true), &x, |_| true, &format!("{} through the Recorder", q.name()));

@@ -5,8 +5,8 @@
 // with row(s) = gather_rows[s] when `gather` != 0, else s;  A[r, p] = a[r * a_rs + p] (f32),
 // C[s, j] = c[s * c_rs + j] (f32), and W either f16 in K panels of BK columns:
 //   W[g, j, p] = w[g * b_group_stride + (p / BK) * N * BK + j * BK + p % BK]
-// or row-major in a quantized format (ggml blocks along each row), read through fetch_w:
-//   W[g, j, p] = element g * b_group_stride + j * K + p
+// or a quantized format's blocks in panels one block (P values) wide, read through fetch_w:
+//   W[g, j, p] = element g * b_group_stride + (p / P) * N * P + j * P + p % P
 // so that the BN x BK block of W one step stages is BN * BK contiguous halves (whole cache lines:
 // the kernel streams each expert's weights about once and is bound by how well it reads them).
 // Requires N % BN == 0, K % BK == 0, a_rs and b_group_stride multiples of 4, and subgroups of
@@ -103,9 +103,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         a_src[l] = row * (p.a_rs / 4u) + e % BK4;
     }
-    // Panelled W: the W tile of a step is BN * BK contiguous halves, vec4 l of this invocation
-    // is W_AT = w_first + lt + l * WT. Row-major W (ggml blocks): rows of k4 vec4s, a step BK4
-    // of them further along.
+    // W in K panels (coop_grouped_gemm.rs, source_for): in F16 the W tile of a step is BN * BK
+    // contiguous halves, vec4 l of this invocation is W_AT = w_first + lt + l * WT, a step one
+    // panel further (w_step); a quantized format's panels are a block wide.
     let w_first = W_FIRST;
     let w_step = W_STEP;
     // Direct W fragments (coop_kloop.rs, direct): the subgroup's first column, W rows BK4 apart.

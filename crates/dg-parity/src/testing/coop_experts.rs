@@ -132,7 +132,7 @@ impl Buffers {
 pub fn run_grouped(ctx: &GpuContext, pipelines: &mut Pipelines, x: &Inputs) -> Vec<f32> {
     let b = Buffers::upload(ctx, x, coop_grouped_gemm::PANEL);
     let mut rec = Recorder::new(ctx, pipelines);
-    rec.grouped_product((&b.a, AFormat::F32), (&b.w, true), &b.offsets, &b.rows, &b.c, x.slots, x.params).unwrap();
+    rec.grouped_product((&b.a, AFormat::F32), &b.w, &b.offsets, &b.rows, &b.c, x.slots, x.params).unwrap();
     rec.finish().unwrap().run(ctx).unwrap();
     read_guarded(ctx, &b.c, x.c0.len())
 }

@@ -1,11 +1,14 @@
 //! Quantized weights for the kernel tests: seeded values quantized into ggml blocks as a GGUF file
 //! stores them ([`blocks`], with the host's dequantization of the same blocks, bit-exact against
-//! gguf-py), and one kernel run on uploaded words ([`dispatch`]), which `tests/kernels_quant.rs`
-//! (the portable kernels) and `tests/tensor_cores_quant.rs` (the tensor-core ones) share.
+//! gguf-py), the same blocks in the K panels the tensor-core kernels read ([`panelled`], through the
+//! upload's own packing), and one kernel run on uploaded words ([`dispatch`]), which
+//! `tests/kernels_quant.rs` (the portable kernels) and `tests/tensor_cores_quant.rs` (the
+//! tensor-core ones) share.
 
+use dg_gpu::pack::{Order, Packing};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder};
-use dg_kernels::KernelKey;
 use dg_kernels::format::QuantFormat;
+use dg_kernels::{KernelKey, WeightFormat};
 use dg_model::StoredDtype;
 
 use super::{guarded_output, read_guarded};
@@ -27,6 +30,19 @@ pub fn blocks(q: QuantFormat, values: &[f32]) -> (Vec<u32>, Vec<f32>) {
     let deq = dg_model::dequantize_bytes(dtype(q), &bytes).expect("dequantizing test weights");
     bytes.resize(bytes.len().next_multiple_of(4), 0);
     (bytemuck::pod_collect_to_vec(&bytes), deq)
+}
+
+/// `words` (the blocks of [`blocks`]) of matrices of `[rows, cols]` one after the other, in K
+/// panels one block wide as the upload stores them for the tensor cores (`dg_gpu::pack`).
+pub fn panelled(q: QuantFormat, words: &[u32], rows: usize, cols: usize) -> Vec<u32> {
+    let values = words.len() * 4 / q.block_bytes() * q.block_len();
+    let bytes = &bytemuck::cast_slice::<u32, u8>(words)[..values / q.block_len() * q.block_bytes()];
+    let stored = dg_model::StoredTensor::from_bytes(dtype(q), vec![values / cols, cols], bytes);
+    let order = Order::KPanels { rows, cols, panel: q.block_len() };
+    let packing = Packing::new(vec![&stored], WeightFormat::Quantized(q), order);
+    let mut out = vec![0u8; packing.bytes()];
+    packing.fill(0, &mut out);
+    bytemuck::pod_collect_to_vec(&out)
 }
 
 /// Runs `key` once with uniform `p`, the `inputs` uploaded as read-only bindings and a
