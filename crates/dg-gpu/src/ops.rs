@@ -15,6 +15,7 @@ use crate::error::GpuError;
 use crate::plan::{Pipelines, Plan, PlanBuilder, groups_1d};
 use crate::planner::{CoopPlan, Dense, Grouped, NoKernel, Planner};
 use crate::tuning::{RowLanes, Tuning};
+use crate::parts::SplitMatrix;
 use crate::weights::{GpuMatrix, MatrixLayout};
 
 /// Records dispatches into a plan.
@@ -85,18 +86,21 @@ impl Batches {
 }
 
 /// A matrix operand as stored: its buffer, element format and layout (offsets and strides of a
-/// product's parameters count elements whatever the format).
+/// product's parameters count elements whatever the format); a weight split across bindings
+/// also names its parts, and its products run per part.
 #[derive(Debug, Clone, Copy)]
 pub struct Operand<'a> {
     pub buffer: &'a wgpu::Buffer,
     pub format: WeightFormat,
     pub layout: MatrixLayout,
+    /// The weight's parts, where it has more than one (`buffer` is then its first).
+    pub split: Option<&'a SplitMatrix>,
 }
 
 impl<'a> Operand<'a> {
     /// `buffer` holding row-major values stored as `format`.
     pub fn stored(buffer: &'a wgpu::Buffer, format: WeightFormat) -> Self {
-        Operand { buffer, format, layout: MatrixLayout::RowMajor }
+        Operand { buffer, format, layout: MatrixLayout::RowMajor, split: None }
     }
 }
 
@@ -109,7 +113,13 @@ impl<'a> From<&'a wgpu::Buffer> for Operand<'a> {
 
 impl<'a> From<&'a GpuMatrix> for Operand<'a> {
     fn from(m: &'a GpuMatrix) -> Self {
-        Operand { buffer: &m.buffer, format: m.format, layout: m.layout }
+        Operand { buffer: &m.buffer, format: m.format, layout: m.layout, split: None }
+    }
+}
+
+impl<'a> From<&'a SplitMatrix> for Operand<'a> {
+    fn from(m: &'a SplitMatrix) -> Self {
+        Operand { split: m.is_split().then_some(m), ..Operand::from(&m.pieces[0]) }
     }
 }
 
@@ -407,6 +417,9 @@ impl<'a> Recorder<'a> {
         tensor_cores: bool,
         defer: bool,
     ) -> Result<Product<'a>, GpuError> {
+        if let Some(w) = b.split {
+            return self.dense_parts(a, w, c, p, tensor_cores);
+        }
         match self.planner().dense(b.format, b.layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)? {
             Dense::TensorCores(plan) => self.coop_product(a, b, c, p, plan, defer),
             Dense::BodyAndTail { n_body } => {
@@ -419,6 +432,93 @@ impl<'a> Recorder<'a> {
                 Ok(c.into())
             }
         }
+    }
+
+    /// [`Self::dense`] over a weight split by rows ([`SplitMatrix`]): B must read `W[n][k]` rows
+    /// (`b_rs` 1, `b_cs` the rows' length, offsets at whole rows, one B batch per batch); per
+    /// part, the batches whose rows lie in it run as one product, and a batch cut by a part
+    /// boundary runs the part's columns on their own, into those columns of C. Where the whole
+    /// product runs on the portable GEMM, every part takes its tile (the same arithmetic per
+    /// element, so the results are the unsplit product's bit for bit); on the tensor cores each
+    /// part is planned on its own (parts of whole tiles, [`crate::parts::COOP_PART_ROWS`]). C is
+    /// always written whole (no deferred split-K partials).
+    fn dense_parts(
+        &mut self,
+        a: &'a wgpu::Buffer,
+        w: &'a SplitMatrix,
+        c: &'a wgpu::Buffer,
+        p: GemmParams,
+        tensor_cores: bool,
+    ) -> Result<Product<'a>, GpuError> {
+        let cols = w.unit_elems as u32;
+        let batches = p.batch.max(1);
+        if p.b_rs != 1 || p.b_cs != cols || !p.b_offset.is_multiple_of(cols) || (batches > 1 && (!p.b_batch.is_multiple_of(cols) || p.b_batch_div > 1)) {
+            return Err(GpuError::Unsupported {
+                what: format!(
+                    "a product over a weight split across {} bindings that does not read whole rows of {cols} (b_offset {} b_rs {} b_cs {} b_batch {})",
+                    w.parts.len(),
+                    p.b_offset,
+                    p.b_rs,
+                    p.b_cs,
+                    p.b_batch
+                ),
+            });
+        }
+        let whole = self.planner().dense(w.format, w.layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)?;
+        let first_row = |b: u32| (p.b_offset + b * p.b_batch) / cols;
+        for (range, piece) in w.parts.ranges().iter().zip(&w.pieces) {
+            let (start, end) = (range.start as u32, range.end as u32);
+            // Runs of whole batches in this part, and batches it holds some columns of.
+            let mut products = Vec::new();
+            let mut run: Option<(u32, u32)> = None;
+            for b in 0..batches {
+                let (lo, hi) = (first_row(b).max(start), (first_row(b) + p.n).min(end));
+                let whole_batch = lo == first_row(b) && hi == first_row(b) + p.n;
+                match run {
+                    Some((b0, count)) if whole_batch && b0 + count == b => run = Some((b0, count + 1)),
+                    _ => {
+                        products.extend(run.take().map(|(b0, count)| GemmParams {
+                            batch: count,
+                            a_offset: p.a_offset + b0 * p.a_batch,
+                            b_offset: (first_row(b0) - start) * cols,
+                            c_offset: p.c_offset + b0 * p.c_batch,
+                            ..p
+                        }));
+                        if whole_batch {
+                            run = Some((b, 1));
+                        } else if lo < hi {
+                            products.push(GemmParams {
+                                n: hi - lo,
+                                batch: 1,
+                                a_offset: p.a_offset + b * p.a_batch,
+                                b_offset: (lo - start) * cols,
+                                c_offset: p.c_offset + b * p.c_batch + (lo - first_row(b)),
+                                ..p
+                            });
+                        }
+                    }
+                }
+            }
+            products.extend(run.map(|(b0, count)| GemmParams {
+                batch: count,
+                a_offset: p.a_offset + b0 * p.a_batch,
+                b_offset: (first_row(b0) - start) * cols,
+                c_offset: p.c_offset + b0 * p.c_batch,
+                ..p
+            }));
+            for q in products {
+                match whole {
+                    Dense::Portable { tile } => {
+                        let g = gemm::workgroups(tile, q.m, q.n, q.batch);
+                        self.push(K::Gemm { tile, w: w.format }, &q, &[a, &piece.buffer, c], g)?;
+                    }
+                    _ => {
+                        self.dense(a, piece.into(), c, q, tensor_cores, false)?;
+                    }
+                }
+            }
+        }
+        Ok(c.into())
     }
 
     /// `p` on the tensor cores as planned (split K into the split-K scratch where the plan says
@@ -470,23 +570,51 @@ impl<'a> Recorder<'a> {
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
         let w = w.into();
-        match self.planner().grouped(w.layout, &p, slots as u32).map_err(unsupported)? {
-            Grouped::Portable { .. } if a_format != AFormat::F32 => Err(GpuError::Unsupported {
+        let plan = self.planner().grouped(w.layout, &p, slots as u32).map_err(unsupported)?;
+        if let Grouped::Portable { .. } = plan
+            && a_format != AFormat::F32
+        {
+            return Err(GpuError::Unsupported {
                 what: format!(
                     "{a_format:?} activations for row-major experts (n {} k {}): only the tensor-core kernel reads them",
                     p.n, p.k
                 ),
-            }),
+            });
+        }
+        let Some(split) = w.split else {
+            return self.grouped_planned((a, a_format), w.buffer, w.format, (offsets, rows, c), p, plan);
+        };
+        // Experts split across bindings: the whole product's plan per part of experts, each
+        // reading its experts' offsets from the part's first (no tile table: it lists every
+        // expert's tiles), the same arithmetic per slot as unsplit.
+        for (range, piece) in split.parts.ranges().iter().zip(&split.pieces) {
+            let q = GroupedGemmParams { groups: range.len() as u32, first_group: range.start as u32, tiles: 0, ..p };
+            self.grouped_planned((a, a_format), &piece.buffer, split.format, (offsets, rows, c), q, plan)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::grouped_product`] of `p` on experts `w` stored as `format`, as `plan` says.
+    fn grouped_planned(
+        &mut self,
+        (a, a_format): (&'a wgpu::Buffer, AFormat),
+        w: &'a wgpu::Buffer,
+        format: WeightFormat,
+        (offsets, rows, c): (&'a wgpu::Buffer, &'a wgpu::Buffer, &'a wgpu::Buffer),
+        p: GroupedGemmParams,
+        plan: Grouped,
+    ) -> Result<(), GpuError> {
+        match plan {
             Grouped::Portable { tile } => {
                 let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
-                self.push(K::GroupedGemm { tile, w: w.format }, &p, &[a, w.buffer, offsets, rows, c], g)
+                self.push(K::GroupedGemm { tile, w: format }, &p, &[a, w, offsets, rows, c], g)
             }
             Grouped::TensorCores { tile, path } => {
                 let p = coop_grouped_gemm::params_for(tile, &p);
                 self.push(
                     K::CoopGroupedGemm { tile, path, a: a_format },
                     &p,
-                    &[a, w.buffer, offsets, rows, c],
+                    &[a, w, offsets, rows, c],
                     coop_grouped_gemm::workgroups(tile, &p),
                 )
             }

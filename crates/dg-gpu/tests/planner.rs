@@ -220,7 +220,8 @@ fn layer_products(
         gather: u32::from(gather),
         tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len(slots, EXPERTS, tile_rows) },
         tile_rows,
-        _pad: [0; 2],
+        first_group: 0,
+        _pad: 0,
     };
     let tile_rows = planner.expert_tile_rows(gate_up_layout, slots, &grouped(2 * EXPERT_WIDTH, H, true, 0));
     let halves_in = planner.half_expert_activations(format, gate_up_layout);

@@ -1,0 +1,147 @@
+//! Weights larger than one storage binding, split across several (a real layer's BF16 experts are
+//! 1 GB, the BF16 embedding 1.47 GB, against 128 MiB on lavapipe and WebGPU's default).
+//!
+//! [`Parts`] is the one place that decides where a tensor is cut: into ranges of whole units
+//! (rows of a dense `W[n][k]` or of the embedding, whole blocks of a stacked q/K/V projection,
+//! whole experts), each within [`crate::GpuContext::weight_binding`], and on a device with tensor
+//! cores a multiple of [`COOP_PART_ROWS`] rows, so that every part's product keeps whole tiles.
+//! The upload ([`crate::weights`]) packs each part from its rows' stored bytes into a buffer of
+//! its own ([`SplitMatrix`]), and the recording ([`crate::ops::Recorder`]) runs each product per
+//! part: a dense product per range of its output columns (the part's rows of W) into those columns
+//! of C, the experts' grouped product per range of experts (the MoE dispatch's offsets read from
+//! the part's first expert). Every output element sums the same terms in the same order as
+//! unsplit, so a split changes no result.
+
+use std::ops::Range;
+
+use dg_kernels::WeightFormat;
+use dg_model::StoredTensor;
+
+use crate::error::GpuError;
+use crate::weights::{GpuMatrix, MatrixLayout};
+
+/// Rows every part of a matrix holds a multiple of on a device with tensor cores: the widest
+/// tensor-core tile's columns (`dg_kernels::coop_gemm`'s tiles are 32, 64 or 128 wide), so that a
+/// part's product (`n` = its rows) takes the tiles the whole one does, and its panels and offsets
+/// stay aligned.
+pub const COOP_PART_ROWS: usize = 128;
+
+/// A tensor's units cut into consecutive ranges, one buffer each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parts {
+    ranges: Vec<Range<usize>>,
+}
+
+impl Parts {
+    /// All `units` in one part.
+    pub fn whole(units: usize) -> Parts {
+        Parts { ranges: vec![0..units] }
+    }
+
+    /// `units` units of `unit_bytes` bytes each (`unit` names one, for the error), in one part
+    /// where they fit `limit` bytes, else cut into parts of at most `limit` bytes that each hold a
+    /// multiple of `align` units (the last one what is left). An error naming `what` where `align`
+    /// units alone exceed the limit.
+    pub fn split(what: &str, unit: &str, units: usize, unit_bytes: u64, align: usize, limit: u64) -> Result<Parts, GpuError> {
+        // Buffers are whole 4-byte words.
+        let limit = limit / 4 * 4;
+        if (units as u64 * unit_bytes).next_multiple_of(4) <= limit {
+            return Ok(Parts::whole(units));
+        }
+        let align = align.max(1);
+        let per = (limit / unit_bytes.max(1)) as usize / align * align;
+        if per == 0 {
+            let least = if align == 1 { format!("one {unit}") } else { format!("{align} {unit}s (the least part it is cut into)") };
+            return Err(GpuError::Limit {
+                what: format!("weight {what} ({units} {unit}s of {unit_bytes} bytes) split across bindings: {least}"),
+                needed: align as u64 * unit_bytes,
+                limit,
+                limit_name: "max_storage_buffer_binding_size, or the tuning's weight_binding",
+            });
+        }
+        Ok(Parts { ranges: (0..units).step_by(per).map(|s| s..(s + per).min(units)).collect() })
+    }
+
+    /// A dense matrix of `rows` rows of `row_bytes` bytes, stacked from blocks of `block_rows`
+    /// rows that one batched product reads one each (q, K and V's blocks; `rows` itself for a
+    /// single matrix): parts of whole blocks, or for a single matrix, on a device with
+    /// `tensor_cores`, of whole [`COOP_PART_ROWS`].
+    pub fn rows(what: &str, rows: usize, row_bytes: u64, block_rows: usize, tensor_cores: bool, limit: u64) -> Result<Parts, GpuError> {
+        let (align, unit) = match (block_rows < rows, tensor_cores) {
+            (true, _) => (block_rows, "row"),
+            (false, true) => (COOP_PART_ROWS, "row"),
+            (false, false) => (1, "row"),
+        };
+        Parts::split(what, unit, rows, row_bytes, align, limit)
+    }
+
+    /// `experts` experts of `expert_bytes` bytes each: parts of whole experts.
+    pub fn experts(what: &str, experts: usize, expert_bytes: u64, limit: u64) -> Result<Parts, GpuError> {
+        Parts::split(what, "expert", experts, expert_bytes, 1, limit)
+    }
+
+    /// The parts' ranges of units, in order.
+    pub fn ranges(&self) -> &[Range<usize>] {
+        &self.ranges
+    }
+
+    /// Number of parts.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+}
+
+/// A weight matrix on the device in one or more parts: part `i` holds units `parts.ranges()[i]`
+/// (rows, or experts) of `unit_elems` elements each in `pieces[i]`, every piece in the matrix's
+/// format and layout, packed from its own first element.
+#[derive(Debug)]
+pub struct SplitMatrix {
+    pub parts: Parts,
+    pub unit_elems: usize,
+    pub pieces: Vec<GpuMatrix>,
+    pub format: WeightFormat,
+    pub layout: MatrixLayout,
+}
+
+impl SplitMatrix {
+    /// Whether the matrix takes more than one buffer.
+    pub fn is_split(&self) -> bool {
+        self.pieces.len() > 1
+    }
+
+    /// Bytes of its buffers together.
+    pub fn bytes(&self) -> u64 {
+        self.pieces.iter().map(|p| p.buffer.size()).sum()
+    }
+}
+
+/// Rows `rows` of `stacked` (tensors of `cols` columns stacked by rows), as views of their stored
+/// bytes; an error naming `what` where a row is not whole blocks of a quantized dtype.
+pub(crate) fn stored_rows<'x>(
+    what: &str,
+    stacked: &[&'x StoredTensor<'_>],
+    cols: usize,
+    rows: Range<usize>,
+) -> Result<Vec<StoredTensor<'x>>, GpuError> {
+    let mut views = Vec::new();
+    let mut first = 0;
+    for t in stacked {
+        let len = t.len() / cols.max(1);
+        let (lo, hi) = (rows.start.max(first), rows.end.min(first + len));
+        if lo < hi {
+            let at = |row: usize| {
+                t.dtype.bytes_for((row - first) * cols).ok_or_else(|| GpuError::Unsupported {
+                    what: format!("{what}: rows of {cols} {} values are not whole blocks", t.dtype.name()),
+                })
+            };
+            let bytes = &t.bytes()[at(lo)?..at(hi)?];
+            views.push(StoredTensor::from_bytes(t.dtype, vec![hi - lo, cols], bytes));
+        }
+        first += len;
+    }
+    Ok(views)
+}
