@@ -145,3 +145,74 @@ pub(crate) fn stored_rows<'x>(
     }
     Ok(views)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranges(p: &Parts) -> Vec<Range<usize>> {
+        p.ranges().to_vec()
+    }
+
+    #[test]
+    fn a_tensor_within_the_limit_stays_whole() {
+        assert_eq!(ranges(&Parts::rows("w", 100, 40, 100, false, 4000).unwrap()), vec![0..100]);
+        assert_eq!(ranges(&Parts::experts("e", 8, 1000, 8000).unwrap()), vec![0..8]);
+    }
+
+    #[test]
+    fn portable_parts_are_as_many_rows_as_fit() {
+        // 100 rows of 40 bytes under 1000 bytes: 25 rows a part.
+        assert_eq!(ranges(&Parts::rows("w", 100, 40, 100, false, 1000).unwrap()), vec![0..25, 25..50, 50..75, 75..100]);
+        // A limit that is not whole words counts only its whole words (buffers are).
+        assert_eq!(ranges(&Parts::rows("w", 3, 4, 3, false, 11).unwrap()), vec![0..2, 2..3]);
+        // Experts: whole experts, the last part the rest.
+        assert_eq!(ranges(&Parts::experts("e", 8, 1000, 3500).unwrap()), vec![0..3, 3..6, 6..8]);
+    }
+
+    #[test]
+    fn stacked_blocks_are_never_cut() {
+        // q/K/V blocks of 32 rows of 192 bytes (6 KiB), 16 KiB parts: two blocks a part.
+        let p = Parts::rows("qkv", 4 * 32, 192, 32, false, 16 << 10).unwrap();
+        assert_eq!(ranges(&p), vec![0..64, 64..128]);
+        assert!(p.ranges().iter().all(|r| r.start % 32 == 0 && r.len() % 32 == 0));
+    }
+
+    /// The tensor cores' parts: whole 128-row tiles of the real geometry's matrices, under
+    /// lavapipe's and WebGPU's default 128 MiB binding.
+    #[test]
+    fn tensor_core_parts_are_whole_tiles_at_the_real_geometry() {
+        const LIMIT: u64 = 128 << 20;
+        // The BF16 embedding / tied head, 262144 × 2816: 1.47 GB in 12 parts of 23808 rows.
+        let embed = Parts::rows("embed", 262_144, 2 * 2816, 262_144, true, LIMIT).unwrap();
+        assert_eq!(embed.len(), 12);
+        assert!(embed.ranges().iter().all(|r| r.start % COOP_PART_ROWS == 0 && r.len() * 2 * 2816 <= LIMIT as usize));
+        assert_eq!(embed.ranges().last().unwrap().end, 262_144);
+        let per = embed.ranges()[0].len();
+        assert!(per % COOP_PART_ROWS == 0 && (per + COOP_PART_ROWS) * 2 * 2816 > LIMIT as usize, "{per} rows: as many whole tiles as fit");
+        // A layer's F16 experts [128, 1408, 2816] (1.01 GB) and [128, 2816, 704]: whole experts.
+        let gate_up = Parts::experts("gate_up", 128, 2 * 1408 * 2816, LIMIT).unwrap();
+        assert_eq!((gate_up.len(), gate_up.ranges()[0].len()), (8, 16));
+        let down = Parts::experts("down", 128, 2 * 2816 * 704, LIMIT).unwrap();
+        assert_eq!((down.len(), down.ranges()[0].len()), (4, 33));
+        // A dense f32 matrix of 4096 rows of 2816 (46 MB) under a 16 MiB cap: 1489 rows would
+        // fit, the tensor cores' parts take 11 tiles of 128 (the portable ones all 1489).
+        let dense = Parts::rows("dense", 4096, 4 * 2816, 4096, true, 16 << 20).unwrap();
+        assert_eq!(ranges(&dense), vec![0..1408, 1408..2816, 2816..4096]);
+        let portable = Parts::rows("dense", 4096, 4 * 2816, 4096, false, 16 << 20).unwrap();
+        assert_eq!(portable.ranges()[0].len(), 1489);
+    }
+
+    #[test]
+    fn a_unit_over_the_limit_is_an_error_naming_the_tensor() {
+        let e = Parts::experts("layers.3.experts.gate_up_proj", 128, 8 << 20, 4 << 20).unwrap_err().to_string();
+        assert!(e.contains("layers.3.experts.gate_up_proj") && e.contains("one expert") && e.contains("8388608"), "{e}");
+        let e = Parts::rows("embed_tokens", 512, 192, 512, false, 100).unwrap_err().to_string();
+        assert!(e.contains("embed_tokens") && e.contains("one row") && e.contains("limit 100"), "{e}");
+        // On the tensor cores the least part is a tile of rows.
+        let e = Parts::rows("o_proj", 512, 1024, 512, true, 64 << 10).unwrap_err().to_string();
+        assert!(e.contains("o_proj") && e.contains("128 rows"), "{e}");
+        let e = Parts::rows("qkv", 128, 192, 64, false, 8 << 10).unwrap_err().to_string();
+        assert!(e.contains("qkv") && e.contains("64 rows") && e.contains("12288"), "{e}");
+    }
+}
