@@ -35,7 +35,7 @@ pub struct Parts {
 impl Parts {
     /// All `units` in one part.
     pub fn whole(units: usize) -> Parts {
-        Parts { ranges: vec![0..units] }
+        Parts { ranges: std::iter::once(0..units).collect() }
     }
 
     /// `units` units of `unit_bytes` bytes each (`unit` names one, for the error), in one part
@@ -175,7 +175,7 @@ mod tests {
         // q/K/V blocks of 32 rows of 192 bytes (6 KiB), 16 KiB parts: two blocks a part.
         let p = Parts::rows("qkv", 4 * 32, 192, 32, false, 16 << 10).unwrap();
         assert_eq!(ranges(&p), vec![0..64, 64..128]);
-        assert!(p.ranges().iter().all(|r| r.start % 32 == 0 && r.len() % 32 == 0));
+        assert!(p.ranges().iter().all(|r| r.start.is_multiple_of(32) && r.len().is_multiple_of(32)));
     }
 
     /// The tensor cores' parts: whole 128-row tiles of the real geometry's matrices, under
@@ -186,10 +186,10 @@ mod tests {
         // The BF16 embedding / tied head, 262144 × 2816: 1.47 GB in 12 parts of 23808 rows.
         let embed = Parts::rows("embed", 262_144, 2 * 2816, 262_144, true, LIMIT).unwrap();
         assert_eq!(embed.len(), 12);
-        assert!(embed.ranges().iter().all(|r| r.start % COOP_PART_ROWS == 0 && r.len() * 2 * 2816 <= LIMIT as usize));
+        assert!(embed.ranges().iter().all(|r| r.start.is_multiple_of(COOP_PART_ROWS) && r.len() * 2 * 2816 <= LIMIT as usize));
         assert_eq!(embed.ranges().last().unwrap().end, 262_144);
         let per = embed.ranges()[0].len();
-        assert!(per % COOP_PART_ROWS == 0 && (per + COOP_PART_ROWS) * 2 * 2816 > LIMIT as usize, "{per} rows: as many whole tiles as fit");
+        assert!(per.is_multiple_of(COOP_PART_ROWS) && (per + COOP_PART_ROWS) * 2 * 2816 > LIMIT as usize, "{per} rows: as many whole tiles as fit");
         // A layer's F16 experts [128, 1408, 2816] (1.01 GB) and [128, 2816, 704]: whole experts.
         let gate_up = Parts::experts("gate_up", 128, 2 * 1408 * 2816, LIMIT).unwrap();
         assert_eq!((gate_up.len(), gate_up.ranges()[0].len()), (8, 16));

@@ -46,7 +46,7 @@ fn every_part_of_a_split_panelled_matrix_runs_on_the_tensor_cores() {
     let parts = Parts::rows("mlp.gate_up", rows, 2 * H as u64, rows, true, 16 << 20).unwrap();
     assert!(parts.len() >= 2);
     for r in parts.ranges() {
-        assert!(r.start % COOP_PART_ROWS == 0);
+        assert!(r.start.is_multiple_of(COOP_PART_ROWS));
         let p = GemmParams::linear(CANVAS, r.len() as u32, H as u32);
         let plan = planner.dense(WeightFormat::F16, MatrixLayout::KPanels, &p, true, None).unwrap();
         assert!(matches!(plan, Dense::TensorCores(_)), "rows {r:?}: {plan:?}");
