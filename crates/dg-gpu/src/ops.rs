@@ -15,7 +15,7 @@ use crate::error::GpuError;
 use crate::plan::{Pipelines, Plan, PlanBuilder, groups_1d};
 use crate::planner::{CoopPlan, Dense, Grouped, NoKernel, Planner};
 use crate::tuning::{RowLanes, Tuning};
-use crate::parts::SplitMatrix;
+use crate::parts::{SplitMatrix, part_products};
 use crate::weights::{GpuMatrix, MatrixLayout};
 
 /// Records dispatches into a plan.
@@ -373,7 +373,7 @@ impl<'a> Recorder<'a> {
 
     /// `c = a · b` with the strides, batches, accumulate and epilogue of `p` (see
     /// `dg_kernels::gemm`; offsets and strides in elements whatever B's format), B as stored (an
-    /// uploaded [`GpuMatrix`], or any buffer through [`Operand`]), and C whole. How it runs is the
+    /// uploaded [`GpuMatrix`] or [`SplitMatrix`], or any buffer through [`Operand`]), and C whole. How it runs is the
     /// planner's choice ([`Planner::dense`]): with `tensor_cores` (the F16 mode) on a device with
     /// cooperative matrices, on the tensor cores where a tile takes the product (A and B rounded to
     /// f16 when staged, f32 accumulation; f32 B with ragged columns as a tensor-core body and a
@@ -450,62 +450,20 @@ impl<'a> Recorder<'a> {
         p: GemmParams,
         tensor_cores: bool,
     ) -> Result<Product<'a>, GpuError> {
-        let cols = w.unit_elems as u32;
-        let batches = p.batch.max(1);
-        if p.b_rs != 1 || p.b_cs != cols || !p.b_offset.is_multiple_of(cols) || (batches > 1 && (!p.b_batch.is_multiple_of(cols) || p.b_batch_div > 1)) {
-            return Err(GpuError::Unsupported {
+        let whole = self.planner().dense(w.format, w.layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)?;
+        for (range, piece) in w.parts.ranges().iter().zip(&w.pieces) {
+            let products = part_products(&p, w.unit_elems, range.clone()).ok_or_else(|| GpuError::Unsupported {
                 what: format!(
-                    "a product over a weight split across {} bindings that does not read whole rows of {cols} (b_offset {} b_rs {} b_cs {} b_batch {})",
+                    "a product over a weight split across {} bindings that does not read whole rows of {} (b_offset {} b_rs {} b_cs {} b_batch {} b_batch_div {})",
                     w.parts.len(),
+                    w.unit_elems,
                     p.b_offset,
                     p.b_rs,
                     p.b_cs,
-                    p.b_batch
+                    p.b_batch,
+                    p.b_batch_div
                 ),
-            });
-        }
-        let whole = self.planner().dense(w.format, w.layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)?;
-        let first_row = |b: u32| (p.b_offset + b * p.b_batch) / cols;
-        for (range, piece) in w.parts.ranges().iter().zip(&w.pieces) {
-            let (start, end) = (range.start as u32, range.end as u32);
-            // Runs of whole batches in this part, and batches it holds some columns of.
-            let mut products = Vec::new();
-            let mut run: Option<(u32, u32)> = None;
-            for b in 0..batches {
-                let (lo, hi) = (first_row(b).max(start), (first_row(b) + p.n).min(end));
-                let whole_batch = lo == first_row(b) && hi == first_row(b) + p.n;
-                match run {
-                    Some((b0, count)) if whole_batch && b0 + count == b => run = Some((b0, count + 1)),
-                    _ => {
-                        products.extend(run.take().map(|(b0, count)| GemmParams {
-                            batch: count,
-                            a_offset: p.a_offset + b0 * p.a_batch,
-                            b_offset: (first_row(b0) - start) * cols,
-                            c_offset: p.c_offset + b0 * p.c_batch,
-                            ..p
-                        }));
-                        if whole_batch {
-                            run = Some((b, 1));
-                        } else if lo < hi {
-                            products.push(GemmParams {
-                                n: hi - lo,
-                                batch: 1,
-                                a_offset: p.a_offset + b * p.a_batch,
-                                b_offset: (lo - start) * cols,
-                                c_offset: p.c_offset + b * p.c_batch + (lo - first_row(b)),
-                                ..p
-                            });
-                        }
-                    }
-                }
-            }
-            products.extend(run.map(|(b0, count)| GemmParams {
-                batch: count,
-                a_offset: p.a_offset + b0 * p.a_batch,
-                b_offset: (first_row(b0) - start) * cols,
-                c_offset: p.c_offset + b0 * p.c_batch,
-                ..p
-            }));
+            })?;
             for q in products {
                 match whole {
                     Dense::Portable { tile } => {
@@ -557,7 +515,8 @@ impl<'a> Recorder<'a> {
     /// experts `w` as stored (`b_group_stride` in elements either way) and A stored as
     /// `a_format`: experts in K panels on the tensor-core grouped GEMM, row-major ones on the
     /// portable one ([`Planner::grouped`]); f16 activations only for the tensor cores, anything else
-    /// is [`GpuError::Unsupported`].
+    /// is [`GpuError::Unsupported`]. Experts split across bindings ([`SplitMatrix`]) run one
+    /// dispatch per part of experts.
     #[allow(clippy::too_many_arguments)]
     pub fn grouped_product(
         &mut self,

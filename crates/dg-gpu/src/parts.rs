@@ -15,6 +15,7 @@
 use std::ops::Range;
 
 use dg_kernels::WeightFormat;
+use dg_kernels::gemm::GemmParams;
 use dg_model::StoredTensor;
 
 use crate::error::GpuError;
@@ -119,6 +120,57 @@ impl SplitMatrix {
     }
 }
 
+/// The products that compute `p` (see `dg_kernels::gemm`) over the part of a split `W[n][k]`
+/// holding rows `rows` (of `cols` elements each), B read from the part's own first element: the
+/// batches whose rows all lie in the part as runs of one product each, and a batch the part
+/// holds only some of the rows of as a product of those columns (into the same columns of C).
+/// Batches the part holds no row of give nothing. `None` where `p` does not read whole rows of
+/// W, one B batch per batch (`b_rs` 1, `b_cs` = `cols`, `b_offset` and `b_batch` whole rows,
+/// `b_batch_div` 1).
+pub fn part_products(p: &GemmParams, cols: usize, rows: Range<usize>) -> Option<Vec<GemmParams>> {
+    let cols = cols as u32;
+    let batches = p.batch.max(1);
+    let whole_rows = |v: u32| cols > 0 && v.is_multiple_of(cols);
+    if p.b_rs != 1 || p.b_cs != cols || !whole_rows(p.b_offset) || (batches > 1 && (!whole_rows(p.b_batch) || p.b_batch_div > 1)) {
+        return None;
+    }
+    let (start, end) = (rows.start as u32, rows.end as u32);
+    let first_row = |b: u32| (p.b_offset + b * p.b_batch) / cols;
+    let run = |(b0, count): (u32, u32)| GemmParams {
+        batch: count,
+        a_offset: p.a_offset + b0 * p.a_batch,
+        b_offset: (first_row(b0) - start) * cols,
+        c_offset: p.c_offset + b0 * p.c_batch,
+        ..*p
+    };
+    let mut products = Vec::new();
+    let mut current: Option<(u32, u32)> = None;
+    for b in 0..batches {
+        let (lo, hi) = (first_row(b).max(start), (first_row(b) + p.n).min(end));
+        let whole_batch = lo == first_row(b) && hi == first_row(b) + p.n;
+        match current {
+            Some((b0, count)) if whole_batch && b0 + count == b => current = Some((b0, count + 1)),
+            _ => {
+                products.extend(current.take().map(run));
+                if whole_batch {
+                    current = Some((b, 1));
+                } else if lo < hi {
+                    products.push(GemmParams {
+                        n: hi - lo,
+                        batch: 1,
+                        a_offset: p.a_offset + b * p.a_batch,
+                        b_offset: (lo - start) * cols,
+                        c_offset: p.c_offset + b * p.c_batch + (lo - first_row(b)),
+                        ..*p
+                    });
+                }
+            }
+        }
+    }
+    products.extend(current.map(run));
+    Some(products)
+}
+
 /// Rows `rows` of `stacked` (tensors of `cols` columns stacked by rows), as views of their stored
 /// bytes; an error naming `what` where a row is not whole blocks of a quantized dtype.
 pub(crate) fn stored_rows<'x>(
@@ -189,7 +241,10 @@ mod tests {
         assert!(embed.ranges().iter().all(|r| r.start.is_multiple_of(COOP_PART_ROWS) && r.len() * 2 * 2816 <= LIMIT as usize));
         assert_eq!(embed.ranges().last().unwrap().end, 262_144);
         let per = embed.ranges()[0].len();
-        assert!(per.is_multiple_of(COOP_PART_ROWS) && (per + COOP_PART_ROWS) * 2 * 2816 > LIMIT as usize, "{per} rows: as many whole tiles as fit");
+        assert!(
+            per.is_multiple_of(COOP_PART_ROWS) && (per + COOP_PART_ROWS) * 2 * 2816 > LIMIT as usize,
+            "{per} rows: as many whole tiles as fit"
+        );
         // A layer's F16 experts [128, 1408, 2816] (1.01 GB) and [128, 2816, 704]: whole experts.
         let gate_up = Parts::experts("gate_up", 128, 2 * 1408 * 2816, LIMIT).unwrap();
         assert_eq!((gate_up.len(), gate_up.ranges()[0].len()), (8, 16));
@@ -214,5 +269,44 @@ mod tests {
         assert!(e.contains("o_proj") && e.contains("128 rows"), "{e}");
         let e = Parts::rows("qkv", 128, 192, 64, false, 8 << 10).unwrap_err().to_string();
         assert!(e.contains("qkv") && e.contains("64 rows") && e.contains("12288"), "{e}");
+    }
+
+    #[test]
+    fn a_dense_product_runs_per_part_into_its_columns() {
+        // x[8, 48] · W[100, 48]ᵀ into C[8, 100] from column 3 of rows of 120, W cut at row 40.
+        let p = GemmParams { c_offset: 3, c_rs: 120, ..GemmParams::linear(8, 100, 48) };
+        let first = part_products(&p, 48, 0..40).unwrap();
+        let second = part_products(&p, 48, 40..100).unwrap();
+        assert_eq!(first, vec![GemmParams { n: 40, ..p }]);
+        assert_eq!(second, vec![GemmParams { n: 60, b_offset: 0, c_offset: 43, ..p }]);
+        // Whole-row strides only.
+        assert_eq!(part_products(&GemmParams { b_offset: 5, ..p }, 48, 0..40), None);
+        assert_eq!(part_products(&GemmParams::new(8, 100, 48), 48, 0..40), None);
+    }
+
+    #[test]
+    fn batched_blocks_run_as_runs_of_whole_batches() {
+        // q/K/V: 6 blocks of 32 rows of 48; the product of blocks 1..5 (`batch` 4 from row 32),
+        // parts of two blocks: blocks 0-1, 2-3, 4-5.
+        let (m, rows, h) = (8u32, 32u32, 48u32);
+        let p =
+            GemmParams { batch: 4, b_offset: rows * h, b_batch: rows * h, c_batch: m * rows, a_batch: 0, ..GemmParams::linear(m, rows, h) };
+        let parts: Vec<Vec<GemmParams>> = [0..64, 64..128, 128..192].into_iter().map(|r| part_products(&p, 48, r).unwrap()).collect();
+        assert_eq!(parts[0], vec![GemmParams { batch: 1, b_offset: rows * h, ..p }]);
+        assert_eq!(parts[1], vec![GemmParams { batch: 2, b_offset: 0, c_offset: m * rows, ..p }]);
+        assert_eq!(parts[2], vec![GemmParams { batch: 1, b_offset: 0, c_offset: 3 * m * rows, ..p }]);
+        // Every output element is computed once: the batches and columns add up.
+        let covered: u32 = parts.iter().flatten().map(|q| q.batch * q.n).sum();
+        assert_eq!(covered, p.batch * p.n);
+    }
+
+    #[test]
+    fn a_batch_cut_by_a_part_boundary_runs_each_side_on_its_own() {
+        let p = GemmParams { batch: 2, b_batch: 10 * 4, c_batch: 2 * 10, a_batch: 0, ..GemmParams::linear(2, 10, 4) };
+        // Rows 0..20 cut at 15: batch 0 whole in the first part, batch 1 split 10..15 | 15..20.
+        let first = part_products(&p, 4, 0..15).unwrap();
+        assert_eq!(first, vec![GemmParams { batch: 1, ..p }, GemmParams { n: 5, batch: 1, b_offset: 40, c_offset: 20, ..p }]);
+        let second = part_products(&p, 4, 15..20).unwrap();
+        assert_eq!(second, vec![GemmParams { n: 5, batch: 1, b_offset: 0, c_offset: 25, ..p }]);
     }
 }

@@ -223,6 +223,15 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         Ok(SplitMatrix { parts, unit_elems: unit_rows * cols, pieces, format, layout })
     }
 
+    /// The format a matrix planned as `format` is stored in when laid out in `layout`: K panels
+    /// hold F16.
+    fn panelled(format: WeightFormat, layout: MatrixLayout) -> WeightFormat {
+        match layout {
+            MatrixLayout::KPanels => WeightFormat::F16,
+            MatrixLayout::RowMajor => format,
+        }
+    }
+
     /// Bytes `elements` elements of `what` take in `format`.
     fn bytes_for(what: &str, format: WeightFormat, elements: usize) -> Result<u64, GpuError> {
         format.bytes_for(elements).map(|b| b as u64).ok_or_else(|| GpuError::Unsupported {
@@ -236,13 +245,9 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     /// takes its products (`[m, k] · Wᵀ` for any m); otherwise row-major in the upload's format.
     /// Split by rows where it exceeds a binding ([`Parts::rows`]).
     fn projection(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<SplitMatrix, GpuError> {
-        let quantized = stored_quantized(parts);
-        let format = quantized.unwrap_or(self.format);
+        let format = stored_quantized(parts).unwrap_or(self.format);
         let layout = Planner::of(self.ctx).projection_layout(format, n, k);
-        let format = match layout {
-            MatrixLayout::KPanels => WeightFormat::F16,
-            MatrixLayout::RowMajor => format,
-        };
+        let format = Self::panelled(format, layout);
         let rows = parts.iter().map(|p| p.len()).sum::<usize>() / k.max(1);
         let row_bytes = Self::bytes_for(label, format, k)?;
         let cut = Parts::rows(label, rows, row_bytes, n, self.ctx.coop_matrix, self.ctx.weight_binding())?;
@@ -283,10 +288,8 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         let (e, n, k) = (t.shape[0], t.shape[1], t.shape[2]);
         let stored = self.stored(t)?;
         let format = stored_quantized(&[&stored]).unwrap_or(self.format);
-        let (format, layout) = match Planner::of(self.ctx).experts_layout(format, n, k) {
-            MatrixLayout::KPanels => (WeightFormat::F16, MatrixLayout::KPanels),
-            MatrixLayout::RowMajor => (format, MatrixLayout::RowMajor),
-        };
+        let layout = Planner::of(self.ctx).experts_layout(format, n, k);
+        let format = Self::panelled(format, layout);
         let cut = Parts::experts(&t.name, e, Self::bytes_for(&t.name, format, n * k)?, self.ctx.weight_binding())?;
         self.split_matrix(&t.name, &[&stored], (format, layout), k, n, cut, n)
     }

@@ -27,7 +27,13 @@ fn every_part_of_the_tied_head_runs_on_the_tensor_cores() {
     let parts = Parts::rows("embed", VOCAB, 2 * H as u64, VOCAB, true, CAPS.max_binding).unwrap();
     assert!(parts.len() >= 2);
     for r in parts.ranges() {
-        let head = GemmParams { c_offset: r.start as u32, c_rs: VOCAB as u32, epilogue: 1, cap: 30.0, ..GemmParams::linear(CANVAS, r.len() as u32, H as u32) };
+        let head = GemmParams {
+            c_offset: r.start as u32,
+            c_rs: VOCAB as u32,
+            epilogue: 1,
+            cap: 30.0,
+            ..GemmParams::linear(CANVAS, r.len() as u32, H as u32)
+        };
         let plan = planner.dense(WeightFormat::Bf16, MatrixLayout::RowMajor, &head, true, None).unwrap();
         assert!(matches!(plan, Dense::TensorCores(_)), "head rows {r:?}: {plan:?}");
     }

@@ -108,7 +108,10 @@ fn split_weights_compute_what_whole_weights_do() {
         assert!(bits(&whole.1) == bits(&split.1), "{what}: plain logits differ (normwise {:e})", normwise(&split.1, &whole.1));
         let err = normwise(&split.2, &whole.2);
         assert!(err <= GPU_LOGITS_TOLERANCE, "{what}: self-conditioned logits {err:e} from the unsplit model's");
-        eprintln!("{what}: parts {counts:?}; self-conditioned logits {err:e} from unsplit ({})", if err == 0.0 { "identical" } else { "reordered soft embedding" });
+        eprintln!(
+            "{what}: parts {counts:?}; self-conditioned logits {err:e} from unsplit ({})",
+            if err == 0.0 { "identical" } else { "reordered soft embedding" }
+        );
     }
 }
 
