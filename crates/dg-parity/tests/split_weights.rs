@@ -1,7 +1,8 @@
 //! Weights split across storage bindings (`dg_gpu::parts`) compute what the same weights in one
 //! binding each compute. A weight-binding cap (`Tuning::weight_binding`) small enough that the
 //! embedding / tied head, a layer's q/K/V and dense MLP matrices and both expert tensors each take
-//! two or more buffers, on `default-pattern-8experts` in f32 and BF16 (the portable kernels).
+//! two or more buffers: on `default-pattern-8experts` in f32, BF16 and F16, and on the GGUF
+//! fixtures' ggml blocks (the portable kernels; lavapipe has no tensor cores).
 //!
 //! Every product runs per part over the same terms in the same order (a dense product per range
 //! of output columns with the whole product's tile, the experts per range of experts), and the
@@ -25,8 +26,12 @@ use dg_sampler::{NoHooks, SeededRng};
 
 const FIXTURE: &str = "default-pattern-8experts";
 
+fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+}
+
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(FIXTURE)
+    fixture_dir(FIXTURE)
 }
 
 /// A context like `test_context`'s whose weight buffers are capped at `cap` bytes.
@@ -34,15 +39,6 @@ fn capped(cap: Option<u64>) -> GpuContext {
     let mut opts = GpuOptions::from_env().unwrap();
     opts.tuning.weight_binding = cap;
     GpuContext::new(&opts).unwrap()
-}
-
-/// The caps that split the fixture's tensors in each format (the embedding 512 × 48, experts
-/// [8, 32, 48] and [8, 48, 16], q/K/V blocks of 32 or 64 rows of 48).
-fn cap(format: WeightFormat) -> u64 {
-    match format {
-        WeightFormat::F32 => 16 << 10,
-        _ => 8 << 10,
-    }
 }
 
 /// Bit patterns, so that -0.0 ≠ 0.0 and NaNs compare.
@@ -57,22 +53,42 @@ fn normwise(a: &[f32], b: &[f32]) -> f64 {
     (d / n).sqrt()
 }
 
+/// One split to check: a fixture, the upload format and the weight-binding cap.
+struct Case {
+    fixture: &'static str,
+    format: WeightFormat,
+    cap: u64,
+}
+
+/// Every format the portable kernels read: f32, BF16 and F16 on `default-pattern-8experts`, and
+/// ggml blocks as stored from the GGUF fixtures (Q8_0 matrices and experts with an f32
+/// embedding; Q4_K experts, Q8_0 attention and a BF16 embedding widened to f32). Each cap is
+/// below the fixture's embedding, q/K/V, MLP gate/up and expert tensors (all but `gguf-q4_k_m`'s
+/// Q5_0 down projection, 22 KiB) and at least its largest q/K/V block and expert.
+const CASES: [Case; 5] = [
+    Case { fixture: FIXTURE, format: WeightFormat::F32, cap: 16 << 10 },
+    Case { fixture: FIXTURE, format: WeightFormat::Bf16, cap: 8 << 10 },
+    Case { fixture: FIXTURE, format: WeightFormat::F16, cap: 8 << 10 },
+    Case { fixture: "gguf-q8_0", format: WeightFormat::F32, cap: 6 << 10 },
+    Case { fixture: "gguf-q4_k_m", format: WeightFormat::F32, cap: 24 << 10 },
+];
+
 #[test]
 fn split_weights_compute_what_whole_weights_do() {
     if test_context("split_weights_compute_what_whole_weights_do").is_none() {
         return;
     }
-    let dir = ModelDir::open(&fixture()).unwrap();
-    let reference = Reference::open(&fixture()).unwrap();
-    let prompt = reference.ids("prompt_ids").unwrap();
-    let (c, v) = (dir.config.canvas_length, dir.config.text.vocab_size);
-    let canvas: Vec<u32> = (0..c).map(|i| ((i * 37 + 5) % v) as u32).collect();
-    let weights = dir.load_weights().unwrap();
-    for format in [WeightFormat::F32, WeightFormat::Bf16] {
-        let what = format!("{format:?}");
+    for case in &CASES {
+        let path = fixture_dir(case.fixture);
+        let dir = ModelDir::open(&path).unwrap();
+        let prompt = Reference::open(&path).unwrap().ids("prompt_ids").unwrap();
+        let (c, v) = (dir.config.canvas_length, dir.config.text.vocab_size);
+        let canvas: Vec<u32> = (0..c).map(|i| ((i * 37 + 5) % v) as u32).collect();
+        let (format, src) = (case.format, &dir.checkpoint);
+        let what = format!("{} {format:?}", case.fixture);
         // The cap splits what the test says it does.
-        let split = GpuWeights::upload(&capped(Some(cap(format))), &dir.config.text, &weights, format).unwrap();
-        let whole = GpuWeights::upload(&capped(None), &dir.config.text, &weights, format).unwrap();
+        let split = GpuWeights::upload(&capped(Some(case.cap)), &dir.config.text, src, format).unwrap();
+        let whole = GpuWeights::upload(&capped(None), &dir.config.text, src, format).unwrap();
         let l = &split.layers[0];
         let counts = [
             ("embedding", split.embed.len()),
@@ -81,15 +97,17 @@ fn split_weights_compute_what_whole_weights_do() {
             ("experts gate/up", l.experts_gate_up.parts.len()),
             ("experts down", l.experts_down.parts.len()),
         ];
-        assert!(counts.iter().all(|(_, n)| *n >= 2), "{what}: parts {counts:?}");
+        let must = if case.fixture == "gguf-q4_k_m" { &counts[..4] } else { &counts[..] };
+        assert!(must.iter().all(|(_, n)| *n >= 2), "{what}: parts {counts:?}");
         assert_eq!(whole.embed.len(), 1, "{what}");
         assert!(!whole.layers[0].experts_gate_up.is_split(), "{what}");
         assert_eq!((split.bytes, split.parameters), (whole.bytes, whole.parameters), "{what}: a split adds or loses weights");
+        let formats = (l.qkv_proj.format, l.experts_gate_up.format, l.experts_down.format);
         drop((split, whole));
 
-        let mut models: Vec<GpuModel> = [None, Some(cap(format))]
+        let mut models: Vec<GpuModel> = [None, Some(case.cap)]
             .into_iter()
-            .map(|cap| GpuModel::with_format(capped(cap), &dir.config, &weights, 256, format).unwrap())
+            .map(|cap| GpuModel::from_source(capped(cap), &dir.config, src, 256, format).unwrap())
             .collect();
         let mut outputs = Vec::new();
         for m in &mut models {
@@ -109,7 +127,7 @@ fn split_weights_compute_what_whole_weights_do() {
         let err = normwise(&split.2, &whole.2);
         assert!(err <= GPU_LOGITS_TOLERANCE, "{what}: self-conditioned logits {err:e} from the unsplit model's");
         eprintln!(
-            "{what}: parts {counts:?}; self-conditioned logits {err:e} from unsplit ({})",
+            "{what}: parts {counts:?} (q/K/V, experts as {formats:?}); self-conditioned logits {err:e} from unsplit ({})",
             if err == 0.0 { "identical" } else { "reordered soft embedding" }
         );
     }
@@ -124,7 +142,7 @@ fn a_split_resident_generation_gives_the_unsplit_tokens() {
     let reference = Reference::open(&fixture()).unwrap();
     let prompt = reference.ids("prompt_ids").unwrap();
     let cfg = replay_config(&reference, &dir.generation, &dir.config).unwrap();
-    let tokens: Vec<Vec<u32>> = [None, Some(cap(WeightFormat::F32))]
+    let tokens: Vec<Vec<u32>> = [None, Some(CASES[0].cap)]
         .into_iter()
         .map(|cap| {
             let mut gpu = GpuBackend::new(capped(cap), &dir.config, dir.load_weights().unwrap(), 512).unwrap();
