@@ -218,6 +218,12 @@ impl GpuContext {
         self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 
+    /// Largest buffer one weight tensor's part may take: [`Self::max_binding`], or
+    /// [`Tuning::weight_binding`] where that is lower (`crate::weights::Parts` splits by it).
+    pub fn weight_binding(&self) -> u64 {
+        self.tuning.weight_binding.map_or(self.max_binding(), |cap| cap.min(self.max_binding()))
+    }
+
     /// A storage buffer of `size` bytes (at least 4), checked against the limits.
     pub fn storage_buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer, GpuError> {
         let size = size.max(4).next_multiple_of(4);

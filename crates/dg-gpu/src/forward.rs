@@ -98,10 +98,10 @@ pub fn record_canvas_forward<'a>(
             &w.sc_gate_up,
             &a.gate_up,
             linear_params(c, 2 * inter, h),
-            w.on_tensor_cores(&w.sc_gate_up),
+            w.on_tensor_cores(w.sc_gate_up.format),
         )?;
         rec.gelu_glu_fused(gate_up, &a.act, c, inter)?;
-        rec.product(&a.act, &w.sc_down, &a.proj, linear_params(c, h, inter), w.on_tensor_cores(&w.sc_down))?;
+        rec.product(&a.act, &w.sc_down, &a.proj, linear_params(c, h, inter), w.on_tensor_cores(w.sc_down.format))?;
         rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?;
     }
     // h0 = post_norm(e + signal), weightless.
@@ -267,7 +267,7 @@ fn record_layer_with<'a>(
     };
     let k_rows = Some((&l.k_norm, &cache.keys, first_row * row));
     let planner = rec.planner();
-    let qkv_tc = w.on_tensor_cores(&l.qkv_proj);
+    let qkv_tc = w.on_tensor_cores(l.qkv_proj.format);
     if !kv_only
         && planner.merge_qkv(l.qkv_proj.format, l.qkv_proj.layout, &blocks(group, 0), &blocks(halves, group), rec.split_scratch_len())
     {
@@ -374,7 +374,7 @@ fn record_layer_with<'a>(
         ..bytemuck::Zeroable::zeroed()
     };
     rec.product(&a.scores, &cache.values, &a.attn, values, tc)?;
-    let o = rec.product_to_consumer(&a.attn, &l.o_proj, &a.proj, linear_params(c, h, heads * d), w.on_tensor_cores(&l.o_proj))?;
+    let o = rec.product_to_consumer(&a.attn, &l.o_proj, &a.proj, linear_params(c, h, heads * d), w.on_tensor_cores(l.o_proj.format))?;
     // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
     // pre_feedforward_layernorm(h) in `normed`, and in `branch_in` the experts' input
     // pre_feedforward_layernorm_2(h) and (c·h further) the router's rms(h)·scale·H^-½.
@@ -396,7 +396,8 @@ fn record_layer_with<'a>(
     // MLP's down projection is the last split product before the closing norms read it).
     let (e, k, ei) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size);
     let router = GemmParams { a_offset: (c * h) as u32, ..linear_params(c, e, h) };
-    let logits = rec.product_to_consumer(&a.branch_in, &l.router_proj, &a.router_logits, router, w.on_tensor_cores(&l.router_proj))?;
+    let logits =
+        rec.product_to_consumer(&a.branch_in, &l.router_proj, &a.router_logits, router, w.on_tensor_cores(l.router_proj.format))?;
     rec.router_topk(logits, &l.per_expert_scale, &a.topk_idx, &a.topk_w, c, e, k)?;
 
     // The two branches' gate/up products, then both activations in one dispatch, then both down
@@ -417,15 +418,21 @@ fn record_layer_with<'a>(
         gather: u32::from(gather),
         tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len((c * k) as u32, e as u32, tile_rows) },
         tile_rows,
-        _pad: [0; 2],
+        first_group: 0,
+        _pad: 0,
     };
     // The dispatch also lists the experts' m tiles that hold slots, for the tensor-core GEMMs'
     // grids (a product whose tile has other rows covers `max_rows` instead).
     let tile_rows =
         planner.expert_tile_rows(l.experts_gate_up.format, l.experts_gate_up.layout, (c * k) as u32, &grouped(2 * ei, h, true, 0));
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e, tile_rows)?;
-    let gate_up =
-        rec.product_to_consumer(&a.normed, &l.mlp_gate_up, &a.gate_up, linear_params(c, 2 * inter, h), w.on_tensor_cores(&l.mlp_gate_up))?;
+    let gate_up = rec.product_to_consumer(
+        &a.normed,
+        &l.mlp_gate_up,
+        &a.gate_up,
+        linear_params(c, 2 * inter, h),
+        w.on_tensor_cores(l.mlp_gate_up.format),
+    )?;
     rec.grouped_product(
         (&a.branch_in, experts_in),
         &l.experts_gate_up,
@@ -447,7 +454,7 @@ fn record_layer_with<'a>(
         c * k,
         grouped(h, ei, false, tile_rows),
     )?;
-    let mlp = rec.product_to_consumer(&a.act, &l.mlp_down, &a.proj, linear_params(c, h, inter), w.on_tensor_cores(&l.mlp_down))?;
+    let mlp = rec.product_to_consumer(&a.act, &l.mlp_down, &a.proj, linear_params(c, h, inter), w.on_tensor_cores(l.mlp_down.format))?;
     // moe = the experts' outputs combined by token;
     // dense = post_feedforward_layernorm_1(mlp) + post_feedforward_layernorm_2(moe);
     // h = (h + post_feedforward_layernorm(dense)) · layer_scalar; and the next norm of h into

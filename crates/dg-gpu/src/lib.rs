@@ -13,6 +13,7 @@ pub mod forward;
 pub mod model;
 pub mod ops;
 pub mod pack;
+pub mod parts;
 pub mod plan;
 pub mod planner;
 mod staging;

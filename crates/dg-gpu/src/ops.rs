@@ -12,6 +12,7 @@ use dg_kernels::{
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
+use crate::parts::{SplitMatrix, part_products};
 use crate::plan::{Pipelines, Plan, PlanBuilder, groups_1d};
 use crate::planner::{CoopPlan, Dense, Grouped, NoKernel, Planner};
 use crate::tuning::{RowLanes, Tuning};
@@ -85,18 +86,21 @@ impl Batches {
 }
 
 /// A matrix operand as stored: its buffer, element format and layout (offsets and strides of a
-/// product's parameters count elements whatever the format).
+/// product's parameters count elements whatever the format); a weight split across bindings
+/// also names its parts, and its products run per part.
 #[derive(Debug, Clone, Copy)]
 pub struct Operand<'a> {
     pub buffer: &'a wgpu::Buffer,
     pub format: WeightFormat,
     pub layout: MatrixLayout,
+    /// The weight's parts, where it has more than one (`buffer` is then its first).
+    pub split: Option<&'a SplitMatrix>,
 }
 
 impl<'a> Operand<'a> {
     /// `buffer` holding row-major values stored as `format`.
     pub fn stored(buffer: &'a wgpu::Buffer, format: WeightFormat) -> Self {
-        Operand { buffer, format, layout: MatrixLayout::RowMajor }
+        Operand { buffer, format, layout: MatrixLayout::RowMajor, split: None }
     }
 }
 
@@ -109,7 +113,13 @@ impl<'a> From<&'a wgpu::Buffer> for Operand<'a> {
 
 impl<'a> From<&'a GpuMatrix> for Operand<'a> {
     fn from(m: &'a GpuMatrix) -> Self {
-        Operand { buffer: &m.buffer, format: m.format, layout: m.layout }
+        Operand { buffer: &m.buffer, format: m.format, layout: m.layout, split: None }
+    }
+}
+
+impl<'a> From<&'a SplitMatrix> for Operand<'a> {
+    fn from(m: &'a SplitMatrix) -> Self {
+        Operand { split: m.is_split().then_some(m), ..Operand::from(&m.pieces[0]) }
     }
 }
 
@@ -363,7 +373,7 @@ impl<'a> Recorder<'a> {
 
     /// `c = a · b` with the strides, batches, accumulate and epilogue of `p` (see
     /// `dg_kernels::gemm`; offsets and strides in elements whatever B's format), B as stored (an
-    /// uploaded [`GpuMatrix`], or any buffer through [`Operand`]), and C whole. How it runs is the
+    /// uploaded [`GpuMatrix`] or [`SplitMatrix`], or any buffer through [`Operand`]), and C whole. How it runs is the
     /// planner's choice ([`Planner::dense`]): with `tensor_cores` (the F16 mode) on a device with
     /// cooperative matrices, on the tensor cores where a tile takes the product (A and B rounded to
     /// f16 when staged, f32 accumulation; f32 B with ragged columns as a tensor-core body and a
@@ -407,6 +417,9 @@ impl<'a> Recorder<'a> {
         tensor_cores: bool,
         defer: bool,
     ) -> Result<Product<'a>, GpuError> {
+        if let Some(w) = b.split {
+            return self.dense_parts(a, w, c, p, tensor_cores);
+        }
         match self.planner().dense(b.format, b.layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)? {
             Dense::TensorCores(plan) => self.coop_product(a, b, c, p, plan, defer),
             Dense::BodyAndTail { n_body } => {
@@ -419,6 +432,51 @@ impl<'a> Recorder<'a> {
                 Ok(c.into())
             }
         }
+    }
+
+    /// [`Self::dense`] over a weight split by rows ([`SplitMatrix`]): B must read `W[n][k]` rows
+    /// (`b_rs` 1, `b_cs` the rows' length, offsets at whole rows, one B batch per batch); per
+    /// part, the batches whose rows lie in it run as one product, and a batch cut by a part
+    /// boundary runs the part's columns on their own, into those columns of C. Where the whole
+    /// product runs on the portable GEMM, every part takes its tile (the same arithmetic per
+    /// element, so the results are the unsplit product's bit for bit); on the tensor cores each
+    /// part is planned on its own (parts of whole tiles, [`crate::parts::COOP_PART_ROWS`]). C is
+    /// always written whole (no deferred split-K partials).
+    fn dense_parts(
+        &mut self,
+        a: &'a wgpu::Buffer,
+        w: &'a SplitMatrix,
+        c: &'a wgpu::Buffer,
+        p: GemmParams,
+        tensor_cores: bool,
+    ) -> Result<Product<'a>, GpuError> {
+        let whole = self.planner().dense(w.format, w.layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)?;
+        for (range, piece) in w.parts.ranges().iter().zip(&w.pieces) {
+            let products = part_products(&p, w.unit_elems, range.clone()).ok_or_else(|| GpuError::Unsupported {
+                what: format!(
+                    "a product over a weight split across {} bindings that does not read whole rows of {} (b_offset {} b_rs {} b_cs {} b_batch {} b_batch_div {})",
+                    w.parts.len(),
+                    w.unit_elems,
+                    p.b_offset,
+                    p.b_rs,
+                    p.b_cs,
+                    p.b_batch,
+                    p.b_batch_div
+                ),
+            })?;
+            for q in products {
+                match whole {
+                    Dense::Portable { tile } => {
+                        let g = gemm::workgroups(tile, q.m, q.n, q.batch);
+                        self.push(K::Gemm { tile, w: w.format }, &q, &[a, &piece.buffer, c], g)?;
+                    }
+                    _ => {
+                        self.dense(a, piece.into(), c, q, tensor_cores, false)?;
+                    }
+                }
+            }
+        }
+        Ok(c.into())
     }
 
     /// `p` on the tensor cores as planned (split K into the split-K scratch where the plan says
@@ -457,7 +515,8 @@ impl<'a> Recorder<'a> {
     /// experts `w` as stored (`b_group_stride` in elements either way) and A stored as
     /// `a_format`: experts in K panels (F16, or ggml blocks) on the tensor-core grouped GEMM,
     /// row-major ones on the portable one ([`Planner::grouped`]); f16 activations only for the
-    /// tensor cores, anything else is [`GpuError::Unsupported`].
+    /// tensor cores, anything else is [`GpuError::Unsupported`]. Experts split across bindings
+    /// ([`SplitMatrix`]) run one dispatch per part of experts.
     #[allow(clippy::too_many_arguments)]
     pub fn grouped_product(
         &mut self,
@@ -470,23 +529,51 @@ impl<'a> Recorder<'a> {
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
         let w = w.into();
-        match self.planner().grouped(w.format, w.layout, &p, slots as u32).map_err(unsupported)? {
-            Grouped::Portable { .. } if a_format != AFormat::F32 => Err(GpuError::Unsupported {
+        let plan = self.planner().grouped(w.format, w.layout, &p, slots as u32).map_err(unsupported)?;
+        if let Grouped::Portable { .. } = plan
+            && a_format != AFormat::F32
+        {
+            return Err(GpuError::Unsupported {
                 what: format!(
                     "{a_format:?} activations for row-major experts (n {} k {}): only the tensor-core kernel reads them",
                     p.n, p.k
                 ),
-            }),
+            });
+        }
+        let Some(split) = w.split else {
+            return self.grouped_planned((a, a_format), w.buffer, w.format, (offsets, rows, c), p, plan);
+        };
+        // Experts split across bindings: the whole product's plan per part of experts, each
+        // reading its experts' offsets from the part's first (no tile table: it lists every
+        // expert's tiles), the same arithmetic per slot as unsplit.
+        for (range, piece) in split.parts.ranges().iter().zip(&split.pieces) {
+            let q = GroupedGemmParams { groups: range.len() as u32, first_group: range.start as u32, tiles: 0, ..p };
+            self.grouped_planned((a, a_format), &piece.buffer, split.format, (offsets, rows, c), q, plan)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::grouped_product`] of `p` on experts `w` stored as `format`, as `plan` says.
+    fn grouped_planned(
+        &mut self,
+        (a, a_format): (&'a wgpu::Buffer, AFormat),
+        w: &'a wgpu::Buffer,
+        format: WeightFormat,
+        (offsets, rows, c): (&'a wgpu::Buffer, &'a wgpu::Buffer, &'a wgpu::Buffer),
+        p: GroupedGemmParams,
+        plan: Grouped,
+    ) -> Result<(), GpuError> {
+        match plan {
             Grouped::Portable { tile } => {
                 let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
-                self.push(K::GroupedGemm { tile, w: w.format }, &p, &[a, w.buffer, offsets, rows, c], g)
+                self.push(K::GroupedGemm { tile, w: format }, &p, &[a, w, offsets, rows, c], g)
             }
             Grouped::TensorCores { tile, path } => {
                 let p = coop_grouped_gemm::params_for(tile, &p);
                 self.push(
-                    K::CoopGroupedGemm { tile, path, w: w.format, a: a_format },
+                    K::CoopGroupedGemm { tile, path, w: format, a: a_format },
                     &p,
-                    &[a, w.buffer, offsets, rows, c],
+                    &[a, w, offsets, rows, c],
                     coop_grouped_gemm::workgroups(tile, &p),
                 )
             }

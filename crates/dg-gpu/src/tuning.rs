@@ -53,6 +53,10 @@ pub struct Tuning {
     pub coop_grouped_path: Option<WPath>,
     /// `DG_COOP_GROUPED_DEPTH=N`: the experts' tensor-core tile's loads `N` K steps ahead.
     pub coop_grouped_depth: Option<u32>,
+    /// Caps the bytes of one weight buffer ([`crate::GpuContext::weight_binding`]) below the
+    /// device's largest binding: weights larger than it are split across bindings as on a device
+    /// whose limit it is (tests force splits with it on small models). No variable sets it.
+    pub weight_binding: Option<u64>,
 }
 
 impl Default for Tuning {
@@ -72,6 +76,7 @@ impl Default for Tuning {
             coop_grouped_tile: None,
             coop_grouped_path: None,
             coop_grouped_depth: None,
+            weight_binding: None,
         }
     }
 }

@@ -2,9 +2,10 @@
 //!
 //! Layouts stay PyTorch's `[out, in]`; the dense and self-conditioning MLPs' gate and up
 //! projections are concatenated into one `[2·I, H]` matrix so one GEMM computes both, and a
-//! layer's q, K and V projections into one matrix of blocks ([`GpuLayer::qkv_proj`]). The
-//! embedding (also the tied head) is split by rows into chunks that each fit the adapter's
-//! largest storage binding (the real one is 2.95 GB in f32, over the H200's 2 GiB).
+//! layer's q, K and V projections into one matrix of blocks ([`GpuLayer::qkv_proj`]). A tensor
+//! larger than the adapter's largest storage binding is split across several ([`crate::parts`]):
+//! the embedding (also the tied head) by vocabulary rows (the real one is 2.95 GB in f32, over the
+//! H200's 2 GiB), dense matrices by rows, the experts by whole experts.
 //!
 //! Matrices are stored in a [`WeightFormat`] chosen at load: f32, BF16 (2 bytes per parameter,
 //! exact for a BF16 checkpoint; the kernels unpack it and compute in f32), or the F16 mode (2 bytes
@@ -25,10 +26,11 @@ use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredDtype, StoredTen
 use crate::context::GpuContext;
 use crate::error::GpuError;
 use crate::pack::{Order, Packing};
+use crate::parts::{Parts, SplitMatrix, stored_rows};
 use crate::planner::Planner;
 use crate::staging::StagingBelt;
 
-/// A weight matrix on the device, in its storage format.
+/// A weight matrix (or one part of one, [`SplitMatrix`]) on the device, in its storage format.
 #[derive(Debug)]
 pub struct GpuMatrix {
     pub buffer: wgpu::Buffer,
@@ -66,20 +68,20 @@ pub struct GpuLayer {
     /// The q, K and (sliding layers) V projections stacked, `[q; K; V]`: `heads/kv + 2` blocks of
     /// `[kv·d, H]` (`heads/kv + 1` in full layers, where V is the raw K projection), so that one
     /// GEMM batched over the blocks computes any run of them (q's alone, K and V, or all).
-    pub qkv_proj: GpuMatrix,
+    pub qkv_proj: SplitMatrix,
     /// Whether `qkv_proj` ends with a V block.
     pub has_v_proj: bool,
-    pub o_proj: GpuMatrix,
+    pub o_proj: SplitMatrix,
     pub q_norm: wgpu::Buffer,
     pub k_norm: wgpu::Buffer,
     /// `[2·I, H]`: gate rows then up rows.
-    pub mlp_gate_up: GpuMatrix,
-    pub mlp_down: GpuMatrix,
-    pub router_proj: GpuMatrix,
+    pub mlp_gate_up: SplitMatrix,
+    pub mlp_down: SplitMatrix,
+    pub router_proj: SplitMatrix,
     pub router_scale: wgpu::Buffer,
     pub per_expert_scale: wgpu::Buffer,
-    pub experts_gate_up: GpuMatrix,
-    pub experts_down: GpuMatrix,
+    pub experts_gate_up: SplitMatrix,
+    pub experts_down: SplitMatrix,
     pub encoder_scalar: f32,
     pub decoder_scalar: f32,
 }
@@ -102,8 +104,8 @@ pub struct GpuWeights {
     pub embed: Vec<EmbedChunk>,
     pub final_norm: wgpu::Buffer,
     pub sc_pre_norm: wgpu::Buffer,
-    pub sc_gate_up: GpuMatrix,
-    pub sc_down: GpuMatrix,
+    pub sc_gate_up: SplitMatrix,
+    pub sc_down: SplitMatrix,
     pub layers: Vec<GpuLayer>,
     /// Storage format of the matrices.
     pub format: WeightFormat,
@@ -191,57 +193,88 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         Ok(value)
     }
 
-    /// `parts` stacked by rows, row-major in `format`, or in their quantized blocks as stored
-    /// where they all store the same ggml type ([`stored_quantized`]).
-    fn row_major(&mut self, label: &str, parts: &[&StoredTensor], format: WeightFormat) -> Result<GpuMatrix, GpuError> {
-        self.row_major_as(label, parts, stored_quantized(parts).unwrap_or(format))
+    /// `stacked` (tensors of `cols` columns stacked by rows) as a matrix in `format` and
+    /// `layout`, one buffer per part of `parts` (ranges of units of `unit_rows` rows), each packed
+    /// from its rows' stored bytes; in K panels of `panel_rows` rows (at most a part's rows).
+    #[allow(clippy::too_many_arguments)]
+    fn split_matrix(
+        &mut self,
+        label: &str,
+        stacked: &[&StoredTensor],
+        (format, layout): (WeightFormat, MatrixLayout),
+        cols: usize,
+        unit_rows: usize,
+        parts: Parts,
+        panel_rows: usize,
+    ) -> Result<SplitMatrix, GpuError> {
+        let mut pieces = Vec::with_capacity(parts.len());
+        for range in parts.ranges() {
+            let rows = range.start * unit_rows..range.end * unit_rows;
+            let views = stored_rows(label, stacked, cols, rows.clone())?;
+            let order = match layout {
+                MatrixLayout::RowMajor => Order::RowMajor,
+                MatrixLayout::KPanels => {
+                    // F16 panels of `coop_gemm::PANEL` columns, ggml blocks in panels one block wide.
+                    let panel = match format {
+                        WeightFormat::Quantized(q) => q.block_len(),
+                        _ => dg_kernels::coop_gemm::PANEL as usize,
+                    };
+                    Order::KPanels { rows: panel_rows.min(rows.len()), cols, panel }
+                }
+            };
+            let name = if parts.len() == 1 { label.to_string() } else { format!("{label}[{}..{}]", range.start, range.end) };
+            let buffer = self.put(&name, &Packing::new(views.iter().collect(), format, order))?;
+            pieces.push(GpuMatrix { buffer, format, layout });
+        }
+        Ok(SplitMatrix { parts, unit_elems: unit_rows * cols, pieces, format, layout })
     }
 
-    /// `parts` stacked by rows, row-major in `format` (quantized parts dequantized into it).
-    fn row_major_as(&mut self, label: &str, parts: &[&StoredTensor], format: WeightFormat) -> Result<GpuMatrix, GpuError> {
-        let buffer = self.put(label, &Packing::new(parts.to_vec(), format, Order::RowMajor))?;
-        Ok(GpuMatrix { buffer, format, layout: MatrixLayout::RowMajor })
-    }
-
-    /// `parts` stacked by rows, each block of `n` rows of `k` columns in K panels: F16 panels of
-    /// `coop_gemm::PANEL` columns, or where the parts all store one ggml type
-    /// ([`stored_quantized`]) their blocks in panels one block wide.
-    fn panels(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
-        let format = stored_quantized(parts).unwrap_or(WeightFormat::F16);
-        let panel = match format {
-            WeightFormat::Quantized(q) => q.block_len(),
-            _ => dg_kernels::coop_gemm::PANEL as usize,
-        };
-        let order = Order::KPanels { rows: n, cols: k, panel };
-        let buffer = self.put(label, &Packing::new(parts.to_vec(), format, order))?;
-        Ok(GpuMatrix { buffer, format, layout: MatrixLayout::KPanels })
-    }
-
-    /// A projection: `parts` stacked by rows into blocks of `[n, k]` matrices: in the F16 mode on
-    /// a device with cooperative matrices, each block in K panels when the tensor-core GEMM takes
-    /// its products (`[m, k] · Wᵀ` for any m); otherwise row-major in the upload's format.
-    fn projection(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<GpuMatrix, GpuError> {
-        let format = stored_quantized(parts).unwrap_or(self.format);
-        match Planner::of(self.ctx).projection_layout(format, n, k, self.format == WeightFormat::F16) {
-            MatrixLayout::KPanels => self.panels(label, parts, n, k),
-            MatrixLayout::RowMajor => self.row_major(label, parts, self.format),
+    /// The format a matrix planned as `format` is stored in when laid out in `layout`: K panels
+    /// hold F16, or a quantized format's blocks.
+    fn panelled(format: WeightFormat, layout: MatrixLayout) -> WeightFormat {
+        match layout {
+            MatrixLayout::KPanels if !format.is_quantized() => WeightFormat::F16,
+            _ => format,
         }
     }
 
+    /// Bytes `elements` elements of `what` take in `format`.
+    fn bytes_for(what: &str, format: WeightFormat, elements: usize) -> Result<u64, GpuError> {
+        format
+            .bytes_for(elements)
+            .map(|b| b as u64)
+            .ok_or_else(|| GpuError::Unsupported { what: format!("{what}: rows of {elements} values are not whole {format:?} blocks") })
+    }
+
+    /// A projection: `parts` stacked by rows into blocks of `[n, k]` matrices (in their quantized
+    /// blocks as stored where they all store the same ggml type, [`stored_quantized`]): in the F16
+    /// mode on a device with cooperative matrices, each block in K panels when the tensor-core GEMM
+    /// takes its products (`[m, k] · Wᵀ` for any m); otherwise row-major in the upload's format.
+    /// Split by rows where it exceeds a binding ([`Parts::rows`]).
+    fn projection(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<SplitMatrix, GpuError> {
+        let format = stored_quantized(parts).unwrap_or(self.format);
+        let layout = Planner::of(self.ctx).projection_layout(format, n, k, self.format == WeightFormat::F16);
+        let format = Self::panelled(format, layout);
+        let rows = parts.iter().map(|p| p.len()).sum::<usize>() / k.max(1);
+        let row_bytes = Self::bytes_for(label, format, k)?;
+        let cut = Parts::rows(label, rows, row_bytes, n, self.ctx.coop_matrix, self.ctx.weight_binding())?;
+        self.split_matrix(label, parts, (format, layout), k, 1, cut, n)
+    }
+
     /// One `[out, in]` projection.
-    fn linear(&mut self, t: &Named) -> Result<GpuMatrix, GpuError> {
+    fn linear(&mut self, t: &Named) -> Result<SplitMatrix, GpuError> {
         let stored = self.stored(t)?;
         self.projection(&t.name, &[&stored], t.shape[0], t.shape[1])
     }
 
     /// A gate and an up projection stacked into one `[2·I, H]` matrix.
-    fn gate_up(&mut self, label: &str, gate: &Named, up: &Named) -> Result<GpuMatrix, GpuError> {
+    fn gate_up(&mut self, label: &str, gate: &Named, up: &Named) -> Result<SplitMatrix, GpuError> {
         let (g, u) = (self.stored(gate)?, self.stored(up)?);
         self.projection(label, &[&g, &u], 2 * gate.shape[0], gate.shape[1])
     }
 
     /// A layer's `[q; K; V]` projections in blocks of K's rows ([`GpuLayer::qkv_proj`]).
-    fn qkv_projection(&mut self, label: &str, n: &LayerNames) -> Result<GpuMatrix, GpuError> {
+    fn qkv_projection(&mut self, label: &str, n: &LayerNames) -> Result<SplitMatrix, GpuError> {
         let (rows, cols) = (n.k_proj.shape[0], n.k_proj.shape[1]);
         if rows == 0 || !n.q_proj.shape[0].is_multiple_of(rows) || n.q_proj.shape[1] != cols {
             return Err(GpuError::Unsupported {
@@ -255,15 +288,17 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     }
 
     /// Expert weights `[experts, n, k]`: in the F16 mode on a device with cooperative matrices, in
-    /// K panels for the tensor-core grouped GEMM when a tile fits the shape; otherwise row-major.
-    fn experts(&mut self, t: &Named) -> Result<GpuMatrix, GpuError> {
-        let (n, k) = (t.shape[1], t.shape[2]);
+    /// K panels for the tensor-core grouped GEMM when a tile fits the shape; otherwise row-major
+    /// (in their quantized blocks where stored so). Split by whole experts where they exceed a
+    /// binding ([`Parts::experts`]).
+    fn experts(&mut self, t: &Named) -> Result<SplitMatrix, GpuError> {
+        let (e, n, k) = (t.shape[0], t.shape[1], t.shape[2]);
         let stored = self.stored(t)?;
         let format = stored_quantized(&[&stored]).unwrap_or(self.format);
-        match Planner::of(self.ctx).experts_layout(format, n, k, self.format == WeightFormat::F16) {
-            MatrixLayout::KPanels => self.panels(&t.name, &[&stored], n, k),
-            MatrixLayout::RowMajor => self.row_major(&t.name, &[&stored], self.format),
-        }
+        let layout = Planner::of(self.ctx).experts_layout(format, n, k, self.format == WeightFormat::F16);
+        let format = Self::panelled(format, layout);
+        let cut = Parts::experts(&t.name, e, Self::bytes_for(&t.name, format, n * k)?, self.ctx.weight_binding())?;
+        self.split_matrix(&t.name, &[&stored], (format, layout), k, n, cut, n)
     }
 
     fn layer(&mut self, cfg: &TextConfig, i: usize) -> Result<GpuLayer, GpuError> {
@@ -299,7 +334,7 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     }
 
     /// Everything outside the layers; `layers` empty. The embedding (and tied head) is split by
-    /// rows into chunks that each fit a binding; in the F16 mode it stays BF16, whose unpack (a
+    /// vocabulary rows into chunks that each fit a binding ([`Parts::rows`]); in the F16 mode it stays BF16, whose unpack (a
     /// shift) is cheaper than F16's in the f32 soft-embedding kernel; the tensor-core head
     /// converts it.
     fn shared(&mut self, cfg: &TextConfig) -> Result<GpuWeights, GpuError> {
@@ -314,18 +349,17 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
             _ if stored.dtype.is_quantized() => WeightFormat::F32,
             f => f,
         };
-        let rows_per_chunk = ((self.ctx.max_binding() / format.bytes() as u64) as usize / h).max(1);
-        let mut embed = Vec::new();
-        let mut start = 0;
-        while start < cfg.vocab_size {
-            let rows = rows_per_chunk.min(cfg.vocab_size - start);
-            // Rows are whole blocks of a quantized embedding (the GGUF reader checks it).
-            let at = |row: usize| stored.dtype.bytes_for(row * h).expect("rows of whole blocks");
-            let chunk = StoredTensor::from_bytes(stored.dtype, vec![rows, h], &stored.bytes()[at(start)..at(start + rows)]);
-            let matrix = self.row_major_as(&format!("embed[{start}..]"), &[&chunk], format)?;
-            embed.push(EmbedChunk { start, rows, matrix });
-            start += rows;
-        }
+        let cut = Parts::rows(
+            &n.embed.name,
+            cfg.vocab_size,
+            Self::bytes_for(&n.embed.name, format, h)?,
+            cfg.vocab_size,
+            self.ctx.coop_matrix,
+            self.ctx.weight_binding(),
+        )?;
+        let table = self.split_matrix(&n.embed.name, &[&stored], (format, MatrixLayout::RowMajor), h, 1, cut, 0)?;
+        let embed =
+            table.parts.ranges().iter().zip(table.pieces).map(|(r, matrix)| EmbedChunk { start: r.start, rows: r.len(), matrix }).collect();
         drop(stored);
         Ok(GpuWeights {
             embed,
@@ -342,12 +376,12 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
 }
 
 impl GpuWeights {
-    /// Whether the products of `m` run on the tensor cores (where the device has them and a tile
+    /// Whether the products of a matrix stored as `matrix` run on the tensor cores (where the device has them and a tile
     /// takes the shape): in the F16 mode, its F16 matrices and those kept in ggml blocks (which
     /// the tensor-core kernels dequantize into their f16 tiles). In the BF16 and f32 modes every
     /// product keeps f32 arithmetic, quantized ones included.
-    pub fn on_tensor_cores(&self, m: &GpuMatrix) -> bool {
-        self.format == WeightFormat::F16 && (m.format == WeightFormat::F16 || m.format.is_quantized())
+    pub fn on_tensor_cores(&self, matrix: WeightFormat) -> bool {
+        self.format == WeightFormat::F16 && (matrix == WeightFormat::F16 || matrix.is_quantized())
     }
 
     /// Uploads every tensor of `src` with matrices in `format`, tensor by tensor from their stored

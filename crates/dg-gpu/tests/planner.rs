@@ -6,6 +6,7 @@
 //! keys `KernelKey::all` enumerates (and naga validates). No device needed.
 
 use dg_gpu::MatrixLayout;
+use dg_gpu::parts::Parts;
 use dg_gpu::planner::{ASSUMED_MULTIPROCESSORS, Capabilities, Dense, Grouped, Planner};
 use dg_gpu::tuning::Tuning;
 use std::collections::HashSet;
@@ -220,7 +221,8 @@ fn layer_products(
         gather: u32::from(gather),
         tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len(slots, EXPERTS, tile_rows) },
         tile_rows,
-        _pad: [0; 2],
+        first_group: 0,
+        _pad: 0,
     };
     let tile_rows = planner.expert_tile_rows(format, gate_up_layout, slots, &grouped(2 * EXPERT_WIDTH, H, true, 0));
     let halves_in = planner.half_expert_activations(gate_up_layout);
@@ -241,11 +243,12 @@ fn layer_products(
 fn shared_products(planner: &Planner<'_>, format: WeightFormat, out: &mut Vec<String>) {
     let f16 = format == WeightFormat::F16;
     let embed_format = if f16 { WeightFormat::Bf16 } else { format };
-    let rows_per_chunk = ((planner.caps.max_binding / format.bytes() as u64) as u32 / H).max(1);
+    let row_bytes = (embed_format.bytes() * H as usize) as u64;
+    let parts =
+        Parts::rows("embed", VOCAB as usize, row_bytes, VOCAB as usize, planner.caps.coop_matrix, planner.caps.max_binding).unwrap();
     let tag = format!("{format:?}").to_lowercase();
-    let mut start = 0;
-    while start < VOCAB {
-        let rows = rows_per_chunk.min(VOCAB - start);
+    for range in parts.ranges() {
+        let (start, rows) = (range.start as u32, range.len() as u32);
         let head = GemmParams { c_offset: start, c_rs: VOCAB, epilogue: 1, cap: 30.0, ..GemmParams::linear(CANVAS, rows, H) };
         let tc = f16 && embed_format != WeightFormat::F32;
         out.push(format!(
@@ -264,7 +267,6 @@ fn shared_products(planner: &Planner<'_>, format: WeightFormat, out: &mut Vec<St
             "soft embedding {tag} chunk {start}+{rows} -> {}",
             describe_dense(planner, embed_format, MatrixLayout::RowMajor, &soft, f16, Some(SPLIT_SCRATCH))
         ));
-        start += rows;
     }
 }
 

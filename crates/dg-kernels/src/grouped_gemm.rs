@@ -60,7 +60,11 @@ pub struct GroupedGemmParams {
     /// The rows of one m tile of the table (its `bm`); a kernel whose tile has other rows uses the
     /// `max_rows` grid.
     pub tile_rows: u32,
-    pub _pad: [u32; 2],
+    /// The first expert of W: slots of W's expert `g` are `offsets[first_group + g] ..
+    /// offsets[first_group + g + 1]` (experts split across bindings run one dispatch per part;
+    /// 0 otherwise). With a tile table (`tiles` non-zero) it must be 0.
+    pub first_group: u32,
+    pub _pad: u32,
 }
 
 /// One tile variant: a `bm × bn` block of C per workgroup, K in steps of `bk`, a `tm × tn`

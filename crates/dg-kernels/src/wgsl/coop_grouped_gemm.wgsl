@@ -39,7 +39,7 @@ struct Params {
     gather: u32,
     tiles: u32,
     tile_rows: u32,
-    _pad0: u32,
+    first_group: u32, // the experts' first in `offsets` (W holds experts first_group ..; no table)
     _pad1: u32,
 }
 
@@ -80,8 +80,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let g = select(id / (tiles_m * tiles_n), entry & 0xffffu, table);
     let m0 = select(id % tiles_m, entry >> 16u, table) * BM;
     let n0 = select((id / tiles_m) % tiles_n, id % tiles_n, table) * BN;
-    let first = offsets[g];
-    let count = offsets[g + 1u] - first;
+    let first = offsets[p.first_group + g];
+    let count = offsets[p.first_group + g + 1u] - first;
     if (m0 >= count) {
         return;
     }

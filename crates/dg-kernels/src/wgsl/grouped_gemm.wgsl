@@ -1,8 +1,10 @@
 // Grouped GEMM of the MoE experts. Tokens are grouped by expert into slots; the slots of expert e
-// are offsets[e] .. offsets[e + 1]. For every slot s of expert e:
-//   C[s, j] = sum_p A[row(s), p] * W[e, j, p]      (W: [groups, N, K], PyTorch [out, in] per expert)
+// are offsets[e] .. offsets[e + 1]. W holds experts first_group .. first_group + groups (0 ..
+// unless the experts are split across bindings, one dispatch per part); for every slot s of its
+// expert g (expert first_group + g):
+//   C[s, j] = sum_p A[row(s), p] * W[g, j, p]      (W: [groups, N, K], PyTorch [out, in] per expert)
 // with row(s) = gather_rows[s] when `gather` != 0, else s;  A[r, p] = a[r * a_rs + p],
-// W[e, j, p] = b[e * b_group_stride + j * K + p],  C[s, j] = c[s * c_rs + j].
+// W[g, j, p] = b[g * b_group_stride + j * K + p],  C[s, j] = c[s * c_rs + j].
 // The grid covers max_rows (an upper bound on any group's slot count, known without a readback):
 // a workgroup whose m tile starts past its group's count leaves at once. Linear workgroup index
 // decoded m tile fastest, then n tile, then group (see grouped_gemm.rs `workgroups`): the m tiles
@@ -46,7 +48,7 @@ struct Params {
     gather: u32,
     tiles: u32,       // (the tensor-core kernel's tile table; unused here)
     tile_rows: u32,
-    _pad0: u32,
+    first_group: u32, // the experts' first in `offsets` (W holds experts first_group ..)
     _pad1: u32,
 }
 
@@ -112,8 +114,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let g = id / (tiles_m * tiles_n);
     // Read-only storage indexed by a uniform value: uniform, so the early exit keeps the barriers
     // below in uniform control flow.
-    let first = offsets[g];
-    let count = offsets[g + 1u] - first;
+    let first = offsets[p.first_group + g];
+    let count = offsets[p.first_group + g + 1u] - first;
     if (m0 >= count) {
         return;   // this group has fewer slots than the m tile's start (an empty expert included)
     }
