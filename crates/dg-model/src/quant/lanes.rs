@@ -104,6 +104,12 @@ impl<const N: usize> Mask<N> {
         Self(out)
     }
 
+    /// Whether the mask holds, lane by lane.
+    #[inline(always)]
+    pub(super) fn lanes(self) -> [bool; N] {
+        self.0.map(|m| m != 0)
+    }
+
     /// `yes` in the lanes where the mask holds, `no` elsewhere (bit for bit, zeros' signs kept).
     #[inline(always)]
     pub(super) fn select(self, yes: F32s<N>, no: F32s<N>) -> F32s<N> {

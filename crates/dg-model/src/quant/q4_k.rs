@@ -271,7 +271,7 @@ mod tests {
     #[test]
     fn blocks_quantize_to_the_scalar_ports_bytes() {
         for (i, (kind, x)) in reference::awkward_blocks(REFERENCE_BLOCKS, 0x5851_f42d_4c95_7f2d).iter().enumerate() {
-            let want = reference::quantize_block_q4_k(x);
+            let want = reference::q4_k::quantize_block(x);
             assert_eq!(hex(&quantize_block(x)), hex(&want), "block {i} ({kind}): {x:?}");
             if i % 8 == 0 {
                 assert_eq!(hex(&quantize_block_portable(x)), hex(&want), "portable path, block {i} ({kind}): {x:?}");
