@@ -192,11 +192,14 @@ fn sub_block_grids(xt: &[Lanes; SUB]) -> Grids {
     for is in 0..=NSTEP {
         iscale = Lanes::splat(RMIN + RDELTA * is as f32 + NMAX) / (max - min);
         let (mut sum_l, mut sum_l2, mut sum_xl) = (zero, zero, zero);
-        for ((&x, &w), l) in xt.iter().zip(&w).zip(&mut aux) {
-            *l = level(iscale, x, min);
-            sum_l = sum_l + w * *l;
-            sum_l2 = sum_l2 + w * *l * *l;
-            sum_xl = sum_xl + w * *l * x;
+        for l in 0..SUB {
+            let level = level(iscale, xt[l], min);
+            aux[l] = level;
+            // w * l * l and w * l * x, as ggml's C groups them.
+            let wl = w[l] * level;
+            sum_l = sum_l + wl;
+            sum_l2 = sum_l2 + wl * level;
+            sum_xl = sum_xl + wl * xt[l];
         }
         let det = sum_w * sum_l2 - sum_l * sum_l;
         let this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
