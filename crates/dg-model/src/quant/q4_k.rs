@@ -128,10 +128,13 @@ fn quantize_block_portable(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
     block
 }
 
-/// `make_qkx2_quants`' 16-level grid: the level of `v` at inverse scale `iscale` above `min`.
+/// `make_qkx2_quants`' `nmax` as `quantize_row_q4_K_ref` calls it: levels 0..=15.
+const NMAX: i32 = 15;
+
+/// `make_qkx2_quants`' level of `v` at inverse scale `iscale` above `min`.
 #[inline(always)]
 fn grid_level(iscale: f32, v: f32, min: f32) -> i32 {
-    nearest_int(iscale * (v - min)).clamp(0, 15)
+    nearest_int(iscale * (v - min)).clamp(0, NMAX)
 }
 
 /// What [`sub_block_grids`] finds for each sub-block.
@@ -152,12 +155,12 @@ struct Grids {
 /// branches are per-lane selects. The levels are not kept, only the grid they were rounded on.
 #[inline(always)]
 fn sub_block_grids(xt: &[Lanes; SUB]) -> Grids {
-    const NMAX: f32 = 15.0;
     const RMIN: f32 = -1.0;
     const RDELTA: f32 = 0.1;
     const NSTEP: i32 = 20;
     let zero = Lanes::splat(0.0);
-    let level = |iscale: Lanes, x: Lanes, min: Lanes| (iscale * (x - min)).nearest_int_clamped(0, 15);
+    let nmax = NMAX as f32;
+    let level = |iscale: Lanes, x: Lanes, min: Lanes| (iscale * (x - min)).nearest_int_clamped(0, NMAX);
     let mut sum_x2 = zero;
     for &x in xt {
         sum_x2 = sum_x2 + x * x;
@@ -180,7 +183,7 @@ fn sub_block_grids(xt: &[Lanes; SUB]) -> Grids {
     // never selected.
     let flat = max.eq(min);
 
-    let mut iscale = Lanes::splat(NMAX) / (max - min);
+    let mut iscale = Lanes::splat(nmax) / (max - min);
     let mut scale = Lanes::splat(1.0) / iscale;
     let mut best_error = zero;
     for (&x, &w) in xt.iter().zip(&w) {
@@ -190,7 +193,7 @@ fn sub_block_grids(xt: &[Lanes; SUB]) -> Grids {
     let (mut level_iscale, mut level_min) = (iscale, min);
     let mut aux = [zero; SUB];
     for is in 0..=NSTEP {
-        iscale = Lanes::splat(RMIN + RDELTA * is as f32 + NMAX) / (max - min);
+        iscale = Lanes::splat(RMIN + RDELTA * is as f32 + nmax) / (max - min);
         let (mut sum_l, mut sum_l2, mut sum_xl) = (zero, zero, zero);
         for l in 0..SUB {
             let level = level(iscale, xt[l], min);
