@@ -11,10 +11,13 @@
 //! multiply-adds, as numpy computes and as ggml's C reads (a build that contracts `a * b + c`
 //! into one FMA may round differently).
 
+mod lanes;
 mod q4_k;
 mod q5_0;
 mod q6_k;
 mod q8_0;
+#[cfg(test)]
+mod reference;
 mod scheme;
 
 pub use scheme::{Quantized, Scheme, quantize_tensor};
@@ -23,7 +26,7 @@ use rayon::prelude::*;
 
 use crate::stored::StoredDtype;
 
-/// Blocks quantized per parallel task at least (a Q4_K block takes about 60 microseconds, a Q8_0
+/// Blocks quantized per parallel task at least (a Q4_K block takes about 4 microseconds, a Q8_0
 /// block well under one).
 const QUANTIZE_TASK_BLOCKS: usize = 64;
 
@@ -103,7 +106,8 @@ fn dequantize_blocks<const BYTES: usize, const LEN: usize>(bytes: &[u8], out: &m
 }
 
 /// Blocks are independent, so they are quantized in parallel (the bytes do not depend on the
-/// thread count): Q4_K's reference search quantizes only about 4 million values a second per core.
+/// thread count): Q4_K's grid search, the slowest, quantizes about 60 million values a second per
+/// core with AVX2 (see BENCHMARKS.md).
 fn quantize_blocks<const BYTES: usize, const LEN: usize>(values: &[f32], out: &mut [u8], block: fn(&[f32; LEN]) -> [u8; BYTES]) {
     let (blocks, rest) = values.as_chunks::<LEN>();
     let (outs, out_rest) = out.as_chunks_mut::<BYTES>();

@@ -9,16 +9,19 @@
 //! quantizer), operation for operation and without fused multiply-adds: the bytes of ggml's C built
 //! without floating-point contraction (`-ffp-contract=off`, or baseline x86-64). A native build
 //! that contracts `make_qkx2_quants`'s sums into FMAs rounds them differently and can pick other levels.
+//! The eight sub-blocks' searches run side by side, one lane each ([`super::lanes`]), every lane
+//! in ggml's order; the tests hold the bytes to the one-sub-block-at-a-time port (`reference`).
 
+use super::lanes::F32s;
 use super::{f16_at, f16_le, f16_round, nearest_int};
 
-const BLOCK_LEN: usize = 256;
-const BLOCK_BYTES: usize = 144;
+pub(super) const BLOCK_LEN: usize = 256;
+pub(super) const BLOCK_BYTES: usize = 144;
 /// Values per sub-block (one 6-bit scale and min).
-const SUB: usize = 32;
+pub(super) const SUB: usize = 32;
 
 /// ggml's `get_scale_min_k4`: sub-block `j`'s 6-bit scale and min from the 12 packed bytes.
-fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+pub(super) fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 { (q[j] & 63, q[j + 4] & 63) } else { ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)) }
 }
 
@@ -38,20 +41,38 @@ pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; BLOCK_
     }
 }
 
-/// 256 finite values as one block (`quantize_row_q4_K_ref`).
+/// Sub-blocks per block: the lanes [`sub_block_grids`] searches side by side.
+const LANES: usize = BLOCK_LEN / SUB;
+/// One f32 per sub-block, operated on side by side.
+type Lanes = F32s<LANES>;
+
+/// 256 finite values as one block (`quantize_row_q4_K_ref`), with AVX2 where the CPU has it (the
+/// same operations on wider registers: the bytes do not depend on the path).
 pub(super) fn quantize_block(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
-    let mut levels = [0u8; BLOCK_LEN];
-    let mut scales = [0f32; BLOCK_LEN / SUB];
-    let mut mins = [0f32; BLOCK_LEN / SUB];
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { quantize_block_avx2(x) };
+    }
+    quantize_block_portable(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quantize_block_avx2(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
+    quantize_block_portable(x)
+}
+
+/// `quantize_row_q4_K_ref` for one block: [`sub_block_grids`] for the eight sub-blocks' grids, then
+/// ggml's packing of the scales and its final levels.
+#[inline(always)]
+fn quantize_block_portable(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
+    let (subs, _) = x.as_chunks::<SUB>();
+    let xt: [Lanes; SUB] = std::array::from_fn(|l| F32s(std::array::from_fn(|j| subs[j][l])));
+    let grids = sub_block_grids(&xt);
+    let (scales, mins) = (grids.scale, grids.neg_min);
     let (mut max_scale, mut max_min) = (0f32, 0f32);
-    for (j, (xs, ls)) in x.chunks_exact(SUB).zip(levels.chunks_exact_mut(SUB)).enumerate() {
-        let mut sum_x2 = 0f32;
-        for &v in xs {
-            sum_x2 += v * v;
-        }
-        let av_x = (sum_x2 / 32.0).sqrt();
-        let weights: [f32; SUB] = std::array::from_fn(|l| av_x + xs[l].abs());
-        (scales[j], mins[j]) = make_qkx2_quants(15, xs, &weights, ls, -1.0, 0.1, 20, false);
+    for j in 0..LANES {
         if scales[j] > max_scale {
             max_scale = scales[j];
         }
@@ -64,7 +85,7 @@ pub(super) fn quantize_block(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
     let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let packed = &mut block[4..16];
-    for j in 0..BLOCK_LEN / SUB {
+    for j in 0..LANES {
         // ggml stores nearest_int's int in a uint8_t, then caps it at 63.
         let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
         let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
@@ -81,113 +102,138 @@ pub(super) fn quantize_block(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
     block[2..4].copy_from_slice(&f16_le(max_min / 63.0));
 
     let (d_all, dmin_all) = (f16_round(max_scale / 63.0), f16_round(max_min / 63.0));
-    for j in 0..BLOCK_LEN / SUB {
+    let mut levels = [[0u8; SUB]; LANES];
+    for (j, (ls, xs)) in levels.iter_mut().zip(subs).enumerate() {
         let (sc, m) = scale_min(j, &block[4..16]);
         let d = d_all * f32::from(sc);
         if d == 0.0 {
+            // ggml keeps make_qkx2_quants' levels where the sub-block's scale rounds to zero.
+            let (iscale, min) = (grids.level_iscale[j], grids.level_min[j]);
+            for (q, &v) in ls.iter_mut().zip(xs) {
+                *q = grid_level(iscale, v, min) as u8;
+            }
             continue;
         }
         let dm = dmin_all * f32::from(m);
-        for i in SUB * j..SUB * (j + 1) {
-            levels[i] = nearest_int((x[i] + dm) / d).clamp(0, 15) as u8;
+        for (q, &v) in ls.iter_mut().zip(xs) {
+            *q = nearest_int((v + dm) / d).clamp(0, 15) as u8;
         }
     }
-    for (pair, qs) in block[16..].chunks_exact_mut(SUB).enumerate() {
-        let ls = &levels[2 * SUB * pair..2 * SUB * (pair + 1)];
-        for (l, q) in qs.iter_mut().enumerate() {
-            *q = ls[l] | (ls[l + SUB] << 4);
+    for (pair, qs) in block[16..].as_chunks_mut::<SUB>().0.iter_mut().enumerate() {
+        let (lo, hi) = (&levels[2 * pair], &levels[2 * pair + 1]);
+        for l in 0..SUB {
+            qs[l] = lo[l] | (hi[l] << 4);
         }
     }
     block
 }
 
-/// ggml's `make_qkx2_quants`: the scale and (negated) min of an affine `nmax + 1`-level grid for
-/// `x` under `weights`, searching `nstep + 1` grid widths from `nmax + rmin` in steps of `rdelta`,
-/// and the levels in `levels`. Returns `(scale, -min)`.
-#[allow(clippy::too_many_arguments)] // ggml's signature, kept so the port reads against it
-fn make_qkx2_quants(
-    nmax: i32,
-    x: &[f32],
-    weights: &[f32; SUB],
-    levels: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
-) -> (f32, f32) {
-    let n = x.len();
-    let (mut min, mut max) = (x[0], x[0]);
-    let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for i in 1..n {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
+/// `make_qkx2_quants`' `nmax` as `quantize_row_q4_K_ref` calls it: levels 0..=15.
+const NMAX: i32 = 15;
+
+/// `make_qkx2_quants`' level of `v` at inverse scale `iscale` above `min`.
+#[inline(always)]
+fn grid_level(iscale: f32, v: f32, min: f32) -> i32 {
+    nearest_int(iscale * (v - min)).clamp(0, NMAX)
+}
+
+/// What [`sub_block_grids`] finds for each sub-block.
+struct Grids {
+    /// `make_qkx2_quants`' scale.
+    scale: [f32; LANES],
+    /// Its negated min (its `the_min`, which `quantize_row_q4_K_ref` keeps).
+    neg_min: [f32; LANES],
+    /// The inverse scale and min the kept levels were rounded with (`grid_level`).
+    level_iscale: [f32; LANES],
+    level_min: [f32; LANES],
+}
+
+/// `quantize_row_q4_K_ref`'s weights and `make_qkx2_quants(15, x, weights, L, &the_min, Laux, -1,
+/// 0.1, 20, false)` for the eight sub-blocks at once: `xt[l]` holds value `l` of each sub-block.
+/// Each lane runs ggml's operations on its own sub-block in ggml's order (every sum is sequential
+/// over the 32 values, as in C), so each lane's results are the scalar port's bit for bit; ggml's
+/// branches are per-lane selects. The levels are not kept, only the grid they were rounded on.
+#[inline(always)]
+fn sub_block_grids(xt: &[Lanes; SUB]) -> Grids {
+    const RMIN: f32 = -1.0;
+    const RDELTA: f32 = 0.1;
+    const NSTEP: i32 = 20;
+    let zero = Lanes::splat(0.0);
+    let nmax = NMAX as f32;
+    let level = |iscale: Lanes, x: Lanes, min: Lanes| (iscale * (x - min)).nearest_int_clamped(0, NMAX);
+    let mut sum_x2 = zero;
+    for &x in xt {
+        sum_x2 = sum_x2 + x * x;
     }
-    if min > 0.0 {
-        min = 0.0;
+    let av_x = (sum_x2 / Lanes::splat(32.0)).sqrt();
+    let w: [Lanes; SUB] = std::array::from_fn(|l| av_x + xt[l].abs());
+
+    let (mut min, mut max) = (xt[0], xt[0]);
+    let mut sum_w = w[0];
+    let mut sum_x = w[0] * xt[0];
+    for l in 1..SUB {
+        let x = xt[l];
+        min = x.lt(min).select(x, min);
+        max = x.gt(max).select(x, max);
+        sum_w = sum_w + w[l];
+        sum_x = sum_x + w[l] * x;
     }
-    if max == min {
-        levels.fill(0);
-        return (0.0, -min);
+    min = min.gt(zero).select(zero, min);
+    // A flat sub-block (max == min) gets scale 0 and levels 0; its lane computes garbage that is
+    // never selected.
+    let flat = max.eq(min);
+
+    let mut iscale = Lanes::splat(nmax) / (max - min);
+    let mut scale = Lanes::splat(1.0) / iscale;
+    let mut best_error = zero;
+    for (&x, &w) in xt.iter().zip(&w) {
+        let diff = scale * level(iscale, x, min) + min - x;
+        best_error = best_error + w * (diff * diff);
     }
-    let error = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
-    // `min` changes as better grids are found and later widths start from it, as in ggml.
-    let level = |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
-    let mut iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0f32;
-    for i in 0..n {
-        levels[i] = level(iscale, x[i], min);
-        best_error += weights[i] * error(scale * f32::from(levels[i]) + min - x[i]);
-    }
-    if nstep < 1 {
-        return (scale, -min);
-    }
-    let mut aux = [0u8; SUB];
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
-        for i in 0..n {
-            aux[i] = level(iscale, x[i], min);
-            let (w, l) = (weights[i], f32::from(aux[i]));
-            sum_l += w * l;
-            sum_l2 += w * l * l;
-            sum_xl += w * l * x[i];
+    let (mut level_iscale, mut level_min) = (iscale, min);
+    let mut aux = [zero; SUB];
+    for is in 0..=NSTEP {
+        iscale = Lanes::splat(RMIN + RDELTA * is as f32 + nmax) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (zero, zero, zero);
+        for l in 0..SUB {
+            let level = level(iscale, xt[l], min);
+            aux[l] = level;
+            // w * l * l and w * l * x, as ggml's C groups them.
+            let wl = w[l] * level;
+            sum_l = sum_l + wl;
+            sum_l2 = sum_l2 + wl * level;
+            sum_xl = sum_xl + wl * xt[l];
         }
         let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
-            }
-            let mut cur_error = 0f32;
-            for i in 0..n {
-                cur_error += weights[i] * error(this_scale * f32::from(aux[i]) + this_min - x[i]);
-            }
-            if cur_error < best_error {
-                levels[..n].copy_from_slice(&aux[..n]);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
+        let this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+        let this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+        let clamped = this_min.gt(zero);
+        let this_scale = clamped.select(sum_xl / sum_l2, this_scale);
+        let this_min = clamped.select(zero, this_min);
+        let mut cur_error = zero;
+        for ((&x, &w), &l) in xt.iter().zip(&w).zip(&aux) {
+            let diff = this_scale * l + this_min - x;
+            cur_error = cur_error + w * (diff * diff);
         }
+        let better = det.gt(zero).and(cur_error.lt(best_error)).and(flat.not());
+        level_iscale = better.select(iscale, level_iscale);
+        level_min = better.select(min, level_min);
+        best_error = better.select(cur_error, best_error);
+        scale = better.select(this_scale, scale);
+        min = better.select(this_min, min);
     }
-    (scale, -min)
+    Grids {
+        scale: flat.select(zero, scale).0,
+        neg_min: (zero - min).0,
+        level_iscale: flat.select(zero, level_iscale).0,
+        level_min: level_min.0,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{gaussian, hex, worst_relative_rms};
+    use crate::quant::{gaussian, hex, reference, worst_relative_rms};
 
     /// Worst per-block RMS error of a Gaussian block after the round trip, relative to its RMS: a
     /// 16-level grid over a 32-value sub-block's range (about 4 sigma) steps 0.27 sigma, whose
@@ -223,6 +269,20 @@ mod tests {
                     06285a7caec2e406385a7caec2f406385a8caec2f406385a8ca0d2f416386a274a6c8fa0c2e5274a6c8fa0c305284a6c8f\
                     a0c305284a6d8fa1c305284a6d8f5c7fa0c2f5073a5c8fa0d3f5083a5c8fa0d3f5083a5d8fa1d3f5183a6d8fb1d3";
         assert_eq!(hex(&quantize_block(&x)), want);
+    }
+
+    /// Blocks compared with the scalar port (the test profile is optimized, so this takes a second).
+    const REFERENCE_BLOCKS: usize = 40_000;
+
+    #[test]
+    fn blocks_quantize_to_the_scalar_ports_bytes() {
+        for (i, (kind, x)) in reference::awkward_blocks(REFERENCE_BLOCKS, 0x5851_f42d_4c95_7f2d).iter().enumerate() {
+            let want = reference::q4_k::quantize_block(x);
+            assert_eq!(hex(&quantize_block(x)), hex(&want), "block {i} ({kind}): {x:?}");
+            if i % 8 == 0 {
+                assert_eq!(hex(&quantize_block_portable(x)), hex(&want), "portable path, block {i} ({kind}): {x:?}");
+            }
+        }
     }
 
     #[test]

@@ -10,15 +10,18 @@
 //! quantizer), operation for operation and without fused multiply-adds: the bytes of ggml's C built
 //! without floating-point contraction (`-ffp-contract=off`, or baseline x86-64). A native build
 //! that contracts `make_qx_quants`'s sums into FMAs rounds them differently and can pick other levels.
+//! The sixteen sub-blocks' searches run side by side, one lane each ([`super::lanes`]), every lane
+//! in ggml's order; the tests hold the bytes to the one-sub-block-at-a-time port (`reference`).
 
+use super::lanes::F32s;
 use super::{f16_at, f16_le, f16_round, nearest_int};
 
-const BLOCK_LEN: usize = 256;
-const BLOCK_BYTES: usize = 210;
+pub(super) const BLOCK_LEN: usize = 256;
+pub(super) const BLOCK_BYTES: usize = 210;
 /// Values per sub-block (one 8-bit scale).
-const SUB: usize = 16;
+pub(super) const SUB: usize = 16;
 /// ggml's `GROUP_MAX_EPS`: below this a group counts as all zero.
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// One block's 256 values.
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; BLOCK_LEN]) {
@@ -43,16 +46,41 @@ pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; BLOCK_
     }
 }
 
-/// 256 finite values as one block (`quantize_row_q6_K_ref`).
+/// Sub-blocks per block: the lanes [`sub_block_scales`] searches side by side.
+const LANES: usize = BLOCK_LEN / SUB;
+/// One f32 per sub-block, operated on side by side.
+type Lanes = F32s<LANES>;
+
+/// 256 finite values as one block (`quantize_row_q6_K_ref`), with AVX2 where the CPU has it (the
+/// same operations on wider registers: the bytes do not depend on the path).
 pub(super) fn quantize_block(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
-    let mut levels = [0u8; BLOCK_LEN];
-    let mut scales = [0f32; BLOCK_LEN / SUB];
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { quantize_block_avx2(x) };
+    }
+    quantize_block_portable(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quantize_block_avx2(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
+    quantize_block_portable(x)
+}
+
+/// `quantize_row_q6_K_ref` for one block: [`sub_block_scales`] for the sixteen sub-blocks'
+/// scales, then ggml's 8-bit scales and its final levels.
+#[inline(always)]
+fn quantize_block_portable(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
+    let (subs, _) = x.as_chunks::<SUB>();
+    let xt: [Lanes; SUB] = std::array::from_fn(|l| F32s(std::array::from_fn(|j| subs[j][l])));
+    let found = sub_block_scales(&xt);
+    let scales = found.scale;
     let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
-    for (ib, (xs, ls)) in x.chunks_exact(SUB).zip(levels.chunks_exact_mut(SUB)).enumerate() {
-        scales[ib] = make_qx_quants(32, xs, ls);
-        if scales[ib].abs() > max_abs_scale {
-            max_abs_scale = scales[ib].abs();
-            max_scale = scales[ib];
+    for &scale in &scales {
+        if scale.abs() > max_abs_scale {
+            max_abs_scale = scale.abs();
+            max_scale = scale;
         }
     }
     let mut block = [0u8; BLOCK_BYTES];
@@ -66,15 +94,25 @@ pub(super) fn quantize_block(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
         // ggml stores MIN(127, nearest_int(...)) in an int8_t.
         block[192 + ib] = nearest_int(iscale * scale).min(127) as i8 as u8;
     }
-    for j in 0..BLOCK_LEN / SUB {
+    let mut levels = [[0u8; SUB]; LANES];
+    for (j, (ls, xs)) in levels.iter_mut().zip(subs).enumerate() {
         let d = d_all * f32::from(block[192 + j] as i8);
         if d == 0.0 {
+            // ggml keeps make_qx_quants' levels where the sub-block's scale rounds to zero (all
+            // zeros for a sub-block below GROUP_MAX_EPS).
+            if !found.negligible[j] {
+                let iscale = found.level_iscale[j];
+                for (q, &v) in ls.iter_mut().zip(xs) {
+                    *q = (nearest_int(iscale * v).clamp(-NMAX, NMAX - 1) + NMAX) as u8;
+                }
+            }
             continue;
         }
-        for i in SUB * j..SUB * (j + 1) {
-            levels[i] = (nearest_int(x[i] / d).clamp(-32, 31) + 32) as u8;
+        for (q, &v) in ls.iter_mut().zip(xs) {
+            *q = (nearest_int(v / d).clamp(-32, 31) + 32) as u8;
         }
     }
+    let levels: &[u8; BLOCK_LEN] = levels.as_flattened().try_into().expect("16 sub-blocks of 16");
     for half in 0..2 {
         let ls = &levels[128 * half..128 * (half + 1)];
         for l in 0..32 {
@@ -86,58 +124,70 @@ pub(super) fn quantize_block(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
     block
 }
 
-/// ggml's `make_qx_quants` as `quantize_row_q6_K_ref` calls it (`rmse_type` 1, no importance
-/// weights, so each value weighs `x * x`): the scale of a symmetric `2 * nmax`-level grid for `x`,
-/// trying 19 grid widths around `nmax`, and the levels (offset by `nmax`) in `levels`.
-fn make_qx_quants(nmax: i32, x: &[f32], levels: &mut [u8]) -> f32 {
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
+/// `make_qx_quants`' `nmax` as `quantize_row_q6_K_ref` calls it: levels -32..=31.
+const NMAX: i32 = 32;
+
+/// What [`sub_block_scales`] finds for each sub-block.
+struct Scales {
+    /// `make_qx_quants`' scale.
+    scale: [f32; LANES],
+    /// Whether the sub-block's largest magnitude is below `GROUP_MAX_EPS` (levels all 0).
+    negligible: [bool; LANES],
+    /// The inverse scale the kept levels were rounded with.
+    level_iscale: [f32; LANES],
+}
+
+/// `make_qx_quants(16, 32, x, L, 1, NULL)` for the sixteen sub-blocks at once: `xt[l]` holds value
+/// `l` of each sub-block. Each lane runs ggml's operations on its own sub-block in ggml's order
+/// (every sum is sequential over the 16 values, as in C), so each lane's results are the scalar
+/// port's bit for bit; ggml's branches are per-lane selects. The levels are not kept, only the
+/// inverse scale they were rounded with.
+#[inline(always)]
+fn sub_block_scales(xt: &[Lanes; SUB]) -> Scales {
+    let zero = Lanes::splat(0.0);
+    let nmax = NMAX as f32;
+    let (mut max, mut amax) = (zero, zero);
+    for &x in xt {
+        let bigger = x.abs().gt(amax);
+        amax = bigger.select(x.abs(), amax);
+        max = bigger.select(x, max);
     }
-    if amax < GROUP_MAX_EPS {
-        levels.fill(0);
-        return 0.0;
-    }
-    let level = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
-    let sums = |iscale: f32| {
-        let (mut sumlx, mut suml2) = (0f32, 0f32);
-        for &v in x {
-            let l = level(iscale, v) as f32;
-            let w = v * v;
-            sumlx += w * v * l;
-            suml2 += w * l * l;
+    let negligible = amax.lt(Lanes::splat(GROUP_MAX_EPS));
+    // Each value weighs x * x; the sums take (x * x) * x and x * x as ggml's loop forms them.
+    let wx: [Lanes; SUB] = std::array::from_fn(|l| xt[l] * xt[l] * xt[l]);
+    let w: [Lanes; SUB] = std::array::from_fn(|l| xt[l] * xt[l]);
+    let sums = |iscale: Lanes| {
+        let (mut sumlx, mut suml2) = (zero, zero);
+        for ((&x, &wx), &w) in xt.iter().zip(&wx).zip(&w) {
+            let l = (iscale * x).nearest_int_clamped(-NMAX, NMAX - 1);
+            sumlx = sumlx + wx * l;
+            suml2 = suml2 + w * l * l;
         }
         (sumlx, suml2)
     };
-    let set_levels = |levels: &mut [u8], iscale: f32| {
-        for (q, &v) in levels.iter_mut().zip(x) {
-            *q = (level(iscale, v) + nmax) as u8;
-        }
-    };
-    let iscale = -(nmax as f32) / max;
-    set_levels(levels, iscale);
-    let (sumlx, suml2) = sums(iscale);
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut level_iscale = Lanes::splat(-nmax) / max;
+    let (sumlx, suml2) = sums(level_iscale);
+    let mut scale = suml2.eq(zero).select(zero, sumlx / suml2);
     let mut best = scale * sumlx;
     for is in (-9..=9).filter(|&is| is != 0) {
-        let iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let iscale = Lanes::splat(-(nmax + 0.1 * is as f32)) / max;
         let (sumlx, suml2) = sums(iscale);
-        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            set_levels(levels, iscale);
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
+        let better = suml2.gt(zero).and((sumlx * sumlx).gt(best * suml2));
+        level_iscale = better.select(iscale, level_iscale);
+        scale = better.select(sumlx / suml2, scale);
+        best = better.select(scale * sumlx, best);
     }
-    scale
+    Scales {
+        scale: negligible.select(zero, scale).0,
+        negligible: negligible.lanes(),
+        level_iscale: level_iscale.0,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{gaussian, hex, worst_relative_rms};
+    use crate::quant::{gaussian, hex, reference, worst_relative_rms};
 
     /// Worst per-block RMS error of a Gaussian block after the round trip, relative to its RMS: a
     /// 64-level symmetric grid over a 16-value sub-block's largest magnitude (about 2 sigma) steps
@@ -171,6 +221,20 @@ mod tests {
                     8bf7e420115d4ebbf7e420115db27544081bdfeeb17544081bdfe2b17574382bef92814574382fdf92814574387f75738b\
                     85807a718f897f7b758d8b811010";
         assert_eq!(hex(&quantize_block(&x)), want);
+    }
+
+    /// Blocks compared with the scalar port (the test profile is optimized, so this takes a second).
+    const REFERENCE_BLOCKS: usize = 40_000;
+
+    #[test]
+    fn blocks_quantize_to_the_scalar_ports_bytes() {
+        for (i, (kind, x)) in reference::awkward_blocks(REFERENCE_BLOCKS, 0x2f6b_9c3e_81d4_a557).iter().enumerate() {
+            let want = reference::q6_k::quantize_block(x);
+            assert_eq!(hex(&quantize_block(x)), hex(&want), "block {i} ({kind}): {x:?}");
+            if i % 8 == 0 {
+                assert_eq!(hex(&quantize_block_portable(x)), hex(&want), "portable path, block {i} ({kind}): {x:?}");
+            }
+        }
     }
 
     #[test]
