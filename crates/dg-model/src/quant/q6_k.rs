@@ -177,11 +177,7 @@ fn sub_block_scales(xt: &[Lanes; SUB]) -> Scales {
         scale = better.select(sumlx / suml2, scale);
         best = better.select(scale * sumlx, best);
     }
-    Scales {
-        scale: negligible.select(zero, scale).0,
-        negligible: negligible.lanes(),
-        level_iscale: level_iscale.0,
-    }
+    Scales { scale: negligible.select(zero, scale).0, negligible: negligible.lanes(), level_iscale: level_iscale.0 }
 }
 
 #[cfg(test)]
