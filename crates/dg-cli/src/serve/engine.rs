@@ -6,8 +6,10 @@
 //! in a generation is caught: the job is answered with an error, the cache reset, and the engine
 //! keeps serving.
 //!
-//! The model's KV cache survives between jobs: a job whose prompt extends the tokens the cache
-//! holds (an earlier prompt and the canvases committed after it) encodes only the new tokens.
+//! KV caches survive between jobs: the model's own, and others parked in a [`Pool`] within a byte
+//! budget (least-recently-used out first). A job whose prompt extends the tokens a cache holds (an
+//! earlier prompt and the canvases committed after it) continues from the longest such cache and
+//! encodes only the new tokens; the model's previous cache is parked.
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
@@ -17,13 +19,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dg_cpu::CpuModel;
-use dg_gpu::GpuModel;
+use dg_cpu::cache::KvCache;
+use dg_gpu::{CacheSnapshot, GpuModel};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_sampler::{CategoricalRequest, DenoiseModel, Hooks, ResidentModel, RowResult, SeededRng, StepInfo};
 use tokio::sync::mpsc;
 
 use super::commit::{Committer, Finish};
 use super::metrics::Metrics;
+use super::pool::{self, Pool};
 use crate::args::{BackendArg, WeightsArg};
 use crate::backend::{self, Backend};
 use crate::text::TextCodec;
@@ -63,12 +67,35 @@ pub struct Summary {
     pub finish: Finish,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
-    /// Prompt tokens found in the cache and not encoded.
+    /// Prompt tokens found in a cache and not encoded.
     pub reused_tokens: usize,
+    /// Where those tokens' cache came from.
+    pub cache: CacheSource,
     pub steps_per_canvas: Vec<usize>,
     pub tokens_per_forward: f64,
     pub prefill: Duration,
     pub first_canvas: Option<Duration>,
+}
+
+/// The cache a job continued from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheSource {
+    /// None: the prompt is encoded from the start.
+    None,
+    /// The model's own cache (the previous job's).
+    Resident,
+    /// A cache restored from the pool.
+    Pool,
+}
+
+impl CacheSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheSource::None => "none",
+            CacheSource::Resident => "resident",
+            CacheSource::Pool => "pool",
+        }
+    }
 }
 
 /// What the engine needs to load and run the model.
@@ -80,6 +107,8 @@ pub struct EngineSetup {
     pub weights: WeightsArg,
     /// Positions the GPU's cache holds (prompt and every canvas of a job).
     pub context: usize,
+    /// Bytes of parked caches the pool keeps at most (0: none).
+    pub cache_budget: u64,
     pub codec: Arc<TextCodec>,
     pub metrics: Arc<Metrics>,
     /// Set by the shutdown when its deadline passes: every job stops at its next step.
@@ -92,12 +121,46 @@ enum Loaded {
     Gpu(Box<GpuModel>),
 }
 
+/// A cache parked in the pool: moved out of the CPU model, or copied on the GPU.
+enum Snapshot {
+    Cpu(KvCache),
+    Gpu(CacheSnapshot),
+}
+
 impl Loaded {
     fn reset(&mut self) {
         match self {
             Loaded::Cpu(m) => m.reset(),
             Loaded::Gpu(m) => m.reset(),
         }
+    }
+
+    /// Moves the model's cache into a snapshot (the model is left empty); with the bytes it holds.
+    fn park(&mut self) -> Result<(Snapshot, u64)> {
+        Ok(match self {
+            Loaded::Cpu(m) => {
+                let mut cache = m.take_cache();
+                cache.shrink_to_fit();
+                let bytes = cache.bytes();
+                (Snapshot::Cpu(cache), bytes)
+            }
+            Loaded::Gpu(m) => {
+                let snapshot = m.snapshot_cache()?;
+                m.reset();
+                let bytes = snapshot.bytes();
+                (Snapshot::Gpu(snapshot), bytes)
+            }
+        })
+    }
+
+    /// Makes a parked cache the model's.
+    fn restore(&mut self, snapshot: Snapshot) -> Result<()> {
+        match (self, snapshot) {
+            (Loaded::Cpu(m), Snapshot::Cpu(cache)) => m.put_cache(cache)?,
+            (Loaded::Gpu(m), Snapshot::Gpu(snapshot)) => m.restore_cache(&snapshot)?,
+            _ => anyhow::bail!("a parked cache of the other backend"),
+        }
+        Ok(())
     }
 }
 
@@ -129,7 +192,7 @@ pub fn spawn(setup: EngineSetup, model: &ModelDir, mut jobs: mpsc::Receiver<Job>
             }
         };
         let _ = ready_tx.send(Ok(description));
-        let mut engine = Engine { model: loaded, cached: Vec::new(), setup, canvas, vocab };
+        let mut engine = Engine::new(loaded, setup, canvas, vocab);
         while let Some(job) = jobs.blocking_recv() {
             engine.setup.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             engine.serve(job);
@@ -142,12 +205,20 @@ struct Engine {
     model: Loaded,
     /// The ids the model's KV cache holds, in order.
     cached: Vec<u32>,
+    /// Other conversations' caches.
+    pool: Pool<Snapshot>,
     setup: EngineSetup,
     canvas: usize,
     vocab: usize,
 }
 
 impl Engine {
+    fn new(model: Loaded, setup: EngineSetup, canvas: usize, vocab: usize) -> Self {
+        let pool = Pool::new(setup.cache_budget);
+        setup.metrics.pool_budget_bytes.store(setup.cache_budget, Ordering::Relaxed);
+        Engine { model, cached: Vec::new(), pool, setup, canvas, vocab }
+    }
+
     fn serve(&mut self, job: Job) {
         if job.events.is_closed() {
             self.setup.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -175,12 +246,73 @@ impl Engine {
         self.cached.clear();
     }
 
-    fn run(&mut self, job: &Job) -> Result<Summary> {
-        let reuse = !self.cached.is_empty() && self.cached.len() < job.prompt.len() && job.prompt.starts_with(&self.cached);
-        let skip = if reuse { self.cached.len() } else { 0 };
-        if !reuse {
-            self.forget();
+    /// Puts the model's cache in the pool (when it holds anything and the pool keeps anything);
+    /// the model is left empty.
+    fn park(&mut self) {
+        let ids = std::mem::take(&mut self.cached);
+        if ids.is_empty() || self.pool.budget() == 0 {
+            self.model.reset();
+            return;
         }
+        let metrics = &self.setup.metrics;
+        let evicted = match self.model.park() {
+            Ok((snapshot, bytes)) => self.pool.park(ids, snapshot, bytes),
+            Err(e) => {
+                eprintln!("warning: the KV cache could not be kept in the pool: {e:#}");
+                self.model.reset();
+                1
+            }
+        };
+        metrics.pool_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+        self.publish_pool();
+    }
+
+    fn publish_pool(&self) {
+        let metrics = &self.setup.metrics;
+        metrics.pool_bytes.store(self.pool.bytes(), Ordering::Relaxed);
+        metrics.pool_entries.store(self.pool.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Gives the model the longest cache `prompt` extends (its own, or one from the pool, parking
+    /// its own), or an empty one; returns the ids it holds (skipped by the first encode).
+    fn attach(&mut self, prompt: &[u32]) -> (usize, CacheSource) {
+        let resident = if pool::extends(prompt, &self.cached) { self.cached.len() } else { 0 };
+        let metrics = self.setup.metrics.clone();
+        let source = match self.pool.longest_prefix(prompt) {
+            Some((index, len)) if len > resident => {
+                // Taken out before the model's cache is parked, which may evict.
+                let (ids, snapshot) = self.pool.take(index);
+                self.park();
+                self.publish_pool();
+                match self.model.restore(snapshot) {
+                    Ok(()) => {
+                        self.cached = ids;
+                        CacheSource::Pool
+                    }
+                    Err(e) => {
+                        eprintln!("warning: a pooled KV cache could not be restored: {e:#}");
+                        self.forget();
+                        CacheSource::None
+                    }
+                }
+            }
+            _ if resident > 0 => CacheSource::Resident,
+            _ => {
+                self.park();
+                CacheSource::None
+            }
+        };
+        let counter = match source {
+            CacheSource::None => &metrics.cache_misses,
+            CacheSource::Resident => &metrics.cache_hits_resident,
+            CacheSource::Pool => &metrics.cache_hits_pool,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        (self.cached.len(), source)
+    }
+
+    fn run(&mut self, job: &Job) -> Result<Summary> {
+        let (skip, source) = self.attach(&job.prompt);
         let metrics = self.setup.metrics.clone();
         let codec = self.setup.codec.clone();
         let decode = |ids: &[u32]| codec.decode(ids).unwrap_or_default();
@@ -224,6 +356,7 @@ impl Engine {
             prompt_tokens: job.prompt.len(),
             completion_tokens,
             reused_tokens: skip,
+            cache: source,
             steps_per_canvas: generation.steps_per_canvas,
             tokens_per_forward: generation.tokens_per_forward,
             prefill: cache.prefill,
@@ -348,6 +481,11 @@ mod tests {
 
     /// An engine on the bundled model's CPU backend.
     fn cpu_engine() -> (Engine, ModelDir) {
+        cpu_engine_with(1 << 30)
+    }
+
+    /// An engine on the bundled model's CPU backend whose pool keeps `cache_budget` bytes.
+    fn cpu_engine_with(cache_budget: u64) -> (Engine, ModelDir) {
         let dir = crate::model_dir::bundled_dir();
         let model = crate::model_dir::open(&dir).unwrap();
         let setup = EngineSetup {
@@ -356,13 +494,14 @@ mod tests {
             adapter: None,
             weights: WeightsArg::Auto,
             context: 4096,
+            cache_budget,
             codec: Arc::new(TextCodec::load(&dir).unwrap().unwrap()),
             metrics: Arc::new(Metrics::default()),
             cancel_all: Arc::new(AtomicBool::new(false)),
         };
         let (loaded, _) = load_model(&setup).unwrap();
         let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
-        (Engine { model: loaded, cached: Vec::new(), setup, canvas, vocab }, model)
+        (Engine::new(loaded, setup, canvas, vocab), model)
     }
 
     /// Serves a job of `prompt`; returns its text and summary.
@@ -406,5 +545,43 @@ mod tests {
         // A prompt that does not extend the cache starts from an empty one.
         let (_, other) = serve(&mut warm, &model, &first[..10], 32);
         assert_eq!(other.reused_tokens, 0);
+    }
+
+    #[test]
+    fn interleaved_conversations_continue_from_the_pool_and_a_small_budget_evicts() {
+        let (mut engine, model) = cpu_engine();
+        let a: Vec<u32> = (2..40).collect();
+        let b: Vec<u32> = (100..170).collect();
+        serve(&mut engine, &model, &a, 16);
+        let a_cached = engine.cached.clone();
+        serve(&mut engine, &model, &b, 16);
+        assert_eq!(engine.pool.len(), 1, "A's cache parked");
+        let metrics = engine.setup.metrics.clone();
+        assert_eq!(metrics.pool_bytes.load(Ordering::Relaxed), engine.pool.bytes());
+        assert!(engine.pool.bytes() > 0);
+        // A's next turn continues from the pool; B's cache takes its place there.
+        let mut a2 = a_cached.clone();
+        a2.extend([7, 8, 9]);
+        let (text, s) = serve(&mut engine, &model, &a2, 16);
+        assert_eq!((s.cache, s.reused_tokens), (CacheSource::Pool, a_cached.len()));
+        assert_eq!(engine.pool.len(), 1, "B parked");
+        assert_eq!(metrics.cache_hits_pool.load(Ordering::Relaxed), 1);
+        assert_eq!(metrics.cache_misses.load(Ordering::Relaxed), 2);
+        let (mut cold, _) = cpu_engine();
+        let (fresh, f) = serve(&mut cold, &model, &a2, 16);
+        assert_eq!((f.cache, text), (CacheSource::None, fresh), "the same text as without reuse");
+        // A third turn of A continues from the model's own cache.
+        let mut a3 = engine.cached.clone();
+        a3.push(5);
+        assert_eq!(serve(&mut engine, &model, &a3, 16).1.cache, CacheSource::Resident);
+
+        // A budget smaller than one cache keeps none: A's next turn is encoded from the start.
+        let (mut small, _) = cpu_engine_with(1);
+        serve(&mut small, &model, &a, 16);
+        serve(&mut small, &model, &b, 16);
+        let (_, s) = serve(&mut small, &model, &a2, 16);
+        assert_eq!((s.cache, s.reused_tokens), (CacheSource::None, 0));
+        let m = &small.setup.metrics;
+        assert_eq!((small.pool.len(), m.pool_evictions.load(Ordering::Relaxed)), (0, 2));
     }
 }

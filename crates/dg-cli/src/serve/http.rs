@@ -256,11 +256,13 @@ impl Shape {
 
     fn finish(&self, mut v: Value, s: &Summary) -> Value {
         v["usage"] = json!({"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-            "total_tokens": s.prompt_tokens + s.completion_tokens});
+            "total_tokens": s.prompt_tokens + s.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.reused_tokens}});
         v["dg"] = json!({
             "steps_per_canvas": s.steps_per_canvas,
             "tokens_per_forward": s.tokens_per_forward,
             "reused_prompt_tokens": s.reused_tokens,
+            "cache": s.cache.name(),
             "prefill_ms": s.prefill.as_secs_f64() * 1e3,
             "first_canvas_ms": s.first_canvas.map(|d| d.as_secs_f64() * 1e3),
         });
