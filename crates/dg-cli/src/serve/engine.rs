@@ -22,7 +22,7 @@ use dg_cpu::CpuModel;
 use dg_cpu::cache::KvCache;
 use dg_gpu::{CacheSnapshot, GpuModel};
 use dg_model::{GenerationConfig, ModelDir};
-use dg_sampler::{CategoricalRequest, DenoiseModel, Hooks, ResidentModel, RowResult, SeededRng, StepInfo};
+use dg_sampler::{CategoricalRequest, DenoiseModel, Hooks, ResidentModel, RowResult, SeededRng, StepInfo, StopReason};
 use tokio::sync::mpsc;
 
 use super::commit::{Committer, Finish};
@@ -338,7 +338,8 @@ impl Engine {
         };
         self.cached = std::mem::take(&mut cache.encoded);
         let generation = generation?;
-        if job.events.is_closed() || self.setup.cancel_all.load(Ordering::Relaxed) {
+        // Stopped by the hooks before the text was final: the client left, or the shutdown.
+        if generation.stop_reason == StopReason::Cancelled && hooks.committer.finished().is_none() {
             metrics.cancelled.fetch_add(1, Ordering::Relaxed);
         }
         let (rest, finish) = hooks.committer.end();

@@ -234,8 +234,11 @@ async fn connection(
         return;
     }
     let service = TowerToHyperService::new(router);
+    // No half-close: a client's EOF while its answer is pending ends the connection and drops the
+    // handler, which cancels a non-streamed generation (`http::whole`).
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
+        .half_close(false)
         .header_read_timeout(timeout)
         .serve_connection(TokioIo::new(stream), service);
     let mut conn = std::pin::pin!(conn);
