@@ -312,6 +312,8 @@ impl Engine {
     }
 
     fn run(&mut self, job: &Job) -> Result<Summary> {
+        // The first canvas's latency counts parking and restoring caches too.
+        let started = Instant::now();
         let (skip, source) = self.attach(&job.prompt);
         let metrics = self.setup.metrics.clone();
         let codec = self.setup.codec.clone();
@@ -321,7 +323,7 @@ impl Engine {
             committer: Committer::new(&decode, &job.settings.eos_token_ids, &job.stop, job.max_tokens),
             metrics: &metrics,
             cancel_all: &self.setup.cancel_all,
-            started: Instant::now(),
+            started,
             first_canvas: None,
             decode: &decode,
         };
