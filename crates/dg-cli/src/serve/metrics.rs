@@ -128,7 +128,12 @@ impl Metrics {
             &self.reused_prompt_tokens,
         );
         counter(&mut out, "dg_generated_tokens_total", "Completion tokens returned.", &self.generated_tokens);
-        counter(&mut out, "dg_cancelled_total", "Generations stopped before their text was final: the client left, or the shutdown's deadline passed.", &self.cancelled);
+        counter(
+            &mut out,
+            "dg_cancelled_total",
+            "Generations stopped before their text was final: the client left, or the shutdown's deadline passed.",
+            &self.cancelled,
+        );
         counter(
             &mut out,
             "dg_engine_panics_total",
