@@ -2,9 +2,11 @@
 """End-to-end test of `dg serve` on the bundled model: the official `openai` client and raw HTTP.
 
 Starts the built binary on a free loopback port and checks chat and text completions (stream and
-whole, drafts on and off), max_tokens, stop sequences, seeds, multi-turn cache reuse, the API key,
-every bad input (each a 4xx in OpenAI's error shape, /health OK after each), idle and partial
-connections, a full queue (429), a client that disconnects, a bounded load test, and SIGTERM.
+whole, drafts on and off), max_tokens, stop sequences, seeds, multi-turn cache reuse (the model's
+own cache, the pool of caches for interleaved conversations, least-recently-used eviction under a
+small --cache-budget), the API key, every bad input (each a 4xx in OpenAI's error shape, /health
+OK after each), idle and partial connections, a full queue (429), clients that disconnect
+(streamed and whole), a bounded load test, and SIGTERM.
 
     python3 tools/serve_tests/test_serve.py --binary target/release/dg --backend cpu
 """
@@ -203,6 +205,80 @@ def test_multi_turn_reuse(s):
           f"(first turn {first.model_extra['dg']['first_canvas_ms']:.2f} ms)")
 
 
+def pool_counters(s):
+    """(pool hits, misses, evictions, entries, bytes) from /metrics."""
+    _, data = s.request("GET", "/metrics")
+    text = data.decode()
+    hits = float(re.search(r'^dg_cache_hits_total\{cache="pool"\} (\S+)$', text, re.M).group(1))
+    return (hits, *(float(re.search(rf"^{name} (\S+)$", text, re.M).group(1)) for name in
+                     ["dg_cache_misses_total", "dg_cache_pool_evictions_total", "dg_cache_pool_entries",
+                      "dg_cache_pool_bytes"]))
+
+
+def test_interleaved_conversations(s):
+    """Conversations A, B, then A's next turn: A's cache waited in the pool while B ran."""
+    c = s.client()
+    a = [{"role": "user", "content": "Tell me about rivers."}]
+    b = [{"role": "user", "content": "List three colours, please, in any order you like."}]
+    a1 = c.chat.completions.create(model=MODEL, messages=a, max_tokens=16, seed=4)
+    c.chat.completions.create(model=MODEL, messages=b, max_tokens=16, seed=4)
+    hits, misses, _, entries, _ = pool_counters(s)
+    check(entries >= 1, f"A's cache is parked while B runs: {entries} entries")
+    a += [{"role": "assistant", "content": a1.choices[0].message.content}, {"role": "user", "content": "And lakes?"}]
+    a2 = c.chat.completions.create(model=MODEL, messages=a, max_tokens=16, seed=4)
+    dg, cached = a2.model_extra["dg"], a2.usage.prompt_tokens_details.cached_tokens
+    check(dg["cache"] == "pool" and cached == dg["reused_prompt_tokens"] >= a1.usage.prompt_tokens,
+          f"A's second turn continues from the pool: {dg}, cached_tokens {cached}, A's first prompt {a1.usage.prompt_tokens}")
+    hits2, misses2, *_ = pool_counters(s)
+    check((hits2, misses2) == (hits + 1, misses), f"/metrics: pool hits {hits} -> {hits2}, misses {misses} -> {misses2}")
+    print(f"interleaved conversations: A's second turn continued from the pool ({cached} of "
+          f"{a2.usage.prompt_tokens} prompt tokens cached; prefill {dg['prefill_ms']:.2f} ms)")
+
+
+def completion(s, prompt, **extra):
+    resp, data = s.request("POST", "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 4,
+                                                       "dg": {"steps": 1}} | extra)
+    check(resp.status == 200, f"completion: {resp.status} {data[:300]!r}")
+    return json.loads(data)
+
+
+def prompt_of(n, salt):
+    return [3 + (i * 7 + salt) % 900 for i in range(n)]
+
+
+def pooled_entry_bytes(s):
+    """The pool's bytes for one cache of a 20-token prompt (answered in one canvas: the prompt alone)."""
+    completion(s, prompt_of(20, 501))
+    before = pool_counters(s)[4]
+    completion(s, prompt_of(20, 502))
+    return pool_counters(s)[4] - before
+
+
+def test_eviction(binary, backend, entry_bytes):
+    """A budget of two and a half caches: the least recently parked one goes first."""
+    budget = int(2.5 * entry_bytes)
+    s = Server(binary, backend, "--api-key", KEY, "--cache-budget", str(budget))
+    try:
+        p = [prompt_of(20, salt) for salt in range(4)]
+        for prompt in p:
+            completion(s, prompt)
+        _, _, evictions, entries, pool_bytes = pool_counters(s)
+        check((evictions, entries) == (1, 2) and pool_bytes <= budget,
+              f"P1 evicted when P3 was parked: {evictions} evictions, {entries} entries, {pool_bytes} of {budget} bytes")
+        check(completion(s, p[0] + [5])["dg"]["cache"] == "none", "P1's cache was evicted")
+        # Parking P4 evicted P2, the least recently parked; P3 is still there.
+        check(completion(s, p[2] + [5])["dg"]["cache"] == "pool", "P3's cache is kept")
+        check(completion(s, p[1] + [5])["dg"]["cache"] == "none", "P2's cache was evicted")
+        check(pool_counters(s)[4] <= budget, "the pool stays within its budget")
+        healthy(s)
+        check(s.stop() == 0, "exit 0")
+    except BaseException:
+        sys.stderr.write("".join(s.log[-40:]))
+        s.proc.kill()
+        raise
+    print(f"eviction: --cache-budget {budget} (2.5 caches of {entry_bytes:.0f} bytes) keeps the two most recently parked")
+
+
 def test_raw_http(s):
     for path, body, chat in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, True),
                              ("/v1/completions", {"prompt": [2, 17, 42]}, False)]:
@@ -222,7 +298,8 @@ def test_raw_http(s):
     text = data.decode()
     for name in ["dg_requests_total", "dg_queue_depth", "dg_prompt_tokens_total", "dg_generated_tokens_total",
                  "dg_steps_per_canvas_bucket", "dg_tokens_per_forward_bucket", "dg_prefill_seconds_bucket",
-                 "dg_step_seconds_bucket"]:
+                 "dg_step_seconds_bucket", "dg_cache_pool_bytes", "dg_cache_pool_entries", "dg_cache_pool_budget_bytes",
+                 "dg_cache_hits_total", "dg_cache_misses_total", "dg_cache_pool_evictions_total"]:
         check(name in text, f"/metrics has {name}")
     print("raw http: ok")
 
@@ -297,25 +374,41 @@ def test_bad_input(s):
 
 
 def test_disconnect_cancels(s):
-    """Streamed requests whose client leaves: each generation is cancelled. (A whole request's
-    disconnect is not noticed while it runs; the README says so.)"""
-    before = metric(s, "dg_cancelled_total")
-    body = {"model": MODEL, "prompt": [2, 17, 42], "max_tokens": 3000, "stream": True,
+    """Requests whose client leaves, streamed (5) and whole (2): each generation is cancelled at its
+    next step, not run to its 3000 tokens."""
+    before, generated = metric(s, "dg_cancelled_total"), metric(s, "dg_generated_tokens_total")
+    body = {"model": MODEL, "prompt": [2, 17, 42], "max_tokens": 3000,
             "dg": {"drafts": True, "steps": 48, "stability_threshold": 1000}}
-    for seed in range(5):
-        payload = json.dumps(body | {"seed": seed}).encode()
-        sock = socket.create_connection((s.host, s.port))
-        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-        sock.recv(4096)
-        sock.close()
-    deadline = time.time() + 60
-    while metric(s, "dg_cancelled_total") < before + 5 and time.time() < deadline:
-        time.sleep(0.2)
-    check(metric(s, "dg_cancelled_total") >= before + 5, "disconnected streaming clients' work is cancelled")
+    sent = 0
+    for stream, seeds in [(True, range(5)), (False, range(2))]:
+        for seed in seeds:
+            payload = json.dumps(body | {"seed": seed, "stream": stream}).encode()
+            sock = socket.create_connection((s.host, s.port))
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                         f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            if stream:
+                sock.recv(4096)
+            else:
+                # A whole answer sends nothing until the end: leave while the engine works on its
+                # first canvas (48 steps: it cannot have ended on an EOS yet).
+                wait_for(lambda: metric(s, "dg_queue_depth") == 0, "the request reaches the engine")
+                time.sleep(0.05)
+            sock.close()
+            sent += 1
+            wait_for(lambda: metric(s, "dg_cancelled_total") >= before + sent, f"request {sent} (stream {stream}) cancelled")
+    check(metric(s, "dg_generated_tokens_total") - generated < 3000, "no generation ran to its end")
     check(metric(s, "dg_queue_depth") == 0, "the queue drains")
     healthy(s)
-    print("disconnect: cancelled")
+    r = completion(s, [2, 17, 42])
+    check(r["choices"][0]["finish_reason"] in ("stop", "length"), f"a request after the disconnects is answered: {r}")
+    print("disconnect: streamed and whole requests cancelled")
+
+
+def wait_for(cond, what, timeout=60):
+    deadline = time.time() + timeout
+    while not cond():
+        check(time.time() < deadline, f"timed out: {what}")
+        time.sleep(0.05)
 
 
 def metric(s, name):
@@ -422,6 +515,8 @@ def main():
     try:
         test_openai_client(s)
         test_multi_turn_reuse(s)
+        test_interleaved_conversations(s)
+        entry_bytes = pooled_entry_bytes(s)
         test_raw_http(s)
         test_api_key(s)
         test_bad_input(s)
@@ -434,6 +529,7 @@ def main():
         s.proc.kill()
         raise
     test_full_queue(args.binary, args.backend)
+    test_eviction(args.binary, args.backend, entry_bytes)
     print(f"dg serve ({args.backend}): all checks passed in {time.time() - start:.1f} s")
 
 

@@ -53,3 +53,19 @@ pub struct KvCache {
     /// Tokens encoded so far (the next position).
     pub seq_len: usize,
 }
+
+impl KvCache {
+    /// Bytes the K/V buffers hold in memory (their capacity, not only the kept tokens).
+    pub fn bytes(&self) -> u64 {
+        let floats: usize = self.layers.iter().map(|l| l.keys.capacity() + l.values.capacity()).sum();
+        (floats * size_of::<f32>()) as u64
+    }
+
+    /// Frees the buffers' room beyond the kept tokens (before the cache is kept aside).
+    pub fn shrink_to_fit(&mut self) {
+        for l in &mut self.layers {
+            l.keys.shrink_to_fit();
+            l.values.shrink_to_fit();
+        }
+    }
+}

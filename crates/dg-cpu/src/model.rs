@@ -23,6 +23,8 @@ pub enum CpuError {
     TooLong { len: usize, max: usize },
     #[error("nothing to encode: empty token list")]
     Empty,
+    #[error("the cache does not fit this model: {0}")]
+    CacheMismatch(String),
 }
 
 /// The f32 reference model with its KV cache.
@@ -52,6 +54,46 @@ impl CpuModel {
     /// The cache (per-layer K/V) for inspection by parity checks.
     pub fn cache(&self) -> &KvCache {
         &self.cache
+    }
+
+    /// Takes the cache out, leaving an empty one: a conversation's cache kept aside while others
+    /// run, and given back with [`Self::put_cache`].
+    pub fn take_cache(&mut self) -> KvCache {
+        std::mem::replace(&mut self.cache, empty_cache(&self.config))
+    }
+
+    /// Puts back a cache taken out of a model of the same configuration; the next encode and canvas
+    /// forward continue from it.
+    pub fn put_cache(&mut self, cache: KvCache) -> Result<(), CpuError> {
+        let expected = empty_cache(&self.config);
+        if cache.layers.len() != expected.layers.len() {
+            return Err(CpuError::CacheMismatch(format!("{} layers, the model has {}", cache.layers.len(), expected.layers.len())));
+        }
+        for (i, (got, want)) in cache.layers.iter().zip(&expected.layers).enumerate() {
+            let per_token = want.kv_heads * want.head_dim;
+            if (got.kv_heads, got.head_dim, got.retain) != (want.kv_heads, want.head_dim, want.retain)
+                || got.keys.len() != got.values.len()
+                || got.keys.len() % per_token != 0
+                || got.start + got.len() != cache.seq_len
+            {
+                return Err(CpuError::CacheMismatch(format!(
+                    "layer {i}: {} kv heads x {} dims, retain {:?}, {} key and {} value floats from position {} of {}",
+                    got.kv_heads,
+                    got.head_dim,
+                    got.retain,
+                    got.keys.len(),
+                    got.values.len(),
+                    got.start,
+                    cache.seq_len
+                )));
+            }
+        }
+        let max = self.config.text.max_position_embeddings;
+        if cache.seq_len > max {
+            return Err(CpuError::TooLong { len: cache.seq_len, max });
+        }
+        self.cache = cache;
+        Ok(())
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<(), CpuError> {

@@ -10,6 +10,10 @@
 //! - [`GpuModel::canvas_forward`] ([`dg_sampler::DenoiseModel`]) reads the full logits back instead
 //!   (logits-level parity, and the host sampler).
 //! - [`GpuModel::set_context`] uploads a cache computed elsewhere (benchmarks, layer parity).
+//! - [`GpuModel::snapshot_cache`] and [`GpuModel::restore_cache`] keep a copy of the cache on the
+//!   device and put it back ([`snapshot`]).
+
+mod snapshot;
 
 use dg_kernels::WeightFormat;
 use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
@@ -23,6 +27,8 @@ use crate::forward::{ForwardShape, LayerPass, Visible, record_canvas_forward, re
 use crate::ops::Recorder;
 use crate::plan::{Pipelines, Plan};
 use crate::weights::{GpuWeights, UploadProgress};
+
+pub use snapshot::CacheSnapshot;
 
 /// Visible cached K/V of one layer, `[tokens, kv_heads, head_dim]` each.
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +57,8 @@ pub struct GpuModel {
     seq_len: usize,
     /// The canvas positions' RoPE tables and the plans match the cache.
     context_ready: bool,
+    /// The cache came from [`GpuModel::set_context`] (rows from 0, not at row = position).
+    uploaded_context: bool,
     /// u32 staging of the per-step draw inputs.
     draw_words: Vec<u32>,
     /// Tokens per encoder chunk (at most the arena's rows).
@@ -141,6 +149,7 @@ impl GpuModel {
             sample_plan,
             seq_len: 0,
             context_ready: false,
+            uploaded_context: false,
             draw_words: vec![0; config.canvas_length],
             prefill_chunk: arena.token_rows,
             arena,
@@ -191,6 +200,7 @@ impl GpuModel {
     pub fn reset(&mut self) {
         self.seq_len = 0;
         self.context_ready = false;
+        self.uploaded_context = false;
     }
 
     /// Encodes `ids` causally at the next positions on the GPU, appending every layer's K/V to the
@@ -319,6 +329,7 @@ impl GpuModel {
             visible.push(Visible { start: 0, len: n });
         }
         self.seq_len = seq_len;
+        self.uploaded_context = true;
         self.prepare_block(visible)
     }
 

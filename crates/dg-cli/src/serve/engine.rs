@@ -6,8 +6,12 @@
 //! in a generation is caught: the job is answered with an error, the cache reset, and the engine
 //! keeps serving.
 //!
-//! The model's KV cache survives between jobs: a job whose prompt extends the tokens the cache
-//! holds (an earlier prompt and the canvases committed after it) encodes only the new tokens.
+//! KV caches survive between jobs: the model's own, and others parked in a [`Pool`] within a byte
+//! budget (least-recently-used out first). A job whose prompt extends the tokens a cache holds (an
+//! earlier prompt and the canvases committed after it) continues from the longest such cache and
+//! encodes only the new tokens; the model's previous cache is parked ([`caches`]).
+
+mod caches;
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
@@ -19,14 +23,16 @@ use anyhow::{Context, Result};
 use dg_cpu::CpuModel;
 use dg_gpu::GpuModel;
 use dg_model::{GenerationConfig, ModelDir};
-use dg_sampler::{CategoricalRequest, DenoiseModel, Hooks, ResidentModel, RowResult, SeededRng, StepInfo};
+use dg_sampler::{Hooks, SeededRng, StepInfo, StopReason};
 use tokio::sync::mpsc;
 
 use super::commit::{Committer, Finish};
 use super::metrics::Metrics;
+use super::pool::Pool;
 use crate::args::{BackendArg, WeightsArg};
 use crate::backend::{self, Backend};
 use crate::text::TextCodec;
+use caches::{CacheSkip, Snapshot};
 
 /// One generation request, ready for the model.
 #[derive(Debug)]
@@ -63,12 +69,35 @@ pub struct Summary {
     pub finish: Finish,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
-    /// Prompt tokens found in the cache and not encoded.
+    /// Prompt tokens found in a cache and not encoded.
     pub reused_tokens: usize,
+    /// Where those tokens' cache came from.
+    pub cache: CacheSource,
     pub steps_per_canvas: Vec<usize>,
     pub tokens_per_forward: f64,
     pub prefill: Duration,
     pub first_canvas: Option<Duration>,
+}
+
+/// The cache a job continued from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheSource {
+    /// None: the prompt is encoded from the start.
+    None,
+    /// The model's own cache (the previous job's).
+    Resident,
+    /// A cache restored from the pool.
+    Pool,
+}
+
+impl CacheSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheSource::None => "none",
+            CacheSource::Resident => "resident",
+            CacheSource::Pool => "pool",
+        }
+    }
 }
 
 /// What the engine needs to load and run the model.
@@ -80,6 +109,8 @@ pub struct EngineSetup {
     pub weights: WeightsArg,
     /// Positions the GPU's cache holds (prompt and every canvas of a job).
     pub context: usize,
+    /// Bytes of parked caches the pool keeps at most (0: none).
+    pub cache_budget: u64,
     pub codec: Arc<TextCodec>,
     pub metrics: Arc<Metrics>,
     /// Set by the shutdown when its deadline passes: every job stops at its next step.
@@ -129,7 +160,7 @@ pub fn spawn(setup: EngineSetup, model: &ModelDir, mut jobs: mpsc::Receiver<Job>
             }
         };
         let _ = ready_tx.send(Ok(description));
-        let mut engine = Engine { model: loaded, cached: Vec::new(), setup, canvas, vocab };
+        let mut engine = Engine::new(loaded, setup, canvas, vocab);
         while let Some(job) = jobs.blocking_recv() {
             engine.setup.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             engine.serve(job);
@@ -142,12 +173,20 @@ struct Engine {
     model: Loaded,
     /// The ids the model's KV cache holds, in order.
     cached: Vec<u32>,
+    /// Other conversations' caches.
+    pool: Pool<Snapshot>,
     setup: EngineSetup,
     canvas: usize,
     vocab: usize,
 }
 
 impl Engine {
+    fn new(model: Loaded, setup: EngineSetup, canvas: usize, vocab: usize) -> Self {
+        let pool = Pool::new(setup.cache_budget);
+        setup.metrics.pool_budget_bytes.store(setup.cache_budget, Ordering::Relaxed);
+        Engine { model, cached: Vec::new(), pool, setup, canvas, vocab }
+    }
+
     fn serve(&mut self, job: Job) {
         if job.events.is_closed() {
             self.setup.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -176,11 +215,9 @@ impl Engine {
     }
 
     fn run(&mut self, job: &Job) -> Result<Summary> {
-        let reuse = !self.cached.is_empty() && self.cached.len() < job.prompt.len() && job.prompt.starts_with(&self.cached);
-        let skip = if reuse { self.cached.len() } else { 0 };
-        if !reuse {
-            self.forget();
-        }
+        // The first canvas's latency counts parking and restoring caches too.
+        let started = Instant::now();
+        let (skip, source) = self.attach(&job.prompt);
         let metrics = self.setup.metrics.clone();
         let codec = self.setup.codec.clone();
         let decode = |ids: &[u32]| codec.decode(ids).unwrap_or_default();
@@ -189,7 +226,7 @@ impl Engine {
             committer: Committer::new(&decode, &job.settings.eos_token_ids, &job.stop, job.max_tokens),
             metrics: &metrics,
             cancel_all: &self.setup.cancel_all,
-            started: Instant::now(),
+            started,
             first_canvas: None,
             decode: &decode,
         };
@@ -206,7 +243,8 @@ impl Engine {
         };
         self.cached = std::mem::take(&mut cache.encoded);
         let generation = generation?;
-        if job.events.is_closed() || self.setup.cancel_all.load(Ordering::Relaxed) {
+        // Stopped by the hooks before the text was final: the client left, or the shutdown.
+        if generation.stop_reason == StopReason::Cancelled && hooks.committer.finished().is_none() {
             metrics.cancelled.fetch_add(1, Ordering::Relaxed);
         }
         let (rest, finish) = hooks.committer.end();
@@ -224,6 +262,7 @@ impl Engine {
             prompt_tokens: job.prompt.len(),
             completion_tokens,
             reused_tokens: skip,
+            cache: source,
             steps_per_canvas: generation.steps_per_canvas,
             tokens_per_forward: generation.tokens_per_forward,
             prefill: cache.prefill,
@@ -272,82 +311,17 @@ impl Hooks for JobHooks<'_> {
     }
 }
 
-/// Cache reuse and timing around a model: the first encode skips the `skip` ids the cache already
-/// holds; every encoded id is recorded; the prefill and each step are timed.
-struct CacheSkip<'a> {
-    skip: usize,
-    encoded: Vec<u32>,
-    prefill: Duration,
-    metrics: &'a Metrics,
-}
-
-impl<'a> CacheSkip<'a> {
-    fn wrap<'m, M>(&'m mut self, model: M) -> Skipping<'m, 'a, M> {
-        Skipping { cache: self, model, encodes: 0 }
-    }
-}
-
-struct Skipping<'m, 'a, M> {
-    cache: &'m mut CacheSkip<'a>,
-    model: M,
-    encodes: usize,
-}
-
-impl<M> Skipping<'_, '_, M> {
-    fn encode_with<E>(&mut self, ids: &[u32], encode: impl FnOnce(&mut M, &[u32]) -> Result<(), E>) -> Result<(), E> {
-        let first = self.encodes == 0;
-        self.encodes += 1;
-        let ids = if first { &ids[self.cache.skip..] } else { ids };
-        let start = Instant::now();
-        encode(&mut self.model, ids)?;
-        if first {
-            self.cache.prefill = start.elapsed();
-        }
-        self.cache.encoded.extend_from_slice(ids);
-        Ok(())
-    }
-
-    fn timed<T>(&mut self, step: impl FnOnce(&mut M) -> T) -> T {
-        let start = Instant::now();
-        let out = step(&mut self.model);
-        self.cache.metrics.step_seconds.observe(start.elapsed().as_secs_f64());
-        out
-    }
-}
-
-impl<M: DenoiseModel> DenoiseModel for Skipping<'_, '_, M> {
-    type Error = M::Error;
-    fn encode(&mut self, ids: &[u32]) -> Result<(), M::Error> {
-        self.encode_with(ids, |m, ids| m.encode(ids))
-    }
-    fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), M::Error> {
-        self.timed(|m| m.canvas_forward(canvas, sc, logits))
-    }
-}
-
-impl<M: ResidentModel> ResidentModel for Skipping<'_, '_, M> {
-    type Error = M::Error;
-    fn encode(&mut self, ids: &[u32]) -> Result<(), M::Error> {
-        self.encode_with(ids, |m, ids| m.encode(ids))
-    }
-    fn denoise_rows(
-        &mut self,
-        canvas: &[u32],
-        sc: bool,
-        t: f32,
-        draw: CategoricalRequest<'_>,
-        rows: &mut [RowResult],
-    ) -> Result<(), M::Error> {
-        self.timed(|m| m.denoise_rows(canvas, sc, t, draw, rows))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// An engine on the bundled model's CPU backend.
     fn cpu_engine() -> (Engine, ModelDir) {
+        cpu_engine_with(1 << 30)
+    }
+
+    /// An engine on the bundled model's CPU backend whose pool keeps `cache_budget` bytes.
+    fn cpu_engine_with(cache_budget: u64) -> (Engine, ModelDir) {
         let dir = crate::model_dir::bundled_dir();
         let model = crate::model_dir::open(&dir).unwrap();
         let setup = EngineSetup {
@@ -356,13 +330,14 @@ mod tests {
             adapter: None,
             weights: WeightsArg::Auto,
             context: 4096,
+            cache_budget,
             codec: Arc::new(TextCodec::load(&dir).unwrap().unwrap()),
             metrics: Arc::new(Metrics::default()),
             cancel_all: Arc::new(AtomicBool::new(false)),
         };
         let (loaded, _) = load_model(&setup).unwrap();
         let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
-        (Engine { model: loaded, cached: Vec::new(), setup, canvas, vocab }, model)
+        (Engine::new(loaded, setup, canvas, vocab), model)
     }
 
     /// Serves a job of `prompt`; returns its text and summary.
@@ -406,5 +381,43 @@ mod tests {
         // A prompt that does not extend the cache starts from an empty one.
         let (_, other) = serve(&mut warm, &model, &first[..10], 32);
         assert_eq!(other.reused_tokens, 0);
+    }
+
+    #[test]
+    fn interleaved_conversations_continue_from_the_pool_and_a_small_budget_evicts() {
+        let (mut engine, model) = cpu_engine();
+        let a: Vec<u32> = (2..40).collect();
+        let b: Vec<u32> = (100..170).collect();
+        serve(&mut engine, &model, &a, 16);
+        let a_cached = engine.cached.clone();
+        serve(&mut engine, &model, &b, 16);
+        assert_eq!(engine.pool.len(), 1, "A's cache parked");
+        let metrics = engine.setup.metrics.clone();
+        assert_eq!(metrics.pool_bytes.load(Ordering::Relaxed), engine.pool.bytes());
+        assert!(engine.pool.bytes() > 0);
+        // A's next turn continues from the pool; B's cache takes its place there.
+        let mut a2 = a_cached.clone();
+        a2.extend([7, 8, 9]);
+        let (text, s) = serve(&mut engine, &model, &a2, 16);
+        assert_eq!((s.cache, s.reused_tokens), (CacheSource::Pool, a_cached.len()));
+        assert_eq!(engine.pool.len(), 1, "B parked");
+        assert_eq!(metrics.cache_hits_pool.load(Ordering::Relaxed), 1);
+        assert_eq!(metrics.cache_misses.load(Ordering::Relaxed), 2);
+        let (mut cold, _) = cpu_engine();
+        let (fresh, f) = serve(&mut cold, &model, &a2, 16);
+        assert_eq!((f.cache, text), (CacheSource::None, fresh), "the same text as without reuse");
+        // A third turn of A continues from the model's own cache.
+        let mut a3 = engine.cached.clone();
+        a3.push(5);
+        assert_eq!(serve(&mut engine, &model, &a3, 16).1.cache, CacheSource::Resident);
+
+        // A budget smaller than one cache keeps none: A's next turn is encoded from the start.
+        let (mut small, _) = cpu_engine_with(1);
+        serve(&mut small, &model, &a, 16);
+        serve(&mut small, &model, &b, 16);
+        let (_, s) = serve(&mut small, &model, &a2, 16);
+        assert_eq!((s.cache, s.reused_tokens), (CacheSource::None, 0));
+        let m = &small.setup.metrics;
+        assert_eq!((small.pool.len(), m.pool_evictions.load(Ordering::Relaxed)), (0, 2));
     }
 }

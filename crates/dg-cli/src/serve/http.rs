@@ -256,11 +256,13 @@ impl Shape {
 
     fn finish(&self, mut v: Value, s: &Summary) -> Value {
         v["usage"] = json!({"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-            "total_tokens": s.prompt_tokens + s.completion_tokens});
+            "total_tokens": s.prompt_tokens + s.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.reused_tokens}});
         v["dg"] = json!({
             "steps_per_canvas": s.steps_per_canvas,
             "tokens_per_forward": s.tokens_per_forward,
             "reused_prompt_tokens": s.reused_tokens,
+            "cache": s.cache.name(),
             "prefill_ms": s.prefill.as_secs_f64() * 1e3,
             "first_canvas_ms": s.first_canvas.map(|d| d.as_secs_f64() * 1e3),
         });
@@ -272,7 +274,11 @@ fn server_error(message: String) -> ApiError {
     ApiError { kind: "server_error", ..ApiError::invalid(None, message) }.with(StatusCode::INTERNAL_SERVER_ERROR, "generation_failed")
 }
 
-/// A non-streamed answer: waits for the whole text.
+/// A non-streamed answer: waits for the whole text. A client that disconnects cancels the job:
+/// hyper sees the connection's end while the response is pending (HTTP/1 half-close is off, so an
+/// EOF counts as gone) and drops this future with `events`, and the engine stops the job at its
+/// next step when it finds the channel closed (the streamed answer's body holds `events` the same
+/// way).
 async fn whole(shape: Shape, mut events: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
     let mut text = String::new();
     while let Some(event) = events.recv().await {

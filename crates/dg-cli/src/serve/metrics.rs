@@ -1,7 +1,7 @@
 //! The server's counters and histograms, rendered in Prometheus' text format for `GET /metrics`:
 //! requests by endpoint and status, queue depth, prompt, reused and generated tokens, steps per
-//! canvas, tokens per forward, prefill, step and first-canvas latency, cancellations and engine
-//! panics.
+//! canvas, tokens per forward, prefill, step and first-canvas latency, cancellations, engine
+//! panics, and the KV-cache pool (bytes, entries, budget, hits, misses, evictions).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -59,6 +59,13 @@ pub struct Metrics {
     pub generated_tokens: AtomicU64,
     pub cancelled: AtomicU64,
     pub engine_panics: AtomicU64,
+    pub pool_bytes: AtomicU64,
+    pub pool_entries: AtomicU64,
+    pub pool_budget_bytes: AtomicU64,
+    pub cache_hits_resident: AtomicU64,
+    pub cache_hits_pool: AtomicU64,
+    pub cache_misses: AtomicU64,
+    pub pool_evictions: AtomicU64,
     pub steps_per_canvas: Histogram,
     pub tokens_per_forward: Histogram,
     pub prefill_seconds: Histogram,
@@ -76,6 +83,13 @@ impl Default for Metrics {
             generated_tokens: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             engine_panics: AtomicU64::new(0),
+            pool_bytes: AtomicU64::new(0),
+            pool_entries: AtomicU64::new(0),
+            pool_budget_bytes: AtomicU64::new(0),
+            cache_hits_resident: AtomicU64::new(0),
+            cache_hits_pool: AtomicU64::new(0),
+            cache_misses: AtomicU64::new(0),
+            pool_evictions: AtomicU64::new(0),
             steps_per_canvas: Histogram::new(STEPS),
             tokens_per_forward: Histogram::new(PER_FORWARD),
             prefill_seconds: Histogram::new(SECONDS),
@@ -114,12 +128,39 @@ impl Metrics {
             &self.reused_prompt_tokens,
         );
         counter(&mut out, "dg_generated_tokens_total", "Completion tokens returned.", &self.generated_tokens);
-        counter(&mut out, "dg_cancelled_total", "Generations cancelled (client gone or shutdown).", &self.cancelled);
+        counter(
+            &mut out,
+            "dg_cancelled_total",
+            "Generations stopped before their text was final: the client left, or the shutdown's deadline passed.",
+            &self.cancelled,
+        );
         counter(
             &mut out,
             "dg_engine_panics_total",
             "Generations that panicked (answered 500; the engine kept serving).",
             &self.engine_panics,
+        );
+        let pool_gauges = [
+            ("dg_cache_pool_bytes", "Bytes of the KV caches kept in the pool (besides the model's own).", &self.pool_bytes),
+            ("dg_cache_pool_entries", "KV caches kept in the pool.", &self.pool_entries),
+            ("dg_cache_pool_budget_bytes", "The pool's byte budget (--cache-budget).", &self.pool_budget_bytes),
+        ];
+        for (name, help, v) in pool_gauges {
+            gauge(&mut out, name, help, v.load(Ordering::Relaxed) as i64);
+        }
+        out.push_str(
+            "# HELP dg_cache_hits_total Generations that continued from a KV cache: the model's own (resident) or one from the pool.\n\
+             # TYPE dg_cache_hits_total counter\n",
+        );
+        for (cache, v) in [("resident", &self.cache_hits_resident), ("pool", &self.cache_hits_pool)] {
+            let _ = writeln!(out, "dg_cache_hits_total{{cache=\"{cache}\"}} {}", v.load(Ordering::Relaxed));
+        }
+        counter(&mut out, "dg_cache_misses_total", "Generations whose prompt extends no kept KV cache.", &self.cache_misses);
+        counter(
+            &mut out,
+            "dg_cache_pool_evictions_total",
+            "KV caches dropped from the pool (least recently used first) to stay within the budget, or not kept at all.",
+            &self.pool_evictions,
         );
         self.steps_per_canvas.render(&mut out, "dg_steps_per_canvas", "Decoder passes per committed canvas.");
         self.tokens_per_forward.render(&mut out, "dg_tokens_per_forward", "Valid tokens per decoder pass, per generation.");

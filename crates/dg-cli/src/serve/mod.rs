@@ -10,6 +10,7 @@ mod engine;
 mod http;
 mod metrics;
 mod openai;
+mod pool;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,6 +59,12 @@ pub struct ServeArgs {
     /// max_position_embeddings, at most 16384 (the GPU's cache is sized for it).
     #[arg(long, value_name = "N")]
     pub context: Option<usize>,
+
+    /// Bytes of other conversations' KV caches kept besides the model's own (host memory on the
+    /// CPU, device memory on the GPU), least recently used evicted first: digits with an optional
+    /// unit B, K, M, G (KiB, MiB, GiB). 0 keeps none.
+    #[arg(long, value_name = "BYTES", default_value = "2GiB", value_parser = pool::parse_bytes)]
+    pub cache_budget: u64,
 
     /// Backend: gpu, cpu, or auto (the GPU when an adapter exists, else the CPU).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
@@ -130,6 +137,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         adapter: args.adapter.clone(),
         weights: args.weights,
         context,
+        cache_budget: args.cache_budget,
         codec: codec.clone(),
         metrics: metrics.clone(),
         cancel_all: cancel_all.clone(),
@@ -137,10 +145,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let description = engine::spawn(setup, &model, jobs_rx)?;
     eprintln!("backend: {description}");
     eprintln!(
-        "model: {} as {model_name:?}{}; context {context} positions, queue {}",
+        "model: {} as {model_name:?}{}; context {context} positions, queue {}, cache pool {} bytes",
         dir.display(),
         if crate::model_dir::is_bundled(&dir) { " (the bundled random model: its text is noise)" } else { "" },
-        args.queue
+        args.queue,
+        args.cache_budget
     );
     let app = Arc::new(http::App {
         model_name,
@@ -225,8 +234,11 @@ async fn connection(
         return;
     }
     let service = TowerToHyperService::new(router);
+    // No half-close: a client's EOF while its answer is pending ends the connection and drops the
+    // handler, which cancels a non-streamed generation (`http::whole`).
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
+        .half_close(false)
         .header_read_timeout(timeout)
         .serve_connection(TokioIo::new(stream), service);
     let mut conn = std::pin::pin!(conn);

@@ -1,0 +1,104 @@
+//! Device-side snapshots of the GPU model's KV cache: the rows a later encode or canvas forward can
+//! read (every position in full layers, the last W−1 in sliding layers, each at row = position)
+//! copied into buffers of their own with `copy_buffer_to_buffer`, and copied back to the same rows.
+//! A server keeps several conversations' caches this way while the model's own cache serves another.
+
+use super::GpuModel;
+use crate::error::GpuError;
+
+/// One layer's saved cache rows `start..start + rows`.
+#[derive(Debug)]
+struct SavedLayer {
+    start: usize,
+    rows: usize,
+    /// Bytes of one row of keys (or values): `kv_heads · head_dim · 4`.
+    row_bytes: u64,
+    keys: wgpu::Buffer,
+    values: wgpu::Buffer,
+}
+
+/// A copy of the KV cache the GPU encoder wrote, on the device.
+#[derive(Debug)]
+pub struct CacheSnapshot {
+    seq_len: usize,
+    layers: Vec<SavedLayer>,
+}
+
+impl CacheSnapshot {
+    /// Tokens the saved cache had encoded.
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
+    /// Device memory the snapshot holds.
+    pub fn bytes(&self) -> u64 {
+        self.layers.iter().map(|l| l.keys.size() + l.values.size()).sum()
+    }
+}
+
+impl GpuModel {
+    /// Copies the cache's readable rows into new device buffers (one copy per layer's keys and
+    /// values, submitted on the model's queue: later work sees the cache as it was). The model's
+    /// own cache is unchanged. A cache uploaded with [`GpuModel::set_context`] is refused (its rows
+    /// do not sit at row = position).
+    pub fn snapshot_cache(&self) -> Result<CacheSnapshot, GpuError> {
+        if self.uploaded_context {
+            return Err(GpuError::Unsupported { what: "a snapshot of a cache uploaded with set_context".into() });
+        }
+        let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cache snapshot") });
+        let mut layers = Vec::with_capacity(self.arena.cache.len());
+        for (i, ((v, spec), cache)) in self.encoded_visible().iter().zip(&self.config.text.layers).zip(&self.arena.cache).enumerate() {
+            let row_bytes = (spec.num_kv_heads * spec.head_dim * size_of::<f32>()) as u64;
+            let size = v.len as u64 * row_bytes;
+            let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+            // wgpu buffers hold at least one word; an empty cache copies nothing.
+            let keys = self.ctx.buffer(&format!("cache snapshot.{i}.k"), size.max(4), usage)?;
+            let values = self.ctx.buffer(&format!("cache snapshot.{i}.v"), size.max(4), usage)?;
+            if size > 0 {
+                let offset = v.start as u64 * row_bytes;
+                encoder.copy_buffer_to_buffer(&cache.keys, offset, &keys, 0, size);
+                encoder.copy_buffer_to_buffer(&cache.values, offset, &values, 0, size);
+            }
+            layers.push(SavedLayer { start: v.start, rows: v.len, row_bytes, keys, values });
+        }
+        self.ctx.queue.submit(Some(encoder.finish()));
+        Ok(CacheSnapshot { seq_len: self.seq_len, layers })
+    }
+
+    /// Copies a snapshot of this model's cache back to the rows it came from; the next encode and
+    /// canvas forward continue from it. The snapshot stays valid (it can be restored again).
+    pub fn restore_cache(&mut self, snapshot: &CacheSnapshot) -> Result<(), GpuError> {
+        let cfg = &self.config.text;
+        if snapshot.layers.len() != cfg.num_layers() {
+            return Err(GpuError::Length { what: "snapshot layers", got: snapshot.layers.len(), expected: cfg.num_layers() });
+        }
+        if snapshot.seq_len > self.arena.max_context {
+            return Err(GpuError::TooLong {
+                len: snapshot.seq_len,
+                max: self.arena.max_context,
+                limit_name: "the GPU cache's max_context",
+                hint: " (the snapshot comes from a model with a larger context)",
+            });
+        }
+        for (l, spec) in snapshot.layers.iter().zip(&cfg.layers) {
+            let row_bytes = (spec.num_kv_heads * spec.head_dim * size_of::<f32>()) as u64;
+            if l.row_bytes != row_bytes || l.start + l.rows > snapshot.seq_len {
+                return Err(GpuError::Length { what: "snapshot row bytes", got: l.row_bytes as usize, expected: row_bytes as usize });
+            }
+        }
+        let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cache restore") });
+        for (l, cache) in snapshot.layers.iter().zip(&self.arena.cache) {
+            let size = l.rows as u64 * l.row_bytes;
+            if size > 0 {
+                let offset = l.start as u64 * l.row_bytes;
+                encoder.copy_buffer_to_buffer(&l.keys, 0, &cache.keys, offset, size);
+                encoder.copy_buffer_to_buffer(&l.values, 0, &cache.values, offset, size);
+            }
+        }
+        self.ctx.queue.submit(Some(encoder.finish()));
+        self.seq_len = snapshot.seq_len;
+        self.context_ready = false;
+        self.uploaded_context = false;
+        Ok(())
+    }
+}
