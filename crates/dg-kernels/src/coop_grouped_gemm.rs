@@ -117,6 +117,13 @@ const _: () = {
 /// (1.002).
 pub const EXPERT_DEPTH: u32 = 4;
 
+/// The decoder's expert tile for quantized experts (single-staged): their ring holds each vec4's
+/// block words as loaded (`format::CoopW`: 4 to 7 registers a vec4 where F16 takes 2), so a
+/// shallower ring keeps more workgroups resident. On an H200 in the real 6-layer forward (ms a
+/// layer, [`TILE_32X128`] single-staged at depths 4 / 2 / 1): q8_0 1.291 / 1.258 / 1.307, q4_k_m
+/// 1.809 / 1.482 / 1.598 (F16 0.991); staged W and the 16-row tile were slower.
+pub const QUANTIZED_EXPERT_TILE: CoopTile = TILE_32X128.with_depth(2);
+
 /// Whether the kernel computes the grouped product `p` with `tile`.
 pub fn fits(tile: CoopTile, p: &GroupedGemmParams) -> bool {
     tile.bk == PANEL
@@ -154,9 +161,9 @@ pub fn panel(w: WeightFormat) -> Option<u32> {
 /// down 216 µs single-staged at depth 1 against 224 with W fragments straight from the buffer
 /// (which the driver loads two bytes at a time) and 238 direct at depth 2. For the encoder's
 /// chunks (groups over 48 slots) 64-row tiles, W staged.
-pub fn choose(p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
+pub fn choose(p: &GroupedGemmParams, slots: u32, w: WeightFormat) -> Option<(CoopTile, WPath)> {
     let average = slots.div_ceil(p.groups.max(1));
-    let first = TILE_32X128.with_depth(EXPERT_DEPTH);
+    let first = if w.is_quantized() { QUANTIZED_EXPERT_TILE } else { TILE_32X128.with_depth(EXPERT_DEPTH) };
     let decoder: &[(CoopTile, WPath)] = &[(first, WPath::Single), (TILE_32X64, WPath::Single)];
     let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (first, WPath::Single), (TILE_32X64, WPath::Single)];
     let preferred = if average > 48 { encoder } else { decoder };
@@ -365,12 +372,12 @@ mod tests {
             ..bytemuck::Zeroable::zeroed()
         };
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
-        assert_eq!(choose(&gate_up, 2048), Some((TILE_32X128.with_depth(EXPERT_DEPTH), WPath::Single)));
-        assert_eq!(choose(&down, 2048), Some((TILE_32X128.with_depth(EXPERT_DEPTH), WPath::Single)));
-        assert_eq!(choose(&down, 8192), Some((TILE_64X128, WPath::Staged)));
+        assert_eq!(choose(&gate_up, 2048, WeightFormat::F16), Some((TILE_32X128.with_depth(EXPERT_DEPTH), WPath::Single)));
+        assert_eq!(choose(&down, 2048, WeightFormat::F16), Some((TILE_32X128.with_depth(EXPERT_DEPTH), WPath::Single)));
+        assert_eq!(choose(&down, 8192, WeightFormat::F16), Some((TILE_64X128, WPath::Staged)));
         let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
-        assert_eq!(choose(&tiny, 128), Some((TILE_32X64, WPath::Single)));
-        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128), None);
-        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128), None);
+        assert_eq!(choose(&tiny, 128, WeightFormat::F16), Some((TILE_32X64, WPath::Single)));
+        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128, WeightFormat::F16), None);
+        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128, WeightFormat::F16), None);
     }
 }

@@ -2,7 +2,7 @@
 //! binding each compute. A weight-binding cap (`Tuning::weight_binding`) small enough that the
 //! embedding / tied head, a layer's q/K/V and dense MLP matrices and both expert tensors each take
 //! two or more buffers: on `default-pattern-8experts` in f32, BF16 and F16, and on the GGUF
-//! fixtures' ggml blocks (the portable kernels; lavapipe has no tensor cores).
+//! fixtures' ggml blocks (the portable kernels, on every adapter).
 //!
 //! Every product runs per part over the same terms in the same order (a dense product per range
 //! of output columns with the whole product's tile, the experts per range of experts), and the
@@ -26,18 +26,23 @@ use dg_sampler::{NoHooks, SeededRng};
 
 const FIXTURE: &str = "default-pattern-8experts";
 
+/// Fixture `name`, under `DG_FIXTURES` where it is set (a test binary run away from its checkout).
 fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+    std::env::var_os("DG_FIXTURES").map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"), PathBuf::from).join(name)
 }
 
 fn fixture() -> PathBuf {
     fixture_dir(FIXTURE)
 }
 
-/// A context like `test_context`'s whose weight buffers are capped at `cap` bytes.
+/// A context like `test_context`'s whose weight buffers are capped at `cap` bytes, with the
+/// tensor cores off: the portable kernels on every adapter (on one with cooperative matrices a
+/// matrix splits only at whole 128-row tiles, more than these fixtures' matrices have; the
+/// tensor-core parts are `tests/split_experts.rs`' and dg-gpu's `tests/split_parts.rs`).
 fn capped(cap: Option<u64>) -> GpuContext {
     let mut opts = GpuOptions::from_env().unwrap();
     opts.tuning.weight_binding = cap;
+    opts.tuning.tensor_cores = false;
     GpuContext::new(&opts).unwrap()
 }
 
