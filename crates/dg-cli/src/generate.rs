@@ -62,7 +62,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let adapter = choice.adapter();
     let (generation, mut timings) = match choice.backend {
         Backend::Cpu => {
-            let cpu = load::cpu(&model, crate::weights::choose(&model, args.weights).scheme)?;
+            let cpu = load::cpu(&model, crate::weights::choose(&model, args.weights, false).scheme)?;
             let load = load_start.elapsed();
             sample(cpu, load, args.sampler.seed, |m, rng| {
                 dg_sampler::generate(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
@@ -71,7 +71,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Backend::Gpu(ctx) => {
             // Encoder, canvas forward and the sampler's per-row work on the GPU; the weights go
             // from the checkpoint's memory map to the device as stored.
-            let format = crate::weights::choose(&model, args.weights);
+            let format = crate::weights::choose(&model, args.weights, ctx.coop_matrix);
             let report = match mode {
                 Mode::Quiet => load::Report::Quiet,
                 Mode::Live => load::Report::Bar,

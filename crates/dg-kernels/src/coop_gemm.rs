@@ -13,8 +13,10 @@
 //! - `a` (binding 1, read): f32, rounded to f16 (the device's conversion) when staged;
 //! - `w` (binding 2, read): F16 (two per u32 word, element `i` in bits `16·(i & 1)..` of word
 //!   `i >> 1`, see [`crate::pack_f16`]), BF16 (the same packing, widened exactly and then rounded
-//!   to f16, exact for values in f16's normal range) or f32 (rounded to f16), read as vec4s; laid
-//!   out as [`BLayout::Nk`] (PyTorch's `[out, in]`), [`BLayout::Kn`], or (F16) [`BLayout::NkPanels`]
+//!   to f16, exact for values in f16's normal range), f32 (rounded to f16) or ggml's quantized
+//!   blocks (dequantized in f32 with ggml's arithmetic and rounded to f16 as they are staged; see
+//!   [`crate::format::CoopW`]), read four elements at a time; laid out as [`BLayout::Nk`] (PyTorch's
+//!   `[out, in]`), [`BLayout::Kn`], or (F16, and blocks a panel wide) [`BLayout::NkPanels`]
 //!   (`[out, in]` in K panels of [`PANEL`] columns: each K step's block of W one contiguous run,
 //!   which an H200 streams 10–20% faster than 64-byte pieces of `bn` rows);
 //! - `c` (binding 3, read-write): f32; alpha, accumulate and the softcap epilogue as in

@@ -10,7 +10,8 @@
 //!
 //! Bindings, after the uniform [`GroupedGemmParams`] (the same parameters as the f32 kernel):
 //! `a` (read, f32, rounded to f16 when staged), `w` (read, f16 in K panels: `[groups, k / PANEL,
-//! n, PANEL]`, as [`pack_f16_panels`] writes each group), `offsets` (read, `groups + 1` u32), `rows` (read, one u32 per
+//! n, PANEL]`, as [`pack_f16_panels`] writes each group; or a quantized format's ggml blocks in
+//! panels one block wide, dequantized into the f16 tiles as they are staged: [`source_for`]), `offsets` (read, `groups + 1` u32), `rows` (read, one u32 per
 //! slot; read only when `gather != 0`), `c` (read-write, f32 `[slots, n]`; rows of other slots
 //! untouched).
 //!
