@@ -6,6 +6,37 @@
 
 use std::ops::{Add, Div, Mul, Sub};
 
+/// `fn quantize_block(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES]` (the quantizer module's) that
+/// runs `$portable` compiled for AVX2 where the CPU has it, else as built: the same operations on
+/// wider registers, so the bytes do not depend on the path.
+macro_rules! quantize_block_with_avx2 {
+    ($portable:ident) => {
+        pub(super) fn quantize_block(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked just above).
+                return unsafe { avx2(x) };
+            }
+            $portable(x)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        fn avx2(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
+            $portable(x)
+        }
+    };
+}
+pub(super) use quantize_block_with_avx2;
+
+/// The `N` sub-blocks of `SUB` values of `x` (`N · SUB` values) transposed into lanes: element
+/// `l` of every sub-block side by side.
+#[inline(always)]
+pub(super) fn transposed<const N: usize, const SUB: usize>(x: &[f32]) -> [F32s<N>; SUB] {
+    let (subs, _) = x.as_chunks::<SUB>();
+    std::array::from_fn(|l| F32s(std::array::from_fn(|j| subs[j][l])))
+}
+
 /// One f32 per lane (aligned for 256-bit registers).
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[repr(align(32))]

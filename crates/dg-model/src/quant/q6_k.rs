@@ -13,7 +13,7 @@
 //! The sixteen sub-blocks' searches run side by side, one lane each ([`super::lanes`]), every lane
 //! in ggml's order; the tests hold the bytes to the one-sub-block-at-a-time port (`reference`).
 
-use super::lanes::F32s;
+use super::lanes::{self, F32s};
 use super::{f16_at, f16_le, f16_round, nearest_int};
 
 pub(super) const BLOCK_LEN: usize = 256;
@@ -51,29 +51,15 @@ const LANES: usize = BLOCK_LEN / SUB;
 /// One f32 per sub-block, operated on side by side.
 type Lanes = F32s<LANES>;
 
-/// 256 finite values as one block (`quantize_row_q6_K_ref`), with AVX2 where the CPU has it (the
-/// same operations on wider registers: the bytes do not depend on the path).
-pub(super) fn quantize_block(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { quantize_block_avx2(x) };
-    }
-    quantize_block_portable(x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn quantize_block_avx2(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
-    quantize_block_portable(x)
-}
+// 256 finite values as one block (`quantize_row_q6_K_ref`), AVX2 where the CPU has it.
+lanes::quantize_block_with_avx2!(quantize_block_portable);
 
 /// `quantize_row_q6_K_ref` for one block: [`sub_block_scales`] for the sixteen sub-blocks'
 /// scales, then ggml's 8-bit scales and its final levels.
 #[inline(always)]
 fn quantize_block_portable(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
     let (subs, _) = x.as_chunks::<SUB>();
-    let xt: [Lanes; SUB] = std::array::from_fn(|l| F32s(std::array::from_fn(|j| subs[j][l])));
+    let xt: [Lanes; SUB] = lanes::transposed(x);
     let found = sub_block_scales(&xt);
     let scales = found.scale;
     let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
