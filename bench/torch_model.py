@@ -31,8 +31,15 @@ def build(config_path: str, device: str, dtype: torch.dtype) -> DiffusionGemmaFo
     config = DiffusionGemmaConfig(**raw)
     config.text_config._attn_implementation = "eager"
     torch.manual_seed(0)
-    with torch.device(device):
-        model = DiffusionGemmaForBlockDiffusion(config).to(dtype).eval()
+    # Built in the target dtype on the target device: a 30-layer model built in f32 and then cast
+    # would hold 101 GB of f32 weights first, more than an H200 has.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = DiffusionGemmaForBlockDiffusion(config).eval()
+    finally:
+        torch.set_default_dtype(previous)
     return model
 
 
