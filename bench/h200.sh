@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 side-by-side table in one run: dg's GPU canvas forward (with the per-kernel profile) in
-# the F16 mode and quantized (q8_0, q4_k_m) and its GPU-resident generation, and transformers'
+# the F16 mode and quantized (q8_0, q4_k_m) and its GPU-resident generation (F16, q4_k_m), and transformers'
 # canvas forward (bf16 eager and torch.compile) and generate on the same GPU, same config and
 # shapes, plus the GPU's measured matmul and copy peaks for the TFLOP/s and bandwidth fractions.
 #
@@ -65,7 +65,11 @@ fi
 for w in "${DG_WEIGHTS[@]}"; do
     step "dg_forward_$w" "$XTASK" bench-gpu --config "$CONFIG" --context "$PROMPT" --weights "$w" --steps 20 --profile
 done
-step dg_generate "$XTASK" bench-generate --config "$CONFIG" --prompt "$PROMPT" --canvases 2 --steps 48 --runs 3 --f16
+DG_GENERATE=(f16 q4_k_m)
+[ "$F32" = 1 ] && DG_GENERATE+=(f32)
+for w in "${DG_GENERATE[@]}"; do
+    step "dg_generate_$w" "$XTASK" bench-generate --config "$CONFIG" --prompt "$PROMPT" --canvases 2 --steps 48 --runs 3 --weights "$w"
+done
 for dtype in "${TORCH_FORWARD[@]}"; do
     step "torch_forward_$dtype" "$PYTHON" bench/torch_forward.py --config "$CONFIG" --device cuda --dtype "$dtype" --prompt-len "$PROMPT" --runs 10
 done
@@ -84,8 +88,10 @@ done
         echo "-- dg_forward_$w"
         grep -h -E '^(adapter|random weights|canvas forward|work per forward|achieved|memory-bandwidth floor|decoder layers alone|mean per layer)' "$OUT/dg_forward_$w.log"
     done
-    echo "-- dg_generate"
-    grep -h -E '^(prefill|canvas commit|denoising step|generate total|generated tokens)' "$OUT/dg_generate.log"
+    for w in "${DG_GENERATE[@]}"; do
+        echo "-- dg_generate_$w"
+        grep -h -E '^(weights on the GPU|prefill|canvas commit|denoising step|generate total|generated tokens)' "$OUT/dg_generate_$w.log"
+    done
     runs=()
     for dtype in "${TORCH_FORWARD[@]}"; do runs+=("torch_forward_$dtype"); done
     runs+=(torch_forward_bfloat16_compile)

@@ -13,9 +13,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use dg_gpu::{GpuContext, GpuModel, GpuOptions, WeightFormat};
-use dg_model::{GenerationConfig, ModelConfig, RandomWeights};
+use dg_gpu::{GpuContext, GpuModel, GpuOptions};
+use dg_model::{GenerationConfig, ModelConfig};
 use dg_sampler::{CategoricalRequest, NoHooks, ResidentModel, RowResult, SeededRng, generate_resident};
+
+use crate::random_model;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -37,12 +39,16 @@ pub struct Args {
     /// Adapter name substring.
     #[arg(long)]
     adapter: Option<String>,
-    /// Store the weight matrices as BF16 on the GPU (arithmetic stays f32).
-    #[arg(long)]
+    /// Store the weight matrices as BF16 on the GPU (arithmetic stays f32); `--weights bf16`.
+    #[arg(long, conflicts_with_all = ["f16", "weights"])]
     bf16: bool,
-    /// Store the weight matrices as F16 (tensor cores for the projections, experts, head and attention where the GPU has them).
-    #[arg(long, conflicts_with = "bf16")]
+    /// Store the weight matrices as F16 (tensor cores for the projections, experts, head and
+    /// attention where the GPU has them); `--weights f16`.
+    #[arg(long, conflicts_with = "weights")]
     f16: bool,
+    /// Storage of the weight matrices (as `bench-gpu --weights`; default f32).
+    #[arg(long, value_enum)]
+    weights: Option<random_model::WeightsArg>,
 }
 
 /// The GPU model with the wall time of each kind of call.
@@ -102,13 +108,14 @@ pub fn run(args: Args) -> Result<bool> {
         args.steps
     );
     let max_context = args.prompt + args.canvases * c;
-    let format = match (args.bf16, args.f16) {
-        (_, true) => WeightFormat::F16,
-        (true, false) => WeightFormat::Bf16,
-        (false, false) => WeightFormat::F32,
+    let weights = match (args.weights, args.bf16, args.f16) {
+        (Some(w), _, _) => w,
+        (None, _, true) => random_model::WeightsArg::F16,
+        (None, true, false) => random_model::WeightsArg::Bf16,
+        (None, false, false) => random_model::WeightsArg::F32,
     };
-    let mut model = GpuModel::from_source(ctx, &config, &RandomWeights::new(0), max_context, format)?;
-    println!("weights on the GPU: {:.2} GB ({format:?})", model.weight_bytes() as f64 / 1e9);
+    let (mut model, label) = random_model::upload(ctx, &config, weights, max_context)?;
+    println!("weights on the GPU: {:.2} GB ({label})", model.weight_bytes() as f64 / 1e9);
     let settings = GenerationConfig {
         max_new_tokens: args.canvases * c,
         max_denoising_steps: args.steps,

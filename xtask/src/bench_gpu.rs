@@ -12,22 +12,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext, WeightFormat};
-use dg_model::{LayerKind, ModelConfig, Quantized, RandomWeights, Scheme, TextConfig};
+use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext};
+use dg_model::{LayerKind, ModelConfig, TextConfig};
 use dg_parity::testing::{random_context, seeded};
 
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum WeightsArg {
-    F32,
-    Bf16,
-    F16,
-    /// The random weights quantized by `dg_model::Scheme::Q8_0` (the rest as in `f16`).
-    #[value(name = "q8_0")]
-    Q8_0,
-    /// The random weights quantized by `dg_model::Scheme::Q4KM` (the rest as in `f16`).
-    #[value(name = "q4_k_m")]
-    Q4KM,
-}
+use crate::random_model;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -48,7 +37,7 @@ pub struct Args {
     adapter: Option<String>,
     /// Storage of the weight matrices on the GPU (arithmetic is f32 either way).
     #[arg(long, value_enum, default_value = "f32")]
-    weights: WeightsArg,
+    weights: random_model::WeightsArg,
     /// Device memory bandwidth in GB/s for the bandwidth floor (default: the H200's 4.8 TB/s).
     #[arg(long, default_value_t = 4800.0)]
     bandwidth: f64,
@@ -124,21 +113,7 @@ pub fn run(args: Args) -> Result<bool> {
         if ctx.coop_matrix { "yes" } else { "no" }
     );
     let t = Instant::now();
-    let (format, scheme) = match args.weights {
-        WeightsArg::F32 => (WeightFormat::F32, None),
-        WeightsArg::Bf16 => (WeightFormat::Bf16, None),
-        WeightsArg::F16 => (WeightFormat::F16, None),
-        WeightsArg::Q8_0 => (WeightFormat::F16, Some(Scheme::Q8_0)),
-        WeightsArg::Q4KM => (WeightFormat::F16, Some(Scheme::Q4KM)),
-    };
-    // Random weights generated (and quantized) and uploaded one tensor at a time (the 30-layer
-    // model is 104 GB in f32).
-    let random = RandomWeights::new(0);
-    let mut model = match scheme {
-        Some(scheme) => GpuModel::from_source(ctx, &config, &Quantized { inner: &random, scheme, config: cfg }, args.context, format)?,
-        None => GpuModel::from_source(ctx, &config, &random, args.context, format)?,
-    };
-    let label = scheme.map_or(format!("{format:?}"), |s| format!("{} (the rest {format:?})", s.name()));
+    let (mut model, label) = random_model::upload(ctx, &config, args.weights, args.context)?;
     println!(
         "random weights + upload: {:.1}s, {:.2} GB of weights on the GPU ({label}, {:.2} bytes per parameter)",
         t.elapsed().as_secs_f64(),

@@ -16,6 +16,7 @@ mod load_memory;
 mod parity;
 mod probe;
 mod quant_accuracy;
+mod random_model;
 mod shader_stats;
 mod write_checkpoint;
 mod write_gguf;
