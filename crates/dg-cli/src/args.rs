@@ -110,8 +110,10 @@ pub struct GenerateArgs {
 
     /// How the GPU stores the weight matrices: auto (the checkpoint's BF16 if it is BF16, else
     /// f32; a quantized GGUF's blocks as stored), f32, bf16, f16, or quantized at load (q8_0,
-    /// q4_k_m; on the CPU, the f32 reference on the dequantized values). Arithmetic is f32, except on tensor cores in f16 (projections, experts,
-    /// head and attention with f16 operands, where the GPU has cooperative matrices).
+    /// q4_k_m; on the CPU, the f32 reference on the dequantized values). Arithmetic is f32, except
+    /// on tensor cores in f16 (projections, experts, head and attention with f16 operands, where
+    /// the GPU has cooperative matrices): with f16, and for quantized matrices (a quantized GGUF's
+    /// under auto, q8_0, q4_k_m), whose other matrices are then F16.
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
 
