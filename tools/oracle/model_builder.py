@@ -40,6 +40,10 @@ class InitScales:
     sc_gain: extra factor on self_conditioning.down_proj, i.e. on the strength of the self-conditioning
         signal; the step-to-step feedback through it decides how fast rounding differences grow over the
         denoising steps of a replayed generation.
+    ffn_gain: extra factor on the decoder layers' gate/up projections (the dense MLP's ``gate_proj``
+        and ``up_proj``, the experts' ``gate_up_proj``): gelu(gate)·up then grows with its square, and
+        the post-feedforward norms take the scale back out, so the rest of the model is as with 1. A
+        gain of ~200 puts the down projections' inputs past 65504, f16's largest value.
     """
 
     embed_std: float = 1.0
@@ -52,6 +56,7 @@ class InitScales:
     scalar_high: float = 1.5
     attn_score_std: float | None = 2.0
     sc_gain: float = 0.3
+    ffn_gain: float = 1.0
 
     @classmethod
     def from_spec(cls, init: dict[str, Any]) -> "InitScales":
@@ -168,7 +173,8 @@ def _init_value(name: str, shape: torch.Size, scales: InitScales, generator: tor
         return _uniform(generator, shape, 1 - scales.scale_spread, 1 + scales.scale_spread)
     if leaf in ("gate_up_proj", "down_proj") and len(shape) == 3:
         fan_in = shape[-1]  # experts: [E, out, in]
-        return _normal(generator, shape, scales.linear_gain / fan_in**0.5)
+        gain = scales.linear_gain * (scales.ffn_gain if leaf == "gate_up_proj" else 1.0)
+        return _normal(generator, shape, gain / fan_in**0.5)
     if len(shape) == 1:  # every remaining 1-D parameter is an RMSNorm weight
         weight = _uniform(generator, shape, 1 - scales.norm_spread, 1 + scales.norm_spread)
         if name in ("model.decoder.norm.weight", "model.encoder.language_model.norm.weight"):
@@ -178,6 +184,8 @@ def _init_value(name: str, shape: torch.Size, scales: InitScales, generator: tor
         return weight
     if len(shape) == 2:  # nn.Linear [out, in]
         gain = scales.linear_gain * (scales.sc_gain if name.endswith("self_conditioning.down_proj.weight") else 1.0)
+        if ".layers." in name and name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+            gain *= scales.ffn_gain
         return _normal(generator, shape, gain / shape[1] ** 0.5)
     return _normal(generator, shape, 0.1)
 

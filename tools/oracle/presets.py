@@ -385,6 +385,28 @@ PRESET_OVERRIDES: dict[str, dict[str, Any]] = {
         "generation": {"entropy_bound": 0.5, "t_min": 0.2, "t_max": 0.4},
         "gguf_scheme": "q4_k_m",
     },
+    "f16-overflow": {
+        "description": (
+            "down projections' inputs past f16's range: gate/up weights 200x (init ffn_gain), so "
+            "gelu(gate)*up reaches about 2.8e5 (dense MLP) and 3.9e5 (experts) in f32 while the "
+            "post-feedforward norms keep the rest of the model as usual; shapes the tensor cores take "
+            "(hidden 64, MLP 64, experts 8 x 32); a forward that rounds those activations to f16 "
+            "without scaling them gets inf"
+        ),
+        "seed": 101,
+        "canvas_length": 32,
+        "text_config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "moe_intermediate_size": 32,
+            "num_experts": 8,
+            "top_k_experts": 2,
+            "head_dim": 16,
+            "global_head_dim": 32,
+        },
+        "generation": {"max_new_tokens": 64},
+        "init": {"ffn_gain": 200.0},
+    },
 }
 
 

@@ -24,6 +24,7 @@ all_presets=(
   gguf-q8_0
   gguf-q4_k_m
   gguf-q4_k_m-k256
+  f16-overflow
 )
 
 verify=0
