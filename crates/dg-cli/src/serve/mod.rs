@@ -74,7 +74,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME")]
     pub adapter: Option<String>,
 
-    /// How the GPU stores the weight matrices: auto, f32, bf16 or f16 (as for `dg generate`).
+    /// How the GPU stores the weight matrices: auto, f32, bf16, f16, q8_0 or q4_k_m (as for `dg
+    /// generate`).
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
 
