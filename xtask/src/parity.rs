@@ -75,7 +75,13 @@ fn check_dir(dir: &Path, choice: BackendChoice) -> Result<Vec<(&'static str, Che
     let max_context = sequence_length(&reference).max(1);
     if matches!(choice, BackendChoice::Gpu | BackendChoice::All) {
         let ctx = GpuContext::new(&GpuOptions::from_env()?)?;
-        let gpu = GpuBackend::new(ctx, &model_dir.config, weights.clone(), max_context).map_err(|e| anyhow::anyhow!(e))?;
+        // A quantized checkpoint's matrices reach the GPU in their ggml blocks, as `dg` uploads
+        // them (the kernels that dequantize them are what this checks); others in f32.
+        let gpu = match model_dir.has_quantized_matrices() {
+            true => GpuBackend::stored(ctx, &model_dir.config, &model_dir.checkpoint, weights.clone(), max_context),
+            false => GpuBackend::new(ctx, &model_dir.config, weights.clone(), max_context),
+        }
+        .map_err(|e| anyhow::anyhow!(e))?;
         backends.push(Box::new(gpu));
     }
     if matches!(choice, BackendChoice::GpuBf16 | BackendChoice::All) {

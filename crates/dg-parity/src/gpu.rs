@@ -4,7 +4,7 @@
 
 use dg_cpu::CpuModel;
 use dg_gpu::{GpuContext, GpuModel, LayerContext, WeightFormat};
-use dg_model::{GenerationConfig, ModelConfig, Weights};
+use dg_model::{GenerationConfig, ModelConfig, TensorSource, Weights};
 use dg_sampler::{Generation, Hooks, RandomSource, generate_resident};
 
 use crate::BoxError;
@@ -58,6 +58,24 @@ impl GpuBackend {
             }
         };
         Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name, tolerances })
+    }
+
+    /// Uploads the tensors of `src` as it stores them (a quantized checkpoint's matrices in their
+    /// ggml blocks, read by the kernels that dequantize them), the other matrices in f32, with
+    /// `weights` (the same tensors widened to f32, a quantized one dequantized) as the CPU twin of
+    /// the cache and layer checks: the portable kernels compute on the blocks what the f32 kernels
+    /// compute on the dequantized values, so the f32 GPU path's tolerances apply.
+    pub fn stored(
+        ctx: GpuContext,
+        config: &ModelConfig,
+        src: &(impl TensorSource + ?Sized),
+        weights: Weights,
+        max_context: usize,
+    ) -> Result<Self, BoxError> {
+        let gpu = GpuModel::from_source(ctx, config, src, max_context, WeightFormat::F32)?;
+        let tolerances =
+            Tolerances { logits: GPU_LOGITS_TOLERANCE, layer: LAYER_TOLERANCE, cache: CACHE_TOLERANCE, argmax_margin: ARGMAX_MARGIN };
+        Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name: "gpu", tolerances })
     }
 
     /// The GPU model (for resource counters).
