@@ -78,7 +78,7 @@ fn check_dir(dir: &Path, choice: BackendChoice) -> Result<Vec<(&'static str, Che
         // A quantized checkpoint's matrices reach the GPU in their ggml blocks, as `dg` uploads
         // them (the kernels that dequantize them are what this checks); others in f32.
         let gpu = match model_dir.has_quantized_matrices() {
-            true => GpuBackend::stored(ctx, &model_dir.config, &model_dir.checkpoint, weights.clone(), max_context),
+            true => GpuBackend::stored(ctx, &model_dir.config, &model_dir.checkpoint, weights.clone(), max_context, WeightFormat::F32),
             false => GpuBackend::new(ctx, &model_dir.config, weights.clone(), max_context),
         }
         .map_err(|e| anyhow::anyhow!(e))?;

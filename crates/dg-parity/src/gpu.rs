@@ -61,21 +61,31 @@ impl GpuBackend {
     }
 
     /// Uploads the tensors of `src` as it stores them (a quantized checkpoint's matrices in their
-    /// ggml blocks, read by the kernels that dequantize them), the other matrices in f32, with
-    /// `weights` (the same tensors widened to f32, a quantized one dequantized) as the CPU twin of
-    /// the cache and layer checks: the portable kernels compute on the blocks what the f32 kernels
-    /// compute on the dequantized values, so the f32 GPU path's tolerances apply.
+    /// ggml blocks, read by the kernels that dequantize them), the other matrices in `format`
+    /// (f32, or F16 for the F16 mode: `gpu-f16`), with `weights` as the CPU twin of the cache and
+    /// layer checks: the same tensors widened to f32 (a quantized one dequantized), rounded by the
+    /// caller as the GPU stores them. In f32 the portable kernels compute on the blocks what the
+    /// f32 kernels compute on the dequantized values, so the f32 GPU path's tolerances apply; in
+    /// the F16 mode on a device with cooperative matrices the tensor cores round the dequantized
+    /// values and the activations to f16 (`F16_ACTIVATION_TOLERANCES`).
     pub fn stored(
         ctx: GpuContext,
         config: &ModelConfig,
         src: &(impl TensorSource + ?Sized),
         weights: Weights,
         max_context: usize,
+        format: WeightFormat,
     ) -> Result<Self, BoxError> {
-        let gpu = GpuModel::from_source(ctx, config, src, max_context, WeightFormat::F32)?;
-        let tolerances =
+        let coop = ctx.coop_matrix;
+        let f32_tolerances =
             Tolerances { logits: GPU_LOGITS_TOLERANCE, layer: LAYER_TOLERANCE, cache: CACHE_TOLERANCE, argmax_margin: ARGMAX_MARGIN };
-        Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name: "gpu", tolerances })
+        let (name, tolerances) = match format {
+            WeightFormat::F32 => ("gpu", f32_tolerances),
+            WeightFormat::F16 => ("gpu-f16", if coop { F16_ACTIVATION_TOLERANCES } else { f32_tolerances }),
+            other => return Err(format!("{other:?}: stored checkpoints upload their other matrices in f32 or F16").into()),
+        };
+        let gpu = GpuModel::from_source(ctx, config, src, max_context, format)?;
+        Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name, tolerances })
     }
 
     /// The GPU model (for resource counters).
