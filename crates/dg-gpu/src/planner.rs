@@ -108,15 +108,11 @@ impl<'t> Planner<'t> {
     /// The layout a projection's `[n, k]` blocks are stored in when uploaded as `format`: K panels
     /// where the tensor cores run its products (`tensor_cores`: the F16 mode, on a device with
     /// cooperative matrices, and a tile takes `[m, k] · Wᵀ` for any m) and read the format in
-    /// panels (F16, and the quantized formats whose blocks are a panel wide,
-    /// `CoopGemmKey::is_valid`), else row-major.
+    /// panels (F16, and with `tensor_cores` the quantized formats whose blocks are a panel wide:
+    /// `coop_gemm::panelled`), else row-major.
     pub fn projection_layout(&self, format: WeightFormat, n: usize, k: usize, tensor_cores: bool) -> MatrixLayout {
         let probe = GemmParams::linear(1, n as u32, k as u32);
-        let panelled = match format {
-            WeightFormat::F16 => true,
-            WeightFormat::Quantized(q) => tensor_cores && q.block_len() == coop_gemm::PANEL as usize,
-            WeightFormat::F32 | WeightFormat::Bf16 => false,
-        };
+        let panelled = coop_gemm::panelled(format) && (format == WeightFormat::F16 || tensor_cores);
         match panelled && self.caps.coop_matrix && coop_gemm::plan_layout(&probe, true, None, self.caps.max_workgroup_storage).is_some() {
             true => MatrixLayout::KPanels,
             false => MatrixLayout::RowMajor,
@@ -151,7 +147,7 @@ impl<'t> Planner<'t> {
     ) -> Result<Dense, NoKernel> {
         let panels = b_layout == MatrixLayout::KPanels;
         let planned = self.coop_tile(b_format, panels, p, tensor_cores, split_scratch);
-        if panels && (planned.is_none() || !matches!(b_format, WeightFormat::F16 | WeightFormat::Quantized(_))) {
+        if panels && (planned.is_none() || !coop_gemm::panelled(b_format)) {
             return Err(NoKernel(format!(
                 "a {b_format:?} matrix in K panels for a product of m {} n {} k {} (b_cs {}): no tensor-core tile takes it",
                 p.m, p.n, p.k, p.b_cs
