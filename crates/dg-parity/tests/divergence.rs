@@ -7,8 +7,6 @@
 //! (the tokens must agree, or part where the perturbation explains it) and grossly (the divergence
 //! must not be explained at a realistic tolerance).
 
-use std::path::Path;
-
 use dg_cpu::CpuModel;
 use dg_model::{GenerationConfig, ModelConfig, ModelDir};
 use dg_parity::BoxError;
@@ -271,7 +269,7 @@ struct Fixture {
 }
 
 fn fixture(name: &str) -> Fixture {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name);
+    let dir = dg_parity::testing::fixture(name);
     let model = ModelDir::open(&dir).unwrap();
     let reference = Reference::open(&dir).unwrap();
     let cfg = replay_config(&reference, &model.generation, &model.config).unwrap();

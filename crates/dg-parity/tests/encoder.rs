@@ -3,18 +3,16 @@
 //! block after it: chunk seams must not change the K/V beyond rounding (spec §4.5), in sliding
 //! layers (window 8 here, shorter than the prompt) and full layers alike.
 
-use std::path::Path;
-
 use dg_model::ModelDir;
 use dg_parity::checks::Backend;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
-use dg_parity::testing::test_context;
+use dg_parity::testing::{fixture, test_context};
 
 #[test]
 fn gpu_encoder_cache_matches_cpu_for_every_chunk_size() {
     let Some(ctx) = test_context("gpu_encoder_cache_matches_cpu_for_every_chunk_size") else { return };
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/sliding-long-prompt");
+    let dir = fixture("sliding-long-prompt");
     let model = ModelDir::open(&dir).unwrap();
     let reference = Reference::open(&dir).unwrap();
     let prompt = reference.ids("prompt_ids").unwrap();
@@ -31,7 +29,7 @@ fn gpu_encoder_cache_matches_cpu_for_every_chunk_size() {
 #[test]
 fn gpu_encoder_rejects_bad_input_by_name() {
     let Some(ctx) = test_context("gpu_encoder_rejects_bad_input_by_name") else { return };
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/sliding-long-prompt");
+    let dir = fixture("sliding-long-prompt");
     let model = ModelDir::open(&dir).unwrap();
     let v = model.config.text.vocab_size as u32;
     let mut gpu = dg_gpu::GpuModel::new(ctx, &model.config, &model.load_weights().unwrap(), 40).unwrap();

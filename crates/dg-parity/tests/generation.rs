@@ -2,7 +2,6 @@
 //! backend, the CPU and GPU backends agree, and a GPU generation creates no buffer, bind group or
 //! pipeline after its first denoising step (over a 48-step block).
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dg_cpu::CpuModel;
@@ -13,12 +12,8 @@ use dg_parity::cpu::CpuBackend;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
 use dg_parity::replay::{AsModel, replay_config};
-use dg_parity::testing::test_context;
+use dg_parity::testing::{fixture, test_context};
 use dg_sampler::{Hooks, NoHooks, SeededRng, StepInfo, generate};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
 
 struct Setup {
     dir: ModelDir,

@@ -33,8 +33,6 @@
 //! --backend gpu-bf16` checks against the transformers dump. `DG_FIXTURES` points the test at
 //! another fixtures directory.
 
-use std::path::{Path, PathBuf};
-
 use dg_cpu::CpuModel;
 use dg_gpu::WeightFormat;
 use dg_model::{GenerationConfig, ModelConfig, ModelDir};
@@ -45,7 +43,7 @@ use dg_parity::divergence;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
 use dg_parity::replay::{AsModel, replay_config};
-use dg_parity::testing::test_context;
+use dg_parity::testing::{fixture, test_context};
 use dg_sampler::{NoHooks, SeededRng, generate};
 
 /// `tensor-core-shapes` has a 64-token canvas and 64-wide projections: the tensor-core GEMM's tiles
@@ -62,10 +60,6 @@ const FIXTURES: [&str; 7] = [
     "tensor-core-shapes",
     "vision-tower-skip",
 ];
-
-fn fixtures() -> PathBuf {
-    std::env::var_os("DG_FIXTURES").map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"), PathBuf::from)
-}
 
 #[test]
 fn bf16_weights_on_the_gpu_match_the_cpu_on_the_same_weights() {
@@ -101,7 +95,7 @@ fn check_format(format: WeightFormat, backend_name: &str) {
     for name in FIXTURES {
         let Some(ctx) = test_context("half_weights") else { return };
         let coop = ctx.coop_matrix;
-        let dir = fixtures().join(name);
+        let dir = fixture(name);
         let model = ModelDir::open(&dir).unwrap();
         let reference = Reference::open(&dir).unwrap();
         let (prompt, canvas) = (reference.ids("prompt_ids").unwrap(), reference.ids("canvas_ids").unwrap());
@@ -230,7 +224,7 @@ fn assert_parting_explained(
 fn f16_layers_hold_along_the_gpus_own_stream_on_random_canvases() {
     let name = "tensor-core-shapes";
     let Some(ctx) = test_context("half_weights") else { return };
-    let dir = fixtures().join(name);
+    let dir = fixture(name);
     let model = ModelDir::open(&dir).unwrap();
     let reference = Reference::open(&dir).unwrap();
     let prompt = reference.ids("prompt_ids").unwrap();

@@ -11,8 +11,6 @@
 //! then keep f32 arithmetic: `cargo xtask parity --backend gpu` checks them against transformers).
 //! `DG_FIXTURES` points the test at another fixtures directory.
 
-use std::path::{Path, PathBuf};
-
 use dg_cpu::CpuModel;
 use dg_gpu::WeightFormat;
 use dg_model::ModelDir;
@@ -21,20 +19,16 @@ use dg_parity::compare::compare;
 use dg_parity::cpu::CpuBackend;
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
-use dg_parity::testing::coop_test_context;
+use dg_parity::testing::{coop_test_context, fixture};
 
 const FIXTURES: [&str; 3] = ["gguf-q8_0", "gguf-q4_k_m", "gguf-q4_k_m-k256"];
-
-fn fixtures() -> PathBuf {
-    std::env::var_os("DG_FIXTURES").map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"), PathBuf::from)
-}
 
 #[test]
 fn quantized_blocks_in_the_f16_mode_match_the_cpu_on_the_same_weights() {
     let test = "quantized_blocks_in_the_f16_mode_match_the_cpu_on_the_same_weights";
     for name in FIXTURES {
         let Some(ctx) = coop_test_context(test) else { return };
-        let dir = fixtures().join(name);
+        let dir = fixture(name);
         let model = ModelDir::open(&dir).unwrap();
         assert!(model.has_quantized_matrices(), "{name}: no quantized matrices");
         let reference = Reference::open(&dir).unwrap();

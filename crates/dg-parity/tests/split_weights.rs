@@ -12,8 +12,6 @@
 //! after part as the embedding's chunks always were): its logits are held to the GPU logits
 //! tolerance instead. A cap below one unit (a row, a q/K/V block) is an error naming the tensor.
 
-use std::path::{Path, PathBuf};
-
 use dg_gpu::weights::GpuWeights;
 use dg_gpu::{GpuContext, GpuModel, GpuOptions, WeightFormat};
 use dg_model::ModelDir;
@@ -21,19 +19,10 @@ use dg_parity::checks::{Backend, GPU_LOGITS_TOLERANCE};
 use dg_parity::gpu::GpuBackend;
 use dg_parity::reference::Reference;
 use dg_parity::replay::replay_config;
-use dg_parity::testing::test_context;
+use dg_parity::testing::{fixture, test_context};
 use dg_sampler::{NoHooks, SeededRng};
 
 const FIXTURE: &str = "default-pattern-8experts";
-
-/// Fixture `name`, under `DG_FIXTURES` where it is set (a test binary run away from its checkout).
-fn fixture_dir(name: &str) -> PathBuf {
-    std::env::var_os("DG_FIXTURES").map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"), PathBuf::from).join(name)
-}
-
-fn fixture() -> PathBuf {
-    fixture_dir(FIXTURE)
-}
 
 /// A context like `test_context`'s whose weight buffers are capped at `cap` bytes, with the
 /// tensor cores off: the portable kernels on every adapter (on one with cooperative matrices a
@@ -84,7 +73,7 @@ fn split_weights_compute_what_whole_weights_do() {
         return;
     }
     for case in &CASES {
-        let path = fixture_dir(case.fixture);
+        let path = fixture(case.fixture);
         let dir = ModelDir::open(&path).unwrap();
         let prompt = Reference::open(&path).unwrap().ids("prompt_ids").unwrap();
         let (c, v) = (dir.config.canvas_length, dir.config.text.vocab_size);
@@ -143,8 +132,8 @@ fn a_split_resident_generation_gives_the_unsplit_tokens() {
     if test_context("a_split_resident_generation_gives_the_unsplit_tokens").is_none() {
         return;
     }
-    let dir = ModelDir::open(&fixture()).unwrap();
-    let reference = Reference::open(&fixture()).unwrap();
+    let dir = ModelDir::open(&fixture(FIXTURE)).unwrap();
+    let reference = Reference::open(&fixture(FIXTURE)).unwrap();
     let prompt = reference.ids("prompt_ids").unwrap();
     let cfg = replay_config(&reference, &dir.generation, &dir.config).unwrap();
     let tokens: Vec<Vec<u32>> = [None, Some(CASES[0].cap)]
@@ -163,7 +152,7 @@ fn a_cap_below_one_unit_is_an_error_naming_the_tensor() {
     if test_context("a_cap_below_one_unit_is_an_error_naming_the_tensor").is_none() {
         return;
     }
-    let dir = ModelDir::open(&fixture()).unwrap();
+    let dir = ModelDir::open(&fixture(FIXTURE)).unwrap();
     let weights = dir.load_weights().unwrap();
     // One embedding row is 48 f32 (192 bytes).
     let e = GpuWeights::upload(&capped(Some(100)), &dir.config.text, &weights, WeightFormat::F32).unwrap_err().to_string();

@@ -1,6 +1,6 @@
 //! Support for the GPU tests, the benches and the probes: opening the test device (with the
 //! lavapipe hint or a visible SKIP; `DG_ALLOW_NO_GPU=1` skips), guard-banded outputs that catch
-//! out-of-bounds writes, seeded inputs, the CPU reference of a strided GEMM ([`gemm_reference`]),
+//! out-of-bounds writes, the committed fixtures' directories ([`fixture`]), seeded inputs, the CPU reference of a strided GEMM ([`gemm_reference`]),
 //! and the recording and timing of throughput probes ([`push_product`], [`best_time`]);
 //! [`coop_experts`] and [`half_activations`] hold the tensor-core products that tests and probes
 //! both run, [`quant`] the quantized weights of the kernel tests.
@@ -60,6 +60,14 @@ pub fn push_product<'a>(
 pub const GUARD: f32 = -7.777e17;
 /// Elements of guard band after each output.
 pub const GUARD_LEN: usize = 64;
+
+/// The committed fixture `name`: under `DG_FIXTURES` where it is set (a test binary run away from
+/// its checkout, as on a lent GPU machine), else in the repository's `fixtures/`.
+pub fn fixture(name: &str) -> std::path::PathBuf {
+    let root = std::env::var_os("DG_FIXTURES")
+        .map_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"), std::path::PathBuf::from);
+    root.join(name)
+}
 
 /// The device for a test, chosen and tuned by the `DG_*` variables as `dg` would
 /// (`GpuOptions::from_env`). With no adapter: `None` and a visible SKIP line when
