@@ -13,6 +13,11 @@ use crate::checks::{
 };
 use crate::compare::compare;
 
+/// The f32 GPU path's tolerances: also those of every path that computes in f32 on the same
+/// weights (BF16 and F16 storage without cooperative matrices, ggml blocks in the portable kernels).
+const F32_TOLERANCES: Tolerances =
+    Tolerances { logits: GPU_LOGITS_TOLERANCE, layer: LAYER_TOLERANCE, cache: CACHE_TOLERANCE, argmax_margin: ARGMAX_MARGIN };
+
 /// The GPU model as a parity backend; `cpu` is used only by the cache and layer checks.
 #[derive(Debug)]
 pub struct GpuBackend {
@@ -40,18 +45,16 @@ impl GpuBackend {
     ) -> Result<Self, BoxError> {
         let coop = ctx.coop_matrix;
         let gpu = GpuModel::with_format(ctx, config, &weights, max_context, format)?;
-        let f32_tolerances =
-            Tolerances { logits: GPU_LOGITS_TOLERANCE, layer: LAYER_TOLERANCE, cache: CACHE_TOLERANCE, argmax_margin: ARGMAX_MARGIN };
         let (name, tolerances) = match format {
-            WeightFormat::F32 => ("gpu", f32_tolerances),
+            WeightFormat::F32 => ("gpu", F32_TOLERANCES),
             WeightFormat::Bf16 => {
                 weights.round_matrices_to_bf16();
-                ("gpu-bf16", f32_tolerances)
+                ("gpu-bf16", F32_TOLERANCES)
             }
             WeightFormat::F16 => {
                 weights.round_matrices_for_f16_mode();
                 // With cooperative matrices the projections round their activations to f16 too.
-                ("gpu-f16", if coop { F16_ACTIVATION_TOLERANCES } else { f32_tolerances })
+                ("gpu-f16", if coop { F16_ACTIVATION_TOLERANCES } else { F32_TOLERANCES })
             }
             WeightFormat::Quantized(q) => {
                 return Err(format!("{}: quantized matrices upload as their source stores them, not as an upload format", q.name()).into());
@@ -77,11 +80,9 @@ impl GpuBackend {
         format: WeightFormat,
     ) -> Result<Self, BoxError> {
         let coop = ctx.coop_matrix;
-        let f32_tolerances =
-            Tolerances { logits: GPU_LOGITS_TOLERANCE, layer: LAYER_TOLERANCE, cache: CACHE_TOLERANCE, argmax_margin: ARGMAX_MARGIN };
         let (name, tolerances) = match format {
-            WeightFormat::F32 => ("gpu", f32_tolerances),
-            WeightFormat::F16 => ("gpu-f16", if coop { F16_ACTIVATION_TOLERANCES } else { f32_tolerances }),
+            WeightFormat::F32 => ("gpu", F32_TOLERANCES),
+            WeightFormat::F16 => ("gpu-f16", if coop { F16_ACTIVATION_TOLERANCES } else { F32_TOLERANCES }),
             other => return Err(format!("{other:?}: stored checkpoints upload their other matrices in f32 or F16").into()),
         };
         let gpu = GpuModel::from_source(ctx, config, src, max_context, format)?;
