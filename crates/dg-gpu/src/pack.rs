@@ -347,4 +347,26 @@ mod tests {
             assert_eq!(out, want, "pieces of {piece}");
         }
     }
+
+    #[test]
+    fn quantized_panels_across_parallel_tasks_equal_one_piece() {
+        use dg_kernels::format::QuantFormat;
+        // 72 rows of 64 Q8_0 blocks: 4608 blocks, more than one parallel task's; pieces that start
+        // inside a block and span task boundaries.
+        let v = values(72 * 64 * 32, 0.4);
+        let t = stored(StoredDtype::Q8_0, vec![72, 64 * 32], &v);
+        let order = Order::KPanels { rows: 72, cols: 64 * 32, panel: 32 };
+        let p = Packing::new(vec![&t], WeightFormat::Quantized(QuantFormat::Q8_0), order);
+        let mut whole = vec![0xAA; p.bytes()];
+        p.copy_blocks(0, &mut whole);
+        // Block (j, p) of the row-major source lands at p · 72 + j.
+        assert_eq!(&whole[(5 * 72 + 3) * 34..(5 * 72 + 4) * 34], &t.bytes()[(3 * 64 + 5) * 34..(3 * 64 + 6) * 34]);
+        for piece in [4099 * 34 + 5, 1 << 17] {
+            let mut out = vec![0xAA; p.bytes()];
+            for (i, chunk) in out.chunks_mut(piece).enumerate() {
+                p.copy_blocks(i * piece, chunk);
+            }
+            assert!(out == whole, "pieces of {piece}");
+        }
+    }
 }
