@@ -238,11 +238,8 @@ pub fn source_with_a(tile: CoopTile, path: WPath, a_format: AFormat) -> KernelSo
 /// Whether the kernel reads experts stored as `w` by `path`: F16 by any path, a quantized format
 /// (in panels of its blocks) staged or single-staged.
 pub fn reads(w: WeightFormat, path: WPath) -> bool {
-    match w {
-        WeightFormat::F16 => true,
-        WeightFormat::Quantized(_) => path != WPath::Direct,
-        WeightFormat::F32 | WeightFormat::Bf16 => false,
-    }
+    // Direct W fragments load f16 straight from the buffer: F16 only.
+    panel(w).is_some() && (w == WeightFormat::F16 || path != WPath::Direct)
 }
 
 /// The kernel for `tile`, experts stored as `w` in K panels ([`panel`]: F16, or a quantized
