@@ -108,12 +108,12 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "NAME")]
     pub adapter: Option<String>,
 
-    /// How the GPU stores the weight matrices: auto (the checkpoint's BF16 if it is BF16, else
-    /// f32; a quantized GGUF's blocks as stored), f32, bf16, f16, or quantized at load (q8_0,
-    /// q4_k_m; on the CPU, the f32 reference on the dequantized values). Arithmetic is f32, except
-    /// on tensor cores in f16 (projections, experts, head and attention with f16 operands, where
-    /// the GPU has cooperative matrices): with f16, and for quantized matrices (a quantized GGUF's
-    /// under auto, q8_0, q4_k_m), whose other matrices are then F16.
+    /// How the GPU stores the weight matrices: auto (the fastest mode within dg's accuracy bar:
+    /// f16 where the GPU has tensor cores, else the checkpoint as stored: BF16 if it is BF16, else
+    /// f32, a quantized GGUF's blocks), f32, bf16, f16, or quantized at load (q8_0, q4_k_m; on the
+    /// CPU, the f32 reference on the dequantized values). Arithmetic is f32, except with f16 on a
+    /// GPU with tensor cores (cooperative matrices): projections, experts, head and attention in
+    /// f16 operands there, quantized matrices dequantized into them.
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
 

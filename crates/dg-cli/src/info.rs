@@ -62,7 +62,7 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
     let layer = |kind: LayerKind| t.layers.iter().find(|l| l.kind == kind);
     let heads = |kind| layer(kind).map(|l| json!({ "kv_heads": l.num_kv_heads, "head_dim": l.head_dim }));
     let kv_bytes_per_token: usize = t.layers.iter().map(|l| 2 * l.num_kv_heads * l.head_dim * 4).sum();
-    // What `dg generate --weights auto` stores on the GPU.
+    // What `dg generate --weights auto` stores on a GPU without tensor cores (with them: F16).
     let gpu_format = crate::weights::choose(model, crate::args::WeightsArg::Auto, false).format;
     let (gpu_name, gpu_bytes) = (crate::weights::name(gpu_format), gpu_format.bytes() as u64);
     json!({

@@ -60,6 +60,9 @@ pub struct Arena {
     pub gate_up: wgpu::Buffer,
     /// `[C, I]`.
     pub act: wgpu::Buffer,
+    /// `[C]`: what each row of the product of `act` is multiplied by, where `act` is scaled by
+    /// rows into f16's range (`Planner::scales_rows`).
+    pub act_scale: wgpu::Buffer,
     /// `[C, H]` MoE branch.
     pub moe: wgpu::Buffer,
     /// The experts' input `pre_feedforward_layernorm_2(h)`, then the router's `rms(h)·scale·H^-½`:
@@ -77,6 +80,8 @@ pub struct Arena {
     pub expert_gate_up: wgpu::Buffer,
     /// `[C·K, I_e]`.
     pub expert_act: wgpu::Buffer,
+    /// `[C·K]`: `act_scale` for `expert_act`'s slots.
+    pub expert_act_scale: wgpu::Buffer,
     /// `[C·K, H]`.
     pub expert_out: wgpu::Buffer,
     /// Self-conditioning input logits, softmaxed in place `[C, V]`.
@@ -162,6 +167,7 @@ impl Arena {
             proj: f("proj", r * h)?,
             gate_up: f("gate_up", r * 2 * i.max(1))?,
             act: f("act", r * i)?,
+            act_scale: f("act_scale", r)?,
             moe: f("moe", r * h)?,
             branch_in: f("branch_in", 2 * r * h)?,
             router_logits: f("router_logits", r * cfg.num_experts)?,
@@ -181,6 +187,7 @@ impl Arena {
             slot_of: f("slot_of", r * k)?,
             expert_gate_up: f("expert_gate_up", r * k * 2 * e_i)?,
             expert_act: f("expert_act", r * k * e_i)?,
+            expert_act_scale: f("expert_act_scale", r * k)?,
             expert_out: f("expert_out", r * k * h)?,
             sc_probs: f("sc_probs", c * v)?,
             softmax_pairs: f(

@@ -100,9 +100,16 @@ pub fn record_canvas_forward<'a>(
             linear_params(c, 2 * inter, h),
             w.on_tensor_cores(w.sc_gate_up.format),
         )?;
-        rec.gelu_glu_fused(gate_up, &a.act, c, inter)?;
-        rec.product(&a.act, &w.sc_down, &a.proj, linear_params(c, h, inter), w.on_tensor_cores(w.sc_down.format))?;
-        rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?;
+        // The down projection's input scaled by rows into f16's range where the tensor cores
+        // round it, the rows multiplied back in the add.
+        let tensor_cores = w.on_tensor_cores(w.sc_down.format);
+        let scaled = rec.planner().scales_rows(tensor_cores);
+        rec.gelu_glu_fused(gate_up, &a.act, c, inter, scaled.then_some(&a.act_scale))?;
+        rec.product(&a.act, &w.sc_down, &a.proj, linear_params(c, h, inter), tensor_cores)?;
+        match scaled {
+            true => rec.axpby_scaled(&a.proj, (&a.act_scale, h), &a.embedded, c * h, 1.0, 1.0)?,
+            false => rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?,
+        }
     }
     // h0 = post_norm(e + signal), weightless.
     rec.rmsnorm(&a.embedded, None, &a.dummy, &a.hidden, c, h, eps, false, 1.0)?;
@@ -444,7 +451,11 @@ fn record_layer_with<'a>(
     )?;
     // The experts' activations as f16 where their down projection reads f16 (the tensor cores).
     let expert_format = if planner.half_expert_activations(l.experts_down.layout) { AFormat::F16 } else { AFormat::F32 };
-    rec.gelu_glu_pair((gate_up, &a.act, c, inter), (&a.expert_gate_up, &a.expert_act, c * k, ei, expert_format))?;
+    // Both down projections' inputs scaled by rows into f16's range where the tensor cores round
+    // them (a gated activation is bounded by no norm); the closing norms multiply the rows back.
+    let scaled = planner.scales_rows(w.on_tensor_cores(l.mlp_down.format) || w.on_tensor_cores(l.experts_down.format));
+    let scales = scaled.then_some((&a.act_scale, &a.expert_act_scale));
+    rec.gelu_glu_pair((gate_up, &a.act, c, inter), (&a.expert_gate_up, &a.expert_act, c * k, ei, expert_format), scales)?;
     rec.grouped_product(
         (&a.expert_act, expert_format),
         &l.experts_down,
@@ -464,9 +475,16 @@ fn record_layer_with<'a>(
         LayerPass::Encode { .. } => l.encoder_scalar,
     };
     let next = chain.next_norm.map(|w_next| (w_next, &a.normed));
-    let combine = Combine { y: &a.expert_out, idx: &a.topk_idx, weights: &a.topk_w, slot_of: &a.slot_of, top_k: k };
+    let combine = Combine {
+        y: &a.expert_out,
+        idx: &a.topk_idx,
+        weights: &a.topk_w,
+        slot_of: &a.slot_of,
+        slot_scale: scales.map(|(_, slots)| slots),
+        top_k: k,
+    };
     rec.ffn_residual_norms(
-        (mlp, &l.norms.post_ff_1),
+        (mlp, &l.norms.post_ff_1, scales.map(|(rows, _)| rows)),
         (&a.moe, &l.norms.post_ff_2),
         Some(combine),
         &l.norms.post_ff,

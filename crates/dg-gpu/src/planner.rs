@@ -322,4 +322,14 @@ impl<'t> Planner<'t> {
     pub fn half_expert_activations(&self, layout: MatrixLayout) -> bool {
         layout == MatrixLayout::KPanels && self.caps.shader_f16 && self.tuning.half_expert_activations
     }
+
+    /// Whether the input of a down projection whose products run on the tensor cores
+    /// (`on_tensor_cores`: `GpuWeights::on_tensor_cores` of its matrix) is scaled by rows into
+    /// f16's range (`dg_kernels::gelu_glu::fused_scaled`, its consumer multiplying the rows
+    /// back): wherever the device has cooperative matrices, since those products round their
+    /// activations to f16 and a gated activation is bounded by no norm.
+    /// [`Tuning::scale_rows`] false leaves them unscaled.
+    pub fn scales_rows(&self, on_tensor_cores: bool) -> bool {
+        on_tensor_cores && self.caps.coop_matrix && self.tuning.scale_rows
+    }
 }

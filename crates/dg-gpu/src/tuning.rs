@@ -32,6 +32,10 @@ pub struct Tuning {
     /// `DG_F32_ACTIVATIONS=1` sets it false: the experts' activations stay f32 instead of f16
     /// where the tensor cores read them.
     pub half_expert_activations: bool,
+    /// `DG_UNSCALED_ROWS=1` sets it false: the down projections' inputs are not scaled by rows
+    /// into f16's range where the tensor cores round them (for measuring the scaling's cost: a
+    /// row past 65504 then becomes inf).
+    pub scale_rows: bool,
     /// `DG_QKV=merged|separate`: whether q, K and V run as one product.
     pub qkv: QkvChoice,
     /// `DG_COOP_TILE=BMxBN` or a full tile label: the dense tensor-core GEMM's tile wherever it
@@ -67,6 +71,7 @@ impl Default for Tuning {
             row_lanes: RowLanes::Auto,
             fused_combine: true,
             half_expert_activations: true,
+            scale_rows: true,
             qkv: QkvChoice::Auto,
             coop_tile: None,
             coop_path: WPath::Staged,
@@ -152,6 +157,7 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_ROW_LANES",
     "DG_UNFUSED_COMBINE",
     "DG_F32_ACTIVATIONS",
+    "DG_UNSCALED_ROWS",
     "DG_QKV",
     "DG_COOP_TILE",
     "DG_COOP_PATH",
@@ -203,6 +209,7 @@ impl Tuning {
             "DG_ROW_LANES" => self.row_lanes = choice(value, &[("auto", RowLanes::Auto), ("1", RowLanes::One)]).ok_or_else(bad)?,
             "DG_UNFUSED_COMBINE" => self.fused_combine = !flag(value).ok_or_else(bad)?,
             "DG_F32_ACTIVATIONS" => self.half_expert_activations = !flag(value).ok_or_else(bad)?,
+            "DG_UNSCALED_ROWS" => self.scale_rows = !flag(value).ok_or_else(bad)?,
             "DG_QKV" => {
                 self.qkv = choice(value, &[("auto", QkvChoice::Auto), ("merged", QkvChoice::Merged), ("separate", QkvChoice::Separate)])
                     .ok_or_else(bad)?
@@ -291,7 +298,7 @@ fn accepted(name: &str) -> String {
         format!("a tile's BMxBN ({}) or full label ({})", shapes.join(", "), labels.join(", "))
     };
     match name {
-        "DG_NO_COOP" | "DG_UNFUSED_COMBINE" | "DG_F32_ACTIVATIONS" => "0 or 1".into(),
+        "DG_NO_COOP" | "DG_UNFUSED_COMBINE" | "DG_F32_ACTIVATIONS" | "DG_UNSCALED_ROWS" => "0 or 1".into(),
         "DG_ROW_REDUCE" => "auto or tree".into(),
         "DG_ROW_LANES" => "auto or 1".into(),
         "DG_QKV" => "auto, merged or separate".into(),

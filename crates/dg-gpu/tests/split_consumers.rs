@@ -190,7 +190,7 @@ fn gelu_glu_reads_split_partials_as_the_reduced_product() {
     let got = both(
         test,
         rows * 2 * inter,
-        |rec, x, o| rec.gelu_glu_fused(x, &o.bufs[0], rows, inter).unwrap(),
+        |rec, x, o| rec.gelu_glu_fused(x, &o.bufs[0], rows, inter, None).unwrap(),
         |ctx| Outputs::new(ctx, &[(vec![0.0; rows * inter], true)]),
         |ctx, o| o.read(ctx, &[0]),
     );
@@ -206,7 +206,7 @@ fn ffn_residual_norms_read_split_partials_as_the_reduced_product() {
         rows * dim,
         |rec, mlp, o| {
             let [w_1, moe, w_2, w_3, hidden, w_next, normed, dummy] = &o.bufs[..] else { unreachable!() };
-            rec.ffn_residual_norms((mlp, w_1), (moe, w_2), None, w_3, hidden, Some((w_next, normed)), dummy, (rows, dim, 1e-6), 0.5)
+            rec.ffn_residual_norms((mlp, w_1, None), (moe, w_2), None, w_3, hidden, Some((w_next, normed)), dummy, (rows, dim, 1e-6), 0.5)
                 .unwrap()
         },
         |ctx| {

@@ -3,12 +3,20 @@
 //! buffer holding the gate then the up half of each row, as the fused `gate_up` projection
 //! writes it, into a separate `[rows, I]` output, f32 or, [`fused_half`], f16).
 //!
+//! [`fused_scaled`] and [`pair_scaled`] are the row-scaled twins of [`fused_lanes`] and
+//! [`pair_lanes`] for activations a tensor-core GEMM rounds to f16: one workgroup per row, each
+//! row multiplied by a power of two that keeps its largest magnitude within 2^15, and the inverse
+//! written to a `scale` buffer (one f32 a row) for the product's consumer to multiply back
+//! (`wgsl/scaled_rows.wgsl`). The down projections' inputs are the only product inputs of the
+//! layer that no norm bounds; Gemma-family activations there reach past f16's 65504.
+//!
 //! `gelu_tanh(x) = 0.5·x·(1 + tanh(0.7978845608·(x + 0.044715·x³)))`; the tanh argument is
 //! clamped (|inner| > 15 gives ±1, which is tanh's f32 value there) because some drivers build
 //! tanh from exp and overflow to NaN.
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::row_reduce::{Part, RowReduce};
 use crate::{Access, KernelSource, with_prelude};
 
 /// Invocations per workgroup (one output element each).
@@ -53,9 +61,21 @@ impl GeluGluParams {
     pub fn pair(a: GeluGluParams, (rows_b, inter_b): (u32, u32)) -> Self {
         GeluGluParams { rows_b, inter_b, groups_a: (a.rows * a.inter / a.lanes.max(1)).div_ceil(WORKGROUP), ..a }
     }
+
+    /// [`pair_scaled`]'s two jobs: `a` as [`GeluGluParams::one`], then `(rows_b, inter_b)`; one
+    /// workgroup a row.
+    pub fn pair_rows(a: GeluGluParams, (rows_b, inter_b): (u32, u32)) -> Self {
+        GeluGluParams { rows_b, inter_b, groups_a: a.rows, ..a }
+    }
 }
 
-/// Workgroups to dispatch, any variant (fold through `groups_1d`).
+/// Workgroups to dispatch for the row-scaled variants, one per row of both jobs (fold through
+/// `groups_1d`).
+pub fn workgroups_scaled(p: &GeluGluParams) -> u32 {
+    p.rows + p.rows_b
+}
+
+/// Workgroups to dispatch, any element-wise variant (fold through `groups_1d`).
 pub fn workgroups(p: &GeluGluParams) -> u32 {
     let lanes = p.lanes.max(1);
     (p.rows * p.inter / lanes).div_ceil(WORKGROUP) + (p.rows_b * p.inter_b / lanes).div_ceil(WORKGROUP)
@@ -73,6 +93,49 @@ fn prelude(body: &str, lanes: u32, half: bool) -> String {
     };
     let text = with_prelude(&[("WG", WORKGROUP), ("LANES", lanes)], &format!("alias V = {v};\nalias OUT = {out};\n{body}"));
     if half { format!("enable f16;\n{text}") } else { text }
+}
+
+/// A row-scaled variant's body: the row factor, `peak` (a V's largest magnitude) and the row
+/// maximum of `reduce`, in place of the template's `//@SCALED_ROWS` line.
+fn scaled_body(name: &str, reduce: RowReduce, lanes: u32) -> String {
+    let peak = match lanes {
+        4 => "fn peak(v: V) -> f32 {\n    let a = abs(v);\n    return max(max(a.x, a.y), max(a.z, a.w));\n}\n",
+        _ => "fn peak(v: V) -> f32 {\n    return abs(v);\n}\n",
+    };
+    let rows = format!("{}\n{peak}\n//@ROW_REDUCE\n", include_str!("wgsl/scaled_rows.wgsl"));
+    let body = variant(name).replace("//@SCALED_ROWS\n", &rows);
+    crate::split_k::with_reader_lanes(&reduce.render(&body, &[Part::Max]), "gate_up_at", "gate_up")
+}
+
+/// [`fused_lanes`] scaled by rows (see the module documentation): bindings `gate_up` (read),
+/// `out` (read-write, f32 or, with `half`, f16), `scale` (read-write, `[rows]` f32: what each row
+/// of the product of `out` must be multiplied by). One workgroup a row
+/// ([`GeluGluParams::one`], [`workgroups_scaled`]).
+pub fn fused_scaled(reduce: RowReduce, lanes: u32, half: bool) -> KernelSource {
+    let name =
+        format!("gelu_glu_fused_scaled{}{}{}", if half { "_half" } else { "" }, if lanes == 4 { "_v4" } else { "" }, reduce.suffix());
+    KernelSource {
+        name,
+        wgsl: prelude(&scaled_body("fused_scaled", reduce, lanes), lanes, half),
+        entry: "main",
+        buffers: vec![Access::Read, Access::ReadWrite, Access::ReadWrite],
+        params_size: size_of::<GeluGluParams>() as u64,
+    }
+}
+
+/// [`pair_lanes`] scaled by rows: bindings `gate_up` (read), `out` (read-write, f32), `gate_up_b`
+/// (read), `out_b` (read-write, f16 with `half_b`), `scale` and `scale_b` (read-write, one f32 a
+/// row of each job). One workgroup a row ([`GeluGluParams::pair_rows`], [`workgroups_scaled`]).
+pub fn pair_scaled(reduce: RowReduce, lanes: u32, half_b: bool) -> KernelSource {
+    let name =
+        format!("gelu_glu_pair_scaled{}{}{}", if half_b { "_half" } else { "" }, if lanes == 4 { "_v4" } else { "" }, reduce.suffix());
+    KernelSource {
+        name,
+        wgsl: prelude(&scaled_body("pair_scaled", reduce, lanes), lanes, half_b),
+        entry: "main",
+        buffers: vec![Access::Read, Access::ReadWrite, Access::Read, Access::ReadWrite, Access::ReadWrite, Access::ReadWrite],
+        params_size: size_of::<GeluGluParams>() as u64,
+    }
 }
 
 /// Bindings: `gate` (read-write, `[rows, I]`, becomes the output), `up` (read, `[rows, I]`).

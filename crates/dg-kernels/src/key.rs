@@ -80,10 +80,14 @@ impl CoopGemmKey {
 pub enum KernelKey {
     Rope,
     Axpby,
+    /// [`KernelKey::Axpby`] with `x`'s rows multiplied by their factors (a scaled input's product).
+    AxpbyScaled,
     SampleRows,
     SplitK,
     MoeDispatch,
     MoeCombine(Lanes),
+    /// [`KernelKey::MoeCombine`] with each slot's output multiplied by its factor.
+    MoeCombineScaled(Lanes),
     /// The embedding lookup from a table chunk stored as the format.
     Embed(WeightFormat),
     RmsNorm(RowReduce, Lanes),
@@ -99,11 +103,13 @@ pub enum KernelKey {
         lanes: Lanes,
         half_bc: bool,
     },
-    /// The FFN's residual and norms; `combine` also adds the experts' weighted outputs.
+    /// The FFN's residual and norms; `combine` also adds the experts' weighted outputs; `scaled`
+    /// multiplies the dense MLP's rows (and the combined experts' slots) by their factors.
     FfnNorms {
         reduce: RowReduce,
         lanes: Lanes,
         combine: bool,
+        scaled: bool,
     },
     /// `gelu(gate) ⊙ up` with gate and up in two buffers (in place on gate).
     GeluGluSplit,
@@ -114,6 +120,18 @@ pub enum KernelKey {
     },
     /// Two [`KernelKey::GeluGlu`] jobs in one dispatch; `half_b` stores the second's output as f16.
     GeluGluPair {
+        lanes: Lanes,
+        half_b: bool,
+    },
+    /// [`KernelKey::GeluGlu`] with each row scaled into f16's range and its factor stored.
+    GeluGluScaled {
+        reduce: RowReduce,
+        lanes: Lanes,
+        half: bool,
+    },
+    /// [`KernelKey::GeluGluPair`] with each row of both jobs scaled into f16's range.
+    GeluGluPairScaled {
+        reduce: RowReduce,
         lanes: Lanes,
         half_b: bool,
     },
@@ -148,10 +166,12 @@ impl KernelKey {
         match self {
             K::Rope => rope::source(),
             K::Axpby => axpby::source(),
+            K::AxpbyScaled => axpby::source_scaled(),
             K::SampleRows => sample_rows::source(),
             K::SplitK => split_k::source(),
             K::MoeDispatch => moe_dispatch::source(),
             K::MoeCombine(lanes) => moe_combine::source_lanes(lanes.count()),
+            K::MoeCombineScaled(lanes) => moe_combine::source_scaled(lanes.count()),
             K::Embed(format) => embed::source_for(format),
             K::RmsNorm(r, lanes) => rmsnorm::source_lanes(r, lanes.count()),
             K::Softmax(r, lanes) => softmax::source_lanes(r, lanes.count()),
@@ -164,11 +184,14 @@ impl KernelKey {
                 assert_eq!(lanes, Lanes::Four, "the half attention norms take four columns at a time");
                 residual_norms::source_attention_half(reduce)
             }
-            K::FfnNorms { reduce, lanes, combine: false } => residual_norms::source_ffn_lanes(reduce, lanes.count()),
-            K::FfnNorms { reduce, lanes, combine: true } => residual_norms::source_ffn_combine_lanes(reduce, lanes.count()),
+            K::FfnNorms { reduce, lanes, combine: false, scaled: false } => residual_norms::source_ffn_lanes(reduce, lanes.count()),
+            K::FfnNorms { reduce, lanes, combine: true, scaled: false } => residual_norms::source_ffn_combine_lanes(reduce, lanes.count()),
+            K::FfnNorms { reduce, lanes, combine, scaled: true } => residual_norms::source_ffn_scaled(reduce, lanes.count(), combine),
             K::GeluGluSplit => gelu_glu::split(),
             K::GeluGlu { lanes, half } => gelu_glu::fused_lanes(lanes.count(), half),
             K::GeluGluPair { lanes, half_b } => gelu_glu::pair_lanes(half_b, lanes.count()),
+            K::GeluGluScaled { reduce, lanes, half } => gelu_glu::fused_scaled(reduce, lanes.count(), half),
+            K::GeluGluPairScaled { reduce, lanes, half_b } => gelu_glu::pair_scaled(reduce, lanes.count(), half_b),
             K::Gemm { tile, w } => gemm::source_for(tile, w),
             K::GroupedGemm { tile, w } => grouped_gemm::source_for(tile, w),
             K::CoopGemm(k) => {
@@ -192,8 +215,9 @@ impl KernelKey {
         const PATHS: [WPath; 3] = [WPath::Staged, WPath::Direct, WPath::Single];
         const A_FORMATS: [AFormat; 2] = [AFormat::F32, AFormat::F16];
         const LAYOUTS: [BLayout; 3] = [BLayout::Nk, BLayout::Kn, BLayout::NkPanels];
-        let mut keys = vec![K::Rope, K::Axpby, K::SampleRows, K::SplitK, K::MoeDispatch, K::GeluGluSplit];
+        let mut keys = vec![K::Rope, K::Axpby, K::AxpbyScaled, K::SampleRows, K::SplitK, K::MoeDispatch, K::GeluGluSplit];
         keys.extend(Lanes::ALL.map(K::MoeCombine));
+        keys.extend(Lanes::ALL.map(K::MoeCombineScaled));
         keys.extend(WeightFormat::ELEMENTS.map(K::Embed));
         for lanes in Lanes::ALL {
             for flag in [false, true] {
@@ -207,7 +231,13 @@ impl KernelKey {
             for lanes in Lanes::ALL {
                 keys.extend([K::RmsNorm(reduce, lanes), K::Softmax(reduce, lanes), K::NormRope(reduce, lanes)]);
                 keys.push(K::AttentionNorms { reduce, lanes, half_bc: false });
-                keys.extend([false, true].map(|combine| K::FfnNorms { reduce, lanes, combine }));
+                for (combine, scaled) in [(false, false), (true, false), (false, true), (true, true)] {
+                    keys.push(K::FfnNorms { reduce, lanes, combine, scaled });
+                }
+                for half in [false, true] {
+                    keys.push(K::GeluGluScaled { reduce, lanes, half });
+                    keys.push(K::GeluGluPairScaled { reduce, lanes, half_b: half });
+                }
             }
         }
         for w in WeightFormat::ALL {

@@ -4,7 +4,9 @@
 //! element belongs to one invocation (no atomics). Entries whose `slot_of` is
 //! [`crate::moe_dispatch::NO_SLOT`] are skipped. The token's entries are ranked in that order by
 //! K invocations at once; the columns are read and written as vec4s where `H` allows
-//! ([`source_for`]; the same bits as one at a time).
+//! ([`source_for`]; the same bits as one at a time). The scaled variant ([`source_scaled`])
+//! multiplies each slot's weight by `slot_scale[slot]`: the experts' down projection ran on rows
+//! scaled by `crate::gelu_glu::pair_scaled`.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -47,24 +49,47 @@ pub fn source_for(hidden: u32) -> KernelSource {
 
 /// The kernel taking `lanes` columns at a time (1, or 4 with `hidden` a multiple of 4).
 pub fn source_lanes(lanes: u32) -> KernelSource {
+    combine_source(lanes, false)
+}
+
+/// [`source_lanes`] with a sixth binding, `slot_scale` (read, `[slots]` f32), multiplying each
+/// slot's row of `y` (folded into its weight).
+pub fn source_scaled(lanes: u32) -> KernelSource {
+    combine_source(lanes, true)
+}
+
+fn combine_source(lanes: u32, scaled: bool) -> KernelSource {
     let (name, v) = match lanes {
         4 => ("moe_combine_v4", "vec4<f32>"),
         _ => ("moe_combine", "f32"),
     };
+    let rank = rank_text("p.k", scaled.then_some(6));
+    let mut buffers = vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite];
+    if scaled {
+        buffers.push(Access::Read);
+    }
     KernelSource {
-        name: name.into(),
+        name: format!("{name}{}", if scaled { "_scaled" } else { "" }),
         wgsl: with_prelude(
             &[("WG", WORKGROUP), ("MAX_K", MAX_K), ("LANES", lanes)],
-            &format!("alias V = {v};\n{}", include_str!("wgsl/moe_combine.wgsl").replace("//@RANK\n", &rank_text("p.k"))),
+            &format!("alias V = {v};\n{}", include_str!("wgsl/moe_combine.wgsl").replace("//@RANK\n", &rank)),
         ),
         entry: "main",
-        buffers: vec![Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+        buffers,
         params_size: size_of::<MoeCombineParams>() as u64,
     }
 }
 
 /// The entries' ranking and sum (`moe_rank.wgsl`) for a kernel whose K parameter is `top_k` (a
-/// WGSL expression); the kernel declares `y`, `idx`, `weights` and `slot_of`.
-pub(crate) fn rank_text(top_k: &str) -> String {
-    include_str!("wgsl/moe_rank.wgsl").replace("TOP_K", top_k)
+/// WGSL expression); the kernel declares `y`, `idx`, `weights` and `slot_of`. With
+/// `slot_scale_binding`, the slots' factors come from a `slot_scale` buffer at that binding, else
+/// they are 1.
+pub(crate) fn rank_text(top_k: &str, slot_scale_binding: Option<u32>) -> String {
+    let factor = match slot_scale_binding {
+        Some(b) => format!(
+            "@group(0) @binding({b}) var<storage, read> slot_scale: array<f32>;\n\nfn slot_factor(s: u32) -> f32 {{\n    return slot_scale[s];\n}}\n"
+        ),
+        None => "fn slot_factor(s: u32) -> f32 {\n    return 1.0;\n}\n".to_string(),
+    };
+    format!("{factor}\n{}", include_str!("wgsl/moe_rank.wgsl").replace("TOP_K", top_k))
 }

@@ -169,12 +169,28 @@ pub fn source_ffn(reduce: RowReduce) -> KernelSource {
 
 /// [`source_ffn`] taking `lanes` columns at a time (1, or 4 for `dim` a multiple of 4).
 pub fn source_ffn_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
-    ffn_source(reduce, lanes, false)
+    ffn_source(reduce, lanes, false, false)
+}
+
+/// [`source_ffn_lanes`] (or, with `combine`, [`source_ffn_combine_lanes`]) for inputs scaled by
+/// rows (`crate::gelu_glu::pair_scaled`): one more binding after the others, `mlp_scale` (read,
+/// `[rows]` f32), multiplying each row of `mlp`, and for the combine variant one more again,
+/// `slot_scale` (read, `[slots]` f32), multiplying each expert output by slot (folded into its
+/// weight, as [`crate::moe_combine::source_scaled`]). Factors of 1 give the unscaled variant's
+/// bits.
+pub fn source_ffn_scaled(reduce: RowReduce, lanes: u32, combine: bool) -> KernelSource {
+    ffn_source(reduce, lanes, combine, true)
 }
 
 /// Storage buffers of the combine variant ([`source_ffn_combine_lanes`]): over WebGPU's default
 /// limit of 8, so the Recorder takes it only where the adapter allows as many.
 pub const FFN_COMBINE_BUFFERS: u32 = 12;
+
+/// Storage buffers of the closing norms' variant: 8, 12 with the combine, one more with `scaled`
+/// and another for a scaled combine.
+pub fn ffn_buffers(combine: bool, scaled: bool) -> u32 {
+    (if combine { FFN_COMBINE_BUFFERS } else { 8 }) + if scaled { 1 + u32::from(combine) } else { 0 }
+}
 
 /// [`source_ffn_lanes`] computing `moe` itself (the MoE combine fused in): bindings as
 /// [`source_ffn`]'s, but `moe` read-write (`[rows, dim]`, written with the combined rows), then
@@ -182,28 +198,51 @@ pub const FFN_COMBINE_BUFFERS: u32 = 12;
 /// `[rows, top_k]`), `weights` (read, `[rows, top_k]`) and `slot_of` (read, u32 `[rows, top_k]`),
 /// as `crate::moe_combine::source_for` binds them.
 pub fn source_ffn_combine_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
-    ffn_source(reduce, lanes, true)
+    ffn_source(reduce, lanes, true, false)
 }
 
-fn ffn_source(reduce: RowReduce, lanes: u32, combine: bool) -> KernelSource {
+fn ffn_source(reduce: RowReduce, lanes: u32, combine: bool, scaled: bool) -> KernelSource {
     let template = include_str!("wgsl/ffn_residual_norms.wgsl");
+    // The scale bindings follow every other: 9 (plain) or 13 and 14 (combine).
+    let first_scale = if combine { 13 } else { 9 };
     let (template, access, moe_source) = match combine {
         true => (
             template.replace("MOE_ACCESS", "read_write"),
             Access::ReadWrite,
-            format!("{}\n{}", include_str!("wgsl/ffn_combine.wgsl"), crate::moe_combine::rank_text("p.top_k")),
+            format!(
+                "{}\n{}",
+                include_str!("wgsl/ffn_combine.wgsl"),
+                crate::moe_combine::rank_text("p.top_k", scaled.then_some(first_scale + 1))
+            ),
         ),
         false => (template.replace("MOE_ACCESS", "read"), Access::Read, include_str!("wgsl/ffn_moe_buffer.wgsl").to_string()),
     };
-    let template = template.replace("//@MOE_SOURCE\n", &moe_source);
+    let mlp_in = match scaled {
+        true => format!(
+            "@group(0) @binding({first_scale}) var<storage, read> mlp_scale: array<f32>;\n\nfn mlp_in(row: u32, i: u32) -> V {{\n    return mlp_at(i) * mlp_scale[row];\n}}\n"
+        ),
+        false => "fn mlp_in(row: u32, i: u32) -> V {\n    return mlp_at(i);\n}\n".to_string(),
+    };
+    let template = template.replace("//@MOE_SOURCE\n", &moe_source).replace("//@MLP_IN\n", &mlp_in);
     let (body, suffix) = with_lanes(&reduce.render(&template, &[Part::Sum("vec2<f32>")]), lanes);
     let mut buffers =
         vec![Access::Read, Access::Read, access, Access::Read, Access::Read, Access::ReadWrite, Access::Read, Access::ReadWrite];
     if combine {
         buffers.extend([Access::Read; 4]);
     }
+    if scaled {
+        buffers.push(Access::Read);
+        if combine {
+            buffers.push(Access::Read);
+        }
+    }
     KernelSource {
-        name: format!("ffn_residual_norms{}{suffix}{}", if combine { "_combine" } else { "" }, reduce.suffix()),
+        name: format!(
+            "ffn_residual_norms{}{}{suffix}{}",
+            if combine { "_combine" } else { "" },
+            if scaled { "_scaled" } else { "" },
+            reduce.suffix()
+        ),
         wgsl: with_prelude(
             &[("WG", WORKGROUP), ("MAX_K", crate::moe_combine::MAX_K)],
             &crate::split_k::with_reader_lanes(&body, "mlp_at", "mlp"),

@@ -48,13 +48,17 @@ use dg_sampler::{NoHooks, SeededRng, generate};
 
 /// `tensor-core-shapes` has a 64-token canvas and 64-wide projections: the tensor-core GEMM's tiles
 /// fit its decoder projections, so on a device with cooperative matrices it is the fixture that
-/// exercises them (the others' shapes fall back to the f32 kernels). The `gguf-*` fixtures are not
+/// exercises them (the others' shapes fall back to the f32 kernels). `f16-overflow` has the same
+/// shapes with gate/up weights 200 times larger: its down projections' inputs reach 2.8e5 (dense)
+/// and 3.9e5 (experts), past f16's 65504, so the F16 mode passes it only if no finite activation
+/// becomes inf on the way to the tensor cores. The `gguf-*` fixtures are not
 /// listed: their matrices stay in their quantized blocks whatever the upload format, and `cargo
 /// xtask parity --backend gpu` checks them against their reference.
-const FIXTURES: [&str; 7] = [
+const FIXTURES: [&str; 8] = [
     "bf16-checkpoint",
     "default-pattern-8experts",
     "early-stop-eos",
+    "f16-overflow",
     "real-head-dims",
     "sliding-long-prompt",
     "tensor-core-shapes",

@@ -575,7 +575,7 @@ fn axpby_matches_cpu() {
             let xb = ctx.upload("x", &x).unwrap();
             let out = guarded_output(&ctx, "out", n);
             ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&base));
-            let params = AxpbyParams { n: n as u32, alpha, beta, _pad: 0 };
+            let params = AxpbyParams { n: n as u32, alpha, beta, row: 0 };
             let mut plan = PlanBuilder::new(&ctx);
             plan.push(&p, &params, &[&xb, &out], groups_1d(axpby::workgroups(&params), max_dim));
             plan.finish(&ctx).unwrap().run(&ctx).unwrap();
@@ -590,7 +590,7 @@ fn axpby_matches_cpu() {
     let xb = ctx.upload("x", &x).unwrap();
     let out = guarded_output(&ctx, "out", n);
     ctx.queue.write_buffer(&out, 0, bytemuck::cast_slice(&vec![f32::NAN; n / 2]));
-    let params = AxpbyParams { n: n as u32, alpha: 0.5, beta: 0.0, _pad: 0 };
+    let params = AxpbyParams { n: n as u32, alpha: 0.5, beta: 0.0, row: 0 };
     let mut plan = PlanBuilder::new(&ctx);
     plan.push(&p, &params, &[&xb, &out], groups_1d(axpby::workgroups(&params), 65_535));
     plan.finish(&ctx).unwrap().run(&ctx).unwrap();

@@ -37,13 +37,16 @@ impl std::fmt::Debug for Recorder<'_> {
 }
 
 /// The experts' outputs a MoE combine sums into a token's row (see [`Recorder::moe_combine`]):
-/// `y` (`[slots, H]`, by slot), `idx`, `weights` and `slot_of` (`[tokens, top_k]`).
+/// `y` (`[slots, H]`, by slot), `idx`, `weights` and `slot_of` (`[tokens, top_k]`), and
+/// `slot_scale` (`[slots]`) where the experts' down projection ran on rows scaled by
+/// [`Recorder::gelu_glu_pair`]: each slot's output is multiplied by its factor.
 #[derive(Debug, Clone, Copy)]
 pub struct Combine<'a> {
     pub y: &'a wgpu::Buffer,
     pub idx: &'a wgpu::Buffer,
     pub weights: &'a wgpu::Buffer,
     pub slot_of: &'a wgpu::Buffer,
+    pub slot_scale: Option<&'a wgpu::Buffer>,
     pub top_k: usize,
 }
 
@@ -265,10 +268,12 @@ impl<'a> Recorder<'a> {
     /// experts' outputs: in the same dispatch where the adapter allows the combine variant's
     /// storage buffers (`dg_kernels::residual_norms::FFN_COMBINE_BUFFERS`), else in one of its own.
     /// [`Tuning::fused_combine`] false always takes the two dispatches (the same results).
+    /// `mlp_scale` (`[rows]`): `mlp`'s input rows were scaled ([`Self::gelu_glu_pair`]), and each
+    /// row of `mlp` is multiplied by its factor; it comes with the combine's `slot_scale`.
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_residual_norms(
         &mut self,
-        (mlp, w_1): (impl Into<Product<'a>>, &'a wgpu::Buffer),
+        (mlp, w_1, mlp_scale): (impl Into<Product<'a>>, &'a wgpu::Buffer, Option<&'a wgpu::Buffer>),
         (moe, w_2): (&'a wgpu::Buffer, &'a wgpu::Buffer),
         combine: Option<Combine<'a>>,
         w_3: &'a wgpu::Buffer,
@@ -284,11 +289,24 @@ impl<'a> Recorder<'a> {
                 what: format!("a MoE combine of {} experts a token (at most {})", c.top_k, moe_combine::MAX_K),
             });
         }
-        let fused = combine.filter(|_| {
-            self.ctx.limits.max_storage_buffers_per_shader_stage >= residual_norms::FFN_COMBINE_BUFFERS && self.ctx.tuning.fused_combine
-        });
+        let scaled = mlp_scale.is_some();
+        if combine.is_some_and(|c| c.slot_scale.is_some() != scaled) {
+            return Err(GpuError::Unsupported {
+                what: "a combine whose experts are scaled by rows while the dense MLP is not, or the reverse".into(),
+            });
+        }
+        let limit = self.ctx.limits.max_storage_buffers_per_shader_stage;
+        let fused = combine.filter(|_| limit >= residual_norms::ffn_buffers(true, scaled) && self.ctx.tuning.fused_combine);
+        if scaled && limit < residual_norms::ffn_buffers(false, true) {
+            return Err(GpuError::Unsupported {
+                what: format!(
+                    "the scaled closing norms' {} storage buffers (the adapter allows {limit})",
+                    residual_norms::ffn_buffers(false, true)
+                ),
+            });
+        }
         if let (Some(c), None) = (combine, fused) {
-            self.moe_combine(c.y, c.idx, c.weights, c.slot_of, moe, rows, c.top_k, dim)?;
+            self.moe_combine(c, moe, rows, dim)?;
         }
         let p = residual_norms::FfnResidualNormsParams {
             rows: rows as u32,
@@ -305,16 +323,14 @@ impl<'a> Recorder<'a> {
         let (w_next, normed) = next.unwrap_or((w_3, dummy));
         let lanes = self.row_lanes(&[p.dim, p.split_stride]);
         let reduce = self.ctx.row_reduce();
-        let norms = [mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed];
-        match fused {
-            Some(c) => self.push(
-                K::FfnNorms { reduce, lanes: Lanes::of(lanes), combine: true },
-                &p,
-                &[&norms[..], &[c.y, c.idx, c.weights, c.slot_of]].concat(),
-                g,
-            ),
-            None => self.push(K::FfnNorms { reduce, lanes: Lanes::of(lanes), combine: false }, &p, &norms, g),
+        let mut buffers = vec![mlp.buffer, w_1, moe, w_2, w_3, hidden, w_next, normed];
+        if let Some(c) = fused {
+            buffers.extend([c.y, c.idx, c.weights, c.slot_of]);
         }
+        buffers.extend(mlp_scale);
+        buffers.extend(fused.and_then(|c| c.slot_scale));
+        let key = K::FfnNorms { reduce, lanes: Lanes::of(lanes), combine: fused.is_some(), scaled };
+        self.push(key, &p, &buffers, g)
     }
 
     /// RoPE in place on `x: [tokens·heads, 2·half]`.
@@ -421,18 +437,31 @@ impl<'a> Recorder<'a> {
 
     /// `out[rows, I] = gelu_tanh(in[:, :I]) ⊙ in[:, I:]` for `in: [rows, 2·I]` (a buffer or a
     /// split product, see [`Product`]).
+    /// With `scale` (`[rows]`), each row is scaled into f16's range as it is stored and its
+    /// factor written there (`dg_kernels::gelu_glu::fused_scaled`): for a product that rounds
+    /// `out` to f16 (the tensor cores), whose consumer multiplies its rows back.
     pub fn gelu_glu_fused(
         &mut self,
         input: impl Into<Product<'a>>,
         out: &'a wgpu::Buffer,
         rows: usize,
         inter: usize,
+        scale: Option<&'a wgpu::Buffer>,
     ) -> Result<(), GpuError> {
         let input = input.into();
         let lanes = self.row_lanes(&[inter as u32, input.split_stride]);
         let p = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
-        let g = self.groups(gelu_glu::workgroups(&p));
-        self.push(K::GeluGlu { lanes: Lanes::of(lanes), half: false }, &p, &[input.buffer, out], g)
+        match scale {
+            Some(scale) => {
+                let g = self.groups(gelu_glu::workgroups_scaled(&p));
+                let key = K::GeluGluScaled { reduce: self.ctx.row_reduce(), lanes: Lanes::of(lanes), half: false };
+                self.push(key, &p, &[input.buffer, out, scale], g)
+            }
+            None => {
+                let g = self.groups(gelu_glu::workgroups(&p));
+                self.push(K::GeluGlu { lanes: Lanes::of(lanes), half: false }, &p, &[input.buffer, out], g)
+            }
+        }
     }
 
     /// Two gated activations in one dispatch (`dg_kernels::gelu_glu::pair`): `out = gelu_tanh(gate)
@@ -440,10 +469,13 @@ impl<'a> Recorder<'a> {
     /// [`Self::gelu_glu_fused`] computes it, and `out_b` from `input_b` (`[rows_b, 2·inter_b]`),
     /// stored as `format_b` (f16: rounded by the device's conversion, as
     /// `dg_kernels::gelu_glu::fused_half` stores it).
+    /// With `scales` (`[rows]`, `[rows_b]`), both jobs' rows are scaled as
+    /// [`Self::gelu_glu_fused`] scales them (`dg_kernels::gelu_glu::pair_scaled`).
     pub fn gelu_glu_pair(
         &mut self,
         (input, out, rows, inter): (impl Into<Product<'a>>, &'a wgpu::Buffer, usize, usize),
         (input_b, out_b, rows_b, inter_b, format_b): (&'a wgpu::Buffer, &'a wgpu::Buffer, usize, usize, AFormat),
+        scales: Option<(&'a wgpu::Buffer, &'a wgpu::Buffer)>,
     ) -> Result<(), GpuError> {
         let half_b = format_b == AFormat::F16;
         if half_b && !self.ctx.device.features().contains(wgpu::Features::SHADER_F16) {
@@ -452,9 +484,19 @@ impl<'a> Recorder<'a> {
         let input = input.into();
         let lanes = self.row_lanes(&[inter as u32, inter_b as u32, input.split_stride]);
         let a = gelu_glu::GeluGluParams::one(rows as u32, inter as u32, input.splits, input.split_stride).with_lanes(lanes);
-        let p = gelu_glu::GeluGluParams::pair(a, (rows_b as u32, inter_b as u32));
-        let g = self.groups(gelu_glu::workgroups(&p));
-        self.push(K::GeluGluPair { lanes: Lanes::of(lanes), half_b }, &p, &[input.buffer, out, input_b, out_b], g)
+        match scales {
+            Some((scale, scale_b)) => {
+                let p = gelu_glu::GeluGluParams::pair_rows(a, (rows_b as u32, inter_b as u32));
+                let g = self.groups(gelu_glu::workgroups_scaled(&p));
+                let key = K::GeluGluPairScaled { reduce: self.ctx.row_reduce(), lanes: Lanes::of(lanes), half_b };
+                self.push(key, &p, &[input.buffer, out, input_b, out_b, scale, scale_b], g)
+            }
+            None => {
+                let p = gelu_glu::GeluGluParams::pair(a, (rows_b as u32, inter_b as u32));
+                let g = self.groups(gelu_glu::workgroups(&p));
+                self.push(K::GeluGluPair { lanes: Lanes::of(lanes), half_b }, &p, &[input.buffer, out, input_b, out_b], g)
+            }
+        }
     }
 
     /// Rows `row_start..row_start+row_count` of the scaled embedding for the ids in that range.
@@ -502,9 +544,25 @@ impl<'a> Recorder<'a> {
 
     /// `out = out·beta + x·alpha` over `n` values.
     pub fn axpby(&mut self, x: &'a wgpu::Buffer, out: &'a wgpu::Buffer, n: usize, alpha: f32, beta: f32) -> Result<(), GpuError> {
-        let p = axpby::AxpbyParams { n: n as u32, alpha, beta, _pad: 0 };
+        let p = axpby::AxpbyParams { n: n as u32, alpha, beta, row: 0 };
         let g = self.groups(axpby::workgroups(&p));
         self.push(K::Axpby, &p, &[x, out], g)
+    }
+
+    /// [`Self::axpby`] with each row of `row` elements of `x` first multiplied by its factor in
+    /// `scale` (`dg_kernels::axpby::source_scaled`).
+    pub fn axpby_scaled(
+        &mut self,
+        x: &'a wgpu::Buffer,
+        (scale, row): (&'a wgpu::Buffer, usize),
+        out: &'a wgpu::Buffer,
+        n: usize,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<(), GpuError> {
+        let p = axpby::AxpbyParams { n: n as u32, alpha, beta, row: row as u32 };
+        let g = self.groups(axpby::workgroups(&p));
+        self.push(K::AxpbyScaled, &p, &[x, out, scale], g)
     }
 
     /// Softmax over experts, top-k, renormalise, × per-expert scale.
@@ -553,22 +611,16 @@ impl<'a> Recorder<'a> {
         self.push(K::MoeDispatch, &p, &[idx, offsets, rows, slot_of], g)
     }
 
-    /// Per token, the weighted sum of its experts' outputs in ascending expert order.
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine(
-        &mut self,
-        y: &'a wgpu::Buffer,
-        idx: &'a wgpu::Buffer,
-        w: &'a wgpu::Buffer,
-        slot_of: &'a wgpu::Buffer,
-        out: &'a wgpu::Buffer,
-        tokens: usize,
-        k: usize,
-        hidden: usize,
-    ) -> Result<(), GpuError> {
-        let p = moe_combine::MoeCombineParams { tokens: tokens as u32, k: k as u32, hidden: hidden as u32, _pad: 0 };
+    /// Per token, the weighted sum of its experts' outputs in ascending expert order (each slot's
+    /// output multiplied by its factor where the combine has `slot_scale`).
+    pub fn moe_combine(&mut self, c: Combine<'a>, out: &'a wgpu::Buffer, tokens: usize, hidden: usize) -> Result<(), GpuError> {
+        let p = moe_combine::MoeCombineParams { tokens: tokens as u32, k: c.top_k as u32, hidden: hidden as u32, _pad: 0 };
         let g = self.groups(moe_combine::workgroups(&p));
-        self.push(K::MoeCombine(Lanes::of(dg_kernels::lanes_for(&[hidden as u32]))), &p, &[y, idx, w, slot_of, out], g)
+        let lanes = Lanes::of(dg_kernels::lanes_for(&[hidden as u32]));
+        match c.slot_scale {
+            Some(scale) => self.push(K::MoeCombineScaled(lanes), &p, &[c.y, c.idx, c.weights, c.slot_of, out, scale], g),
+            None => self.push(K::MoeCombine(lanes), &p, &[c.y, c.idx, c.weights, c.slot_of, out], g),
+        }
     }
 
     /// The per-row work of a sampler step on `logits: [rows, vocab]`: `scaled = logits / T`, and per row

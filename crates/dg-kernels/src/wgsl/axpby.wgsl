@@ -1,16 +1,18 @@
 // out = out * beta + x * alpha, element-wise over n elements; beta == 0 does not read out.
-// One invocation per element; workgroups beyond 65535 wrap into y.
+// One invocation per element; workgroups beyond 65535 wrap into y. The scaled variant
+// (axpby.rs) reads x[i] * scale[i / row].
 
 struct Params {
     n: u32,
     alpha: f32,
     beta: f32,
-    _pad0: u32,
+    row: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
+//@SCALE
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,

@@ -14,6 +14,9 @@
 // moe_combine.wgsl does, from the experts' outputs by slot (bindings 9 to 12): the first pass
 // writes each element to moe as it sums its square, and the later passes read back the elements
 // the same invocation wrote.
+// The scaled variants (residual_norms.rs) multiply each row of mlp by mlp_scale[row], and the
+// combine variant each expert output by slot_scale[slot] (folded into its weight, moe_rank.wgsl):
+// the inverses of the factors their inputs were scaled by before the tensor cores rounded them.
 
 struct Params {
     rows: u32,
@@ -43,6 +46,10 @@ struct Params {
 
 //@MOE_SOURCE
 
+// mlp's element i of the row: the product (or the sum of its partials), times the row's factor in
+// the scaled variants (its input rows were scaled: gelu_glu.rs, fused_scaled).
+//@MLP_IN
+
 // Two sums side by side (RowSum = vec2<f32>), so that the mlp and moe rows reduce in one pass.
 //@ROW_REDUCE
 
@@ -59,7 +66,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc_moe = 0.0;
     if (live) {
         for (var i = lid.x; i < cols; i += WG) {
-            let m = mlp_at(base + i);
+            let m = mlp_in(row, base + i);
             acc_mlp += sq(m);
             let e = moe_first(base, i);
             acc_moe += sq(e);
@@ -73,7 +80,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc_dense = 0.0;
     if (live) {
         for (var i = lid.x; i < cols; i += WG) {
-            let d = (mlp_at(base + i) * inv_mlp) * w_1[i] + (moe[base + i] * inv_moe) * w_2[i];
+            let d = (mlp_in(row, base + i) * inv_mlp) * w_1[i] + (moe[base + i] * inv_moe) * w_2[i];
             acc_dense += sq(d);
         }
     }
@@ -84,7 +91,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var acc_h = 0.0;
     if (live) {
         for (var i = lid.x; i < cols; i += WG) {
-            let d = (mlp_at(base + i) * inv_mlp) * w_1[i] + (moe[base + i] * inv_moe) * w_2[i];
+            let d = (mlp_in(row, base + i) * inv_mlp) * w_1[i] + (moe[base + i] * inv_moe) * w_2[i];
             let h = (hidden[base + i] + (d * inv_dense) * w_3[i]) * p.scalar;
             hidden[base + i] = h;
             acc_h += sq(h);

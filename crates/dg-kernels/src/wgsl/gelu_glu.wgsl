@@ -112,3 +112,102 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let g = gate_of(i, inter_b);
     out_b[i] = OUT(gelu_tanh(gate_up_b[g]) * gate_up_b[g + inter_b]);
 }
+
+// @variant fused_scaled
+// The fused variant, one workgroup per row, the row multiplied by a power of two (row_factor)
+// before it is stored, so that its largest magnitude is at most LIMIT and no finite value becomes
+// inf where it is rounded to f16 (here for an f16 OUT, or in the tensor-core GEMM that stages an
+// f32 row as f16); scale[row] receives the inverse, which the consumer of the product multiplies
+// back (exact: both are powers of two). A row already within LIMIT is stored as the fused variant
+// stores it (factor 1).
+@group(0) @binding(1) var<storage, read> gate_up: array<V>;
+@group(0) @binding(2) var<storage, read_write> out: array<OUT>;
+@group(0) @binding(3) var<storage, read_write> scale: array<f32>;
+
+//@SPLIT_READER
+
+//@SCALED_ROWS
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
+    let row = wid.x + wid.y * nwg.x;
+    let inter = p.inter / LANES;
+    let live = row < p.rows;
+    var m = 0.0;
+    if (live) {
+        for (var i = lid.x; i < inter; i += WG) {
+            let g = row * 2u * inter + i;
+            m = max(m, peak(gelu_tanh(gate_up_at(g)) * gate_up_at(g + inter)));
+        }
+    }
+    let s = row_factor(row_max(m, lanes));
+    if (!live) {
+        return;
+    }
+    for (var i = lid.x; i < inter; i += WG) {
+        let g = row * 2u * inter + i;
+        out[row * inter + i] = OUT(gelu_tanh(gate_up_at(g)) * gate_up_at(g + inter) * s);
+    }
+    if (lid.x == 0u) {
+        scale[row] = 1.0 / s;
+    }
+}
+
+// @variant pair_scaled
+// Two fused_scaled jobs in one dispatch: the first groups_a (= rows) workgroups take the rows of
+// gate_up into out (f32) and scale, the rest the rows of gate_up_b into out_b (OUT) and scale_b.
+@group(0) @binding(1) var<storage, read> gate_up: array<V>;
+@group(0) @binding(2) var<storage, read_write> out: array<V>;
+@group(0) @binding(3) var<storage, read> gate_up_b: array<V>;
+@group(0) @binding(4) var<storage, read_write> out_b: array<OUT>;
+@group(0) @binding(5) var<storage, read_write> scale: array<f32>;
+@group(0) @binding(6) var<storage, read_write> scale_b: array<f32>;
+
+//@SPLIT_READER
+
+//@SCALED_ROWS
+
+// Element i of a row's activation in job a (is_a) or b, the row's gate starting at g0.
+fn act_of(is_a: bool, g0: u32, inter: u32, i: u32) -> V {
+    if (is_a) {
+        return gelu_tanh(gate_up_at(g0 + i)) * gate_up_at(g0 + inter + i);
+    }
+    return gelu_tanh(gate_up_b[g0 + i]) * gate_up_b[g0 + inter + i];
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>, lanes: RowLanes) {
+    let group = wid.x + wid.y * nwg.x;
+    let is_a = group < p.groups_a;
+    let row = select(group - p.groups_a, group, is_a);
+    let inter = select(p.inter_b, p.inter, is_a) / LANES;
+    let live = row < select(p.rows_b, p.rows, is_a);
+    let g0 = row * 2u * inter;
+    var m = 0.0;
+    if (live) {
+        for (var i = lid.x; i < inter; i += WG) {
+            m = max(m, peak(act_of(is_a, g0, inter, i)));
+        }
+    }
+    let s = row_factor(row_max(m, lanes));
+    if (!live) {
+        return;
+    }
+    for (var i = lid.x; i < inter; i += WG) {
+        let v = act_of(is_a, g0, inter, i) * s;
+        if (is_a) {
+            out[row * inter + i] = v;
+        } else {
+            out_b[row * inter + i] = OUT(v);
+        }
+    }
+    if (lid.x == 0u) {
+        if (is_a) {
+            scale[row] = 1.0 / s;
+        } else {
+            scale_b[row] = 1.0 / s;
+        }
+    }
+}

@@ -3,7 +3,9 @@
 // parameter, moe_combine.rs rank_text):
 //   sum over its K entries in ascending expert order of weights[t, k] * y[slot_of[t, k], :]
 // from 0 (ties in expert id, which top-k never produces, in k order; entries with slot NO_SLOT
-// skipped). The including kernel declares y (array<V>), idx, weights and slot_of. rank_entries,
+// skipped). The including kernel declares y (array<V>), idx, weights and slot_of, and
+// slot_factor(slot) -> f32, what the slot's row of y is multiplied by (folded into its weight: 1,
+// or the inverse of the row factor of a scaled input, a power of two, so exact either way). rank_entries,
 // called by every invocation of the workgroup, has invocations k < K each read one entry and
 // place it at its rank in that order (the count of the valid entries before it); combined then
 // adds the (at most MAX_K, unrolled) ranked entries' element i of rows of `width` V.
@@ -27,7 +29,7 @@ fn rank_entries(t: u32, live: bool, k: u32) {
         s = slot_of[t * TOP_K + k];
         if (s != NO_SLOT) {
             e = idx[t * TOP_K + k];
-            w = weights[t * TOP_K + k];
+            w = weights[t * TOP_K + k] * slot_factor(s);
         }
     }
     if (k < MAX_K) {
