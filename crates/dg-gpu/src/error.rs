@@ -28,6 +28,11 @@ pub enum GpuError {
     Length { what: &'static str, got: usize, expected: usize },
     #[error("nothing to encode: empty token list")]
     Empty,
+    #[error(
+        "tensor {tensor} holds a value beyond ±{max}, the largest {format}, which would become ±inf stored as {format}: \
+         store the matrices as BF16 or f32 (--weights bf16 or --weights f32)"
+    )]
+    OutOfRange { tensor: String, format: &'static str, max: f32 },
     #[error("unsupported on this device or shape: {what}")]
     Unsupported { what: String },
     #[error(transparent)]

@@ -36,6 +36,8 @@ pub struct Packing<'t, 'a> {
     starts: Vec<usize>,
     pub format: WeightFormat,
     pub order: Order,
+    /// Set when a finite value became ±∞ in `format` (F16 past ±65504): [`Packing::overflowed`].
+    overflow: std::sync::atomic::AtomicBool,
 }
 
 impl<'t, 'a> Packing<'t, 'a> {
@@ -57,7 +59,7 @@ impl<'t, 'a> Packing<'t, 'a> {
         for p in &parts {
             starts.push(starts.last().unwrap() + p.len());
         }
-        let packing = Packing { parts, starts, format, order };
+        let packing = Packing { parts, starts, format, order, overflow: false.into() };
         if let Order::KPanels { rows, cols, panel } = order {
             let block = rows * cols;
             assert!(panel > 0 && cols.is_multiple_of(panel) && TASK.is_multiple_of(panel), "K panels of {panel} for {cols} columns");
@@ -92,6 +94,12 @@ impl<'t, 'a> Packing<'t, 'a> {
     /// The buffer's size: every element (or block), padded to whole 4-byte words.
     pub fn bytes(&self) -> usize {
         self.format.bytes_for(self.len()).expect("stored tensors hold whole blocks").next_multiple_of(4)
+    }
+
+    /// Whether a finite stored value has become ±∞ in the buffer's format so far (F16 holds at
+    /// most ±65504): the bytes written are then not the tensor, and the upload must fail.
+    pub fn overflowed(&self) -> bool {
+        self.overflow.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Writes the buffer's bytes `offset..offset + dst.len()` (`offset` a multiple of
@@ -200,14 +208,17 @@ impl<'t, 'a> Packing<'t, 'a> {
             let local = source - self.starts[part];
             let n = (dst.len() / size).min(self.starts[part + 1] - source);
             let (now, rest) = dst.split_at_mut(n * size);
-            convert_run(self.parts[part], local, self.format, now);
+            if convert_run(self.parts[part], local, self.format, now) {
+                self.overflow.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             (source, dst) = (source + n, rest);
         }
     }
 }
 
-/// Elements `start..` of `t` (as many as `dst` holds) in `format`, little-endian.
-fn convert_run(t: &StoredTensor, start: usize, format: WeightFormat, dst: &mut [u8]) {
+/// Elements `start..` of `t` (as many as `dst` holds) in `format`, little-endian; true when a
+/// finite value is beyond the largest finite value of `format` (F16: it became ±∞).
+fn convert_run(t: &StoredTensor, start: usize, format: WeightFormat, dst: &mut [u8]) -> bool {
     let same = matches!(
         (t.dtype, format),
         (StoredDtype::F32, WeightFormat::F32) | (StoredDtype::BF16, WeightFormat::Bf16) | (StoredDtype::F16, WeightFormat::F16)
@@ -215,17 +226,26 @@ fn convert_run(t: &StoredTensor, start: usize, format: WeightFormat, dst: &mut [
     if same {
         let size = t.dtype.size();
         dst.copy_from_slice(&t.bytes()[start * size..start * size + dst.len()]);
-        return;
+        return false;
     }
     const BATCH: usize = 1024;
     let mut wide = [0f32; BATCH];
     let size = format.bytes();
+    let mut overflow = false;
     for (b, out) in dst.chunks_mut(BATCH * size).enumerate() {
         let wide = &mut wide[..out.len() / size];
         t.widen_range(start + b * BATCH, wide);
+        if format == WeightFormat::F16 {
+            overflow |= wide.iter().any(|v| v.is_finite() && v.abs() >= F16_OVERFLOW);
+        }
         format.encode(wide, out);
     }
+    overflow
 }
+
+/// The smallest magnitude f16 rounds to ±∞: 65504 (the largest f16) plus half its ulp of 32
+/// (the tie rounds to even, which is ∞ past 65504's odd mantissa).
+const F16_OVERFLOW: f32 = 65520.0;
 
 #[cfg(test)]
 mod tests {
@@ -275,6 +295,37 @@ mod tests {
                     WeightFormat::Quantized(_) => unreachable!("element formats only"),
                 };
                 assert_eq!(words(&packed(&p, 1 << 20)), want, "{dtype:?} → {format:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_packing_reports_finite_values_that_become_infinite() {
+        // 65519 rounds to 65504, 65520 (the tie) to ∞; ±∞ and NaN are stored as they are.
+        for (v, overflows) in [
+            (65504.0, false),
+            (65519.0, false),
+            (-65519.0, false),
+            (65520.0, true),
+            (-1e6, true),
+            (f32::INFINITY, false),
+            (f32::NAN, false),
+        ] {
+            let mut values = values(4 * 8, 0.3);
+            values[13] = v;
+            for dtype in [StoredDtype::F32, StoredDtype::BF16] {
+                let t = stored(dtype, vec![4, 8], &values);
+                let held = t.to_f32()[13];
+                for order in [Order::RowMajor, Order::KPanels { rows: 4, cols: 8, panel: 8 }] {
+                    let p = Packing::new(vec![&t], WeightFormat::F16, order);
+                    packed(&p, 1 << 20);
+                    // BF16 rounds the value first (65504 to 65536, which overflows).
+                    let want = if dtype == StoredDtype::F32 { overflows } else { held.is_finite() && held.abs() >= 65520.0 };
+                    assert_eq!(p.overflowed(), want, "{v} stored as {dtype:?} ({held}), {order:?}");
+                }
+                let p = Packing::new(vec![&t], WeightFormat::Bf16, Order::RowMajor);
+                packed(&p, 1 << 20);
+                assert!(!p.overflowed(), "BF16 holds f32's range");
             }
         }
     }

@@ -173,6 +173,9 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
             packing.fill(offset, piece);
             self.belt.write(self.ctx, &buffer, offset as u64, piece)?;
         }
+        if packing.overflowed() {
+            return Err(GpuError::OutOfRange { tensor: label.to_string(), format: "F16", max: 65504.0 });
+        }
         self.bytes += size as u64;
         self.progress.parameters += packing.len() as u64;
         self.progress.stored_bytes += packing.stored_bytes() as u64;
