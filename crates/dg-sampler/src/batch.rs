@@ -78,6 +78,37 @@ impl<R, H, E: std::error::Error + 'static> std::fmt::Debug for Batch<R, H, E> {
     }
 }
 
+impl<R, H, E: std::error::Error + 'static> Batch<R, H, E> {
+    /// A spare sampler back (the buffers of a finished sequence).
+    pub(crate) fn into_sampler(mut self) -> Option<Sampler> {
+        self.spare.pop()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Sequences admitted and not yet finished.
+    pub fn running(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Whether [`Self::admit`] would find a free slot.
+    pub fn has_room(&self) -> bool {
+        self.lanes.len() < self.capacity
+    }
+
+    /// The running sequences, in admission order.
+    pub fn ids(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.states.iter().map(|s| s.id)
+    }
+
+    /// Sequences that left the batch, in the order they finished.
+    pub fn drain_finished(&mut self) -> impl Iterator<Item = Finished<R, H, E>> + '_ {
+        self.finished.drain(..)
+    }
+}
+
 impl<R: RandomSource, H: Hooks, E: std::error::Error + 'static> Batch<R, H, E> {
     /// An empty batch of up to `capacity` sequences (slots `0..capacity`) of canvas length C and
     /// vocabulary V.
@@ -105,30 +136,6 @@ impl<R: RandomSource, H: Hooks, E: std::error::Error + 'static> Batch<R, H, E> {
             finished: Vec::with_capacity(capacity),
             next_id: 0,
         }
-    }
-
-    /// A spare sampler back (the buffers of a finished sequence).
-    pub(crate) fn into_sampler(mut self) -> Option<Sampler> {
-        self.spare.pop()
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Sequences admitted and not yet finished.
-    pub fn running(&self) -> usize {
-        self.lanes.len()
-    }
-
-    /// Whether [`Self::admit`] would find a free slot.
-    pub fn has_room(&self) -> bool {
-        self.lanes.len() < self.capacity
-    }
-
-    /// The running sequences, in admission order.
-    pub fn ids(&self) -> impl Iterator<Item = SeqId> + '_ {
-        self.states.iter().map(|s| s.id)
     }
 
     /// Adds a sequence generating from `prompt` with `cfg`, its own random source and hooks, in the
@@ -163,11 +170,6 @@ impl<R: RandomSource, H: Hooks, E: std::error::Error + 'static> Batch<R, H, E> {
         self.lanes.push(Lane { slot, sampler, in_forward: false, position: (0, 0), temperature: 1.0, draw: Draw::default() });
         self.states.push(state);
         Ok(id)
-    }
-
-    /// Sequences that left the batch, in the order they finished.
-    pub fn drain_finished(&mut self) -> impl Iterator<Item = Finished<R, H, E>> + '_ {
-        self.finished.drain(..)
     }
 
     /// One denoising step of every running sequence, the canvases in one call of `model`; the
