@@ -25,10 +25,13 @@ impl SwapCache for FakeModel {
     }
 }
 
+/// What a step's hook saw: block, step, temperature, draft, next canvas, accepted count.
+type StepSeen = (usize, usize, f32, Vec<u32>, Vec<u32>, usize);
+
 /// Every hook call of one sequence.
 #[derive(Debug, Default, PartialEq)]
 struct Trace {
-    steps: Vec<(usize, usize, f32, Vec<u32>, Vec<u32>, usize)>,
+    steps: Vec<StepSeen>,
     canvases: Vec<(usize, Vec<u32>)>,
     /// Cancel after this many steps.
     cancel_after: Option<usize>,
