@@ -27,12 +27,22 @@ fn comparable(mut v: Value) -> Value {
 /// Runs the file through `dg generate --prompts-file` with `extra` options (and `batch`), then
 /// every line alone with `extra`.
 fn check_against_lone_runs(lines: &[&str], batch: &[&str], extra: &[&str], seed: u64) -> Vec<Value> {
+    let run = run_file(lines, "cpu", batch, extra, seed).ok();
+    compare_with_lone_runs(&run, lines, "cpu", extra, seed)
+}
+
+/// `dg generate --prompts-file` on the lines, on `backend`.
+fn run_file(lines: &[&str], backend: &str, batch: &[&str], extra: &[&str], seed: u64) -> common::Run {
     let (_dir, path) = prompts(format!("{}\n", lines.join("\n")).as_bytes());
     let seed_arg = seed.to_string();
-    let mut args = vec!["generate", "--prompts-file", &path, "--backend", "cpu", "--seed", &seed_arg];
+    let mut args = vec!["generate", "--prompts-file", &path, "--backend", backend, "--seed", &seed_arg];
     args.extend_from_slice(batch);
     args.extend_from_slice(extra);
-    let run = dg(&args).ok();
+    dg(&args)
+}
+
+/// Each JSON line of `run` against `dg generate --prompt LINE --seed S --json` alone.
+fn compare_with_lone_runs(run: &common::Run, lines: &[&str], backend: &str, extra: &[&str], seed: u64) -> Vec<Value> {
     let out: Vec<Value> = run.stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
     assert_eq!(out.len(), lines.len(), "one JSON line per prompt:\n{}", run.stdout);
     for (i, (line, got)) in lines.iter().zip(&out).enumerate() {
@@ -40,7 +50,7 @@ fn check_against_lone_runs(lines: &[&str], batch: &[&str], extra: &[&str], seed:
         assert_eq!(got["prompt"], *line);
         let seed = (seed + i as u64).to_string();
         assert_eq!(got["seed"].to_string(), seed, "line {}: the seed is --seed + the line index", i + 1);
-        let mut alone = vec!["generate", "--prompt", line, "--backend", "cpu", "--seed", &seed, "--json", "-q"];
+        let mut alone = vec!["generate", "--prompt", line, "--backend", backend, "--seed", &seed, "--json", "-q"];
         alone.extend_from_slice(extra);
         let want = dg(&alone).ok().json();
         assert_eq!(comparable(got.clone()), comparable(want), "line {} batched and alone", i + 1);
@@ -71,6 +81,23 @@ fn each_line_equals_its_prompt_generated_alone() {
 fn chat_lines_equal_their_prompts_generated_alone() {
     let out = check_against_lone_runs(&["hello", "What is 2 + 2?"], &[], &["--chat", "--max-new-tokens", "20"], 11);
     assert!(out[0]["prompt_text"].as_str().unwrap().contains("<|turn>user\nhello"), "{}", out[0]["prompt_text"]);
+}
+
+/// On the GPU the lines run one after another; each still equals its lone run.
+#[test]
+fn gpu_lines_equal_their_prompts_generated_alone() {
+    let lines = ["hello", "Why is the sky blue?"];
+    let extra = ["--max-new-tokens", "32", "--steps", "4"];
+    let run = run_file(&lines, "gpu", &[], &extra, 5);
+    if run.code == 1 && run.stderr.contains("no GPU adapter found") {
+        if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") {
+            eprintln!("SKIP gpu_lines_equal_their_prompts_generated_alone: no GPU adapter");
+            return;
+        }
+        panic!("no GPU adapter (install lavapipe, or set DG_ALLOW_NO_GPU=1 to skip): {}", run.stderr);
+    }
+    let out = compare_with_lone_runs(&run.ok(), &lines, "gpu", &extra, 5);
+    assert_eq!(out[0]["backend"], "gpu");
 }
 
 #[test]
