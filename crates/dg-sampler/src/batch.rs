@@ -192,8 +192,9 @@ impl<R: RandomSource, H: Hooks, E: std::error::Error + 'static> Batch<R, H, E> {
                 continue;
             }
             let (remaining, step) = state.start_step();
+            lane.position = (remaining, step);
             lane.temperature = state.cfg.temperature_at(remaining);
-            match F::prepare(lane, &mut state.rng, (remaining, step)) {
+            match F::prepare(lane, &mut state.rng) {
                 Ok(()) => lane.in_forward = true,
                 Err(e) => state.end(Err(e.with_model_error())),
             }
@@ -248,7 +249,7 @@ trait Flavour {
     fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), Self::Error>;
     fn release(&mut self, slot: usize);
     /// What a lane needs before the forward (its categorical draw, for a resident model).
-    fn prepare<R: RandomSource>(lane: &mut Lane, rng: &mut R, position: (usize, usize)) -> Result<(), SamplerError>;
+    fn prepare<R: RandomSource>(lane: &mut Lane, rng: &mut R) -> Result<(), SamplerError>;
     fn forward(&mut self, lanes: &mut [Lane]) -> Result<(), Self::Error>;
     /// The sampler's step on the lane's rows once the forward has run.
     fn finish<R: RandomSource>(
@@ -270,8 +271,7 @@ impl<M: BatchDenoiseModel + ?Sized> Flavour for Host<'_, M> {
     fn release(&mut self, slot: usize) {
         self.0.release(slot)
     }
-    fn prepare<R: RandomSource>(lane: &mut Lane, _rng: &mut R, position: (usize, usize)) -> Result<(), SamplerError> {
-        lane.position = position;
+    fn prepare<R: RandomSource>(_lane: &mut Lane, _rng: &mut R) -> Result<(), SamplerError> {
         Ok(())
     }
     fn forward(&mut self, lanes: &mut [Lane]) -> Result<(), M::Error> {
@@ -298,8 +298,7 @@ impl<M: BatchResidentModel + ?Sized> Flavour for Resident<'_, M> {
     fn release(&mut self, slot: usize) {
         self.0.release(slot)
     }
-    fn prepare<R: RandomSource>(lane: &mut Lane, rng: &mut R, position: (usize, usize)) -> Result<(), SamplerError> {
-        lane.position = position;
+    fn prepare<R: RandomSource>(lane: &mut Lane, rng: &mut R) -> Result<(), SamplerError> {
         let (c, v) = (lane.sampler.canvas_length(), lane.sampler.vocab_size());
         let request = rng.categorical_request(c, v)?;
         if let CategoricalRequest::Ids(ids) = request {
