@@ -20,7 +20,7 @@ use dg_model::GenerationConfig;
 use crate::batched::{BatchDenoiseModel, BatchResidentModel, Draw, HostCanvases, Lane, ResidentCanvases};
 use crate::error::{InputError, ModelCall, SamplerError};
 use crate::generate::{Hooks, validate_config};
-use crate::rng::{CategoricalRequest, RandomSource};
+use crate::rng::RandomSource;
 use crate::sampler::{Sampler, StepOutcome, check_ids};
 use crate::sequence::{Finished, SeqId, SequenceState};
 
@@ -299,11 +299,7 @@ impl<M: BatchResidentModel + ?Sized> Flavour for Resident<'_, M> {
         self.0.release(slot)
     }
     fn prepare<R: RandomSource>(lane: &mut Lane, rng: &mut R) -> Result<(), SamplerError> {
-        let (c, v) = (lane.sampler.canvas_length(), lane.sampler.vocab_size());
-        let request = rng.categorical_request(c, v)?;
-        if let CategoricalRequest::Ids(ids) = request {
-            check_ids("categorical draw", ids, v)?;
-        }
+        let request = lane.sampler.resident_draw(rng)?;
         lane.draw.set(request);
         Ok(())
     }

@@ -278,13 +278,9 @@ impl Sampler {
         block: usize,
         step: usize,
     ) -> Result<StepOutcome, SamplerError<M::Error>> {
-        let (c, v) = (self.canvas_length, self.vocab_size);
         assert_ne!(self.self_conditioning_at, ScLocation::Host, "host and resident steps mixed in one block");
         let temperature = cfg.temperature_at(remaining);
-        let request = rng.categorical_request(c, v)?;
-        if let CategoricalRequest::Ids(ids) = request {
-            check_ids("categorical draw", ids, v)?;
-        }
+        let request = self.resident_draw(rng).map_err(SamplerError::with_model_error)?;
         let (canvas, self_conditioning, rows) = self.resident_inputs();
         model.denoise_rows(canvas, self_conditioning, temperature, request, rows).map_err(|source| SamplerError::Model {
             block,
@@ -292,6 +288,16 @@ impl Sampler {
             source,
         })?;
         self.finish_resident(cfg, temperature, rng, block, step).map_err(SamplerError::with_model_error)
+    }
+
+    /// The categorical draw of a resident step, for the model (recorded ids checked against V).
+    pub(crate) fn resident_draw<'r, R: RandomSource + ?Sized>(&self, rng: &'r mut R) -> Result<CategoricalRequest<'r>, SamplerError> {
+        let (c, v) = (self.canvas_length, self.vocab_size);
+        let request = rng.categorical_request(c, v)?;
+        if let CategoricalRequest::Ids(ids) = request {
+            check_ids("categorical draw", ids, v)?;
+        }
+        Ok(request)
     }
 
     /// The inputs and output of a resident step's forward: the canvas, whether the previous step's
