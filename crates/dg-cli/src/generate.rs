@@ -1,5 +1,6 @@
 //! `dg generate`: the model directory, the prompt, the generation settings (generation_config.json
-//! overridden by the command line), the backend, the sampler run and its output.
+//! overridden by the command line), the backend, the sampler run and its output (`--prompts-file`
+//! in `prompts_file.rs`).
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -19,6 +20,12 @@ use crate::timing::Timed;
 use crate::{load, model_dir, prompt};
 
 pub fn run(args: GenerateArgs) -> Result<()> {
+    if let Some(path) = &args.prompts_file {
+        return crate::prompts_file::run(&args, path);
+    }
+    if args.batch.is_some() {
+        return Err(input("--batch sets how many lines of --prompts-file generate at once; it needs --prompts-file"));
+    }
     let started = Instant::now();
     let dir = model_dir::resolve(args.model.as_deref())?;
     let model = model_dir::open(&dir)?;

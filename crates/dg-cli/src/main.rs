@@ -17,6 +17,7 @@ mod info;
 mod load;
 mod model_dir;
 mod prompt;
+mod prompts_file;
 mod quantize;
 mod report;
 mod serve;

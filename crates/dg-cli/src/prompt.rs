@@ -24,26 +24,8 @@ pub fn build(args: &GenerateArgs, dir: &Path, codec: Option<&TextCodec>, vocab_s
     let prompt = match &args.prompt_ids {
         Some(list) => Prompt { ids: parse_ids(list)?, text: None },
         None => {
-            let Some(codec) = codec else {
-                return Err(input(format!(
-                    "{} has no tokenizer.json, so a text prompt cannot be tokenized: pass the prompt \
-                     as token ids with --prompt-ids (e.g. --prompt-ids 2,17,42)",
-                    dir.display()
-                )));
-            };
-            let raw = read_text(args)?;
-            if raw.is_empty() {
-                return Err(input("the prompt is empty"));
-            }
-            let (text, ids) = if args.chat {
-                let text = chat::require(dir)?.render_user(&raw)?;
-                let ids = codec.encode(&text, false)?;
-                (text, ids)
-            } else {
-                let ids = codec.encode(&raw, true)?;
-                (raw, ids)
-            };
-            Prompt { ids, text: Some(text) }
+            let codec = require_codec(dir, codec)?;
+            return from_text(&read_text(args)?, args.chat, dir, codec, vocab_size);
         }
     };
     if prompt.ids.is_empty() {
@@ -51,6 +33,38 @@ pub fn build(args: &GenerateArgs, dir: &Path, codec: Option<&TextCodec>, vocab_s
     }
     check_range(&prompt.ids, vocab_size)?;
     Ok(prompt)
+}
+
+/// The tokenizer of the model in `dir`, or the error a text prompt gets without one.
+pub fn require_codec<'a>(dir: &Path, codec: Option<&'a TextCodec>) -> Result<&'a TextCodec> {
+    codec.ok_or_else(|| {
+        input(format!(
+            "{} has no tokenizer.json, so a text prompt cannot be tokenized: pass the prompt \
+             as token ids with --prompt-ids (e.g. --prompt-ids 2,17,42)",
+            dir.display()
+        ))
+    })
+}
+
+/// A text prompt (of `--prompt`, a prompt file, stdin, or a line of `--prompts-file`) as the model
+/// sees it: wrapped in the chat template of `dir` with `chat`, tokenized, checked.
+pub fn from_text(raw: &str, chat: bool, dir: &Path, codec: &TextCodec, vocab_size: usize) -> Result<Prompt> {
+    if raw.is_empty() {
+        return Err(input("the prompt is empty"));
+    }
+    let (text, ids) = if chat {
+        let text = chat::require(dir)?.render_user(raw)?;
+        let ids = codec.encode(&text, false)?;
+        (text, ids)
+    } else {
+        let ids = codec.encode(raw, true)?;
+        (raw.to_string(), ids)
+    };
+    if ids.is_empty() {
+        return Err(input("the prompt is empty: generation needs at least one prompt token"));
+    }
+    check_range(&ids, vocab_size)?;
+    Ok(Prompt { ids, text: Some(text) })
 }
 
 /// The prompt text of `--prompt`, `--prompt-file` (`-` for stdin) or stdin, without trailing newlines.

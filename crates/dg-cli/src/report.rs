@@ -161,7 +161,7 @@ impl Report {
     }
 }
 
-fn stop_name(reason: StopReason) -> &'static str {
+pub fn stop_name(reason: StopReason) -> &'static str {
     match reason {
         StopReason::Eos => "eos",
         StopReason::MaxLength => "max_length",

@@ -1,4 +1,5 @@
-//! The whole model on the CPU: encoder into a KV cache, and the decoder's canvas forward.
+//! The whole model on the CPU: encoder into a KV cache, and the decoder's canvas forward; several
+//! sequences through `dg_sampler::PerSlot`, each in its own cache.
 //!
 //! Mirrors `DiffusionGemmaEncoderTextModel` (causal, writes the cache; its final norm and hidden
 //! state are unused in generation and not computed) and `DiffusionGemmaDecoderModel` +
@@ -248,5 +249,20 @@ impl dg_sampler::DenoiseModel for CpuModel {
 
     fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), CpuError> {
         CpuModel::canvas_forward(self, canvas, sc, logits)
+    }
+}
+
+/// A sequence's state is its KV cache: [`dg_sampler::PerSlot`] runs several sequences on one
+/// `CpuModel`, each in its own cache ([`CpuModel::take_cache`], [`CpuModel::put_cache`]).
+impl dg_sampler::SwapCache for CpuModel {
+    type Cache = KvCache;
+    type CacheError = CpuError;
+
+    fn take_cache(&mut self) -> KvCache {
+        CpuModel::take_cache(self)
+    }
+
+    fn put_cache(&mut self, cache: KvCache) -> Result<(), CpuError> {
+        CpuModel::put_cache(self, cache)
     }
 }

@@ -75,4 +75,8 @@ pub enum SamplerError<E: std::error::Error + 'static = std::convert::Infallible>
         #[source]
         source: E,
     },
+    #[error(
+        "the batched canvas forward (step {step}) failed at block {block}; the model's error is reported for another sequence of the batch"
+    )]
+    BatchForward { block: usize, step: usize },
 }

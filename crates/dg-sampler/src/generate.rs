@@ -1,4 +1,5 @@
-//! Block-autoregressive generation: `DiffusionGemmaGenerationMixin.generate` for one sequence.
+//! Block-autoregressive generation of one sequence: `DiffusionGemmaGenerationMixin.generate` with
+//! a batch of one, and the types generation reports through.
 //!
 //! Per block: encode (the prompt for the first block, else the previous block's finalized canvas),
 //! draw the initial canvas, then for n = N down to 1 run a canvas forward and a sampler step, stopping
@@ -7,13 +8,15 @@
 //! `GenerationConfig::new_canvases` blocks. The last canvas is never encoded.
 //!
 //! The model is a [`DenoiseModel`] (the logits come back to the sampler: [`generate`]) or a
-//! [`ResidentModel`] (the per-row work runs where the logits are: [`generate_resident`]); one loop
-//! drives both.
+//! [`ResidentModel`] (the per-row work runs where the logits are: [`generate_resident`]). Both run
+//! the batch driver ([`crate::Batch`], the per-sequence state machine in `sequence.rs`) with one
+//! sequence, so a sequence generated alone and in a batch take the same path.
 
 use dg_model::GenerationConfig;
 
-use crate::error::{InputError, ModelCall, SamplerError};
-use crate::finalize::{self, CanvasEnd};
+use crate::batch::{AdmitError, Batch, StepReport};
+use crate::batched::OneSlot;
+use crate::error::{InputError, SamplerError};
 use crate::resident::ResidentModel;
 use crate::rng::RandomSource;
 use crate::sampler::{Sampler, StepOutcome, check_ids};
@@ -190,71 +193,7 @@ pub fn generate_resident<M: ResidentModel + ?Sized, R: RandomSource + ?Sized, H:
     hooks: &mut H,
 ) -> Result<Generation, SamplerError<M::Error>> {
     let mut sampler = Sampler::new(canvas_length, vocab_size)?;
-    sampler.run(&mut Resident(model), prompt, cfg, rng, hooks)
-}
-
-/// How a generation reaches its model: encode, and one whole step (forward + per-row work + the
-/// sampler's decisions).
-trait StepDriver {
-    type Error: std::error::Error + Send + Sync + 'static;
-    fn encode(&mut self, ids: &[u32]) -> Result<(), Self::Error>;
-    fn step<R: RandomSource + ?Sized>(
-        &mut self,
-        sampler: &mut Sampler,
-        cfg: &GenerationConfig,
-        remaining: usize,
-        rng: &mut R,
-        block: usize,
-        step: usize,
-    ) -> Result<StepOutcome, SamplerError<Self::Error>>;
-}
-
-/// The logits come to the sampler ([`DenoiseModel`]).
-struct HostLogits<'m, M: ?Sized>(&'m mut M);
-
-impl<M: DenoiseModel + ?Sized> StepDriver for HostLogits<'_, M> {
-    type Error = M::Error;
-    fn encode(&mut self, ids: &[u32]) -> Result<(), M::Error> {
-        self.0.encode(ids)
-    }
-    fn step<R: RandomSource + ?Sized>(
-        &mut self,
-        sampler: &mut Sampler,
-        cfg: &GenerationConfig,
-        remaining: usize,
-        rng: &mut R,
-        block: usize,
-        step: usize,
-    ) -> Result<StepOutcome, SamplerError<M::Error>> {
-        let (canvas, sc, logits) = sampler.forward_buffers();
-        self.0.canvas_forward(canvas, sc, logits).map_err(|source| SamplerError::Model {
-            block,
-            call: ModelCall::CanvasForward { step },
-            source,
-        })?;
-        sampler.step(cfg, remaining, rng, block).map_err(SamplerError::with_model_error)
-    }
-}
-
-/// The per-row work runs in the model ([`ResidentModel`]).
-struct Resident<'m, M: ?Sized>(&'m mut M);
-
-impl<M: ResidentModel + ?Sized> StepDriver for Resident<'_, M> {
-    type Error = M::Error;
-    fn encode(&mut self, ids: &[u32]) -> Result<(), M::Error> {
-        self.0.encode(ids)
-    }
-    fn step<R: RandomSource + ?Sized>(
-        &mut self,
-        sampler: &mut Sampler,
-        cfg: &GenerationConfig,
-        remaining: usize,
-        rng: &mut R,
-        block: usize,
-        step: usize,
-    ) -> Result<StepOutcome, SamplerError<M::Error>> {
-        sampler.step_resident(self.0, cfg, remaining, rng, block, step)
-    }
+    sampler.generate_resident(model, prompt, cfg, rng, hooks)
 }
 
 impl Sampler {
@@ -267,7 +206,8 @@ impl Sampler {
         rng: &mut R,
         hooks: &mut H,
     ) -> Result<Generation, SamplerError<M::Error>> {
-        self.run(&mut HostLogits(model), prompt, cfg, rng, hooks)
+        let mut model = OneSlot(model);
+        self.alone(prompt, cfg, rng, hooks, |batch| batch.step(&mut model))
     }
 
     /// [`generate_resident`] on this sampler's buffers.
@@ -279,90 +219,41 @@ impl Sampler {
         rng: &mut R,
         hooks: &mut H,
     ) -> Result<Generation, SamplerError<M::Error>> {
-        self.run(&mut Resident(model), prompt, cfg, rng, hooks)
+        let mut model = OneSlot(model);
+        self.alone(prompt, cfg, rng, hooks, |batch| batch.step_resident(&mut model))
     }
 
-    fn run<D: StepDriver, R: RandomSource + ?Sized, H: Hooks + ?Sized>(
+    /// One sequence through the batch driver (a batch of one, on this sampler's buffers), stepped
+    /// by `step` until it finishes.
+    fn alone<'a, R: RandomSource + ?Sized, H: Hooks + ?Sized, E: std::error::Error + 'static>(
         &mut self,
-        model: &mut D,
         prompt: &[u32],
         cfg: &GenerationConfig,
-        rng: &mut R,
-        hooks: &mut H,
-    ) -> Result<Generation, SamplerError<D::Error>> {
-        let (c, v) = (self.canvas_length(), self.vocab_size());
-        if prompt.is_empty() {
-            return Err(InputError::EmptyPrompt.into());
+        rng: &'a mut R,
+        hooks: &'a mut H,
+        mut step: impl FnMut(&mut Batch<&'a mut R, &'a mut H, E>) -> StepReport,
+    ) -> Result<Generation, SamplerError<E>> {
+        let placeholder = Sampler::new(1, 1)?;
+        let mut batch = Batch::with_sampler(std::mem::replace(self, placeholder), 1);
+        let admitted = batch.admit(prompt, cfg, rng, hooks);
+        while batch.running() > 0 {
+            step(&mut batch);
         }
-        check_ids("prompt", prompt, v)?;
-        validate_config(cfg, v)?;
-        let blocks = cfg.new_canvases(prompt.len(), c);
-        let n = cfg.max_denoising_steps;
-        let mut sequence = Vec::with_capacity(prompt.len() + blocks * c);
-        sequence.extend_from_slice(prompt);
-        let mut steps_per_canvas = Vec::with_capacity(blocks);
-        let mut decoder_passes = 0;
-        let mut stop_reason = StopReason::AllCanvases;
-        'blocks: for block in 0..blocks {
-            let committed = if block == 0 { prompt } else { &sequence[sequence.len() - c..] };
-            model.encode(committed).map_err(|source| SamplerError::Model { block, call: ModelCall::Encode, source })?;
-            self.begin_block(rng).map_err(SamplerError::with_model_error)?;
-            let mut steps = 0;
-            for remaining in (1..=n).rev() {
-                let step = n - remaining;
-                decoder_passes += 1;
-                steps += 1;
-                let outcome = model.step(self, cfg, remaining, rng, block, step)?;
-                hooks.on_step(&self.step_info(block, step, remaining, &outcome));
-                if hooks.should_stop() {
-                    steps_per_canvas.push(steps);
-                    stop_reason = StopReason::Cancelled;
-                    break 'blocks;
-                }
-                if outcome.finished {
-                    break;
-                }
-            }
-            steps_per_canvas.push(steps);
-            sequence.extend_from_slice(self.draft());
-            let len = sequence.len();
-            let end = finalize::finalize_canvas(&mut sequence[len - c..], len, cfg);
-            hooks.on_canvas(block, &sequence[len - c..]);
-            if hooks.should_stop() && block + 1 < blocks && end == CanvasEnd::Continue {
-                stop_reason = StopReason::Cancelled;
-                break;
-            }
-            match end {
-                CanvasEnd::Continue => {}
-                CanvasEnd::Eos { .. } => {
-                    stop_reason = StopReason::Eos;
-                    break;
-                }
-                CanvasEnd::MaxLength => {
-                    stop_reason = StopReason::MaxLength;
-                    break;
-                }
-            }
+        let finished = batch.drain_finished().next();
+        if let Some(sampler) = batch.into_sampler() {
+            *self = sampler;
         }
-        if stop_reason != StopReason::Cancelled {
-            // A cancelled run leaves recorded draws unused on purpose.
-            rng.finish()?;
+        match (admitted, finished) {
+            (Err(rejected), _) => Err(match rejected.reason {
+                AdmitError::Input(e) => e.into(),
+                AdmitError::Full { capacity } => unreachable!("a batch of {capacity} holds its first sequence"),
+            }),
+            (Ok(_), Some(finished)) => finished.result,
+            (Ok(_), None) => unreachable!("an admitted sequence finishes before its batch runs dry"),
         }
-        let new_tokens = &sequence[prompt.len()..];
-        let valid_tokens = finalize::valid_tokens(new_tokens, cfg.pad_token_id);
-        let tokens_per_forward = finalize::tokens_per_forward(new_tokens, cfg.pad_token_id, decoder_passes);
-        Ok(Generation {
-            prompt_len: prompt.len(),
-            steps_per_canvas,
-            decoder_passes,
-            valid_tokens,
-            tokens_per_forward,
-            stop_reason,
-            sequence,
-        })
     }
 
-    fn step_info(&self, block: usize, step: usize, remaining: usize, o: &StepOutcome) -> StepInfo<'_> {
+    pub(crate) fn step_info(&self, block: usize, step: usize, remaining: usize, o: &StepOutcome) -> StepInfo<'_> {
         StepInfo {
             block,
             step,

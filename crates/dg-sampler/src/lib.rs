@@ -8,6 +8,9 @@
 //! The model is behind [`DenoiseModel`] (encode into the KV cache; one canvas forward) or
 //! [`ResidentModel`] (the forward and the per-row work of a step run where the logits live) and randomness
 //! behind [`RandomSource`]: [`SeededRng`] for users, [`Replay`] for draws recorded from a reference run.
+//! [`Batch`] drives several sequences together, each canvas forward of a step in one call of a
+//! [`BatchDenoiseModel`] or [`BatchResidentModel`] ([`PerSlot`] makes any [`SwapCache`] model one);
+//! each sequence gives the tokens it gives alone.
 //! Given the same draws and the same logits, the output tokens equal the reference's: the draw order,
 //! temperature (`raw / T` in f32), argmax, acceptance arithmetic, renoising, stopping and EOS handling
 //! are the reference's. Entropies use their own `exp` and f64 accumulation: they are closer to the exact
@@ -22,6 +25,8 @@
 //!   CPU's vector width.
 
 pub mod accept;
+mod batch;
+mod batched;
 mod error;
 pub mod finalize;
 mod generate;
@@ -30,8 +35,11 @@ mod resident;
 mod rng;
 pub mod rows;
 mod sampler;
+mod sequence;
 pub mod stopping;
 
+pub use batch::{AdmitError, Batch, Rejected, StepReport};
+pub use batched::{BatchDenoiseModel, BatchResidentModel, HostCanvas, HostCanvases, PerSlot, ResidentCanvas, ResidentCanvases, SwapCache};
 pub use error::{DrawError, InputError, ModelCall, SamplerError};
 pub use finalize::CanvasEnd;
 pub use generate::{DenoiseModel, Generation, Hooks, NoHooks, StepInfo, StopReason, generate, generate_resident, validate_config};
@@ -40,4 +48,5 @@ pub use resident::{HostRows, HostRowsError, ResidentModel, RowResult};
 pub use rng::{CategoricalRequest, DrawKind, RandomSource, SeededRng};
 pub use rows::{RowDistributions, RowStat};
 pub use sampler::{Sampler, StepOutcome};
+pub use sequence::{Finished, SeqId};
 pub use stopping::StopDecision;

@@ -83,6 +83,16 @@ impl<M: crate::DenoiseModel> HostRows<M> {
     pub fn new(model: M, vocab_size: usize) -> Self {
         HostRows { model, vocab_size, logits: Vec::new(), scaled: Vec::new(), stats: Vec::new() }
     }
+
+    /// The scaled logits kept as the next self-conditioning input, taken out (a sequence's state).
+    pub(crate) fn take_scaled(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.scaled)
+    }
+
+    /// Puts back scaled logits taken out with [`Self::take_scaled`].
+    pub(crate) fn put_scaled(&mut self, scaled: Vec<f32>) {
+        self.scaled = scaled;
+    }
 }
 
 /// Errors of [`HostRows`]: the model's, or a draw that does not fit the canvas.

@@ -278,16 +278,46 @@ impl Sampler {
         block: usize,
         step: usize,
     ) -> Result<StepOutcome, SamplerError<M::Error>> {
-        let (c, v) = (self.canvas_length, self.vocab_size);
         assert_ne!(self.self_conditioning_at, ScLocation::Host, "host and resident steps mixed in one block");
         let temperature = cfg.temperature_at(remaining);
+        let request = self.resident_draw(rng).map_err(SamplerError::with_model_error)?;
+        let (canvas, self_conditioning, rows) = self.resident_inputs();
+        model.denoise_rows(canvas, self_conditioning, temperature, request, rows).map_err(|source| SamplerError::Model {
+            block,
+            call: ModelCall::CanvasForward { step },
+            source,
+        })?;
+        self.finish_resident(cfg, temperature, rng, block, step).map_err(SamplerError::with_model_error)
+    }
+
+    /// The categorical draw of a resident step, for the model (recorded ids checked against V).
+    pub(crate) fn resident_draw<'r, R: RandomSource + ?Sized>(&self, rng: &'r mut R) -> Result<CategoricalRequest<'r>, SamplerError> {
+        let (c, v) = (self.canvas_length, self.vocab_size);
         let request = rng.categorical_request(c, v)?;
         if let CategoricalRequest::Ids(ids) = request {
             check_ids("categorical draw", ids, v)?;
         }
-        model
-            .denoise_rows(&self.canvas, self.self_conditioning_at == ScLocation::Model, temperature, request, &mut self.rows)
-            .map_err(|source| SamplerError::Model { block, call: ModelCall::CanvasForward { step }, source })?;
+        Ok(request)
+    }
+
+    /// The inputs and output of a resident step's forward: the canvas, whether the previous step's
+    /// scaled logits (kept by the model) feed it, and the per-row results the model writes.
+    pub(crate) fn resident_inputs(&mut self) -> (&[u32], bool, &mut [RowResult]) {
+        assert_ne!(self.self_conditioning_at, ScLocation::Host, "host and resident steps mixed in one block");
+        (&self.canvas, self.self_conditioning_at == ScLocation::Model, &mut self.rows)
+    }
+
+    /// The rest of a resident step once the model has written the per-row results: their checks,
+    /// then acceptance, renoising and stopping. `block` and `step` label errors.
+    pub(crate) fn finish_resident<R: RandomSource + ?Sized>(
+        &mut self,
+        cfg: &GenerationConfig,
+        temperature: f32,
+        rng: &mut R,
+        block: usize,
+        step: usize,
+    ) -> Result<StepOutcome, SamplerError> {
+        let v = self.vocab_size;
         for (row, r) in self.rows.iter().enumerate() {
             if let Some((column, value)) = r.non_finite {
                 return Err(InputError::NonFiniteLogit { block, step, row, column, value, temperature }.into());
@@ -296,7 +326,7 @@ impl Sampler {
         }
         check_ids("argmax", &self.argmax, v)?;
         check_ids("categorical draw", &self.sampled, v)?;
-        let outcome = self.finish_step(cfg, temperature, rng).map_err(SamplerError::with_model_error)?;
+        let outcome = self.finish_step(cfg, temperature, rng)?;
         self.self_conditioning_at = ScLocation::Model;
         Ok(outcome)
     }
@@ -327,6 +357,7 @@ impl SamplerError<Infallible> {
             SamplerError::Input(e) => SamplerError::Input(e),
             SamplerError::Draw(e) => SamplerError::Draw(e),
             SamplerError::Model { source, .. } => match source {},
+            SamplerError::BatchForward { block, step } => SamplerError::BatchForward { block, step },
         }
     }
 }

@@ -1,0 +1,172 @@
+//! Batched generation on the CPU with the committed fixtures: in one `dg_sampler::Batch` over one
+//! `CpuModel` (each sequence in its own KV cache through `PerSlot`), every sequence gives exactly
+//! the tokens it gives alone: the reference's own prompt with the draws transformers recorded (its
+//! sequence is the reference's), and seeded sequences with other prompt lengths (shorter, and
+//! longer than the sliding window), fewer canvases, adaptive stopping off, and one admitted when
+//! another leaves.
+
+use dg_cpu::CpuModel;
+use dg_model::{GenerationConfig, ModelDir, StoppingConfig};
+use dg_parity::reference::Reference;
+use dg_parity::replay::replay_config;
+use dg_parity::testing::fixture;
+use dg_sampler::{
+    Batch, CategoricalRequest, DrawError, Generation, HostRows, NoHooks, PerSlot, RandomSource, Replay, RowDistributions, SeededRng, SeqId,
+    StopReason, generate, generate_resident,
+};
+
+/// A sequence's draws: recorded by the reference, or seeded.
+enum Draws {
+    Seeded(SeededRng),
+    Replayed(Replay),
+}
+
+impl Draws {
+    fn source(&mut self) -> &mut dyn RandomSource {
+        match self {
+            Draws::Seeded(r) => r,
+            Draws::Replayed(r) => r,
+        }
+    }
+}
+
+impl RandomSource for Draws {
+    fn uniform_tokens(&mut self, vocab_size: usize, out: &mut [u32]) -> Result<(), DrawError> {
+        self.source().uniform_tokens(vocab_size, out)
+    }
+    fn categorical(&mut self, dists: &RowDistributions<'_>, out: &mut [u32]) -> Result<(), DrawError> {
+        self.source().categorical(dists, out)
+    }
+    fn categorical_request(&mut self, rows: usize, vocab_size: usize) -> Result<CategoricalRequest<'_>, DrawError> {
+        self.source().categorical_request(rows, vocab_size)
+    }
+    fn finish(&mut self) -> Result<(), DrawError> {
+        self.source().finish()
+    }
+}
+
+struct Setup {
+    name: &'static str,
+    dir: ModelDir,
+    reference: Reference,
+    prompt: Vec<u32>,
+    cfg: GenerationConfig,
+}
+
+fn setup(name: &'static str) -> Setup {
+    let path = fixture(name);
+    let reference = Reference::open(&path).unwrap();
+    let dir = ModelDir::open(&path).unwrap();
+    let cfg = replay_config(&reference, &dir.generation, &dir.config).unwrap();
+    Setup { name, prompt: reference.ids("prompt_ids").unwrap(), reference, dir, cfg }
+}
+
+/// One sequence: its prompt, settings and draws (`None`: the reference's recorded draws).
+struct Job {
+    prompt: Vec<u32>,
+    cfg: GenerationConfig,
+    seed: Option<u64>,
+}
+
+impl Job {
+    fn draws(&self, s: &Setup) -> Draws {
+        match self.seed {
+            Some(seed) => Draws::Seeded(SeededRng::new(seed)),
+            None => Draws::Replayed(Replay::new(s.reference.draws().unwrap())),
+        }
+    }
+}
+
+/// The reference's run, and seeded sequences that differ from it and from each other.
+fn jobs(s: &Setup) -> Vec<Job> {
+    let (c, v) = (s.dir.config.canvas_length, s.dir.config.text.vocab_size as u32);
+    let eager = StoppingConfig { stability_threshold: 0, confidence_threshold: 1e3 };
+    let longer: Vec<u32> = s.prompt.iter().copied().chain((0..19).map(|i| (i * 7 + 3) % v)).collect();
+    vec![
+        Job { prompt: s.prompt.clone(), cfg: s.cfg.clone(), seed: None },
+        Job { prompt: s.prompt[..3].to_vec(), cfg: s.cfg.clone(), seed: Some(7) },
+        // One canvas: leaves while the others continue.
+        Job { prompt: longer, cfg: GenerationConfig { max_new_tokens: c, ..s.cfg.clone() }, seed: Some(8) },
+        // Every step of every canvas.
+        Job { prompt: s.prompt.repeat(2), cfg: GenerationConfig { stopping: None, ..s.cfg.clone() }, seed: Some(9) },
+        // Stops each canvas after its first step.
+        Job { prompt: s.prompt[2..].to_vec(), cfg: GenerationConfig { stopping: Some(eager), ..s.cfg.clone() }, seed: Some(10) },
+    ]
+}
+
+fn cpu(s: &Setup) -> CpuModel {
+    CpuModel::new(s.dir.config.clone(), s.dir.load_weights().unwrap())
+}
+
+/// `jobs` through one batch of `capacity` sequences (the rest admitted as slots free), stepped by
+/// `step`; the generations in job order.
+fn batched<E: std::error::Error + 'static>(
+    s: &Setup,
+    jobs: &[Job],
+    capacity: usize,
+    mut step: impl FnMut(&mut Batch<Draws, NoHooks, E>),
+) -> Vec<Generation> {
+    let (c, v) = (s.dir.config.canvas_length, s.dir.config.text.vocab_size);
+    let mut batch = Batch::new(c, v, capacity).unwrap();
+    let (mut ids, mut finished) = (Vec::<SeqId>::new(), vec![]);
+    let mut pending = jobs.iter();
+    loop {
+        while batch.has_room() {
+            let Some(j) = pending.next() else { break };
+            ids.push(batch.admit(&j.prompt, &j.cfg, j.draws(s), NoHooks).unwrap_or_else(|r| panic!("{}", r.reason)));
+        }
+        if batch.running() == 0 {
+            break;
+        }
+        step(&mut batch);
+        finished.extend(batch.drain_finished().map(|f| (f.id, f.result.unwrap())));
+    }
+    ids.iter().map(|id| finished.iter().find(|f| f.0 == *id).unwrap().1.clone()).collect()
+}
+
+#[test]
+fn a_cpu_batch_gives_each_sequence_its_tokens_alone() {
+    for name in ["early-stop-eos", "sliding-long-prompt"] {
+        let s = setup(name);
+        let jobs = jobs(&s);
+        let (c, v) = (s.dir.config.canvas_length, s.dir.config.text.vocab_size);
+        let mut model = PerSlot::new(cpu(&s));
+        let got = batched(&s, &jobs, 3, |b| {
+            b.step(&mut model);
+        });
+        assert_eq!(got[0].sequence, s.reference.ids("gen_sequences").unwrap(), "{name}: the replayed sequence is the reference's");
+        let mut alone_model = cpu(&s);
+        for (i, (j, g)) in jobs.iter().zip(&got).enumerate() {
+            alone_model.reset();
+            let want = generate(&mut alone_model, &j.prompt, &j.cfg, c, v, &mut j.draws(&s), &mut NoHooks).unwrap();
+            assert_eq!(*g, want, "{name}: sequence {i} in the batch and alone");
+        }
+        // The sequences really differ in how they end and how long their canvases take.
+        let canvases: Vec<usize> = got.iter().map(|g| g.steps_per_canvas.len()).collect();
+        assert!(canvases.contains(&1) && canvases.iter().any(|&n| n > 1), "{name}: {canvases:?}");
+        let first_steps: Vec<usize> = got.iter().map(|g| g.steps_per_canvas[0]).collect();
+        assert!(first_steps.iter().any(|&n| n < s.cfg.max_denoising_steps), "{name}: {first_steps:?}");
+        assert!(first_steps.contains(&s.cfg.max_denoising_steps), "{name}: {first_steps:?}");
+        if s.name == "early-stop-eos" {
+            assert_eq!(got[0].stop_reason, StopReason::Eos, "{name}");
+        }
+    }
+}
+
+#[test]
+fn a_resident_cpu_batch_gives_each_sequence_its_tokens_alone() {
+    let s = setup("early-stop-eos");
+    let jobs = jobs(&s);
+    let (c, v) = (s.dir.config.canvas_length, s.dir.config.text.vocab_size);
+    let mut model = PerSlot::new(HostRows::new(cpu(&s), v));
+    let got = batched(&s, &jobs, 2, |b| {
+        b.step_resident(&mut model);
+    });
+    assert_eq!(got[0].sequence, s.reference.ids("gen_sequences").unwrap(), "the replayed sequence is the reference's");
+    let mut alone_model = HostRows::new(cpu(&s), v);
+    for (i, (j, g)) in jobs.iter().zip(&got).enumerate() {
+        alone_model.model.reset();
+        let want = generate_resident(&mut alone_model, &j.prompt, &j.cfg, c, v, &mut j.draws(&s), &mut NoHooks).unwrap();
+        assert_eq!(*g, want, "sequence {i} in the batch and alone");
+    }
+}
