@@ -5,7 +5,9 @@
 //! readback), ms per layer from a timestamp profile, and the per-kernel breakdown, with the work
 //! counted from the config: achieved TFLOP/s and the memory-bandwidth floor of the f32 weights one
 //! forward reads. Timing waits for the device before reading the clock; setup (weights, upload,
-//! plans) stays outside.
+//! plans) stays outside. `--profile-encoder` also profiles the encoder (`DiffusionGemmaEncoderModel`)
+//! on a prompt of `--context` tokens (one chunk) and then a commit of a canvas: the host's time
+//! recording each chunk's plan and the per-kernel breakdown.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -32,6 +34,9 @@ pub struct Args {
     /// Also run a timestamp-query profile of one forward.
     #[arg(long)]
     profile: bool,
+    /// Also profile the encoder: a prefill of `--context` tokens, then the commit of a canvas.
+    #[arg(long)]
+    profile_encoder: bool,
     /// Adapter name substring.
     #[arg(long)]
     adapter: Option<String>,
@@ -113,7 +118,9 @@ pub fn run(args: Args) -> Result<bool> {
         if ctx.coop_matrix { "yes" } else { "no" }
     );
     let t = Instant::now();
-    let (mut model, label) = random_model::upload(ctx, &config, args.weights, args.context)?;
+    // Room for a committed canvas after the prompt when the encoder is profiled.
+    let max_context = args.context + if args.profile_encoder { c } else { 0 };
+    let (mut model, label) = random_model::upload(ctx, &config, args.weights, max_context)?;
     println!(
         "random weights + upload: {:.1}s, {:.2} GB of weights on the GPU ({label}, {:.2} bytes per parameter)",
         t.elapsed().as_secs_f64(),
@@ -185,38 +192,73 @@ pub fn run(args: Args) -> Result<bool> {
 
     if args.profile {
         let prof = model.profile_step(&canvas, true)?;
-        let total: f64 = prof.iter().map(|p| p.2).sum();
-        let mut by_scope: BTreeMap<String, f64> = BTreeMap::new();
-        let mut by_kernel: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-        for (scope, kernel, ns) in &prof {
-            *by_scope.entry(scope.clone()).or_default() += ns;
-            let e = by_kernel.entry(kernel.clone()).or_default();
-            e.0 += ns;
-            e.1 += 1;
-        }
+        let by_scope = print_kernels("profile (timestamp queries, one pass per dispatch)", &prof);
         let layer_ms: Vec<f64> = (0..layers_n).map(|i| by_scope.get(&format!("layer{i}")).copied().unwrap_or(0.0) / 1e6).collect();
-        println!("\nprofile (timestamp queries, one pass per dispatch): {:.2} ms in kernels", total / 1e6);
-        println!("| scope | ms |\n|---|---|");
-        for (scope, ns) in &by_scope {
-            println!("| {scope} | {:.3} |", ns / 1e6);
-        }
         println!("mean per layer: {:.3} ms", layer_ms.iter().sum::<f64>() / layers_n as f64);
         println!("| layer | ms | GFLOP | TFLOP/s |\n|---|---|---|---|");
         for (i, (ms, flops)) in layer_ms.iter().zip(&cost.layer_flops).enumerate() {
             println!("| layer{i} ({}) | {ms:.3} | {:.1} | {:.1} |", cfg.layers[i].kind.hf_name(), flops / 1e9, flops / (ms * 1e-3) / 1e12);
         }
-        println!("\n| kernel | dispatches | ms | share |\n|---|---|---|---|");
-        let mut kernels: Vec<_> = by_kernel.into_iter().collect();
-        kernels.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
-        for (k, (ns, n)) in kernels {
-            println!("| {k} | {n} | {:.3} | {:.1}% |", ns / 1e6, 100.0 * ns / total);
-        }
-        println!("\nper dispatch of layer 0 and layer {}:", layers_n - 1);
-        for (scope, kernel, ns) in &prof {
-            if scope == "layer0" || *scope == format!("layer{}", layers_n - 1) {
-                println!("  {scope:8} {kernel:32} {:8.1} us", ns / 1e3);
-            }
+        print_dispatches(&prof, "layer", layers_n);
+    }
+    if args.profile_encoder {
+        // The prompt from an empty cache, then a canvas committed after it: one chunk each, once
+        // to compile the encoder's pipelines, then profiled.
+        let prompt: Vec<u32> = (0..args.context as u32).map(|i| i.wrapping_mul(2_246_822_519) % v as u32).collect();
+        model.reset();
+        model.encode(&prompt)?;
+        model.encode(&canvas)?;
+        model.reset();
+        for (what, ids) in [("prefill", &prompt[..]), ("commit", &canvas[..])] {
+            let p = model.profile_encode(ids)?;
+            let title = format!("encoder {what} of {} tokens at position {}", p.tokens, if what == "prefill" { 0 } else { args.context });
+            let by_scope = print_kernels(&title, &p.kernels);
+            let layer_ms: f64 =
+                (0..layers_n).map(|i| by_scope.get(&format!("encoder layer{i}")).copied().unwrap_or(0.0)).sum::<f64>() / 1e6;
+            println!(
+                "host recording of the plan: {:.2} ms; layers {layer_ms:.2} ms in kernels, {:.3} ms a layer",
+                p.record_ms,
+                layer_ms / layers_n as f64
+            );
+            print_dispatches(&p.kernels, "encoder layer", layers_n);
         }
     }
     Ok(true)
+}
+
+/// Prints a profile's total, its time by scope and by kernel (most first); returns the
+/// nanoseconds by scope.
+fn print_kernels(title: &str, prof: &[(String, String, f64)]) -> BTreeMap<String, f64> {
+    let total: f64 = prof.iter().map(|p| p.2).sum();
+    let mut by_scope: BTreeMap<String, f64> = BTreeMap::new();
+    let mut by_kernel: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for (scope, kernel, ns) in prof {
+        *by_scope.entry(scope.clone()).or_default() += ns;
+        let e = by_kernel.entry(kernel.clone()).or_default();
+        e.0 += ns;
+        e.1 += 1;
+    }
+    println!("\n{title}: {:.2} ms in kernels", total / 1e6);
+    println!("| scope | ms |\n|---|---|");
+    for (scope, ns) in &by_scope {
+        println!("| {scope} | {:.3} |", ns / 1e6);
+    }
+    println!("\n| kernel | dispatches | ms | share |\n|---|---|---|---|");
+    let mut kernels: Vec<_> = by_kernel.into_iter().collect();
+    kernels.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    for (k, (ns, n)) in kernels {
+        println!("| {k} | {n} | {:.3} | {:.1}% |", ns / 1e6, 100.0 * ns / total);
+    }
+    by_scope
+}
+
+/// Prints every dispatch of the first and the last layer (scopes `{layer}0` and `{layer}{n - 1}`).
+fn print_dispatches(prof: &[(String, String, f64)], layer: &str, layers_n: usize) {
+    println!("\nper dispatch of {layer}0 and {layer}{}:", layers_n - 1);
+    let (first, last) = (format!("{layer}0"), format!("{layer}{}", layers_n - 1));
+    for (scope, kernel, ns) in prof {
+        if *scope == first || *scope == last {
+            println!("  {scope:16} {kernel:40} {:8.1} us", ns / 1e3);
+        }
+    }
 }

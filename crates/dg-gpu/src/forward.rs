@@ -9,8 +9,10 @@
 //! value GEMM → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
 //! and the router's input norms → router → the dense MLP's and the experts' gate/up, both
 //! activations in one dispatch (the experts' stored as f16 for the tensor cores where the device
-//! has f16), both down projections → the three post-FF norms, residual and layer scalar, and the
-//! next layer's input norm, in one dispatch.
+//! has f16; where the down projections run on the tensor cores, each row scaled by a power of two
+//! into f16's range, `Planner::scales_rows`), both down projections → the three post-FF norms
+//! (multiplying those rows back), residual and layer scalar, and the next layer's input norm, in
+//! one dispatch.
 //!
 //! The encoder (`DiffusionGemmaEncoderModel`: prompt prefill and the commit of a finished canvas) is
 //! the same layer with [`LayerPass::Encode`]: the new tokens' K/V are appended to the GPU-resident

@@ -13,6 +13,7 @@
 //! - [`GpuModel::snapshot_cache`] and [`GpuModel::restore_cache`] keep a copy of the cache on the
 //!   device and put it back ([`snapshot`]).
 
+mod profile;
 mod snapshot;
 
 use dg_kernels::WeightFormat;
@@ -28,6 +29,7 @@ use crate::ops::Recorder;
 use crate::plan::{Pipelines, Plan};
 use crate::weights::{GpuWeights, UploadProgress};
 
+pub use profile::EncoderProfile;
 pub use snapshot::CacheSnapshot;
 
 /// Visible cached K/V of one layer, `[tokens, kv_heads, head_dim]` each.
@@ -207,6 +209,18 @@ impl GpuModel {
     /// cache (spec §4): in chunks of at most `max(C, PREFILL_CHUNK)` tokens, each one submit. Image
     /// placeholders become pad.
     pub fn encode(&mut self, ids: &[u32]) -> Result<(), GpuError> {
+        let ids = self.encoder_ids(ids)?;
+        self.context_ready = false;
+        for chunk in ids.chunks(self.prefill_chunk) {
+            self.encoder_chunk_plan(chunk)?.run(&self.ctx)?;
+            self.seq_len += chunk.len();
+        }
+        Ok(())
+    }
+
+    /// `ids` checked for the encoder (ids in the vocabulary, the sequence within the positions
+    /// and the cache), image placeholders turned to pad.
+    fn encoder_ids(&self, ids: &[u32]) -> Result<Vec<u32>, GpuError> {
         let cfg = &self.config.text;
         if ids.is_empty() {
             return Err(GpuError::Empty);
@@ -226,27 +240,24 @@ impl GpuModel {
                 hint: " (load the model with a larger context)",
             });
         }
-        let ids: Vec<u32> = ids
+        Ok(ids
             .iter()
             .map(|&id| match (self.config.image_token_id, cfg.pad_token_id) {
                 (Some(img), Some(pad)) if id == img => pad,
                 _ => id,
             })
-            .collect();
-        self.context_ready = false;
-        for chunk in ids.chunks(self.prefill_chunk) {
-            let start = self.seq_len;
-            self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(chunk));
-            self.write_rope(start, chunk.len());
-            let plan = {
-                let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
-                record_encoder_chunk(&mut rec, &self.config, &self.weights, &self.arena, start, chunk.len())?;
-                rec.finish()?
-            };
-            plan.run(&self.ctx)?;
-            self.seq_len += chunk.len();
-        }
-        Ok(())
+            .collect())
+    }
+
+    /// The ids and RoPE tables of one encoder chunk at the next positions written, and its plan
+    /// recorded (the caller runs it, then advances `seq_len`).
+    fn encoder_chunk_plan(&mut self, chunk: &[u32]) -> Result<Plan, GpuError> {
+        let start = self.seq_len;
+        self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(chunk));
+        self.write_rope(start, chunk.len());
+        let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
+        record_encoder_chunk(&mut rec, &self.config, &self.weights, &self.arena, start, chunk.len())?;
+        rec.finish()
     }
 
     /// Writes the RoPE tables of positions `start..start + tokens` for both layer kinds.

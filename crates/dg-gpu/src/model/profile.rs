@@ -1,0 +1,41 @@
+//! Where an encoder pass's time goes (`DiffusionGemmaEncoderModel`: the prompt's prefill, a
+//! finished canvas's commit): the host's recording of the chunk's plan, and the GPU's time per
+//! dispatch from timestamp queries, as [`GpuModel::profile_step`] gives them for the canvas
+//! forward.
+
+use std::time::Instant;
+
+use super::GpuModel;
+use crate::error::GpuError;
+
+/// One profiled encoder chunk.
+#[derive(Debug, Clone)]
+pub struct EncoderProfile {
+    /// Tokens encoded.
+    pub tokens: usize,
+    /// Host time recording the chunk's plan (every encode records one: the chunk's positions and
+    /// the visible cache rows change with every call).
+    pub record_ms: f64,
+    /// `(scope, kernel, nanoseconds)` per dispatch ([`crate::Plan::profile`]: one pass each).
+    pub kernels: Vec<(String, String, f64)>,
+}
+
+impl GpuModel {
+    /// Encodes `ids` as [`GpuModel::encode`] does (the cache advances the same way), as one chunk
+    /// with a timestamp around every dispatch. At most the prefill chunk's tokens.
+    pub fn profile_encode(&mut self, ids: &[u32]) -> Result<EncoderProfile, GpuError> {
+        if ids.len() > self.prefill_chunk {
+            return Err(GpuError::Unsupported {
+                what: format!("profiling {} tokens as one encoder chunk (at most {})", ids.len(), self.prefill_chunk),
+            });
+        }
+        let ids = self.encoder_ids(ids)?;
+        self.context_ready = false;
+        let start = Instant::now();
+        let plan = self.encoder_chunk_plan(&ids)?;
+        let record_ms = start.elapsed().as_secs_f64() * 1e3;
+        let kernels = plan.profile(&self.ctx)?;
+        self.seq_len += ids.len();
+        Ok(EncoderProfile { tokens: ids.len(), record_ms, kernels })
+    }
+}
