@@ -161,8 +161,8 @@ impl Arena {
             qkv_raw: f("qkv_raw", r * (q_w + 2 * kv_w))?,
             q: f("q", r * q_w)?,
             // Decoder: [heads, C, visible padded to KEY_PAD + C]; encoder chunk: [heads, T, at most
-            // max_context].
-            scores: f("scores", heads * (c * (max_context.next_multiple_of(KEY_PAD) + c)).max(r * max_context))?,
+            // max_context padded to KEY_PAD].
+            scores: f("scores", heads * (c * (max_context.next_multiple_of(KEY_PAD) + c)).max(r * max_context.next_multiple_of(KEY_PAD)))?,
             attn: f("attn", r * q_w)?,
             proj: f("proj", r * h)?,
             gate_up: f("gate_up", r * 2 * i.max(1))?,

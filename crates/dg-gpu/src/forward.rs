@@ -307,7 +307,10 @@ fn record_layer_with<'a>(
 
     // Attention, scaling 1.0. Decoder: scores [heads, C, S] over cache rows key_start.. (visible,
     // dead, canvas). Encoder: scores [heads, T, S] over cache rows key_start..start+T (the new
-    // rows included), masked causally (and by the window in sliding layers).
+    // rows included), masked causally (and by the window in sliding layers), S rounded up to a
+    // multiple of KEY_PAD (the tensor-core products' K step) with rows past start+T: the causal
+    // mask gives them probability 0, and they hold finite values (the cache's rows past the
+    // sequence are zeros or earlier K/V), so they add exact zeros.
     let (s, key_start) = match pass {
         LayerPass::Decode(v) => (cached + c, v.start),
         LayerPass::Encode { start, .. } => {
@@ -315,7 +318,7 @@ fn record_layer_with<'a>(
                 LayerKind::Sliding => start.saturating_sub(cfg.sliding_window.saturating_sub(1)),
                 LayerKind::Full => 0,
             };
-            (start + c - key_start, key_start)
+            ((start + c - key_start).next_multiple_of(KEY_PAD), key_start)
         }
     };
     // scores = q · Kᵀ over cache rows key_start..key_start + s.
