@@ -69,7 +69,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let adapter = choice.adapter();
     let (generation, mut timings) = match choice.backend {
         Backend::Cpu => {
-            let cpu = load::cpu(&model, crate::weights::choose(&model, args.weights, false).scheme)?;
+            let cpu = load::cpu(&model, args.weights)?;
             let load = load_start.elapsed();
             sample(cpu, load, args.sampler.seed, |m, rng| {
                 dg_sampler::generate(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
@@ -78,13 +78,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Backend::Gpu(ctx) => {
             // Encoder, canvas forward and the sampler's per-row work on the GPU; the weights go
             // from the checkpoint's memory map to the device as stored.
-            let format = crate::weights::choose(&model, args.weights, ctx.coop_matrix);
             let report = match mode {
                 Mode::Quiet => load::Report::Quiet,
                 Mode::Live => load::Report::Bar,
                 Mode::Lines => load::Report::Summary,
             };
-            let gpu = load::gpu(&model, *ctx, positions, format, report)?;
+            let gpu = load::gpu(&model, *ctx, positions, args.weights, report)?;
             let load = load_start.elapsed();
             sample(gpu, load, args.sampler.seed, |m, rng| {
                 dg_sampler::generate_resident(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)

@@ -12,6 +12,7 @@ use dg_cpu::CpuModel;
 use dg_gpu::{GpuContext, GpuError, GpuModel, UploadProgress};
 use dg_model::{ModelDir, Quantized, Scheme, TensorSource};
 
+use crate::args::WeightsArg;
 use crate::error::Input;
 use crate::weights::WeightChoice;
 
@@ -34,16 +35,19 @@ fn source(model: &ModelDir, scheme: Option<Scheme>) -> Box<dyn TensorSource + '_
     }
 }
 
-/// The model's weights in f32 for the CPU backend (quantized by `scheme` first, where given).
-pub fn cpu(model: &ModelDir, scheme: Option<Scheme>) -> Result<CpuModel> {
+/// The model's weights in f32 for the CPU backend (quantized first where `weights` names a
+/// scheme: [`crate::weights::choose`]).
+pub fn cpu(model: &ModelDir, weights: WeightsArg) -> Result<CpuModel> {
+    let scheme = crate::weights::choose(model, weights, false).scheme;
     let weights = dg_model::Weights::build(&*source(model, scheme), &model.config.text)
         .context(Input(format!("cannot load the weights of {}", model.dir.display())))?;
     Ok(CpuModel::new(model.config.clone(), weights))
 }
 
-/// The model on the GPU with matrices as `choice` says, for sequences of up to `max_context`
-/// tokens.
-pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, choice: WeightChoice, report: Report) -> Result<GpuModel> {
+/// The model on the GPU with matrices as `weights` asks on this adapter
+/// ([`crate::weights::choose`]), for sequences of up to `max_context` tokens.
+pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, weights: WeightsArg, report: Report) -> Result<GpuModel> {
+    let choice = crate::weights::choose(model, weights, ctx.coop_matrix);
     let start = Instant::now();
     let mut bar = Bar { report, last: None };
     let src = source(model, choice.scheme);

@@ -110,7 +110,7 @@ pub fn run(args: &GenerateArgs, path: &Path) -> Result<()> {
     let (c, v) = (config.canvas_length, config.text.vocab_size);
     match choice.backend {
         Backend::Cpu => {
-            let cpu = load::cpu(&model, crate::weights::choose(&model, args.weights, false).scheme)?;
+            let cpu = load::cpu(&model, args.weights)?;
             let mut model = PerSlot::new(cpu);
             let mut batch = Batch::new(c, v, capacity)?;
             let mut pending = lines.iter();
@@ -133,10 +133,9 @@ pub fn run(args: &GenerateArgs, path: &Path) -> Result<()> {
             }
         }
         Backend::Gpu(ctx) => {
-            let format = crate::weights::choose(&model, args.weights, ctx.coop_matrix);
             let positions = lines.iter().map(|l| l.prompt.ids.len() + l.planned * c).max().unwrap_or(0);
             let report = if args.quiet { load::Report::Quiet } else { load::Report::Summary };
-            let mut gpu = load::gpu(&model, *ctx, positions, format, report)?;
+            let mut gpu = load::gpu(&model, *ctx, positions, args.weights, report)?;
             for line in &lines {
                 gpu.reset();
                 let mut progress = hooks(line);

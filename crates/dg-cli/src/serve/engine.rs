@@ -138,10 +138,9 @@ fn load_model(setup: &EngineSetup) -> Result<(Loaded, String)> {
     let model = crate::model_dir::open(&setup.dir)?;
     let choice = backend::choose(setup.backend, setup.adapter.as_deref())?;
     let loaded = match choice.backend {
-        Backend::Cpu => Loaded::Cpu(Box::new(crate::load::cpu(&model, crate::weights::choose(&model, setup.weights, false).scheme)?)),
+        Backend::Cpu => Loaded::Cpu(Box::new(crate::load::cpu(&model, setup.weights)?)),
         Backend::Gpu(ctx) => {
-            let format = crate::weights::choose(&model, setup.weights, ctx.coop_matrix);
-            Loaded::Gpu(Box::new(crate::load::gpu(&model, *ctx, setup.context, format, crate::load::Report::Summary)?))
+            Loaded::Gpu(Box::new(crate::load::gpu(&model, *ctx, setup.context, setup.weights, crate::load::Report::Summary)?))
         }
     };
     Ok((loaded, choice.description))
