@@ -112,28 +112,25 @@ fn scaled_body(name: &str, reduce: RowReduce, lanes: u32) -> String {
 /// of the product of `out` must be multiplied by). One workgroup a row
 /// ([`GeluGluParams::one`], [`workgroups_scaled`]).
 pub fn fused_scaled(reduce: RowReduce, lanes: u32, half: bool) -> KernelSource {
-    let name =
-        format!("gelu_glu_fused_scaled{}{}{}", if half { "_half" } else { "" }, if lanes == 4 { "_v4" } else { "" }, reduce.suffix());
-    KernelSource {
-        name,
-        wgsl: prelude(&scaled_body("fused_scaled", reduce, lanes), lanes, half),
-        entry: "main",
-        buffers: vec![Access::Read, Access::ReadWrite, Access::ReadWrite],
-        params_size: size_of::<GeluGluParams>() as u64,
-    }
+    scaled_source("fused_scaled", reduce, lanes, half, vec![Access::Read, Access::ReadWrite, Access::ReadWrite])
 }
 
 /// [`pair_lanes`] scaled by rows: bindings `gate_up` (read), `out` (read-write, f32), `gate_up_b`
 /// (read), `out_b` (read-write, f16 with `half_b`), `scale` and `scale_b` (read-write, one f32 a
 /// row of each job). One workgroup a row ([`GeluGluParams::pair_rows`], [`workgroups_scaled`]).
 pub fn pair_scaled(reduce: RowReduce, lanes: u32, half_b: bool) -> KernelSource {
-    let name =
-        format!("gelu_glu_pair_scaled{}{}{}", if half_b { "_half" } else { "" }, if lanes == 4 { "_v4" } else { "" }, reduce.suffix());
+    let buffers = vec![Access::Read, Access::ReadWrite, Access::Read, Access::ReadWrite, Access::ReadWrite, Access::ReadWrite];
+    scaled_source("pair_scaled", reduce, lanes, half_b, buffers)
+}
+
+/// The row-scaled `variant` of `gelu_glu.wgsl` with its bindings.
+fn scaled_source(variant: &str, reduce: RowReduce, lanes: u32, half: bool, buffers: Vec<Access>) -> KernelSource {
+    let suffix = format!("{}{}{}", if half { "_half" } else { "" }, if lanes == 4 { "_v4" } else { "" }, reduce.suffix());
     KernelSource {
-        name,
-        wgsl: prelude(&scaled_body("pair_scaled", reduce, lanes), lanes, half_b),
+        name: format!("gelu_glu_{variant}{suffix}"),
+        wgsl: prelude(&scaled_body(variant, reduce, lanes), lanes, half),
         entry: "main",
-        buffers: vec![Access::Read, Access::ReadWrite, Access::Read, Access::ReadWrite, Access::ReadWrite, Access::ReadWrite],
+        buffers,
         params_size: size_of::<GeluGluParams>() as u64,
     }
 }
