@@ -55,6 +55,10 @@ pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, weights: Weigh
     let gpu = GpuModel::from_source_with_progress(ctx, &model.config, &*src, max_context, format, &mut |p| bar.draw(p, start.elapsed()))
         .map_err(|e| match e {
             GpuError::Model(e) => anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display()))),
+            // A weight the chosen storage cannot hold is the checkpoint's, and the user's choice.
+            e @ GpuError::OutOfRange { .. } => {
+                anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display())))
+            }
             other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
         })?;
     bar.clear();

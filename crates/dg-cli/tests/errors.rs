@@ -39,6 +39,30 @@ fn incomplete_model_directories() {
     dg(&["info", "--model", path]).fails(INPUT, &["unsupported model_type \"llama\""]);
 }
 
+/// A BF16 weight past f16's range (1e6) cannot be stored as F16: `--weights f16` names the tensor
+/// and the formats that hold it; BF16 still loads.
+#[test]
+fn a_weight_past_f16_range_refuses_f16_storage() {
+    let big = copy_model(&bundled(), &[]);
+    let weights = big.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let name = "model.decoder.layers.1.experts.down_proj";
+    assert_eq!(header[name]["dtype"], "BF16", "the bundled model's {name}");
+    let at = 8 + header_len + header[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[at..at + 2].copy_from_slice(&0x4974u16.to_le_bytes()); // BF16 1.0e6
+    std::fs::write(&weights, bytes).unwrap();
+    let path = big.path().to_str().unwrap();
+    let f16 = dg(&["generate", "--model", path, "--prompt", "hi", "--backend", "gpu", "--weights", "f16", "-q"]);
+    if f16.found_no_gpu("a_weight_past_f16_range_refuses_f16_storage") {
+        return;
+    }
+    f16.fails(INPUT, &[name, "beyond ±65504", "--weights bf16"]);
+    let bf16 = dg(&["generate", "--model", path, "--prompt", "hi", "--backend", "gpu", "--weights", "bf16", "-q", "--max-new-tokens", "8"]);
+    bf16.ok();
+}
+
 #[test]
 fn text_prompt_without_a_tokenizer() {
     let dir = fixture("sliding-long-prompt");

@@ -89,12 +89,8 @@ fn gpu_lines_equal_their_prompts_generated_alone() {
     let lines = ["hello", "Why is the sky blue?"];
     let extra = ["--max-new-tokens", "32", "--steps", "4"];
     let run = run_file(&lines, "gpu", &[], &extra, 5);
-    if run.code == 1 && run.stderr.contains("no GPU adapter found") {
-        if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") {
-            eprintln!("SKIP gpu_lines_equal_their_prompts_generated_alone: no GPU adapter");
-            return;
-        }
-        panic!("no GPU adapter (install lavapipe, or set DG_ALLOW_NO_GPU=1 to skip): {}", run.stderr);
+    if run.found_no_gpu("gpu_lines_equal_their_prompts_generated_alone") {
+        return;
     }
     let out = compare_with_lone_runs(&run.ok(), &lines, "gpu", &extra, 5);
     assert_eq!(out[0]["backend"], "gpu");

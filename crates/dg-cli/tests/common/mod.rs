@@ -46,6 +46,23 @@ impl Run {
         self
     }
 
+    /// Whether this GPU run found no adapter, which a GPU test may take as a visible SKIP only with
+    /// `DG_ALLOW_NO_GPU=1`; otherwise it panics with how to install lavapipe.
+    #[track_caller]
+    pub fn found_no_gpu(&self, test: &str) -> bool {
+        if !(self.code == 1 && self.stderr.contains("no GPU adapter found")) {
+            return false;
+        }
+        if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") {
+            eprintln!("SKIP {test}: no GPU adapter");
+            return true;
+        }
+        panic!(
+            "no GPU adapter (install lavapipe: apt-get install -y mesa-vulkan-drivers libvulkan1, or set DG_ALLOW_NO_GPU=1 to skip): {}",
+            self.stderr
+        );
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
     }
