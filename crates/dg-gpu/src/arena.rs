@@ -1,6 +1,7 @@
-//! The activation arena: every buffer one canvas forward or encoder chunk needs, allocated once for
-//! the largest shapes (canvas C or an encoder chunk of up to [`PREFILL_CHUNK`] tokens, at most
-//! `max_context` cached tokens), reused by every step of every block.
+//! The activation arena: every buffer one forward or encoder chunk needs, allocated once for the
+//! largest shapes (a batch of `slots` canvases of C rows, or an encoder chunk of up to
+//! [`PREFILL_CHUNK`] tokens, at most `max_context` cached tokens), reused by every step of every
+//! block; and one KV cache per slot (a sequence of a batch).
 
 use dg_model::{ModelConfig, TextConfig};
 
@@ -36,10 +37,12 @@ pub const PREFILL_CHUNK: usize = 1024;
 #[derive(Debug)]
 pub struct Arena {
     pub canvas: usize,
-    /// Rows of the per-token activations: max(C, the encoder's chunk).
+    /// Sequences with a KV cache of their own; a forward takes up to this many canvases.
+    pub slots: usize,
+    /// Rows of the per-token activations: max(slots·C, the encoder's chunk).
     pub token_rows: usize,
     pub max_context: usize,
-    /// u32 canvas ids `[C]`.
+    /// u32 ids `[rows]`: the canvases, or an encoder chunk.
     pub ids: wgpu::Buffer,
     /// Embedded canvas, then `e + sc_signal` `[C, H]`.
     pub embedded: wgpu::Buffer,
@@ -91,8 +94,11 @@ pub struct Arena {
     /// RoPE tables per layer type: cos, sin `[C, d/2]` (sliding, full).
     pub rope_sliding: (wgpu::Buffer, wgpu::Buffer),
     pub rope_full: (wgpu::Buffer, wgpu::Buffer),
-    /// Per-layer cached context K/V.
-    pub cache: Vec<CacheBuffers>,
+    /// Per slot, per layer, the cached context K/V.
+    pub caches: Vec<Vec<CacheBuffers>>,
+    /// u32 per canvas row: whether the row's canvas adds the self-conditioning signal in a
+    /// forward of mixed canvases (`forward::SelfConditioning::Gated`).
+    pub sc_gate: wgpu::Buffer,
     /// Host-visible staging for the logits readback.
     pub staging: wgpu::Buffer,
     /// The sampler step's inputs: one `dg_kernels::sample_rows::SampleStep`.
@@ -108,8 +114,12 @@ pub struct Arena {
     pub dummy: wgpu::Buffer,
     /// The split-K partial products of the tensor-core GEMMs (`dg_kernels::split_k`): room for
     /// [`SPLIT_PARTIALS`] partials of the widest canvas product, on a device with cooperative
-    /// matrices (elsewhere one element, and no product splits).
+    /// matrices (elsewhere one element, and no product splits); `slots` times that, a canvas's
+    /// share for each canvas of a batch.
     pub split_partials: wgpu::Buffer,
+    /// The f32 elements of `split_partials` the planner fits a product's splits into (one
+    /// canvas's share: the same for any `slots`, so that the plans are).
+    pub split_planned: u64,
     /// The chunked vocabulary softmax's `(max, sum)` pairs (`dg_kernels::softmax_chunked`).
     pub softmax_pairs: wgpu::Buffer,
 }
@@ -126,32 +136,41 @@ fn max_dims(cfg: &TextConfig) -> (usize, usize) {
 }
 
 impl Arena {
-    /// Allocates every activation for canvases of `config.canvas_length` tokens against at most
-    /// `max_context` cached tokens.
-    pub fn new(ctx: &GpuContext, config: &ModelConfig, max_context: usize) -> Result<Self, GpuError> {
+    /// Allocates every activation for forwards of up to `slots` canvases of `config.canvas_length`
+    /// tokens, each against at most `max_context` cached tokens in its slot's cache.
+    pub fn new(ctx: &GpuContext, config: &ModelConfig, max_context: usize, slots: usize) -> Result<Self, GpuError> {
         let cfg = &config.text;
         let c = config.canvas_length;
-        // Rows of the per-token activations: the canvas, or an encoder chunk.
-        let r = c.max(PREFILL_CHUNK.min(max_context));
+        let slots = slots.max(1);
+        // Rows of a forward of every slot's canvas.
+        let b = slots * c;
+        // Rows of the per-token activations: the canvases, or an encoder chunk.
+        let r = b.max(PREFILL_CHUNK.min(max_context));
         let (h, v, i, e_i, k) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.moe_intermediate_size, cfg.top_k_experts);
         let (q_w, kv_w) = max_dims(cfg);
         let heads = cfg.num_attention_heads;
         let f = |label: &str, n: usize| ctx.storage_buffer(label, (n * 4) as u64);
-        let cache = cfg
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(li, l)| {
-                let n = (max_context + KEY_PAD + c) * l.num_kv_heads * l.head_dim;
-                Ok(CacheBuffers { keys: f(&format!("cache.{li}.k"), n)?, values: f(&format!("cache.{li}.v"), n)? })
+        let caches = (0..slots)
+            .map(|slot| {
+                cfg.layers
+                    .iter()
+                    .enumerate()
+                    .map(|(li, l)| {
+                        let n = (max_context + KEY_PAD + c) * l.num_kv_heads * l.head_dim;
+                        let name = |kv: &str| if slot == 0 { format!("cache.{li}.{kv}") } else { format!("cache{slot}.{li}.{kv}") };
+                        Ok(CacheBuffers { keys: f(&name("k"), n)?, values: f(&name("v"), n)? })
+                    })
+                    .collect::<Result<Vec<_>, GpuError>>()
             })
             .collect::<Result<Vec<_>, GpuError>>()?;
+        let split_planned = if ctx.coop_matrix { (SPLIT_PARTIALS * c * h.max(q_w).max(2 * kv_w).max(2 * i)) as u64 } else { 1 };
         let half = |kind: dg_model::LayerKind| cfg.layers.iter().find(|l| l.kind == kind).map_or(1, |l| l.head_dim / 2);
         let rope = |name: &str, hd: usize| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
             Ok((f(&format!("rope.{name}.cos"), r * hd)?, f(&format!("rope.{name}.sin"), r * hd)?))
         };
         Ok(Arena {
             canvas: c,
+            slots,
             token_rows: r,
             max_context,
             ids: f("ids", r)?,
@@ -189,29 +208,43 @@ impl Arena {
             expert_act: f("expert_act", r * k * e_i)?,
             expert_act_scale: f("expert_act_scale", r * k)?,
             expert_out: f("expert_out", r * k * h)?,
-            sc_probs: f("sc_probs", c * v)?,
+            sc_probs: f("sc_probs", b * v)?,
             softmax_pairs: f(
                 "softmax pairs",
-                2 * dg_kernels::softmax_chunked::ChunkedSoftmaxParams::new(c as u32, v as u32).pairs() as usize,
+                2 * dg_kernels::softmax_chunked::ChunkedSoftmaxParams::new(b as u32, v as u32).pairs() as usize,
             )?,
-            logits: f("logits", c * v)?,
+            logits: f("logits", b * v)?,
             rope_sliding: rope("sliding", half(dg_model::LayerKind::Sliding))?,
             rope_full: rope("full", half(dg_model::LayerKind::Full))?,
-            cache,
+            caches,
+            sc_gate: f("sc gate", b)?,
             staging: ctx.buffer("logits staging", (c * v * 4) as u64, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?,
-            sample_step: ctx.storage_buffer("sample step", size_of::<dg_kernels::sample_rows::SampleStep>() as u64)?,
-            draws: f("draws", c)?,
-            row_results: f("row results", c * RESULT_WORDS)?,
+            sample_step: ctx.storage_buffer("sample step", (slots * size_of::<dg_kernels::sample_rows::SampleStep>()) as u64)?,
+            draws: f("draws", b)?,
+            row_results: f("row results", b * RESULT_WORDS)?,
             row_staging: ctx.buffer(
                 "row results staging",
-                (c * RESULT_WORDS * 4) as u64,
+                (b * RESULT_WORDS * 4) as u64,
                 wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
             )?,
             dummy: f("dummy", 4)?,
-            split_partials: f(
-                "split partials",
-                if ctx.coop_matrix { SPLIT_PARTIALS * c * h.max(q_w).max(2 * kv_w).max(2 * i) } else { 1 },
-            )?,
+            split_partials: f("split partials", split_planned as usize * slots)?,
+            split_planned,
+        })
+    }
+
+    /// Rows of a forward of every slot's canvas.
+    pub fn batch_rows(&self) -> usize {
+        self.slots * self.canvas
+    }
+
+    /// Layer `layer`'s cache of `slot`.
+    pub fn cache(&self, slot: usize, layer: usize) -> Result<&CacheBuffers, GpuError> {
+        self.caches.get(slot).and_then(|c| c.get(layer)).ok_or(GpuError::Limit {
+            what: format!("slot {slot}"),
+            needed: slot as u64 + 1,
+            limit: self.slots as u64,
+            limit_name: "the slots the model was loaded with",
         })
     }
 }

@@ -26,41 +26,81 @@ use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::softmax::{self, SoftmaxParams};
 use dg_model::{LayerKind, ModelConfig};
 
-use crate::arena::{Arena, KEY_PAD};
+use crate::arena::{Arena, CacheBuffers, KEY_PAD};
 use crate::error::GpuError;
-use crate::ops::{Combine, HeadRows, Recorder, head_params, linear_params};
+use crate::ops::{Combine, HeadRows, Recorder, TokensAt, head_params, linear_params};
 use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Visible {
     pub start: usize,
     pub len: usize,
 }
 
-/// What varies between blocks: cached tokens visible to each layer, and whether this plan feeds
-/// self-conditioning logits.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ForwardShape {
+/// One canvas of a decoder forward: the slot whose KV cache it attends to, and the cached rows
+/// of that slot each layer sees.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CanvasShape {
+    pub slot: usize,
     pub visible: Vec<Visible>,
-    pub self_conditioning: bool,
+}
+
+/// Which canvases of a forward add the self-conditioning signal (`DiffusionGemmaSelfConditioning`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SelfConditioning {
+    /// None (every canvas on its block's first step).
+    Off,
+    /// Every canvas.
+    On,
+    /// The canvases whose rows' gate (`Arena::sc_gate`) is non-zero: the signal is computed for
+    /// every canvas and added to those (`Recorder::axpby_gated`), the same bits as `On` there and
+    /// the untouched embedding elsewhere.
+    Gated,
+}
+
+/// What varies between steps of a forward: its canvases (canvas `b` in rows `b·C ..` of every
+/// activation, the RoPE tables' rows included), and which of them self-condition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ForwardShape {
+    pub canvases: Vec<CanvasShape>,
+    pub self_conditioning: SelfConditioning,
+}
+
+impl ForwardShape {
+    /// One canvas in slot 0 (the single-sequence forward).
+    pub fn single(visible: Vec<Visible>, self_conditioning: bool) -> Self {
+        let self_conditioning = if self_conditioning { SelfConditioning::On } else { SelfConditioning::Off };
+        ForwardShape { canvases: vec![CanvasShape { slot: 0, visible }], self_conditioning }
+    }
+}
+
+/// One canvas of a decoder layer: its slot and the cached rows the layer sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CanvasAt {
+    pub slot: usize,
+    pub visible: Visible,
 }
 
 /// What one recorded layer computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LayerPass {
-    /// Decoder over the canvas: bidirectional attention over the visible cache rows, then the
-    /// canvas itself (`DiffusionGemmaDecoderModel`; the decoder never writes the cache).
-    Decode(Visible),
-    /// Encoder over `tokens` new tokens at absolute positions `start..` (`DiffusionGemmaEncoderModel`):
-    /// their K/V are appended to the cache at row `start` (cache row = position), then causal (and,
-    /// in sliding layers, windowed) attention over the cache rows that can be visible. `kv_only`:
-    /// the last layer, whose output generation never uses (spec §4).
-    Encode { start: usize, tokens: usize, kv_only: bool },
+pub enum LayerPass<'s> {
+    /// Decoder over canvases of C rows each (canvas `b` in rows `b·C ..`): bidirectional attention
+    /// of each over the visible rows of its slot's cache, then the canvas itself
+    /// (`DiffusionGemmaDecoderModel`; the decoder never writes the cache).
+    Decode(&'s [CanvasAt]),
+    /// Encoder over `tokens` new tokens at absolute positions `start..` of `slot`'s sequence
+    /// (`DiffusionGemmaEncoderModel`): their K/V are appended to the slot's cache at row `start`
+    /// (cache row = position), then causal (and, in sliding layers, windowed) attention over the
+    /// cache rows that can be visible. `kv_only`: the last layer, whose output generation never
+    /// uses (spec §4).
+    Encode { slot: usize, start: usize, tokens: usize, kv_only: bool },
 }
 
-/// Records one canvas forward: ids in `arena.ids` (and probabilities' source logits in
-/// `arena.sc_probs` when self-conditioning) → logits in `arena.logits`.
+/// Records one forward of `shape`'s canvases: their ids in `arena.ids` (canvas `b` at `b·C`; and
+/// the probabilities' source logits in the same rows of `arena.sc_probs` when self-conditioning)
+/// → logits in the same rows of `arena.logits`. Every product over the canvases' rows is planned
+/// as for one canvas (`Recorder::plan_rows`), so each canvas gets the bits it gets alone.
 pub fn record_canvas_forward<'a>(
     rec: &mut Recorder<'a>,
     config: &ModelConfig,
@@ -68,9 +108,21 @@ pub fn record_canvas_forward<'a>(
     a: &'a Arena,
     shape: &ForwardShape,
 ) -> Result<(), GpuError> {
-    rec.split_k_scratch(&a.split_partials);
+    rec.split_k_scratch_as(&a.split_partials, a.split_planned);
     let cfg = &config.text;
-    let (c, h, v, eps) = (config.canvas_length, cfg.hidden_size, cfg.vocab_size, cfg.rms_norm_eps);
+    let canvas = config.canvas_length;
+    let n = shape.canvases.len();
+    if n == 0 || n * canvas > a.batch_rows() {
+        return Err(GpuError::Limit {
+            what: format!("a forward of {n} canvases"),
+            needed: n as u64,
+            limit: (a.batch_rows() / canvas) as u64,
+            limit_name: "the canvases the arena holds (its batch)",
+        });
+    }
+    rec.plan_rows(Some(canvas));
+    // c: the rows of the forward.
+    let (c, h, v, eps) = (n * canvas, cfg.hidden_size, cfg.vocab_size, cfg.rms_norm_eps);
     let scale = cfg.embed_scale();
 
     // e = E[ids]·√H
@@ -78,7 +130,7 @@ pub fn record_canvas_forward<'a>(
     for chunk in &w.embed {
         rec.embed_format(&a.ids, &chunk.matrix.buffer, chunk.matrix.format, &a.embedded, c, h, chunk.start, chunk.rows, scale)?;
     }
-    if shape.self_conditioning {
+    if shape.self_conditioning != SelfConditioning::Off {
         // P = softmax(sc) (in place), soft = (P·E)·√H, signal = MLP_sc(pre_norm(soft)), e += signal.
         rec.softmax_rows(&a.sc_probs, &a.softmax_pairs, c, v)?;
         for (i, chunk) in w.embed.iter().enumerate() {
@@ -108,9 +160,12 @@ pub fn record_canvas_forward<'a>(
         let scaled = rec.planner().scales_rows(tensor_cores);
         rec.gelu_glu_fused(gate_up, &a.act, c, inter, scaled.then_some(&a.act_scale))?;
         rec.product(&a.act, &w.sc_down, &a.proj, linear_params(c, h, inter), tensor_cores)?;
-        match scaled {
-            true => rec.axpby_scaled(&a.proj, (&a.act_scale, h), &a.embedded, c * h, 1.0, 1.0)?,
-            false => rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?,
+        match (shape.self_conditioning, scaled) {
+            (SelfConditioning::Gated, _) => {
+                rec.axpby_gated(&a.proj, scaled.then_some(&a.act_scale), (&a.sc_gate, h), &a.embedded, c * h, 1.0, 1.0)?
+            }
+            (_, true) => rec.axpby_scaled(&a.proj, (&a.act_scale, h), &a.embedded, c * h, 1.0, 1.0)?,
+            (_, false) => rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?,
         }
     }
     // h0 = post_norm(e + signal), weightless.
@@ -118,11 +173,17 @@ pub fn record_canvas_forward<'a>(
 
     // Each layer's closing norms also write the next norm of the stream into `normed`: the next
     // layer's input norm, and after the last layer the final norm.
-    let layers = shape.visible.len();
-    for (i, visible) in shape.visible.iter().enumerate() {
+    let layers = cfg.num_layers();
+    if let Some(bad) = shape.canvases.iter().find(|cv| cv.visible.len() != layers) {
+        return Err(GpuError::Length { what: "visible ranges of a canvas", got: bad.visible.len(), expected: layers });
+    }
+    let mut at = Vec::with_capacity(n);
+    for i in 0..layers {
         rec.scope(format!("layer{i}"));
+        at.clear();
+        at.extend(shape.canvases.iter().map(|cv| CanvasAt { slot: cv.slot, visible: cv.visible[i] }));
         let next = if i + 1 < layers { &w.layers[i + 1].norms.input } else { &w.final_norm };
-        record_layer_with(rec, config, w, a, i, LayerPass::Decode(*visible), Chain { normed_in: i > 0, next_norm: Some(next) })?;
+        record_layer_with(rec, config, w, a, i, LayerPass::Decode(&at), Chain { normed_in: i > 0, next_norm: Some(next) })?;
     }
 
     // logits = softcap(norm(h)·Eᵀ), norm(h) in `normed` from the last layer's closing norms.
@@ -136,16 +197,19 @@ pub fn record_canvas_forward<'a>(
         let p = head_params(shape, (v, chunk.start), cfg.final_logit_softcapping);
         rec.product(&a.normed, &chunk.matrix, &a.logits, p, tensor_cores && chunk.matrix.format != WeightFormat::F32)?;
     }
+    rec.plan_rows(None);
     Ok(())
 }
 
-/// Records one encoder chunk: `ids` in `arena.ids` (the first `tokens`), RoPE tables of positions
-/// `start..start + tokens` → every layer's K/V appended to the cache at row `start`.
+/// Records one encoder chunk of `slot`'s sequence: `ids` in `arena.ids` (the first `tokens`), RoPE
+/// tables of positions `start..start + tokens` → every layer's K/V appended to the slot's cache
+/// at row `start`.
 pub fn record_encoder_chunk<'a>(
     rec: &mut Recorder<'a>,
     config: &ModelConfig,
     w: &'a GpuWeights,
     a: &'a Arena,
+    slot: usize,
     start: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
@@ -170,7 +234,7 @@ pub fn record_encoder_chunk<'a>(
         rec.scope(format!("encoder layer{i}"));
         // Each layer's closing norms write the next layer's input norm (the last layer has none).
         let chain = Chain { normed_in: i > 0, next_norm: (i < last).then(|| &w.layers[i + 1].norms.input) };
-        record_layer_with(rec, config, w, a, i, LayerPass::Encode { start, tokens, kv_only: i == last }, chain)?;
+        record_layer_with(rec, config, w, a, i, LayerPass::Encode { slot, start, tokens, kv_only: i == last }, chain)?;
     }
     Ok(())
 }
@@ -184,6 +248,80 @@ struct Chain<'a> {
     /// The weight of the norm that follows the layer (the next layer's input norm, or the final
     /// norm), which its closing norms then write into `normed`.
     next_norm: Option<&'a wgpu::Buffer>,
+}
+
+/// One attention group of a layer: a canvas of the decoder, or the encoder's chunk.
+struct AttentionGroup<'a> {
+    /// The layer's cache of the group's slot.
+    cache: &'a CacheBuffers,
+    /// The group's first row among the pass's rows.
+    first_token: usize,
+    /// The cache row the group's K/V are written from.
+    first_row: usize,
+    /// The keys it attends to: cache rows `key_start..key_start + keys`.
+    key_start: usize,
+    keys: usize,
+    /// The scores' softmax over them (the dead columns, or the causal mask).
+    mask: SoftmaxParams,
+}
+
+/// Layer `i`'s attention groups in `pass`.
+fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: LayerPass<'_>) -> Result<Vec<AttentionGroup<'a>>, GpuError> {
+    let cfg = &config.text;
+    let spec = &cfg.layers[i];
+    let row = spec.num_kv_heads * spec.head_dim;
+    let heads = cfg.num_attention_heads;
+    match pass {
+        LayerPass::Decode(canvases) => {
+            let c = config.canvas_length;
+            canvases
+                .iter()
+                .enumerate()
+                .map(|(b, cv)| {
+                    let cache = a.cache(cv.slot, i)?;
+                    let v = cv.visible;
+                    // The decoder's keys are [cached | dead columns up to a multiple of KEY_PAD |
+                    // canvas]: the canvas part and the value products' K then stay aligned for
+                    // the tensor cores, and the dead columns (the scores of cache rows past the
+                    // visible ones, masked to probability 0) add exact zeros to the values.
+                    let cached = if v.len > 0 { v.len.next_multiple_of(KEY_PAD) } else { 0 };
+                    // The canvas's K/V go into the rows after the visible ones padded to KEY_PAD
+                    // (scratch rows past the context, which the encoder rewrites when it commits
+                    // the canvas), so that each attention product runs once over [visible | dead
+                    // | canvas].
+                    let rows = (cache.keys.size() / 4) as usize / row;
+                    if v.start + cached + c > rows {
+                        return Err(GpuError::TooLong {
+                            len: v.start + v.len,
+                            max: rows - KEY_PAD - c,
+                            limit_name: "the cache rows that leave room for the canvas after the visible ones (max_context)",
+                            hint: "",
+                        });
+                    }
+                    let keys = cached + c;
+                    let mask = SoftmaxParams { gap_start: v.len as u32, gap_end: cached as u32, ..SoftmaxParams::plain((heads * c) as u32, keys as u32) };
+                    Ok(AttentionGroup { cache, first_token: b * c, first_row: v.start + cached, key_start: v.start, keys, mask })
+                })
+                .collect()
+        }
+        LayerPass::Encode { slot, start, tokens, .. } => {
+            // The new tokens' positions are their cache rows (DynamicCache.update).
+            let (key_start, window) = match spec.kind {
+                LayerKind::Sliding => (start.saturating_sub(cfg.sliding_window.saturating_sub(1)), cfg.sliding_window as u32),
+                LayerKind::Full => (0, 0),
+            };
+            let keys = (start + tokens - key_start).next_multiple_of(KEY_PAD);
+            let mask = SoftmaxParams {
+                queries: tokens as u32,
+                mode: softmax::MODE_CAUSAL,
+                key_start: key_start as u32,
+                query_start: start as u32,
+                window,
+                ..SoftmaxParams::plain((heads * tokens) as u32, keys as u32)
+            };
+            Ok(vec![AttentionGroup { cache: a.cache(slot, i)?, first_token: 0, first_row: start, key_start, keys, mask }])
+        }
+    }
 }
 
 /// Records layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).
@@ -205,17 +343,18 @@ fn record_layer_with<'a>(
     w: &'a GpuWeights,
     a: &'a Arena,
     i: usize,
-    pass: LayerPass,
+    pass: LayerPass<'_>,
     chain: Chain<'a>,
 ) -> Result<(), GpuError> {
-    rec.split_k_scratch(&a.split_partials);
+    rec.split_k_scratch_as(&a.split_partials, a.split_planned);
     let cfg = &config.text;
     let spec = &cfg.layers[i];
     let l = &w.layers[i];
-    // c: the rows this pass computes (the canvas, or the encoder chunk's tokens).
-    let c = match pass {
-        LayerPass::Decode(_) => config.canvas_length,
-        LayerPass::Encode { tokens, .. } => tokens,
+    // tokens: the rows of one attention group (a canvas, or the encoder chunk); c: the rows this
+    // pass computes (every canvas, or the chunk).
+    let (tokens, c) = match pass {
+        LayerPass::Decode(canvases) => (config.canvas_length, canvases.len() * config.canvas_length),
+        LayerPass::Encode { tokens, .. } => (tokens, tokens),
     };
     let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
     let (heads, d, kv) = (cfg.num_attention_heads, spec.head_dim, spec.num_kv_heads);
@@ -230,41 +369,14 @@ fn record_layer_with<'a>(
     if !chain.normed_in {
         rec.rmsnorm(&a.hidden, Some(&l.norms.input), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
     }
-    let cache = &a.cache[i];
     let row = kv * d;
-    // The decoder's rows are [cached keys | dead columns up to a multiple of KEY_PAD | canvas]:
-    // the canvas part and the value products' K then stay aligned for the tensor cores, and the
-    // dead columns (the scores of cache rows past the visible ones, masked to probability 0)
-    // add exact zeros to the values.
-    let cached = match pass {
-        LayerPass::Decode(v) if v.len > 0 => v.len.next_multiple_of(KEY_PAD),
-        _ => 0,
-    };
-    // The cache row this pass's K/V start at. Encoder: the new tokens' positions
-    // (DynamicCache.update). Decoder: the rows after the visible ones padded to KEY_PAD (scratch
-    // rows past the context, which the encoder rewrites when it commits the canvas), so that each
-    // attention product runs once over [visible | dead | canvas].
-    let first_row = match pass {
-        LayerPass::Decode(v) => {
-            let rows = (cache.keys.size() / 4) as usize / row;
-            if v.start + cached + c > rows {
-                return Err(GpuError::TooLong {
-                    len: v.start + v.len,
-                    max: rows - KEY_PAD - c,
-                    limit_name: "the cache rows that leave room for the canvas after the visible ones (max_context)",
-                    hint: "",
-                });
-            }
-            v.start + cached
-        }
-        LayerPass::Encode { start, .. } => start,
-    };
 
     // q, K and V: `qkv_proj`'s blocks of kv·d rows (q's `group`, K's, V's in sliding layers), as
-    // one GEMM batched over the blocks (`[blocks, C, kv·d]`), or as q's product then K/V's; then
-    // q_norm and RoPE into q, k_norm and RoPE into the keys, and v_norm (weightless) into the
-    // values: in full layers V is the raw K projection, K's rows read again. A split product's
-    // partials go straight to their consumer (`Recorder::product_to_consumer`).
+    // one GEMM batched over the blocks (`[blocks, rows, kv·d]`), or as q's product then K/V's;
+    // then, per attention group (a canvas, or the encoder chunk), q_norm and RoPE into q, k_norm
+    // and RoPE into its slot's keys, and v_norm (weightless) into its values: in full layers V is
+    // the raw K projection, K's rows read again. A split product's partials go straight to their
+    // consumer (`Recorder::product_to_consumer`).
     let halves = if l.has_v_proj { 2 } else { 1 };
     let blocks = |count: usize, first: usize| GemmParams {
         batch: count as u32,
@@ -274,118 +386,107 @@ fn record_layer_with<'a>(
         c_batch: (c * row) as u32,
         ..linear_params(c, row, h)
     };
-    let k_rows = Some((&l.k_norm, &cache.keys, first_row * row));
+    let groups = attention_groups(config, a, i, pass)?;
+    // Group g's rows of the input's blocks, its RoPE tables' rows and its q rows.
+    let at = |g: &AttentionGroup<'a>| TokensAt {
+        x_offset: g.first_token * row,
+        block_stride: c * row,
+        table_row0: g.first_token,
+        q_offset: g.first_token * heads * d,
+    };
     let planner = rec.planner();
     let qkv_tc = w.on_tensor_cores(l.qkv_proj.format);
     if !kv_only
-        && planner.merge_qkv(l.qkv_proj.format, l.qkv_proj.layout, &blocks(group, 0), &blocks(halves, group), rec.split_scratch_len())
+        && planner.merge_qkv(
+            l.qkv_proj.format,
+            l.qkv_proj.layout,
+            &rec.planned(&blocks(group, 0)),
+            &rec.planned(&blocks(halves, group)),
+            rec.split_scratch_len(),
+        )
     {
         let qkv = rec.product_to_consumer(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group + halves, 0), qkv_tc)?;
-        let v = (&cache.values, kv, (group + halves - 1) * c * row);
-        rec.norm_rope_rows(qkv, HeadRows { q: Some((&l.q_norm, &a.q, group)), k: k_rows, v }, (cos, sin), c, kv, d, eps)?;
+        for g in &groups {
+            let v = (&g.cache.values, kv, (group + halves - 1) * c * row + g.first_token * row);
+            let k = Some((&l.k_norm, &g.cache.keys, g.first_row * row));
+            rec.norm_rope_rows(qkv, HeadRows { q: Some((&l.q_norm, &a.q, group)), k, v, at: at(g) }, (cos, sin), tokens, kv, d, eps)?;
+        }
     } else {
         if !kv_only {
             let q_raw = rec.product_to_consumer(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group, 0), qkv_tc)?;
-            rec.norm_rope_rows(
-                q_raw,
-                HeadRows { q: Some((&l.q_norm, &a.q, group)), k: None, v: (&a.dummy, 0, 0) },
-                (cos, sin),
-                c,
-                kv,
-                d,
-                eps,
-            )?;
+            for g in &groups {
+                let rows = HeadRows { q: Some((&l.q_norm, &a.q, group)), k: None, v: (&a.dummy, 0, 0), at: at(g) };
+                rec.norm_rope_rows(q_raw, rows, (cos, sin), tokens, kv, d, eps)?;
+            }
         }
         // Into the same buffer as q's: its norms, recorded first, have read it.
         let kv_raw = rec.product_to_consumer(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(halves, group), qkv_tc)?;
-        let v = (&cache.values, kv, (halves - 1) * c * row);
-        rec.norm_rope_rows(kv_raw, HeadRows { q: None, k: k_rows, v }, (cos, sin), c, kv, d, eps)?;
+        for g in &groups {
+            let v = (&g.cache.values, kv, (halves - 1) * c * row + g.first_token * row);
+            let k = Some((&l.k_norm, &g.cache.keys, g.first_row * row));
+            rec.norm_rope_rows(kv_raw, HeadRows { q: None, k, v, at: at(g) }, (cos, sin), tokens, kv, d, eps)?;
+        }
     }
     if kv_only {
         return Ok(());
     }
 
-    // Attention, scaling 1.0. Decoder: scores [heads, C, S] over cache rows key_start.. (visible,
-    // dead, canvas). Encoder: scores [heads, T, S] over cache rows key_start..start+T (the new
-    // rows included), masked causally (and by the window in sliding layers), S rounded up to a
-    // multiple of KEY_PAD (the tensor-core products' K step) with rows past start+T: the causal
-    // mask gives them probability 0, and they hold finite values (the cache's rows past the
-    // sequence are zeros or earlier K/V), so they add exact zeros.
-    let (s, key_start) = match pass {
-        LayerPass::Decode(v) => (cached + c, v.start),
-        LayerPass::Encode { start, .. } => {
-            let key_start = match spec.kind {
-                LayerKind::Sliding => start.saturating_sub(cfg.sliding_window.saturating_sub(1)),
-                LayerKind::Full => 0,
-            };
-            ((start + c - key_start).next_multiple_of(KEY_PAD), key_start)
-        }
-    };
-    // scores = q · Kᵀ over cache rows key_start..key_start + s.
-    let scores = GemmParams {
-        m: c as u32,
-        n: s as u32,
-        k: d as u32,
-        batch: heads as u32,
-        a_rs: (heads * d) as u32,
-        a_cs: 1,
-        a_batch: d as u32,
-        b_rs: 1,
-        b_cs: (kv * d) as u32,
-        b_batch: d as u32,
-        b_batch_div: group as u32,
-        b_offset: (key_start * row) as u32,
-        c_rs: s as u32,
-        c_batch: (c * s) as u32,
-        alpha: 1.0,
-        ..bytemuck::Zeroable::zeroed()
-    };
+    // Attention, scaling 1.0, per group, its output into the group's rows of `attn`. Decoder:
+    // scores [heads, C, S] over the slot's cache rows key_start.. (visible, dead, canvas).
+    // Encoder: scores [heads, T, S] over cache rows key_start..start+T (the new rows included),
+    // masked causally (and by the window in sliding layers), S rounded up to a multiple of
+    // KEY_PAD (the tensor-core products' K step) with rows past start+T: the causal mask gives
+    // them probability 0, and they hold finite values (the cache's rows past the sequence are
+    // zeros or earlier K/V), so they add exact zeros.
     // The F16 mode runs attention's products on the tensor cores too (q, K, V and the
     // probabilities rounded to f16 when staged) where the shapes fit.
     let tc = w.format == WeightFormat::F16;
-    rec.product(&a.q, &cache.keys, &a.scores, scores, tc)?;
-    match pass {
-        LayerPass::Decode(v) => {
-            let gap =
-                SoftmaxParams { gap_start: v.len as u32, gap_end: cached as u32, ..SoftmaxParams::plain((heads * c) as u32, s as u32) };
-            rec.softmax(&a.scores, gap)?;
-        }
-        LayerPass::Encode { start, .. } => {
-            let window = match spec.kind {
-                LayerKind::Sliding => cfg.sliding_window as u32,
-                LayerKind::Full => 0,
-            };
-            let mask = SoftmaxParams {
-                queries: c as u32,
-                mode: softmax::MODE_CAUSAL,
-                key_start: key_start as u32,
-                query_start: start as u32,
-                window,
-                ..SoftmaxParams::plain((heads * c) as u32, s as u32)
-            };
-            rec.softmax(&a.scores, mask)?;
-        }
+    for g in &groups {
+        let (s, key_start) = (g.keys, g.key_start);
+        // scores = q · Kᵀ over cache rows key_start..key_start + s.
+        let scores = GemmParams {
+            m: tokens as u32,
+            n: s as u32,
+            k: d as u32,
+            batch: heads as u32,
+            a_offset: (g.first_token * heads * d) as u32,
+            a_rs: (heads * d) as u32,
+            a_cs: 1,
+            a_batch: d as u32,
+            b_rs: 1,
+            b_cs: (kv * d) as u32,
+            b_batch: d as u32,
+            b_batch_div: group as u32,
+            b_offset: (key_start * row) as u32,
+            c_rs: s as u32,
+            c_batch: (tokens * s) as u32,
+            alpha: 1.0,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        rec.product(&a.q, &g.cache.keys, &a.scores, scores, tc)?;
+        rec.softmax(&a.scores, g.mask)?;
+        // attn = P · V over the same cache rows as the scores.
+        let values = GemmParams {
+            m: tokens as u32,
+            n: d as u32,
+            k: s as u32,
+            batch: heads as u32,
+            b_offset: (key_start * row) as u32,
+            a_rs: s as u32,
+            a_cs: 1,
+            a_batch: (tokens * s) as u32,
+            b_rs: (kv * d) as u32,
+            b_cs: 1,
+            b_batch: d as u32,
+            b_batch_div: group as u32,
+            c_offset: (g.first_token * heads * d) as u32,
+            c_rs: (heads * d) as u32,
+            c_batch: d as u32,
+            alpha: 1.0,
+            ..bytemuck::Zeroable::zeroed()
+        };
+        rec.product(&a.scores, &g.cache.values, &a.attn, values, tc)?;
     }
-    // attn = P · V over the same cache rows as the scores.
-    let values = GemmParams {
-        m: c as u32,
-        n: d as u32,
-        k: s as u32,
-        batch: heads as u32,
-        b_offset: (key_start * row) as u32,
-        a_rs: s as u32,
-        a_cs: 1,
-        a_batch: (c * s) as u32,
-        b_rs: (kv * d) as u32,
-        b_cs: 1,
-        b_batch: d as u32,
-        b_batch_div: group as u32,
-        c_rs: (heads * d) as u32,
-        c_batch: d as u32,
-        alpha: 1.0,
-        ..bytemuck::Zeroable::zeroed()
-    };
-    rec.product(&a.scores, &cache.values, &a.attn, values, tc)?;
     let o = rec.product_to_consumer(&a.attn, &l.o_proj, &a.proj, linear_params(c, h, heads * d), w.on_tensor_cores(l.o_proj.format))?;
     // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
     // pre_feedforward_layernorm(h) in `normed`, and in `branch_in` the experts' input
@@ -435,8 +536,13 @@ fn record_layer_with<'a>(
     };
     // The dispatch also lists the experts' m tiles that hold slots, for the tensor-core GEMMs'
     // grids (a product whose tile has other rows covers `max_rows` instead).
-    let tile_rows =
-        planner.expert_tile_rows(l.experts_gate_up.format, l.experts_gate_up.layout, (c * k) as u32, &grouped(2 * ei, h, true, 0));
+    let planned = rec.planned_rows(c);
+    let tile_rows = planner.expert_tile_rows(
+        l.experts_gate_up.format,
+        l.experts_gate_up.layout,
+        (planned * k) as u32,
+        &GroupedGemmParams { max_rows: planned as u32, ..grouped(2 * ei, h, true, 0) },
+    );
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e, tile_rows)?;
     let gate_up = rec.product_to_consumer(
         &a.normed,

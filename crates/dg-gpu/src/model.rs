@@ -13,6 +13,7 @@
 //! - [`GpuModel::snapshot_cache`] and [`GpuModel::restore_cache`] keep a copy of the cache on the
 //!   device and put it back ([`snapshot`]).
 
+mod batch;
 mod profile;
 mod snapshot;
 
@@ -24,7 +25,7 @@ use dg_sampler::{CategoricalRequest, RowResult};
 use crate::arena::Arena;
 use crate::context::{Created, GpuContext, map_read_with};
 use crate::error::GpuError;
-use crate::forward::{ForwardShape, LayerPass, Visible, record_canvas_forward, record_encoder_chunk, record_layer};
+use crate::forward::{CanvasAt, ForwardShape, LayerPass, Visible, record_canvas_forward, record_encoder_chunk, record_layer};
 use crate::ops::Recorder;
 use crate::plan::{Pipelines, Plan};
 use crate::weights::{GpuWeights, UploadProgress};
@@ -55,8 +56,10 @@ pub struct GpuModel {
     plans: Option<BlockPlans>,
     /// The sampler's per-row work (`sample_rows`), appended to a forward in resident steps.
     sample_plan: Plan,
-    /// Tokens in the cache (the next position).
-    seq_len: usize,
+    /// Tokens in each slot's cache (the next position); slot 0 is the single-sequence API's.
+    seq_lens: Vec<usize>,
+    /// Plans of batched steps ([`batch`]): forwards with their sampler rows, by shape.
+    batch_plans: batch::PlanCache,
     /// The canvas positions' RoPE tables and the plans match the cache.
     context_ready: bool,
     /// The cache came from [`GpuModel::set_context`] (rows from 0, not at row = position).
@@ -72,7 +75,7 @@ pub type LayerKv = (Vec<f32>, Vec<f32>);
 
 impl std::fmt::Debug for GpuModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuModel").field("adapter", &self.ctx.info.name).field("seq_len", &self.seq_len).finish()
+        f.debug_struct("GpuModel").field("adapter", &self.ctx.info.name).field("seq_lens", &self.seq_lens).finish()
     }
 }
 
@@ -124,8 +127,34 @@ impl GpuModel {
         Self::from_weights(ctx, config, gpu_weights, max_context)
     }
 
+    /// [`Self::from_source_with_progress`] with a KV cache for each of `slots` sequences, which
+    /// [`dg_sampler::BatchResidentModel`] denoises together (one forward for all their canvases).
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_source_with_slots(
+        ctx: GpuContext,
+        config: &ModelConfig,
+        src: &(impl TensorSource + ?Sized),
+        max_context: usize,
+        slots: usize,
+        format: WeightFormat,
+        on_progress: &mut dyn FnMut(&UploadProgress),
+    ) -> Result<Self, GpuError> {
+        let gpu_weights = GpuWeights::upload_with_progress(&ctx, &config.text, src, format, on_progress)?;
+        Self::from_weights_with_slots(ctx, config, gpu_weights, max_context, slots)
+    }
+
     fn from_weights(ctx: GpuContext, config: &ModelConfig, gpu_weights: GpuWeights, max_context: usize) -> Result<Self, GpuError> {
-        let arena = Arena::new(&ctx, config, max_context)?;
+        Self::from_weights_with_slots(ctx, config, gpu_weights, max_context, 1)
+    }
+
+    fn from_weights_with_slots(
+        ctx: GpuContext,
+        config: &ModelConfig,
+        gpu_weights: GpuWeights,
+        max_context: usize,
+        slots: usize,
+    ) -> Result<Self, GpuError> {
+        let arena = Arena::new(&ctx, config, max_context, slots)?;
         let mut pipelines = Pipelines::default();
         let sample_plan = {
             let mut rec = Recorder::new(&ctx, &mut pipelines);
@@ -137,7 +166,7 @@ impl GpuModel {
                 &a.sample_step,
                 &a.draws,
                 &a.row_results,
-                config.canvas_length,
+                (config.canvas_length, 0),
                 config.text.vocab_size,
             )?;
             rec.finish()?
@@ -149,7 +178,8 @@ impl GpuModel {
             weights: gpu_weights,
             plans: None,
             sample_plan,
-            seq_len: 0,
+            seq_lens: vec![0; arena.slots],
+            batch_plans: batch::PlanCache::default(),
             context_ready: false,
             uploaded_context: false,
             draw_words: vec![0; config.canvas_length],
@@ -184,7 +214,7 @@ impl GpuModel {
 
     /// Tokens in the cache.
     pub fn seq_len(&self) -> usize {
-        self.seq_len
+        self.seq_lens[0]
     }
 
     /// The longest sequence the cache holds.
@@ -200,7 +230,7 @@ impl GpuModel {
 
     /// Forgets every cached token.
     pub fn reset(&mut self) {
-        self.seq_len = 0;
+        self.seq_lens[0] = 0;
         self.context_ready = false;
         self.uploaded_context = false;
     }
@@ -209,26 +239,45 @@ impl GpuModel {
     /// cache (spec §4): in chunks of at most `max(C, PREFILL_CHUNK)` tokens, each one submit. Image
     /// placeholders become pad.
     pub fn encode(&mut self, ids: &[u32]) -> Result<(), GpuError> {
-        let ids = self.encoder_ids(ids)?;
-        self.context_ready = false;
+        self.encode_slot(0, ids)
+    }
+
+    /// [`Self::encode`] into `slot`'s cache (slot 0 is the single-sequence API's).
+    pub fn encode_slot(&mut self, slot: usize, ids: &[u32]) -> Result<(), GpuError> {
+        let ids = self.encoder_ids(slot, ids)?;
+        self.invalidate_tables();
         for chunk in ids.chunks(self.prefill_chunk) {
-            self.encoder_chunk_plan(chunk)?.run(&self.ctx)?;
-            self.seq_len += chunk.len();
+            self.encoder_chunk_plan(slot, chunk)?.run(&self.ctx)?;
+            self.seq_lens[slot] += chunk.len();
         }
         Ok(())
     }
 
-    /// `ids` checked for the encoder (ids in the vocabulary, the sequence within the positions
-    /// and the cache), image placeholders turned to pad.
-    fn encoder_ids(&self, ids: &[u32]) -> Result<Vec<u32>, GpuError> {
+    /// The RoPE tables hold an encoder chunk's positions: every canvas forward writes its own again.
+    fn invalidate_tables(&mut self) {
+        self.context_ready = false;
+        self.batch_plans.tables_invalid();
+    }
+
+    /// `ids` checked for the encoder of `slot` (ids in the vocabulary, the sequence within the
+    /// positions and the cache), image placeholders turned to pad.
+    fn encoder_ids(&self, slot: usize, ids: &[u32]) -> Result<Vec<u32>, GpuError> {
         let cfg = &self.config.text;
         if ids.is_empty() {
             return Err(GpuError::Empty);
         }
+        let Some(&seq_len) = self.seq_lens.get(slot) else {
+            return Err(GpuError::Limit {
+                what: format!("slot {slot}"),
+                needed: slot as u64 + 1,
+                limit: self.seq_lens.len() as u64,
+                limit_name: "the slots the model was loaded with",
+            });
+        };
         if let Some((index, &id)) = ids.iter().enumerate().find(|&(_, &id)| id as usize >= cfg.vocab_size) {
             return Err(GpuError::TokenOutOfRange { what: "encoder input", id, index, vocab: cfg.vocab_size });
         }
-        let len = self.seq_len + ids.len();
+        let len = seq_len + ids.len();
         if len > cfg.max_position_embeddings {
             return Err(GpuError::TooLong { len, max: cfg.max_position_embeddings, limit_name: "max_position_embeddings", hint: "" });
         }
@@ -249,25 +298,27 @@ impl GpuModel {
             .collect())
     }
 
-    /// The ids and RoPE tables of one encoder chunk at the next positions written, and its plan
-    /// recorded (the caller runs it, then advances `seq_len`).
-    fn encoder_chunk_plan(&mut self, chunk: &[u32]) -> Result<Plan, GpuError> {
-        let start = self.seq_len;
+    /// The ids and RoPE tables of one encoder chunk of `slot` at its next positions written, and
+    /// its plan recorded (the caller runs it, then advances the slot's length).
+    fn encoder_chunk_plan(&mut self, slot: usize, chunk: &[u32]) -> Result<Plan, GpuError> {
+        let start = self.seq_lens[slot];
         self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(chunk));
-        self.write_rope(start, chunk.len());
+        self.write_rope(start, chunk.len(), 0);
         let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
-        record_encoder_chunk(&mut rec, &self.config, &self.weights, &self.arena, start, chunk.len())?;
+        record_encoder_chunk(&mut rec, &self.config, &self.weights, &self.arena, slot, start, chunk.len())?;
         rec.finish()
     }
 
-    /// Writes the RoPE tables of positions `start..start + tokens` for both layer kinds.
-    fn write_rope(&self, start: usize, tokens: usize) {
+    /// Writes the RoPE tables of positions `start..start + tokens` for both layer kinds, from
+    /// table row `row0`.
+    fn write_rope(&self, start: usize, tokens: usize, row0: usize) {
         let cfg = &self.config.text;
         for (kind, (cos_buf, sin_buf)) in [(LayerKind::Sliding, &self.arena.rope_sliding), (LayerKind::Full, &self.arena.rope_full)] {
             if let Some(spec) = cfg.layers.iter().find(|l| l.kind == kind) {
                 let (cos, sin) = spec.rope.cos_sin(spec.head_dim, start, tokens);
-                self.ctx.queue.write_buffer(cos_buf, 0, bytemuck::cast_slice(&cos));
-                self.ctx.queue.write_buffer(sin_buf, 0, bytemuck::cast_slice(&sin));
+                let at = (row0 * (spec.head_dim / 2) * 4) as u64;
+                self.ctx.queue.write_buffer(cos_buf, at, bytemuck::cast_slice(&cos));
+                self.ctx.queue.write_buffer(sin_buf, at, bytemuck::cast_slice(&sin));
             }
         }
     }
@@ -275,15 +326,21 @@ impl GpuModel {
     /// Cache rows each decoder layer sees after the GPU encoder: every token in full layers, the
     /// last W−1 in sliding layers (spec §5.2).
     fn encoded_visible(&self) -> Vec<Visible> {
+        self.slot_visible(0)
+    }
+
+    /// [`Self::encoded_visible`] of `slot`'s cache.
+    fn slot_visible(&self, slot: usize) -> Vec<Visible> {
         let cfg = &self.config.text;
+        let seq_len = self.seq_lens[slot];
         cfg.layers
             .iter()
             .map(|l| {
                 let len = match l.kind {
-                    LayerKind::Full => self.seq_len,
-                    LayerKind::Sliding => self.seq_len.min(cfg.sliding_window.saturating_sub(1)),
+                    LayerKind::Full => seq_len,
+                    LayerKind::Sliding => seq_len.min(cfg.sliding_window.saturating_sub(1)),
                 };
-                Visible { start: self.seq_len - len, len }
+                Visible { start: seq_len - len, len }
             })
             .collect()
     }
@@ -292,7 +349,7 @@ impl GpuModel {
     /// plans (rebuilt only when the visible rows change, i.e. once per block).
     fn prepare_canvas(&mut self) -> Result<(), GpuError> {
         if !self.context_ready {
-            if self.seq_len == 0 {
+            if self.seq_lens[0] == 0 {
                 return Err(GpuError::NoContext);
             }
             let visible = self.encoded_visible();
@@ -302,7 +359,8 @@ impl GpuModel {
     }
 
     fn prepare_block(&mut self, visible: Vec<Visible>) -> Result<(), GpuError> {
-        self.write_rope(self.seq_len, self.config.canvas_length);
+        self.write_rope(self.seq_lens[0], self.config.canvas_length, 0);
+        self.batch_plans.tables_invalid();
         if self.plans.as_ref().is_none_or(|p| p.visible != visible) {
             let plain = self.record(&visible, false)?;
             let self_conditioned = self.record(&visible, true)?;
@@ -334,12 +392,12 @@ impl GpuModel {
             if l.values.len() != l.keys.len() || l.keys.len() != n * per_token {
                 return Err(GpuError::Length { what: "context values", got: l.values.len(), expected: n * per_token });
             }
-            let cache = &self.arena.cache[i];
+            let cache = &self.arena.caches[0][i];
             self.ctx.queue.write_buffer(&cache.keys, 0, bytemuck::cast_slice(l.keys));
             self.ctx.queue.write_buffer(&cache.values, 0, bytemuck::cast_slice(l.values));
             visible.push(Visible { start: 0, len: n });
         }
-        self.seq_len = seq_len;
+        self.seq_lens[0] = seq_len;
         self.uploaded_context = true;
         self.prepare_block(visible)
     }
@@ -353,7 +411,7 @@ impl GpuModel {
         visible
             .iter()
             .zip(&cfg.layers)
-            .zip(&self.arena.cache)
+            .zip(&self.arena.caches[0])
             .map(|((v, spec), cache)| {
                 let row = spec.num_kv_heads * spec.head_dim;
                 Ok((
@@ -365,7 +423,7 @@ impl GpuModel {
     }
 
     fn record(&mut self, visible: &[Visible], self_conditioning: bool) -> Result<Plan, GpuError> {
-        let shape = ForwardShape { visible: visible.to_vec(), self_conditioning };
+        let shape = ForwardShape::single(visible.to_vec(), self_conditioning);
         let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
         record_canvas_forward(&mut rec, &self.config, &self.weights, &self.arena, &shape)?;
         rec.finish()
@@ -395,7 +453,8 @@ impl GpuModel {
         self.ctx.queue.write_buffer(&self.arena.hidden, 0, bytemuck::cast_slice(hidden));
         let plan = {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
-            record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(visible))?;
+            let canvas = [CanvasAt { slot: 0, visible }];
+            record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(&canvas))?;
             rec.finish()?
         };
         plan.run(&self.ctx)?;
@@ -411,7 +470,8 @@ impl GpuModel {
         let plan = {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
             for (i, v) in visible.iter().enumerate() {
-                record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(*v))?;
+                let canvas = [CanvasAt { slot: 0, visible: *v }];
+                record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(&canvas))?;
             }
             rec.finish()?
         };
@@ -506,22 +566,7 @@ impl GpuModel {
         if rows.len() != c {
             return Err(GpuError::Length { what: "row results", got: rows.len(), expected: c });
         }
-        let mode = match draw {
-            CategoricalRequest::Uniforms(u) => {
-                if u.len() != c {
-                    return Err(GpuError::Length { what: "categorical uniforms", got: u.len(), expected: c });
-                }
-                self.draw_words.iter_mut().zip(u).for_each(|(w, &u)| *w = uniform_f32(u).to_bits());
-                sample_rows::MODE_UNIFORM
-            }
-            CategoricalRequest::Ids(ids) => {
-                if ids.len() != c {
-                    return Err(GpuError::Length { what: "categorical ids", got: ids.len(), expected: c });
-                }
-                self.draw_words.copy_from_slice(ids);
-                sample_rows::MODE_GIVEN
-            }
-        };
+        let mode = batch::draw_words(draw, &mut self.draw_words, c)?;
         self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(canvas));
         self.ctx.queue.write_buffer(&self.arena.draws, 0, bytemuck::cast_slice(&self.draw_words));
         self.ctx.queue.write_buffer(&self.arena.sample_step, 0, bytemuck::bytes_of(&SampleStep::new(temperature, mode)));

@@ -2,7 +2,9 @@
 //! copies). With `beta == 0` the previous contents of `out` are not read (BLAS convention), so an
 //! uninitialised output cannot leak NaN. The scaled variant ([`source_scaled`]) multiplies `x`'s
 //! rows of `row` elements by `scale[row]` first: the self-conditioning MLP's down projection ran
-//! on rows scaled by `crate::gelu_glu::fused_scaled`.
+//! on rows scaled by `crate::gelu_glu::fused_scaled`. The gated variants ([`source_gated`]) leave
+//! `out` untouched on the rows whose gate is 0: a batched forward adds the self-conditioning
+//! signal to the canvases that take it only.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -52,4 +54,25 @@ pub fn source_scaled() -> KernelSource {
         buffers: vec![Access::Read, Access::ReadWrite, Access::Read],
         params_size: size_of::<AxpbyParams>() as u64,
     }
+}
+
+/// [`source`] (`scaled`: [`source_scaled`]) on the rows of `row` elements whose gate is non-zero;
+/// the other rows of `out` are not written. Bindings: `x`, `out`, with `scaled` `scale` (read,
+/// `[n / row]`), then `gate` (read, u32 `[n / row]`). The rows written get the ungated kernel's
+/// bits.
+pub fn source_gated(scaled: bool) -> KernelSource {
+    let base = if scaled { source_scaled() } else { source() };
+    let gate_binding = base.buffers.len() + 1;
+    let wgsl = base
+        .wgsl
+        .replace("    if (i >= p.n) {\n        return;\n    }\n", "    if (i >= p.n || gate[i / p.row] == 0u) {\n        return;\n    }\n")
+        .replace(
+            "@group(0) @binding(2) var<storage, read_write> out: array<f32>;\n",
+            &format!(
+                "@group(0) @binding(2) var<storage, read_write> out: array<f32>;\n@group(0) @binding({gate_binding}) var<storage, read> gate: array<u32>;\n"
+            ),
+        );
+    let mut buffers = base.buffers;
+    buffers.push(Access::Read);
+    KernelSource { name: format!("{}_gated", base.name), wgsl, entry: "main", buffers, params_size: base.params_size }
 }

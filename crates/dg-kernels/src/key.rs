@@ -82,6 +82,9 @@ pub enum KernelKey {
     Axpby,
     /// [`KernelKey::Axpby`] with `x`'s rows multiplied by their factors (a scaled input's product).
     AxpbyScaled,
+    /// [`KernelKey::Axpby`] (`scaled`: [`KernelKey::AxpbyScaled`]) only on the rows whose gate is
+    /// non-zero: a batch's self-conditioning add, for the canvases that take it.
+    AxpbyGated { scaled: bool },
     SampleRows,
     SplitK,
     MoeDispatch,
@@ -167,6 +170,7 @@ impl KernelKey {
             K::Rope => rope::source(),
             K::Axpby => axpby::source(),
             K::AxpbyScaled => axpby::source_scaled(),
+            K::AxpbyGated { scaled } => axpby::source_gated(scaled),
             K::SampleRows => sample_rows::source(),
             K::SplitK => split_k::source(),
             K::MoeDispatch => moe_dispatch::source(),
@@ -215,7 +219,7 @@ impl KernelKey {
         const PATHS: [WPath; 3] = [WPath::Staged, WPath::Direct, WPath::Single];
         const A_FORMATS: [AFormat; 2] = [AFormat::F32, AFormat::F16];
         const LAYOUTS: [BLayout; 3] = [BLayout::Nk, BLayout::Kn, BLayout::NkPanels];
-        let mut keys = vec![K::Rope, K::Axpby, K::AxpbyScaled, K::SampleRows, K::SplitK, K::MoeDispatch, K::GeluGluSplit];
+        let mut keys = vec![K::Rope, K::Axpby, K::AxpbyScaled, K::AxpbyGated { scaled: false }, K::AxpbyGated { scaled: true }, K::SampleRows, K::SplitK, K::MoeDispatch, K::GeluGluSplit];
         keys.extend(Lanes::ALL.map(K::MoeCombine));
         keys.extend(Lanes::ALL.map(K::MoeCombineScaled));
         keys.extend(WeightFormat::ELEMENTS.map(K::Embed));

@@ -49,6 +49,16 @@ pub struct NormRopeParams {
     pub q_blocks: u32,
     /// Non-zero: no K rows (the q rows, or the V rows, alone).
     pub skip_k: u32,
+    /// Element of `x` (of each partial) where the first q block's (else the K block's) rows start:
+    /// one canvas of a product over several (`dg_gpu`'s batched forward).
+    pub x_offset: u32,
+    /// Elements of `x` from one q block to the next (and from the last to the K block); 0 for
+    /// `tokens·heads·dim` (the blocks hold this dispatch's rows alone).
+    pub block_stride: u32,
+    /// Row of the cos/sin tables that token 0 reads.
+    pub table_row0: u32,
+    /// Elements before row 0 of `q_out`.
+    pub q_offset: u32,
     pub _pad: u32,
 }
 
@@ -94,5 +104,5 @@ pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
 /// The columns [`source_lanes`] may take at a time for `p`: 4 where `d / 2` and every offset and
 /// stride are multiples of 4, else 1.
 pub fn lanes_for(p: &NormRopeParams) -> u32 {
-    if p.dim.is_multiple_of(2) { crate::lanes_for(&[p.dim / 2, p.out_offset, p.v_offset, p.split_stride]) } else { 1 }
+    if p.dim.is_multiple_of(2) { crate::lanes_for(&[p.dim / 2, p.out_offset, p.v_offset, p.split_stride, p.x_offset, p.block_stride, p.q_offset]) } else { 1 }
 }

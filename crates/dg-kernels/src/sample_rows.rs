@@ -56,7 +56,10 @@ pub struct SampleRowsParams {
     pub rows: u32,
     /// Row length V ≥ 1.
     pub vocab: u32,
-    pub _pad: [u32; 2],
+    /// Rows that share one [`SampleStep`]: row `r` reads step `r / rows_per_step` (the canvases of
+    /// a batched forward, each with its own temperature and draw mode); 0: every row reads step 0.
+    pub rows_per_step: u32,
+    pub _pad: u32,
 }
 
 /// The per-step inputs, in a small storage buffer the host rewrites every step (so that a recorded
@@ -83,7 +86,7 @@ pub fn workgroups(p: &SampleRowsParams) -> u32 {
 }
 
 /// Bindings: `logits` (read, `[rows, V]`), `scaled` (read-write, `[rows, V]`: `logits / T`), `step`
-/// (read, one [`SampleStep`]), `draws` (read, u32 `[rows]`: uniform bits or given ids), `results`
+/// (read, [`SampleStep`]s: one, or one per `rows_per_step` rows), `draws` (read, u32 `[rows]`: uniform bits or given ids), `results`
 /// (read-write, u32 `[rows, RESULT_WORDS]`).
 pub fn source() -> KernelSource {
     KernelSource {

@@ -3,16 +3,18 @@
 //! the tokens it gives alone: the reference's own prompt with the draws transformers recorded (its
 //! sequence is the reference's), and seeded sequences with other prompt lengths (shorter, and
 //! longer than the sliding window), fewer canvases, adaptive stopping off, and one admitted when
-//! another leaves.
+//! another leaves. On the GPU the same batch runs as one forward for all its canvases
+//! (`GpuModel`'s `BatchResidentModel`), and each sequence still gets the tokens the single-sequence
+//! GPU model gives it alone.
 
 use dg_cpu::CpuModel;
 use dg_model::{GenerationConfig, ModelDir, StoppingConfig};
 use dg_parity::reference::Reference;
 use dg_parity::replay::replay_config;
-use dg_parity::testing::fixture;
+use dg_parity::testing::{fixture, test_context};
 use dg_sampler::{
     Batch, CategoricalRequest, DrawError, Generation, HostRows, NoHooks, PerSlot, RandomSource, Replay, RowDistributions, SeededRng, SeqId,
-    StopReason, generate, generate_resident,
+    StepReport, StopReason, generate, generate_resident,
 };
 
 /// A sequence's draws: recorded by the reference, or seeded.
@@ -169,4 +171,70 @@ fn a_resident_cpu_batch_gives_each_sequence_its_tokens_alone() {
         let want = generate_resident(&mut alone_model, &j.prompt, &j.cfg, c, v, &mut j.draws(&s), &mut NoHooks).unwrap();
         assert_eq!(*g, want, "sequence {i} in the batch and alone");
     }
+}
+
+/// Cache rows enough for every job of `jobs` (its prompt and all its canvases).
+fn max_context(s: &Setup, jobs: &[Job]) -> usize {
+    let c = s.dir.config.canvas_length;
+    jobs.iter().map(|j| j.prompt.len() + j.cfg.max_new_tokens.next_multiple_of(c)).max().unwrap()
+}
+
+#[test]
+fn a_gpu_batch_runs_its_canvases_in_one_forward_and_gives_each_sequence_its_tokens_alone() {
+    let test = "a_gpu_batch_runs_its_canvases_in_one_forward_and_gives_each_sequence_its_tokens_alone";
+    if test_context(test).is_none() {
+        return;
+    }
+    let ctx = || test_context(test).unwrap();
+    for name in ["early-stop-eos", "sliding-long-prompt"] {
+        let s = setup(name);
+        let jobs = jobs(&s);
+        let (c, v) = (s.dir.config.canvas_length, s.dir.config.text.vocab_size);
+        let weights = s.dir.load_weights().unwrap();
+        let context = max_context(&s, &jobs);
+        let slots = 3;
+        let mut model =
+            dg_gpu::GpuModel::from_source_with_slots(ctx(), &s.dir.config, &weights, context, slots, dg_gpu::WeightFormat::F32, &mut |_| {})
+                .unwrap();
+        let mut reports: Vec<StepReport> = vec![];
+        let got = batched(&s, &jobs, slots, |b| {
+            reports.push(b.step_resident(&mut model));
+        });
+        assert_eq!(got[0].sequence, s.reference.ids("gen_sequences").unwrap(), "{name}: the replayed sequence is the reference's");
+        let mut alone_model = dg_gpu::GpuModel::new(ctx(), &s.dir.config, &weights, context).unwrap();
+        for (i, (j, g)) in jobs.iter().zip(&got).enumerate() {
+            alone_model.reset();
+            let want = generate_resident(&mut alone_model, &j.prompt, &j.cfg, c, v, &mut j.draws(&s), &mut NoHooks).unwrap();
+            assert_eq!(*g, want, "{name}: sequence {i} in the GPU batch and alone");
+        }
+        // Several canvases went through one forward, the batch was full, and sequences ended
+        // while others continued.
+        let most = reports.iter().map(|r| r.forwarded).max().unwrap();
+        assert_eq!(most, slots, "{name}: the largest forward");
+        assert!(reports.iter().any(|r| r.finished > 0 && r.forwarded > 1), "{name}: no sequence ended beside others");
+    }
+}
+
+#[test]
+fn a_gpu_batch_refuses_a_slot_it_does_not_have() {
+    let test = "a_gpu_batch_refuses_a_slot_it_does_not_have";
+    let Some(ctx) = test_context(test) else { return };
+    let s = setup("early-stop-eos");
+    let weights = s.dir.load_weights().unwrap();
+    let mut model =
+        dg_gpu::GpuModel::from_source_with_slots(ctx, &s.dir.config, &weights, 64, 2, dg_gpu::WeightFormat::F32, &mut |_| {}).unwrap();
+    let e = dg_sampler::BatchResidentModel::encode(&mut model, 2, &s.prompt).unwrap_err().to_string();
+    assert!(e.contains("slot 2") && e.contains("slots the model was loaded with"), "{e}");
+    // A batch larger than the model's slots fails its forward, and every sequence in it says so.
+    let jobs = jobs(&s);
+    let (c, v) = (s.dir.config.canvas_length, s.dir.config.text.vocab_size);
+    let mut batch = Batch::new(c, v, 3).unwrap();
+    for j in &jobs[..3] {
+        batch.admit(&j.prompt, &j.cfg, j.draws(&s), NoHooks).unwrap_or_else(|r| panic!("{}", r.reason));
+    }
+    while batch.running() > 0 {
+        batch.step_resident(&mut model);
+    }
+    let results: Vec<_> = batch.drain_finished().map(|f| f.result).collect();
+    assert!(results.iter().any(|r| r.as_ref().is_err_and(|e| format!("{e:?}").contains("slot 2"))), "{results:?}");
 }

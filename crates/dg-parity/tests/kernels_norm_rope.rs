@@ -4,7 +4,7 @@
 //! and 8 heads; and against the two dispatches it replaces (`rmsnorm` then `rope` on the GPU).
 //! Every output carries a guard band, and every case also runs with its workgroups folded into y.
 
-use dg_gpu::ops::{HeadRows, Recorder};
+use dg_gpu::ops::{HeadRows, Recorder, TokensAt};
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::norm_rope::{self, NormRopeParams};
 use dg_kernels::rmsnorm::{self, RmsNormParams, WEIGHTED};
@@ -89,7 +89,7 @@ fn run_fused_at(
         v_offset: 0,
         q_blocks: 0,
         skip_k: 0,
-        _pad: 0,
+        ..bytemuck::Zeroable::zeroed()
     };
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&p, &params, &[&xb, &wb, &cb, &sb, &out, &values, &wb, &values], groups_1d(norm_rope::workgroups(&params), max_dim));
@@ -260,7 +260,8 @@ fn norm_rope_kv_writes_what_norm_rope_and_rmsnorm_write() {
 /// merged `qkv_proj`) in one dispatch (`Recorder::norm_rope_rows`): q bit for bit what the q rows
 /// alone write (as the separate q product's dispatch), and that the CPU's norm and rotation of
 /// q's heads in token order (`[tokens, heads, d]`) within the kernel's tolerance; the keys and
-/// values bit for bit what `norm_rope_kv` writes from the K/V part.
+/// values bit for bit what `norm_rope_kv` writes from the K/V part; and the same rows as the second
+/// canvas of a product over two (`TokensAt`) give the same bits.
 #[test]
 fn norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write() {
     let test = "norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write";
@@ -285,11 +286,30 @@ fn norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write() {
         let [keys, values, keys_kv, values_kv] = ["keys", "values", "keys kv", "values kv"].map(|l| guarded_output(&ctx, l, len));
         let mut pipelines = Pipelines::default();
         let mut rec = Recorder::new(&ctx, &mut pipelines);
-        let all = HeadRows { q: Some((&q_w, &q, group)), k: Some((&k_w, &keys, at)), v: (&values, kv, (group + halves - 1) * n) };
+        let all = HeadRows { q: Some((&q_w, &q, group)), k: Some((&k_w, &keys, at)), v: (&values, kv, (group + halves - 1) * n), at: TokensAt::WHOLE };
         rec.norm_rope_rows(&x, all, (&cb, &sb), tokens, kv, d, EPS).unwrap();
-        rec.norm_rope_rows(&x, HeadRows { q: Some((&q_w, &q_alone, group)), k: None, v: (&dummy, 0, 0) }, (&cb, &sb), tokens, kv, d, EPS)
+        rec.norm_rope_rows(&x, HeadRows { q: Some((&q_w, &q_alone, group)), k: None, v: (&dummy, 0, 0), at: TokensAt::WHOLE }, (&cb, &sb), tokens, kv, d, EPS)
             .unwrap();
         rec.norm_rope_kv(&kv_x, &k_w, (&cb, &sb), (&keys_kv, at), (&values_kv, kv, (halves - 1) * n), tokens, kv, d, EPS).unwrap();
+        // The same rows as the second canvas of a product over two (each block `[2·tokens, kv,
+        // d]`, the first canvas's rows other values), its RoPE tables after the first canvas's.
+        let (x2_host, blocks) = {
+            let other = seeded((group + halves) * n, 400 + d as u64, 3.0);
+            let mut x2 = Vec::with_capacity(2 * other.len());
+            for b in 0..group + halves {
+                x2.extend_from_slice(&other[b * n..(b + 1) * n]);
+                x2.extend_from_slice(&x_host[b * n..(b + 1) * n]);
+            }
+            (x2, group + halves)
+        };
+        assert_eq!(x2_host.len(), 2 * blocks * n);
+        let x2 = ctx.upload("two canvases", &x2_host).unwrap();
+        let wide = |t: &[f32]| -> Vec<f32> { seeded(t.len(), 401, 1.0).into_iter().chain(t.iter().copied()).collect() };
+        let (cb2, sb2) = (ctx.upload("cos2", &wide(&table.cos)).unwrap(), ctx.upload("sin2", &wide(&table.sin)).unwrap());
+        let [q2, keys2, values2] = [("q2", q_len), ("keys2", len), ("values2", len)].map(|(l, n)| guarded_output(&ctx, l, n));
+        let second = TokensAt { x_offset: n, block_stride: 2 * n, table_row0: tokens, q_offset: 0 };
+        let rows2 = HeadRows { q: Some((&q_w, &q2, group)), k: Some((&k_w, &keys2, at)), v: (&values2, kv, (group + halves - 1) * 2 * n + n), at: second };
+        rec.norm_rope_rows(&x2, rows2, (&cb2, &sb2), tokens, kv, d, EPS).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
         let what = format!("d={d} tokens={tokens} kv={kv} group={group} v after k {has_v}");
         let bits = |b: &wgpu::Buffer, len: usize| -> Vec<u32> { read_guarded(&ctx, b, len).iter().map(|v| v.to_bits()).collect() };
@@ -297,6 +317,9 @@ fn norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write() {
         assert!(bits(&keys, len) == bits(&keys_kv, len), "{what}: keys differ from norm_rope_kv's");
         assert!(bits(&values, len) == bits(&values_kv, len), "{what}: values differ from norm_rope_kv's");
         assert!(read_guarded(&ctx, &dummy, 4).iter().all(|&v| v == GUARD), "{what}: the unused output written");
+        assert!(bits(&q2, q_len) == bits(&q, q_len), "{what}: q of a canvas of two differs from q alone");
+        assert!(bits(&keys2, len) == bits(&keys, len), "{what}: keys of a canvas of two differ");
+        assert!(bits(&values2, len) == bits(&values, len), "{what}: values of a canvas of two differ");
         // q's heads in token order: head b·kv + j of token t is row (b, t, j) of the blocks.
         let heads = group * kv;
         let mut want = vec![0.0f32; q_len];

@@ -29,13 +29,13 @@ impl GpuModel {
                 what: format!("profiling {} tokens as one encoder chunk (at most {})", ids.len(), self.prefill_chunk),
             });
         }
-        let ids = self.encoder_ids(ids)?;
-        self.context_ready = false;
+        let ids = self.encoder_ids(0, ids)?;
+        self.invalidate_tables();
         let start = Instant::now();
-        let plan = self.encoder_chunk_plan(&ids)?;
+        let plan = self.encoder_chunk_plan(0, &ids)?;
         let record_ms = start.elapsed().as_secs_f64() * 1e3;
         let kernels = plan.profile(&self.ctx)?;
-        self.seq_len += ids.len();
+        self.seq_lens[0] += ids.len();
         Ok(EncoderProfile { tokens: ids.len(), record_ms, kernels })
     }
 }

@@ -46,8 +46,8 @@ impl GpuModel {
             return Err(GpuError::Unsupported { what: "a snapshot of a cache uploaded with set_context".into() });
         }
         let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cache snapshot") });
-        let mut layers = Vec::with_capacity(self.arena.cache.len());
-        for (i, ((v, spec), cache)) in self.encoded_visible().iter().zip(&self.config.text.layers).zip(&self.arena.cache).enumerate() {
+        let mut layers = Vec::with_capacity(self.arena.caches[0].len());
+        for (i, ((v, spec), cache)) in self.encoded_visible().iter().zip(&self.config.text.layers).zip(&self.arena.caches[0]).enumerate() {
             let row_bytes = (spec.num_kv_heads * spec.head_dim * size_of::<f32>()) as u64;
             let size = v.len as u64 * row_bytes;
             let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
@@ -62,7 +62,7 @@ impl GpuModel {
             layers.push(SavedLayer { start: v.start, rows: v.len, row_bytes, keys, values });
         }
         self.ctx.queue.submit(Some(encoder.finish()));
-        Ok(CacheSnapshot { seq_len: self.seq_len, layers })
+        Ok(CacheSnapshot { seq_len: self.seq_lens[0], layers })
     }
 
     /// Copies a snapshot of this model's cache back to the rows it came from; the next encode and
@@ -87,7 +87,7 @@ impl GpuModel {
             }
         }
         let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cache restore") });
-        for (l, cache) in snapshot.layers.iter().zip(&self.arena.cache) {
+        for (l, cache) in snapshot.layers.iter().zip(&self.arena.caches[0]) {
             let size = l.rows as u64 * l.row_bytes;
             if size > 0 {
                 let offset = l.start as u64 * l.row_bytes;
@@ -96,7 +96,7 @@ impl GpuModel {
             }
         }
         self.ctx.queue.submit(Some(encoder.finish()));
-        self.seq_len = snapshot.seq_len;
+        self.seq_lens[0] = snapshot.seq_len;
         self.context_ready = false;
         self.uploaded_context = false;
         Ok(())

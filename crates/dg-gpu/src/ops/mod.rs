@@ -26,8 +26,11 @@ pub struct Recorder<'a> {
     pipelines: &'a mut Pipelines,
     plan: PlanBuilder<'a>,
     scope: String,
-    /// Scratch for split-K partial products and its length in f32 elements (none: no split).
+    /// Scratch for split-K partial products and the length in f32 elements the planner may plan
+    /// for (none: no split).
     split_scratch: Option<(&'a wgpu::Buffer, u64)>,
+    /// Products of more rows are planned as if they had this many ([`Self::plan_rows`]).
+    plan_rows: Option<usize>,
 }
 
 impl std::fmt::Debug for Recorder<'_> {
@@ -94,6 +97,28 @@ pub struct HeadRows<'a> {
     /// V: the output (from K's element, or 0), the heads a token (0: none) and the element of the
     /// input they start at.
     pub v: (&'a wgpu::Buffer, usize, usize),
+    /// Where the dispatch's tokens sit in the input and the RoPE tables.
+    pub at: TokensAt,
+}
+
+/// Where [`Recorder::norm_rope_rows`]'s tokens sit: the whole input from element 0, or one canvas
+/// of a product over several (`dg_kernels::norm_rope::NormRopeParams`'s `x_offset`,
+/// `block_stride`, `table_row0`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokensAt {
+    /// Element of the input where the first q block (else K's) starts.
+    pub x_offset: usize,
+    /// Elements from one block of the input to the next (0: the dispatch's rows alone).
+    pub block_stride: usize,
+    /// Row of the cos/sin tables of the first token.
+    pub table_row0: usize,
+    /// Element of q's output where the first token's rows go.
+    pub q_offset: usize,
+}
+
+impl TokensAt {
+    /// The input holds this dispatch's rows alone, from element 0; tables from row 0.
+    pub const WHOLE: TokensAt = TokensAt { x_offset: 0, block_stride: 0, table_row0: 0, q_offset: 0 };
 }
 
 /// A plain `[m, k] · Wᵀ` product for `W: [n, k]` (PyTorch linear layout).
@@ -103,7 +128,7 @@ pub fn linear_params(m: usize, n: usize, k: usize) -> GemmParams {
 
 impl<'a> Recorder<'a> {
     pub fn new(ctx: &'a GpuContext, pipelines: &'a mut Pipelines) -> Self {
-        Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx), scope: String::new(), split_scratch: None }
+        Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx), scope: String::new(), split_scratch: None, plan_rows: None }
     }
 
     /// Labels the following dispatches (`embed`, `layer3`, `head`) for profiles.
@@ -115,6 +140,30 @@ impl<'a> Recorder<'a> {
     /// partial products in `scratch` (f32, its whole size).
     pub fn split_k_scratch(&mut self, scratch: &'a wgpu::Buffer) {
         self.split_scratch = Some((scratch, scratch.size() / 4));
+    }
+
+    /// [`Self::split_k_scratch`], the planner fitting splits into `planned` elements of it: a
+    /// batched forward's scratch holds a canvas's `planned` per canvas, and each product is
+    /// planned for one canvas ([`Self::plan_rows`]).
+    pub fn split_k_scratch_as(&mut self, scratch: &'a wgpu::Buffer, planned: u64) {
+        self.split_scratch = Some((scratch, planned.min(scratch.size() / 4)));
+    }
+
+    /// Plans every following product of more than `rows` rows (m, or an expert product's rows)
+    /// as if it had `rows` (None: as it is): the products of a batch of canvases then take the
+    /// kernel, tile and split of one canvas's, and every row gets the bits it gets alone.
+    pub fn plan_rows(&mut self, rows: Option<usize>) {
+        self.plan_rows = rows;
+    }
+
+    /// The rows a product of `rows` rows is planned for ([`Self::plan_rows`]).
+    pub fn planned_rows(&self, rows: usize) -> usize {
+        self.plan_rows.map_or(rows, |r| rows.min(r))
+    }
+
+    /// `p` as its plan is chosen: m as [`Self::planned_rows`] says.
+    pub fn planned(&self, p: &GemmParams) -> GemmParams {
+        GemmParams { m: self.planned_rows(p.m as usize) as u32, ..*p }
     }
 
     /// Creates the plan's uniform buffer and bind groups.
@@ -366,7 +415,7 @@ impl<'a> Recorder<'a> {
         d: usize,
         eps: f32,
     ) -> Result<(), GpuError> {
-        let rows = HeadRows { q: None, k: Some((w, out, out_offset)), v: (values, v_heads, v_offset) };
+        let rows = HeadRows { q: None, k: Some((w, out, out_offset)), v: (values, v_heads, v_offset), at: TokensAt::WHOLE };
         self.norm_rope_rows(x, rows, (cos, sin), tokens, heads, d, eps)
     }
 
@@ -402,6 +451,10 @@ impl<'a> Recorder<'a> {
             v_offset: v_offset as u32,
             q_blocks: q_blocks as u32,
             skip_k: u32::from(rows.k.is_none()),
+            x_offset: rows.at.x_offset as u32,
+            block_stride: rows.at.block_stride as u32,
+            table_row0: rows.at.table_row0 as u32,
+            q_offset: rows.at.q_offset as u32,
             _pad: 0,
         };
         let g = self.groups(norm_rope::workgroups(&p));
@@ -565,6 +618,27 @@ impl<'a> Recorder<'a> {
         self.push(K::AxpbyScaled, &p, &[x, out, scale], g)
     }
 
+    /// [`Self::axpby`] (with `scale`: [`Self::axpby_scaled`]) on the rows of `row` elements whose
+    /// u32 `gate` is non-zero; the other rows of `out` keep their values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn axpby_gated(
+        &mut self,
+        x: &'a wgpu::Buffer,
+        scale: Option<&'a wgpu::Buffer>,
+        (gate, row): (&'a wgpu::Buffer, usize),
+        out: &'a wgpu::Buffer,
+        n: usize,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<(), GpuError> {
+        let p = axpby::AxpbyParams { n: n as u32, alpha, beta, row: row as u32 };
+        let g = self.groups(axpby::workgroups(&p));
+        let mut buffers = vec![x, out];
+        buffers.extend(scale);
+        buffers.push(gate);
+        self.push(K::AxpbyGated { scaled: scale.is_some() }, &p, &buffers, g)
+    }
+
     /// Softmax over experts, top-k, renormalise, × per-expert scale.
     #[allow(clippy::too_many_arguments)]
     pub fn router_topk(
@@ -627,6 +701,7 @@ impl<'a> Recorder<'a> {
     /// `results[row] = (entropy bits, argmax, sampled, first non-finite column + 1)` (see
     /// `dg_kernels::sample_rows`). `step` holds the step's `SampleStep` (temperature, mode) and `draws`
     /// the rows' uniforms or given ids; the host rewrites both every step, so the plan replays as is.
+    /// `step` holds one `SampleStep` per `rows_per_step` rows (a batch's canvases).
     #[allow(clippy::too_many_arguments)]
     pub fn sample_rows(
         &mut self,
@@ -635,10 +710,10 @@ impl<'a> Recorder<'a> {
         step: &'a wgpu::Buffer,
         draws: &'a wgpu::Buffer,
         results: &'a wgpu::Buffer,
-        rows: usize,
+        (rows, rows_per_step): (usize, usize),
         vocab: usize,
     ) -> Result<(), GpuError> {
-        let p = SampleRowsParams { rows: rows as u32, vocab: vocab as u32, _pad: [0; 2] };
+        let p = SampleRowsParams { rows: rows as u32, vocab: vocab as u32, rows_per_step: rows_per_step as u32, _pad: 0 };
         let g = self.groups(sample_rows::workgroups(&p));
         self.push(K::SampleRows, &p, &[logits, scaled, step, draws, results], g)
     }

@@ -121,7 +121,7 @@ impl<'a> Recorder<'a> {
         if let Some(w) = b.split {
             return self.dense_parts(a, w, c, p, tensor_cores);
         }
-        match self.planner().dense(b.format, b.layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)? {
+        match self.planner().dense(b.format, b.layout, &self.planned(&p), tensor_cores, self.split_scratch_len()).map_err(unsupported)? {
             Dense::TensorCores(plan) => self.coop_product(a, b, c, p, plan, defer),
             Dense::BodyAndTail { n_body } => {
                 self.dense(a, b, c, GemmParams { n: n_body, ..p }, true, false)?;
@@ -151,7 +151,7 @@ impl<'a> Recorder<'a> {
         p: GemmParams,
         tensor_cores: bool,
     ) -> Result<Product<'a>, GpuError> {
-        let whole = self.planner().dense(w.format, w.layout, &p, tensor_cores, self.split_scratch_len()).map_err(unsupported)?;
+        let whole = self.planner().dense(w.format, w.layout, &self.planned(&p), tensor_cores, self.split_scratch_len()).map_err(unsupported)?;
         for (range, piece) in w.parts.ranges().iter().zip(&w.pieces) {
             let products = part_products(&p, w.unit_elems, range.clone()).ok_or_else(|| GpuError::Unsupported {
                 what: format!(
@@ -230,7 +230,11 @@ impl<'a> Recorder<'a> {
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
         let w = w.into();
-        let plan = self.planner().grouped(w.format, w.layout, &p, slots as u32).map_err(unsupported)?;
+        // Planned for the rows of `Self::plan_rows` (the slots in proportion).
+        let planned_rows = self.planned_rows(p.max_rows as usize);
+        let planned_slots = (slots * planned_rows).checked_div(p.max_rows as usize).unwrap_or(slots);
+        let planned = GroupedGemmParams { max_rows: planned_rows as u32, ..p };
+        let plan = self.planner().grouped(w.format, w.layout, &planned, planned_slots as u32).map_err(unsupported)?;
         if let Grouped::Portable { .. } = plan
             && a_format != AFormat::F32
         {

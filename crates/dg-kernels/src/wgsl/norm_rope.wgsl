@@ -34,6 +34,13 @@ struct Params {
     // Blocks of Q rows ahead of the K rows (0: none), and whether the K rows are left out.
     q_blocks: u32,
     skip_k: u32,
+    // Element of x where the first q block (else the K block) starts, elements from one block to
+    // the next (0: tokens * heads * dim), and the tables' row of token 0.
+    x_offset: u32,
+    block_stride: u32,
+    table_row0: u32,
+    // Elements before row 0 of q_out.
+    q_offset: u32,
     _pad0: u32,
 }
 
@@ -63,7 +70,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let is_v = row >= q_rows + k_rows;
     let v_row = row - q_rows - k_rows;
     let cols = p.dim / LANES;
-    let base = select(row * cols, p.v_offset / LANES + v_row * cols, is_v);
+    let stride = select(block_rows * cols, p.block_stride / LANES, p.block_stride != 0u);
+    // Row r of block b (q blocks, then K) starts at x_offset + b * stride + r * cols.
+    let blk = select(p.q_blocks, row / block_rows, is_q);
+    let in_blk = select(row - q_rows, row % block_rows, is_q);
+    let base = select(p.x_offset / LANES + blk * stride + in_blk * cols, p.v_offset / LANES + v_row * cols, is_v);
     let live = select(true, v_row < p.tokens * p.v_heads, is_v);
     var acc = 0.0;
     if (live) {
@@ -93,8 +104,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let b = row / block_rows;
         let t = (row % block_rows) / p.heads;
         let head = b * p.heads + row % p.heads;
-        let dst = (t * p.q_blocks * p.heads + head) * cols;
-        let table = t * half;
+        let dst = p.q_offset / LANES + (t * p.q_blocks * p.heads + head) * cols;
+        let table = (p.table_row0 + t) * half;
         for (var j = lid.x; j < half; j += WG) {
             let y1 = (x_at(base + j) * inv) * q_w[j];
             let y2 = (x_at(base + j + half) * inv) * q_w[j + half];
@@ -106,7 +117,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         return;
     }
     let k_row = row - q_rows;
-    let table = (k_row / p.heads) * half;
+    let table = (p.table_row0 + k_row / p.heads) * half;
     let dst = out_base + k_row * cols;
     for (var j = lid.x; j < half; j += WG) {
         let y1 = (x_at(base + j) * inv) * w[j];

@@ -18,7 +18,8 @@
 struct Params {
     rows: u32,
     vocab: u32,
-    _pad0: u32,
+    // Rows that share one Step (a canvas of a batched forward; 0: every row reads step 0).
+    rows_per_step: u32,
     _pad1: u32,
 }
 
@@ -32,7 +33,7 @@ struct Step {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> scaled: array<f32>;
-@group(0) @binding(3) var<storage, read> step_in: Step;
+@group(0) @binding(3) var<storage, read> steps: array<Step>;
 @group(0) @binding(4) var<storage, read> draws: array<u32>;
 @group(0) @binding(5) var<storage, read_write> results: array<u32>;
 
@@ -190,6 +191,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let i = lid.x;
     let v_n = p.vocab;
     let base = row * v_n;
+    let step_in = steps[select(0u, row / p.rows_per_step, p.rows_per_step != 0u)];
     let t = step_in.temperature;
     let mode = step_in.mode;
     if (i == 0u) {

@@ -1,0 +1,253 @@
+//! Batched denoising steps (`DiffusionGemmaGenerationMixin.generate` over a batch of prompts): the
+//! canvases of several sequences, each in its own slot (KV cache, positions, self-conditioning
+//! logits), through ONE canvas forward and one sampler pass, so that every weight is read once a
+//! step for the whole batch ([`dg_sampler::BatchResidentModel`] for [`GpuModel`]).
+//!
+//! Slot `s`'s canvas is the forward's canvas `s`: rows `s·C ..` of every activation, its
+//! self-conditioning logits and its sampler results stay in those rows from step to step. A
+//! forward covers slots `0..=` the highest one in the step; a slot below it that has no canvas in
+//! the step (a free one) runs a pad canvas whose results are dropped. Canvases that self-condition
+//! and canvases on their block's first step share a forward: the signal is computed for all and
+//! added to the former only (`forward::SelfConditioning::Gated`). Every product is planned as
+//! for one canvas (`Recorder::plan_rows`), so each sequence gets the bits it gets alone.
+
+use std::collections::HashMap;
+
+use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
+use dg_sampler::{CategoricalRequest, ResidentCanvases, RowResult};
+
+use super::{GpuModel, uniform_f32};
+use crate::context::map_read_with;
+use crate::error::GpuError;
+use crate::forward::{CanvasShape, ForwardShape, SelfConditioning, record_canvas_forward};
+use crate::ops::Recorder;
+use crate::plan::Plan;
+
+/// Recorded plans kept at most (a batch's shape changes when any of its sequences starts a block).
+const MAX_PLANS: usize = 16;
+
+/// The batched steps' plans by shape, and which positions the RoPE tables' canvas rows hold.
+#[derive(Debug, Default)]
+pub(super) struct PlanCache {
+    plans: HashMap<ForwardShape, Plan>,
+    /// Per canvas of a forward, the position of its first row the tables hold (None: unknown).
+    tables: Vec<Option<usize>>,
+}
+
+impl PlanCache {
+    /// Something else wrote the tables (an encoder chunk, the single-sequence forward).
+    pub(super) fn tables_invalid(&mut self) {
+        self.tables.clear();
+    }
+}
+
+/// One step's inputs for the forward's canvases, in slot order.
+struct StepInputs {
+    ids: Vec<u32>,
+    draws: Vec<u32>,
+    steps: Vec<SampleStep>,
+    gate: Vec<u32>,
+}
+
+impl GpuModel {
+    /// Slots (sequences with a cache of their own) the model was loaded with.
+    pub fn slots(&self) -> usize {
+        self.arena.slots
+    }
+
+    /// Tokens in `slot`'s cache.
+    pub fn slot_len(&self, slot: usize) -> Option<usize> {
+        self.seq_lens.get(slot).copied()
+    }
+
+    /// Forgets `slot`'s sequence (its cache and self-conditioning logits are free for the next).
+    pub fn release_slot(&mut self, slot: usize) {
+        if let Some(len) = self.seq_lens.get_mut(slot) {
+            *len = 0;
+        }
+        if slot == 0 {
+            self.reset();
+        }
+    }
+
+    /// One batched resident step: for every canvas of `batch`, what [`GpuModel::denoise_rows`]
+    /// does for one, in one forward and one sampler pass; reads back `RESULT_WORDS` u32 per row
+    /// of the forward.
+    pub fn denoise_batch(&mut self, batch: &mut ResidentCanvases<'_>) -> Result<(), GpuError> {
+        let (c, v) = (self.config.canvas_length, self.config.text.vocab_size);
+        let mut canvases: Vec<_> = batch.canvases().collect();
+        let Some(n) = canvases.iter().map(|cv| cv.slot + 1).max() else { return Ok(()) };
+        if n > self.arena.slots {
+            return Err(GpuError::Limit {
+                what: format!("slot {}", n - 1),
+                needed: n as u64,
+                limit: self.arena.slots as u64,
+                limit_name: "the slots the model was loaded with",
+            });
+        }
+        let pad = self.config.text.pad_token_id.unwrap_or(0);
+        let mut inputs = StepInputs {
+            ids: vec![pad; n * c],
+            draws: vec![0; n * c],
+            steps: vec![SampleStep::new(1.0, sample_rows::MODE_UNIFORM); n],
+            gate: vec![0; n * c],
+        };
+        let mut seen = vec![false; n];
+        for cv in &canvases {
+            let s = cv.slot;
+            if std::mem::replace(&mut seen[s], true) {
+                return Err(GpuError::Unsupported { what: format!("two canvases in slot {s} in one step") });
+            }
+            if self.seq_lens[s] == 0 || (s == 0 && self.uploaded_context) {
+                return Err(GpuError::NoContext);
+            }
+            self.check_canvas(cv.canvas)?;
+            if cv.rows.len() != c {
+                return Err(GpuError::Length { what: "row results", got: cv.rows.len(), expected: c });
+            }
+            let rows = s * c..(s + 1) * c;
+            inputs.ids[rows.clone()].copy_from_slice(cv.canvas);
+            inputs.gate[rows.clone()].fill(u32::from(cv.self_conditioning));
+            let mode = draw_words(cv.draw, &mut inputs.draws[rows], c)?;
+            inputs.steps[s] = SampleStep::new(cv.temperature, mode);
+        }
+        let sc = match (canvases.iter().all(|cv| cv.self_conditioning), canvases.iter().any(|cv| cv.self_conditioning)) {
+            (true, _) => SelfConditioning::On,
+            (false, true) => SelfConditioning::Gated,
+            (false, false) => SelfConditioning::Off,
+        };
+        let shape = ForwardShape {
+            canvases: (0..n).map(|slot| CanvasShape { slot, visible: self.slot_visible(slot) }).collect(),
+            self_conditioning: sc,
+        };
+        self.write_batch_inputs(&inputs, &shape)?;
+        if !self.batch_plans.plans.contains_key(&shape) {
+            let plan = self.record_batch(&shape)?;
+            if self.batch_plans.plans.len() >= MAX_PLANS {
+                self.batch_plans.plans.clear();
+            }
+            self.batch_plans.plans.insert(shape.clone(), plan);
+        }
+        let plan = &self.batch_plans.plans[&shape];
+        let bytes = (n * c * RESULT_WORDS * 4) as u64;
+        let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batched denoising step") });
+        {
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("batched denoising step"), timestamp_writes: None });
+            plan.encode(&mut pass);
+        }
+        enc.copy_buffer_to_buffer(&self.arena.row_results, 0, &self.arena.row_staging, 0, bytes);
+        self.ctx.queue.submit(Some(enc.finish()));
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { context: "batched denoising step".into(), message: e.to_string() });
+        }
+        let mut non_finite = Vec::new();
+        map_read_with(&self.ctx, &self.arena.row_staging, bytes, |data| {
+            let words: &[u32] = bytemuck::cast_slice(data);
+            for cv in &mut canvases {
+                let slot_words = &words[cv.slot * c * RESULT_WORDS..(cv.slot + 1) * c * RESULT_WORDS];
+                for (row, (r, w)) in cv.rows.iter_mut().zip(slot_words.chunks_exact(RESULT_WORDS)).enumerate() {
+                    *r = RowResult {
+                        entropy: f32::from_bits(w[sample_rows::RESULT_ENTROPY]),
+                        argmax: w[sample_rows::RESULT_ARGMAX],
+                        sampled: w[sample_rows::RESULT_SAMPLED],
+                        non_finite: None,
+                    };
+                    let bad = w[sample_rows::RESULT_NON_FINITE];
+                    if bad != 0 && !non_finite.iter().any(|&(slot, _, _)| slot == cv.slot) {
+                        non_finite.push((cv.slot, row, bad as usize - 1));
+                    }
+                }
+            }
+        })?;
+        // An error path: one more read for each offending value.
+        for (slot, row, column) in non_finite {
+            let value = self.ctx.read_f32(&self.arena.sc_probs, (slot * c + row) * v + column, 1)?[0];
+            if let Some(cv) = canvases.iter_mut().find(|cv| cv.slot == slot) {
+                cv.rows[row].non_finite = Some((column, value));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a batched step's ids, draws, per-canvas sampler settings and self-conditioning gate,
+    /// and the RoPE tables of the canvases whose positions the tables do not hold.
+    fn write_batch_inputs(&mut self, inputs: &StepInputs, shape: &ForwardShape) -> Result<(), GpuError> {
+        let q = &self.ctx.queue;
+        q.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(&inputs.ids));
+        q.write_buffer(&self.arena.draws, 0, bytemuck::cast_slice(&inputs.draws));
+        q.write_buffer(&self.arena.sample_step, 0, bytemuck::cast_slice(&inputs.steps));
+        if shape.self_conditioning == SelfConditioning::Gated {
+            q.write_buffer(&self.arena.sc_gate, 0, bytemuck::cast_slice(&inputs.gate));
+        }
+        let c = self.config.canvas_length;
+        let n = shape.canvases.len();
+        if self.batch_plans.tables.len() < n {
+            self.batch_plans.tables.resize(n, None);
+        }
+        for slot in 0..n {
+            let position = self.seq_lens[slot];
+            if self.batch_plans.tables[slot] != Some(position) {
+                self.write_rope(position, c, slot * c);
+                self.batch_plans.tables[slot] = Some(position);
+                if slot == 0 {
+                    // The single-sequence forward's tables (canvas 0's rows) moved.
+                    self.context_ready = false;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The plan of a batched step of `shape`: the forward, then the sampler's rows.
+    fn record_batch(&mut self, shape: &ForwardShape) -> Result<Plan, GpuError> {
+        let (c, v) = (self.config.canvas_length, self.config.text.vocab_size);
+        let rows = shape.canvases.len() * c;
+        let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
+        record_canvas_forward(&mut rec, &self.config, &self.weights, &self.arena, shape)?;
+        rec.scope("sampler rows");
+        let a = &self.arena;
+        rec.sample_rows(&a.logits, &a.sc_probs, &a.sample_step, &a.draws, &a.row_results, (rows, c), v)?;
+        rec.finish()
+    }
+}
+
+/// `draw` as the sampler kernel's per-row words (uniform bits, or given ids) and its mode.
+pub(super) fn draw_words(draw: CategoricalRequest<'_>, words: &mut [u32], c: usize) -> Result<u32, GpuError> {
+    match draw {
+        CategoricalRequest::Uniforms(u) => {
+            if u.len() != c {
+                return Err(GpuError::Length { what: "categorical uniforms", got: u.len(), expected: c });
+            }
+            words.iter_mut().zip(u).for_each(|(w, &u)| *w = uniform_f32(u).to_bits());
+            Ok(sample_rows::MODE_UNIFORM)
+        }
+        CategoricalRequest::Ids(ids) => {
+            if ids.len() != c {
+                return Err(GpuError::Length { what: "categorical ids", got: ids.len(), expected: c });
+            }
+            words.copy_from_slice(ids);
+            Ok(sample_rows::MODE_GIVEN)
+        }
+    }
+}
+
+impl dg_sampler::BatchResidentModel for GpuModel {
+    type Error = GpuError;
+
+    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), GpuError> {
+        if slot == 0 && self.uploaded_context {
+            self.reset();
+        }
+        self.encode_slot(slot, ids)
+    }
+
+    fn denoise_rows(&mut self, batch: &mut ResidentCanvases<'_>) -> Result<(), GpuError> {
+        self.denoise_batch(batch)
+    }
+
+    fn release(&mut self, slot: usize) {
+        self.release_slot(slot);
+    }
+}
