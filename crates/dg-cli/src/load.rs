@@ -47,20 +47,33 @@ pub fn cpu(model: &ModelDir, weights: WeightsArg) -> Result<CpuModel> {
 /// The model on the GPU with matrices as `weights` asks on this adapter
 /// ([`crate::weights::choose`]), for sequences of up to `max_context` tokens.
 pub fn gpu(model: &ModelDir, ctx: GpuContext, max_context: usize, weights: WeightsArg, report: Report) -> Result<GpuModel> {
+    gpu_slots(model, ctx, max_context, 1, weights, report)
+}
+
+/// [`gpu`] with a KV cache for each of `slots` sequences (a batch denoised one forward a step).
+pub fn gpu_slots(
+    model: &ModelDir,
+    ctx: GpuContext,
+    max_context: usize,
+    slots: usize,
+    weights: WeightsArg,
+    report: Report,
+) -> Result<GpuModel> {
     let choice = crate::weights::choose(model, weights, ctx.coop_matrix);
     let start = Instant::now();
     let mut bar = Bar { report, last: None };
     let src = source(model, choice.scheme);
     let format = choice.format;
-    let gpu = GpuModel::from_source_with_progress(ctx, &model.config, &*src, max_context, format, &mut |p| bar.draw(p, start.elapsed()))
-        .map_err(|e| match e {
-            GpuError::Model(e) => anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display()))),
-            // A weight the chosen storage cannot hold is the checkpoint's, and the user's choice.
-            e @ GpuError::OutOfRange { .. } => {
-                anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display())))
-            }
-            other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
-        })?;
+    let gpu =
+        GpuModel::from_source_with_slots(ctx, &model.config, &*src, max_context, slots, format, &mut |p| bar.draw(p, start.elapsed()))
+            .map_err(|e| match e {
+                GpuError::Model(e) => anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display()))),
+                // A weight the chosen storage cannot hold is the checkpoint's, and the user's choice.
+                e @ GpuError::OutOfRange { .. } => {
+                    anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display())))
+                }
+                other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
+            })?;
     bar.clear();
     if report != Report::Quiet {
         let (bytes, params) = (gpu.weight_bytes(), gpu.weight_parameters().max(1));

@@ -83,12 +83,13 @@ fn chat_lines_equal_their_prompts_generated_alone() {
     assert!(out[0]["prompt_text"].as_str().unwrap().contains("<|turn>user\nhello"), "{}", out[0]["prompt_text"]);
 }
 
-/// On the GPU the lines run one after another; each still equals its lone run.
+/// On the GPU a batch's canvases run as one forward a step (here two at a time, the third line
+/// taking the place of the first to end); each line still equals its lone run.
 #[test]
 fn gpu_lines_equal_their_prompts_generated_alone() {
-    let lines = ["hello", "Why is the sky blue?"];
+    let lines = ["hello", "Why is the sky blue?", "A third line, longer than the others by a few words."];
     let extra = ["--max-new-tokens", "32", "--steps", "4"];
-    let run = run_file(&lines, "gpu", &[], &extra, 5);
+    let run = run_file(&lines, "gpu", &["--batch", "2"], &extra, 5);
     if run.found_no_gpu("gpu_lines_equal_their_prompts_generated_alone") {
         return;
     }

@@ -299,7 +299,11 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
                         });
                     }
                     let keys = cached + c;
-                    let mask = SoftmaxParams { gap_start: v.len as u32, gap_end: cached as u32, ..SoftmaxParams::plain((heads * c) as u32, keys as u32) };
+                    let mask = SoftmaxParams {
+                        gap_start: v.len as u32,
+                        gap_end: cached as u32,
+                        ..SoftmaxParams::plain((heads * c) as u32, keys as u32)
+                    };
                     Ok(AttentionGroup { cache, first_token: b * c, first_row: v.start + cached, key_start: v.start, keys, mask })
                 })
                 .collect()

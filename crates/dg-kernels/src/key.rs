@@ -84,7 +84,9 @@ pub enum KernelKey {
     AxpbyScaled,
     /// [`KernelKey::Axpby`] (`scaled`: [`KernelKey::AxpbyScaled`]) only on the rows whose gate is
     /// non-zero: a batch's self-conditioning add, for the canvases that take it.
-    AxpbyGated { scaled: bool },
+    AxpbyGated {
+        scaled: bool,
+    },
     SampleRows,
     SplitK,
     MoeDispatch,
@@ -219,7 +221,17 @@ impl KernelKey {
         const PATHS: [WPath; 3] = [WPath::Staged, WPath::Direct, WPath::Single];
         const A_FORMATS: [AFormat; 2] = [AFormat::F32, AFormat::F16];
         const LAYOUTS: [BLayout; 3] = [BLayout::Nk, BLayout::Kn, BLayout::NkPanels];
-        let mut keys = vec![K::Rope, K::Axpby, K::AxpbyScaled, K::AxpbyGated { scaled: false }, K::AxpbyGated { scaled: true }, K::SampleRows, K::SplitK, K::MoeDispatch, K::GeluGluSplit];
+        let mut keys = vec![
+            K::Rope,
+            K::Axpby,
+            K::AxpbyScaled,
+            K::AxpbyGated { scaled: false },
+            K::AxpbyGated { scaled: true },
+            K::SampleRows,
+            K::SplitK,
+            K::MoeDispatch,
+            K::GeluGluSplit,
+        ];
         keys.extend(Lanes::ALL.map(K::MoeCombine));
         keys.extend(Lanes::ALL.map(K::MoeCombineScaled));
         keys.extend(WeightFormat::ELEMENTS.map(K::Embed));

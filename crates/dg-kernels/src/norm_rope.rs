@@ -104,5 +104,9 @@ pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
 /// The columns [`source_lanes`] may take at a time for `p`: 4 where `d / 2` and every offset and
 /// stride are multiples of 4, else 1.
 pub fn lanes_for(p: &NormRopeParams) -> u32 {
-    if p.dim.is_multiple_of(2) { crate::lanes_for(&[p.dim / 2, p.out_offset, p.v_offset, p.split_stride, p.x_offset, p.block_stride, p.q_offset]) } else { 1 }
+    if p.dim.is_multiple_of(2) {
+        crate::lanes_for(&[p.dim / 2, p.out_offset, p.v_offset, p.split_stride, p.x_offset, p.block_stride, p.q_offset])
+    } else {
+        1
+    }
 }

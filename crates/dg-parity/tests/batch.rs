@@ -193,9 +193,16 @@ fn a_gpu_batch_runs_its_canvases_in_one_forward_and_gives_each_sequence_its_toke
         let weights = s.dir.load_weights().unwrap();
         let context = max_context(&s, &jobs);
         let slots = 3;
-        let mut model =
-            dg_gpu::GpuModel::from_source_with_slots(ctx(), &s.dir.config, &weights, context, slots, dg_gpu::WeightFormat::F32, &mut |_| {})
-                .unwrap();
+        let mut model = dg_gpu::GpuModel::from_source_with_slots(
+            ctx(),
+            &s.dir.config,
+            &weights,
+            context,
+            slots,
+            dg_gpu::WeightFormat::F32,
+            &mut |_| {},
+        )
+        .unwrap();
         let mut reports: Vec<StepReport> = vec![];
         let got = batched(&s, &jobs, slots, |b| {
             reports.push(b.step_resident(&mut model));

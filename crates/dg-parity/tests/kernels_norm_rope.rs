@@ -286,10 +286,23 @@ fn norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write() {
         let [keys, values, keys_kv, values_kv] = ["keys", "values", "keys kv", "values kv"].map(|l| guarded_output(&ctx, l, len));
         let mut pipelines = Pipelines::default();
         let mut rec = Recorder::new(&ctx, &mut pipelines);
-        let all = HeadRows { q: Some((&q_w, &q, group)), k: Some((&k_w, &keys, at)), v: (&values, kv, (group + halves - 1) * n), at: TokensAt::WHOLE };
+        let all = HeadRows {
+            q: Some((&q_w, &q, group)),
+            k: Some((&k_w, &keys, at)),
+            v: (&values, kv, (group + halves - 1) * n),
+            at: TokensAt::WHOLE,
+        };
         rec.norm_rope_rows(&x, all, (&cb, &sb), tokens, kv, d, EPS).unwrap();
-        rec.norm_rope_rows(&x, HeadRows { q: Some((&q_w, &q_alone, group)), k: None, v: (&dummy, 0, 0), at: TokensAt::WHOLE }, (&cb, &sb), tokens, kv, d, EPS)
-            .unwrap();
+        rec.norm_rope_rows(
+            &x,
+            HeadRows { q: Some((&q_w, &q_alone, group)), k: None, v: (&dummy, 0, 0), at: TokensAt::WHOLE },
+            (&cb, &sb),
+            tokens,
+            kv,
+            d,
+            EPS,
+        )
+        .unwrap();
         rec.norm_rope_kv(&kv_x, &k_w, (&cb, &sb), (&keys_kv, at), (&values_kv, kv, (halves - 1) * n), tokens, kv, d, EPS).unwrap();
         // The same rows as the second canvas of a product over two (each block `[2·tokens, kv,
         // d]`, the first canvas's rows other values), its RoPE tables after the first canvas's.
@@ -308,7 +321,12 @@ fn norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write() {
         let (cb2, sb2) = (ctx.upload("cos2", &wide(&table.cos)).unwrap(), ctx.upload("sin2", &wide(&table.sin)).unwrap());
         let [q2, keys2, values2] = [("q2", q_len), ("keys2", len), ("values2", len)].map(|(l, n)| guarded_output(&ctx, l, n));
         let second = TokensAt { x_offset: n, block_stride: 2 * n, table_row0: tokens, q_offset: 0 };
-        let rows2 = HeadRows { q: Some((&q_w, &q2, group)), k: Some((&k_w, &keys2, at)), v: (&values2, kv, (group + halves - 1) * 2 * n + n), at: second };
+        let rows2 = HeadRows {
+            q: Some((&q_w, &q2, group)),
+            k: Some((&k_w, &keys2, at)),
+            v: (&values2, kv, (group + halves - 1) * 2 * n + n),
+            at: second,
+        };
         rec.norm_rope_rows(&x2, rows2, (&cb2, &sb2), tokens, kv, d, EPS).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
         let what = format!("d={d} tokens={tokens} kv={kv} group={group} v after k {has_v}");

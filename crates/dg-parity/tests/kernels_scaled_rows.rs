@@ -8,7 +8,8 @@
 //!   65504 and rows well within it.
 //! - The consumers multiply the rows back: the closing norms (plain and with the combine), the
 //!   MoE combine and the scaled add, on inputs divided by powers of two with those factors, give
-//!   the unscaled kernels' bits on the undivided inputs (power-of-two factors are exact).
+//!   the unscaled kernels' bits on the undivided inputs (power-of-two factors are exact); the
+//!   gated adds write those bits on the rows they open and nothing elsewhere.
 
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::axpby::{self, AxpbyParams};
@@ -285,4 +286,44 @@ fn scaled_consumers_multiply_the_rows_back_exactly() {
         out.push(ctx.read_f32(&o, 0, tokens * dim).unwrap());
     }
     assert!(same_bits(&out[0], &out[1]), "the scaled add differs from the unscaled");
+}
+
+/// The gated adds (a batch's self-conditioning signal, added to the canvases that take it): rows
+/// whose gate is non-zero get the ungated add's bits (plain, and scaled on divided rows), the
+/// other rows keep `out` as it was, even where `x` holds NaN.
+#[test]
+fn gated_adds_write_the_ungated_bits_on_open_rows_only() {
+    let test = "gated_adds_write_the_ungated_bits_on_open_rows_only";
+    let Some(ctx) = test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let (rows, dim) = (6usize, 36usize);
+    let mut x = seeded(rows * dim, 71, 2.0);
+    let out0 = seeded(rows * dim, 72, 4.0);
+    let gate: Vec<u32> = (0..rows as u32).map(|r| u32::from(r % 3 != 1)).collect();
+    // A closed row's x may be anything: a stale canvas's signal.
+    x[dim + 3] = f32::NAN;
+    let (x_div, x_scale) = divided(&x, dim);
+    let up = |name: &str, v: &[f32]| ctx.upload(name, v).unwrap();
+    let gate_b = ctx.upload("gate", &gate).unwrap();
+    let p = AxpbyParams { n: (rows * dim) as u32, alpha: 1.0, beta: 1.0, row: dim as u32 };
+    let run = |source: dg_kernels::KernelSource, buffers: &[&wgpu::Buffer], o: &wgpu::Buffer, pipelines: &mut Pipelines| {
+        let kernel = pipelines.get_source(&ctx, source).unwrap();
+        let mut plan = PlanBuilder::new(&ctx);
+        plan.push(&kernel, &p, buffers, groups_1d(axpby::workgroups(&p), 65535));
+        plan.finish(&ctx).unwrap().run(&ctx).unwrap();
+        ctx.read_f32(o, 0, rows * dim).unwrap()
+    };
+    for scaled in [false, true] {
+        let (xb, scale) = (up("x", if scaled { &x_div } else { &x }), up("scale", &x_scale));
+        let (o_plain, o_gated) = (up("out", &out0), up("out", &out0));
+        let plain_buffers: Vec<&wgpu::Buffer> = if scaled { vec![&xb, &o_plain, &scale] } else { vec![&xb, &o_plain] };
+        let plain = run(if scaled { axpby::source_scaled() } else { axpby::source() }, &plain_buffers, &o_plain, &mut pipelines);
+        let gated_buffers: Vec<&wgpu::Buffer> = if scaled { vec![&xb, &o_gated, &scale, &gate_b] } else { vec![&xb, &o_gated, &gate_b] };
+        let gated = run(axpby::source_gated(scaled), &gated_buffers, &o_gated, &mut pipelines);
+        for r in 0..rows {
+            let span = r * dim..(r + 1) * dim;
+            let want = if gate[r] != 0 { &plain[span.clone()] } else { &out0[span.clone()] };
+            assert!(same_bits(&gated[span], want), "scaled {scaled}: row {r} (gate {})", gate[r]);
+        }
+    }
 }

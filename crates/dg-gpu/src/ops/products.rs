@@ -151,7 +151,8 @@ impl<'a> Recorder<'a> {
         p: GemmParams,
         tensor_cores: bool,
     ) -> Result<Product<'a>, GpuError> {
-        let whole = self.planner().dense(w.format, w.layout, &self.planned(&p), tensor_cores, self.split_scratch_len()).map_err(unsupported)?;
+        let whole =
+            self.planner().dense(w.format, w.layout, &self.planned(&p), tensor_cores, self.split_scratch_len()).map_err(unsupported)?;
         for (range, piece) in w.parts.ranges().iter().zip(&w.pieces) {
             let products = part_products(&p, w.unit_elems, range.clone()).ok_or_else(|| GpuError::Unsupported {
                 what: format!(
