@@ -10,6 +10,7 @@
 //! measures what the quantization schemes do to logits and generation on the CPU.
 
 mod bench;
+mod bench_batch;
 mod bench_generate;
 mod bench_gpu;
 mod load_memory;
@@ -40,6 +41,8 @@ enum Command {
     BenchGpu(bench_gpu::Args),
     /// Time a GPU-resident generation (prefill, steps, tokens/s) on random weights.
     BenchGenerate(bench_generate::Args),
+    /// Time batched GPU generation (B sequences, one forward a step) at several batch sizes.
+    BenchBatch(bench_batch::Args),
     /// Print the Vulkan driver's compile statistics (registers, spills...) of the GPU kernels.
     ShaderStats(shader_stats::Args),
     /// Write a model directory with seeded random weights for a config (sharded on request).
@@ -61,6 +64,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::BenchGpu(args) => bench_gpu::run(args),
         Command::BenchGenerate(args) => bench_generate::run(args),
+        Command::BenchBatch(args) => bench_batch::run(args),
         Command::ShaderStats(args) => shader_stats::run(args),
         Command::WriteCheckpoint(args) => write_checkpoint::run(args),
         Command::WriteGguf(args) => write_gguf::run(args),

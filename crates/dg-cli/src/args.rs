@@ -97,14 +97,15 @@ pub struct GenerateArgs {
     /// included); empty lines are an error. Prints one JSON object per line on stdout, in input
     /// order (the fields of --json, without timings, plus "line", the 1-based line number, and
     /// "prompt", the line). Line i uses the seed --seed + i - 1, so `dg generate --prompt LINE
-    /// --seed S --json` alone gives the same object. On the CPU the prompts run as one batch
-    /// (--batch); on the GPU one after another for now.
+    /// --seed S --json` alone gives the same object. The prompts run as one batch (--batch): on
+    /// the GPU one forward a step for all its canvases, on the CPU the canvases in turn.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt", "prompt_file", "prompt_ids"])]
     pub prompts_file: Option<PathBuf>,
 
     /// With --prompts-file: the most sequences generating at once (each with its own KV cache and
     /// sampler buffers of 2 × canvas × vocabulary f32 logits); a sequence that ends frees its
-    /// place for the next line. Default 8.
+    /// place for the next line. Default 8. On the GPU at most what `dg info` lists for the
+    /// adapter (a forward's logits are one storage binding).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub batch: Option<u32>,
 

@@ -13,7 +13,7 @@ use crate::model_dir;
 pub fn run(args: InfoArgs) -> Result<()> {
     let dir = model_dir::resolve(args.model.as_deref())?;
     let model = model_dir::open(&dir)?;
-    let adapters = adapters();
+    let adapters = adapters(&model.config);
     let info = model_json(&model, &dir, model_dir::is_bundled(&dir), adapters);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&info)?);
@@ -94,13 +94,16 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
             "cpu": { "dtype": "f32", "bytes": params * 4 },
             "gpu": { "dtype": gpu_name, "device_bytes": params * gpu_bytes, "bytes_per_parameter": gpu_bytes },
             "kv_cache_bytes_per_token": kv_bytes_per_token,
+            // Each sequence of a GPU batch: its canvas's logits and self-conditioning input, and
+            // its own KV cache (per token of its context).
+            "batch_sequence_bytes": dg_gpu::canvas_vocab_bytes(&model.config),
         },
         "adapters": adapters,
     })
 }
 
 /// Every adapter wgpu finds, with its key limits and features.
-fn adapters() -> Vec<Value> {
+fn adapters(config: &dg_model::ModelConfig) -> Vec<Value> {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
     let found = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
     found
@@ -116,6 +119,7 @@ fn adapters() -> Vec<Value> {
                 "driver": format!("{} {}", info.driver, info.driver_info).trim().to_string(),
                 "max_storage_buffer_binding_size": limits.max_storage_buffer_binding_size,
                 "max_buffer_size": limits.max_buffer_size,
+                "max_batch": dg_gpu::max_batch(config, u64::from(limits.max_storage_buffer_binding_size)),
                 "shader_f16": features.contains(wgpu::Features::SHADER_F16),
                 "subgroup": features.contains(wgpu::Features::SUBGROUP),
                 "timestamp_query": features.contains(wgpu::Features::TIMESTAMP_QUERY),
@@ -200,12 +204,13 @@ fn render(v: &Value) -> String {
         }
     }
     out += &format!(
-        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32)\n",
+        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32)\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
         size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),
         mem["gpu"]["dtype"].as_str().unwrap_or(""),
         size(mem["gpu"]["device_bytes"].as_u64().unwrap_or(0)),
         mem["gpu"]["bytes_per_parameter"].as_u64().unwrap_or(0),
         size(mem["kv_cache_bytes_per_token"].as_u64().unwrap_or(0)),
+        size(mem["batch_sequence_bytes"].as_u64().unwrap_or(0)),
     );
     let adapters = v["adapters"].as_array().cloned().unwrap_or_default();
     if adapters.is_empty() {
@@ -215,7 +220,7 @@ fn render(v: &Value) -> String {
     for (i, a) in adapters.iter().enumerate() {
         let yes = |k: &str| if a[k] == true { "yes" } else { "no" };
         out += &format!(
-            "{}{} — {}, {}, {}\n           max storage binding {}, max buffer {}; shader-f16 {}, subgroup {}, timestamp {}\n",
+            "{}{} — {}, {}, {}\n           max storage binding {}, max buffer {}; shader-f16 {}, subgroup {}, timestamp {}\n           batch of at most {} sequences (`--batch`: a forward's logits are one binding)\n",
             if i == 0 { "adapters   " } else { "           " },
             a["name"].as_str().unwrap_or(""),
             a["device_type"].as_str().unwrap_or(""),
@@ -226,6 +231,7 @@ fn render(v: &Value) -> String {
             yes("shader_f16"),
             yes("subgroup"),
             yes("timestamp_query"),
+            a["max_batch"],
         );
     }
     out

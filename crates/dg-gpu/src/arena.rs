@@ -122,6 +122,20 @@ pub struct Arena {
     pub split_planned: u64,
     /// The chunked vocabulary softmax's `(max, sum)` pairs (`dg_kernels::softmax_chunked`).
     pub softmax_pairs: wgpu::Buffer,
+    /// Bytes of all the arena's buffers (the caches included).
+    pub bytes: u64,
+}
+
+/// Bytes one canvas of a batched forward adds to its vocabulary-sized buffers: its logits and its
+/// self-conditioning input, f32 `[C, V]` each (each slot of a batch also has its KV cache).
+pub fn canvas_vocab_bytes(config: &ModelConfig) -> u64 {
+    2 * (config.canvas_length * config.text.vocab_size * 4) as u64
+}
+
+/// The most canvases one forward takes on an adapter whose storage bindings hold `max_binding`
+/// bytes: the logits of all of them (and their self-conditioning inputs) are one binding each.
+pub fn max_batch(config: &ModelConfig, max_binding: u64) -> usize {
+    (max_binding / (canvas_vocab_bytes(config) / 2).max(1)) as usize
 }
 
 /// Canvas-sized partial products (of the widest canvas product) the split-K scratch holds: the
@@ -142,6 +156,7 @@ impl Arena {
         let cfg = &config.text;
         let c = config.canvas_length;
         let slots = slots.max(1);
+        let allocated = ctx.counters().bytes_allocated();
         // Rows of a forward of every slot's canvas.
         let b = slots * c;
         // Rows of the per-token activations: the canvases, or an encoder chunk.
@@ -168,7 +183,7 @@ impl Arena {
         let rope = |name: &str, hd: usize| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
             Ok((f(&format!("rope.{name}.cos"), r * hd)?, f(&format!("rope.{name}.sin"), r * hd)?))
         };
-        Ok(Arena {
+        let mut arena = Arena {
             canvas: c,
             slots,
             token_rows: r,
@@ -230,7 +245,10 @@ impl Arena {
             dummy: f("dummy", 4)?,
             split_partials: f("split partials", split_planned as usize * slots)?,
             split_planned,
-        })
+            bytes: 0,
+        };
+        arena.bytes = ctx.counters().bytes_allocated() - allocated;
+        Ok(arena)
     }
 
     /// Rows of a forward of every slot's canvas.

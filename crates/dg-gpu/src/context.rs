@@ -58,6 +58,8 @@ pub struct Counters {
     pipelines: AtomicU64,
     /// Bytes copied from the device to the host through mapped staging buffers.
     read_back: AtomicU64,
+    /// Bytes of every buffer created.
+    allocated: AtomicU64,
 }
 
 impl Counters {
@@ -73,6 +75,11 @@ impl Counters {
     /// Bytes read back from the device so far (every mapped readback counts).
     pub fn bytes_read_back(&self) -> u64 {
         self.read_back.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the buffers created so far (dropped ones included).
+    pub fn bytes_allocated(&self) -> u64 {
+        self.allocated.load(Ordering::Relaxed)
     }
 }
 
@@ -250,6 +257,7 @@ impl GpuContext {
 
     fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages, mapped_at_creation: bool) -> Result<wgpu::Buffer, GpuError> {
         self.counters.buffers.fetch_add(1, Ordering::Relaxed);
+        self.counters.allocated.fetch_add(size, Ordering::Relaxed);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation });
         if let Some(e) = pollster::block_on(scope.pop()) {

@@ -156,21 +156,7 @@ impl GpuModel {
     ) -> Result<Self, GpuError> {
         let arena = Arena::new(&ctx, config, max_context, slots)?;
         let mut pipelines = Pipelines::default();
-        let sample_plan = {
-            let mut rec = Recorder::new(&ctx, &mut pipelines);
-            rec.scope("sampler rows");
-            let a = &arena;
-            rec.sample_rows(
-                &a.logits,
-                &a.sc_probs,
-                &a.sample_step,
-                &a.draws,
-                &a.row_results,
-                (config.canvas_length, 0),
-                config.text.vocab_size,
-            )?;
-            rec.finish()?
-        };
+        let sample_plan = record_sample_plan(&ctx, &mut pipelines, config, &arena)?;
         Ok(GpuModel {
             ctx,
             config: config.clone(),
@@ -610,6 +596,14 @@ impl GpuModel {
         }
         Ok(())
     }
+}
+
+/// The single-sequence step's sampler rows (`sample_rows` over canvas 0).
+fn record_sample_plan(ctx: &GpuContext, pipelines: &mut Pipelines, config: &ModelConfig, a: &Arena) -> Result<Plan, GpuError> {
+    let mut rec = Recorder::new(ctx, pipelines);
+    rec.scope("sampler rows");
+    rec.sample_rows(&a.logits, &a.sc_probs, &a.sample_step, &a.draws, &a.row_results, (config.canvas_length, 0), config.text.vocab_size)?;
+    rec.finish()
 }
 
 impl dg_sampler::DenoiseModel for GpuModel {

@@ -18,6 +18,7 @@ use dg_sampler::{CategoricalRequest, ResidentCanvases, RowResult};
 
 use super::{GpuModel, uniform_f32};
 use crate::context::map_read_with;
+use crate::arena::Arena;
 use crate::error::GpuError;
 use crate::forward::{CanvasShape, ForwardShape, SelfConditioning, record_canvas_forward};
 use crate::ops::Recorder;
@@ -53,6 +54,29 @@ impl GpuModel {
     /// Slots (sequences with a cache of their own) the model was loaded with.
     pub fn slots(&self) -> usize {
         self.arena.slots
+    }
+
+    /// Bytes of the activations and caches (the arena: every slot's cache, and rows for a forward
+    /// of every slot's canvas).
+    pub fn arena_bytes(&self) -> u64 {
+        self.arena.bytes
+    }
+
+    /// Replaces the arena with one of `slots` slots (the weights stay): every sequence is
+    /// forgotten and the plans recorded again as they are needed.
+    pub fn set_slots(&mut self, slots: usize) -> Result<(), GpuError> {
+        let max_context = self.arena.max_context;
+        self.plans = None;
+        self.batch_plans = PlanCache::default();
+        // The old arena goes first, so that both never hold the device's memory together.
+        self.arena = Arena::new(&self.ctx, &self.config, 1, 1)?;
+        self.arena = Arena::new(&self.ctx, &self.config, max_context, slots)?;
+        self.sample_plan = super::record_sample_plan(&self.ctx, &mut self.pipelines, &self.config, &self.arena)?;
+        self.seq_lens = vec![0; self.arena.slots];
+        self.prefill_chunk = self.prefill_chunk.min(self.arena.token_rows);
+        self.context_ready = false;
+        self.uploaded_context = false;
+        Ok(())
     }
 
     /// Tokens in `slot`'s cache.

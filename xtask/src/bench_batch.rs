@@ -1,0 +1,137 @@
+//! `cargo xtask bench-batch`: batched GPU generation (issue: batched canvases) on random weights at
+//! a given geometry: for each batch size B, B sequences generate together through one
+//! `dg_sampler::Batch` on a `GpuModel` of B slots (one forward a step for all their canvases), each
+//! with its own random prompt and seed, `canvases` blocks of `steps` steps with adaptive stopping
+//! and EOS off (every block runs every step).
+//!
+//! Prints per B: the arena's bytes (activations and the B caches) and the bytes each sequence adds,
+//! the wall time of the whole generation (prefills, commits and steps), the mean time of a step,
+//! and the aggregate generated tokens per second with its ratio to B = 1. A warm-up generation
+//! runs first at each B (its plans and pipelines).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use dg_gpu::{GpuContext, GpuOptions};
+use dg_model::{GenerationConfig, ModelConfig};
+use dg_sampler::{Batch, NoHooks, SeededRng};
+
+use crate::random_model;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model config (HF config.json format).
+    #[arg(long, default_value = "bench/configs/real-6layer.json")]
+    config: PathBuf,
+    /// Prompt tokens of each sequence (random ids).
+    #[arg(long, default_value_t = 1024)]
+    prompt: usize,
+    /// Canvases each sequence generates.
+    #[arg(long, default_value_t = 2)]
+    canvases: usize,
+    /// Denoising steps per canvas (all run: stopping is off).
+    #[arg(long, default_value_t = 48)]
+    steps: usize,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    batch: Vec<usize>,
+    /// Timed generations after the warm-up at each batch size (the median is reported).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Adapter name substring.
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Storage of the weight matrices (as `bench-gpu --weights`; default f16).
+    #[arg(long, value_enum, default_value = "f16")]
+    weights: random_model::WeightsArg,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn run(args: Args) -> Result<bool> {
+    anyhow::ensure!(!args.batch.is_empty() && args.batch.iter().all(|&b| b > 0), "--batch: give batch sizes of at least 1");
+    let config = ModelConfig::from_file(&args.config).with_context(|| format!("reading {}", args.config.display()))?;
+    let cfg = &config.text;
+    let (c, v) = (config.canvas_length, cfg.vocab_size);
+    let env = GpuOptions::from_env()?;
+    let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone().or(env.adapter), ..env })?;
+    println!("adapter: {} ({:?}, driver {} {})", ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info);
+    println!(
+        "config: {} ({} layers, hidden {}, vocab {v}, canvas {c}); each sequence: prompt {} tokens, {} canvases × {} steps, stopping off",
+        args.config.display(),
+        cfg.num_layers(),
+        cfg.hidden_size,
+        args.prompt,
+        args.canvases,
+        args.steps
+    );
+    let max_context = args.prompt + args.canvases * c;
+    let (mut model, label) = random_model::upload(ctx, &config, args.weights, max_context)?;
+    println!("weights on the GPU: {:.2} GB ({label})", model.weight_bytes() as f64 / 1e9);
+    let settings = GenerationConfig {
+        max_new_tokens: args.canvases * c,
+        max_denoising_steps: args.steps,
+        stopping: None,
+        eos_token_ids: vec![],
+        ..GenerationConfig::default()
+    };
+    println!("| B | arena GB | per extra sequence GB | generation ms | ms a step | tokens/s | × B = 1 |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut base: Option<(usize, f64)> = None;
+    let mut previous: Option<(usize, u64)> = None;
+    for &b in &args.batch {
+        model.set_slots(b)?;
+        let arena = model.arena_bytes();
+        let mut runs = Vec::new();
+        for run in 0..=args.runs {
+            let mut batch = Batch::new(c, v, b)?;
+            for s in 0..b {
+                let mut rng = SeededRng::new(1000 + s as u64);
+                let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.below(v as u32)).collect();
+                batch.admit(&prompt, &settings, SeededRng::new((run * b + s) as u64), NoHooks).map_err(|r| r.reason)?;
+            }
+            let (start, mut steps) = (Instant::now(), 0usize);
+            while batch.running() > 0 {
+                let report = batch.step_resident(&mut model);
+                anyhow::ensure!(report.forwarded == b || report.finished > 0, "a step of {} canvases in a batch of {b}", report.forwarded);
+                steps += 1;
+            }
+            let total = start.elapsed().as_secs_f64();
+            let mut tokens = 0;
+            for f in batch.drain_finished() {
+                let g = f.result?;
+                anyhow::ensure!(g.decoder_passes == args.canvases * args.steps, "a sequence ran {} decoder passes", g.decoder_passes);
+                tokens += g.new_tokens().len();
+            }
+            if run > 0 {
+                runs.push((total * 1e3, total * 1e3 / steps as f64, tokens as f64 / total));
+            }
+        }
+        let col = |f: fn(&(f64, f64, f64)) -> f64| median(runs.iter().map(f).collect());
+        let rate = col(|r| r.2);
+        let per_sequence = match previous {
+            Some((pb, bytes)) if b > pb => format!("{:.3}", (arena - bytes) as f64 / (b - pb) as f64 / 1e9),
+            _ => "—".into(),
+        };
+        let ratio = match base {
+            Some((1, r)) => format!("{:.2}", rate / r),
+            _ => "—".into(),
+        };
+        println!(
+            "| {b} | {:.3} | {per_sequence} | {:.1} | {:.2} | {rate:.1} | {ratio} |",
+            arena as f64 / 1e9,
+            col(|r| r.0),
+            col(|r| r.1)
+        );
+        if base.is_none() {
+            base = Some((b, rate));
+        }
+        previous = Some((b, arena));
+    }
+    println!("(median of {} runs after a warm-up at each B)", args.runs);
+    Ok(true)
+}
