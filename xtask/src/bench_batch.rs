@@ -45,6 +45,10 @@ pub struct Args {
     /// Storage of the weight matrices (as `bench-gpu --weights`; default f16).
     #[arg(long, value_enum, default_value = "f16")]
     weights: random_model::WeightsArg,
+    /// After the runs at each B, profile one batched step (a timestamp around every dispatch) and
+    /// print the GPU time by kernel.
+    #[arg(long)]
+    profile: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -83,6 +87,7 @@ pub fn run(args: Args) -> Result<bool> {
     println!("|---|---|---|---|---|---|---|");
     let mut base: Option<(usize, f64)> = None;
     let mut previous: Option<(usize, u64)> = None;
+    let mut profiles = Vec::new();
     for &b in &args.batch {
         model.set_slots(b)?;
         let arena = model.arena_bytes();
@@ -127,11 +132,41 @@ pub fn run(args: Args) -> Result<bool> {
             col(|r| r.0),
             col(|r| r.1)
         );
+        if args.profile {
+            profiles.push((b, model.profile_last_batch()?));
+        }
         if base.is_none() {
             base = Some((b, rate));
         }
         previous = Some((b, arena));
     }
     println!("(median of {} runs after a warm-up at each B)", args.runs);
+    print_profiles(&profiles);
     Ok(true)
+}
+
+/// GPU ms of one batched step by kernel (the last step of a run: every canvas self-conditioned),
+/// a column per B, the kernels by their time at the largest B.
+fn print_profiles(profiles: &[(usize, Vec<(String, String, f64)>)]) {
+    let Some((_, last)) = profiles.last() else { return };
+    let by_kernel = |p: &[(String, String, f64)]| {
+        let mut m = std::collections::BTreeMap::<String, f64>::new();
+        for (_, kernel, ns) in p {
+            *m.entry(kernel.clone()).or_default() += ns / 1e6;
+        }
+        m
+    };
+    let mut order: Vec<(String, f64)> = by_kernel(last).into_iter().collect();
+    order.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let columns: Vec<_> = profiles.iter().map(|(b, p)| (b, by_kernel(p))).collect();
+    println!();
+    println!("GPU ms of one step by kernel (timestamps around every dispatch):");
+    println!("| kernel | {} |", columns.iter().map(|(b, _)| format!("B = {b}")).collect::<Vec<_>>().join(" | "));
+    println!("|---|{}", "---|".repeat(columns.len()));
+    let total: Vec<f64> = columns.iter().map(|(_, m)| m.values().sum()).collect();
+    println!("| all | {} |", total.iter().map(|t| format!("{t:.2}")).collect::<Vec<_>>().join(" | "));
+    for (kernel, _) in order.iter().take(16) {
+        let cells: Vec<String> = columns.iter().map(|(_, m)| m.get(kernel).map_or("—".into(), |t| format!("{t:.2}"))).collect();
+        println!("| {kernel} | {} |", cells.join(" | "));
+    }
 }

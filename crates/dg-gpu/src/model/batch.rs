@@ -31,6 +31,8 @@ const MAX_PLANS: usize = 16;
 #[derive(Debug, Default)]
 pub(super) struct PlanCache {
     plans: HashMap<ForwardShape, Plan>,
+    /// The shape of the last step run.
+    last: Option<ForwardShape>,
     /// Per canvas of a forward, the position of its first row the tables hold (None: unknown).
     tables: Vec<Option<usize>>,
 }
@@ -153,6 +155,7 @@ impl GpuModel {
             self.batch_plans.plans.insert(shape.clone(), plan);
         }
         let plan = &self.batch_plans.plans[&shape];
+        self.batch_plans.last = Some(shape.clone());
         let bytes = (n * c * RESULT_WORDS * 4) as u64;
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batched denoising step") });
@@ -193,6 +196,13 @@ impl GpuModel {
             }
         }
         Ok(())
+    }
+
+    /// Runs the last batched step's plan again (its inputs as they are on the device) with a
+    /// timestamp around every dispatch: `(scope, kernel, nanoseconds)` ([`Plan::profile`]).
+    pub fn profile_last_batch(&self) -> Result<Vec<(String, String, f64)>, GpuError> {
+        let plan = self.batch_plans.last.as_ref().and_then(|s| self.batch_plans.plans.get(s)).ok_or(GpuError::NoContext)?;
+        plan.profile(&self.ctx)
     }
 
     /// Writes a batched step's ids, draws, per-canvas sampler settings and self-conditioning gate,
