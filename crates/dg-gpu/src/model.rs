@@ -60,6 +60,9 @@ pub struct GpuModel {
     seq_lens: Vec<usize>,
     /// Plans of batched steps ([`batch`]): forwards with their sampler rows, by shape.
     batch_plans: batch::PlanCache,
+    /// Encoder plans of the canvas commits to come, by (slot, start, tokens): recorded while
+    /// the GPU runs a denoising step ([`Self::prerecord_commits`]), so that a commit only runs.
+    commit_plans: std::collections::HashMap<(usize, usize, usize), Plan>,
     /// The canvas positions' RoPE tables and the plans match the cache.
     context_ready: bool,
     /// The cache came from [`GpuModel::set_context`] (rows from 0, not at row = position).
@@ -166,6 +169,7 @@ impl GpuModel {
             sample_plan,
             seq_lens: vec![0; arena.slots],
             batch_plans: batch::PlanCache::default(),
+            commit_plans: Default::default(),
             context_ready: false,
             uploaded_context: false,
             draw_words: vec![0; config.canvas_length],
@@ -217,6 +221,7 @@ impl GpuModel {
     /// Forgets every cached token.
     pub fn reset(&mut self) {
         self.seq_lens[0] = 0;
+        self.commit_plans.retain(|&(slot, ..), _| slot != 0);
         self.context_ready = false;
         self.uploaded_context = false;
     }
@@ -285,14 +290,43 @@ impl GpuModel {
     }
 
     /// The ids and RoPE tables of one encoder chunk of `slot` at its next positions written, and
-    /// its plan recorded (the caller runs it, then advances the slot's length).
+    /// its plan (recorded ahead by [`Self::prerecord_commits`], or now; the caller runs it, then
+    /// advances the slot's length).
     fn encoder_chunk_plan(&mut self, slot: usize, chunk: &[u32]) -> Result<Plan, GpuError> {
         let start = self.seq_lens[slot];
         self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(chunk));
         self.write_rope(start, chunk.len(), 0);
+        match self.commit_plans.remove(&(slot, start, chunk.len())) {
+            Some(plan) => Ok(plan),
+            None => self.record_encoder_chunk(slot, start, chunk.len()),
+        }
+    }
+
+    fn record_encoder_chunk(&mut self, slot: usize, start: usize, tokens: usize) -> Result<Plan, GpuError> {
         let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
-        record_encoder_chunk(&mut rec, &self.config, &self.weights, &self.arena, slot, start, chunk.len())?;
+        record_encoder_chunk(&mut rec, &self.config, &self.weights, &self.arena, slot, start, tokens)?;
         rec.finish()
+    }
+
+    /// Records the plans that will commit the canvases of `slots` (each one chunk of C tokens at
+    /// its slot's next position), where not recorded yet; plans of commits that can no longer
+    /// come (their slot moved on) go. Called between a step's submit and its readback: the host
+    /// records while the GPU computes (a 30-layer commit's plan takes milliseconds to record).
+    fn prerecord_commits(&mut self, slots: impl IntoIterator<Item = usize>) -> Result<(), GpuError> {
+        let c = self.config.canvas_length;
+        if c > self.prefill_chunk {
+            return Ok(());
+        }
+        let seq_lens = &self.seq_lens;
+        self.commit_plans.retain(|&(slot, start, _), _| seq_lens.get(slot) == Some(&start));
+        for slot in slots {
+            let key = (slot, self.seq_lens[slot], c);
+            if key.1 + c <= self.arena.max_context && !self.commit_plans.contains_key(&key) {
+                let plan = self.record_encoder_chunk(slot, key.1, c)?;
+                self.commit_plans.insert(key, plan);
+            }
+        }
+        Ok(())
     }
 
     /// Writes the RoPE tables of positions `start..start + tokens` for both layer kinds, from
@@ -572,6 +606,7 @@ impl GpuModel {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Validation { context: "denoising step".into(), message: e.to_string() });
         }
+        self.prerecord_commits([0])?;
         let mut non_finite = None;
         map_read_with(&self.ctx, &self.arena.row_staging, bytes, |data| {
             let words: &[u32] = bytemuck::cast_slice(data);

@@ -70,6 +70,7 @@ impl GpuModel {
         let max_context = self.arena.max_context;
         self.plans = None;
         self.batch_plans = PlanCache::default();
+        self.commit_plans.clear();
         // The old arena goes first, so that both never hold the device's memory together.
         self.arena = Arena::new(&self.ctx, &self.config, 1, 1)?;
         self.arena = Arena::new(&self.ctx, &self.config, max_context, slots)?;
@@ -169,6 +170,7 @@ impl GpuModel {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Validation { context: "batched denoising step".into(), message: e.to_string() });
         }
+        self.prerecord_commits(canvases.iter().map(|cv| cv.slot).collect::<Vec<_>>())?;
         let mut non_finite = Vec::new();
         map_read_with(&self.ctx, &self.arena.row_staging, bytes, |data| {
             let words: &[u32] = bytemuck::cast_slice(data);
