@@ -63,8 +63,12 @@ pub struct GpuModel {
     /// Encoder plans of the canvas commits to come, by (slot, start, tokens): recorded while
     /// the GPU runs a denoising step ([`Self::prerecord_commits`]), so that a commit only runs.
     commit_plans: std::collections::HashMap<(usize, usize, usize), Plan>,
-    /// The canvas positions' RoPE tables and the plans match the cache.
+    /// The single-sequence forward's plans match the cache.
     context_ready: bool,
+    /// Per block of C rows of the RoPE tables, the position of its first row (None: unknown):
+    /// a forward's canvas, or a commit of a canvas at the positions it was denoised at, finds its
+    /// tables there ([`Self::ensure_rope`]).
+    rope_blocks: Vec<Option<usize>>,
     /// The cache came from [`GpuModel::set_context`] (rows from 0, not at row = position).
     uploaded_context: bool,
     /// u32 staging of the per-step draw inputs.
@@ -171,6 +175,7 @@ impl GpuModel {
             batch_plans: batch::PlanCache::default(),
             commit_plans: Default::default(),
             context_ready: false,
+            rope_blocks: Vec::new(),
             uploaded_context: false,
             draw_words: vec![0; config.canvas_length],
             prefill_chunk: arena.token_rows,
@@ -236,18 +241,12 @@ impl GpuModel {
     /// [`Self::encode`] into `slot`'s cache (slot 0 is the single-sequence API's).
     pub fn encode_slot(&mut self, slot: usize, ids: &[u32]) -> Result<(), GpuError> {
         let ids = self.encoder_ids(slot, ids)?;
-        self.invalidate_tables();
+        self.context_ready = false;
         for chunk in ids.chunks(self.prefill_chunk) {
             self.encoder_chunk_plan(slot, chunk)?.run(&self.ctx)?;
             self.seq_lens[slot] += chunk.len();
         }
         Ok(())
-    }
-
-    /// The RoPE tables hold an encoder chunk's positions: every canvas forward writes its own again.
-    fn invalidate_tables(&mut self) {
-        self.context_ready = false;
-        self.batch_plans.tables_invalid();
     }
 
     /// `ids` checked for the encoder of `slot` (ids in the vocabulary, the sequence within the
@@ -295,7 +294,7 @@ impl GpuModel {
     fn encoder_chunk_plan(&mut self, slot: usize, chunk: &[u32]) -> Result<Plan, GpuError> {
         let start = self.seq_lens[slot];
         self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(chunk));
-        self.write_rope(start, chunk.len(), 0);
+        self.ensure_rope(start, chunk.len(), 0);
         match self.commit_plans.remove(&(slot, start, chunk.len())) {
             Some(plan) => Ok(plan),
             None => self.record_encoder_chunk(slot, start, chunk.len()),
@@ -327,6 +326,24 @@ impl GpuModel {
             }
         }
         Ok(())
+    }
+
+    /// Makes rows `row0..row0 + tokens` of the RoPE tables hold positions `start..`, writing them
+    /// only where [`Self::rope_blocks`] does not say they do.
+    fn ensure_rope(&mut self, start: usize, tokens: usize, row0: usize) {
+        let c = self.config.canvas_length;
+        let whole = row0.is_multiple_of(c) && tokens.is_multiple_of(c);
+        let (first, end) = (row0 / c, (row0 + tokens).div_ceil(c));
+        if whole && (first..end).all(|b| self.rope_blocks.get(b) == Some(&Some(start + (b - first) * c))) {
+            return;
+        }
+        self.write_rope(start, tokens, row0);
+        if self.rope_blocks.len() < end {
+            self.rope_blocks.resize(end, None);
+        }
+        for b in first..end {
+            self.rope_blocks[b] = whole.then_some(start + (b - first) * c);
+        }
     }
 
     /// Writes the RoPE tables of positions `start..start + tokens` for both layer kinds, from
@@ -368,7 +385,10 @@ impl GpuModel {
     /// Makes the canvas forward read the cache the encoder wrote: canvas RoPE tables, and the
     /// plans (rebuilt only when the visible rows change, i.e. once per block).
     fn prepare_canvas(&mut self) -> Result<(), GpuError> {
-        if !self.context_ready {
+        if self.context_ready {
+            // A batched step or a commit may have written canvas 0's tables since.
+            self.ensure_rope(self.seq_lens[0], self.config.canvas_length, 0);
+        } else {
             if self.seq_lens[0] == 0 {
                 return Err(GpuError::NoContext);
             }
@@ -379,8 +399,7 @@ impl GpuModel {
     }
 
     fn prepare_block(&mut self, visible: Vec<Visible>) -> Result<(), GpuError> {
-        self.write_rope(self.seq_lens[0], self.config.canvas_length, 0);
-        self.batch_plans.tables_invalid();
+        self.ensure_rope(self.seq_lens[0], self.config.canvas_length, 0);
         if self.plans.as_ref().is_none_or(|p| p.visible != visible) {
             let plain = self.record(&visible, false)?;
             let self_conditioned = self.record(&visible, true)?;

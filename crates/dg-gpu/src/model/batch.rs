@@ -27,21 +27,12 @@ use crate::plan::Plan;
 /// Recorded plans kept at most (a batch's shape changes when any of its sequences starts a block).
 const MAX_PLANS: usize = 16;
 
-/// The batched steps' plans by shape, and which positions the RoPE tables' canvas rows hold.
+/// The batched steps' plans by shape.
 #[derive(Debug, Default)]
 pub(super) struct PlanCache {
     plans: HashMap<ForwardShape, Plan>,
     /// The shape of the last step run.
     last: Option<ForwardShape>,
-    /// Per canvas of a forward, the position of its first row the tables hold (None: unknown).
-    tables: Vec<Option<usize>>,
-}
-
-impl PlanCache {
-    /// Something else wrote the tables (an encoder chunk, the single-sequence forward).
-    pub(super) fn tables_invalid(&mut self) {
-        self.tables.clear();
-    }
 }
 
 /// One step's inputs for the forward's canvases, in slot order.
@@ -71,6 +62,7 @@ impl GpuModel {
         self.plans = None;
         self.batch_plans = PlanCache::default();
         self.commit_plans.clear();
+        self.rope_blocks.clear();
         // The old arena goes first, so that both never hold the device's memory together.
         self.arena = Arena::new(&self.ctx, &self.config, 1, 1)?;
         self.arena = Arena::new(&self.ctx, &self.config, max_context, slots)?;
@@ -218,20 +210,8 @@ impl GpuModel {
             q.write_buffer(&self.arena.sc_gate, 0, bytemuck::cast_slice(&inputs.gate));
         }
         let c = self.config.canvas_length;
-        let n = shape.canvases.len();
-        if self.batch_plans.tables.len() < n {
-            self.batch_plans.tables.resize(n, None);
-        }
-        for slot in 0..n {
-            let position = self.seq_lens[slot];
-            if self.batch_plans.tables[slot] != Some(position) {
-                self.write_rope(position, c, slot * c);
-                self.batch_plans.tables[slot] = Some(position);
-                if slot == 0 {
-                    // The single-sequence forward's tables (canvas 0's rows) moved.
-                    self.context_ready = false;
-                }
-            }
+        for slot in 0..shape.canvases.len() {
+            self.ensure_rope(self.seq_lens[slot], c, slot * c);
         }
         Ok(())
     }

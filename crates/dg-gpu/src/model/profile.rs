@@ -30,7 +30,7 @@ impl GpuModel {
             });
         }
         let ids = self.encoder_ids(0, ids)?;
-        self.invalidate_tables();
+        self.context_ready = false;
         let start = Instant::now();
         let plan = self.encoder_chunk_plan(0, &ids)?;
         let record_ms = start.elapsed().as_secs_f64() * 1e3;
