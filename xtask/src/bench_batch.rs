@@ -51,6 +51,9 @@ pub struct Args {
     profile: bool,
 }
 
+/// One step's `(scope, kernel, nanoseconds)` per dispatch (`GpuModel::profile_last_batch`).
+type Profile = Vec<(String, String, f64)>;
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -126,12 +129,7 @@ pub fn run(args: Args) -> Result<bool> {
             Some((1, r)) => format!("{:.2}", rate / r),
             _ => "—".into(),
         };
-        println!(
-            "| {b} | {:.3} | {per_sequence} | {:.1} | {:.2} | {rate:.1} | {ratio} |",
-            arena as f64 / 1e9,
-            col(|r| r.0),
-            col(|r| r.1)
-        );
+        println!("| {b} | {:.3} | {per_sequence} | {:.1} | {:.2} | {rate:.1} | {ratio} |", arena as f64 / 1e9, col(|r| r.0), col(|r| r.1));
         if args.profile {
             profiles.push((b, model.profile_last_batch()?));
         }
@@ -147,7 +145,7 @@ pub fn run(args: Args) -> Result<bool> {
 
 /// GPU ms of one batched step by kernel (the last step of a run: every canvas self-conditioned),
 /// a column per B, the kernels by their time at the largest B.
-fn print_profiles(profiles: &[(usize, Vec<(String, String, f64)>)]) {
+fn print_profiles(profiles: &[(usize, Profile)]) {
     let Some((_, last)) = profiles.last() else { return };
     let by_kernel = |p: &[(String, String, f64)]| {
         let mut m = std::collections::BTreeMap::<String, f64>::new();

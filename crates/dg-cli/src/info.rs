@@ -119,7 +119,7 @@ fn adapters(config: &dg_model::ModelConfig) -> Vec<Value> {
                 "driver": format!("{} {}", info.driver, info.driver_info).trim().to_string(),
                 "max_storage_buffer_binding_size": limits.max_storage_buffer_binding_size,
                 "max_buffer_size": limits.max_buffer_size,
-                "max_batch": dg_gpu::max_batch(config, u64::from(limits.max_storage_buffer_binding_size)),
+                "max_batch": dg_gpu::max_batch(config, limits.max_storage_buffer_binding_size),
                 "shader_f16": features.contains(wgpu::Features::SHADER_F16),
                 "subgroup": features.contains(wgpu::Features::SUBGROUP),
                 "timestamp_query": features.contains(wgpu::Features::TIMESTAMP_QUERY),

@@ -17,8 +17,8 @@ use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
 use dg_sampler::{CategoricalRequest, ResidentCanvases, RowResult};
 
 use super::{GpuModel, uniform_f32};
-use crate::context::map_read_with;
 use crate::arena::Arena;
+use crate::context::map_read_with;
 use crate::error::GpuError;
 use crate::forward::{CanvasShape, ForwardShape, SelfConditioning, record_canvas_forward};
 use crate::ops::Recorder;
