@@ -104,8 +104,7 @@ pub struct GenerateArgs {
 
     /// With --prompts-file: the most sequences generating at once (each with its own KV cache and
     /// sampler buffers of 2 × canvas × vocabulary f32 logits); a sequence that ends frees its
-    /// place for the next line. Default 8. On the GPU at most what `dg info` lists for the
-    /// adapter (a forward's logits are one storage binding).
+    /// place for the next line. Default 8.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub batch: Option<u32>,
 

@@ -119,7 +119,7 @@ fn adapters(config: &dg_model::ModelConfig) -> Vec<Value> {
                 "driver": format!("{} {}", info.driver, info.driver_info).trim().to_string(),
                 "max_storage_buffer_binding_size": limits.max_storage_buffer_binding_size,
                 "max_buffer_size": limits.max_buffer_size,
-                "max_batch": dg_gpu::max_batch(config, limits.max_storage_buffer_binding_size),
+                "canvases_per_binding": dg_gpu::canvases_per_binding(config, limits.max_storage_buffer_binding_size),
                 "shader_f16": features.contains(wgpu::Features::SHADER_F16),
                 "subgroup": features.contains(wgpu::Features::SUBGROUP),
                 "timestamp_query": features.contains(wgpu::Features::TIMESTAMP_QUERY),
@@ -220,7 +220,7 @@ fn render(v: &Value) -> String {
     for (i, a) in adapters.iter().enumerate() {
         let yes = |k: &str| if a[k] == true { "yes" } else { "no" };
         out += &format!(
-            "{}{} — {}, {}, {}\n           max storage binding {}, max buffer {}; shader-f16 {}, subgroup {}, timestamp {}\n           batch of at most {} sequences (`--batch`: a forward's logits are one binding)\n",
+            "{}{} — {}, {}, {}\n           max storage binding {}, max buffer {}; shader-f16 {}, subgroup {}, timestamp {}\n           {}\n",
             if i == 0 { "adapters   " } else { "           " },
             a["name"].as_str().unwrap_or(""),
             a["device_type"].as_str().unwrap_or(""),
@@ -231,7 +231,10 @@ fn render(v: &Value) -> String {
             yes("shader_f16"),
             yes("subgroup"),
             yes("timestamp_query"),
-            a["max_batch"],
+            match a["canvases_per_binding"].as_u64().unwrap_or(0) {
+                0 => "a canvas's logits do not fit one storage binding: the GPU backend cannot run this model here".to_string(),
+                n => format!("a GPU batch (`--batch`) is bounded by memory only ({n} canvases' logits to a buffer)"),
+            },
         );
     }
     out

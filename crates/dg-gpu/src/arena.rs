@@ -87,10 +87,13 @@ pub struct Arena {
     pub expert_act_scale: wgpu::Buffer,
     /// `[C·K, H]`.
     pub expert_out: wgpu::Buffer,
-    /// Self-conditioning input logits, softmaxed in place `[C, V]`.
-    pub sc_probs: wgpu::Buffer,
-    /// Output logits `[C, V]`.
-    pub logits: wgpu::Buffer,
+    /// Canvases whose vocabulary-sized rows share one buffer: as many as one storage binding
+    /// holds (canvas `b` is in group `b / vocab_group`, at row `(b % vocab_group)·C`).
+    pub vocab_group: usize,
+    /// Per group: its canvases' self-conditioning input logits, softmaxed in place, `[rows, V]`.
+    pub sc_probs: Vec<wgpu::Buffer>,
+    /// Per group: its canvases' output logits `[rows, V]`.
+    pub logits: Vec<wgpu::Buffer>,
     /// RoPE tables per layer type: cos, sin `[C, d/2]` (sliding, full).
     pub rope_sliding: (wgpu::Buffer, wgpu::Buffer),
     pub rope_full: (wgpu::Buffer, wgpu::Buffer),
@@ -132,9 +135,10 @@ pub fn canvas_vocab_bytes(config: &ModelConfig) -> u64 {
     2 * (config.canvas_length * config.text.vocab_size * 4) as u64
 }
 
-/// The most canvases one forward takes on an adapter whose storage bindings hold `max_binding`
-/// bytes: the logits of all of them (and their self-conditioning inputs) are one binding each.
-pub fn max_batch(config: &ModelConfig, max_binding: u64) -> usize {
+/// How many canvases' logits share one buffer on an adapter whose storage bindings hold
+/// `max_binding` bytes (a batch's vocabulary-sized buffers come in groups of that many, so the
+/// batch itself is bounded by memory only); 0: one canvas's logits do not fit a binding.
+pub fn canvases_per_binding(config: &ModelConfig, max_binding: u64) -> usize {
     (max_binding / (canvas_vocab_bytes(config) / 2).max(1)) as usize
 }
 
@@ -178,6 +182,18 @@ impl Arena {
                     .collect::<Result<Vec<_>, GpuError>>()
             })
             .collect::<Result<Vec<_>, GpuError>>()?;
+        // The vocabulary-sized buffers in groups of as many canvases as a binding holds.
+        let canvas_bytes = (c * v * 4) as u64;
+        let vocab_binding = ctx.tuning.vocab_binding.map_or(ctx.max_binding(), |cap| cap.min(ctx.max_binding()));
+        let vocab_group = ((vocab_binding / canvas_bytes.max(1)) as usize).clamp(1, slots);
+        let group_rows: Vec<usize> = (0..slots.div_ceil(vocab_group)).map(|g| (slots - g * vocab_group).min(vocab_group) * c).collect();
+        let vocab_buffers = |label: &str| -> Result<Vec<wgpu::Buffer>, GpuError> {
+            group_rows
+                .iter()
+                .enumerate()
+                .map(|(g, rows)| f(&if g == 0 { label.to_string() } else { format!("{label}{g}") }, rows * v))
+                .collect()
+        };
         let split_planned = if ctx.coop_matrix { (SPLIT_PARTIALS * c * h.max(q_w).max(2 * kv_w).max(2 * i)) as u64 } else { 1 };
         let half = |kind: dg_model::LayerKind| cfg.layers.iter().find(|l| l.kind == kind).map_or(1, |l| l.head_dim / 2);
         let rope = |name: &str, hd: usize| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
@@ -223,12 +239,13 @@ impl Arena {
             expert_act: f("expert_act", r * k * e_i)?,
             expert_act_scale: f("expert_act_scale", r * k)?,
             expert_out: f("expert_out", r * k * h)?,
-            sc_probs: f("sc_probs", b * v)?,
+            vocab_group,
+            sc_probs: vocab_buffers("sc_probs")?,
             softmax_pairs: f(
                 "softmax pairs",
-                2 * dg_kernels::softmax_chunked::ChunkedSoftmaxParams::new(b as u32, v as u32).pairs() as usize,
+                2 * dg_kernels::softmax_chunked::ChunkedSoftmaxParams::new((vocab_group * c) as u32, v as u32).pairs() as usize,
             )?,
-            logits: f("logits", b * v)?,
+            logits: vocab_buffers("logits")?,
             rope_sliding: rope("sliding", half(dg_model::LayerKind::Sliding))?,
             rope_full: rope("full", half(dg_model::LayerKind::Full))?,
             caches,
@@ -254,6 +271,17 @@ impl Arena {
     /// Rows of a forward of every slot's canvas.
     pub fn batch_rows(&self) -> usize {
         self.slots * self.canvas
+    }
+
+    /// The groups of a forward of `n` canvases' vocabulary-sized rows: `(group, first canvas,
+    /// canvases)`.
+    pub fn vocab_groups(&self, n: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..n.div_ceil(self.vocab_group)).map(move |g| (g, g * self.vocab_group, (n - g * self.vocab_group).min(self.vocab_group)))
+    }
+
+    /// Canvas `b`'s vocabulary-sized rows: its group's buffers and its first row there.
+    pub fn vocab_rows(&self, b: usize) -> (usize, usize) {
+        (b / self.vocab_group, (b % self.vocab_group) * self.canvas)
     }
 
     /// Layer `layer`'s cache of `slot`.

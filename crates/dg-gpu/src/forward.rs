@@ -98,8 +98,8 @@ pub enum LayerPass<'s> {
 }
 
 /// Records one forward of `shape`'s canvases: their ids in `arena.ids` (canvas `b` at `b·C`; and
-/// the probabilities' source logits in the same rows of `arena.sc_probs` when self-conditioning)
-/// → logits in the same rows of `arena.logits`. Every product over the canvases' rows is planned
+/// the probabilities' source logits in its rows of `arena.sc_probs` when self-conditioning, see
+/// `Arena::vocab_rows`) → logits in its rows of `arena.logits`. Every product over the canvases' rows is planned
 /// as for one canvas (`Recorder::plan_rows`), so each canvas gets the bits it gets alone.
 pub fn record_canvas_forward<'a>(
     rec: &mut Recorder<'a>,
@@ -132,17 +132,22 @@ pub fn record_canvas_forward<'a>(
     }
     if shape.self_conditioning != SelfConditioning::Off {
         // P = softmax(sc) (in place), soft = (P·E)·√H, signal = MLP_sc(pre_norm(soft)), e += signal.
-        rec.softmax_rows(&a.sc_probs, &a.softmax_pairs, c, v)?;
-        for (i, chunk) in w.embed.iter().enumerate() {
-            let p = GemmParams {
-                a_offset: chunk.start as u32,
-                a_rs: v as u32,
-                b_rs: h as u32,
-                b_cs: 1,
-                accumulate: u32::from(i > 0),
-                ..linear_params(c, h, chunk.rows)
-            };
-            rec.product(&a.sc_probs, &chunk.matrix, &a.proj, p, w.format == WeightFormat::F16)?;
+        // Per group of canvases whose vocabulary rows share a buffer (`Arena::vocab_group`).
+        for (g, first, count) in a.vocab_groups(n) {
+            let rows = count * canvas;
+            rec.softmax_rows(&a.sc_probs[g], &a.softmax_pairs, rows, v)?;
+            for (i, chunk) in w.embed.iter().enumerate() {
+                let p = GemmParams {
+                    a_offset: chunk.start as u32,
+                    a_rs: v as u32,
+                    b_rs: h as u32,
+                    b_cs: 1,
+                    c_offset: (first * canvas * h) as u32,
+                    accumulate: u32::from(i > 0),
+                    ..linear_params(rows, h, chunk.rows)
+                };
+                rec.product(&a.sc_probs[g], &chunk.matrix, &a.proj, p, w.format == WeightFormat::F16)?;
+            }
         }
         rec.axpby(&a.dummy, &a.proj, c * h, 0.0, scale)?;
         rec.rmsnorm(&a.proj, Some(&w.sc_pre_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
@@ -191,11 +196,14 @@ pub fn record_canvas_forward<'a>(
     if layers == 0 {
         rec.rmsnorm(&a.hidden, Some(&w.final_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
     }
-    for chunk in &w.embed {
-        let shape = (c, chunk.rows, h);
-        let tensor_cores = w.format == WeightFormat::F16;
-        let p = head_params(shape, (v, chunk.start), cfg.final_logit_softcapping);
-        rec.product(&a.normed, &chunk.matrix, &a.logits, p, tensor_cores && chunk.matrix.format != WeightFormat::F32)?;
+    for (g, first, count) in a.vocab_groups(n) {
+        for chunk in &w.embed {
+            let shape = (count * canvas, chunk.rows, h);
+            let tensor_cores = w.format == WeightFormat::F16;
+            let p =
+                GemmParams { a_offset: (first * canvas * h) as u32, ..head_params(shape, (v, chunk.start), cfg.final_logit_softcapping) };
+            rec.product(&a.normed, &chunk.matrix, &a.logits[g], p, tensor_cores && chunk.matrix.format != WeightFormat::F32)?;
+        }
     }
     rec.plan_rows(None);
     Ok(())

@@ -549,7 +549,7 @@ impl GpuModel {
             if sc.len() != n {
                 return Err(GpuError::Length { what: "self-conditioning logits", got: sc.len(), expected: n });
             }
-            self.ctx.queue.write_buffer(&self.arena.sc_probs, 0, bytemuck::cast_slice(sc));
+            self.ctx.queue.write_buffer(&self.arena.sc_probs[0], 0, bytemuck::cast_slice(sc));
         }
         self.run_step(canvas, self_conditioning.is_some(), Some(logits))
     }
@@ -570,7 +570,7 @@ impl GpuModel {
             plan.encode(&mut pass);
         }
         if logits.is_some() {
-            enc.copy_buffer_to_buffer(&self.arena.logits, 0, &self.arena.staging, 0, bytes);
+            enc.copy_buffer_to_buffer(&self.arena.logits[0], 0, &self.arena.staging, 0, bytes);
         }
         self.ctx.queue.submit(Some(enc.finish()));
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -645,7 +645,7 @@ impl GpuModel {
         if let Some((row, column)) = non_finite {
             // An error path: one more read for the offending value.
             let v = self.config.text.vocab_size;
-            let value = self.ctx.read_f32(&self.arena.sc_probs, row * v + column, 1)?[0];
+            let value = self.ctx.read_f32(&self.arena.sc_probs[0], row * v + column, 1)?[0];
             rows[row].non_finite = Some((column, value));
         }
         Ok(())
@@ -656,7 +656,15 @@ impl GpuModel {
 fn record_sample_plan(ctx: &GpuContext, pipelines: &mut Pipelines, config: &ModelConfig, a: &Arena) -> Result<Plan, GpuError> {
     let mut rec = Recorder::new(ctx, pipelines);
     rec.scope("sampler rows");
-    rec.sample_rows(&a.logits, &a.sc_probs, &a.sample_step, &a.draws, &a.row_results, (config.canvas_length, 0), config.text.vocab_size)?;
+    rec.sample_rows(
+        &a.logits[0],
+        &a.sc_probs[0],
+        &a.sample_step,
+        &a.draws,
+        &a.row_results,
+        (config.canvas_length, 0, 0),
+        config.text.vocab_size,
+    )?;
     rec.finish()
 }
 

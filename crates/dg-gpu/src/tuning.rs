@@ -61,6 +61,10 @@ pub struct Tuning {
     /// device's largest binding: weights larger than it are split across bindings as on a device
     /// whose limit it is (tests force splits with it on small models). No variable sets it.
     pub weight_binding: Option<u64>,
+    /// Caps the bytes of one vocabulary-sized activation buffer (a group of a batch's canvases'
+    /// logits, `crate::arena::Arena::vocab_group`) below the device's largest binding: tests
+    /// force several groups with it on small models. No variable sets it.
+    pub vocab_binding: Option<u64>,
 }
 
 impl Default for Tuning {
@@ -82,6 +86,7 @@ impl Default for Tuning {
             coop_grouped_path: None,
             coop_grouped_depth: None,
             weight_binding: None,
+            vocab_binding: None,
         }
     }
 }

@@ -59,7 +59,9 @@ pub struct SampleRowsParams {
     /// Rows that share one [`SampleStep`]: row `r` reads step `r / rows_per_step` (the canvases of
     /// a batched forward, each with its own temperature and draw mode); 0: every row reads step 0.
     pub rows_per_step: u32,
-    pub _pad: u32,
+    /// The row of `draws`, `results` and the steps that logits row 0 takes (one group of a
+    /// batch's canvases, whose logits are a buffer of their own).
+    pub first_row: u32,
 }
 
 /// The per-step inputs, in a small storage buffer the host rewrites every step (so that a recorded

@@ -4,8 +4,8 @@
 //! sequence is the reference's), and seeded sequences with other prompt lengths (shorter, and
 //! longer than the sliding window), fewer canvases, adaptive stopping off, and one admitted when
 //! another leaves. On the GPU the same batch runs as one forward for all its canvases
-//! (`GpuModel`'s `BatchResidentModel`), and each sequence still gets the tokens the single-sequence
-//! GPU model gives it alone.
+//! (`GpuModel`'s `BatchResidentModel`, its vocabulary-sized buffers in groups of canvases), and each
+//! sequence still gets the tokens the single-sequence GPU model gives it alone.
 
 use dg_cpu::CpuModel;
 use dg_model::{GenerationConfig, ModelDir, StoppingConfig};
@@ -193,8 +193,15 @@ fn a_gpu_batch_runs_its_canvases_in_one_forward_and_gives_each_sequence_its_toke
         let weights = s.dir.load_weights().unwrap();
         let context = max_context(&s, &jobs);
         let slots = 3;
+        // The vocabulary-sized buffers in groups of two canvases (a group of two and one of one),
+        // as on a device whose binding holds two canvases' logits.
+        let grouped = {
+            let mut opts = dg_gpu::GpuOptions::from_env().unwrap();
+            opts.tuning.vocab_binding = Some(dg_gpu::canvas_vocab_bytes(&s.dir.config));
+            dg_gpu::GpuContext::new(&opts).unwrap()
+        };
         let mut model = dg_gpu::GpuModel::from_source_with_slots(
-            ctx(),
+            grouped,
             &s.dir.config,
             &weights,
             context,
@@ -203,6 +210,7 @@ fn a_gpu_batch_runs_its_canvases_in_one_forward_and_gives_each_sequence_its_toke
             &mut |_| {},
         )
         .unwrap();
+        assert_eq!(model.vocab_group(), 2, "{name}: canvases to a vocabulary buffer");
         let mut reports: Vec<StepReport> = vec![];
         let got = batched(&s, &jobs, slots, |b| {
             reports.push(b.step_resident(&mut model));

@@ -58,11 +58,11 @@ fn run_gpu(ctx: &GpuContext, logits: &[f32], vocab: usize, step: SampleStep, dra
     let rb = guarded_output(ctx, "results", rows * RESULT_WORDS);
     if max_dim == ctx.limits.max_compute_workgroups_per_dimension {
         let mut rec = Recorder::new(ctx, &mut pipelines);
-        rec.sample_rows(&lb, &sb, &stepb, &db, &rb, (rows, 0), vocab).unwrap();
+        rec.sample_rows(&lb, &sb, &stepb, &db, &rb, (rows, 0, 0), vocab).unwrap();
         rec.finish().unwrap().run(ctx).unwrap();
     } else {
         let p = pipelines.get_source(ctx, sample_rows::source()).unwrap();
-        let params = SampleRowsParams { rows: rows as u32, vocab: vocab as u32, rows_per_step: 0, _pad: 0 };
+        let params = SampleRowsParams { rows: rows as u32, vocab: vocab as u32, rows_per_step: 0, first_row: 0 };
         let mut plan = PlanBuilder::new(ctx);
         plan.push(&p, &params, &[&lb, &sb, &stepb, &db, &rb], groups_1d(sample_rows::workgroups(&params), max_dim));
         plan.finish(ctx).unwrap().run(ctx).unwrap();

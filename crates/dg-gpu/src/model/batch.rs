@@ -74,6 +74,12 @@ impl GpuModel {
         Ok(())
     }
 
+    /// Canvases whose logits share one buffer (a batch's vocabulary-sized buffers come in groups
+    /// of this many: as many as one storage binding holds).
+    pub fn vocab_group(&self) -> usize {
+        self.arena.vocab_group
+    }
+
     /// Tokens in `slot`'s cache.
     pub fn slot_len(&self, slot: usize) -> Option<usize> {
         self.seq_lens.get(slot).copied()
@@ -184,7 +190,8 @@ impl GpuModel {
         })?;
         // An error path: one more read for each offending value.
         for (slot, row, column) in non_finite {
-            let value = self.ctx.read_f32(&self.arena.sc_probs, (slot * c + row) * v + column, 1)?[0];
+            let (g, first_row) = self.arena.vocab_rows(slot);
+            let value = self.ctx.read_f32(&self.arena.sc_probs[g], (first_row + row) * v + column, 1)?[0];
             if let Some(cv) = canvases.iter_mut().find(|cv| cv.slot == slot) {
                 cv.rows[row].non_finite = Some((column, value));
             }
@@ -219,12 +226,13 @@ impl GpuModel {
     /// The plan of a batched step of `shape`: the forward, then the sampler's rows.
     fn record_batch(&mut self, shape: &ForwardShape) -> Result<Plan, GpuError> {
         let (c, v) = (self.config.canvas_length, self.config.text.vocab_size);
-        let rows = shape.canvases.len() * c;
         let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
         record_canvas_forward(&mut rec, &self.config, &self.weights, &self.arena, shape)?;
         rec.scope("sampler rows");
         let a = &self.arena;
-        rec.sample_rows(&a.logits, &a.sc_probs, &a.sample_step, &a.draws, &a.row_results, (rows, c), v)?;
+        for (g, first, count) in a.vocab_groups(shape.canvases.len()) {
+            rec.sample_rows(&a.logits[g], &a.sc_probs[g], &a.sample_step, &a.draws, &a.row_results, (count * c, c, first * c), v)?;
+        }
         rec.finish()
     }
 }

@@ -701,7 +701,8 @@ impl<'a> Recorder<'a> {
     /// `results[row] = (entropy bits, argmax, sampled, first non-finite column + 1)` (see
     /// `dg_kernels::sample_rows`). `step` holds the step's `SampleStep` (temperature, mode) and `draws`
     /// the rows' uniforms or given ids; the host rewrites both every step, so the plan replays as is.
-    /// `step` holds one `SampleStep` per `rows_per_step` rows (a batch's canvases).
+    /// `step` holds one `SampleStep` per `rows_per_step` rows (a batch's canvases); logits row 0
+    /// is row `first_row` of `draws`, `results` and the steps.
     #[allow(clippy::too_many_arguments)]
     pub fn sample_rows(
         &mut self,
@@ -710,10 +711,11 @@ impl<'a> Recorder<'a> {
         step: &'a wgpu::Buffer,
         draws: &'a wgpu::Buffer,
         results: &'a wgpu::Buffer,
-        (rows, rows_per_step): (usize, usize),
+        (rows, rows_per_step, first_row): (usize, usize, usize),
         vocab: usize,
     ) -> Result<(), GpuError> {
-        let p = SampleRowsParams { rows: rows as u32, vocab: vocab as u32, rows_per_step: rows_per_step as u32, _pad: 0 };
+        let p =
+            SampleRowsParams { rows: rows as u32, vocab: vocab as u32, rows_per_step: rows_per_step as u32, first_row: first_row as u32 };
         let g = self.groups(sample_rows::workgroups(&p));
         self.push(K::SampleRows, &p, &[logits, scaled, step, draws, results], g)
     }

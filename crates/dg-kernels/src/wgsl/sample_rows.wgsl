@@ -20,7 +20,8 @@ struct Params {
     vocab: u32,
     // Rows that share one Step (a canvas of a batched forward; 0: every row reads step 0).
     rows_per_step: u32,
-    _pad1: u32,
+    // The draws', results' and steps' row of logits row 0.
+    first_row: u32,
 }
 
 struct Step {
@@ -184,13 +185,15 @@ fn non_finite(y: f32) -> bool {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = wid.x + wid.y * nwg.x;
-    if (row >= p.rows) {
+    // local: the row of logits and scaled; row: the row of draws, results and steps.
+    let local = wid.x + wid.y * nwg.x;
+    if (local >= p.rows) {
         return;
     }
+    let row = p.first_row + local;
     let i = lid.x;
     let v_n = p.vocab;
-    let base = row * v_n;
+    let base = local * v_n;
     let step_in = steps[select(0u, row / p.rows_per_step, p.rows_per_step != 0u)];
     let t = step_in.temperature;
     let mode = step_in.mode;
