@@ -627,21 +627,7 @@ impl GpuModel {
         }
         self.prerecord_commits([0])?;
         let mut non_finite = None;
-        map_read_with(&self.ctx, &self.arena.row_staging, bytes, |data| {
-            let words: &[u32] = bytemuck::cast_slice(data);
-            for (row, (r, w)) in rows.iter_mut().zip(words.chunks_exact(RESULT_WORDS)).enumerate() {
-                *r = RowResult {
-                    entropy: f32::from_bits(w[sample_rows::RESULT_ENTROPY]),
-                    argmax: w[sample_rows::RESULT_ARGMAX],
-                    sampled: w[sample_rows::RESULT_SAMPLED],
-                    non_finite: None,
-                };
-                let bad = w[sample_rows::RESULT_NON_FINITE];
-                if bad != 0 && non_finite.is_none() {
-                    non_finite = Some((row, bad as usize - 1));
-                }
-            }
-        })?;
+        map_read_with(&self.ctx, &self.arena.row_staging, bytes, |data| non_finite = decode_rows(bytemuck::cast_slice(data), rows))?;
         if let Some((row, column)) = non_finite {
             // An error path: one more read for the offending value.
             let v = self.config.text.vocab_size;
@@ -650,6 +636,25 @@ impl GpuModel {
         }
         Ok(())
     }
+}
+
+/// One canvas's rows of `sample_rows`' results (`RESULT_WORDS` u32 each) into `rows`; returns the
+/// first row with a non-finite logit and its column (the caller reads the value).
+fn decode_rows(words: &[u32], rows: &mut [RowResult]) -> Option<(usize, usize)> {
+    let mut non_finite = None;
+    for (row, (r, w)) in rows.iter_mut().zip(words.chunks_exact(RESULT_WORDS)).enumerate() {
+        *r = RowResult {
+            entropy: f32::from_bits(w[sample_rows::RESULT_ENTROPY]),
+            argmax: w[sample_rows::RESULT_ARGMAX],
+            sampled: w[sample_rows::RESULT_SAMPLED],
+            non_finite: None,
+        };
+        let bad = w[sample_rows::RESULT_NON_FINITE];
+        if bad != 0 && non_finite.is_none() {
+            non_finite = Some((row, bad as usize - 1));
+        }
+    }
+    non_finite
 }
 
 /// The single-sequence step's sampler rows (`sample_rows` over canvas 0).

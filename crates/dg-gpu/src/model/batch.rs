@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 
 use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
-use dg_sampler::{CategoricalRequest, ResidentCanvases, RowResult};
+use dg_sampler::{CategoricalRequest, ResidentCanvases};
 
 use super::{GpuModel, uniform_f32};
 use crate::arena::Arena;
@@ -174,17 +174,8 @@ impl GpuModel {
             let words: &[u32] = bytemuck::cast_slice(data);
             for cv in &mut canvases {
                 let slot_words = &words[cv.slot * c * RESULT_WORDS..(cv.slot + 1) * c * RESULT_WORDS];
-                for (row, (r, w)) in cv.rows.iter_mut().zip(slot_words.chunks_exact(RESULT_WORDS)).enumerate() {
-                    *r = RowResult {
-                        entropy: f32::from_bits(w[sample_rows::RESULT_ENTROPY]),
-                        argmax: w[sample_rows::RESULT_ARGMAX],
-                        sampled: w[sample_rows::RESULT_SAMPLED],
-                        non_finite: None,
-                    };
-                    let bad = w[sample_rows::RESULT_NON_FINITE];
-                    if bad != 0 && !non_finite.iter().any(|&(slot, _, _)| slot == cv.slot) {
-                        non_finite.push((cv.slot, row, bad as usize - 1));
-                    }
+                if let Some((row, column)) = super::decode_rows(slot_words, cv.rows) {
+                    non_finite.push((cv.slot, row, column));
                 }
             }
         })?;
