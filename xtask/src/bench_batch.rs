@@ -9,39 +9,25 @@
 //! and the aggregate generated tokens per second with its ratio to B = 1. A warm-up generation
 //! runs first at each B (its plans and pipelines).
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-use dg_gpu::{GpuContext, GpuOptions};
-use dg_model::{GenerationConfig, ModelConfig};
+use anyhow::Result;
 use dg_sampler::{Batch, NoHooks, SeededRng};
 
+use crate::bench_generate::{Workload, median};
 use crate::random_model;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Model config (HF config.json format).
-    #[arg(long, default_value = "bench/configs/real-6layer.json")]
-    config: PathBuf,
-    /// Prompt tokens of each sequence (random ids).
-    #[arg(long, default_value_t = 1024)]
-    prompt: usize,
-    /// Canvases each sequence generates.
-    #[arg(long, default_value_t = 2)]
-    canvases: usize,
-    /// Denoising steps per canvas (all run: stopping is off).
-    #[arg(long, default_value_t = 48)]
-    steps: usize,
+    /// Each sequence's workload.
+    #[command(flatten)]
+    work: Workload,
     /// Batch sizes, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     batch: Vec<usize>,
     /// Timed generations after the warm-up at each batch size (the median is reported).
     #[arg(long, default_value_t = 1)]
     runs: usize,
-    /// Adapter name substring.
-    #[arg(long)]
-    adapter: Option<String>,
     /// Storage of the weight matrices (as `bench-gpu --weights`; default f16).
     #[arg(long, value_enum, default_value = "f16")]
     weights: random_model::WeightsArg,
@@ -54,38 +40,13 @@ pub struct Args {
 /// One step's `(scope, kernel, nanoseconds)` per dispatch (`GpuModel::profile_last_batch`).
 type Profile = Vec<(String, String, f64)>;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 pub fn run(args: Args) -> Result<bool> {
     anyhow::ensure!(!args.batch.is_empty() && args.batch.iter().all(|&b| b > 0), "--batch: give batch sizes of at least 1");
-    let config = ModelConfig::from_file(&args.config).with_context(|| format!("reading {}", args.config.display()))?;
-    let cfg = &config.text;
-    let (c, v) = (config.canvas_length, cfg.vocab_size);
-    let env = GpuOptions::from_env()?;
-    let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone().or(env.adapter), ..env })?;
-    println!("adapter: {} ({:?}, driver {} {})", ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info);
-    println!(
-        "config: {} ({} layers, hidden {}, vocab {v}, canvas {c}); each sequence: prompt {} tokens, {} canvases × {} steps, stopping off",
-        args.config.display(),
-        cfg.num_layers(),
-        cfg.hidden_size,
-        args.prompt,
-        args.canvases,
-        args.steps
-    );
-    let max_context = args.prompt + args.canvases * c;
-    let (mut model, label) = random_model::upload(ctx, &config, args.weights, max_context)?;
+    let (config, ctx) = args.work.open()?;
+    let (c, v) = (config.canvas_length, config.text.vocab_size);
+    let (mut model, label) = random_model::upload(ctx, &config, args.weights, args.work.max_context(&config))?;
     println!("weights on the GPU: {:.2} GB ({label})", model.weight_bytes() as f64 / 1e9);
-    let settings = GenerationConfig {
-        max_new_tokens: args.canvases * c,
-        max_denoising_steps: args.steps,
-        stopping: None,
-        eos_token_ids: vec![],
-        ..GenerationConfig::default()
-    };
+    let settings = args.work.settings(&config);
     println!("| B | arena GB | per extra sequence GB | generation ms | ms a step | tokens/s | × B = 1 |");
     println!("|---|---|---|---|---|---|---|");
     let mut base: Option<(usize, f64)> = None;
@@ -99,7 +60,7 @@ pub fn run(args: Args) -> Result<bool> {
             let mut batch = Batch::new(c, v, b)?;
             for s in 0..b {
                 let mut rng = SeededRng::new(1000 + s as u64);
-                let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.below(v as u32)).collect();
+                let prompt: Vec<u32> = (0..args.work.prompt).map(|_| rng.below(v as u32)).collect();
                 batch.admit(&prompt, &settings, SeededRng::new((run * b + s) as u64), NoHooks).map_err(|r| r.reason)?;
             }
             let (start, mut steps) = (Instant::now(), 0usize);
@@ -112,7 +73,11 @@ pub fn run(args: Args) -> Result<bool> {
             let mut tokens = 0;
             for f in batch.drain_finished() {
                 let g = f.result?;
-                anyhow::ensure!(g.decoder_passes == args.canvases * args.steps, "a sequence ran {} decoder passes", g.decoder_passes);
+                anyhow::ensure!(
+                    g.decoder_passes == args.work.canvases * args.work.steps,
+                    "a sequence ran {} decoder passes",
+                    g.decoder_passes
+                );
                 tokens += g.new_tokens().len();
             }
             if run > 0 {

@@ -19,26 +19,73 @@ use dg_sampler::{CategoricalRequest, NoHooks, ResidentModel, RowResult, SeededRn
 
 use crate::random_model;
 
+/// What a generation benchmark generates (shared with `bench-batch`): the model's geometry, and
+/// per sequence a random prompt and canvases whose every step runs.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub struct Workload {
     /// Model config (HF config.json format).
     #[arg(long, default_value = "bench/configs/real-6layer.json")]
-    config: PathBuf,
+    pub config: PathBuf,
     /// Prompt tokens (random ids).
     #[arg(long, default_value_t = 1024)]
-    prompt: usize,
+    pub prompt: usize,
     /// Canvases generated.
     #[arg(long, default_value_t = 2)]
-    canvases: usize,
+    pub canvases: usize,
     /// Denoising steps per canvas (all run: stopping is off).
     #[arg(long, default_value_t = 48)]
-    steps: usize,
+    pub steps: usize,
+    /// Adapter name substring.
+    #[arg(long)]
+    pub adapter: Option<String>,
+}
+
+impl Workload {
+    /// The config, and the GPU context of the chosen adapter (both printed).
+    pub fn open(&self) -> Result<(ModelConfig, GpuContext)> {
+        let config = ModelConfig::from_file(&self.config).with_context(|| format!("reading {}", self.config.display()))?;
+        let env = GpuOptions::from_env()?;
+        let ctx = GpuContext::new(&GpuOptions { adapter: self.adapter.clone().or(env.adapter), ..env })?;
+        println!("adapter: {} ({:?}, driver {} {})", ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info);
+        let cfg = &config.text;
+        println!(
+            "config: {} ({} layers, hidden {}, vocab {}, canvas {}); prompt {} tokens, {} canvases × {} steps, stopping off",
+            self.config.display(),
+            cfg.num_layers(),
+            cfg.hidden_size,
+            cfg.vocab_size,
+            config.canvas_length,
+            self.prompt,
+            self.canvases,
+            self.steps
+        );
+        Ok((config, ctx))
+    }
+
+    /// Cache rows a sequence needs.
+    pub fn max_context(&self, config: &ModelConfig) -> usize {
+        self.prompt + self.canvases * config.canvas_length
+    }
+
+    /// Every canvas, every step: stopping off, no EOS ids.
+    pub fn settings(&self, config: &ModelConfig) -> GenerationConfig {
+        GenerationConfig {
+            max_new_tokens: self.canvases * config.canvas_length,
+            max_denoising_steps: self.steps,
+            stopping: None,
+            eos_token_ids: vec![],
+            ..GenerationConfig::default()
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    work: Workload,
     /// Timed generations after the warm-up (the median is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Adapter name substring.
-    #[arg(long)]
-    adapter: Option<String>,
     /// Store the weight matrices as BF16 on the GPU (arithmetic stays f32); `--weights bf16`.
     #[arg(long, conflicts_with_all = ["f16", "weights"])]
     bf16: bool,
@@ -85,46 +132,26 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
 pub fn run(args: Args) -> Result<bool> {
-    let config = ModelConfig::from_file(&args.config).with_context(|| format!("reading {}", args.config.display()))?;
+    let (config, ctx) = args.work.open()?;
     let cfg = &config.text;
     let c = config.canvas_length;
-    let env = GpuOptions::from_env()?;
-    let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone().or(env.adapter), ..env })?;
-    println!("adapter: {} ({:?}, driver {} {})", ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info);
-    println!(
-        "config: {} ({} layers, hidden {}, vocab {}, canvas {c}); prompt {} tokens, {} canvases × {} steps, stopping off",
-        args.config.display(),
-        cfg.num_layers(),
-        cfg.hidden_size,
-        cfg.vocab_size,
-        args.prompt,
-        args.canvases,
-        args.steps
-    );
-    let max_context = args.prompt + args.canvases * c;
     let weights = match (args.weights, args.bf16, args.f16) {
         (Some(w), _, _) => w,
         (None, _, true) => random_model::WeightsArg::F16,
         (None, true, false) => random_model::WeightsArg::Bf16,
         (None, false, false) => random_model::WeightsArg::F32,
     };
-    let (mut model, label) = random_model::upload(ctx, &config, weights, max_context)?;
+    let (mut model, label) = random_model::upload(ctx, &config, weights, args.work.max_context(&config))?;
     println!("weights on the GPU: {:.2} GB ({label})", model.weight_bytes() as f64 / 1e9);
-    let settings = GenerationConfig {
-        max_new_tokens: args.canvases * c,
-        max_denoising_steps: args.steps,
-        stopping: None,
-        eos_token_ids: vec![],
-        ..GenerationConfig::default()
-    };
+    let settings = args.work.settings(&config);
     let mut rng = SeededRng::new(1);
-    let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.below(cfg.vocab_size as u32)).collect();
+    let prompt: Vec<u32> = (0..args.work.prompt).map(|_| rng.below(cfg.vocab_size as u32)).collect();
 
     let mut rows = Vec::new();
     for run in 0..=args.runs {
@@ -133,7 +160,7 @@ pub fn run(args: Args) -> Result<bool> {
         let start = Instant::now();
         let g = generate_resident(&mut timed, &prompt, &settings, c, cfg.vocab_size, &mut SeededRng::new(run as u64), &mut NoHooks)?;
         let total = start.elapsed();
-        anyhow::ensure!(g.decoder_passes == args.canvases * args.steps, "ran {} decoder passes", g.decoder_passes);
+        anyhow::ensure!(g.decoder_passes == args.work.canvases * args.work.steps, "ran {} decoder passes", g.decoder_passes);
         if run > 0 {
             let new_tokens = g.new_tokens().len() as f64;
             let steps: Vec<f64> = timed.steps.iter().copied().map(ms).collect();
@@ -147,10 +174,10 @@ pub fn run(args: Args) -> Result<bool> {
         }
     }
     let col = |f: fn(&(f64, f64, f64, f64, f64)) -> f64| median(rows.iter().map(f).collect());
-    println!("prefill (GPU encoder, {} tokens): {:.2} ms", args.prompt, col(|r| r.0));
+    println!("prefill (GPU encoder, {} tokens): {:.2} ms", args.work.prompt, col(|r| r.0));
     println!("canvas commit (encoder, {c} tokens): {:.2} ms", col(|r| r.1));
     println!("denoising step (forward + sampler rows + readback + host acceptance): {:.2} ms", col(|r| r.2));
-    println!("generate total ({} canvases, {} steps): {:.1} ms", args.canvases, args.canvases * args.steps, col(|r| r.3));
+    println!("generate total ({} canvases, {} steps): {:.1} ms", args.work.canvases, args.work.canvases * args.work.steps, col(|r| r.3));
     println!("generated tokens per second: {:.1}", col(|r| r.4));
     println!("(median of {} runs after a warm-up)", args.runs);
     Ok(true)
