@@ -4,7 +4,8 @@
 Starts the built binary on a free loopback port and checks chat and text completions (stream and
 whole, drafts on and off), max_tokens, stop sequences, seeds, multi-turn cache reuse (the model's
 own cache, the pool of caches for interleaved conversations, least-recently-used eviction under a
-small --cache-budget), the API key, every bad input (each a 4xx in OpenAI's error shape, /health
+small --cache-budget), continuous batching (--batch: concurrent streams get the text they get
+alone; a client that leaves frees its slot), the API key, every bad input (each a 4xx in OpenAI's error shape, /health
 OK after each), idle and partial connections, a full queue (429), clients that disconnect
 (streamed and whole), a bounded load test, and SIGTERM.
 
@@ -453,6 +454,67 @@ def load_test(s, clients, per_client, steps):
           f"p99 {p99 * 1e3:.0f} ms")
 
 
+def batch_bodies():
+    """Text completions of different prompt lengths, seeds and answer lengths (one to two canvases)."""
+    return [{"model": MODEL, "prompt": prompt_of(n, salt), "max_tokens": max_tokens, "seed": seed, "dg": {"steps": 4}}
+            for n, salt, max_tokens, seed in [(5, 11, 16, 1), (40, 12, 40, 2), (12, 13, 64, 3), (21, 14, 8, 4)]]
+
+
+def batch_expected(s):
+    """Each batch body's text from the one-request-at-a-time server."""
+    texts = []
+    for body in batch_bodies():
+        resp, data = s.request("POST", "/v1/completions", body)
+        check(resp.status == 200, f"completion: {resp.status} {data[:300]!r}")
+        texts.append(json.loads(data)["choices"][0]["text"])
+    return texts
+
+
+def test_batched(binary, backend, expected):
+    """`--batch 3`: concurrent streams share the batch beside a long request whose client then
+    leaves; each gets the text it gets alone, and the leaving one frees its slot."""
+    s = Server(binary, backend, "--api-key", KEY, "--batch", "3")
+    try:
+        long_body = {"model": MODEL, "prompt": [2, 17, 42], "max_tokens": 3000, "seed": 5, "stream": True,
+                     "dg": {"steps": 48, "stability_threshold": 1000}}
+        payload = json.dumps(long_body).encode()
+        sock = socket.create_connection((s.host, s.port))
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                     f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        sock.recv(4096)
+        wait_for(lambda: metric(s, "dg_running") == 1, "the long request runs")
+        bodies, got, failures = batch_bodies(), {}, []
+
+        def one(i):
+            try:
+                events, done = sse(s, "/v1/completions", bodies[i])
+                got[i] = check_stream(events, done, False, bodies[i]["max_tokens"])[0]
+            except Exception as e:  # noqa: BLE001 - reported below
+                failures.append(f"request {i}: {e!r}")
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        check(not failures, f"batched requests failed: {failures}")
+        for i, want in enumerate(expected):
+            check(got.get(i) == want, f"request {i} in the batch: {got.get(i)!r}, alone: {want!r}")
+        check(metric(s, "dg_running") == 1, "the long request still runs")
+        cancelled = metric(s, "dg_cancelled_total")
+        sock.close()
+        wait_for(lambda: metric(s, "dg_cancelled_total") == cancelled + 1, "the long request is cancelled")
+        wait_for(lambda: metric(s, "dg_running") == 0, "its slot is free")
+        healthy(s)
+        check(s.stop() == 0, "exit 0 on SIGINT")
+    except BaseException:
+        sys.stderr.write("".join(s.log[-40:]))
+        s.proc.kill()
+        raise
+    print(f"batch: {len(expected)} concurrent streams beside a long request each got their text alone; "
+          "the long one's client left and its slot freed")
+
+
 def test_full_queue(binary, backend):
     s = Server(binary, backend, "--queue", "1", "--api-key", KEY)
     statuses, retry = [], []
@@ -517,6 +579,7 @@ def main():
         test_multi_turn_reuse(s)
         test_interleaved_conversations(s)
         entry_bytes = pooled_entry_bytes(s)
+        batch_texts = batch_expected(s)
         test_raw_http(s)
         test_api_key(s)
         test_bad_input(s)
@@ -529,6 +592,7 @@ def main():
         s.proc.kill()
         raise
     test_full_queue(args.binary, args.backend)
+    test_batched(args.binary, args.backend, batch_texts)
     test_eviction(args.binary, args.backend, entry_bytes)
     print(f"dg serve ({args.backend}): all checks passed in {time.time() - start:.1f} s")
 

@@ -10,10 +10,18 @@ others' (no cache reuse). Reports, as the median of the timed runs after a warm-
 of a request on the client and the generated tokens per second, with the server's own prefill and
 first-canvas times; `--compare FILE` reads `bench-generate`'s output and prints the ratio.
 
+With `--clients 1,4` (and `dg serve --batch N` through `--batch N`) it measures concurrent
+streaming clients instead: for each count K, rounds in which K clients each send one streamed
+request at once (different prompts and seeds); the aggregate generated tokens per second of a
+round is its tokens over its wall time, reported as the median over `--runs` rounds after a
+warm-up round, with each count's ratio to the first.
+
 Only the standard library: it runs where the openai package is not installed.
 
     python3 tools/serve_tests/throughput.py --binary target/release/dg --model DIR --weights f16 \\
         --prompt 1024 --canvases 2 --steps 48 --runs 3 [--compare bench-generate.log]
+    python3 tools/serve_tests/throughput.py --binary target/release/dg --model DIR --weights f16 \\
+        --prompt 1024 --canvases 2 --steps 48 --runs 2 --batch 4 --clients 1,4
 """
 
 import argparse
@@ -65,6 +73,20 @@ class Server:
             sys.exit(f"{path}: HTTP {resp.status}: {data[:500]!r}")
         return json.loads(data)
 
+    def stream(self, path, body, timeout):
+        """A streamed request: its completion tokens and steps per canvas, from the final chunk."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        conn.request("POST", path, body=json.dumps(body | {"stream": True}).encode(),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read().decode()
+        conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"{path}: HTTP {resp.status}: {data[:500]!r}")
+        chunks = [json.loads(line[6:]) for line in data.split("\n") if line.startswith("data: {")]
+        last = chunks[-1]
+        return last["usage"]["completion_tokens"], last["dg"]["steps_per_canvas"]
+
     def stop(self):
         self.proc.send_signal(2)
         return self.proc.wait(timeout=60)
@@ -90,6 +112,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3, help="timed requests after one warm-up")
     ap.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for the model to load")
     ap.add_argument("--compare", help="xtask bench-generate's output, for the ratio")
+    ap.add_argument("--batch", type=int, default=1, help="dg serve --batch")
+    ap.add_argument("--clients", help="concurrent streaming clients per round, e.g. 1,4 (default: one whole request at a time)")
     args = ap.parse_args()
 
     config = json.loads((Path(args.model) / "config.json").read_text()) if Path(args.model).is_dir() else {}
@@ -98,14 +122,27 @@ def main():
     max_tokens = args.canvases * canvas
     context = args.prompt + max_tokens + canvas
     cmd = [args.binary, "serve", "--model", args.model, "--backend", args.backend, "--weights", args.weights,
-           "--host", "127.0.0.1", "--port", "0", "--context", str(context), "--steps", str(args.steps)]
+           "--host", "127.0.0.1", "--port", "0", "--context", str(context), "--steps", str(args.steps),
+           "--batch", str(args.batch)]
     print("server:", " ".join(cmd), flush=True)
     start = time.time()
     s = Server(cmd, args.start_timeout)
     print(f"listening after {time.time() - start:.1f} s", flush=True)
+    try:
+        measure(s, args, vocab, max_tokens)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+
+
+def measure(s, args, vocab, max_tokens):
     served = json.loads(http_get(s, "/v1/models"))["data"][0]["id"]
 
     rng = random.Random(1)
+    if args.clients:
+        concurrent(s, args, served, vocab, max_tokens, rng)
+        s.stop()
+        return
     rows = []
     for run in range(args.runs + 1):
         prompt = [rng.randrange(3, vocab) for _ in range(args.prompt)]
@@ -134,6 +171,54 @@ def main():
         direct = bench_generate_tokens_per_second(args.compare)
         print(f"xtask bench-generate: {direct:.1f} tokens/s; through the server: {med[1]:.1f} tokens/s "
               f"= {100 * med[1] / direct:.1f}% of it")
+
+
+def concurrent(s, args, served, vocab, max_tokens, rng):
+    """Rounds of K clients each streaming one request at once; aggregate tokens per second."""
+    counts = [int(k) for k in args.clients.split(",")]
+    seed = 0
+    results = []
+    for k in counts:
+        rates = []
+        for run in range(args.runs + 1):
+            bodies = []
+            for _ in range(k):
+                seed += 1
+                prompt = [rng.randrange(3, vocab) for _ in range(args.prompt)]
+                bodies.append({"model": served, "prompt": prompt, "max_tokens": max_tokens, "seed": seed,
+                               "dg": {"steps": args.steps, "confidence_threshold": 1e-30}})
+            answers, failures = [None] * k, []
+
+            def client(i):
+                try:
+                    answers[i] = s.stream("/v1/completions", bodies[i], 3600)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    failures.append(f"client {i}: {e!r}")
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(k)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+            if failures:
+                sys.exit(f"{k} clients, round {run}: {failures}")
+            for tokens, steps in answers:
+                if tokens != max_tokens or steps != [args.steps] * args.canvases:
+                    sys.exit(f"{k} clients, round {run}: {tokens} tokens, steps per canvas {steps}: stopping or EOS "
+                             "fired (the model's generation_config.json must list no EOS ids)")
+            tokens = sum(a[0] for a in answers)
+            label = "warm-up" if run == 0 else f"round {run}"
+            print(f"{k} clients, {label}: {wall * 1e3:.1f} ms, {tokens} tokens, {tokens / wall:.1f} tokens/s", flush=True)
+            if run > 0:
+                rates.append(tokens / wall)
+        results.append((k, statistics.median(rates)))
+    base = results[0][1]
+    for k, rate in results:
+        print(f"through dg serve --batch {args.batch} ({args.weights}, prompt {args.prompt}, {args.canvases} canvases x "
+              f"{args.steps} steps, median of {args.runs}): {k} concurrent streaming clients, aggregate generated "
+              f"tokens per second {rate:.1f} = {rate / base:.2f}x of {results[0][0]}")
 
 
 def http_get(s, path):

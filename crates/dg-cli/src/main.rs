@@ -9,6 +9,7 @@
 
 mod args;
 mod backend;
+mod batch_model;
 mod chat;
 mod display;
 mod error;

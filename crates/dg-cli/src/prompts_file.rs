@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dg_model::{GenerationConfig, ModelDir};
-use dg_sampler::{Batch, Generation, PerSlot, SeededRng};
+use dg_sampler::{Batch, Generation, SeededRng};
 use serde_json::Value;
 
 use crate::args::GenerateArgs;
 use crate::backend::{self, Backend};
+use crate::batch_model::BatchModel;
 use crate::display::{Mode, Progress};
 use crate::error::{Input, input};
 use crate::generate::{check_positions, resolve_settings};
@@ -109,41 +110,26 @@ pub fn run(args: &GenerateArgs, path: &Path) -> Result<()> {
         Progress::new(Mode::Quiet, false, codec.as_ref(), &settings.eos_token_ids, line.planned, settings.max_denoising_steps)
     };
     let (c, v) = (config.canvas_length, config.text.vocab_size);
-    let mut batch_run = |step: &mut dyn FnMut(&mut Batch<SeededRng, Progress<'_>, ModelError>)| -> Result<()> {
-        let mut batch = Batch::new(c, v, capacity)?;
-        let mut pending = lines.iter();
-        let mut admitted = Vec::with_capacity(lines.len());
-        loop {
-            while batch.has_room() {
-                let Some(line) = pending.next() else { break };
-                let id = batch.admit(&line.prompt.ids, &settings, SeededRng::new(line.seed), hooks(line)).map_err(|r| r.reason)?;
-                admitted.push((id, line));
-            }
-            if batch.running() == 0 {
-                return Ok(());
-            }
-            step(&mut batch);
-            for f in batch.drain_finished().collect::<Vec<_>>() {
-                let line = admitted.iter().find(|(id, _)| *id == f.id).map(|(_, l)| *l).expect("every finished sequence was admitted");
-                let generation = f.result.with_context(|| format!("{} line {}: generation failed", path.display(), line.number))?;
-                emit(line, generation, f.hooks)?;
-            }
+    let positions = lines.iter().map(|l| l.prompt.ids.len() + l.planned * c).max().unwrap_or(0);
+    let report = if args.quiet { load::Report::Quiet } else { load::Report::Summary };
+    let mut model = BatchModel::load(&model, choice.backend, positions, capacity, args.weights, report)?;
+    let mut batch = Batch::new(c, v, capacity)?;
+    let mut pending = lines.iter();
+    let mut admitted = Vec::with_capacity(lines.len());
+    loop {
+        while batch.has_room() {
+            let Some(line) = pending.next() else { break };
+            let id = batch.admit(&line.prompt.ids, &settings, SeededRng::new(line.seed), hooks(line)).map_err(|r| r.reason)?;
+            admitted.push((id, line));
         }
-    };
-    match choice.backend {
-        Backend::Cpu => {
-            let mut model = Errors(PerSlot::new(load::cpu(&model, args.weights)?));
-            batch_run(&mut |b| {
-                b.step(&mut model);
-            })?;
+        if batch.running() == 0 {
+            break;
         }
-        Backend::Gpu(ctx) => {
-            let positions = lines.iter().map(|l| l.prompt.ids.len() + l.planned * c).max().unwrap_or(0);
-            let report = if args.quiet { load::Report::Quiet } else { load::Report::Summary };
-            let mut gpu = Errors(load::gpu_slots(&model, *ctx, positions, capacity, args.weights, report)?);
-            batch_run(&mut |b| {
-                b.step_resident(&mut gpu);
-            })?;
+        model.step(&mut batch);
+        for f in batch.drain_finished().collect::<Vec<_>>() {
+            let line = admitted.iter().find(|(id, _)| *id == f.id).map(|(_, l)| *l).expect("every finished sequence was admitted");
+            let generation = f.result.with_context(|| format!("{} line {}: generation failed", path.display(), line.number))?;
+            emit(line, generation, f.hooks)?;
         }
     }
     if !args.quiet {
@@ -273,63 +259,5 @@ mod tests {
         assert_eq!(p.next, 2);
         p.put(2, "c".into());
         assert_eq!(p.next, 3);
-    }
-}
-
-/// A batched model whose errors the batch carries as a [`ModelError`] (one batch type for every
-/// backend).
-struct Errors<M>(M);
-
-/// A backend's error, boxed.
-#[derive(Debug)]
-struct ModelError(Box<dyn std::error::Error + Send + Sync + 'static>);
-
-impl ModelError {
-    fn from_error(e: impl std::error::Error + Send + Sync + 'static) -> Self {
-        ModelError(Box::new(e))
-    }
-}
-
-impl std::fmt::Display for ModelError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::error::Error for ModelError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
-    }
-}
-
-impl<M: dg_sampler::BatchDenoiseModel> dg_sampler::BatchDenoiseModel for Errors<M> {
-    type Error = ModelError;
-
-    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), ModelError> {
-        self.0.encode(slot, ids).map_err(ModelError::from_error)
-    }
-
-    fn canvas_forward(&mut self, batch: &mut dg_sampler::HostCanvases<'_>) -> Result<(), ModelError> {
-        self.0.canvas_forward(batch).map_err(ModelError::from_error)
-    }
-
-    fn release(&mut self, slot: usize) {
-        self.0.release(slot)
-    }
-}
-
-impl<M: dg_sampler::BatchResidentModel> dg_sampler::BatchResidentModel for Errors<M> {
-    type Error = ModelError;
-
-    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), ModelError> {
-        self.0.encode(slot, ids).map_err(ModelError::from_error)
-    }
-
-    fn denoise_rows(&mut self, batch: &mut dg_sampler::ResidentCanvases<'_>) -> Result<(), ModelError> {
-        self.0.denoise_rows(batch).map_err(ModelError::from_error)
-    }
-
-    fn release(&mut self, slot: usize) {
-        self.0.release(slot)
     }
 }

@@ -222,6 +222,15 @@ impl<R: RandomSource, H: Hooks, E: std::error::Error + 'static> Batch<R, H, E> {
         StepReport { forwarded, finished: self.retire(model) }
     }
 
+    /// Takes every running sequence out of the batch without calling the model: for a model
+    /// whose state is no longer known (a call panicked), which the caller then resets, releasing
+    /// every slot. Returns each sequence's id, random source and hooks; every slot is free.
+    pub fn abandon(&mut self) -> Vec<(SeqId, R, H)> {
+        self.slot_used.fill(false);
+        self.spare.extend(self.lanes.drain(..).map(|lane| lane.sampler));
+        self.states.drain(..).map(SequenceState::into_parts).collect()
+    }
+
     /// Moves the finished sequences out of the batch, releasing their slots.
     fn retire<F: Flavour<Error = E>>(&mut self, model: &mut F) -> usize {
         let mut retired = 0;

@@ -78,6 +78,9 @@ pub trait Hooks {
     fn on_step(&mut self, _info: &StepInfo<'_>) {}
     /// A finished block, after EOS padding, as appended to the sequence.
     fn on_canvas(&mut self, _block: usize, _tokens: &[u32]) {}
+    /// A block's committed ids were encoded into the cache (the prompt for block 0, else the
+    /// previous block's canvas): how many, and the wall time of the model's encode call.
+    fn on_encode(&mut self, _block: usize, _tokens: usize, _took: std::time::Duration) {}
     /// Asked after every step's [`Hooks::on_step`] and every block's [`Hooks::on_canvas`]: `true` ends
     /// the generation there with [`StopReason::Cancelled`] (a block cut short is not appended).
     fn should_stop(&mut self) -> bool {
@@ -97,6 +100,9 @@ impl<H: Hooks + ?Sized> Hooks for &mut H {
     }
     fn on_canvas(&mut self, block: usize, tokens: &[u32]) {
         (**self).on_canvas(block, tokens)
+    }
+    fn on_encode(&mut self, block: usize, tokens: usize, took: std::time::Duration) {
+        (**self).on_encode(block, tokens, took)
     }
     fn should_stop(&mut self) -> bool {
         (**self).should_stop()

@@ -99,7 +99,9 @@ impl<R: RandomSource, H: Hooks, E: std::error::Error + 'static> SequenceState<R,
         }
         let c = lane.sampler.canvas_length();
         let committed = if self.block == 0 { &self.sequence[..self.prompt_len] } else { &self.sequence[self.sequence.len() - c..] };
+        let started = std::time::Instant::now();
         encode(lane.slot, committed).map_err(|source| SamplerError::Model { block: self.block, call: ModelCall::Encode, source })?;
+        self.hooks.on_encode(self.block, committed.len(), started.elapsed());
         lane.sampler.begin_block(&mut self.rng).map_err(SamplerError::with_model_error)?;
         self.at_boundary = false;
         self.steps = 0;
@@ -145,6 +147,11 @@ impl<R: RandomSource, H: Hooks, E: std::error::Error + 'static> SequenceState<R,
             CanvasEnd::Eos { .. } => self.end(Ok(StopReason::Eos)),
             CanvasEnd::MaxLength => self.end(Ok(StopReason::MaxLength)),
         }
+    }
+
+    /// The sequence taken out of a batch without an end: its id, random source and hooks.
+    pub(crate) fn into_parts(self) -> (SeqId, R, H) {
+        (self.id, self.rng, self.hooks)
     }
 
     /// The finished sequence: its random source is told the generation completed (a recording

@@ -316,3 +316,46 @@ fn admission_checks_room_and_inputs_and_hands_back_the_random_source() {
     assert!(matches!(Batch::<SeededRng, Trace, FakeError>::new(C, V, 0), Err(InputError::Shape(_))));
     assert!(matches!(SamplerError::<FakeError>::from(InputError::EmptyPrompt), SamplerError::Input(_)));
 }
+
+#[test]
+fn abandoning_a_batch_frees_every_slot_and_hands_back_each_sequence() {
+    let spec = spec();
+    let jobs = [job(3, cfg(2, 3), 1), job(5, cfg(2, 3), 2)];
+    let mut model = PerSlot::new(FakeModel::new(spec.clone()));
+    let mut batch: Batch<SeededRng, Trace, FakeError> = Batch::new(C, V, 2).unwrap();
+    let ids: Vec<SeqId> = jobs.iter().map(|j| admit(&mut batch, j, SeededRng::new(j.seed))).collect();
+    batch.step(&mut model);
+    let taken = batch.abandon();
+    assert_eq!(taken.iter().map(|t| t.0).collect::<Vec<_>>(), ids);
+    assert!(taken.iter().all(|t| t.2.steps.len() == 1), "each sequence's hooks saw its one step");
+    assert_eq!((batch.running(), batch.has_room(), batch.drain_finished().count()), (0, true, 0));
+    // The batch goes on: a sequence admitted after (the model's slots reset) gives its tokens alone.
+    let mut model = PerSlot::new(FakeModel::new(spec.clone()));
+    let id = admit(&mut batch, &jobs[1], SeededRng::new(jobs[1].seed));
+    let mut out = vec![];
+    while batch.running() > 0 {
+        batch.step(&mut model);
+        collect(&mut batch, &mut out);
+    }
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].0, &out[0].1), (id, &alone(&spec, &jobs[1]).0));
+}
+
+/// Counts encodes: block and ids per call.
+#[derive(Default)]
+struct Encodes(Vec<(usize, usize)>);
+
+impl Hooks for Encodes {
+    fn on_encode(&mut self, block: usize, tokens: usize, _took: std::time::Duration) {
+        self.0.push((block, tokens));
+    }
+}
+
+#[test]
+fn every_encode_reaches_the_hooks_with_its_block_and_length() {
+    let mut hooks = Encodes::default();
+    let j = job(5, cfg(3, 2), 1);
+    generate(&mut FakeModel::new(spec()), &j.prompt, &j.cfg, C, V, &mut SeededRng::new(1), &mut hooks).unwrap();
+    // The prompt, then the first two canvases (the last one is never encoded).
+    assert_eq!(hooks.0, [(0, 5), (1, C), (2, C)]);
+}

@@ -3,6 +3,8 @@
 //! that could still become a stop sequence, or that ends in an incomplete UTF-8 character, is held
 //! back until the next canvas (or the end) decides it.
 
+use std::sync::Arc;
+
 /// Why the text ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
@@ -22,11 +24,14 @@ impl Finish {
     }
 }
 
+/// Token ids to text (lossy: an incomplete character decodes to U+FFFD).
+pub type Decode = Arc<dyn Fn(&[u32]) -> String + Send + Sync>;
+
 /// Turns committed canvases into text deltas.
-pub struct Committer<'a> {
-    decode: &'a dyn Fn(&[u32]) -> String,
-    eos: &'a [u32],
-    stop: &'a [String],
+pub struct Committer {
+    decode: Decode,
+    eos: Vec<u32>,
+    stop: Vec<String>,
     max_tokens: usize,
     /// Kept token ids (before EOS, at most `max_tokens`).
     pub tokens: Vec<u32>,
@@ -35,8 +40,8 @@ pub struct Committer<'a> {
     finish: Option<Finish>,
 }
 
-impl<'a> Committer<'a> {
-    pub fn new(decode: &'a dyn Fn(&[u32]) -> String, eos: &'a [u32], stop: &'a [String], max_tokens: usize) -> Self {
+impl Committer {
+    pub fn new(decode: Decode, eos: Vec<u32>, stop: Vec<String>, max_tokens: usize) -> Self {
         Committer { decode, eos, stop, max_tokens, tokens: Vec::new(), text: String::new(), finish: None }
     }
 
@@ -117,10 +122,14 @@ mod tests {
         ids.iter().map(|&t| if t == 26 { ' ' } else { char::from(b'a' + t as u8) }).collect()
     }
 
+    fn committer(eos: &[u32], stop: &[String], max_tokens: usize) -> Committer {
+        Committer::new(Arc::new(letters), eos.to_vec(), stop.to_vec(), max_tokens)
+    }
+
     #[test]
     fn max_tokens_cuts_inside_a_canvas() {
         let (eos, stop) = ([25], vec![]);
-        let mut c = Committer::new(&letters, &eos, &stop, 5);
+        let mut c = committer(&eos, &stop, 5);
         assert_eq!(c.push(&[0, 1, 2]), "abc");
         assert_eq!(c.finished(), None);
         assert_eq!(c.push(&[3, 4, 5]), "de");
@@ -132,14 +141,14 @@ mod tests {
     #[test]
     fn eos_stops_and_is_not_text() {
         let (eos, stop) = ([25], vec![]);
-        let mut c = Committer::new(&letters, &eos, &stop, 10);
+        let mut c = committer(&eos, &stop, 10);
         assert_eq!(c.push(&[0, 25, 1]), "a");
         assert_eq!(c.end(), (String::new(), Finish::Stop));
         // EOS right after max_tokens tokens: the answer ended by itself (stop); one later, length.
-        let mut c = Committer::new(&letters, &eos, &stop, 2);
+        let mut c = committer(&eos, &stop, 2);
         assert_eq!(c.push(&[0, 1, 25]), "ab");
         assert_eq!(c.finished(), Some(Finish::Stop));
-        let mut c = Committer::new(&letters, &eos, &stop, 2);
+        let mut c = committer(&eos, &stop, 2);
         assert_eq!(c.push(&[0, 1, 2, 25]), "ab");
         assert_eq!(c.finished(), Some(Finish::Length));
     }
@@ -147,13 +156,13 @@ mod tests {
     #[test]
     fn stop_sequences_across_canvases_are_held_back_then_cut() {
         let (eos, stop) = ([25], vec!["cde".to_string()]);
-        let mut c = Committer::new(&letters, &eos, &stop, 100);
+        let mut c = committer(&eos, &stop, 100);
         assert_eq!(c.push(&[0, 1, 2]), "ab", "'c' may start the stop sequence");
         assert_eq!(c.push(&[3, 4, 5]), "");
         assert_eq!(c.finished(), Some(Finish::Stop));
         assert_eq!(c.text, "ab");
         // A held-back tail that turns out not to stop is given with the next canvas.
-        let mut c = Committer::new(&letters, &eos, &stop, 100);
+        let mut c = committer(&eos, &stop, 100);
         assert_eq!(c.push(&[0, 2]), "a");
         assert_eq!(c.push(&[7]), "ch");
         assert_eq!(c.push(&[2, 3]), "");

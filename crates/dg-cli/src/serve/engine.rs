@@ -1,16 +1,23 @@
 //! The engine: one thread that owns the model (and the GPU), takes generation jobs from a bounded
-//! queue in arrival order, runs the sampler on each and sends its progress back as [`Event`]s.
+//! queue in arrival order, runs the sampler on them and sends their progress back as [`Event`]s.
 //!
-//! A job whose client has gone (its event receiver dropped), whose text is final (EOS, a stop
-//! sequence, `max_tokens`), or that the shutdown cancels stops at the next denoising step. A panic
-//! in a generation is caught: the job is answered with an error, the cache reset, and the engine
-//! keeps serving.
+//! Two ways to run, chosen by `dg serve --batch`:
+//! - one job at a time (`--batch 1`, the default; [`Engine`]). KV caches survive between jobs:
+//!   the model's own, and others parked in a [`Pool`] within a byte budget (least-recently-used
+//!   out first). A job whose prompt extends the tokens a cache holds (an earlier prompt and the
+//!   canvases committed after it) continues from the longest such cache and encodes only the new
+//!   tokens; the model's previous cache is parked ([`caches`]).
+//! - up to N jobs at once (`--batch N`; [`batched`]): continuous batching through
+//!   `dg_sampler::Batch`. A job joins at the next denoising step when a slot is free (with its
+//!   prompt's prefill) and leaves when it ends; on the GPU every step is one forward for all the
+//!   running jobs' canvases. Every prompt is encoded from its start (no cache reuse).
 //!
-//! KV caches survive between jobs: the model's own, and others parked in a [`Pool`] within a byte
-//! budget (least-recently-used out first). A job whose prompt extends the tokens a cache holds (an
-//! earlier prompt and the canvases committed after it) continues from the longest such cache and
-//! encodes only the new tokens; the model's previous cache is parked ([`caches`]).
+//! Either way each job gets exactly the text it gets alone. A job whose client has gone (its event
+//! receiver dropped), whose text is final (EOS, a stop sequence, `max_tokens`), or that the
+//! shutdown cancels stops at its next denoising step. A panic in a generation is caught: the jobs
+//! it touched are answered with an error, the caches reset, and the engine keeps serving.
 
+mod batched;
 mod caches;
 
 use std::panic::AssertUnwindSafe;
@@ -23,10 +30,10 @@ use anyhow::{Context, Result};
 use dg_cpu::CpuModel;
 use dg_gpu::GpuModel;
 use dg_model::{GenerationConfig, ModelDir};
-use dg_sampler::{Hooks, SeededRng, StepInfo, StopReason};
+use dg_sampler::{Generation, Hooks, SeededRng, StepInfo, StopReason};
 use tokio::sync::mpsc;
 
-use super::commit::{Committer, Finish};
+use super::commit::{Committer, Decode, Finish};
 use super::metrics::Metrics;
 use super::pool::Pool;
 use crate::args::{BackendArg, WeightsArg};
@@ -107,14 +114,24 @@ pub struct EngineSetup {
     pub backend: BackendArg,
     pub adapter: Option<String>,
     pub weights: WeightsArg,
-    /// Positions the GPU's cache holds (prompt and every canvas of a job).
+    /// Positions a job may use (prompt and every canvas): the GPU's caches are sized for it.
     pub context: usize,
-    /// Bytes of parked caches the pool keeps at most (0: none).
+    /// Jobs generating at once (1: one at a time, with cache reuse).
+    pub batch: usize,
+    /// Bytes of parked caches the pool keeps at most (0: none; one job at a time only).
     pub cache_budget: u64,
     pub codec: Arc<TextCodec>,
     pub metrics: Arc<Metrics>,
     /// Set by the shutdown when its deadline passes: every job stops at its next step.
     pub cancel_all: Arc<AtomicBool>,
+}
+
+impl EngineSetup {
+    /// The job's text from its token ids.
+    fn decode(&self) -> Decode {
+        let codec = self.codec.clone();
+        Arc::new(move |ids: &[u32]| codec.decode(ids).unwrap_or_default())
+    }
 }
 
 /// The loaded model on its backend.
@@ -133,7 +150,7 @@ impl Loaded {
 }
 
 /// Loads the model of `setup.dir` on the backend it asks for; returns it and a line describing it.
-/// The one place the server reads weights.
+/// The one place the one-job-at-a-time engine reads weights.
 fn load_model(setup: &EngineSetup) -> Result<(Loaded, String)> {
     let model = crate::model_dir::open(&setup.dir)?;
     let choice = backend::choose(setup.backend, setup.adapter.as_deref())?;
@@ -151,6 +168,19 @@ pub fn spawn(setup: EngineSetup, model: &ModelDir, mut jobs: mpsc::Receiver<Job>
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
     std::thread::Builder::new().name("dg-engine".into()).spawn(move || {
+        if setup.batch > 1 {
+            let engine = match batched::BatchEngine::load(setup, canvas, vocab) {
+                Ok((engine, description)) => {
+                    let _ = ready_tx.send(Ok(description));
+                    engine
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            return engine.run(jobs);
+        }
         let (loaded, description) = match load_model(&setup) {
             Ok(x) => x,
             Err(e) => {
@@ -168,6 +198,7 @@ pub fn spawn(setup: EngineSetup, model: &ModelDir, mut jobs: mpsc::Receiver<Job>
     ready_rx.recv().context("the engine thread ended while loading the model")?
 }
 
+/// Runs jobs one at a time, keeping KV caches between them.
 struct Engine {
     model: Loaded,
     /// The ids the model's KV cache holds, in order.
@@ -175,6 +206,7 @@ struct Engine {
     /// Other conversations' caches.
     pool: Pool<Snapshot>,
     setup: EngineSetup,
+    decode: Decode,
     canvas: usize,
     vocab: usize,
 }
@@ -183,7 +215,8 @@ impl Engine {
     fn new(model: Loaded, setup: EngineSetup, canvas: usize, vocab: usize) -> Self {
         let pool = Pool::new(setup.cache_budget);
         setup.metrics.pool_budget_bytes.store(setup.cache_budget, Ordering::Relaxed);
-        Engine { model, cached: Vec::new(), pool, setup, canvas, vocab }
+        let decode = setup.decode();
+        Engine { model, cached: Vec::new(), pool, setup, decode, canvas, vocab }
     }
 
     fn serve(&mut self, job: Job) {
@@ -191,20 +224,16 @@ impl Engine {
             self.setup.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.run(&job)));
-        let event = match result {
-            Ok(Ok(summary)) => Event::Done(summary),
-            Ok(Err(e)) => {
-                self.forget();
-                Event::Failed(format!("generation failed: {e:#}"))
-            }
-            Err(_) => {
-                self.forget();
-                self.setup.metrics.engine_panics.fetch_add(1, Ordering::Relaxed);
-                Event::Failed("internal error: the generation panicked; the server keeps serving".into())
-            }
-        };
-        let _ = job.events.send(event);
+        let events = job.events.clone();
+        let running = &self.setup.metrics.running;
+        running.store(1, Ordering::Relaxed);
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.run(job)));
+        self.setup.metrics.running.store(0, Ordering::Relaxed);
+        if result.is_err() {
+            self.forget();
+            self.setup.metrics.engine_panics.fetch_add(1, Ordering::Relaxed);
+            let _ = events.send(Event::Failed(PANICKED.into()));
+        }
     }
 
     /// Empties the cache (after a failure its contents are unknown).
@@ -213,83 +242,130 @@ impl Engine {
         self.cached.clear();
     }
 
-    fn run(&mut self, job: &Job) -> Result<Summary> {
+    fn run(&mut self, job: Job) {
         // The first canvas's latency counts parking and restoring caches too.
         let started = Instant::now();
         let (skip, source) = self.attach(&job.prompt);
-        let metrics = self.setup.metrics.clone();
-        let codec = self.setup.codec.clone();
-        let decode = |ids: &[u32]| codec.decode(ids).unwrap_or_default();
-        let mut hooks = JobHooks {
-            job,
-            committer: Committer::new(&decode, &job.settings.eos_token_ids, &job.stop, job.max_tokens),
-            metrics: &metrics,
-            cancel_all: &self.setup.cancel_all,
-            started,
-            first_canvas: None,
-            decode: &decode,
-        };
-        let mut cache = CacheSkip { skip, encoded: std::mem::take(&mut self.cached), prefill: Duration::ZERO, metrics: &metrics };
-        let mut rng = SeededRng::new(job.seed);
+        let (mut hooks, request) = JobHooks::new(job, &self.decode, &self.setup, started);
+        let mut cache = CacheSkip { skip, encoded: std::mem::take(&mut self.cached), metrics: &self.setup.metrics };
+        let mut rng = SeededRng::new(request.seed);
         let (c, v) = (self.canvas, self.vocab);
+        let (prompt, settings) = (&request.prompt, &request.settings);
         let generation = match &mut self.model {
-            Loaded::Cpu(m) => dg_sampler::generate(&mut cache.wrap(&mut **m), &job.prompt, &job.settings, c, v, &mut rng, &mut hooks)
-                .map_err(anyhow::Error::new),
-            Loaded::Gpu(m) => {
-                dg_sampler::generate_resident(&mut cache.wrap(&mut **m), &job.prompt, &job.settings, c, v, &mut rng, &mut hooks)
-                    .map_err(anyhow::Error::new)
+            Loaded::Cpu(m) => {
+                dg_sampler::generate(&mut cache.wrap(&mut **m), prompt, settings, c, v, &mut rng, &mut hooks).map_err(anyhow::Error::new)
             }
+            Loaded::Gpu(m) => dg_sampler::generate_resident(&mut cache.wrap(&mut **m), prompt, settings, c, v, &mut rng, &mut hooks)
+                .map_err(anyhow::Error::new),
         };
         self.cached = std::mem::take(&mut cache.encoded);
-        let generation = generation?;
-        // Stopped by the hooks before the text was final: the client left, or the shutdown.
-        if generation.stop_reason == StopReason::Cancelled && hooks.committer.finished().is_none() {
-            metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        if generation.is_err() {
+            self.forget();
         }
-        let (rest, finish) = hooks.committer.end();
-        if !rest.is_empty() {
-            let _ = job.events.send(Event::Text(rest));
-        }
-        let completion_tokens = hooks.committer.tokens.len();
-        metrics.prompt_tokens.fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
-        metrics.reused_prompt_tokens.fetch_add(skip as u64, Ordering::Relaxed);
-        metrics.generated_tokens.fetch_add(completion_tokens as u64, Ordering::Relaxed);
-        metrics.tokens_per_forward.observe(generation.tokens_per_forward);
-        metrics.prefill_seconds.observe(cache.prefill.as_secs_f64());
-        Ok(Summary {
-            finish,
-            prompt_tokens: job.prompt.len(),
-            completion_tokens,
-            reused_tokens: skip,
-            cache: source,
-            steps_per_canvas: generation.steps_per_canvas,
-            tokens_per_forward: generation.tokens_per_forward,
-            prefill: cache.prefill,
-            first_canvas: hooks.first_canvas,
-        })
+        hooks.finish(generation, skip, source);
     }
 }
 
-/// The job's sampler hooks: drafts and committed text to the client, and when to stop.
-struct JobHooks<'a> {
-    job: &'a Job,
-    committer: Committer<'a>,
-    metrics: &'a Metrics,
-    cancel_all: &'a AtomicBool,
-    started: Instant,
-    first_canvas: Option<Duration>,
-    decode: &'a dyn Fn(&[u32]) -> String,
+/// A job's answer after a panic.
+const PANICKED: &str = "internal error: the generation panicked; the server keeps serving";
+
+/// What the sampler takes of a job (the rest stays with its [`JobHooks`]).
+struct Request {
+    prompt: Vec<u32>,
+    settings: GenerationConfig,
+    seed: u64,
 }
 
-impl Hooks for JobHooks<'_> {
+/// A job's sampler hooks: drafts and committed text to its client, when to stop, and its summary
+/// at the end. They own what they need, so a batch can hold them across steps.
+struct JobHooks {
+    events: mpsc::UnboundedSender<Event>,
+    drafts: bool,
+    prompt_tokens: usize,
+    committer: Committer,
+    decode: Decode,
+    metrics: Arc<Metrics>,
+    cancel_all: Arc<AtomicBool>,
+    started: Instant,
+    prefill: Duration,
+    first_canvas: Option<Duration>,
+}
+
+impl JobHooks {
+    /// The hooks of `job` (whose first canvas's latency counts from `started`), and what the
+    /// sampler takes.
+    fn new(job: Job, decode: &Decode, setup: &EngineSetup, started: Instant) -> (Self, Request) {
+        let committer = Committer::new(decode.clone(), job.settings.eos_token_ids.clone(), job.stop, job.max_tokens);
+        let hooks = JobHooks {
+            events: job.events,
+            drafts: job.drafts,
+            prompt_tokens: job.prompt.len(),
+            committer,
+            decode: decode.clone(),
+            metrics: setup.metrics.clone(),
+            cancel_all: setup.cancel_all.clone(),
+            started,
+            prefill: Duration::ZERO,
+            first_canvas: None,
+        };
+        (hooks, Request { prompt: job.prompt, settings: job.settings, seed: job.seed })
+    }
+
+    /// Ends the job with `generation`: the held-back text, the metrics, then `Done` or `Failed`.
+    /// `reused` prompt tokens came from the cache `source`.
+    fn finish(mut self, generation: Result<Generation>, reused: usize, source: CacheSource) {
+        let event = match generation {
+            Ok(generation) => Event::Done(self.summarize(&generation, reused, source)),
+            Err(e) => Event::Failed(format!("generation failed: {e:#}")),
+        };
+        let _ = self.events.send(event);
+    }
+
+    fn summarize(&mut self, generation: &Generation, reused: usize, source: CacheSource) -> Summary {
+        let metrics = &self.metrics;
+        // Stopped by the hooks before the text was final: the client left, or the shutdown.
+        if generation.stop_reason == StopReason::Cancelled && self.committer.finished().is_none() {
+            metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        let (rest, finish) = self.committer.end();
+        if !rest.is_empty() {
+            let _ = self.events.send(Event::Text(rest));
+        }
+        let completion_tokens = self.committer.tokens.len();
+        metrics.prompt_tokens.fetch_add(self.prompt_tokens as u64, Ordering::Relaxed);
+        metrics.reused_prompt_tokens.fetch_add(reused as u64, Ordering::Relaxed);
+        metrics.generated_tokens.fetch_add(completion_tokens as u64, Ordering::Relaxed);
+        metrics.tokens_per_forward.observe(generation.tokens_per_forward);
+        metrics.prefill_seconds.observe(self.prefill.as_secs_f64());
+        Summary {
+            finish,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens,
+            reused_tokens: reused,
+            cache: source,
+            steps_per_canvas: generation.steps_per_canvas.clone(),
+            tokens_per_forward: generation.tokens_per_forward,
+            prefill: self.prefill,
+            first_canvas: self.first_canvas,
+        }
+    }
+}
+
+impl Hooks for JobHooks {
+    fn on_encode(&mut self, block: usize, _tokens: usize, took: Duration) {
+        if block == 0 {
+            self.prefill = took;
+        }
+    }
+
     fn on_step(&mut self, info: &StepInfo<'_>) {
         if info.finished {
             self.metrics.steps_per_canvas.observe((info.step + 1) as f64);
         }
-        if self.job.drafts {
+        if self.drafts {
             let ids: Vec<u32> = (0..info.draft.len()).map(|i| if info.accepted[i] { info.canvas[i] } else { info.draft[i] }).collect();
             let text = (self.decode)(&ids);
-            let _ = self.job.events.send(Event::Draft { block: info.block, step: info.step, accepted: info.num_accepted, text });
+            let _ = self.events.send(Event::Draft { block: info.block, step: info.step, accepted: info.num_accepted, text });
         }
     }
 
@@ -301,12 +377,12 @@ impl Hooks for JobHooks<'_> {
         }
         let delta = self.committer.push(tokens);
         if !delta.is_empty() {
-            let _ = self.job.events.send(Event::Text(delta));
+            let _ = self.events.send(Event::Text(delta));
         }
     }
 
     fn should_stop(&mut self) -> bool {
-        self.committer.finished().is_some() || self.job.events.is_closed() || self.cancel_all.load(Ordering::Relaxed)
+        self.committer.finished().is_some() || self.events.is_closed() || self.cancel_all.load(Ordering::Relaxed)
     }
 }
 
@@ -329,6 +405,7 @@ mod tests {
             adapter: None,
             weights: WeightsArg::Auto,
             context: 4096,
+            batch: 1,
             cache_budget,
             codec: Arc::new(TextCodec::load(&dir).unwrap().unwrap()),
             metrics: Arc::new(Metrics::default()),
@@ -339,13 +416,16 @@ mod tests {
         (Engine::new(loaded, setup, canvas, vocab), model)
     }
 
-    /// Serves a job of `prompt`; returns its text and summary.
-    fn serve(engine: &mut Engine, model: &ModelDir, prompt: &[u32], max_tokens: usize) -> (String, Summary) {
+    /// A job of `prompt` with seed `seed`, and the receiver of its events.
+    fn job(model: &ModelDir, prompt: &[u32], max_tokens: usize, seed: u64) -> (Job, mpsc::UnboundedReceiver<Event>) {
         let over = dg_model::RawGenerationConfig { max_new_tokens: Some(max_tokens), ..Default::default() };
         let settings = crate::generate::resolve_settings(model, over).unwrap();
-        let (events, mut rx) = mpsc::unbounded_channel();
-        let job = Job { prompt: prompt.to_vec(), settings, max_tokens, stop: vec![], seed: 7, drafts: false, events };
-        engine.serve(job);
+        let (events, rx) = mpsc::unbounded_channel();
+        (Job { prompt: prompt.to_vec(), settings, max_tokens, stop: vec![], seed, drafts: false, events }, rx)
+    }
+
+    /// The text and summary of a served job's events.
+    fn answer(rx: &mut mpsc::UnboundedReceiver<Event>) -> (String, Summary) {
         let mut text = String::new();
         while let Ok(event) = rx.try_recv() {
             match event {
@@ -356,6 +436,55 @@ mod tests {
             }
         }
         panic!("no Done event");
+    }
+
+    /// Serves a job of `prompt`; returns its text and summary.
+    fn serve(engine: &mut Engine, model: &ModelDir, prompt: &[u32], max_tokens: usize) -> (String, Summary) {
+        let (job, mut rx) = job(model, prompt, max_tokens, 7);
+        engine.serve(job);
+        answer(&mut rx)
+    }
+
+    #[test]
+    fn batched_jobs_get_the_text_they_get_alone_and_a_gone_client_frees_its_slot() {
+        let (mut alone, model) = cpu_engine_with(0);
+        // Different prompt lengths and lengths of answer; more jobs than slots.
+        let jobs: Vec<(Vec<u32>, usize, u64)> =
+            vec![((2..30).collect(), 64, 1), ((5..9).collect(), 16, 2), ((40..101).collect(), 40, 3), ((2..12).collect(), 48, 4)];
+        let mut want = vec![];
+        for (prompt, max_tokens, seed) in &jobs {
+            let (job, mut rx) = job(&model, prompt, *max_tokens, *seed);
+            alone.forget();
+            alone.serve(job);
+            want.push(answer(&mut rx));
+        }
+        let setup = EngineSetup { batch: 2, ..alone.setup };
+        let metrics = setup.metrics.clone();
+        let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
+        let (engine, _) = batched::BatchEngine::load(setup, canvas, vocab).unwrap();
+        let (tx, queue) = mpsc::channel(16);
+        let mut receivers = vec![];
+        for (prompt, max_tokens, seed) in &jobs {
+            let (job, rx) = job(&model, prompt, *max_tokens, *seed);
+            tx.try_send(job).unwrap();
+            receivers.push(rx);
+        }
+        // A job whose client left while it waited: never run, counted as cancelled.
+        let (gone, rx) = job(&model, &[3, 4, 5], 64, 9);
+        drop(rx);
+        tx.try_send(gone).unwrap();
+        metrics.queue_depth.store(jobs.len() as i64 + 1, Ordering::Relaxed);
+        drop(tx);
+        engine.run(queue);
+        for (i, (rx, (text, summary))) in receivers.iter_mut().zip(&want).enumerate() {
+            let (got_text, got) = answer(rx);
+            assert_eq!(&got_text, text, "job {i}");
+            assert_eq!((got.completion_tokens, &got.steps_per_canvas), (summary.completion_tokens, &summary.steps_per_canvas), "job {i}");
+            assert_eq!((got.reused_tokens, got.cache), (0, CacheSource::None));
+            assert!(got.prefill > Duration::ZERO && got.first_canvas.is_some(), "job {i}: {got:?}");
+        }
+        assert_eq!(metrics.cancelled.load(Ordering::Relaxed), 1);
+        assert_eq!((metrics.queue_depth.load(Ordering::Relaxed), metrics.running.load(Ordering::Relaxed)), (0, 0));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The server's counters and histograms, rendered in Prometheus' text format for `GET /metrics`:
-//! requests by endpoint and status, queue depth, prompt, reused and generated tokens, steps per
+//! requests by endpoint and status, queue depth, running requests, prompt, reused and generated tokens, steps per
 //! canvas, tokens per forward, prefill, step and first-canvas latency, cancellations, engine
 //! panics, and the KV-cache pool (bytes, entries, budget, hits, misses, evictions).
 
@@ -54,6 +54,8 @@ impl Histogram {
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     pub queue_depth: AtomicI64,
+    /// Jobs generating now (at most `--batch`).
+    pub running: AtomicI64,
     pub prompt_tokens: AtomicU64,
     pub reused_prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
@@ -78,6 +80,7 @@ impl Default for Metrics {
         Metrics {
             requests: Mutex::new(BTreeMap::new()),
             queue_depth: AtomicI64::new(0),
+            running: AtomicI64::new(0),
             prompt_tokens: AtomicU64::new(0),
             reused_prompt_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
@@ -120,6 +123,7 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Ordering::Relaxed));
         };
         gauge(&mut out, "dg_queue_depth", "Generation requests waiting for the engine.", self.queue_depth.load(Ordering::Relaxed));
+        gauge(&mut out, "dg_running", "Generation requests generating now (at most --batch).", self.running.load(Ordering::Relaxed));
         counter(&mut out, "dg_prompt_tokens_total", "Prompt tokens of generation requests.", &self.prompt_tokens);
         counter(
             &mut out,
@@ -165,7 +169,7 @@ impl Metrics {
         self.steps_per_canvas.render(&mut out, "dg_steps_per_canvas", "Decoder passes per committed canvas.");
         self.tokens_per_forward.render(&mut out, "dg_tokens_per_forward", "Valid tokens per decoder pass, per generation.");
         self.prefill_seconds.render(&mut out, "dg_prefill_seconds", "Prompt encode time per generation.");
-        self.step_seconds.render(&mut out, "dg_step_seconds", "Denoising step time (canvas forward and per-row work).");
+        self.step_seconds.render(&mut out, "dg_step_seconds", "Denoising step time (canvas forward and per-row work; with --batch above 1, one step of every running request, their encodes included).");
         self.first_canvas_seconds.render(
             &mut out,
             "dg_first_canvas_seconds",

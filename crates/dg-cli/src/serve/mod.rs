@@ -56,11 +56,20 @@ pub struct ServeArgs {
     pub queue: u32,
 
     /// Positions a request may use (prompt plus every canvas). Default: the model's
-    /// max_position_embeddings, at most 16384 (the GPU's cache is sized for it).
+    /// max_position_embeddings, at most 16384 (the GPU's caches are sized for it, one per --batch
+    /// slot).
     #[arg(long, value_name = "N")]
     pub context: Option<usize>,
 
-    /// Bytes of other conversations' KV caches kept besides the model's own (host memory on the
+    /// Requests generating at once. Each step runs their canvases together (on the GPU in one
+    /// forward); a queued request joins at the next step when one ends. Every slot holds a KV cache
+    /// of --context positions. With 1, requests run one at a time and a prompt that extends an
+    /// earlier conversation continues from its KV cache (see --cache-budget); with more, every
+    /// prompt is encoded from its start.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+
+    /// With --batch 1: bytes of other conversations' KV caches kept besides the model's own (host memory on the
     /// CPU, device memory on the GPU), least recently used evicted first: digits with an optional
     /// unit B, K, M, G (KiB, MiB, GiB). 0 keeps none.
     #[arg(long, value_name = "BYTES", default_value = "2GiB", value_parser = pool::parse_bytes)]
@@ -138,6 +147,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         adapter: args.adapter.clone(),
         weights: args.weights,
         context,
+        batch: args.batch as usize,
         cache_budget: args.cache_budget,
         codec: codec.clone(),
         metrics: metrics.clone(),
@@ -145,12 +155,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let description = engine::spawn(setup, &model, jobs_rx)?;
     eprintln!("backend: {description}");
+    let running = match args.batch {
+        1 => format!("one request at a time, cache pool {} bytes", args.cache_budget),
+        n => format!("batches of up to {n} requests (no cache reuse)"),
+    };
     eprintln!(
-        "model: {} as {model_name:?}{}; context {context} positions, queue {}, cache pool {} bytes",
+        "model: {} as {model_name:?}{}; context {context} positions, queue {}, {running}",
         dir.display(),
         if crate::model_dir::is_bundled(&dir) { " (the bundled random model: its text is noise)" } else { "" },
         args.queue,
-        args.cache_budget
     );
     let app = Arc::new(http::App {
         model_name,

@@ -1,10 +1,9 @@
 //! How the engine reuses KV caches: parking the model's cache in the pool (moved out of the CPU
 //! model, or copied on the GPU), giving the model the longest cache a prompt extends, and the
-//! model wrapper whose first encode skips the ids that cache already holds (timing the prefill
-//! and each step).
+//! model wrapper whose first encode skips the ids that cache already holds (timing each step).
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 use dg_cpu::cache::KvCache;
@@ -119,11 +118,10 @@ impl Engine {
 }
 
 /// Cache reuse and timing around a model: the first encode skips the `skip` ids the cache already
-/// holds; every encoded id is recorded; the prefill and each step are timed.
+/// holds; every encoded id is recorded; each step is timed.
 pub(super) struct CacheSkip<'a> {
     pub(super) skip: usize,
     pub(super) encoded: Vec<u32>,
-    pub(super) prefill: Duration,
     pub(super) metrics: &'a Metrics,
 }
 
@@ -144,11 +142,7 @@ impl<M> Skipping<'_, '_, M> {
         let first = self.encodes == 0;
         self.encodes += 1;
         let ids = if first { &ids[self.cache.skip..] } else { ids };
-        let start = Instant::now();
         encode(&mut self.model, ids)?;
-        if first {
-            self.cache.prefill = start.elapsed();
-        }
         self.cache.encoded.extend_from_slice(ids);
         Ok(())
     }

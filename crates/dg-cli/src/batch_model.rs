@@ -1,0 +1,114 @@
+//! The model a batch of sequences runs on, on either backend: the GPU model with a KV cache per
+//! slot (one forward a step for every canvas, `dg_gpu::GpuModel` as a
+//! `dg_sampler::BatchResidentModel`), or the CPU model running the slots one after another
+//! (`dg_sampler::PerSlot`). Both carry their errors as a [`ModelError`], so a
+//! `dg_sampler::Batch` has one type whatever the backend. Used by `dg generate --prompts-file`
+//! and `dg serve --batch`.
+
+use anyhow::Result;
+use dg_cpu::CpuModel;
+use dg_gpu::GpuModel;
+use dg_model::ModelDir;
+use dg_sampler::{Batch, BatchDenoiseModel, BatchResidentModel, Hooks, PerSlot, RandomSource, StepReport};
+
+use crate::args::WeightsArg;
+use crate::backend::Backend;
+use crate::load;
+
+/// A loaded model with `slots` sequence slots.
+pub enum BatchModel {
+    Cpu(Box<Errors<PerSlot<CpuModel>>>),
+    Gpu(Box<Errors<GpuModel>>),
+}
+
+impl BatchModel {
+    /// Loads `model` on `backend` with `slots` slots, each holding up to `positions` positions
+    /// (the GPU's caches are sized for it; the CPU's grow).
+    pub fn load(
+        model: &ModelDir,
+        backend: Backend,
+        positions: usize,
+        slots: usize,
+        weights: WeightsArg,
+        report: load::Report,
+    ) -> Result<Self> {
+        Ok(match backend {
+            Backend::Cpu => BatchModel::Cpu(Box::new(Errors(PerSlot::new(load::cpu(model, weights)?)))),
+            Backend::Gpu(ctx) => BatchModel::Gpu(Box::new(Errors(load::gpu_slots(model, *ctx, positions, slots, weights, report)?))),
+        })
+    }
+
+    /// One step of every running sequence of `batch`.
+    pub fn step<R: RandomSource, H: Hooks>(&mut self, batch: &mut Batch<R, H, ModelError>) -> StepReport {
+        match self {
+            BatchModel::Cpu(m) => batch.step(&mut **m),
+            BatchModel::Gpu(m) => batch.step_resident(&mut **m),
+        }
+    }
+
+    /// Empties `slot` (its next encode starts a new sequence).
+    pub fn release(&mut self, slot: usize) {
+        match self {
+            BatchModel::Cpu(m) => BatchDenoiseModel::release(&mut **m, slot),
+            BatchModel::Gpu(m) => BatchResidentModel::release(&mut **m, slot),
+        }
+    }
+}
+
+/// A batched model whose errors the batch carries as a [`ModelError`] (one batch type for every
+/// backend).
+pub struct Errors<M>(M);
+
+/// A backend's error, boxed.
+#[derive(Debug)]
+pub struct ModelError(Box<dyn std::error::Error + Send + Sync + 'static>);
+
+impl ModelError {
+    fn from_error(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ModelError(Box::new(e))
+    }
+}
+
+impl std::fmt::Display for ModelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ModelError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl<M: dg_sampler::BatchDenoiseModel> dg_sampler::BatchDenoiseModel for Errors<M> {
+    type Error = ModelError;
+
+    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), ModelError> {
+        self.0.encode(slot, ids).map_err(ModelError::from_error)
+    }
+
+    fn canvas_forward(&mut self, batch: &mut dg_sampler::HostCanvases<'_>) -> Result<(), ModelError> {
+        self.0.canvas_forward(batch).map_err(ModelError::from_error)
+    }
+
+    fn release(&mut self, slot: usize) {
+        self.0.release(slot)
+    }
+}
+
+impl<M: dg_sampler::BatchResidentModel> dg_sampler::BatchResidentModel for Errors<M> {
+    type Error = ModelError;
+
+    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), ModelError> {
+        self.0.encode(slot, ids).map_err(ModelError::from_error)
+    }
+
+    fn denoise_rows(&mut self, batch: &mut dg_sampler::ResidentCanvases<'_>) -> Result<(), ModelError> {
+        self.0.denoise_rows(batch).map_err(ModelError::from_error)
+    }
+
+    fn release(&mut self, slot: usize) {
+        self.0.release(slot)
+    }
+}
