@@ -12,6 +12,10 @@
 # CONFIG=bench/configs/real-6layer.json F32=1, the earlier tables' setup). transformers builds its
 # model in the target dtype (bench/torch_model.py).
 #
+# PARTS (default "dg torch") picks the sides to run; the summary reads every log in OUT_DIR, so a
+# run in two calls (PARTS=dg, then PARTS=torch into the same OUT_DIR, e.g. where one command may
+# take at most 10 minutes) gives the same summary. The environment and the peaks run in each part.
+#
 # dg's side needs a Vulkan loader and the NVIDIA Vulkan driver. Every step's output is saved as
 # OUT_DIR/<step>.log; OUT_DIR/summary.txt collects the lines the table is made of. A failing step
 # is reported and the others still run; the exit status is 1 if any step failed.
@@ -26,6 +30,7 @@ PYTHON=${PYTHON:-python3}
 cd "$ROOT"
 CONFIG=${CONFIG:-bench/configs/real-30layer.json}
 F32=${F32:-0}
+PARTS=${PARTS:-dg torch}
 DG_WEIGHTS=(f16 q8_0 q4_k_m)
 PROMPT=1024
 FAILED=()
@@ -62,22 +67,26 @@ if [ "$F32" = 1 ]; then
     TORCH_FORWARD=(float32 bfloat16)
     TORCH_GENERATE=(f32 bf16)
 fi
-for w in "${DG_WEIGHTS[@]}"; do
-    step "dg_forward_$w" "$XTASK" bench-gpu --config "$CONFIG" --context "$PROMPT" --weights "$w" --steps 20 --profile
-done
 DG_GENERATE=(f16 q4_k_m)
 [ "$F32" = 1 ] && DG_GENERATE+=(f32)
-for w in "${DG_GENERATE[@]}"; do
-    step "dg_generate_$w" "$XTASK" bench-generate --config "$CONFIG" --prompt "$PROMPT" --canvases 2 --steps 48 --runs 3 --weights "$w"
-done
-for dtype in "${TORCH_FORWARD[@]}"; do
-    step "torch_forward_$dtype" "$PYTHON" bench/torch_forward.py --config "$CONFIG" --device cuda --dtype "$dtype" --prompt-len "$PROMPT" --runs 10
-done
-# torch.compile (default mode) of the canvas forward, bf16; the eager lines repeat the run above.
-step torch_forward_bfloat16_compile "$PYTHON" bench/torch_forward.py --config "$CONFIG" --device cuda --dtype bfloat16 --prompt-len "$PROMPT" --runs 10 --compile
-for dtype in "${TORCH_GENERATE[@]}"; do
-    step "torch_generate_$dtype" "$PYTHON" bench/torch_generate.py --config "$CONFIG" --device cuda --dtype "$dtype" --prompt-len "$PROMPT" --canvases 2 --steps 48 --runs 3
-done
+if [[ " $PARTS " == *" dg "* ]]; then
+    for w in "${DG_WEIGHTS[@]}"; do
+        step "dg_forward_$w" "$XTASK" bench-gpu --config "$CONFIG" --context "$PROMPT" --weights "$w" --steps 100 --profile
+    done
+    for w in "${DG_GENERATE[@]}"; do
+        step "dg_generate_$w" "$XTASK" bench-generate --config "$CONFIG" --prompt "$PROMPT" --canvases 2 --steps 48 --runs 3 --weights "$w"
+    done
+fi
+if [[ " $PARTS " == *" torch "* ]]; then
+    for dtype in "${TORCH_FORWARD[@]}"; do
+        step "torch_forward_$dtype" "$PYTHON" bench/torch_forward.py --config "$CONFIG" --device cuda --dtype "$dtype" --prompt-len "$PROMPT" --runs 10
+    done
+    # torch.compile (default mode) of the canvas forward, bf16; the eager lines repeat the run above.
+    step torch_forward_bfloat16_compile "$PYTHON" bench/torch_forward.py --config "$CONFIG" --device cuda --dtype bfloat16 --prompt-len "$PROMPT" --runs 10 --compile
+    for dtype in "${TORCH_GENERATE[@]}"; do
+        step "torch_generate_$dtype" "$PYTHON" bench/torch_generate.py --config "$CONFIG" --device cuda --dtype "$dtype" --prompt-len "$PROMPT" --canvases 2 --steps 48 --runs 3
+    done
+fi
 
 {
     echo "== summary ($CONFIG, context/prompt $PROMPT)"
