@@ -5,7 +5,8 @@
 //! longer than the sliding window), fewer canvases, adaptive stopping off, and one admitted when
 //! another leaves. On the GPU the same batch runs as one forward for all its canvases
 //! (`GpuModel`'s `BatchResidentModel`, its vocabulary-sized buffers in groups of canvases), and each
-//! sequence still gets the tokens the single-sequence GPU model gives it alone.
+//! sequence still gets the tokens the single-sequence GPU model gives it alone; a batch whose
+//! sequences stay creates GPU objects only at the steps where their blocks start.
 
 use dg_cpu::CpuModel;
 use dg_model::{GenerationConfig, ModelDir, StoppingConfig};
@@ -252,4 +253,52 @@ fn a_gpu_batch_refuses_a_slot_it_does_not_have() {
     }
     let results: Vec<_> = batch.drain_finished().map(|f| f.result).collect();
     assert!(results.iter().any(|r| r.as_ref().is_err_and(|e| format!("{e:?}").contains("slot 2"))), "{results:?}");
+}
+
+#[test]
+fn a_gpu_batch_creates_no_gpu_object_between_its_block_boundaries() {
+    let test = "a_gpu_batch_creates_no_gpu_object_between_its_block_boundaries";
+    let Some(ctx) = test_context(test) else { return };
+    let counters = ctx.counters();
+    let s = setup("sliding-long-prompt");
+    let (c, v) = (s.dir.config.canvas_length, s.dir.config.text.vocab_size);
+    // Every block runs all its steps and no EOS ends a sequence early, so the three sequences'
+    // blocks start at the same steps: 3 canvases of 6 steps each.
+    let steps = 6;
+    let cfg =
+        GenerationConfig { stopping: None, eos_token_ids: vec![], max_denoising_steps: steps, max_new_tokens: 3 * c, ..s.cfg.clone() };
+    let prompts = [s.prompt.clone(), s.prompt[..3].to_vec(), s.prompt.repeat(2)];
+    let jobs: Vec<Job> = prompts.into_iter().zip(1..).map(|(prompt, seed)| Job { prompt, cfg: cfg.clone(), seed: Some(seed) }).collect();
+    let weights = s.dir.load_weights().unwrap();
+    let mut model = dg_gpu::GpuModel::from_source_with_slots(
+        ctx,
+        &s.dir.config,
+        &weights,
+        max_context(&s, &jobs),
+        3,
+        dg_gpu::WeightFormat::F32,
+        &mut |_| {},
+    )
+    .unwrap();
+    let mut batch = Batch::new(c, v, 3).unwrap();
+    for j in &jobs {
+        batch.admit(&j.prompt, &j.cfg, j.draws(&s), NoHooks).unwrap_or_else(|r| panic!("{}", r.reason));
+    }
+    let mut step = 0;
+    let mut created_at = vec![];
+    while batch.running() > 0 {
+        let before = counters.get();
+        let report = batch.step_resident(&mut model);
+        assert_eq!(report.forwarded, 3, "step {step}: the sequences run together");
+        if counters.get() != before {
+            created_at.push(step);
+        }
+        step += 1;
+    }
+    let results: Vec<Generation> = batch.drain_finished().map(|f| f.result.unwrap()).collect();
+    assert!(results.iter().all(|g| g.steps_per_canvas == [steps; 3]), "{results:?}");
+    // Objects (plans, and the first steps' buffers) only at the blocks' first steps.
+    assert_eq!(step, 3 * steps);
+    assert!(created_at.iter().all(|k| k % steps == 0), "GPU objects created at steps {created_at:?} (blocks start every {steps})");
+    assert!(created_at.contains(&0), "nothing created at the first step? {created_at:?}");
 }

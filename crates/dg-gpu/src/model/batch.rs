@@ -146,13 +146,7 @@ impl GpuModel {
             self_conditioning: sc,
         };
         self.write_batch_inputs(&inputs, &shape)?;
-        if !self.batch_plans.plans.contains_key(&shape) {
-            let plan = self.record_batch(&shape)?;
-            if self.batch_plans.plans.len() >= MAX_PLANS {
-                self.batch_plans.plans.clear();
-            }
-            self.batch_plans.plans.insert(shape.clone(), plan);
-        }
+        self.ensure_batch_plan(&shape)?;
         let plan = &self.batch_plans.plans[&shape];
         self.batch_plans.last = Some(shape.clone());
         let bytes = (n * c * RESULT_WORDS * 4) as u64;
@@ -167,6 +161,12 @@ impl GpuModel {
         self.ctx.queue.submit(Some(enc.finish()));
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Validation { context: "batched denoising step".into(), message: e.to_string() });
+        }
+        // While the GPU runs: the plans the next steps take (every canvas self-conditioned, the
+        // canvases' commits), so that a batch whose sequences stay records nothing until one of
+        // them starts a block or leaves.
+        if shape.self_conditioning != SelfConditioning::On {
+            self.ensure_batch_plan(&ForwardShape { self_conditioning: SelfConditioning::On, ..shape })?;
         }
         self.prerecord_commits(canvases.iter().map(|cv| cv.slot).collect::<Vec<_>>())?;
         let mut non_finite = Vec::new();
@@ -187,6 +187,21 @@ impl GpuModel {
                 cv.rows[row].non_finite = Some((column, value));
             }
         }
+        Ok(())
+    }
+
+    /// Records the plan of a batched step of `shape` unless it is kept.
+    fn ensure_batch_plan(&mut self, shape: &ForwardShape) -> Result<(), GpuError> {
+        if self.batch_plans.plans.contains_key(shape) {
+            return Ok(());
+        }
+        let plan = self.record_batch(shape)?;
+        if self.batch_plans.plans.len() >= MAX_PLANS {
+            // Keep the plan the step in flight runs.
+            let last = self.batch_plans.last.as_ref();
+            self.batch_plans.plans.retain(|kept, _| Some(kept) == last);
+        }
+        self.batch_plans.plans.insert(shape.clone(), plan);
         Ok(())
     }
 
