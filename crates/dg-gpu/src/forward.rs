@@ -28,7 +28,7 @@ use dg_model::{LayerKind, ModelConfig};
 
 use crate::arena::{Arena, CacheBuffers, KEY_PAD};
 use crate::error::GpuError;
-use crate::ops::{Combine, HeadRows, Recorder, TokensAt, head_params, linear_params};
+use crate::ops::{AxpbyRows, Combine, HeadRows, Recorder, TokensAt, head_params, linear_params};
 use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
@@ -54,7 +54,7 @@ pub enum SelfConditioning {
     /// Every canvas.
     On,
     /// The canvases whose rows' gate (`Arena::sc_gate`) is non-zero: the signal is computed for
-    /// every canvas and added to those (`Recorder::axpby_gated`), the same bits as `On` there and
+    /// every canvas and added to those (`Recorder::axpby` with a gate), the same bits as `On` there and
     /// the untouched embedding elsewhere.
     Gated,
 }
@@ -149,7 +149,7 @@ pub fn record_canvas_forward<'a>(
                 rec.product(&a.sc_probs[g], &chunk.matrix, &a.proj, p, w.format == WeightFormat::F16)?;
             }
         }
-        rec.axpby(&a.dummy, &a.proj, c * h, 0.0, scale)?;
+        rec.axpby(&a.dummy, &a.proj, c * h, (0.0, scale), AxpbyRows::default())?;
         rec.rmsnorm(&a.proj, Some(&w.sc_pre_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
         let inter = cfg.intermediate_size;
         let gate_up = rec.product_to_consumer(
@@ -165,13 +165,8 @@ pub fn record_canvas_forward<'a>(
         let scaled = rec.planner().scales_rows(tensor_cores);
         rec.gelu_glu_fused(gate_up, &a.act, c, inter, scaled.then_some(&a.act_scale))?;
         rec.product(&a.act, &w.sc_down, &a.proj, linear_params(c, h, inter), tensor_cores)?;
-        match (shape.self_conditioning, scaled) {
-            (SelfConditioning::Gated, _) => {
-                rec.axpby_gated(&a.proj, scaled.then_some(&a.act_scale), (&a.sc_gate, h), &a.embedded, c * h, 1.0, 1.0)?
-            }
-            (_, true) => rec.axpby_scaled(&a.proj, (&a.act_scale, h), &a.embedded, c * h, 1.0, 1.0)?,
-            (_, false) => rec.axpby(&a.proj, &a.embedded, c * h, 1.0, 1.0)?,
-        }
+        let gate = (shape.self_conditioning == SelfConditioning::Gated).then_some(&a.sc_gate);
+        rec.axpby(&a.proj, &a.embedded, c * h, (1.0, 1.0), AxpbyRows { row: h, scale: scaled.then_some(&a.act_scale), gate })?;
     }
     // h0 = post_norm(e + signal), weightless.
     rec.rmsnorm(&a.embedded, None, &a.dummy, &a.hidden, c, h, eps, false, 1.0)?;

@@ -79,14 +79,8 @@ impl CoopGemmKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KernelKey {
     Rope,
-    Axpby,
-    /// [`KernelKey::Axpby`] with `x`'s rows multiplied by their factors (a scaled input's product).
-    AxpbyScaled,
-    /// [`KernelKey::Axpby`] (`scaled`: [`KernelKey::AxpbyScaled`]) only on the rows whose gate is
-    /// non-zero: a batch's self-conditioning add, for the canvases that take it.
-    AxpbyGated {
-        scaled: bool,
-    },
+    /// `out = out·beta + x·alpha`, its rows scaled or gated by the variant.
+    Axpby(axpby::Variant),
     SampleRows,
     SplitK,
     MoeDispatch,
@@ -170,9 +164,7 @@ impl KernelKey {
         use KernelKey as K;
         match self {
             K::Rope => rope::source(),
-            K::Axpby => axpby::source(),
-            K::AxpbyScaled => axpby::source_scaled(),
-            K::AxpbyGated { scaled } => axpby::source_gated(scaled),
+            K::Axpby(variant) => axpby::source(variant),
             K::SampleRows => sample_rows::source(),
             K::SplitK => split_k::source(),
             K::MoeDispatch => moe_dispatch::source(),
@@ -221,17 +213,8 @@ impl KernelKey {
         const PATHS: [WPath; 3] = [WPath::Staged, WPath::Direct, WPath::Single];
         const A_FORMATS: [AFormat; 2] = [AFormat::F32, AFormat::F16];
         const LAYOUTS: [BLayout; 3] = [BLayout::Nk, BLayout::Kn, BLayout::NkPanels];
-        let mut keys = vec![
-            K::Rope,
-            K::Axpby,
-            K::AxpbyScaled,
-            K::AxpbyGated { scaled: false },
-            K::AxpbyGated { scaled: true },
-            K::SampleRows,
-            K::SplitK,
-            K::MoeDispatch,
-            K::GeluGluSplit,
-        ];
+        let mut keys = vec![K::Rope, K::SampleRows, K::SplitK, K::MoeDispatch, K::GeluGluSplit];
+        keys.extend(axpby::Variant::ALL.map(K::Axpby));
         keys.extend(Lanes::ALL.map(K::MoeCombine));
         keys.extend(Lanes::ALL.map(K::MoeCombineScaled));
         keys.extend(WeightFormat::ELEMENTS.map(K::Embed));

@@ -566,7 +566,7 @@ fn embed_chunks_cover_the_vocab() {
 fn axpby_matches_cpu() {
     let Some(ctx) = test_context("axpby_matches_cpu") else { return };
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get_source(&ctx, axpby::source()).unwrap();
+    let p = pipelines.get_source(&ctx, axpby::source(axpby::Variant::PLAIN)).unwrap();
     for &(n, alpha, beta) in &[(1usize, 2.0f32, 1.0f32), (7, 1.0, 1.0), (1000, -0.5, 0.25), (2816 * 3, 1.0, 1.0), (70_001, 0.3, -2.0)] {
         let x = seeded(n, 41 + n as u64, 3.0);
         let base = seeded(n, 42, 2.0);

@@ -278,7 +278,7 @@ fn scaled_consumers_multiply_the_rows_back_exactly() {
         let o = up("out", &hidden0);
         let scale = up("scale", &x_scale);
         let p = AxpbyParams { n: (tokens * dim) as u32, alpha: 1.0, beta: 1.0, row: dim as u32 };
-        let kernel = pipelines.get_source(&ctx, if scaled { axpby::source_scaled() } else { axpby::source() }).unwrap();
+        let kernel = pipelines.get_source(&ctx, axpby::source(axpby::Variant { scaled, gated: false })).unwrap();
         let buffers: Vec<&wgpu::Buffer> = if scaled { vec![&x, &o, &scale] } else { vec![&x, &o] };
         let mut plan = PlanBuilder::new(&ctx);
         plan.push(&kernel, &p, &buffers, groups_1d(axpby::workgroups(&p), 65535));
@@ -317,9 +317,9 @@ fn gated_adds_write_the_ungated_bits_on_open_rows_only() {
         let (xb, scale) = (up("x", if scaled { &x_div } else { &x }), up("scale", &x_scale));
         let (o_plain, o_gated) = (up("out", &out0), up("out", &out0));
         let plain_buffers: Vec<&wgpu::Buffer> = if scaled { vec![&xb, &o_plain, &scale] } else { vec![&xb, &o_plain] };
-        let plain = run(if scaled { axpby::source_scaled() } else { axpby::source() }, &plain_buffers, &o_plain, &mut pipelines);
+        let plain = run(axpby::source(axpby::Variant { scaled, gated: false }), &plain_buffers, &o_plain, &mut pipelines);
         let gated_buffers: Vec<&wgpu::Buffer> = if scaled { vec![&xb, &o_gated, &scale, &gate_b] } else { vec![&xb, &o_gated, &gate_b] };
-        let gated = run(axpby::source_gated(scaled), &gated_buffers, &o_gated, &mut pipelines);
+        let gated = run(axpby::source(axpby::Variant { scaled, gated: true }), &gated_buffers, &o_gated, &mut pipelines);
         for (r, &open) in gate.iter().enumerate() {
             let span = r * dim..(r + 1) * dim;
             let want = if open != 0 { &plain[span.clone()] } else { &out0[span.clone()] };

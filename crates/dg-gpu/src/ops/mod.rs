@@ -20,6 +20,16 @@ use crate::plan::{Pipelines, Plan, PlanBuilder, groups_1d};
 use crate::planner::Planner;
 use crate::tuning::{RowLanes, Tuning};
 
+/// What [`Recorder::axpby`] does by rows of `row` elements: with `scale`, `x`'s rows multiplied
+/// by their factors first (`dg_kernels::axpby::Variant::scaled`); with `gate`, only the rows whose
+/// u32 there is non-zero written, the others of `out` keeping their values.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AxpbyRows<'a> {
+    pub row: usize,
+    pub scale: Option<&'a wgpu::Buffer>,
+    pub gate: Option<&'a wgpu::Buffer>,
+}
+
 /// Records dispatches into a plan.
 pub struct Recorder<'a> {
     ctx: &'a GpuContext,
@@ -595,48 +605,22 @@ impl<'a> Recorder<'a> {
         self.push(K::Embed(table_format), &p, &[ids, table, out], g)
     }
 
-    /// `out = out·beta + x·alpha` over `n` values.
-    pub fn axpby(&mut self, x: &'a wgpu::Buffer, out: &'a wgpu::Buffer, n: usize, alpha: f32, beta: f32) -> Result<(), GpuError> {
-        let p = axpby::AxpbyParams { n: n as u32, alpha, beta, row: 0 };
-        let g = self.groups(axpby::workgroups(&p));
-        self.push(K::Axpby, &p, &[x, out], g)
-    }
-
-    /// [`Self::axpby`] with each row of `row` elements of `x` first multiplied by its factor in
-    /// `scale` (`dg_kernels::axpby::source_scaled`).
-    pub fn axpby_scaled(
+    /// `out = out·beta + x·alpha` over `n` values, by rows as `rows` says.
+    pub fn axpby(
         &mut self,
         x: &'a wgpu::Buffer,
-        (scale, row): (&'a wgpu::Buffer, usize),
         out: &'a wgpu::Buffer,
         n: usize,
-        alpha: f32,
-        beta: f32,
+        (alpha, beta): (f32, f32),
+        rows: AxpbyRows<'a>,
     ) -> Result<(), GpuError> {
-        let p = axpby::AxpbyParams { n: n as u32, alpha, beta, row: row as u32 };
+        let p = axpby::AxpbyParams { n: n as u32, alpha, beta, row: rows.row as u32 };
         let g = self.groups(axpby::workgroups(&p));
-        self.push(K::AxpbyScaled, &p, &[x, out, scale], g)
-    }
-
-    /// [`Self::axpby`] (with `scale`: [`Self::axpby_scaled`]) on the rows of `row` elements whose
-    /// u32 `gate` is non-zero; the other rows of `out` keep their values.
-    #[allow(clippy::too_many_arguments)]
-    pub fn axpby_gated(
-        &mut self,
-        x: &'a wgpu::Buffer,
-        scale: Option<&'a wgpu::Buffer>,
-        (gate, row): (&'a wgpu::Buffer, usize),
-        out: &'a wgpu::Buffer,
-        n: usize,
-        alpha: f32,
-        beta: f32,
-    ) -> Result<(), GpuError> {
-        let p = axpby::AxpbyParams { n: n as u32, alpha, beta, row: row as u32 };
-        let g = self.groups(axpby::workgroups(&p));
+        let variant = axpby::Variant { scaled: rows.scale.is_some(), gated: rows.gate.is_some() };
         let mut buffers = vec![x, out];
-        buffers.extend(scale);
-        buffers.push(gate);
-        self.push(K::AxpbyGated { scaled: scale.is_some() }, &p, &buffers, g)
+        buffers.extend(rows.scale);
+        buffers.extend(rows.gate);
+        self.push(K::Axpby(variant), &p, &buffers, g)
     }
 
     /// Softmax over experts, top-k, renormalise, × per-expert scale.
