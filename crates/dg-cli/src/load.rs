@@ -86,6 +86,8 @@ pub fn gpu_slots(
             start.elapsed().as_secs_f64(),
             throughput(stored, start.elapsed())
         );
+        let arena = gpu.arena_bytes() as f64 / 1_048_576.0;
+        eprintln!("caches and activations on the GPU: {arena:.1} MiB for {slots} sequence(s) of up to {max_context} positions");
     }
     Ok(gpu)
 }
