@@ -274,7 +274,7 @@ impl<'t> Planner<'t> {
                 Ok(Grouped::Portable { tile: self.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)) })
             }
             MatrixLayout::KPanels => {
-                let (tile, path) = self.coop_grouped(format, p, slots).ok_or_else(|| {
+                let (tile, path) = self.coop_grouped(p, slots).ok_or_else(|| {
                     NoKernel(format!(
                         "expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits",
                         p.n, p.k, p.a_rs
@@ -289,8 +289,8 @@ impl<'t> Planner<'t> {
     /// The experts' tensor-core tile and W path after the tuning's overrides
     /// ([`Tuning::coop_grouped_path`], [`Tuning::coop_grouped_tile`] where it fits,
     /// [`Tuning::coop_grouped_depth`]).
-    fn coop_grouped(&self, format: WeightFormat, p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
-        let (tile, path) = coop_grouped_gemm::choose(p, slots, format)?;
+    fn coop_grouped(&self, p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
+        let (tile, path) = coop_grouped_gemm::choose(p, slots)?;
         let path = self.tuning.coop_grouped_path.unwrap_or(path);
         let tile = coop_grouped_gemm::TILES
             .iter()

@@ -118,12 +118,14 @@ const _: () = {
 /// (1.002).
 pub const EXPERT_DEPTH: u32 = 4;
 
-/// The decoder's expert tile for quantized experts (single-staged): their ring holds each vec4's
-/// block words as loaded (`format::CoopW`: 4 to 7 registers a vec4 where F16 takes 2), so a
-/// shallower ring keeps more workgroups resident. On an H200 in the real 6-layer forward (ms a
-/// layer, [`TILE_32X128`] single-staged at depths 4 / 2 / 1): q8_0 1.291 / 1.258 / 1.307, q4_k_m
-/// 1.809 / 1.482 / 1.598 (F16 0.991); staged W and the 16-row tile were slower.
-pub const QUANTIZED_EXPERT_TILE: CoopTile = TILE_32X128.with_depth(2);
+/// The decoder's expert tile, for F16 and quantized experts alike: 32 × 128, single-staged,
+/// loaded [`EXPERT_DEPTH`] steps ahead. Quantized experts stage whole 32-value runs per invocation
+/// (`format::CoopW`, [`crate::format::RUN_VALUES`]), whose ring holds 7 to 13 registers a set
+/// where F16's holds 16, so they take the F16 depth. On an H200 in the real 6-layer forward (ms a
+/// layer, depth 2 / 4; F16 1.010): q8_0 1.151 / 1.110, q4_k_m 1.171 / 1.103. Before the runs,
+/// with a vec4 per invocation (4 to 7 registers each, 8 of them a set), depth 2 was best: q8_0
+/// 1.258, q4_k_m 1.482 (1.809 at depth 4).
+pub const EXPERT_TILE: CoopTile = TILE_32X128.with_depth(EXPERT_DEPTH);
 
 /// Whether the kernel computes the grouped product `p` with `tile`.
 pub fn fits(tile: CoopTile, p: &GroupedGemmParams) -> bool {
@@ -155,18 +157,17 @@ pub fn panel(w: WeightFormat) -> Option<u32> {
     }
 }
 
-/// The tile and W path for `p` over `slots` slots (either A format), the first of the
+/// The tile and W path for `p` over `slots` slots (any W format, either A format), the first of the
 /// preferred list that fits. In the decoder (groups of ~16 slots) 32 × 128 tiles, else 32 × 64,
 /// A and W staged through a single stage of workgroup memory, loaded [`EXPERT_DEPTH`] steps ahead.
 /// On an H200 in the real 6-layer forward, since the K loop's loads are pinned (`coop_kloop.rs`):
 /// down 216 µs single-staged at depth 1 against 224 with W fragments straight from the buffer
 /// (which the driver loads two bytes at a time) and 238 direct at depth 2. For the encoder's
 /// chunks (groups over 48 slots) 64-row tiles, W staged.
-pub fn choose(p: &GroupedGemmParams, slots: u32, w: WeightFormat) -> Option<(CoopTile, WPath)> {
+pub fn choose(p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
     let average = slots.div_ceil(p.groups.max(1));
-    let first = if w.is_quantized() { QUANTIZED_EXPERT_TILE } else { TILE_32X128.with_depth(EXPERT_DEPTH) };
-    let decoder: &[(CoopTile, WPath)] = &[(first, WPath::Single), (TILE_32X64, WPath::Single)];
-    let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (first, WPath::Single), (TILE_32X64, WPath::Single)];
+    let decoder: &[(CoopTile, WPath)] = &[(EXPERT_TILE, WPath::Single), (TILE_32X64, WPath::Single)];
+    let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (EXPERT_TILE, WPath::Single), (TILE_32X64, WPath::Single)];
     let preferred = if average > 48 { encoder } else { decoder };
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
 }
@@ -261,13 +262,13 @@ pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AForma
     let (w_first, w_at, w_step, offset) = match p / tile.bk {
         1 => (
             "g * (p.b_group_stride / 4u) + n0 * BK4".to_string(),
-            "(w_first + lt + l * WT)".to_string(),
+            "(w_first + WU * (lt + l * WT))".to_string(),
             "p.n * BK4".to_string(),
             crate::coop_kloop::LINEAR_W_OFFSET.to_string(),
         ),
         steps => (
             format!("g * (p.b_group_stride / 4u) + n0 * {}u", p / 4),
-            format!("(w_first + ((lt + l * WT) / BK4) * {}u + (lt + l * WT) % BK4)", p / 4),
+            format!("(w_first + ((WU * (lt + l * WT)) / BK4) * {}u + (WU * (lt + l * WT)) % BK4)", p / 4),
             format!("p.n * {}u", p / 4),
             format!("((STEP) / {steps}u) * w_step + ((STEP) % {steps}u) * BK4"),
         ),
@@ -357,6 +358,25 @@ mod tests {
     }
 
     #[test]
+    fn quantized_experts_stage_whole_runs_where_every_invocation_takes_whole_runs() {
+        use crate::format::QuantFormat;
+        let units = |tile: CoopTile, q: QuantFormat| {
+            let wgsl = source_for(tile, WPath::Single, WeightFormat::Quantized(q), AFormat::F16).wgsl;
+            let lw = |name: &str| wgsl.lines().find(|l| l.starts_with(&format!("const {name}: u32 = "))).map(str::to_string);
+            (lw("WU"), lw("LW"), wgsl.contains("fn put_w(at: u32, e: u32, x: QR)"))
+        };
+        // 128 rows a step over 128 invocations: a 32-value run (8 vec4s) each.
+        for q in [QuantFormat::Q8_0, QuantFormat::Q5_0, QuantFormat::Q4_K] {
+            let (wu, lw, run) = units(EXPERT_TILE, q);
+            assert_eq!((wu.as_deref(), lw.as_deref(), run), (Some("const WU: u32 = 8u;"), Some("const LW: u32 = 1u;"), true), "{q:?}");
+            // 64 rows over 128 invocations: half a run each, so vec4 by vec4.
+            let (wu, lw, run) = units(TILE_32X64, q);
+            assert_eq!((wu.as_deref(), lw.as_deref(), run), (Some("const WU: u32 = 1u;"), Some("const LW: u32 = 4u;"), false), "{q:?}");
+        }
+        assert!(!units(EXPERT_TILE, QuantFormat::Q6_K).2, "Q6_K has no run unit");
+    }
+
+    #[test]
     fn the_real_experts_fit_and_pick_their_measured_tiles() {
         let gate_up = GroupedGemmParams {
             n: 1408,
@@ -370,12 +390,12 @@ mod tests {
             ..bytemuck::Zeroable::zeroed()
         };
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
-        assert_eq!(choose(&gate_up, 2048, WeightFormat::F16), Some((TILE_32X128.with_depth(EXPERT_DEPTH), WPath::Single)));
-        assert_eq!(choose(&down, 2048, WeightFormat::F16), Some((TILE_32X128.with_depth(EXPERT_DEPTH), WPath::Single)));
-        assert_eq!(choose(&down, 8192, WeightFormat::F16), Some((TILE_64X128, WPath::Staged)));
+        assert_eq!(choose(&gate_up, 2048), Some((EXPERT_TILE, WPath::Single)));
+        assert_eq!(choose(&down, 2048), Some((EXPERT_TILE, WPath::Single)));
+        assert_eq!(choose(&down, 8192), Some((TILE_64X128, WPath::Staged)));
         let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
-        assert_eq!(choose(&tiny, 128, WeightFormat::F16), Some((TILE_32X64, WPath::Single)));
-        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128, WeightFormat::F16), None);
-        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128, WeightFormat::F16), None);
+        assert_eq!(choose(&tiny, 128), Some((TILE_32X64, WPath::Single)));
+        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128), None);
+        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128), None);
     }
 }

@@ -30,7 +30,9 @@
 //! after issuing it: the disassembled kernels showed each step's loads waited for before the
 //! step multiplied, whatever the depth. W likewise stays in its stored form in the ring (BF16
 //! words, f32, a quantized format's block words: `fetch_w` of [`crate::format::CoopW`]) and is
-//! converted as it is staged (`w16`), since a conversion also waits for its load. Unconditional loads alone are not enough: the compiler then sinks them down to the put
+//! converted as it is staged (`put_w`), since a conversion also waits for its load. A W set
+//! holds `LW` units of `WU` vec4s each (one vec4, or a quantized format's 32-value run), unit
+//! `l` of the invocation being unit `lt + l · WT` of the step's tile. Unconditional loads alone are not enough: the compiler then sinks them down to the put
 //! that consumes them, so `prefetch` pins them where the ring issues them. Global loads are not
 //! drained by barriers on NVIDIA (`xtask probe barrier_drain_probe`), so a deeper
 //! ring keeps more bytes in flight per workgroup: depth 3 for the lone 128×128 workgroup of a
@@ -128,7 +130,7 @@ fn put(set: u32, a_at: &str, b_at: &str, with_w: bool, indent: &str) -> String {
     );
     if with_w {
         s += &format!(
-            "{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    put_b({b_at} + dst_w(lt + l * WT), w16(rw[{set}][l]));\n{indent}}}\n"
+            "{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    put_w({b_at}, lt + l * WT, rw[{set}][l]);\n{indent}}}\n"
         );
     }
     s

@@ -134,18 +134,87 @@ impl QuantFormat {
 }
 
 /// The tensor-core kernels' view of a W format: W's binding is an array of `word`; the K loop's
-/// ring holds one `elem` per four consecutive elements along K (the vec4 `v`: elements `4v ..
-/// 4v + 3` of the row-major, or K-panelled, matrix), which `fetch_w(v)` loads as stored (no
-/// arithmetic on the loaded words, so the ring's loads stay in flight) and `w16` converts to the
-/// f16 vec4 a stage holds as it is staged; `pin_w` parks a prefetched one (F16 in A's stage
-/// through `pin_h`, others as f32 words in the scratch) until it is staged (`coop_kloop.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// ring holds one `elem` per W unit, `vec4s` consecutive vec4s of one row along K (the vec4 `v`:
+/// elements `4v .. 4v + 3` of the row-major, or K-panelled, matrix). `fetch_w(v)` loads the unit
+/// whose first vec4 is `v` as stored (no arithmetic on the loaded words, so the ring's loads stay
+/// in flight); `put_w(at, e, x)` converts unit `x` to f16 and writes it into the stage at `at` as
+/// unit `e` of the step's tile (its vec4s `vec4s·e ..` at `dst_w`); `pin_w` parks a prefetched one
+/// (F16 in A's stage through `pin_h`, others as f32 words in the scratch) until it is staged
+/// (`coop_kloop.rs`).
+///
+/// Every format has a unit of one vec4 ([`WeightFormat::coop_w`]); the 32-value ggml formats and
+/// Q4_K also one of a whole 32-value run ([`WeightFormat::coop_w_run`]), which loads a block's
+/// scales once for 32 values instead of once per vec4.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoopW {
     pub word: &'static str,
     pub elem: &'static str,
+    pub vec4s: u32,
     pub fetch: &'static str,
-    pub w16: &'static str,
+    pub put: String,
     pub pin_w: &'static str,
+}
+
+/// Values in a W unit of [`WeightFormat::coop_w_run`]: one Q8_0 or Q5_0 block, one Q4_K
+/// sub-block.
+pub const RUN_VALUES: u32 = 32;
+
+/// `put_w` of a one-vec4 unit: `w16` (the format's conversion of one loaded vec4) into the stage.
+const PUT_VEC4: &str = "fn put_w(at: u32, e: u32, x: W_ELEM) {\n    put_b(at + dst_w(e), w16(x));\n}\n";
+
+/// A one-vec4 unit from its fetch, its conversion `w16` and its pin.
+fn vec4_unit(word: &'static str, elem: &'static str, fetch: &'static str, w16: &str, pin_w: &'static str) -> CoopW {
+    CoopW { word, elem, vec4s: 1, fetch, put: format!("{w16}{PUT_VEC4}"), pin_w }
+}
+
+/// ggml's dequantization of four values into an f16 vec4, shared by the one-vec4 and the run
+/// units of the formats that have both. The quants become f32 without a conversion instruction
+/// (which NVIDIA runs at a fraction of the arithmetic rate, and the experts convert every
+/// weight): the bits `0x4b000000 | b` of an integer `b < 2²³` are the f32 `2²³ + b`, from which the
+/// offset (2²³ plus the format's zero point) is subtracted exactly. The arithmetic after that is
+/// ggml's in f32 (`q·d`, `(q − 16)·d`, `d·sc·q − dmin·m`), rounded to f16.
+const DEQUANT_VEC4: &str = "fn bytes_f32(u: u32, off: f32) -> vec4<f32> {
+    let b = vec4<u32>(u, u >> 8u, u >> 16u, u >> 24u) & vec4<u32>(255u);
+    return bitcast<vec4<f32>>(b | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0 + off);
+}
+// Four i8 quants (the bytes of q) times d.
+fn q8_vec4(q: u32, d: f32) -> vec4<f16> {
+    return vec4<f16>(bytes_f32(q ^ 0x80808080u, 128.0) * d);
+}
+// Four Q5_0 values: their nibbles in bits 0..3 of nib's bytes, their high bits in bits 0..3 of qh.
+fn q5_vec4(nib: u32, qh: u32, d: f32) -> vec4<f16> {
+    let high = ((qh & 1u) << 4u) | ((qh & 2u) << 11u) | ((qh & 4u) << 18u) | ((qh & 8u) << 25u);
+    return vec4<f16>(bytes_f32((nib & 0x0f0f0f0fu) | high, 16.0) * d);
+}
+// Sub-block j's d·sc and dmin·m from a Q4_K super-block's 4 header words.
+fn q4k_scales(head: vec4<u32>, j: u32) -> vec2<f32> {
+    let t = 8u * (j % 4u);
+    var sc: u32;
+    var m: u32;
+    if (j < 4u) {
+        sc = (head.y >> t) & 63u;
+        m = (head.z >> t) & 63u;
+    } else {
+        sc = ((head.w >> t) & 15u) | ((((head.y >> t) >> 6u) & 3u) << 4u);
+        m = (((head.w >> t) >> 4u) & 15u) | ((((head.z >> t) >> 6u) & 3u) << 4u);
+    }
+    let dm = unpack2x16float(head.x);
+    return vec2<f32>(dm.x * f32(sc), dm.y * f32(m));
+}
+// Four Q4_K values: their nibbles in bits 0..3 of nib's bytes, dm their sub-block's q4k_scales.
+fn q4k_vec4(nib: u32, dm: vec2<f32>) -> vec4<f16> {
+    return vec4<f16>(dm.x * bytes_f32(nib & 0x0f0f0f0fu, 0.0) - dm.y);
+}
+";
+
+/// `put_w` of a 32-value run: `prologue` (the block's scale `d` and whatever the vec4s share) then,
+/// for each of the run's 8 vec4s `k`, `vec4(k)` (an expression of the f16 vec4) into the stage.
+fn run_put(elem: &str, prologue: &str, vec4: impl Fn(u32) -> String) -> String {
+    let mut s = format!("{DEQUANT_VEC4}fn put_w(at: u32, e: u32, x: {elem}) {{\n{prologue}");
+    for k in 0..RUN_VALUES / 4 {
+        s += &format!("    put_b(at + dst_w(8u * e + {k}u), {});\n", vec4(k));
+    }
+    s + "}\n"
 }
 
 impl QuantFormat {
@@ -160,10 +229,10 @@ impl QuantFormat {
         match self {
             // Block b at byte 34b: d in half (b & 1) of its word, the 4 quants from byte
             // 34b + 2 + e, 2 bytes into a word when b is even.
-            QuantFormat::Q8_0 => CoopW {
-                word: "u32",
-                elem: "vec4<u32>",
-                fetch: "fn fetch_w(v: u32) -> vec4<u32> {
+            QuantFormat::Q8_0 => vec4_unit(
+                "u32",
+                "vec4<u32>",
+                "fn fetch_w(v: u32) -> vec4<u32> {
     let i = 4u * v;
     let b = i / 32u;
     let at = b * 34u;
@@ -171,22 +240,22 @@ impl QuantFormat {
     return vec4<u32>(w[at >> 2u], w[s], w[s + 1u], b & 1u);
 }
 ",
-                w16: "fn w16(x: vec4<u32>) -> vec4<f16> {
-    let d = unpack2x16float(x.x)[x.w];
+                &format!(
+                    "{DEQUANT_VEC4}fn w16(x: vec4<u32>) -> vec4<f16> {{
     let q = select((x.y >> 16u) | (x.z << 16u), x.y, x.w != 0u);
-    let qi = vec4<i32>(bitcast<i32>(q << 24u), bitcast<i32>(q << 16u), bitcast<i32>(q << 8u), bitcast<i32>(q)) >> vec4<u32>(24u);
-    return vec4<f16>(vec4<f32>(qi) * d);
-}
-",
-                pin_w: "fn pin_w(l: u32, v: vec4<u32>) {\n    pin_f(l, bitcast<vec4<f32>>(v));\n}\n",
-            },
+    return q8_vec4(q, unpack2x16float(x.x)[x.w]);
+}}
+"
+                ),
+                "fn pin_w(l: u32, v: vec4<u32>) {\n    pin_f(l, bitcast<vec4<f32>>(v));\n}\n",
+            ),
             // Block b at byte 22b (2 bytes into a word when b is odd): d, then 32 high bits (the
             // word after d's when b is odd), then 16 bytes of nibbles from byte 22b + 6 + e % 16 (2 bytes
             // into a word when b is even).
-            QuantFormat::Q5_0 => CoopW {
-                word: "u32",
-                elem: "QW",
-                fetch: "struct QW {
+            QuantFormat::Q5_0 => vec4_unit(
+                "u32",
+                "QW",
+                "struct QW {
     h: vec2<u32>,
     s0: u32,
     s1: u32,
@@ -201,68 +270,53 @@ fn fetch_w(v: u32) -> QW {
     return QW(vec2<u32>(w[at], w[at + 1u]), w[s], w[s + 1u], (b & 1u) | (e << 1u));
 }
 ",
-                w16: "fn w16(x: QW) -> vec4<f16> {
+                &format!(
+                    "{DEQUANT_VEC4}fn w16(x: QW) -> vec4<f16> {{
     let odd = (x.tag & 1u) != 0u;
     let e = x.tag >> 1u;
-    let d = unpack2x16float(x.h.x)[x.tag & 1u];
     let qh = select((x.h.x >> 16u) | (x.h.y << 16u), x.h.y, odd) >> e;
     let qs = select((x.s0 >> 16u) | (x.s1 << 16u), x.s0, odd);
-    let nib = select(qs, qs >> 4u, e >= 16u);
-    let low = vec4<u32>(nib, nib >> 8u, nib >> 16u, nib >> 24u) & vec4<u32>(15u);
-    let high = (vec4<u32>(qh, qh >> 1u, qh >> 2u, qh >> 3u) & vec4<u32>(1u)) << vec4<u32>(4u);
-    return vec4<f16>(vec4<f32>(vec4<i32>(low | high) - vec4<i32>(16)) * d);
-}
-",
-                pin_w: "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(vec4<u32>(v.h.x ^ v.h.y, v.s0, v.s1, v.tag)));\n}\n",
-            },
-            // Block b at byte 144b (16-byte aligned): d and dmin, 12 bytes of 6-bit scales and
+    return q5_vec4(select(qs, qs >> 4u, e >= 16u), qh, unpack2x16float(x.h.x)[x.tag & 1u]);
+}}
+"
+                ),
+                "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(vec4<u32>(v.h.x ^ v.h.y, v.s0, v.s1, v.tag)));\n}\n",
+            ),
+            // Block b at byte 144b (16-byte aligned, so W is bound as vec4s of words: one
+            // 16-byte load where u32 words took four): d and dmin, 12 bytes of 6-bit scales and
             // mins, then the nibbles: vec4 e's 4 bytes at 16 + 32·(e / 64) + e % 32, high nibbles
             // for the odd sub-block j = e / 32.
-            QuantFormat::Q4_K => CoopW {
-                word: "u32",
-                elem: "QW",
-                fetch: "struct QW {
+            QuantFormat::Q4_K => vec4_unit(
+                "vec4<u32>",
+                "QW",
+                "struct QW {
     q: u32,
     head: vec4<u32>,
     j: u32,
 }
 fn fetch_w(v: u32) -> QW {
     let i = 4u * v;
-    let at = (i / 256u) * 36u;
+    let at = (i / 256u) * 9u;
     let e = i % 256u;
-    let head = vec4<u32>(w[at], w[at + 1u], w[at + 2u], w[at + 3u]);
-    return QW(w[at + 4u + 8u * (e / 64u) + (e % 32u) / 4u], head, e / 32u);
+    return QW(w[at + 1u + 2u * (e / 64u) + (e % 32u) / 16u][(e % 16u) / 4u], w[at], e / 32u);
 }
 ",
-                w16: "fn w16(x: QW) -> vec4<f16> {
-    let t = 8u * (x.j % 4u);
-    var sc: u32;
-    var m: u32;
-    if (x.j < 4u) {
-        sc = (x.head.y >> t) & 63u;
-        m = (x.head.z >> t) & 63u;
-    } else {
-        sc = ((x.head.w >> t) & 15u) | ((((x.head.y >> t) >> 6u) & 3u) << 4u);
-        m = (((x.head.w >> t) >> 4u) & 15u) | ((((x.head.z >> t) >> 6u) & 3u) << 4u);
-    }
-    let dm = unpack2x16float(x.head.x);
-    let d1 = dm.x * f32(sc);
-    let m1 = dm.y * f32(m);
-    let nib = select(x.q, x.q >> 4u, (x.j & 1u) != 0u);
-    let q = vec4<u32>(nib, nib >> 8u, nib >> 16u, nib >> 24u) & vec4<u32>(15u);
-    return vec4<f16>(d1 * vec4<f32>(q) - m1);
-}
-",
-                pin_w: "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ vec4<u32>(v.q, v.j, 0u, 0u)));\n}\n",
-            },
+                &format!(
+                    "{DEQUANT_VEC4}fn w16(x: QW) -> vec4<f16> {{
+    return q4k_vec4(select(x.q, x.q >> 4u, (x.j & 1u) != 0u), q4k_scales(x.head, x.j));
+}}
+"
+                ),
+                "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ vec4<u32>(v.q, v.j, 0u, 0u)));\n}\n",
+            ),
             // Block b at byte 210b (2 bytes into a word when b is odd): 128 bytes of low nibbles,
             // 64 of high bit pairs, 16 i8 scales, d. Element e: half h = e / 128, quarter k = (e %
             // 128) / 32, l = e % 32; low bits from byte 64h + 32(k & 1) + l (nibble k >> 1), high
             // from 128 + 32h + l (pair k), scale byte 192 + 8h + l / 16 + 2k.
-            QuantFormat::Q6_K => CoopW {
-                word: "u32",
-                elem: "QW",
-                fetch: "struct QW {
+            QuantFormat::Q6_K => vec4_unit(
+                "u32",
+                "QW",
+                "struct QW {
     ql: vec2<u32>,
     qh: vec2<u32>,
     sd: vec2<u32>,
@@ -283,7 +337,7 @@ fn fetch_w(v: u32) -> QW {
     return QW(vec2<u32>(w[lo], w[lo + 1u]), vec2<u32>(w[hi], w[hi + 1u]), vec2<u32>(w[sc >> 2u], w[(at + 208u) >> 2u]), tag);
 }
 ",
-                w16: "fn w16(x: QW) -> vec4<f16> {
+                "fn w16(x: QW) -> vec4<f16> {
     let odd = (x.tag & 1u) != 0u;
     let k = (x.tag >> 1u) & 3u;
     let ql = select(x.ql.x, (x.ql.x >> 16u) | (x.ql.y << 16u), odd) >> (4u * (k >> 1u));
@@ -296,9 +350,111 @@ fn fetch_w(v: u32) -> QW {
     return vec4<f16>(d * f32(sc) * vec4<f32>(q));
 }
 ",
-                pin_w: "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(vec4<u32>(v.ql.x ^ v.ql.y, v.qh.x ^ v.qh.y, v.sd.x ^ v.sd.y, v.tag)));\n}\n",
-            },
+                "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(vec4<u32>(v.ql.x ^ v.ql.y, v.qh.x ^ v.qh.y, v.sd.x ^ v.sd.y, v.tag)));\n}\n",
+            ),
         }
+    }
+}
+
+impl QuantFormat {
+    /// The 32-value run unit of this format (see [`CoopW`]): `fetch_w(v)` loads the words of the
+    /// run from vec4 `v` (a multiple of 8) in as few loads as its block's alignment allows,
+    /// `put_w` dequantizes its 8 vec4s with the arithmetic of [`Self::coop_w`]'s `w16` (the same
+    /// f16 values) from the block's scales decoded once. Q6_K has none (its runs are spread over
+    /// four regions of the block, and no expert of the real model stores it).
+    fn coop_w_run(self) -> Option<CoopW> {
+        Some(match self {
+            // Block b at byte 34b: the 9 words from the one holding d cover it (d in half b & 1 of
+            // the first; the quants 2 bytes into a word when b is even, else the 8 words after).
+            QuantFormat::Q8_0 => CoopW {
+                word: "u32",
+                elem: "QR",
+                vec4s: 8,
+                fetch: "struct QR {
+    h: u32,
+    q0: vec4<u32>,
+    q1: vec4<u32>,
+    odd: u32,
+}
+fn fetch_w(v: u32) -> QR {
+    let b = v / 8u;
+    let at = (b * 34u) >> 2u;
+    return QR(w[at], vec4<u32>(w[at + 1u], w[at + 2u], w[at + 3u], w[at + 4u]), vec4<u32>(w[at + 5u], w[at + 6u], w[at + 7u], w[at + 8u]), b & 1u);
+}
+",
+                put: run_put(
+                    "QR",
+                    "    let odd = x.odd != 0u;\n    let d = unpack2x16float(x.h)[x.odd];\n",
+                    |k| {
+                        let word = |i: u32| match i {
+                            0 => "x.h".to_string(),
+                            i => format!("x.q{}.{}", (i - 1) / 4, ["x", "y", "z", "w"][((i - 1) % 4) as usize]),
+                        };
+                        format!("q8_vec4(select(({} >> 16u) | ({} << 16u), {}, odd), d)", word(k), word(k + 1), word(k + 1))
+                    },
+                ),
+                pin_w: "fn pin_w(l: u32, v: QR) {\n    pin_f(l, bitcast<vec4<f32>>(v.q0 ^ v.q1 ^ vec4<u32>(v.h, v.odd, 0u, 0u)));\n}\n",
+            },
+            // Block b at byte 22b: the 6 words from the one holding d cover it (d in half b & 1;
+            // when b is even, qh and the nibbles 2 bytes into a word, else qh the second word and
+            // the nibbles the 4 after).
+            QuantFormat::Q5_0 => CoopW {
+                word: "u32",
+                elem: "QR",
+                vec4s: 8,
+                fetch: "struct QR {
+    h: vec2<u32>,
+    s: vec4<u32>,
+    odd: u32,
+}
+fn fetch_w(v: u32) -> QR {
+    let b = v / 8u;
+    let at = (b * 22u) >> 2u;
+    return QR(vec2<u32>(w[at], w[at + 1u]), vec4<u32>(w[at + 2u], w[at + 3u], w[at + 4u], w[at + 5u]), b & 1u);
+}
+",
+                put: run_put(
+                    "QR",
+                    "    let odd = x.odd != 0u;\n    let d = unpack2x16float(x.h.x)[x.odd];\n    let qh = select((x.h.x >> 16u) | (x.h.y << 16u), x.h.y, odd);\n\
+                     \x20   let s0 = select((x.h.y >> 16u) | (x.s.x << 16u), x.s.x, odd);\n    let s1 = select((x.s.x >> 16u) | (x.s.y << 16u), x.s.y, odd);\n\
+                     \x20   let s2 = select((x.s.y >> 16u) | (x.s.z << 16u), x.s.z, odd);\n    let s3 = select((x.s.z >> 16u) | (x.s.w << 16u), x.s.w, odd);\n",
+                    |k| {
+                        let nib = if k < 4 { format!("s{k}") } else { format!("(s{} >> 4u)", k - 4) };
+                        format!("q5_vec4({nib}, qh >> {}u, d)", 4 * k)
+                    },
+                ),
+                pin_w: "fn pin_w(l: u32, v: QR) {\n    pin_f(l, bitcast<vec4<f32>>(v.s ^ vec4<u32>(v.h, v.odd, 0u)));\n}\n",
+            },
+            // Super-block b at byte 144b (16-byte aligned; W bound as vec4s of words): its header
+            // vec4, and the 2 vec4s of nibbles sub-block j = e / 32 takes its nibbles from (high
+            // ones for odd j): three 16-byte loads a run.
+            QuantFormat::Q4_K => CoopW {
+                word: "vec4<u32>",
+                elem: "QR",
+                vec4s: 8,
+                fetch: "struct QR {
+    head: vec4<u32>,
+    q0: vec4<u32>,
+    q1: vec4<u32>,
+    j: u32,
+}
+fn fetch_w(v: u32) -> QR {
+    let i = 4u * v;
+    let at = (i / 256u) * 9u;
+    let e = i % 256u;
+    let s = at + 1u + 2u * (e / 64u);
+    return QR(w[at], w[s], w[s + 1u], e / 32u);
+}
+",
+                put: run_put(
+                    "QR",
+                    "    let dm = q4k_scales(x.head, x.j);\n    let shift = select(0u, 4u, (x.j & 1u) != 0u);\n",
+                    |k| format!("q4k_vec4(x.q{}.{} >> shift, dm)", k / 4, ["x", "y", "z", "w"][(k % 4) as usize]),
+                ),
+                pin_w: "fn pin_w(l: u32, v: QR) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ v.q0 ^ v.q1 ^ vec4<u32>(v.j, 0u, 0u, 0u)));\n}\n",
+            },
+            QuantFormat::Q6_K => return None,
+        })
     }
 }
 
@@ -433,28 +589,40 @@ impl WeightFormat {
     pub fn coop_w(self) -> CoopW {
         const FETCH: &str = "fn fetch_w(v: u32) -> W_ELEM {\n    return w[v];\n}\n";
         match self {
-            WeightFormat::F16 => CoopW {
-                word: "vec4<f16>",
-                elem: "vec4<f16>",
-                fetch: FETCH,
-                w16: "fn w16(v: vec4<f16>) -> vec4<f16> {\n    return v;\n}\n",
-                pin_w: "fn pin_w(l: u32, v: vec4<f16>) {\n    pin_h(l, v);\n}\n",
-            },
-            WeightFormat::Bf16 => CoopW {
-                word: "vec2<u32>",
-                elem: "vec2<u32>",
-                fetch: FETCH,
-                w16: "fn w16(v: vec2<u32>) -> vec4<f16> {\n    return vec4<f16>(vec4<f32>(bitcast<f32>(v.x << 16u), bitcast<f32>(v.x & 0xffff0000u), bitcast<f32>(v.y << 16u), bitcast<f32>(v.y & 0xffff0000u)));\n}\n",
-                pin_w: "fn pin_w(l: u32, v: vec2<u32>) {\n    scratch[2u * l] = bitcast<f32>(v.x);\n    scratch[2u * l + 1u] = bitcast<f32>(v.y);\n}\n",
-            },
-            WeightFormat::F32 => CoopW {
-                word: "vec4<f32>",
-                elem: "vec4<f32>",
-                fetch: FETCH,
-                w16: "fn w16(v: vec4<f32>) -> vec4<f16> {\n    return vec4<f16>(v);\n}\n",
-                pin_w: "fn pin_w(l: u32, v: vec4<f32>) {\n    pin_f(l, v);\n}\n",
-            },
+            WeightFormat::F16 => vec4_unit(
+                "vec4<f16>",
+                "vec4<f16>",
+                FETCH,
+                "fn w16(v: vec4<f16>) -> vec4<f16> {\n    return v;\n}\n",
+                "fn pin_w(l: u32, v: vec4<f16>) {\n    pin_h(l, v);\n}\n",
+            ),
+            WeightFormat::Bf16 => vec4_unit(
+                "vec2<u32>",
+                "vec2<u32>",
+                FETCH,
+                "fn w16(v: vec2<u32>) -> vec4<f16> {\n    return vec4<f16>(vec4<f32>(bitcast<f32>(v.x << 16u), bitcast<f32>(v.x & 0xffff0000u), bitcast<f32>(v.y << 16u), bitcast<f32>(v.y & 0xffff0000u)));\n}\n",
+                "fn pin_w(l: u32, v: vec2<u32>) {\n    scratch[2u * l] = bitcast<f32>(v.x);\n    scratch[2u * l + 1u] = bitcast<f32>(v.y);\n}\n",
+            ),
+            WeightFormat::F32 => vec4_unit(
+                "vec4<f32>",
+                "vec4<f32>",
+                FETCH,
+                "fn w16(v: vec4<f32>) -> vec4<f16> {\n    return vec4<f16>(v);\n}\n",
+                "fn pin_w(l: u32, v: vec4<f32>) {\n    pin_f(l, v);\n}\n",
+            ),
             WeightFormat::Quantized(q) => q.coop_w(),
+        }
+    }
+}
+
+impl WeightFormat {
+    /// The W unit of a whole 32-value run along K ([`RUN_VALUES`], see [`CoopW`]), for the
+    /// formats that have one (Q8_0, Q5_0, Q4_K); the kernels take it where every invocation
+    /// stages whole runs of a step.
+    pub fn coop_w_run(self) -> Option<CoopW> {
+        match self {
+            WeightFormat::Quantized(q) => q.coop_w_run(),
+            _ => None,
         }
     }
 }

@@ -39,6 +39,19 @@ impl CoopTile {
         }
     }
 
+    /// W's unit in the K loop's ring (see [`crate::format::CoopW`]): a quantized format's
+    /// 32-value run where it has one and every invocation stages whole runs of each step (W staged,
+    /// along K, `bk` whole runs, a whole number of runs an invocation), else one vec4.
+    pub(crate) fn w_unit(self, w_format: WeightFormat, layout: BLayout, direct: bool) -> crate::format::CoopW {
+        let run = crate::format::RUN_VALUES;
+        let vec4s = self.bn * self.bk / 4 / self.invocations();
+        let whole_runs = self.bk.is_multiple_of(run) && vec4s.is_multiple_of(run / 4);
+        match w_format.coop_w_run() {
+            Some(unit) if whole_runs && !direct && layout != BLayout::Kn => unit,
+            _ => w_format.coop_w(),
+        }
+    }
+
     /// The full WGSL of the dense kernel for this variant, B stored as `w_format` (F16, or BF16
     /// or f32 when staged) and laid out as `layout`, reaching the tensor cores by `path` (direct
     /// only for F16 [`BLayout::Nk`]).
@@ -223,7 +236,11 @@ impl CoopTile {
             put = &put[..put.find("fn put_b").expect("put_b")];
         }
         // W's storage and its conversion to the f16 stages, as the format defines them.
-        let crate::format::CoopW { word: w_word, elem: w_elem, fetch, w16, pin_w } = w_format.coop_w();
+        let unit = self.w_unit(w_format, layout, b_fragment.is_some());
+        let crate::format::CoopW { word: w_word, elem: w_elem, vec4s, fetch, put: mut put_w, pin_w } = unit;
+        if b_fragment.is_some() {
+            put_w.clear(); // it would name the absent `put_b`
+        }
         assert!(w_format == WeightFormat::F16 || b_fragment.is_none(), "direct W fragments need F16 weights");
         let dst_w = match layout {
             BLayout::Nk | BLayout::NkPanels => "fn dst_w(e: u32) -> u32 {\n    return dst_of(e);\n}\n",
@@ -239,7 +256,7 @@ impl CoopTile {
         };
         let pin_f = "fn pin_f(l: u32, v: vec4<f32>) {\n    scratch[4u * l] = v.x;\n    scratch[4u * l + 1u] = v.y;\n    scratch[4u * l + 2u] = v.z;\n    scratch[4u * l + 3u] = v.w;\n}\n";
         let pin_a = "fn pin_a(l: u32, v: A_ELEM) {\n    PIN_A(l, v);\n}\n";
-        let put = format!("{put}{fetch}{w16}{dst_w}{pin_h}{pin_f}{pin_w}{pin_a}");
+        let put = format!("{put}{fetch}{put_w}{dst_w}{pin_h}{pin_f}{pin_w}{pin_a}");
         let mut body = template.replace("//@KLOOP\n", &kloop.replace("W_AT", w_at));
         // Where the invocation's vec4 number e of a step goes in a stage, in halves.
         let put = format!("{put}fn dst_of(e: u32) -> u32 {{\n    return (e / BK4) * KP + 4u * (e % BK4);\n}}\n");
@@ -250,6 +267,13 @@ impl CoopTile {
             body = body.replace(marker, text);
         }
         let mut consts = self.prelude();
+        // W's sets hold units of `vec4s` vec4s: LW of them an invocation a step.
+        for (name, value) in consts.iter_mut() {
+            if *name == "LW" {
+                *value /= vec4s;
+            }
+        }
+        consts.push(("WU", vec4s));
         let stage = self.w_stage_halves(layout);
         consts.extend([("SBS", stage), ("SBL", 2 * stage / se)]);
         format!("enable f16;\nenable wgpu_cooperative_matrix;\n{}", with_prelude(&consts, &crate::gemm::unroll(&body, &consts)))

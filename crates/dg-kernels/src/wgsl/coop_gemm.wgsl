@@ -90,7 +90,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var w_src: array<u32, LW>;
     // @unroll
     for (var l = 0u; l < LW; l++) {
-        let e = lt + l * WT;
+        let e = WU * (lt + l * WT);
         w_src[l] = W_SRC + s0 * w_step;
     }
     // Direct W fragments (coop_kloop.rs, direct): the subgroup's first W row, W rows
