@@ -12,6 +12,7 @@
 # CONFIG=bench/configs/real-6layer.json F32=1, the earlier tables' setup). transformers builds its
 # model in the target dtype (bench/torch_model.py).
 #
+# GENERATE (default "f16 q4_k_m") picks dg's weight modes in the generation runs.
 # PARTS (default "dg torch") picks the sides to run; the summary reads every log in OUT_DIR, so a
 # run in two calls (PARTS=dg, then PARTS=torch into the same OUT_DIR, e.g. where one command may
 # take at most 10 minutes) gives the same summary. The environment and the peaks run in each part.
@@ -67,7 +68,7 @@ if [ "$F32" = 1 ]; then
     TORCH_FORWARD=(float32 bfloat16)
     TORCH_GENERATE=(f32 bf16)
 fi
-DG_GENERATE=(f16 q4_k_m)
+read -ra DG_GENERATE <<< "${GENERATE:-f16 q4_k_m}"
 [ "$F32" = 1 ] && DG_GENERATE+=(f32)
 if [[ " $PARTS " == *" dg "* ]]; then
     for w in "${DG_WEIGHTS[@]}"; do
