@@ -79,7 +79,8 @@ pub trait Hooks {
     /// A finished block, after EOS padding, as appended to the sequence.
     fn on_canvas(&mut self, _block: usize, _tokens: &[u32]) {}
     /// A block's committed ids were encoded into the cache (the prompt for block 0, else the
-    /// previous block's canvas): how many, and the wall time of the model's encode call.
+    /// previous block's canvas): how many ids the model's encode call was handed (a model that
+    /// reuses a cached prefix may run fewer through its layers), and the call's wall time.
     fn on_encode(&mut self, _block: usize, _tokens: usize, _took: std::time::Duration) {}
     /// Asked after every step's [`Hooks::on_step`] and every block's [`Hooks::on_canvas`]: `true` ends
     /// the generation there with [`StopReason::Cancelled`] (a block cut short is not appended).
