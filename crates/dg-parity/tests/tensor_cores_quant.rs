@@ -5,8 +5,9 @@
 //! (`dg_kernels::coop_grouped_gemm`, blocks in K panels one block wide, every tile, both paths, and
 //! through `Recorder::grouped_product` as the forward records it). Tiles whose invocations stage
 //! whole 32-value runs of a step (`format::CoopW`: the grouped 32 × 128 and 64 × 128, the dense
-//! 64 × 128) dequantize a run at a time, the others (the grouped 32 × 64, the dense 128 × 128 of 8
-//! subgroups) a vec4 at a time, so both units are gated; Q6_K has only the vec4 one.
+//! 64 × 128 and 64 × 64 with K steps of 64) dequantize a run at a time, the others (the grouped
+//! 32 × 64, the dense 64 × 64 and 128 × 128) a vec4 at a time, so both units are gated; Q6_K has
+//! only the vec4 one.
 //!
 //! Each is gated twice: against the exact (f64) product of the f16-rounded operands (the host's
 //! dequantization of the same blocks, bit-exact against gguf-py, rounded to f16) at the F16
