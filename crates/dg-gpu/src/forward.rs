@@ -216,24 +216,50 @@ pub fn record_encoder_chunk<'a>(
     start: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
+    record_encoder_layers(rec, config, w, a, EncoderChunk { slot, start, tokens }, 0..config.text.num_layers())
+}
+
+/// One encoder chunk of a slot's sequence: `tokens` ids at positions `start..` (see
+/// [`record_encoder_chunk`]).
+#[derive(Debug, Clone, Copy)]
+pub struct EncoderChunk {
+    pub slot: usize,
+    pub start: usize,
+    pub tokens: usize,
+}
+
+/// The part of [`record_encoder_chunk`] that runs `layers` (with the input embedding where they
+/// start at 0): plans of consecutive ranges, run in order, do what the whole chunk's plan does,
+/// dispatch for dispatch (the layers pass their activations on through the arena).
+pub fn record_encoder_layers<'a>(
+    rec: &mut Recorder<'a>,
+    config: &ModelConfig,
+    w: &'a GpuWeights,
+    a: &'a Arena,
+    chunk: EncoderChunk,
+    layers: std::ops::Range<usize>,
+) -> Result<(), GpuError> {
     let cfg = &config.text;
-    // h0 = E[ids]·√H (no self-conditioning, no post-norm in the encoder).
-    rec.scope("encoder input");
-    for chunk in &w.embed {
-        rec.embed_format(
-            &a.ids,
-            &chunk.matrix.buffer,
-            chunk.matrix.format,
-            &a.hidden,
-            tokens,
-            cfg.hidden_size,
-            chunk.start,
-            chunk.rows,
-            cfg.embed_scale(),
-        )?;
+    let EncoderChunk { slot, start, tokens } = chunk;
+    if layers.start == 0 {
+        // h0 = E[ids]·√H (no self-conditioning, no post-norm in the encoder).
+        rec.scope("encoder input");
+        for part in &w.embed {
+            rec.embed_format(
+                &a.ids,
+                &part.matrix.buffer,
+                part.matrix.format,
+                &a.hidden,
+                tokens,
+                cfg.hidden_size,
+                part.start,
+                part.rows,
+                cfg.embed_scale(),
+            )?;
+        }
     }
     let last = cfg.num_layers() - 1;
-    for i in 0..=last {
+    for i in layers {
         rec.scope(format!("encoder layer{i}"));
         // Each layer's closing norms write the next layer's input norm (the last layer has none).
         let chain = Chain { normed_in: i > 0, next_norm: (i < last).then(|| &w.layers[i + 1].norms.input) };

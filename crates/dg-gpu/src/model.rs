@@ -25,7 +25,10 @@ use dg_sampler::{CategoricalRequest, RowResult};
 use crate::arena::Arena;
 use crate::context::{Created, GpuContext, map_read_with};
 use crate::error::GpuError;
-use crate::forward::{CanvasAt, ForwardShape, LayerPass, Visible, record_canvas_forward, record_encoder_chunk, record_layer};
+use crate::forward::{
+    CanvasAt, EncoderChunk, ForwardShape, LayerPass, Visible, record_canvas_forward, record_encoder_chunk, record_encoder_layers,
+    record_layer,
+};
 use crate::ops::Recorder;
 use crate::plan::{Pipelines, Plan};
 use crate::weights::{GpuWeights, UploadProgress};
@@ -232,7 +235,8 @@ impl GpuModel {
     }
 
     /// Encodes `ids` causally at the next positions on the GPU, appending every layer's K/V to the
-    /// cache (spec §4): in chunks of at most `max(C, PREFILL_CHUNK)` tokens, each one submit. Image
+    /// cache (spec §4): in chunks of at most `max(C, PREFILL_CHUNK)` tokens, each submitted as its
+    /// layers are recorded ([`crate::tuning::Tuning::encoder_submit_layers`]); returns when the GPU has run them all. Image
     /// placeholders become pad.
     pub fn encode(&mut self, ids: &[u32]) -> Result<(), GpuError> {
         self.encode_slot(0, ids)
@@ -243,9 +247,10 @@ impl GpuModel {
         let ids = self.encoder_ids(slot, ids)?;
         self.context_ready = false;
         for chunk in ids.chunks(self.prefill_chunk) {
-            self.encoder_chunk_plan(slot, chunk)?.run(&self.ctx)?;
+            self.submit_encoder_chunk(slot, chunk)?;
             self.seq_lens[slot] += chunk.len();
         }
+        self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
         Ok(())
     }
 
@@ -292,13 +297,42 @@ impl GpuModel {
     /// its plan (recorded ahead by [`Self::prerecord_commits`], or now; the caller runs it, then
     /// advances the slot's length).
     fn encoder_chunk_plan(&mut self, slot: usize, chunk: &[u32]) -> Result<Plan, GpuError> {
-        let start = self.seq_lens[slot];
-        self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(chunk));
-        self.ensure_rope(start, chunk.len(), 0);
+        let start = self.write_encoder_chunk(slot, chunk);
         match self.commit_plans.remove(&(slot, start, chunk.len())) {
             Some(plan) => Ok(plan),
             None => self.record_encoder_chunk(slot, start, chunk.len()),
         }
+    }
+
+    /// Writes the ids and RoPE tables of one encoder chunk of `slot` at its next positions (queued
+    /// behind the work already submitted, which has read the previous chunk's); returns its start.
+    fn write_encoder_chunk(&mut self, slot: usize, chunk: &[u32]) -> usize {
+        let start = self.seq_lens[slot];
+        self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(chunk));
+        self.ensure_rope(start, chunk.len(), 0);
+        start
+    }
+
+    /// Submits one encoder chunk of `slot` without waiting (the caller advances the slot's length):
+    /// its plan recorded ahead ([`Self::prerecord_commits`]), or, recorded now, a few layers at a
+    /// time ([`crate::tuning::Tuning::encoder_submit_layers`], one by default), each part
+    /// submitted as soon as it is recorded, so that the host records the next layers while the GPU
+    /// runs the first. The parts run the whole chunk's dispatches in the same order: the same
+    /// results.
+    fn submit_encoder_chunk(&mut self, slot: usize, chunk: &[u32]) -> Result<(), GpuError> {
+        let start = self.write_encoder_chunk(slot, chunk);
+        if let Some(plan) = self.commit_plans.remove(&(slot, start, chunk.len())) {
+            return plan.submit(&self.ctx);
+        }
+        let part = EncoderChunk { slot, start, tokens: chunk.len() };
+        let (layers, per_submit) = (self.config.text.num_layers(), self.ctx.tuning.encoder_submit_layers);
+        for first in (0..layers).step_by(per_submit) {
+            let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
+            let range = first..(first + per_submit).min(layers);
+            record_encoder_layers(&mut rec, &self.config, &self.weights, &self.arena, part, range)?;
+            rec.finish()?.submit(&self.ctx)?;
+        }
+        Ok(())
     }
 
     fn record_encoder_chunk(&mut self, slot: usize, start: usize, tokens: usize) -> Result<Plan, GpuError> {

@@ -287,6 +287,14 @@ impl Plan {
 
     /// Encodes, submits and waits: for tests and one-off work.
     pub fn run(&self, ctx: &GpuContext) -> Result<(), GpuError> {
+        self.submit(ctx)?;
+        ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Encodes and submits, without waiting: the queue runs it after what was submitted before
+    /// (the plan may be dropped at once: the submission keeps what it uses alive).
+    pub fn submit(&self, ctx: &GpuContext) -> Result<(), GpuError> {
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("plan") });
         {
@@ -297,7 +305,6 @@ impl Plan {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Validation { context: "running a plan".into(), message: e.to_string() });
         }
-        ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
         Ok(())
     }
 }

@@ -1,7 +1,8 @@
 //! The GPU encoder against the CPU encoder on the cache contents, with the prompt split into chunks
 //! of several sizes (1 token, a size that leaves a partial last chunk, one chunk) and a committed
 //! block after it: chunk seams must not change the K/V beyond rounding (spec §4.5), in sliding
-//! layers (window 8 here, shorter than the prompt) and full layers alike.
+//! layers (window 8 here, shorter than the prompt) and full layers alike. A chunk recorded and
+//! submitted a few layers at a time writes the one plan's cache bit for bit.
 
 use dg_model::ModelDir;
 use dg_parity::checks::Backend;
@@ -46,4 +47,32 @@ fn gpu_encoder_rejects_bad_input_by_name() {
     gpu.encode(&[1; 40]).unwrap();
     let e = gpu.canvas_forward(&vec![v; c], None, &mut logits).unwrap_err().to_string();
     assert!(e.contains("of the canvas is out of range"), "{e}");
+}
+
+#[test]
+fn the_encoder_submitted_in_parts_writes_the_whole_plans_bits() {
+    // DG_ENCODER_SUBMIT_LAYERS: a chunk's layers recorded and submitted a few at a time run the
+    // one plan's dispatches in its order, so the cache is the same to the bit.
+    let test = "the_encoder_submitted_in_parts_writes_the_whole_plans_bits";
+    let dir = fixture("sliding-long-prompt");
+    let model = ModelDir::open(&dir).unwrap();
+    let reference = Reference::open(&dir).unwrap();
+    let prompt = reference.ids("prompt_ids").unwrap();
+    let weights = model.load_weights().unwrap();
+    let layers = model.config.text.num_layers();
+    let mut caches = Vec::new();
+    for per_submit in [layers, 1, 2] {
+        let Some(mut ctx) = test_context(test) else { return };
+        ctx.tuning.encoder_submit_layers = per_submit;
+        let mut gpu = dg_gpu::GpuModel::new(ctx, &model.config, &weights, 512).unwrap();
+        gpu.set_prefill_chunk(5);
+        gpu.encode(&prompt).unwrap();
+        let cache = gpu.read_visible_cache().unwrap();
+        let bits: Vec<u32> = cache.iter().flat_map(|(k, v)| k.iter().chain(v)).map(|x| x.to_bits()).collect();
+        assert!(!bits.is_empty() && bits.iter().any(|&b| b != 0), "{per_submit} layers a submit: an empty cache");
+        caches.push((per_submit, bits));
+    }
+    for (per_submit, bits) in &caches[1..] {
+        assert!(bits == &caches[0].1, "{per_submit} layers a submit: the cache differs from one plan's");
+    }
 }
