@@ -13,26 +13,50 @@ symbol table, then the SASS). For every kernel with matrix instructions the scri
 `kNNN.sass` and prints one line: registers, HMMA / LDG / LDSM / STS / BAR.SYNC counts, and how many
 global loads are waited for before any HMMA follows them (a prefetch that the compiler undid:
 see `crates/dg-kernels/src/coop_kloop.rs`). Tooling only: needs the `zstd` command and nvdisasm
-(CUDA's, or the `nvidia-cuda-nvdisasm` wheel's).
+(CUDA's, or the `nvidia-cuda-nvdisasm` wheel's); the `zstandard` Python module does instead of the
+`zstd` command.
 """
 
 import argparse
 import glob
 import os
 import re
+import shutil
 import subprocess
+import sys
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 LINE = re.compile(r"/\*([0-9a-f]{4})\*/\s+(.*?);\s+/\* (0x[0-9a-f]+) \*/")
 HIGH = re.compile(r"^\s+/\* (0x[0-9a-f]+) \*/\s*$")
 
 
-def frames(path):
+def decompressor():
+    """A function that decompresses the zstd frame at the start of its bytes (b"" where it fails):
+    the `zstandard` module where it is installed, else the `zstd` command; exits with a message
+    naming both when neither is there."""
+    try:
+        import zstandard
+
+        def one(data):
+            try:
+                return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+            except zstandard.ZstdError:
+                return b""
+
+        return one
+    except ImportError:
+        pass
+    if shutil.which("zstd") is None:
+        sys.exit("nv_sass.py: needs the zstd command or the zstandard Python module to read the driver's cache")
+    return lambda data: subprocess.run(["zstd", "-d", "-c", "-q"], input=data, capture_output=True).stdout
+
+
+def frames(path, decompress):
     """Every zstd frame of a cache file, decompressed (frames that fail are skipped)."""
     data = open(path, "rb").read()
     at = data.find(ZSTD_MAGIC)
     while at >= 0:
-        out = subprocess.run(["zstd", "-d", "-c", "-q"], input=data[at:], capture_output=True).stdout
+        out = decompress(data[at:])
         if out:
             yield out
         at = data.find(ZSTD_MAGIC, at + 4)
@@ -87,9 +111,10 @@ def main():
     parser.add_argument("--nvdisasm", default="nvdisasm")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    decompress = decompressor()
     n = 0
     for path in sorted(glob.glob(os.path.join(args.cache, "**", "*.bin"), recursive=True)):
-        for frame in frames(path):
+        for frame in frames(path, decompress):
             payload = frame[8:]
             binary = os.path.join(args.out, f"k{n:03d}.bin")
             open(binary, "wb").write(payload[: len(payload) // 16 * 16])
