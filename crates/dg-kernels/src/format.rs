@@ -168,11 +168,12 @@ fn vec4_unit(word: &'static str, elem: &'static str, fetch: &'static str, w16: &
 }
 
 /// ggml's dequantization of four values into an f16 vec4, shared by the one-vec4 and the run
-/// units of the formats that have both. The quants become f32 without a conversion instruction
-/// (which NVIDIA runs at a fraction of the arithmetic rate, and the experts convert every
-/// weight): the bits `0x4b000000 | b` of an integer `b < 2²³` are the f32 `2²³ + b`, from which the
-/// offset (2²³ plus the format's zero point) is subtracted exactly. The arithmetic after that is
-/// ggml's in f32 (`q·d`, `(q − 16)·d`, `d·sc·q − dmin·m`), rounded to f16.
+/// units of the formats that have both. The quants become f32 without a conversion instruction:
+/// the bits `0x4b000000 | b` of an integer `b < 2²³` are the f32 `2²³ + b`, from which the offset
+/// (2²³ plus the format's zero point) is subtracted exactly. (NVIDIA issues integer-to-float
+/// conversions at a fraction of the arithmetic rate; on the H200 the experts measured the same
+/// either way, bound elsewhere.) The arithmetic after that is ggml's in f32 (`q·d`, `(q − 16)·d`,
+/// `d·sc·q − dmin·m`), rounded to f16.
 const DEQUANT_VEC4: &str = "fn bytes_f32(u: u32, off: f32) -> vec4<f32> {
     let b = vec4<u32>(u, u >> 8u, u >> 16u, u >> 24u) & vec4<u32>(255u);
     return bitcast<vec4<f32>>(b | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0 + off);
