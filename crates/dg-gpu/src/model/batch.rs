@@ -27,20 +27,42 @@ use crate::plan::Plan;
 /// Recorded plans kept at most (a batch's shape changes when any of its sequences starts a block).
 const MAX_PLANS: usize = 16;
 
-/// The batched steps' plans by shape.
+/// The batched steps' plans by shape, and the host buffers a step fills (kept from step to step).
 #[derive(Debug, Default)]
 pub(super) struct PlanCache {
     plans: HashMap<ForwardShape, Plan>,
     /// The shape of the last step run.
     last: Option<ForwardShape>,
+    inputs: StepInputs,
 }
 
 /// One step's inputs for the forward's canvases, in slot order.
+#[derive(Debug, Default)]
 struct StepInputs {
     ids: Vec<u32>,
     draws: Vec<u32>,
     steps: Vec<SampleStep>,
     gate: Vec<u32>,
+    /// Whether a canvas of the step is in the slot.
+    taken: Vec<bool>,
+}
+
+impl StepInputs {
+    /// Empties the inputs for a forward of `n` canvases of `c` rows: pad ids, no draws, the
+    /// uniform sampler mode, no self-conditioning, no slot taken.
+    fn reset(&mut self, n: usize, c: usize, pad: u32) {
+        let fill = |v: &mut Vec<u32>, len: usize, x: u32| {
+            v.clear();
+            v.resize(len, x);
+        };
+        fill(&mut self.ids, n * c, pad);
+        fill(&mut self.draws, n * c, 0);
+        fill(&mut self.gate, n * c, 0);
+        self.steps.clear();
+        self.steps.resize(n, SampleStep::new(1.0, sample_rows::MODE_UNIFORM));
+        self.taken.clear();
+        self.taken.resize(n, false);
+    }
 }
 
 impl GpuModel {
@@ -111,44 +133,23 @@ impl GpuModel {
             });
         }
         let pad = self.config.text.pad_token_id.unwrap_or(0);
-        let mut inputs = StepInputs {
-            ids: vec![pad; n * c],
-            draws: vec![0; n * c],
-            steps: vec![SampleStep::new(1.0, sample_rows::MODE_UNIFORM); n],
-            gate: vec![0; n * c],
-        };
-        let mut seen = vec![false; n];
-        for cv in &canvases {
-            let s = cv.slot;
-            if std::mem::replace(&mut seen[s], true) {
-                return Err(GpuError::Unsupported { what: format!("two canvases in slot {s} in one step") });
-            }
-            if self.seq_lens[s] == 0 || (s == 0 && self.uploaded_context) {
-                return Err(GpuError::NoContext);
-            }
-            self.check_canvas(cv.canvas)?;
-            if cv.rows.len() != c {
-                return Err(GpuError::Length { what: "row results", got: cv.rows.len(), expected: c });
-            }
-            let rows = s * c..(s + 1) * c;
-            inputs.ids[rows.clone()].copy_from_slice(cv.canvas);
-            inputs.gate[rows.clone()].fill(u32::from(cv.self_conditioning));
-            let mode = draw_words(cv.draw, &mut inputs.draws[rows], c)?;
-            inputs.steps[s] = SampleStep::new(cv.temperature, mode);
-        }
-        let sc = match (canvases.iter().all(|cv| cv.self_conditioning), canvases.iter().any(|cv| cv.self_conditioning)) {
-            (true, _) => SelfConditioning::On,
-            (false, true) => SelfConditioning::Gated,
-            (false, false) => SelfConditioning::Off,
-        };
-        let shape = ForwardShape {
-            canvases: (0..n).map(|slot| CanvasShape { slot, visible: self.slot_visible(slot) }).collect(),
-            self_conditioning: sc,
-        };
-        self.write_batch_inputs(&inputs, &shape)?;
+        // The step's host buffers, kept for the next step whatever happens to this one.
+        let mut inputs = std::mem::take(&mut self.batch_plans.inputs);
+        inputs.reset(n, c, pad);
+        let step_shape = self.fill_batch_inputs(&canvases, &mut inputs).and_then(|sc| {
+            let shape = ForwardShape {
+                canvases: (0..n).map(|slot| CanvasShape { slot, visible: self.slot_visible(slot) }).collect(),
+                self_conditioning: sc,
+            };
+            self.write_batch_inputs(&inputs, &shape).map(|()| shape)
+        });
+        self.batch_plans.inputs = inputs;
+        let shape = step_shape?;
         self.ensure_batch_plan(&shape)?;
         let plan = &self.batch_plans.plans[&shape];
-        self.batch_plans.last = Some(shape.clone());
+        if self.batch_plans.last.as_ref() != Some(&shape) {
+            self.batch_plans.last = Some(shape.clone());
+        }
         let bytes = (n * c * RESULT_WORDS * 4) as u64;
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batched denoising step") });
@@ -168,7 +169,7 @@ impl GpuModel {
         if shape.self_conditioning != SelfConditioning::On {
             self.ensure_batch_plan(&ForwardShape { self_conditioning: SelfConditioning::On, ..shape })?;
         }
-        self.prerecord_commits(canvases.iter().map(|cv| cv.slot).collect::<Vec<_>>())?;
+        self.prerecord_commits(canvases.iter().map(|cv| cv.slot))?;
         let mut non_finite = Vec::new();
         map_read_with(&self.ctx, &self.arena.row_staging, bytes, |data| {
             let words: &[u32] = bytemuck::cast_slice(data);
@@ -188,6 +189,39 @@ impl GpuModel {
             }
         }
         Ok(())
+    }
+
+    /// Checks the step's canvases and fills `inputs` (reset for the forward) from them; returns
+    /// how the forward self-conditions.
+    fn fill_batch_inputs(
+        &self,
+        canvases: &[dg_sampler::ResidentCanvas<'_>],
+        inputs: &mut StepInputs,
+    ) -> Result<SelfConditioning, GpuError> {
+        let c = self.config.canvas_length;
+        for cv in canvases {
+            let s = cv.slot;
+            if std::mem::replace(&mut inputs.taken[s], true) {
+                return Err(GpuError::Unsupported { what: format!("two canvases in slot {s} in one step") });
+            }
+            if self.seq_lens[s] == 0 || (s == 0 && self.uploaded_context) {
+                return Err(GpuError::NoContext);
+            }
+            self.check_canvas(cv.canvas)?;
+            if cv.rows.len() != c {
+                return Err(GpuError::Length { what: "row results", got: cv.rows.len(), expected: c });
+            }
+            let rows = s * c..(s + 1) * c;
+            inputs.ids[rows.clone()].copy_from_slice(cv.canvas);
+            inputs.gate[rows.clone()].fill(u32::from(cv.self_conditioning));
+            let mode = draw_words(cv.draw, &mut inputs.draws[rows], c)?;
+            inputs.steps[s] = SampleStep::new(cv.temperature, mode);
+        }
+        Ok(match (canvases.iter().all(|cv| cv.self_conditioning), canvases.iter().any(|cv| cv.self_conditioning)) {
+            (true, _) => SelfConditioning::On,
+            (false, true) => SelfConditioning::Gated,
+            (false, false) => SelfConditioning::Off,
+        })
     }
 
     /// Records the plan of a batched step of `shape` unless it is kept.
