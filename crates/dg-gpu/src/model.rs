@@ -236,8 +236,8 @@ impl GpuModel {
 
     /// Encodes `ids` causally at the next positions on the GPU, appending every layer's K/V to the
     /// cache (spec §4): in chunks of at most `max(C, PREFILL_CHUNK)` tokens, each submitted as its
-    /// layers are recorded ([`crate::tuning::Tuning::encoder_submit_layers`]); returns when the GPU has run them all. Image
-    /// placeholders become pad.
+    /// layers are recorded ([`crate::tuning::Tuning::encoder_submit_layers`]); returns when the
+    /// GPU has run them all. Image placeholders become pad.
     pub fn encode(&mut self, ids: &[u32]) -> Result<(), GpuError> {
         self.encode_slot(0, ids)
     }

@@ -133,18 +133,16 @@ impl GpuModel {
             });
         }
         let pad = self.config.text.pad_token_id.unwrap_or(0);
-        // The step's host buffers, kept for the next step whatever happens to this one.
+        // The step's host buffers, kept for the next step (a step that fails drops them).
         let mut inputs = std::mem::take(&mut self.batch_plans.inputs);
         inputs.reset(n, c, pad);
-        let step_shape = self.fill_batch_inputs(&canvases, &mut inputs).and_then(|sc| {
-            let shape = ForwardShape {
-                canvases: (0..n).map(|slot| CanvasShape { slot, visible: self.slot_visible(slot) }).collect(),
-                self_conditioning: sc,
-            };
-            self.write_batch_inputs(&inputs, &shape).map(|()| shape)
-        });
+        let sc = self.fill_batch_inputs(&canvases, &mut inputs)?;
+        let shape = ForwardShape {
+            canvases: (0..n).map(|slot| CanvasShape { slot, visible: self.slot_visible(slot) }).collect(),
+            self_conditioning: sc,
+        };
+        self.write_batch_inputs(&inputs, &shape)?;
         self.batch_plans.inputs = inputs;
-        let shape = step_shape?;
         self.ensure_batch_plan(&shape)?;
         let plan = &self.batch_plans.plans[&shape];
         if self.batch_plans.last.as_ref() != Some(&shape) {

@@ -6,7 +6,9 @@ use super::{AFormat, BLayout, CoopTile, FRAGMENT, PANEL, ROW_PAD, Staging, WPath
 use crate::{WeightFormat, with_prelude};
 
 impl CoopTile {
-    fn prelude(self) -> Vec<(&'static str, u32)> {
+    /// The kernel's constants, W staged in units of `w_vec4s` vec4s (`WU`; `LW` of them an
+    /// invocation a step: see [`Self::w_unit`]).
+    fn prelude(self, w_vec4s: u32) -> Vec<(&'static str, u32)> {
         let kp = self.row_halves();
         let se = self.element_halves();
         let bk4 = self.bk / 4;
@@ -22,7 +24,8 @@ impl CoopTile {
             ("KP", kp),
             ("KPS", kp / se),
             ("LA", self.bm * bk4 / self.invocations()),
-            ("LW", self.bn * bk4 / self.invocations()),
+            ("LW", self.bn * bk4 / self.invocations() / w_vec4s),
+            ("WU", w_vec4s),
             ("SAL", 2 * self.bm * kp / se),
             ("BN4", self.bn / 4),
             ("NP", self.bn + ROW_PAD),
@@ -266,14 +269,7 @@ impl CoopTile {
             assert!(body.contains(marker), "template lacks {marker}");
             body = body.replace(marker, text);
         }
-        let mut consts = self.prelude();
-        // W's sets hold units of `vec4s` vec4s: LW of them an invocation a step.
-        for (name, value) in consts.iter_mut() {
-            if *name == "LW" {
-                *value /= vec4s;
-            }
-        }
-        consts.push(("WU", vec4s));
+        let mut consts = self.prelude(vec4s);
         let stage = self.w_stage_halves(layout);
         consts.extend([("SBS", stage), ("SBL", 2 * stage / se)]);
         format!("enable f16;\nenable wgpu_cooperative_matrix;\n{}", with_prelude(&consts, &crate::gemm::unroll(&body, &consts)))
