@@ -9,9 +9,11 @@
 //! the piece being written. A quantized format's buffer is the parts' ggml blocks as stored,
 //! concatenated (rows are whole blocks, so stacking rows stacks blocks), or in K panels one block
 //! wide: each `[rows, cols]` matrix's blocks as `[cols / block][rows]` (block `p` of every row,
-//! then block `p + 1`), which the tensor-core kernels stream as they stream F16 panels.
+//! then block `p + 1`), each 8 of them in planes (`dg_kernels::format::PLANE_GROUP`), which the
+//! tensor-core kernels stream as they stream F16 panels.
 
 use dg_kernels::WeightFormat;
+use dg_kernels::format::{MAX_GROUP_BYTES, PLANE_GROUP};
 use dg_model::{StoredDtype, StoredTensor};
 use rayon::prelude::*;
 
@@ -50,8 +52,9 @@ impl<'t, 'a> Packing<'t, 'a> {
     /// in their blocks).
     pub fn new(parts: Vec<&'t StoredTensor<'a>>, format: WeightFormat, order: Order) -> Self {
         if let WeightFormat::Quantized(q) = format {
-            if let Order::KPanels { panel, .. } = order {
+            if let Order::KPanels { panel, rows, .. } = order {
                 assert_eq!(panel, q.block_len(), "{} blocks are panelled one block wide", q.name());
+                assert!(!q.planes() || rows.is_multiple_of(PLANE_GROUP), "{} panels of {rows} rows are not whole groups of planes", q.name());
             }
             assert!(parts.iter().all(|p| p.dtype.name() == q.name()), "{} packing of parts that store other types", q.name());
         }
@@ -122,7 +125,8 @@ impl<'t, 'a> Packing<'t, 'a> {
     }
 
     /// A quantized buffer's bytes `offset..`: the parts' blocks one after the other (row-major)
-    /// or in panels, then zeros.
+    /// or in panels (then in planes: every [`PLANE_GROUP`] blocks rearranged together, for the
+    /// formats that have them), then zeros.
     fn copy_blocks(&self, offset: usize, dst: &mut [u8]) {
         let WeightFormat::Quantized(q) = self.format else { unreachable!("blocks of an element format") };
         let Order::KPanels { rows, cols, .. } = self.order else {
@@ -135,20 +139,32 @@ impl<'t, 'a> Packing<'t, 'a> {
             let (m, within) = (b / (rows * per_row), b % (rows * per_row));
             (m * rows + within % rows) * per_row + within / rows
         };
+        // Output group g (one block, or PLANE_GROUP of them in planes) at bytes g · group_bytes.
+        let group = if q.planes() { PLANE_GROUP } else { 1 };
+        let group_bytes = group * size;
         const TASK_BLOCKS: usize = 4096;
-        let first = offset / size;
-        let skip = offset % size;
-        // Task t's bytes start `skip` bytes into output block `first + t · TASK_BLOCKS` (its
-        // chunk is whole blocks long); the last block of a piece may be cut.
+        // Task t's chunk starts at byte `start` of the buffer; it writes its part of every group
+        // it overlaps (the first and last may be cut).
         dst.par_chunks_mut(TASK_BLOCKS * size).enumerate().for_each(|(t, chunk)| {
-            let (mut at, mut b, mut cut) = (0, first + t * TASK_BLOCKS, skip);
-            while at < chunk.len() {
-                let n = (size - cut).min(chunk.len() - at);
-                match b < blocks {
-                    true => chunk[at..at + n].copy_from_slice(&self.stacked_block(source_of(b))[cut..cut + n]),
-                    false => chunk[at..at + n].fill(0),
+            let start = offset + t * TASK_BLOCKS * size;
+            let end = start + chunk.len();
+            let (mut ggml, mut out) = ([0u8; MAX_GROUP_BYTES], [0u8; MAX_GROUP_BYTES]);
+            let out = &mut out[..group_bytes];
+            for g in start / group_bytes..end.div_ceil(group_bytes) {
+                match (g + 1) * group <= blocks {
+                    true => {
+                        for (i, b) in (g * group..(g + 1) * group).enumerate() {
+                            ggml[i * size..(i + 1) * size].copy_from_slice(self.stacked_block(source_of(b)));
+                        }
+                        match q.planes() {
+                            true => q.to_planes(&ggml[..group_bytes], out),
+                            false => out.copy_from_slice(&ggml[..group_bytes]),
+                        }
+                    }
+                    false => out.fill(0),
                 }
-                (at, b, cut) = (at + n, b + 1, 0);
+                let (lo, hi) = ((g * group_bytes).max(start), ((g + 1) * group_bytes).min(end));
+                chunk[lo - start..hi - start].copy_from_slice(&out[lo - g * group_bytes..hi - g * group_bytes]);
             }
         });
     }
@@ -371,31 +387,47 @@ mod tests {
         }
     }
 
+    /// `bytes` (a quantized buffer in K panels) with every group of planes back in ggml's order.
+    fn from_planes(q: dg_kernels::format::QuantFormat, bytes: &[u8]) -> Vec<u8> {
+        let group = PLANE_GROUP * q.block_bytes();
+        let whole = bytes.len() / group * group;
+        let mut out = bytes.to_vec();
+        for (src, dst) in bytes[..whole].chunks_exact(group).zip(out[..whole].chunks_exact_mut(group)) {
+            q.from_planes(src, dst);
+        }
+        out
+    }
+
     #[test]
-    fn quantized_panels_put_block_p_of_every_row_together() {
+    fn quantized_panels_put_block_p_of_every_row_together_in_planes() {
         use dg_kernels::format::QuantFormat;
-        // Two stacked parts making two [3, 96] matrices (3 blocks a row), Q5_0's 22-byte blocks.
-        let (a, b) = (values(4 * 96, 0.1), values(2 * 96, 0.7));
-        let (ta, tb) = (stored(StoredDtype::Q5_0, vec![4, 96], &a), stored(StoredDtype::Q5_0, vec![2, 96], &b));
-        let order = Order::KPanels { rows: 3, cols: 96, panel: 32 };
-        let p = Packing::new(vec![&ta, &tb], WeightFormat::Quantized(QuantFormat::Q5_0), order);
-        let stacked = [ta.bytes(), tb.bytes()].concat();
-        let block = |row: usize, j: usize| &stacked[(row * 3 + j) * 22..(row * 3 + j + 1) * 22];
-        let mut want = Vec::new();
-        for m in 0..2 {
-            for j in 0..3 {
-                for row in 0..3 {
-                    want.extend_from_slice(block(m * 3 + row, j));
+        for (q, dtype) in [(QuantFormat::Q5_0, StoredDtype::Q5_0), (QuantFormat::Q4_K, StoredDtype::Q4_K), (QuantFormat::Q6_K, StoredDtype::Q6_K)] {
+            // Two stacked parts making two [8, 3 blocks] matrices.
+            let cols = 3 * q.block_len();
+            let (a, b) = (values(10 * cols, 0.1), values(6 * cols, 0.7));
+            let (ta, tb) = (stored(dtype, vec![10, cols], &a), stored(dtype, vec![6, cols], &b));
+            let order = Order::KPanels { rows: 8, cols, panel: q.block_len() };
+            let p = Packing::new(vec![&ta, &tb], WeightFormat::Quantized(q), order);
+            let size = q.block_bytes();
+            let stacked = [ta.bytes(), tb.bytes()].concat();
+            let block = |row: usize, j: usize| &stacked[(row * 3 + j) * size..(row * 3 + j + 1) * size];
+            let mut want = Vec::new();
+            for m in 0..2 {
+                for j in 0..3 {
+                    for row in 0..8 {
+                        want.extend_from_slice(block(m * 8 + row, j));
+                    }
                 }
             }
-        }
-        want.resize(p.bytes(), 0);
-        for piece in [4, 8, 44, 1 << 20] {
-            let mut out = vec![0xAA; p.bytes()];
-            for (i, chunk) in out.chunks_mut(piece).enumerate() {
-                p.copy_blocks(i * piece, chunk);
+            want.resize(p.bytes(), 0);
+            for piece in [4, 8, 44, 1 << 20] {
+                let mut out = vec![0xAA; p.bytes()];
+                for (i, chunk) in out.chunks_mut(piece).enumerate() {
+                    p.copy_blocks(i * piece, chunk);
+                }
+                assert_eq!(from_planes(q, &out), want, "{q:?}: pieces of {piece}");
+                assert_eq!(out != want, q.planes(), "{q:?}: in planes exactly where the format has them");
             }
-            assert_eq!(out, want, "pieces of {piece}");
         }
     }
 
@@ -403,7 +435,7 @@ mod tests {
     fn quantized_panels_across_parallel_tasks_equal_one_piece() {
         use dg_kernels::format::QuantFormat;
         // 72 rows of 64 Q8_0 blocks: 4608 blocks, more than one parallel task's; pieces that start
-        // inside a block and span task boundaries.
+        // inside a block and a group and span task boundaries.
         let v = values(72 * 64 * 32, 0.4);
         let t = stored(StoredDtype::Q8_0, vec![72, 64 * 32], &v);
         let order = Order::KPanels { rows: 72, cols: 64 * 32, panel: 32 };
@@ -411,7 +443,8 @@ mod tests {
         let mut whole = vec![0xAA; p.bytes()];
         p.copy_blocks(0, &mut whole);
         // Block (j, p) of the row-major source lands at p · 72 + j.
-        assert_eq!(&whole[(5 * 72 + 3) * 34..(5 * 72 + 4) * 34], &t.bytes()[(3 * 64 + 5) * 34..(3 * 64 + 6) * 34]);
+        let blocks = from_planes(QuantFormat::Q8_0, &whole);
+        assert_eq!(&blocks[(5 * 72 + 3) * 34..(5 * 72 + 4) * 34], &t.bytes()[(3 * 64 + 5) * 34..(3 * 64 + 6) * 34]);
         for piece in [4099 * 34 + 5, 1 << 17] {
             let mut out = vec![0xAA; p.bytes()];
             for (i, chunk) in out.chunks_mut(piece).enumerate() {

@@ -11,7 +11,8 @@
 //! Bindings, after the uniform [`GroupedGemmParams`] (the same parameters as the f32 kernel):
 //! `a` (read, f32, rounded to f16 when staged), `w` (read, f16 in K panels: `[groups, k / PANEL,
 //! n, PANEL]`, as [`pack_f16_panels`] writes each group; or a quantized format's ggml blocks in
-//! panels one block wide, dequantized into the f16 tiles as they are staged: [`source_for`]), `offsets` (read, `groups + 1` u32), `rows` (read, one u32 per
+//! panels one block wide, in planes (`format/planes.rs`), dequantized into the f16 tiles as they
+//! are staged: [`source_for`]), `offsets` (read, `groups + 1` u32), `rows` (read, one u32 per
 //! slot; read only when `gather != 0`), `c` (read-write, f32 `[slots, n]`; rows of other slots
 //! untouched).
 //!
@@ -275,7 +276,7 @@ pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AForma
     };
     let template = include_str!("wgsl/coop_grouped_gemm.wgsl").replace("W_FIRST", &w_first).replace("W_STEP", &w_step);
     let stores = [("//@STORE\n", stores(tile))];
-    let wgsl = tile.expand_path(&template, &w_at, path, w, crate::coop_gemm::BLayout::Nk, stores.to_vec());
+    let wgsl = tile.expand_path(&template, &w_at, path, w, crate::coop_gemm::BLayout::NkPanels, stores.to_vec());
     let wgsl = crate::coop_kloop::w_offsets(&wgsl, &offset);
     let format = if w == WeightFormat::F16 { "" } else { w.suffix() };
     KernelSource {

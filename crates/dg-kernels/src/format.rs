@@ -11,6 +11,10 @@
 //! element asked for with ggml's `dequantize_row_*` arithmetic (so a value may differ from the
 //! host's by the rounding of one fused multiply-add).
 
+mod planes;
+
+pub use planes::{MAX_GROUP_BYTES, PLANE_GROUP};
+
 /// How a weight matrix is stored on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum WeightFormat {
@@ -586,8 +590,9 @@ impl WeightFormat {
     /// The tensor-core kernels' fragments for W in this format (see [`CoopW`]): vec4s of f16 as
     /// they are; BF16 pairs in u32 words widened to f32 and rounded to f16 (exact for |w| in f16's
     /// normal range); f32 rounded to f16; ggml blocks dequantized in f32 and rounded to f16
-    /// (`QuantFormat::coop_w`).
-    pub fn coop_w(self) -> CoopW {
+    /// (`QuantFormat::coop_w`; with `panels`, blocks in K panels, as the upload stores them in
+    /// planes: `format/planes.rs`).
+    pub fn coop_w(self, panels: bool) -> CoopW {
         const FETCH: &str = "fn fetch_w(v: u32) -> W_ELEM {\n    return w[v];\n}\n";
         match self {
             WeightFormat::F16 => vec4_unit(
@@ -611,6 +616,7 @@ impl WeightFormat {
                 "fn w16(v: vec4<f32>) -> vec4<f16> {\n    return vec4<f16>(v);\n}\n",
                 "fn pin_w(l: u32, v: vec4<f32>) {\n    pin_f(l, v);\n}\n",
             ),
+            WeightFormat::Quantized(q) if panels && q.planes() => q.coop_w_planes(),
             WeightFormat::Quantized(q) => q.coop_w(),
         }
     }
@@ -619,9 +625,10 @@ impl WeightFormat {
 impl WeightFormat {
     /// The W unit of a whole 32-value run along K ([`RUN_VALUES`], see [`CoopW`]), for the
     /// formats that have one (Q8_0, Q5_0, Q4_K); the kernels take it where every invocation
-    /// stages whole runs of a step.
-    pub fn coop_w_run(self) -> Option<CoopW> {
+    /// stages whole runs of a step. `panels` as for [`Self::coop_w`].
+    pub fn coop_w_run(self, panels: bool) -> Option<CoopW> {
         match self {
+            WeightFormat::Quantized(q) if panels && q.planes() => q.coop_w_run_planes(),
             WeightFormat::Quantized(q) => q.coop_w_run(),
             _ => None,
         }
