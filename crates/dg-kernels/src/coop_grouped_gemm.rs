@@ -364,17 +364,20 @@ mod tests {
         let units = |tile: CoopTile, q: QuantFormat| {
             let wgsl = source_for(tile, WPath::Single, WeightFormat::Quantized(q), AFormat::F16).wgsl;
             let lw = |name: &str| wgsl.lines().find(|l| l.starts_with(&format!("const {name}: u32 = "))).map(str::to_string);
-            (lw("WU"), lw("LW"), wgsl.contains("fn put_w(at: u32, e: u32, x: QR)"))
+            let unit = ["QR", "QH"].into_iter().find(|u| wgsl.contains(&format!("fn put_w(at: u32, e: u32, x: {u})")));
+            (lw("WU"), lw("LW"), unit)
         };
         // 128 rows a step over 128 invocations: a 32-value run (8 vec4s) each.
         for q in [QuantFormat::Q8_0, QuantFormat::Q5_0, QuantFormat::Q4_K] {
-            let (wu, lw, run) = units(EXPERT_TILE, q);
-            assert_eq!((wu.as_deref(), lw.as_deref(), run), (Some("const WU: u32 = 8u;"), Some("const LW: u32 = 1u;"), true), "{q:?}");
-            // 64 rows over 128 invocations: half a run each, so vec4 by vec4.
-            let (wu, lw, run) = units(TILE_32X64, q);
-            assert_eq!((wu.as_deref(), lw.as_deref(), run), (Some("const WU: u32 = 1u;"), Some("const LW: u32 = 4u;"), false), "{q:?}");
+            let (wu, lw, unit) = units(EXPERT_TILE, q);
+            assert_eq!((wu.as_deref(), lw.as_deref(), unit), (Some("const WU: u32 = 8u;"), Some("const LW: u32 = 1u;"), Some("QR")), "{q:?}");
+            // 64 rows over 128 invocations: half a run each (blocks in planes).
+            let (wu, lw, unit) = units(TILE_32X64, q);
+            assert_eq!((wu.as_deref(), lw.as_deref(), unit), (Some("const WU: u32 = 4u;"), Some("const LW: u32 = 1u;"), Some("QH")), "{q:?}");
         }
-        assert!(!units(EXPERT_TILE, QuantFormat::Q6_K).2, "Q6_K has no run unit");
+        // Q6_K has neither: vec4 by vec4.
+        let (wu, _, unit) = units(EXPERT_TILE, QuantFormat::Q6_K);
+        assert_eq!((wu.as_deref(), unit), (Some("const WU: u32 = 1u;"), None));
     }
 
     #[test]

@@ -212,12 +212,13 @@ fn q4k_vec4(nib: u32, dm: vec2<f32>) -> vec4<f16> {
 }
 ";
 
-/// `put_w` of a 32-value run: `prologue` (the block's scale `d` and whatever the vec4s share) then,
-/// for each of the run's 8 vec4s `k`, `vec4(k)` (an expression of the f16 vec4) into the stage.
-fn run_put(elem: &str, prologue: &str, vec4: impl Fn(u32) -> String) -> String {
+/// `put_w` of a unit of `vec4s` vec4s along one row (a 32-value run, or half of one): `prologue`
+/// (the block's scale `d` and whatever the vec4s share) then, for each vec4 `k`, `vec4(k)` (an
+/// expression of the f16 vec4) into the stage.
+fn run_put(elem: &str, vec4s: u32, prologue: &str, vec4: impl Fn(u32) -> String) -> String {
     let mut s = format!("{DEQUANT_VEC4}fn put_w(at: u32, e: u32, x: {elem}) {{\n{prologue}");
-    for k in 0..RUN_VALUES / 4 {
-        s += &format!("    put_b(at + dst_w(8u * e + {k}u), {});\n", vec4(k));
+    for k in 0..vec4s {
+        s += &format!("    put_b(at + dst_w({vec4s}u * e + {k}u), {});\n", vec4(k));
     }
     s + "}\n"
 }
@@ -389,6 +390,7 @@ fn fetch_w(v: u32) -> QR {
 ",
                 put: run_put(
                     "QR",
+                    8,
                     "    let odd = x.odd != 0u;\n    let d = unpack2x16float(x.h)[x.odd];\n",
                     |k| {
                         let word = |i: u32| match i {
@@ -420,6 +422,7 @@ fn fetch_w(v: u32) -> QR {
 ",
                 put: run_put(
                     "QR",
+                    8,
                     "    let odd = x.odd != 0u;\n    let d = unpack2x16float(x.h.x)[x.odd];\n    let qh = select((x.h.x >> 16u) | (x.h.y << 16u), x.h.y, odd);\n\
                      \x20   let s0 = select((x.h.y >> 16u) | (x.s.x << 16u), x.s.x, odd);\n    let s1 = select((x.s.x >> 16u) | (x.s.y << 16u), x.s.y, odd);\n\
                      \x20   let s2 = select((x.s.y >> 16u) | (x.s.z << 16u), x.s.z, odd);\n    let s3 = select((x.s.z >> 16u) | (x.s.w << 16u), x.s.w, odd);\n",
@@ -453,6 +456,7 @@ fn fetch_w(v: u32) -> QR {
 ",
                 put: run_put(
                     "QR",
+                    8,
                     "    let dm = q4k_scales(x.head, x.j);\n    let shift = select(0u, 4u, (x.j & 1u) != 0u);\n",
                     |k| format!("q4k_vec4(x.q{}.{} >> shift, dm)", k / 4, ["x", "y", "z", "w"][(k % 4) as usize]),
                 ),
@@ -630,6 +634,16 @@ impl WeightFormat {
         match self {
             WeightFormat::Quantized(q) if panels && q.planes() => q.coop_w_run_planes(),
             WeightFormat::Quantized(q) => q.coop_w_run(),
+            _ => None,
+        }
+    }
+
+    /// The W unit of half a run (16 values, [`RUN_VALUES`] / 2) of blocks in K panels (`panels`),
+    /// for the formats stored there in planes, whose half run is one 16-byte load: the kernels
+    /// take it where every invocation stages whole half runs of a step but not whole runs.
+    pub fn coop_w_half(self, panels: bool) -> Option<CoopW> {
+        match self {
+            WeightFormat::Quantized(q) if panels && q.planes() => q.coop_w_half_planes(),
             _ => None,
         }
     }

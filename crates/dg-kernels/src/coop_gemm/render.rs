@@ -44,17 +44,17 @@ impl CoopTile {
 
     /// W's unit in the K loop's ring (see [`crate::format::CoopW`]): a quantized format's
     /// 32-value run where it has one and every invocation stages whole runs of each step (W staged,
-    /// along K, `bk` whole runs, a whole number of runs an invocation), else one vec4; over blocks
-    /// in planes where W is in K panels ([`crate::format::PLANE_GROUP`]).
+    /// along K, `bk` whole runs, a whole number of runs an invocation); for blocks in planes (in K
+    /// panels, [`crate::format::PLANE_GROUP`]) half a run where invocations take whole halves;
+    /// else one vec4.
     pub(crate) fn w_unit(self, w_format: WeightFormat, layout: BLayout, direct: bool) -> crate::format::CoopW {
         let run = crate::format::RUN_VALUES;
         let vec4s = self.bn * self.bk / 4 / self.invocations();
-        let whole_runs = self.bk.is_multiple_of(run) && vec4s.is_multiple_of(run / 4);
+        let along_k = self.bk.is_multiple_of(run) && !direct && layout != BLayout::Kn;
         let panels = layout == BLayout::NkPanels;
-        match w_format.coop_w_run(panels) {
-            Some(unit) if whole_runs && !direct && layout != BLayout::Kn => unit,
-            _ => w_format.coop_w(panels),
-        }
+        let run_unit = w_format.coop_w_run(panels).filter(|_| along_k && vec4s.is_multiple_of(run / 4));
+        let half_unit = || w_format.coop_w_half(panels).filter(|_| along_k && vec4s.is_multiple_of(run / 8));
+        run_unit.or_else(half_unit).unwrap_or_else(|| w_format.coop_w(panels))
     }
 
     /// The full WGSL of the dense kernel for this variant, B stored as `w_format` (F16, or BF16

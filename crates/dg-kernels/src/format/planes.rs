@@ -190,7 +190,7 @@ fn fetch_w(v: u32) -> QR {
     return QR(w[g + r], w[g + 8u + r], w[g + 16u][r / 2u], r & 1u);
 }
 ",
-                put: run_put("QR", "    let d = unpack2x16float(x.d)[x.odd];\n", |k| format!("q8_vec4(x.q{}[{}], d)", k / 4, k % 4)),
+                put: run_put("QR", 8, "    let d = unpack2x16float(x.d)[x.odd];\n", |k| format!("q8_vec4(x.q{}[{}], d)", k / 4, k % 4)),
                 pin_w: "fn pin_w(l: u32, v: QR) {\n    pin_f(l, bitcast<vec4<f32>>(v.q0 ^ v.q1 ^ vec4<u32>(v.d, v.odd, 0u, 0u)));\n}\n",
             },
             QuantFormat::Q5_0 => CoopW {
@@ -210,7 +210,7 @@ fn fetch_w(v: u32) -> QR {
     return QR(w[g + r], w[g + 8u + r / 4u][r % 4u], w[g + 10u][r / 2u], r & 1u);
 }
 ",
-                put: run_put("QR", "    let d = unpack2x16float(x.d)[x.odd];\n", |k| format!("q5_vec4({}, x.qh >> {}u, d)", vec4("x.s", k), 4 * k)),
+                put: run_put("QR", 8, "    let d = unpack2x16float(x.d)[x.odd];\n", |k| format!("q5_vec4({}, x.qh >> {}u, d)", vec4("x.s", k), 4 * k)),
                 pin_w: "fn pin_w(l: u32, v: QR) {\n    pin_f(l, bitcast<vec4<f32>>(v.s ^ vec4<u32>(v.qh, v.d, v.odd, 0u)));\n}\n",
             },
             QuantFormat::Q4_K => CoopW {
@@ -230,8 +230,86 @@ fn fetch_w(v: u32) -> QR {
     return QR(w[g + r], w[g + 8u + 8u * s + r], s);
 }
 ",
-                put: run_put("QR", "    let dm = q4k_scales(x.head, x.j);\n", |k| format!("q4k_vec4({}, dm)", vec4("x.q", k))),
+                put: run_put("QR", 8, "    let dm = q4k_scales(x.head, x.j);\n", |k| format!("q4k_vec4({}, dm)", vec4("x.q", k))),
                 pin_w: "fn pin_w(l: u32, v: QR) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ v.q ^ vec4<u32>(v.j, 0u, 0u, 0u)));\n}\n",
+            },
+            QuantFormat::Q6_K => return None,
+        })
+    }
+
+    /// Half a run over blocks in planes: values `16·h ..` of a run, `h = (v % 8) / 4` (`v` a
+    /// multiple of 4): one 16-byte load of quants (Q8_0: plane `h`; Q5_0 and Q4_K: the run's
+    /// nibbles, high ones for `h = 1`), and the block's high bits and scales as for the run.
+    pub(super) fn coop_w_half_planes(self) -> Option<CoopW> {
+        Some(match self {
+            QuantFormat::Q8_0 => CoopW {
+                word: "vec4<u32>",
+                elem: "QH",
+                vec4s: 4,
+                fetch: "struct QH {
+    q: vec4<u32>,
+    d: u32,
+    odd: u32,
+}
+fn fetch_w(v: u32) -> QH {
+    let b = v / 8u;
+    let g = (b / 8u) * 17u;
+    let r = b % 8u;
+    return QH(w[g + 8u * ((v % 8u) / 4u) + r], w[g + 16u][r / 2u], r & 1u);
+}
+",
+                put: run_put("QH", 4, "    let d = unpack2x16float(x.d)[x.odd];\n", |k| format!("q8_vec4(x.q[{k}], d)")),
+                pin_w: "fn pin_w(l: u32, v: QH) {\n    pin_f(l, bitcast<vec4<f32>>(v.q ^ vec4<u32>(v.d, v.odd, 0u, 0u)));\n}\n",
+            },
+            QuantFormat::Q5_0 => CoopW {
+                word: "vec4<u32>",
+                elem: "QH",
+                vec4s: 4,
+                fetch: "struct QH {
+    s: vec4<u32>,
+    qh: u32,
+    d: u32,
+    tag: u32,
+}
+fn fetch_w(v: u32) -> QH {
+    let b = v / 8u;
+    let g = (b / 8u) * 11u;
+    let r = b % 8u;
+    return QH(w[g + r], w[g + 8u + r / 4u][r % 4u], w[g + 10u][r / 2u], (r & 1u) | ((v % 8u) / 4u) << 1u);
+}
+",
+                put: run_put(
+                    "QH",
+                    4,
+                    "    let d = unpack2x16float(x.d)[x.tag & 1u];\n    let h = x.tag >> 1u;\n    let qh = x.qh >> (16u * h);\n",
+                    |k| format!("q5_vec4(x.s[{k}] >> (4u * h), qh >> {}u, d)", 4 * k),
+                ),
+                pin_w: "fn pin_w(l: u32, v: QH) {\n    pin_f(l, bitcast<vec4<f32>>(v.s ^ vec4<u32>(v.qh, v.d, v.tag, 0u)));\n}\n",
+            },
+            QuantFormat::Q4_K => CoopW {
+                word: "vec4<u32>",
+                elem: "QH",
+                vec4s: 4,
+                fetch: "struct QH {
+    head: vec4<u32>,
+    q: vec4<u32>,
+    j: u32,
+}
+fn fetch_w(v: u32) -> QH {
+    let b = v / 64u;
+    let s = (v % 64u) / 8u;
+    let g = (b / 8u) * 72u;
+    let r = b % 8u;
+    return QH(w[g + r], w[g + 8u + 8u * s + r], s | (((v % 8u) / 4u) << 3u));
+}
+",
+                put: run_put(
+                    "QH",
+                    4,
+                    "    let dm = q4k_scales(x.head, x.j & 7u);\n    let shift = 4u * (x.j >> 3u);\n",
+                    |k| format!("q4k_vec4(x.q[{k}] >> shift, dm)"),
+                ),
+                pin_w: "fn pin_w(l: u32, v: QH) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ v.q ^ vec4<u32>(v.j, 0u, 0u, 0u)));\n}\n",
             },
             QuantFormat::Q6_K => return None,
         })
