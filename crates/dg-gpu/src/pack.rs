@@ -54,7 +54,11 @@ impl<'t, 'a> Packing<'t, 'a> {
         if let WeightFormat::Quantized(q) = format {
             if let Order::KPanels { panel, rows, .. } = order {
                 assert_eq!(panel, q.block_len(), "{} blocks are panelled one block wide", q.name());
-                assert!(!q.planes() || rows.is_multiple_of(PLANE_GROUP), "{} panels of {rows} rows are not whole groups of planes", q.name());
+                assert!(
+                    !q.planes() || rows.is_multiple_of(PLANE_GROUP),
+                    "{} panels of {rows} rows are not whole groups of planes",
+                    q.name()
+                );
             }
             assert!(parts.iter().all(|p| p.dtype.name() == q.name()), "{} packing of parts that store other types", q.name());
         }
@@ -401,7 +405,9 @@ mod tests {
     #[test]
     fn quantized_panels_put_block_p_of_every_row_together_in_planes() {
         use dg_kernels::format::QuantFormat;
-        for (q, dtype) in [(QuantFormat::Q5_0, StoredDtype::Q5_0), (QuantFormat::Q4_K, StoredDtype::Q4_K), (QuantFormat::Q6_K, StoredDtype::Q6_K)] {
+        for (q, dtype) in
+            [(QuantFormat::Q5_0, StoredDtype::Q5_0), (QuantFormat::Q4_K, StoredDtype::Q4_K), (QuantFormat::Q6_K, StoredDtype::Q6_K)]
+        {
             // Two stacked parts making two [8, 3 blocks] matrices.
             let cols = 3 * q.block_len();
             let (a, b) = (values(10 * cols, 0.1), values(6 * cols, 0.7));

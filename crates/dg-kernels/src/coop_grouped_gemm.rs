@@ -370,10 +370,18 @@ mod tests {
         // 128 rows a step over 128 invocations: a 32-value run (8 vec4s) each.
         for q in [QuantFormat::Q8_0, QuantFormat::Q5_0, QuantFormat::Q4_K] {
             let (wu, lw, unit) = units(EXPERT_TILE, q);
-            assert_eq!((wu.as_deref(), lw.as_deref(), unit), (Some("const WU: u32 = 8u;"), Some("const LW: u32 = 1u;"), Some("QR")), "{q:?}");
+            assert_eq!(
+                (wu.as_deref(), lw.as_deref(), unit),
+                (Some("const WU: u32 = 8u;"), Some("const LW: u32 = 1u;"), Some("QR")),
+                "{q:?}"
+            );
             // 64 rows over 128 invocations: half a run each (blocks in planes).
             let (wu, lw, unit) = units(TILE_32X64, q);
-            assert_eq!((wu.as_deref(), lw.as_deref(), unit), (Some("const WU: u32 = 4u;"), Some("const LW: u32 = 1u;"), Some("QH")), "{q:?}");
+            assert_eq!(
+                (wu.as_deref(), lw.as_deref(), unit),
+                (Some("const WU: u32 = 4u;"), Some("const LW: u32 = 1u;"), Some("QH")),
+                "{q:?}"
+            );
         }
         // Q6_K has neither: vec4 by vec4.
         let (wu, _, unit) = units(EXPERT_TILE, QuantFormat::Q6_K);

@@ -210,7 +210,9 @@ fn fetch_w(v: u32) -> QR {
     return QR(w[g + r], w[g + 8u + r / 4u][r % 4u], w[g + 10u][r / 2u], r & 1u);
 }
 ",
-                put: run_put("QR", 8, "    let d = unpack2x16float(x.d)[x.odd];\n", |k| format!("q5_vec4({}, x.qh >> {}u, d)", vec4("x.s", k), 4 * k)),
+                put: run_put("QR", 8, "    let d = unpack2x16float(x.d)[x.odd];\n", |k| {
+                    format!("q5_vec4({}, x.qh >> {}u, d)", vec4("x.s", k), 4 * k)
+                }),
                 pin_w: "fn pin_w(l: u32, v: QR) {\n    pin_f(l, bitcast<vec4<f32>>(v.s ^ vec4<u32>(v.qh, v.d, v.odd, 0u)));\n}\n",
             },
             QuantFormat::Q4_K => CoopW {
@@ -303,12 +305,9 @@ fn fetch_w(v: u32) -> QH {
     return QH(w[g + r], w[g + 8u + 8u * s + r], s | (((v % 8u) / 4u) << 3u));
 }
 ",
-                put: run_put(
-                    "QH",
-                    4,
-                    "    let dm = q4k_scales(x.head, x.j & 7u);\n    let shift = 4u * (x.j >> 3u);\n",
-                    |k| format!("q4k_vec4(x.q[{k}] >> shift, dm)"),
-                ),
+                put: run_put("QH", 4, "    let dm = q4k_scales(x.head, x.j & 7u);\n    let shift = 4u * (x.j >> 3u);\n", |k| {
+                    format!("q4k_vec4(x.q[{k}] >> shift, dm)")
+                }),
                 pin_w: "fn pin_w(l: u32, v: QH) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ v.q ^ vec4<u32>(v.j, 0u, 0u, 0u)));\n}\n",
             },
             QuantFormat::Q6_K => return None,
