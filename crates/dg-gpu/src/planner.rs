@@ -292,10 +292,9 @@ impl<'t> Planner<'t> {
     fn coop_grouped(&self, p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
         let (tile, path) = coop_grouped_gemm::choose(p, slots)?;
         let path = self.tuning.coop_grouped_path.unwrap_or(path);
-        let tile = coop_grouped_gemm::TILES
-            .iter()
-            .copied()
-            .find(|t| self.tuning.coop_grouped_tile.is_some_and(|w| w.names(*t)) && coop_grouped_gemm::fits(*t, p))
+        let named = |t: &CoopTile| self.tuning.coop_grouped_tile.is_some_and(|w| w.names(*t));
+        let tile = crate::tuning::grouped_tiles()
+            .find(|t| named(t) && coop_grouped_gemm::fits(*t, p) && coop_grouped_gemm::runs(*t, path))
             .unwrap_or(tile);
         Some((self.tuning.grouped_depth(tile), path))
     }

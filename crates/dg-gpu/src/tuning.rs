@@ -57,7 +57,8 @@ pub struct Tuning {
     pub split_target: Option<u32>,
     /// `DG_GROUPED_TILE=BMxBN`: the experts' tile in the portable grouped GEMM.
     pub grouped_tile: Option<grouped_gemm::GroupedTile>,
-    /// `DG_COOP_GROUPED_TILE=BMxBN` or a full label: the experts' tensor-core tile, where it fits.
+    /// `DG_COOP_GROUPED_TILE=BMxBN` or a full label: the experts' tensor-core tile, where it fits
+    /// (and runs by the path chosen: `coop_grouped_gemm::runs`).
     pub coop_grouped_tile: Option<TileName>,
     /// `DG_GROUPED_PATH=staged|direct|single`: the experts' tensor-core W path.
     pub coop_grouped_path: Option<WPath>,
@@ -244,7 +245,10 @@ impl Tuning {
                 self.grouped_tile =
                     Some(grouped_gemm::TILES.iter().copied().find(|t| format!("{}x{}", t.bm, t.bn) == value).ok_or_else(bad)?);
             }
-            "DG_COOP_GROUPED_TILE" => self.coop_grouped_tile = Some(TileName::parse(value, coop_grouped_gemm::TILES).ok_or_else(bad)?),
+            "DG_COOP_GROUPED_TILE" => {
+                let tiles: Vec<CoopTile> = grouped_tiles().collect();
+                self.coop_grouped_tile = Some(TileName::parse(value, &tiles).ok_or_else(bad)?);
+            }
             "DG_GROUPED_PATH" => self.coop_grouped_path = Some(choice(value, &paths).ok_or_else(bad)?),
             "DG_COOP_GROUPED_DEPTH" => self.coop_grouped_depth = Some(depth(value).ok_or_else(bad)?),
             "DG_ENCODER_SUBMIT_LAYERS" => {
@@ -292,6 +296,11 @@ fn dense_tiles() -> impl Iterator<Item = CoopTile> {
     coop_gemm::TILES.iter().chain(coop_gemm::TUNING_TILES).copied()
 }
 
+/// The experts' tensor-core tiles a knob may name, in the order a `BMxBN` name is looked up.
+pub(crate) fn grouped_tiles() -> impl Iterator<Item = CoopTile> {
+    coop_grouped_gemm::TILES.iter().chain(coop_grouped_gemm::TUNING_TILES).copied()
+}
+
 fn flag(value: &str) -> Option<bool> {
     choice(value, &[("0", false), ("1", true)])
 }
@@ -331,7 +340,7 @@ fn accepted(name: &str) -> String {
             format!("a tile's BMxBN ({})", shapes.join(", "))
         }
         "DG_COOP_TILE" => tiles(&mut dense_tiles()),
-        "DG_COOP_GROUPED_TILE" => tiles(&mut coop_grouped_gemm::TILES.iter().copied()),
+        "DG_COOP_GROUPED_TILE" => tiles(&mut grouped_tiles()),
         _ => String::new(),
     }
 }

@@ -325,6 +325,41 @@ fn tuning_reaches_the_choices() {
 }
 
 #[test]
+fn a_tuning_tile_is_taken_only_by_the_paths_it_runs_by() {
+    // The experts' gate/up in the decoder: K 2816 is whole steps of 64.
+    let p = GroupedGemmParams {
+        n: 2 * EXPERT_WIDTH,
+        k: H,
+        groups: EXPERTS,
+        max_rows: CANVAS,
+        a_rs: H,
+        b_group_stride: 2 * EXPERT_WIDTH * H,
+        c_rs: 2 * EXPERT_WIDTH,
+        gather: 1,
+        ..bytemuck::Zeroable::zeroed()
+    };
+    let k64 = coop_grouped_gemm::TILE_32X128_K64;
+    let named = Some(dg_gpu::tuning::TileName::Exact(k64));
+    for (path, taken) in [(None, true), (Some(WPath::Single), true), (Some(WPath::Staged), false), (Some(WPath::Direct), false)] {
+        let tuning = Tuning { coop_grouped_tile: named, coop_grouped_path: path, ..Tuning::default() };
+        match Planner::new(H200, &tuning).grouped(WeightFormat::F16, MatrixLayout::KPanels, &p, CANVAS * TOP_K) {
+            Ok(Grouped::TensorCores { tile, path: chosen }) => {
+                known(KernelKey::CoopGroupedGemm { tile, path: chosen, w: WeightFormat::F16, a: AFormat::F16 });
+                assert_eq!(tile.bk == 64, taken, "{path:?}: {}", tile.label());
+            }
+            other => panic!("{path:?}: {other:?}"),
+        }
+    }
+    // K 736 is no whole number of 64-wide steps: the tile does not fit.
+    let down = GroupedGemmParams { n: H, k: 704 + 32, a_rs: 736, b_group_stride: H * 736, c_rs: H, gather: 0, ..p };
+    let tuning = Tuning { coop_grouped_tile: named, ..Tuning::default() };
+    match Planner::new(H200, &tuning).grouped(WeightFormat::F16, MatrixLayout::KPanels, &down, CANVAS * TOP_K) {
+        Ok(Grouped::TensorCores { tile, .. }) => assert_eq!(tile.bk, 32, "{}", tile.label()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn every_w_path_the_tuning_sets_gives_a_kernel_that_exists() {
     // q_proj (F16 K panels), the value product (f32 `[k][n]` cache) and a BF16 projection: the
     // paths a kernel does not take (direct from `[k][n]`, direct or single-stage BF16 / f32 W)

@@ -44,6 +44,9 @@ fn every_knob_parses_its_values() {
     assert_eq!(one("DG_COOP_GROUPED_TILE", "32x128").unwrap().coop_grouped_tile, Some(TileName::Shape { bm: 32, bn: 128 }));
     let label = coop_grouped_gemm::TILE_32X128_W8.label();
     assert_eq!(one("DG_COOP_GROUPED_TILE", &label).unwrap().coop_grouped_tile, Some(TileName::Exact(coop_grouped_gemm::TILE_32X128_W8)));
+    let label = coop_grouped_gemm::TILE_32X128_K64.label();
+    assert_eq!(label, "32x128x64_32x32_v4", "the label the README gives");
+    assert_eq!(one("DG_COOP_GROUPED_TILE", &label).unwrap().coop_grouped_tile, Some(TileName::Exact(coop_grouped_gemm::TILE_32X128_K64)));
     assert_eq!(one("DG_GROUPED_PATH", "direct").unwrap().coop_grouped_path, Some(WPath::Direct));
     assert_eq!(one("DG_COOP_GROUPED_DEPTH", "3").unwrap().coop_grouped_depth, Some(3));
     assert_eq!(one("DG_ENCODER_SUBMIT_LAYERS", "30").unwrap().encoder_submit_layers, 30);

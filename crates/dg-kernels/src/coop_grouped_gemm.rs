@@ -81,6 +81,22 @@ pub const TILE_32X128_W8: CoopTile = CoopTile { wm: 16, ..TILE_32X128 };
 /// Every tile the kernel is built and tested for.
 pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128, TILE_16X128, TILE_32X128_W8];
 
+/// 32 × 128 in K steps of 64 (two K panels a step): twice the tensor-core work of
+/// [`TILE_32X128`] per barrier, for the decoder's experts, whose K loop costs a fixed time a step
+/// whatever its bytes (bench/HISTORY.md, "Quantized blocks in planes"). Single-staged only: its two
+/// stages would be over [`MAX_SHARED_BYTES`] ([`runs`]).
+pub const TILE_32X128_K64: CoopTile = CoopTile { bk: 64, ..TILE_32X128 };
+
+/// Tiles built and tested but never chosen by [`choose`]: candidates for the
+/// `DG_COOP_GROUPED_TILE` knob, on the paths that [`runs`] allows.
+pub const TUNING_TILES: &[CoopTile] = &[TILE_32X128_K64];
+
+/// Whether the kernel runs `tile` by `path`: its workgroup memory within [`MAX_SHARED_BYTES`],
+/// and direct W fragments only one panel a step (they step through W a panel at a time).
+pub const fn runs(tile: CoopTile, path: WPath) -> bool {
+    shared_bytes_with(tile, path) <= MAX_SHARED_BYTES && (!matches!(path, WPath::Direct) || tile.bk == PANEL)
+}
+
 /// Workgroup memory of `tile` in this kernel: the staging of [`CoopTile::shared_bytes`] plus one
 /// 16×16 f32 fragment of scratch per subgroup.
 pub const fn shared_bytes(tile: CoopTile) -> u32 {
@@ -108,6 +124,13 @@ const _: () = {
         assert!(TILES[i].bm >= MIN_TILE_ROWS, "a coop grouped tile has fewer rows than MIN_TILE_ROWS");
         i += 1;
     }
+    let mut i = 0;
+    while i < TUNING_TILES.len() {
+        let t = TUNING_TILES[i];
+        assert!(t.is_valid() && runs(t, WPath::Single) && t.bm >= MIN_TILE_ROWS, "a coop grouped tuning tile breaks its invariants");
+        assert!(t.bk.is_multiple_of(PANEL), "a coop grouped tile's K step is whole panels");
+        i += 1;
+    }
 };
 
 /// How many K steps ahead the decoder's expert tiles load (`coop_kloop`). On an H200 in the real
@@ -130,7 +153,7 @@ pub const EXPERT_TILE: CoopTile = TILE_32X128.with_depth(EXPERT_DEPTH);
 
 /// Whether the kernel computes the grouped product `p` with `tile`.
 pub fn fits(tile: CoopTile, p: &GroupedGemmParams) -> bool {
-    tile.bk == PANEL
+    tile.bk.is_multiple_of(PANEL)
         && p.n > 0
         && p.k > 0
         && p.n.is_multiple_of(tile.bn)
@@ -252,15 +275,28 @@ pub fn reads(w: WeightFormat, path: WPath) -> bool {
 /// another, row after row: vec4 `e` of a step (row `n0 + e / BK4`, column vec4 `e % BK4`) is at
 /// `(e / BK4)·P4 + e % BK4` from the tile's first row in the panel, and step `s` is `s / (P / BK)`
 /// panels (`N·P4` vec4s each) and `s % (P / BK)` column steps of `BK4` further. For F16 (and the
-/// 32-value blocks) `P = BK`: one panel a step, W's block of a step one contiguous run.
+/// 32-value blocks) `P = BK`: one panel a step, W's block of a step one contiguous run. A step of
+/// several panels (`BK = c·P`) takes vec4 `e`'s column `e % BK4` from panel `(e % BK4) / P4` of
+/// the step, `N·P4` vec4s apart.
 ///
 /// # Panics
-/// Where the kernel does not read `w` by `path`, or `tile.bk` does not divide the panel.
+/// Where the kernel does not read `w` by `path` or does not run `tile` by `path` ([`runs`]), or
+/// neither of `tile.bk` and the panel divides the other.
 pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AFormat) -> KernelSource {
     assert!(reads(w, path), "no tensor-core grouped kernel reads {w:?} experts by {path:?}");
+    assert!(runs(tile, path), "the tensor-core grouped kernel does not run tile {} by {path:?}", tile.label());
     let p = panel(w).expect("a panelled format");
-    assert!(p.is_multiple_of(tile.bk), "panels of {p} columns for K steps of {}", tile.bk);
+    assert!(p.is_multiple_of(tile.bk) || tile.bk.is_multiple_of(p), "panels of {p} columns for K steps of {}", tile.bk);
     let (w_first, w_at, w_step, offset) = match p / tile.bk {
+        0 => {
+            let (p4, e) = (p / 4, "(WU * (lt + l * WT))");
+            (
+                format!("g * (p.b_group_stride / 4u) + n0 * {p4}u"),
+                format!("(w_first + (({e} % BK4) / {p4}u) * (p.n * {p4}u) + ({e} / BK4) * {p4}u + ({e} % BK4) % {p4}u)"),
+                "p.n * BK4".to_string(),
+                crate::coop_kloop::LINEAR_W_OFFSET.to_string(),
+            )
+        }
         1 => (
             "g * (p.b_group_stride / 4u) + n0 * BK4".to_string(),
             "(w_first + WU * (lt + l * WT))".to_string(),
@@ -383,6 +419,9 @@ mod tests {
                 "{q:?}"
             );
         }
+        // K steps of 64: two runs of a row each (one from each panel of the step).
+        let (wu, lw, unit) = units(TILE_32X128_K64, QuantFormat::Q8_0);
+        assert_eq!((wu.as_deref(), lw.as_deref(), unit), (Some("const WU: u32 = 8u;"), Some("const LW: u32 = 2u;"), Some("QR")));
         // Q6_K has neither: vec4 by vec4.
         let (wu, _, unit) = units(EXPERT_TILE, QuantFormat::Q6_K);
         assert_eq!((wu.as_deref(), unit), (Some("const WU: u32 = 1u;"), None));
@@ -409,5 +448,9 @@ mod tests {
         assert_eq!(choose(&tiny, 128), Some((TILE_32X64, WPath::Single)));
         assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128), None);
         assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128), None);
+        // The K-64 tile fits the real shapes, single-staged only.
+        assert!(fits(TILE_32X128_K64, &gate_up) && fits(TILE_32X128_K64, &down));
+        assert!(runs(TILE_32X128_K64, WPath::Single) && !runs(TILE_32X128_K64, WPath::Staged) && !runs(TILE_32X128_K64, WPath::Direct));
+        assert!(TILES.iter().all(|&t| [WPath::Staged, WPath::Direct, WPath::Single].into_iter().all(|path| runs(t, path))));
     }
 }

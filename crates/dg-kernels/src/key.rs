@@ -260,8 +260,8 @@ impl KernelKey {
                 }
             }
         }
-        for tile in depths(coop_grouped_gemm::TILES) {
-            for path in PATHS {
+        for tile in depths(coop_grouped_gemm::TILES).chain(depths(coop_grouped_gemm::TUNING_TILES)) {
+            for path in PATHS.into_iter().filter(|&path| coop_grouped_gemm::runs(tile, path)) {
                 for w in FORMATS.into_iter().filter(|&w| coop_grouped_gemm::reads(w, path)) {
                     keys.extend(A_FORMATS.map(|a| K::CoopGroupedGemm { tile, path, w, a }));
                 }

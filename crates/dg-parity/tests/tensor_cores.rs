@@ -37,12 +37,13 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
     // experts), and the uneven counts of a real routing.
     let edges = vec![31, 32, 33, 64, 65, 0, 1, 96];
     let uneven = vec![5, 0, 37, 1, 0, 70, 16, 3];
-    for &tile in coop_grouped_gemm::TILES {
+    for &tile in coop_grouped_gemm::TILES.iter().chain(coop_grouped_gemm::TUNING_TILES) {
         for counts in [&edges, &uneven] {
             for gather in [false, true] {
-                // n = 3·bn: 192 fits only the 64-wide tile, 384 the 128-wide ones; 3 or 7 K steps,
-                // fewer than some rings and no multiple of any ring's length.
-                let case = Case { n: 3 * tile.bn as usize, k: if gather { 224 } else { 96 }, counts: counts.clone(), gather };
+                // n = 3·bn: 192 fits only the 64-wide tile, 384 the 128-wide ones; 3 or 7 K steps
+                // of 32 (2 or 4 of 64), fewer than some rings and no multiple of any ring's length.
+                let k = (if gather { 224usize } else { 96 }).next_multiple_of(tile.bk as usize);
+                let case = Case { n: 3 * tile.bn as usize, k, counts: counts.clone(), gather };
                 let x = case.inputs(7 + tile.bm as u64);
                 // The Recorder chooses by shape; the tile under test also runs directly.
                 let got = run_grouped(&ctx, &mut pipelines, &x);
@@ -53,7 +54,7 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
                     let tabled = run_grouped(&ctx, &mut pipelines, &x.with_table(rows));
                     assert!(tabled == got, "n {} counts {counts:?} gather {gather}: other bits with a table of {rows} rows", case.n);
                 }
-                for path in [WPath::Staged, WPath::Direct, WPath::Single] {
+                for path in [WPath::Staged, WPath::Direct, WPath::Single].into_iter().filter(|&path| coop_grouped_gemm::runs(tile, path)) {
                     let direct = run_tile(&ctx, &mut pipelines, tile, path, &x);
                     check(&direct, &want, &x, |_| true, &format!("tile {} {path:?} counts {counts:?} gather {gather}", tile.label()));
                     // The tile table's grid runs the same tiles.

@@ -134,13 +134,13 @@ fn quantized_coop_grouped_gemm_matches_the_exact_product_and_the_f16_kernel() {
     let counts = vec![31, 0, 33, 1, 64, 5];
     for q in QuantFormat::ALL {
         let k = k_for(q);
-        for &tile in coop_grouped_gemm::TILES {
+        for &tile in coop_grouped_gemm::TILES.iter().chain(coop_grouped_gemm::TUNING_TILES) {
             for gather in [false, true] {
                 let case = Case { n: 3 * tile.bn as usize, k, counts: counts.clone(), gather };
                 let (w_blocks, x) = quantized_experts(q, &case.inputs(11 + tile.bm as u64));
                 let want = grouped_reference(&x, |_| true);
                 for depth in [1, EXPERT_DEPTH] {
-                    for path in [WPath::Staged, WPath::Single] {
+                    for path in [WPath::Staged, WPath::Single].into_iter().filter(|&path| coop_grouped_gemm::runs(tile, path)) {
                         let tile = tile.with_depth(depth);
                         let what = format!("{} coop grouped [{} {path:?}] n {} k {k} gather {gather}", q.name(), tile.label(), case.n);
                         let got = run_blocks(&ctx, &mut pipelines, q, (tile, path), &w_blocks, &x);

@@ -195,7 +195,8 @@ pub fn tile_plan(
 
 /// Runs `tile`'s kernel once; returns C.
 pub fn run_tile(ctx: &GpuContext, pipelines: &mut Pipelines, tile: CoopTile, path: WPath, x: &Inputs) -> Vec<f32> {
-    let b = Buffers::upload(ctx, x, tile.bk);
+    // K panels as the upload writes them, whatever the tile's K step.
+    let b = Buffers::upload(ctx, x, coop_grouped_gemm::PANEL);
     tile_plan(ctx, pipelines, tile, path, x, &b, 1).run(ctx).unwrap();
     read_guarded(ctx, &b.c, x.c0.len())
 }
