@@ -3,12 +3,12 @@
 // every slot s of expert g:
 //   C[s, j] = sum over p of f16(A[row(s), p]) * W[g, j, p]     (f16 products, f32 accumulation)
 // with row(s) = gather_rows[s] when `gather` != 0, else s;  A[r, p] = a[r * a_rs + p] (f32),
-// C[s, j] = c[s * c_rs + j] (f32), and W either f16 in K panels of BK columns:
-//   W[g, j, p] = w[g * b_group_stride + (p / BK) * N * BK + j * BK + p % BK]
-// or a quantized format's blocks in panels one block (P values) wide, read through fetch_w:
+// C[s, j] = c[s * c_rs + j] (f32), and W in K panels of P columns, f16 (P = 32) or a quantized
+// format's blocks one block (P values) wide (in planes where it has them), read through fetch_w:
 //   W[g, j, p] = element g * b_group_stride + (p / P) * N * P + j * P + p % P
-// so that the BN x BK block of W one step stages is BN * BK contiguous halves (whole cache lines:
-// the kernel streams each expert's weights about once and is bound by how well it reads them).
+// so that the BN x BK block of W one step stages is contiguous (whole cache lines: the kernel
+// streams each expert's weights about once and is bound by how well it reads them); a step of
+// BK = 2P takes two panels, a panel of P = c * BK serves c steps.
 // Requires N % BN == 0, K % BK == 0, a_rs and b_group_stride multiples of 4, and subgroups of
 // exactly 32 invocations.
 //
@@ -103,9 +103,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         a_src[l] = row * (p.a_rs / 4u) + e % BK4;
     }
-    // W in K panels (coop_grouped_gemm.rs, source_for): in F16 the W tile of a step is BN * BK
-    // contiguous halves, vec4 l of this invocation is W_AT = w_first + lt + l * WT, a step one
-    // panel further (w_step); a quantized format's panels are a block wide.
+    // W in K panels (coop_grouped_gemm.rs, source_for): unit l of this invocation at step 0 is at
+    // W_AT from w_first, the tile's first row in its group's first panel; W_OFFSET(s) for step s.
     let w_first = W_FIRST;
     let w_step = W_STEP;
     // Direct W fragments (coop_kloop.rs, direct): the subgroup's first column, W rows BK4 apart.
