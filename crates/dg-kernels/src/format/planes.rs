@@ -29,7 +29,7 @@ use super::{CoopW, DEQUANT_VEC4, QuantFormat, run_put, vec4_unit};
 pub const PLANE_GROUP: usize = 8;
 
 /// The most bytes of one group ([`PLANE_GROUP`] Q6_K blocks).
-pub const MAX_GROUP_BYTES: usize = PLANE_GROUP * 210;
+pub const MAX_GROUP_BYTES: usize = PLANE_GROUP * QuantFormat::Q6_K.block_bytes();
 
 impl QuantFormat {
     /// Whether this format's blocks are stored in planes when in K panels (Q8_0, Q5_0, Q4_K; Q6_K
@@ -53,18 +53,18 @@ impl QuantFormat {
     fn map_group(self, src: &[u8], dst: &mut [u8], forward: bool) {
         let bytes = self.block_bytes();
         assert!(src.len() == PLANE_GROUP * bytes && dst.len() == src.len(), "a group is {PLANE_GROUP} {} blocks", self.name());
-        // (ggml offset in the block, planes offset in the group, length) of each moved range.
-        let ranges = |r: usize| -> Vec<(usize, usize, usize)> {
-            match self {
-                QuantFormat::Q8_0 => vec![(2, 16 * r, 16), (18, 128 + 16 * r, 16), (0, 256 + 2 * r, 2)],
-                QuantFormat::Q5_0 => vec![(6, 16 * r, 16), (2, 128 + 4 * r, 4), (0, 160 + 2 * r, 2)],
-                QuantFormat::Q4_K => vec![(0, 16 * r, 16)],
-                QuantFormat::Q6_K => vec![(0, bytes * r, bytes)],
-            }
+        // Each moved range of block r: (ggml offset in the block, planes offset of block 0 in the
+        // group, planes bytes between blocks, length).
+        let ranges: &[(usize, usize, usize, usize)] = match self {
+            QuantFormat::Q8_0 => &[(2, 0, 16, 16), (18, 128, 16, 16), (0, 256, 2, 2)],
+            QuantFormat::Q5_0 => &[(6, 0, 16, 16), (2, 128, 4, 4), (0, 160, 2, 2)],
+            QuantFormat::Q4_K => &[(0, 0, 16, 16)],
+            QuantFormat::Q6_K => &[(0, 0, 210, 210)],
         };
         for r in 0..PLANE_GROUP {
             let block = r * bytes;
-            for (g, p, n) in ranges(r) {
+            for &(g, first, stride, n) in ranges {
+                let p = first + stride * r;
                 match forward {
                     true => dst[p..p + n].copy_from_slice(&src[block + g..block + g + n]),
                     false => dst[block + g..block + g + n].copy_from_slice(&src[p..p + n]),
