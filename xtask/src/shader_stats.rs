@@ -227,8 +227,29 @@ fn c_text(chars: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// `k` as SPIR-V, with the writer options wgpu's Vulkan backend gives dg's pipelines on a device
-/// that bounds buffer accesses itself (`dg_gpu::spirv::compile`).
+/// `k` as SPIR-V, with the writer options wgpu's Vulkan backend gives dg's pipelines.
 fn spirv(k: &KernelSource) -> Result<Vec<u32>> {
-    dg_gpu::spirv::compile(&k.wgsl, k.entry, true).map_err(|e| anyhow!("{}: {e}", k.name))
+    use naga::back::spv;
+    let module = naga::front::wgsl::parse_str(&k.wgsl).map_err(|e| anyhow!("{}: {}", k.name, e.emit_to_string(&k.wgsl)))?;
+    let caps = naga::valid::Capabilities::all();
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| anyhow!("{}: {e:?}", k.name))?;
+    let options = spv::Options {
+        lang_version: (1, 6),
+        flags: spv::WriterFlags::empty(),
+        capabilities: None,
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: naga::proc::BoundsCheckPolicy::Restrict,
+            buffer: naga::proc::BoundsCheckPolicy::Unchecked,
+            image_load: naga::proc::BoundsCheckPolicy::Unchecked,
+            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+        },
+        zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::Native,
+        force_loop_bounding: false,
+        use_storage_input_output_16: true,
+        ..spv::Options::default()
+    };
+    let pipeline = spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: k.entry.to_string() };
+    spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| anyhow!("{}: SPIR-V: {e}", k.name))
 }

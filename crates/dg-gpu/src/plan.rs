@@ -113,7 +113,7 @@ fn our_spirv(ctx: &GpuContext, source: &KernelSource) -> Result<Option<Vec<u32>>
     {
         return Ok(None);
     }
-    let words = crate::spirv::compile(&source.wgsl, source.entry, crate::spirv::driver_checks_buffers(&ctx.device))
+    let words = crate::spirv::compile(&source.wgsl, source.entry)
         .map_err(|message| GpuError::Validation { context: format!("writing the SPIR-V of kernel {}", source.name), message })?;
     Ok(Some(match ctx.tuning.spirv {
         SpirvChoice::Aligned => crate::spirv::align_workgroup_coop(&words, crate::spirv::STAGE_ALIGN).0,
