@@ -173,10 +173,6 @@ impl GpuContext {
         let mut features = adapter.features() & wanted;
         if coop_matrix {
             features |= COOP_FEATURES;
-            // SPIR-V written by dg for the tensor-core kernels (`crate::spirv`), where asked for.
-            if opts.tuning.spirv != crate::tuning::SpirvChoice::Wgpu && info.backend == wgpu::Backend::Vulkan {
-                features |= adapter.features() & wgpu::Features::PASSTHROUGH_SHADERS;
-            }
         }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("dg"),

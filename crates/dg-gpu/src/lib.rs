@@ -16,7 +16,6 @@ pub mod pack;
 pub mod parts;
 pub mod plan;
 pub mod planner;
-pub mod spirv;
 mod staging;
 pub mod tuning;
 pub mod weights;

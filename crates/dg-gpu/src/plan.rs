@@ -56,7 +56,6 @@ impl Pipelines {
 
 fn compile(ctx: &GpuContext, source: KernelSource) -> Result<Pipeline, GpuError> {
     let device = &ctx.device;
-    let spirv = our_spirv(ctx, &source)?;
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let mut entries = vec![wgpu::BindGroupLayoutEntry {
         binding: 0,
@@ -86,7 +85,13 @@ fn compile(ctx: &GpuContext, source: KernelSource) -> Result<Pipeline, GpuError>
         bind_group_layouts: &[Some(&layout)],
         immediate_size: 0,
     });
-    let module = shader_module(ctx, &source, spirv);
+    let desc = wgpu::ShaderModuleDescriptor { label: Some(&source.name), source: wgpu::ShaderSource::Wgsl(source.wgsl.as_str().into()) };
+    // Bounds checks stay on. Loop bounding is off: the counter it adds to every loop stops
+    // drivers from unrolling and pipelining the GEMMs' K loops.
+    // SAFETY: every loop of dg's kernels runs over a count taken from its uniform parameters (or a
+    // constant), so no loop can run forever; that is the hazard loop bounding guards against.
+    let checks = wgpu::ShaderRuntimeChecks { bounds_checks: true, force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
+    let module = unsafe { device.create_shader_module_trusted(desc, checks) };
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&source.name),
         layout: Some(&pipeline_layout),
@@ -100,53 +105,6 @@ fn compile(ctx: &GpuContext, source: KernelSource) -> Result<Pipeline, GpuError>
     }
     ctx.count_pipeline();
     Ok(Pipeline { source, layout, pipeline })
-}
-
-/// The SPIR-V dg writes for `source` itself ([`crate::spirv`]): for a tensor-core kernel where
-/// [`crate::tuning::Tuning::spirv`] asks for it and the device takes SPIR-V passed through; `None`
-/// where wgpu compiles the WGSL.
-fn our_spirv(ctx: &GpuContext, source: &KernelSource) -> Result<Option<Vec<u32>>, GpuError> {
-    use crate::tuning::SpirvChoice;
-    if ctx.tuning.spirv == SpirvChoice::Wgpu
-        || !ctx.features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
-        || !source.wgsl.contains("coopMultiplyAdd")
-    {
-        return Ok(None);
-    }
-    let words = crate::spirv::compile(&source.wgsl, source.entry)
-        .map_err(|message| GpuError::Validation { context: format!("writing the SPIR-V of kernel {}", source.name), message })?;
-    Ok(Some(match ctx.tuning.spirv {
-        SpirvChoice::Aligned => crate::spirv::align_workgroup_coop(&words, crate::spirv::STAGE_ALIGN).0,
-        _ => words,
-    }))
-}
-
-/// The kernel's shader module: from `spirv` where dg wrote it ([`our_spirv`]), else from its WGSL
-/// through wgpu.
-fn shader_module(ctx: &GpuContext, source: &KernelSource, spirv: Option<Vec<u32>>) -> wgpu::ShaderModule {
-    let device = &ctx.device;
-    if let Some(words) = spirv {
-        let desc = wgpu::ShaderModuleDescriptorPassthrough {
-            label: Some(&source.name),
-            entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
-                name: source.entry.into(),
-                workgroup_size: (0, 0, 0),
-            }]),
-            spirv: Some(words.into()),
-            ..Default::default()
-        };
-        // SAFETY: the SPIR-V is naga's translation of WGSL that naga validated, written with the
-        // bounds checks wgpu's Vulkan backend writes (`crate::spirv::compile`); the one change
-        // after it, the alignment operands, holds by the staged tiles' layout (`crate::spirv`).
-        return unsafe { device.create_shader_module_passthrough(desc) };
-    }
-    let desc = wgpu::ShaderModuleDescriptor { label: Some(&source.name), source: wgpu::ShaderSource::Wgsl(source.wgsl.as_str().into()) };
-    // Bounds checks stay on. Loop bounding is off: the counter it adds to every loop stops
-    // drivers from unrolling and pipelining the GEMMs' K loops.
-    // SAFETY: every loop of dg's kernels runs over a count taken from its uniform parameters (or a
-    // constant), so no loop can run forever; that is the hazard loop bounding guards against.
-    let checks = wgpu::ShaderRuntimeChecks { bounds_checks: true, force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
-    unsafe { device.create_shader_module_trusted(desc, checks) }
 }
 
 /// One recorded dispatch.

@@ -68,9 +68,6 @@ pub struct Tuning {
     /// plan was not recorded ahead (`GpuModel::encode`; the model's layer count or more: the whole
     /// chunk as one plan).
     pub encoder_submit_layers: usize,
-    /// `DG_SPIRV=wgpu|naga|aligned`: who writes the tensor-core kernels' SPIR-V on Vulkan
-    /// (`crate::spirv`).
-    pub spirv: SpirvChoice,
     /// Caps the bytes of one weight buffer ([`crate::GpuContext::weight_binding`]) below the
     /// device's largest binding: weights larger than it are split across bindings as on a device
     /// whose limit it is (tests force splits with it on small models). No variable sets it.
@@ -100,24 +97,10 @@ impl Default for Tuning {
             coop_grouped_path: None,
             coop_grouped_depth: None,
             encoder_submit_layers: ENCODER_SUBMIT_LAYERS,
-            spirv: SpirvChoice::Wgpu,
             weight_binding: None,
             vocab_binding: None,
         }
     }
-}
-
-/// Who writes the SPIR-V of the kernels that use cooperative matrices, on Vulkan devices that
-/// take SPIR-V passed through (`crate::spirv`); elsewhere, and for every other kernel, wgpu.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpirvChoice {
-    /// wgpu, from the WGSL (`wgpu`).
-    Wgpu,
-    /// dg, through naga with wgpu's options, unchanged (`naga`: to measure the path itself).
-    Naga,
-    /// dg, through naga, its workgroup-memory fragment loads and stores marked aligned
-    /// (`aligned`).
-    Aligned,
 }
 
 /// The row kernels' reduction.
@@ -202,7 +185,6 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_GROUPED_PATH",
     "DG_COOP_GROUPED_DEPTH",
     "DG_ENCODER_SUBMIT_LAYERS",
-    "DG_SPIRV",
 ];
 
 /// The `DG_*` variables that are not tuning knobs and that [`Tuning::from_vars`] passes over:
@@ -271,10 +253,6 @@ impl Tuning {
             "DG_COOP_GROUPED_DEPTH" => self.coop_grouped_depth = Some(depth(value).ok_or_else(bad)?),
             "DG_ENCODER_SUBMIT_LAYERS" => {
                 self.encoder_submit_layers = value.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(bad)?;
-            }
-            "DG_SPIRV" => {
-                self.spirv = choice(value, &[("wgpu", SpirvChoice::Wgpu), ("naga", SpirvChoice::Naga), ("aligned", SpirvChoice::Aligned)])
-                    .ok_or_else(bad)?
             }
             _ => {
                 let known = TUNING_VARIABLES.iter().chain(OTHER_VARIABLES).copied().collect::<Vec<_>>().join(", ");
@@ -357,7 +335,6 @@ fn accepted(name: &str) -> String {
         "DG_COOP_DEPTH" | "DG_COOP_GROUPED_DEPTH" => format!("a whole number from 1 to {}", coop_kloop::MAX_DEPTH),
         "DG_SPLIT_TARGET" => "a whole number of workgroups (0: never split)".into(),
         "DG_ENCODER_SUBMIT_LAYERS" => "a whole number of layers from 1".into(),
-        "DG_SPIRV" => "wgpu, naga or aligned".into(),
         "DG_GROUPED_TILE" => {
             let shapes: Vec<String> = grouped_gemm::TILES.iter().map(|t| format!("{}x{}", t.bm, t.bn)).collect();
             format!("a tile's BMxBN ({})", shapes.join(", "))

@@ -1,7 +1,7 @@
 //! The tuning knobs as a value: every `DG_*` variable parsed, good and bad values, unknown names,
 //! and a scan proving that no library crate reads the environment on its own.
 
-use dg_gpu::tuning::{OTHER_VARIABLES, QkvChoice, RowLanes, RowReduceChoice, SpirvChoice, TUNING_VARIABLES, TileName, Tuning, TuningError};
+use dg_gpu::tuning::{OTHER_VARIABLES, QkvChoice, RowLanes, RowReduceChoice, TUNING_VARIABLES, TileName, Tuning, TuningError};
 use dg_gpu::{GpuOptions, TuningError as Reexported};
 use dg_kernels::coop_gemm::{self, WPath};
 use dg_kernels::{coop_grouped_gemm, grouped_gemm};
@@ -51,9 +51,6 @@ fn every_knob_parses_its_values() {
     assert_eq!(one("DG_COOP_GROUPED_DEPTH", "3").unwrap().coop_grouped_depth, Some(3));
     assert_eq!(one("DG_ENCODER_SUBMIT_LAYERS", "30").unwrap().encoder_submit_layers, 30);
     assert_eq!(Tuning::default().encoder_submit_layers, dg_gpu::tuning::ENCODER_SUBMIT_LAYERS);
-    assert_eq!(Tuning::default().spirv, SpirvChoice::Wgpu);
-    assert_eq!(one("DG_SPIRV", "aligned").unwrap().spirv, SpirvChoice::Aligned);
-    assert_eq!(one("DG_SPIRV", "naga").unwrap().spirv, SpirvChoice::Naga);
 }
 
 #[test]
@@ -81,7 +78,6 @@ fn bad_values_name_the_variable_the_value_and_what_it_accepts() {
         ("DG_NO_COOP", "yes", "0 or 1"),
         ("DG_ROW_REDUCE", "subgroups", "auto or tree"),
         ("DG_ROW_LANES", "4", "auto or 1"),
-        ("DG_SPIRV", "glslang", "wgpu, naga or aligned"),
         ("DG_UNFUSED_COMBINE", "true", "0 or 1"),
         ("DG_F32_ACTIVATIONS", "on", "0 or 1"),
         ("DG_QKV", "merge", "auto, merged or separate"),
