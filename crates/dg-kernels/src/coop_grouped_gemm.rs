@@ -82,9 +82,11 @@ pub const TILE_32X128_W8: CoopTile = CoopTile { wm: 16, ..TILE_32X128 };
 pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128, TILE_16X128, TILE_32X128_W8];
 
 /// 32 × 128 in K steps of 64 (two K panels a step): twice the tensor-core work of
-/// [`TILE_32X128`] per barrier, for the decoder's experts, whose K loop costs a fixed time a step
-/// whatever its bytes (bench/HISTORY.md, "Quantized blocks in planes"). Single-staged only: its two
-/// stages would be over [`MAX_SHARED_BYTES`] ([`runs`]).
+/// [`TILE_32X128`] per barrier. Single-staged only: its two stages would be over
+/// [`MAX_SHARED_BYTES`] ([`runs`]). Tested, and measured slower: on an H200 in the real 6-layer
+/// forward (µs for gate/up and down, F16) 454 / 291 at depth 1 and 447 / 279 at depth 2 against
+/// [`EXPERT_TILE`]'s 344 / 198 (its larger stage and ring leave fewer workgroups resident to hide
+/// each step's latency; bench/HISTORY.md, "Measured next session").
 pub const TILE_32X128_K64: CoopTile = CoopTile { bk: 64, ..TILE_32X128 };
 
 /// Tiles built and tested but never chosen by [`choose`]: candidates for the
