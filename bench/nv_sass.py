@@ -12,7 +12,9 @@ holds, 8 bytes in, a container that `nvdisasm -b SM90` reads whole (register cou
 symbol table, then the SASS). For every kernel with matrix instructions the script writes
 `kNNN.sass` and prints one line: registers, HMMA / LDG / LDSM / STS / BAR.SYNC counts, and how many
 global loads are waited for before any HMMA follows them (a prefetch that the compiler undid:
-see `crates/dg-kernels/src/coop_kloop.rs`). Tooling only: needs the `zstd` command and nvdisasm
+see `crates/dg-kernels/src/coop_kloop.rs`), then, for the K loop, one line per stretch between its
+barriers with the instructions that run (the prefetch pins' blocks, branched over, left out) and
+the HMMA, LDSM, LDG and STS among them. Tooling only: needs the `zstd` command and nvdisasm
 (CUDA's, or the `nvidia-cuda-nvdisasm` wheel's); the `zstandard` Python module does instead of the
 `zstd` command.
 """
@@ -104,6 +106,45 @@ def loads_waited_before_hmma(rows):
     return early
 
 
+def loop_steps(rows):
+    """The executed instruction mix of the longest loop (the K loop), one dict per stretch between
+    its barriers (a K step, or half of one where the loop has two barriers a step): instructions
+    executed and the HMMA, LDSM, LDG and STS among them, skipping the blocks that a forward branch
+    jumps over when they hold only stores and moves (the K loop's prefetch pins, which no run
+    executes: `coop_kloop::prefetch`). Empty where the kernel has no backward branch."""
+    at = {address: i for i, (address, _, _, _) in enumerate(rows)}
+    branch = re.compile(r"^(@!?U?P\w+\s+)?BRA\s+(0x[0-9a-f]+)")
+    loops = []
+    for i, (address, text, _, _) in enumerate(rows):
+        m = branch.match(text)
+        if m and int(m.group(2), 16) < address and int(m.group(2), 16) in at:
+            loops.append((at[int(m.group(2), 16)], i))
+    if not loops:
+        return []
+    first, last = max(loops, key=lambda l: l[1] - l[0])
+    pin = re.compile(r"^(STS|UMOV|NOP)\b")
+    steps, current, i = [], None, first
+    while i <= last:
+        text = re.sub(r"^@!?U?P\w+\s+", "", rows[i][1])
+        m = branch.match(rows[i][1])
+        if m and m.group(1) and int(m.group(2), 16) in at:
+            target = at[int(m.group(2), 16)]
+            if i < target <= last and all(pin.match(rows[j][1]) for j in range(i + 1, target)):
+                i = target
+                continue
+        current = current or {"executed": 0, "HMMA": 0, "LDSM": 0, "LDG": 0, "STS": 0}
+        current["executed"] += 1
+        for op in ("HMMA", "LDSM", "LDG", "STS"):
+            current[op] += text.startswith(op)
+        if text.startswith("BAR.SYNC"):
+            steps.append(current)
+            current = None
+        i += 1
+    if current:
+        steps.append(current)
+    return steps
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cache", help="the __GL_SHADER_DISK_CACHE_PATH directory")
@@ -125,8 +166,11 @@ def main():
             open(os.path.join(args.out, f"k{n:03d}.sass"), "w").write(sass)
             regs = re.search(r"Register count=(\d+)", sass)
             counts = {op: len(re.findall(op, sass)) for op in ("HMMA", "LDG", "LDSM", "STS", "BAR.SYNC")}
-            early = loads_waited_before_hmma(instructions(args.nvdisasm, binary))
+            rows = instructions(args.nvdisasm, binary)
+            early = loads_waited_before_hmma(rows)
             print(f"k{n:03d} registers {regs.group(1) if regs else '?'} " + " ".join(f"{k}={v}" for k, v in counts.items()) + f" loads-waited-before-HMMA={early}")
+            for step in loop_steps(rows):
+                print("    K loop, between barriers: " + " ".join(f"{k}={v}" for k, v in step.items()))
             n += 1
 
 
