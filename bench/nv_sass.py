@@ -30,6 +30,9 @@ import sys
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 LINE = re.compile(r"/\*([0-9a-f]{4})\*/\s+(.*?);\s+/\* (0x[0-9a-f]+) \*/")
 HIGH = re.compile(r"^\s+/\* (0x[0-9a-f]+) \*/\s*$")
+# A branch, its predicate (group 1, empty when it always jumps) and its target (group 2).
+PREDICATE = r"@!?U?P\w+\s+"
+BRANCH = re.compile(rf"^({PREDICATE})?BRA\s+(0x[0-9a-f]+)")
 
 
 def decompressor():
@@ -87,7 +90,6 @@ def loads_waited_before_hmma(rows):
     forward and taking every predicated forward branch (so that the K loop's pins, behind a branch
     every run takes, do not count as consumers; a heuristic)."""
     at = {address: i for i, (address, _, _, _) in enumerate(rows)}
-    branch = re.compile(r"^@!?U?P\w+\s+BRA\s+(0x[0-9a-f]+)")
     early = 0
     for i, (_, text, write, _) in enumerate(rows):
         if "LDG" not in text or write == 7:
@@ -100,8 +102,8 @@ def loads_waited_before_hmma(rows):
                 break
             if "HMMA" in later:
                 break
-            m = branch.match(later)
-            target = at.get(int(m.group(1), 16)) if m else None
+            m = BRANCH.match(later)
+            target = at.get(int(m.group(2), 16)) if m and m.group(1) else None
             j = target if target is not None and target > j else j + 1
     return early
 
@@ -113,10 +115,9 @@ def loop_steps(rows):
     jumps over when they hold only stores and moves (the K loop's prefetch pins, which no run
     executes: `coop_kloop::prefetch`). Empty where the kernel has no backward branch."""
     at = {address: i for i, (address, _, _, _) in enumerate(rows)}
-    branch = re.compile(r"^(@!?U?P\w+\s+)?BRA\s+(0x[0-9a-f]+)")
     loops = []
     for i, (address, text, _, _) in enumerate(rows):
-        m = branch.match(text)
+        m = BRANCH.match(text)
         if m and int(m.group(2), 16) < address and int(m.group(2), 16) in at:
             loops.append((at[int(m.group(2), 16)], i))
     if not loops:
@@ -125,8 +126,8 @@ def loop_steps(rows):
     pin = re.compile(r"^(STS|UMOV|NOP)\b")
     steps, current, i = [], None, first
     while i <= last:
-        text = re.sub(r"^@!?U?P\w+\s+", "", rows[i][1])
-        m = branch.match(rows[i][1])
+        text = re.sub("^" + PREDICATE, "", rows[i][1])
+        m = BRANCH.match(rows[i][1])
         if m and m.group(1) and int(m.group(2), 16) in at:
             target = at[int(m.group(2), 16)]
             if i < target <= last and all(pin.match(rows[j][1]) for j in range(i + 1, target)):
