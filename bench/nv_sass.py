@@ -33,6 +33,9 @@ HIGH = re.compile(r"^\s+/\* (0x[0-9a-f]+) \*/\s*$")
 # A branch, its predicate (group 1, empty when it always jumps) and its target (group 2).
 PREDICATE = r"@!?U?P\w+\s+"
 BRANCH = re.compile(rf"^({PREDICATE})?BRA\s+(0x[0-9a-f]+)")
+# What a prefetch pin's block holds (`coop_kloop::prefetch`: stores of the loaded values, and the
+# moves that gather them): a forward branch over nothing else is a pin, which no run executes.
+PIN = re.compile(r"^(STS|UMOV|NOP|MOV|IMAD\.MOV|PRMT)\b")
 
 
 def decompressor():
@@ -112,7 +115,7 @@ def loop_steps(rows):
     """The executed instruction mix of the longest loop (the K loop), one dict per stretch between
     its barriers (a K step, or half of one where the loop has two barriers a step): instructions
     executed and the HMMA, LDSM, LDG and STS among them, skipping the blocks that a forward branch
-    jumps over when they hold only stores and moves (the K loop's prefetch pins, which no run
+    jumps over when they hold only stores and moves (`PIN`) (the K loop's prefetch pins, which no run
     executes: `coop_kloop::prefetch`). Empty where the kernel has no backward branch."""
     at = {address: i for i, (address, _, _, _) in enumerate(rows)}
     loops = []
@@ -123,14 +126,13 @@ def loop_steps(rows):
     if not loops:
         return []
     first, last = max(loops, key=lambda l: l[1] - l[0])
-    pin = re.compile(r"^(STS|UMOV|NOP)\b")
     steps, current, i = [], None, first
     while i <= last:
         text = re.sub("^" + PREDICATE, "", rows[i][1])
         m = BRANCH.match(rows[i][1])
         if m and m.group(1) and int(m.group(2), 16) in at:
             target = at[int(m.group(2), 16)]
-            if i < target <= last and all(pin.match(rows[j][1]) for j in range(i + 1, target)):
+            if i < target <= last and all(PIN.match(rows[j][1]) for j in range(i + 1, target)):
                 i = target
                 continue
         current = current or {"executed": 0, "HMMA": 0, "LDSM": 0, "LDG": 0, "STS": 0}
@@ -144,6 +146,49 @@ def loop_steps(rows):
     if current:
         steps.append(current)
     return steps
+
+
+def ring_waits(rows):
+    """How many barriers each global load of the K loop lives before an instruction waits for it:
+    {age: loads}, walking the loop body twice (loads issued late in one pass are waited in the
+    next) with the prefetch pins skipped as in `loop_steps`. A scoreboard wait waits for every
+    load on that scoreboard, so a ring `d` steps deep shows ages near `d` steps' barriers only if
+    the compiler gave its sets scoreboards of their own; ages of 0 or 1 mean each step waits for
+    loads it has just issued. Empty where the kernel has no backward branch."""
+    at = {address: i for i, (address, _, _, _) in enumerate(rows)}
+    loops = []
+    for i, (address, text, _, _) in enumerate(rows):
+        m = BRANCH.match(text)
+        if m and int(m.group(2), 16) < address and int(m.group(2), 16) in at:
+            loops.append((at[int(m.group(2), 16)], i))
+    if not loops:
+        return {}
+    first, last = max(loops, key=lambda l: l[1] - l[0])
+    body, i = [], first
+    while i <= last:
+        m = BRANCH.match(rows[i][1])
+        if m and m.group(1) and int(m.group(2), 16) in at:
+            target = at[int(m.group(2), 16)]
+            if i < target <= last and all(PIN.match(rows[j][1]) for j in range(i + 1, target)):
+                i = target
+                continue
+        body.append(rows[i])
+        i += 1
+    outstanding = {b: [] for b in range(6)}
+    barriers, ages = 0, {}
+    for n, (_, text, write, wait) in enumerate(body + body):
+        text = re.sub("^" + PREDICATE, "", text)
+        for b in range(6):
+            if wait >> b & 1:
+                for issued in outstanding[b]:
+                    if n >= len(body):
+                        ages[barriers - issued] = ages.get(barriers - issued, 0) + 1
+                outstanding[b] = []
+        if text.startswith("BAR.SYNC"):
+            barriers += 1
+        if text.startswith("LDG") and write != 7:
+            outstanding[write].append(barriers)
+    return dict(sorted(ages.items()))
 
 
 def main():
@@ -172,6 +217,9 @@ def main():
             print(f"k{n:03d} registers {regs.group(1) if regs else '?'} " + " ".join(f"{k}={v}" for k, v in counts.items()) + f" loads-waited-before-HMMA={early}")
             for step in loop_steps(rows):
                 print("    K loop, between barriers: " + " ".join(f"{k}={v}" for k, v in step.items()))
+            waits = ring_waits(rows)
+            if waits:
+                print("    K loop, loads waited after this many barriers: " + " ".join(f"{age}:{count}" for age, count in waits.items()))
             n += 1
 
 

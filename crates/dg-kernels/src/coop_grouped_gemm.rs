@@ -431,6 +431,23 @@ mod tests {
     }
 
     #[test]
+    fn f16_experts_issue_a_passs_loads_before_its_first_barrier() {
+        use crate::format::QuantFormat;
+        // The W loads (`fetch_w`) between the K loop's head and the first barrier after it.
+        let loads_before_first_barrier = |format: WeightFormat| {
+            let wgsl = source_for(EXPERT_TILE, WPath::Single, format, AFormat::F16).wgsl;
+            let body = &wgsl[wgsl.find("for (var s0 = 0u;").expect("the K loop")..];
+            body[..body.find("workgroupBarrier()").expect("a barrier")].matches("fetch_w(").count()
+        };
+        let depth = EXPERT_TILE.depth as usize;
+        assert_eq!(crate::coop_kloop::Ring::for_single(WeightFormat::F16), crate::coop_kloop::Ring::Batched);
+        // Batched: the pass's `depth` steps, each an invocation's LW = 8 vec4s of W.
+        assert_eq!(loads_before_first_barrier(WeightFormat::F16), depth * 8);
+        // Staggered: a step's loads come after its stores, past the first barrier.
+        assert_eq!(loads_before_first_barrier(WeightFormat::Quantized(QuantFormat::Q4_K)), 0);
+    }
+
+    #[test]
     fn the_real_experts_fit_and_pick_their_measured_tiles() {
         let gate_up = GroupedGemmParams {
             n: 1408,

@@ -14,7 +14,8 @@
 //! - Single, depth `d` ([`crate::coop_gemm::WPath::Single`]): one stage of A and W (half the
 //!   workgroup memory, so more workgroups share a multiprocessor), two barriers a step, `d` sets
 //!   of vec4s. Step `s` writes its set into the stage, loads step `s + d` into that set, then
-//!   multiplies.
+//!   multiplies ([`Ring::Staggered`]); or, [`Ring::Batched`], each pass of the unrolled loop
+//!   takes the `d` sets the pass before loaded and loads the next pass's `d` steps at once.
 //! - Direct, depth `d`: `d + 1` sets of W fragments. Step `s` first loads step `s + d`'s
 //!   fragments into the set step `s − 1` used, then multiplies with its own; A as staged, with
 //!   `d + 1` sets.
@@ -52,6 +53,42 @@
 
 /// The deepest ring a tile may ask for.
 pub const MAX_DEPTH: u32 = 4;
+
+/// When the single-staged loop issues its ring's loads.
+///
+/// The NVIDIA compiler tracks every global load of the K loop on one scoreboard, and a wait on
+/// a scoreboard waits for all of its loads. Its register allocation also copies the ring's
+/// registers at the unrolled loop's back edge, and those copies wait. With [`Ring::Staggered`]
+/// (one step's loads issued each step) the back edge therefore waits for the loads its last
+/// phase has just issued: every `depth` steps, one whole memory latency goes unhidden
+/// (`bench/nv_sass.py` counts the barriers between a load and its wait: in the experts' 32 × 128
+/// loop at depth 4, two barriers a step, a quarter of the loads each were waited after 1, 3, 5
+/// and 7, where the ring's depth allows 8). With [`Ring::Batched`] every load of a pass is
+/// issued as the pass starts, so the back edge's wait comes `depth` steps after it (all after
+/// 8); the price is a second bank of the ring held while the pass stages the first.
+/// On an H200 (real 6-layer forward, µs for the experts' gate/up and down, layer 0) F16 went
+/// 343 / 197 → 317 / 191 batched; the dense 128 × 128 tiles (staged, 232 → 248 registers)
+/// 3–10% slower, and the quantized experts, whose dequantization already needs the registers
+/// (163 → about 230: three workgroups a multiprocessor become two), 8% slower (Q4_K 339 → 365).
+/// So only F16 weights in the single-staged path take it ([`Ring::for_single`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ring {
+    /// Step `s` loads step `s + depth` into the set it has just staged.
+    Staggered,
+    /// Each pass of `depth` steps loads the next pass's steps at once, into a second bank.
+    Batched,
+}
+
+impl Ring {
+    /// The ring of the single-staged loop for W in `format`: batched where W is staged as it is
+    /// stored (F16), staggered where staging converts or dequantizes it.
+    pub fn for_single(format: crate::WeightFormat) -> Ring {
+        match format {
+            crate::WeightFormat::F16 => Ring::Batched,
+            _ => Ring::Staggered,
+        }
+    }
+}
 
 /// W's offset of K step `STEP` from step 0 where a step adds `w_step` vec4s: what the rendered
 /// loops' `W_OFFSET(step)` become unless a kernel lays W out otherwise ([`w_offsets`]).
@@ -186,10 +223,14 @@ pub(crate) fn staged(depth: u32) -> String {
 }
 
 /// The single-stage K loop of `depth` (A and W through one stage of workgroup memory, half the
-/// double buffer's; two barriers a step): `depth` sets of A and W vec4s, step `s + depth` loaded
-/// into the set step `s` just wrote out, before step `s` multiplies.
-pub(crate) fn single(depth: u32) -> String {
+/// double buffer's; two barriers a step): `depth` sets of A and W vec4s. [`Ring::Staggered`]:
+/// step `s + depth` loaded into the set step `s` just wrote out, before step `s` multiplies.
+/// [`Ring::Batched`]: see [`single_batched`].
+pub(crate) fn single(depth: u32, ring: Ring) -> String {
     assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
+    if ring == Ring::Batched {
+        return single_batched(depth);
+    }
     let mut s = format!("    var ra: array<array<A_ELEM, LA>, {depth}>;\n    var rw: array<array<W_ELEM, LW>, {depth}>;\n");
     s += &load(0, "0u", true, "    ");
     for t in 1..depth {
@@ -207,6 +248,34 @@ pub(crate) fn single(depth: u32) -> String {
              \x20           }}\n        }}\n",
             put(ph, "0u", "0u", true, "                "),
             prefetch(ph, &clamped(&format!("s + {depth}u")), true, "                "),
+        );
+    }
+    s + "    }\n"
+}
+
+/// The single-stage K loop of `depth` with the ring's loads issued a pass at a time: each pass
+/// of the unrolled loop copies the ring (`ca`, `cw`: its `depth` steps, loaded by the pass
+/// before), loads the next pass's `depth` steps into the ring at once, then stages and
+/// multiplies its steps from the copy ([`Ring::Batched`]).
+fn single_batched(depth: u32) -> String {
+    let mut s = format!("    var ra: array<array<A_ELEM, LA>, {depth}>;\n    var rw: array<array<W_ELEM, LW>, {depth}>;\n");
+    for t in 0..depth {
+        s += &prefetch(t, &clamped(&format!("{t}u")), true, "    ");
+    }
+    s += "\n//@ACC\n";
+    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n        let ca = ra;\n        let cw = rw;\n");
+    for t in 0..depth {
+        s += &prefetch(t, &clamped(&format!("s0 + {}u", depth + t)), true, "        ");
+    }
+    for ph in 0..depth {
+        let put_copy = put(ph, "0u", "0u", true, "                ").replace("ra[", "ca[").replace("rw[", "cw[");
+        s += &format!(
+            "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
+             \x20           {{\n                workgroupBarrier();\n{put_copy}\
+             \x20               workgroupBarrier();\n\
+             \x20               let a_st = 0u;\n                let b_st = 0u;\n\
+             //@MULTIPLY\n\
+             \x20           }}\n        }}\n"
         );
     }
     s + "    }\n"

@@ -137,7 +137,15 @@ impl CoopTile {
         match path {
             WPath::Staged => self.expand(template, w_at, w_format, layout, &pieces),
             WPath::Single => {
-                let one = self.expand_with(template, &crate::coop_kloop::single(self.depth), w_at, w_format, layout, None, &pieces);
+                let one = self.expand_with(
+                    template,
+                    &crate::coop_kloop::single(self.depth, crate::coop_kloop::Ring::for_single(w_format)),
+                    w_at,
+                    w_format,
+                    layout,
+                    None,
+                    &pieces,
+                );
                 // One stage of each tile: the stage arrays at half their double-buffered length.
                 let stage = self.w_stage_halves(layout) / self.element_halves();
                 let half_a = self.bm * self.row_halves() / self.element_halves();
