@@ -315,7 +315,15 @@ pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AForma
     };
     let template = include_str!("wgsl/coop_grouped_gemm.wgsl").replace("W_FIRST", &w_first).replace("W_STEP", &w_step);
     let stores = [("//@STORE\n", stores(tile))];
-    let wgsl = tile.expand_path(&template, &w_at, path, w, crate::coop_gemm::BLayout::NkPanels, stores.to_vec());
+    let wgsl = tile.expand_path(
+        &template,
+        &w_at,
+        path,
+        w,
+        crate::coop_gemm::BLayout::NkPanels,
+        crate::coop_kloop::Ring::for_experts(w),
+        stores.to_vec(),
+    );
     let wgsl = crate::coop_kloop::w_offsets(&wgsl, &offset);
     let format = if w == WeightFormat::F16 { "" } else { w.suffix() };
     KernelSource {
@@ -432,19 +440,29 @@ mod tests {
 
     #[test]
     fn f16_experts_issue_a_passs_loads_before_its_first_barrier() {
+        use crate::coop_gemm::BLayout;
+        use crate::coop_kloop::Ring;
         use crate::format::QuantFormat;
-        // The W loads (`fetch_w`) between the K loop's head and the first barrier after it.
-        let loads_before_first_barrier = |format: WeightFormat| {
-            let wgsl = source_for(EXPERT_TILE, WPath::Single, format, AFormat::F16).wgsl;
+        // The W loads (`fetch_w`) between the K loop's head and its first barrier or product.
+        let loads_before_first_barrier = |wgsl: String| {
             let body = &wgsl[wgsl.find("for (var s0 = 0u;").expect("the K loop")..];
-            body[..body.find("workgroupBarrier()").expect("a barrier")].matches("fetch_w(").count()
+            let first = ["workgroupBarrier()", "coopMultiplyAdd("].iter().filter_map(|m| body.find(m)).min().expect("a barrier");
+            body[..first].matches("fetch_w(").count()
         };
-        let depth = EXPERT_TILE.depth as usize;
-        assert_eq!(crate::coop_kloop::Ring::for_single(WeightFormat::F16), crate::coop_kloop::Ring::Batched);
-        // Batched: the pass's `depth` steps, each an invocation's LW = 8 vec4s of W.
-        assert_eq!(loads_before_first_barrier(WeightFormat::F16), depth * 8);
-        // Staggered: a step's loads come after its stores, past the first barrier.
-        assert_eq!(loads_before_first_barrier(WeightFormat::Quantized(QuantFormat::Q4_K)), 0);
+        let experts = |tile: CoopTile, path: WPath, format: WeightFormat| {
+            loads_before_first_barrier(source_for(tile, path, format, AFormat::F16).wgsl)
+        };
+        assert_eq!(Ring::for_experts(WeightFormat::F16), Ring::Batched);
+        // Batched: the pass's `depth` steps at once, each an invocation's 8 vec4s of W
+        // (128 × 32 halves over 128 invocations), in the decoder's single-staged tile and the
+        // encoder's staged one.
+        assert_eq!(experts(EXPERT_TILE, WPath::Single, WeightFormat::F16), EXPERT_TILE.depth as usize * 8);
+        assert_eq!(experts(TILE_64X128, WPath::Staged, WeightFormat::F16), TILE_64X128.depth as usize * 8);
+        // Staggered: a step's loads come after its first barrier and stores (single) or after
+        // its product (staged); so for quantized experts and for the dense kernel.
+        assert_eq!(experts(EXPERT_TILE, WPath::Single, WeightFormat::Quantized(QuantFormat::Q4_K)), 0);
+        let dense = crate::coop_gemm::source_for(crate::coop_gemm::TILE_128X128, WPath::Staged, WeightFormat::F16, BLayout::NkPanels);
+        assert_eq!(loads_before_first_barrier(dense.wgsl), 0);
     }
 
     #[test]

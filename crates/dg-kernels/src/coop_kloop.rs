@@ -14,11 +14,14 @@
 //! - Single, depth `d` ([`crate::coop_gemm::WPath::Single`]): one stage of A and W (half the
 //!   workgroup memory, so more workgroups share a multiprocessor), two barriers a step, `d` sets
 //!   of vec4s. Step `s` writes its set into the stage, loads step `s + d` into that set, then
-//!   multiplies ([`Ring::Staggered`]); or, [`Ring::Batched`], each pass of the unrolled loop
-//!   takes the `d` sets the pass before loaded and loads the next pass's `d` steps at once.
+//!   multiplies.
 //! - Direct, depth `d`: `d + 1` sets of W fragments. Step `s` first loads step `s + d`'s
 //!   fragments into the set step `s − 1` used, then multiplies with its own; A as staged, with
 //!   `d + 1` sets.
+//!
+//! Staged and single, the ring is [`Ring::Staggered`] as above, or [`Ring::Batched`]: each pass
+//! of the unrolled loop takes the `d` sets the pass before loaded and loads the next pass's `d`
+//! steps at once.
 //!
 //! Depth 1 is the classic double buffer (the loads of the next step in flight while this one
 //! multiplies). Every depth adds the same products in the same order: results are bit-identical
@@ -54,7 +57,7 @@
 /// The deepest ring a tile may ask for.
 pub const MAX_DEPTH: u32 = 4;
 
-/// When the single-staged loop issues its ring's loads.
+/// When a K loop issues its ring's loads.
 ///
 /// The NVIDIA compiler tracks every global load of the K loop on one scoreboard, and a wait on
 /// a scoreboard waits for all of its loads. Its register allocation also copies the ring's
@@ -66,11 +69,13 @@ pub const MAX_DEPTH: u32 = 4;
 /// and 7, where the ring's depth allows 8). With [`Ring::Batched`] every load of a pass is
 /// issued as the pass starts, so the back edge's wait comes `depth` steps after it (all after
 /// 8); the price is a second bank of the ring held while the pass stages the first.
-/// On an H200 (real 6-layer forward, µs for the experts' gate/up and down, layer 0) F16 went
-/// 343 / 197 → 317 / 191 batched; the dense 128 × 128 tiles (staged, 232 → 248 registers)
-/// 3–10% slower, and the quantized experts, whose dequantization already needs the registers
-/// (163 → about 230: three workgroups a multiprocessor become two), 8% slower (Q4_K 339 → 365).
-/// So only F16 weights in the single-staged path take it ([`Ring::for_single`]).
+///
+/// Measured on an H200 (real 6-layer geometry, µs for the experts' gate/up and down, layer 0):
+/// the F16 experts 343 / 197 → 317 / 191 batched (decoder, 32 × 128 single-staged) and 980 / 589
+/// → 904 / 563 (encoder prefill, 64 × 128 staged). Slower batched: the dense 128 × 128 tiles
+/// (232 → 248 registers; 3–10% per product) and the quantized experts, whose dequantization
+/// already holds registers (Q4_K 163 → about 230: three workgroups a multiprocessor become two;
+/// gate/up Q4_K 339 → 365, Q8_0 334 → 371). Hence [`Ring::for_experts`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Ring {
     /// Step `s` loads step `s + depth` into the set it has just staged.
@@ -80,9 +85,10 @@ pub enum Ring {
 }
 
 impl Ring {
-    /// The ring of the single-staged loop for W in `format`: batched where W is staged as it is
-    /// stored (F16), staggered where staging converts or dequantizes it.
-    pub fn for_single(format: crate::WeightFormat) -> Ring {
+    /// The ring of the experts' grouped kernel for W in `format`: batched where W is staged as
+    /// it is stored (F16), staggered where staging dequantizes or converts it. (The dense
+    /// kernel's is [`Ring::Staggered`].)
+    pub fn for_experts(format: crate::WeightFormat) -> Ring {
         match format {
             crate::WeightFormat::F16 => Ring::Batched,
             _ => Ring::Staggered,
@@ -204,9 +210,13 @@ fn advance(ph: u32, sets: u32, with_w: bool) -> String {
     )
 }
 
-/// The staged K loop of `depth` (A and W through workgroup memory).
-pub(crate) fn staged(depth: u32) -> String {
+/// The staged K loop of `depth` (A and W through workgroup memory); [`Ring::Batched`]: see
+/// [`staged_batched`].
+pub(crate) fn staged(depth: u32, ring: Ring) -> String {
     assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
+    if ring == Ring::Batched {
+        return staged_batched(depth);
+    }
     let mut s = prologue(depth, true);
     s += "    workgroupBarrier();\n\n//@ACC\n";
     s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
@@ -253,20 +263,60 @@ pub(crate) fn single(depth: u32, ring: Ring) -> String {
     s + "    }\n"
 }
 
-/// The single-stage K loop of `depth` with the ring's loads issued a pass at a time: each pass
-/// of the unrolled loop copies the ring (`ca`, `cw`: its `depth` steps, loaded by the pass
-/// before), loads the next pass's `depth` steps into the ring at once, then stages and
-/// multiplies its steps from the copy ([`Ring::Batched`]).
+/// The head of a batched pass ([`Ring::Batched`]): the ring copied into `ca` / `cw` (the
+/// `depth` steps this pass stages, loaded by the pass before), then steps `first + t` loaded into
+/// the ring, all at once.
+fn batch(depth: u32, first: &str) -> String {
+    let mut s = String::from("        let ca = ra;\n        let cw = rw;\n");
+    for t in 0..depth {
+        s += &prefetch(t, &clamped(&format!("{first} + {t}u")), true, "        ");
+    }
+    s
+}
+/// The staged K loop of `depth` with the ring's loads issued a pass at a time: step 0 staged and
+/// steps `1..=depth` loaded before the loop; each pass then takes its `depth` steps from the
+/// copy [`batch`] makes (step `s + 1` staged while step `s` multiplies, as in [`staged`]).
+fn staged_batched(depth: u32) -> String {
+    let mut s = String::from("    var ra: array<array<A_ELEM, LA>, DEPTH>;\n    var rw: array<array<W_ELEM, LW>, DEPTH>;\n")
+        .replace("DEPTH", &depth.to_string());
+    s += &load(0, "0u", true, "    ");
+    s += "    {\n        let ca = ra;\n        let cw = rw;\n";
+    s += &put(0, "0u", "0u", true, "        ").replace("ra[", "ca[").replace("rw[", "cw[");
+    s += "    }\n";
+    for t in 0..depth {
+        s += &prefetch(t, &clamped(&format!("{}u", 1 + t)), true, "    ");
+    }
+    s += "    workgroupBarrier();\n\n//@ACC\n";
+    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
+    s += &batch(depth, &format!("s0 + {}u", 1 + depth));
+    for ph in 0..depth {
+        let put_next = put(ph, "a_nx", "b_nx", true, "                    ").replace("ra[", "ca[").replace("rw[", "cw[");
+        s += &format!(
+            "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
+             \x20           {{\n                let a_st = (s & 1u) * (BM * KP);\n                let b_st = (s & 1u) * SBS;\n\
+             //@MULTIPLY\n\
+             \x20               {{\n\
+             \x20                   let a_nx = ((s + 1u) & 1u) * (BM * KP);\n\
+             \x20                   let b_nx = ((s + 1u) & 1u) * SBS;\n\
+             {put_next}\
+             \x20               }}\n\
+             \x20               workgroupBarrier();\n            }}\n        }}\n"
+        );
+    }
+    s + "    }\n"
+}
+
+/// The single-stage K loop of `depth` with the ring's loads issued a pass at a time: steps
+/// `0..depth` loaded before the loop; each pass stages and multiplies its steps from the copy
+/// [`batch`] makes.
 fn single_batched(depth: u32) -> String {
     let mut s = format!("    var ra: array<array<A_ELEM, LA>, {depth}>;\n    var rw: array<array<W_ELEM, LW>, {depth}>;\n");
     for t in 0..depth {
         s += &prefetch(t, &clamped(&format!("{t}u")), true, "    ");
     }
     s += "\n//@ACC\n";
-    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n        let ca = ra;\n        let cw = rw;\n");
-    for t in 0..depth {
-        s += &prefetch(t, &clamped(&format!("s0 + {}u", depth + t)), true, "        ");
-    }
+    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
+    s += &batch(depth, &format!("s0 + {depth}u"));
     for ph in 0..depth {
         let put_copy = put(ph, "0u", "0u", true, "                ").replace("ra[", "ca[").replace("rw[", "cw[");
         s += &format!(

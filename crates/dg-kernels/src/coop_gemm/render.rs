@@ -3,6 +3,7 @@
 //! kernel (`crate::coop_grouped_gemm`) renders through the same [`CoopTile::expand_path`].
 
 use super::{AFormat, BLayout, CoopTile, FRAGMENT, PANEL, ROW_PAD, Staging, WPath, panelled};
+use crate::coop_kloop::Ring;
 use crate::{WeightFormat, with_prelude};
 
 impl CoopTile {
@@ -114,8 +115,15 @@ impl CoopTile {
             .replace("W_SRC", w_src)
             .replace("W_STEP", w_step)
             .replace("W_ROW", w_row);
-        let wgsl =
-            self.expand_path(&template, "w_src[l]", path, w_format, layout, vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)]);
+        let wgsl = self.expand_path(
+            &template,
+            "w_src[l]",
+            path,
+            w_format,
+            layout,
+            Ring::Staggered,
+            vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)],
+        );
         crate::coop_kloop::w_offsets(&wgsl, crate::coop_kloop::LINEAR_W_OFFSET)
             .replace("A_ELEM", a_format.elem())
             .replace("PIN_A", a_format.pin())
@@ -124,7 +132,8 @@ impl CoopTile {
     /// [`Self::expand`] for W reaching the tensor cores by `path`: with [`WPath::Direct`] the
     /// template's `sb` is dropped and the K loop is [`crate::coop_kloop`]'s direct one, whose W
     /// fragments start at `w_sub` (a `let` of the template), `stride_w` vec4s between W rows,
-    /// `w_step` between steps.
+    /// `w_step` between steps; the staged and single-staged loops issue their loads by `ring`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn expand_path(
         self,
         template: &str,
@@ -132,20 +141,13 @@ impl CoopTile {
         path: WPath,
         w_format: WeightFormat,
         layout: BLayout,
+        ring: Ring,
         pieces: Vec<(&str, String)>,
     ) -> String {
         match path {
-            WPath::Staged => self.expand(template, w_at, w_format, layout, &pieces),
+            WPath::Staged => self.expand(template, w_at, w_format, layout, ring, &pieces),
             WPath::Single => {
-                let one = self.expand_with(
-                    template,
-                    &crate::coop_kloop::single(self.depth, crate::coop_kloop::Ring::for_single(w_format)),
-                    w_at,
-                    w_format,
-                    layout,
-                    None,
-                    &pieces,
-                );
+                let one = self.expand_with(template, &crate::coop_kloop::single(self.depth, ring), w_at, w_format, layout, None, &pieces);
                 // One stage of each tile: the stage arrays at half their double-buffered length.
                 let stage = self.w_stage_halves(layout) / self.element_halves();
                 let half_a = self.bm * self.row_halves() / self.element_halves();
@@ -170,8 +172,16 @@ impl CoopTile {
     /// W's vec4 `l` of step 0 at the expression `w_at`), the unrolled fragment products
     /// (`//@MULTIPLY`), then the kernel's own `pieces`; `enable`s and the const prelude in front,
     /// `// @unroll` loops expanded.
-    pub(crate) fn expand(self, template: &str, w_at: &str, w_format: WeightFormat, layout: BLayout, pieces: &[(&str, String)]) -> String {
-        self.expand_with(template, &crate::coop_kloop::staged(self.depth), w_at, w_format, layout, None, pieces)
+    pub(crate) fn expand(
+        self,
+        template: &str,
+        w_at: &str,
+        w_format: WeightFormat,
+        layout: BLayout,
+        ring: Ring,
+        pieces: &[(&str, String)],
+    ) -> String {
+        self.expand_with(template, &crate::coop_kloop::staged(self.depth, ring), w_at, w_format, layout, None, pieces)
     }
 
     /// [`Self::expand`] with the K loop `kloop`, and with `b_fragment(kk, j)` naming the B
