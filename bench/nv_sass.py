@@ -111,12 +111,11 @@ def loads_waited_before_hmma(rows):
     return early
 
 
-def loop_steps(rows):
-    """The executed instruction mix of the longest loop (the K loop), one dict per stretch between
-    its barriers (a K step, or half of one where the loop has two barriers a step): instructions
-    executed and the HMMA, LDSM, LDG and STS among them, skipping the blocks that a forward branch
-    jumps over when they hold only stores and moves (`PIN`) (the K loop's prefetch pins, which no run
-    executes: `coop_kloop::prefetch`). Empty where the kernel has no backward branch."""
+def loop_body(rows):
+    """The instructions the longest loop (the K loop) executes in one pass, in order, skipping the
+    blocks that a forward branch jumps over when they hold only stores and moves (`PIN`: the K
+    loop's prefetch pins, which no run executes: `coop_kloop::prefetch`). Empty where the kernel
+    has no backward branch."""
     at = {address: i for i, (address, _, _, _) in enumerate(rows)}
     loops = []
     for i, (address, text, _, _) in enumerate(rows):
@@ -125,44 +124,6 @@ def loop_steps(rows):
             loops.append((at[int(m.group(2), 16)], i))
     if not loops:
         return []
-    first, last = max(loops, key=lambda l: l[1] - l[0])
-    steps, current, i = [], None, first
-    while i <= last:
-        text = re.sub("^" + PREDICATE, "", rows[i][1])
-        m = BRANCH.match(rows[i][1])
-        if m and m.group(1) and int(m.group(2), 16) in at:
-            target = at[int(m.group(2), 16)]
-            if i < target <= last and all(PIN.match(rows[j][1]) for j in range(i + 1, target)):
-                i = target
-                continue
-        current = current or {"executed": 0, "HMMA": 0, "LDSM": 0, "LDG": 0, "STS": 0}
-        current["executed"] += 1
-        for op in ("HMMA", "LDSM", "LDG", "STS"):
-            current[op] += text.startswith(op)
-        if text.startswith("BAR.SYNC"):
-            steps.append(current)
-            current = None
-        i += 1
-    if current:
-        steps.append(current)
-    return steps
-
-
-def ring_waits(rows):
-    """How many barriers each global load of the K loop lives before an instruction waits for it:
-    {age: loads}, walking the loop body twice (loads issued late in one pass are waited in the
-    next) with the prefetch pins skipped as in `loop_steps`. A scoreboard wait waits for every
-    load on that scoreboard, so a ring `d` steps deep shows ages near `d` steps' barriers only if
-    the compiler gave its sets scoreboards of their own; ages of 0 or 1 mean each step waits for
-    loads it has just issued. Empty where the kernel has no backward branch."""
-    at = {address: i for i, (address, _, _, _) in enumerate(rows)}
-    loops = []
-    for i, (address, text, _, _) in enumerate(rows):
-        m = BRANCH.match(text)
-        if m and int(m.group(2), 16) < address and int(m.group(2), 16) in at:
-            loops.append((at[int(m.group(2), 16)], i))
-    if not loops:
-        return {}
     first, last = max(loops, key=lambda l: l[1] - l[0])
     body, i = [], first
     while i <= last:
@@ -174,6 +135,35 @@ def ring_waits(rows):
                 continue
         body.append(rows[i])
         i += 1
+    return body
+
+
+def loop_steps(rows):
+    """The executed instruction mix of the K loop (`loop_body`), one dict per stretch between its
+    barriers (a K step, or half of one where the loop has two barriers a step): instructions
+    executed and the HMMA, LDSM, LDG and STS among them."""
+    steps, current = [], None
+    for _, text, _, _ in loop_body(rows):
+        text = re.sub("^" + PREDICATE, "", text)
+        current = current or {"executed": 0, "HMMA": 0, "LDSM": 0, "LDG": 0, "STS": 0}
+        current["executed"] += 1
+        for op in ("HMMA", "LDSM", "LDG", "STS"):
+            current[op] += text.startswith(op)
+        if text.startswith("BAR.SYNC"):
+            steps.append(current)
+            current = None
+    if current:
+        steps.append(current)
+    return steps
+
+
+def ring_waits(rows):
+    """How many barriers each global load of the K loop lives before an instruction waits for it:
+    {age: loads}, walking the loop body (`loop_body`) twice (loads issued late in one pass are
+    waited in the next). A scoreboard wait waits for every load on that scoreboard, so a ring `d`
+    steps deep shows ages near `d` steps' barriers only if nothing waits for its loads sooner;
+    ages of 0 or 1 mean each step waits for loads it has just issued (`coop_kloop::Ring`)."""
+    body = loop_body(rows)
     outstanding = {b: [] for b in range(6)}
     barriers, ages = 0, {}
     for n, (_, text, write, wait) in enumerate(body + body):
