@@ -439,19 +439,18 @@ mod tests {
     }
 
     #[test]
-    fn f16_experts_issue_a_passs_loads_before_its_first_barrier() {
+    fn f16_experts_issue_each_pass_of_loads_before_its_first_barrier() {
         use crate::coop_gemm::BLayout;
         use crate::coop_kloop::Ring;
         use crate::format::QuantFormat;
         // The W loads (`fetch_w`) between the K loop's head and its first barrier or product.
-        let loads_before_first_barrier = |wgsl: String| {
+        let loads_at_pass_head = |wgsl: String| {
             let body = &wgsl[wgsl.find("for (var s0 = 0u;").expect("the K loop")..];
             let first = ["workgroupBarrier()", "coopMultiplyAdd("].iter().filter_map(|m| body.find(m)).min().expect("a barrier");
             body[..first].matches("fetch_w(").count()
         };
-        let experts = |tile: CoopTile, path: WPath, format: WeightFormat| {
-            loads_before_first_barrier(source_for(tile, path, format, AFormat::F16).wgsl)
-        };
+        let experts =
+            |tile: CoopTile, path: WPath, format: WeightFormat| loads_at_pass_head(source_for(tile, path, format, AFormat::F16).wgsl);
         assert_eq!(Ring::for_experts(WeightFormat::F16), Ring::Batched);
         // Batched: the pass's `depth` steps at once, each an invocation's 8 vec4s of W
         // (128 × 32 halves over 128 invocations), in the decoder's single-staged tile and the
@@ -462,7 +461,7 @@ mod tests {
         // its product (staged); so for quantized experts and for the dense kernel.
         assert_eq!(experts(EXPERT_TILE, WPath::Single, WeightFormat::Quantized(QuantFormat::Q4_K)), 0);
         let dense = crate::coop_gemm::source_for(crate::coop_gemm::TILE_128X128, WPath::Staged, WeightFormat::F16, BLayout::NkPanels);
-        assert_eq!(loads_before_first_barrier(dense.wgsl), 0);
+        assert_eq!(loads_at_pass_head(dense.wgsl), 0);
     }
 
     #[test]

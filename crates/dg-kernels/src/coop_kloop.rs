@@ -166,15 +166,31 @@ fn clamped(step: &str) -> String {
     format!("min({step}, steps - 1u)")
 }
 
-/// Writes set `set` into the stage whose A starts at `a_at` (and W at `b_at` when `with_w`).
-fn put(set: u32, a_at: &str, b_at: &str, with_w: bool, indent: &str) -> String {
+/// The ring's A and W arrays, which the loads fill.
+const RING: (&str, &str) = ("ra", "rw");
+/// A batched pass's copy of the ring ([`batch`]), which its steps stage.
+const COPY: (&str, &str) = ("ca", "cw");
+
+/// Writes set `set` of `bank` ([`RING`] or [`COPY`]) into the stage whose A starts at `a_at`
+/// (and W at `b_at` when `with_w`).
+fn put(bank: (&str, &str), set: u32, a_at: &str, b_at: &str, with_w: bool, indent: &str) -> String {
+    let (ra, rw) = bank;
     let mut s = format!(
-        "{indent}// @unroll\n{indent}for (var l = 0u; l < LA; l++) {{\n{indent}    put_a({a_at} + dst_of(lt + l * WT), vec4<f16>(ra[{set}][l]));\n{indent}}}\n"
+        "{indent}// @unroll\n{indent}for (var l = 0u; l < LA; l++) {{\n{indent}    put_a({a_at} + dst_of(lt + l * WT), vec4<f16>({ra}[{set}][l]));\n{indent}}}\n"
     );
     if with_w {
         s += &format!(
-            "{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    put_w({b_at}, lt + l * WT, rw[{set}][l]);\n{indent}}}\n"
+            "{indent}// @unroll\n{indent}for (var l = 0u; l < LW; l++) {{\n{indent}    put_w({b_at}, lt + l * WT, {rw}[{set}][l]);\n{indent}}}\n"
         );
+    }
+    s
+}
+
+/// The ring's declarations: `sets` sets of A vec4s, and of W units when `with_w`.
+fn declare(sets: u32, with_w: bool) -> String {
+    let mut s = format!("    var ra: array<array<A_ELEM, LA>, {sets}>;\n");
+    if with_w {
+        s += &format!("    var rw: array<array<W_ELEM, LW>, {sets}>;\n");
     }
     s
 }
@@ -182,12 +198,9 @@ fn put(set: u32, a_at: &str, b_at: &str, with_w: bool, indent: &str) -> String {
 /// The ring's declarations and prologue: step 0 staged, steps `1..=sets` loaded into their sets
 /// (step `t` in set `t % sets`).
 fn prologue(sets: u32, with_w: bool) -> String {
-    let mut s = format!("    var ra: array<array<A_ELEM, LA>, {sets}>;\n");
-    if with_w {
-        s += &format!("    var rw: array<array<W_ELEM, LW>, {sets}>;\n");
-    }
+    let mut s = declare(sets, with_w);
     s += &load(0, "0u", with_w, "    ");
-    s += &put(0, "0u", "0u", with_w, "    ");
+    s += &put(RING, 0, "0u", "0u", with_w, "    ");
     for t in 1..=sets {
         s += &prefetch(t % sets, &clamped(&format!("{t}u")), with_w, "    ");
     }
@@ -205,7 +218,7 @@ fn advance(ph: u32, sets: u32, with_w: bool) -> String {
          \x20                   let b_nx = ((s + 1u) & 1u) * SBS;\n\
          {}{}\
          \x20               }}\n",
-        put(next, "a_nx", "b_nx", with_w, i),
+        put(RING, next, "a_nx", "b_nx", with_w, i),
         prefetch(next, &clamped(&format!("s + {}u", 1 + sets)), with_w, i),
     )
 }
@@ -241,7 +254,7 @@ pub(crate) fn single(depth: u32, ring: Ring) -> String {
     if ring == Ring::Batched {
         return single_batched(depth);
     }
-    let mut s = format!("    var ra: array<array<A_ELEM, LA>, {depth}>;\n    var rw: array<array<W_ELEM, LW>, {depth}>;\n");
+    let mut s = declare(depth, true);
     s += &load(0, "0u", true, "    ");
     for t in 1..depth {
         s += &prefetch(t, &clamped(&format!("{t}u")), true, "    ");
@@ -256,7 +269,7 @@ pub(crate) fn single(depth: u32, ring: Ring) -> String {
              \x20               let a_st = 0u;\n                let b_st = 0u;\n\
              //@MULTIPLY\n\
              \x20           }}\n        }}\n",
-            put(ph, "0u", "0u", true, "                "),
+            put(RING, ph, "0u", "0u", true, "                "),
             prefetch(ph, &clamped(&format!("s + {depth}u")), true, "                "),
         );
     }
@@ -267,21 +280,21 @@ pub(crate) fn single(depth: u32, ring: Ring) -> String {
 /// `depth` steps this pass stages, loaded by the pass before), then steps `first + t` loaded into
 /// the ring, all at once.
 fn batch(depth: u32, first: &str) -> String {
-    let mut s = String::from("        let ca = ra;\n        let cw = rw;\n");
+    let mut s = format!("        let {} = {};\n        let {} = {};\n", COPY.0, RING.0, COPY.1, RING.1);
     for t in 0..depth {
         s += &prefetch(t, &clamped(&format!("{first} + {t}u")), true, "        ");
     }
     s
 }
+
 /// The staged K loop of `depth` with the ring's loads issued a pass at a time: step 0 staged and
 /// steps `1..=depth` loaded before the loop; each pass then takes its `depth` steps from the
 /// copy [`batch`] makes (step `s + 1` staged while step `s` multiplies, as in [`staged`]).
 fn staged_batched(depth: u32) -> String {
-    let mut s = String::from("    var ra: array<array<A_ELEM, LA>, DEPTH>;\n    var rw: array<array<W_ELEM, LW>, DEPTH>;\n")
-        .replace("DEPTH", &depth.to_string());
+    let mut s = declare(depth, true);
     s += &load(0, "0u", true, "    ");
-    s += "    {\n        let ca = ra;\n        let cw = rw;\n";
-    s += &put(0, "0u", "0u", true, "        ").replace("ra[", "ca[").replace("rw[", "cw[");
+    s += &format!("    {{\n        let {} = {};\n        let {} = {};\n", COPY.0, RING.0, COPY.1, RING.1);
+    s += &put(COPY, 0, "0u", "0u", true, "        ");
     s += "    }\n";
     for t in 0..depth {
         s += &prefetch(t, &clamped(&format!("{}u", 1 + t)), true, "    ");
@@ -290,7 +303,7 @@ fn staged_batched(depth: u32) -> String {
     s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
     s += &batch(depth, &format!("s0 + {}u", 1 + depth));
     for ph in 0..depth {
-        let put_next = put(ph, "a_nx", "b_nx", true, "                    ").replace("ra[", "ca[").replace("rw[", "cw[");
+        let put_next = put(COPY, ph, "a_nx", "b_nx", true, "                    ");
         s += &format!(
             "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
              \x20           {{\n                let a_st = (s & 1u) * (BM * KP);\n                let b_st = (s & 1u) * SBS;\n\
@@ -310,7 +323,7 @@ fn staged_batched(depth: u32) -> String {
 /// `0..depth` loaded before the loop; each pass stages and multiplies its steps from the copy
 /// [`batch`] makes.
 fn single_batched(depth: u32) -> String {
-    let mut s = format!("    var ra: array<array<A_ELEM, LA>, {depth}>;\n    var rw: array<array<W_ELEM, LW>, {depth}>;\n");
+    let mut s = declare(depth, true);
     for t in 0..depth {
         s += &prefetch(t, &clamped(&format!("{t}u")), true, "    ");
     }
@@ -318,7 +331,7 @@ fn single_batched(depth: u32) -> String {
     s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
     s += &batch(depth, &format!("s0 + {depth}u"));
     for ph in 0..depth {
-        let put_copy = put(ph, "0u", "0u", true, "                ").replace("ra[", "ca[").replace("rw[", "cw[");
+        let put_copy = put(COPY, ph, "0u", "0u", true, "                ");
         s += &format!(
             "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
              \x20           {{\n                workgroupBarrier();\n{put_copy}\
