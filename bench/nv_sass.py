@@ -14,7 +14,8 @@ symbol table, then the SASS). For every kernel with matrix instructions the scri
 global loads are waited for before any HMMA follows them (a prefetch that the compiler undid:
 see `crates/dg-kernels/src/coop_kloop.rs`), then, for the K loop, one line per stretch between its
 barriers with the instructions that run (the prefetch pins' blocks, branched over, left out) and
-the HMMA, LDSM, LDG and STS among them. Tooling only: needs the `zstd` command and nvdisasm
+the HMMA, LDSM, LDG and STS among them, and a line counting after how many barriers each of its
+global loads is first waited for (`coop_kloop::Ring`). Tooling only: needs the `zstd` command and nvdisasm
 (CUDA's, or the `nvidia-cuda-nvdisasm` wheel's); the `zstandard` Python module does instead of the
 `zstd` command.
 """
