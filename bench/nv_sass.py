@@ -15,7 +15,8 @@ global loads are waited for before any HMMA follows them (a prefetch that the co
 see `crates/dg-kernels/src/coop_kloop.rs`), then, for the K loop, one line per stretch between its
 barriers with the instructions that run (the prefetch pins' blocks, branched over, left out) and
 the HMMA, LDSM, LDG and STS among them, and a line counting after how many barriers each of its
-global loads is first waited for (`coop_kloop::Ring`). Tooling only: needs the `zstd` command and nvdisasm
+global loads is first waited for (`coop_kloop::Ring`), and one with the loop's most frequent
+opcodes in one pass. Tooling only: needs the `zstd` command and nvdisasm
 (CUDA's, or the `nvidia-cuda-nvdisasm` wheel's); the `zstandard` Python module does instead of the
 `zstd` command.
 """
@@ -158,6 +159,16 @@ def loop_steps(rows):
     return steps
 
 
+def loop_mix(rows, top=16):
+    """The K loop's executed opcodes (`loop_body`, one pass of the unrolled loop), most frequent
+    first: [(opcode with its modifiers, count)], the `top` largest."""
+    counts = {}
+    for _, text, _, _ in loop_body(rows):
+        op = re.sub("^" + PREDICATE, "", text).split()[0]
+        counts[op] = counts.get(op, 0) + 1
+    return sorted(counts.items(), key=lambda c: -c[1])[:top]
+
+
 def ring_waits(rows):
     """How many barriers each global load of the K loop lives before an instruction waits for it:
     {age: loads}, walking the loop body (`loop_body`) twice (loads issued late in one pass are
@@ -208,6 +219,9 @@ def main():
             print(f"k{n:03d} registers {regs.group(1) if regs else '?'} " + " ".join(f"{k}={v}" for k, v in counts.items()) + f" loads-waited-before-HMMA={early}")
             for step in loop_steps(rows):
                 print("    K loop, between barriers: " + " ".join(f"{k}={v}" for k, v in step.items()))
+            mix = loop_mix(rows)
+            if mix:
+                print("    K loop, one pass's opcodes: " + " ".join(f"{op}:{count}" for op, count in mix))
             waits = ring_waits(rows)
             if waits:
                 print("    K loop, loads waited after this many barriers: " + " ".join(f"{age}:{count}" for age, count in waits.items()))

@@ -159,7 +159,8 @@ impl<'t> Planner<'t> {
             // where the kernel takes it (`CoopGemmKey::is_valid`: direct and single-stage W need
             // F16, direct `W[n][k]`), else staged.
             let staged = CoopGemmKey { tile, path: WPath::Staged, w: b_format, layout, a: AFormat::F32 };
-            let kernel = Some(CoopGemmKey { path: self.tuning.coop_path, ..staged }).filter(|k| k.is_valid()).unwrap_or(staged);
+            let tuned = CoopGemmKey { tile: tile.on_path(self.tuning.coop_path), path: self.tuning.coop_path, ..staged };
+            let kernel = Some(tuned).filter(|k| k.is_valid()).unwrap_or(staged);
             let split = split_scratch.and_then(|len| Split::choose(tile, p, self.split_target(tile, p), len));
             return Ok(Dense::TensorCores(CoopPlan { kernel, split }));
         }
@@ -207,7 +208,10 @@ impl<'t> Planner<'t> {
         // Quantized W is read as `W[n][k]` (its blocks run along the rows), or in panels of them.
         coop_gemm::plan_layout(p, panels, prefer, self.caps.max_workgroup_storage)
             .filter(|&(_, layout)| !b_format.is_quantized() || layout != BLayout::Kn)
-            .map(|(tile, layout)| (self.tuning.dense_depth(tile), layout))
+            .map(|(tile, layout)| {
+                let tile = self.tuning.dense_depth(tile);
+                (self.tuning.stages(tile, coop_gemm::stages_for(tile, p, self.caps.multiprocessors)), layout)
+            })
     }
 
     /// The workgroups a tensor-core GEMM is split towards: [`Tuning::split_target`], else
@@ -281,6 +285,7 @@ impl<'t> Planner<'t> {
                     ))
                 })?;
                 let path = if coop_grouped_gemm::reads(format, path) { path } else { WPath::Staged };
+                let tile = self.tuning.stages(tile, coop_grouped_gemm::stages_for(format)).on_path(path);
                 Ok(Grouped::TensorCores { tile, path })
             }
         }
@@ -288,7 +293,7 @@ impl<'t> Planner<'t> {
 
     /// The experts' tensor-core tile and W path after the tuning's overrides
     /// ([`Tuning::coop_grouped_path`], [`Tuning::coop_grouped_tile`] where it fits,
-    /// [`Tuning::coop_grouped_depth`]).
+    /// [`Tuning::coop_grouped_depth`]); its stages are the format's ([`Self::grouped`]).
     fn coop_grouped(&self, p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
         let (tile, path) = coop_grouped_gemm::choose(p, slots)?;
         let path = self.tuning.coop_grouped_path.unwrap_or(path);

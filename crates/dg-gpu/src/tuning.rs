@@ -13,7 +13,7 @@
 //! listing the known ones (a misspelt knob is reported, not silently ignored). Variables not
 //! starting with `DG_` are ignored.
 
-use dg_kernels::coop_gemm::{self, CoopTile, WPath};
+use dg_kernels::coop_gemm::{self, CoopTile, Stages, WPath};
 use dg_kernels::{coop_grouped_gemm, coop_kloop, grouped_gemm};
 
 /// Layers of an encoder chunk recorded per submit by default ([`Tuning::encoder_submit_layers`]):
@@ -64,6 +64,9 @@ pub struct Tuning {
     pub coop_grouped_path: Option<WPath>,
     /// `DG_COOP_GROUPED_DEPTH=N`: the experts' tensor-core tile's loads `N` K steps ahead.
     pub coop_grouped_depth: Option<u32>,
+    /// `DG_COOP_STAGES=alternating|constant`: how every tensor-core K loop with two stages names
+    /// them (`coop_kloop::Stages`), dense and experts alike, instead of per product.
+    pub coop_stages: Option<coop_kloop::Stages>,
     /// `DG_ENCODER_SUBMIT_LAYERS=N`: the layers of an encoder chunk recorded per submit where its
     /// plan was not recorded ahead (`GpuModel::encode`; the model's layer count or more: the whole
     /// chunk as one plan).
@@ -96,6 +99,7 @@ impl Default for Tuning {
             coop_grouped_tile: None,
             coop_grouped_path: None,
             coop_grouped_depth: None,
+            coop_stages: None,
             encoder_submit_layers: ENCODER_SUBMIT_LAYERS,
             weight_binding: None,
             vocab_binding: None,
@@ -184,6 +188,7 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_COOP_GROUPED_TILE",
     "DG_GROUPED_PATH",
     "DG_COOP_GROUPED_DEPTH",
+    "DG_COOP_STAGES",
     "DG_ENCODER_SUBMIT_LAYERS",
 ];
 
@@ -251,6 +256,10 @@ impl Tuning {
             }
             "DG_GROUPED_PATH" => self.coop_grouped_path = Some(choice(value, &paths).ok_or_else(bad)?),
             "DG_COOP_GROUPED_DEPTH" => self.coop_grouped_depth = Some(depth(value).ok_or_else(bad)?),
+            "DG_COOP_STAGES" => {
+                let stages = [("auto", None), ("alternating", Some(Stages::Alternating)), ("constant", Some(Stages::Constant))];
+                self.coop_stages = choice(value, &stages).ok_or_else(bad)?;
+            }
             "DG_ENCODER_SUBMIT_LAYERS" => {
                 self.encoder_submit_layers = value.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(bad)?;
             }
@@ -271,6 +280,11 @@ impl Tuning {
     /// [`Self::dense_depth`] for the experts' tile ([`Self::coop_grouped_depth`]).
     pub fn grouped_depth(&self, tile: CoopTile) -> CoopTile {
         with_depth(tile, self.coop_grouped_depth)
+    }
+
+    /// `tile` with the stages [`Self::coop_stages`] names, else `chosen`.
+    pub fn stages(&self, tile: CoopTile, chosen: Stages) -> CoopTile {
+        tile.with_stages(self.coop_stages.unwrap_or(chosen))
     }
 }
 
@@ -333,6 +347,7 @@ fn accepted(name: &str) -> String {
         "DG_QKV" => "auto, merged or separate".into(),
         "DG_COOP_PATH" | "DG_GROUPED_PATH" => "staged, direct or single".into(),
         "DG_COOP_DEPTH" | "DG_COOP_GROUPED_DEPTH" => format!("a whole number from 1 to {}", coop_kloop::MAX_DEPTH),
+        "DG_COOP_STAGES" => "auto, alternating or constant".into(),
         "DG_SPLIT_TARGET" => "a whole number of workgroups (0: never split)".into(),
         "DG_ENCODER_SUBMIT_LAYERS" => "a whole number of layers from 1".into(),
         "DG_GROUPED_TILE" => {

@@ -322,6 +322,21 @@ fn tuning_reaches_the_choices() {
         Ok(Dense::TensorCores(plan)) => assert_eq!(plan.kernel.tile, coop_gemm::TILE_64X64),
         other => panic!("{other:?}"),
     }
+    // `DG_COOP_STAGES` names the stages of every two-stage loop, the single stage's excepted.
+    for stages in coop_gemm::Stages::ALL {
+        let tuning = Tuning { coop_stages: Some(stages), ..Tuning::default() };
+        let planner = Planner::new(H200, &tuning);
+        match planner.dense(WeightFormat::F16, MatrixLayout::KPanels, &GemmParams::linear(CANVAS, H, INTER), true, None) {
+            Ok(Dense::TensorCores(plan)) => assert_eq!(plan.kernel.tile.stages, stages),
+            other => panic!("{other:?}"),
+        }
+        let tuning = Tuning { coop_stages: Some(stages), coop_path: WPath::Single, ..tuning };
+        match Planner::new(H200, &tuning).dense(WeightFormat::F16, MatrixLayout::KPanels, &GemmParams::linear(CANVAS, H, INTER), true, None)
+        {
+            Ok(Dense::TensorCores(plan)) => assert_eq!(plan.kernel.tile.stages, coop_gemm::Stages::Alternating),
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -59,6 +59,7 @@
 mod render;
 mod split;
 
+pub use crate::coop_kloop::Stages;
 pub use split::{LONG_K_STEPS, LONG_K_TARGET_WORKGROUPS, MIN_SPLIT_STEPS, PAIR_RESIDENT_SHARED_BYTES, SPLIT_TARGET_WORKGROUPS, Split};
 
 use crate::gemm::GemmParams;
@@ -197,6 +198,9 @@ pub struct CoopTile {
     /// K steps ahead of their use that the global loads are issued (1: the next step's; see
     /// [`crate::coop_kloop`]).
     pub depth: u32,
+    /// How the K loop's phases name their stage of workgroup memory (two-stage paths; see
+    /// [`Stages`]).
+    pub stages: Stages,
 }
 
 impl CoopTile {
@@ -269,48 +273,72 @@ impl CoopTile {
         CoopTile { depth, ..self }
     }
 
+    /// This tile with its stages named as `stages` says.
+    pub const fn with_stages(self, stages: Stages) -> CoopTile {
+        CoopTile { stages, ..self }
+    }
+
+    /// This tile as `path` runs it: [`WPath::Single`] has one stage and no stages to name, so
+    /// its tile keeps [`Stages::Alternating`] (one kernel, one name).
+    pub fn on_path(self, path: WPath) -> CoopTile {
+        match path {
+            WPath::Single => self.with_stages(Stages::Alternating),
+            WPath::Staged | WPath::Direct => self,
+        }
+    }
+
     /// Workgroups of an `m × n` product: `ceil(m / bm) · n / bn`.
     pub const fn tiles(self, m: u32, n: u32) -> u32 {
         m.div_ceil(self.bm) * (n / self.bn)
     }
 
-    /// `"{bm}x{bn}x{bk}_{wm}x{wn}"` plus `"_v4"` for [`Staging::Vec4`] and `"_d{depth}"` for a
-    /// depth over 1.
+    /// `"{bm}x{bn}x{bk}_{wm}x{wn}"` plus `"_v4"` for [`Staging::Vec4`], `"_d{depth}"` for a
+    /// depth over 1 and `"_cs"` for [`Stages::Constant`].
     pub fn label(self) -> String {
         let staging = match self.staging {
             Staging::Scalar => "",
             Staging::Vec4 => "_v4",
         };
         let depth = if self.depth == 1 { String::new() } else { format!("_d{}", self.depth) };
-        format!("{}x{}x{}_{}x{}{staging}{depth}", self.bm, self.bn, self.bk, self.wm, self.wn)
+        let stages = match self.stages {
+            Stages::Alternating => "",
+            Stages::Constant => "_cs",
+        };
+        format!("{}x{}x{}_{}x{}{staging}{depth}{stages}", self.bm, self.bn, self.bk, self.wm, self.wn)
     }
 }
 
 /// 64×128 tile, 32×64 per subgroup (4 subgroups, 2×4 fragments each), K steps of 32, vec4
 /// staging (30 KiB): 128 workgroups for `256 × 4096`, about one per SM of an H200.
-pub const TILE_64X128: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 1 };
+pub const TILE_64X128: CoopTile =
+    CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
 /// [`TILE_64X128`] with scalar f16 staging (the plainest WGSL).
 pub const TILE_64X128_SCALAR: CoopTile = CoopTile { staging: Staging::Scalar, ..TILE_64X128 };
 /// 64×64 tile, 32×32 per subgroup (4 subgroups, 2×2 fragments), K steps of 32 (20 KiB): more
 /// workgroups (256 for `256 × 4096`).
-pub const TILE_64X64: CoopTile = CoopTile { bm: 64, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1 };
+pub const TILE_64X64: CoopTile =
+    CoopTile { bm: 64, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
 /// [`TILE_64X64`] with K steps of 64 (36 KiB): half the barriers.
 pub const TILE_64X64_K64: CoopTile = CoopTile { bk: 64, ..TILE_64X64 };
 /// 128×64 tile, 64×32 per subgroup (4 subgroups, 4×2 fragments), K steps of 32 (30 KiB).
-pub const TILE_128X64: CoopTile = CoopTile { bm: 128, bn: 64, bk: 32, wm: 64, wn: 32, staging: Staging::Vec4, depth: 1 };
+pub const TILE_128X64: CoopTile =
+    CoopTile { bm: 128, bn: 64, bk: 32, wm: 64, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
 /// 128×128 tile, 32×64 per subgroup (8 subgroups, 2×4 fragments), K steps of 32 (40 KiB): the most
 /// reuse, few workgroups at 256 rows. Its loads run 3 K steps ahead: alone on its multiprocessor
 /// (48 KiB with the scratch), a workgroup has no other to hide its loads' latency behind. On an
 /// H200 (`dense_tensor_core_throughput_by_tile_and_split`, 2 splits, µs at depths 1 / 2 / 3 / 4):
 /// q 133 / 75 / 60 / 71, o 111 / 81 / 70 / 94, MLP gate/up 82 / 61 / 55 / 73; in the F16 forward
 /// the panelled projections 348 → 289 µs a layer, the layers 1.407 → 1.355 ms.
-pub const TILE_128X128: CoopTile = CoopTile { bm: 128, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 3 };
+pub const TILE_128X128: CoopTile =
+    CoopTile { bm: 128, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 3, stages: Stages::Alternating };
 
 /// 32×64 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB): twice the workgroups of
 /// [`TILE_64X64`] (352 for `256 × 2816`).
-pub const TILE_32X64: CoopTile = CoopTile { bm: 32, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1 };
+pub const TILE_32X64: CoopTile =
+    CoopTile { bm: 32, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
 /// 64×32 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB).
-pub const TILE_64X32: CoopTile = CoopTile { bm: 64, bn: 32, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1 };
+pub const TILE_64X32: CoopTile =
+    CoopTile { bm: 64, bn: 32, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
 
 /// [`TILE_64X64`] with K steps of 16 (16 KiB with the scratch): three workgroups fit a
 /// multiprocessor's workgroup memory where [`TILE_64X64`]'s 24 KiB fit two.
@@ -384,6 +412,24 @@ pub fn source_for_a(tile: CoopTile, path: WPath, w_format: WeightFormat, layout:
 /// otherwise the first of [`TILES`] that fits.
 pub fn plan(p: &GemmParams) -> Option<(CoopTile, BLayout)> {
     plan_with(p, None, MAX_SHARED_BYTES)
+}
+
+/// K steps per multiprocessor from which a product's loop names its stages by constants
+/// ([`stages_for`]).
+pub const CONSTANT_STAGES_MIN_STEPS: u64 = 1024;
+
+/// How `tile`'s K loop names its stages for the product `p` on a device with `multiprocessors`:
+/// [`Stages::Constant`] where the product runs at least [`CONSTANT_STAGES_MIN_STEPS`] K steps per
+/// multiprocessor (all its tiles' steps, however K is split), else [`Stages::Alternating`]. On
+/// an H200 the V-sized products (the tied head and the soft embedding, about 2,700 steps per
+/// multiprocessor) gained 4–7% from constant stages and the layers' products (under 400) lost
+/// 2–10% (see [`Stages`]).
+pub fn stages_for(tile: CoopTile, p: &GemmParams, multiprocessors: u32) -> Stages {
+    let steps = u64::from(tile.tiles(p.m, p.n)) * u64::from(p.batch.max(1)) * u64::from(p.k / tile.bk);
+    match steps >= CONSTANT_STAGES_MIN_STEPS * u64::from(multiprocessors.max(1)) {
+        true => Stages::Constant,
+        false => Stages::Alternating,
+    }
 }
 
 /// Rows from which a product takes [`TILE_128X128`] where it fits, rather than the first fitting
@@ -490,6 +536,40 @@ mod tests {
         assert_eq!(plan(&GemmParams { b_rs: 2, ..q }), None, "no unit stride in B");
         assert_eq!(plan(&GemmParams { a_offset: 2, ..q }), None, "A offset not vec4-aligned");
         assert_eq!(plan(&GemmParams::linear(256, 4096, 2800)), None, "k not a multiple of 32");
+    }
+
+    #[test]
+    fn only_the_v_sized_products_name_their_stages_by_constants() {
+        // On an H200's 132 multiprocessors: the tied head (256 × 262144 × 2816) and the soft
+        // embedding (256 × 2816 × 262144) against q/K/V and the dense MLP's down projection, in
+        // the decoder and in a 1024-token prefill.
+        let (sms, tile) = (132, TILE_128X128);
+        assert_eq!(stages_for(tile, &GemmParams::linear(256, 262144, 2816), sms), Stages::Constant);
+        assert_eq!(stages_for(tile, &GemmParams::linear(256, 2816, 262144), sms), Stages::Constant);
+        for rows in [256, 1024] {
+            assert_eq!(stages_for(tile, &GemmParams::linear(rows, 8192, 2816), sms), Stages::Alternating);
+            assert_eq!(stages_for(tile, &GemmParams::linear(rows, 2816, 2112), sms), Stages::Alternating);
+        }
+    }
+
+    #[test]
+    fn constant_stages_are_constants_in_every_phase() {
+        // The stage of a phase is `(s & 1u)` with alternating stages and a literal with constant
+        // ones (the odd ring of depth 3 doubled to six phases); everything else is the same.
+        for path in [WPath::Staged, WPath::Direct] {
+            let alternating = source_with(TILE_128X128, path).wgsl;
+            let constant = source_with(TILE_128X128.with_stages(Stages::Constant), path).wgsl;
+            assert!(alternating.contains("let a_st = (s & 1u) * (BM * KP);"), "{path:?}");
+            assert!(!constant.contains("& 1u)"), "{path:?}: a stage computed from the step");
+            let phases = |wgsl: &str| wgsl.matches("let s = s0 + ").count();
+            let sets = if path == WPath::Staged { 3 } else { 4 };
+            assert_eq!(phases(&alternating), sets, "{path:?}");
+            assert_eq!(phases(&constant), if sets % 2 == 1 { 2 * sets } else { sets }, "{path:?}");
+            for ph in 0..phases(&constant) {
+                assert!(constant.contains(&format!("let s = s0 + {ph}u;")), "{path:?}");
+            }
+            assert_eq!(constant.matches("let a_st = 1u * (BM * KP);").count(), phases(&constant) / 2, "{path:?}");
+        }
     }
 
     #[test]

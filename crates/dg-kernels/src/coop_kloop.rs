@@ -21,7 +21,8 @@
 //!
 //! Staged and single, the ring is [`Ring::Staggered`] as above, or [`Ring::Batched`]: each pass
 //! of the unrolled loop takes the `d` sets the pass before loaded and loads the next pass's `d`
-//! steps at once.
+//! steps at once. Staged and direct (two stages of workgroup memory), each phase computes its
+//! stage from the step or knows it as a constant ([`Stages`]).
 //!
 //! Depth 1 is the classic double buffer (the loads of the next step in flight while this one
 //! multiplies). Every depth adds the same products in the same order: results are bit-identical
@@ -207,42 +208,99 @@ fn prologue(sets: u32, with_w: bool) -> String {
     s
 }
 
-/// After step `s` (phase `ph` of a ring of `sets`) multiplied: step `s + 1` into the other stage
-/// from its set, and step `s + 1 + sets` loaded into that set.
-fn advance(ph: u32, sets: u32, with_w: bool) -> String {
+/// After step `s` (phase `ph` of a pass, a ring of `sets`) multiplied: step `s + 1` into the
+/// other stage from its set, and step `s + 1 + sets` loaded into that set.
+fn advance(ph: u32, sets: u32, stages: Stages, with_w: bool) -> String {
     let next = (ph + 1) % sets;
     let i = "                    ";
     format!(
-        "                {{\n\
-         \x20                   let a_nx = ((s + 1u) & 1u) * (BM * KP);\n\
-         \x20                   let b_nx = ((s + 1u) & 1u) * SBS;\n\
-         {}{}\
+        "                {{\n{}{}{}\
          \x20               }}\n",
+        stages.offsets(ph + 1, "(s + 1u)", "a_nx", Some("b_nx"), i),
         put(RING, next, "a_nx", "b_nx", with_w, i),
         prefetch(next, &clamped(&format!("s + {}u", 1 + sets)), with_w, i),
     )
 }
 
-/// The staged K loop of `depth` (A and W through workgroup memory); [`Ring::Batched`]: see
-/// [`staged_batched`].
-pub(crate) fn staged(depth: u32, ring: Ring) -> String {
+/// The staged K loop of `depth` (A and W through workgroup memory), its stages named as
+/// `stages` says; [`Ring::Batched`]: see [`staged_batched`].
+pub(crate) fn staged(depth: u32, ring: Ring, stages: Stages) -> String {
     assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
     if ring == Ring::Batched {
-        return staged_batched(depth);
+        return staged_batched(depth, stages);
     }
     let mut s = prologue(depth, true);
     s += "    workgroupBarrier();\n\n//@ACC\n";
-    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
-    for ph in 0..depth {
+    let phases = stages.phases(depth);
+    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {phases}u) {{\n");
+    for ph in 0..phases {
         s += &format!(
             "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
-             \x20           {{\n                let a_st = (s & 1u) * (BM * KP);\n                let b_st = (s & 1u) * SBS;\n\
+             \x20           {{\n{}\
              //@MULTIPLY\n{}\
              \x20               workgroupBarrier();\n            }}\n        }}\n",
-            advance(ph, depth, true)
+            stages.offsets(ph, "s", "a_st", Some("b_st"), "                "),
+            advance(ph, depth, stages, true)
         );
     }
     s + "    }\n"
+}
+
+/// How a two-stage loop's phases name their stage of workgroup memory.
+///
+/// With [`Stages::Alternating`] a pass has one phase per set of the ring, and a phase computes
+/// its stage from the step (`s & 1`). The bounds checks then clamp every fragment load's and
+/// every staged store's index at every step: on an H200, five uniform instructions for each of
+/// the 12 fragment loads of a 128 × 128 step (`bench/nv_sass.py`). With [`Stages::Constant`] a
+/// pass whose ring has an odd number of sets is doubled, so that every pass starts at an even
+/// step and each phase's stage is a constant: the clamps are computed once, ahead of the loop
+/// (the 128 × 128 step: about 190 → 135 instructions a subgroup). The doubled pass is longer
+/// code, and fewer instructions do not always pay. Measured on an H200 (real 6-layer geometry,
+/// ms over the forward, one call): the experts' 64 × 128 staged tiles in a 1024-token prefill
+/// 7.35 → 6.25 (one set, two phases); the V-sized head 2.50 → 2.39 and the soft embedding
+/// 2.00 → 1.87 (128 × 128 at depth 3: six phases); but the layers' own 128 × 128 products (a few
+/// hundred K steps per multiprocessor) 1.47 → 1.52 and attention's 64 × 64 values 0.20 → 0.22.
+/// Hence `coop_gemm::stages_for` and the grouped kernel's prefill tile. The results are the
+/// same bits either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stages {
+    /// Each phase computes its stage from the step.
+    Alternating,
+    /// Each phase's stage is a constant (odd rings: the pass doubled).
+    Constant,
+}
+
+impl Stages {
+    /// Both, [`Stages::Alternating`] first.
+    pub const ALL: [Stages; 2] = [Stages::Alternating, Stages::Constant];
+
+    /// Phases of one pass of a staged loop whose ring has `sets` sets (see [`Stages`]).
+    fn phases(self, sets: u32) -> u32 {
+        match self {
+            Stages::Constant if sets % 2 == 1 => 2 * sets,
+            _ => sets,
+        }
+    }
+
+    /// The stage (a WGSL u32 expression) of the step `step` (a WGSL expression), phase `ph` of
+    /// its pass.
+    fn stage(self, ph: u32, step: &str) -> String {
+        match self {
+            Stages::Alternating => format!("({step} & 1u)"),
+            Stages::Constant => format!("{}u", ph % 2),
+        }
+    }
+
+    /// The `let`s, indented by `indent`, of the stage offsets `a` (of A) and, with `b`, of W, of
+    /// the step `step`, phase `ph` of its pass.
+    fn offsets(self, ph: u32, step: &str, a: &str, b: Option<&str>, indent: &str) -> String {
+        let stage = self.stage(ph, step);
+        let mut s = format!("{indent}let {a} = {stage} * (BM * KP);\n");
+        if let Some(b) = b {
+            s += &format!("{indent}let {b} = {stage} * SBS;\n");
+        }
+        s
+    }
 }
 
 /// The single-stage K loop of `depth` (A and W through one stage of workgroup memory, half the
@@ -290,7 +348,7 @@ fn batch(depth: u32, first: &str) -> String {
 /// The staged K loop of `depth` with the ring's loads issued a pass at a time: step 0 staged and
 /// steps `1..=depth` loaded before the loop; each pass then takes its `depth` steps from the
 /// copy [`batch`] makes (step `s + 1` staged while step `s` multiplies, as in [`staged`]).
-fn staged_batched(depth: u32) -> String {
+fn staged_batched(depth: u32, stages: Stages) -> String {
     let mut s = declare(depth, true);
     s += &load(0, "0u", true, "    ");
     s += &format!("    {{\n        let {} = {};\n        let {} = {};\n", COPY.0, RING.0, COPY.1, RING.1);
@@ -300,21 +358,27 @@ fn staged_batched(depth: u32) -> String {
         s += &prefetch(t, &clamped(&format!("{}u", 1 + t)), true, "    ");
     }
     s += "    workgroupBarrier();\n\n//@ACC\n";
-    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
-    s += &batch(depth, &format!("s0 + {}u", 1 + depth));
-    for ph in 0..depth {
-        let put_next = put(COPY, ph, "a_nx", "b_nx", true, "                    ");
-        s += &format!(
-            "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
-             \x20           {{\n                let a_st = (s & 1u) * (BM * KP);\n                let b_st = (s & 1u) * SBS;\n\
-             //@MULTIPLY\n\
-             \x20               {{\n\
-             \x20                   let a_nx = ((s + 1u) & 1u) * (BM * KP);\n\
-             \x20                   let b_nx = ((s + 1u) & 1u) * SBS;\n\
-             {put_next}\
-             \x20               }}\n\
-             \x20               workgroupBarrier();\n            }}\n        }}\n"
-        );
+    let phases = stages.phases(depth);
+    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {phases}u) {{\n");
+    for first in (0..phases).step_by(depth as usize) {
+        // Each batch in a scope of its own (its copy's names).
+        s += "        {\n";
+        s += &batch(depth, &format!("s0 + {}u", first + 1 + depth));
+        for ph in first..first + depth {
+            let put_next = put(COPY, ph - first, "a_nx", "b_nx", true, "                    ");
+            s += &format!(
+                "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
+                 \x20           {{\n{}\
+                 //@MULTIPLY\n\
+                 \x20               {{\n{}\
+                 {put_next}\
+                 \x20               }}\n\
+                 \x20               workgroupBarrier();\n            }}\n        }}\n",
+                stages.offsets(ph, "s", "a_st", Some("b_st"), "                "),
+                stages.offsets(ph + 1, "(s + 1u)", "a_nx", Some("b_nx"), "                    "),
+            );
+        }
+        s += "        }\n";
     }
     s + "    }\n"
 }
@@ -346,7 +410,7 @@ fn single_batched(depth: u32) -> String {
 
 /// The direct K loop of `depth` for a tile with `k_frags` fragments along its K step and `n_frags`
 /// along a subgroup's columns: W fragment `(kk, j)` of the current step is `fb_{kk}_{j}`.
-pub(crate) fn direct(depth: u32, k_frags: u32, n_frags: u32) -> String {
+pub(crate) fn direct(depth: u32, k_frags: u32, n_frags: u32, stages: Stages) -> String {
     assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
     let sets = depth + 1;
     let fragments = |f: &dyn Fn(u32, u32, String) -> String| -> String {
@@ -366,8 +430,9 @@ pub(crate) fn direct(depth: u32, k_frags: u32, n_frags: u32) -> String {
         });
     }
     s += "    workgroupBarrier();\n\n//@ACC\n";
-    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {sets}u) {{\n");
-    for ph in 0..sets {
+    let phases = stages.phases(sets);
+    s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {phases}u) {{\n");
+    for ph in 0..phases {
         let ahead = (ph + depth) % sets;
         // Unconditional (cooperative loads need uniform control flow): past the last step, the
         // last step's fragments again.
@@ -376,15 +441,18 @@ pub(crate) fn direct(depth: u32, k_frags: u32, n_frags: u32) -> String {
                 "                fw{ahead}_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[w_sub + min(s + {depth}u, steps - 1u) * w_step + {at}], stride_w);\n"
             )
         });
-        let current = fragments(&|kk, j, _| format!("                let fb_{kk}_{j} = fw{ph}_{kk}_{j};\n"));
+        let set = ph % sets;
+        let current = fragments(&|kk, j, _| format!("                let fb_{kk}_{j} = fw{set}_{kk}_{j};\n"));
         s += &format!(
             "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
              \x20           {{\n{refill}\
              {current}\
-             \x20               let a_st = (s & 1u) * (BM * KP);\n                let b_st = 0u;\n\
+             {}\
+             \x20               let b_st = 0u;\n\
              //@MULTIPLY\n{}\
              \x20               workgroupBarrier();\n            }}\n        }}\n",
-            advance(ph, sets, false)
+            stages.offsets(ph, "s", "a_st", None, "                "),
+            advance(ph, sets, stages, false)
         );
     }
     s + "    }\n"

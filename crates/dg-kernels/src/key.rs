@@ -243,16 +243,23 @@ impl KernelKey {
             keys.extend(gemm::TILES.iter().map(|&tile| K::Gemm { tile, w }));
             keys.extend(grouped_gemm::TILES.iter().map(|&tile| K::GroupedGemm { tile, w }));
         }
+        // Every depth, and both ways of naming the stages where the loop has two (the single
+        // stage has one: its kernel is the same either way).
         let depths = |tiles: &'static [CoopTile]| {
-            tiles.iter().flat_map(|&t| (1..=coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d))).filter(|t| t.is_valid())
+            tiles
+                .iter()
+                .flat_map(|&t| (1..=coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d)))
+                .flat_map(|t| coop_kloop::Stages::ALL.map(|stages| t.with_stages(stages)))
+                .filter(|t| t.is_valid())
         };
+        let staged_twice = |tile: CoopTile, path: WPath| tile.on_path(path) == tile;
         for tile in depths(coop_gemm::TILES).chain(depths(coop_gemm::TUNING_TILES)) {
             for path in PATHS {
                 for w in FORMATS {
                     for layout in LAYOUTS {
                         for a in A_FORMATS {
                             let key = CoopGemmKey { tile, path, w, layout, a };
-                            if key.is_valid() {
+                            if key.is_valid() && staged_twice(tile, path) {
                                 keys.push(K::CoopGemm(key));
                             }
                         }
@@ -261,7 +268,7 @@ impl KernelKey {
             }
         }
         for tile in depths(coop_grouped_gemm::TILES).chain(depths(coop_grouped_gemm::TUNING_TILES)) {
-            for path in PATHS.into_iter().filter(|&path| coop_grouped_gemm::runs(tile, path)) {
+            for path in PATHS.into_iter().filter(|&path| coop_grouped_gemm::runs(tile, path) && staged_twice(tile, path)) {
                 for w in FORMATS.into_iter().filter(|&w| coop_grouped_gemm::reads(w, path)) {
                     keys.extend(A_FORMATS.map(|a| K::CoopGroupedGemm { tile, path, w, a }));
                 }

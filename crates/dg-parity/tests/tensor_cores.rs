@@ -461,9 +461,10 @@ fn panelled_matrix_refuses_products_no_tile_takes() {
 }
 
 /// Deeper prefetch rings (`dg_kernels::coop_kloop`) add the same products in the same order: the
-/// dense kernel gives the same bits at every depth, staged and direct, whole and in K splits, with
-/// a partial last m tile, and K steps (7, or 3 and 4 a split) fewer than some rings and no multiple
-/// of any ring's length.
+/// dense kernel gives the same bits at every depth and with either naming of its stages
+/// (`coop_kloop::Stages`: constant stages double the passes of odd rings), staged and direct,
+/// whole and in K splits, with a partial last m tile, and K steps (7, or 3 and 4 a split) fewer
+/// than some rings and no multiple of any ring's length.
 #[test]
 fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
     use dg_kernels::coop_gemm::{self, BLayout, Split};
@@ -481,8 +482,9 @@ fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
         for path in [WPath::Staged, WPath::Direct] {
             for split in [Split { splits: 1, steps: 7 }, Split { splits: 2, steps: 4 }] {
                 let mut first: Option<Vec<f32>> = None;
-                for depth in 1..=dg_kernels::coop_kloop::MAX_DEPTH {
-                    let t = tile.with_depth(depth);
+                let depths = 1..=dg_kernels::coop_kloop::MAX_DEPTH;
+                for (depth, stages) in depths.flat_map(|d| coop_gemm::Stages::ALL.map(|s| (d, s))) {
+                    let t = tile.with_depth(depth).with_stages(stages);
                     let kernel = pipelines.get_source(&ctx, coop_gemm::source_for(t, path, WeightFormat::F16, BLayout::Nk)).unwrap();
                     let mut plan = dg_gpu::PlanBuilder::new(&ctx);
                     push_product(&mut plan, (&kernel, &reduce), t, &p, split, [&a, &b, &scratch, &c]);
@@ -490,7 +492,9 @@ fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
                     let got = ctx.read_f32(&c, 0, (p.m * p.n) as usize).unwrap();
                     match &first {
                         None => first = Some(got),
-                        Some(want) => assert!(&got == want, "{} {path:?} {split:?}: other bits than depth 1", t.label()),
+                        Some(want) => {
+                            assert!(&got == want, "{} {path:?} {split:?}: other bits than depth 1, alternating stages", t.label())
+                        }
                     }
                 }
             }

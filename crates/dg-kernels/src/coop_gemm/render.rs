@@ -161,7 +161,7 @@ impl CoopTile {
                 let (_, fn_) = self.fragments();
                 let template = template.replace("var<workgroup> sb: array<SElem, SBL>;\n", "");
                 let fragment = |kk: u32, j: u32| format!("fb_{kk}_{j}");
-                let kloop = crate::coop_kloop::direct(self.depth, self.bk / FRAGMENT, fn_);
+                let kloop = crate::coop_kloop::direct(self.depth, self.bk / FRAGMENT, fn_, self.stages);
                 self.expand_with(&template, &kloop, "", w_format, layout, Some(&fragment), &pieces)
             }
         }
@@ -181,7 +181,7 @@ impl CoopTile {
         ring: Ring,
         pieces: &[(&str, String)],
     ) -> String {
-        self.expand_with(template, &crate::coop_kloop::staged(self.depth, ring), w_at, w_format, layout, None, pieces)
+        self.expand_with(template, &crate::coop_kloop::staged(self.depth, ring, self.stages), w_at, w_format, layout, None, pieces)
     }
 
     /// [`Self::expand`] with the K loop `kloop`, and with `b_fragment(kk, j)` naming the B
