@@ -204,6 +204,12 @@ pub struct CoopTile {
 }
 
 impl CoopTile {
+    /// A `bm × bn` tile in K steps of `bk`, `wm × wn` per subgroup, as the tile tables write them:
+    /// vec4 staging, loads one step ahead, alternating stages (each changed with `..` or `with_*`).
+    pub const fn vec4(bm: u32, bn: u32, bk: u32, wm: u32, wn: u32) -> CoopTile {
+        CoopTile { bm, bn, bk, wm, wn, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating }
+    }
+
     /// Subgroups per workgroup.
     pub const fn subgroups(self) -> u32 {
         (self.bm / self.wm) * (self.bn / self.wn)
@@ -310,35 +316,29 @@ impl CoopTile {
 
 /// 64×128 tile, 32×64 per subgroup (4 subgroups, 2×4 fragments each), K steps of 32, vec4
 /// staging (30 KiB): 128 workgroups for `256 × 4096`, about one per SM of an H200.
-pub const TILE_64X128: CoopTile =
-    CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
+pub const TILE_64X128: CoopTile = CoopTile::vec4(64, 128, 32, 32, 64);
 /// [`TILE_64X128`] with scalar f16 staging (the plainest WGSL).
 pub const TILE_64X128_SCALAR: CoopTile = CoopTile { staging: Staging::Scalar, ..TILE_64X128 };
 /// 64×64 tile, 32×32 per subgroup (4 subgroups, 2×2 fragments), K steps of 32 (20 KiB): more
 /// workgroups (256 for `256 × 4096`).
-pub const TILE_64X64: CoopTile =
-    CoopTile { bm: 64, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
+pub const TILE_64X64: CoopTile = CoopTile::vec4(64, 64, 32, 32, 32);
 /// [`TILE_64X64`] with K steps of 64 (36 KiB): half the barriers.
 pub const TILE_64X64_K64: CoopTile = CoopTile { bk: 64, ..TILE_64X64 };
 /// 128×64 tile, 64×32 per subgroup (4 subgroups, 4×2 fragments), K steps of 32 (30 KiB).
-pub const TILE_128X64: CoopTile =
-    CoopTile { bm: 128, bn: 64, bk: 32, wm: 64, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
+pub const TILE_128X64: CoopTile = CoopTile::vec4(128, 64, 32, 64, 32);
 /// 128×128 tile, 32×64 per subgroup (8 subgroups, 2×4 fragments), K steps of 32 (40 KiB): the most
 /// reuse, few workgroups at 256 rows. Its loads run 3 K steps ahead: alone on its multiprocessor
 /// (48 KiB with the scratch), a workgroup has no other to hide its loads' latency behind. On an
 /// H200 (`dense_tensor_core_throughput_by_tile_and_split`, 2 splits, µs at depths 1 / 2 / 3 / 4):
 /// q 133 / 75 / 60 / 71, o 111 / 81 / 70 / 94, MLP gate/up 82 / 61 / 55 / 73; in the F16 forward
 /// the panelled projections 348 → 289 µs a layer, the layers 1.407 → 1.355 ms.
-pub const TILE_128X128: CoopTile =
-    CoopTile { bm: 128, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 3, stages: Stages::Alternating };
+pub const TILE_128X128: CoopTile = CoopTile::vec4(128, 128, 32, 32, 64).with_depth(3);
 
 /// 32×64 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB): twice the workgroups of
 /// [`TILE_64X64`] (352 for `256 × 2816`).
-pub const TILE_32X64: CoopTile =
-    CoopTile { bm: 32, bn: 64, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
+pub const TILE_32X64: CoopTile = CoopTile::vec4(32, 64, 32, 32, 32);
 /// 64×32 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB).
-pub const TILE_64X32: CoopTile =
-    CoopTile { bm: 64, bn: 32, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
+pub const TILE_64X32: CoopTile = CoopTile::vec4(64, 32, 32, 32, 32);
 
 /// [`TILE_64X64`] with K steps of 16 (16 KiB with the scratch): three workgroups fit a
 /// multiprocessor's workgroup memory where [`TILE_64X64`]'s 24 KiB fit two.

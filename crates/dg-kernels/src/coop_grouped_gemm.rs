@@ -35,7 +35,7 @@
 //! `wgsl/coop_grouped_gemm.wgsl`.
 
 pub use crate::coop_gemm::WPath;
-use crate::coop_gemm::{AFormat, CoopTile, FRAGMENT, MAX_SHARED_BYTES, Stages, Staging};
+use crate::coop_gemm::{AFormat, CoopTile, FRAGMENT, MAX_SHARED_BYTES, Stages};
 use crate::gemm::fold;
 use crate::grouped_gemm::GroupedGemmParams;
 use crate::{Access, KernelSource, WeightFormat};
@@ -61,19 +61,15 @@ pub fn pack_f16_panels(w: &[f32], n: usize, k: usize, panel: usize) -> Vec<u32> 
 
 /// 32 rows × 128 columns, 32×32 per subgroup (4 subgroups), K steps of 32: the decoder's ~16 slots
 /// per expert in one m tile.
-pub const TILE_32X128: CoopTile =
-    CoopTile { bm: 32, bn: 128, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
+pub const TILE_32X128: CoopTile = CoopTile::vec4(32, 128, 32, 32, 32);
 /// 16 × 256, 16×64 per subgroup (4 subgroups): wide tiles for short K (the down projection, K 704,
 /// N 2816); tested and timed, but not picked by [`choose`] (32 × 128 measured faster in the forward).
-pub const TILE_16X256: CoopTile =
-    CoopTile { bm: 16, bn: 256, bk: 32, wm: 16, wn: 64, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
+pub const TILE_16X256: CoopTile = CoopTile::vec4(16, 256, 32, 16, 64);
 /// 32 × 64, 16×32 per subgroup (4 subgroups): for `n` not a multiple of 128.
-pub const TILE_32X64: CoopTile =
-    CoopTile { bm: 32, bn: 64, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
+pub const TILE_32X64: CoopTile = CoopTile::vec4(32, 64, 32, 16, 32);
 /// 64 × 128, 32×64 per subgroup (4 subgroups): the encoder's chunks (1024 tokens, ~64 slots per
 /// expert).
-pub const TILE_64X128: CoopTile =
-    CoopTile { bm: 64, bn: 128, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
+pub const TILE_64X128: CoopTile = CoopTile::vec4(64, 128, 32, 32, 64);
 
 /// How the experts' two-stage loops (the staged path: the encoder's [`TILE_64X128`]) name their
 /// stages for W stored as `format` (`coop_kloop::Stages`): constants for F16 (on an H200 a
@@ -89,8 +85,7 @@ pub fn stages_for(format: WeightFormat) -> Stages {
 
 /// 16 × 128, 16×32 per subgroup (4 subgroups): half the accumulators of [`TILE_32X128`] per
 /// subgroup (fewer registers, more workgroups resident); a group over 16 slots takes two m tiles.
-pub const TILE_16X128: CoopTile =
-    CoopTile { bm: 16, bn: 128, bk: 32, wm: 16, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating };
+pub const TILE_16X128: CoopTile = CoopTile::vec4(16, 128, 32, 16, 32);
 /// 32 × 128 in 8 subgroups of 16×32 (256 invocations): [`TILE_32X128`]'s tile with half the
 /// accumulators per subgroup. On an H200 at depth 4 (114 registers against [`EXPERT_TILE`]'s 216,
 /// twice the subgroups resident), F16 experts 493 / 268 µs for gate/up / down against 344 / 198.

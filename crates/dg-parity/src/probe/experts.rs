@@ -4,7 +4,7 @@
 //! dense projections' products too).
 
 use dg_gpu::{GpuContext, Pipelines};
-use dg_kernels::coop_gemm::{self, AFormat, CoopTile, Stages, Staging};
+use dg_kernels::coop_gemm::{self, AFormat, CoopTile};
 use dg_kernels::coop_grouped_gemm::{self, WPath};
 
 use super::{ProbeError, ProbeOptions, replaced, time_dispatch};
@@ -166,8 +166,8 @@ const TIMED_TILES: &[(CoopTile, WPath)] = &[
     (coop_grouped_gemm::TILE_32X64, WPath::Single),
     (coop_grouped_gemm::TILE_32X128.with_depth(2), WPath::Direct),
     (coop_grouped_gemm::TILE_16X128, WPath::Direct),
-    (CoopTile { bm: 32, bn: 256, bk: 32, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating }, WPath::Direct),
-    (CoopTile { bm: 32, bn: 256, bk: 32, wm: 32, wn: 64, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating }, WPath::Direct),
+    (CoopTile::vec4(32, 256, 32, 32, 32), WPath::Direct),
+    (CoopTile::vec4(32, 256, 32, 32, 64), WPath::Direct),
 ];
 
 /// Best time of one dispatch of `tile` over 5 submissions of 50 replays, in seconds.

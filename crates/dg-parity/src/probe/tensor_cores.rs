@@ -6,7 +6,7 @@
 
 use dg_gpu::{GpuContext, Pipelines};
 use dg_kernels::WeightFormat;
-use dg_kernels::coop_gemm::{CoopTile, Stages, Staging};
+use dg_kernels::coop_gemm::{CoopTile, Staging};
 use dg_kernels::coop_grouped_gemm::{self, WPath};
 
 use super::{ProbeError, ProbeOptions, replaced, split_into, time_dispatch};
@@ -231,10 +231,7 @@ pub fn tensor_core_operand_traffic_probe(ctx: &GpuContext, _options: &ProbeOptio
     ];
     let w_cached: &[(&str, &str)] = &[("let w_next = w_sub + min(s + 1u, steps - 1u) * w_step;", "let w_next = w_sub;")];
     let both: Vec<(&str, &str)> = tile_major.iter().chain(f16_a).copied().collect();
-    for tile in [
-        coop_grouped_gemm::TILE_32X128,
-        CoopTile { bm: 32, bn: 128, bk: 64, wm: 32, wn: 32, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating },
-    ] {
+    for tile in [coop_grouped_gemm::TILE_32X128, CoopTile::vec4(32, 128, 64, 32, 32)] {
         let grouped = coop_grouped_gemm::source_with(tile, WPath::Direct);
         let variants = [
             ("as is", grouped.clone()),
