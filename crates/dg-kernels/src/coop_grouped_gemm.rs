@@ -73,7 +73,7 @@ pub const TILE_64X128: CoopTile = CoopTile::vec4(64, 128, 32, 32, 64);
 
 /// How the experts' two-stage loops (the staged path: the encoder's [`TILE_64X128`]) name their
 /// stages for W stored as `format` (`coop_kloop::Stages`): constants for F16 (on an H200 a
-/// 1024-token prefill's F16 experts took 6.25 ms over 6 layers against 7.35 with alternating
+/// 1024-token prefill's F16 experts took 6.33 ms over 6 layers against 7.35 with alternating
 /// stages, the same bits), alternating for the quantized formats (not measured apart: the runs of
 /// their prefill in that session had every kernel 1.4–3× slower than usual).
 pub fn stages_for(format: WeightFormat) -> Stages {

@@ -257,8 +257,8 @@ pub(crate) fn staged(depth: u32, ring: Ring, stages: Stages) -> String {
 /// (the 128 × 128 step: about 190 → 135 instructions a subgroup). The doubled pass is longer
 /// code, and fewer instructions do not always pay. Measured on an H200 (real 6-layer geometry,
 /// ms over the forward, one call): the experts' 64 × 128 staged tiles in a 1024-token prefill
-/// 7.35 → 6.25 (one set, two phases); the V-sized head 2.50 → 2.39 and the soft embedding
-/// 2.00 → 1.87 (128 × 128 at depth 3: six phases); but the layers' own 128 × 128 products (a few
+/// 7.35 → 6.33 (one set, two phases); the V-sized head 2.52 → 2.40 and the soft embedding
+/// 2.00 → 1.88 (128 × 128 at depth 3: six phases); but the layers' own 128 × 128 products (a few
 /// hundred K steps per multiprocessor) 1.47 → 1.52 and attention's 64 × 64 values 0.20 → 0.22.
 /// Hence `coop_gemm::stages_for` and the grouped kernel's prefill tile. The results are the
 /// same bits either way.
