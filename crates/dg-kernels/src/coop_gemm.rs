@@ -422,8 +422,8 @@ pub const CONSTANT_STAGES_MIN_STEPS: u64 = 1024;
 /// [`Stages::Constant`] where the product runs at least [`CONSTANT_STAGES_MIN_STEPS`] K steps per
 /// multiprocessor (all its tiles' steps, however K is split), else [`Stages::Alternating`]. On
 /// an H200 the V-sized products (the tied head and the soft embedding, about 2,700 steps per
-/// multiprocessor) gained 4–7% from constant stages and the layers' products (a few hundred at most) lost
-/// 2–10% (see [`Stages`]).
+/// multiprocessor) gained 4–7% from constant stages, and the layers' products (a few hundred at
+/// most) lost 2–10% (see [`Stages`]).
 pub fn stages_for(tile: CoopTile, p: &GemmParams, multiprocessors: u32) -> Stages {
     let steps = u64::from(tile.tiles(p.m, p.n)) * u64::from(p.batch.max(1)) * u64::from(p.k / tile.bk);
     match steps >= CONSTANT_STAGES_MIN_STEPS * u64::from(multiprocessors.max(1)) {
