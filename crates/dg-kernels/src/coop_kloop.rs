@@ -97,6 +97,63 @@ impl Ring {
     }
 }
 
+/// How a two-stage loop's phases name their stage of workgroup memory.
+///
+/// With [`Stages::Alternating`] a pass has one phase per set of the ring, and a phase computes
+/// its stage from the step (`s & 1`). The bounds checks then clamp every fragment load's and
+/// every staged store's index at every step: on an H200, five uniform instructions for each of
+/// the 12 fragment loads of a 128 × 128 step (`bench/nv_sass.py`). With [`Stages::Constant`] a
+/// pass whose ring has an odd number of sets is doubled, so that every pass starts at an even
+/// step and each phase's stage is a constant: the clamps are computed once, ahead of the loop
+/// (the 128 × 128 step: about 190 → 135 instructions a subgroup). The doubled pass is longer
+/// code, and fewer instructions do not always pay. Measured on an H200 (real 6-layer geometry,
+/// ms over the forward, one call): the experts' 64 × 128 staged tiles in a 1024-token prefill
+/// 7.35 → 6.33 (one set, two phases); the V-sized head 2.52 → 2.40 and the soft embedding
+/// 2.00 → 1.88 (128 × 128 at depth 3: six phases); but the layers' own 128 × 128 products (a few
+/// hundred K steps per multiprocessor) 1.47 → 1.52 and attention's 64 × 64 values 0.20 → 0.22.
+/// Hence `coop_gemm::stages_for` and the grouped kernel's prefill tile. The results are the
+/// same bits either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stages {
+    /// Each phase computes its stage from the step.
+    Alternating,
+    /// Each phase's stage is a constant (odd rings: the pass doubled).
+    Constant,
+}
+
+impl Stages {
+    /// Both, [`Stages::Alternating`] first.
+    pub const ALL: [Stages; 2] = [Stages::Alternating, Stages::Constant];
+
+    /// Phases of one pass of a staged loop whose ring has `sets` sets (see [`Stages`]).
+    fn phases(self, sets: u32) -> u32 {
+        match self {
+            Stages::Constant if sets % 2 == 1 => 2 * sets,
+            _ => sets,
+        }
+    }
+
+    /// The stage (a WGSL u32 expression) of the step `step` (a WGSL expression), phase `ph` of
+    /// its pass.
+    fn stage(self, ph: u32, step: &str) -> String {
+        match self {
+            Stages::Alternating => format!("({step} & 1u)"),
+            Stages::Constant => format!("{}u", ph % 2),
+        }
+    }
+
+    /// The `let`s, indented by `indent`, of the stage offsets `a` (of A) and, with `b`, of W, of
+    /// the step `step`, phase `ph` of its pass.
+    fn offsets(self, ph: u32, step: &str, a: &str, b: Option<&str>, indent: &str) -> String {
+        let stage = self.stage(ph, step);
+        let mut s = format!("{indent}let {a} = {stage} * (BM * KP);\n");
+        if let Some(b) = b {
+            s += &format!("{indent}let {b} = {stage} * SBS;\n");
+        }
+        s
+    }
+}
+
 /// W's offset of K step `STEP` from step 0 where a step adds `w_step` vec4s: what the rendered
 /// loops' `W_OFFSET(step)` become unless a kernel lays W out otherwise ([`w_offsets`]).
 pub(crate) const LINEAR_W_OFFSET: &str = "(STEP) * w_step";
@@ -244,63 +301,6 @@ pub(crate) fn staged(depth: u32, ring: Ring, stages: Stages) -> String {
         );
     }
     s + "    }\n"
-}
-
-/// How a two-stage loop's phases name their stage of workgroup memory.
-///
-/// With [`Stages::Alternating`] a pass has one phase per set of the ring, and a phase computes
-/// its stage from the step (`s & 1`). The bounds checks then clamp every fragment load's and
-/// every staged store's index at every step: on an H200, five uniform instructions for each of
-/// the 12 fragment loads of a 128 × 128 step (`bench/nv_sass.py`). With [`Stages::Constant`] a
-/// pass whose ring has an odd number of sets is doubled, so that every pass starts at an even
-/// step and each phase's stage is a constant: the clamps are computed once, ahead of the loop
-/// (the 128 × 128 step: about 190 → 135 instructions a subgroup). The doubled pass is longer
-/// code, and fewer instructions do not always pay. Measured on an H200 (real 6-layer geometry,
-/// ms over the forward, one call): the experts' 64 × 128 staged tiles in a 1024-token prefill
-/// 7.35 → 6.33 (one set, two phases); the V-sized head 2.52 → 2.40 and the soft embedding
-/// 2.00 → 1.88 (128 × 128 at depth 3: six phases); but the layers' own 128 × 128 products (a few
-/// hundred K steps per multiprocessor) 1.47 → 1.52 and attention's 64 × 64 values 0.20 → 0.22.
-/// Hence `coop_gemm::stages_for` and the grouped kernel's prefill tile. The results are the
-/// same bits either way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Stages {
-    /// Each phase computes its stage from the step.
-    Alternating,
-    /// Each phase's stage is a constant (odd rings: the pass doubled).
-    Constant,
-}
-
-impl Stages {
-    /// Both, [`Stages::Alternating`] first.
-    pub const ALL: [Stages; 2] = [Stages::Alternating, Stages::Constant];
-
-    /// Phases of one pass of a staged loop whose ring has `sets` sets (see [`Stages`]).
-    fn phases(self, sets: u32) -> u32 {
-        match self {
-            Stages::Constant if sets % 2 == 1 => 2 * sets,
-            _ => sets,
-        }
-    }
-
-    /// The stage (a WGSL u32 expression) of the step `step` (a WGSL expression), phase `ph` of
-    /// its pass.
-    fn stage(self, ph: u32, step: &str) -> String {
-        match self {
-            Stages::Alternating => format!("({step} & 1u)"),
-            Stages::Constant => format!("{}u", ph % 2),
-        }
-    }
-
-    /// The `let`s, indented by `indent`, of the stage offsets `a` (of A) and, with `b`, of W, of
-    /// the step `step`, phase `ph` of its pass.
-    fn offsets(self, ph: u32, step: &str, a: &str, b: Option<&str>, indent: &str) -> String {
-        let stage = self.stage(ph, step);
-        let mut s = format!("{indent}let {a} = {stage} * (BM * KP);\n");
-        if let Some(b) = b {
-            s += &format!("{indent}let {b} = {stage} * SBS;\n");
-        }
-        s
-    }
 }
 
 /// The single-stage K loop of `depth` (A and W through one stage of workgroup memory, half the
