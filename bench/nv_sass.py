@@ -22,6 +22,7 @@ opcodes in one pass. Tooling only: needs the `zstd` command and nvdisasm
 """
 
 import argparse
+import collections
 import glob
 import os
 import re
@@ -162,11 +163,7 @@ def loop_steps(rows):
 def loop_mix(rows, top=16):
     """The K loop's executed opcodes (`loop_body`, one pass of the unrolled loop), most frequent
     first: [(opcode with its modifiers, count)], the `top` largest."""
-    counts = {}
-    for _, text, _, _ in loop_body(rows):
-        op = re.sub("^" + PREDICATE, "", text).split()[0]
-        counts[op] = counts.get(op, 0) + 1
-    return sorted(counts.items(), key=lambda c: -c[1])[:top]
+    return collections.Counter(re.sub("^" + PREDICATE, "", text).split()[0] for _, text, _, _ in loop_body(rows)).most_common(top)
 
 
 def ring_waits(rows):

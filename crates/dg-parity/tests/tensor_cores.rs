@@ -30,6 +30,7 @@ const TANH_ALLOWANCE: f32 = 4e-6;
 
 #[test]
 fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
+    use dg_kernels::coop_gemm;
     let test = "coop_grouped_gemm_matches_the_exact_product_on_every_tile";
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
@@ -64,13 +65,16 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
                         "tile {} {path:?} counts {counts:?} gather {gather}: other bits over the tile table",
                         tile.label()
                     );
-                    // Deeper rings add the same products in the same order: the same bits.
-                    for depth in 2..=dg_kernels::coop_kloop::MAX_DEPTH {
-                        let deeper = run_tile(&ctx, &mut pipelines, tile.with_depth(depth), path, &x);
+                    // Deeper rings and stages named by constants (two-stage paths) add the same
+                    // products in the same order: the same bits.
+                    let depths = 1..=dg_kernels::coop_kloop::MAX_DEPTH;
+                    let variants = depths.flat_map(|d| coop_gemm::Stages::ALL.map(|s| tile.with_depth(d).with_stages(s)));
+                    for t in variants.filter(|&t| t != tile && t.on_path(path) == t) {
+                        let other = run_tile(&ctx, &mut pipelines, t, path, &x);
                         assert!(
-                            deeper == direct,
-                            "tile {} {path:?} depth {depth} counts {counts:?} gather {gather}: other bits than depth 1",
-                            tile.label()
+                            other == direct,
+                            "tile {} {path:?} counts {counts:?} gather {gather}: other bits than depth 1, alternating stages",
+                            t.label()
                         );
                     }
                 }
