@@ -288,7 +288,7 @@ impl<'t> Planner<'t> {
                 })?;
                 let path = if coop_grouped_gemm::reads(format, path) { path } else { WPath::Staged };
                 let tile = self.tuning.stages(tile, coop_grouped_gemm::stages_for(format)).on_path(path);
-                let run = match coop_grouped_gemm::runs_tiles(tile, path, format, p.k) {
+                let run = match coop_grouped_gemm::runs_tiles(path, format) {
                     true => {
                         self.tuning.expert_run.unwrap_or_else(|| coop_grouped_gemm::run_length(tile, p, slots, self.caps.multiprocessors))
                     }

@@ -49,8 +49,6 @@ fn every_knob_parses_its_values() {
     assert_eq!(one("DG_COOP_GROUPED_TILE", &label).unwrap().coop_grouped_tile, Some(TileName::Exact(coop_grouped_gemm::TILE_32X128_K64)));
     assert_eq!(one("DG_GROUPED_PATH", "direct").unwrap().coop_grouped_path, Some(WPath::Direct));
     assert_eq!(one("DG_COOP_GROUPED_DEPTH", "3").unwrap().coop_grouped_depth, Some(3));
-    assert_eq!(one("DG_EXPERT_RUN", "11").unwrap().expert_run, Some(11));
-    assert_eq!(one("DG_EXPERT_RUN", "auto").unwrap().expert_run, None);
     assert_eq!(one("DG_ENCODER_SUBMIT_LAYERS", "30").unwrap().encoder_submit_layers, 30);
     assert_eq!(Tuning::default().encoder_submit_layers, dg_gpu::tuning::ENCODER_SUBMIT_LAYERS);
 }
@@ -92,7 +90,6 @@ fn bad_values_name_the_variable_the_value_and_what_it_accepts() {
         ("DG_COOP_GROUPED_TILE", "128x128", "32x128"),
         ("DG_GROUPED_PATH", "fast", "staged, direct or single"),
         ("DG_COOP_GROUPED_DEPTH", "two", "from 1 to"),
-        ("DG_EXPERT_RUN", "0", "whole number of n tiles from 1"),
         ("DG_ENCODER_SUBMIT_LAYERS", "0", "whole number of layers from 1"),
     ];
     for (name, value, accepts) in cases {

@@ -329,8 +329,7 @@ pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AForma
             format!("{}u", p / 4),
         ),
     };
-    // Single-staged kernels can run n tiles in a row; `runs_tiles` says where they may.
-    let runs = path == WPath::Single;
+    let runs = runs_tiles(path, w);
     let template = include_str!("wgsl/coop_grouped_gemm.wgsl")
         .replace("W_FIRST", &w_first)
         .replace("W_STEP", &w_step)
@@ -447,21 +446,13 @@ pub fn run_length(tile: CoopTile, p: &GroupedGemmParams, slots: u32, multiproces
     (1..=tiles_n).fold(1, |best, run| if worst(run) < worst(best) { run } else { best })
 }
 
-/// Whether the kernel with `tile` reading experts stored as `w` by `path` may run several n
-/// tiles of its m tile in a row in one workgroup ([`GroupedGemmParams::run`] above 1, with a tile
-/// table) for products of `k` columns: the single-staged kernel, whose ring's loads then pass from
-/// one tile into the next (`coop_kloop`, runs). Its batched ring (F16) does so after any number
-/// of K steps; its staggered one (quantized formats) only where the ring's length divides them
-/// (else the passes that end a tile early would skip the next tile's first loads). A workgroup's
-/// start (its tile's header, the first loads' latency) and the partial last round of workgroups
-/// are then paid once a run instead of once a tile.
-pub fn runs_tiles(tile: CoopTile, path: WPath, w: WeightFormat, k: u32) -> bool {
-    use crate::coop_kloop::Ring;
-    path == WPath::Single
-        && match Ring::for_experts(w) {
-            Ring::Batched => true,
-            Ring::Staggered => (k / tile.bk).is_multiple_of(tile.depth),
-        }
+/// Whether the kernel reading experts stored as `w` by `path` runs several n tiles of its m tile
+/// in a row in one workgroup ([`GroupedGemmParams::run`], with a tile table): the single-staged
+/// kernel with its batched ring (F16), whose loads then pass from one tile into the next
+/// (`coop_kloop`, runs). A workgroup's start (its tile's header, the first loads' latency) and
+/// the partial last round of workgroups are then paid once a run instead of once a tile.
+pub fn runs_tiles(path: WPath, w: WeightFormat) -> bool {
+    path == WPath::Single && crate::coop_kloop::Ring::for_experts(w) == crate::coop_kloop::Ring::Batched
 }
 
 #[cfg(test)]
@@ -551,26 +542,6 @@ mod tests {
         assert_eq!(experts(EXPERT_TILE, WPath::Single, WeightFormat::Quantized(QuantFormat::Q4_K)), 0);
         let dense = crate::coop_gemm::source_for(crate::coop_gemm::TILE_128X128, WPath::Staged, WeightFormat::F16, BLayout::NkPanels);
         assert_eq!(loads_at_pass_head(dense.wgsl), 0);
-    }
-
-    #[test]
-    fn runs_are_costed_in_whole_rounds_and_chosen_for_uneven_routing_too() {
-        // Down at the real shapes over 128 m tiles, 264 workgroups at a time: one tile a
-        // workgroup takes 11 rounds; runs of 11 take one round, but two at 160 m tiles.
-        assert_eq!(run_cost(22, 22, 128, 1, 264), 11 * (22 + RUN_TILE_STEPS + RUN_START_STEPS));
-        assert_eq!(run_cost(22, 22, 128, 11, 264), 11 * (22 + RUN_TILE_STEPS) + RUN_START_STEPS);
-        assert_eq!(run_cost(22, 22, 160, 11, 264), 2 * (11 * (22 + RUN_TILE_STEPS) + RUN_START_STEPS));
-        let gate_up = GroupedGemmParams { n: 1408, k: 2816, groups: 128, max_rows: 256, ..bytemuck::Zeroable::zeroed() };
-        let down = GroupedGemmParams { n: 2816, k: 704, ..gate_up };
-        for p in [&gate_up, &down] {
-            let run = run_length(EXPERT_TILE, p, 2048, 132);
-            let (tiles_n, steps) = (p.n / EXPERT_TILE.bn, p.k / EXPERT_TILE.bk);
-            // Never worse than one tile a workgroup at either count it weighs.
-            for m in [128, 160] {
-                assert!(run_cost(tiles_n, steps, m, run, 264) <= run_cost(tiles_n, steps, m, 1, 264), "n {} run {run} m {m}", p.n);
-            }
-        }
-        assert_eq!(run_length(EXPERT_TILE, &GroupedGemmParams { n: 128, ..down }, 2048, 132), 1, "one n tile: nothing to run");
     }
 
     #[test]

@@ -24,13 +24,6 @@
 //! steps at once. Staged and direct (two stages of workgroup memory), each phase computes its
 //! stage from the step or knows it as a constant ([`Stages`]).
 //!
-//! Runs (single-staged loops, the experts' [`crate::coop_grouped_gemm::runs_tiles`]): a workgroup
-//! runs `run` n tiles of its m tile in a row (same A rows, W `W_TILE` vec4s further a tile),
-//! accumulators cleared and stored (the kernel's `//@RUN_STORE`) a tile at a time, and the ring
-//! never drained: the loads a tile's last pass issues past its steps are the next tile's first
-//! ones. So a run pays one workgroup start (its header, the first loads' latency) and fills the
-//! device's rounds of workgroups in fewer, longer pieces.
-//!
 //! Depth 1 is the classic double buffer (the loads of the next step in flight while this one
 //! multiplies). Every depth adds the same products in the same order: results are bit-identical
 //! across depths.
@@ -315,10 +308,11 @@ pub(crate) fn staged(depth: u32, ring: Ring, stages: Stages) -> String {
 /// step `s + depth` loaded into the set step `s` just wrote out, before step `s` multiplies.
 /// [`Ring::Batched`]: see [`single_batched`].
 ///
-/// With `runs` the loop runs the workgroup's `run` n tiles in a row, the ring's loads passing
-/// from one tile into the next (see the module documentation).
+/// With `runs` (batched only: see [`runs`]) the loop runs the workgroup's `run` n tiles in a
+/// row, the ring's loads passing from one tile into the next.
 pub(crate) fn single(depth: u32, ring: Ring, runs: bool) -> String {
     assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
+    assert!(!runs || ring == Ring::Batched, "runs of n tiles need the batched ring");
     if ring == Ring::Batched {
         return single_batched(depth, runs);
     }
@@ -327,31 +321,21 @@ pub(crate) fn single(depth: u32, ring: Ring, runs: bool) -> String {
     for t in 1..depth {
         s += &prefetch(t, &clamped(&format!("{t}u")), true, "    ");
     }
-    if runs {
-        s += &run_open(depth);
-    }
     s += "\n//@ACC\n";
     s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
     for ph in 0..depth {
-        let ahead = match runs {
-            true => prefetch_run(ph, &format!("s + {depth}u"), "                "),
-            false => prefetch(ph, &clamped(&format!("s + {depth}u")), true, "                "),
-        };
         s += &format!(
             "        {{\n            let s = s0 + {ph}u;\n            if (s >= steps) {{\n                break;\n            }}\n\
-             \x20           {{\n                workgroupBarrier();\n{}{ahead}\
+             \x20           {{\n                workgroupBarrier();\n{}{}\
              \x20               workgroupBarrier();\n\
              \x20               let a_st = 0u;\n                let b_st = 0u;\n\
              //@MULTIPLY\n\
              \x20           }}\n        }}\n",
             put(RING, ph, "0u", "0u", true, "                "),
+            prefetch(ph, &clamped(&format!("s + {depth}u")), true, "                "),
         );
     }
-    s += "    }\n";
-    if runs {
-        s += RUN_CLOSE;
-    }
-    s
+    s + "    }\n"
 }
 
 /// The head of a batched pass ([`Ring::Batched`]): the ring copied into `ca` / `cw` (the
@@ -412,7 +396,11 @@ fn single_batched(depth: u32, runs: bool) -> String {
         s += &prefetch(t, &clamped(&format!("{t}u")), true, "    ");
     }
     if runs {
-        s += &run_open(depth);
+        s += &format!(
+            "    // The run's n tiles in a row (coop_kloop.rs, runs).\n    let steps_r = ((steps + {}u) / {depth}u) * {depth}u;\n",
+            depth - 1
+        );
+        s += "    let n_run = n0;\n    for (var j = 0u; j < run; j++) {\n    let n0 = n_run + j * BN;\n";
     }
     s += "\n//@ACC\n";
     s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
@@ -433,47 +421,28 @@ fn single_batched(depth: u32, runs: bool) -> String {
     }
     s += "    }\n";
     if runs {
-        s += RUN_CLOSE;
+        s += "//@RUN_STORE\n    }\n";
     }
     s
 }
 
-/// The head of a batched pass of a run (module documentation, runs): as [`batch`], the steps past the tile's being
-/// the next tile's first ones where the run has one ([`prefetch_run`]).
+/// The head of a batched pass of a run ([`runs`]): as [`batch`], the steps past the tile's
+/// (its steps rounded up to the ring's depth) being the next tile's first ones where the run has
+/// one (else the tile's last step again, as past the end of any loop): the next tile's first
+/// pass then finds its steps in the ring, set `t` holding its step `t`.
 fn batch_run(depth: u32) -> String {
     let mut s = format!("        let {} = {};\n        let {} = {};\n", COPY.0, RING.0, COPY.1, RING.1);
     for t in 0..depth {
-        s += &prefetch_run(t, &format!("s0 + {}u", depth + t), "        ");
+        s += &format!(
+            "        {{\n            let x = s0 + {}u;\n            let next = (x >= steps_r) & (j + 1u < run);\n\
+             \x20           let kx = select(min(x, steps - 1u), x - steps_r, next);\n\
+             \x20           let wx = (j + select(0u, 1u, next)) * W_TILE;\n",
+            depth + t
+        );
+        s += &prefetch_at(t, "kx", "wx", "            ");
+        s += "        }\n";
     }
     s
-}
-
-/// The loop over a run's n tiles, opened after the ring's prologue (which loaded the first
-/// tile's first steps): `n0` is tile `j`'s within the loop, `steps_r` the tile's steps rounded up
-/// to the ring's length.
-fn run_open(depth: u32) -> String {
-    format!(
-        "    // The run's n tiles in a row (coop_kloop.rs, runs).\n    let steps_r = ((steps + {}u) / {depth}u) * {depth}u;\n\
-         \x20   let n_run = n0;\n    for (var j = 0u; j < run; j++) {{\n    let n0 = n_run + j * BN;\n",
-        depth - 1
-    )
-}
-
-/// The end of a run's tile: its stores (the kernel's `//@RUN_STORE`), then the next tile.
-const RUN_CLOSE: &str = "//@RUN_STORE\n    }\n";
-
-/// [`prefetch`] of step `x` (a WGSL expression, possibly past the tile's last step) of a run into
-/// set `set`: past the tile's steps rounded up to the ring's length (`steps_r`) the next tile's
-/// step `x - steps_r` where the run has a next tile, else (as past the end of any loop) the
-/// tile's last step again. The next tile's first steps so land in the sets its first pass
-/// expects, set `t` holding its step `t`.
-fn prefetch_run(set: u32, x: &str, indent: &str) -> String {
-    let i = format!("{indent}    ");
-    format!(
-        "{indent}{{\n{i}let x = {x};\n{i}let next = (x >= steps_r) & (j + 1u < run);\n\
-         {i}let kx = select(min(x, steps - 1u), x - steps_r, next);\n{i}let wx = (j + select(0u, 1u, next)) * W_TILE;\n{}{indent}}}\n",
-        prefetch_at(set, "kx", "wx", &i)
-    )
 }
 
 /// [`prefetch`] of A's step `step` and W's step `step` plus `w_extra` vec4s.
