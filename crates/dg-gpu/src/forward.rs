@@ -565,7 +565,7 @@ fn record_layer_with<'a>(
         tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len((c * k) as u32, e as u32, tile_rows) },
         tile_rows,
         first_group: 0,
-        run: 0,
+        _pad: 0,
     };
     // The dispatch also lists the experts' m tiles that hold slots, for the tensor-core GEMMs'
     // grids (a product whose tile has other rows covers `max_rows` instead).

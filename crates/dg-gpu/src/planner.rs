@@ -78,9 +78,7 @@ pub struct CoopPlan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grouped {
     /// The tensor-core grouped GEMM (`dg_kernels::coop_grouped_gemm`), experts in K panels.
-    /// `run`: the n tiles a workgroup runs in a row (`coop_grouped_gemm::runs_tiles`; 1 where
-    /// the kernel does not).
-    TensorCores { tile: CoopTile, path: WPath, run: u32 },
+    TensorCores { tile: CoopTile, path: WPath },
     /// The portable grouped GEMM (`dg_kernels::grouped_gemm`), row-major experts.
     Portable { tile: GroupedTile },
 }
@@ -288,13 +286,7 @@ impl<'t> Planner<'t> {
                 })?;
                 let path = if coop_grouped_gemm::reads(format, path) { path } else { WPath::Staged };
                 let tile = self.tuning.stages(tile, coop_grouped_gemm::stages_for(format)).on_path(path);
-                let run = match coop_grouped_gemm::runs_tiles(path, format) {
-                    true => {
-                        self.tuning.expert_run.unwrap_or_else(|| coop_grouped_gemm::run_length(tile, p, slots, self.caps.multiprocessors))
-                    }
-                    false => 1,
-                };
-                Ok(Grouped::TensorCores { tile, path, run })
+                Ok(Grouped::TensorCores { tile, path })
             }
         }
     }

@@ -64,10 +64,6 @@ pub struct Tuning {
     pub coop_grouped_path: Option<WPath>,
     /// `DG_COOP_GROUPED_DEPTH=N`: the experts' tensor-core tile's loads `N` K steps ahead.
     pub coop_grouped_depth: Option<u32>,
-    /// `DG_EXPERT_RUN=N`: the n tiles an experts' workgroup runs in a row where the kernel runs
-    /// them (`coop_grouped_gemm::runs_tiles`; 1: one tile a workgroup), instead of
-    /// `coop_grouped_gemm::run_length`'s choice.
-    pub expert_run: Option<u32>,
     /// `DG_COOP_STAGES=alternating|constant`: how every tensor-core K loop with two stages names
     /// them (`coop_kloop::Stages`), dense and experts alike, instead of per product.
     pub coop_stages: Option<coop_kloop::Stages>,
@@ -103,7 +99,6 @@ impl Default for Tuning {
             coop_grouped_tile: None,
             coop_grouped_path: None,
             coop_grouped_depth: None,
-            expert_run: None,
             coop_stages: None,
             encoder_submit_layers: ENCODER_SUBMIT_LAYERS,
             weight_binding: None,
@@ -193,7 +188,6 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_COOP_GROUPED_TILE",
     "DG_GROUPED_PATH",
     "DG_COOP_GROUPED_DEPTH",
-    "DG_EXPERT_RUN",
     "DG_COOP_STAGES",
     "DG_ENCODER_SUBMIT_LAYERS",
 ];
@@ -262,12 +256,6 @@ impl Tuning {
             }
             "DG_GROUPED_PATH" => self.coop_grouped_path = Some(choice(value, &paths).ok_or_else(bad)?),
             "DG_COOP_GROUPED_DEPTH" => self.coop_grouped_depth = Some(depth(value).ok_or_else(bad)?),
-            "DG_EXPERT_RUN" => {
-                self.expert_run = match value {
-                    "auto" => None,
-                    n => Some(n.parse().ok().filter(|&n: &u32| n >= 1).ok_or_else(bad)?),
-                }
-            }
             "DG_COOP_STAGES" => {
                 let stages = [("auto", None), ("alternating", Some(Stages::Alternating)), ("constant", Some(Stages::Constant))];
                 self.coop_stages = choice(value, &stages).ok_or_else(bad)?;
@@ -361,7 +349,6 @@ fn accepted(name: &str) -> String {
         "DG_COOP_DEPTH" | "DG_COOP_GROUPED_DEPTH" => format!("a whole number from 1 to {}", coop_kloop::MAX_DEPTH),
         "DG_COOP_STAGES" => "auto, alternating or constant".into(),
         "DG_SPLIT_TARGET" => "a whole number of workgroups (0: never split)".into(),
-        "DG_EXPERT_RUN" => "auto or a whole number of n tiles from 1".into(),
         "DG_ENCODER_SUBMIT_LAYERS" => "a whole number of layers from 1".into(),
         "DG_GROUPED_TILE" => {
             let shapes: Vec<String> = grouped_gemm::TILES.iter().map(|t| format!("{}x{}", t.bm, t.bn)).collect();

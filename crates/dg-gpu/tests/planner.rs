@@ -106,12 +106,12 @@ fn describe_dense(
 fn describe_grouped(planner: &Planner<'_>, format: WeightFormat, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> String {
     match planner.grouped(format, layout, p, slots) {
         Err(e) => format!("error: {e}"),
-        Ok(Grouped::TensorCores { tile, path, run }) => {
+        Ok(Grouped::TensorCores { tile, path }) => {
             for a in [AFormat::F32, AFormat::F16] {
                 known(KernelKey::CoopGroupedGemm { tile, path, w: format, a });
             }
-            let q = coop_grouped_gemm::params_for(tile, &GroupedGemmParams { run, ..*p });
-            format!("coop_grouped_gemm {} {path:?} run {run} grid {:?}", tile.label(), coop_grouped_gemm::workgroups(tile, &q))
+            let q = coop_grouped_gemm::params_for(tile, p);
+            format!("coop_grouped_gemm {} {path:?} grid {:?}", tile.label(), coop_grouped_gemm::workgroups(tile, &q))
         }
         Ok(Grouped::Portable { tile }) => {
             for w in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16] {
@@ -222,7 +222,7 @@ fn layer_products(
         tiles: if tile_rows == 0 { 0 } else { coop_grouped_gemm::table_len(slots, EXPERTS, tile_rows) },
         tile_rows,
         first_group: 0,
-        run: 0,
+        _pad: 0,
     };
     let tile_rows = planner.expert_tile_rows(format, gate_up_layout, slots, &grouped(2 * EXPERT_WIDTH, H, true, 0));
     let halves_in = planner.half_expert_activations(gate_up_layout);
@@ -358,7 +358,7 @@ fn a_tuning_tile_is_taken_only_by_the_paths_it_runs_by() {
     for (path, taken) in [(None, true), (Some(WPath::Single), true), (Some(WPath::Staged), false), (Some(WPath::Direct), false)] {
         let tuning = Tuning { coop_grouped_tile: named, coop_grouped_path: path, ..Tuning::default() };
         match Planner::new(H200, &tuning).grouped(WeightFormat::F16, MatrixLayout::KPanels, &p, CANVAS * TOP_K) {
-            Ok(Grouped::TensorCores { tile, path: chosen, .. }) => {
+            Ok(Grouped::TensorCores { tile, path: chosen }) => {
                 known(KernelKey::CoopGroupedGemm { tile, path: chosen, w: WeightFormat::F16, a: AFormat::F16 });
                 assert_eq!(tile.bk == 64, taken, "{path:?}: {}", tile.label());
             }
@@ -464,7 +464,7 @@ fn quantized_matrices_take_the_tensor_cores_in_the_f16_mode_only() {
         assert_eq!(h200.experts_layout(w, n as usize, k as usize, true), MatrixLayout::KPanels, "{q:?}");
         for planner in [&h200, &h200_direct] {
             match planner.grouped(w, MatrixLayout::KPanels, &g, slots) {
-                Ok(Grouped::TensorCores { tile, path, .. }) => {
+                Ok(Grouped::TensorCores { tile, path }) => {
                     assert_ne!(path, WPath::Direct, "{q:?}: direct W fragments need F16");
                     for a in [AFormat::F32, AFormat::F16] {
                         known(KernelKey::CoopGroupedGemm { tile, path, w, a });

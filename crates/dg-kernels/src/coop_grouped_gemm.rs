@@ -302,8 +302,7 @@ pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AForma
     assert!(runs(tile, path), "the tensor-core grouped kernel does not run tile {} by {path:?}", tile.label());
     let p = panel(w).expect("a panelled format");
     assert!(p.is_multiple_of(tile.bk) || tile.bk.is_multiple_of(p), "panels of {p} columns for K steps of {}", tile.bk);
-    // W_FIRST is linear in n0: `n_vec4s` vec4s a row of the tile's first panel.
-    let (w_first, w_at, w_step, offset, n_vec4s) = match p / tile.bk {
+    let (w_first, w_at, w_step, offset) = match p / tile.bk {
         0 => {
             let (p4, e) = (p / 4, "(WU * (lt + l * WT))");
             (
@@ -311,7 +310,6 @@ pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AForma
                 format!("(w_first + (({e} % BK4) / {p4}u) * (p.n * {p4}u) + ({e} / BK4) * {p4}u + ({e} % BK4) % {p4}u)"),
                 "p.n * BK4".to_string(),
                 crate::coop_kloop::LINEAR_W_OFFSET.to_string(),
-                format!("{p4}u"),
             )
         }
         1 => (
@@ -319,26 +317,16 @@ pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AForma
             "(w_first + WU * (lt + l * WT))".to_string(),
             "p.n * BK4".to_string(),
             crate::coop_kloop::LINEAR_W_OFFSET.to_string(),
-            "BK4".to_string(),
         ),
         steps => (
             format!("g * (p.b_group_stride / 4u) + n0 * {}u", p / 4),
             format!("(w_first + ((WU * (lt + l * WT)) / BK4) * {}u + (WU * (lt + l * WT)) % BK4)", p / 4),
             format!("p.n * {}u", p / 4),
             format!("((STEP) / {steps}u) * w_step + ((STEP) % {steps}u) * BK4"),
-            format!("{}u", p / 4),
         ),
     };
-    let runs = runs_tiles(path, w);
-    let template = include_str!("wgsl/coop_grouped_gemm.wgsl")
-        .replace("W_FIRST", &w_first)
-        .replace("W_STEP", &w_step)
-        .replace("RUN_LEN", if runs { "select(1u, max(p.run, 1u), table)" } else { "1u" });
-    // A run stores each of its tiles in the loop (`//@RUN_STORE`), other kernels after it.
-    let stores = match runs {
-        true => vec![("//@RUN_STORE\n", stores(tile)), ("//@STORE\n", String::new())],
-        false => vec![("//@STORE\n", stores(tile))],
-    };
+    let template = include_str!("wgsl/coop_grouped_gemm.wgsl").replace("W_FIRST", &w_first).replace("W_STEP", &w_step);
+    let stores = [("//@STORE\n", stores(tile))];
     let wgsl = tile.expand_path(
         &template,
         &w_at,
@@ -346,10 +334,9 @@ pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AForma
         w,
         crate::coop_gemm::BLayout::NkPanels,
         crate::coop_kloop::Ring::for_experts(w),
-        runs,
-        stores,
+        stores.to_vec(),
     );
-    let wgsl = crate::coop_kloop::w_offsets(&wgsl, &offset).replace("W_TILE", &format!("(BN * {n_vec4s})"));
+    let wgsl = crate::coop_kloop::w_offsets(&wgsl, &offset);
     let format = if w == WeightFormat::F16 { "" } else { w.suffix() };
     KernelSource {
         name: format!("coop_grouped_gemm_{}{}{format}{}", tile.label(), path.suffix(), a_format.suffix()),
@@ -389,70 +376,15 @@ pub fn params_for(tile: CoopTile, p: &GroupedGemmParams) -> GroupedGemmParams {
     }
 }
 
-/// The dispatch for `p` as [`params_for`] gives it: `tiles · ⌈(n / bn) / run⌉` workgroups with a
-/// tile table (a workgroup a run of n tiles, [`runs_tiles`]), else `ceil(max_rows / bm) · (n / bn)
-/// · groups`; folded as [`crate::gemm::fold`] folds them.
+/// The dispatch for `p` as [`params_for`] gives it: `tiles · (n / bn)` workgroups with a tile
+/// table, else `ceil(max_rows / bm) · (n / bn) · groups`; folded as [`crate::gemm::fold`] folds
+/// them.
 pub fn workgroups(tile: CoopTile, p: &GroupedGemmParams) -> [u32; 3] {
-    let tiles_n = p.n / tile.bn;
-    match p.tiles {
-        0 => fold(u64::from(p.max_rows.div_ceil(tile.bm)) * u64::from(p.groups) * u64::from(tiles_n)),
-        tiles => fold(u64::from(tiles) * u64::from(tiles_n.div_ceil(p.run.max(1)))),
-    }
-}
-
-/// Workgroups of the decoder's expert tile that one multiprocessor holds at once on an H200
-/// (216 registers for 128 invocations: two in 64 K registers): what [`run_length`] counts rounds
-/// of workgroups in.
-pub const RESIDENT_EXPERT_WORKGROUPS: u32 = 2;
-
-/// What a workgroup's start costs beyond its K steps, in K steps (its tile's header, the first
-/// loads' latency), and what each tile's stores cost. From the H200's real 6-layer forward
-/// (layer 0, one n tile a workgroup, two a multiprocessor): gate/up 315.3 µs in 6 rounds of 88
-/// steps, down 189.5 µs in 11 rounds of 22 steps, i.e. 0.535 µs a step and 5.5 µs a workgroup
-/// besides (about 10 steps, taken here as 8 at the start and 2 a tile).
-pub const RUN_START_STEPS: u64 = 8;
-/// See [`RUN_START_STEPS`].
-pub const RUN_TILE_STEPS: u64 = 2;
-
-/// The modelled time, in K steps, of a product of `tiles_n` n tiles of `steps` K steps over
-/// `m_tiles` m tiles in runs of `run` n tiles, `resident` workgroups at a time: whole rounds of
-/// workgroups, each as long as its longest run.
-pub fn run_cost(tiles_n: u32, steps: u32, m_tiles: u32, run: u32, resident: u32) -> u64 {
-    let runs = u64::from(tiles_n.div_ceil(run));
-    let rounds = (u64::from(m_tiles) * runs).div_ceil(u64::from(resident.max(1)));
-    rounds * (u64::from(run) * (u64::from(steps) + RUN_TILE_STEPS) + RUN_START_STEPS)
-}
-
-/// The n tiles a workgroup of `tile` runs in a row for `p` over `slots` slots on a device of
-/// `multiprocessors` (where the kernel runs them: [`runs_tiles`]): the run whose [`run_cost`]
-/// is the least, relative to one tile a workgroup, at the worse of two m tile counts, the slots
-/// spread evenly over the groups and a quarter more m tiles than that (routing is rarely even,
-/// and the count is known only on the GPU). Rounds make the cost jump with the count, so a run
-/// that fits the even count in one round but not the other is passed over.
-pub fn run_length(tile: CoopTile, p: &GroupedGemmParams, slots: u32, multiprocessors: u32) -> u32 {
-    let (tiles_n, steps) = (p.n / tile.bn, p.k / tile.bk);
-    if tiles_n <= 1 || p.groups == 0 {
-        return 1;
-    }
-    let resident = RESIDENT_EXPERT_WORKGROUPS * multiprocessors;
-    let even = p.groups * slots.div_ceil(p.groups).div_ceil(tile.bm).max(1);
-    let counts = [even, even + even.div_ceil(4)];
-    let worst = |run: u32| {
-        counts
-            .iter()
-            .map(|&m| run_cost(tiles_n, steps, m, run, resident) as f64 / run_cost(tiles_n, steps, m, 1, resident) as f64)
-            .fold(0.0, f64::max)
+    let m_tiles = match p.tiles {
+        0 => u64::from(p.max_rows.div_ceil(tile.bm)) * u64::from(p.groups),
+        tiles => u64::from(tiles),
     };
-    (1..=tiles_n).fold(1, |best, run| if worst(run) < worst(best) { run } else { best })
-}
-
-/// Whether the kernel reading experts stored as `w` by `path` runs several n tiles of its m tile
-/// in a row in one workgroup ([`GroupedGemmParams::run`], with a tile table): the single-staged
-/// kernel with its batched ring (F16), whose loads then pass from one tile into the next
-/// (`coop_kloop`, runs). A workgroup's start (its tile's header, the first loads' latency) and
-/// the partial last round of workgroups are then paid once a run instead of once a tile.
-pub fn runs_tiles(path: WPath, w: WeightFormat) -> bool {
-    path == WPath::Single && crate::coop_kloop::Ring::for_experts(w) == crate::coop_kloop::Ring::Batched
+    fold(m_tiles * u64::from(p.n / tile.bn))
 }
 
 #[cfg(test)]

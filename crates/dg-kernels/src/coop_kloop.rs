@@ -307,14 +307,10 @@ pub(crate) fn staged(depth: u32, ring: Ring, stages: Stages) -> String {
 /// double buffer's; two barriers a step): `depth` sets of A and W vec4s. [`Ring::Staggered`]:
 /// step `s + depth` loaded into the set step `s` just wrote out, before step `s` multiplies.
 /// [`Ring::Batched`]: see [`single_batched`].
-///
-/// With `runs` (batched only: see [`runs`]) the loop runs the workgroup's `run` n tiles in a
-/// row, the ring's loads passing from one tile into the next.
-pub(crate) fn single(depth: u32, ring: Ring, runs: bool) -> String {
+pub(crate) fn single(depth: u32, ring: Ring) -> String {
     assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
-    assert!(!runs || ring == Ring::Batched, "runs of n tiles need the batched ring");
     if ring == Ring::Batched {
-        return single_batched(depth, runs);
+        return single_batched(depth);
     }
     let mut s = declare(depth, true);
     s += &load(0, "0u", true, "    ");
@@ -390,24 +386,14 @@ fn staged_batched(depth: u32, stages: Stages) -> String {
 /// The single-stage K loop of `depth` with the ring's loads issued a pass at a time: steps
 /// `0..depth` loaded before the loop; each pass stages and multiplies its steps from the copy
 /// [`batch`] makes.
-fn single_batched(depth: u32, runs: bool) -> String {
+fn single_batched(depth: u32) -> String {
     let mut s = declare(depth, true);
     for t in 0..depth {
         s += &prefetch(t, &clamped(&format!("{t}u")), true, "    ");
     }
-    if runs {
-        s += &format!(
-            "    // The run's n tiles in a row (coop_kloop.rs, runs).\n    let steps_r = ((steps + {}u) / {depth}u) * {depth}u;\n",
-            depth - 1
-        );
-        s += "    let n_run = n0;\n    for (var j = 0u; j < run; j++) {\n    let n0 = n_run + j * BN;\n";
-    }
     s += "\n//@ACC\n";
     s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
-    s += &match runs {
-        true => batch_run(depth),
-        false => batch(depth, &format!("s0 + {depth}u")),
-    };
+    s += &batch(depth, &format!("s0 + {depth}u"));
     for ph in 0..depth {
         let put_copy = put(COPY, ph, "0u", "0u", true, "                ");
         s += &format!(
@@ -419,35 +405,7 @@ fn single_batched(depth: u32, runs: bool) -> String {
              \x20           }}\n        }}\n"
         );
     }
-    s += "    }\n";
-    if runs {
-        s += "//@RUN_STORE\n    }\n";
-    }
-    s
-}
-
-/// The head of a batched pass of a run ([`runs`]): as [`batch`], the steps past the tile's
-/// (its steps rounded up to the ring's depth) being the next tile's first ones where the run has
-/// one (else the tile's last step again, as past the end of any loop): the next tile's first
-/// pass then finds its steps in the ring, set `t` holding its step `t`.
-fn batch_run(depth: u32) -> String {
-    let mut s = format!("        let {} = {};\n        let {} = {};\n", COPY.0, RING.0, COPY.1, RING.1);
-    for t in 0..depth {
-        s += &format!(
-            "        {{\n            let x = s0 + {}u;\n            let next = (x >= steps_r) & (j + 1u < run);\n\
-             \x20           let kx = select(min(x, steps - 1u), x - steps_r, next);\n\
-             \x20           let wx = (j + select(0u, 1u, next)) * W_TILE;\n",
-            depth + t
-        );
-        s += &prefetch_at(t, "kx", "wx", "            ");
-        s += "        }\n";
-    }
-    s
-}
-
-/// [`prefetch`] of A's step `step` and W's step `step` plus `w_extra` vec4s.
-fn prefetch_at(set: u32, step: &str, w_extra: &str, indent: &str) -> String {
-    prefetch(set, step, true, indent).replace(&format!("W_OFFSET({step}))"), &format!("W_OFFSET({step}) + {w_extra})"))
+    s + "    }\n"
 }
 
 /// The direct K loop of `depth` for a tile with `k_frags` fragments along its K step and `n_frags`

@@ -64,10 +64,7 @@ pub struct GroupedGemmParams {
     /// offsets[first_group + g + 1]` (experts split across bindings run one dispatch per part;
     /// 0 otherwise). With a tile table (`tiles` non-zero) it must be 0.
     pub first_group: u32,
-    /// Tensor-core kernel only, where it runs them ([`crate::coop_grouped_gemm::runs_tiles`]):
-    /// the n tiles one workgroup runs in a row over its m tile (0 or 1: one). The portable kernel
-    /// ignores it.
-    pub run: u32,
+    pub _pad: u32,
 }
 
 /// One tile variant: a `bm × bn` block of C per workgroup, K in steps of `bk`, a `tm × tn`

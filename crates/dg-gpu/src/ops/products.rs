@@ -274,8 +274,8 @@ impl<'a> Recorder<'a> {
                 let g = grouped_gemm::workgroups(tile, p.n, p.max_rows, p.groups);
                 self.push(K::GroupedGemm { tile, w: format }, &p, &[a, w, offsets, rows, c], g)
             }
-            Grouped::TensorCores { tile, path, run } => {
-                let p = coop_grouped_gemm::params_for(tile, &GroupedGemmParams { run, ..p });
+            Grouped::TensorCores { tile, path } => {
+                let p = coop_grouped_gemm::params_for(tile, &p);
                 self.push(
                     K::CoopGroupedGemm { tile, path, w: format, a: a_format },
                     &p,

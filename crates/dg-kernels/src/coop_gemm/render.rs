@@ -122,7 +122,6 @@ impl CoopTile {
             w_format,
             layout,
             Ring::Staggered,
-            false,
             vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)],
         );
         crate::coop_kloop::w_offsets(&wgsl, crate::coop_kloop::LINEAR_W_OFFSET)
@@ -143,15 +142,12 @@ impl CoopTile {
         w_format: WeightFormat,
         layout: BLayout,
         ring: Ring,
-        runs: bool,
         pieces: Vec<(&str, String)>,
     ) -> String {
-        assert!(!runs || path == WPath::Single, "runs of n tiles are single-staged");
         match path {
             WPath::Staged => self.expand(template, w_at, w_format, layout, ring, &pieces),
             WPath::Single => {
-                let kloop = crate::coop_kloop::single(self.depth, ring, runs);
-                let one = self.expand_with(template, &kloop, w_at, w_format, layout, None, &pieces);
+                let one = self.expand_with(template, &crate::coop_kloop::single(self.depth, ring), w_at, w_format, layout, None, &pieces);
                 // One stage of each tile: the stage arrays at half their double-buffered length.
                 let stage = self.w_stage_halves(layout) / self.element_halves();
                 let half_a = self.bm * self.row_halves() / self.element_halves();

@@ -40,7 +40,7 @@ struct Params {
     tiles: u32,
     tile_rows: u32,
     first_group: u32, // the experts' first in `offsets` (W holds experts first_group ..; no table)
-    run: u32,        // n tiles a workgroup runs in a row (0 or 1: one; runs kernels only)
+    _pad1: u32,
 }
 
 const NO_TILE: u32 = 0xffffffffu;
@@ -68,12 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tiles_n = p.n / BN;
     let tiles_m = (p.max_rows + BM - 1u) / BM;
     let table = p.tiles != 0u;
-    // With a table, the workgroups of an m tile split its n tiles into runs of run_len, one
-    // workgroup a run (coop_grouped_gemm.rs, runs_tiles; RUN_LEN is 1u where the kernel does not
-    // run them).
-    let run_len = RUN_LEN;
-    let runs_n = (tiles_n + run_len - 1u) / run_len;
-    let t = id / runs_n;
+    let t = id / tiles_n;
     if (!select(id < tiles_m * tiles_n * p.groups, t < p.tiles, table)) {
         return;   // padding of a folded grid
     }
@@ -84,8 +79,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let g = select(id / (tiles_m * tiles_n), entry & 0xffffu, table);
     let m0 = select(id % tiles_m, entry >> 16u, table) * BM;
-    let n0 = select((id / tiles_m) % tiles_n, (id % runs_n) * run_len, table) * BN;
-    let run = min(run_len, tiles_n - n0 / BN);
+    let n0 = select((id / tiles_m) % tiles_n, id % tiles_n, table) * BN;
     let first = offsets[p.first_group + g];
     let count = offsets[p.first_group + g + 1u] - first;
     if (m0 >= count) {
@@ -117,9 +111,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let w_sub = w_first + sn * BK4;
     let stride_w = BK4;
 
+//@KLOOP
     let stride_c = p.c_rs;
     let stride_f = 16u;
     let lane = lt % 32u;
-//@KLOOP
 //@STORE
 }
