@@ -15,7 +15,8 @@
 # GENERATE (default "f16 q4_k_m") picks dg's weight modes in the generation runs.
 # PARTS (default "dg torch") picks the sides to run; the summary reads every log in OUT_DIR, so a
 # run in two calls (PARTS=dg, then PARTS=torch into the same OUT_DIR, e.g. where one command may
-# take at most 10 minutes) gives the same summary. The environment and the peaks run in each part.
+# take at most 10 minutes) gives the same summary. The environment and the peaks run in each part;
+# SUMMARY_ONLY=1 writes the summary from the logs in OUT_DIR alone.
 #
 # dg's side needs a Vulkan loader and the NVIDIA Vulkan driver. Every step's output is saved as
 # OUT_DIR/<step>.log; OUT_DIR/summary.txt collects the lines the table is made of. A failing step
@@ -59,8 +60,14 @@ environment() {
     echo "xtask: $XTASK ($(stat -c '%y' "$XTASK" 2>/dev/null || echo missing))"
 }
 
-step env environment
-step peak "$PYTHON" bench/torch_peak.py --device cuda
+# SUMMARY_ONLY=1: only the summary, from the logs already in OUT_DIR (e.g. both parts' logs,
+# gathered from two machines' calls).
+if [ "${SUMMARY_ONLY:-0}" != 1 ]; then
+    step env environment
+    step peak "$PYTHON" bench/torch_peak.py --device cuda
+else
+    PARTS=
+fi
 [ "$F32" = 1 ] && DG_WEIGHTS+=(f32)
 TORCH_FORWARD=(bfloat16)
 TORCH_GENERATE=(bf16)
