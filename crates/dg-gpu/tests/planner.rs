@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 
 use dg_kernels::coop_gemm::{self, AFormat, WPath};
 use dg_kernels::coop_grouped_gemm;
+use dg_kernels::format::QuantFormat;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::{KernelKey, WeightFormat};
@@ -237,6 +238,16 @@ fn layer_products(
         name("experts down"),
         describe_grouped(planner, format, down_layout, &grouped(H, EXPERT_WIDTH, false, tile_rows), slots)
     ));
+    // Quantized experts (the q8_0 and q4_k_m modes keep the F16 mode's other choices).
+    if f16 {
+        for q in [QuantFormat::Q8_0, QuantFormat::Q5_0, QuantFormat::Q4_K] {
+            let w = WeightFormat::Quantized(q);
+            let tile_rows = planner.expert_tile_rows(w, gate_up_layout, slots, &grouped(2 * EXPERT_WIDTH, H, true, 0));
+            let gate_up = describe_grouped(planner, w, gate_up_layout, &grouped(2 * EXPERT_WIDTH, H, true, tile_rows), slots);
+            let down = describe_grouped(planner, w, down_layout, &grouped(H, EXPERT_WIDTH, false, tile_rows), slots);
+            out.push(format!("{} {q:?} -> {gate_up}; down -> {down}", name("experts gate/up")));
+        }
+    }
 }
 
 /// The products outside the layers: the tied head's chunks and self-conditioning's.

@@ -90,9 +90,13 @@ pub const TILE_16X128: CoopTile = CoopTile::vec4(16, 128, 32, 16, 32);
 /// accumulators per subgroup. On an H200 at depth 4 (114 registers against [`EXPERT_TILE`]'s 216,
 /// twice the subgroups resident), F16 experts 493 / 268 µs for gate/up / down against 344 / 198.
 pub const TILE_32X128_W8: CoopTile = CoopTile { wm: 16, ..TILE_32X128 };
+/// 32 × 64 in 2 subgroups of 32×32 (64 invocations): [`TILE_32X128`]'s subgroups two to a
+/// workgroup (four workgroups a multiprocessor), each W run staged by one invocation as in
+/// [`TILE_32X128`]; [`QUANTIZED_EXPERT_TILE`].
+pub const TILE_32X64_W2: CoopTile = CoopTile::vec4(32, 64, 32, 32, 32);
 
 /// Every tile the kernel is built and tested for.
-pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128, TILE_16X128, TILE_32X128_W8];
+pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128, TILE_16X128, TILE_32X128_W8, TILE_32X64_W2];
 
 /// 32 × 128 in K steps of 64 (two K panels a step): twice the tensor-core work of
 /// [`TILE_32X128`] per barrier. Single-staged only: its two stages would be over
@@ -102,9 +106,17 @@ pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X1
 /// bench/HISTORY.md, "Measured next session").
 pub const TILE_32X128_K64: CoopTile = CoopTile { bk: 64, ..TILE_32X128 };
 
+/// 32 × 256 in 8 subgroups of 32×32 (256 invocations): [`TILE_32X128`]'s subgroups twice over,
+/// so that each of the activations' tiles is read by half as many workgroups (the down
+/// projection, N 2816, in 11 n tiles instead of 22).
+/// Measured slower: on an H200 in the real 6-layer forward the F16 down projection took 232.5 µs
+/// at depth 4 (282.8 at depth 2) against [`EXPERT_TILE`]'s 190.2, `q4_k_m`'s Q5_0 down 264.1
+/// against 221.4 (one workgroup of 8 subgroups a multiprocessor instead of two of 4).
+pub const TILE_32X256: CoopTile = CoopTile::vec4(32, 256, 32, 32, 32);
+
 /// Tiles built and tested but never chosen by [`choose`]: candidates for the
 /// `DG_COOP_GROUPED_TILE` knob, on the paths that [`runs`] allows.
-pub const TUNING_TILES: &[CoopTile] = &[TILE_32X128_K64];
+pub const TUNING_TILES: &[CoopTile] = &[TILE_32X128_K64, TILE_32X256];
 
 /// Whether the kernel runs `tile` by `path`: its workgroup memory within [`MAX_SHARED_BYTES`],
 /// and direct W fragments only one panel a step (they step through W a panel at a time).
@@ -166,6 +178,15 @@ pub const EXPERT_DEPTH: u32 = 4;
 /// 1.258, q4_k_m 1.482 (1.809 at depth 4).
 pub const EXPERT_TILE: CoopTile = TILE_32X128.with_depth(EXPERT_DEPTH);
 
+/// The decoder's expert tile for quantized experts: [`TILE_32X64_W2`] at [`EXPERT_DEPTH`], the
+/// same subgroups and runs as [`EXPERT_TILE`] two to a workgroup. On an H200 in the real 6-layer
+/// forward (µs for layer 0's gate/up / down, one call, against [`EXPERT_TILE`]): `q4_k_m` (Q4_K /
+/// Q5_0) 342.4 / 197.2 against 340.8 / 224.8, `q8_0` 329.9 / 196.3 against 334.6 / 202.2; F16
+/// (another call) 317.8 / 195.7 against 315.6 / 190.2, so F16 keeps [`EXPERT_TILE`]. Why two
+/// subgroups a workgroup gain where the quantized runs are staged and not where F16's are is not
+/// known; the barriers alone are not it (one subgroup a workgroup was slower for every format).
+pub const QUANTIZED_EXPERT_TILE: CoopTile = TILE_32X64_W2.with_depth(EXPERT_DEPTH);
+
 /// Whether the kernel computes the grouped product `p` with `tile`.
 pub fn fits(tile: CoopTile, p: &GroupedGemmParams) -> bool {
     tile.bk.is_multiple_of(PANEL)
@@ -197,15 +218,20 @@ pub fn panel(w: WeightFormat) -> Option<u32> {
 }
 
 /// The tile and W path for `p` over `slots` slots (any W format, either A format), the first of the
-/// preferred list that fits. In the decoder (groups of ~16 slots) 32 × 128 tiles, else 32 × 64,
+/// preferred list that fits. In the decoder (groups of ~16 slots) [`EXPERT_TILE`] for F16 experts,
+/// [`QUANTIZED_EXPERT_TILE`] for quantized ones, else 32 × 64,
 /// A and W staged through a single stage of workgroup memory, loaded [`EXPERT_DEPTH`] steps ahead.
 /// On an H200 in the real 6-layer forward, since the K loop's loads are pinned (`coop_kloop.rs`):
 /// down 216 µs single-staged at depth 1 against 224 with W fragments straight from the buffer
 /// (which the driver loads two bytes at a time) and 238 direct at depth 2. For the encoder's
 /// chunks (groups over 48 slots) 64-row tiles, W staged.
-pub fn choose(p: &GroupedGemmParams, slots: u32) -> Option<(CoopTile, WPath)> {
+pub fn choose(p: &GroupedGemmParams, slots: u32, format: WeightFormat) -> Option<(CoopTile, WPath)> {
     let average = slots.div_ceil(p.groups.max(1));
-    let decoder: &[(CoopTile, WPath)] = &[(EXPERT_TILE, WPath::Single), (TILE_32X64, WPath::Single)];
+    let expert_tile = match format {
+        WeightFormat::Quantized(_) => QUANTIZED_EXPERT_TILE,
+        WeightFormat::F16 | WeightFormat::F32 | WeightFormat::Bf16 => EXPERT_TILE,
+    };
+    let decoder: &[(CoopTile, WPath)] = &[(expert_tile, WPath::Single), (TILE_32X64, WPath::Single)];
     let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (EXPERT_TILE, WPath::Single), (TILE_32X64, WPath::Single)];
     let preferred = if average > 48 { encoder } else { decoder };
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
@@ -490,13 +516,18 @@ mod tests {
             ..bytemuck::Zeroable::zeroed()
         };
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
-        assert_eq!(choose(&gate_up, 2048), Some((EXPERT_TILE, WPath::Single)));
-        assert_eq!(choose(&down, 2048), Some((EXPERT_TILE, WPath::Single)));
-        assert_eq!(choose(&down, 8192), Some((TILE_64X128, WPath::Staged)));
+        use crate::format::QuantFormat;
+        let f16 = WeightFormat::F16;
+        assert_eq!(choose(&gate_up, 2048, f16), Some((EXPERT_TILE, WPath::Single)));
+        assert_eq!(choose(&down, 2048, f16), Some((EXPERT_TILE, WPath::Single)));
+        let q5 = WeightFormat::Quantized(QuantFormat::Q5_0);
+        assert_eq!(choose(&down, 2048, q5), Some((QUANTIZED_EXPERT_TILE, WPath::Single)));
+        assert_eq!(choose(&down, 8192, f16), Some((TILE_64X128, WPath::Staged)));
+        assert_eq!(choose(&down, 8192, q5), Some((TILE_64X128, WPath::Staged)));
         let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
-        assert_eq!(choose(&tiny, 128), Some((TILE_32X64, WPath::Single)));
-        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128), None);
-        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128), None);
+        assert_eq!(choose(&tiny, 128, f16), Some((TILE_32X64, WPath::Single)));
+        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128, f16), None);
+        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128, f16), None);
         // The K-64 tile fits the real shapes, single-staged only.
         assert!(fits(TILE_32X128_K64, &gate_up) && fits(TILE_32X128_K64, &down));
         assert!(runs(TILE_32X128_K64, WPath::Single) && !runs(TILE_32X128_K64, WPath::Staged) && !runs(TILE_32X128_K64, WPath::Direct));
