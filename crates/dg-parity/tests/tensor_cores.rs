@@ -19,6 +19,7 @@ use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
 use dg_kernels::coop_grouped_gemm::WPath;
 use dg_kernels::{WeightFormat, coop_grouped_gemm};
 use dg_parity::probe::experts::STREAM_PANELS_WGSL;
+use dg_parity::probe::streaming::{IN_FLIGHT_STEPS, PAD_KIB, stream_in_flight_wgsl};
 use dg_parity::probe::tensor_cores::{DRAIN_PROBE_CASES, DRAIN_PROBE_GROUPS, drain_probe_sums_at, drain_probe_wgsl, peak_probe_wgsl};
 use dg_parity::testing::coop_experts::{Case, check, f16_round, grouped_reference, real_counts, run_grouped, run_tile, tolerance};
 use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, push_product, read_guarded, seeded};
@@ -538,6 +539,7 @@ fn probe_kernels_validate() {
         DRAIN_PROBE_CASES.iter().map(|&(_, loads, distance, barrier)| drain_probe_wgsl(loads, distance, barrier, DRAIN_PROBE_GROUPS)),
     );
     kernels.push(STREAM_PANELS_WGSL.to_string());
+    kernels.extend(IN_FLIGHT_STEPS.iter().flat_map(|&steps| PAD_KIB.iter().map(move |&pad| stream_in_flight_wgsl(steps, pad))));
     for wgsl in &kernels {
         let module = naga::front::wgsl::parse_str(wgsl).unwrap_or_else(|e| panic!("{}\n{wgsl}", e.emit_to_string(wgsl)));
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)

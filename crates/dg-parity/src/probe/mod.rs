@@ -6,6 +6,7 @@
 pub mod dispatch;
 pub mod experts;
 pub mod gemm;
+pub mod streaming;
 pub mod tensor_cores;
 
 use std::sync::Arc;
@@ -104,6 +105,12 @@ pub const PROBES: &[Probe] = &[
         "the experts' tensor-core product at the real shapes: every candidate tile, residency, empty grid, W streamed alone, active experts",
         true,
         experts::coop_grouped_gemm_throughput_at_the_real_expert_shapes,
+    ),
+    probe(
+        "bytes_in_flight_probe",
+        "the experts' weights streamed alone, by the K steps a workgroup keeps in flight and the workgroups a multiprocessor runs",
+        false,
+        streaming::bytes_in_flight_probe,
     ),
     probe(
         "f16_activations_throughput_at_the_real_shapes",
