@@ -8,6 +8,7 @@ pub mod experts;
 pub mod gemm;
 pub mod streaming;
 pub mod tensor_cores;
+pub mod vocab;
 
 use std::sync::Arc;
 
@@ -111,6 +112,12 @@ pub const PROBES: &[Probe] = &[
         "the experts' weights streamed alone, by the K steps a workgroup keeps in flight and the workgroups a multiprocessor runs",
         false,
         streaming::bytes_in_flight_probe,
+    ),
+    probe(
+        "vocab_product_layouts_probe",
+        "the head and the soft embedding by how the embedding is stored: BF16 rows, F16 rows, F16 K panels",
+        true,
+        vocab::vocab_product_layouts_probe,
     ),
     probe(
         "f16_activations_throughput_at_the_real_shapes",
