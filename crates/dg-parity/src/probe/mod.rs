@@ -115,7 +115,7 @@ pub const PROBES: &[Probe] = &[
     ),
     probe(
         "vocab_product_layouts_probe",
-        "the head and the soft embedding by how the embedding is stored: BF16 rows, F16 rows, F16 K panels",
+        "the head by how the embedding is stored (BF16 rows, F16 rows, F16 K panels), the soft embedding by its probabilities in f32 or f16",
         true,
         vocab::vocab_product_layouts_probe,
     ),
