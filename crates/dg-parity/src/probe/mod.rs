@@ -187,6 +187,30 @@ fn time_dispatch<P: bytemuck::Pod>(
     Ok(best_time(ctx, &plan.finish(ctx)?, replays))
 }
 
+/// [`best_time`] of `replays` runs of the product `p` on `tile` (its partials reduced where
+/// `split` cuts K), through `crate::testing::push_product`.
+fn time_product(
+    ctx: &GpuContext,
+    kernels: (&Arc<dg_gpu::Pipeline>, &Arc<dg_gpu::Pipeline>),
+    tile: CoopTile,
+    p: &dg_kernels::gemm::GemmParams,
+    split: Split,
+    buffers: [&wgpu::Buffer; 4],
+) -> Result<f64, ProbeError> {
+    let replays = 20;
+    let mut plan = dg_gpu::PlanBuilder::new(ctx);
+    for _ in 0..replays {
+        crate::testing::push_product(&mut plan, kernels, tile, p, split, buffers);
+    }
+    Ok(best_time(ctx, &plan.finish(ctx)?, replays))
+}
+
+/// The indices `0..n` in the order of `round`: ascending in even rounds, descending in odd ones
+/// (a probe's variants timed twice in opposite orders, since single timings can be far off).
+fn alternating(round: u32, n: usize) -> Vec<usize> {
+    if round.is_multiple_of(2) { (0..n).collect() } else { (0..n).rev().collect() }
+}
+
 /// `k` on `tile` cut into `splits` ranges as even as its K steps allow (1: whole).
 fn split_into(tile: CoopTile, k: u32, splits: u32) -> Split {
     let steps = k / tile.bk;

@@ -6,7 +6,7 @@
 use dg_gpu::{GpuContext, Pipelines};
 use dg_kernels::{Access, KernelSource};
 
-use super::{ProbeError, ProbeOptions, time_dispatch};
+use super::{ProbeError, ProbeOptions, alternating, time_dispatch};
 
 /// The gate/up projection's weights: 128 experts of 1408 × 2816 in F16 K panels (1.01 GB).
 const EXPERTS: u32 = 128;
@@ -98,8 +98,8 @@ pub fn bytes_in_flight_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Resul
     for round in 0..2 {
         for &pad in PAD_KIB {
             let mut line = format!("{test}: round {round}, {pad} KiB of workgroup memory:");
-            let order: Vec<u32> = if round == 0 { IN_FLIGHT_STEPS.to_vec() } else { IN_FLIGHT_STEPS.iter().rev().copied().collect() };
-            for steps in order {
+            for i in alternating(round, IN_FLIGHT_STEPS.len()) {
+                let steps = IN_FLIGHT_STEPS[i];
                 let source = KernelSource {
                     name: format!("stream_in_flight_{steps}_{pad}"),
                     wgsl: stream_in_flight_wgsl(steps, pad),

@@ -12,8 +12,8 @@ use dg_kernels::coop_grouped_gemm::{self, WPath};
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::split_k;
 
-use super::{ProbeError, ProbeOptions};
-use crate::testing::{best_time, push_product, seeded};
+use super::{ProbeError, ProbeOptions, alternating, time_product};
+use crate::testing::seeded;
 
 /// Rows of the vocabulary timed (a quarter of the real 262144: 369 MB of 16-bit weights, far
 /// more than the L2 holds, so W streams from DRAM as in the forward).
@@ -87,11 +87,6 @@ pub fn vocab_product_layouts_probe(ctx: &GpuContext, _options: &ProbeOptions) ->
     Ok(())
 }
 
-/// `0..n`, reversed in odd rounds.
-fn alternating(round: u32, n: usize) -> Vec<usize> {
-    if round.is_multiple_of(2) { (0..n).collect() } else { (0..n).rev().collect() }
-}
-
 /// One line: µs, TFLOP/s and the weights' TB/s of `p` in `t` seconds, and `t` times `scale` (the
 /// real vocabulary's share).
 fn report(test: &str, round: u32, what: &str, tile: CoopTile, p: &GemmParams, t: f64, scale: u32) {
@@ -105,21 +100,4 @@ fn report(test: &str, round: u32, what: &str, tile: CoopTile, p: &GemmParams, t:
         bytes / t / 1e12,
         t * 1e3 * f64::from(scale)
     );
-}
-
-/// Best time of `p` on `tile` (its partials reduced where `split` cuts K), one product a replay.
-fn time_product(
-    ctx: &GpuContext,
-    kernels: (&std::sync::Arc<dg_gpu::Pipeline>, &std::sync::Arc<dg_gpu::Pipeline>),
-    tile: CoopTile,
-    p: &GemmParams,
-    split: Split,
-    buffers: [&wgpu::Buffer; 4],
-) -> Result<f64, ProbeError> {
-    let replays = 20;
-    let mut plan = dg_gpu::PlanBuilder::new(ctx);
-    for _ in 0..replays {
-        push_product(&mut plan, kernels, tile, p, split, buffers);
-    }
-    Ok(best_time(ctx, &plan.finish(ctx)?, replays))
 }
