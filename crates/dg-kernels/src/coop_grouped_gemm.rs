@@ -67,11 +67,12 @@ pub const TILE_32X128: CoopTile = CoopTile::vec4(32, 128, 32, 32, 32);
 pub const TILE_16X256: CoopTile = CoopTile::vec4(16, 256, 32, 16, 64);
 /// 32 × 64, 16×32 per subgroup (4 subgroups): for `n` not a multiple of 128.
 pub const TILE_32X64: CoopTile = CoopTile::vec4(32, 64, 32, 16, 32);
-/// 64 × 128, 32×64 per subgroup (4 subgroups): the encoder's chunks (1024 tokens, ~64 slots per
-/// expert).
+/// 64 × 128, 32×64 per subgroup (4 subgroups): the encoder's chunks' tile (1024 tokens, ~64 slots
+/// per expert) until [`EXPERT_TILE`] measured faster there (see [`choose`]); kept for the
+/// `DG_COOP_GROUPED_TILE` knob and the staged path's tests.
 pub const TILE_64X128: CoopTile = CoopTile::vec4(64, 128, 32, 32, 64);
 
-/// How the experts' two-stage loops (the staged path: the encoder's [`TILE_64X128`]) name their
+/// How the experts' two-stage loops (the staged path: [`TILE_64X128`] by the knobs) name their
 /// stages for W stored as `format` (`coop_kloop::Stages`): constants for F16 (on an H200 a
 /// 1024-token prefill's F16 experts took 6.33 ms over 6 layers against 7.35 with alternating
 /// stages, the same bits), alternating for the quantized formats (not measured apart: the runs of
@@ -217,23 +218,23 @@ pub fn panel(w: WeightFormat) -> Option<u32> {
     }
 }
 
-/// The tile and W path for `p` over `slots` slots (any W format, either A format), the first of the
-/// preferred list that fits. In the decoder (groups of ~16 slots) [`EXPERT_TILE`] for F16 experts,
-/// [`QUANTIZED_EXPERT_TILE`] for quantized ones, else 32 × 64,
-/// A and W staged through a single stage of workgroup memory, loaded [`EXPERT_DEPTH`] steps ahead.
-/// On an H200 in the real 6-layer forward, since the K loop's loads are pinned (`coop_kloop.rs`):
-/// down 216 µs single-staged at depth 1 against 224 with W fragments straight from the buffer
-/// (which the driver loads two bytes at a time) and 238 direct at depth 2. For the encoder's
-/// chunks (groups over 48 slots) 64-row tiles, W staged.
-pub fn choose(p: &GroupedGemmParams, slots: u32, format: WeightFormat) -> Option<(CoopTile, WPath)> {
-    let average = slots.div_ceil(p.groups.max(1));
+/// The tile and W path for `p` (any W format, either A format), the first of the preferred list
+/// that fits: [`EXPERT_TILE`] for F16 experts, [`QUANTIZED_EXPERT_TILE`] for quantized ones, else
+/// 32 × 64, A and W staged through a single stage of workgroup memory, loaded [`EXPERT_DEPTH`]
+/// steps ahead, in the decoder (groups of ~16 slots) and the encoder (a 1024-token chunk's ~64)
+/// alike. On an H200 in the real 6-layer forward, since the K loop's loads are pinned
+/// (`coop_kloop.rs`): down 216 µs single-staged at depth 1 against 224 with W fragments straight
+/// from the buffer (which the driver loads two bytes at a time) and 238 direct at depth 2. In a
+/// 1024-token prefill (`--profile-encoder`, layer 0's gate/up / down) the F16 experts took 683.6 /
+/// 415.9 µs against 756.7 / 497.2 in [`TILE_64X128`] staged (the encoder's tile until the rings
+/// were batched), and the prefill's wall time over 30 layers 76.8 against 81.3 ms (bench/HISTORY.md,
+/// "The encoder's experts in the decoder's tile").
+pub fn choose(p: &GroupedGemmParams, format: WeightFormat) -> Option<(CoopTile, WPath)> {
     let expert_tile = match format {
         WeightFormat::Quantized(_) => QUANTIZED_EXPERT_TILE,
         WeightFormat::F16 | WeightFormat::F32 | WeightFormat::Bf16 => EXPERT_TILE,
     };
-    let decoder: &[(CoopTile, WPath)] = &[(expert_tile, WPath::Single), (TILE_32X64, WPath::Single)];
-    let encoder: &[(CoopTile, WPath)] = &[(TILE_64X128, WPath::Staged), (EXPERT_TILE, WPath::Single), (TILE_32X64, WPath::Single)];
-    let preferred = if average > 48 { encoder } else { decoder };
+    let preferred: &[(CoopTile, WPath)] = &[(expert_tile, WPath::Single), (TILE_32X64, WPath::Single)];
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
 }
 
@@ -518,16 +519,14 @@ mod tests {
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
         use crate::format::QuantFormat;
         let f16 = WeightFormat::F16;
-        assert_eq!(choose(&gate_up, 2048, f16), Some((EXPERT_TILE, WPath::Single)));
-        assert_eq!(choose(&down, 2048, f16), Some((EXPERT_TILE, WPath::Single)));
+        assert_eq!(choose(&gate_up, f16), Some((EXPERT_TILE, WPath::Single)));
+        assert_eq!(choose(&down, f16), Some((EXPERT_TILE, WPath::Single)));
         let q5 = WeightFormat::Quantized(QuantFormat::Q5_0);
-        assert_eq!(choose(&down, 2048, q5), Some((QUANTIZED_EXPERT_TILE, WPath::Single)));
-        assert_eq!(choose(&down, 8192, f16), Some((TILE_64X128, WPath::Staged)));
-        assert_eq!(choose(&down, 8192, q5), Some((TILE_64X128, WPath::Staged)));
+        assert_eq!(choose(&down, q5), Some((QUANTIZED_EXPERT_TILE, WPath::Single)));
         let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
-        assert_eq!(choose(&tiny, 128, f16), Some((TILE_32X64, WPath::Single)));
-        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, 128, f16), None);
-        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, 128, f16), None);
+        assert_eq!(choose(&tiny, f16), Some((TILE_32X64, WPath::Single)));
+        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, f16), None);
+        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, f16), None);
         // The K-64 tile fits the real shapes, single-staged only.
         assert!(fits(TILE_32X128_K64, &gate_up) && fits(TILE_32X128_K64, &down));
         assert!(runs(TILE_32X128_K64, WPath::Single) && !runs(TILE_32X128_K64, WPath::Staged) && !runs(TILE_32X128_K64, WPath::Direct));
