@@ -236,7 +236,8 @@ pub fn run(args: Args) -> Result<bool> {
             let layer_ms: f64 =
                 (0..layers_n).map(|i| by_scope.get(&format!("encoder layer{i}")).copied().unwrap_or(0.0)).sum::<f64>() / 1e6;
             println!(
-                "host recording of the plan: {:.2} ms; layers {layer_ms:.2} ms in kernels, {:.3} ms a layer",
+                "host: ids and RoPE tables {:.2} ms, recording of the plan {:.2} ms; layers {layer_ms:.2} ms in kernels, {:.3} ms a layer",
+                p.tables_ms,
                 p.record_ms,
                 layer_ms / layers_n as f64
             );

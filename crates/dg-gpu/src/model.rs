@@ -293,14 +293,12 @@ impl GpuModel {
             .collect())
     }
 
-    /// The ids and RoPE tables of one encoder chunk of `slot` at its next positions written, and
-    /// its plan (recorded ahead by [`Self::prerecord_commits`], or now; the caller runs it, then
-    /// advances the slot's length).
-    fn encoder_chunk_plan(&mut self, slot: usize, chunk: &[u32]) -> Result<Plan, GpuError> {
-        let start = self.write_encoder_chunk(slot, chunk);
-        match self.commit_plans.remove(&(slot, start, chunk.len())) {
+    /// The plan of the encoder chunk of `slot` at `start` of `tokens` tokens: recorded ahead by
+    /// [`Self::prerecord_commits`], or now.
+    fn encoder_chunk_plan(&mut self, slot: usize, start: usize, tokens: usize) -> Result<Plan, GpuError> {
+        match self.commit_plans.remove(&(slot, start, tokens)) {
             Some(plan) => Ok(plan),
-            None => self.record_encoder_chunk(slot, start, chunk.len()),
+            None => self.record_encoder_chunk(slot, start, tokens),
         }
     }
 

@@ -1,5 +1,6 @@
 //! Where an encoder pass's time goes (`DiffusionGemmaEncoderModel`: the prompt's prefill, a
-//! finished canvas's commit): the host's recording of the chunk's plan, and the GPU's time per
+//! finished canvas's commit): the host's writing of the chunk's ids and RoPE tables and its
+//! recording of the chunk's plan, and the GPU's time per
 //! dispatch from timestamp queries, as [`GpuModel::profile_step`] gives them for the canvas
 //! forward.
 
@@ -13,6 +14,8 @@ use crate::error::GpuError;
 pub struct EncoderProfile {
     /// Tokens encoded.
     pub tokens: usize,
+    /// Host time writing the chunk's ids and RoPE tables (`GpuModel::ensure_rope`).
+    pub tables_ms: f64,
     /// Host time recording the chunk's plan (every encode records one: the chunk's positions and
     /// the visible cache rows change with every call).
     pub record_ms: f64,
@@ -31,11 +34,14 @@ impl GpuModel {
         }
         let ids = self.encoder_ids(0, ids)?;
         self.context_ready = false;
-        let start = Instant::now();
-        let plan = self.encoder_chunk_plan(0, &ids)?;
-        let record_ms = start.elapsed().as_secs_f64() * 1e3;
+        let clock = Instant::now();
+        let start = self.write_encoder_chunk(0, &ids);
+        let tables_ms = clock.elapsed().as_secs_f64() * 1e3;
+        let clock = Instant::now();
+        let plan = self.encoder_chunk_plan(0, start, ids.len())?;
+        let record_ms = clock.elapsed().as_secs_f64() * 1e3;
         let kernels = plan.profile(&self.ctx)?;
         self.seq_lens[0] += ids.len();
-        Ok(EncoderProfile { tokens: ids.len(), record_ms, kernels })
+        Ok(EncoderProfile { tokens: ids.len(), tables_ms, record_ms, kernels })
     }
 }
