@@ -292,6 +292,10 @@ struct AttentionGroup<'a> {
     keys: usize,
     /// The scores' softmax over them (the dead columns, or the causal mask).
     mask: SoftmaxParams,
+    /// Causal (the encoder): query `i` sees key columns `j < i + causal`, so the scores past them
+    /// need not be computed and the values' sums stop there (`GemmParams::causal_n`,
+    /// `causal_k`); 0 in the decoder.
+    causal: u32,
 }
 
 /// Layer `i`'s attention groups in `pass`.
@@ -333,7 +337,7 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
                         gap_end: cached as u32,
                         ..SoftmaxParams::plain((heads * c) as u32, keys as u32)
                     };
-                    Ok(AttentionGroup { cache, first_token: b * c, first_row: v.start + cached, key_start: v.start, keys, mask })
+                    Ok(AttentionGroup { cache, first_token: b * c, first_row: v.start + cached, key_start: v.start, keys, mask, causal: 0 })
                 })
                 .collect()
         }
@@ -352,7 +356,8 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
                 window,
                 ..SoftmaxParams::plain((heads * tokens) as u32, keys as u32)
             };
-            Ok(vec![AttentionGroup { cache: a.cache(slot, i)?, first_token: 0, first_row: start, key_start, keys, mask }])
+            let causal = (start + 1 - key_start) as u32;
+            Ok(vec![AttentionGroup { cache: a.cache(slot, i)?, first_token: 0, first_row: start, key_start, keys, mask, causal }])
         }
     }
 }
@@ -470,7 +475,8 @@ fn record_layer_with<'a>(
     // masked causally (and by the window in sliding layers), S rounded up to a multiple of
     // KEY_PAD (the tensor-core products' K step) with rows past start+T: the causal mask gives
     // them probability 0, and they hold finite values (the cache's rows past the sequence are
-    // zeros or earlier K/V), so they add exact zeros.
+    // zeros or earlier K/V), so they add exact zeros. The tensor cores skip the score tiles past
+    // the causal mask and stop the values' sums at it (`AttentionGroup::causal`).
     // The F16 mode runs attention's products on the tensor cores too (q, K, V and the
     // probabilities rounded to f16 when staged) where the shapes fit.
     let tc = w.format == WeightFormat::F16;
@@ -494,6 +500,7 @@ fn record_layer_with<'a>(
             c_rs: s as u32,
             c_batch: (tokens * s) as u32,
             alpha: 1.0,
+            causal_n: g.causal,
             ..bytemuck::Zeroable::zeroed()
         };
         rec.product(&a.q, &g.cache.keys, &a.scores, scores, tc)?;
@@ -516,6 +523,7 @@ fn record_layer_with<'a>(
             c_rs: (heads * d) as u32,
             c_batch: d as u32,
             alpha: 1.0,
+            causal_k: g.causal,
             ..bytemuck::Zeroable::zeroed()
         };
         rec.product(&a.scores, &g.cache.values, &a.attn, values, tc)?;

@@ -90,7 +90,15 @@ pub struct GemmParams {
     pub split_steps: u32,
     /// Elements of C between two splits' partial products.
     pub split_stride: u32,
-    pub _pad: [u32; 2],
+    /// Non-zero: only `C[i, j]` with `j < i + causal_n` are needed ([`crate::coop_gemm`] may leave
+    /// the others unwritten: a causal mask's scores, whose softmax never reads them; the portable
+    /// kernel computes them all). 0: every column.
+    pub causal_n: u32,
+    /// Non-zero: `A[i, q]` is zero for `q ≥ i + causal_k` ([`crate::coop_gemm`] may stop row
+    /// `i`'s sums there, adding no other terms: a causal mask's probabilities times the values,
+    /// whose masked products are exact zeros over finite values; the portable kernel adds them
+    /// all). 0: every term.
+    pub causal_k: u32,
 }
 
 impl GemmParams {
@@ -120,7 +128,8 @@ impl GemmParams {
             cap: 0.0,
             split_steps: 0,
             split_stride: 0,
-            _pad: [0; 2],
+            causal_n: 0,
+            causal_k: 0,
         }
     }
 

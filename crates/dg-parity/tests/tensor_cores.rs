@@ -262,6 +262,73 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
     }
 }
 
+/// The encoder's causal attention products on the tensor cores (`GemmParams::causal_n`,
+/// `causal_k`): 256 queries over 384 keys, 4 heads on 2 KV heads. Scores with query `i` seeing
+/// keys `j < i + causal_n` match `gemm_reference` wherever seen (from position 0, and 96 keys
+/// later), and the tiles wholly past every row's keys are skipped: row 0's key 383 keeps C's old
+/// value. Values over probabilities that are 0 past `i + causal_k` (from position 0) match the
+/// reference on the same probabilities and on V whose rows past the last query's keys are zeros,
+/// where the GPU's V holds NaN there: a product that read those rows would not be finite.
+#[test]
+fn causal_attention_products_on_tensor_cores_skip_the_masked_keys() {
+    use dg_kernels::gemm::GemmParams;
+    use dg_parity::testing::{attention_scores_params, attention_values_params, gemm_extent, gemm_reference};
+    let test = "causal_attention_products_on_tensor_cores_skip_the_masked_keys";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let (t, s, d, heads, kv) = (256u32, 384u32, 64u32, 4u32, 2u32);
+    let run = |pipelines: &mut Pipelines, p: GemmParams, a: &[f32], b: &[f32], c0: &[f32]| -> Vec<f32> {
+        assert!(dg_kernels::coop_gemm::plan(&p).is_some(), "meant for the tensor cores: {p:?}");
+        let (ab, bb) = (ctx.upload("a", a).unwrap(), ctx.upload("b", b).unwrap());
+        let cb = guarded_output(&ctx, "c", c0.len());
+        ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(c0));
+        let mut rec = Recorder::new(&ctx, pipelines);
+        rec.product(&ab, &bb, &cb, p, true).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        read_guarded(&ctx, &cb, c0.len())
+    };
+    for causal in [1u32, 97] {
+        let p = GemmParams { causal_n: causal, ..attention_scores_params(t, s, d, heads, kv, 1.0) };
+        let a = f16_round(&seeded(gemm_extent(0, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs), 41, 1.0));
+        let b = f16_round(&seeded(gemm_extent(0, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs), 42, 1.0));
+        let c0 = seeded(gemm_extent(0, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1), 43, 2.0);
+        let got = run(&mut pipelines, p, &a, &b, &c0);
+        let want = gemm_reference(&GemmParams { causal_n: 0, ..p }, &a, &b, &c0);
+        let tol = tolerance(p.k as usize);
+        for h in 0..heads as usize {
+            for i in 0..t as usize {
+                for j in 0..(i + causal as usize).min(s as usize) {
+                    let at = h * (t * s) as usize + i * s as usize + j;
+                    let err = (got[at] - want[at]).abs() / want[at].abs().max(1.0);
+                    assert!(err <= tol, "scores, causal {causal}: head {h} query {i} key {j}: got {} want {}", got[at], want[at]);
+                }
+            }
+        }
+        if causal == 1 {
+            let at = (s - 1) as usize;
+            assert_eq!(got[at].to_bits(), c0[at].to_bits(), "scores, causal 1: row 0's key {} was computed", s - 1);
+        }
+    }
+    let causal = 1u32;
+    let p = GemmParams { causal_k: causal, ..attention_values_params(t, s, d, heads, kv) };
+    let mut probs = f16_round(&seeded(gemm_extent(0, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs), 44, 1.0));
+    for (r, row) in probs.chunks_mut(s as usize).enumerate() {
+        let i = r % t as usize;
+        row[i + causal as usize..].fill(0.0);
+    }
+    let v = f16_round(&seeded(gemm_extent(0, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs), 45, 1.0));
+    let live = ((t + causal - 1) * p.b_rs) as usize;
+    let (mut v_nan, mut v_zero) = (v.clone(), v);
+    v_nan[live..].fill(f32::NAN);
+    v_zero[live..].fill(0.0);
+    let c0 = seeded(gemm_extent(0, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1), 46, 2.0);
+    let got = run(&mut pipelines, p, &probs, &v_nan, &c0);
+    let want = gemm_reference(&GemmParams { causal_k: 0, ..p }, &probs, &v_zero, &c0);
+    let (err, at) = max_rel_err(&got, &want);
+    let tol = tolerance(p.k as usize);
+    assert!(err <= tol, "values, causal {causal}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
+}
+
 /// Runs `p` through `Recorder::product` on the tensor cores (with a split-K scratch) on seeded
 /// f16-exact operands, B stored as `format`; asserts that the plan dispatched a kernel whose name
 /// starts with `expect` and compares the whole C buffer with `gemm_reference`.

@@ -14,6 +14,8 @@
 // matrices have no elementwise functions); a plain product (alpha 1, no accumulate, no softcap)
 // stores its fragments straight to C.
 // Batches: workgroup row y computes batch b = wid.y.
+// Causal (p.causal_n, p.causal_k != 0): tiles whose columns lie past every row's j < i + causal_n
+// exit at once; K stops after the steps that hold some q < i + causal_k for the tile's last row.
 // Split K (p.split_steps > 0): workgroup layer z runs the K steps z * split_steps .. (at most
 // split_steps of them) and stores its plain product at c_offset + z * split_stride (the Recorder
 // passes alpha 1, no accumulate and no epilogue; split_k_reduce.wgsl adds the partials).
@@ -62,9 +64,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sg = lt / 32u;
     let sm = (sg / SGN) * WM;
     let sn = (sg % SGN) * WN;
+    // Causal products (p.causal_n, p.causal_k): the tile's last row bounds the columns it needs
+    // and the K steps whose A is not all zero. A tile with no column needed does nothing (the
+    // whole body is under `if (!skipped)`: an early return would leave the cooperative operations
+    // in control flow naga cannot prove uniform, and so would `&&`, which naga lowers through a
+    // variable); a split whose range lies past the zeros still
+    // runs one step (adding exact zeros) and stores its partial.
+    let last_row = min(m0 + BM, p.m) - 1u;
+    let skipped = (p.causal_n != 0u) & (n0 >= last_row + p.causal_n);
+    if (!skipped) {
     let all_steps = p.k / BK;
+    let live_steps = select(all_steps, min(all_steps, (last_row + p.causal_k + BK - 1u) / BK), p.causal_k != 0u);
     let s0 = wid.z * p.split_steps;
-    let steps = select(all_steps, min(p.split_steps, all_steps - s0), p.split_steps != 0u);
+    let split_live = select(1u, live_steps - s0, live_steps > s0);
+    let steps = max(1u, select(live_steps, min(p.split_steps, split_live), p.split_steps != 0u));
     let stride_s = KPS;
     let stride_n = NPS;
     let stride_c = p.c_rs;
@@ -103,5 +116,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 //@STORE
     } else {
 //@STORE_EPILOGUE
+    }
     }
 }

@@ -23,6 +23,6 @@ struct Params {
     cap: f32,
     split_steps: u32,
     split_stride: u32,
-    _pad0: u32,
-    _pad1: u32,
+    causal_n: u32,
+    causal_k: u32,
 }
