@@ -379,17 +379,30 @@ impl GpuModel {
     }
 
     /// Writes the RoPE tables of positions `start..start + tokens` for both layer kinds, from
-    /// table row `row0`.
+    /// table row `row0`: copied on the GPU from the arena's tables of every position (queued
+    /// behind the work already submitted), or, past them, computed here and written.
     fn write_rope(&self, start: usize, tokens: usize, row0: usize) {
         let cfg = &self.config.text;
-        for (kind, (cos_buf, sin_buf)) in [(LayerKind::Sliding, &self.arena.rope_sliding), (LayerKind::Full, &self.arena.rope_full)] {
+        let a = &self.arena;
+        let mut copies = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("rope rows") });
+        for (kind, rows, table) in
+            [(LayerKind::Sliding, &a.rope_sliding, &a.rope_table_sliding), (LayerKind::Full, &a.rope_full, &a.rope_table_full)]
+        {
             if let Some(spec) = cfg.layers.iter().find(|l| l.kind == kind) {
-                let (cos, sin) = spec.rope.cos_sin(spec.head_dim, start, tokens);
-                let at = (row0 * (spec.head_dim / 2) * 4) as u64;
-                self.ctx.queue.write_buffer(cos_buf, at, bytemuck::cast_slice(&cos));
-                self.ctx.queue.write_buffer(sin_buf, at, bytemuck::cast_slice(&sin));
+                let row_bytes = (spec.head_dim / 2 * 4) as u64;
+                let at = row0 as u64 * row_bytes;
+                if start + tokens <= a.rope_positions {
+                    let (from, len) = (start as u64 * row_bytes, tokens as u64 * row_bytes);
+                    copies.copy_buffer_to_buffer(&table.0, from, &rows.0, at, len);
+                    copies.copy_buffer_to_buffer(&table.1, from, &rows.1, at, len);
+                } else {
+                    let (cos, sin) = spec.rope.cos_sin(spec.head_dim, start, tokens);
+                    self.ctx.queue.write_buffer(&rows.0, at, bytemuck::cast_slice(&cos));
+                    self.ctx.queue.write_buffer(&rows.1, at, bytemuck::cast_slice(&sin));
+                }
             }
         }
+        self.ctx.queue.submit(Some(copies.finish()));
     }
 
     /// Cache rows each decoder layer sees after the GPU encoder: every token in full layers, the
