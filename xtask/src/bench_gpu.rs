@@ -8,7 +8,8 @@
 //! plans) stays outside. `--profile-encoder` also profiles the encoder (`DiffusionGemmaEncoderModel`)
 //! on a prompt of `--context` tokens (one chunk) and then a commit of a canvas, in
 //! [`ENCODER_PROFILES`] rounds: every round's time in kernels, and for the median round the host's
-//! time recording each chunk's plan and the per-kernel breakdown.
+//! time writing its tables and recording each chunk's plan and the per-kernel breakdown; then the
+//! prefill's wall time as `GpuModel::encode` runs it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -243,6 +244,17 @@ pub fn run(args: Args) -> Result<bool> {
             );
             print_dispatches(&p.kernels, "encoder layer", layers_n);
         }
+        // The same prefill as `GpuModel::encode` runs it (recorded and submitted a layer at a
+        // time, no timestamps), wall time to its completion, beside the kernels' sum above.
+        let walls: Vec<String> = (0..ENCODER_PROFILES)
+            .map(|_| -> Result<String> {
+                model.reset();
+                let start = Instant::now();
+                model.encode(&prompt)?;
+                Ok(format!("{:.2}", start.elapsed().as_secs_f64() * 1e3))
+            })
+            .collect::<Result<_>>()?;
+        println!("\nencoder prefill of {} tokens as `encode` runs it, wall: {} ms", prompt.len(), walls.join(", "));
     }
     Ok(true)
 }
