@@ -8,8 +8,9 @@
 //! them (weightless, no rope, the `rmsnorm.wgsl` op; `v_heads`): so that q, K and V of one
 //! projection reach the attention and the cache in one dispatch.
 //!
-//! One workgroup per (token, head) row: the sum of squares is accumulated and reduced exactly as
-//! in `rmsnorm.wgsl` (same strided per-invocation sums, same `row_sum` of the same [`RowReduce`], `1/sqrt`), then each invocation
+//! One workgroup per (token, head) row: the sum of squares is accumulated and reduced as in
+//! `rmsnorm.wgsl` (strided per-invocation sums, `row_sum` of the same [`RowReduce`], `1/sqrt`; the
+//! same bits for rows of up to 128 columns, see [`WORKGROUP`]), then each invocation
 //! rotates pairs `j, j + WG, …` of `[0, d/2)`. Any even `d` works (the model has 256 and 512).
 
 use bytemuck::{Pod, Zeroable};
@@ -17,9 +18,13 @@ use bytemuck::{Pod, Zeroable};
 use crate::row_reduce::{Part, RowReduce};
 use crate::{Access, KernelSource, with_prelude};
 
-/// Workgroup size (one workgroup per row); the same as `rmsnorm::WORKGROUP`, so that the
-/// reduction order, and with it the norm, is the rmsnorm kernel's.
-pub const WORKGROUP: u32 = crate::rmsnorm::WORKGROUP;
+/// Workgroup size (one workgroup per row): half of `rmsnorm::WORKGROUP`, with the same bits as
+/// the rmsnorm kernel's wherever a row has at most 128 columns (taken `LANES` at a time: the real
+/// model's heads are 64 and 128 vec4s). Each invocation then holds at most one column, and both
+/// reductions only lose invocations whose sums are +0 at the end of their order (the tree's first
+/// levels, the subgroups' sums added in order). Two rows a multiprocessor's invocations held
+/// before: on an H200 a 1024-token prefill's q/K/V rows had 64 of 256 invocations at work.
+pub const WORKGROUP: u32 = crate::rmsnorm::WORKGROUP / 2;
 
 /// Uniform parameters of `norm_rope.wgsl`.
 #[repr(C)]
