@@ -601,6 +601,20 @@ mod tests {
     }
 
     #[test]
+    fn products_over_a_round_of_workgroups_split_for_whole_rounds() {
+        // A 1024-token chunk's o projection on 132 multiprocessors: 176 tiles of 128×128, 128 K
+        // steps: 2 rounds × 128 steps whole, 4 × 43 in 3 splits (6 × 32 in 4).
+        let o = GemmParams::linear(1024, 2816, 4096);
+        assert_eq!(Split::choose(TILE_128X128, &o, 132, u64::MAX), Some(Split { splits: 3, steps: 43 }));
+        // No more splits than the partials' room holds.
+        assert_eq!(Split::choose(TILE_128X128, &o, 132, 2 * 1024 * 2816).map(|s| s.splits), Some(2));
+        // Whole rounds already (264 tiles on 132), or K under WAVE_SPLIT_MIN_STEPS (the MLP's down
+        // projection, 66 steps): no split.
+        assert_eq!(Split::choose(TILE_128X128, &GemmParams::linear(1024, 4224, 4096), 132, u64::MAX), None);
+        assert_eq!(Split::choose(TILE_128X128, &GemmParams::linear(1024, 2816, 2112), 132, u64::MAX), None);
+    }
+
+    #[test]
     fn large_products_take_the_large_tile_and_long_ones_split_further() {
         // The tied head: 256 × 262144 × 2816, 4096 tiles of 128×128.
         let head = GemmParams::linear(256, 262144, 2816);
