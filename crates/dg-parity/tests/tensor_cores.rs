@@ -247,14 +247,7 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
         let a = f16_round(&seeded(a_len, 31, 1.0));
         let b = f16_round(&seeded(b_len, 32, 1.0));
         let c0 = seeded(c_len, 33, 2.0);
-        let ab = ctx.upload("a", &a).unwrap();
-        let bb = ctx.upload("b", &b).unwrap();
-        let cb = guarded_output(&ctx, "c", c_len);
-        ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
-        let mut rec = Recorder::new(&ctx, &mut pipelines);
-        rec.product(&ab, &bb, &cb, p, true).unwrap();
-        rec.finish().unwrap().run(&ctx).unwrap();
-        let got = read_guarded(&ctx, &cb, c_len);
+        let got = f32_product_on_tensor_cores(&ctx, &mut pipelines, p, &a, &b, &c0);
         let want = gemm_reference(&p, &a, &b, &c0);
         let (err, at) = max_rel_err(&got, &want);
         let tol = tolerance(p.k as usize);
@@ -277,22 +270,13 @@ fn causal_attention_products_on_tensor_cores_skip_the_masked_keys() {
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let (t, s, d, heads, kv) = (256u32, 384u32, 64u32, 4u32, 2u32);
-    let run = |pipelines: &mut Pipelines, p: GemmParams, a: &[f32], b: &[f32], c0: &[f32]| -> Vec<f32> {
-        assert!(dg_kernels::coop_gemm::plan(&p).is_some(), "meant for the tensor cores: {p:?}");
-        let (ab, bb) = (ctx.upload("a", a).unwrap(), ctx.upload("b", b).unwrap());
-        let cb = guarded_output(&ctx, "c", c0.len());
-        ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(c0));
-        let mut rec = Recorder::new(&ctx, pipelines);
-        rec.product(&ab, &bb, &cb, p, true).unwrap();
-        rec.finish().unwrap().run(&ctx).unwrap();
-        read_guarded(&ctx, &cb, c0.len())
-    };
     for causal in [1u32, 97] {
         let p = GemmParams { causal_n: causal, ..attention_scores_params(t, s, d, heads, kv, 1.0) };
         let a = f16_round(&seeded(gemm_extent(0, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs), 41, 1.0));
         let b = f16_round(&seeded(gemm_extent(0, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs), 42, 1.0));
         let c0 = seeded(gemm_extent(0, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1), 43, 2.0);
-        let got = run(&mut pipelines, p, &a, &b, &c0);
+        assert!(dg_kernels::coop_gemm::plan(&p).is_some(), "meant for the tensor cores: {p:?}");
+        let got = f32_product_on_tensor_cores(&ctx, &mut pipelines, p, &a, &b, &c0);
         let want = gemm_reference(&GemmParams { causal_n: 0, ..p }, &a, &b, &c0);
         let tol = tolerance(p.k as usize);
         for h in 0..heads as usize {
@@ -322,11 +306,31 @@ fn causal_attention_products_on_tensor_cores_skip_the_masked_keys() {
     v_nan[live..].fill(f32::NAN);
     v_zero[live..].fill(0.0);
     let c0 = seeded(gemm_extent(0, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1), 46, 2.0);
-    let got = run(&mut pipelines, p, &probs, &v_nan, &c0);
+    assert!(dg_kernels::coop_gemm::plan(&p).is_some(), "meant for the tensor cores: {p:?}");
+    let got = f32_product_on_tensor_cores(&ctx, &mut pipelines, p, &probs, &v_nan, &c0);
     let want = gemm_reference(&GemmParams { causal_k: 0, ..p }, &probs, &v_zero, &c0);
     let (err, at) = max_rel_err(&got, &want);
     let tol = tolerance(p.k as usize);
     assert!(err <= tol, "values, causal {causal}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
+}
+
+/// Runs `p` through `Recorder::product` in the F16 mode's way (f32 operands, rounded to f16 by
+/// the tensor cores) on `a`, `b` and C holding `c0` (a guarded output), and returns C.
+fn f32_product_on_tensor_cores(
+    ctx: &GpuContext,
+    pipelines: &mut Pipelines,
+    p: dg_kernels::gemm::GemmParams,
+    a: &[f32],
+    b: &[f32],
+    c0: &[f32],
+) -> Vec<f32> {
+    let (ab, bb) = (ctx.upload("a", a).unwrap(), ctx.upload("b", b).unwrap());
+    let cb = guarded_output(ctx, "c", c0.len());
+    ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(c0));
+    let mut rec = Recorder::new(ctx, pipelines);
+    rec.product(&ab, &bb, &cb, p, true).unwrap();
+    rec.finish().unwrap().run(ctx).unwrap();
+    read_guarded(ctx, &cb, c0.len())
 }
 
 /// Runs `p` through `Recorder::product` on the tensor cores (with a split-K scratch) on seeded

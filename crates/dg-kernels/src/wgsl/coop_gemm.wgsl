@@ -15,7 +15,7 @@
 // stores its fragments straight to C.
 // Batches: workgroup row y computes batch b = wid.y.
 // Causal (p.causal_n, p.causal_k != 0): tiles whose columns lie past every row's j < i + causal_n
-// exit at once; K stops after the steps that hold some q < i + causal_k for the tile's last row.
+// do nothing; K stops after the steps that hold some q < i + causal_k for the tile's last row.
 // Split K (p.split_steps > 0): workgroup layer z runs the K steps z * split_steps .. (at most
 // split_steps of them) and stores its plain product at c_offset + z * split_stride (the Recorder
 // passes alpha 1, no accumulate and no epilogue; split_k_reduce.wgsl adds the partials).
@@ -68,8 +68,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // and the K steps whose A is not all zero. A tile with no column needed does nothing (the
     // whole body is under `if (!skipped)`: an early return would leave the cooperative operations
     // in control flow naga cannot prove uniform, and so would `&&`, which naga lowers through a
-    // variable); a split whose range lies past the zeros still
-    // runs one step (adding exact zeros) and stores its partial.
+    // variable); a split whose range lies past the zeros still runs one step (adding exact
+    // zeros) and stores its partial.
     let last_row = min(m0 + BM, p.m) - 1u;
     let skipped = (p.causal_n != 0u) & (n0 >= last_row + p.causal_n);
     if (!skipped) {
