@@ -94,7 +94,8 @@ pub enum KernelKey {
     SoftmaxPartials(RowReduce),
     SoftmaxApply(RowReduce),
     RouterTopk(RowReduce),
-    NormRope(RowReduce, Lanes),
+    /// Per-head norm and RoPE in workgroups of the `u32` (one of `norm_rope::WORKGROUPS`).
+    NormRope(RowReduce, Lanes, u32),
     /// Attention's residual and norms; `half_bc` stores the second and third outputs' first as f16
     /// (four lanes only).
     AttentionNorms {
@@ -176,7 +177,7 @@ impl KernelKey {
             K::SoftmaxPartials(r) => softmax_chunked::partials(r),
             K::SoftmaxApply(r) => softmax_chunked::apply(r),
             K::RouterTopk(r) => router_topk::source(r),
-            K::NormRope(r, lanes) => norm_rope::source_lanes(r, lanes.count()),
+            K::NormRope(r, lanes, wg) => norm_rope::source_lanes(r, lanes.count(), wg),
             K::AttentionNorms { reduce, lanes, half_bc: false } => residual_norms::source_attention_lanes(reduce, lanes.count()),
             K::AttentionNorms { reduce, lanes, half_bc: true } => {
                 assert_eq!(lanes, Lanes::Four, "the half attention norms take four columns at a time");
@@ -228,7 +229,8 @@ impl KernelKey {
             keys.extend([K::SoftmaxPartials(reduce), K::SoftmaxApply(reduce), K::RouterTopk(reduce)]);
             keys.push(K::AttentionNorms { reduce, lanes: Lanes::Four, half_bc: true });
             for lanes in Lanes::ALL {
-                keys.extend([K::RmsNorm(reduce, lanes), K::Softmax(reduce, lanes), K::NormRope(reduce, lanes)]);
+                keys.extend([K::RmsNorm(reduce, lanes), K::Softmax(reduce, lanes)]);
+                keys.extend(norm_rope::WORKGROUPS.map(|wg| K::NormRope(reduce, lanes, wg)));
                 keys.push(K::AttentionNorms { reduce, lanes, half_bc: false });
                 for (combine, scaled) in [(false, false), (true, false), (false, true), (true, true)] {
                     keys.push(K::FfnNorms { reduce, lanes, combine, scaled });

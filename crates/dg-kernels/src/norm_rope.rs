@@ -10,7 +10,7 @@
 //!
 //! One workgroup per (token, head) row: the sum of squares is accumulated and reduced as in
 //! `rmsnorm.wgsl` (strided per-invocation sums, `row_sum` of the same [`RowReduce`], `1/sqrt`; the
-//! same bits for rows of up to 128 columns, see [`WORKGROUP`]), then each invocation
+//! same bits for rows of up to 128 columns, see [`workgroup_for`]), then each invocation
 //! rotates pairs `j, j + WG, …` of `[0, d/2)`. Any even `d` works (the model has 256 and 512).
 
 use bytemuck::{Pod, Zeroable};
@@ -18,13 +18,24 @@ use bytemuck::{Pod, Zeroable};
 use crate::row_reduce::{Part, RowReduce};
 use crate::{Access, KernelSource, with_prelude};
 
-/// Workgroup size (one workgroup per row): half of `rmsnorm::WORKGROUP`, with the same bits as
-/// the rmsnorm kernel's wherever a row has at most 128 columns (taken `LANES` at a time: the real
-/// model's heads are 64 and 128 vec4s). Each invocation then holds at most one column, and both
-/// reductions only lose invocations whose sums are +0 at the end of their order (the tree's first
-/// levels, the subgroups' sums added in order). Two rows a multiprocessor's invocations held
-/// before: on an H200 a 1024-token prefill's q/K/V rows had 64 of 256 invocations at work.
-pub const WORKGROUP: u32 = crate::rmsnorm::WORKGROUP / 2;
+/// The largest workgroup (one workgroup per row): half of `rmsnorm::WORKGROUP`.
+pub const MAX_WORKGROUP: u32 = crate::rmsnorm::WORKGROUP / 2;
+
+/// The workgroup sizes the kernel is built for ([`workgroup_for`] picks one).
+pub const WORKGROUPS: [u32; 3] = [32, 64, MAX_WORKGROUP];
+
+/// The workgroup for rows of `dim` columns taken `lanes` at a time: one invocation a column,
+/// rounded up to whole subgroups of 32, at most [`MAX_WORKGROUP`] (the real model's heads: 64
+/// invocations for its 256-wide sliding heads, 128 for the 512-wide full ones, in vec4s). Each
+/// invocation then holds at most one column wherever a row has at most 128, and the reductions
+/// give the rmsnorm kernel's bits: both only lose invocations whose sums are +0 at the end of
+/// their order (the tree's first levels, the subgroups' sums added in order). On an H200 a
+/// 1024-token prefill's q/K/V rows had 64 of 256 invocations at work before [`MAX_WORKGROUP`]
+/// (70.6 → 42.8 µs a sliding layer), 64 of 128 before this rule (42.9 → 34.7 µs; the decoder's
+/// 256 tokens 16.8 → 17.0).
+pub fn workgroup_for(p: &NormRopeParams, lanes: u32) -> u32 {
+    (p.dim / lanes.max(1)).next_multiple_of(32).clamp(WORKGROUPS[0], MAX_WORKGROUP)
+}
 
 /// Uniform parameters of `norm_rope.wgsl`.
 #[repr(C)]
@@ -81,16 +92,19 @@ pub fn workgroups(p: &NormRopeParams) -> u32 {
 /// `out_offset`), `q_w` (read, `[d]`), `q_out` (read-write, `[tokens, q_blocks·heads, d]`). An
 /// output with no rows is untouched, and may be any buffer the others are not.
 pub fn source(reduce: RowReduce) -> KernelSource {
-    source_lanes(reduce, 1)
+    source_lanes(reduce, 1, MAX_WORKGROUP)
 }
 
 /// [`source`] taking `lanes` columns at a time: 1, or 4 with `d / 2`, `out_offset`, `v_offset`
-/// and the split stride multiples of 4 ([`lanes_for`]); the same sums as `rmsnorm`'s of that width.
-pub fn source_lanes(reduce: RowReduce, lanes: u32) -> KernelSource {
+/// and the split stride multiples of 4 ([`lanes_for`]), in workgroups of `wg` (one of
+/// [`WORKGROUPS`]: [`workgroup_for`]); the same sums as `rmsnorm`'s of that width.
+pub fn source_lanes(reduce: RowReduce, lanes: u32, wg: u32) -> KernelSource {
+    assert!(WORKGROUPS.contains(&wg), "norm_rope is built for workgroups of {WORKGROUPS:?}, not {wg}");
     let (body, suffix) = crate::rmsnorm::with_lanes(&reduce.render(include_str!("wgsl/norm_rope.wgsl"), &[Part::Sum("f32")]), lanes);
+    let wg_suffix = if wg == MAX_WORKGROUP { String::new() } else { format!("_w{wg}") };
     KernelSource {
-        name: format!("norm_rope{suffix}{}", reduce.suffix()),
-        wgsl: with_prelude(&[("WG", WORKGROUP)], &crate::split_k::with_reader_lanes(&body, "x_at", "x")),
+        name: format!("norm_rope{suffix}{wg_suffix}{}", reduce.suffix()),
+        wgsl: with_prelude(&[("WG", wg)], &crate::split_k::with_reader_lanes(&body, "x_at", "x")),
         entry: "main",
         buffers: vec![
             Access::Read,

@@ -69,7 +69,6 @@ fn run_fused_at(
     out_offset: usize,
 ) -> Vec<f32> {
     let mut pipelines = Pipelines::default();
-    let p = pipelines.get_source(ctx, norm_rope::source_lanes(reduce, lanes)).unwrap();
     let xb = ctx.upload("x", x).unwrap();
     let wb = ctx.upload("w", w).unwrap();
     let cb = ctx.upload("cos", cos).unwrap();
@@ -91,6 +90,8 @@ fn run_fused_at(
         skip_k: 0,
         ..bytemuck::Zeroable::zeroed()
     };
+    // The workgroup the forward picks for these rows.
+    let p = pipelines.get_source(ctx, norm_rope::source_lanes(reduce, lanes, norm_rope::workgroup_for(&params, lanes))).unwrap();
     let mut plan = PlanBuilder::new(ctx);
     plan.push(&p, &params, &[&xb, &wb, &cb, &sb, &out, &values, &wb, &values], groups_1d(norm_rope::workgroups(&params), max_dim));
     plan.finish(ctx).unwrap().run(ctx).unwrap();

@@ -469,7 +469,8 @@ impl<'a> Recorder<'a> {
         };
         let g = self.groups(norm_rope::workgroups(&p));
         let lanes = self.lanes_knob(norm_rope::lanes_for(&p));
-        self.push(K::NormRope(self.ctx.row_reduce(), Lanes::of(lanes)), &p, &[x.buffer, w, cos, sin, out, values, q_w, q_out], g)
+        let wg = norm_rope::workgroup_for(&p, lanes);
+        self.push(K::NormRope(self.ctx.row_reduce(), Lanes::of(lanes), wg), &p, &[x.buffer, w, cos, sin, out, values, q_w, q_out], g)
     }
 
     /// Row softmax in place (with the attention mask of `p`).

@@ -8,7 +8,8 @@
 // Pass 1: each invocation keeps a running (max, sum of exp(x - max)) over its strided elements;
 // the pairs are merged across the workgroup by row_max_sum (row_reduce.rs). The LANES4 variant
 // reads and writes four columns at a time (cols a multiple of 4), each column as the plain one.
-// Pass 2: x = exp(x - max) * (1 / sum).
+// Pass 2: x = exp(x - max) * (1 / sum), reading only what is visible (masked entries are written
+// as 0 unread).
 
 struct Params {
     rows: u32,
@@ -86,11 +87,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let inv = 1.0 / total.y;
 #if LANES4
     for (var q = lid.x; q * 4u < p.cols; q += WG) {
-        let v4 = x[base / 4u + q];
         var y = vec4<f32>(0.0);
-        for (var c = 0u; c < 4u; c++) {
-            if (visible(q * 4u + c, lo, hi)) {
-                y[c] = exp(v4[c] - row_max) * inv;
+        // Quads wholly outside [lo, hi) are written as zeros without being read (the causal
+        // prefill's rows are half masked).
+        if (q * 4u + 4u > lo && q * 4u < hi) {
+            let v4 = x[base / 4u + q];
+            for (var c = 0u; c < 4u; c++) {
+                if (visible(q * 4u + c, lo, hi)) {
+                    y[c] = exp(v4[c] - row_max) * inv;
+                }
             }
         }
         x[base / 4u + q] = y;
