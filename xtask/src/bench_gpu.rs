@@ -184,6 +184,11 @@ pub fn run(args: Args) -> Result<bool> {
         "objects created after the first step: none (buffers {}, bind groups {}, pipelines {})",
         created.buffers, created.bind_groups, created.pipelines
     );
+    println!(
+        "host encoding of a forward's commands (before its submit): {:.3} ms for {} dispatches (median of 20)",
+        model.time_encoding(20)?,
+        model.dispatches()
+    );
     let layers_ms = model.time_layers(args.steps)?;
     println!(
         "decoder layers alone (one pass, wall time, {} replays): {layers_ms:.2} ms for {layers_n} layers = {:.3} ms per layer",

@@ -30,7 +30,7 @@ use crate::forward::{
     record_layer,
 };
 use crate::ops::Recorder;
-use crate::plan::{Pipelines, Plan};
+use crate::plan::{Pipelines, Plan, submit_in_parts};
 use crate::weights::{GpuWeights, UploadProgress};
 
 pub use profile::EncoderProfile;
@@ -567,6 +567,29 @@ impl GpuModel {
         Ok(start.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64)
     }
 
+    /// Host milliseconds to encode the self-conditioned forward's commands into a command buffer
+    /// (what a step pays before its submit; the buffer is finished and dropped, never run), the
+    /// median of `rounds`.
+    pub fn time_encoding(&mut self, rounds: usize) -> Result<f64, GpuError> {
+        self.prepare_canvas()?;
+        let plan = &self.block_plans()?.self_conditioned;
+        let mut ms: Vec<f64> = (0..rounds.max(1))
+            .map(|_| {
+                let start = std::time::Instant::now();
+                let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("encoding timed") });
+                {
+                    let mut pass =
+                        enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("encoding timed"), timestamp_writes: None });
+                    plan.encode(&mut pass);
+                }
+                drop(enc.finish());
+                start.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        Ok(ms[ms.len() / 2])
+    }
+
     /// Number of dispatches of the self-conditioned plan.
     pub fn dispatches(&self) -> usize {
         self.plans.as_ref().map_or(0, |p| p.self_conditioned.len())
@@ -608,19 +631,11 @@ impl GpuModel {
         self.prepare_canvas()?;
         let plans = self.block_plans()?;
         let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
-        let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("canvas forward") });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("canvas forward"), timestamp_writes: None });
-            plan.encode(&mut pass);
-        }
-        if logits.is_some() {
-            enc.copy_buffer_to_buffer(&self.arena.logits[0], 0, &self.arena.staging, 0, bytes);
-        }
-        self.ctx.queue.submit(Some(enc.finish()));
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Validation { context: "canvas forward".into(), message: e.to_string() });
-        }
+        submit_in_parts(&self.ctx, &[plan], self.ctx.tuning.decoder_submit_parts, "canvas forward", |enc| {
+            if logits.is_some() {
+                enc.copy_buffer_to_buffer(&self.arena.logits[0], 0, &self.arena.staging, 0, bytes);
+            }
+        })?;
         match logits {
             Some(out) => {
                 map_read_with(&self.ctx, &self.arena.staging, bytes, |data| {
@@ -658,18 +673,9 @@ impl GpuModel {
         self.prepare_canvas()?;
         let plans = self.block_plans()?;
         let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
-        let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("denoising step") });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("denoising step"), timestamp_writes: None });
-            plan.encode(&mut pass);
-            self.sample_plan.encode(&mut pass);
-        }
-        enc.copy_buffer_to_buffer(&self.arena.row_results, 0, &self.arena.row_staging, 0, bytes);
-        self.ctx.queue.submit(Some(enc.finish()));
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Validation { context: "denoising step".into(), message: e.to_string() });
-        }
+        submit_in_parts(&self.ctx, &[plan, &self.sample_plan], self.ctx.tuning.decoder_submit_parts, "denoising step", |enc| {
+            enc.copy_buffer_to_buffer(&self.arena.row_results, 0, &self.arena.row_staging, 0, bytes)
+        })?;
         self.prerecord_commits([0])?;
         let mut non_finite = None;
         map_read_with(&self.ctx, &self.arena.row_staging, bytes, |data| non_finite = decode_rows(bytemuck::cast_slice(data), rows))?;

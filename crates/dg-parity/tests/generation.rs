@@ -172,3 +172,35 @@ fn gpu_generation_creates_nothing_after_each_blocks_first_step() {
     run_resident(&mut gpu, &s, 3, &mut hooks);
     assert!(hooks.steps >= 96, "resident: ran {} steps", hooks.steps);
 }
+
+/// `DG_DECODER_SUBMIT_PARTS`: a canvas forward and a resident generation submitted in several
+/// command buffers (down to one dispatch each) run the one pass's dispatches in its order, so the
+/// logits are the same to the bit and so are the tokens.
+#[test]
+fn a_step_submitted_in_parts_gives_the_whole_steps_results() {
+    let test = "a_step_submitted_in_parts_gives_the_whole_steps_results";
+    let s = setup("sliding-long-prompt");
+    let weights = s.dir.load_weights().unwrap();
+    let (c, v) = (s.dir.config.canvas_length, s.dir.config.text.vocab_size);
+    let canvas: Vec<u32> = (0..c as u32).map(|i| (i * 7 + 3) % v as u32).collect();
+    let sc: Vec<f32> = (0..c * v).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+    let mut runs = Vec::new();
+    for parts in [1, 3, 100_000] {
+        let Some(mut ctx) = test_context(test) else { return };
+        ctx.tuning.decoder_submit_parts = parts;
+        let mut gpu = dg_gpu::GpuModel::new(ctx, &s.dir.config, &weights, 512).unwrap();
+        gpu.encode(&s.prompt).unwrap();
+        let mut logits = vec![0f32; c * v];
+        gpu.canvas_forward(&canvas, Some(&sc), &mut logits).unwrap();
+        let bits: Vec<u32> = logits.iter().map(|x| x.to_bits()).collect();
+        assert!(bits.iter().any(|&b| b != 0), "{parts} parts: no logits");
+        let Some(mut ctx) = test_context(test) else { return };
+        ctx.tuning.decoder_submit_parts = parts;
+        let mut backend = GpuBackend::new(ctx, &s.dir.config, weights.clone(), 512).unwrap();
+        runs.push((parts, bits, run_resident(&mut backend, &s, 7, &mut NoHooks)));
+    }
+    for (parts, bits, tokens) in &runs[1..] {
+        assert!(bits == &runs[0].1, "{parts} parts: the logits differ from one command buffer's");
+        assert_eq!(tokens, &runs[0].2, "{parts} parts: the resident generation's tokens differ");
+    }
+}

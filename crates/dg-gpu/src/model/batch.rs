@@ -149,18 +149,9 @@ impl GpuModel {
             self.batch_plans.last = Some(shape.clone());
         }
         let bytes = (n * c * RESULT_WORDS * 4) as u64;
-        let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("batched denoising step") });
-        {
-            let mut pass =
-                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("batched denoising step"), timestamp_writes: None });
-            plan.encode(&mut pass);
-        }
-        enc.copy_buffer_to_buffer(&self.arena.row_results, 0, &self.arena.row_staging, 0, bytes);
-        self.ctx.queue.submit(Some(enc.finish()));
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Validation { context: "batched denoising step".into(), message: e.to_string() });
-        }
+        crate::plan::submit_in_parts(&self.ctx, &[plan], self.ctx.tuning.decoder_submit_parts, "batched denoising step", |enc| {
+            enc.copy_buffer_to_buffer(&self.arena.row_results, 0, &self.arena.row_staging, 0, bytes)
+        })?;
         // While the GPU runs: the plans the next steps take (every canvas self-conditioned, the
         // canvases' commits), so that a batch whose sequences stay records nothing until one of
         // them starts a block or leaves.
