@@ -631,7 +631,7 @@ impl GpuModel {
         self.prepare_canvas()?;
         let plans = self.block_plans()?;
         let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
-        submit_in_parts(&self.ctx, &[plan], self.ctx.tuning.decoder_submit_parts, "canvas forward", |enc| {
+        submit_in_parts(&self.ctx, &[plan], self.ctx.tuning.submit_parts, "canvas forward", |enc| {
             if logits.is_some() {
                 enc.copy_buffer_to_buffer(&self.arena.logits[0], 0, &self.arena.staging, 0, bytes);
             }
@@ -673,7 +673,7 @@ impl GpuModel {
         self.prepare_canvas()?;
         let plans = self.block_plans()?;
         let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
-        submit_in_parts(&self.ctx, &[plan, &self.sample_plan], self.ctx.tuning.decoder_submit_parts, "denoising step", |enc| {
+        submit_in_parts(&self.ctx, &[plan, &self.sample_plan], self.ctx.tuning.submit_parts, "denoising step", |enc| {
             enc.copy_buffer_to_buffer(&self.arena.row_results, 0, &self.arena.row_staging, 0, bytes)
         })?;
         self.prerecord_commits([0])?;

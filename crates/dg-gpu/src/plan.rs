@@ -340,10 +340,11 @@ impl Plan {
         Ok(())
     }
 
-    /// Encodes and submits, without waiting: the queue runs it after what was submitted before
-    /// (the plan may be dropped at once: the submission keeps what it uses alive).
+    /// Encodes and submits, without waiting, in the tuning's parts ([`submit_in_parts`],
+    /// `DG_SUBMIT_PARTS`): the queue runs it after what was submitted before (the plan may be
+    /// dropped at once: the submission keeps what it uses alive).
     pub fn submit(&self, ctx: &GpuContext) -> Result<(), GpuError> {
-        submit_in_parts(ctx, &[self], 1, "running a plan", |_| {})
+        submit_in_parts(ctx, &[self], ctx.tuning.submit_parts, "running a plan", |_| {})
     }
 }
 

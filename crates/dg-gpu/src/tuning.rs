@@ -22,10 +22,10 @@ use dg_kernels::{coop_grouped_gemm, coop_kloop, grouped_gemm};
 /// 30–83 ms of kernels started when it was one plan).
 pub const ENCODER_SUBMIT_LAYERS: usize = 1;
 
-/// Command buffers a denoising step's forward is submitted in by default
-/// ([`Tuning::decoder_submit_parts`]): one, as before the knob (the parts' effect on the H200 is
-/// not measured yet).
-pub const DECODER_SUBMIT_PARTS: usize = 1;
+/// Command buffers a plan recorded ahead (a denoising step, a canvas forward, a commit) is
+/// submitted in by default ([`Tuning::submit_parts`]): one, as before the knob (the parts' effect
+/// on the H200 is not measured yet).
+pub const SUBMIT_PARTS: usize = 1;
 
 /// Every knob; each field's documentation names its variable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,10 +76,10 @@ pub struct Tuning {
     /// plan was not recorded ahead (`GpuModel::encode`; the model's layer count or more: the whole
     /// chunk as one plan).
     pub encoder_submit_layers: usize,
-    /// `DG_DECODER_SUBMIT_PARTS=N`: the command buffers a denoising step (or a canvas forward) is
-    /// encoded and submitted in, each submitted as soon as it is encoded
+    /// `DG_SUBMIT_PARTS=N`: the command buffers a plan recorded ahead (a denoising step, a canvas
+    /// forward, a commit) is encoded and submitted in, each submitted as soon as it is encoded
     /// (`plan::submit_in_parts`); the same dispatches in the same order, the same results.
-    pub decoder_submit_parts: usize,
+    pub submit_parts: usize,
     /// Caps the bytes of one weight buffer ([`crate::GpuContext::weight_binding`]) below the
     /// device's largest binding: weights larger than it are split across bindings as on a device
     /// whose limit it is (tests force splits with it on small models). No variable sets it.
@@ -110,7 +110,7 @@ impl Default for Tuning {
             coop_grouped_depth: None,
             coop_stages: None,
             encoder_submit_layers: ENCODER_SUBMIT_LAYERS,
-            decoder_submit_parts: DECODER_SUBMIT_PARTS,
+            submit_parts: SUBMIT_PARTS,
             weight_binding: None,
             vocab_binding: None,
         }
@@ -200,7 +200,7 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_COOP_GROUPED_DEPTH",
     "DG_COOP_STAGES",
     "DG_ENCODER_SUBMIT_LAYERS",
-    "DG_DECODER_SUBMIT_PARTS",
+    "DG_SUBMIT_PARTS",
 ];
 
 /// The `DG_*` variables that are not tuning knobs and that [`Tuning::from_vars`] passes over:
@@ -274,8 +274,8 @@ impl Tuning {
             "DG_ENCODER_SUBMIT_LAYERS" => {
                 self.encoder_submit_layers = value.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(bad)?;
             }
-            "DG_DECODER_SUBMIT_PARTS" => {
-                self.decoder_submit_parts = value.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(bad)?;
+            "DG_SUBMIT_PARTS" => {
+                self.submit_parts = value.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(bad)?;
             }
             _ => {
                 let known = TUNING_VARIABLES.iter().chain(OTHER_VARIABLES).copied().collect::<Vec<_>>().join(", ");
@@ -364,7 +364,7 @@ fn accepted(name: &str) -> String {
         "DG_COOP_STAGES" => "auto, alternating or constant".into(),
         "DG_SPLIT_TARGET" => "a whole number of workgroups (0: never split)".into(),
         "DG_ENCODER_SUBMIT_LAYERS" => "a whole number of layers from 1".into(),
-        "DG_DECODER_SUBMIT_PARTS" => "a whole number of command buffers from 1".into(),
+        "DG_SUBMIT_PARTS" => "a whole number of command buffers from 1".into(),
         "DG_GROUPED_TILE" => {
             let shapes: Vec<String> = grouped_gemm::TILES.iter().map(|t| format!("{}x{}", t.bm, t.bn)).collect();
             format!("a tile's BMxBN ({})", shapes.join(", "))

@@ -51,8 +51,8 @@ fn every_knob_parses_its_values() {
     assert_eq!(one("DG_COOP_GROUPED_DEPTH", "3").unwrap().coop_grouped_depth, Some(3));
     assert_eq!(one("DG_ENCODER_SUBMIT_LAYERS", "30").unwrap().encoder_submit_layers, 30);
     assert_eq!(Tuning::default().encoder_submit_layers, dg_gpu::tuning::ENCODER_SUBMIT_LAYERS);
-    assert_eq!(one("DG_DECODER_SUBMIT_PARTS", "4").unwrap().decoder_submit_parts, 4);
-    assert_eq!(Tuning::default().decoder_submit_parts, dg_gpu::tuning::DECODER_SUBMIT_PARTS);
+    assert_eq!(one("DG_SUBMIT_PARTS", "4").unwrap().submit_parts, 4);
+    assert_eq!(Tuning::default().submit_parts, dg_gpu::tuning::SUBMIT_PARTS);
 }
 
 #[test]
@@ -93,8 +93,8 @@ fn bad_values_name_the_variable_the_value_and_what_it_accepts() {
         ("DG_GROUPED_PATH", "fast", "staged, direct or single"),
         ("DG_COOP_GROUPED_DEPTH", "two", "from 1 to"),
         ("DG_ENCODER_SUBMIT_LAYERS", "0", "whole number of layers from 1"),
-        ("DG_DECODER_SUBMIT_PARTS", "0", "whole number of command buffers from 1"),
-        ("DG_DECODER_SUBMIT_PARTS", "two", "whole number of command buffers from 1"),
+        ("DG_SUBMIT_PARTS", "0", "whole number of command buffers from 1"),
+        ("DG_SUBMIT_PARTS", "two", "whole number of command buffers from 1"),
     ];
     for (name, value, accepts) in cases {
         let err = one(name, value).expect_err(name);

@@ -173,7 +173,7 @@ fn gpu_generation_creates_nothing_after_each_blocks_first_step() {
     assert!(hooks.steps >= 96, "resident: ran {} steps", hooks.steps);
 }
 
-/// `DG_DECODER_SUBMIT_PARTS`: a canvas forward and a resident generation submitted in several
+/// `DG_SUBMIT_PARTS`: a canvas forward and a resident generation submitted in several
 /// command buffers (down to one dispatch each) run the one pass's dispatches in its order, so the
 /// logits are the same to the bit and so are the tokens.
 #[test]
@@ -187,7 +187,7 @@ fn a_step_submitted_in_parts_gives_the_whole_steps_results() {
     let mut runs = Vec::new();
     for parts in [1, 3, 100_000] {
         let Some(mut ctx) = test_context(test) else { return };
-        ctx.tuning.decoder_submit_parts = parts;
+        ctx.tuning.submit_parts = parts;
         let mut gpu = dg_gpu::GpuModel::new(ctx, &s.dir.config, &weights, 512).unwrap();
         gpu.encode(&s.prompt).unwrap();
         let mut logits = vec![0f32; c * v];
@@ -195,7 +195,7 @@ fn a_step_submitted_in_parts_gives_the_whole_steps_results() {
         let bits: Vec<u32> = logits.iter().map(|x| x.to_bits()).collect();
         assert!(bits.iter().any(|&b| b != 0), "{parts} parts: no logits");
         let Some(mut ctx) = test_context(test) else { return };
-        ctx.tuning.decoder_submit_parts = parts;
+        ctx.tuning.submit_parts = parts;
         let mut backend = GpuBackend::new(ctx, &s.dir.config, weights.clone(), 512).unwrap();
         runs.push((parts, bits, run_resident(&mut backend, &s, 7, &mut NoHooks)));
     }

@@ -149,7 +149,7 @@ impl GpuModel {
             self.batch_plans.last = Some(shape.clone());
         }
         let bytes = (n * c * RESULT_WORDS * 4) as u64;
-        crate::plan::submit_in_parts(&self.ctx, &[plan], self.ctx.tuning.decoder_submit_parts, "batched denoising step", |enc| {
+        crate::plan::submit_in_parts(&self.ctx, &[plan], self.ctx.tuning.submit_parts, "batched denoising step", |enc| {
             enc.copy_buffer_to_buffer(&self.arena.row_results, 0, &self.arena.row_staging, 0, bytes)
         })?;
         // While the GPU runs: the plans the next steps take (every canvas self-conditioned, the
