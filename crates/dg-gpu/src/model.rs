@@ -576,13 +576,7 @@ impl GpuModel {
         let mut ms: Vec<f64> = (0..rounds.max(1))
             .map(|_| {
                 let start = std::time::Instant::now();
-                let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("encoding timed") });
-                {
-                    let mut pass =
-                        enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("encoding timed"), timestamp_writes: None });
-                    plan.encode(&mut pass);
-                }
-                drop(enc.finish());
+                drop(plan.command_buffer(&self.ctx, "encoding timed"));
                 start.elapsed().as_secs_f64() * 1e3
             })
             .collect();

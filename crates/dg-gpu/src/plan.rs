@@ -222,11 +222,23 @@ impl Dispatch {
     }
 }
 
+/// A command encoder holding one compute pass of `dispatches`, in order.
+fn encode_pass<'d>(ctx: &GpuContext, label: &str, dispatches: impl Iterator<Item = &'d Dispatch>) -> wgpu::CommandEncoder {
+    let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
+        for d in dispatches {
+            d.encode(&mut pass);
+        }
+    }
+    enc
+}
+
 /// Runs `plans` one after another, as one compute pass's dispatches in their order would, in
 /// `parts` command buffers of about as many dispatches each (at most one a dispatch), each
 /// submitted as soon as it is encoded: the GPU starts on the first part while the host encodes
 /// the rest (on the H200 encoding costs the host about 3 µs a dispatch, 1.6 ms for the real
-/// model's ~510 a forward, which one command buffer spends before any kernel starts). The
+/// model's 505 a forward, which one command buffer spends before any kernel starts). The
 /// dispatches and their order are the same in any number of parts, and so are the results.
 /// `tail` adds commands after the last part's pass (a readback copy); validation errors are
 /// reported as [`GpuError::Validation`] under `context`.
@@ -245,13 +257,7 @@ pub fn submit_in_parts(
     for part in 0..parts {
         // Part `part` takes dispatches [total·part/parts, total·(part+1)/parts).
         let count = total * (part + 1) / parts - total * part / parts;
-        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(context) });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(context), timestamp_writes: None });
-            for d in dispatches.by_ref().take(count) {
-                d.encode(&mut pass);
-            }
-        }
+        let mut enc = encode_pass(ctx, context, dispatches.by_ref().take(count));
         if part + 1 == parts {
             (tail.take().expect("the tail runs once"))(&mut enc);
         }
@@ -265,11 +271,10 @@ pub fn submit_in_parts(
 }
 
 impl Plan {
-    /// Records every dispatch into `pass`.
-    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
-        for d in &self.dispatches {
-            d.encode(pass);
-        }
+    /// The plan as one command buffer, encoded but not submitted (what [`Plan::submit`] encodes
+    /// in one part; for timing the host's share of a step).
+    pub fn command_buffer(&self, ctx: &GpuContext, label: &str) -> wgpu::CommandBuffer {
+        encode_pass(ctx, label, self.dispatches.iter()).finish()
     }
 
     /// Number of dispatches.
