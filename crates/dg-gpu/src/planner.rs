@@ -278,7 +278,7 @@ impl<'t> Planner<'t> {
                 Ok(Grouped::Portable { tile: self.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)) })
             }
             MatrixLayout::KPanels => {
-                let (tile, path) = self.coop_grouped(p, format).ok_or_else(|| {
+                let (tile, path) = self.coop_grouped(p, format, slots).ok_or_else(|| {
                     NoKernel(format!(
                         "expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits",
                         p.n, p.k, p.a_rs
@@ -294,8 +294,8 @@ impl<'t> Planner<'t> {
     /// The experts' tensor-core tile and W path after the tuning's overrides
     /// ([`Tuning::coop_grouped_path`], [`Tuning::coop_grouped_tile`] where it fits,
     /// [`Tuning::coop_grouped_depth`]); its stages are the format's ([`Self::grouped`]).
-    fn coop_grouped(&self, p: &GroupedGemmParams, format: WeightFormat) -> Option<(CoopTile, WPath)> {
-        let (tile, path) = coop_grouped_gemm::choose(p, format)?;
+    fn coop_grouped(&self, p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option<(CoopTile, WPath)> {
+        let (tile, path) = coop_grouped_gemm::choose(p, format, slots)?;
         let path = self.tuning.coop_grouped_path.unwrap_or(path);
         let named = |t: &CoopTile| self.tuning.coop_grouped_tile.is_some_and(|w| w.names(*t));
         let tile = crate::tuning::grouped_tiles()

@@ -67,9 +67,9 @@ pub const TILE_32X128: CoopTile = CoopTile::vec4(32, 128, 32, 32, 32);
 pub const TILE_16X256: CoopTile = CoopTile::vec4(16, 256, 32, 16, 64);
 /// 32 × 64, 16×32 per subgroup (4 subgroups): for `n` not a multiple of 128.
 pub const TILE_32X64: CoopTile = CoopTile::vec4(32, 64, 32, 16, 32);
-/// 64 × 128, 32×64 per subgroup (4 subgroups): the encoder's chunks' tile (1024 tokens, ~64 slots
-/// per expert) until [`EXPERT_TILE`] measured faster there (see [`choose`]); kept for the
-/// `DG_COOP_GROUPED_TILE` knob and the staged path's tests.
+/// 64 × 128, 32×64 per subgroup (4 subgroups): single-staged, the tile of long groups
+/// ([`LONG_GROUP_TILE`]: a 1024-token chunk's ~64 slots per expert); staged, the encoder's tile
+/// until [`EXPERT_TILE`] measured faster there.
 pub const TILE_64X128: CoopTile = CoopTile::vec4(64, 128, 32, 32, 64);
 
 /// How the experts' two-stage loops (the staged path: [`TILE_64X128`] by the knobs) name their
@@ -188,6 +188,26 @@ pub const EXPERT_TILE: CoopTile = TILE_32X128.with_depth(EXPERT_DEPTH);
 /// known; the barriers alone are not it (one subgroup a workgroup was slower for every format).
 pub const QUANTIZED_EXPERT_TILE: CoopTile = TILE_32X64_W2.with_depth(EXPERT_DEPTH);
 
+/// The experts' tile where their groups are long (at least [`LONG_GROUP_MEAN_SLOTS`] slots per
+/// expert on average: an encoder chunk of 768 tokens or more), F16 experts: [`TILE_64X128`]
+/// single-staged, 3 steps ahead, each W tile read by half as many workgroups as in
+/// [`EXPERT_TILE`]. On an H200 in a 1024-token prefill (`--profile-encoder`, 6 layers, µs for
+/// layer 0's gate/up / down): 695 / 423 in [`EXPERT_TILE`], 607 / 401 at depth 2, **559 / 375**
+/// at depth 3, 646 / 414 at depth 1; the 6 layers' kernels 11.05 → 10.10 ms (bench/HISTORY.md,
+/// "The prefill's experts in 64-row tiles").
+pub const LONG_GROUP_TILE: CoopTile = TILE_64X128.with_depth(3);
+
+/// [`LONG_GROUP_TILE`] for quantized experts: the same tile at [`EXPERT_DEPTH`]. In the same
+/// prefill: `q8_0` 745 / 432 → 640 / 409 µs (6 layers' kernels 11.47 → 10.86 ms; 10.95 at depth
+/// 3), `q4_k_m` (Q4_K / Q5_0) 768 / 444 → 643 / 437 (11.64 → 11.05 ms; 11.12 at depth 3, 11.50 at
+/// depth 2).
+pub const QUANTIZED_LONG_GROUP_TILE: CoopTile = TILE_64X128.with_depth(EXPERT_DEPTH);
+
+/// The mean slots per expert from which [`choose`] takes the long groups' tiles. On an H200 the
+/// 64-row tile lost at 16 (a commit: 6 layers' kernels 4.63 ms in [`EXPERT_TILE`] against 5.30),
+/// tied at 32 (a 512-token prefill: 6.46 against 6.52) and won at 64 (11.05 against 10.10).
+pub const LONG_GROUP_MEAN_SLOTS: u32 = 48;
+
 /// Whether the kernel computes the grouped product `p` with `tile`.
 pub fn fits(tile: CoopTile, p: &GroupedGemmParams) -> bool {
     tile.bk.is_multiple_of(PANEL)
@@ -218,21 +238,27 @@ pub fn panel(w: WeightFormat) -> Option<u32> {
     }
 }
 
-/// The tile and W path for `p` (any W format, either A format), the first of the preferred list
-/// that fits: [`EXPERT_TILE`] for F16 experts, [`QUANTIZED_EXPERT_TILE`] for quantized ones, else
-/// 32 × 64, A and W staged through a single stage of workgroup memory, loaded [`EXPERT_DEPTH`]
-/// steps ahead, in the decoder (groups of ~16 slots) and the encoder (a 1024-token chunk's ~64)
-/// alike. On an H200 in the real 6-layer forward, since the K loop's loads are pinned
+/// The tile and W path for `p` over `slots` slots (any W format, either A format), the first of
+/// the preferred list that fits: [`EXPERT_TILE`] for F16 experts, [`QUANTIZED_EXPERT_TILE`] for
+/// quantized ones, or where the groups are long (`slots` at least [`LONG_GROUP_MEAN_SLOTS`] a
+/// group) [`LONG_GROUP_TILE`] and [`QUANTIZED_LONG_GROUP_TILE`]; else 32 × 64, A and W staged
+/// through a single stage of workgroup memory, loaded [`EXPERT_DEPTH`] steps ahead. The choice
+/// depends on the slots and not on the format's other traits, so a layer's gate/up and down
+/// (which may differ in format) take tiles of the same rows and share the dispatch's tile table.
+/// On an H200 in the real 6-layer forward, since the K loop's loads are pinned
 /// (`coop_kloop.rs`): down 216 µs single-staged at depth 1 against 224 with W fragments straight
 /// from the buffer (which the driver loads two bytes at a time) and 238 direct at depth 2. In a
 /// 1024-token prefill (`--profile-encoder`, layer 0's gate/up / down) the F16 experts took 683.6 /
 /// 415.9 µs against 756.7 / 497.2 in [`TILE_64X128`] staged (the encoder's tile until the rings
 /// were batched), and the prefill's wall time over 30 layers 76.8 against 81.3 ms (bench/HISTORY.md,
 /// "The encoder's experts in the decoder's tile").
-pub fn choose(p: &GroupedGemmParams, format: WeightFormat) -> Option<(CoopTile, WPath)> {
-    let expert_tile = match format {
-        WeightFormat::Quantized(_) => QUANTIZED_EXPERT_TILE,
-        WeightFormat::F16 | WeightFormat::F32 | WeightFormat::Bf16 => EXPERT_TILE,
+pub fn choose(p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option<(CoopTile, WPath)> {
+    let long = u64::from(slots) >= u64::from(LONG_GROUP_MEAN_SLOTS) * u64::from(p.groups.max(1));
+    let expert_tile = match (format, long) {
+        (WeightFormat::Quantized(_), false) => QUANTIZED_EXPERT_TILE,
+        (WeightFormat::Quantized(_), true) => QUANTIZED_LONG_GROUP_TILE,
+        (WeightFormat::F16 | WeightFormat::F32 | WeightFormat::Bf16, false) => EXPERT_TILE,
+        (WeightFormat::F16 | WeightFormat::F32 | WeightFormat::Bf16, true) => LONG_GROUP_TILE,
     };
     let preferred: &[(CoopTile, WPath)] = &[(expert_tile, WPath::Single), (TILE_32X64, WPath::Single)];
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
@@ -519,14 +545,25 @@ mod tests {
         let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
         use crate::format::QuantFormat;
         let f16 = WeightFormat::F16;
-        assert_eq!(choose(&gate_up, f16), Some((EXPERT_TILE, WPath::Single)));
-        assert_eq!(choose(&down, f16), Some((EXPERT_TILE, WPath::Single)));
-        let q5 = WeightFormat::Quantized(QuantFormat::Q5_0);
-        assert_eq!(choose(&down, q5), Some((QUANTIZED_EXPERT_TILE, WPath::Single)));
+        // A canvas (256 tokens, top-8: 16 slots an expert) and a 1024-token chunk (64).
+        let (canvas, chunk) = (256 * 8, 1024 * 8);
+        assert_eq!(choose(&gate_up, f16, canvas), Some((EXPERT_TILE, WPath::Single)));
+        assert_eq!(choose(&down, f16, canvas), Some((EXPERT_TILE, WPath::Single)));
+        assert_eq!(choose(&gate_up, f16, chunk), Some((LONG_GROUP_TILE, WPath::Single)));
+        assert_eq!(choose(&down, f16, chunk), Some((LONG_GROUP_TILE, WPath::Single)));
+        let (q4, q5) = (WeightFormat::Quantized(QuantFormat::Q4_K), WeightFormat::Quantized(QuantFormat::Q5_0));
+        assert_eq!(choose(&down, q5, canvas), Some((QUANTIZED_EXPERT_TILE, WPath::Single)));
+        assert_eq!(choose(&down, q5, chunk), Some((QUANTIZED_LONG_GROUP_TILE, WPath::Single)));
+        // Gate/up and down of one layer take tiles of the same rows (they share a tile table).
+        for slots in [1, canvas, 48 * 128 - 1, 48 * 128, chunk, 4 * chunk] {
+            let rows = |w, p| choose(p, w, slots).unwrap().0.bm;
+            assert_eq!(rows(q4, &gate_up), rows(q5, &down), "{slots} slots");
+            assert_eq!(rows(f16, &gate_up), rows(q5, &down), "{slots} slots");
+        }
         let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
-        assert_eq!(choose(&tiny, f16), Some((TILE_32X64, WPath::Single)));
-        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, f16), None);
-        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, f16), None);
+        assert_eq!(choose(&tiny, f16, canvas), Some((TILE_32X64, WPath::Single)));
+        assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, f16, canvas), None);
+        assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, f16, canvas), None);
         // The K-64 tile fits the real shapes, single-staged only.
         assert!(fits(TILE_32X128_K64, &gate_up) && fits(TILE_32X128_K64, &down));
         assert!(runs(TILE_32X128_K64, WPath::Single) && !runs(TILE_32X128_K64, WPath::Staged) && !runs(TILE_32X128_K64, WPath::Direct));
