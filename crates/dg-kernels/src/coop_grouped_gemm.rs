@@ -189,12 +189,13 @@ pub const EXPERT_TILE: CoopTile = TILE_32X128.with_depth(EXPERT_DEPTH);
 pub const QUANTIZED_EXPERT_TILE: CoopTile = TILE_32X64_W2.with_depth(EXPERT_DEPTH);
 
 /// The experts' tile where their groups are long (at least [`LONG_GROUP_MEAN_SLOTS`] slots per
-/// expert on average: an encoder chunk of 768 tokens or more), F16 experts: [`TILE_64X128`]
+/// expert on average: with the real model's 128 experts, top-8, an encoder chunk of 768 tokens or
+/// more), F16 experts: [`TILE_64X128`]
 /// single-staged, 3 steps ahead, each W tile read by half as many workgroups as in
 /// [`EXPERT_TILE`]. On an H200 in a 1024-token prefill (`--profile-encoder`, 6 layers, µs for
 /// layer 0's gate/up / down): 695 / 423 in [`EXPERT_TILE`], 607 / 401 at depth 2, **559 / 375**
 /// at depth 3, 646 / 414 at depth 1; the 6 layers' kernels 11.05 → 10.10 ms (bench/HISTORY.md,
-/// "The prefill's experts in 64-row tiles").
+/// "The step in four parts, and the prefill's experts in 64-row tiles").
 pub const LONG_GROUP_TILE: CoopTile = TILE_64X128.with_depth(3);
 
 /// [`LONG_GROUP_TILE`] for quantized experts: the same tile at [`EXPERT_DEPTH`]. In the same
