@@ -576,14 +576,10 @@ fn record_layer_with<'a>(
         _pad: 0,
     };
     // The dispatch also lists the experts' m tiles that hold slots, for the tensor-core GEMMs'
-    // grids (a product whose tile has other rows covers `max_rows` instead).
-    let planned = rec.planned_rows(c);
-    let tile_rows = planner.expert_tile_rows(
-        l.experts_gate_up.format,
-        l.experts_gate_up.layout,
-        (planned * k) as u32,
-        &GroupedGemmParams { max_rows: planned as u32, ..grouped(2 * ei, h, true, 0) },
-    );
+    // grids (a product whose tile has other rows covers `max_rows` instead); their tile follows
+    // the real slots (`Recorder::grouped_product`).
+    let tile_rows =
+        planner.expert_tile_rows(l.experts_gate_up.format, l.experts_gate_up.layout, (c * k) as u32, &grouped(2 * ei, h, true, 0));
     rec.moe_dispatch(&a.topk_idx, &a.offsets, &a.rows, &a.slot_of, c, k, e, tile_rows)?;
     let gate_up = rec.product_to_consumer(
         &a.normed,

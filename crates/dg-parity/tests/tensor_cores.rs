@@ -84,6 +84,39 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
     }
 }
 
+/// Every tile of `coop_grouped_gemm::TILES`, on every path it runs, gives the same bits on one
+/// product: each output adds the same 16-deep fragment products over K in the same order, whatever
+/// the rows and columns its workgroup covers. So a tile is a choice of speed only: a batch of
+/// canvases may take the long groups' tile where one canvas takes the decoder's, and each
+/// sequence still gets the bits it gets alone.
+#[test]
+fn every_grouped_tile_gives_the_same_bits() {
+    let test = "every_grouped_tile_gives_the_same_bits";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    // n a multiple of every tile's columns; K 7 steps of 32; counts around the 16-, 32- and
+    // 64-row tile edges and empty experts.
+    assert!(coop_grouped_gemm::TILES.iter().all(|t| t.bk == 32 && 768 % t.bn == 0));
+    let counts = vec![15, 16, 17, 31, 0, 33, 64, 65, 1, 100];
+    for gather in [false, true] {
+        let x = Case { n: 768, k: 224, counts: counts.clone(), gather }.inputs(5 + u64::from(gather));
+        let mut first: Option<(String, Vec<f32>)> = None;
+        for &tile in coop_grouped_gemm::TILES {
+            for path in [WPath::Staged, WPath::Direct, WPath::Single].into_iter().filter(|&path| coop_grouped_gemm::runs(tile, path)) {
+                let got = run_tile(&ctx, &mut pipelines, tile, path, &x);
+                let label = format!("tile {} {path:?} gather {gather}", tile.label());
+                match &first {
+                    None => first = Some((label, got)),
+                    Some((base, bits)) => {
+                        let at = bits.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
+                        assert!(at.is_none(), "{label}: other bits than {base} at output {at:?}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The real geometry's expert products (gate_up: 1408 × 2816 with gather; down: 2816 × 704), every
 /// 13th slot checked against the exact product (`cargo xtask probe
 /// coop_grouped_gemm_throughput_at_the_real_expert_shapes` times them).

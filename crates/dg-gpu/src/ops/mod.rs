@@ -159,9 +159,11 @@ impl<'a> Recorder<'a> {
         self.split_scratch = Some((scratch, planned.min(scratch.size() / 4)));
     }
 
-    /// Plans every following product of more than `rows` rows (m, or an expert product's rows)
-    /// as if it had `rows` (None: as it is): the products of a batch of canvases then take the
-    /// kernel, tile and split of one canvas's, and every row gets the bits it gets alone.
+    /// Plans every following product of more than `rows` rows (m, or a portable expert
+    /// product's rows) as if it had `rows` (None: as it is): the products of a batch of canvases
+    /// then take the kernel, tile and split of one canvas's, and every row gets the bits it gets
+    /// alone. The tensor-core experts' tile follows the real slots (every tile gives the same
+    /// bits: `Recorder::grouped_product`).
     pub fn plan_rows(&mut self, rows: Option<usize>) {
         self.plan_rows = rows;
     }

@@ -231,11 +231,21 @@ impl<'a> Recorder<'a> {
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
         let w = w.into();
-        // Planned for the rows of `Self::plan_rows` (the slots in proportion).
-        let planned_rows = self.planned_rows(p.max_rows as usize);
-        let planned_slots = (slots * planned_rows).checked_div(p.max_rows as usize).unwrap_or(slots);
-        let planned = GroupedGemmParams { max_rows: planned_rows as u32, ..p };
-        let plan = self.planner().grouped(w.format, w.layout, &planned, planned_slots as u32).map_err(unsupported)?;
+        let plan = match w.layout {
+            // The tensor-core tile by the real slots: every tile gives the same bits (`tensor_cores`
+            // `every_grouped_tile_gives_the_same_bits`), so a batch of canvases may take the long
+            // groups' tile where one canvas takes the decoder's.
+            MatrixLayout::KPanels => self.planner().grouped(w.format, w.layout, &p, slots as u32),
+            // The portable kernel planned for the rows of `Self::plan_rows` (the slots in
+            // proportion).
+            MatrixLayout::RowMajor => {
+                let planned_rows = self.planned_rows(p.max_rows as usize);
+                let planned_slots = (slots * planned_rows).checked_div(p.max_rows as usize).unwrap_or(slots);
+                let planned = GroupedGemmParams { max_rows: planned_rows as u32, ..p };
+                self.planner().grouped(w.format, w.layout, &planned, planned_slots as u32)
+            }
+        }
+        .map_err(unsupported)?;
         if let Grouped::Portable { .. } = plan
             && a_format != AFormat::F32
         {
