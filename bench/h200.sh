@@ -16,7 +16,7 @@
 # PARTS (default "dg torch") picks the sides to run; the summary reads every log in OUT_DIR, so a
 # run in two calls (PARTS=dg, then PARTS=torch into the same OUT_DIR, e.g. where one command may
 # take at most 10 minutes) gives the same summary. The environment and the peaks run in each part;
-# SUMMARY_ONLY=1 writes the summary from the logs in OUT_DIR alone.
+# SUMMARY_ONLY=1 writes the summary from the logs in OUT_DIR alone (every dg mode it finds there).
 #
 # dg's side needs a Vulkan loader and the NVIDIA Vulkan driver. Every step's output is saved as
 # OUT_DIR/<step>.log; OUT_DIR/summary.txt collects the lines the table is made of. A failing step
@@ -77,6 +77,15 @@ if [ "$F32" = 1 ]; then
 fi
 read -ra DG_GENERATE <<< "${GENERATE:-f16 q4_k_m}"
 [ "$F32" = 1 ] && DG_GENERATE+=(f32)
+# A summary alone covers every dg mode whose log is in OUT_DIR, whatever GENERATE and F32 say.
+if [ "${SUMMARY_ONLY:-0}" = 1 ]; then
+    DG_WEIGHTS=()
+    DG_GENERATE=()
+    for w in f16 q8_0 q4_k_m f32; do
+        [ -f "$OUT/dg_forward_$w.log" ] && DG_WEIGHTS+=("$w")
+        [ -f "$OUT/dg_generate_$w.log" ] && DG_GENERATE+=("$w")
+    done
+fi
 if [[ " $PARTS " == *" dg "* ]]; then
     for w in "${DG_WEIGHTS[@]}"; do
         step "dg_forward_$w" "$XTASK" bench-gpu --config "$CONFIG" --context "$PROMPT" --weights "$w" --steps 100 --profile
