@@ -95,13 +95,23 @@ fn every_grouped_tile_gives_the_same_bits() {
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     // n a multiple of every tile's columns; K 7 steps of 32; counts around the 16-, 32- and
-    // 64-row tile edges and empty experts.
-    assert!(coop_grouped_gemm::TILES.iter().all(|t| t.bk == 32 && 768 % t.bn == 0));
+    // 64-row tile edges and empty experts. Every tile, and the forward's choices at their loads'
+    // depths (a batch of canvases takes the long groups' tile where one canvas takes the
+    // decoder's; the quantized tiles give the F16 kernel's bits on the dequantized values,
+    // `tensor_cores_quant`).
+    let chosen = [
+        coop_grouped_gemm::EXPERT_TILE,
+        coop_grouped_gemm::LONG_GROUP_TILE,
+        coop_grouped_gemm::QUANTIZED_EXPERT_TILE,
+        coop_grouped_gemm::QUANTIZED_LONG_GROUP_TILE,
+    ];
+    let tiles: Vec<_> = coop_grouped_gemm::TILES.iter().copied().chain(chosen).collect();
+    assert!(tiles.iter().all(|t| t.bk == 32 && 768 % t.bn == 0));
     let counts = vec![15, 16, 17, 31, 0, 33, 64, 65, 1, 100];
     for gather in [false, true] {
         let x = Case { n: 768, k: 224, counts: counts.clone(), gather }.inputs(5 + u64::from(gather));
         let mut first: Option<(String, Vec<f32>)> = None;
-        for &tile in coop_grouped_gemm::TILES {
+        for &tile in &tiles {
             for path in [WPath::Staged, WPath::Direct, WPath::Single].into_iter().filter(|&path| coop_grouped_gemm::runs(tile, path)) {
                 let got = run_tile(&ctx, &mut pipelines, tile, path, &x);
                 let label = format!("tile {} {path:?} gather {gather}", tile.label());
