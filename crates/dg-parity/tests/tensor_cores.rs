@@ -84,9 +84,10 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
     }
 }
 
-/// Every tile of `coop_grouped_gemm::TILES`, on every path it runs, gives the same bits on one
-/// product: each output adds the same 16-deep fragment products over K in the same order, whatever
-/// the rows and columns its workgroup covers. So a tile is a choice of speed only: a batch of
+/// Every tile of `coop_grouped_gemm::TILES`, and each tile the forward chooses at its loads'
+/// depth, on every path it runs, gives the same bits on one product: each output adds the same
+/// 16-deep fragment products over K in the same order, whatever the rows and columns its
+/// workgroup covers and however far ahead it loads. So a tile is a choice of speed only: a batch of
 /// canvases may take the long groups' tile where one canvas takes the decoder's, and each
 /// sequence still gets the bits it gets alone.
 #[test]
@@ -95,10 +96,8 @@ fn every_grouped_tile_gives_the_same_bits() {
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     // n a multiple of every tile's columns; K 7 steps of 32; counts around the 16-, 32- and
-    // 64-row tile edges and empty experts. Every tile, and the forward's choices at their loads'
-    // depths (a batch of canvases takes the long groups' tile where one canvas takes the
-    // decoder's; the quantized tiles give the F16 kernel's bits on the dequantized values,
-    // `tensor_cores_quant`).
+    // 64-row tile edges and empty experts. The quantized choices' tiles are run here in F16: the
+    // quantized kernels give the F16 kernel's bits on the dequantized values (`tensor_cores_quant`).
     let chosen = [
         coop_grouped_gemm::EXPERT_TILE,
         coop_grouped_gemm::LONG_GROUP_TILE,
