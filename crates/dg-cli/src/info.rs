@@ -94,12 +94,26 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
             "cpu": { "dtype": "f32", "bytes": params * 4 },
             "gpu": { "dtype": gpu_name, "device_bytes": params * gpu_bytes, "bytes_per_parameter": gpu_bytes },
             "kv_cache_bytes_per_token": kv_bytes_per_token,
+            // The GPU's caches of one sequence at a few context lengths: sliding layers hold
+            // only their window and an encoder chunk, so past those the cache grows with the
+            // full layers alone.
+            "gpu_kv_cache_bytes": gpu_cache_contexts(t.max_position_embeddings)
+                .map(|positions| json!({ "positions": positions, "bytes": dg_gpu::sequence_cache_bytes(&model.config, positions) }))
+                .collect::<Vec<_>>(),
             // Each sequence of a GPU batch: its canvas's logits and self-conditioning input, and
             // its own KV cache (per token of its context).
             "batch_sequence_bytes": dg_gpu::canvas_vocab_bytes(&model.config),
         },
         "adapters": adapters,
     })
+}
+
+/// The context lengths `dg info` gives the GPU cache's bytes for: 4096, `dg serve`'s default
+/// context, and the model's longest (each at most the model's longest).
+fn gpu_cache_contexts(max_positions: usize) -> impl Iterator<Item = usize> {
+    let mut at = vec![4096.min(max_positions), crate::serve::DEFAULT_CONTEXT_CAP.min(max_positions), max_positions];
+    at.dedup();
+    at.into_iter()
 }
 
 /// Every adapter wgpu finds, with its key limits and features.
@@ -204,12 +218,19 @@ fn render(v: &Value) -> String {
         }
     }
     out += &format!(
-        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32)\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
+        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32); on the GPU a sequence's is {}\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
         size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),
         mem["gpu"]["dtype"].as_str().unwrap_or(""),
         size(mem["gpu"]["device_bytes"].as_u64().unwrap_or(0)),
         mem["gpu"]["bytes_per_parameter"].as_u64().unwrap_or(0),
         size(mem["kv_cache_bytes_per_token"].as_u64().unwrap_or(0)),
+        mem["gpu_kv_cache_bytes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| format!("{} at {} positions", size(c["bytes"].as_u64().unwrap_or(0)), c["positions"]))
+            .collect::<Vec<_>>()
+            .join(", "),
         size(mem["batch_sequence_bytes"].as_u64().unwrap_or(0)),
     );
     let adapters = v["adapters"].as_array().cloned().unwrap_or_default();

@@ -1,9 +1,10 @@
 //! The activation arena: every buffer one forward or encoder chunk needs, allocated once for the
 //! largest shapes (a batch of `slots` canvases of C rows, or an encoder chunk of up to
 //! [`PREFILL_CHUNK`] tokens, at most `max_context` cached tokens), reused by every step of every
-//! block; and one KV cache per slot (a sequence of a batch).
+//! block; and one KV cache per slot (a sequence of a batch): every position in full layers, a
+//! window's worth in sliding layers ([`Arena::sliding_positions`]).
 
-use dg_model::{ModelConfig, TextConfig};
+use dg_model::{LayerKind, ModelConfig, TextConfig};
 
 use dg_kernels::coop_grouped_gemm::MIN_TILE_ROWS;
 use dg_kernels::moe_dispatch::MoeDispatchParams;
@@ -12,11 +13,14 @@ use dg_kernels::sample_rows::RESULT_WORDS;
 use crate::context::GpuContext;
 use crate::error::GpuError;
 
-/// Per-layer cached K/V of the context (what the encoder wrote), `[max_context + KEY_PAD + C,
-/// kv_heads, head_dim]`. The GPU encoder writes token `p` at row `p` (sliding layers too: the
-/// decoder reads their last W−1 rows); a context uploaded from the host starts at row 0. The
-/// decoder writes its canvas's K/V into the rows after the visible ones padded to [`KEY_PAD`]
-/// (`forward.rs`), so every buffer has `KEY_PAD + C` rows beyond `max_context`.
+/// Per-layer cached K/V of the context (what the encoder wrote), `[positions + KEY_PAD + C,
+/// kv_heads, head_dim]` ([`Arena::cache_positions`]). The GPU encoder writes token `p` at row `p`
+/// in full layers and at row `p − base` in sliding layers, where `base` is the first position the
+/// slot's sliding caches still hold (`GpuModel`'s sliding bases: the decoder reads only their last
+/// W−1 positions, so when a chunk would run past the rows, the window is moved to row 0 first);
+/// a context uploaded from the host starts at row 0. The decoder writes its canvas's K/V into the
+/// rows after the visible ones padded to [`KEY_PAD`] (`forward.rs`), so every buffer has `KEY_PAD
+/// + C` rows beyond its positions.
 #[derive(Debug)]
 pub struct CacheBuffers {
     pub keys: wgpu::Buffer,
@@ -28,6 +32,15 @@ pub struct CacheBuffers {
 /// ones and the canvas's, masked to probability 0 (zeros, or K/V rows an earlier canvas wrote:
 /// finite either way, so they add exact zeros to the values).
 pub const KEY_PAD: usize = 32;
+
+/// Bytes the attention scores take at most (`Arena::scores`, where the adapter binds that many):
+/// a group of queries whose scores would take more runs in blocks of queries whose scores fit
+/// (`Arena::query_block`). At the real geometry the attention runs unblocked up to 16384 keys in
+/// a canvas forward and up to 4096 in a prefill chunk of 1024 tokens.
+pub const SCORES_BYTES: u64 = 256 << 20;
+
+/// An attention block's queries are a multiple of this many (or all of its group's).
+pub const QUERY_BLOCK: usize = 16;
 
 /// Tokens per encoder chunk at most (a longer prompt is encoded in several): 1024 rows of activations
 /// keep the GEMMs as wide as a prefill allows while the arena stays a few hundred MB at the real size.
@@ -42,6 +55,15 @@ pub struct Arena {
     /// Rows of the per-token activations: max(slots·C, the encoder's chunk).
     pub token_rows: usize,
     pub max_context: usize,
+    /// Positions a sliding layer's cache holds from its base: `min(max_context, W − 1 + rows)`,
+    /// the window an encoder chunk's first query sees and the chunk itself (at most
+    /// `token_rows` tokens). At the real geometry and a context of 16384, 2047 rows instead of
+    /// 16384: 0.84 GB of f32 K/V a sequence in the 25 sliding layers instead of 6.7 GB.
+    pub sliding_positions: usize,
+    /// `[W − 1, kv_heads, head_dim]` f32: where a sliding cache's window passes on its way to
+    /// row 0 (a buffer cannot be copied into itself); one word where the caches hold every
+    /// position.
+    pub sliding_scratch: wgpu::Buffer,
     /// u32 ids `[rows]`: the canvases, or an encoder chunk.
     pub ids: wgpu::Buffer,
     /// Embedded canvas, then `e + sc_signal` `[C, H]`.
@@ -54,8 +76,11 @@ pub struct Arena {
     /// one product, or one product's blocks at a time (q's, then K's and V's once q is normed).
     pub qkv_raw: wgpu::Buffer,
     pub q: wgpu::Buffer,
-    /// Attention scores/probabilities `[heads, C, context + C]`.
+    /// Attention scores/probabilities `[heads, queries, keys]` of one block of queries (a canvas,
+    /// an encoder chunk, or part of one where its scores would take more than [`SCORES_BYTES`]).
     pub scores: wgpu::Buffer,
+    /// f32 elements `scores` holds.
+    pub scores_len: usize,
     pub attn: wgpu::Buffer,
     /// `[C, H]` scratch: attention output, MoE output.
     pub proj: wgpu::Buffer,
@@ -155,6 +180,35 @@ pub fn canvases_per_binding(config: &ModelConfig, max_binding: u64) -> usize {
 /// (`dg_kernels::coop_gemm::Split`); a split that would not fit takes fewer ranges.
 pub const SPLIT_PARTIALS: usize = 8;
 
+/// Rows of the per-token activations of an arena for `slots` canvases and contexts of up to
+/// `max_context` positions: a forward of every slot's canvas, or an encoder chunk of up to
+/// `prefill` tokens.
+fn token_rows(config: &ModelConfig, max_context: usize, slots: usize, prefill: usize) -> usize {
+    (slots.max(1) * config.canvas_length).max(prefill.max(1).min(max_context))
+}
+
+/// Positions the caches of `kind`'s layers hold for contexts of up to `max_context` positions
+/// and encoder chunks of up to `token_rows` tokens (besides the `KEY_PAD + C` rows of a canvas
+/// after them): every one in full layers; in sliding layers the W − 1 positions a chunk's first
+/// query sees and the chunk, where that is fewer.
+pub fn cache_positions_for(cfg: &TextConfig, kind: LayerKind, max_context: usize, token_rows: usize) -> usize {
+    match kind {
+        LayerKind::Full => max_context,
+        LayerKind::Sliding => max_context.min(cfg.sliding_window.saturating_sub(1) + token_rows),
+    }
+}
+
+/// Bytes of one sequence's KV cache on the GPU (f32 keys and values of every layer) for contexts
+/// of up to `max_context` positions, in a model loaded for one sequence.
+pub fn sequence_cache_bytes(config: &ModelConfig, max_context: usize) -> u64 {
+    let cfg = &config.text;
+    let r = token_rows(config, max_context, 1, PREFILL_CHUNK);
+    cfg.layers
+        .iter()
+        .map(|l| 2 * 4 * (cache_positions_for(cfg, l.kind, max_context, r) + KEY_PAD + config.canvas_length) * l.num_kv_heads * l.head_dim)
+        .sum::<usize>() as u64
+}
+
 fn max_dims(cfg: &TextConfig) -> (usize, usize) {
     let q = cfg.layers.iter().map(|l| cfg.num_attention_heads * l.head_dim).max().unwrap_or(0);
     let kv = cfg.layers.iter().map(|l| l.num_kv_heads * l.head_dim).max().unwrap_or(0);
@@ -172,10 +226,19 @@ impl Arena {
         // Rows of a forward of every slot's canvas.
         let b = slots * c;
         // Rows of the per-token activations: the canvases, or an encoder chunk.
-        let r = b.max(PREFILL_CHUNK.min(max_context));
+        let r = token_rows(config, max_context, slots, ctx.tuning.prefill_rows.unwrap_or(PREFILL_CHUNK));
+        let keep = cfg.sliding_window.saturating_sub(1);
+        let sliding_positions = cache_positions_for(cfg, LayerKind::Sliding, max_context, r);
         let (h, v, i, e_i, k) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.moe_intermediate_size, cfg.top_k_experts);
         let (q_w, kv_w) = max_dims(cfg);
         let heads = cfg.num_attention_heads;
+        // The scores of a decoder group ([visible | dead | canvas] keys) or an encoder chunk (at
+        // most max_context keys, padded), capped at SCORES_BYTES but holding at least a block of
+        // QUERY_BLOCK queries over the most keys.
+        let most_keys = max_context.next_multiple_of(KEY_PAD) + c;
+        let unblocked = heads * (c * most_keys).max(r * max_context.next_multiple_of(KEY_PAD));
+        let cap = (ctx.tuning.scores_bytes.unwrap_or(SCORES_BYTES).min(SCORES_BYTES).min(ctx.max_binding()) / 4) as usize;
+        let scores_len = unblocked.min(cap.max(heads * QUERY_BLOCK * most_keys));
         let f = |label: &str, n: usize| ctx.storage_buffer(label, (n * 4) as u64);
         let caches = (0..slots)
             .map(|slot| {
@@ -183,7 +246,7 @@ impl Arena {
                     .iter()
                     .enumerate()
                     .map(|(li, l)| {
-                        let n = (max_context + KEY_PAD + c) * l.num_kv_heads * l.head_dim;
+                        let n = (cache_positions_for(cfg, l.kind, max_context, r) + KEY_PAD + c) * l.num_kv_heads * l.head_dim;
                         let name = |kv: &str| if slot == 0 { format!("cache.{li}.{kv}") } else { format!("cache{slot}.{li}.{kv}") };
                         Ok(CacheBuffers { keys: f(&name("k"), n)?, values: f(&name("v"), n)? })
                     })
@@ -203,13 +266,13 @@ impl Arena {
                 .collect()
         };
         let split_planned = if ctx.coop_matrix { (SPLIT_PARTIALS * c * h.max(q_w).max(2 * kv_w).max(2 * i)) as u64 } else { 1 };
-        let half = |kind: dg_model::LayerKind| cfg.layers.iter().find(|l| l.kind == kind).map_or(1, |l| l.head_dim / 2);
+        let half = |kind: LayerKind| cfg.layers.iter().find(|l| l.kind == kind).map_or(1, |l| l.head_dim / 2);
         let rope = |name: &str, hd: usize| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
             Ok((f(&format!("rope.{name}.cos"), r * hd)?, f(&format!("rope.{name}.sin"), r * hd)?))
         };
         // Copy sources only (no binding, so no binding limit).
         let rope_positions = max_context + c;
-        let rope_table = |kind: dg_model::LayerKind, name: &str| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
+        let rope_table = |kind: LayerKind, name: &str| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
             let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
             let bytes = (rope_positions * half(kind) * 4) as u64;
             let (cos_buf, sin_buf) = (
@@ -228,6 +291,15 @@ impl Arena {
             slots,
             token_rows: r,
             max_context,
+            sliding_positions,
+            sliding_scratch: {
+                let sliding_row = cfg.layers.iter().filter(|l| l.kind == LayerKind::Sliding).map(|l| l.num_kv_heads * l.head_dim).max();
+                let words = match sliding_row {
+                    Some(row) if sliding_positions < max_context => keep * row,
+                    _ => 1,
+                };
+                ctx.buffer("sliding scratch", (words.max(1) * 4) as u64, wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)?
+            },
             ids: f("ids", r)?,
             embedded: f("embedded", r * h)?,
             hidden: f("hidden", r * h)?,
@@ -236,7 +308,8 @@ impl Arena {
             q: f("q", r * q_w)?,
             // Decoder: [heads, C, visible padded to KEY_PAD + C]; encoder chunk: [heads, T, at most
             // max_context padded to KEY_PAD].
-            scores: f("scores", heads * (c * (max_context.next_multiple_of(KEY_PAD) + c)).max(r * max_context.next_multiple_of(KEY_PAD)))?,
+            scores: f("scores", scores_len)?,
+            scores_len,
             attn: f("attn", r * q_w)?,
             proj: f("proj", r * h)?,
             gate_up: f("gate_up", r * 2 * i.max(1))?,
@@ -270,10 +343,10 @@ impl Arena {
                 2 * dg_kernels::softmax_chunked::ChunkedSoftmaxParams::new((vocab_group * c) as u32, v as u32).pairs() as usize,
             )?,
             logits: vocab_buffers("logits")?,
-            rope_sliding: rope("sliding", half(dg_model::LayerKind::Sliding))?,
-            rope_full: rope("full", half(dg_model::LayerKind::Full))?,
-            rope_table_sliding: rope_table(dg_model::LayerKind::Sliding, "sliding")?,
-            rope_table_full: rope_table(dg_model::LayerKind::Full, "full")?,
+            rope_sliding: rope("sliding", half(LayerKind::Sliding))?,
+            rope_full: rope("full", half(LayerKind::Full))?,
+            rope_table_sliding: rope_table(LayerKind::Sliding, "sliding")?,
+            rope_table_full: rope_table(LayerKind::Full, "full")?,
             rope_positions,
             caches,
             sc_gate: f("sc gate", b)?,
@@ -311,6 +384,34 @@ impl Arena {
         (b / self.vocab_group, (b % self.vocab_group) * self.canvas)
     }
 
+    /// Query tokens per attention block for a group of `tokens` queries of `heads` heads over
+    /// `keys` keys: all of them where their scores fit `scores`, else the most multiples of
+    /// [`QUERY_BLOCK`] that do.
+    pub fn query_block(&self, heads: usize, tokens: usize, keys: usize) -> Result<usize, GpuError> {
+        let per_query = heads * keys;
+        if tokens * per_query <= self.scores_len {
+            return Ok(tokens);
+        }
+        match self.scores_len / per_query / QUERY_BLOCK * QUERY_BLOCK {
+            0 => Err(GpuError::TooLong {
+                len: keys,
+                max: self.scores_len / (heads * QUERY_BLOCK),
+                limit_name: "the keys whose scores of one block of queries fit the arena's scores buffer",
+                hint: "",
+            }),
+            block => Ok(block),
+        }
+    }
+
+    /// Positions layer `kind`'s caches hold from their first row (besides the `KEY_PAD + C` rows
+    /// of a canvas after them).
+    pub fn cache_positions(&self, kind: LayerKind) -> usize {
+        match kind {
+            LayerKind::Full => self.max_context,
+            LayerKind::Sliding => self.sliding_positions,
+        }
+    }
+
     /// Layer `layer`'s cache of `slot`.
     pub fn cache(&self, slot: usize, layer: usize) -> Result<&CacheBuffers, GpuError> {
         self.caches.get(slot).and_then(|c| c.get(layer)).ok_or(GpuError::Limit {
@@ -319,5 +420,30 @@ impl Arena {
             limit: self.slots as u64,
             limit_name: "the slots the model was loaded with",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes README.md gives for a sequence's cache at the real geometry: 25 sliding layers of
+    /// 8 × 256 K/V that hold 2047 positions past a context of 2047, 5 full layers of 2 × 512.
+    #[test]
+    fn a_sequences_cache_at_the_real_geometry() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/configs/real-30layer.json");
+        let config = ModelConfig::from_file(&path).unwrap();
+        let every_position = |n: usize| 8 * (n + KEY_PAD + 256) as u64 * (25 * 8 * 256 + 5 * 2 * 512);
+        for (positions, bytes, before) in [
+            (1024, 591_134_720, every_position(1024)),
+            (4096, 1_135_984_640, 1_975_255_040),
+            (16384, 1_639_301_120, 7_511_736_320),
+            (262144, 11_705_630_720, 118_241_361_920),
+        ] {
+            assert_eq!(sequence_cache_bytes(&config, positions), bytes, "{positions} positions");
+            assert_eq!(every_position(positions), before, "{positions} positions, every one held");
+        }
+        // Up to the window and a chunk, the sliding caches hold every position.
+        assert_eq!(sequence_cache_bytes(&config, 1024), every_position(1024));
     }
 }

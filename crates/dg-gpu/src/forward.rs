@@ -91,10 +91,10 @@ pub enum LayerPass<'s> {
     Decode(&'s [CanvasAt]),
     /// Encoder over `tokens` new tokens at absolute positions `start..` of `slot`'s sequence
     /// (`DiffusionGemmaEncoderModel`): their K/V are appended to the slot's cache at row `start`
-    /// (cache row = position), then causal (and, in sliding layers, windowed) attention over the
-    /// cache rows that can be visible. `kv_only`: the last layer, whose output generation never
-    /// uses (spec §4).
-    Encode { slot: usize, start: usize, tokens: usize, kv_only: bool },
+    /// (cache row = position; in sliding layers row = position − `base`), then causal (and, in
+    /// sliding layers, windowed) attention over the cache rows that can be visible. `kv_only`:
+    /// the last layer, whose output generation never uses (spec §4).
+    Encode { slot: usize, start: usize, tokens: usize, base: usize, kv_only: bool },
 }
 
 /// Records one forward of `shape`'s canvases: their ids in `arena.ids` (canvas `b` at `b·C`; and
@@ -204,28 +204,27 @@ pub fn record_canvas_forward<'a>(
     Ok(())
 }
 
-/// Records one encoder chunk of `slot`'s sequence: `ids` in `arena.ids` (the first `tokens`), RoPE
+/// Records one encoder chunk of a slot's sequence: `ids` in `arena.ids` (the first `tokens`), RoPE
 /// tables of positions `start..start + tokens` → every layer's K/V appended to the slot's cache
-/// at row `start`.
+/// (at row `start` in full layers, `start − base` in sliding layers).
 pub fn record_encoder_chunk<'a>(
     rec: &mut Recorder<'a>,
     config: &ModelConfig,
     w: &'a GpuWeights,
     a: &'a Arena,
-    slot: usize,
-    start: usize,
-    tokens: usize,
+    chunk: EncoderChunk,
 ) -> Result<(), GpuError> {
-    record_encoder_layers(rec, config, w, a, EncoderChunk { slot, start, tokens }, 0..config.text.num_layers())
+    record_encoder_layers(rec, config, w, a, chunk, 0..config.text.num_layers())
 }
 
-/// One encoder chunk of a slot's sequence: `tokens` ids at positions `start..` (see
-/// [`record_encoder_chunk`]).
-#[derive(Debug, Clone, Copy)]
+/// One encoder chunk of a slot's sequence: `tokens` ids at positions `start..`, against sliding
+/// caches whose row 0 holds position `base` (see [`record_encoder_chunk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EncoderChunk {
     pub slot: usize,
     pub start: usize,
     pub tokens: usize,
+    pub base: usize,
 }
 
 /// The part of [`record_encoder_chunk`] that runs `layers` (with the input embedding where they
@@ -240,7 +239,7 @@ pub fn record_encoder_layers<'a>(
     layers: std::ops::Range<usize>,
 ) -> Result<(), GpuError> {
     let cfg = &config.text;
-    let EncoderChunk { slot, start, tokens } = chunk;
+    let EncoderChunk { slot, start, tokens, base } = chunk;
     if layers.start == 0 {
         // h0 = E[ids]·√H (no self-conditioning, no post-norm in the encoder).
         rec.scope("encoder input");
@@ -263,7 +262,7 @@ pub fn record_encoder_layers<'a>(
         rec.scope(format!("encoder layer{i}"));
         // Each layer's closing norms write the next layer's input norm (the last layer has none).
         let chain = Chain { normed_in: i > 0, next_norm: (i < last).then(|| &w.layers[i + 1].norms.input) };
-        record_layer_with(rec, config, w, a, i, LayerPass::Encode { slot, start, tokens, kv_only: i == last }, chain)?;
+        record_layer_with(rec, config, w, a, i, LayerPass::Encode { slot, start, tokens, base, kv_only: i == last }, chain)?;
     }
     Ok(())
 }
@@ -341,11 +340,12 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
                 })
                 .collect()
         }
-        LayerPass::Encode { slot, start, tokens, .. } => {
-            // The new tokens' positions are their cache rows (DynamicCache.update).
-            let (key_start, window) = match spec.kind {
-                LayerKind::Sliding => (start.saturating_sub(cfg.sliding_window.saturating_sub(1)), cfg.sliding_window as u32),
-                LayerKind::Full => (0, 0),
+        LayerPass::Encode { slot, start, tokens, base, .. } => {
+            // The new tokens' positions are their cache rows (DynamicCache.update), less the
+            // sliding caches' base in sliding layers; the mask works on positions.
+            let (key_start, window, base) = match spec.kind {
+                LayerKind::Sliding => (start.saturating_sub(cfg.sliding_window.saturating_sub(1)), cfg.sliding_window as u32, base),
+                LayerKind::Full => (0, 0, 0),
             };
             let keys = (start + tokens - key_start).next_multiple_of(KEY_PAD);
             let mask = SoftmaxParams {
@@ -357,9 +357,87 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
                 ..SoftmaxParams::plain((heads * tokens) as u32, keys as u32)
             };
             let causal = (start + 1 - key_start) as u32;
-            Ok(vec![AttentionGroup { cache: a.cache(slot, i)?, first_token: 0, first_row: start, key_start, keys, mask, causal }])
+            let cache = a.cache(slot, i)?;
+            let rows = (cache.keys.size() / 4) as usize / row;
+            if base > key_start || key_start - base + keys > rows {
+                return Err(GpuError::TooLong {
+                    len: start + tokens,
+                    max: base + rows - KEY_PAD,
+                    limit_name: "the rows of the layer's cache from its first held position",
+                    hint: "",
+                });
+            }
+            Ok(vec![AttentionGroup { cache, first_token: 0, first_row: start - base, key_start: key_start - base, keys, mask, causal }])
         }
     }
+}
+
+/// Records the attention of queries `t0..t0 + qb` of group `g` (`heads` query heads of `d` over
+/// `kv` K/V heads): scores = q · Kᵀ over cache rows `key_start..key_start + keys` into
+/// `arena.scores` (`[heads, qb, keys]`), their masked softmax, and P · V into the queries' rows
+/// of `arena.attn`.
+fn record_attention_block<'a>(
+    rec: &mut Recorder<'a>,
+    a: &'a Arena,
+    g: &AttentionGroup<'a>,
+    (t0, qb): (usize, usize),
+    (heads, d, kv): (usize, usize, usize),
+    tc: bool,
+) -> Result<(), GpuError> {
+    let (s, row, group) = (g.keys, kv * d, heads / kv);
+    let first = g.first_token + t0;
+    // Query i of the block is query t0 + i of the group: it sees key columns j < i + t0 + causal.
+    let causal = if g.causal == 0 { 0 } else { g.causal + t0 as u32 };
+    let scores = GemmParams {
+        m: qb as u32,
+        n: s as u32,
+        k: d as u32,
+        batch: heads as u32,
+        a_offset: (first * heads * d) as u32,
+        a_rs: (heads * d) as u32,
+        a_cs: 1,
+        a_batch: d as u32,
+        b_rs: 1,
+        b_cs: row as u32,
+        b_batch: d as u32,
+        b_batch_div: group as u32,
+        b_offset: (g.key_start * row) as u32,
+        c_rs: s as u32,
+        c_batch: (qb * s) as u32,
+        alpha: 1.0,
+        causal_n: causal,
+        ..bytemuck::Zeroable::zeroed()
+    };
+    rec.product(&a.q, &g.cache.keys, &a.scores, scores, tc)?;
+    let mask = SoftmaxParams {
+        rows: (heads * qb) as u32,
+        queries: if g.mask.mode == softmax::MODE_CAUSAL { qb as u32 } else { g.mask.queries },
+        query_start: g.mask.query_start + t0 as u32,
+        ..g.mask
+    };
+    rec.softmax(&a.scores, mask)?;
+    // attn = P · V over the same cache rows as the scores.
+    let values = GemmParams {
+        m: qb as u32,
+        n: d as u32,
+        k: s as u32,
+        batch: heads as u32,
+        b_offset: (g.key_start * row) as u32,
+        a_rs: s as u32,
+        a_cs: 1,
+        a_batch: (qb * s) as u32,
+        b_rs: row as u32,
+        b_cs: 1,
+        b_batch: d as u32,
+        b_batch_div: group as u32,
+        c_offset: (first * heads * d) as u32,
+        c_rs: (heads * d) as u32,
+        c_batch: d as u32,
+        alpha: 1.0,
+        causal_k: causal,
+        ..bytemuck::Zeroable::zeroed()
+    };
+    rec.product(&a.scores, &g.cache.values, &a.attn, values, tc)
 }
 
 /// Records layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).
@@ -479,56 +557,18 @@ fn record_layer_with<'a>(
     // the causal mask and stop the values' sums at it (`AttentionGroup::causal`).
     // The F16 mode runs attention's products on the tensor cores too (q, K, V and the
     // probabilities rounded to f16 when staged) where the shapes fit.
+    // A group whose scores would not fit `arena.scores` runs its queries in blocks whose scores
+    // do (`Arena::query_block`: long contexts only).
     let tc = w.format == WeightFormat::F16;
     for g in &groups {
-        let (s, key_start) = (g.keys, g.key_start);
-        // scores = q · Kᵀ over cache rows key_start..key_start + s.
-        let scores = GemmParams {
-            m: tokens as u32,
-            n: s as u32,
-            k: d as u32,
-            batch: heads as u32,
-            a_offset: (g.first_token * heads * d) as u32,
-            a_rs: (heads * d) as u32,
-            a_cs: 1,
-            a_batch: d as u32,
-            b_rs: 1,
-            b_cs: (kv * d) as u32,
-            b_batch: d as u32,
-            b_batch_div: group as u32,
-            b_offset: (key_start * row) as u32,
-            c_rs: s as u32,
-            c_batch: (tokens * s) as u32,
-            alpha: 1.0,
-            causal_n: g.causal,
-            ..bytemuck::Zeroable::zeroed()
-        };
-        rec.product(&a.q, &g.cache.keys, &a.scores, scores, tc)?;
-        rec.softmax(&a.scores, g.mask)?;
-        // attn = P · V over the same cache rows as the scores.
-        let values = GemmParams {
-            m: tokens as u32,
-            n: d as u32,
-            k: s as u32,
-            batch: heads as u32,
-            b_offset: (key_start * row) as u32,
-            a_rs: s as u32,
-            a_cs: 1,
-            a_batch: (tokens * s) as u32,
-            b_rs: (kv * d) as u32,
-            b_cs: 1,
-            b_batch: d as u32,
-            b_batch_div: group as u32,
-            c_offset: (g.first_token * heads * d) as u32,
-            c_rs: (heads * d) as u32,
-            c_batch: d as u32,
-            alpha: 1.0,
-            causal_k: g.causal,
-            ..bytemuck::Zeroable::zeroed()
-        };
-        rec.product(&a.scores, &g.cache.values, &a.attn, values, tc)?;
+        let block = a.query_block(heads, tokens, g.keys)?;
+        for t0 in (0..tokens).step_by(block) {
+            let qb = block.min(tokens - t0);
+            record_attention_block(rec, a, g, (t0, qb), (heads, d, kv), tc)?;
+        }
     }
     let o = rec.product_to_consumer(&a.attn, &l.o_proj, &a.proj, linear_params(c, h, heads * d), w.on_tensor_cores(l.o_proj.format))?;
+
     // h = h + post_attention_layernorm(a); with the same dispatch, the dense MLP's input
     // pre_feedforward_layernorm(h) in `normed`, and in `branch_in` the experts' input
     // pre_feedforward_layernorm_2(h) and (c·h further) the router's rms(h)·scale·H^-½.

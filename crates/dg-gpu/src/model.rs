@@ -61,11 +61,14 @@ pub struct GpuModel {
     sample_plan: Plan,
     /// Tokens in each slot's cache (the next position); slot 0 is the single-sequence API's.
     seq_lens: Vec<usize>,
+    /// Per slot, the position at row 0 of its sliding layers' caches (`Arena::sliding_positions`;
+    /// full layers keep every position at row = position).
+    sliding_bases: Vec<usize>,
     /// Plans of batched steps ([`batch`]): forwards with their sampler rows, by shape.
     batch_plans: batch::PlanCache,
-    /// Encoder plans of the canvas commits to come, by (slot, start, tokens): recorded while
+    /// Encoder plans of the canvas commits to come, by their chunks: recorded while
     /// the GPU runs a denoising step ([`Self::prerecord_commits`]), so that a commit only runs.
-    commit_plans: std::collections::HashMap<(usize, usize, usize), Plan>,
+    commit_plans: std::collections::HashMap<EncoderChunk, Plan>,
     /// The single-sequence forward's plans match the cache.
     context_ready: bool,
     /// Per block of C rows of the RoPE tables, the position of its first row (None: unknown):
@@ -175,6 +178,7 @@ impl GpuModel {
             plans: None,
             sample_plan,
             seq_lens: vec![0; arena.slots],
+            sliding_bases: vec![0; arena.slots],
             batch_plans: batch::PlanCache::default(),
             commit_plans: Default::default(),
             context_ready: false,
@@ -220,6 +224,18 @@ impl GpuModel {
         self.arena.max_context
     }
 
+    /// Query tokens per attention block of a group of `queries` over `keys` keys: all of them
+    /// where their scores fit the arena's scores buffer, else fewer (long contexts).
+    pub fn attention_block(&self, queries: usize, keys: usize) -> Result<usize, GpuError> {
+        self.arena.query_block(self.config.text.num_attention_heads, queries, keys)
+    }
+
+    /// Positions a sliding layer's cache holds (`max_context` or, for longer contexts, the
+    /// window and a chunk: the window moves to row 0 as the sequence grows past it).
+    pub fn sliding_positions(&self) -> usize {
+        self.arena.sliding_positions
+    }
+
     /// Encodes in chunks of at most `tokens` (clamped to 1..=the arena's rows; the default is the
     /// largest). Chunking changes only rounding (spec §4.5); tests use it to exercise chunk seams.
     pub fn set_prefill_chunk(&mut self, tokens: usize) {
@@ -229,7 +245,8 @@ impl GpuModel {
     /// Forgets every cached token.
     pub fn reset(&mut self) {
         self.seq_lens[0] = 0;
-        self.commit_plans.retain(|&(slot, ..), _| slot != 0);
+        self.sliding_bases[0] = 0;
+        self.commit_plans.retain(|chunk, _| chunk.slot != 0);
         self.context_ready = false;
         self.uploaded_context = false;
     }
@@ -293,22 +310,67 @@ impl GpuModel {
             .collect())
     }
 
-    /// The plan of the encoder chunk of `slot` at `start` of `tokens` tokens: recorded ahead by
-    /// [`Self::prerecord_commits`], or now.
-    fn encoder_chunk_plan(&mut self, slot: usize, start: usize, tokens: usize) -> Result<Plan, GpuError> {
-        match self.commit_plans.remove(&(slot, start, tokens)) {
+    /// The plan of an encoder chunk: recorded ahead by [`Self::prerecord_commits`], or now.
+    fn encoder_chunk_plan(&mut self, chunk: EncoderChunk) -> Result<Plan, GpuError> {
+        match self.commit_plans.remove(&chunk) {
             Some(plan) => Ok(plan),
-            None => self.record_encoder_chunk(slot, start, tokens),
+            None => self.record_encoder_chunk(chunk),
         }
     }
 
-    /// Writes the ids and RoPE tables of one encoder chunk of `slot` at its next positions (queued
-    /// behind the work already submitted, which has read the previous chunk's); returns its start.
-    fn write_encoder_chunk(&mut self, slot: usize, chunk: &[u32]) -> usize {
+    /// The encoder chunk of `tokens` tokens at `slot`'s next position, with the position its
+    /// sliding caches will hold at row 0: the current one, or, where the chunk and a canvas after
+    /// it would run past their rows, the first position the chunk's first query sees (the window
+    /// then moves to row 0 first: [`Self::move_sliding_window`]).
+    fn next_chunk(&self, slot: usize, tokens: usize) -> EncoderChunk {
         let start = self.seq_lens[slot];
-        self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(chunk));
-        self.ensure_rope(start, chunk.len(), 0);
-        start
+        let base = self.sliding_bases[slot];
+        let keep = self.config.text.sliding_window.saturating_sub(1);
+        // The chunk's rows end at start + tokens − base (plus padding and a canvas, which the
+        // rows beyond `sliding_positions` hold); a chunk is at most `token_rows` tokens, so from
+        // the moved base it fits: min(start, W − 1) + tokens ≤ sliding_positions.
+        let base = if start + tokens - base <= self.arena.sliding_positions { base } else { start - start.min(keep) };
+        EncoderChunk { slot, start, tokens, base }
+    }
+
+    /// Moves the window of `slot`'s sliding caches (positions `base..start`) to row 0 where
+    /// `chunk` runs from a later base than theirs (queued behind the work already submitted).
+    fn move_sliding_window(&mut self, chunk: EncoderChunk) -> Result<(), GpuError> {
+        let EncoderChunk { slot, start, base, .. } = chunk;
+        let old = self.sliding_bases[slot];
+        if base == old {
+            return Ok(());
+        }
+        let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sliding window") });
+        for (i, spec) in self.config.text.layers.iter().enumerate() {
+            if spec.kind != LayerKind::Sliding {
+                continue;
+            }
+            let row_bytes = (spec.num_kv_heads * spec.head_dim * size_of::<f32>()) as u64;
+            let (from, len) = ((base - old) as u64 * row_bytes, (start - base) as u64 * row_bytes);
+            if len == 0 {
+                continue;
+            }
+            let cache = self.arena.cache(slot, i)?;
+            for buffer in [&cache.keys, &cache.values] {
+                encoder.copy_buffer_to_buffer(buffer, from, &self.arena.sliding_scratch, 0, len);
+                encoder.copy_buffer_to_buffer(&self.arena.sliding_scratch, 0, buffer, 0, len);
+            }
+        }
+        self.ctx.queue.submit(Some(encoder.finish()));
+        self.sliding_bases[slot] = base;
+        Ok(())
+    }
+
+    /// Starts the next encoder chunk of `slot`: moves its sliding window where the chunk needs
+    /// it and writes its ids and RoPE tables (queued behind the work already submitted, which has
+    /// read the previous chunk's).
+    fn begin_encoder_chunk(&mut self, slot: usize, ids: &[u32]) -> Result<EncoderChunk, GpuError> {
+        let chunk = self.next_chunk(slot, ids.len());
+        self.move_sliding_window(chunk)?;
+        self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(ids));
+        self.ensure_rope(chunk.start, ids.len(), 0);
+        Ok(chunk)
     }
 
     /// Submits one encoder chunk of `slot` without waiting (the caller advances the slot's length):
@@ -317,12 +379,11 @@ impl GpuModel {
     /// submitted as soon as it is recorded, so that the host records the next layers while the GPU
     /// runs the first, each as one command buffer. The parts run the whole chunk's dispatches in
     /// the same order: the same results.
-    fn submit_encoder_chunk(&mut self, slot: usize, chunk: &[u32]) -> Result<(), GpuError> {
-        let start = self.write_encoder_chunk(slot, chunk);
-        if let Some(plan) = self.commit_plans.remove(&(slot, start, chunk.len())) {
+    fn submit_encoder_chunk(&mut self, slot: usize, ids: &[u32]) -> Result<(), GpuError> {
+        let part = self.begin_encoder_chunk(slot, ids)?;
+        if let Some(plan) = self.commit_plans.remove(&part) {
             return plan.submit(&self.ctx);
         }
-        let part = EncoderChunk { slot, start, tokens: chunk.len() };
         let (layers, per_submit) = (self.config.text.num_layers(), self.ctx.tuning.encoder_submit_layers);
         for first in (0..layers).step_by(per_submit) {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
@@ -335,9 +396,9 @@ impl GpuModel {
         Ok(())
     }
 
-    fn record_encoder_chunk(&mut self, slot: usize, start: usize, tokens: usize) -> Result<Plan, GpuError> {
+    fn record_encoder_chunk(&mut self, chunk: EncoderChunk) -> Result<Plan, GpuError> {
         let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
-        record_encoder_chunk(&mut rec, &self.config, &self.weights, &self.arena, slot, start, tokens)?;
+        record_encoder_chunk(&mut rec, &self.config, &self.weights, &self.arena, chunk)?;
         rec.finish()
     }
 
@@ -350,13 +411,13 @@ impl GpuModel {
         if c > self.prefill_chunk {
             return Ok(());
         }
-        let seq_lens = &self.seq_lens;
-        self.commit_plans.retain(|&(slot, start, _), _| seq_lens.get(slot) == Some(&start));
+        let next: Vec<EncoderChunk> = (0..self.seq_lens.len()).map(|slot| self.next_chunk(slot, c)).collect();
+        self.commit_plans.retain(|chunk, _| next.get(chunk.slot) == Some(chunk));
         for slot in slots {
-            let key = (slot, self.seq_lens[slot], c);
-            if key.1 + c <= self.arena.max_context && !self.commit_plans.contains_key(&key) {
-                let plan = self.record_encoder_chunk(slot, key.1, c)?;
-                self.commit_plans.insert(key, plan);
+            let chunk = self.next_chunk(slot, c);
+            if chunk.start + c <= self.arena.max_context && !self.commit_plans.contains_key(&chunk) {
+                let plan = self.record_encoder_chunk(chunk)?;
+                self.commit_plans.insert(chunk, plan);
             }
         }
         Ok(())
@@ -408,7 +469,7 @@ impl GpuModel {
     }
 
     /// Cache rows each decoder layer sees after the GPU encoder: every token in full layers, the
-    /// last W−1 in sliding layers (spec §5.2).
+    /// last W−1 in sliding layers (spec §5.2), whose rows start at the slot's sliding base.
     fn encoded_visible(&self) -> Vec<Visible> {
         self.slot_visible(0)
     }
@@ -420,11 +481,11 @@ impl GpuModel {
         cfg.layers
             .iter()
             .map(|l| {
-                let len = match l.kind {
-                    LayerKind::Full => seq_len,
-                    LayerKind::Sliding => seq_len.min(cfg.sliding_window.saturating_sub(1)),
+                let (len, base) = match l.kind {
+                    LayerKind::Full => (seq_len, 0),
+                    LayerKind::Sliding => (seq_len.min(cfg.sliding_window.saturating_sub(1)), self.sliding_bases[slot]),
                 };
-                Visible { start: seq_len - len, len }
+                Visible { start: seq_len - len - base, len }
             })
             .collect()
     }
@@ -467,12 +528,13 @@ impl GpuModel {
         for (i, (l, spec)) in layers.iter().zip(&cfg.layers).enumerate() {
             let per_token = spec.num_kv_heads * spec.head_dim;
             let n = l.keys.len() / per_token;
-            if n > self.arena.max_context {
+            let positions = self.arena.cache_positions(spec.kind);
+            if n > positions {
                 return Err(GpuError::Limit {
                     what: format!("layer {i} context of {n} tokens"),
                     needed: n as u64,
-                    limit: self.arena.max_context as u64,
-                    limit_name: "max_context of the arena",
+                    limit: positions as u64,
+                    limit_name: "the positions the arena's cache of that layer holds",
                 });
             }
             if l.values.len() != l.keys.len() || l.keys.len() != n * per_token {
@@ -484,6 +546,7 @@ impl GpuModel {
             visible.push(Visible { start: 0, len: n });
         }
         self.seq_lens[0] = seq_len;
+        self.sliding_bases[0] = 0;
         self.uploaded_context = true;
         self.prepare_block(visible)
     }

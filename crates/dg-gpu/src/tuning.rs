@@ -91,6 +91,14 @@ pub struct Tuning {
     /// logits, `crate::arena::Arena::vocab_group`) below the device's largest binding: tests
     /// force several groups with it on small models. No variable sets it.
     pub vocab_binding: Option<u64>,
+    /// Caps the tokens of an encoder chunk the arena is sized for below
+    /// [`crate::arena::PREFILL_CHUNK`], and with them the positions a sliding layer's cache holds
+    /// (`crate::arena::Arena::sliding_positions`): tests make the sliding caches move their
+    /// window with it on small models. No variable sets it.
+    pub prefill_rows: Option<usize>,
+    /// Caps the bytes of the attention scores below [`crate::arena::SCORES_BYTES`]: tests make
+    /// the attention run in blocks of queries with it on small models. No variable sets it.
+    pub scores_bytes: Option<u64>,
 }
 
 impl Default for Tuning {
@@ -116,6 +124,8 @@ impl Default for Tuning {
             submit_parts: SUBMIT_PARTS,
             weight_binding: None,
             vocab_binding: None,
+            prefill_rows: None,
+            scores_bytes: None,
         }
     }
 }

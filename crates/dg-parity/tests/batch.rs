@@ -196,9 +196,13 @@ fn a_gpu_batch_runs_its_canvases_in_one_forward_and_gives_each_sequence_its_toke
         let slots = 3;
         // The vocabulary-sized buffers in groups of two canvases (a group of two and one of one),
         // as on a device whose binding holds two canvases' logits.
+        // Its sliding caches hold the window and one forward's rows (encoder chunks of those
+        // rows; the model alone encodes in the same chunks), so that each slot's window moves
+        // to row 0 as its sequence grows.
         let grouped = {
             let mut opts = dg_gpu::GpuOptions::from_env().unwrap();
             opts.tuning.vocab_binding = Some(dg_gpu::canvas_vocab_bytes(&s.dir.config));
+            opts.tuning.prefill_rows = Some(1);
             dg_gpu::GpuContext::new(&opts).unwrap()
         };
         let mut model = dg_gpu::GpuModel::from_source_with_slots(
@@ -212,12 +216,14 @@ fn a_gpu_batch_runs_its_canvases_in_one_forward_and_gives_each_sequence_its_toke
         )
         .unwrap();
         assert_eq!(model.vocab_group(), 2, "{name}: canvases to a vocabulary buffer");
+        assert!(model.sliding_positions() < context, "{name}: {} sliding positions, context {context}", model.sliding_positions());
         let mut reports: Vec<StepReport> = vec![];
         let got = batched(&s, &jobs, slots, |b| {
             reports.push(b.step_resident(&mut model));
         });
         assert_eq!(got[0].sequence, s.reference.ids("gen_sequences").unwrap(), "{name}: the replayed sequence is the reference's");
         let mut alone_model = dg_gpu::GpuModel::new(ctx(), &s.dir.config, &weights, context).unwrap();
+        alone_model.set_prefill_chunk(slots * c);
         for (i, (j, g)) in jobs.iter().zip(&got).enumerate() {
             alone_model.reset();
             let want = generate_resident(&mut alone_model, &j.prompt, &j.cfg, c, v, &mut j.draws(&s), &mut NoHooks).unwrap();

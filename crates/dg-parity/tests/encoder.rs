@@ -1,8 +1,9 @@
 //! The GPU encoder against the CPU encoder on the cache contents, with the prompt split into chunks
 //! of several sizes (1 token, a size that leaves a partial last chunk, one chunk) and a committed
 //! block after it: chunk seams must not change the K/V beyond rounding (spec §4.5), in sliding
-//! layers (window 8 here, shorter than the prompt) and full layers alike. A chunk recorded and
-//! submitted a few layers at a time writes the one plan's cache bit for bit.
+//! layers (window 8 here, shorter than the prompt) and full layers alike, also where the sliding
+//! caches hold only the window and a chunk (the window moves to row 0 as the sequence grows). A
+//! chunk recorded and submitted a few layers at a time writes the one plan's cache bit for bit.
 
 use dg_model::ModelDir;
 use dg_parity::checks::Backend;
@@ -21,6 +22,28 @@ fn gpu_encoder_cache_matches_cpu_for_every_chunk_size() {
     assert!(prompt.len() > model.config.text.sliding_window, "the prompt must outrun the window");
     let mut gpu = GpuBackend::new(ctx, &model.config, model.load_weights().unwrap(), 512).unwrap();
     for chunk in [1, 5, prompt.len()] {
+        gpu.gpu.set_prefill_chunk(chunk);
+        let r = gpu.cache_check(&[&prompt, &block2]).unwrap().unwrap();
+        assert!(r.passed, "chunk {chunk}: {} {}", r.name, r.detail);
+    }
+}
+
+#[test]
+fn gpu_encoder_cache_matches_cpu_when_the_sliding_window_moves() {
+    // Sliding caches sized for the window and a chunk of 16 (the canvas): the prompt and the
+    // committed block run past them, so the window moves to row 0 before later chunks.
+    let test = "gpu_encoder_cache_matches_cpu_when_the_sliding_window_moves";
+    let Some(mut ctx) = test_context(test) else { return };
+    ctx.tuning.prefill_rows = Some(1);
+    let dir = fixture("sliding-long-prompt");
+    let model = ModelDir::open(&dir).unwrap();
+    let reference = Reference::open(&dir).unwrap();
+    let prompt = reference.ids("prompt_ids").unwrap();
+    let block2 = reference.ids("block2_ids").unwrap();
+    let mut gpu = GpuBackend::new(ctx, &model.config, model.load_weights().unwrap(), 512).unwrap();
+    let positions = gpu.gpu.sliding_positions();
+    assert!(positions < prompt.len() + block2.len(), "the sliding caches hold {positions} positions: the window would not move");
+    for chunk in [1, 5, model.config.canvas_length] {
         gpu.gpu.set_prefill_chunk(chunk);
         let r = gpu.cache_check(&[&prompt, &block2]).unwrap().unwrap();
         assert!(r.passed, "chunk {chunk}: {} {}", r.name, r.detail);

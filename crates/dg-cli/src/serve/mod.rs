@@ -107,7 +107,7 @@ pub struct ServeArgs {
 }
 
 /// Most positions the default `--context` takes.
-const DEFAULT_CONTEXT_CAP: usize = 16384;
+pub(crate) const DEFAULT_CONTEXT_CAP: usize = 16384;
 /// How long cancelled work gets to end after the shutdown deadline.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
 

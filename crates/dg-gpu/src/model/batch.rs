@@ -90,6 +90,7 @@ impl GpuModel {
         self.arena = Arena::new(&self.ctx, &self.config, max_context, slots)?;
         self.sample_plan = super::record_sample_plan(&self.ctx, &mut self.pipelines, &self.config, &self.arena)?;
         self.seq_lens = vec![0; self.arena.slots];
+        self.sliding_bases = vec![0; self.arena.slots];
         self.prefill_chunk = self.prefill_chunk.min(self.arena.token_rows);
         self.context_ready = false;
         self.uploaded_context = false;
@@ -111,6 +112,7 @@ impl GpuModel {
     pub fn release_slot(&mut self, slot: usize) {
         if let Some(len) = self.seq_lens.get_mut(slot) {
             *len = 0;
+            self.sliding_bases[slot] = 0;
         }
         if slot == 0 {
             self.reset();

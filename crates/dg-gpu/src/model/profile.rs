@@ -14,7 +14,8 @@ use crate::error::GpuError;
 pub struct EncoderProfile {
     /// Tokens encoded.
     pub tokens: usize,
-    /// Host time writing the chunk's ids and RoPE tables (`GpuModel::ensure_rope`).
+    /// Host time writing the chunk's ids and RoPE tables (`GpuModel::ensure_rope`), after moving
+    /// its sliding window where it needs it.
     pub tables_ms: f64,
     /// Host time recording the chunk's plan (every encode records one: the chunk's positions and
     /// the visible cache rows change with every call).
@@ -35,10 +36,10 @@ impl GpuModel {
         let ids = self.encoder_ids(0, ids)?;
         self.context_ready = false;
         let clock = Instant::now();
-        let start = self.write_encoder_chunk(0, &ids);
+        let chunk = self.begin_encoder_chunk(0, &ids)?;
         let tables_ms = clock.elapsed().as_secs_f64() * 1e3;
         let clock = Instant::now();
-        let plan = self.encoder_chunk_plan(0, start, ids.len())?;
+        let plan = self.encoder_chunk_plan(chunk)?;
         let record_ms = clock.elapsed().as_secs_f64() * 1e3;
         let kernels = plan.profile(&self.ctx)?;
         self.seq_lens[0] += ids.len();

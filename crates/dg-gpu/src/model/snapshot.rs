@@ -1,12 +1,15 @@
 //! Device-side snapshots of the GPU model's KV cache: the rows a later encode or canvas forward can
-//! read (every position in full layers, the last W−1 in sliding layers, each at row = position)
-//! copied into buffers of their own with `copy_buffer_to_buffer`, and copied back to the same rows.
+//! read (every position in full layers, the last W−1 in sliding layers) copied into buffers of
+//! their own with `copy_buffer_to_buffer`, and copied back (full layers at row = position, sliding
+//! layers from row 0, their base then the window's first position).
 //! A server keeps several conversations' caches this way while the model's own cache serves another.
+
+use dg_model::LayerKind;
 
 use super::GpuModel;
 use crate::error::GpuError;
 
-/// One layer's saved cache rows `start..start + rows`.
+/// One layer's saved cache of positions `start..start + rows`.
 #[derive(Debug)]
 struct SavedLayer {
     start: usize,
@@ -48,6 +51,7 @@ impl GpuModel {
         let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cache snapshot") });
         let mut layers = Vec::with_capacity(self.arena.caches[0].len());
         for (i, ((v, spec), cache)) in self.encoded_visible().iter().zip(&self.config.text.layers).zip(&self.arena.caches[0]).enumerate() {
+            let base = if spec.kind == LayerKind::Sliding { self.sliding_bases[0] } else { 0 };
             let row_bytes = (spec.num_kv_heads * spec.head_dim * size_of::<f32>()) as u64;
             let size = v.len as u64 * row_bytes;
             let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
@@ -59,7 +63,7 @@ impl GpuModel {
                 encoder.copy_buffer_to_buffer(&cache.keys, offset, &keys, 0, size);
                 encoder.copy_buffer_to_buffer(&cache.values, offset, &values, 0, size);
             }
-            layers.push(SavedLayer { start: v.start, rows: v.len, row_bytes, keys, values });
+            layers.push(SavedLayer { start: base + v.start, rows: v.len, row_bytes, keys, values });
         }
         self.ctx.queue.submit(Some(encoder.finish()));
         Ok(CacheSnapshot { seq_len: self.seq_lens[0], layers })
@@ -80,23 +84,32 @@ impl GpuModel {
                 hint: " (the snapshot comes from a model with a larger context)",
             });
         }
+        // The sliding layers' window goes to row 0.
+        let sliding_base = snapshot.seq_len - snapshot.seq_len.min(cfg.sliding_window.saturating_sub(1));
+        let base = |kind: LayerKind| if kind == LayerKind::Sliding { sliding_base } else { 0 };
         for (l, spec) in snapshot.layers.iter().zip(&cfg.layers) {
             let row_bytes = (spec.num_kv_heads * spec.head_dim * size_of::<f32>()) as u64;
             if l.row_bytes != row_bytes || l.start + l.rows > snapshot.seq_len {
                 return Err(GpuError::Length { what: "snapshot row bytes", got: l.row_bytes as usize, expected: row_bytes as usize });
             }
+            if l.start < base(spec.kind) || l.start + l.rows - base(spec.kind) > self.arena.cache_positions(spec.kind) {
+                return Err(GpuError::Unsupported {
+                    what: format!("a snapshot whose layer holds positions {}..{} (not this model's window)", l.start, l.start + l.rows),
+                });
+            }
         }
         let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cache restore") });
-        for (l, cache) in snapshot.layers.iter().zip(&self.arena.caches[0]) {
+        for ((l, spec), cache) in snapshot.layers.iter().zip(&cfg.layers).zip(&self.arena.caches[0]) {
             let size = l.rows as u64 * l.row_bytes;
             if size > 0 {
-                let offset = l.start as u64 * l.row_bytes;
+                let offset = (l.start - base(spec.kind)) as u64 * l.row_bytes;
                 encoder.copy_buffer_to_buffer(&l.keys, 0, &cache.keys, offset, size);
                 encoder.copy_buffer_to_buffer(&l.values, 0, &cache.values, offset, size);
             }
         }
         self.ctx.queue.submit(Some(encoder.finish()));
         self.seq_lens[0] = snapshot.seq_len;
+        self.sliding_bases[0] = sliding_base;
         self.context_ready = false;
         self.uploaded_context = false;
         Ok(())

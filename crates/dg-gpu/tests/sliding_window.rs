@@ -1,0 +1,115 @@
+//! The sliding layers' caches hold a window and a chunk, not the whole context
+//! (`Arena::sliding_positions`): as a sequence grows past them, the window moves to row 0 before
+//! an encoder chunk. The products then read the same values at other rows, so a generation, its
+//! cache and a restored snapshot's continuation are the same bits as with caches that hold every
+//! position.
+
+use std::path::Path;
+
+use dg_gpu::GpuModel;
+use dg_model::{GenerationConfig, ModelDir};
+use dg_parity::testing::test_context;
+use dg_sampler::{NoHooks, SeededRng, generate_resident};
+
+/// Tokens of an encoder chunk in both models: the moving model's arena is sized for it, the other
+/// encodes in chunks of it too, so that both round alike (chunking changes rounding, spec §4.5).
+const CHUNK: usize = 40;
+const CONTEXT: usize = 512;
+
+fn ids(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| 3 + (i * 7 + salt) % 500).collect()
+}
+
+/// The bundled model with caches of every position (`moving` false) or of a window and a chunk.
+fn model(test: &str, dir: &ModelDir, moving: bool) -> Option<GpuModel> {
+    let mut ctx = test_context(test)?;
+    if moving {
+        ctx.tuning.prefill_rows = Some(CHUNK);
+    }
+    let mut model = GpuModel::new(ctx, &dir.config, &dir.load_weights().unwrap(), CONTEXT).unwrap();
+    model.set_prefill_chunk(CHUNK);
+    Some(model)
+}
+
+fn cache_bits(model: &mut GpuModel) -> Vec<u32> {
+    model.read_visible_cache().unwrap().iter().flat_map(|(k, v)| k.iter().chain(v)).map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn a_generation_whose_sliding_window_moves_gives_the_same_bits() {
+    let test = "a_generation_whose_sliding_window_moves_gives_the_same_bits";
+    let dir = ModelDir::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-random")).unwrap();
+    let (c, v) = (dir.config.canvas_length, dir.config.text.vocab_size);
+    // Three canvases after a prompt of several chunks, every step, no EOS.
+    let cfg = GenerationConfig { max_new_tokens: 3 * c, max_denoising_steps: 2, stopping: None, ..Default::default() };
+    let prompt = ids(150, 1);
+    let mut runs = Vec::new();
+    for moving in [false, true] {
+        let Some(mut model) = model(test, &dir, moving) else { return };
+        if moving {
+            assert!(
+                model.sliding_positions() < prompt.len() && model.sliding_positions() < CONTEXT,
+                "the sliding caches hold {} positions: the window would not move",
+                model.sliding_positions()
+            );
+        } else {
+            assert_eq!(model.sliding_positions(), CONTEXT);
+        }
+        let out = generate_resident(&mut model, &prompt, &cfg, c, v, &mut SeededRng::new(3), &mut NoHooks).unwrap();
+        runs.push((out.sequence, cache_bits(&mut model)));
+    }
+    assert_eq!(runs[0].0.len(), prompt.len() + 3 * c);
+    assert!(runs[0].0 == runs[1].0, "the tokens differ when the sliding window moves");
+    assert!(runs[0].1 == runs[1].1, "the visible cache differs when the sliding window moves");
+}
+
+#[test]
+fn a_snapshot_restores_into_caches_whose_window_moves() {
+    let test = "a_snapshot_restores_into_caches_whose_window_moves";
+    let dir = ModelDir::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-random")).unwrap();
+    let (c, v) = (dir.config.canvas_length, dir.config.text.vocab_size);
+    let cfg = GenerationConfig { max_new_tokens: 2 * c, max_denoising_steps: 2, stopping: None, ..Default::default() };
+    let Some(mut model) = model(test, &dir, true) else { return };
+    // A conversation's first part, then the prompt that continues it.
+    let a = ids(120, 0);
+    let next: Vec<u32> = a.iter().copied().chain(ids(30, 9)).collect();
+    let b = ids(260, 5);
+    let alone = generate_resident(&mut model, &next, &cfg, c, v, &mut SeededRng::new(7), &mut NoHooks).unwrap().sequence;
+    let alone_cache = cache_bits(&mut model);
+    // Another sequence moves the window further, then the first one's cache comes back.
+    model.reset();
+    model.encode(&a).unwrap();
+    let snapshot = model.snapshot_cache().unwrap();
+    model.reset();
+    model.encode(&b).unwrap();
+    assert!(model.seq_len() > model.sliding_positions());
+    model.restore_cache(&snapshot).unwrap();
+    let mut continued = Continue { model: &mut model, skip: a.len() };
+    let again = generate_resident(&mut continued, &next, &cfg, c, v, &mut SeededRng::new(7), &mut NoHooks).unwrap().sequence;
+    assert!(again == alone, "the tokens after a restore differ from the run alone");
+    assert!(cache_bits(&mut model) == alone_cache, "the cache after a restore differs from the run alone");
+}
+
+/// The model with `skip` ids of the prompt already in its cache: the first encode skips them.
+struct Continue<'a> {
+    model: &'a mut GpuModel,
+    skip: usize,
+}
+
+impl dg_sampler::ResidentModel for Continue<'_> {
+    type Error = dg_gpu::GpuError;
+    fn encode(&mut self, ids: &[u32]) -> Result<(), Self::Error> {
+        let skip = std::mem::take(&mut self.skip);
+        self.model.encode(&ids[skip..])
+    }
+    fn denoise_rows(
+        &mut self,
+        canvas: &[u32],
+        sc: bool,
+        t: f32,
+        draw: dg_sampler::CategoricalRequest<'_>,
+        rows: &mut [dg_sampler::RowResult],
+    ) -> Result<(), Self::Error> {
+        self.model.denoise_rows(canvas, sc, t, draw, rows)
+    }
+}
