@@ -1,6 +1,6 @@
 //! A device-side snapshot of the GPU model's KV cache, restored after another conversation has
 //! overwritten the cache, continues exactly: the next generation gives the tokens of an
-//! uninterrupted run.
+//! uninterrupted run, also where the sliding caches hold only their window and a chunk.
 
 use std::path::Path;
 
@@ -39,10 +39,9 @@ fn ids(n: usize, salt: u32) -> Vec<u32> {
 
 #[test]
 fn a_restored_snapshot_continues_like_an_uninterrupted_run() {
-    let Some(ctx) = test_context("a_restored_snapshot_continues_like_an_uninterrupted_run") else { return };
+    let test = "a_restored_snapshot_continues_like_an_uninterrupted_run";
     let dir = ModelDir::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-random")).unwrap();
     let (c, v) = (dir.config.canvas_length, dir.config.text.vocab_size);
-    let mut model = GpuModel::new(ctx, &dir.config, &dir.load_weights().unwrap(), 512).unwrap();
     // Two canvases, every step, no EOS: the run's length is fixed.
     let cfg = GenerationConfig { max_new_tokens: 2 * c, max_denoising_steps: 3, stopping: None, ..Default::default() };
     // Longer than the sliding window: the snapshot keeps only the sliding layers' last W−1 rows.
@@ -52,21 +51,33 @@ fn a_restored_snapshot_continues_like_an_uninterrupted_run() {
         let mut m = Continue { model, skip: a.len() };
         generate_resident(&mut m, &next, &cfg, c, v, &mut SeededRng::new(5), &mut NoHooks).unwrap().sequence
     };
+    // Caches of every position, then sliding caches of the window and a chunk of 40 (their
+    // window moves as the runs grow, and a restore puts it at row 0): the same tokens.
+    let mut runs = Vec::new();
+    for moving in [false, true] {
+        let Some(mut ctx) = test_context(test) else { return };
+        ctx.tuning.prefill_rows = moving.then_some(40);
+        let mut model = GpuModel::new(ctx, &dir.config, &dir.load_weights().unwrap(), 512).unwrap();
+        model.set_prefill_chunk(40);
 
-    model.encode(&a).unwrap();
-    let uninterrupted = continued(&mut model);
+        model.encode(&a).unwrap();
+        let uninterrupted = continued(&mut model);
 
-    model.reset();
-    model.encode(&a).unwrap();
-    let snapshot = model.snapshot_cache().unwrap();
-    assert_eq!(snapshot.seq_len(), a.len());
-    let per_token: usize = dir.config.text.layers.iter().map(|l| 2 * 4 * l.num_kv_heads * l.head_dim).sum();
-    assert!(snapshot.bytes() > 0 && snapshot.bytes() < (a.len() * per_token) as u64, "sliding layers keep W−1 rows");
-    // Another conversation, longer, overwrites every row the first one used.
-    model.reset();
-    let b = ids(2 * a.len(), 3);
-    generate_resident(&mut model, &b, &cfg, c, v, &mut SeededRng::new(9), &mut NoHooks).unwrap();
-    model.restore_cache(&snapshot).unwrap();
-    assert_eq!(model.seq_len(), a.len());
-    assert_eq!(continued(&mut model), uninterrupted, "the tokens after the snapshot's restore");
+        model.reset();
+        model.encode(&a).unwrap();
+        let snapshot = model.snapshot_cache().unwrap();
+        assert_eq!(snapshot.seq_len(), a.len());
+        let per_token: usize = dir.config.text.layers.iter().map(|l| 2 * 4 * l.num_kv_heads * l.head_dim).sum();
+        assert!(snapshot.bytes() > 0 && snapshot.bytes() < (a.len() * per_token) as u64, "sliding layers keep W−1 rows");
+        // Another conversation, longer, overwrites every row the first one used.
+        model.reset();
+        let b = ids(2 * a.len(), 3);
+        generate_resident(&mut model, &b, &cfg, c, v, &mut SeededRng::new(9), &mut NoHooks).unwrap();
+        assert_eq!(moving, model.seq_len() > model.sliding_positions(), "moving {moving}: the window moves");
+        model.restore_cache(&snapshot).unwrap();
+        assert_eq!(model.seq_len(), a.len());
+        assert_eq!(continued(&mut model), uninterrupted, "moving {moving}: the tokens after the snapshot's restore");
+        runs.push(uninterrupted);
+    }
+    assert_eq!(runs[0], runs[1], "the tokens differ when the sliding window moves");
 }

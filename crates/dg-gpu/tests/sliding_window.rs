@@ -1,8 +1,8 @@
 //! The sliding layers' caches hold a window and a chunk, not the whole context
 //! (`Arena::sliding_positions`): as a sequence grows past them, the window moves to row 0 before
-//! an encoder chunk. The products then read the same values at other rows, so a generation, its
-//! cache and a restored snapshot's continuation are the same bits as with caches that hold every
-//! position.
+//! an encoder chunk. The products then read the same values at other rows, so a generation and
+//! its cache are the same bits as with caches that hold every position (a restored snapshot's
+//! continuation: `cache_snapshot.rs`).
 
 use std::path::Path;
 
@@ -61,55 +61,4 @@ fn a_generation_whose_sliding_window_moves_gives_the_same_bits() {
     assert_eq!(runs[0].0.len(), prompt.len() + 3 * c);
     assert!(runs[0].0 == runs[1].0, "the tokens differ when the sliding window moves");
     assert!(runs[0].1 == runs[1].1, "the visible cache differs when the sliding window moves");
-}
-
-#[test]
-fn a_snapshot_restores_into_caches_whose_window_moves() {
-    let test = "a_snapshot_restores_into_caches_whose_window_moves";
-    let dir = ModelDir::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-random")).unwrap();
-    let (c, v) = (dir.config.canvas_length, dir.config.text.vocab_size);
-    let cfg = GenerationConfig { max_new_tokens: 2 * c, max_denoising_steps: 2, stopping: None, ..Default::default() };
-    let Some(mut model) = model(test, &dir, true) else { return };
-    // A conversation's first part, then the prompt that continues it.
-    let a = ids(120, 0);
-    let next: Vec<u32> = a.iter().copied().chain(ids(30, 9)).collect();
-    let b = ids(260, 5);
-    let alone = generate_resident(&mut model, &next, &cfg, c, v, &mut SeededRng::new(7), &mut NoHooks).unwrap().sequence;
-    let alone_cache = cache_bits(&mut model);
-    // Another sequence moves the window further, then the first one's cache comes back.
-    model.reset();
-    model.encode(&a).unwrap();
-    let snapshot = model.snapshot_cache().unwrap();
-    model.reset();
-    model.encode(&b).unwrap();
-    assert!(model.seq_len() > model.sliding_positions());
-    model.restore_cache(&snapshot).unwrap();
-    let mut continued = Continue { model: &mut model, skip: a.len() };
-    let again = generate_resident(&mut continued, &next, &cfg, c, v, &mut SeededRng::new(7), &mut NoHooks).unwrap().sequence;
-    assert!(again == alone, "the tokens after a restore differ from the run alone");
-    assert!(cache_bits(&mut model) == alone_cache, "the cache after a restore differs from the run alone");
-}
-
-/// The model with `skip` ids of the prompt already in its cache: the first encode skips them.
-struct Continue<'a> {
-    model: &'a mut GpuModel,
-    skip: usize,
-}
-
-impl dg_sampler::ResidentModel for Continue<'_> {
-    type Error = dg_gpu::GpuError;
-    fn encode(&mut self, ids: &[u32]) -> Result<(), Self::Error> {
-        let skip = std::mem::take(&mut self.skip);
-        self.model.encode(&ids[skip..])
-    }
-    fn denoise_rows(
-        &mut self,
-        canvas: &[u32],
-        sc: bool,
-        t: f32,
-        draw: dg_sampler::CategoricalRequest<'_>,
-        rows: &mut [dg_sampler::RowResult],
-    ) -> Result<(), Self::Error> {
-        self.model.denoise_rows(canvas, sc, t, draw, rows)
-    }
 }
