@@ -96,9 +96,12 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
             "kv_cache_bytes_per_token": kv_bytes_per_token,
             // The GPU's caches of one sequence at a few context lengths: sliding layers hold
             // only their window and an encoder chunk, so past those the cache grows with the
-            // full layers alone.
+            // full layers alone; f32, or f16 in the tensor-core modes (F16 and quantized).
             "gpu_kv_cache_bytes": gpu_cache_contexts(t.max_position_embeddings)
-                .map(|positions| json!({ "positions": positions, "bytes": dg_gpu::sequence_cache_bytes(&model.config, positions) }))
+                .map(|positions| {
+                    let bytes = |format| dg_gpu::sequence_cache_bytes(&model.config, positions, format);
+                    json!({ "positions": positions, "bytes": bytes(dg_gpu::WeightFormat::F32), "f16_bytes": bytes(dg_gpu::WeightFormat::F16) })
+                })
                 .collect::<Vec<_>>(),
             // Each sequence of a GPU batch: its canvas's logits and self-conditioning input, and
             // its own KV cache (per token of its context).
@@ -218,7 +221,7 @@ fn render(v: &Value) -> String {
         }
     }
     out += &format!(
-        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32); on the GPU a sequence's is {}\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
+        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32); on the GPU a sequence's is {} (f32; half that, f16, in the F16 and quantized modes)\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
         size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),
         mem["gpu"]["dtype"].as_str().unwrap_or(""),
         size(mem["gpu"]["device_bytes"].as_u64().unwrap_or(0)),

@@ -4,6 +4,7 @@
 //! block; and one KV cache per slot (a sequence of a batch): every position in full layers, a
 //! window's worth in sliding layers ([`Arena::sliding_positions`]).
 
+use dg_kernels::WeightFormat;
 use dg_model::{LayerKind, ModelConfig, TextConfig};
 
 use dg_kernels::coop_grouped_gemm::MIN_TILE_ROWS;
@@ -12,9 +13,10 @@ use dg_kernels::sample_rows::RESULT_WORDS;
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
+use crate::tuning::KvCacheChoice;
 
 /// Per-layer cached K/V of the context (what the encoder wrote), `[positions + KEY_PAD + C,
-/// kv_heads, head_dim]` ([`Arena::cache_positions`]). The GPU encoder writes token `p` at row `p`
+/// kv_heads, head_dim]` ([`Arena::cache_positions`]) in f32 or f16 ([`Arena::cache_format`]). The GPU encoder writes token `p` at row `p`
 /// in full layers and at row `p − base` in sliding layers, where `base` is the first position the
 /// slot's sliding caches still hold (`GpuModel`'s sliding bases: the decoder reads only their last
 /// W−1 positions, so when a chunk would run past the rows, the window is moved to row 0 first);
@@ -60,7 +62,9 @@ pub struct Arena {
     /// `token_rows` tokens). At the real geometry and a context of 16384, 2047 rows instead of
     /// 16384: 0.84 GB of f32 K/V a sequence in the 25 sliding layers instead of 6.7 GB.
     pub sliding_positions: usize,
-    /// `[W − 1, kv_heads, head_dim]` f32: where a sliding cache's window passes on its way to
+    /// How the caches store keys and values: f32, or f16 ([`cache_format`]).
+    pub cache_format: WeightFormat,
+    /// `[W − 1, kv_heads, head_dim]` as cached: where a sliding cache's window passes on its way to
     /// row 0 (a buffer cannot be copied into itself); one word where the caches hold every
     /// position.
     pub sliding_scratch: wgpu::Buffer,
@@ -180,6 +184,20 @@ pub fn canvases_per_binding(config: &ModelConfig, max_binding: u64) -> usize {
 /// (`dg_kernels::coop_gemm::Split`); a split that would not fit takes fewer ranges.
 pub const SPLIT_PARTIALS: usize = 8;
 
+/// How a model whose matrices are stored as `weights` (its mode: F16 for the tensor-core modes,
+/// quantized ones included) caches keys and values on `ctx` (`Tuning::kv_cache`, by default
+/// [`KvCacheChoice::Auto`]): f16 where the attention products run on the tensor cores, which
+/// round K and V to f16 as they stage them anyway (the same bits at half the bytes), and where
+/// asked on a device that stores f16; f32 otherwise.
+pub fn cache_format(ctx: &GpuContext, weights: WeightFormat) -> WeightFormat {
+    let half = match ctx.tuning.kv_cache {
+        KvCacheChoice::Auto => weights == WeightFormat::F16 && ctx.coop_matrix,
+        KvCacheChoice::F32 => false,
+        KvCacheChoice::F16 => ctx.features.contains(wgpu::Features::SHADER_F16),
+    };
+    if half { WeightFormat::F16 } else { WeightFormat::F32 }
+}
+
 /// Rows of the per-token activations of an arena for `slots` canvases and contexts of up to
 /// `max_context` positions: a forward of every slot's canvas, or an encoder chunk of up to
 /// `prefill` tokens.
@@ -198,15 +216,29 @@ pub fn cache_positions_for(cfg: &TextConfig, kind: LayerKind, max_context: usize
     }
 }
 
-/// Bytes of one sequence's KV cache on the GPU (f32 keys and values of every layer) for contexts
-/// of up to `max_context` positions, in a model loaded for one sequence.
-pub fn sequence_cache_bytes(config: &ModelConfig, max_context: usize) -> u64 {
+/// Bytes of one sequence's KV cache on the GPU (keys and values of every layer, stored as `format`:
+/// [`cache_format`]) for contexts of up to `max_context` positions, in a model loaded for one
+/// sequence.
+pub fn sequence_cache_bytes(config: &ModelConfig, max_context: usize, format: WeightFormat) -> u64 {
     let cfg = &config.text;
     let r = token_rows(config, max_context, 1, PREFILL_CHUNK);
     cfg.layers
         .iter()
-        .map(|l| 2 * 4 * (cache_positions_for(cfg, l.kind, max_context, r) + KEY_PAD + config.canvas_length) * l.num_kv_heads * l.head_dim)
-        .sum::<usize>() as u64
+        .map(|l| {
+            2 * cache_bytes(
+                format,
+                (cache_positions_for(cfg, l.kind, max_context, r) + KEY_PAD + config.canvas_length) * l.num_kv_heads * l.head_dim,
+            )
+        })
+        .sum()
+}
+
+/// Bytes of `elements` cached keys (or values) stored as `format` (f32, or f16 in pairs).
+fn cache_bytes(format: WeightFormat, elements: usize) -> u64 {
+    match format {
+        WeightFormat::F16 => (elements * 2).next_multiple_of(4) as u64,
+        _ => (elements * 4) as u64,
+    }
 }
 
 fn max_dims(cfg: &TextConfig) -> (usize, usize) {
@@ -218,7 +250,13 @@ fn max_dims(cfg: &TextConfig) -> (usize, usize) {
 impl Arena {
     /// Allocates every activation for forwards of up to `slots` canvases of `config.canvas_length`
     /// tokens, each against at most `max_context` cached tokens in its slot's cache.
-    pub fn new(ctx: &GpuContext, config: &ModelConfig, max_context: usize, slots: usize) -> Result<Self, GpuError> {
+    pub fn new(
+        ctx: &GpuContext,
+        config: &ModelConfig,
+        max_context: usize,
+        slots: usize,
+        cache_format: WeightFormat,
+    ) -> Result<Self, GpuError> {
         let cfg = &config.text;
         let c = config.canvas_length;
         let slots = slots.max(1);
@@ -248,7 +286,8 @@ impl Arena {
                     .map(|(li, l)| {
                         let n = (cache_positions_for(cfg, l.kind, max_context, r) + KEY_PAD + c) * l.num_kv_heads * l.head_dim;
                         let name = |kv: &str| if slot == 0 { format!("cache.{li}.{kv}") } else { format!("cache{slot}.{li}.{kv}") };
-                        Ok(CacheBuffers { keys: f(&name("k"), n)?, values: f(&name("v"), n)? })
+                        let buffer = |kv: &str| ctx.storage_buffer(&name(kv), cache_bytes(cache_format, n));
+                        Ok(CacheBuffers { keys: buffer("k")?, values: buffer("v")? })
                     })
                     .collect::<Result<Vec<_>, GpuError>>()
             })
@@ -292,13 +331,15 @@ impl Arena {
             token_rows: r,
             max_context,
             sliding_positions,
+            cache_format,
             sliding_scratch: {
                 let sliding_row = cfg.layers.iter().filter(|l| l.kind == LayerKind::Sliding).map(|l| l.num_kv_heads * l.head_dim).max();
-                let words = match sliding_row {
+                let elements = match sliding_row {
                     Some(row) if sliding_positions < max_context => keep * row,
                     _ => 1,
                 };
-                ctx.buffer("sliding scratch", (words.max(1) * 4) as u64, wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)?
+                let bytes = cache_bytes(cache_format, elements).max(4);
+                ctx.buffer("sliding scratch", bytes, wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)?
             },
             ids: f("ids", r)?,
             embedded: f("embedded", r * h)?,
@@ -412,6 +453,11 @@ impl Arena {
         }
     }
 
+    /// Bytes of one row (token) of a cache of `spec`'s layer: its K (or V) heads.
+    pub fn cache_row_bytes(&self, spec: &dg_model::LayerSpec) -> u64 {
+        cache_bytes(self.cache_format, spec.num_kv_heads * spec.head_dim)
+    }
+
     /// Layer `layer`'s cache of `slot`.
     pub fn cache(&self, slot: usize, layer: usize) -> Result<&CacheBuffers, GpuError> {
         self.caches.get(slot).and_then(|c| c.get(layer)).ok_or(GpuError::Limit {
@@ -440,10 +486,11 @@ mod tests {
             (16384, 1_639_301_120, 7_511_736_320),
             (262144, 11_705_630_720, 118_241_361_920),
         ] {
-            assert_eq!(sequence_cache_bytes(&config, positions), bytes, "{positions} positions");
+            assert_eq!(sequence_cache_bytes(&config, positions, WeightFormat::F32), bytes, "{positions} positions");
+            assert_eq!(sequence_cache_bytes(&config, positions, WeightFormat::F16), bytes / 2, "{positions} positions, f16");
             assert_eq!(every_position(positions), before, "{positions} positions, every one held");
         }
         // Up to the window and a chunk, the sliding caches hold every position.
-        assert_eq!(sequence_cache_bytes(&config, 1024), every_position(1024));
+        assert_eq!(sequence_cache_bytes(&config, 1024, WeightFormat::F32), every_position(1024));
     }
 }

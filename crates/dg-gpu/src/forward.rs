@@ -28,7 +28,7 @@ use dg_model::{LayerKind, ModelConfig};
 
 use crate::arena::{Arena, CacheBuffers, KEY_PAD};
 use crate::error::GpuError;
-use crate::ops::{AxpbyRows, Combine, HeadRows, Recorder, TokensAt, head_params, linear_params};
+use crate::ops::{AxpbyRows, Combine, HeadRows, Operand, Recorder, TokensAt, head_params, linear_params};
 use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
@@ -301,7 +301,6 @@ struct AttentionGroup<'a> {
 fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: LayerPass<'_>) -> Result<Vec<AttentionGroup<'a>>, GpuError> {
     let cfg = &config.text;
     let spec = &cfg.layers[i];
-    let row = spec.num_kv_heads * spec.head_dim;
     let heads = cfg.num_attention_heads;
     match pass {
         LayerPass::Decode(canvases) => {
@@ -321,7 +320,7 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
                     // (scratch rows past the context, which the encoder rewrites when it commits
                     // the canvas), so that each attention product runs once over [visible | dead
                     // | canvas].
-                    let rows = (cache.keys.size() / 4) as usize / row;
+                    let rows = (cache.keys.size() / a.cache_row_bytes(spec)) as usize;
                     if v.start + cached + c > rows {
                         return Err(GpuError::TooLong {
                             len: v.start + v.len,
@@ -358,7 +357,7 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
             };
             let causal = (start + 1 - key_start) as u32;
             let cache = a.cache(slot, i)?;
-            let rows = (cache.keys.size() / 4) as usize / row;
+            let rows = (cache.keys.size() / a.cache_row_bytes(spec)) as usize;
             if base > key_start || key_start - base + keys > rows {
                 return Err(GpuError::TooLong {
                     len: start + tokens,
@@ -408,7 +407,7 @@ fn record_attention_block<'a>(
         causal_n: causal,
         ..bytemuck::Zeroable::zeroed()
     };
-    rec.product(&a.q, &g.cache.keys, &a.scores, scores, tc)?;
+    rec.product(&a.q, Operand::stored(&g.cache.keys, a.cache_format), &a.scores, scores, tc)?;
     let mask = SoftmaxParams {
         rows: (heads * qb) as u32,
         queries: if g.mask.mode == softmax::MODE_CAUSAL { qb as u32 } else { g.mask.queries },
@@ -437,7 +436,7 @@ fn record_attention_block<'a>(
         causal_k: causal,
         ..bytemuck::Zeroable::zeroed()
     };
-    rec.product(&a.scores, &g.cache.values, &a.attn, values, tc)
+    rec.product(&a.scores, Operand::stored(&g.cache.values, a.cache_format), &a.attn, values, tc)
 }
 
 /// Records layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).
@@ -512,6 +511,7 @@ fn record_layer_with<'a>(
     };
     let planner = rec.planner();
     let qkv_tc = w.on_tensor_cores(l.qkv_proj.format);
+    let half_kv = a.cache_format == WeightFormat::F16;
     if !kv_only
         && planner.merge_qkv(
             l.qkv_proj.format,
@@ -525,13 +525,21 @@ fn record_layer_with<'a>(
         for g in &groups {
             let v = (&g.cache.values, kv, (group + halves - 1) * c * row + g.first_token * row);
             let k = Some((&l.k_norm, &g.cache.keys, g.first_row * row));
-            rec.norm_rope_rows(qkv, HeadRows { q: Some((&l.q_norm, &a.q, group)), k, v, at: at(g) }, (cos, sin), tokens, kv, d, eps)?;
+            rec.norm_rope_rows(
+                qkv,
+                HeadRows { q: Some((&l.q_norm, &a.q, group)), k, v, at: at(g), half_kv },
+                (cos, sin),
+                tokens,
+                kv,
+                d,
+                eps,
+            )?;
         }
     } else {
         if !kv_only {
             let q_raw = rec.product_to_consumer(&a.normed, &l.qkv_proj, &a.qkv_raw, blocks(group, 0), qkv_tc)?;
             for g in &groups {
-                let rows = HeadRows { q: Some((&l.q_norm, &a.q, group)), k: None, v: (&a.dummy, 0, 0), at: at(g) };
+                let rows = HeadRows { q: Some((&l.q_norm, &a.q, group)), k: None, v: (&a.dummy, 0, 0), at: at(g), half_kv };
                 rec.norm_rope_rows(q_raw, rows, (cos, sin), tokens, kv, d, eps)?;
             }
         }
@@ -540,7 +548,7 @@ fn record_layer_with<'a>(
         for g in &groups {
             let v = (&g.cache.values, kv, (halves - 1) * c * row + g.first_token * row);
             let k = Some((&l.k_norm, &g.cache.keys, g.first_row * row));
-            rec.norm_rope_rows(kv_raw, HeadRows { q: None, k, v, at: at(g) }, (cos, sin), tokens, kv, d, eps)?;
+            rec.norm_rope_rows(kv_raw, HeadRows { q: None, k, v, at: at(g), half_kv }, (cos, sin), tokens, kv, d, eps)?;
         }
     }
     if kv_only {

@@ -27,5 +27,5 @@ pub use error::GpuError;
 pub use forward::Visible;
 pub use model::{CacheSnapshot, EncoderProfile, GpuModel, LayerContext};
 pub use plan::{Pipeline, Pipelines, Plan, PlanBuilder, groups_1d};
-pub use tuning::{Tuning, TuningError};
+pub use tuning::{KvCacheChoice, Tuning, TuningError};
 pub use weights::{GpuMatrix, MatrixLayout, UploadProgress};

@@ -167,7 +167,7 @@ impl GpuModel {
         max_context: usize,
         slots: usize,
     ) -> Result<Self, GpuError> {
-        let arena = Arena::new(&ctx, config, max_context, slots)?;
+        let arena = Arena::new(&ctx, config, max_context, slots, crate::arena::cache_format(&ctx, gpu_weights.format))?;
         let mut pipelines = Pipelines::default();
         let sample_plan = record_sample_plan(&ctx, &mut pipelines, config, &arena)?;
         Ok(GpuModel {
@@ -228,6 +228,11 @@ impl GpuModel {
     /// where their scores fit the arena's scores buffer, else fewer (long contexts).
     pub fn attention_block(&self, queries: usize, keys: usize) -> Result<usize, GpuError> {
         self.arena.query_block(self.config.text.num_attention_heads, queries, keys)
+    }
+
+    /// How the KV cache stores keys and values: f32, or f16 (`arena::cache_format`).
+    pub fn kv_cache_format(&self) -> WeightFormat {
+        self.arena.cache_format
     }
 
     /// Positions a sliding layer's cache holds (`max_context` or, for longer contexts, the
@@ -346,7 +351,7 @@ impl GpuModel {
             if spec.kind != LayerKind::Sliding {
                 continue;
             }
-            let row_bytes = (spec.num_kv_heads * spec.head_dim * size_of::<f32>()) as u64;
+            let row_bytes = self.arena.cache_row_bytes(spec);
             let (from, len) = ((base - old) as u64 * row_bytes, (start - base) as u64 * row_bytes);
             if len == 0 {
                 continue;
@@ -541,8 +546,15 @@ impl GpuModel {
                 return Err(GpuError::Length { what: "context values", got: l.values.len(), expected: n * per_token });
             }
             let cache = &self.arena.caches[0][i];
-            self.ctx.queue.write_buffer(&cache.keys, 0, bytemuck::cast_slice(l.keys));
-            self.ctx.queue.write_buffer(&cache.values, 0, bytemuck::cast_slice(l.values));
+            for (buffer, rows) in [(&cache.keys, l.keys), (&cache.values, l.values)] {
+                match self.arena.cache_format {
+                    WeightFormat::F16 => {
+                        let halves: Vec<u16> = rows.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+                        self.ctx.queue.write_buffer(buffer, 0, bytemuck::cast_slice(&halves));
+                    }
+                    _ => self.ctx.queue.write_buffer(buffer, 0, bytemuck::cast_slice(rows)),
+                }
+            }
             visible.push(Visible { start: 0, len: n });
         }
         self.seq_lens[0] = seq_len;
@@ -563,12 +575,23 @@ impl GpuModel {
             .zip(&self.arena.caches[0])
             .map(|((v, spec), cache)| {
                 let row = spec.num_kv_heads * spec.head_dim;
-                Ok((
-                    self.ctx.read_f32(&cache.keys, v.start * row, v.len * row)?,
-                    self.ctx.read_f32(&cache.values, v.start * row, v.len * row)?,
-                ))
+                Ok((self.read_cache(&cache.keys, v.start * row, v.len * row)?, self.read_cache(&cache.values, v.start * row, v.len * row)?))
             })
             .collect()
+    }
+
+    /// `len` cached values from element `offset` of a cache buffer, as f32 (f16 ones widened
+    /// exactly; an f16 cache's offsets and lengths are whole rows, so even).
+    fn read_cache(&self, buffer: &wgpu::Buffer, offset: usize, len: usize) -> Result<Vec<f32>, GpuError> {
+        match self.arena.cache_format {
+            WeightFormat::F16 => Ok(self
+                .ctx
+                .read_u32(buffer, offset / 2, len / 2)?
+                .into_iter()
+                .flat_map(|w| [w & 0xffff, w >> 16].map(|h| half::f16::from_bits(h as u16).to_f32()))
+                .collect()),
+            _ => self.ctx.read_f32(buffer, offset, len),
+        }
     }
 
     fn record(&mut self, visible: &[Visible], self_conditioning: bool) -> Result<Plan, GpuError> {

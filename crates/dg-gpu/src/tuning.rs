@@ -46,6 +46,9 @@ pub struct Tuning {
     /// `DG_F32_ACTIVATIONS=1` sets it false: the experts' activations stay f32 instead of f16
     /// where the tensor cores read them.
     pub half_expert_activations: bool,
+    /// `DG_KV_CACHE=auto|f32|f16`: how the KV cache stores keys and values
+    /// (`crate::arena::cache_format`).
+    pub kv_cache: KvCacheChoice,
     /// `DG_UNSCALED_ROWS=1` sets it false: the down projections' inputs are not scaled by rows
     /// into f16's range where the tensor cores round them (for measuring the scaling's cost: a
     /// row past 65504 then becomes inf).
@@ -109,6 +112,7 @@ impl Default for Tuning {
             row_lanes: RowLanes::Auto,
             fused_combine: true,
             half_expert_activations: true,
+            kv_cache: KvCacheChoice::Auto,
             scale_rows: true,
             qkv: QkvChoice::Auto,
             coop_tile: None,
@@ -146,6 +150,20 @@ pub enum RowLanes {
     Auto,
     /// One (`1`).
     One,
+}
+
+/// How the KV cache stores keys and values (`crate::arena::cache_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvCacheChoice {
+    /// f16 where the attention products run on the tensor cores (the F16 mode on a device with
+    /// cooperative matrices: they round K and V to f16 as they stage them, so the same bits at
+    /// half the bytes), f32 elsewhere (`auto`).
+    Auto,
+    /// f32 everywhere (`f32`).
+    F32,
+    /// f16 wherever the device stores f16 (`f16`): on the portable kernels too, which then read
+    /// K and V rounded to f16 (within the F16 mode's tolerances, not the f32 ones).
+    F16,
 }
 
 /// Whether q, K and V run as one product.
@@ -201,6 +219,7 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_ROW_LANES",
     "DG_UNFUSED_COMBINE",
     "DG_F32_ACTIVATIONS",
+    "DG_KV_CACHE",
     "DG_UNSCALED_ROWS",
     "DG_QKV",
     "DG_COOP_TILE",
@@ -256,6 +275,10 @@ impl Tuning {
             "DG_ROW_LANES" => self.row_lanes = choice(value, &[("auto", RowLanes::Auto), ("1", RowLanes::One)]).ok_or_else(bad)?,
             "DG_UNFUSED_COMBINE" => self.fused_combine = !flag(value).ok_or_else(bad)?,
             "DG_F32_ACTIVATIONS" => self.half_expert_activations = !flag(value).ok_or_else(bad)?,
+            "DG_KV_CACHE" => {
+                self.kv_cache = choice(value, &[("auto", KvCacheChoice::Auto), ("f32", KvCacheChoice::F32), ("f16", KvCacheChoice::F16)])
+                    .ok_or_else(bad)?
+            }
             "DG_UNSCALED_ROWS" => self.scale_rows = !flag(value).ok_or_else(bad)?,
             "DG_QKV" => {
                 self.qkv = choice(value, &[("auto", QkvChoice::Auto), ("merged", QkvChoice::Merged), ("separate", QkvChoice::Separate)])
@@ -369,6 +392,7 @@ fn accepted(name: &str) -> String {
     };
     match name {
         "DG_NO_COOP" | "DG_UNFUSED_COMBINE" | "DG_F32_ACTIVATIONS" | "DG_UNSCALED_ROWS" => "0 or 1".into(),
+        "DG_KV_CACHE" => "auto, f32 or f16".into(),
         "DG_ROW_REDUCE" => "auto or tree".into(),
         "DG_ROW_LANES" => "auto or 1".into(),
         "DG_QKV" => "auto, merged or separate".into(),

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use dg_gpu::{GpuError, GpuModel};
+use dg_gpu::{GpuError, GpuModel, KvCacheChoice};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_parity::testing::test_context;
 use dg_sampler::{CategoricalRequest, NoHooks, ResidentModel, RowResult, SeededRng, generate_resident};
@@ -52,11 +52,13 @@ fn a_restored_snapshot_continues_like_an_uninterrupted_run() {
         generate_resident(&mut m, &next, &cfg, c, v, &mut SeededRng::new(5), &mut NoHooks).unwrap().sequence
     };
     // Caches of every position, then sliding caches of the window and a chunk of 40 (their
-    // window moves as the runs grow, and a restore puts it at row 0): the same tokens.
+    // window moves as the runs grow, and a restore puts it at row 0): the same tokens. Then the
+    // latter with K and V stored as f16 (rows of half the bytes to snapshot, restore and move).
     let mut runs = Vec::new();
-    for moving in [false, true] {
+    for (moving, kv_cache) in [(false, KvCacheChoice::Auto), (true, KvCacheChoice::Auto), (true, KvCacheChoice::F16)] {
         let Some(mut ctx) = test_context(test) else { return };
         ctx.tuning.prefill_rows = moving.then_some(40);
+        ctx.tuning.kv_cache = kv_cache;
         let mut model = GpuModel::new(ctx, &dir.config, &dir.load_weights().unwrap(), 512).unwrap();
         model.set_prefill_chunk(40);
 
@@ -68,6 +70,7 @@ fn a_restored_snapshot_continues_like_an_uninterrupted_run() {
         let snapshot = model.snapshot_cache().unwrap();
         assert_eq!(snapshot.seq_len(), a.len());
         let per_token: usize = dir.config.text.layers.iter().map(|l| 2 * 4 * l.num_kv_heads * l.head_dim).sum();
+        let per_token = if model.kv_cache_format() == dg_gpu::WeightFormat::F16 { per_token / 2 } else { per_token };
         assert!(snapshot.bytes() > 0 && snapshot.bytes() < (a.len() * per_token) as u64, "sliding layers keep W−1 rows");
         // Another conversation, longer, overwrites every row the first one used.
         model.reset();
@@ -76,8 +79,9 @@ fn a_restored_snapshot_continues_like_an_uninterrupted_run() {
         assert_eq!(moving, model.seq_len() > model.sliding_positions(), "moving {moving}: the window moves");
         model.restore_cache(&snapshot).unwrap();
         assert_eq!(model.seq_len(), a.len());
-        assert_eq!(continued(&mut model), uninterrupted, "moving {moving}: the tokens after the snapshot's restore");
+        assert_eq!(continued(&mut model), uninterrupted, "moving {moving}, {kv_cache:?}: the tokens after the snapshot's restore");
         runs.push(uninterrupted);
     }
     assert_eq!(runs[0], runs[1], "the tokens differ when the sliding window moves");
+    assert_eq!(runs[2].len(), runs[0].len());
 }

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use dg_gpu::GpuModel;
+use dg_gpu::{GpuModel, KvCacheChoice};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_parity::testing::test_context;
 use dg_sampler::{NoHooks, SeededRng, generate_resident};
@@ -20,9 +20,11 @@ fn ids(n: usize, salt: u32) -> Vec<u32> {
     (0..n as u32).map(|i| 3 + (i * 7 + salt) % 500).collect()
 }
 
-/// The bundled model with caches of every position (`moving` false) or of a window and a chunk.
-fn model(test: &str, dir: &ModelDir, moving: bool) -> Option<GpuModel> {
+/// The bundled model with caches of every position (`moving` false) or of a window and a chunk,
+/// storing K and V as `kv_cache` says.
+fn model(test: &str, dir: &ModelDir, moving: bool, kv_cache: KvCacheChoice) -> Option<GpuModel> {
     let mut ctx = test_context(test)?;
+    ctx.tuning.kv_cache = kv_cache;
     if moving {
         ctx.tuning.prefill_rows = Some(CHUNK);
     }
@@ -43,22 +45,25 @@ fn a_generation_whose_sliding_window_moves_gives_the_same_bits() {
     // Three canvases after a prompt of several chunks, every step, no EOS.
     let cfg = GenerationConfig { max_new_tokens: 3 * c, max_denoising_steps: 2, stopping: None, ..Default::default() };
     let prompt = ids(150, 1);
-    let mut runs = Vec::new();
-    for moving in [false, true] {
-        let Some(mut model) = model(test, &dir, moving) else { return };
-        if moving {
-            assert!(
-                model.sliding_positions() < prompt.len() && model.sliding_positions() < CONTEXT,
-                "the sliding caches hold {} positions: the window would not move",
-                model.sliding_positions()
-            );
-        } else {
-            assert_eq!(model.sliding_positions(), CONTEXT);
+    // f32 caches, then f16 ones (rows of half the bytes to move).
+    for kv_cache in [KvCacheChoice::F32, KvCacheChoice::F16] {
+        let mut runs = Vec::new();
+        for moving in [false, true] {
+            let Some(mut model) = model(test, &dir, moving, kv_cache) else { return };
+            if moving {
+                assert!(
+                    model.sliding_positions() < prompt.len() && model.sliding_positions() < CONTEXT,
+                    "the sliding caches hold {} positions: the window would not move",
+                    model.sliding_positions()
+                );
+            } else {
+                assert_eq!(model.sliding_positions(), CONTEXT);
+            }
+            let out = generate_resident(&mut model, &prompt, &cfg, c, v, &mut SeededRng::new(3), &mut NoHooks).unwrap();
+            runs.push((out.sequence, cache_bits(&mut model)));
         }
-        let out = generate_resident(&mut model, &prompt, &cfg, c, v, &mut SeededRng::new(3), &mut NoHooks).unwrap();
-        runs.push((out.sequence, cache_bits(&mut model)));
+        assert_eq!(runs[0].0.len(), prompt.len() + 3 * c);
+        assert!(runs[0].0 == runs[1].0, "{kv_cache:?}: the tokens differ when the sliding window moves");
+        assert!(runs[0].1 == runs[1].1, "{kv_cache:?}: the visible cache differs when the sliding window moves");
     }
-    assert_eq!(runs[0].0.len(), prompt.len() + 3 * c);
-    assert!(runs[0].0 == runs[1].0, "the tokens differ when the sliding window moves");
-    assert!(runs[0].1 == runs[1].1, "the visible cache differs when the sliding window moves");
 }

@@ -94,8 +94,14 @@ pub enum KernelKey {
     SoftmaxPartials(RowReduce),
     SoftmaxApply(RowReduce),
     RouterTopk(RowReduce),
-    /// Per-head norm and RoPE in workgroups of the `u32` (one of `norm_rope::WORKGROUPS`).
-    NormRope(RowReduce, Lanes, u32),
+    /// Per-head norm and RoPE in workgroups of `wg` (one of `norm_rope::WORKGROUPS`); `half_cache`
+    /// stores K and V as f16 (the cache of the tensor-core modes).
+    NormRope {
+        reduce: RowReduce,
+        lanes: Lanes,
+        wg: u32,
+        half_cache: bool,
+    },
     /// Attention's residual and norms; `half_bc` stores the second and third outputs' first as f16
     /// (four lanes only).
     AttentionNorms {
@@ -177,7 +183,7 @@ impl KernelKey {
             K::SoftmaxPartials(r) => softmax_chunked::partials(r),
             K::SoftmaxApply(r) => softmax_chunked::apply(r),
             K::RouterTopk(r) => router_topk::source(r),
-            K::NormRope(r, lanes, wg) => norm_rope::source_lanes(r, lanes.count(), wg),
+            K::NormRope { reduce, lanes, wg, half_cache } => norm_rope::source_for(reduce, lanes.count(), wg, half_cache),
             K::AttentionNorms { reduce, lanes, half_bc: false } => residual_norms::source_attention_lanes(reduce, lanes.count()),
             K::AttentionNorms { reduce, lanes, half_bc: true } => {
                 assert_eq!(lanes, Lanes::Four, "the half attention norms take four columns at a time");
@@ -230,7 +236,9 @@ impl KernelKey {
             keys.push(K::AttentionNorms { reduce, lanes: Lanes::Four, half_bc: true });
             for lanes in Lanes::ALL {
                 keys.extend([K::RmsNorm(reduce, lanes), K::Softmax(reduce, lanes)]);
-                keys.extend(norm_rope::WORKGROUPS.map(|wg| K::NormRope(reduce, lanes, wg)));
+                for half_cache in [false, true] {
+                    keys.extend(norm_rope::WORKGROUPS.map(|wg| K::NormRope { reduce, lanes, wg, half_cache }));
+                }
                 keys.push(K::AttentionNorms { reduce, lanes, half_bc: false });
                 for (combine, scaled) in [(false, false), (true, false), (false, true), (true, true)] {
                     keys.push(K::FfnNorms { reduce, lanes, combine, scaled });

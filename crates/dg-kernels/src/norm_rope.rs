@@ -99,12 +99,26 @@ pub fn source(reduce: RowReduce) -> KernelSource {
 /// and the split stride multiples of 4 ([`lanes_for`]), in workgroups of `wg` (one of
 /// [`WORKGROUPS`]: [`workgroup_for`]); the same sums as `rmsnorm`'s of that width.
 pub fn source_lanes(reduce: RowReduce, lanes: u32, wg: u32) -> KernelSource {
+    source_for(reduce, lanes, wg, false)
+}
+
+/// [`source_lanes`], storing K and V (`out`, `values`) as f16 with `half_cache` (packed as
+/// `WeightFormat::F16`'s pairs: the cache the tensor-core products read as B). Each stored value
+/// is the f32 result rounded to the nearest f16, as the tensor cores round an f32 cache when
+/// they stage it.
+pub fn source_for(reduce: RowReduce, lanes: u32, wg: u32, half_cache: bool) -> KernelSource {
     assert!(WORKGROUPS.contains(&wg), "norm_rope is built for workgroups of {WORKGROUPS:?}, not {wg}");
     let (body, suffix) = crate::rmsnorm::with_lanes(&reduce.render(include_str!("wgsl/norm_rope.wgsl"), &[Part::Sum("f32")]), lanes);
+    let cache = match (half_cache, lanes) {
+        (false, _) => "alias CV = V;\n",
+        (true, 1) => "alias CV = f16;\n",
+        (true, _) => "alias CV = vec4<f16>;\n",
+    };
     let wg_suffix = if wg == MAX_WORKGROUP { String::new() } else { format!("_w{wg}") };
+    let wgsl = with_prelude(&[("WG", wg)], &crate::split_k::with_reader_lanes(&format!("{cache}{body}"), "x_at", "x"));
     KernelSource {
-        name: format!("norm_rope{suffix}{wg_suffix}{}", reduce.suffix()),
-        wgsl: with_prelude(&[("WG", wg)], &crate::split_k::with_reader_lanes(&body, "x_at", "x")),
+        name: format!("norm_rope{suffix}{wg_suffix}{}{}", if half_cache { "_h" } else { "" }, reduce.suffix()),
+        wgsl: if half_cache { format!("enable f16;\n{wgsl}") } else { wgsl },
         entry: "main",
         buffers: vec![
             Access::Read,

@@ -27,6 +27,13 @@ pub struct GpuBackend {
     tolerances: Tolerances,
 }
 
+/// `tolerances`, or the F16 activation tolerances where `gpu` caches K and V as f16: the attention
+/// then reads them rounded to f16, as the tensor cores read an f32 cache (with them, the F16 mode's
+/// tolerances already apply; without them only a forced f16 cache, `DG_KV_CACHE=f16`, does this).
+fn with_cache_rounding(gpu: &GpuModel, tolerances: Tolerances) -> Tolerances {
+    if gpu.kv_cache_format() == WeightFormat::F16 { F16_ACTIVATION_TOLERANCES } else { tolerances }
+}
+
 impl GpuBackend {
     /// Uploads `weights` (matrices in f32) to `ctx` for sequences of up to `max_context` tokens.
     pub fn new(ctx: GpuContext, config: &ModelConfig, weights: Weights, max_context: usize) -> Result<Self, BoxError> {
@@ -60,6 +67,7 @@ impl GpuBackend {
                 return Err(format!("{}: quantized matrices upload as their source stores them, not as an upload format", q.name()).into());
             }
         };
+        let tolerances = with_cache_rounding(&gpu, tolerances);
         Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name, tolerances })
     }
 
@@ -86,6 +94,7 @@ impl GpuBackend {
             other => return Err(format!("{other:?}: stored checkpoints upload their other matrices in f32 or F16").into()),
         };
         let gpu = GpuModel::from_source(ctx, config, src, max_context, format)?;
+        let tolerances = with_cache_rounding(&gpu, tolerances);
         Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name, tolerances })
     }
 

@@ -292,11 +292,18 @@ fn norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write() {
             k: Some((&k_w, &keys, at)),
             v: (&values, kv, (group + halves - 1) * n),
             at: TokensAt::WHOLE,
+            half_kv: false,
         };
         rec.norm_rope_rows(&x, all, (&cb, &sb), tokens, kv, d, EPS).unwrap();
+        // The same dispatch into an f16 cache (q stays f32).
+        let [keys_h, values_h] = ["keys f16", "values f16"].map(|l| guarded_output(&ctx, l, len.div_ceil(2)));
+        let q_h = guarded_output(&ctx, "q beside an f16 cache", q_len);
+        let half_rows =
+            HeadRows { q: Some((&q_w, &q_h, group)), k: Some((&k_w, &keys_h, at)), v: (&values_h, kv, all.v.2), half_kv: true, ..all };
+        rec.norm_rope_rows(&x, half_rows, (&cb, &sb), tokens, kv, d, EPS).unwrap();
         rec.norm_rope_rows(
             &x,
-            HeadRows { q: Some((&q_w, &q_alone, group)), k: None, v: (&dummy, 0, 0), at: TokensAt::WHOLE },
+            HeadRows { q: Some((&q_w, &q_alone, group)), k: None, v: (&dummy, 0, 0), at: TokensAt::WHOLE, half_kv: false },
             (&cb, &sb),
             tokens,
             kv,
@@ -327,6 +334,7 @@ fn norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write() {
             k: Some((&k_w, &keys2, at)),
             v: (&values2, kv, (group + halves - 1) * 2 * n + n),
             at: second,
+            half_kv: false,
         };
         rec.norm_rope_rows(&x2, rows2, (&cb2, &sb2), tokens, kv, d, EPS).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
@@ -339,6 +347,19 @@ fn norm_rope_rows_of_q_k_and_v_write_what_q_alone_and_norm_rope_kv_write() {
         assert!(bits(&q2, q_len) == bits(&q, q_len), "{what}: q of a canvas of two differs from q alone");
         assert!(bits(&keys2, len) == bits(&keys, len), "{what}: keys of a canvas of two differ");
         assert!(bits(&values2, len) == bits(&values, len), "{what}: values of a canvas of two differ");
+        // The f16 cache holds each f32 value rounded to the nearest f16, and nothing else.
+        assert!(bits(&q_h, q_len) == bits(&q, q_len), "{what}: q beside an f16 cache differs");
+        let halves_of = |b: &wgpu::Buffer| -> Vec<u16> {
+            read_guarded(&ctx, b, len.div_ceil(2)).iter().flat_map(|v| [v.to_bits() as u16, (v.to_bits() >> 16) as u16]).collect()
+        };
+        let guard = [GUARD.to_bits() as u16, (GUARD.to_bits() >> 16) as u16];
+        for (name, full, half) in [("keys", &keys, &keys_h), ("values", &values, &values_h)] {
+            let (full, half) = (read_guarded(&ctx, full, len), halves_of(half));
+            for (i, &h) in half.iter().enumerate().take(len) {
+                let want = if (at..at + n).contains(&i) { half::f16::from_f32(full[i]).to_bits() } else { guard[i % 2] };
+                assert_eq!(h, want, "{what}: f16 {name}[{i}] (f32 {})", full[i]);
+            }
+        }
         // q's heads in token order: head b·kv + j of token t is row (b, t, j) of the blocks.
         let heads = group * kv;
         let mut want = vec![0.0f32; q_len];

@@ -86,8 +86,9 @@ impl GpuModel {
         self.commit_plans.clear();
         self.rope_blocks.clear();
         // The old arena goes first, so that both never hold the device's memory together.
-        self.arena = Arena::new(&self.ctx, &self.config, 1, 1)?;
-        self.arena = Arena::new(&self.ctx, &self.config, max_context, slots)?;
+        let cache_format = self.arena.cache_format;
+        self.arena = Arena::new(&self.ctx, &self.config, 1, 1, cache_format)?;
+        self.arena = Arena::new(&self.ctx, &self.config, max_context, slots, cache_format)?;
         self.sample_plan = super::record_sample_plan(&self.ctx, &mut self.pipelines, &self.config, &self.arena)?;
         self.seq_lens = vec![0; self.arena.slots];
         self.sliding_bases = vec![0; self.arena.slots];

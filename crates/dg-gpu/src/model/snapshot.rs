@@ -14,7 +14,7 @@ use crate::error::GpuError;
 struct SavedLayer {
     start: usize,
     rows: usize,
-    /// Bytes of one row of keys (or values): `kv_heads · head_dim · 4`.
+    /// Bytes of one row of keys (or values): `kv_heads · head_dim` values as the cache stores them.
     row_bytes: u64,
     keys: wgpu::Buffer,
     values: wgpu::Buffer,
@@ -52,7 +52,7 @@ impl GpuModel {
         let mut layers = Vec::with_capacity(self.arena.caches[0].len());
         for (i, ((v, spec), cache)) in self.encoded_visible().iter().zip(&self.config.text.layers).zip(&self.arena.caches[0]).enumerate() {
             let base = if spec.kind == LayerKind::Sliding { self.sliding_bases[0] } else { 0 };
-            let row_bytes = (spec.num_kv_heads * spec.head_dim * size_of::<f32>()) as u64;
+            let row_bytes = self.arena.cache_row_bytes(spec);
             let size = v.len as u64 * row_bytes;
             let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
             // wgpu buffers hold at least one word; an empty cache copies nothing.
@@ -88,7 +88,7 @@ impl GpuModel {
         let sliding_base = snapshot.seq_len - snapshot.seq_len.min(cfg.sliding_window.saturating_sub(1));
         let base = |kind: LayerKind| if kind == LayerKind::Sliding { sliding_base } else { 0 };
         for (l, spec) in snapshot.layers.iter().zip(&cfg.layers) {
-            let row_bytes = (spec.num_kv_heads * spec.head_dim * size_of::<f32>()) as u64;
+            let row_bytes = self.arena.cache_row_bytes(spec);
             if l.row_bytes != row_bytes || l.start + l.rows > snapshot.seq_len {
                 return Err(GpuError::Length { what: "snapshot row bytes", got: l.row_bytes as usize, expected: row_bytes as usize });
             }

@@ -109,6 +109,8 @@ pub struct HeadRows<'a> {
     pub v: (&'a wgpu::Buffer, usize, usize),
     /// Where the dispatch's tokens sit in the input and the RoPE tables.
     pub at: TokensAt,
+    /// K's and V's outputs hold f16 (an f16 KV cache: `crate::arena::cache_format`).
+    pub half_kv: bool,
 }
 
 /// Where [`Recorder::norm_rope_rows`]'s tokens sit: the whole input from element 0, or one canvas
@@ -427,7 +429,7 @@ impl<'a> Recorder<'a> {
         d: usize,
         eps: f32,
     ) -> Result<(), GpuError> {
-        let rows = HeadRows { q: None, k: Some((w, out, out_offset)), v: (values, v_heads, v_offset), at: TokensAt::WHOLE };
+        let rows = HeadRows { q: None, k: Some((w, out, out_offset)), v: (values, v_heads, v_offset), at: TokensAt::WHOLE, half_kv: false };
         self.norm_rope_rows(x, rows, (cos, sin), tokens, heads, d, eps)
     }
 
@@ -472,7 +474,10 @@ impl<'a> Recorder<'a> {
         let g = self.groups(norm_rope::workgroups(&p));
         let lanes = self.lanes_knob(norm_rope::lanes_for(&p));
         let wg = norm_rope::workgroup_for(&p, lanes);
-        self.push(K::NormRope(self.ctx.row_reduce(), Lanes::of(lanes), wg), &p, &[x.buffer, w, cos, sin, out, values, q_w, q_out], g)
+        // Without K or V rows, nothing is stored as the cache stores it.
+        let half_cache = rows.half_kv && (rows.k.is_some() || v_heads > 0);
+        let key = K::NormRope { reduce: self.ctx.row_reduce(), lanes: Lanes::of(lanes), wg, half_cache };
+        self.push(key, &p, &[x.buffer, w, cos, sin, out, values, q_w, q_out], g)
     }
 
     /// Row softmax in place (with the attention mask of `p`).

@@ -17,6 +17,8 @@
 // One workgroup per row; rows beyond 65535 workgroups wrap into y. The sum of
 // squares reduces with row_sum (row_reduce.rs), as rmsnorm.wgsl's does. Columns go LANES at a
 // time (V: f32, or vec4<f32> with d / 2 and the offsets multiples of 4), as in rmsnorm.wgsl.
+// out and values (the KV cache) hold CV: V, or its f16 form (each value rounded to the nearest
+// f16 as it is stored).
 
 struct Params {
     tokens: u32,
@@ -49,8 +51,8 @@ struct Params {
 @group(0) @binding(2) var<storage, read> w: array<V>;
 @group(0) @binding(3) var<storage, read> cos_t: array<V>;
 @group(0) @binding(4) var<storage, read> sin_t: array<V>;
-@group(0) @binding(5) var<storage, read_write> out: array<V>;
-@group(0) @binding(6) var<storage, read_write> values: array<V>;
+@group(0) @binding(5) var<storage, read_write> out: array<CV>;
+@group(0) @binding(6) var<storage, read_write> values: array<CV>;
 @group(0) @binding(7) var<storage, read> q_w: array<V>;
 @group(0) @binding(8) var<storage, read_write> q_out: array<V>;
 
@@ -92,7 +94,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (is_v) {
         let dst = out_base + v_row * cols;
         for (var i = lid.x; i < cols; i += WG) {
-            values[dst + i] = x_at(base + i) * inv;
+            values[dst + i] = CV(x_at(base + i) * inv);
         }
         return;
     }
@@ -124,7 +126,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let y2 = (x_at(base + j + half) * inv) * w[j + half];
         let c = cos_t[table + j];
         let s = sin_t[table + j];
-        out[dst + j] = y1 * c + (-y2) * s;
-        out[dst + j + half] = y2 * c + y1 * s;
+        out[dst + j] = CV(y1 * c + (-y2) * s);
+        out[dst + j + half] = CV(y2 * c + y1 * s);
     }
 }
