@@ -190,10 +190,15 @@ pub const SPLIT_PARTIALS: usize = 8;
 /// round K and V to f16 as they stage them anyway (the same bits at half the bytes), and where
 /// asked on a device that stores f16; f32 otherwise.
 pub fn cache_format(ctx: &GpuContext, weights: WeightFormat) -> WeightFormat {
-    let half = match ctx.tuning.kv_cache {
-        KvCacheChoice::Auto => weights == WeightFormat::F16 && ctx.coop_matrix,
+    cache_format_for(weights, ctx.coop_matrix, ctx.features.contains(wgpu::Features::SHADER_F16), ctx.tuning.kv_cache)
+}
+
+/// [`cache_format`] on a device with (or without) cooperative matrices and f16 in shaders.
+pub fn cache_format_for(weights: WeightFormat, coop_matrix: bool, shader_f16: bool, choice: KvCacheChoice) -> WeightFormat {
+    let half = match choice {
+        KvCacheChoice::Auto => weights == WeightFormat::F16 && coop_matrix,
         KvCacheChoice::F32 => false,
-        KvCacheChoice::F16 => ctx.features.contains(wgpu::Features::SHADER_F16),
+        KvCacheChoice::F16 => shader_f16,
     };
     if half { WeightFormat::F16 } else { WeightFormat::F32 }
 }

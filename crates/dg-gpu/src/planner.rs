@@ -53,6 +53,14 @@ impl Capabilities {
     }
 }
 
+/// Whether a product whose B is stored as `format`, in K panels or not, reads the KV cache
+/// (attention's products: f32 or f16 rows, `crate::arena::cache_format`). The weights the tensor
+/// cores take are in panels, quantized or BF16 (the embedding), so row-major f32 or f16 that
+/// reaches them is the cache.
+fn reads_cache(format: WeightFormat, panels: bool) -> bool {
+    !panels && matches!(format, WeightFormat::F32 | WeightFormat::F16)
+}
+
 /// How a dense or batched product runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dense {
@@ -167,12 +175,12 @@ impl<'t> Planner<'t> {
         if tensor_cores && self.caps.coop_matrix {
             // Ragged columns (a sliding layer's scores over its 1023 visible keys): the body of
             // whole 32-wide column blocks on the tensor cores, the last columns in the f32 GEMM.
-            // Only for f32 operands (attention), the case measured on an H200 and tested
+            // Only for the cache (attention), the case measured on an H200 and tested
             // (`tests/tensor_cores.rs`); ragged K stays in the f32 GEMM.
             const STEP: u32 = 32;
             let n_body = p.n / STEP * STEP;
             let body = GemmParams { n: n_body, ..*p };
-            if b_format == WeightFormat::F32 && n_body > 0 && n_body < p.n && coop_gemm::plan(&body).is_some() {
+            if reads_cache(b_format, panels) && n_body > 0 && n_body < p.n && coop_gemm::plan(&body).is_some() {
                 return Ok(Dense::BodyAndTail { n_body });
             }
         }
@@ -197,14 +205,14 @@ impl<'t> Planner<'t> {
         if !tensor_cores || !self.caps.coop_matrix {
             return None;
         }
-        // Attention's products (B: the f32 cache) take their own tile where the large one would
+        // Attention's products (B: the cache) take their own tile where the large one would
         // split K (`coop_gemm::ATTENTION_TILE`).
         let splits_large = || {
             let large = coop_gemm::TILE_128X128;
             split_scratch.is_some_and(|len| Split::choose(large, p, self.split_target(large, p), len).is_some())
         };
         let prefer =
-            self.tuning.coop_tile.or_else(|| (b_format == WeightFormat::F32 && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
+            self.tuning.coop_tile.or_else(|| (reads_cache(b_format, panels) && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
         // Quantized W is read as `W[n][k]` (its blocks run along the rows), or in panels of them.
         coop_gemm::plan_layout(p, panels, prefer, self.caps.max_workgroup_storage)
             .filter(|&(_, layout)| !b_format.is_quantized() || layout != BLayout::Kn)

@@ -8,7 +8,7 @@
 use dg_gpu::MatrixLayout;
 use dg_gpu::parts::Parts;
 use dg_gpu::planner::{ASSUMED_MULTIPROCESSORS, Capabilities, Dense, Grouped, Planner};
-use dg_gpu::tuning::Tuning;
+use dg_gpu::tuning::{KvCacheChoice, Tuning};
 use std::collections::HashSet;
 use std::sync::OnceLock;
 
@@ -134,6 +134,8 @@ fn layer_products(
 ) {
     let f16 = format == WeightFormat::F16;
     let scratch = Some(SPLIT_SCRATCH);
+    // The cache attention reads, as the arena stores it in this mode on this device.
+    let cache = dg_gpu::cache_format_for(format, planner.caps.coop_matrix, planner.caps.shader_f16, KvCacheChoice::Auto);
     let (d, kv) = (att.d, att.kv);
     let group = HEADS / kv;
     let row = kv * d;
@@ -171,11 +173,7 @@ fn layer_products(
         alpha: 1.0,
         ..bytemuck::Zeroable::zeroed()
     };
-    out.push(format!(
-        "{} -> {}",
-        name("scores"),
-        describe_dense(planner, WeightFormat::F32, MatrixLayout::RowMajor, &scores, f16, scratch)
-    ));
+    out.push(format!("{} -> {}", name("scores"), describe_dense(planner, cache, MatrixLayout::RowMajor, &scores, f16, scratch)));
     let values = GemmParams {
         m: rows,
         n: d,
@@ -194,11 +192,7 @@ fn layer_products(
         alpha: 1.0,
         ..bytemuck::Zeroable::zeroed()
     };
-    out.push(format!(
-        "{} -> {}",
-        name("values"),
-        describe_dense(planner, WeightFormat::F32, MatrixLayout::RowMajor, &values, f16, scratch)
-    ));
+    out.push(format!("{} -> {}", name("values"), describe_dense(planner, cache, MatrixLayout::RowMajor, &values, f16, scratch)));
     let linear = |what: &str, n: u32, k: u32, a_offset: u32| {
         let layout = planner.projection_layout(format, n as usize, k as usize, f16);
         let p = GemmParams { a_offset, ..GemmParams::linear(rows, n, k) };
