@@ -100,7 +100,15 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
             "gpu_kv_cache_bytes": gpu_cache_contexts(t.max_position_embeddings)
                 .map(|positions| {
                     let bytes = |format| dg_gpu::sequence_cache_bytes(&model.config, positions, format);
-                    json!({ "positions": positions, "bytes": bytes(dg_gpu::WeightFormat::F32), "f16_bytes": bytes(dg_gpu::WeightFormat::F16) })
+                    // The whole arena (activations and the cache) of one sequence: with the
+                    // tensor cores (an f16 cache) and without (f32), bindings unbounded.
+                    let arena = |format, coop| dg_gpu::arena_bytes(&model.config, positions, 1, format, (u64::MAX, coop)).ok();
+                    json!({
+                        "positions": positions,
+                        "bytes": bytes(dg_gpu::WeightFormat::F32),
+                        "f16_bytes": bytes(dg_gpu::WeightFormat::F16),
+                        "arena_bytes": { "tensor_cores": arena(dg_gpu::WeightFormat::F16, true), "portable": arena(dg_gpu::WeightFormat::F32, false) },
+                    })
                 })
                 .collect::<Vec<_>>(),
             // Each sequence of a GPU batch: its canvas's logits and self-conditioning input, and
@@ -221,7 +229,7 @@ fn render(v: &Value) -> String {
         }
     }
     out += &format!(
-        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32); on the GPU a sequence's is {} (f32; half that, f16, in the F16 and quantized modes)\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
+        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32); on the GPU a sequence's is {} (f32; half that, f16, in the F16 and quantized modes)\n           beside the weights, a sequence's activations and cache on the GPU take {}\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
         size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),
         mem["gpu"]["dtype"].as_str().unwrap_or(""),
         size(mem["gpu"]["device_bytes"].as_u64().unwrap_or(0)),
@@ -234,6 +242,16 @@ fn render(v: &Value) -> String {
             .map(|c| format!("{} at {} positions", size(c["bytes"].as_u64().unwrap_or(0)), c["positions"]))
             .collect::<Vec<_>>()
             .join(", "),
+        mem["gpu_kv_cache_bytes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let arena = |k: &str| size(c["arena_bytes"][k].as_u64().unwrap_or(0));
+                format!("{} with tensor cores, {} without at {} positions", arena("tensor_cores"), arena("portable"), c["positions"])
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
         size(mem["batch_sequence_bytes"].as_u64().unwrap_or(0)),
     );
     let adapters = v["adapters"].as_array().cloned().unwrap_or_default();

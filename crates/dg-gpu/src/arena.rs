@@ -13,7 +13,7 @@ use dg_kernels::sample_rows::RESULT_WORDS;
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
-use crate::tuning::KvCacheChoice;
+use crate::tuning::{KvCacheChoice, Tuning};
 
 /// Per-layer cached K/V of the context (what the encoder wrote), `[positions + KEY_PAD + C,
 /// kv_heads, head_dim]` ([`Arena::cache_positions`]) in f32 or f16 ([`Arena::cache_format`]). The GPU encoder writes token `p` at row `p`
@@ -24,9 +24,9 @@ use crate::tuning::KvCacheChoice;
 /// rows after the visible ones padded to [`KEY_PAD`] (`forward.rs`), so every buffer has `KEY_PAD
 /// + C` rows beyond its positions.
 #[derive(Debug)]
-pub struct CacheBuffers {
-    pub keys: wgpu::Buffer,
-    pub values: wgpu::Buffer,
+pub struct CacheBuffers<B = wgpu::Buffer> {
+    pub keys: B,
+    pub values: B,
 }
 
 /// The decoder pads its visible cached keys to a multiple of this many columns in a scores row
@@ -50,7 +50,7 @@ pub const PREFILL_CHUNK: usize = 1024;
 
 /// Activation buffers.
 #[derive(Debug)]
-pub struct Arena {
+pub struct Arena<B = wgpu::Buffer> {
     pub canvas: usize,
     /// Sequences with a KV cache of their own; a forward takes up to this many canvases.
     pub slots: usize,
@@ -67,101 +67,101 @@ pub struct Arena {
     /// `[W − 1, kv_heads, head_dim]` as cached: where a sliding cache's window passes on its way to
     /// row 0 (a buffer cannot be copied into itself); one word where the caches hold every
     /// position.
-    pub sliding_scratch: wgpu::Buffer,
+    pub sliding_scratch: B,
     /// u32 ids `[rows]`: the canvases, or an encoder chunk.
-    pub ids: wgpu::Buffer,
+    pub ids: B,
     /// Embedded canvas, then `e + sc_signal` `[C, H]`.
-    pub embedded: wgpu::Buffer,
+    pub embedded: B,
     /// The residual stream `[C, H]`.
-    pub hidden: wgpu::Buffer,
+    pub hidden: B,
     /// A normed copy of the stream `[C, H]`.
-    pub normed: wgpu::Buffer,
+    pub normed: B,
     /// Raw projections of `GpuLayer::qkv_proj`'s blocks, `[blocks, C, kv·d]`: q's, K's and V's in
     /// one product, or one product's blocks at a time (q's, then K's and V's once q is normed).
-    pub qkv_raw: wgpu::Buffer,
-    pub q: wgpu::Buffer,
+    pub qkv_raw: B,
+    pub q: B,
     /// Attention scores/probabilities `[heads, queries, keys]` of one block of queries (a canvas,
     /// an encoder chunk, or part of one where its scores would take more than [`SCORES_BYTES`]).
-    pub scores: wgpu::Buffer,
+    pub scores: B,
     /// f32 elements `scores` holds.
     pub scores_len: usize,
-    pub attn: wgpu::Buffer,
+    pub attn: B,
     /// `[C, H]` scratch: attention output, MoE output.
-    pub proj: wgpu::Buffer,
+    pub proj: B,
     /// `[C, 2·I]` dense / self-conditioning MLP gate‖up.
-    pub gate_up: wgpu::Buffer,
+    pub gate_up: B,
     /// `[C, I]`.
-    pub act: wgpu::Buffer,
+    pub act: B,
     /// `[C]`: what each row of the product of `act` is multiplied by, where `act` is scaled by
     /// rows into f16's range (`Planner::scales_rows`).
-    pub act_scale: wgpu::Buffer,
+    pub act_scale: B,
     /// `[C, H]` MoE branch.
-    pub moe: wgpu::Buffer,
+    pub moe: B,
     /// The experts' input `pre_feedforward_layernorm_2(h)`, then the router's `rms(h)·scale·H^-½`:
     /// `[2, C, H]` (rows of the pass: the second starts `rows·H` in).
-    pub branch_in: wgpu::Buffer,
-    pub router_logits: wgpu::Buffer,
-    pub topk_idx: wgpu::Buffer,
-    pub topk_w: wgpu::Buffer,
+    pub branch_in: B,
+    pub router_logits: B,
+    pub topk_idx: B,
+    pub topk_w: B,
     /// The experts' `E + 1` slot offsets, then the tensor-core grouped GEMM's tile table
     /// (`dg_kernels::moe_dispatch`).
-    pub offsets: wgpu::Buffer,
-    pub rows: wgpu::Buffer,
-    pub slot_of: wgpu::Buffer,
+    pub offsets: B,
+    pub rows: B,
+    pub slot_of: B,
     /// `[C·K, 2·I_e]`.
-    pub expert_gate_up: wgpu::Buffer,
+    pub expert_gate_up: B,
     /// `[C·K, I_e]`.
-    pub expert_act: wgpu::Buffer,
+    pub expert_act: B,
     /// `[C·K]`: `act_scale` for `expert_act`'s slots.
-    pub expert_act_scale: wgpu::Buffer,
+    pub expert_act_scale: B,
     /// `[C·K, H]`.
-    pub expert_out: wgpu::Buffer,
+    pub expert_out: B,
     /// Canvases whose vocabulary-sized rows share one buffer: as many as one storage binding
     /// holds (canvas `b` is in group `b / vocab_group`, at row `(b % vocab_group)·C`).
     pub vocab_group: usize,
     /// Per group: its canvases' self-conditioning input logits, softmaxed in place, `[rows, V]`.
-    pub sc_probs: Vec<wgpu::Buffer>,
+    pub sc_probs: Vec<B>,
     /// Per group: its canvases' output logits `[rows, V]`.
-    pub logits: Vec<wgpu::Buffer>,
+    pub logits: Vec<B>,
     /// RoPE tables per layer type: cos, sin `[C, d/2]` (sliding, full), the rows of the tokens
     /// of a forward or an encoder chunk.
-    pub rope_sliding: (wgpu::Buffer, wgpu::Buffer),
-    pub rope_full: (wgpu::Buffer, wgpu::Buffer),
+    pub rope_sliding: (B, B),
+    pub rope_full: (B, B),
     /// The same tables for every position `0..rope_positions` (`max_context` + C: the cache's
     /// tokens and a canvas after them), computed once here, from which a forward's rows are
     /// copied on the GPU (`GpuModel::ensure_rope`): on an H200 host, writing a 1024-token chunk's
     /// tables took 4.4–6.5 ms before its first layer could run.
-    pub rope_table_sliding: (wgpu::Buffer, wgpu::Buffer),
-    pub rope_table_full: (wgpu::Buffer, wgpu::Buffer),
+    pub rope_table_sliding: (B, B),
+    pub rope_table_full: (B, B),
     pub rope_positions: usize,
     /// Per slot, per layer, the cached context K/V.
-    pub caches: Vec<Vec<CacheBuffers>>,
+    pub caches: Vec<Vec<CacheBuffers<B>>>,
     /// u32 per canvas row: whether the row's canvas adds the self-conditioning signal in a
     /// forward of mixed canvases (`forward::SelfConditioning::Gated`).
-    pub sc_gate: wgpu::Buffer,
+    pub sc_gate: B,
     /// Host-visible staging for the logits readback.
-    pub staging: wgpu::Buffer,
+    pub staging: B,
     /// The sampler step's inputs: one `dg_kernels::sample_rows::SampleStep`.
-    pub sample_step: wgpu::Buffer,
+    pub sample_step: B,
     /// Per-row uniforms (f32 bits) or given ids of the step's categorical draw, u32 `[C]`.
-    pub draws: wgpu::Buffer,
+    pub draws: B,
     /// Per-row results of the step (entropy, argmax, sampled, non-finite column), u32 `[C, 4]`.
-    pub row_results: wgpu::Buffer,
+    pub row_results: B,
     /// Host-visible staging for `row_results`.
-    pub row_staging: wgpu::Buffer,
+    pub row_staging: B,
     /// A 16-byte buffer bound where a kernel ignores a binding (one vec4: the size a binding of
     /// `array<vec4<f32>>` needs at least).
-    pub dummy: wgpu::Buffer,
+    pub dummy: B,
     /// The split-K partial products of the tensor-core GEMMs (`dg_kernels::split_k`): room for
     /// [`SPLIT_PARTIALS`] partials of the widest canvas product, on a device with cooperative
     /// matrices (elsewhere one element, and no product splits); `slots` times that, a canvas's
     /// share for each canvas of a batch.
-    pub split_partials: wgpu::Buffer,
+    pub split_partials: B,
     /// The f32 elements of `split_partials` the planner fits a product's splits into (one
     /// canvas's share: the same for any `slots`, so that the plans are).
     pub split_planned: u64,
     /// The chunked vocabulary softmax's `(max, sum)` pairs (`dg_kernels::softmax_chunked`).
-    pub softmax_pairs: wgpu::Buffer,
+    pub softmax_pairs: B,
     /// Bytes of all the arena's buffers (the caches included).
     pub bytes: u64,
 }
@@ -183,6 +183,99 @@ pub fn canvases_per_binding(config: &ModelConfig, max_binding: u64) -> usize {
 /// router splits 22 ways but is 128 wide, the soft embedding 5 ways at 2816 wide
 /// (`dg_kernels::coop_gemm::Split`); a split that would not fit takes fewer ranges.
 pub const SPLIT_PARTIALS: usize = 8;
+
+/// Where an arena's buffers come from: the device ([`GpuContext`]), or [`Sizing`], which only
+/// counts their bytes (what the arena would take on a device of given limits).
+pub trait Allocate {
+    type Buffer;
+    /// A storage buffer of `bytes` (whole words), within the device's binding limit.
+    fn storage(&self, label: &str, bytes: u64) -> Result<Self::Buffer, GpuError>;
+    /// A buffer for copies or staging (no binding) with `usage`.
+    fn plain(&self, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Result<Self::Buffer, GpuError>;
+    /// The largest storage binding ([`GpuContext::max_binding`]).
+    fn max_binding(&self) -> u64;
+    /// Whether the tensor-core GEMMs run ([`GpuContext::coop_matrix`]).
+    fn coop_matrix(&self) -> bool;
+    fn tuning(&self) -> &Tuning;
+}
+
+impl Allocate for GpuContext {
+    type Buffer = wgpu::Buffer;
+    fn storage(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer, GpuError> {
+        self.storage_buffer(label, bytes)
+    }
+    fn plain(&self, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, GpuError> {
+        self.buffer(label, bytes, usage)
+    }
+    fn max_binding(&self) -> u64 {
+        GpuContext::max_binding(self)
+    }
+    fn coop_matrix(&self) -> bool {
+        self.coop_matrix
+    }
+    fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+}
+
+/// Counts the bytes of the buffers an arena would allocate on a device whose storage bindings
+/// hold `max_binding` bytes, with or without the tensor-core GEMMs: `dg info`'s memory for a
+/// context, without a device.
+#[derive(Debug, Default)]
+pub struct Sizing {
+    pub max_binding: u64,
+    pub coop_matrix: bool,
+    pub tuning: Tuning,
+    bytes: std::cell::Cell<u64>,
+}
+
+impl Sizing {
+    pub fn new(max_binding: u64, coop_matrix: bool) -> Self {
+        Sizing { max_binding, coop_matrix, ..Default::default() }
+    }
+
+    /// Bytes counted so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.get()
+    }
+}
+
+impl Allocate for Sizing {
+    type Buffer = u64;
+    fn storage(&self, label: &str, bytes: u64) -> Result<u64, GpuError> {
+        let size = crate::context::storage_size(label, bytes, self.max_binding)?;
+        self.bytes.set(self.bytes.get() + size);
+        Ok(size)
+    }
+    fn plain(&self, _label: &str, bytes: u64, _usage: wgpu::BufferUsages) -> Result<u64, GpuError> {
+        self.bytes.set(self.bytes.get() + bytes);
+        Ok(bytes)
+    }
+    fn max_binding(&self) -> u64 {
+        self.max_binding
+    }
+    fn coop_matrix(&self) -> bool {
+        self.coop_matrix
+    }
+    fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+}
+
+/// Bytes of the arena (activations, and every slot's KV cache stored as `cache_format`) of a
+/// model loaded for `slots` sequences of up to `max_context` positions on a device whose storage
+/// bindings hold `max_binding` bytes, with or without the tensor-core GEMMs.
+pub fn arena_bytes(
+    config: &ModelConfig,
+    max_context: usize,
+    slots: usize,
+    cache_format: WeightFormat,
+    (max_binding, coop_matrix): (u64, bool),
+) -> Result<u64, GpuError> {
+    let sizing = Sizing::new(max_binding, coop_matrix);
+    Arena::build(&sizing, config, max_context, slots, cache_format)?;
+    Ok(sizing.bytes())
+}
 
 /// How a model whose matrices are stored as `weights` (its mode: F16 for the tensor-core modes,
 /// quantized ones included) caches keys and values on `ctx` (`Tuning::kv_cache`, by default
@@ -254,9 +347,34 @@ fn max_dims(cfg: &TextConfig) -> (usize, usize) {
 
 impl Arena {
     /// Allocates every activation for forwards of up to `slots` canvases of `config.canvas_length`
-    /// tokens, each against at most `max_context` cached tokens in its slot's cache.
+    /// tokens, each against at most `max_context` cached tokens in its slot's cache, and fills the
+    /// RoPE tables.
     pub fn new(
         ctx: &GpuContext,
+        config: &ModelConfig,
+        max_context: usize,
+        slots: usize,
+        cache_format: WeightFormat,
+    ) -> Result<Self, GpuError> {
+        let allocated = ctx.counters().bytes_allocated();
+        let mut arena = Self::build(ctx, config, max_context, slots, cache_format)?;
+        for (kind, (cos_buf, sin_buf)) in [(LayerKind::Sliding, &arena.rope_table_sliding), (LayerKind::Full, &arena.rope_table_full)] {
+            if let Some(spec) = config.text.layers.iter().find(|l| l.kind == kind) {
+                let (cos, sin) = spec.rope.cos_sin(spec.head_dim, 0, arena.rope_positions);
+                ctx.queue.write_buffer(cos_buf, 0, bytemuck::cast_slice(&cos));
+                ctx.queue.write_buffer(sin_buf, 0, bytemuck::cast_slice(&sin));
+            }
+        }
+        arena.bytes = ctx.counters().bytes_allocated() - allocated;
+        Ok(arena)
+    }
+}
+
+impl<B> Arena<B> {
+    /// Every buffer of [`Arena::new`] from `alloc` (the device, or [`Sizing`]), the RoPE tables
+    /// unfilled and `bytes` 0.
+    pub fn build<A: Allocate<Buffer = B>>(
+        alloc: &A,
         config: &ModelConfig,
         max_context: usize,
         slots: usize,
@@ -265,11 +383,11 @@ impl Arena {
         let cfg = &config.text;
         let c = config.canvas_length;
         let slots = slots.max(1);
-        let allocated = ctx.counters().bytes_allocated();
+        let tuning = alloc.tuning();
         // Rows of a forward of every slot's canvas.
         let b = slots * c;
         // Rows of the per-token activations: the canvases, or an encoder chunk.
-        let r = token_rows(config, max_context, slots, ctx.tuning.prefill_rows.unwrap_or(PREFILL_CHUNK));
+        let r = token_rows(config, max_context, slots, tuning.prefill_rows.unwrap_or(PREFILL_CHUNK));
         let keep = cfg.sliding_window.saturating_sub(1);
         let sliding_positions = cache_positions_for(cfg, LayerKind::Sliding, max_context, r);
         let (h, v, i, e_i, k) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.moe_intermediate_size, cfg.top_k_experts);
@@ -280,9 +398,9 @@ impl Arena {
         // QUERY_BLOCK queries over the most keys.
         let most_keys = max_context.next_multiple_of(KEY_PAD) + c;
         let unblocked = heads * (c * most_keys).max(r * max_context.next_multiple_of(KEY_PAD));
-        let cap = (ctx.tuning.scores_bytes.unwrap_or(SCORES_BYTES).min(SCORES_BYTES).min(ctx.max_binding()) / 4) as usize;
+        let cap = (tuning.scores_bytes.unwrap_or(SCORES_BYTES).min(SCORES_BYTES).min(alloc.max_binding()) / 4) as usize;
         let scores_len = unblocked.min(cap.max(heads * QUERY_BLOCK * most_keys));
-        let f = |label: &str, n: usize| ctx.storage_buffer(label, (n * 4) as u64);
+        let f = |label: &str, n: usize| alloc.storage(label, (n * 4) as u64);
         let caches = (0..slots)
             .map(|slot| {
                 cfg.layers
@@ -291,7 +409,7 @@ impl Arena {
                     .map(|(li, l)| {
                         let n = (cache_positions_for(cfg, l.kind, max_context, r) + KEY_PAD + c) * l.num_kv_heads * l.head_dim;
                         let name = |kv: &str| if slot == 0 { format!("cache.{li}.{kv}") } else { format!("cache{slot}.{li}.{kv}") };
-                        let buffer = |kv: &str| ctx.storage_buffer(&name(kv), cache_bytes(cache_format, n));
+                        let buffer = |kv: &str| alloc.storage(&name(kv), cache_bytes(cache_format, n));
                         Ok(CacheBuffers { keys: buffer("k")?, values: buffer("v")? })
                     })
                     .collect::<Result<Vec<_>, GpuError>>()
@@ -299,38 +417,32 @@ impl Arena {
             .collect::<Result<Vec<_>, GpuError>>()?;
         // The vocabulary-sized buffers in groups of as many canvases as a binding holds.
         let canvas_bytes = (c * v * 4) as u64;
-        let vocab_binding = ctx.tuning.vocab_binding.map_or(ctx.max_binding(), |cap| cap.min(ctx.max_binding()));
+        let vocab_binding = tuning.vocab_binding.map_or(alloc.max_binding(), |cap| cap.min(alloc.max_binding()));
         let vocab_group = ((vocab_binding / canvas_bytes.max(1)) as usize).clamp(1, slots);
         let group_rows: Vec<usize> = (0..slots.div_ceil(vocab_group)).map(|g| (slots - g * vocab_group).min(vocab_group) * c).collect();
-        let vocab_buffers = |label: &str| -> Result<Vec<wgpu::Buffer>, GpuError> {
+        let vocab_buffers = |label: &str| -> Result<Vec<B>, GpuError> {
             group_rows
                 .iter()
                 .enumerate()
                 .map(|(g, rows)| f(&if g == 0 { label.to_string() } else { format!("{label}{g}") }, rows * v))
                 .collect()
         };
-        let split_planned = if ctx.coop_matrix { (SPLIT_PARTIALS * c * h.max(q_w).max(2 * kv_w).max(2 * i)) as u64 } else { 1 };
+        let split_planned = if alloc.coop_matrix() { (SPLIT_PARTIALS * c * h.max(q_w).max(2 * kv_w).max(2 * i)) as u64 } else { 1 };
         let half = |kind: LayerKind| cfg.layers.iter().find(|l| l.kind == kind).map_or(1, |l| l.head_dim / 2);
-        let rope = |name: &str, hd: usize| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
+        let rope = |name: &str, hd: usize| -> Result<(B, B), GpuError> {
             Ok((f(&format!("rope.{name}.cos"), r * hd)?, f(&format!("rope.{name}.sin"), r * hd)?))
         };
         // Copy sources only (no binding, so no binding limit).
         let rope_positions = max_context + c;
-        let rope_table = |kind: LayerKind, name: &str| -> Result<(wgpu::Buffer, wgpu::Buffer), GpuError> {
+        let rope_table = |kind: LayerKind, name: &str| -> Result<(B, B), GpuError> {
             let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
             let bytes = (rope_positions * half(kind) * 4) as u64;
-            let (cos_buf, sin_buf) = (
-                ctx.buffer(&format!("rope table.{name}.cos"), bytes, usage)?,
-                ctx.buffer(&format!("rope table.{name}.sin"), bytes, usage)?,
-            );
-            if let Some(spec) = cfg.layers.iter().find(|l| l.kind == kind) {
-                let (cos, sin) = spec.rope.cos_sin(spec.head_dim, 0, rope_positions);
-                ctx.queue.write_buffer(&cos_buf, 0, bytemuck::cast_slice(&cos));
-                ctx.queue.write_buffer(&sin_buf, 0, bytemuck::cast_slice(&sin));
-            }
-            Ok((cos_buf, sin_buf))
+            Ok((
+                alloc.plain(&format!("rope table.{name}.cos"), bytes, usage)?,
+                alloc.plain(&format!("rope table.{name}.sin"), bytes, usage)?,
+            ))
         };
-        let mut arena = Arena {
+        Ok(Arena {
             canvas: c,
             slots,
             token_rows: r,
@@ -344,7 +456,7 @@ impl Arena {
                     _ => 1,
                 };
                 let bytes = cache_bytes(cache_format, elements).max(4);
-                ctx.buffer("sliding scratch", bytes, wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)?
+                alloc.plain("sliding scratch", bytes, wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST)?
             },
             ids: f("ids", r)?,
             embedded: f("embedded", r * h)?,
@@ -396,11 +508,11 @@ impl Arena {
             rope_positions,
             caches,
             sc_gate: f("sc gate", b)?,
-            staging: ctx.buffer("logits staging", (c * v * 4) as u64, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?,
-            sample_step: ctx.storage_buffer("sample step", (slots * size_of::<dg_kernels::sample_rows::SampleStep>()) as u64)?,
+            staging: alloc.plain("logits staging", (c * v * 4) as u64, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?,
+            sample_step: alloc.storage("sample step", (slots * size_of::<dg_kernels::sample_rows::SampleStep>()) as u64)?,
             draws: f("draws", b)?,
             row_results: f("row results", b * RESULT_WORDS)?,
-            row_staging: ctx.buffer(
+            row_staging: alloc.plain(
                 "row results staging",
                 (b * RESULT_WORDS * 4) as u64,
                 wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
@@ -409,9 +521,7 @@ impl Arena {
             split_partials: f("split partials", split_planned as usize * slots)?,
             split_planned,
             bytes: 0,
-        };
-        arena.bytes = ctx.counters().bytes_allocated() - allocated;
-        Ok(arena)
+        })
     }
 
     /// Rows of a forward of every slot's canvas.
@@ -464,7 +574,7 @@ impl Arena {
     }
 
     /// Layer `layer`'s cache of `slot`.
-    pub fn cache(&self, slot: usize, layer: usize) -> Result<&CacheBuffers, GpuError> {
+    pub fn cache(&self, slot: usize, layer: usize) -> Result<&CacheBuffers<B>, GpuError> {
         self.caches.get(slot).and_then(|c| c.get(layer)).ok_or(GpuError::Limit {
             what: format!("slot {slot}"),
             needed: slot as u64 + 1,
@@ -497,5 +607,24 @@ mod tests {
         }
         // Up to the window and a chunk, the sliding caches hold every position.
         assert_eq!(sequence_cache_bytes(&config, 1024, WeightFormat::F32), every_position(1024));
+    }
+
+    /// The arena of one sequence at the real geometry, as BENCHMARKS.md gives it: on an H200
+    /// (bindings of 2 GiB − 4 bytes, the tensor cores, an f16 cache) and on a device without
+    /// tensor cores (an f32 cache). At 1536 positions with an f32 cache on the H200 it is the
+    /// 2.19 GB measured there (`xtask bench-batch`, B = 1, before the cache was f16).
+    #[test]
+    fn the_arena_of_one_sequence_at_the_real_geometry() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/configs/real-30layer.json");
+        let config = ModelConfig::from_file(&path).unwrap();
+        let h200 = ((2u64 << 30) - 4, true);
+        let gb = |positions, format, device| arena_bytes(&config, positions, 1, format, device).unwrap() as f64 / 1e9;
+        assert_eq!(format!("{:.2}", gb(1536, WeightFormat::F32, h200)), "2.19");
+        for (positions, tensor_cores, portable) in
+            [(4096, "2.12", "2.62"), (16384, "2.41", "3.16"), (65536, "3.56", "5.33"), (262144, "8.19", "13.98")]
+        {
+            assert_eq!(format!("{:.2}", gb(positions, WeightFormat::F16, h200)), tensor_cores, "{positions} positions, tensor cores");
+            assert_eq!(format!("{:.2}", gb(positions, WeightFormat::F32, (h200.0, false))), portable, "{positions} positions, portable");
+        }
     }
 }

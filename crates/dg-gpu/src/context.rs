@@ -100,6 +100,21 @@ pub struct GpuContext {
     counters: Arc<Counters>,
 }
 
+/// The bytes of a storage buffer asked for `size` bytes (whole words, at least one), or an error
+/// naming `label` where that passes the device's `max_binding`.
+pub(crate) fn storage_size(label: &str, size: u64, max_binding: u64) -> Result<u64, GpuError> {
+    let size = size.max(4).next_multiple_of(4);
+    if size > max_binding {
+        return Err(GpuError::Limit {
+            what: format!("buffer {label}"),
+            needed: size,
+            limit: max_binding,
+            limit_name: "max_storage_buffer_binding_size",
+        });
+    }
+    Ok(size)
+}
+
 /// All adapters wgpu can see, with their info.
 pub fn list_adapters() -> Vec<wgpu::AdapterInfo> {
     let instance = wgpu::Instance::new(instance_descriptor());
@@ -233,15 +248,7 @@ impl GpuContext {
 
     /// A storage buffer of `size` bytes (at least 4), checked against the limits.
     pub fn storage_buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer, GpuError> {
-        let size = size.max(4).next_multiple_of(4);
-        if size > self.max_binding() {
-            return Err(GpuError::Limit {
-                what: format!("buffer {label}"),
-                needed: size,
-                limit: self.max_binding(),
-                limit_name: "max_storage_buffer_binding_size",
-            });
-        }
+        let size = storage_size(label, size, self.max_binding())?;
         self.buffer(label, size, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC)
     }
 
