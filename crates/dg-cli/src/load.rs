@@ -59,7 +59,8 @@ pub fn gpu_slots(
     weights: WeightsArg,
     report: Report,
 ) -> Result<GpuModel> {
-    let choice = crate::weights::choose(model, weights, ctx.coop_matrix);
+    let (coop, shader_f16, kv_cache) = (ctx.coop_matrix, ctx.features.contains(wgpu::Features::SHADER_F16), ctx.tuning.kv_cache);
+    let choice = crate::weights::choose(model, weights, coop);
     let start = Instant::now();
     let mut bar = Bar { report, last: None };
     let src = source(model, choice.scheme);
@@ -71,6 +72,17 @@ pub fn gpu_slots(
                 // A weight the chosen storage cannot hold is the checkpoint's, and the user's choice.
                 e @ GpuError::OutOfRange { .. } => {
                     anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display())))
+                }
+                // Out of device memory: say what the sequences' buffers take and what lowers it.
+                e @ GpuError::OutOfMemory { .. } => {
+                    let cache = dg_gpu::cache_format_for(format, coop, shader_f16, kv_cache);
+                    let arena = dg_gpu::arena_bytes(&model.config, max_context, slots, cache, (u64::MAX, coop)).unwrap_or(0);
+                    anyhow::Error::new(e).context(format!(
+                        "the GPU ran out of memory for the model's weights and {slots} sequence(s) of up to {max_context} positions \
+                         (their activations and caches take about {:.2} GB beside the weights; `dg info` prints them by context): \
+                         lower --context or --batch, or store the weights smaller (--weights q4_k_m)",
+                        arena as f64 / 1e9
+                    ))
                 }
                 other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
             })?;
