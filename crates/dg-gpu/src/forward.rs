@@ -6,7 +6,7 @@
 //! norm → the q/k/v GEMM (one, or q's and K/V's: `Planner::merge_qkv`) → q/k norms fused with RoPE and the
 //! v norm in one dispatch (the canvas's K/V written into the cache after the visible rows) →
 //! attention over [visible | dead | canvas] cache rows as one score GEMM, a row softmax and one
-//! value GEMM → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
+//! value GEMM (per block of queries where the scores would not fit the arena's) → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
 //! and the router's input norms → router → the dense MLP's and the experts' gate/up, both
 //! activations in one dispatch (the experts' stored as f16 for the tensor cores where the device
 //! has f16; where the down projections run on the tensor cores, each row scaled by a power of two
