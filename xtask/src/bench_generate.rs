@@ -149,6 +149,13 @@ pub fn run(args: Args) -> Result<bool> {
     };
     let (mut model, label) = random_model::upload(ctx, &config, weights, args.work.max_context(&config))?;
     println!("weights on the GPU: {:.2} GB ({label})", model.weight_bytes() as f64 / 1e9);
+    println!(
+        "caches and activations on the GPU: {:.2} GB ({} positions, {:?} KV cache, sliding caches of {} positions)",
+        model.arena_bytes() as f64 / 1e9,
+        model.max_context(),
+        model.kv_cache_format(),
+        model.sliding_positions()
+    );
     let settings = args.work.settings(&config);
     let mut rng = SeededRng::new(1);
     let prompt: Vec<u32> = (0..args.work.prompt).map(|_| rng.below(cfg.vocab_size as u32)).collect();
