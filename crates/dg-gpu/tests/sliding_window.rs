@@ -2,7 +2,8 @@
 //! (`Arena::sliding_positions`): as a sequence grows past them, the window moves to row 0 before
 //! an encoder chunk. The products then read the same values at other rows, so a generation and
 //! its cache are the same bits as with caches that hold every position (a restored snapshot's
-//! continuation: `cache_snapshot.rs`).
+//! continuation: `cache_snapshot.rs`), and so are the caches and logits after random runs of
+//! chunks and restores.
 
 use std::path::Path;
 
@@ -65,5 +66,55 @@ fn a_generation_whose_sliding_window_moves_gives_the_same_bits() {
         assert_eq!(runs[0].0.len(), prompt.len() + 3 * c);
         assert!(runs[0].0 == runs[1].0, "{kv_cache:?}: the tokens differ when the sliding window moves");
         assert!(runs[0].1 == runs[1].1, "{kv_cache:?}: the visible cache differs when the sliding window moves");
+    }
+}
+
+/// Random runs of encoder chunks of 1..=CHUNK tokens, with snapshots of one sequence restored
+/// after others: after every chunk the moving model's visible cache is the bits of the model
+/// whose caches hold every position, and so are the canvas forward's logits now and then.
+#[test]
+fn random_chunks_and_restores_keep_the_moving_caches_bits() {
+    let test = "random_chunks_and_restores_keep_the_moving_caches_bits";
+    let dir = ModelDir::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-random")).unwrap();
+    let (c, v) = (dir.config.canvas_length, dir.config.text.vocab_size as u32);
+    for (seed, kv_cache) in [(1, KvCacheChoice::F32), (2, KvCacheChoice::F16)] {
+        let Some(mut every) = model(test, &dir, false, kv_cache) else { return };
+        let Some(mut moving) = model(test, &dir, true, kv_cache) else { return };
+        let mut rng = SeededRng::new(seed);
+        let mut saved = None;
+        let (mut moved, mut restored) = (false, 0);
+        for step in 0..60 {
+            let room = CONTEXT - every.seq_len() - c;
+            if room == 0 || rng.below(10) == 0 {
+                // Keep this sequence (once), start another; later put the kept one back.
+                if saved.is_none() && every.seq_len() > 0 {
+                    saved = Some((every.snapshot_cache().unwrap(), moving.snapshot_cache().unwrap()));
+                } else if let Some((a, b)) = &saved {
+                    every.restore_cache(a).unwrap();
+                    moving.restore_cache(b).unwrap();
+                    restored += 1;
+                    assert!(cache_bits(&mut every) == cache_bits(&mut moving), "seed {seed} step {step}: after a restore");
+                    continue;
+                }
+                every.reset();
+                moving.reset();
+                continue;
+            }
+            let n = 1 + rng.below(CHUNK.min(room) as u32) as usize;
+            let ids: Vec<u32> = (0..n).map(|_| rng.below(v)).collect();
+            every.encode(&ids).unwrap();
+            moving.encode(&ids).unwrap();
+            moved |= moving.seq_len() > moving.sliding_positions();
+            assert!(cache_bits(&mut every) == cache_bits(&mut moving), "seed {seed} step {step}: after a chunk of {n}");
+            if step % 7 == 0 {
+                let canvas: Vec<u32> = (0..c).map(|_| rng.below(v)).collect();
+                let mut logits = [vec![0f32; c * v as usize], vec![0f32; c * v as usize]];
+                every.canvas_forward(&canvas, None, &mut logits[0]).unwrap();
+                moving.canvas_forward(&canvas, None, &mut logits[1]).unwrap();
+                let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(bits(&logits[0]) == bits(&logits[1]), "seed {seed} step {step}: the canvas forward's logits");
+            }
+        }
+        assert!(moved && restored > 0, "seed {seed}: the window never moved ({moved}) or nothing was restored ({restored})");
     }
 }
