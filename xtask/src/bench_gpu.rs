@@ -78,7 +78,7 @@ fn forward_cost(cfg: &TextConfig, canvas: usize, context: usize, bytes_per_weigh
     for l in &cfg.layers {
         let (d, kv) = (l.head_dim as f64, l.num_kv_heads as f64);
         let cached = match l.kind {
-            LayerKind::Sliding => context.min(cfg.sliding_window - 1),
+            LayerKind::Sliding => context.min(cfg.sliding_kept()),
             LayerKind::Full => context,
         };
         let kv_projections = if l.has_v_proj() { 2.0 } else { 1.0 };

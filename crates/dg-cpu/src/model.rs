@@ -233,7 +233,7 @@ fn empty_cache(config: &ModelConfig) -> KvCache {
         .layers
         .iter()
         .map(|l| {
-            let retain = (l.kind == LayerKind::Sliding).then(|| cfg.sliding_window.saturating_sub(1));
+            let retain = (l.kind == LayerKind::Sliding).then(|| cfg.sliding_kept());
             LayerCache::new(l.num_kv_heads, l.head_dim, retain)
         })
         .collect();

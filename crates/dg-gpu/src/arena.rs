@@ -16,13 +16,13 @@ use crate::error::GpuError;
 use crate::tuning::{KvCacheChoice, Tuning};
 
 /// Per-layer cached K/V of the context (what the encoder wrote), `[positions + KEY_PAD + C,
-/// kv_heads, head_dim]` ([`Arena::cache_positions`]) in f32 or f16 ([`Arena::cache_format`]). The GPU encoder writes token `p` at row `p`
-/// in full layers and at row `p − base` in sliding layers, where `base` is the first position the
-/// slot's sliding caches still hold (`GpuModel`'s sliding bases: the decoder reads only their last
-/// W−1 positions, so when a chunk would run past the rows, the window is moved to row 0 first);
-/// a context uploaded from the host starts at row 0. The decoder writes its canvas's K/V into the
-/// rows after the visible ones padded to [`KEY_PAD`] (`forward.rs`), so every buffer has `KEY_PAD
-/// + C` rows beyond its positions.
+/// kv_heads, head_dim]` ([`Arena::cache_positions`]) in f32 or f16 ([`Arena::cache_format`]).
+/// The GPU encoder writes token `p` at row `p` in full layers and at row `p − base` in sliding
+/// layers, where `base` is the first position the slot's sliding caches still hold (`GpuModel`'s
+/// sliding bases: the decoder reads only their last W−1 positions, so when a chunk would run past
+/// the rows, the window is moved to row 0 first); a context uploaded from the host starts at row
+/// 0. The decoder writes its canvas's K/V into the rows after the visible ones padded to
+/// [`KEY_PAD`] (`forward.rs`), so every buffer has `KEY_PAD + C` rows beyond its positions.
 #[derive(Debug)]
 pub struct CacheBuffers<B = wgpu::Buffer> {
     pub keys: B,
@@ -310,7 +310,7 @@ fn token_rows(config: &ModelConfig, max_context: usize, slots: usize, prefill: u
 pub fn cache_positions_for(cfg: &TextConfig, kind: LayerKind, max_context: usize, token_rows: usize) -> usize {
     match kind {
         LayerKind::Full => max_context,
-        LayerKind::Sliding => max_context.min(cfg.sliding_window.saturating_sub(1) + token_rows),
+        LayerKind::Sliding => max_context.min(cfg.sliding_kept() + token_rows),
     }
 }
 
@@ -318,17 +318,15 @@ pub fn cache_positions_for(cfg: &TextConfig, kind: LayerKind, max_context: usize
 /// [`cache_format`]) for contexts of up to `max_context` positions, in a model loaded for one
 /// sequence.
 pub fn sequence_cache_bytes(config: &ModelConfig, max_context: usize, format: WeightFormat) -> u64 {
-    let cfg = &config.text;
     let r = token_rows(config, max_context, 1, PREFILL_CHUNK);
-    cfg.layers
-        .iter()
-        .map(|l| {
-            2 * cache_bytes(
-                format,
-                (cache_positions_for(cfg, l.kind, max_context, r) + KEY_PAD + config.canvas_length) * l.num_kv_heads * l.head_dim,
-            )
-        })
-        .sum()
+    config.text.layers.iter().map(|l| 2 * layer_cache_bytes(config, l, max_context, r, format)).sum()
+}
+
+/// Bytes of one layer's cached keys (or values) stored as `format`: its positions
+/// ([`cache_positions_for`]) and the `KEY_PAD + C` rows of a canvas after them.
+fn layer_cache_bytes(config: &ModelConfig, l: &dg_model::LayerSpec, max_context: usize, token_rows: usize, format: WeightFormat) -> u64 {
+    let positions = cache_positions_for(&config.text, l.kind, max_context, token_rows);
+    cache_bytes(format, (positions + KEY_PAD + config.canvas_length) * l.num_kv_heads * l.head_dim)
 }
 
 /// Bytes of `elements` cached keys (or values) stored as `format` (f32, or f16 in pairs).
@@ -388,7 +386,7 @@ impl<B> Arena<B> {
         let b = slots * c;
         // Rows of the per-token activations: the canvases, or an encoder chunk.
         let r = token_rows(config, max_context, slots, tuning.prefill_rows.unwrap_or(PREFILL_CHUNK));
-        let keep = cfg.sliding_window.saturating_sub(1);
+        let keep = cfg.sliding_kept();
         let sliding_positions = cache_positions_for(cfg, LayerKind::Sliding, max_context, r);
         let (h, v, i, e_i, k) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.moe_intermediate_size, cfg.top_k_experts);
         let (q_w, kv_w) = max_dims(cfg);
@@ -407,9 +405,8 @@ impl<B> Arena<B> {
                     .iter()
                     .enumerate()
                     .map(|(li, l)| {
-                        let n = (cache_positions_for(cfg, l.kind, max_context, r) + KEY_PAD + c) * l.num_kv_heads * l.head_dim;
                         let name = |kv: &str| if slot == 0 { format!("cache.{li}.{kv}") } else { format!("cache{slot}.{li}.{kv}") };
-                        let buffer = |kv: &str| alloc.storage(&name(kv), cache_bytes(cache_format, n));
+                        let buffer = |kv: &str| alloc.storage(&name(kv), layer_cache_bytes(config, l, max_context, r, cache_format));
                         Ok(CacheBuffers { keys: buffer("k")?, values: buffer("v")? })
                     })
                     .collect::<Result<Vec<_>, GpuError>>()
@@ -464,8 +461,7 @@ impl<B> Arena<B> {
             normed: f("normed", r * h)?,
             qkv_raw: f("qkv_raw", r * (q_w + 2 * kv_w))?,
             q: f("q", r * q_w)?,
-            // Decoder: [heads, C, visible padded to KEY_PAD + C]; encoder chunk: [heads, T, at most
-            // max_context padded to KEY_PAD].
+            // One block of queries' scores (`scores_len`, above).
             scores: f("scores", scores_len)?,
             scores_len,
             attn: f("attn", r * q_w)?,

@@ -343,7 +343,7 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
             // The new tokens' positions are their cache rows (DynamicCache.update), less the
             // sliding caches' base in sliding layers; the mask works on positions.
             let (key_start, window, base) = match spec.kind {
-                LayerKind::Sliding => (start.saturating_sub(cfg.sliding_window.saturating_sub(1)), cfg.sliding_window as u32, base),
+                LayerKind::Sliding => (start.saturating_sub(cfg.sliding_kept()), cfg.sliding_window as u32, base),
                 LayerKind::Full => (0, 0, 0),
             };
             let keys = (start + tokens - key_start).next_multiple_of(KEY_PAD);

@@ -92,6 +92,16 @@ impl std::fmt::Debug for GpuModel {
     }
 }
 
+/// [`GpuModel::next_chunk`] of `slot` whose cache holds `start` tokens with its sliding caches from
+/// position `base`, where a sliding layer keeps `keep` positions and its cache holds `positions`.
+fn chunk_at(keep: usize, positions: usize, slot: usize, (start, base): (usize, usize), tokens: usize) -> EncoderChunk {
+    // The chunk's rows end at start + tokens − base (plus padding and a canvas, which the rows
+    // beyond `positions` hold); a chunk is at most `token_rows` tokens, so from the moved base it
+    // fits: min(start, W − 1) + tokens ≤ positions.
+    let base = if start + tokens - base <= positions { base } else { start - start.min(keep) };
+    EncoderChunk { slot, start, tokens, base }
+}
+
 /// `u` as the f32 the GPU compares against, kept below 1 (an f64 just under 1 rounds to 1.0).
 fn uniform_f32(u: f64) -> f32 {
     (u as f32).min(1.0 - f32::EPSILON / 2.0)
@@ -328,14 +338,8 @@ impl GpuModel {
     /// it would run past their rows, the first position the chunk's first query sees (the window
     /// then moves to row 0 first: [`Self::move_sliding_window`]).
     fn next_chunk(&self, slot: usize, tokens: usize) -> EncoderChunk {
-        let start = self.seq_lens[slot];
-        let base = self.sliding_bases[slot];
-        let keep = self.config.text.sliding_window.saturating_sub(1);
-        // The chunk's rows end at start + tokens − base (plus padding and a canvas, which the
-        // rows beyond `sliding_positions` hold); a chunk is at most `token_rows` tokens, so from
-        // the moved base it fits: min(start, W − 1) + tokens ≤ sliding_positions.
-        let base = if start + tokens - base <= self.arena.sliding_positions { base } else { start - start.min(keep) };
-        EncoderChunk { slot, start, tokens, base }
+        let (start, base) = (self.seq_lens[slot], self.sliding_bases[slot]);
+        chunk_at(self.config.text.sliding_kept(), self.arena.sliding_positions, slot, (start, base), tokens)
     }
 
     /// Moves the window of `slot`'s sliding caches (positions `base..start`) to row 0 where
@@ -416,8 +420,10 @@ impl GpuModel {
         if c > self.prefill_chunk {
             return Ok(());
         }
-        let next: Vec<EncoderChunk> = (0..self.seq_lens.len()).map(|slot| self.next_chunk(slot, c)).collect();
-        self.commit_plans.retain(|chunk, _| next.get(chunk.slot) == Some(chunk));
+        let (keep, positions) = (self.config.text.sliding_kept(), self.arena.sliding_positions);
+        let (lens, bases) = (&self.seq_lens, &self.sliding_bases);
+        self.commit_plans
+            .retain(|k, _| lens.get(k.slot).is_some_and(|&start| *k == chunk_at(keep, positions, k.slot, (start, bases[k.slot]), c)));
         for slot in slots {
             let chunk = self.next_chunk(slot, c);
             if chunk.start + c <= self.arena.max_context && !self.commit_plans.contains_key(&chunk) {
@@ -488,7 +494,7 @@ impl GpuModel {
             .map(|l| {
                 let (len, base) = match l.kind {
                     LayerKind::Full => (seq_len, 0),
-                    LayerKind::Sliding => (seq_len.min(cfg.sliding_window.saturating_sub(1)), self.sliding_bases[slot]),
+                    LayerKind::Sliding => (seq_len.min(cfg.sliding_kept()), self.sliding_bases[slot]),
                 };
                 Visible { start: seq_len - len - base, len }
             })

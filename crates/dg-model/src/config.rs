@@ -163,6 +163,12 @@ impl TextConfig {
         self.layers.len()
     }
 
+    /// Cached positions a sliding layer keeps and the decoder sees: W − 1, the dynamic sliding
+    /// cache's length (spec §5.2).
+    pub fn sliding_kept(&self) -> usize {
+        self.sliding_window.saturating_sub(1)
+    }
+
     /// `sqrt(hidden_size)` as the f32 the reference multiplies embeddings by.
     pub fn embed_scale(&self) -> f32 {
         (self.hidden_size as f64).sqrt() as f32

@@ -85,7 +85,7 @@ impl GpuModel {
             });
         }
         // The sliding layers' window goes to row 0.
-        let sliding_base = snapshot.seq_len - snapshot.seq_len.min(cfg.sliding_window.saturating_sub(1));
+        let sliding_base = snapshot.seq_len - snapshot.seq_len.min(cfg.sliding_kept());
         let base = |kind: LayerKind| if kind == LayerKind::Sliding { sliding_base } else { 0 };
         for (l, spec) in snapshot.layers.iter().zip(&cfg.layers) {
             let row_bytes = self.arena.cache_row_bytes(spec);

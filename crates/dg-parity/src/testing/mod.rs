@@ -164,7 +164,7 @@ pub fn random_context(cfg: &dg_model::TextConfig, context: usize) -> Vec<(Vec<f3
         .enumerate()
         .map(|(i, l)| {
             let tokens = match l.kind {
-                dg_model::LayerKind::Sliding => context.min(cfg.sliding_window.saturating_sub(1)),
+                dg_model::LayerKind::Sliding => context.min(cfg.sliding_kept()),
                 dg_model::LayerKind::Full => context,
             };
             let n = tokens * l.num_kv_heads * l.head_dim;
