@@ -96,18 +96,19 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
             "kv_cache_bytes_per_token": kv_bytes_per_token,
             // The GPU's caches of one sequence at a few context lengths: sliding layers hold
             // only their window and an encoder chunk, so past those the cache grows with the
-            // full layers alone; f32, or f16 in the tensor-core modes (F16 and quantized).
+            // full layers alone; f32, or f16 where the tensor cores run all attention (the real
+            // model in the F16 and quantized modes).
             "gpu_kv_cache_bytes": gpu_cache_contexts(t.max_position_embeddings)
                 .map(|positions| {
                     let bytes = |format| dg_gpu::sequence_cache_bytes(&model.config, positions, format);
-                    // The whole arena (activations and the cache) of one sequence: with the
-                    // tensor cores (an f16 cache) and without (f32), bindings unbounded.
+                    // The whole arena (activations and the default cache) of one sequence: with
+                    // the tensor cores and without (f32), bindings unbounded.
                     let arena = |format, coop| dg_gpu::arena_bytes(&model.config, positions, 1, format, (u64::MAX, coop)).ok();
                     json!({
                         "positions": positions,
                         "bytes": bytes(dg_gpu::WeightFormat::F32),
                         "f16_bytes": bytes(dg_gpu::WeightFormat::F16),
-                        "arena_bytes": { "tensor_cores": arena(dg_gpu::WeightFormat::F16, true), "portable": arena(dg_gpu::WeightFormat::F32, false) },
+                        "arena_bytes": { "tensor_cores": arena(dg_gpu::tensor_core_cache_format(&model.config), true), "portable": arena(dg_gpu::WeightFormat::F32, false) },
                     })
                 })
                 .collect::<Vec<_>>(),
@@ -229,7 +230,7 @@ fn render(v: &Value) -> String {
         }
     }
     out += &format!(
-        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32); on the GPU a sequence's is {} (f32; half that, f16, in the F16 and quantized modes)\n           beside the weights, a sequence's activations and cache on the GPU take {}\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
+        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32); on the GPU a sequence's is {} (f32; half that, f16, where the tensor cores run all attention, as the real model's F16 and quantized modes)\n           beside the weights, a sequence's activations and cache on the GPU take {}\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
         size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),
         mem["gpu"]["dtype"].as_str().unwrap_or(""),
         size(mem["gpu"]["device_bytes"].as_u64().unwrap_or(0)),

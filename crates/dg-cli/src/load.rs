@@ -59,8 +59,10 @@ pub fn gpu_slots(
     weights: WeightsArg,
     report: Report,
 ) -> Result<GpuModel> {
-    let (coop, shader_f16, kv_cache) = (ctx.coop_matrix, ctx.features.contains(wgpu::Features::SHADER_F16), ctx.tuning.kv_cache);
+    let coop = ctx.coop_matrix;
     let choice = crate::weights::choose(model, weights, coop);
+    // What the arena's caches will store, for the out-of-memory message below.
+    let cache = dg_gpu::arena::cache_format(&ctx, &model.config, choice.format);
     let start = Instant::now();
     let mut bar = Bar { report, last: None };
     let src = source(model, choice.scheme);
@@ -75,7 +77,6 @@ pub fn gpu_slots(
                 }
                 // Out of device memory: say what the sequences' buffers take and what lowers it.
                 e @ GpuError::OutOfMemory { .. } => {
-                    let cache = dg_gpu::cache_format_for(format, coop, shader_f16, kv_cache);
                     let arena = dg_gpu::arena_bytes(&model.config, max_context, slots, cache, (u64::MAX, coop)).unwrap_or(0);
                     anyhow::Error::new(e).context(format!(
                         "the GPU ran out of memory for the model's weights and {slots} sequence(s) of up to {max_context} positions \

@@ -277,19 +277,41 @@ pub fn arena_bytes(
     Ok(sizing.bytes())
 }
 
-/// How a model whose matrices are stored as `weights` (its mode: F16 for the tensor-core modes,
-/// quantized ones included) caches keys and values on `ctx` (`Tuning::kv_cache`, by default
-/// [`KvCacheChoice::Auto`]): f16 where the attention products run on the tensor cores, which
-/// round K and V to f16 as they stage them anyway (the same bits at half the bytes), and where
-/// asked on a device that stores f16; f32 otherwise.
-pub fn cache_format(ctx: &GpuContext, weights: WeightFormat) -> WeightFormat {
-    cache_format_for(weights, ctx.coop_matrix, ctx.features.contains(wgpu::Features::SHADER_F16), ctx.tuning.kv_cache)
+/// How a model of `config` whose matrices are stored as `weights` (F16 for the tensor-core
+/// modes, quantized ones included) caches keys and values on `ctx` (`Tuning::kv_cache`, by
+/// default [`KvCacheChoice::Auto`]). Auto: f16 where the tensor cores run every attention
+/// product (`Planner::attention_on_tensor_cores`: the F16 mode with cooperative matrices and head
+/// dims their tiles take, as the real model's 256 and 512), which round K and V to f16 as they
+/// stage them, so the same bits at half the bytes; f32 elsewhere. Where some attention product
+/// runs on the portable GEMM (the fixtures' 16-wide heads) an f16 cache rounds what that GEMM
+/// would read unrounded: on the H200 it doubled the F16 mode's logits error on `bf16-checkpoint`
+/// (5.2e-4 → 1.13e-3 of the CPU's), so there f16 is only on request.
+pub fn cache_format(ctx: &GpuContext, config: &ModelConfig, weights: WeightFormat) -> WeightFormat {
+    // The attention's products take the tensor cores in the F16 mode (`forward.rs`).
+    let all_on_tensor_cores = crate::planner::Planner::of(ctx).attention_on_tensor_cores(config, weights == WeightFormat::F16);
+    cache_format_for(all_on_tensor_cores, ctx.features.contains(wgpu::Features::SHADER_F16), ctx.tuning.kv_cache)
 }
 
-/// [`cache_format`] on a device with (or without) cooperative matrices and f16 in shaders.
-pub fn cache_format_for(weights: WeightFormat, coop_matrix: bool, shader_f16: bool, choice: KvCacheChoice) -> WeightFormat {
+/// The cache format [`cache_format`] picks by default for `config` in the F16 mode on a device
+/// with cooperative matrices and 48 KiB of workgroup memory (an H200), without opening one
+/// (`dg info`).
+pub fn tensor_core_cache_format(config: &ModelConfig) -> WeightFormat {
+    let caps = crate::planner::Capabilities {
+        coop_matrix: true,
+        shader_f16: true,
+        max_workgroup_storage: 48 * 1024,
+        max_binding: u64::MAX,
+        multiprocessors: crate::planner::ASSUMED_MULTIPROCESSORS,
+    };
+    let all = crate::planner::Planner::new(caps, &Tuning::default()).attention_on_tensor_cores(config, true);
+    cache_format_for(all, true, KvCacheChoice::Auto)
+}
+
+/// [`cache_format`] for a model whose attention products do (or do not) all run on the tensor
+/// cores, on a device that does (or does not) store f16 in shaders.
+pub fn cache_format_for(attention_on_tensor_cores: bool, shader_f16: bool, choice: KvCacheChoice) -> WeightFormat {
     let half = match choice {
-        KvCacheChoice::Auto => weights == WeightFormat::F16 && coop_matrix,
+        KvCacheChoice::Auto => attention_on_tensor_cores,
         KvCacheChoice::F32 => false,
         KvCacheChoice::F16 => shader_f16,
     };
@@ -606,20 +628,26 @@ mod tests {
     }
 
     /// The arena of one sequence at the real geometry, as BENCHMARKS.md gives it: on an H200
-    /// (bindings of 2 GiB − 4 bytes, the tensor cores, an f16 cache) and on a device without
-    /// tensor cores (an f32 cache). At 1536 positions with an f32 cache on the H200 it is the
-    /// 2.19 GB measured there (`xtask bench-batch`, B = 1, before the cache was f16).
+    /// (bindings of 2 GiB − 4 bytes, the tensor cores) with the default f32 cache and with an f16
+    /// one (`DG_KV_CACHE=f16`), and on a device without tensor cores (f32). At 1536 positions
+    /// with an f32 cache on the H200 it is the 2.19 GB measured there (`xtask bench-batch`, B = 1).
     #[test]
     fn the_arena_of_one_sequence_at_the_real_geometry() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/configs/real-30layer.json");
         let config = ModelConfig::from_file(&path).unwrap();
+        // On such a device the tensor cores run all of the real model's attention: f16 cache.
+        assert_eq!(tensor_core_cache_format(&config), WeightFormat::F16);
         let h200 = ((2u64 << 30) - 4, true);
         let gb = |positions, format, device| arena_bytes(&config, positions, 1, format, device).unwrap() as f64 / 1e9;
         assert_eq!(format!("{:.2}", gb(1536, WeightFormat::F32, h200)), "2.19");
-        for (positions, tensor_cores, portable) in
-            [(4096, "2.12", "2.62"), (16384, "2.41", "3.16"), (65536, "3.56", "5.33"), (262144, "8.19", "13.98")]
-        {
-            assert_eq!(format!("{:.2}", gb(positions, WeightFormat::F16, h200)), tensor_cores, "{positions} positions, tensor cores");
+        for (positions, tensor_cores, f16_cache, portable) in [
+            (4096, "2.69", "2.12", "2.62"),
+            (16384, "3.23", "2.41", "3.16"),
+            (65536, "5.39", "3.56", "5.33"),
+            (262144, "14.05", "8.19", "13.98"),
+        ] {
+            assert_eq!(format!("{:.2}", gb(positions, WeightFormat::F32, h200)), tensor_cores, "{positions} positions, tensor cores");
+            assert_eq!(format!("{:.2}", gb(positions, WeightFormat::F16, h200)), f16_cache, "{positions} positions, an f16 cache");
             assert_eq!(format!("{:.2}", gb(positions, WeightFormat::F32, (h200.0, false))), portable, "{positions} positions, portable");
         }
     }

@@ -407,7 +407,7 @@ fn record_attention_block<'a>(
         causal_n: causal,
         ..bytemuck::Zeroable::zeroed()
     };
-    rec.product(&a.q, Operand::stored(&g.cache.keys, a.cache_format), &a.scores, scores, tc)?;
+    rec.product(&a.q, Operand::kv_cache(&g.cache.keys, a.cache_format), &a.scores, scores, tc)?;
     let mask = SoftmaxParams {
         rows: (heads * qb) as u32,
         queries: if g.mask.mode == softmax::MODE_CAUSAL { qb as u32 } else { g.mask.queries },
@@ -436,7 +436,7 @@ fn record_attention_block<'a>(
         causal_k: causal,
         ..bytemuck::Zeroable::zeroed()
     };
-    rec.product(&a.scores, Operand::stored(&g.cache.values, a.cache_format), &a.attn, values, tc)
+    rec.product(&a.scores, Operand::kv_cache(&g.cache.values, a.cache_format), &a.attn, values, tc)
 }
 
 /// Records layer `i` alone: reads and updates `arena.hidden` (layer-level parity uses it).

@@ -20,7 +20,7 @@ mod staging;
 pub mod tuning;
 pub mod weights;
 
-pub use arena::{arena_bytes, cache_format_for, canvas_vocab_bytes, canvases_per_binding, sequence_cache_bytes};
+pub use arena::{arena_bytes, cache_format_for, canvas_vocab_bytes, canvases_per_binding, sequence_cache_bytes, tensor_core_cache_format};
 pub use context::{Counters, Created, GpuContext, GpuOptions, list_adapters};
 pub use dg_kernels::WeightFormat;
 pub use error::GpuError;

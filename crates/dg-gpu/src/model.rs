@@ -177,7 +177,7 @@ impl GpuModel {
         max_context: usize,
         slots: usize,
     ) -> Result<Self, GpuError> {
-        let arena = Arena::new(&ctx, config, max_context, slots, crate::arena::cache_format(&ctx, gpu_weights.format))?;
+        let arena = Arena::new(&ctx, config, max_context, slots, crate::arena::cache_format(&ctx, config, gpu_weights.format))?;
         let mut pipelines = Pipelines::default();
         let sample_plan = record_sample_plan(&ctx, &mut pipelines, config, &arena)?;
         Ok(GpuModel {

@@ -15,6 +15,8 @@ use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
 use dg_kernels::{CoopGemmKey, WeightFormat};
 use dg_kernels::{coop_grouped_gemm, moe_dispatch};
 
+use dg_model::ModelConfig;
+
 use crate::context::GpuContext;
 use crate::tuning::{QkvChoice, Tuning};
 use crate::weights::MatrixLayout;
@@ -53,12 +55,26 @@ impl Capabilities {
     }
 }
 
-/// Whether a product whose B is stored as `format`, in K panels or not, reads the KV cache
-/// (attention's products: f32 or f16 rows, `crate::arena::cache_format`). The weights the tensor
-/// cores take are in panels, quantized or BF16 (the embedding), so row-major f32 or f16 that
-/// reaches them is the cache.
-fn reads_cache(format: WeightFormat, panels: bool) -> bool {
-    !panels && matches!(format, WeightFormat::F32 | WeightFormat::F16)
+/// What a product's B is: a weight as uploaded (in its [`MatrixLayout`]), or the KV cache, the
+/// row-major f32 or f16 keys and values that attention's products read
+/// (`crate::arena::cache_format`). The cache alone takes attention's tile where the large one
+/// would split and, with ragged columns, a tensor-core body and a portable tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BSource {
+    Weight(MatrixLayout),
+    KvCache,
+}
+
+impl BSource {
+    fn panels(self) -> bool {
+        self == BSource::Weight(MatrixLayout::KPanels)
+    }
+}
+
+impl From<MatrixLayout> for BSource {
+    fn from(layout: MatrixLayout) -> Self {
+        BSource::Weight(layout)
+    }
 }
 
 /// How a dense or batched product runs.
@@ -139,22 +155,23 @@ impl<'t> Planner<'t> {
         }
     }
 
-    /// How `p` runs with B stored as `b_format` in `b_layout`: on the tensor cores when
-    /// `tensor_cores` (the F16 mode) is set, the device has them and a tile takes the product
-    /// (split K where `split_scratch`, the f32 elements of the split-K scratch, holds the partials
-    /// and `coop_gemm::Split` says so); f32 B with ragged columns as a tensor-core body and a
-    /// portable tail; everything else portable. B in K panels that no tensor-core tile takes is an
+    /// How `p` runs with B stored as `b_format`, a weight in its layout or the cache (`b`): on the
+    /// tensor cores when `tensor_cores` (the F16 mode) is set, the device has them and a tile takes
+    /// the product (split K where `split_scratch`, the f32 elements of the split-K scratch, holds
+    /// the partials and `coop_gemm::Split` says so); the cache with ragged columns as a tensor-core
+    /// body and a portable tail; everything else portable. B in K panels that no tensor-core tile takes is an
     /// error, never a misread.
     pub fn dense(
         &self,
         b_format: WeightFormat,
-        b_layout: MatrixLayout,
+        b: impl Into<BSource>,
         p: &GemmParams,
         tensor_cores: bool,
         split_scratch: Option<u64>,
     ) -> Result<Dense, NoKernel> {
-        let panels = b_layout == MatrixLayout::KPanels;
-        let planned = self.coop_tile(b_format, panels, p, tensor_cores, split_scratch);
+        let b = b.into();
+        let panels = b.panels();
+        let planned = self.coop_tile(b_format, b, p, tensor_cores, split_scratch);
         if panels && (planned.is_none() || !coop_gemm::panelled(b_format)) {
             return Err(NoKernel(format!(
                 "a {b_format:?} matrix in K panels for a product of m {} n {} k {} (b_cs {}): no tensor-core tile takes it",
@@ -180,7 +197,7 @@ impl<'t> Planner<'t> {
             const STEP: u32 = 32;
             let n_body = p.n / STEP * STEP;
             let body = GemmParams { n: n_body, ..*p };
-            if reads_cache(b_format, panels) && n_body > 0 && n_body < p.n && coop_gemm::plan(&body).is_some() {
+            if b == BSource::KvCache && n_body > 0 && n_body < p.n && coop_gemm::plan(&body).is_some() {
                 return Ok(Dense::BodyAndTail { n_body });
             }
         }
@@ -192,12 +209,13 @@ impl<'t> Planner<'t> {
         gemm::choose_batched(p.m, p.n, p.k, p.batch)
     }
 
-    /// The tile (and B layout) on which the tensor cores run `p` with B stored as `b_format` (in K
-    /// panels or not), if they do: what [`Self::dense`] plans and [`Self::coop_waves`] counts.
+    /// The tile (and B layout) on which the tensor cores run `p` with B stored as `b_format` (a
+    /// weight in K panels or not, or the cache), if they do: what [`Self::dense`] plans and
+    /// [`Self::coop_waves`] counts.
     fn coop_tile(
         &self,
         b_format: WeightFormat,
-        panels: bool,
+        b: BSource,
         p: &GemmParams,
         tensor_cores: bool,
         split_scratch: Option<u64>,
@@ -211,10 +229,9 @@ impl<'t> Planner<'t> {
             let large = coop_gemm::TILE_128X128;
             split_scratch.is_some_and(|len| Split::choose(large, p, self.split_target(large, p), len).is_some())
         };
-        let prefer =
-            self.tuning.coop_tile.or_else(|| (reads_cache(b_format, panels) && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
+        let prefer = self.tuning.coop_tile.or_else(|| (b == BSource::KvCache && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
         // Quantized W is read as `W[n][k]` (its blocks run along the rows), or in panels of them.
-        coop_gemm::plan_layout(p, panels, prefer, self.caps.max_workgroup_storage)
+        coop_gemm::plan_layout(p, b.panels(), prefer, self.caps.max_workgroup_storage)
             .filter(|&(_, layout)| !b_format.is_quantized() || layout != BLayout::Kn)
             .map(|(tile, layout)| {
                 let tile = self.tuning.dense_depth(tile);
@@ -241,11 +258,29 @@ impl<'t> Planner<'t> {
         split_scratch: Option<u64>,
     ) -> Option<(u32, bool)> {
         let tensor_cores = format == WeightFormat::F16 || format.is_quantized();
-        let (tile, _) = self.coop_tile(format, layout == MatrixLayout::KPanels, p, tensor_cores, split_scratch)?;
+        let (tile, _) = self.coop_tile(format, layout.into(), p, tensor_cores, split_scratch)?;
         let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
         let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * self.caps.multiprocessors);
         let splits = split_scratch.is_some_and(|len| Split::choose(tile, p, self.split_target(tile, p), len).is_some());
         Some((waves, splits))
+    }
+
+    /// Whether the tensor cores (`tensor_cores`: the F16 mode) run every attention product of
+    /// `config`: each layer's scores over keys and its values, by the cache's rules, at its head
+    /// dim, over a canvas's rows and keys in whole `KEY_PAD` blocks as the forward lays them out.
+    /// They then read K and V rounded to f16 whichever format the cache stores
+    /// (`crate::arena::cache_format`).
+    pub fn attention_on_tensor_cores(&self, config: &ModelConfig, tensor_cores: bool) -> bool {
+        let (heads, c) = (config.text.num_attention_heads as u32, config.canvas_length as u32);
+        let keys = crate::arena::KEY_PAD as u32 + c;
+        config.text.layers.iter().all(|spec| {
+            let (d, row) = (spec.head_dim as u32, (spec.num_kv_heads * spec.head_dim) as u32);
+            let scores = GemmParams { b_rs: 1, b_cs: row, a_rs: heads * d, ..GemmParams::new(c, keys, d) };
+            let values = GemmParams { b_rs: row, b_cs: 1, c_rs: heads * d, ..GemmParams::new(c, d, keys) };
+            [scores, values]
+                .iter()
+                .all(|p| matches!(self.dense(WeightFormat::F32, BSource::KvCache, p, tensor_cores, None), Ok(Dense::TensorCores(_))))
+        })
     }
 
     /// Whether q, K and V run as one product (`q` and `kv` the products of q's blocks and of

@@ -155,9 +155,9 @@ pub enum RowLanes {
 /// How the KV cache stores keys and values (`crate::arena::cache_format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvCacheChoice {
-    /// f16 where the attention products run on the tensor cores (the F16 mode on a device with
-    /// cooperative matrices: they round K and V to f16 as they stage them, so the same bits at
-    /// half the bytes), f32 elsewhere (`auto`).
+    /// f16 where the tensor cores run every attention product (they round K and V to f16 as they
+    /// stage them, so the same bits at half the bytes), f32 elsewhere (`auto`;
+    /// `crate::arena::cache_format`).
     Auto,
     /// f32 everywhere (`f32`).
     F32,

@@ -7,7 +7,7 @@
 
 use dg_gpu::MatrixLayout;
 use dg_gpu::parts::Parts;
-use dg_gpu::planner::{ASSUMED_MULTIPROCESSORS, Capabilities, Dense, Grouped, Planner};
+use dg_gpu::planner::{ASSUMED_MULTIPROCESSORS, BSource, Capabilities, Dense, Grouped, Planner};
 use dg_gpu::tuning::{KvCacheChoice, Tuning};
 use std::collections::HashSet;
 use std::sync::OnceLock;
@@ -73,7 +73,7 @@ fn known(key: KernelKey) -> KernelKey {
 fn describe_dense(
     planner: &Planner<'_>,
     format: WeightFormat,
-    layout: MatrixLayout,
+    layout: impl Into<BSource> + Copy,
     p: &GemmParams,
     tensor_cores: bool,
     scratch: Option<u64>,
@@ -94,7 +94,7 @@ fn describe_dense(
             format!(
                 "body [{}] + tail [{}]",
                 describe_dense(planner, format, layout, &body, true, scratch),
-                describe_dense(planner, format, MatrixLayout::RowMajor, &tail, false, scratch)
+                describe_dense(planner, format, layout, &tail, false, scratch)
             )
         }
         Ok(Dense::Portable { tile }) => {
@@ -135,7 +135,10 @@ fn layer_products(
     let f16 = format == WeightFormat::F16;
     let scratch = Some(SPLIT_SCRATCH);
     // The cache attention reads, as the arena stores it in this mode on this device.
-    let cache = dg_gpu::cache_format_for(format, planner.caps.coop_matrix, planner.caps.shader_f16, KvCacheChoice::Auto);
+    let real =
+        dg_model::ModelConfig::from_file(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/configs/real-30layer.json"))
+            .unwrap();
+    let cache = dg_gpu::cache_format_for(planner.attention_on_tensor_cores(&real, f16), planner.caps.shader_f16, KvCacheChoice::Auto);
     let (d, kv) = (att.d, att.kv);
     let group = HEADS / kv;
     let row = kv * d;
@@ -173,7 +176,7 @@ fn layer_products(
         alpha: 1.0,
         ..bytemuck::Zeroable::zeroed()
     };
-    out.push(format!("{} -> {}", name("scores"), describe_dense(planner, cache, MatrixLayout::RowMajor, &scores, f16, scratch)));
+    out.push(format!("{} -> {}", name("scores"), describe_dense(planner, cache, BSource::KvCache, &scores, f16, scratch)));
     let values = GemmParams {
         m: rows,
         n: d,
@@ -192,7 +195,7 @@ fn layer_products(
         alpha: 1.0,
         ..bytemuck::Zeroable::zeroed()
     };
-    out.push(format!("{} -> {}", name("values"), describe_dense(planner, cache, MatrixLayout::RowMajor, &values, f16, scratch)));
+    out.push(format!("{} -> {}", name("values"), describe_dense(planner, cache, BSource::KvCache, &values, f16, scratch)));
     let linear = |what: &str, n: u32, k: u32, a_offset: u32| {
         let layout = planner.projection_layout(format, n as usize, k as usize, f16);
         let p = GemmParams { a_offset, ..GemmParams::linear(rows, n, k) };
@@ -281,10 +284,12 @@ fn choices(caps: Capabilities) -> Vec<String> {
     let mut out = Vec::new();
     for format in [WeightFormat::F16, WeightFormat::Bf16, WeightFormat::F32] {
         for att in [&SLIDING, &FULL] {
-            // Decoder: the canvas over the visible context and itself (a sliding layer sees 1023
-            // cached keys); encoder: a chunk of 1024 tokens from the start.
+            // Decoder: the canvas over the visible context, padded to `KEY_PAD` as the forward
+            // pads it, and itself (a sliding layer sees 1023 cached keys); encoder: a chunk of
+            // 1024 tokens from the start.
             let visible = if att.has_v { CONTEXT - 1 } else { CONTEXT };
-            layer_products(&planner, format, att, CANVAS, (visible + CANVAS, 0), &mut out);
+            let keys = visible.next_multiple_of(dg_gpu::arena::KEY_PAD as u32) + CANVAS;
+            layer_products(&planner, format, att, CANVAS, (keys, 0), &mut out);
             layer_products(&planner, format, att, CHUNK, (CHUNK, 0), &mut out);
         }
         shared_products(&planner, format, &mut out);
@@ -313,6 +318,23 @@ fn h200_choices_are_unchanged() {
 #[test]
 fn lavapipe_choices_are_unchanged() {
     check("lavapipe", LAVAPIPE, LAVAPIPE_GOLDEN);
+}
+
+/// Attention's rules (a tensor-core body and a portable tail on ragged columns, its own tile where
+/// the large one would split) are the cache's, f32 or f16, and never a weight's: an F16 weight
+/// left row-major (a small model's shape no panel takes) with the same ragged product stays
+/// whole on the portable GEMM, as before the cache could be f16.
+#[test]
+fn only_the_cache_takes_attentions_rules() {
+    let tuning = Tuning::default();
+    let h200 = Planner::new(H200, &tuning);
+    let ragged = GemmParams { b_rs: 1, b_cs: 256, ..GemmParams::new(CANVAS, 1023, 256) };
+    for format in [WeightFormat::F32, WeightFormat::F16] {
+        let cache = h200.dense(format, BSource::KvCache, &ragged, true, Some(SPLIT_SCRATCH));
+        assert!(matches!(cache, Ok(Dense::BodyAndTail { n_body: 992 })), "{format:?} cache: {cache:?}");
+        let weight = h200.dense(format, MatrixLayout::RowMajor, &ragged, true, Some(SPLIT_SCRATCH));
+        assert!(matches!(weight, Ok(Dense::Portable { .. })), "{format:?} row-major weight: {weight:?}");
+    }
 }
 
 #[test]
@@ -385,9 +407,9 @@ fn every_w_path_the_tuning_sets_gives_a_kernel_that_exists() {
     // paths a kernel does not take (direct from `[k][n]`, direct or single-stage BF16 / f32 W)
     // fall back to staged.
     let products = [
-        (WeightFormat::F16, MatrixLayout::KPanels, GemmParams::linear(CANVAS, 4096, H)),
-        (WeightFormat::F32, MatrixLayout::RowMajor, GemmParams { b_rs: 256, b_cs: 1, ..GemmParams::new(CANVAS, 256, CONTEXT) }),
-        (WeightFormat::Bf16, MatrixLayout::RowMajor, GemmParams::linear(CANVAS, 4096, H)),
+        (WeightFormat::F16, MatrixLayout::KPanels.into(), GemmParams::linear(CANVAS, 4096, H)),
+        (WeightFormat::F32, BSource::KvCache, GemmParams { b_rs: 256, b_cs: 1, ..GemmParams::new(CANVAS, 256, CONTEXT) }),
+        (WeightFormat::Bf16, MatrixLayout::RowMajor.into(), GemmParams::linear(CANVAS, 4096, H)),
     ];
     for path in [WPath::Staged, WPath::Direct, WPath::Single] {
         let tuning = Tuning { coop_path: path, ..Tuning::default() };

@@ -303,7 +303,7 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
         let cb = guarded_output(&ctx, "c", c0.len());
         ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(&c0));
         let mut rec = Recorder::new(&ctx, &mut pipelines);
-        rec.product(&ab, dg_gpu::ops::Operand::stored(&b16, WeightFormat::F16), &cb, p, true).unwrap();
+        rec.product(&ab, dg_gpu::ops::Operand::kv_cache(&b16, WeightFormat::F16), &cb, p, true).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
         let from_f16 = read_guarded(&ctx, &cb, c0.len());
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -384,7 +384,7 @@ fn f32_product_on_tensor_cores(
     let cb = guarded_output(ctx, "c", c0.len());
     ctx.queue.write_buffer(&cb, 0, bytemuck::cast_slice(c0));
     let mut rec = Recorder::new(ctx, pipelines);
-    rec.product(&ab, &bb, &cb, p, true).unwrap();
+    rec.product(&ab, Operand::kv_cache(&bb, WeightFormat::F32), &cb, p, true).unwrap();
     rec.finish().unwrap().run(ctx).unwrap();
     read_guarded(ctx, &cb, c0.len())
 }

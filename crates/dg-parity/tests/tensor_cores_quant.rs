@@ -166,7 +166,7 @@ fn the_recorder_runs_quantized_experts_on_the_tensor_cores() {
         let b = Buffers::upload(&ctx, &x, coop_grouped_gemm::PANEL);
         let wb = ctx.upload("experts", &w_blocks).unwrap();
         let mut rec = Recorder::new(&ctx, &mut pipelines);
-        let w = Operand { buffer: &wb, format: WeightFormat::Quantized(q), layout: MatrixLayout::KPanels, split: None };
+        let w = Operand { buffer: &wb, format: WeightFormat::Quantized(q), source: MatrixLayout::KPanels.into(), split: None };
         rec.grouped_product((&b.a, AFormat::F32), w, &b.offsets, &b.rows, &b.c, x.slots, x.params).unwrap();
         rec.finish().unwrap().run(&ctx).unwrap();
         let got = read_guarded(&ctx, &b.c, x.c0.len());

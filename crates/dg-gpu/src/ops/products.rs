@@ -12,7 +12,7 @@ use dg_kernels::{KernelKey as K, WeightFormat, coop_gemm, coop_grouped_gemm, spl
 use super::Recorder;
 use crate::error::GpuError;
 use crate::parts::{SplitMatrix, part_products};
-use crate::planner::{CoopPlan, Dense, Grouped, NoKernel};
+use crate::planner::{BSource, CoopPlan, Dense, Grouped, NoKernel};
 use crate::weights::{GpuMatrix, MatrixLayout};
 
 /// Where a consumer kernel reads a product: the buffer that holds it whole, or the split-K
@@ -33,14 +33,14 @@ impl<'a> From<&'a wgpu::Buffer> for Product<'a> {
     }
 }
 
-/// A matrix operand as stored: its buffer, element format and layout (offsets and strides of a
-/// product's parameters count elements whatever the format); a weight split across bindings
-/// also names its parts, and its products run per part.
+/// A matrix operand as stored: its buffer, element format and what it is (a weight in its layout,
+/// or the KV cache; offsets and strides of a product's parameters count elements whatever the
+/// format); a weight split across bindings also names its parts, and its products run per part.
 #[derive(Debug, Clone, Copy)]
 pub struct Operand<'a> {
     pub buffer: &'a wgpu::Buffer,
     pub format: WeightFormat,
-    pub layout: MatrixLayout,
+    pub source: BSource,
     /// The weight's parts, where it has more than one (`buffer` is then its first).
     pub split: Option<&'a SplitMatrix>,
 }
@@ -48,7 +48,12 @@ pub struct Operand<'a> {
 impl<'a> Operand<'a> {
     /// `buffer` holding row-major values stored as `format`.
     pub fn stored(buffer: &'a wgpu::Buffer, format: WeightFormat) -> Self {
-        Operand { buffer, format, layout: MatrixLayout::RowMajor, split: None }
+        Operand { buffer, format, source: BSource::Weight(MatrixLayout::RowMajor), split: None }
+    }
+
+    /// The KV cache's keys or values in `buffer`, row-major, stored as `format`.
+    pub fn kv_cache(buffer: &'a wgpu::Buffer, format: WeightFormat) -> Self {
+        Operand { source: BSource::KvCache, ..Operand::stored(buffer, format) }
     }
 }
 
@@ -61,7 +66,7 @@ impl<'a> From<&'a wgpu::Buffer> for Operand<'a> {
 
 impl<'a> From<&'a GpuMatrix> for Operand<'a> {
     fn from(m: &'a GpuMatrix) -> Self {
-        Operand { buffer: &m.buffer, format: m.format, layout: m.layout, split: None }
+        Operand { buffer: &m.buffer, format: m.format, source: m.layout.into(), split: None }
     }
 }
 
@@ -121,7 +126,7 @@ impl<'a> Recorder<'a> {
         if let Some(w) = b.split {
             return self.dense_parts(a, w, c, p, tensor_cores);
         }
-        match self.planner().dense(b.format, b.layout, &self.planned(&p), tensor_cores, self.split_scratch_len()).map_err(unsupported)? {
+        match self.planner().dense(b.format, b.source, &self.planned(&p), tensor_cores, self.split_scratch_len()).map_err(unsupported)? {
             Dense::TensorCores(plan) => self.coop_product(a, b, c, p, plan, defer),
             Dense::BodyAndTail { n_body } => {
                 self.dense(a, b, c, GemmParams { n: n_body, ..p }, true, false)?;
@@ -231,18 +236,21 @@ impl<'a> Recorder<'a> {
         p: GroupedGemmParams,
     ) -> Result<(), GpuError> {
         let w = w.into();
-        let plan = match w.layout {
+        let BSource::Weight(layout) = w.source else {
+            return Err(GpuError::Unsupported { what: "the KV cache as the experts' weights".into() });
+        };
+        let plan = match layout {
             // The tensor-core tile by the real slots: every tile gives the same bits (`tensor_cores`
             // `every_grouped_tile_gives_the_same_bits`), so a batch of canvases may take the long
             // groups' tile where one canvas takes the decoder's.
-            MatrixLayout::KPanels => self.planner().grouped(w.format, w.layout, &p, slots as u32),
+            MatrixLayout::KPanels => self.planner().grouped(w.format, layout, &p, slots as u32),
             // The portable kernel planned for the rows of `Self::plan_rows` (the slots in
             // proportion).
             MatrixLayout::RowMajor => {
                 let planned_rows = self.planned_rows(p.max_rows as usize);
                 let planned_slots = (slots * planned_rows).checked_div(p.max_rows as usize).unwrap_or(slots);
                 let planned = GroupedGemmParams { max_rows: planned_rows as u32, ..p };
-                self.planner().grouped(w.format, w.layout, &planned, planned_slots as u32)
+                self.planner().grouped(w.format, layout, &planned, planned_slots as u32)
             }
         }
         .map_err(unsupported)?;
