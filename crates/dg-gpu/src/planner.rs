@@ -159,8 +159,8 @@ impl<'t> Planner<'t> {
     /// tensor cores when `tensor_cores` (the F16 mode) is set, the device has them and a tile takes
     /// the product (split K where `split_scratch`, the f32 elements of the split-K scratch, holds
     /// the partials and `coop_gemm::Split` says so); the cache with ragged columns as a tensor-core
-    /// body and a portable tail; everything else portable. B in K panels that no tensor-core tile takes is an
-    /// error, never a misread.
+    /// body and a portable tail; everything else portable. B in K panels that no tensor-core tile
+    /// takes is an error, never a misread.
     pub fn dense(
         &self,
         b_format: WeightFormat,

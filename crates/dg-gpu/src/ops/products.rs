@@ -82,8 +82,8 @@ impl<'a> Recorder<'a> {
     /// uploaded [`GpuMatrix`] or [`SplitMatrix`], or any buffer through [`Operand`]), and C whole. How it runs is the
     /// planner's choice ([`crate::planner::Planner::dense`]): with `tensor_cores` (the F16 mode) on a device with
     /// cooperative matrices, on the tensor cores where a tile takes the product (A and B rounded to
-    /// f16 when staged, f32 accumulation; f32 B with ragged columns as a tensor-core body and a
-    /// portable tail), else the portable GEMM. B in K panels that no tensor-core tile takes is an
+    /// f16 when staged, f32 accumulation; the KV cache with ragged columns as a tensor-core body
+    /// and a portable tail), else the portable GEMM. B in K panels that no tensor-core tile takes is an
     /// error, never a misread.
     pub fn product(
         &mut self,
