@@ -293,18 +293,11 @@ pub fn cache_format(ctx: &GpuContext, config: &ModelConfig, weights: WeightForma
 }
 
 /// The cache format [`cache_format`] picks by default for `config` in the F16 mode on a device
-/// with cooperative matrices and 48 KiB of workgroup memory (an H200), without opening one
-/// (`dg info`).
+/// with cooperative matrices like an H200, without opening one (`dg info`).
 pub fn tensor_core_cache_format(config: &ModelConfig) -> WeightFormat {
-    let caps = crate::planner::Capabilities {
-        coop_matrix: true,
-        shader_f16: true,
-        max_workgroup_storage: 48 * 1024,
-        max_binding: u64::MAX,
-        multiprocessors: crate::planner::ASSUMED_MULTIPROCESSORS,
-    };
-    let all = crate::planner::Planner::new(caps, &Tuning::default()).attention_on_tensor_cores(config, true);
-    cache_format_for(all, true, KvCacheChoice::Auto)
+    let tuning = Tuning::default();
+    let planner = crate::planner::Planner::new(crate::planner::Capabilities::H200, &tuning);
+    cache_format_for(planner.attention_on_tensor_cores(config, true), true, KvCacheChoice::Auto)
 }
 
 /// [`cache_format`] for a model whose attention products do (or do not) all run on the tensor
@@ -628,8 +621,8 @@ mod tests {
     }
 
     /// The arena of one sequence at the real geometry, as BENCHMARKS.md gives it: on an H200
-    /// (bindings of 2 GiB − 4 bytes, the tensor cores) with the default f32 cache and with an f16
-    /// one (`DG_KV_CACHE=f16`), and on a device without tensor cores (f32). At 1536 positions
+    /// (bindings of 2 GiB − 4 bytes, the tensor cores) with an f32 cache (`DG_KV_CACHE=f32`) and
+    /// with the default f16 one, and on a device without tensor cores (f32). At 1536 positions
     /// with an f32 cache on the H200 it is the 2.19 GB measured there (`xtask bench-batch`, B = 1).
     #[test]
     fn the_arena_of_one_sequence_at_the_real_geometry() {
@@ -640,13 +633,17 @@ mod tests {
         let h200 = ((2u64 << 30) - 4, true);
         let gb = |positions, format, device| arena_bytes(&config, positions, 1, format, device).unwrap() as f64 / 1e9;
         assert_eq!(format!("{:.2}", gb(1536, WeightFormat::F32, h200)), "2.19");
-        for (positions, tensor_cores, f16_cache, portable) in [
+        for (positions, f32_cache, f16_cache, portable) in [
             (4096, "2.69", "2.12", "2.62"),
             (16384, "3.23", "2.41", "3.16"),
             (65536, "5.39", "3.56", "5.33"),
             (262144, "14.05", "8.19", "13.98"),
         ] {
-            assert_eq!(format!("{:.2}", gb(positions, WeightFormat::F32, h200)), tensor_cores, "{positions} positions, tensor cores");
+            assert_eq!(
+                format!("{:.2}", gb(positions, WeightFormat::F32, h200)),
+                f32_cache,
+                "{positions} positions, tensor cores, an f32 cache"
+            );
             assert_eq!(format!("{:.2}", gb(positions, WeightFormat::F16, h200)), f16_cache, "{positions} positions, an f16 cache");
             assert_eq!(format!("{:.2}", gb(positions, WeightFormat::F32, (h200.0, false))), portable, "{positions} positions, portable");
         }

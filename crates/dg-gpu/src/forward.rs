@@ -28,7 +28,9 @@ use dg_model::{LayerKind, ModelConfig};
 
 use crate::arena::{Arena, CacheBuffers, KEY_PAD};
 use crate::error::GpuError;
-use crate::ops::{AxpbyRows, Combine, HeadRows, Operand, Recorder, TokensAt, head_params, linear_params};
+use crate::ops::{
+    AxpbyRows, Combine, HeadRows, Operand, Recorder, TokensAt, attention_scores_params, attention_values_params, head_params, linear_params,
+};
 use crate::weights::GpuWeights;
 
 /// The cached keys one decoder layer attends to: cache rows `start..start + len`.
@@ -383,29 +385,15 @@ fn record_attention_block<'a>(
     (heads, d, kv): (usize, usize, usize),
     tc: bool,
 ) -> Result<(), GpuError> {
-    let (s, row, group) = (g.keys, kv * d, heads / kv);
+    let (s, row) = (g.keys, kv * d);
     let first = g.first_token + t0;
     // Query i of the block is query t0 + i of the group: it sees key columns j < i + t0 + causal.
     let causal = if g.causal == 0 { 0 } else { g.causal + t0 as u32 };
     let scores = GemmParams {
-        m: qb as u32,
-        n: s as u32,
-        k: d as u32,
-        batch: heads as u32,
         a_offset: (first * heads * d) as u32,
-        a_rs: (heads * d) as u32,
-        a_cs: 1,
-        a_batch: d as u32,
-        b_rs: 1,
-        b_cs: row as u32,
-        b_batch: d as u32,
-        b_batch_div: group as u32,
         b_offset: (g.key_start * row) as u32,
-        c_rs: s as u32,
-        c_batch: (qb * s) as u32,
-        alpha: 1.0,
         causal_n: causal,
-        ..bytemuck::Zeroable::zeroed()
+        ..attention_scores_params(qb, s, d, heads, kv)
     };
     rec.product(&a.q, Operand::kv_cache(&g.cache.keys, a.cache_format), &a.scores, scores, tc)?;
     let mask = SoftmaxParams {
@@ -417,24 +405,10 @@ fn record_attention_block<'a>(
     rec.softmax(&a.scores, mask)?;
     // attn = P · V over the same cache rows as the scores.
     let values = GemmParams {
-        m: qb as u32,
-        n: d as u32,
-        k: s as u32,
-        batch: heads as u32,
         b_offset: (g.key_start * row) as u32,
-        a_rs: s as u32,
-        a_cs: 1,
-        a_batch: (qb * s) as u32,
-        b_rs: row as u32,
-        b_cs: 1,
-        b_batch: d as u32,
-        b_batch_div: group as u32,
         c_offset: (first * heads * d) as u32,
-        c_rs: (heads * d) as u32,
-        c_batch: d as u32,
-        alpha: 1.0,
         causal_k: causal,
-        ..bytemuck::Zeroable::zeroed()
+        ..attention_values_params(qb, s, d, heads, kv)
     };
     rec.product(&a.scores, Operand::kv_cache(&g.cache.values, a.cache_format), &a.attn, values, tc)
 }

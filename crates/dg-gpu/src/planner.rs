@@ -43,6 +43,16 @@ pub struct Capabilities {
 pub const ASSUMED_MULTIPROCESSORS: u32 = 132;
 
 impl Capabilities {
+    /// An NVIDIA H200 through Vulkan (cooperative matrices, 48 KiB of workgroup memory, 132
+    /// multiprocessors): what dg's measured choices were made on, for planning without a device.
+    pub const H200: Capabilities = Capabilities {
+        coop_matrix: true,
+        shader_f16: true,
+        max_workgroup_storage: 48 * 1024,
+        max_binding: u32::MAX as u64,
+        multiprocessors: 132,
+    };
+
     /// The capabilities of an open device.
     pub fn of(ctx: &GpuContext) -> Self {
         Capabilities {
@@ -271,12 +281,12 @@ impl<'t> Planner<'t> {
     /// They then read K and V rounded to f16 whichever format the cache stores
     /// (`crate::arena::cache_format`).
     pub fn attention_on_tensor_cores(&self, config: &ModelConfig, tensor_cores: bool) -> bool {
-        let (heads, c) = (config.text.num_attention_heads as u32, config.canvas_length as u32);
-        let keys = crate::arena::KEY_PAD as u32 + c;
+        let (heads, c) = (config.text.num_attention_heads, config.canvas_length);
+        let keys = crate::arena::KEY_PAD + c;
         config.text.layers.iter().all(|spec| {
-            let (d, row) = (spec.head_dim as u32, (spec.num_kv_heads * spec.head_dim) as u32);
-            let scores = GemmParams { b_rs: 1, b_cs: row, a_rs: heads * d, ..GemmParams::new(c, keys, d) };
-            let values = GemmParams { b_rs: row, b_cs: 1, c_rs: heads * d, ..GemmParams::new(c, d, keys) };
+            let (d, kv) = (spec.head_dim, spec.num_kv_heads);
+            let scores = crate::ops::attention_scores_params(c, keys, d, heads, kv);
+            let values = crate::ops::attention_values_params(c, keys, d, heads, kv);
             [scores, values]
                 .iter()
                 .all(|p| matches!(self.dense(WeightFormat::F32, BSource::KvCache, p, tensor_cores, None), Ok(Dense::TensorCores(_))))

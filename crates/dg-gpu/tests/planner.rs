@@ -6,6 +6,7 @@
 //! keys `KernelKey::all` enumerates (and naga validates). No device needed.
 
 use dg_gpu::MatrixLayout;
+use dg_gpu::ops::{attention_scores_params, attention_values_params};
 use dg_gpu::parts::Parts;
 use dg_gpu::planner::{ASSUMED_MULTIPROCESSORS, BSource, Capabilities, Dense, Grouped, Planner};
 use dg_gpu::tuning::{KvCacheChoice, Tuning};
@@ -21,13 +22,7 @@ use dg_kernels::{KernelKey, WeightFormat};
 
 /// An H200 as wgpu reports it: cooperative matrices, 48 KiB of workgroup memory, 4 GiB bindings;
 /// its 132 multiprocessors.
-const H200: Capabilities = Capabilities {
-    coop_matrix: true,
-    shader_f16: true,
-    max_workgroup_storage: 48 * 1024,
-    max_binding: u32::MAX as u64,
-    multiprocessors: 132,
-};
+const H200: Capabilities = Capabilities::H200;
 /// Lavapipe: no cooperative matrices, 32 KiB of workgroup memory, 128 MiB bindings (the
 /// multiprocessors as `Capabilities::of` assumes them).
 const LAVAPIPE: Capabilities = Capabilities {
@@ -159,41 +154,13 @@ fn layer_products(
         out.push(format!("{} -> {}", name(what), describe_dense(planner, format, qkv_layout, &p, f16, scratch)));
     }
     let scores = GemmParams {
-        m: rows,
-        n: s,
-        k: d,
-        batch: HEADS,
-        a_rs: HEADS * d,
-        a_cs: 1,
-        a_batch: d,
-        b_rs: 1,
-        b_cs: kv * d,
-        b_batch: d,
-        b_batch_div: group,
         b_offset: key_start * row,
-        c_rs: s,
-        c_batch: rows * s,
-        alpha: 1.0,
-        ..bytemuck::Zeroable::zeroed()
+        ..attention_scores_params(rows as usize, s as usize, d as usize, HEADS as usize, kv as usize)
     };
     out.push(format!("{} -> {}", name("scores"), describe_dense(planner, cache, BSource::KvCache, &scores, f16, scratch)));
     let values = GemmParams {
-        m: rows,
-        n: d,
-        k: s,
-        batch: HEADS,
         b_offset: key_start * row,
-        a_rs: s,
-        a_cs: 1,
-        a_batch: rows * s,
-        b_rs: kv * d,
-        b_cs: 1,
-        b_batch: d,
-        b_batch_div: group,
-        c_rs: HEADS * d,
-        c_batch: d,
-        alpha: 1.0,
-        ..bytemuck::Zeroable::zeroed()
+        ..attention_values_params(rows as usize, s as usize, d as usize, HEADS as usize, kv as usize)
     };
     out.push(format!("{} -> {}", name("values"), describe_dense(planner, cache, BSource::KvCache, &values, f16, scratch)));
     let linear = |what: &str, n: u32, k: u32, a_offset: u32| {

@@ -14,8 +14,7 @@ use dg_kernels::gemm::GemmParams;
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 
 /// An H200 with WebGPU's default binding limit.
-const CAPS: Capabilities =
-    Capabilities { coop_matrix: true, shader_f16: true, max_workgroup_storage: 48 * 1024, max_binding: 128 << 20, multiprocessors: 132 };
+const CAPS: Capabilities = Capabilities { max_binding: 128 << 20, ..Capabilities::H200 };
 const H: usize = 2816;
 const VOCAB: usize = 262_144;
 const CANVAS: u32 = 256;

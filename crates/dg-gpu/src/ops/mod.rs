@@ -138,6 +138,43 @@ pub fn linear_params(m: usize, n: usize, k: usize) -> GemmParams {
     GemmParams::linear(m as u32, n as u32, k as u32)
 }
 
+/// Attention's scores: q `[t, heads, d]` · K_{h/g}ᵀ over cache rows `[s, kv_heads, d]` into
+/// `[heads, t, s]` (query head `h` reads K/V head `h / (heads / kv_heads)`), alpha 1; the caller
+/// adds the offsets and the causal bound.
+pub fn attention_scores_params(t: usize, s: usize, d: usize, heads: usize, kv_heads: usize) -> GemmParams {
+    let (t, s, d, heads, kv_heads) = (t as u32, s as u32, d as u32, heads as u32, kv_heads as u32);
+    GemmParams {
+        batch: heads,
+        a_rs: heads * d,
+        a_batch: d,
+        b_rs: 1,
+        b_cs: kv_heads * d,
+        b_batch: d,
+        b_batch_div: heads / kv_heads,
+        c_rs: s,
+        c_batch: t * s,
+        ..GemmParams::new(t, s, d)
+    }
+}
+
+/// Attention's values: probabilities `[heads, t, s]` · V_{h/g} `[s, kv_heads, d]` into
+/// `[t, heads, d]`, alpha 1; the caller adds the offsets and the causal bound.
+pub fn attention_values_params(t: usize, s: usize, d: usize, heads: usize, kv_heads: usize) -> GemmParams {
+    let (t, s, d, heads, kv_heads) = (t as u32, s as u32, d as u32, heads as u32, kv_heads as u32);
+    GemmParams {
+        batch: heads,
+        a_rs: s,
+        a_batch: t * s,
+        b_rs: kv_heads * d,
+        b_cs: 1,
+        b_batch: d,
+        b_batch_div: heads / kv_heads,
+        c_rs: heads * d,
+        c_batch: d,
+        ..GemmParams::new(t, d, s)
+    }
+}
+
 impl<'a> Recorder<'a> {
     pub fn new(ctx: &'a GpuContext, pipelines: &'a mut Pipelines) -> Self {
         Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx), scope: String::new(), split_scratch: None, plan_rows: None }

@@ -220,35 +220,11 @@ pub fn gemm_reference(p: &dg_kernels::gemm::GemmParams, a: &[f32], b: &[f32], c0
 /// GEMM parameters of attention scores over strided heads: Q `[t, heads, d]`, K `[s, kv_heads, d]`,
 /// heads / kv_heads query heads per KV head; `[heads, t, s] = Q_h·K_{h/g}ᵀ · scale`.
 pub fn attention_scores_params(t: u32, s: u32, d: u32, heads: u32, kv_heads: u32, scale: f32) -> dg_kernels::gemm::GemmParams {
-    dg_kernels::gemm::GemmParams {
-        batch: heads,
-        a_rs: heads * d,
-        a_cs: 1,
-        a_batch: d,
-        b_rs: 1,
-        b_cs: kv_heads * d,
-        b_batch: d,
-        b_batch_div: heads / kv_heads,
-        c_rs: s,
-        c_batch: t * s,
-        alpha: scale,
-        ..dg_kernels::gemm::GemmParams::new(t, s, d)
-    }
+    let p = dg_gpu::ops::attention_scores_params(t as usize, s as usize, d as usize, heads as usize, kv_heads as usize);
+    dg_kernels::gemm::GemmParams { alpha: scale, ..p }
 }
 
 /// GEMM parameters of probabilities `[heads, t, s]` · V_{h/g} `[s, kv_heads, d]` into `[t, heads, d]`.
 pub fn attention_values_params(t: u32, s: u32, d: u32, heads: u32, kv_heads: u32) -> dg_kernels::gemm::GemmParams {
-    dg_kernels::gemm::GemmParams {
-        batch: heads,
-        a_rs: s,
-        a_cs: 1,
-        a_batch: t * s,
-        b_rs: kv_heads * d,
-        b_cs: 1,
-        b_batch: d,
-        b_batch_div: heads / kv_heads,
-        c_rs: heads * d,
-        c_batch: d,
-        ..dg_kernels::gemm::GemmParams::new(t, d, s)
-    }
+    dg_gpu::ops::attention_values_params(t as usize, s as usize, d as usize, heads as usize, kv_heads as usize)
 }
