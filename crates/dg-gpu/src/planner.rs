@@ -239,7 +239,12 @@ impl<'t> Planner<'t> {
             let large = coop_gemm::TILE_128X128;
             split_scratch.is_some_and(|len| Split::choose(large, p, self.split_target(large, p), len).is_some())
         };
-        let prefer = self.tuning.coop_tile.or_else(|| (b == BSource::KvCache && splits_large()).then_some(coop_gemm::ATTENTION_TILE));
+        let prefer = match b {
+            BSource::KvCache => {
+                self.tuning.attention_tile.or(self.tuning.coop_tile).or_else(|| splits_large().then_some(coop_gemm::ATTENTION_TILE))
+            }
+            BSource::Weight(_) => self.tuning.coop_tile,
+        };
         // Quantized W is read as `W[n][k]` (its blocks run along the rows), or in panels of them.
         coop_gemm::plan_layout(p, b.panels(), prefer, self.caps.max_workgroup_storage)
             .filter(|&(_, layout)| !b_format.is_quantized() || layout != BLayout::Kn)

@@ -58,6 +58,10 @@ pub struct Tuning {
     /// `DG_COOP_TILE=BMxBN` or a full tile label: the dense tensor-core GEMM's tile wherever it
     /// fits (one of `coop_gemm::TILES` or `coop_gemm::TUNING_TILES`).
     pub coop_tile: Option<CoopTile>,
+    /// `DG_ATTENTION_TILE=BMxBN` or a full tile label: the tensor-core tile of attention's
+    /// products (q · Kᵀ and P · V, B the KV cache) wherever it fits, in place of the planner's
+    /// choice and of [`Self::coop_tile`] there.
+    pub attention_tile: Option<CoopTile>,
     /// `DG_COOP_PATH=staged|direct|single`: how the dense tensor-core GEMM's W fragments reach
     /// the tensor cores where the kernel takes it (`dg_kernels::CoopGemmKey::is_valid`: direct
     /// only for F16 `W[n][k]`, single only for F16); the rest stays staged.
@@ -116,6 +120,7 @@ impl Default for Tuning {
             scale_rows: true,
             qkv: QkvChoice::Auto,
             coop_tile: None,
+            attention_tile: None,
             coop_path: WPath::Staged,
             coop_depth: None,
             split_target: None,
@@ -223,6 +228,7 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_UNSCALED_ROWS",
     "DG_QKV",
     "DG_COOP_TILE",
+    "DG_ATTENTION_TILE",
     "DG_COOP_PATH",
     "DG_COOP_DEPTH",
     "DG_SPLIT_TARGET",
@@ -289,6 +295,11 @@ impl Tuning {
                 let tiles: Vec<CoopTile> = dense_tiles().collect();
                 let name = TileName::parse(value, &tiles).ok_or_else(bad)?;
                 self.coop_tile = tiles.into_iter().find(|t| name.names(*t));
+            }
+            "DG_ATTENTION_TILE" => {
+                let tiles: Vec<CoopTile> = dense_tiles().collect();
+                let name = TileName::parse(value, &tiles).ok_or_else(bad)?;
+                self.attention_tile = tiles.into_iter().find(|t| name.names(*t));
             }
             "DG_COOP_PATH" => self.coop_path = choice(value, &paths).ok_or_else(bad)?,
             "DG_COOP_DEPTH" => self.coop_depth = Some(depth(value).ok_or_else(bad)?),
@@ -406,7 +417,7 @@ fn accepted(name: &str) -> String {
             let shapes: Vec<String> = grouped_gemm::TILES.iter().map(|t| format!("{}x{}", t.bm, t.bn)).collect();
             format!("a tile's BMxBN ({})", shapes.join(", "))
         }
-        "DG_COOP_TILE" => tiles(&mut dense_tiles()),
+        "DG_COOP_TILE" | "DG_ATTENTION_TILE" => tiles(&mut dense_tiles()),
         "DG_COOP_GROUPED_TILE" => tiles(&mut grouped_tiles()),
         _ => String::new(),
     }

@@ -316,6 +316,18 @@ fn tuning_reaches_the_choices() {
         Ok(Dense::TensorCores(plan)) => assert_eq!(plan.kernel.tile, coop_gemm::TILE_64X64),
         other => panic!("{other:?}"),
     }
+    // `DG_ATTENTION_TILE` takes attention's products (B the cache) and only them.
+    let tuning = Tuning { attention_tile: Some(coop_gemm::TILE_128X64), ..Tuning::default() };
+    let planner = Planner::new(H200, &tuning);
+    let scores = dg_gpu::ops::attention_scores_params(CANVAS as usize, 1280, 256, 16, 8);
+    match planner.dense(WeightFormat::F16, BSource::KvCache, &scores, true, Some(SPLIT_SCRATCH)) {
+        Ok(Dense::TensorCores(plan)) => assert_eq!(plan.kernel.tile, coop_gemm::TILE_128X64),
+        other => panic!("{other:?}"),
+    }
+    match planner.dense(WeightFormat::F16, MatrixLayout::KPanels, &GemmParams::linear(CANVAS, H, INTER), true, None) {
+        Ok(Dense::TensorCores(plan)) => assert_ne!(plan.kernel.tile, coop_gemm::TILE_128X64),
+        other => panic!("{other:?}"),
+    }
     // `DG_COOP_STAGES` names the stages of every two-stage loop, the single stage's excepted.
     for stages in coop_gemm::Stages::ALL {
         let tuning = Tuning { coop_stages: Some(stages), ..Tuning::default() };

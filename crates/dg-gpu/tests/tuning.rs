@@ -34,6 +34,7 @@ fn every_knob_parses_its_values() {
     assert_eq!(one("DG_COOP_TILE", "64x128").unwrap().coop_tile, Some(coop_gemm::TILE_64X128));
     let label = coop_gemm::TILE_64X64_K16_W8.label();
     assert_eq!(one("DG_COOP_TILE", &label).unwrap().coop_tile, Some(coop_gemm::TILE_64X64_K16_W8));
+    assert_eq!(one("DG_ATTENTION_TILE", "128x64").unwrap().attention_tile, Some(coop_gemm::TILE_128X64));
     assert_eq!(one("DG_COOP_PATH", "direct").unwrap().coop_path, WPath::Direct);
     assert_eq!(one("DG_COOP_PATH", "single").unwrap().coop_path, WPath::Single);
     assert_eq!(one("DG_COOP_PATH", "staged").unwrap().coop_path, WPath::Staged);
@@ -84,6 +85,7 @@ fn bad_values_name_the_variable_the_value_and_what_it_accepts() {
         ("DG_F32_ACTIVATIONS", "on", "0 or 1"),
         ("DG_QKV", "merge", "auto, merged or separate"),
         ("DG_COOP_TILE", "64x96", "64x128"),
+        ("DG_ATTENTION_TILE", "64x96", "64x128"),
         ("DG_COOP_PATH", "Direct", "staged, direct or single"),
         ("DG_COOP_DEPTH", "0", "from 1 to"),
         ("DG_COOP_DEPTH", "9", "from 1 to"),
