@@ -35,19 +35,32 @@ pub struct CacheBuffers<B = wgpu::Buffer> {
 /// finite either way, so they add exact zeros to the values).
 pub const KEY_PAD: usize = 32;
 
-/// Bytes the attention scores take at most (`Arena::scores`, where the adapter binds that many):
-/// a group of queries whose scores would take more runs in blocks of queries whose scores fit
-/// (`Arena::query_block`). At the real geometry the attention runs unblocked up to 16384 keys in
-/// a canvas forward and up to 4096 in a prefill chunk of 1024 tokens.
-pub const SCORES_BYTES: u64 = 256 << 20;
+/// Bytes a canvas's attention scores take at most (`Arena::scores`, where the adapter binds that
+/// many; `Tuning::scores_bytes`, `DG_SCORES_BYTES`, caps it lower): a group of queries whose
+/// scores would take more runs in blocks of queries whose scores fit (`Arena::query_block`). At
+/// the real geometry a canvas's attention runs unblocked up to 65280 keys. A canvas has few
+/// queries, and blocks of fewer cost their products far more than their share: each block reads
+/// the whole cache again, once per query head (on an H200 a full layer over 65792 keys in blocks
+/// of 48 queries ran its scores at 44 TFLOP/s, over 16640 keys in blocks of 128 at 112;
+/// bench/HISTORY.md, "Attention's tiles, and its blocks of queries").
+pub const SCORES_BYTES: u64 = 1 << 30;
+
+/// Bytes an encoder chunk's scores take at most where a canvas's take less: a chunk of 1024
+/// queries runs unblocked up to 4096 keys and in blocks of at least 256 queries up to 16384, its
+/// products on whole tiles, without growing the arena past a canvas's needs.
+pub const ENCODER_SCORES_BYTES: u64 = 256 << 20;
 
 /// An attention block's queries are a multiple of this many (or all of its group's).
 pub const QUERY_BLOCK: usize = 16;
 
-/// The size of the fewest blocks of `tokens` queries, each at most `most` (a multiple of
-/// [`QUERY_BLOCK`]), as even as multiples of [`QUERY_BLOCK`] make them.
+/// The size of the fewest blocks of `tokens` queries, each at most `most` (at least
+/// [`QUERY_BLOCK`]): as even as they can be, rounded up to a multiple of [`QUERY_BLOCK`] where that
+/// still fits `most` and needs no more blocks.
 fn even_block(tokens: usize, most: usize) -> usize {
-    tokens.div_ceil(tokens.div_ceil(most)).next_multiple_of(QUERY_BLOCK)
+    let blocks = tokens.div_ceil(most);
+    let even = tokens.div_ceil(blocks);
+    let rounded = even.next_multiple_of(QUERY_BLOCK);
+    if rounded <= most { rounded } else { even }
 }
 
 /// Tokens per encoder chunk at most (a longer prompt is encoded in several): 1024 rows of activations
@@ -412,13 +425,15 @@ impl<B> Arena<B> {
         let (h, v, i, e_i, k) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.moe_intermediate_size, cfg.top_k_experts);
         let (q_w, kv_w) = max_dims(cfg);
         let heads = cfg.num_attention_heads;
-        // The scores of a decoder group ([visible | dead | canvas] keys) or an encoder chunk (at
-        // most max_context keys, padded), capped at SCORES_BYTES but holding at least a block of
-        // QUERY_BLOCK queries over the most keys.
+        // The scores of a decoder group ([visible | dead | canvas] keys), capped at SCORES_BYTES,
+        // or of an encoder chunk (at most max_context keys, padded), capped at
+        // ENCODER_SCORES_BYTES, whichever is more; holding at least a block of QUERY_BLOCK
+        // queries over the most keys.
         let most_keys = max_context.next_multiple_of(KEY_PAD) + c;
-        let unblocked = heads * (c * most_keys).max(r * max_context.next_multiple_of(KEY_PAD));
-        let cap = (tuning.scores_bytes.unwrap_or(SCORES_BYTES).min(SCORES_BYTES).min(alloc.max_binding()) / 4) as usize;
-        let scores_len = unblocked.min(cap.max(heads * QUERY_BLOCK * most_keys));
+        let (canvas, chunk) = (heads * c * most_keys, heads * r * max_context.next_multiple_of(KEY_PAD));
+        let cap = |bytes: u64| (tuning.scores_bytes.unwrap_or(bytes).min(bytes).min(alloc.max_binding()) / 4) as usize;
+        let least = heads * QUERY_BLOCK * most_keys;
+        let scores_len = canvas.min(cap(SCORES_BYTES)).max(chunk.min(cap(ENCODER_SCORES_BYTES))).max(least.min(canvas.max(chunk)));
         let f = |label: &str, n: usize| alloc.storage(label, (n * 4) as u64);
         let caches = (0..slots)
             .map(|slot| {
@@ -558,8 +573,8 @@ impl<B> Arena<B> {
     }
 
     /// Query tokens per attention block for a group of `tokens` queries of `heads` heads over
-    /// `keys` keys: all of them where their scores fit `scores`, else blocks of even size (a
-    /// multiple of [`QUERY_BLOCK`]), as few as the scores buffer allows. Even blocks, not the most
+    /// `keys` keys: all of them where their scores fit `scores`, else blocks of even size
+    /// ([`even_block`]), as few as the scores buffer allows. Even blocks, not the most
     /// that fit and a short last one: on an H200 a canvas's 256 queries over 16640 keys in a full
     /// layer ran as 224 + 32, and the 32-query block's products, on tiles of 128 rows, took a
     /// fifth of the layer's attention for an eighth of its work.
@@ -568,8 +583,8 @@ impl<B> Arena<B> {
         if tokens * per_query <= self.scores_len {
             return Ok(tokens);
         }
-        match self.scores_len / per_query / QUERY_BLOCK * QUERY_BLOCK {
-            0 => Err(GpuError::TooLong {
+        match self.scores_len / per_query {
+            0..QUERY_BLOCK => Err(GpuError::TooLong {
                 len: keys,
                 max: self.scores_len / (heads * QUERY_BLOCK),
                 limit_name: "the keys whose scores of one block of queries fit the arena's scores buffer",
@@ -644,9 +659,9 @@ mod tests {
         assert_eq!(format!("{:.2}", gb(1536, WeightFormat::F32, h200)), "2.19");
         for (positions, f32_cache, f16_cache, portable) in [
             (4096, "2.69", "2.12", "2.62"),
-            (16384, "3.23", "2.41", "3.16"),
-            (65536, "5.39", "3.56", "5.33"),
-            (262144, "14.05", "8.19", "13.98"),
+            (16384, "3.23", "2.41", "3.17"),
+            (65536, "6.20", "4.37", "6.13"),
+            (262144, "14.86", "9.00", "14.79"),
         ] {
             assert_eq!(
                 format!("{:.2}", gb(positions, WeightFormat::F32, h200)),
@@ -661,9 +676,11 @@ mod tests {
     #[test]
     fn queries_run_in_the_fewest_even_blocks() {
         // (queries, the most a block holds) -> the block.
-        for ((tokens, most), block) in [((256, 224), 128), ((1024, 256), 256), ((256, 16), 16), ((250, 224), 128), ((100, 96), 64)] {
+        let cases =
+            [((256, 252), 128), ((1024, 256), 256), ((256, 16), 16), ((250, 224), 128), ((100, 96), 64), ((256, 63), 52), ((256, 48), 48)];
+        for ((tokens, most), block) in cases {
             assert_eq!(even_block(tokens, most), block, "{tokens} queries, at most {most} a block");
-            assert!(block <= most && block.is_multiple_of(QUERY_BLOCK));
+            assert!(block <= most);
             assert_eq!(tokens.div_ceil(block), tokens.div_ceil(most), "{tokens} queries: more blocks than needed");
         }
     }

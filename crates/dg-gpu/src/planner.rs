@@ -234,17 +234,15 @@ impl<'t> Planner<'t> {
             return None;
         }
         // Attention's products (B: the cache) take their own tile where the large one would
-        // split K (`coop_gemm::ATTENTION_TILE`).
-        let splits_large = || {
-            let large = coop_gemm::TILE_128X128;
-            split_scratch.is_some_and(|len| Split::choose(large, p, self.split_target(large, p), len).is_some())
-        };
-        let prefer = match b {
-            BSource::KvCache => {
-                self.tuning.attention_tile.or(self.tuning.coop_tile).or_else(|| splits_large().then_some(coop_gemm::ATTENTION_TILE))
-            }
-            BSource::Weight(_) => self.tuning.coop_tile,
-        };
+        // split K and it would not (`coop_gemm::ATTENTION_TILE`).
+        let splits = |tile: CoopTile| split_scratch.is_some_and(|len| Split::choose(tile, p, self.split_target(tile, p), len).is_some());
+        let prefer =
+            match b {
+                BSource::KvCache => self.tuning.attention_tile.or(self.tuning.coop_tile).or_else(|| {
+                    (splits(coop_gemm::TILE_128X128) && !splits(coop_gemm::ATTENTION_TILE)).then_some(coop_gemm::ATTENTION_TILE)
+                }),
+                BSource::Weight(_) => self.tuning.coop_tile,
+            };
         // Quantized W is read as `W[n][k]` (its blocks run along the rows), or in panels of them.
         coop_gemm::plan_layout(p, b.panels(), prefer, self.caps.max_workgroup_storage)
             .filter(|&(_, layout)| !b_format.is_quantized() || layout != BLayout::Kn)

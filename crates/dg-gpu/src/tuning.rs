@@ -103,8 +103,9 @@ pub struct Tuning {
     /// (`crate::arena::Arena::sliding_positions`): tests make the sliding caches move their
     /// window with it on small models. No variable sets it.
     pub prefill_rows: Option<usize>,
-    /// Caps the bytes of the attention scores below [`crate::arena::SCORES_BYTES`]: tests make
-    /// the attention run in blocks of queries with it on small models. No variable sets it.
+    /// `DG_SCORES_BYTES=N`: caps the bytes of the attention scores below
+    /// [`crate::arena::SCORES_BYTES`] (less memory at long contexts, the attention then in more
+    /// blocks of queries); tests make the attention run in blocks with it on small models.
     pub scores_bytes: Option<u64>,
 }
 
@@ -239,6 +240,7 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_COOP_STAGES",
     "DG_ENCODER_SUBMIT_LAYERS",
     "DG_SUBMIT_PARTS",
+    "DG_SCORES_BYTES",
 ];
 
 /// The `DG_*` variables that are not tuning knobs and that [`Tuning::from_vars`] passes over:
@@ -324,6 +326,7 @@ impl Tuning {
             "DG_SUBMIT_PARTS" => {
                 self.submit_parts = value.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(bad)?;
             }
+            "DG_SCORES_BYTES" => self.scores_bytes = Some(value.parse().ok().filter(|&n: &u64| n > 0).ok_or_else(bad)?),
             _ => {
                 let known = TUNING_VARIABLES.iter().chain(OTHER_VARIABLES).copied().collect::<Vec<_>>().join(", ");
                 return Err(TuningError::Unknown { name: name.into(), value: value.into(), known });
@@ -413,6 +416,7 @@ fn accepted(name: &str) -> String {
         "DG_SPLIT_TARGET" => "a whole number of workgroups (0: never split)".into(),
         "DG_ENCODER_SUBMIT_LAYERS" => "a whole number of layers from 1".into(),
         "DG_SUBMIT_PARTS" => "a whole number of command buffers from 1".into(),
+        "DG_SCORES_BYTES" => "a whole number of bytes from 1".into(),
         "DG_GROUPED_TILE" => {
             let shapes: Vec<String> = grouped_gemm::TILES.iter().map(|t| format!("{}x{}", t.bm, t.bn)).collect();
             format!("a tile's BMxBN ({})", shapes.join(", "))

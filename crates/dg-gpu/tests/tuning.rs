@@ -35,6 +35,7 @@ fn every_knob_parses_its_values() {
     let label = coop_gemm::TILE_64X64_K16_W8.label();
     assert_eq!(one("DG_COOP_TILE", &label).unwrap().coop_tile, Some(coop_gemm::TILE_64X64_K16_W8));
     assert_eq!(one("DG_ATTENTION_TILE", "128x64").unwrap().attention_tile, Some(coop_gemm::TILE_128X64));
+    assert_eq!(one("DG_SCORES_BYTES", "268435456").unwrap().scores_bytes, Some(256 << 20));
     assert_eq!(one("DG_COOP_PATH", "direct").unwrap().coop_path, WPath::Direct);
     assert_eq!(one("DG_COOP_PATH", "single").unwrap().coop_path, WPath::Single);
     assert_eq!(one("DG_COOP_PATH", "staged").unwrap().coop_path, WPath::Staged);
@@ -97,6 +98,7 @@ fn bad_values_name_the_variable_the_value_and_what_it_accepts() {
         ("DG_ENCODER_SUBMIT_LAYERS", "0", "whole number of layers from 1"),
         ("DG_SUBMIT_PARTS", "0", "whole number of command buffers from 1"),
         ("DG_SUBMIT_PARTS", "two", "whole number of command buffers from 1"),
+        ("DG_SCORES_BYTES", "0", "whole number of bytes from 1"),
     ];
     for (name, value, accepts) in cases {
         let err = one(name, value).expect_err(name);

@@ -347,12 +347,14 @@ pub const TILE_64X64_K16: CoopTile = CoopTile { bk: 16, ..TILE_64X64 };
 /// workgroup to hide the loads' latency.
 pub const TILE_64X64_K16_W8: CoopTile = CoopTile { wn: 16, ..TILE_64X64_K16 };
 
-/// The tile of attention's products (f32 `B`: the KV cache) where [`TILE_128X128`] would split
-/// their K (dg-gpu's planner prefers it there over [`plan`]'s rule): a sliding layer's values
-/// (`N` = head dim 256: 64 tiles of 128×128). On an H200 (µs, 128×128 → 64×64): sliding values
-/// 35.0 + 10.8 for the split's reduction → 40.6–42.5 whole (its 256 tiles of 64×64 do not split);
-/// sliding scores 53.2 → 51.7–53.1; but a full layer's scores (head dim 512) 67.6 → 73.3 and
-/// values (unsplit) 50.8 → 65.0, so those keep the large tile.
+/// The tile of attention's products (`B`: the KV cache) where [`TILE_128X128`] would split their
+/// K and it would not (dg-gpu's planner prefers it there over [`plan`]'s rule): a sliding layer's
+/// values (`N` = head dim 256: 64 tiles of 128×128). On an H200 (µs, 128×128 → 64×64): sliding
+/// values 35.0 + 10.8 for the split's reduction → 40.6–42.5 whole (its 256 tiles of 64×64 do not
+/// split); sliding scores 53.2 → 51.7–53.1; but a full layer's scores (head dim 512) 67.6 → 73.3
+/// and values (unsplit) 50.8 → 65.0, so those keep the large tile. Where both split (a full
+/// layer's values over 16640 keys, 128 queries) the large tile is faster: 245 + 26 against
+/// 355 + 12.
 pub const ATTENTION_TILE: CoopTile = TILE_64X64;
 
 /// Every tile variant, the default first: [`TILE_64X64`], the fastest on an H200 for both 256-row
