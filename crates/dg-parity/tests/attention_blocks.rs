@@ -85,3 +85,27 @@ fn a_generation_with_attention_in_blocks_gives_the_cpus_tokens() {
     assert_eq!(ours.len(), context, "the run stopped early");
     assert_eq!(ours, theirs, "blocked attention on the GPU and the CPU differ for the same seed");
 }
+
+/// Blocks of queries that are not multiples of 16: the scores buffer capped to 26 queries of the
+/// second block's canvas (64 queries of `tensor-core-shapes`), which then runs in blocks of 22,
+/// 22 and 20 (`Arena::query_block` makes them as even as they fit); the logits still hold the
+/// fixtures' tolerances.
+#[test]
+fn ragged_blocks_of_queries_hold_the_fixtures_logits() {
+    let test = "ragged_blocks_of_queries_hold_the_fixtures_logits";
+    let dir = fixture("tensor-core-shapes");
+    let model = ModelDir::open(&dir).unwrap();
+    let reference = Reference::open(&dir).unwrap();
+    let (c, heads) = (model.config.canvas_length, model.config.text.num_attention_heads);
+    let prompt = reference.ids("prompt_ids").unwrap().len();
+    let keys = canvas_keys(prompt + c, c);
+    let Some(mut ctx) = test_context(test) else { return };
+    ctx.tuning.scores_bytes = Some((4 * heads * 26 * keys) as u64);
+    let mut gpu = GpuBackend::new(ctx, &model.config, model.load_weights().unwrap(), prompt + 2 * c).unwrap();
+    assert_eq!(gpu.gpu().attention_block(c, keys).unwrap(), 22, "the second block's canvas: not in blocks of 22");
+    let checks = logits_checks(&reference, &mut gpu).unwrap();
+    assert!(checks.iter().any(|r| r.name == "logits_block2"), "no second block's logits");
+    for r in checks {
+        assert!(r.passed, "{} {}", r.name, r.detail);
+    }
+}
