@@ -487,3 +487,23 @@ fn quantized_matrices_take_the_tensor_cores_in_the_f16_mode_only() {
         }
     }
 }
+
+/// Attention's values on the H200 take the small tile only where the large one would split K
+/// and the small one would not: a sliding layer's (head dim 256, 1280 keys) whole on 64 × 64;
+/// a full layer's over 16640 keys (head dim 512), where both would split, on 128 × 128 split (on
+/// the H200, 128 queries: 245 + 26 µs against 355 + 12).
+#[test]
+fn attentions_small_tile_only_where_it_runs_whole() {
+    let tuning = Tuning::default();
+    let h200 = Planner::new(H200, &tuning);
+    let plan = |p: &GemmParams| match h200.dense(WeightFormat::F16, BSource::KvCache, p, true, Some(SPLIT_SCRATCH)) {
+        Ok(Dense::TensorCores(plan)) => (plan.kernel.tile, plan.split.is_some()),
+        other => panic!("{other:?}"),
+    };
+    let canvas = CANVAS as usize;
+    assert_eq!(plan(&attention_values_params(canvas, 1024 + canvas, 256, 16, 8)), (coop_gemm::ATTENTION_TILE, false));
+    for queries in [canvas, 128] {
+        let (tile, split) = plan(&attention_values_params(queries, 16384 + 32 + canvas, 512, 16, 2));
+        assert_eq!((tile, split), (coop_gemm::TILE_128X128, true), "{queries} queries over 16672 keys");
+    }
+}
