@@ -38,7 +38,7 @@ pub const KEY_PAD: usize = 32;
 /// Bytes a canvas's attention scores take at most (`Arena::scores`, where the adapter binds that
 /// many; `Tuning::scores_bytes`, `DG_SCORES_BYTES`, caps it lower): a group of queries whose
 /// scores would take more runs in blocks of queries whose scores fit (`Arena::query_block`). At
-/// the real geometry a canvas's attention runs unblocked up to 65280 keys. A canvas has few
+/// the real geometry a canvas's attention runs unblocked up to 65280 cached positions. A canvas has few
 /// queries, and blocks of fewer cost their products far more than their share: each block reads
 /// the whole cache again, once per query head (on an H200 a full layer over 65792 keys in blocks
 /// of 48 queries ran its scores at 44 TFLOP/s, over 16640 keys in blocks of 128 at 112;
