@@ -38,11 +38,11 @@ pub const KEY_PAD: usize = 32;
 /// Bytes a canvas's attention scores take at most (`Arena::scores`, where the adapter binds that
 /// many; `Tuning::scores_bytes`, `DG_SCORES_BYTES`, caps it lower): a group of queries whose
 /// scores would take more runs in blocks of queries whose scores fit (`Arena::query_block`). At
-/// the real geometry a canvas's attention runs unblocked up to 65280 cached positions. A canvas has few
-/// queries, and blocks of fewer cost their products far more than their share: each block reads
-/// the whole cache again, once per query head (on an H200 a full layer over 65792 keys in blocks
-/// of 48 queries ran its scores at 44 TFLOP/s, over 16640 keys in blocks of 128 at 112;
-/// bench/HISTORY.md, "Attention's tiles, and its blocks of queries").
+/// the real geometry a canvas's attention runs unblocked up to 65280 cached positions. A canvas
+/// has few queries, and blocks of fewer cost their products far more than their share: each
+/// block reads the whole cache again, once per query head (on an H200 a full layer over 65792
+/// keys in blocks of 48 queries ran its scores at 44 TFLOP/s, over 16640 keys in blocks of 128 at
+/// 112; bench/HISTORY.md, "Attention's tiles, and its blocks of queries").
 pub const SCORES_BYTES: u64 = 1 << 30;
 
 /// Bytes an encoder chunk's scores take at most where a canvas's take less: a chunk of 1024
@@ -50,7 +50,9 @@ pub const SCORES_BYTES: u64 = 1 << 30;
 /// products on whole tiles, without growing the arena past a canvas's needs.
 pub const ENCODER_SCORES_BYTES: u64 = 256 << 20;
 
-/// An attention block's queries are a multiple of this many (or all of its group's).
+/// The fewest queries an attention block holds (or all of its group's): the scores buffer holds
+/// at least this many over the most keys, and blocks are multiples of it where that takes no more
+/// of them (`even_block`).
 pub const QUERY_BLOCK: usize = 16;
 
 /// The size of the fewest blocks of `tokens` queries, each at most `most` (at least
@@ -574,7 +576,7 @@ impl<B> Arena<B> {
 
     /// Query tokens per attention block for a group of `tokens` queries of `heads` heads over
     /// `keys` keys: all of them where their scores fit `scores`, else blocks of even size
-    /// ([`even_block`]), as few as the scores buffer allows. Even blocks, not the most
+    /// (`even_block`), as few as the scores buffer allows. Even blocks, not the most
     /// that fit and a short last one: on an H200 a canvas's 256 queries over 16640 keys in a full
     /// layer ran as 224 + 32, and the 32-query block's products, on tiles of 128 rows, took a
     /// fifth of the layer's attention for an eighth of its work.

@@ -104,8 +104,9 @@ pub struct Tuning {
     /// window with it on small models. No variable sets it.
     pub prefill_rows: Option<usize>,
     /// `DG_SCORES_BYTES=N`: caps the bytes of the attention scores below
-    /// [`crate::arena::SCORES_BYTES`] (less memory at long contexts, the attention then in more
-    /// blocks of queries); tests make the attention run in blocks with it on small models.
+    /// [`crate::arena::SCORES_BYTES`] and [`crate::arena::ENCODER_SCORES_BYTES`] (less memory at
+    /// long contexts, the attention then in more blocks of queries); tests make the attention run
+    /// in blocks with it on small models.
     pub scores_bytes: Option<u64>,
 }
 
