@@ -81,7 +81,8 @@ pub fn gpu_slots(
                     anyhow::Error::new(e).context(format!(
                         "the GPU ran out of memory for the model's weights and {slots} sequence(s) of up to {max_context} positions \
                          (their activations and caches take about {:.2} GB beside the weights; `dg info` prints them by context): \
-                         lower --context or --batch, or store the weights smaller (--weights q4_k_m)",
+                         lower --context or --batch, or store the weights smaller (--weights q4_k_m); at long contexts \
+                         DG_SCORES_BYTES also caps the attention's scores buffer (at most 1 GiB)",
                         arena as f64 / 1e9
                     ))
                 }
