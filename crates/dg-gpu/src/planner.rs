@@ -68,7 +68,8 @@ impl Capabilities {
 /// What a product's B is: a weight as uploaded (in its [`MatrixLayout`]), or the KV cache, the
 /// row-major f32 or f16 keys and values that attention's products read
 /// (`crate::arena::cache_format`). The cache alone takes attention's tile where the large one
-/// would split and, with ragged columns, a tensor-core body and a portable tail.
+/// would split K and it would not and, with ragged columns, a tensor-core body and a portable
+/// tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BSource {
     Weight(MatrixLayout),
@@ -196,7 +197,7 @@ impl<'t> Planner<'t> {
             let staged = CoopGemmKey { tile, path: WPath::Staged, w: b_format, layout, a: AFormat::F32 };
             let tuned = CoopGemmKey { tile: tile.on_path(self.tuning.coop_path), path: self.tuning.coop_path, ..staged };
             let kernel = Some(tuned).filter(|k| k.is_valid()).unwrap_or(staged);
-            let split = split_scratch.and_then(|len| Split::choose(tile, p, self.split_target(tile, p), len));
+            let split = self.split(tile, p, split_scratch);
             return Ok(Dense::TensorCores(CoopPlan { kernel, split }));
         }
         if tensor_cores && self.caps.coop_matrix {
@@ -235,7 +236,7 @@ impl<'t> Planner<'t> {
         }
         // Attention's products (B: the cache) take their own tile where the large one would
         // split K and it would not (`coop_gemm::ATTENTION_TILE`).
-        let splits = |tile: CoopTile| split_scratch.is_some_and(|len| Split::choose(tile, p, self.split_target(tile, p), len).is_some());
+        let splits = |tile: CoopTile| self.split(tile, p, split_scratch).is_some();
         let prefer =
             match b {
                 BSource::KvCache => self.tuning.attention_tile.or(self.tuning.coop_tile).or_else(|| {
@@ -250,6 +251,12 @@ impl<'t> Planner<'t> {
                 let tile = self.tuning.dense_depth(tile);
                 (self.tuning.stages(tile, coop_gemm::stages_for(tile, p, self.caps.multiprocessors)), layout)
             })
+    }
+
+    /// How `p` on `tile` splits its K, if it does: where `split_scratch` (the f32 elements of the
+    /// split-K scratch) holds the partials and `coop_gemm::Split` says so.
+    fn split(&self, tile: CoopTile, p: &GemmParams, split_scratch: Option<u64>) -> Option<Split> {
+        split_scratch.and_then(|len| Split::choose(tile, p, self.split_target(tile, p), len))
     }
 
     /// The workgroups a tensor-core GEMM is split towards: [`Tuning::split_target`], else
@@ -274,7 +281,7 @@ impl<'t> Planner<'t> {
         let (tile, _) = self.coop_tile(format, layout.into(), p, tensor_cores, split_scratch)?;
         let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
         let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * self.caps.multiprocessors);
-        let splits = split_scratch.is_some_and(|len| Split::choose(tile, p, self.split_target(tile, p), len).is_some());
+        let splits = self.split(tile, p, split_scratch).is_some();
         Some((waves, splits))
     }
 
