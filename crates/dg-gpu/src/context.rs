@@ -92,9 +92,13 @@ pub struct GpuContext {
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
     /// The device runs the tensor-core GEMM (`dg_kernels::coop_gemm`): cooperative matrices with a
-    /// 16×16×16 f16 → f32 configuration, f16 shader types and 32-wide subgroups. Set
-    /// [`Tuning::tensor_cores`] false to leave them off.
+    /// square f16 → f32 configuration, f16 shader types and subgroups of 32 (or of a fixed size
+    /// that divides 32). Set [`Tuning::tensor_cores`] false to leave them off.
     pub coop_matrix: bool,
+    /// Side of the fragments the tensor-core kernels multiply on this device
+    /// (`dg_kernels::coop_gemm::FRAGMENTS`: 16 where offered, else 8, as on lavapipe; 16 where
+    /// [`Self::coop_matrix`] is false).
+    pub coop_fragment: u32,
     /// The knobs the context was opened with, which every recording reads.
     pub tuning: Tuning,
     counters: Arc<Counters>,
@@ -138,17 +142,28 @@ fn rank(t: wgpu::DeviceType) -> u8 {
 /// The features the tensor-core GEMM needs.
 const COOP_FEATURES: wgpu::Features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX.union(wgpu::Features::SHADER_F16);
 
-/// Whether `adapter` can run `dg_kernels::coop_gemm`: both features, a 16×16×16 configuration with
-/// f16 inputs and f32 accumulation, and subgroups of exactly 32 invocations.
-fn offers_coop_gemm(adapter: &wgpu::Adapter) -> bool {
+/// The fragment side on which `adapter` runs `dg_kernels::coop_gemm`, if it does: both features,
+/// subgroups of one fixed size that divides the kernels' 32 (the kernels' subgroup is then that
+/// many of the device's, all computing the same fragments: `dg_kernels::coop_gemm`'s
+/// requirements), and the first side of `dg_kernels::coop_gemm::FRAGMENTS` with a square
+/// configuration of f16 inputs and f32 accumulation (16×16×16 on NVIDIA; 8×8×8 on lavapipe).
+fn coop_gemm_fragment(adapter: &wgpu::Adapter) -> Option<u32> {
+    use dg_kernels::coop_gemm::{FRAGMENTS, SUBGROUP_SIZE};
     let info = adapter.get_info();
-    adapter.features().contains(COOP_FEATURES)
-        && (info.subgroup_min_size, info.subgroup_max_size) == (dg_kernels::coop_gemm::SUBGROUP_SIZE, dg_kernels::coop_gemm::SUBGROUP_SIZE)
-        && adapter.cooperative_matrix_properties().iter().any(|p| {
-            (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+    let subgroups = info.subgroup_min_size == info.subgroup_max_size
+        && info.subgroup_max_size > 0
+        && SUBGROUP_SIZE.is_multiple_of(info.subgroup_max_size);
+    let offers = |side: u32| {
+        adapter.cooperative_matrix_properties().iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (side, side, side)
                 && p.ab_type == wgpu::CooperativeScalarType::F16
                 && p.cr_type == wgpu::CooperativeScalarType::F32
         })
+    };
+    match adapter.features().contains(COOP_FEATURES) && subgroups {
+        true => FRAGMENTS.into_iter().find(|&side| offers(side)),
+        false => None,
+    }
 }
 
 impl GpuContext {
@@ -177,7 +192,8 @@ impl GpuContext {
         };
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let coop_matrix = opts.tuning.tensor_cores && offers_coop_gemm(&adapter);
+        let fragment = coop_gemm_fragment(&adapter).filter(|_| opts.tuning.tensor_cores);
+        let (coop_matrix, coop_fragment) = (fragment.is_some(), fragment.unwrap_or(dg_kernels::coop_gemm::FRAGMENT));
         // f16 in shaders wherever offered: the tensor-core kernels need it, and so do the kernels
         // that store their activations as f16 for them (tested on every adapter that has it).
         // Subgroups wherever offered: the row kernels reduce through them (`Self::row_reduce`).
@@ -204,7 +220,17 @@ impl GpuContext {
             ..Default::default()
         }))
         .map_err(|e| GpuError::Device { adapter: info.name.clone(), message: e.to_string() })?;
-        Ok(GpuContext { device, queue, info, limits, features, coop_matrix, tuning: opts.tuning.clone(), counters: Arc::default() })
+        Ok(GpuContext {
+            device,
+            queue,
+            info,
+            limits,
+            features,
+            coop_matrix,
+            coop_fragment,
+            tuning: opts.tuning.clone(),
+            counters: Arc::default(),
+        })
     }
 
     /// Counts of created objects.

@@ -27,6 +27,9 @@ pub struct Capabilities {
     /// The device runs the tensor-core GEMM ([`GpuContext::coop_matrix`]: cooperative matrices,
     /// and the tuning leaves them on).
     pub coop_matrix: bool,
+    /// Side of the fragments the tensor-core kernels multiply ([`GpuContext::coop_fragment`]):
+    /// every tensor-core tile the planner hands out is in fragments of it.
+    pub coop_fragment: u32,
     /// f16 in shaders (`SHADER_F16`).
     pub shader_f16: bool,
     /// Bytes of workgroup memory a kernel may use (`max_compute_workgroup_storage_size`).
@@ -47,6 +50,7 @@ impl Capabilities {
     /// multiprocessors): what dg's measured choices were made on, for planning without a device.
     pub const H200: Capabilities = Capabilities {
         coop_matrix: true,
+        coop_fragment: coop_gemm::FRAGMENT,
         shader_f16: true,
         max_workgroup_storage: 48 * 1024,
         max_binding: u32::MAX as u64,
@@ -57,6 +61,7 @@ impl Capabilities {
     pub fn of(ctx: &GpuContext) -> Self {
         Capabilities {
             coop_matrix: ctx.coop_matrix,
+            coop_fragment: ctx.coop_fragment,
             shader_f16: ctx.device.features().contains(wgpu::Features::SHADER_F16),
             max_workgroup_storage: ctx.limits.max_compute_workgroup_storage_size,
             max_binding: ctx.max_binding(),
@@ -249,7 +254,8 @@ impl<'t> Planner<'t> {
             .filter(|&(_, layout)| !b_format.is_quantized() || layout != BLayout::Kn)
             .map(|(tile, layout)| {
                 let tile = self.tuning.dense_depth(tile);
-                (self.tuning.stages(tile, coop_gemm::stages_for(tile, p, self.caps.multiprocessors)), layout)
+                let tile = self.tuning.stages(tile, coop_gemm::stages_for(tile, p, self.caps.multiprocessors));
+                (tile.with_fragment(self.caps.coop_fragment), layout)
             })
     }
 
@@ -349,7 +355,7 @@ impl<'t> Planner<'t> {
                 })?;
                 let path = if coop_grouped_gemm::reads(format, path) { path } else { WPath::Staged };
                 let tile = self.tuning.stages(tile, coop_grouped_gemm::stages_for(format)).on_path(path);
-                Ok(Grouped::TensorCores { tile, path })
+                Ok(Grouped::TensorCores { tile: tile.with_fragment(self.caps.coop_fragment), path })
             }
         }
     }

@@ -247,9 +247,17 @@ pub const TUNING_VARIABLES: &[&str] = &[
 /// The `DG_*` variables that are not tuning knobs and that [`Tuning::from_vars`] passes over:
 /// the adapter choice (read by [`crate::GpuOptions::from_vars`]) and those of the tests and
 /// benches (`DG_ALLOW_NO_GPU`, `DG_BENCH_QUICK`, `DG_FIXTURES`, `DG_GEMM_BENCH`, `DG_GEMM_REPS`,
-/// `DG_GROUPED_BENCH`; read by the test and bench code itself).
-pub const OTHER_VARIABLES: &[&str] =
-    &["DG_ADAPTER", "DG_ALLOW_NO_GPU", "DG_BENCH_QUICK", "DG_FIXTURES", "DG_GEMM_BENCH", "DG_GEMM_REPS", "DG_GROUPED_BENCH"];
+/// `DG_GROUPED_BENCH`, `DG_REQUIRE_TENSOR_CORES`; read by the test and bench code itself).
+pub const OTHER_VARIABLES: &[&str] = &[
+    "DG_ADAPTER",
+    "DG_ALLOW_NO_GPU",
+    "DG_BENCH_QUICK",
+    "DG_FIXTURES",
+    "DG_GEMM_BENCH",
+    "DG_GEMM_REPS",
+    "DG_GROUPED_BENCH",
+    "DG_REQUIRE_TENSOR_CORES",
+];
 
 impl Tuning {
     /// The tuning the `DG_*` variables of this process's environment ask for (see the module

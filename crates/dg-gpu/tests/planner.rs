@@ -27,6 +27,7 @@ const H200: Capabilities = Capabilities::H200;
 /// multiprocessors as `Capabilities::of` assumes them).
 const LAVAPIPE: Capabilities = Capabilities {
     coop_matrix: false,
+    coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
     shader_f16: true,
     max_workgroup_storage: 32 * 1024,
     max_binding: 128 << 20,
@@ -285,6 +286,32 @@ fn h200_choices_are_unchanged() {
 #[test]
 fn lavapipe_choices_are_unchanged() {
     check("lavapipe", LAVAPIPE, LAVAPIPE_GOLDEN);
+}
+
+/// A device whose cooperative matrices are 8×8×8 (lavapipe's) gets the H200's choices with every
+/// tensor-core tile in fragments of 8: the fragment changes how a subgroup multiplies, never which
+/// tile, path or split runs a product; every such kernel is a key (`known`, in `choices`).
+#[test]
+fn small_fragments_change_nothing_but_the_fragment() {
+    let sixteen = choices(H200);
+    let eight = choices(Capabilities { coop_fragment: 8, ..H200 });
+    let mut relabelled = 0;
+    let in_eights = |line: &String| {
+        let mut words: Vec<String> = line.split(' ').map(str::to_string).collect();
+        for i in 1..words.len() {
+            if words[i - 1].ends_with("coop_gemm") || words[i - 1].ends_with("coop_grouped_gemm") {
+                words[i] += "_f8";
+                relabelled += 1;
+            }
+        }
+        words.join(" ")
+    };
+    let want: Vec<String> = sixteen.iter().map(in_eights).collect();
+    assert!(relabelled >= 50, "only {relabelled} tensor-core choices");
+    for (got, want) in eight.iter().zip(&want) {
+        assert_eq!(got, want);
+    }
+    assert_eq!(eight.len(), want.len());
 }
 
 /// Attention's rules (a tensor-core body and a portable tail on ragged columns, its own tile where

@@ -34,12 +34,15 @@
 //! - the device opened with `wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX` and
 //!   `wgpu::Features::SHADER_F16`, the former only granted with
 //!   `DeviceDescriptor::experimental_features` set to `unsafe { ExperimentalFeatures::enabled() }`,
-//!   and the adapter listing a 16×16×16 configuration with f16 A/B and f32 C in
-//!   `Adapter::cooperative_matrix_properties()` (wgpu's Vulkan backend exposes the feature as soon
-//!   as `VK_KHR_cooperative_matrix` reports any subgroup-scope configuration with sizes 8 or 16 and
-//!   the device supports the Vulkan memory model at device scope; lavapipe has neither);
-//! - subgroups of exactly 32 invocations (`AdapterInfo::subgroup_min_size` and
-//!   `subgroup_max_size` both 32, as on NVIDIA): invocation `t` is taken to be in subgroup `t / 32`;
+//!   and the adapter listing a configuration with f16 A/B and f32 C of the tile's fragment side,
+//!   16×16×16 ([`FRAGMENT`]) or 8×8×8 ([`FRAGMENTS`]), in `Adapter::cooperative_matrix_properties()`
+//!   (wgpu's Vulkan backend exposes the feature as soon as `VK_KHR_cooperative_matrix` reports any
+//!   subgroup-scope configuration with sizes 8 or 16 and the device supports the Vulkan memory
+//!   model at device scope; Mesa's lavapipe has 8×8×8 from Mesa 25.1 or so, with subgroups of 8);
+//! - invocation `t` in the kernel's subgroup `t / 32` ([`SUBGROUP_SIZE`]): the device's subgroups
+//!   of 32 (`AdapterInfo::subgroup_min_size` and `subgroup_max_size` both 32, as on NVIDIA), or of a
+//!   fixed size that divides 32, whose subgroups within one of the kernel's all load, multiply and
+//!   store the same fragments (the same values, written alike: lavapipe's 8);
 //! - workgroup memory of [`CoopTile::dense_shared_bytes`] (up to 48 KiB, above the WebGPU default
 //!   of 16 KiB: the device must be opened with the adapter's `max_compute_workgroup_storage_size`).
 //!
@@ -47,7 +50,8 @@
 //! module's tests, with the cooperative-matrix capability).
 //!
 //! Tiling: one workgroup per `bm × bn` tile of C, `bm/wm · bn/wn` subgroups of 32 invocations, each
-//! owning a `wm × wn` block as `(wm/16)·(wn/16)` f32 accumulator fragments; K in steps of `bk`
+//! owning a `wm × wn` block as `(wm/16)·(wn/16)` f32 accumulator fragments (of 16 × 16, or of the
+//! tile's [`CoopTile::fragment`]); K in steps of `bk`
 //! through two stages of workgroup memory (the next step's global loads are in flight while the
 //! current one multiplies, or [`CoopTile::depth`] steps ahead; one barrier a step;
 //! [`crate::coop_kloop`], shared with [`crate::coop_grouped_gemm`]). With [`WPath::Direct`] only
@@ -67,8 +71,13 @@ use crate::{Access, KernelSource, WeightFormat};
 
 /// Invocations of one subgroup the kernel assumes.
 pub const SUBGROUP_SIZE: u32 = 32;
-/// Side of one cooperative matrix fragment (16×16×16).
+/// Side of the cooperative-matrix fragments the tiles are written for (16×16×16: NVIDIA's, AMD's
+/// and Intel's f16 configurations).
 pub const FRAGMENT: u32 = 16;
+/// The fragment sides the kernels render, preferred first: [`FRAGMENT`], or 8×8×8 where a device
+/// offers no larger one (lavapipe, whose cooperative matrices run the tensor-core kernels on the
+/// CPU for tests). Every tile side is a multiple of each.
+pub const FRAGMENTS: [u32; 2] = [FRAGMENT, 8];
 /// Halves of padding after each staged row (16 bytes: fragment loads of 8 rows hit distinct
 /// banks).
 pub const ROW_PAD: u32 = 8;
@@ -201,13 +210,17 @@ pub struct CoopTile {
     /// How the K loop's phases name their stage of workgroup memory (two-stage paths; see
     /// [`Stages`]).
     pub stages: Stages,
+    /// Side of the square fragments the subgroups multiply (one of [`FRAGMENTS`]; the planner
+    /// sets the device's: `with_fragment`). The same products in the same order along K, in
+    /// smaller pieces.
+    pub fragment: u32,
 }
 
 impl CoopTile {
     /// A `bm × bn` tile in K steps of `bk`, `wm × wn` per subgroup, as the tile tables write them:
     /// vec4 staging, loads one step ahead, alternating stages (each changed with `..` or `with_*`).
     pub const fn vec4(bm: u32, bn: u32, bk: u32, wm: u32, wn: u32) -> CoopTile {
-        CoopTile { bm, bn, bk, wm, wn, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating }
+        CoopTile { bm, bn, bk, wm, wn, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating, fragment: FRAGMENT }
     }
 
     /// Subgroups per workgroup.
@@ -222,7 +235,20 @@ impl CoopTile {
 
     /// Accumulator fragments per subgroup, along m and along n.
     pub const fn fragments(self) -> (u32, u32) {
-        (self.wm / FRAGMENT, self.wn / FRAGMENT)
+        (self.wm / self.fragment, self.wn / self.fragment)
+    }
+
+    /// The WGSL type of one fragment of `elem` in role `role` (`A`, `B` or `C`).
+    pub(crate) fn fragment_type(self, elem: &str, role: &str) -> String {
+        format!("coop_mat{0}x{0}<{elem}, {role}>", self.fragment)
+    }
+
+    /// How a subgroup's 32 lanes read one f32 fragment back from its scratch (row-major,
+    /// `fragment` values a row): lane `l` takes `values` consecutive values of row `l / lanes`,
+    /// starting at column `(l % lanes) · values`. Returns `(values, lanes)`: (8, 2) for 16×16.
+    pub(crate) const fn lane_span(self) -> (u32, u32) {
+        let values = self.fragment * self.fragment / SUBGROUP_SIZE;
+        (values, self.fragment / values)
     }
 
     /// Halves of one staged row (`bk` plus the padding).
@@ -255,9 +281,10 @@ impl CoopTile {
     pub const fn is_valid(self) -> bool {
         let positive = self.bm > 0 && self.bn > 0 && self.bk > 0 && self.wm > 0 && self.wn > 0;
         positive
-            && self.wm.is_multiple_of(FRAGMENT)
-            && self.wn.is_multiple_of(FRAGMENT)
-            && self.bk.is_multiple_of(FRAGMENT)
+            && (self.fragment == FRAGMENTS[0] || self.fragment == FRAGMENTS[1])
+            && self.wm.is_multiple_of(self.fragment)
+            && self.wn.is_multiple_of(self.fragment)
+            && self.bk.is_multiple_of(self.fragment)
             && self.bm.is_multiple_of(self.wm)
             && self.bn.is_multiple_of(self.wn)
             && (self.bm * self.bk / 4).is_multiple_of(self.invocations())
@@ -277,6 +304,11 @@ impl CoopTile {
     /// This tile with its loads issued `depth` K steps ahead.
     pub const fn with_depth(self, depth: u32) -> CoopTile {
         CoopTile { depth, ..self }
+    }
+
+    /// This tile in fragments of `fragment` × `fragment` (one of [`FRAGMENTS`]).
+    pub const fn with_fragment(self, fragment: u32) -> CoopTile {
+        CoopTile { fragment, ..self }
     }
 
     /// This tile with its stages named as `stages` says.
@@ -299,7 +331,8 @@ impl CoopTile {
     }
 
     /// `"{bm}x{bn}x{bk}_{wm}x{wn}"` plus `"_v4"` for [`Staging::Vec4`], `"_d{depth}"` for a
-    /// depth over 1 and `"_cs"` for [`Stages::Constant`].
+    /// depth over 1, `"_cs"` for [`Stages::Constant`] and `"_f{fragment}"` for fragments other
+    /// than [`FRAGMENT`].
     pub fn label(self) -> String {
         let staging = match self.staging {
             Staging::Scalar => "",
@@ -310,7 +343,8 @@ impl CoopTile {
             Stages::Alternating => "",
             Stages::Constant => "_cs",
         };
-        format!("{}x{}x{}_{}x{}{staging}{depth}{stages}", self.bm, self.bn, self.bk, self.wm, self.wn)
+        let fragment = if self.fragment == FRAGMENT { String::new() } else { format!("_f{}", self.fragment) };
+        format!("{}x{}x{}_{}x{}{staging}{depth}{stages}{fragment}", self.bm, self.bn, self.bk, self.wm, self.wn)
     }
 }
 

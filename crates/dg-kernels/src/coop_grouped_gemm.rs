@@ -272,10 +272,11 @@ pub fn choose(p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option
 /// other); else for the whole tile, whose subgroups then reach their barriers together.
 fn stores(tile: CoopTile) -> String {
     let (fm, fn_) = tile.fragments();
+    let ((v, lanes), f) = (tile.lane_span(), tile.fragment);
     let full = |i: u32| -> String {
         (0..fn_)
             .map(|j| {
-                let (di, dj) = (i * FRAGMENT, j * FRAGMENT);
+                let (di, dj) = (i * f, j * f);
                 format!("        {{\n            let ic = (first + m0 + sm + {di}u) * p.c_rs + n0 + sn + {dj}u;\n            coopStoreT(acc_{i}_{j}, &c[ic], stride_c);\n        }}\n")
             })
             .collect()
@@ -283,13 +284,13 @@ fn stores(tile: CoopTile) -> String {
     let partial = |i: u32| -> String {
         (0..fn_)
             .map(|j| {
-                let (di, dj) = (i * FRAGMENT, j * FRAGMENT);
+                let (di, dj) = (i * f, j * f);
                 format!(
                     "        {{\n            let fs = sg * 256u;\n            coopStoreT(acc_{i}_{j}, &scratch[fs], stride_f);\n            workgroupBarrier();\n\
-                     \x20           let r = m0 + sm + {di}u + lane / 2u;\n            if (r < count) {{\n\
-                     \x20               let src = fs + (lane / 2u) * 16u + (lane % 2u) * 8u;\n\
-                     \x20               let dst = (first + r) * p.c_rs + n0 + sn + {dj}u + (lane % 2u) * 8u;\n\
-                     \x20               for (var q = 0u; q < 8u; q++) {{\n                    c[dst + q] = scratch[src + q];\n                }}\n\
+                     \x20           let r = m0 + sm + {di}u + lane / {lanes}u;\n            if (r < count) {{\n\
+                     \x20               let src = fs + (lane / {lanes}u) * {f}u + (lane % {lanes}u) * {v}u;\n\
+                     \x20               let dst = (first + r) * p.c_rs + n0 + sn + {dj}u + (lane % {lanes}u) * {v}u;\n\
+                     \x20               for (var q = 0u; q < {v}u; q++) {{\n                    c[dst + q] = scratch[src + q];\n                }}\n\
                      \x20           }}\n            workgroupBarrier();\n        }}\n"
                 )
             })
@@ -298,13 +299,8 @@ fn stores(tile: CoopTile) -> String {
     if tile.wm == tile.bm {
         (0..fm)
             .map(|i| {
-                let di = i * FRAGMENT;
-                format!(
-                    "    if (m0 + {}u <= count) {{\n{}    }} else if (m0 + {di}u < count) {{\n{}    }}\n",
-                    di + FRAGMENT,
-                    full(i),
-                    partial(i)
-                )
+                let di = i * f;
+                format!("    if (m0 + {}u <= count) {{\n{}    }} else if (m0 + {di}u < count) {{\n{}    }}\n", di + f, full(i), partial(i))
             })
             .collect()
     } else {

@@ -408,25 +408,27 @@ fn single_batched(depth: u32) -> String {
     s + "    }\n"
 }
 
-/// The direct K loop of `depth` for a tile with `k_frags` fragments along its K step and `n_frags`
-/// along a subgroup's columns: W fragment `(kk, j)` of the current step is `fb_{kk}_{j}`.
-pub(crate) fn direct(depth: u32, k_frags: u32, n_frags: u32, stages: Stages) -> String {
+/// The direct K loop of `tile` (its depth, stages and fragments), whose subgroups hold `n_frags`
+/// fragments along their columns: W fragment `(kk, j)` of the current step is `fb_{kk}_{j}`.
+pub(crate) fn direct(tile: crate::coop_gemm::CoopTile, n_frags: u32) -> String {
+    let (depth, stages, f) = (tile.depth, tile.stages, tile.fragment);
+    let (k_frags, w_type) = (tile.bk / f, tile.fragment_type("f16", "B"));
     assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
     let sets = depth + 1;
-    let fragments = |f: &dyn Fn(u32, u32, String) -> String| -> String {
+    let fragments = |at: &dyn Fn(u32, u32, String) -> String| -> String {
         (0..k_frags)
             .flat_map(|kk| (0..n_frags).map(move |j| (kk, j)))
-            .map(|(kk, j)| f(kk, j, format!("{}u * stride_w + {}u", j * 16, kk * 4)))
+            .map(|(kk, j)| at(kk, j, format!("{}u * stride_w + {}u", j * f, kk * f / 4)))
             .collect()
     };
     let mut s = prologue(sets, false);
     // W steps 0..depth in sets 0..depth (steps past the last repeat it); the last set is free.
     for set in 0..sets {
         s += &fragments(&|kk, j, at| match set < depth {
-            true => format!(
-                "    var fw{set}_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[w_sub + min({set}u, steps - 1u) * w_step + {at}], stride_w);\n"
-            ),
-            false => format!("    var fw{set}_{kk}_{j} = coop_mat16x16<f16, B>();\n"),
+            true => {
+                format!("    var fw{set}_{kk}_{j} = coopLoad<{w_type}>(&w[w_sub + min({set}u, steps - 1u) * w_step + {at}], stride_w);\n")
+            }
+            false => format!("    var fw{set}_{kk}_{j} = {w_type}();\n"),
         });
     }
     s += "    workgroupBarrier();\n\n//@ACC\n";
@@ -438,7 +440,7 @@ pub(crate) fn direct(depth: u32, k_frags: u32, n_frags: u32, stages: Stages) -> 
         // last step's fragments again.
         let refill = fragments(&|kk, j, at| {
             format!(
-                "                fw{ahead}_{kk}_{j} = coopLoad<coop_mat16x16<f16, B>>(&w[w_sub + min(s + {depth}u, steps - 1u) * w_step + {at}], stride_w);\n"
+                "                fw{ahead}_{kk}_{j} = coopLoad<{w_type}>(&w[w_sub + min(s + {depth}u, steps - 1u) * w_step + {at}], stride_w);\n"
             )
         });
         let set = ph % sets;

@@ -253,12 +253,13 @@ impl KernelKey {
             keys.extend(gemm::TILES.iter().map(|&tile| K::Gemm { tile, w }));
             keys.extend(grouped_gemm::TILES.iter().map(|&tile| K::GroupedGemm { tile, w }));
         }
-        // Every depth, and both ways of naming the stages where the loop has two (the single
-        // stage has one: its kernel is the same either way).
+        // Every depth, both ways of naming the stages where the loop has two (the single stage
+        // has one: its kernel is the same either way), and every fragment side.
         let depths = |tiles: &'static [CoopTile]| {
             tiles
                 .iter()
-                .flat_map(|&t| (1..=coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d)))
+                .flat_map(|&t| coop_gemm::FRAGMENTS.map(|f| t.with_fragment(f)))
+                .flat_map(|t| (1..=coop_kloop::MAX_DEPTH).map(move |d| t.with_depth(d)))
                 .flat_map(|t| coop_kloop::Stages::ALL.map(|stages| t.with_stages(stages)))
                 .filter(|t| t.is_valid())
         };

@@ -15,40 +15,50 @@ const PORTABLE: Capabilities = Capabilities::SHADER_FLOAT16.union(Capabilities::
 fn every_key_validates() {
     let keys = KernelKey::all();
     assert!(keys.len() > 500, "{} keys", keys.len());
-    for key in keys {
-        let k = key.source();
-        let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
-        let caps = match key.needs_cooperative_matrices() {
-            true => PORTABLE | Capabilities::COOPERATIVE_MATRIX,
-            false => PORTABLE,
-        };
-        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
-        assert_eq!(k.wgsl.contains("coopMultiplyAdd"), key.needs_cooperative_matrices(), "{}", k.name);
-        let placeholder = |l: &str| l.trim_start().starts_with("//@") || l.trim() == "// @unroll";
-        assert!(!k.wgsl.lines().any(placeholder), "{}: a placeholder left", k.name);
-        assert!(module.entry_points.iter().any(|e| e.name == k.entry), "{}: no entry {}", k.name, k.entry);
-        let mut storage = Vec::new();
-        let mut has_uniform = false;
-        for (_, var) in module.global_variables.iter() {
-            let Some(binding) = &var.binding else { continue };
-            assert_eq!(binding.group, 0, "{}: group {}", k.name, binding.group);
-            match var.space {
-                naga::AddressSpace::Uniform => {
-                    assert_eq!(binding.binding, 0, "{}: uniform must be binding 0", k.name);
-                    has_uniform = true;
-                }
-                naga::AddressSpace::Storage { access } => {
-                    let a = if access.contains(naga::StorageAccess::STORE) { Access::ReadWrite } else { Access::Read };
-                    storage.push((binding.binding, a));
-                }
-                _ => {}
-            }
+    // Thousands of keys: a share of them a thread.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for share in keys.chunks(keys.len().div_ceil(threads)) {
+            scope.spawn(move || share.iter().for_each(validate));
         }
-        storage.sort_by_key(|(b, _)| *b);
-        let expected: Vec<(u32, Access)> = k.buffers.iter().enumerate().map(|(i, a)| (i as u32 + 1, *a)).collect();
-        assert!(has_uniform, "{}: no uniform params", k.name);
-        assert_eq!(storage, expected, "{}: storage bindings differ from the declared accesses", k.name);
+    });
+}
+
+/// `key`'s kernel parses, validates under the capabilities it needs and declares its bindings as
+/// the convention promises.
+fn validate(key: &KernelKey) {
+    let k = key.source();
+    let module = naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
+    let caps = match key.needs_cooperative_matrices() {
+        true => PORTABLE | Capabilities::COOPERATIVE_MATRIX,
+        false => PORTABLE,
+    };
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
+    assert_eq!(k.wgsl.contains("coopMultiplyAdd"), key.needs_cooperative_matrices(), "{}", k.name);
+    let placeholder = |l: &str| l.trim_start().starts_with("//@") || l.trim() == "// @unroll";
+    assert!(!k.wgsl.lines().any(placeholder), "{}: a placeholder left", k.name);
+    assert!(module.entry_points.iter().any(|e| e.name == k.entry), "{}: no entry {}", k.name, k.entry);
+    let mut storage = Vec::new();
+    let mut has_uniform = false;
+    for (_, var) in module.global_variables.iter() {
+        let Some(binding) = &var.binding else { continue };
+        assert_eq!(binding.group, 0, "{}: group {}", k.name, binding.group);
+        match var.space {
+            naga::AddressSpace::Uniform => {
+                assert_eq!(binding.binding, 0, "{}: uniform must be binding 0", k.name);
+                has_uniform = true;
+            }
+            naga::AddressSpace::Storage { access } => {
+                let a = if access.contains(naga::StorageAccess::STORE) { Access::ReadWrite } else { Access::Read };
+                storage.push((binding.binding, a));
+            }
+            _ => {}
+        }
     }
+    storage.sort_by_key(|(b, _)| *b);
+    let expected: Vec<(u32, Access)> = k.buffers.iter().enumerate().map(|(i, a)| (i as u32 + 1, *a)).collect();
+    assert!(has_uniform, "{}: no uniform params", k.name);
+    assert_eq!(storage, expected, "{}: storage bindings differ from the declared accesses", k.name);
 }

@@ -7,7 +7,7 @@ use dg_gpu::{Pipelines, PlanBuilder};
 use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm::{self, BLayout, Staging, TILES, WPath};
 use dg_kernels::gemm::GemmParams;
-use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, read_guarded, seeded};
+use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, on_device, read_guarded, seeded};
 
 /// The decoder's 256-row linear layers the kernel is checked on, `(m, n, k)`.
 const SHAPES: [(u32, u32, u32); 2] = [(256, 4096, 2816), (256, 2816, 4096)];
@@ -90,7 +90,9 @@ fn coop_gemm_matches_the_exact_product_on_decoder_shapes() {
                 eprintln!("  {name}: does not fit the shape or this device, skipped");
                 continue;
             }
-            let pipeline = match pipelines.get_source(&ctx, coop_gemm::source_for(tile, WPath::Staged, WeightFormat::F16, BLayout::Nk)) {
+            let pipeline = match pipelines
+                .get_source(&ctx, coop_gemm::source_for(on_device(&ctx, tile), WPath::Staged, WeightFormat::F16, BLayout::Nk))
+            {
                 Ok(p) => p,
                 Err(e) => {
                     failures.push(format!("{name}: compile: {e}"));

@@ -22,7 +22,7 @@ use dg_parity::probe::experts::STREAM_PANELS_WGSL;
 use dg_parity::probe::streaming::{IN_FLIGHT_STEPS, PAD_KIB, stream_in_flight_wgsl};
 use dg_parity::probe::tensor_cores::{DRAIN_PROBE_CASES, DRAIN_PROBE_GROUPS, drain_probe_sums_at, drain_probe_wgsl, peak_probe_wgsl};
 use dg_parity::testing::coop_experts::{Case, check, f16_round, grouped_reference, real_counts, run_grouped, run_tile, tolerance};
-use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, push_product, read_guarded, seeded};
+use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, on_device, push_product, read_guarded, seeded};
 
 /// The device's f32 `tanh` against the exact one, relative to the cap: the f32 GEMM's softcap
 /// epilogue uses the same `tanh`, and the f32 GPU logits agree with the CPU's to 2.7e-6
@@ -135,6 +135,13 @@ fn coop_grouped_gemm_matches_at_the_real_expert_shapes() {
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let counts = real_counts(99);
+    // The test's gate/up weights are one binding of 1 GB (the forward splits them; this kernel
+    // test does not): a device that binds less (lavapipe, 128 MiB) runs the other tests only.
+    let gate_up_bytes = counts.len() as u64 * 1408 * 2816 * 2;
+    if gate_up_bytes > ctx.max_binding() {
+        eprintln!("SKIP {test}: its {gate_up_bytes}-byte weight binding passes the adapter's {}", ctx.max_binding());
+        return;
+    }
     for (name, n, k, gather) in [("gate_up", 1408, 2816, true), ("down", 2816, 704, false)] {
         let case = Case { n, k, counts: counts.clone(), gather };
         let x = case.inputs(40 + n as u64);
@@ -617,7 +624,9 @@ fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
                 let depths = 1..=dg_kernels::coop_kloop::MAX_DEPTH;
                 for (depth, stages) in depths.flat_map(|d| coop_gemm::Stages::ALL.map(|s| (d, s))) {
                     let t = tile.with_depth(depth).with_stages(stages);
-                    let kernel = pipelines.get_source(&ctx, coop_gemm::source_for(t, path, WeightFormat::F16, BLayout::Nk)).unwrap();
+                    let kernel = pipelines
+                        .get_source(&ctx, coop_gemm::source_for(on_device(&ctx, t), path, WeightFormat::F16, BLayout::Nk))
+                        .unwrap();
                     let mut plan = dg_gpu::PlanBuilder::new(&ctx);
                     push_product(&mut plan, (&kernel, &reduce), t, &p, split, [&a, &b, &scratch, &c]);
                     plan.finish(&ctx).unwrap().run(&ctx).unwrap();

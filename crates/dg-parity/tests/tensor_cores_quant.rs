@@ -29,7 +29,7 @@ use dg_kernels::gemm::GemmParams;
 use dg_kernels::{CoopGemmKey, KernelKey, WeightFormat, pack_f16};
 use dg_parity::testing::coop_experts::{Buffers, Case, Inputs, check, f16_round, grouped_reference, run_tile, tolerance};
 use dg_parity::testing::quant::{blocks, dispatch, panelled};
-use dg_parity::testing::{coop_test_context, gemm_reference, max_rel_err, read_guarded, seeded};
+use dg_parity::testing::{coop_test_context, gemm_reference, max_rel_err, on_device, read_guarded, seeded};
 
 /// Rows of two super-blocks (K = 512) for the 256-value formats, else 22 blocks of 32 (the
 /// experts' down projection, K = 704).
@@ -49,6 +49,7 @@ fn same_as_f16(q: QuantFormat, got: &[f32], f16_out: &[f32], k: usize, what: &st
 }
 
 fn check_dense(ctx: &GpuContext, pipelines: &mut Pipelines, q: QuantFormat, key: CoopGemmKey, (m, n, k): (usize, usize, usize)) {
+    let key = CoopGemmKey { tile: on_device(ctx, key.tile), ..key };
     let p = GemmParams::linear(m as u32, n as u32, k as u32);
     let a = seeded(m * k, (m + n) as u64, 1.0);
     let (w_blocks, w) = blocks(q, &seeded(n * k, (n * k) as u64 + q.block_bytes() as u64, 1.0));
@@ -119,7 +120,7 @@ fn run_blocks(
     w_blocks: &[u32],
     x: &Inputs,
 ) -> Vec<f32> {
-    let key = KernelKey::CoopGroupedGemm { tile, path, w: WeightFormat::Quantized(q), a: AFormat::F32 };
+    let key = KernelKey::CoopGroupedGemm { tile: on_device(ctx, tile), path, w: WeightFormat::Quantized(q), a: AFormat::F32 };
     let a: Vec<u32> = bytemuck::cast_slice(&x.a).to_vec();
     let p = coop_grouped_gemm::params_for(tile, &x.params);
     dispatch(ctx, pipelines, key, &p, &[&a, w_blocks, &x.offsets, &x.rows], &x.c0, coop_grouped_gemm::workgroups(tile, &p))

@@ -2,7 +2,7 @@
 //! (`wgsl/coop_gemm.wgsl` with the tile's staging, fragments and K loop filled in); the grouped
 //! kernel (`crate::coop_grouped_gemm`) renders through the same [`CoopTile::expand_path`].
 
-use super::{AFormat, BLayout, CoopTile, FRAGMENT, PANEL, ROW_PAD, Staging, WPath, panelled};
+use super::{AFormat, BLayout, CoopTile, PANEL, ROW_PAD, Staging, WPath, panelled};
 use crate::coop_kloop::Ring;
 use crate::{WeightFormat, with_prelude};
 
@@ -78,22 +78,25 @@ impl CoopTile {
             for j in 0..fn_ {
                 store += &format!(
                     "    {{\n        let ic = c_base + (m0 + sm + {}u) * p.c_rs + n0 + sn + {}u;\n        coopStoreT(acc_{i}_{j}, &c[ic], stride_c);\n    }}\n",
-                    i * FRAGMENT,
-                    j * FRAGMENT
+                    i * self.fragment,
+                    j * self.fragment
                 );
             }
         }
-        // Epilogue: each fragment through the subgroup's scratch; lane l writes 8 values of row l / 2.
+        // Epilogue: each fragment through the subgroup's scratch; lane l writes `v` values of row
+        // l / `lanes` (8 of row l / 2 in 16 × 16 fragments: `CoopTile::lane_span`).
+        let (v, lanes) = self.lane_span();
+        let f = self.fragment;
         let mut capped = String::new();
         for i in 0..fm {
             for j in 0..fn_ {
-                let (di, dj) = (i * FRAGMENT, j * FRAGMENT);
+                let (di, dj) = (i * f, j * f);
                 capped += &format!(
                     "        {{\n            let fs = sg * 256u;\n            coopStoreT(acc_{i}_{j}, &scratch[fs], stride_f);\n            workgroupBarrier();\n\
-                     \x20           let src = fs + (lane / 2u) * 16u + (lane % 2u) * 8u;\n\
-                     \x20           let row = m0 + sm + {di}u + lane / 2u;\n\
-                     \x20           let dst = c_base + row * p.c_rs + n0 + sn + {dj}u + (lane % 2u) * 8u;\n\
-                     \x20           for (var q = 0u; q < 8u && row < p.m; q++) {{\n\
+                     \x20           let src = fs + (lane / {lanes}u) * {f}u + (lane % {lanes}u) * {v}u;\n\
+                     \x20           let row = m0 + sm + {di}u + lane / {lanes}u;\n\
+                     \x20           let dst = c_base + row * p.c_rs + n0 + sn + {dj}u + (lane % {lanes}u) * {v}u;\n\
+                     \x20           for (var q = 0u; q < {v}u && row < p.m; q++) {{\n\
                      \x20               var v = p.alpha * scratch[src + q];\n\
                      \x20               if (p.accumulate != 0u) {{\n                    v += c[dst + q];\n                }}\n\
                      \x20               if (p.epilogue == 1u) {{\n\
@@ -161,7 +164,7 @@ impl CoopTile {
                 let (_, fn_) = self.fragments();
                 let template = template.replace("var<workgroup> sb: array<SElem, SBL>;\n", "");
                 let fragment = |kk: u32, j: u32| format!("fb_{kk}_{j}");
-                let kloop = crate::coop_kloop::direct(self.depth, self.bk / FRAGMENT, fn_, self.stages);
+                let kloop = crate::coop_kloop::direct(self, fn_);
                 self.expand_with(&template, &kloop, "", w_format, layout, Some(&fragment), &pieces)
             }
         }
@@ -217,28 +220,29 @@ impl CoopTile {
         let mut acc = String::new();
         for i in 0..fm {
             for j in 0..fn_ {
-                acc += &format!("    var acc_{i}_{j} = coop_mat16x16<f32, C>();\n");
+                acc += &format!("    var acc_{i}_{j} = {}();\n", self.fragment_type("f32", "C"));
             }
         }
+        let (f, fa_type, fb_type) = (self.fragment, self.fragment_type("f16", "A"), self.fragment_type("f16", "B"));
         let mut multiply = String::new();
-        for kk in 0..self.bk / FRAGMENT {
+        for kk in 0..self.bk / f {
             multiply += "        {\n";
             for i in 0..fm {
                 multiply += &format!(
-                    "            let ia{i} = (a_st + (sm + {}u) * KP + {}u) / {se}u;\n            let fa{i} = coopLoadT<coop_mat16x16<f16, A>>(&sa[ia{i}], stride_s);\n",
-                    i * FRAGMENT,
-                    kk * FRAGMENT
+                    "            let ia{i} = (a_st + (sm + {}u) * KP + {}u) / {se}u;\n            let fa{i} = coopLoadT<{fa_type}>(&sa[ia{i}], stride_s);\n",
+                    i * f,
+                    kk * f
                 );
             }
             if b_fragment.is_none() {
                 for j in 0..fn_ {
-                    let (jf, kf) = (j * FRAGMENT, kk * FRAGMENT);
+                    let (jf, kf) = (j * f, kk * f);
                     multiply += &match layout {
                         BLayout::Nk | BLayout::NkPanels => format!(
-                            "            let ib{j} = (b_st + (sn + {jf}u) * KP + {kf}u) / {se}u;\n            let fb{j} = coopLoad<coop_mat16x16<f16, B>>(&sb[ib{j}], stride_s);\n"
+                            "            let ib{j} = (b_st + (sn + {jf}u) * KP + {kf}u) / {se}u;\n            let fb{j} = coopLoad<{fb_type}>(&sb[ib{j}], stride_s);\n"
                         ),
                         BLayout::Kn => format!(
-                            "            let ib{j} = (b_st + {kf}u * NP + sn + {jf}u) / {se}u;\n            let fb{j} = coopLoadT<coop_mat16x16<f16, B>>(&sb[ib{j}], stride_n);\n"
+                            "            let ib{j} = (b_st + {kf}u * NP + sn + {jf}u) / {se}u;\n            let fb{j} = coopLoadT<{fb_type}>(&sb[ib{j}], stride_n);\n"
                         ),
                     };
                 }
@@ -284,7 +288,7 @@ impl CoopTile {
         // Where the invocation's vec4 number e of a step goes in a stage, in halves.
         let put = format!("{put}fn dst_of(e: u32) -> u32 {{\n    return (e / BK4) * KP + 4u * (e % BK4);\n}}\n");
         body = body.replace("SELEM_TYPE", elem).replace("//@PUT\n", &put).replace("//@ACC\n", &acc).replace("//@MULTIPLY\n", &multiply);
-        body = body.replace("W_WORD", w_word).replace("W_ELEM", w_elem);
+        body = body.replace("W_WORD", w_word).replace("W_ELEM", w_elem).replace("FRAGMENT_SIDE", &format!("{f}u"));
         for (marker, text) in pieces {
             assert!(body.contains(marker), "template lacks {marker}");
             body = body.replace(marker, text);

@@ -81,7 +81,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let stride_s = KPS;
     let stride_n = NPS;
     let stride_c = p.c_rs;
-    let stride_f = 16u;
+    let stride_f = FRAGMENT_SIDE;
     let lane = lt % 32u;
     let a_base = (p.a_offset + wid.y * p.a_batch) / 4u;
     let w_base = (p.b_offset + (wid.y / max(p.b_batch_div, 1u)) * p.b_batch) / 4u;

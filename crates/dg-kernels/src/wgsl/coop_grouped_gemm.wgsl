@@ -113,7 +113,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 //@KLOOP
     let stride_c = p.c_rs;
-    let stride_f = 16u;
+    let stride_f = FRAGMENT_SIDE;
     let lane = lt % 32u;
 //@STORE
 }

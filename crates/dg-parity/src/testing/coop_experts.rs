@@ -185,7 +185,7 @@ pub fn tile_plan(
     b: &Buffers,
     replays: u32,
 ) -> dg_gpu::Plan {
-    let pipeline = pipelines.get_source(ctx, coop_grouped_gemm::source_with(tile, path)).unwrap();
+    let pipeline = pipelines.get_source(ctx, coop_grouped_gemm::source_with(super::on_device(ctx, tile), path)).unwrap();
     let mut plan = dg_gpu::PlanBuilder::new(ctx);
     for _ in 0..replays {
         plan.push(&pipeline, &x.params, &[&b.a, &b.w.buffer, &b.offsets, &b.rows, &b.c], coop_grouped_gemm::workgroups(tile, &x.params));

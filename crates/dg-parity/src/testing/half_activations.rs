@@ -71,7 +71,10 @@ impl Dense {
 
     pub fn plan(&self, ctx: &GpuContext, pipelines: &mut Pipelines, format: AFormat, replays: u32) -> dg_gpu::Plan {
         let kernel = pipelines
-            .get_source(ctx, coop_gemm::source_for_a(self.tile, WPath::Staged, WeightFormat::F16, BLayout::NkPanels, format))
+            .get_source(
+                ctx,
+                coop_gemm::source_for_a(super::on_device(ctx, self.tile), WPath::Staged, WeightFormat::F16, BLayout::NkPanels, format),
+            )
             .unwrap();
         let reduce = pipelines.get_source(ctx, split_k::source()).unwrap();
         let (p, a) = (&self.p, self.a.get(format));
@@ -143,7 +146,7 @@ impl Grouped {
         format: AFormat,
         replays: u32,
     ) -> dg_gpu::Plan {
-        let kernel = pipelines.get_source(ctx, coop_grouped_gemm::source_with_a(tile, path, format)).unwrap();
+        let kernel = pipelines.get_source(ctx, coop_grouped_gemm::source_with_a(super::on_device(ctx, tile), path, format)).unwrap();
         let mut plan = dg_gpu::PlanBuilder::new(ctx);
         for _ in 0..replays {
             plan.push(

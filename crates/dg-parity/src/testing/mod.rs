@@ -88,16 +88,29 @@ pub fn test_context(test: &str) -> Option<GpuContext> {
     }
 }
 
+/// Set to 1, a test of the tensor-core kernels fails where the device has no cooperative matrices
+/// instead of skipping (`.ci/run` sets it where it runs them on lavapipe: `tools/lavapipe-coop.sh`).
+pub const REQUIRE_TENSOR_CORES: &str = "DG_REQUIRE_TENSOR_CORES";
+
 /// The device for a test of the tensor-core kernels: [`test_context`] when it runs them
-/// ([`GpuContext::coop_matrix`]), otherwise `None` and a visible SKIP line (lavapipe has no
-/// cooperative matrices; the f32 kernels run there instead).
+/// ([`GpuContext::coop_matrix`]), otherwise `None` and a visible SKIP line (Debian 12's lavapipe
+/// has no cooperative matrices; the f32 kernels run there instead), or a failure under
+/// [`REQUIRE_TENSOR_CORES`].
 pub fn coop_test_context(test: &str) -> Option<GpuContext> {
     let ctx = test_context(test)?;
     if !ctx.coop_matrix {
-        eprintln!("SKIP {test}: adapter {} has no cooperative matrices (the f32 kernels run instead)", ctx.info.name);
+        let why = format!("adapter {} has no cooperative matrices (the f32 kernels run instead)", ctx.info.name);
+        assert!(std::env::var(REQUIRE_TENSOR_CORES).as_deref() != Ok("1"), "{test}: {why}, and {REQUIRE_TENSOR_CORES}=1");
+        eprintln!("SKIP {test}: {why}");
         return None;
     }
     Some(ctx)
+}
+
+/// `tile` in the fragments of `ctx`'s tensor cores ([`GpuContext::coop_fragment`]), as the
+/// planner hands tiles out: for tests that run a tile of their own choosing.
+pub fn on_device(ctx: &GpuContext, tile: dg_kernels::coop_gemm::CoopTile) -> dg_kernels::coop_gemm::CoopTile {
+    tile.with_fragment(ctx.coop_fragment)
 }
 
 /// A storage buffer holding `len` values initialised to [`GUARD`], plus a guard band.
