@@ -288,6 +288,48 @@ fn lavapipe_choices_are_unchanged() {
     check("lavapipe", LAVAPIPE, LAVAPIPE_GOLDEN);
 }
 
+/// The shapes `dg-parity`'s `tests/tensor_cores.rs` runs through the Recorder take these tiles on
+/// the H200 (the kernel tests check that the Recorder runs the device's planner's choice, on any
+/// device; these are that choice on the H200): q_proj, K/V and a 1000-row chunk on 128 × 128 at
+/// depth 3, a 77-row chunk on 64 × 64, every one of them and the router's shape in split K.
+#[test]
+fn kernel_tests_shapes_take_the_h200s_tiles() {
+    let tuning = Tuning::default();
+    let planner = Planner::new(H200, &tuning);
+    let kv =
+        |m: u32, n: u32, k: u32| GemmParams { batch: 2, a_batch: 0, b_batch: n * k, c_batch: m * n + 8, ..GemmParams::linear(m, n, k) };
+    let scratch = (16 << 20) / 4;
+    for (p, tile, splits) in [
+        (GemmParams::linear(256, 4096, 2816), "128x128x32_32x64_v4_d3", true),
+        (kv(256, 256, 512), "128x128x32_32x64_v4_d3", true),
+        (GemmParams::linear(256, 128, 2816), "", true),
+        (GemmParams::linear(77, 256, 512), "64x64x32_32x32_v4", true),
+        (kv(1000, 128, 256), "128x128x32_32x64_v4_d3", true),
+    ] {
+        match planner.dense(WeightFormat::F16, MatrixLayout::KPanels, &p, true, Some(scratch)) {
+            Ok(Dense::TensorCores(plan)) => {
+                let label = plan.kernel.tile.label();
+                assert!(label.starts_with(tile), "m {} n {} k {}: tile {label}, not {tile}", p.m, p.n, p.k);
+                assert_eq!(plan.split.is_some(), splits, "m {} n {} k {}: split {:?}", p.m, p.n, p.k, plan.split);
+            }
+            other => panic!("m {} n {} k {}: {other:?}", p.m, p.n, p.k),
+        }
+    }
+    // BF16 rows (the head's and the soft embedding's embedding), with 64 MiB of scratch.
+    let head = GemmParams { c_rs: 32768 + 64, c_offset: 32, ..GemmParams::linear(256, 32768, 64) };
+    let soft = GemmParams { a_offset: 32, a_rs: 16384 + 64, b_rs: 256, b_cs: 1, ..GemmParams::new(128, 256, 16384) };
+    for (p, tile, splits) in [(head, "128x128x32_32x64_v4_d3", false), (soft, "", true)] {
+        match planner.dense(WeightFormat::Bf16, MatrixLayout::RowMajor, &p, true, Some((64 << 20) / 4)) {
+            Ok(Dense::TensorCores(plan)) => {
+                let label = plan.kernel.tile.label();
+                assert!(label.starts_with(tile), "m {} n {} k {}: tile {label}, not {tile}", p.m, p.n, p.k);
+                assert_eq!(plan.split.is_some(), splits, "m {} n {} k {}: split {:?}", p.m, p.n, p.k, plan.split);
+            }
+            other => panic!("m {} n {} k {}: {other:?}", p.m, p.n, p.k),
+        }
+    }
+}
+
 /// A device whose cooperative matrices are 8×8×8 (lavapipe's) gets the H200's choices with every
 /// tensor-core tile in fragments of 8: the fragment changes how a subgroup multiplies, never which
 /// tile, path or split runs a product; every such kernel is a key (`known`, in `choices`).

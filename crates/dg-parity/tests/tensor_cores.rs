@@ -397,8 +397,9 @@ fn f32_product_on_tensor_cores(
 }
 
 /// Runs `p` through `Recorder::product` on the tensor cores (with a split-K scratch) on seeded
-/// f16-exact operands, B stored as `format`; asserts that the plan dispatched a kernel whose name
-/// starts with `expect` and compares the whole C buffer with `gemm_reference`.
+/// f16-exact operands, B stored as `format` in rows; asserts that the plan dispatched the kernel
+/// the device's planner chooses (and the reduction where it splits K) and compares the whole C
+/// buffer with `gemm_reference`. Returns whether it split K.
 fn check_gemm_auto(
     ctx: &GpuContext,
     pipelines: &mut Pipelines,
@@ -406,9 +407,9 @@ fn check_gemm_auto(
     name: &str,
     format: WeightFormat,
     p: dg_kernels::gemm::GemmParams,
-    expect: &str,
-) {
+) -> bool {
     use dg_parity::testing::{gemm_extent, gemm_reference};
+    let (expect, splits) = planned_as(ctx, format, MatrixLayout::RowMajor, &p, scratch.size() / 4);
     let bf16_round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
     let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
     let b_len = gemm_extent(p.b_offset, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs);
@@ -425,13 +426,18 @@ fn check_gemm_auto(
     rec.split_k_scratch(scratch);
     rec.product(&ab, Operand::stored(&bb, format), &cb, p, true).unwrap();
     let plan = rec.finish().unwrap();
-    assert!(plan.kernel_names().iter().any(|k| k.starts_with(expect)), "{name}: no {expect} in {:?}", plan.kernel_names());
+    let names = plan.kernel_names();
+    assert!(
+        names.contains(&expect.as_str()) && names.contains(&"split_k_reduce") == splits,
+        "{name}: {expect} (split K: {splits}), got {names:?}"
+    );
     plan.run(ctx).unwrap();
     let got = read_guarded(ctx, &cb, c_len);
     let want = gemm_reference(&p, &a, &b, &c0);
     let (err, at) = max_rel_err(&got, &want);
     let tol = tolerance(p.k as usize) + if p.epilogue == dg_kernels::gemm::EPILOGUE_SOFTCAP { TANH_ALLOWANCE } else { 0.0 };
     assert!(err <= tol, "{name}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
+    splits
 }
 
 /// Split K through the Recorder (`Recorder::product` with a split-K scratch): products with few
@@ -475,7 +481,7 @@ fn split_k_products_on_tensor_cores_match_the_reference() {
     ];
     let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
     for (name, format, p) in cases {
-        check_gemm_auto(&ctx, &mut pipelines, &scratch, name, format, p, "split_k_reduce");
+        assert!(check_gemm_auto(&ctx, &mut pipelines, &scratch, name, format, p), "{name}: did not split K");
     }
 }
 
@@ -487,12 +493,35 @@ fn panelled_projection(ctx: &GpuContext, w: &[f32], n: usize, k: usize) -> GpuMa
     GpuMatrix { buffer: ctx.upload("w", &packed).unwrap(), format: WeightFormat::F16, layout: MatrixLayout::KPanels }
 }
 
+/// The kernel the device's planner runs `p` on (W: F16 in K panels, `scratch` f32 elements of
+/// split-K scratch), and whether it splits K: what the Recorder must record.
+fn planned_on(ctx: &GpuContext, p: &dg_kernels::gemm::GemmParams, scratch: u64) -> (String, bool) {
+    planned_as(ctx, WeightFormat::F16, MatrixLayout::KPanels, p, scratch)
+}
+
+/// [`planned_on`] with W stored as `format` in `layout`.
+fn planned_as(
+    ctx: &GpuContext,
+    format: WeightFormat,
+    layout: MatrixLayout,
+    p: &dg_kernels::gemm::GemmParams,
+    scratch: u64,
+) -> (String, bool) {
+    use dg_gpu::planner::{Dense, Planner};
+    match Planner::of(ctx).dense(format, layout, p, true, Some(scratch)) {
+        Ok(Dense::TensorCores(plan)) => (dg_kernels::KernelKey::CoopGemm(plan.kernel).source().name, plan.split.is_some()),
+        other => panic!("m {} n {} k {}: not on the tensor cores: {other:?}", p.m, p.n, p.k),
+    }
+}
+
 /// Dense projections uploaded in K panels (`MatrixLayout::KPanels`, the F16 mode's q, K/V, o, MLPs
 /// and router on a device with cooperative matrices) through `Recorder::product`, against
 /// `gemm_reference` on the row-major f16-rounded operands over the whole C buffer: q_proj's real
 /// shape; K and V as two batches of one stacked matrix, each block in its own panels; the router's
-/// shape, which splits K; and encoder chunks whose rows do not fill the last m tile (77 rows on
-/// 64×64 tiles, 1000 on 128×128 in split K), whose extra rows must not be stored.
+/// shape, which splits K; and encoder chunks whose rows do not fill the last m tile (77 rows,
+/// 1000 in split K on the H200), whose extra rows must not be stored. The Recorder runs the
+/// kernel the device's planner chooses (on the H200 the tiles `tests/planner.rs`
+/// `kernel_tests_shapes_take_the_h200s_tiles` names).
 #[test]
 fn panelled_projections_match_the_exact_product() {
     use dg_kernels::gemm::GemmParams;
@@ -502,14 +531,15 @@ fn panelled_projections_match_the_exact_product() {
     let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
     let kv =
         |m: u32, n: u32, k: u32| GemmParams { batch: 2, a_batch: 0, b_batch: n * k, c_batch: m * n + 8, ..GemmParams::linear(m, n, k) };
-    let cases: [(&str, GemmParams, &str); 5] = [
-        ("q_proj", GemmParams::linear(256, 4096, 2816), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
-        ("K and V stacked", kv(256, 256, 512), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
-        ("router, split K", GemmParams::linear(256, 128, 2816), "split_k_reduce"),
-        ("ragged chunk", GemmParams::linear(77, 256, 512), "coop_gemm_64x64x32_32x32_v4_kp"),
-        ("ragged batched chunk", kv(1000, 128, 256), "coop_gemm_128x128x32_32x64_v4_d3_kp"),
+    let cases: [(&str, GemmParams); 5] = [
+        ("q_proj", GemmParams::linear(256, 4096, 2816)),
+        ("K and V stacked", kv(256, 256, 512)),
+        ("router, split K", GemmParams::linear(256, 128, 2816)),
+        ("ragged chunk", GemmParams::linear(77, 256, 512)),
+        ("ragged batched chunk", kv(1000, 128, 256)),
     ];
-    for (name, p, expect) in cases {
+    for (name, p) in cases {
+        let (expect, splits) = planned_on(&ctx, &p, (16 << 20) / 4);
         let (m, n, k) = (p.m as usize, p.n as usize, p.k as usize);
         let blocks = p.batch.max(1) as usize;
         let c_len = dg_parity::testing::gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
@@ -526,8 +556,8 @@ fn panelled_projections_match_the_exact_product() {
         let plan = rec.finish().unwrap();
         let names = plan.kernel_names();
         assert!(
-            names.iter().any(|k| k.starts_with(expect)) && names.iter().any(|k| k.contains("_kp")),
-            "{name}: expected {expect} on K panels, got {names:?}"
+            names.contains(&expect.as_str()) && names.contains(&"split_k_reduce") == splits,
+            "{name}: expected {expect} (split K: {splits}), got {names:?}"
         );
         plan.run(&ctx).unwrap();
         let got = read_guarded(&ctx, &cb, c_len);
@@ -537,42 +567,52 @@ fn panelled_projections_match_the_exact_product() {
     }
 }
 
-/// `Recorder::product_to_consumer` on a product that splits K (q_proj's real shape on 128 × 128 tiles,
-/// W in K panels) leaves its partials to the consumer: no reduction is recorded, the product view
-/// has more than one split, and an RMSNorm reading the partials gives the same bits as one reading
-/// the product that `Recorder::product` reduces.
+/// `Recorder::product_to_consumer` on a product that splits K (W in K panels: q_proj's real shape,
+/// which splits on the H200's 128 × 128 tiles, and the router's, which splits on every device's)
+/// leaves its partials to the consumer: no reduction is recorded, the product view has more than
+/// one split, and an RMSNorm reading the partials gives the same bits as one reading the product
+/// that `Recorder::product` reduces.
 #[test]
 fn linear_product_leaves_split_partials_to_their_consumer() {
     let test = "linear_product_leaves_split_partials_to_their_consumer";
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let scratch = ctx.storage_buffer("split partials", 16 << 20).unwrap();
-    let (m, n, k) = (256usize, 4096usize, 2816usize);
-    let a = ctx.upload("a", &seeded(m * k, 81, 1.0)).unwrap();
-    let w = f16_round(&seeded(n * k, 82, 1.0));
-    let matrix = panelled_projection(&ctx, &w, n, k);
-    let norm_w = ctx.upload("norm", &seeded(n, 83, 1.0)).unwrap();
-    let product = ctx.storage_buffer("product", (m * n * 4) as u64).unwrap();
-    let mut outputs = Vec::new();
-    for deferred in [false, true] {
-        let out = guarded_output(&ctx, "normed", m * n);
-        let mut rec = Recorder::new(&ctx, &mut pipelines);
-        rec.split_k_scratch(&scratch);
-        if deferred {
-            let view = rec.product_to_consumer(&a, &matrix, &product, linear_params(m, n, k), matrix.format == WeightFormat::F16).unwrap();
-            assert!(view.splits > 1, "{test}: q_proj's shape did not split ({} splits)", view.splits);
-            rec.rmsnorm(view, Some(&norm_w), &norm_w, &out, m, n, 1e-6, false, 1.0).unwrap();
-        } else {
-            rec.product(&a, &matrix, &product, linear_params(m, n, k), matrix.format == WeightFormat::F16).unwrap();
-            rec.rmsnorm(&product, Some(&norm_w), &norm_w, &out, m, n, 1e-6, false, 1.0).unwrap();
+    let mut split = 0;
+    for (name, m, n, k) in [("q_proj", 256usize, 4096usize, 2816usize), ("router", 256, 128, 2816)] {
+        if !planned_on(&ctx, &linear_params(m, n, k), (16 << 20) / 4).1 {
+            assert!(name != "router", "{test}: the router's shape does not split on {}", ctx.info.name);
+            eprintln!("  {test}: {name}'s shape does not split on {}", ctx.info.name);
+            continue;
         }
-        let plan = rec.finish().unwrap();
-        assert_eq!(plan.kernel_names().contains(&"split_k_reduce"), !deferred, "{test}: {:?}", plan.kernel_names());
-        plan.run(&ctx).unwrap();
-        outputs.push(read_guarded(&ctx, &out, m * n));
+        split += 1;
+        let a = ctx.upload("a", &seeded(m * k, 81, 1.0)).unwrap();
+        let w = f16_round(&seeded(n * k, 82, 1.0));
+        let matrix = panelled_projection(&ctx, &w, n, k);
+        let norm_w = ctx.upload("norm", &seeded(n, 83, 1.0)).unwrap();
+        let product = ctx.storage_buffer("product", (m * n * 4) as u64).unwrap();
+        let mut outputs = Vec::new();
+        for deferred in [false, true] {
+            let out = guarded_output(&ctx, "normed", m * n);
+            let mut rec = Recorder::new(&ctx, &mut pipelines);
+            rec.split_k_scratch(&scratch);
+            if deferred {
+                let view = rec.product_to_consumer(&a, &matrix, &product, linear_params(m, n, k), true).unwrap();
+                assert!(view.splits > 1, "{test}: {name}'s shape did not split ({} splits)", view.splits);
+                rec.rmsnorm(view, Some(&norm_w), &norm_w, &out, m, n, 1e-6, false, 1.0).unwrap();
+            } else {
+                rec.product(&a, &matrix, &product, linear_params(m, n, k), true).unwrap();
+                rec.rmsnorm(&product, Some(&norm_w), &norm_w, &out, m, n, 1e-6, false, 1.0).unwrap();
+            }
+            let plan = rec.finish().unwrap();
+            assert_eq!(plan.kernel_names().contains(&"split_k_reduce"), !deferred, "{test}: {name}: {:?}", plan.kernel_names());
+            plan.run(&ctx).unwrap();
+            outputs.push(read_guarded(&ctx, &out, m * n));
+        }
+        let first = outputs[0].iter().zip(&outputs[1]).position(|(x, y)| x.to_bits() != y.to_bits());
+        assert!(first.is_none(), "{test}: {name}: the consumer of the partials differs at {first:?}");
     }
-    let first = outputs[0].iter().zip(&outputs[1]).position(|(x, y)| x.to_bits() != y.to_bits());
-    assert!(first.is_none(), "{test}: the consumer of the partials differs at {first:?}");
+    assert!(split > 0, "{test}: no shape split");
 }
 
 /// A matrix in K panels is read only by the tensor cores: a product no tile takes (k not a whole
@@ -643,10 +683,11 @@ fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
     }
 }
 
-/// The Recorder's choices for large products (`coop_gemm::plan`): a head-like product with 512
-/// tiles of 128×128 (BF16, softcapped, at a column offset) takes that tile; a long `[k][n]` product
-/// (the soft embedding's shape with K = 16384: 512 steps) splits towards
-/// `LONG_K_TARGET_WORKGROUPS`. Both against `gemm_reference` over the whole C buffer.
+/// Large products through the Recorder, on the kernel the device's planner chooses: a head-like
+/// product (BF16, softcapped, at a column offset; on the H200 512 tiles of 128×128) and a long
+/// `[k][n]` product (the soft embedding's shape with K = 16384: 512 steps; on the H200 split
+/// towards `LONG_K_TARGET_WORKGROUPS`; `tests/planner.rs` `kernel_tests_shapes_take_the_h200s_tiles`).
+/// Both against `gemm_reference` over the whole C buffer.
 #[test]
 fn large_and_long_products_on_tensor_cores_match_the_reference() {
     use dg_kernels::gemm::{EPILOGUE_SOFTCAP, GemmParams};
@@ -655,10 +696,10 @@ fn large_and_long_products_on_tensor_cores_match_the_reference() {
     let mut pipelines = Pipelines::default();
     let scratch = ctx.storage_buffer("split partials", 64 << 20).unwrap();
     let head = GemmParams { c_rs: 32768 + 64, c_offset: 32, epilogue: EPILOGUE_SOFTCAP, cap: 3.0, ..GemmParams::linear(256, 32768, 64) };
-    check_gemm_auto(&ctx, &mut pipelines, &scratch, "head-like", WeightFormat::Bf16, head, "coop_gemm_128x128");
+    check_gemm_auto(&ctx, &mut pipelines, &scratch, "head-like", WeightFormat::Bf16, head);
     let soft =
         GemmParams { a_offset: 32, a_rs: 16384 + 64, b_rs: 256, b_cs: 1, alpha: 0.5, accumulate: 1, ..GemmParams::new(128, 256, 16384) };
-    check_gemm_auto(&ctx, &mut pipelines, &scratch, "long soft embedding", WeightFormat::Bf16, soft, "split_k_reduce");
+    check_gemm_auto(&ctx, &mut pipelines, &scratch, "long soft embedding", WeightFormat::Bf16, soft);
 }
 
 /// The probes' generated kernels parse and validate (with cooperative matrices and f16) on every
