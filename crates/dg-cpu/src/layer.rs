@@ -12,7 +12,7 @@ use dg_model::{LayerKind, LayerSpec, LayerWeights, TextConfig};
 use crate::attention::{AttnShape, Mask, attention};
 use crate::cache::LayerCache;
 use crate::linalg::linear;
-use crate::moe::{experts, route};
+use crate::moe::{Routing, experts, route_logits, router_input, router_logits};
 use crate::ops::{gelu_glu, rms_norm_into, rms_norm_rows};
 use crate::rope::RopeTable;
 
@@ -54,6 +54,15 @@ fn project_qkv(x: &[f32], t: usize, w: &LayerWeights, spec: &LayerSpec, cfg: &Te
     Qkv { q, k, v }
 }
 
+/// What a layer's router saw and chose: its input `[T, H]` (`moe::router_input`), logits `[T, E]`
+/// and routing.
+#[derive(Debug, Clone)]
+pub struct RouterTrace {
+    pub input: Vec<f32>,
+    pub logits: Vec<f32>,
+    pub routing: Routing,
+}
+
 /// Runs layer `w` over `h: [T, H]` (tokens at positions `start..start+T`) in place.
 /// `attention_only` stops after the K/V are written (the encoder's last layer: the rest of it
 /// feeds only the unused final hidden state).
@@ -68,6 +77,24 @@ pub fn layer_forward(
     pass: Pass<'_>,
     attention_only: bool,
 ) {
+    layer_forward_routed(h, t, start, w, spec, cfg, pass, attention_only, None);
+}
+
+/// [`layer_forward`] whose experts are `chosen` (`[T, k]` expert ids, another router's choice;
+/// their weights from this router's probabilities, `moe::route_logits`) where given, and which
+/// reports what its router saw and chose (`None` with `attention_only`).
+#[allow(clippy::too_many_arguments)]
+pub fn layer_forward_routed(
+    h: &mut [f32],
+    t: usize,
+    start: usize,
+    w: &LayerWeights,
+    spec: &LayerSpec,
+    cfg: &TextConfig,
+    pass: Pass<'_>,
+    attention_only: bool,
+    chosen: Option<&[usize]>,
+) -> Option<RouterTrace> {
     let hid = cfg.hidden_size;
     let eps = cfg.rms_norm_eps;
     let (heads, d, kv_heads) = (cfg.num_attention_heads, spec.head_dim, spec.num_kv_heads);
@@ -96,7 +123,7 @@ pub fn layer_forward(
         c.append(&k, &v);
     }
     if attention_only {
-        return;
+        return None;
     }
     let mut attn = vec![0f32; t * heads * d];
     attention(&mut attn, &q, &keys, &values, shape, mask);
@@ -117,7 +144,9 @@ pub fn layer_forward(
     linear(&mut dense, &gate, t, &w.mlp_down);
     rms_norm_rows(&mut dense, hid, Some(&w.post_feedforward_layernorm_1), eps);
 
-    let routing = route(h, t, w, cfg);
+    let input = router_input(h, t, w, cfg);
+    let logits = router_logits(&input, t, w, cfg);
+    let routing = route_logits(&logits, t, w, cfg, chosen);
     rms_norm_into(&mut x, h, hid, Some(&w.pre_feedforward_layernorm_2), eps);
     let mut moe = vec![0f32; t * hid];
     experts(&mut moe, &x, t, &routing, w);
@@ -126,4 +155,5 @@ pub fn layer_forward(
     dense.iter_mut().zip(&moe).for_each(|(d, m)| *d += m);
     rms_norm_rows(&mut dense, hid, Some(&w.post_feedforward_layernorm), eps);
     h.iter_mut().zip(&dense).for_each(|(h, d)| *h = (*h + d) * scalar);
+    Some(RouterTrace { input, logits, routing })
 }

@@ -9,7 +9,7 @@
 use dg_model::{LayerKind, ModelConfig, Weights};
 
 use crate::cache::{KvCache, LayerCache};
-use crate::layer::{Pass, layer_forward};
+use crate::layer::{Pass, RouterTrace, layer_forward, layer_forward_routed};
 use crate::linalg::{Threads, View, linear, matmul};
 use crate::ops::{gelu_glu, rms_norm_into, rms_norm_rows, softcap_in_place, softmax_rows_into};
 
@@ -188,6 +188,15 @@ impl CpuModel {
             let pass = Pass::Decode(&self.cache.layers[i]);
             layer_forward(h, tokens, self.cache.seq_len, &self.weights.layers[i], &cfg.layers[i], cfg, pass, false);
         }
+    }
+
+    /// Decoder layer `i` over `h` as [`Self::decoder_layers`] runs it, its experts `chosen`
+    /// (`[C, k]` ids) where given; returns what its router saw and chose.
+    pub fn decoder_layer_routed(&self, h: &mut [f32], tokens: usize, i: usize, chosen: Option<&[usize]>) -> RouterTrace {
+        let cfg = &self.config.text;
+        let pass = Pass::Decode(&self.cache.layers[i]);
+        layer_forward_routed(h, tokens, self.cache.seq_len, &self.weights.layers[i], &cfg.layers[i], cfg, pass, false, chosen)
+            .expect("a decoder layer runs whole")
     }
 
     /// Final norm, tied head and softcap: `logits[C, V]` from `h: [C, H]`.

@@ -21,24 +21,49 @@ pub struct Routing {
 
 /// The router of one layer over `h: [T, H]`.
 pub fn route(h: &[f32], tokens: usize, w: &LayerWeights, cfg: &TextConfig) -> Routing {
-    let (hid, e, k) = (cfg.hidden_size, cfg.num_experts, cfg.top_k_experts);
+    let logits = router_logits(&router_input(h, tokens, w, cfg), tokens, w, cfg);
+    route_logits(&logits, tokens, w, cfg, None)
+}
+
+/// The router's input over `h: [T, H]`: weightless RMSNorm, `⊙ scale · H^−½`.
+pub fn router_input(h: &[f32], tokens: usize, w: &LayerWeights, cfg: &TextConfig) -> Vec<f32> {
+    let hid = cfg.hidden_size;
     let mut r = vec![0f32; tokens * hid];
     rms_norm_into(&mut r, h, hid, None, cfg.rms_norm_eps);
     let root = (hid as f64).powf(-0.5) as f32;
     for row in r.chunks_exact_mut(hid) {
         row.iter_mut().zip(&w.router_scale).for_each(|(x, &s)| *x = (*x * s) * root);
     }
-    let mut probs = vec![0f32; tokens * e];
-    linear(&mut probs, &r, tokens, &w.router_proj);
+    r
+}
+
+/// The router's logits `[T, E]` on its input (`router_input`).
+pub fn router_logits(input: &[f32], tokens: usize, w: &LayerWeights, cfg: &TextConfig) -> Vec<f32> {
+    let mut logits = vec![0f32; tokens * cfg.num_experts];
+    linear(&mut logits, input, tokens, &w.router_proj);
+    logits
+}
+
+/// Top-k routing from the router's logits: f32 softmax over all experts, the `k` most probable
+/// (ties to the lower index) or, with `chosen`, those `[T, k]` experts (another router's choice),
+/// renormalised over the chosen, then `× per_expert_scale`.
+pub fn route_logits(logits: &[f32], tokens: usize, w: &LayerWeights, cfg: &TextConfig, chosen: Option<&[usize]>) -> Routing {
+    let (e, k) = (cfg.num_experts, cfg.top_k_experts);
+    let mut probs = logits.to_vec();
     let mut experts = Vec::with_capacity(tokens * k);
     let mut weights = Vec::with_capacity(tokens * k);
     let mut order: Vec<usize> = Vec::with_capacity(e);
-    for row in probs.chunks_exact_mut(e) {
+    for (t, row) in probs.chunks_exact_mut(e).enumerate() {
         softmax_in_place(row);
         order.clear();
-        order.extend(0..e);
-        // Descending probability; ties keep the lower expert index first.
-        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        match chosen {
+            Some(chosen) => order.extend_from_slice(&chosen[t * k..(t + 1) * k]),
+            None => {
+                order.extend(0..e);
+                // Descending probability; ties keep the lower expert index first.
+                order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            }
+        }
         let top = &order[..k];
         let sum: f32 = top.iter().map(|&i| row[i]).sum();
         for &i in top {

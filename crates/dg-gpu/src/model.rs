@@ -639,6 +639,13 @@ impl GpuModel {
         self.ctx.read_f32(&self.arena.hidden, 0, hidden.len())
     }
 
+    /// What the router of the layer [`Self::run_layer`] last ran saw and chose: its input `[C, H]`
+    /// (`rms(h)·scale·H^-½`, f32) and the experts it chose, `[C, k]`.
+    pub fn last_routing(&self) -> Result<(Vec<f32>, Vec<u32>), GpuError> {
+        let (c, h, k) = (self.config.canvas_length, self.config.text.hidden_size, self.config.text.top_k_experts);
+        Ok((self.ctx.read_f32(&self.arena.branch_in, c * h, c * h)?, self.ctx.read_u32(&self.arena.topk_idx, 0, c * k)?))
+    }
+
     /// Wall time of the decoder layers alone, in normal execution (one compute pass, no
     /// timestamps): records a plan of every layer once, replays it `steps` times, waits for the
     /// device each time, and returns the mean milliseconds per replay of all layers.
