@@ -65,26 +65,12 @@ pub struct RouterTrace {
 
 /// Runs layer `w` over `h: [T, H]` (tokens at positions `start..start+T`) in place.
 /// `attention_only` stops after the K/V are written (the encoder's last layer: the rest of it
-/// feeds only the unused final hidden state).
+/// feeds only the unused final hidden state). The experts are `chosen` (`[T, k]` expert ids,
+/// another router's choice; their weights from this router's probabilities,
+/// `moe::route_logits`) where given, else this router's; returns what the router saw and chose
+/// (`None` with `attention_only`).
 #[allow(clippy::too_many_arguments)]
 pub fn layer_forward(
-    h: &mut [f32],
-    t: usize,
-    start: usize,
-    w: &LayerWeights,
-    spec: &LayerSpec,
-    cfg: &TextConfig,
-    pass: Pass<'_>,
-    attention_only: bool,
-) {
-    layer_forward_routed(h, t, start, w, spec, cfg, pass, attention_only, None);
-}
-
-/// [`layer_forward`] whose experts are `chosen` (`[T, k]` expert ids, another router's choice;
-/// their weights from this router's probabilities, `moe::route_logits`) where given, and which
-/// reports what its router saw and chose (`None` with `attention_only`).
-#[allow(clippy::too_many_arguments)]
-pub fn layer_forward_routed(
     h: &mut [f32],
     t: usize,
     start: usize,

@@ -9,7 +9,7 @@
 use dg_model::{LayerKind, ModelConfig, Weights};
 
 use crate::cache::{KvCache, LayerCache};
-use crate::layer::{Pass, RouterTrace, layer_forward, layer_forward_routed};
+use crate::layer::{Pass, RouterTrace, layer_forward};
 use crate::linalg::{Threads, View, linear, matmul};
 use crate::ops::{gelu_glu, rms_norm_into, rms_norm_rows, softcap_in_place, softmax_rows_into};
 
@@ -146,7 +146,7 @@ impl CpuModel {
         let last = cfg.num_layers() - 1;
         for (i, (w, spec)) in self.weights.layers.iter().zip(&cfg.layers).enumerate() {
             let pass = Pass::Encode(&mut self.cache.layers[i]);
-            layer_forward(&mut h, t, start, w, spec, cfg, pass, i == last);
+            layer_forward(&mut h, t, start, w, spec, cfg, pass, i == last, None);
         }
         self.cache.seq_len += t;
         Ok(())
@@ -186,7 +186,7 @@ impl CpuModel {
         let cfg = &self.config.text;
         for i in layers {
             let pass = Pass::Decode(&self.cache.layers[i]);
-            layer_forward(h, tokens, self.cache.seq_len, &self.weights.layers[i], &cfg.layers[i], cfg, pass, false);
+            layer_forward(h, tokens, self.cache.seq_len, &self.weights.layers[i], &cfg.layers[i], cfg, pass, false, None);
         }
     }
 
@@ -195,7 +195,7 @@ impl CpuModel {
     pub fn decoder_layer_routed(&self, h: &mut [f32], tokens: usize, i: usize, chosen: Option<&[usize]>) -> RouterTrace {
         let cfg = &self.config.text;
         let pass = Pass::Decode(&self.cache.layers[i]);
-        layer_forward_routed(h, tokens, self.cache.seq_len, &self.weights.layers[i], &cfg.layers[i], cfg, pass, false, chosen)
+        layer_forward(h, tokens, self.cache.seq_len, &self.weights.layers[i], &cfg.layers[i], cfg, pass, false, chosen)
             .expect("a decoder layer runs whole")
     }
 
