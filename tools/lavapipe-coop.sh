@@ -52,6 +52,7 @@ EOF
         dpkg-deb -x "$deb" "$root.partial"
     done
     mv "$root.partial" "$root"
+    echo "lavapipe-coop: Mesa $(dpkg-deb -f "$dir"/debs/mesa-vulkan-drivers_*.deb Version)"
 }
 
 if [ ! -x "$libs/ld-linux-x86-64.so.2" ] || [ ! -e "$libs/libvulkan_lvp.so" ]; then
