@@ -256,6 +256,30 @@ impl CoopTile {
         (values, self.fragment / values)
     }
 
+    /// The start of a fragment's trip through the subgroup's scratch (`fs`, 256 f32s a subgroup)
+    /// for the epilogues that C's elements need: accumulator `acc_{i}_{j}` stored there, a
+    /// barrier, then `src`, the scratch index of the first of the `values` (of [`Self::lane_span`])
+    /// that the lane reads; `indent` before each line. With [`Self::lane_row`] and
+    /// [`Self::lane_column`], the one lane map of the dense and grouped kernels' scratch paths.
+    pub(crate) fn scratch_trip(self, i: u32, j: u32, indent: &str) -> (String, String) {
+        let ((v, lanes), f) = (self.lane_span(), self.fragment);
+        let store =
+            format!("{indent}let fs = sg * 256u;\n{indent}coopStoreT(acc_{i}_{j}, &scratch[fs], stride_f);\n{indent}workgroupBarrier();\n");
+        (store, format!("fs + (lane / {lanes}u) * {f}u + (lane % {lanes}u) * {v}u"))
+    }
+
+    /// The fragment row the lane reads back from the scratch (a WGSL expression; see
+    /// [`Self::scratch_trip`]).
+    pub(crate) fn lane_row(self) -> String {
+        format!("lane / {}u", self.lane_span().1)
+    }
+
+    /// The first fragment column the lane reads back from the scratch (a WGSL expression).
+    pub(crate) fn lane_column(self) -> String {
+        let (v, lanes) = self.lane_span();
+        format!("(lane % {lanes}u) * {v}u")
+    }
+
     /// Halves of one staged row (`bk` plus the padding).
     pub const fn row_halves(self) -> u32 {
         self.bk + ROW_PAD

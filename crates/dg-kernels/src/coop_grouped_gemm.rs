@@ -272,7 +272,7 @@ pub fn choose(p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option
 /// other); else for the whole tile, whose subgroups then reach their barriers together.
 fn stores(tile: CoopTile) -> String {
     let (fm, fn_) = tile.fragments();
-    let ((v, lanes), f) = (tile.lane_span(), tile.fragment);
+    let ((v, f), row, column) = ((tile.lane_span().0, tile.fragment), tile.lane_row(), tile.lane_column());
     let full = |i: u32| -> String {
         (0..fn_)
             .map(|j| {
@@ -285,11 +285,12 @@ fn stores(tile: CoopTile) -> String {
         (0..fn_)
             .map(|j| {
                 let (di, dj) = (i * f, j * f);
+                let (trip, src) = tile.scratch_trip(i, j, "            ");
                 format!(
-                    "        {{\n            let fs = sg * 256u;\n            coopStoreT(acc_{i}_{j}, &scratch[fs], stride_f);\n            workgroupBarrier();\n\
-                     \x20           let r = m0 + sm + {di}u + lane / {lanes}u;\n            if (r < count) {{\n\
-                     \x20               let src = fs + (lane / {lanes}u) * {f}u + (lane % {lanes}u) * {v}u;\n\
-                     \x20               let dst = (first + r) * p.c_rs + n0 + sn + {dj}u + (lane % {lanes}u) * {v}u;\n\
+                    "        {{\n{trip}\
+                     \x20           let r = m0 + sm + {di}u + {row};\n            if (r < count) {{\n\
+                     \x20               let src = {src};\n\
+                     \x20               let dst = (first + r) * p.c_rs + n0 + sn + {dj}u + {column};\n\
                      \x20               for (var q = 0u; q < {v}u; q++) {{\n                    c[dst + q] = scratch[src + q];\n                }}\n\
                      \x20           }}\n            workgroupBarrier();\n        }}\n"
                 )

@@ -86,17 +86,18 @@ impl CoopTile {
         }
         // Epilogue: each fragment through the subgroup's scratch; lane l writes `v` values of row
         // l / `lanes` (8 of row l / 2 in 16 × 16 fragments: `CoopTile::lane_span`).
-        let (v, lanes) = self.lane_span();
-        let f = self.fragment;
+        let (v, f) = (self.lane_span().0, self.fragment);
+        let (row, column) = (self.lane_row(), self.lane_column());
         let mut capped = String::new();
         for i in 0..fm {
             for j in 0..fn_ {
                 let (di, dj) = (i * f, j * f);
+                let (trip, src) = self.scratch_trip(i, j, "            ");
                 capped += &format!(
-                    "        {{\n            let fs = sg * 256u;\n            coopStoreT(acc_{i}_{j}, &scratch[fs], stride_f);\n            workgroupBarrier();\n\
-                     \x20           let src = fs + (lane / {lanes}u) * {f}u + (lane % {lanes}u) * {v}u;\n\
-                     \x20           let row = m0 + sm + {di}u + lane / {lanes}u;\n\
-                     \x20           let dst = c_base + row * p.c_rs + n0 + sn + {dj}u + (lane % {lanes}u) * {v}u;\n\
+                    "        {{\n{trip}\
+                     \x20           let src = {src};\n\
+                     \x20           let row = m0 + sm + {di}u + {row};\n\
+                     \x20           let dst = c_base + row * p.c_rs + n0 + sn + {dj}u + {column};\n\
                      \x20           for (var q = 0u; q < {v}u && row < p.m; q++) {{\n\
                      \x20               var v = p.alpha * scratch[src + q];\n\
                      \x20               if (p.accumulate != 0u) {{\n                    v += c[dst + q];\n                }}\n\
