@@ -362,8 +362,7 @@ impl<'t> Planner<'t> {
 
     /// The experts' tensor-core tile and W path after the tuning's overrides
     /// ([`Tuning::coop_grouped_path`], [`Tuning::coop_grouped_tile`] where it fits,
-    /// [`Tuning::coop_grouped_depth`], [`Tuning::coop_grouped_touch`] where the loop can touch);
-    /// its stages are the format's ([`Self::grouped`]).
+    /// [`Tuning::coop_grouped_depth`]); its stages are the format's ([`Self::grouped`]).
     fn coop_grouped(&self, p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option<(CoopTile, WPath)> {
         let (tile, path) = coop_grouped_gemm::choose(p, format, slots)?;
         let path = self.tuning.coop_grouped_path.unwrap_or(path);
@@ -371,9 +370,7 @@ impl<'t> Planner<'t> {
         let tile = crate::tuning::grouped_tiles()
             .find(|t| named(t) && coop_grouped_gemm::fits(*t, p) && coop_grouped_gemm::runs(*t, path))
             .unwrap_or(tile);
-        let tile = self.tuning.grouped_depth(tile);
-        let touch = self.tuning.coop_grouped_touch.unwrap_or(tile.touch);
-        Some((tile.with_touch(touch && coop_grouped_gemm::touches(tile.with_touch(true), path, format)), path))
+        Some((self.tuning.grouped_depth(tile), path))
     }
 
     /// The rows of the m tiles in which the tensor-core grouped GEMM would run experts stored as

@@ -79,10 +79,6 @@ pub struct Tuning {
     pub coop_grouped_path: Option<WPath>,
     /// `DG_COOP_GROUPED_DEPTH=N`: the experts' tensor-core tile's loads `N` K steps ahead.
     pub coop_grouped_depth: Option<u32>,
-    /// `DG_COOP_GROUPED_TOUCH=0|1`: whether the experts' tensor-core loop touches W a pass ahead
-    /// of its ring where it can (`dg_kernels::coop_grouped_gemm::touches`), in place of the
-    /// planner's choice.
-    pub coop_grouped_touch: Option<bool>,
     /// `DG_COOP_STAGES=alternating|constant`: how every tensor-core K loop with two stages names
     /// them (`coop_kloop::Stages`), dense and experts alike, instead of per product.
     pub coop_stages: Option<coop_kloop::Stages>,
@@ -134,7 +130,6 @@ impl Default for Tuning {
             coop_grouped_tile: None,
             coop_grouped_path: None,
             coop_grouped_depth: None,
-            coop_grouped_touch: None,
             coop_stages: None,
             encoder_submit_layers: ENCODER_SUBMIT_LAYERS,
             submit_parts: SUBMIT_PARTS,
@@ -243,7 +238,6 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_COOP_GROUPED_TILE",
     "DG_GROUPED_PATH",
     "DG_COOP_GROUPED_DEPTH",
-    "DG_COOP_GROUPED_TOUCH",
     "DG_COOP_STAGES",
     "DG_ENCODER_SUBMIT_LAYERS",
     "DG_SUBMIT_PARTS",
@@ -331,7 +325,6 @@ impl Tuning {
             }
             "DG_GROUPED_PATH" => self.coop_grouped_path = Some(choice(value, &paths).ok_or_else(bad)?),
             "DG_COOP_GROUPED_DEPTH" => self.coop_grouped_depth = Some(depth(value).ok_or_else(bad)?),
-            "DG_COOP_GROUPED_TOUCH" => self.coop_grouped_touch = Some(flag(value).ok_or_else(bad)?),
             "DG_COOP_STAGES" => {
                 let stages = [("auto", None), ("alternating", Some(Stages::Alternating)), ("constant", Some(Stages::Constant))];
                 self.coop_stages = choice(value, &stages).ok_or_else(bad)?;

@@ -214,18 +214,13 @@ pub struct CoopTile {
     /// sets the device's: `with_fragment`). The same products in the same order along K, in
     /// smaller pieces.
     pub fragment: u32,
-    /// Whether the K loop also touches W a pass of its ring ahead of the ring's own loads
-    /// ([`crate::coop_kloop`], touches): one 32-byte sector a load, so that the ring's loads find
-    /// W in L2. Only the experts' single-staged F16 loop has them
-    /// ([`crate::coop_grouped_gemm::touches`]). The same products: results are bit-identical.
-    pub touch: bool,
 }
 
 impl CoopTile {
     /// A `bm × bn` tile in K steps of `bk`, `wm × wn` per subgroup, as the tile tables write them:
     /// vec4 staging, loads one step ahead, alternating stages (each changed with `..` or `with_*`).
     pub const fn vec4(bm: u32, bn: u32, bk: u32, wm: u32, wn: u32) -> CoopTile {
-        CoopTile { bm, bn, bk, wm, wn, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating, fragment: FRAGMENT, touch: false }
+        CoopTile { bm, bn, bk, wm, wn, staging: Staging::Vec4, depth: 1, stages: Stages::Alternating, fragment: FRAGMENT }
     }
 
     /// Subgroups per workgroup.
@@ -340,20 +335,6 @@ impl CoopTile {
         CoopTile { fragment, ..self }
     }
 
-    /// The touches a K step's invocation issues where the tile touches
-    /// ([`crate::coop_kloop::touches_per_step`]), else `None`.
-    pub(crate) fn touch_loads(self) -> Option<u32> {
-        match self.touch {
-            true => Some(crate::coop_kloop::touches_per_step(self).expect("a touching tile whose W sectors divide among its invocations")),
-            false => None,
-        }
-    }
-
-    /// This tile with (or without) the K loop's touches of W ahead of its ring.
-    pub const fn with_touch(self, touch: bool) -> CoopTile {
-        CoopTile { touch, ..self }
-    }
-
     /// This tile with its stages named as `stages` says.
     pub const fn with_stages(self, stages: Stages) -> CoopTile {
         CoopTile { stages, ..self }
@@ -374,8 +355,8 @@ impl CoopTile {
     }
 
     /// `"{bm}x{bn}x{bk}_{wm}x{wn}"` plus `"_v4"` for [`Staging::Vec4`], `"_d{depth}"` for a
-    /// depth over 1, `"_cs"` for [`Stages::Constant`], `"_f{fragment}"` for fragments other
-    /// than [`FRAGMENT`] and `"_t"` for touches.
+    /// depth over 1, `"_cs"` for [`Stages::Constant`] and `"_f{fragment}"` for fragments other
+    /// than [`FRAGMENT`].
     pub fn label(self) -> String {
         let staging = match self.staging {
             Staging::Scalar => "",
@@ -387,8 +368,7 @@ impl CoopTile {
             Stages::Constant => "_cs",
         };
         let fragment = if self.fragment == FRAGMENT { String::new() } else { format!("_f{}", self.fragment) };
-        let touch = if self.touch { "_t" } else { "" };
-        format!("{}x{}x{}_{}x{}{staging}{depth}{stages}{fragment}{touch}", self.bm, self.bn, self.bk, self.wm, self.wn)
+        format!("{}x{}x{}_{}x{}{staging}{depth}{stages}{fragment}", self.bm, self.bn, self.bk, self.wm, self.wn)
     }
 }
 

@@ -333,18 +333,6 @@ pub fn reads(w: WeightFormat, path: WPath) -> bool {
     panel(w).is_some() && (w == WeightFormat::F16 || path != WPath::Direct)
 }
 
-/// Whether the kernel runs `tile` with touches ([`CoopTile::touch`], `coop_kloop` touches) for
-/// experts stored as `w` by `path`: the single stage with the batched ring (F16,
-/// [`crate::coop_kloop::Ring::for_experts`]), K steps of one panel, and the step's W sectors
-/// divided evenly among the invocations.
-pub fn touches(tile: CoopTile, path: WPath, w: WeightFormat) -> bool {
-    path == WPath::Single
-        && crate::coop_kloop::Ring::for_experts(w) == crate::coop_kloop::Ring::Batched
-        && w == WeightFormat::F16
-        && tile.bk == PANEL
-        && crate::coop_kloop::touches_per_step(tile).is_some()
-}
-
 /// The kernel for `tile`, experts stored as `w` in K panels ([`panel`]: F16, or a quantized
 /// format's blocks a panel apiece), W reaching the tensor cores by `path` ([`reads`]), A stored as
 /// `a_format`.
@@ -363,7 +351,6 @@ pub fn touches(tile: CoopTile, path: WPath, w: WeightFormat) -> bool {
 pub fn source_for(tile: CoopTile, path: WPath, w: WeightFormat, a_format: AFormat) -> KernelSource {
     assert!(reads(w, path), "no tensor-core grouped kernel reads {w:?} experts by {path:?}");
     assert!(runs(tile, path), "the tensor-core grouped kernel does not run tile {} by {path:?}", tile.label());
-    assert!(!tile.touch || touches(tile, path, w), "the tensor-core grouped kernel does not touch W for tile {} by {path:?}", tile.label());
     let p = panel(w).expect("a panelled format");
     assert!(p.is_multiple_of(tile.bk) || tile.bk.is_multiple_of(p), "panels of {p} columns for K steps of {}", tile.bk);
     let (w_first, w_at, w_step, offset) = match p / tile.bk {
@@ -512,31 +499,6 @@ mod tests {
         // Q6_K has neither: vec4 by vec4.
         let (wu, _, unit) = units(EXPERT_TILE, QuantFormat::Q6_K);
         assert_eq!((wu.as_deref(), unit), (Some("const WU: u32 = 1u;"), None));
-    }
-
-    #[test]
-    fn touches_cover_every_sector_of_the_step_a_pass_beyond_the_ring() {
-        let touching = EXPERT_TILE.with_touch(true);
-        assert!(touches(touching, WPath::Single, WeightFormat::F16));
-        // Not on the paths or formats whose ring is not batched and single-staged.
-        assert!(!touches(touching, WPath::Staged, WeightFormat::F16));
-        assert!(!touches(touching, WPath::Single, WeightFormat::Quantized(crate::format::QuantFormat::Q8_0)));
-        // 128 rows × 32 halves a step: 256 sectors of 32 bytes over 128 invocations.
-        assert_eq!(crate::coop_kloop::touches_per_step(touching), Some(2));
-        let plain = source_for(EXPERT_TILE, WPath::Single, WeightFormat::F16, AFormat::F16);
-        let touched = source_for(touching, WPath::Single, WeightFormat::F16, AFormat::F16);
-        assert_eq!(touched.name, format!("{}_t", plain.name.replace("_single_a16", "")) + "_single_a16");
-        // Each pass: depth × 2 touches (unrolled), of the steps 2·depth ahead of the pass, 4 W
-        // vec4s (one sector) apart, each pinned.
-        let depth = EXPERT_TILE.depth;
-        assert_eq!(touched.wgsl.matches("tw[j] = fetch_w(").count(), 2 * depth as usize);
-        assert_eq!(touched.wgsl.matches("pin_w(j % LW, tw[j])").count(), 2 * depth as usize);
-        assert!(!plain.wgsl.contains("tw["));
-        assert!(touched.wgsl.contains(&format!("min(s0 + {}u + j / 2u, steps - 1u)", 2 * depth)), "{}", touched.wgsl);
-        assert!(touched.wgsl.contains("+ 4u * (lt + (j % 2u) * WT)"));
-        // Everything else is the plain loop's.
-        let without = |wgsl: &str| wgsl.lines().filter(|l| !l.contains("tw")).collect::<Vec<_>>().join("\n");
-        assert_ne!(without(&touched.wgsl), without(&plain.wgsl), "the touches' unrolled blocks remain");
     }
 
     #[test]

@@ -24,14 +24,6 @@
 //! steps at once. Staged and direct (two stages of workgroup memory), each phase computes its
 //! stage from the step or knows it as a constant ([`Stages`]).
 //!
-//! Touches ([`crate::coop_gemm::CoopTile::touch`], single-staged and batched only): each pass
-//! also loads one W vec4 of every 32-byte sector of the steps a pass beyond those its ring loads
-//! (`TOUCH_UNITS` vec4s apart, from `w_touch`, the tile's W at step 0), pinned as the ring's loads
-//! are and otherwise unused. Those loads carry the memory's latency for the ring, whose own loads
-//! a pass later then find W in L2: a register holds a 32-byte sector in flight where the ring
-//! holds 8 bytes. Their registers are rewritten a pass later, where the ring's back edge already
-//! waits for the loads the pass issued.
-//!
 //! Depth 1 is the classic double buffer (the loads of the next step in flight while this one
 //! multiplies). Every depth adds the same products in the same order: results are bit-identical
 //! across depths.
@@ -54,7 +46,7 @@
 //! see [`crate::coop_grouped_gemm::EXPERT_DEPTH`]).
 //!
 //! A's vec4s are `A_ELEM` (`vec4<f32>` or `vec4<f16>`, see [`crate::coop_gemm::AFormat`]), which
-//! the kernel's source names. The text expects in scope (`w_touch` too where it touches): `a_src` (LA vec4 indices into `a` at step
+//! the kernel's source names. The text expects in scope: `a_src` (LA vec4 indices into `a` at step
 //! 0), `steps`, `w_step` (vec4s of W between steps), `stride_s`, `sg`, `sm`, `sn`; staged, the expression `W_AT` (the
 //! index into `w` of the invocation's vec4 `l` at step 0, replaced by the kernel's); direct,
 //! `w_sub` (the subgroup's first W vec4 at step 0) and `stride_w` (vec4s between W rows); a staged
@@ -311,45 +303,15 @@ pub(crate) fn staged(depth: u32, ring: Ring, stages: Stages) -> String {
     s + "    }\n"
 }
 
-/// W vec4s (F16: 8 bytes) of one 32-byte sector: a touch's stride.
-pub const TOUCH_UNITS: u32 = 4;
-
-/// Touches each invocation issues per K step of `tile` (W F16 vec4s, [`TOUCH_UNITS`] a sector),
-/// where they cover every sector of the step's W once; `None` where the step's sectors do not
-/// divide among its invocations.
-pub const fn touches_per_step(tile: crate::coop_gemm::CoopTile) -> Option<u32> {
-    let sectors = tile.bn * tile.bk / 4 / TOUCH_UNITS;
-    match sectors % tile.invocations() {
-        0 if sectors > 0 => Some(sectors / tile.invocations()),
-        _ => None,
-    }
-}
-
-/// The touches of steps `first ..= first + depth − 1` (a WGSL u32 expression; clamped to the
-/// last step), `per_step` loads each, into `tw`, pinned (see the module's doc).
-fn touches(first: &str, depth: u32, per_step: u32, indent: &str) -> String {
-    let n = depth * per_step;
-    format!(
-        "{indent}// @unroll\n{indent}for (var j = 0u; j < {n}u; j++) {{\n\
-         {indent}    tw[j] = fetch_w(w_touch + W_OFFSET({}) + TOUCH_UNITS * (lt + (j % {per_step}u) * WT));\n{indent}}}\n\
-         {indent}if (p.n == 0u) {{\n{indent}    // @unroll\n{indent}    for (var j = 0u; j < {n}u; j++) {{\n\
-         {indent}        pin_w(j % LW, tw[j]);\n{indent}    }}\n{indent}}}\n",
-        clamped(&format!("{first} + j / {per_step}u"))
-    )
-    .replace("TOUCH_UNITS", &format!("{TOUCH_UNITS}u"))
-}
-
 /// The single-stage K loop of `depth` (A and W through one stage of workgroup memory, half the
 /// double buffer's; two barriers a step): `depth` sets of A and W vec4s. [`Ring::Staggered`]:
 /// step `s + depth` loaded into the set step `s` just wrote out, before step `s` multiplies.
-/// [`Ring::Batched`]: see [`single_batched`]; with `touch` (touches per step, batched only), W
-/// touched a pass ahead of the ring.
-pub(crate) fn single(depth: u32, ring: Ring, touch: Option<u32>) -> String {
+/// [`Ring::Batched`]: see [`single_batched`].
+pub(crate) fn single(depth: u32, ring: Ring) -> String {
     assert!((1..=MAX_DEPTH).contains(&depth), "prefetch depth {depth} outside 1..={MAX_DEPTH}");
     if ring == Ring::Batched {
-        return single_batched(depth, touch);
+        return single_batched(depth);
     }
-    assert!(touch.is_none(), "touches ahead of a staggered ring");
     let mut s = declare(depth, true);
     s += &load(0, "0u", true, "    ");
     for t in 1..depth {
@@ -424,20 +386,14 @@ fn staged_batched(depth: u32, stages: Stages) -> String {
 /// The single-stage K loop of `depth` with the ring's loads issued a pass at a time: steps
 /// `0..depth` loaded before the loop; each pass stages and multiplies its steps from the copy
 /// [`batch`] makes.
-fn single_batched(depth: u32, touch: Option<u32>) -> String {
+fn single_batched(depth: u32) -> String {
     let mut s = declare(depth, true);
-    if let Some(per_step) = touch {
-        s += &format!("    var tw: array<W_ELEM, {}>;\n", depth * per_step);
-    }
     for t in 0..depth {
         s += &prefetch(t, &clamped(&format!("{t}u")), true, "    ");
     }
     s += "\n//@ACC\n";
     s += &format!("    for (var s0 = 0u; s0 < steps; s0 += {depth}u) {{\n");
     s += &batch(depth, &format!("s0 + {depth}u"));
-    if let Some(per_step) = touch {
-        s += &touches(&format!("s0 + {}u", 2 * depth), depth, per_step, "        ");
-    }
     for ph in 0..depth {
         let put_copy = put(COPY, ph, "0u", "0u", true, "                ");
         s += &format!(

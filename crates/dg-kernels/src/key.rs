@@ -282,11 +282,6 @@ impl KernelKey {
             for path in PATHS.into_iter().filter(|&path| coop_grouped_gemm::runs(tile, path) && staged_twice(tile, path)) {
                 for w in FORMATS.into_iter().filter(|&w| coop_grouped_gemm::reads(w, path)) {
                     keys.extend(A_FORMATS.map(|a| K::CoopGroupedGemm { tile, path, w, a }));
-                    // And with touches of W ahead of the ring, where the loop has them.
-                    let touching = tile.with_touch(true);
-                    if coop_grouped_gemm::touches(touching, path, w) {
-                        keys.extend(A_FORMATS.map(|a| K::CoopGroupedGemm { tile: touching, path, w, a }));
-                    }
                 }
             }
         }

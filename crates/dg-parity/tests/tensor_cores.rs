@@ -126,36 +126,6 @@ fn every_grouped_tile_gives_the_same_bits() {
     }
 }
 
-/// Touches of W a pass ahead of the ring (`CoopTile::touch`) only load: the F16 experts' tiles
-/// at their depths (and at depth 1, every pass one step) give the plain loop's bits, over K
-/// steps that end inside a pass and touches clamped past the last step, with and without
-/// gathered rows.
-#[test]
-fn touching_w_ahead_gives_the_same_bits() {
-    let test = "touching_w_ahead_gives_the_same_bits";
-    let Some(ctx) = coop_test_context(test) else { return };
-    let mut pipelines = Pipelines::default();
-    let counts = vec![15, 16, 17, 31, 0, 33, 64, 65, 1, 100];
-    let mut touched = 0;
-    for gather in [false, true] {
-        // 7 and 19 K steps of 32: a ring's last pass is partial, and touches reach past the end.
-        let k = if gather { 608 } else { 224 };
-        let x = Case { n: 256, k, counts: counts.clone(), gather }.inputs(11 + u64::from(gather));
-        let tiles = [coop_grouped_gemm::EXPERT_TILE, coop_grouped_gemm::LONG_GROUP_TILE, coop_grouped_gemm::EXPERT_TILE.with_depth(1)];
-        for tile in tiles {
-            let plain = on_device(&ctx, tile);
-            let touching = plain.with_touch(true);
-            assert!(coop_grouped_gemm::touches(touching, WPath::Single, WeightFormat::F16), "{}", touching.label());
-            let want = run_tile(&ctx, &mut pipelines, plain, WPath::Single, &x);
-            let got = run_tile(&ctx, &mut pipelines, touching, WPath::Single, &x);
-            let at = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
-            assert!(at.is_none(), "{} gather {gather}: other bits than without touches at output {at:?}", touching.label());
-            touched += 1;
-        }
-    }
-    assert_eq!(touched, 6);
-}
-
 /// The real geometry's expert products (gate_up: 1408 × 2816 with gather; down: 2816 × 704), every
 /// 13th slot checked against the exact product (`cargo xtask probe
 /// coop_grouped_gemm_throughput_at_the_real_expert_shapes` times them).

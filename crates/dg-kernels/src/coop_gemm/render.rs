@@ -68,7 +68,6 @@ impl CoopTile {
     /// [`Self::render_with`] with A stored as `a_format`.
     pub fn render_with_a(self, path: WPath, w_format: WeightFormat, layout: BLayout, a_format: AFormat) -> String {
         assert!(path != WPath::Direct || layout != BLayout::Kn, "direct W fragments need W[n][k]");
-        assert!(!self.touch, "the dense kernel does not touch W ahead of its ring (tile {})", self.label());
         assert!(
             layout != BLayout::NkPanels || (self.bk == PANEL && panelled(w_format)),
             "K panels are F16 or blocks of PANEL values, with bk = PANEL"
@@ -152,15 +151,7 @@ impl CoopTile {
         match path {
             WPath::Staged => self.expand(template, w_at, w_format, layout, ring, &pieces),
             WPath::Single => {
-                let one = self.expand_with(
-                    template,
-                    &crate::coop_kloop::single(self.depth, ring, self.touch_loads()),
-                    w_at,
-                    w_format,
-                    layout,
-                    None,
-                    &pieces,
-                );
+                let one = self.expand_with(template, &crate::coop_kloop::single(self.depth, ring), w_at, w_format, layout, None, &pieces);
                 // One stage of each tile: the stage arrays at half their double-buffered length.
                 let stage = self.w_stage_halves(layout) / self.element_halves();
                 let half_a = self.bm * self.row_halves() / self.element_halves();

@@ -107,8 +107,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // W_AT from w_first, the tile's first row in its group's first panel; W_OFFSET(s) for step s.
     let w_first = W_FIRST;
     let w_step = W_STEP;
-    // Touches of W ahead of the ring (coop_kloop.rs): the tile's first W vec4 at step 0.
-    let w_touch = w_first;
     // Direct W fragments (coop_kloop.rs, direct): the subgroup's first column, W rows BK4 apart.
     let w_sub = w_first + sn * BK4;
     let stride_w = BK4;
