@@ -115,9 +115,21 @@ pub const TILE_32X128_K64: CoopTile = CoopTile { bk: 64, ..TILE_32X128 };
 /// against 221.4 (one workgroup of 8 subgroups a multiprocessor instead of two of 4).
 pub const TILE_32X256: CoopTile = CoopTile::vec4(32, 256, 32, 32, 32);
 
+/// 32 × 128 in 2 subgroups of 32×64 (64 invocations): [`TILE_32X128`]'s tile with twice the
+/// products per fragment a subgroup loads (8 fragments for 16 products where 32×32 loads 6 for 8)
+/// and half the subgroups to stage and synchronise; single-staged (15 KiB with the scratch), four
+/// workgroups share a multiprocessor's workgroup memory. On an H100 in the real 6-layer F16
+/// forward (µs for gate/up / down, against [`EXPERT_TILE`]'s 381–384 / 211–214 in the same
+/// call): 368–369 / 214–216 at depth 2, 393 / 225–227 at depth 1, 693 / 386 at depth 3 and 997 /
+/// 534 at depth 4 (the batched ring of 128 bytes of W an invocation a step outgrows the
+/// registers); `q4_k_m` at depth 2 Q4_K 360 / Q5_0 216 against [`QUANTIZED_EXPERT_TILE`]'s 337 /
+/// 192. Not chosen: 4% on F16's gate/up, lost on its down projection, not measured on an H200
+/// (bench/HISTORY.md, "Subgroups of 64 columns").
+pub const TILE_32X128_W2: CoopTile = CoopTile::vec4(32, 128, 32, 32, 64);
+
 /// Tiles built and tested but never chosen by [`choose`]: candidates for the
 /// `DG_COOP_GROUPED_TILE` knob, on the paths that [`runs`] allows.
-pub const TUNING_TILES: &[CoopTile] = &[TILE_32X128_K64, TILE_32X256];
+pub const TUNING_TILES: &[CoopTile] = &[TILE_32X128_K64, TILE_32X256, TILE_32X128_W2];
 
 /// Whether the kernel runs `tile` by `path`: its workgroup memory within [`MAX_SHARED_BYTES`],
 /// and direct W fragments only one panel a step (they step through W a panel at a time).

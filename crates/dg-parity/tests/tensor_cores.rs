@@ -95,16 +95,18 @@ fn every_grouped_tile_gives_the_same_bits() {
     let test = "every_grouped_tile_gives_the_same_bits";
     let Some(ctx) = coop_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
-    // n a multiple of every tile's columns; K 7 steps of 32; counts around the 16-, 32- and
-    // 64-row tile edges and empty experts. The quantized choices' tiles are run here in F16: the
-    // quantized kernels give the F16 kernel's bits on the dequantized values (`tensor_cores_quant`).
+    // Every tile in K steps of 32 (the tuning tiles' too); n a multiple of every tile's columns;
+    // K 7 steps of 32; counts around the 16-, 32- and 64-row tile edges and empty experts. The
+    // quantized choices' tiles are run here in F16: the quantized kernels give the F16 kernel's
+    // bits on the dequantized values (`tensor_cores_quant`).
     let chosen = [
         coop_grouped_gemm::EXPERT_TILE,
         coop_grouped_gemm::LONG_GROUP_TILE,
         coop_grouped_gemm::QUANTIZED_EXPERT_TILE,
         coop_grouped_gemm::QUANTIZED_LONG_GROUP_TILE,
     ];
-    let tiles: Vec<_> = coop_grouped_gemm::TILES.iter().copied().chain(chosen).collect();
+    let tuning = coop_grouped_gemm::TUNING_TILES.iter().copied().filter(|t| t.bk == 32);
+    let tiles: Vec<_> = coop_grouped_gemm::TILES.iter().copied().chain(tuning).chain(chosen).collect();
     assert!(tiles.iter().all(|t| t.bk == 32 && 768 % t.bn == 0));
     let counts = vec![15, 16, 17, 31, 0, 33, 64, 65, 1, 100];
     for gather in [false, true] {
@@ -641,7 +643,8 @@ fn panelled_matrix_refuses_products_no_tile_takes() {
 
 /// Deeper prefetch rings (`dg_kernels::coop_kloop`) add the same products in the same order: the
 /// dense kernel gives the same bits at every depth and with either naming of its stages
-/// (`coop_kloop::Stages`: constant stages double the passes of odd rings), staged and direct,
+/// (`coop_kloop::Stages`: constant stages double the passes of odd rings), on every path (staged,
+/// direct and single-staged give the same bits too),
 /// whole and in K splits, with a partial last m tile, and K steps (7, or 3 and 4 a split) fewer
 /// than some rings and no multiple of any ring's length.
 #[test]
@@ -658,12 +661,12 @@ fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
     let c = ctx.storage_buffer("c", u64::from(p.m * p.n) * 4).unwrap();
     let reduce = pipelines.get_source(&ctx, dg_kernels::split_k::source()).unwrap();
     for tile in [coop_gemm::TILE_128X128, coop_gemm::TILE_64X64] {
-        for path in [WPath::Staged, WPath::Direct] {
-            for split in [Split { splits: 1, steps: 7 }, Split { splits: 2, steps: 4 }] {
-                let mut first: Option<Vec<f32>> = None;
+        for split in [Split { splits: 1, steps: 7 }, Split { splits: 2, steps: 4 }] {
+            let mut first: Option<Vec<f32>> = None;
+            for path in [WPath::Staged, WPath::Direct, WPath::Single] {
                 let depths = 1..=dg_kernels::coop_kloop::MAX_DEPTH;
                 for (depth, stages) in depths.flat_map(|d| coop_gemm::Stages::ALL.map(|s| (d, s))) {
-                    let t = tile.with_depth(depth).with_stages(stages);
+                    let t = tile.with_depth(depth).with_stages(stages).on_path(path);
                     let kernel = pipelines
                         .get_source(&ctx, coop_gemm::source_for(on_device(&ctx, t), path, WeightFormat::F16, BLayout::Nk))
                         .unwrap();
@@ -674,7 +677,7 @@ fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
                     match &first {
                         None => first = Some(got),
                         Some(want) => {
-                            assert!(&got == want, "{} {path:?} {split:?}: other bits than depth 1, alternating stages", t.label())
+                            assert!(&got == want, "{} {path:?} {split:?}: other bits than staged at depth 1, alternating stages", t.label())
                         }
                     }
                 }
