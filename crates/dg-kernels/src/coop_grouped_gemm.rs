@@ -115,10 +115,10 @@ pub const TILE_32X128_K64: CoopTile = CoopTile { bk: 64, ..TILE_32X128 };
 /// against 221.4 (one workgroup of 8 subgroups a multiprocessor instead of two of 4).
 pub const TILE_32X256: CoopTile = CoopTile::vec4(32, 256, 32, 32, 32);
 
-/// 32 × 128 in 2 subgroups of 32×64 (64 invocations): [`TILE_32X128`]'s tile with twice the
-/// products per fragment a subgroup loads (8 fragments for 16 products where 32×32 loads 6 for 8)
-/// and half the subgroups to stage and synchronise; single-staged (15 KiB with the scratch), four
-/// workgroups share a multiprocessor's workgroup memory. On an H100 in the real 6-layer F16
+/// 32 × 128 in 2 subgroups of 32×64 (64 invocations): [`TILE_32X128`]'s tile with more products
+/// per fragment a subgroup loads (6 fragments for 8 products a 16-deep substep, where 32×32 loads
+/// 4 for 4) and half the subgroups to stage and synchronise; single-staged (15 KiB with the
+/// scratch), four workgroups share a multiprocessor's workgroup memory. On an H100 in the real 6-layer F16
 /// forward (µs for gate/up / down, against [`EXPERT_TILE`]'s 381–384 / 211–214 in the same
 /// call): 368–369 / 214–216 at depth 2, 393 / 225–227 at depth 1, 693 / 386 at depth 3 and 997 /
 /// 534 at depth 4 (the batched ring of 128 bytes of W an invocation a step outgrows the
