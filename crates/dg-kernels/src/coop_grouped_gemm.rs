@@ -118,9 +118,9 @@ pub const TILE_32X256: CoopTile = CoopTile::vec4(32, 256, 32, 32, 32);
 /// 32 × 128 in 2 subgroups of 32×64 (64 invocations): [`TILE_32X128`]'s tile with more products
 /// per fragment a subgroup loads (6 fragments for 8 products a 16-deep substep, where 32×32 loads
 /// 4 for 4) and half the subgroups to stage and synchronise; single-staged (15 KiB with the
-/// scratch), four workgroups share a multiprocessor's workgroup memory. On an H100 in the real 6-layer F16
-/// forward (µs for gate/up / down, against [`EXPERT_TILE`]'s 381–384 / 211–214 in the same
-/// call): 368–369 / 214–216 at depth 2, 393 / 225–227 at depth 1, 693 / 386 at depth 3 and 997 /
+/// scratch), four workgroups share a multiprocessor's workgroup memory. On an H100 in the real
+/// 6-layer F16 forward (µs for gate/up / down, against [`EXPERT_TILE`]'s 381–384 / 211–214 in the
+/// same call): 368–369 / 214–216 at depth 2, 393 / 225–227 at depth 1, 693 / 386 at depth 3 and 997 /
 /// 534 at depth 4 (the batched ring of 128 bytes of W an invocation a step outgrows the
 /// registers); `q4_k_m` at depth 2 Q4_K 360 / Q5_0 216 against [`QUANTIZED_EXPERT_TILE`]'s 337 /
 /// 192. Not chosen: 4% on F16's gate/up, lost on its down projection, not measured on an H200
