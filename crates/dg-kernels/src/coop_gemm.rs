@@ -456,9 +456,23 @@ pub fn source_for(tile: CoopTile, path: WPath, w_format: WeightFormat, layout: B
 
 /// [`source_for`] with A stored as `a_format`.
 pub fn source_for_a(tile: CoopTile, path: WPath, w_format: WeightFormat, layout: BLayout, a_format: AFormat) -> KernelSource {
+    source_for_ring(tile, path, w_format, layout, a_format, crate::coop_kloop::Ring::Staggered)
+}
+
+/// [`source_for_a`] with the K loop's loads issued by `ring` (the forward's dense products use
+/// [`crate::coop_kloop::Ring::Staggered`]; the batched ring is for measurements).
+pub fn source_for_ring(
+    tile: CoopTile,
+    path: WPath,
+    w_format: WeightFormat,
+    layout: BLayout,
+    a_format: AFormat,
+    ring: crate::coop_kloop::Ring,
+) -> KernelSource {
+    let batched = if ring == crate::coop_kloop::Ring::Batched { "_batched" } else { "" };
     KernelSource {
-        name: format!("coop_gemm_{}{}{}{}{}", tile.label(), path.suffix(), layout.suffix(), w_format.suffix(), a_format.suffix()),
-        wgsl: tile.render_with_a(path, w_format, layout, a_format),
+        name: format!("coop_gemm_{}{}{}{}{}{batched}", tile.label(), path.suffix(), layout.suffix(), w_format.suffix(), a_format.suffix()),
+        wgsl: tile.render_with_ring(path, w_format, layout, a_format, ring),
         entry: "main",
         buffers: vec![Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<GemmParams>() as u64,

@@ -67,6 +67,12 @@ impl CoopTile {
 
     /// [`Self::render_with`] with A stored as `a_format`.
     pub fn render_with_a(self, path: WPath, w_format: WeightFormat, layout: BLayout, a_format: AFormat) -> String {
+        self.render_with_ring(path, w_format, layout, a_format, Ring::Staggered)
+    }
+
+    /// [`Self::render_with_a`] with the K loop's loads issued by `ring` (the dense kernel's is
+    /// [`Ring::Staggered`]; the other is for measurements).
+    pub fn render_with_ring(self, path: WPath, w_format: WeightFormat, layout: BLayout, a_format: AFormat, ring: Ring) -> String {
         assert!(path != WPath::Direct || layout != BLayout::Kn, "direct W fragments need W[n][k]");
         assert!(
             layout != BLayout::NkPanels || (self.bk == PANEL && panelled(w_format)),
@@ -125,7 +131,7 @@ impl CoopTile {
             path,
             w_format,
             layout,
-            Ring::Staggered,
+            ring,
             vec![("//@STORE_EPILOGUE\n", capped), ("//@STORE\n", store)],
         );
         crate::coop_kloop::w_offsets(&wgsl, crate::coop_kloop::LINEAR_W_OFFSET)

@@ -42,20 +42,27 @@ pub fn vocab_product_layouts_probe(ctx: &GpuContext, _options: &ProbeOptions) ->
         let panels =
             ctx.upload("e f16 panels", &coop_grouped_gemm::pack_f16_panels(&e, v as usize, h as usize, coop_gemm::PANEL as usize))?;
         drop(e);
-        let a = ctx.upload("normed", &seeded((m * h) as usize, 82, 1.0))?;
+        let normed = seeded((m * h) as usize, 82, 1.0);
+        let a = ctx.upload("normed", &normed)?;
+        let a16 = ctx.upload("normed f16", &dg_kernels::pack_f16(&normed))?;
         let c = ctx.storage_buffer("logits", u64::from(m * v) * 4)?;
         let p = GemmParams::linear(m, v, h);
         let whole = super::split_into(tile, p.k, 1);
+        // A ring set holds 16 registers with f16 A where f32 A takes 24: f16 A at depth 4 costs
+        // the registers of the forward's f32 depth 3.
         let cases = [
-            ("BF16 rows (the forward's)", WeightFormat::Bf16, BLayout::Nk, &bf16),
-            ("F16 rows", WeightFormat::F16, BLayout::Nk, &f16),
-            ("F16 K panels", WeightFormat::F16, BLayout::NkPanels, &panels),
+            ("BF16 rows (the forward's)", WeightFormat::Bf16, BLayout::Nk, &bf16, AFormat::F32, &a, 3),
+            ("BF16 rows, f16 A", WeightFormat::Bf16, BLayout::Nk, &bf16, AFormat::F16, &a16, 3),
+            ("BF16 rows, f16 A, depth 4", WeightFormat::Bf16, BLayout::Nk, &bf16, AFormat::F16, &a16, 4),
+            ("F16 rows", WeightFormat::F16, BLayout::Nk, &f16, AFormat::F32, &a, 3),
+            ("F16 K panels", WeightFormat::F16, BLayout::NkPanels, &panels, AFormat::F32, &a, 3),
         ];
         for round in 0..2 {
             for i in alternating(round, cases.len()) {
-                let (what, format, layout, w) = cases[i];
-                let kernel = pipelines.get_source(ctx, coop_gemm::source_for(tile, WPath::Staged, format, layout))?;
-                let t = time_product(ctx, (&kernel, &reduce), tile, &p, whole, [&a, w, &no_scratch, &c])?;
+                let (what, format, layout, w, a_format, a, depth) = cases[i];
+                let tile = tile.with_depth(depth);
+                let kernel = pipelines.get_source(ctx, coop_gemm::source_for_a(tile, WPath::Staged, format, layout, a_format))?;
+                let t = time_product(ctx, (&kernel, &reduce), tile, &p, whole, [a, w, &no_scratch, &c])?;
                 report(test, round, &format!("head over {v} rows, E in {what}"), tile, &p, t, 262144 / v);
             }
         }
@@ -74,10 +81,11 @@ pub fn vocab_product_layouts_probe(ctx: &GpuContext, _options: &ProbeOptions) ->
     let scratch = ctx.storage_buffer("split partials", scratch_len)?;
     let split = Split::choose(tile, &p, Split::target(tile, &p, dg_gpu::planner::ASSUMED_MULTIPROCESSORS), scratch_len / 4)
         .unwrap_or_else(|| super::split_into(tile, p.k, 1));
-    let cases = [("f32 (the forward's)", AFormat::F32, &p32), ("f16", AFormat::F16, &p16)];
+    let cases = [("f32 (the forward's)", AFormat::F32, &p32, 3), ("f16", AFormat::F16, &p16, 3), ("f16, depth 4", AFormat::F16, &p16, 4)];
     for round in 0..2 {
         for i in alternating(round, cases.len()) {
-            let (what, a_format, a) = cases[i];
+            let (what, a_format, a, depth) = cases[i];
+            let tile = tile.with_depth(depth);
             let kernel =
                 pipelines.get_source(ctx, coop_gemm::source_for_a(tile, WPath::Staged, WeightFormat::Bf16, BLayout::Kn, a_format))?;
             let t = time_product(ctx, (&kernel, &reduce), tile, &p, split, [a, &bf16, &scratch, &c])?;

@@ -9,6 +9,7 @@
 use dg_gpu::{GpuContext, Pipelines};
 use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
 use dg_kernels::coop_grouped_gemm::{self, PANEL, pack_f16_panels};
+use dg_kernels::coop_kloop::Ring;
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::{WeightFormat, pack_f16, split_k};
@@ -70,11 +71,14 @@ impl Dense {
     }
 
     pub fn plan(&self, ctx: &GpuContext, pipelines: &mut Pipelines, format: AFormat, replays: u32) -> dg_gpu::Plan {
+        self.plan_ring(ctx, pipelines, format, Ring::Staggered, replays)
+    }
+
+    /// [`Self::plan`] with the K loop's loads issued by `ring`.
+    pub fn plan_ring(&self, ctx: &GpuContext, pipelines: &mut Pipelines, format: AFormat, ring: Ring, replays: u32) -> dg_gpu::Plan {
+        let tile = super::on_device(ctx, self.tile);
         let kernel = pipelines
-            .get_source(
-                ctx,
-                coop_gemm::source_for_a(super::on_device(ctx, self.tile), WPath::Staged, WeightFormat::F16, BLayout::NkPanels, format),
-            )
+            .get_source(ctx, coop_gemm::source_for_ring(tile, WPath::Staged, WeightFormat::F16, BLayout::NkPanels, format, ring))
             .unwrap();
         let reduce = pipelines.get_source(ctx, split_k::source()).unwrap();
         let (p, a) = (&self.p, self.a.get(format));
