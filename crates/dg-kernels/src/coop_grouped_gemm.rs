@@ -97,7 +97,8 @@ pub const TILE_32X128_W8: CoopTile = CoopTile { wm: 16, ..TILE_32X128 };
 pub const TILE_32X64_W2: CoopTile = CoopTile::vec4(32, 64, 32, 32, 32);
 
 /// Every tile the kernel is built and tested for.
-pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128, TILE_16X128, TILE_32X128_W8, TILE_32X64_W2];
+pub const TILES: &[CoopTile] =
+    &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128, TILE_16X128, TILE_32X128_W8, TILE_32X64_W2, TILE_32X128_W2];
 
 /// 32 × 128 in K steps of 64 (two K panels a step): twice the tensor-core work of
 /// [`TILE_32X128`] per barrier. Single-staged only: its two stages would be over
@@ -123,13 +124,22 @@ pub const TILE_32X256: CoopTile = CoopTile::vec4(32, 256, 32, 32, 32);
 /// same call): 368–369 / 214–216 at depth 2, 393 / 225–227 at depth 1, 693 / 386 at depth 3 and 997 /
 /// 534 at depth 4 (the batched ring of 128 bytes of W an invocation a step outgrows the
 /// registers); `q4_k_m` at depth 2 Q4_K 360 / Q5_0 216 against [`QUANTIZED_EXPERT_TILE`]'s 337 /
-/// 192. Not chosen: 4% on F16's gate/up, lost on its down projection, not measured on an H200
-/// (bench/HISTORY.md, "Subgroups of 64 columns").
+/// 192. So only F16's gate/up takes it ([`GATHERED_EXPERT_TILE`]).
 pub const TILE_32X128_W2: CoopTile = CoopTile::vec4(32, 128, 32, 32, 64);
+
+/// The decoder's tile for F16 experts' gate/up (the product that gathers its rows, K the hidden
+/// size): [`TILE_32X128_W2`] two steps ahead; the down projection keeps [`EXPERT_TILE`]. Both
+/// have 32 rows, so they share the dispatch's tile table. On an H100 (the real 6-layer F16
+/// forward's profile, seven runs over two sessions, each beside [`EXPERT_TILE`] in the same call)
+/// gate/up took 361–369 µs (one layer 383) against 378–385 (the down projection in this tile lost 1–3%),
+/// the experts' 6 layers 3.49 against 3.56–3.57 ms, the profile 1.056 against 1.068–1.075 ms a
+/// layer. The 30 layers' wall time moved less: 30.84 / 30.72 ms against 30.85 / 30.83
+/// (bench/HISTORY.md, "The experts' gate/up in subgroups of 32 × 64"). Not yet measured on an H200.
+pub const GATHERED_EXPERT_TILE: CoopTile = TILE_32X128_W2.with_depth(2);
 
 /// Tiles built and tested but never chosen by [`choose`]: candidates for the
 /// `DG_COOP_GROUPED_TILE` knob, on the paths that [`runs`] allows.
-pub const TUNING_TILES: &[CoopTile] = &[TILE_32X128_K64, TILE_32X256, TILE_32X128_W2];
+pub const TUNING_TILES: &[CoopTile] = &[TILE_32X128_K64, TILE_32X256];
 
 /// Whether the kernel runs `tile` by `path`: its workgroup memory within [`MAX_SHARED_BYTES`],
 /// and direct W fragments only one panel a step (they step through W a panel at a time).
@@ -252,7 +262,8 @@ pub fn panel(w: WeightFormat) -> Option<u32> {
 }
 
 /// The tile and W path for `p` over `slots` slots (any W format, either A format), the first of
-/// the preferred list that fits: [`EXPERT_TILE`] for F16 experts, [`QUANTIZED_EXPERT_TILE`] for
+/// the preferred list that fits: [`EXPERT_TILE`] for F16 experts ([`GATHERED_EXPERT_TILE`] for
+/// their gate/up, whose rows are gathered), [`QUANTIZED_EXPERT_TILE`] for
 /// quantized ones, or where the groups are long (`slots` at least [`LONG_GROUP_MEAN_SLOTS`] a
 /// group) [`LONG_GROUP_TILE`] and [`QUANTIZED_LONG_GROUP_TILE`]; else 32 × 64, A and W staged
 /// through a single stage of workgroup memory, loaded [`EXPERT_DEPTH`] steps ahead. The choice
@@ -270,10 +281,11 @@ pub fn choose(p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option
     let expert_tile = match (format, long) {
         (WeightFormat::Quantized(_), false) => QUANTIZED_EXPERT_TILE,
         (WeightFormat::Quantized(_), true) => QUANTIZED_LONG_GROUP_TILE,
+        (WeightFormat::F16 | WeightFormat::F32 | WeightFormat::Bf16, false) if p.gather != 0 => GATHERED_EXPERT_TILE,
         (WeightFormat::F16 | WeightFormat::F32 | WeightFormat::Bf16, false) => EXPERT_TILE,
         (WeightFormat::F16 | WeightFormat::F32 | WeightFormat::Bf16, true) => LONG_GROUP_TILE,
     };
-    let preferred: &[(CoopTile, WPath)] = &[(expert_tile, WPath::Single), (TILE_32X64, WPath::Single)];
+    let preferred: &[(CoopTile, WPath)] = &[(expert_tile, WPath::Single), (EXPERT_TILE, WPath::Single), (TILE_32X64, WPath::Single)];
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
 }
 
@@ -557,7 +569,7 @@ mod tests {
         let f16 = WeightFormat::F16;
         // A canvas (256 tokens, top-8: 16 slots an expert) and a 1024-token chunk (64).
         let (canvas, chunk) = (256 * 8, 1024 * 8);
-        assert_eq!(choose(&gate_up, f16, canvas), Some((EXPERT_TILE, WPath::Single)));
+        assert_eq!(choose(&gate_up, f16, canvas), Some((GATHERED_EXPERT_TILE, WPath::Single)));
         assert_eq!(choose(&down, f16, canvas), Some((EXPERT_TILE, WPath::Single)));
         assert_eq!(choose(&gate_up, f16, chunk), Some((LONG_GROUP_TILE, WPath::Single)));
         assert_eq!(choose(&down, f16, chunk), Some((LONG_GROUP_TILE, WPath::Single)));
@@ -569,6 +581,7 @@ mod tests {
             let rows = |w, p| choose(p, w, slots).unwrap().0.bm;
             assert_eq!(rows(q4, &gate_up), rows(q5, &down), "{slots} slots");
             assert_eq!(rows(f16, &gate_up), rows(q5, &down), "{slots} slots");
+            assert_eq!(rows(f16, &gate_up), rows(f16, &down), "{slots} slots");
         }
         let tiny = GroupedGemmParams { n: 64, k: 32, b_group_stride: 64 * 32, a_rs: 32, ..down };
         assert_eq!(choose(&tiny, f16, canvas), Some((TILE_32X64, WPath::Single)));

@@ -101,6 +101,7 @@ fn every_grouped_tile_gives_the_same_bits() {
     // bits on the dequantized values (`tensor_cores_quant`).
     let chosen = [
         coop_grouped_gemm::EXPERT_TILE,
+        coop_grouped_gemm::GATHERED_EXPERT_TILE,
         coop_grouped_gemm::LONG_GROUP_TILE,
         coop_grouped_gemm::QUANTIZED_EXPERT_TILE,
         coop_grouped_gemm::QUANTIZED_LONG_GROUP_TILE,
