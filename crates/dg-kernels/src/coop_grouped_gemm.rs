@@ -285,7 +285,7 @@ pub fn choose(p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option
         (WeightFormat::F16 | WeightFormat::F32 | WeightFormat::Bf16, false) => EXPERT_TILE,
         (WeightFormat::F16 | WeightFormat::F32 | WeightFormat::Bf16, true) => LONG_GROUP_TILE,
     };
-    let preferred: &[(CoopTile, WPath)] = &[(expert_tile, WPath::Single), (EXPERT_TILE, WPath::Single), (TILE_32X64, WPath::Single)];
+    let preferred: &[(CoopTile, WPath)] = &[(expert_tile, WPath::Single), (TILE_32X64, WPath::Single)];
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
 }
 
