@@ -645,12 +645,13 @@ fn panelled_matrix_refuses_products_no_tile_takes() {
 /// Deeper prefetch rings (`dg_kernels::coop_kloop`) add the same products in the same order: the
 /// dense kernel gives the same bits at every depth and with either naming of its stages
 /// (`coop_kloop::Stages`: constant stages double the passes of odd rings), on every path (staged,
-/// direct and single-staged give the same bits too), whole and in K splits, with a partial last m
+/// direct and single-staged give the same bits too), in either ring (`coop_kloop::Ring`), whole and in K splits, with a partial last m
 /// tile, and K steps (7, or 3 and 4 a split) fewer than some rings and no multiple of any ring's
 /// length.
 #[test]
 fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
-    use dg_kernels::coop_gemm::{self, BLayout, Split};
+    use dg_kernels::coop_gemm::{self, AFormat, BLayout, Split};
+    use dg_kernels::coop_kloop::Ring;
     use dg_kernels::gemm::GemmParams;
     let test = "deeper_prefetch_gives_the_same_bits_in_dense_products";
     let Some(ctx) = coop_test_context(test) else { return };
@@ -664,16 +665,21 @@ fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
     for tile in [coop_gemm::TILE_128X128, coop_gemm::TILE_64X64] {
         for split in [Split { splits: 1, steps: 7 }, Split { splits: 2, steps: 4 }] {
             let mut first: Option<Vec<f32>> = None;
-            for path in [WPath::Staged, WPath::Direct, WPath::Single] {
+            for (path, ring) in [
+                (WPath::Staged, Ring::Staggered),
+                (WPath::Direct, Ring::Staggered),
+                (WPath::Single, Ring::Staggered),
+                (WPath::Staged, Ring::Batched),
+                (WPath::Single, Ring::Batched),
+            ] {
                 let depths = 1..=dg_kernels::coop_kloop::MAX_DEPTH;
                 for (depth, stages) in depths.flat_map(|d| coop_gemm::Stages::ALL.map(|s| (d, s))) {
                     if path == WPath::Single && stages != coop_gemm::Stages::Alternating {
                         continue; // one stage, nothing to name: the same kernel as alternating
                     }
                     let t = tile.with_depth(depth).with_stages(stages).on_path(path);
-                    let kernel = pipelines
-                        .get_source(&ctx, coop_gemm::source_for(on_device(&ctx, t), path, WeightFormat::F16, BLayout::Nk))
-                        .unwrap();
+                    let source = coop_gemm::source_for_ring(on_device(&ctx, t), path, WeightFormat::F16, BLayout::Nk, AFormat::F32, ring);
+                    let kernel = pipelines.get_source(&ctx, source).unwrap();
                     let mut plan = dg_gpu::PlanBuilder::new(&ctx);
                     push_product(&mut plan, (&kernel, &reduce), t, &p, split, [&a, &b, &scratch, &c]);
                     plan.finish(&ctx).unwrap().run(&ctx).unwrap();
@@ -681,7 +687,11 @@ fn deeper_prefetch_gives_the_same_bits_in_dense_products() {
                     match &first {
                         None => first = Some(got),
                         Some(want) => {
-                            assert!(&got == want, "{} {path:?} {split:?}: other bits than staged at depth 1, alternating stages", t.label())
+                            assert!(
+                                &got == want,
+                                "{} {path:?} {ring:?} {split:?}: other bits than staged at depth 1, alternating stages",
+                                t.label()
+                            )
                         }
                     }
                 }

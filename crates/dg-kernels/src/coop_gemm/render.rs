@@ -74,6 +74,7 @@ impl CoopTile {
     /// [`Ring::Staggered`]; the other is for measurements).
     pub fn render_with_ring(self, path: WPath, w_format: WeightFormat, layout: BLayout, a_format: AFormat, ring: Ring) -> String {
         assert!(path != WPath::Direct || layout != BLayout::Kn, "direct W fragments need W[n][k]");
+        assert!(path != WPath::Direct || ring == Ring::Staggered, "direct W fragments have no ring to batch");
         assert!(
             layout != BLayout::NkPanels || (self.bk == PANEL && panelled(w_format)),
             "K panels are F16 or blocks of PANEL values, with bk = PANEL"
