@@ -24,31 +24,35 @@ fn every_key_validates() {
     });
 }
 
-/// The dense kernel in the batched ring (`coop_gemm::source_for_ring`: the probes' variant, not
-/// a planner key) validates too, on both staged paths, at every depth, with either A format.
+/// The dense kernel in either ring (`coop_gemm::source_for_ring`: the probes' variants, not
+/// planner keys) validates too, on both staged paths, at every depth, with either A format: the
+/// planner's tiles and the probes' 128 × 128 tile in 4 subgroups of 64 × 64.
 #[test]
-fn batched_dense_rings_validate() {
-    use dg_kernels::coop_gemm::{self, AFormat, BLayout, WPath};
+fn probed_dense_rings_validate() {
+    use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, WPath};
     use dg_kernels::coop_kloop::{MAX_DEPTH, Ring};
     let caps = PORTABLE | Capabilities::COOPERATIVE_MATRIX;
-    for tile in [coop_gemm::TILE_128X128, coop_gemm::TILE_64X64] {
+    let wide = CoopTile::vec4(128, 128, 32, 64, 64);
+    for tile in [coop_gemm::TILE_128X128, coop_gemm::TILE_64X64, wide] {
         for path in [WPath::Staged, WPath::Single] {
             for depth in 1..=MAX_DEPTH {
                 for a in [AFormat::F32, AFormat::F16] {
-                    let k = coop_gemm::source_for_ring(
-                        tile.with_depth(depth).on_path(path),
-                        path,
-                        dg_kernels::WeightFormat::F16,
-                        BLayout::NkPanels,
-                        a,
-                        Ring::Batched,
-                    );
-                    assert!(k.name.ends_with("_batched"), "{}", k.name);
-                    let module =
-                        naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
-                    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
-                        .validate(&module)
-                        .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
+                    for ring in [Ring::Staggered, Ring::Batched] {
+                        let k = coop_gemm::source_for_ring(
+                            tile.with_depth(depth).on_path(path),
+                            path,
+                            dg_kernels::WeightFormat::F16,
+                            BLayout::NkPanels,
+                            a,
+                            ring,
+                        );
+                        assert_eq!(k.name.ends_with("_batched"), ring == Ring::Batched, "{}", k.name);
+                        let module =
+                            naga::front::wgsl::parse_str(&k.wgsl).unwrap_or_else(|e| panic!("{}: {}", k.name, e.emit_to_string(&k.wgsl)));
+                        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                            .validate(&module)
+                            .unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
+                    }
                 }
             }
         }

@@ -257,3 +257,52 @@ pub fn experts_wave_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Result<(
     }
     Ok(())
 }
+
+/// The dense projections on 128 × 128 tiles in 4 subgroups of 64 × 64 with f16 activations,
+/// against the forward's 8 subgroups of 32 × 64 with f32 A at depth 3: 64 × 64 subgroups hold
+/// 128 accumulator registers an invocation, and with f16 A a ring set takes 32 registers where
+/// f32's takes 48, so two workgroups (two barrier domains) may share a multiprocessor at depth 2.
+/// µs per product in the forward's K splits and in twice as many, and the largest difference of C
+/// from the forward's tile.
+pub fn dense_wide_subgroups_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Result<(), ProbeError> {
+    let test = "dense_wide_subgroups_probe";
+    let mut pipelines = Pipelines::default();
+    let replays = 20;
+    let wide = CoopTile::vec4(128, 128, 32, 64, 64);
+    let forward = coop_gemm::TILE_128X128.with_depth(3);
+    for (name, shape, splits) in [
+        ("q", (256, 4096, 2816), 2),
+        ("o", (256, 2816, 4096), 3),
+        ("mlp gate_up", (256, 4224, 2816), 2),
+        ("mlp down", (256, 2816, 2112), 3),
+        ("head quarter", (256, 65536, 2816), 1),
+    ] {
+        let reference = Dense::new(ctx, shape, forward, splits);
+        let want = reference.run(ctx, &mut pipelines, AFormat::F32);
+        let mut line = format!("{test}: {name} {shape:?} forward's [{}] f32 d3 {splits} splits:", forward.label());
+        for _ in 0..2 {
+            let t = best_time(ctx, &reference.plan(ctx, &mut pipelines, AFormat::F32, replays), replays);
+            line += &format!(" {:.1}", t * 1e6);
+        }
+        println!("{line} us");
+        let configs = [(1, Ring::Staggered), (2, Ring::Staggered), (3, Ring::Staggered), (2, Ring::Batched)];
+        for factor in [1, 2] {
+            for (depth, ring) in configs {
+                let dense = Dense::new(ctx, shape, wide.with_depth(depth), splits * factor);
+                let got = dense.run_ring(ctx, &mut pipelines, AFormat::F16, ring);
+                let diff = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0f32, f32::max);
+                let mut line = format!(
+                    "{test}: {name} [{}] f16 d{depth} {ring:?} {} splits (max |C - forward's| {diff:e}):",
+                    wide.label(),
+                    splits * factor
+                );
+                for _ in 0..2 {
+                    let t = best_time(ctx, &dense.plan_ring(ctx, &mut pipelines, AFormat::F16, ring, replays), replays);
+                    line += &format!(" {:.1}", t * 1e6);
+                }
+                println!("{line} us");
+            }
+        }
+    }
+    Ok(())
+}

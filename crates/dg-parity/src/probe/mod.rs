@@ -126,6 +126,12 @@ pub const PROBES: &[Probe] = &[
         experts::f16_activations_throughput_at_the_real_shapes,
     ),
     probe(
+        "dense_wide_subgroups_probe",
+        "the dense projections and a quarter of the head in 4 subgroups of 64 x 64 with f16 activations, against the forward's tile",
+        true,
+        experts::dense_wide_subgroups_probe,
+    ),
+    probe(
         "experts_wave_probe",
         "the experts' products over a sweep of expert counts: the last wave of workgroups",
         true,

@@ -90,7 +90,12 @@ impl Dense {
     }
 
     pub fn run(&self, ctx: &GpuContext, pipelines: &mut Pipelines, format: AFormat) -> Vec<f32> {
-        self.plan(ctx, pipelines, format, 1).run(ctx).unwrap();
+        self.run_ring(ctx, pipelines, format, Ring::Staggered)
+    }
+
+    /// [`Self::run`] with the K loop's loads issued by `ring`.
+    pub fn run_ring(&self, ctx: &GpuContext, pipelines: &mut Pipelines, format: AFormat, ring: Ring) -> Vec<f32> {
+        self.plan_ring(ctx, pipelines, format, ring, 1).run(ctx).unwrap();
         ctx.read_f32(&self.c, 0, (self.p.m * self.p.n) as usize).unwrap()
     }
 }
