@@ -30,17 +30,36 @@ def build(config_path: str, device: str, dtype: torch.dtype) -> DiffusionGemmaFo
         raw["vision_config"] = TINY_VISION
     config = DiffusionGemmaConfig(**raw)
     config.text_config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    # Built in the target dtype on the target device: a 30-layer model built in f32 and then cast
-    # would hold 101 GB of f32 weights first, more than an H200 has.
+    # Built in the target dtype (a 30-layer model built in f32 and then cast would hold 101 GB of
+    # f32 weights first) and on the meta device, then given memory once per distinct tensor: the
+    # encoder's text weights are tied to the decoder's, and building on the GPU would allocate
+    # both copies before tying them (78 GB at 30 layers in bf16, more than an H100 holds).
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
-            model = DiffusionGemmaForBlockDiffusion(config).eval()
+        with torch.device("meta"):
+            model = DiffusionGemmaForBlockDiffusion(config)
     finally:
         torch.set_default_dtype(previous)
-    return model
+    materialize(model, device)
+    torch.manual_seed(0)
+    model.init_weights()
+    return model.eval()
+
+
+def materialize(model: torch.nn.Module, device: str) -> None:
+    """Give every parameter and buffer of a model built on the meta device uninitialised memory on
+    `device`, one allocation per distinct tensor, so that tied tensors stay one."""
+    made = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in list(table.items()):
+                if t is None:
+                    continue
+                if id(t) not in made:
+                    empty = torch.empty_like(t, device=device)
+                    made[id(t)] = torch.nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
+                table[name] = made[id(t)]
 
 
 def prompt_ids(length: int, vocab: int, device) -> torch.Tensor:
