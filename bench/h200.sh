@@ -12,7 +12,8 @@
 # CONFIG=bench/configs/real-6layer.json F32=1, the earlier tables' setup). transformers builds its
 # model in the target dtype (bench/torch_model.py).
 #
-# GENERATE (default "f16 q4_k_m") picks dg's weight modes in the generation runs.
+# GENERATE (default "f16 q4_k_m") picks dg's weight modes in the generation runs, FORWARD (default
+# "f16 q8_0 q4_k_m") those of the profiled forwards.
 # PARTS (default "dg torch") picks the sides to run; the summary reads every log in OUT_DIR, so a
 # run in two calls (PARTS=dg, then PARTS=torch into the same OUT_DIR, e.g. where one command may
 # take at most 10 minutes) gives the same summary. The environment and the peaks run in each part;
@@ -33,7 +34,7 @@ cd "$ROOT"
 CONFIG=${CONFIG:-bench/configs/real-30layer.json}
 F32=${F32:-0}
 PARTS=${PARTS:-dg torch}
-DG_WEIGHTS=(f16 q8_0 q4_k_m)
+read -ra DG_WEIGHTS <<< "${FORWARD:-f16 q8_0 q4_k_m}"
 PROMPT=1024
 FAILED=()
 
