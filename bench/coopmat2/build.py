@@ -16,8 +16,11 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # (workgroup size, BM, BN, BK, unroll) by shape (M, N, K): the head over a quarter of the
-# vocabulary, and the decoder's q and o projections.
+# vocabulary, the decoder's q and o projections, and a stand-in for the experts' gate/up (the 128
+# experts' 1.01 GB of F16 weights as one 180224-row W under 32 rows of A: the same weight bytes in
+# tiles of the experts' 32 rows, A shared where each expert has its own).
 SHAPES = {
+    (32, 180224, 2816): [(128, 32, 128, 32, 4), (64, 32, 64, 32, 4), (128, 32, 256, 32, 4), (128, 32, 128, 64, 2)],
     (256, 65536, 2816): [(256, 128, 256, 32, 4), (256, 128, 128, 32, 4), (256, 256, 128, 32, 4),
                          (256, 128, 256, 64, 2), (128, 128, 128, 32, 4), (128, 64, 128, 32, 4),
                          (64, 64, 64, 32, 4), (64, 64, 128, 32, 4), (128, 64, 256, 32, 4), (128, 32, 128, 32, 4),
