@@ -86,7 +86,11 @@ fn geometry(file: &std::path::Path) -> Result<Geometry> {
     let dims: Vec<u32> =
         shape.split('x').map(str::parse).collect::<Result<_, _>>().with_context(|| format!("{}: shape `{shape}`", file.display()))?;
     let [m, n, k] = dims[..] else { bail!("{}: shape `{shape}` is not MxNxK", file.display()) };
-    Ok(Geometry { bm: field("bm")?, bn: field("bn")?, m, n, k })
+    let (bm, bn) = (field("bm")?, field("bn")?);
+    if bm == 0 || bn == 0 || !m.is_multiple_of(bm) || !n.is_multiple_of(bn) {
+        bail!("{}: a {bm} x {bn} tile does not divide {m} x {n}", file.display());
+    }
+    Ok(Geometry { bm, bn, m, n, k })
 }
 
 pub fn run(args: Args) -> Result<bool> {
@@ -295,4 +299,26 @@ fn time_kernel(device: &wgpu::Device, queue: &wgpu::Queue, file: &std::path::Pat
         flops / best / 1e12,
         groups
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::geometry;
+    use std::path::Path;
+
+    #[test]
+    fn geometry_comes_from_the_file_name() {
+        let g = geometry(Path::new("out/gemm_b128_bm64_bn128_bk32_u4_256x65536x2816.spv")).unwrap();
+        assert_eq!((g.bm, g.bn, g.m, g.n, g.k), (64, 128, 256, 65536, 2816));
+    }
+
+    #[test]
+    fn names_without_a_geometry_are_errors_that_say_what_is_missing() {
+        let no_tile = geometry(Path::new("gemm_b128_u4_256x65536x2816.spv")).unwrap_err().to_string();
+        assert!(no_tile.contains("_bm"), "{no_tile}");
+        let no_shape = geometry(Path::new("gemm_b128_bm64_bn128_256x65536.spv")).unwrap_err().to_string();
+        assert!(no_shape.contains("MxNxK"), "{no_shape}");
+        let ragged = geometry(Path::new("gemm_bm48_bn128_256x65536x2816.spv")).unwrap_err().to_string();
+        assert!(ragged.contains("does not divide"), "{ragged}");
+    }
 }
