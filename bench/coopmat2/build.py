@@ -90,6 +90,8 @@ def main():
     template = open(os.path.join(HERE, 'gemm.comp')).read()
     for (m, n, k), variants in SHAPES.items():
         for block, bm, bn, bk, unroll in variants:
+            # The kernel has no bounds: the tile must divide the shape and a pass of K steps K.
+            assert m % bm == 0 and n % bn == 0 and k % (bk * unroll) == 0, (m, n, k, bm, bn, bk, unroll)
             defines = ''.join(f'#define {key} {value}\n' for key, value in
                               [('BLOCK', block), ('BM', bm), ('BN', bn), ('BK', bk), ('UNROLL', unroll),
                                ('M', f'{m}u'), ('N', f'{n}u'), ('K', f'{k}u')])
