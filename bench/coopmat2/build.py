@@ -4,12 +4,13 @@
     python3 bench/coopmat2/build.py OUT_DIR
 
 GL_NV_cooperative_matrix2 needs a recent glslang (naga cannot express it; Debian 12's glslang 12
-predates it). This uses the glslang library that the `slangpy` wheel bundles
-(`pip download --no-deps slangpy`, unzip; GLSLANG=path/to/libslang-glslang-*.so), through its
+predates it). This uses the glslang library that the `slangpy` wheel bundles (an
+installed `slangpy`, or GLSLANG=path/to/libslang-glslang-*.so from the unpacked wheel), through its
 C entry points `glslang_compile_1_2` and `glslang_validateSPIRV`. Each output is validated.
 """
 import ctypes
 import glob
+import importlib.util
 import os
 import sys
 
@@ -32,9 +33,14 @@ SHAPES = {
 
 
 def library():
-    path = os.environ.get('GLSLANG') or next(iter(sorted(glob.glob('/tmp/wh/sp/slangpy/libslang-glslang-*.so'))), None)
+    """The glslang library: $GLSLANG, else the one inside an installed `slangpy` package."""
+    path = os.environ.get('GLSLANG')
     if not path:
-        sys.exit('set GLSLANG to the libslang-glslang-*.so of an unpacked slangpy wheel')
+        spec = importlib.util.find_spec('slangpy')
+        found = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), 'libslang-glslang-*.so'))) if spec and spec.origin else []
+        path = found[-1] if found else None
+    if not path:
+        sys.exit('no glslang: `pip install slangpy`, or set GLSLANG to the libslang-glslang-*.so of an unpacked slangpy wheel')
     return ctypes.CDLL(path)
 
 
