@@ -159,17 +159,9 @@ pub fn run(args: Args) -> Result<bool> {
     Ok(ok)
 }
 
-/// Seeded values in [-1, 1) as f16 bits.
-fn seeded_f16(len: usize, seed: u64) -> Vec<u16> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            half::f16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0).to_bits()
-        })
-        .collect()
+/// Seeded values in [-1, 1) (`dg_parity::testing::seeded`), rounded to f16 as the GPU holds them.
+fn seeded_halves(len: usize, seed: u64) -> Vec<f32> {
+    dg_parity::testing::seeded(len, seed, 1.0).into_iter().map(|x| half::f16::from_f32(x).to_f32()).collect()
 }
 
 fn time_kernel(device: &wgpu::Device, queue: &wgpu::Queue, file: &std::path::Path, replays: u32) -> Result<String> {
@@ -179,17 +171,17 @@ fn time_kernel(device: &wgpu::Device, queue: &wgpu::Queue, file: &std::path::Pat
         bail!("{}: not whole SPIR-V words", file.display());
     }
     let words: Vec<u32> = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    let a = seeded_f16((g.m * g.k) as usize, 1);
-    let w = seeded_f16((g.n * g.k) as usize, 2);
+    let a = seeded_halves((g.m * g.k) as usize, 1);
+    let w = seeded_halves((g.n * g.k) as usize, 2);
     use wgpu::util::DeviceExt;
     let a_buf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some("a"),
-        contents: bytemuck::cast_slice(&a),
+        contents: bytemuck::cast_slice(&dg_kernels::pack_f16(&a)),
         usage: wgpu::BufferUsages::STORAGE,
     });
     let w_buf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some("w"),
-        contents: bytemuck::cast_slice(&w),
+        contents: bytemuck::cast_slice(&dg_kernels::pack_f16(&w)),
         usage: wgpu::BufferUsages::STORAGE,
     });
     let c_bytes = u64::from(g.m) * u64::from(g.n) * 4;
@@ -286,9 +278,7 @@ fn time_kernel(device: &wgpu::Device, queue: &wgpu::Queue, file: &std::path::Pat
         let (row, col) = ((i * 37) % u64::from(g.m), (i * 7919 + i * i * 104_729) % u64::from(g.n));
         let (row, col) = (row as usize, col as usize);
         let k = g.k as usize;
-        let want: f64 = (0..k)
-            .map(|j| f64::from(half::f16::from_bits(a[row * k + j]).to_f32()) * f64::from(half::f16::from_bits(w[col * k + j]).to_f32()))
-            .sum();
+        let want: f64 = (0..k).map(|j| f64::from(a[row * k + j]) * f64::from(w[col * k + j])).sum();
         worst = worst.max((f64::from(c[row * g.n as usize + col]) - want).abs());
     }
     let flops = 2.0 * f64::from(g.m) * f64::from(g.n) * f64::from(g.k);

@@ -392,6 +392,12 @@ pub const TILE_128X64: CoopTile = CoopTile::vec4(128, 64, 32, 64, 32);
 /// the panelled projections 348 → 289 µs a layer, the layers 1.407 → 1.355 ms.
 pub const TILE_128X128: CoopTile = CoopTile::vec4(128, 128, 32, 32, 64).with_depth(3);
 
+/// 128 × 128 in 4 subgroups of 64 × 64 (128 accumulator registers an invocation): built only by
+/// the probes (`dense_wide_subgroups_probe`) and validated by naga, never chosen. With f16
+/// activations on an H100 it was slower than [`TILE_128X128`] at every depth and split but one
+/// (bench/HISTORY.md, "The driver's own cooperative-matrix GEMM, and 64 × 64 subgroups").
+pub const TILE_128X128_W4: CoopTile = CoopTile::vec4(128, 128, 32, 64, 64);
+
 /// 32×64 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB): twice the workgroups of
 /// [`TILE_64X64`] (352 for `256 × 2816`).
 pub const TILE_32X64: CoopTile = CoopTile::vec4(32, 64, 32, 32, 32);

@@ -29,10 +29,10 @@ fn every_key_validates() {
 /// planner's tiles and the probes' 128 × 128 tile in 4 subgroups of 64 × 64.
 #[test]
 fn probed_dense_rings_validate() {
-    use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, WPath};
+    use dg_kernels::coop_gemm::{self, AFormat, BLayout, WPath};
     use dg_kernels::coop_kloop::{MAX_DEPTH, Ring};
     let caps = PORTABLE | Capabilities::COOPERATIVE_MATRIX;
-    let wide = CoopTile::vec4(128, 128, 32, 64, 64);
+    let wide = coop_gemm::TILE_128X128_W4;
     for tile in [coop_gemm::TILE_128X128, coop_gemm::TILE_64X64, wide] {
         for path in [WPath::Staged, WPath::Single] {
             for depth in 1..=MAX_DEPTH {

@@ -268,7 +268,7 @@ pub fn dense_wide_subgroups_probe(ctx: &GpuContext, _options: &ProbeOptions) -> 
     let test = "dense_wide_subgroups_probe";
     let mut pipelines = Pipelines::default();
     let replays = 20;
-    let wide = CoopTile::vec4(128, 128, 32, 64, 64);
+    let wide = coop_gemm::TILE_128X128_W4;
     let forward = coop_gemm::TILE_128X128.with_depth(3);
     for (name, shape, splits) in [
         ("q", (256, 4096, 2816), 2),
