@@ -133,8 +133,9 @@ pub const TILE_32X128_W2: CoopTile = CoopTile::vec4(32, 128, 32, 32, 64);
 /// forward's profile, seven runs over two sessions, each beside [`EXPERT_TILE`] in the same call)
 /// gate/up took 361–369 µs (one layer 383) against 378–385 (the down projection in this tile lost 1–3%),
 /// the experts' 6 layers 3.49 against 3.56–3.57 ms, the profile 1.056 against 1.068–1.075 ms a
-/// layer. The 30 layers' wall time moved less: 30.84 / 30.72 ms against 30.85 / 30.83
-/// (bench/HISTORY.md, "The experts' gate/up in subgroups of 32 × 64"). Not yet measured on an H200.
+/// layer. The 30 layers' wall time moved less: 30.84 / 30.72 ms against 30.85 / 30.83, and in a
+/// later call 30.69 / 30.66 against 30.80 / 30.74 (bench/HISTORY.md, "The experts' gate/up in
+/// subgroups of 32 × 64" and the section after it). Not yet measured on an H200.
 pub const GATHERED_EXPERT_TILE: CoopTile = TILE_32X128_W2.with_depth(2);
 
 /// Tiles built and tested but never chosen by [`choose`]: candidates for the
