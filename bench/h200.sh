@@ -96,11 +96,14 @@ if [[ " $PARTS " == *" dg "* ]]; then
     done
 fi
 if [[ " $PARTS " == *" torch "* ]]; then
+    # 30 timed forwards a variant: over 10, a busy host once moved torch.compile's median to 1.8x
+    # its minimum (BENCHMARKS.md, "Side by side with transformers, H100"); a forward is at most
+    # about 0.1 s, so the extra runs cost seconds beside the compile's minutes.
     for dtype in "${TORCH_FORWARD[@]}"; do
-        step "torch_forward_$dtype" "$PYTHON" bench/torch_forward.py --config "$CONFIG" --device cuda --dtype "$dtype" --prompt-len "$PROMPT" --runs 10
+        step "torch_forward_$dtype" "$PYTHON" bench/torch_forward.py --config "$CONFIG" --device cuda --dtype "$dtype" --prompt-len "$PROMPT" --runs 30
     done
     # torch.compile (default mode) of the canvas forward, bf16; the eager lines repeat the run above.
-    step torch_forward_bfloat16_compile "$PYTHON" bench/torch_forward.py --config "$CONFIG" --device cuda --dtype bfloat16 --prompt-len "$PROMPT" --runs 10 --compile
+    step torch_forward_bfloat16_compile "$PYTHON" bench/torch_forward.py --config "$CONFIG" --device cuda --dtype bfloat16 --prompt-len "$PROMPT" --runs 30 --compile
     for dtype in "${TORCH_GENERATE[@]}"; do
         step "torch_generate_$dtype" "$PYTHON" bench/torch_generate.py --config "$CONFIG" --device cuda --dtype "$dtype" --prompt-len "$PROMPT" --canvases 2 --steps 48 --runs 3
     done
