@@ -3,6 +3,7 @@
 //! be shaped. They check nothing about dg's results beyond what a timed product needs to mean
 //! something; `cargo xtask probe NAME` runs one, `cargo xtask probe --list` lists them ([`PROBES`]).
 
+pub mod attention;
 pub mod dispatch;
 pub mod experts;
 pub mod gemm;
@@ -160,6 +161,12 @@ pub const PROBES: &[Probe] = &[
         "the tensor cores' own ceiling through WGSL cooperative matrices: TFLOP/s",
         true,
         tensor_cores::tensor_core_peak_probe,
+    ),
+    probe(
+        "attention_products_probe",
+        "the decoder's attention products at the real shapes: per K step and per workgroup, by keys, head size and tile",
+        true,
+        attention::attention_products_probe,
     ),
     probe(
         "barrier_drain_probe",

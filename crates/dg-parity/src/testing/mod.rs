@@ -62,7 +62,7 @@ pub const GUARD: f32 = -7.777e17;
 pub const GUARD_LEN: usize = 64;
 
 /// The committed fixture `name`: under `DG_FIXTURES` where it is set (a test binary run away from
-/// its checkout, as on a lent GPU machine), else in the repository's `fixtures/`.
+/// its checkout, as on a separate GPU machine), else in the repository's `fixtures/`.
 pub fn fixture(name: &str) -> std::path::PathBuf {
     let root = std::env::var_os("DG_FIXTURES")
         .map_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"), std::path::PathBuf::from);
