@@ -10,9 +10,10 @@ use dg_gpu::{GpuContext, Pipelines};
 use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm::{self, BLayout, CoopTile, WPath};
 use dg_kernels::gemm::GemmParams;
+use dg_kernels::split_k;
 
-use super::{ProbeError, ProbeOptions, alternating};
-use crate::testing::{best_time, seeded};
+use super::{ProbeError, ProbeOptions, alternating, split_into, time_product};
+use crate::testing::seeded;
 
 /// Canvas rows (queries) and cached positions of the forward measured in BENCHMARKS.md.
 const CANVAS: usize = 256;
@@ -32,7 +33,7 @@ const KINDS: [Kind; 2] = [Kind { name: "sliding", d: 256, kv_heads: 8 }, Kind { 
 /// One timed product: what it is, its parameters (from `dg_gpu::ops`' attention helpers), the
 /// B layout (keys `[s][kv][d]` read as W rows; values as `B[k][n]`) and the tile.
 struct Case {
-    what: String,
+    what: &'static str,
     p: GemmParams,
     layout: BLayout,
     tile: CoopTile,
@@ -48,7 +49,7 @@ pub fn attention_products_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Re
     for kind in &KINDS {
         let scores = |s: usize, d: usize| dg_gpu::ops::attention_scores_params(CANVAS, s, d, HEADS, kind.kv_heads);
         let values = |s: usize| dg_gpu::ops::attention_values_params(CANVAS, s, kind.d, HEADS, kind.kv_heads);
-        let case = |what: &str, p: GemmParams, layout: BLayout, tile: CoopTile| Case { what: what.to_string(), p, layout, tile };
+        let case = |what, p, layout, tile| Case { what, p, layout, tile };
         let cases = [
             case("scores (the forward's)", scores(keys, kind.d), BLayout::Nk, big),
             case("scores, twice the keys", scores(2 * keys, kind.d), BLayout::Nk, big),
@@ -84,8 +85,8 @@ pub fn attention_products_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Re
     Ok(())
 }
 
-/// Best time of 20 dispatches of `c`'s product over all its heads at once (one workgroup row a
-/// head, as the forward runs it), K unsplit; A f32 and B F16, as the forward's q and cache.
+/// Best time of `c`'s product over all its heads at once (one workgroup row a head, as the
+/// forward runs it), K unsplit; A f32 and B F16, as the forward's q and cache.
 fn time_batched(ctx: &GpuContext, pipelines: &mut Pipelines, c: &Case) -> Result<f64, ProbeError> {
     let p = &c.p;
     let batch = p.batch as usize;
@@ -98,10 +99,7 @@ fn time_batched(ctx: &GpuContext, pipelines: &mut Pipelines, c: &Case) -> Result
     let b = ctx.upload("b", &dg_kernels::pack_f16(&seeded(b_len.next_multiple_of(4), 92, 1.0)))?;
     let out = ctx.storage_buffer("c", (c_len * 4) as u64)?;
     let kernel = pipelines.get_source(ctx, coop_gemm::source_for(c.tile, WPath::Staged, WeightFormat::F16, c.layout))?;
-    let replays = 20;
-    let mut plan = dg_gpu::PlanBuilder::new(ctx);
-    for _ in 0..replays {
-        plan.push(&kernel, p, &[&a, &b, &out], coop_gemm::workgroups(c.tile, p.m, p.n, p.batch));
-    }
-    Ok(best_time(ctx, &plan.finish(ctx)?, replays))
+    let reduce = pipelines.get_source(ctx, split_k::source())?;
+    // K unsplit: no scratch is bound, `out` stands in its place.
+    time_product(ctx, (&kernel, &reduce), c.tile, p, split_into(c.tile, p.k, 1), [&a, &b, &out, &out])
 }

@@ -36,8 +36,9 @@ pub fn best_time(ctx: &GpuContext, plan: &dg_gpu::Plan, replays: u32) -> f64 {
         .fold(f64::MAX, f64::min)
 }
 
-/// Pushes one dense tensor-core product `p` of `a` and `b` into `c`: whole when `split` has one
-/// range, else its partials into `scratch` and the reduction (`reduce`) into `c`.
+/// Pushes one dense tensor-core product `p` of `a` and `b` into `c` (every one of its batches, a
+/// workgroup row each): whole when `split` has one range, else its partials into `scratch` and
+/// the reduction (`reduce`) into `c`.
 pub fn push_product<'a>(
     plan: &mut dg_gpu::PlanBuilder<'a>,
     (kernel, reduce): (&std::sync::Arc<dg_gpu::Pipeline>, &std::sync::Arc<dg_gpu::Pipeline>),
@@ -48,11 +49,11 @@ pub fn push_product<'a>(
 ) {
     use dg_kernels::{coop_gemm, split_k};
     if split.splits > 1 {
-        plan.push(kernel, &split.partial_params(p), &[a, b, scratch], coop_gemm::workgroups_split(tile, p.m, p.n, 1, split.splits));
+        plan.push(kernel, &split.partial_params(p), &[a, b, scratch], coop_gemm::workgroups_split(tile, p.m, p.n, p.batch, split.splits));
         let r = split.reduce_params(p);
         plan.push(reduce, &r, &[scratch, c], dg_gpu::groups_1d(split_k::workgroups(&r), 65535));
     } else {
-        plan.push(kernel, p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, 1));
+        plan.push(kernel, p, &[a, b, c], coop_gemm::workgroups(tile, p.m, p.n, p.batch));
     }
 }
 
