@@ -5,8 +5,9 @@
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
 //! norm → the q/k/v GEMM (one, or q's and K/V's: `Planner::merge_qkv`) → q/k norms fused with RoPE and the
 //! v norm in one dispatch (the canvas's K/V written into the cache after the visible rows) →
-//! attention over [visible | dead | canvas] cache rows as one score GEMM, a row softmax and one
-//! value GEMM (per block of queries where the scores would not fit the arena's) → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
+//! attention over [visible | dead | canvas] cache rows as one tensor-core kernel where the planner
+//! takes it (`Planner::fused_attention`), else as one score GEMM, a row softmax and one value GEMM
+//! (per block of queries where the scores would not fit the arena's) → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
 //! and the router's input norms → router → the dense MLP's and the experts' gate/up, both
 //! activations in one dispatch (the experts' stored as f16 for the tensor cores where the device
 //! has f16; where the down projections run on the tensor cores, each row scaled by a power of two
@@ -19,6 +20,7 @@
 //! cache, attention is causal (windowed in sliding layers), and the encoder's layer scalar applies.
 
 use dg_kernels::WeightFormat;
+use dg_kernels::coop_attention::AttentionParams;
 use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::coop_grouped_gemm;
 use dg_kernels::gemm::GemmParams;
@@ -541,8 +543,29 @@ fn record_layer_with<'a>(
     // probabilities rounded to f16 when staged) where the shapes fit.
     // A group whose scores would not fit `arena.scores` runs its queries in blocks whose scores
     // do (`Arena::query_block`: long contexts only).
+    // The decoder's canvases run their attention as one tensor-core kernel where the planner
+    // takes it (`dg_kernels::coop_attention`: the scores never leave workgroup memory).
     let tc = w.format == WeightFormat::F16;
     for g in &groups {
+        let decoder = g.causal == 0 && g.mask.mode == softmax::MODE_ALL;
+        if decoder && planner.fused_attention(d, tokens, g.keys, half_kv) {
+            let p = AttentionParams {
+                q_offset: (g.first_token * heads * d) as u32,
+                q_rs: (heads * d) as u32,
+                kv_offset: (g.key_start * row) as u32,
+                kv_rs: row as u32,
+                group: group as u32,
+                keys: g.keys as u32,
+                gap_start: g.mask.gap_start,
+                gap_end: g.mask.gap_end,
+                o_offset: (g.first_token * heads * d) as u32,
+                o_rs: (heads * d) as u32,
+                queries: tokens as u32,
+                _pad: 0,
+            };
+            rec.fused_attention(&a.q, (&g.cache.keys, &g.cache.values), &a.attn, p, (heads, d))?;
+            continue;
+        }
         let block = a.query_block(heads, tokens, g.keys)?;
         for t0 in (0..tokens).step_by(block) {
             let qb = block.min(tokens - t0);

@@ -43,6 +43,10 @@ pub struct Tuning {
     /// `DG_UNFUSED_COMBINE=1` sets it false: the MoE combine in a dispatch of its own instead of
     /// inside the closing norms'.
     pub fused_combine: bool,
+    /// `DG_UNFUSED_ATTENTION=1` sets it false: the decoder's attention as the scores product, the
+    /// row softmax and the values product, where the fused kernel (`dg_kernels::coop_attention`)
+    /// would take it.
+    pub fused_attention: bool,
     /// `DG_F32_ACTIVATIONS=1` sets it false: the experts' activations stay f32 instead of f16
     /// where the tensor cores read them.
     pub half_expert_activations: bool,
@@ -117,6 +121,7 @@ impl Default for Tuning {
             row_reduce: RowReduceChoice::Auto,
             row_lanes: RowLanes::Auto,
             fused_combine: true,
+            fused_attention: true,
             half_expert_activations: true,
             kv_cache: KvCacheChoice::Auto,
             scale_rows: true,
@@ -225,6 +230,7 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_ROW_REDUCE",
     "DG_ROW_LANES",
     "DG_UNFUSED_COMBINE",
+    "DG_UNFUSED_ATTENTION",
     "DG_F32_ACTIVATIONS",
     "DG_KV_CACHE",
     "DG_UNSCALED_ROWS",
@@ -291,6 +297,7 @@ impl Tuning {
             }
             "DG_ROW_LANES" => self.row_lanes = choice(value, &[("auto", RowLanes::Auto), ("1", RowLanes::One)]).ok_or_else(bad)?,
             "DG_UNFUSED_COMBINE" => self.fused_combine = !flag(value).ok_or_else(bad)?,
+            "DG_UNFUSED_ATTENTION" => self.fused_attention = !flag(value).ok_or_else(bad)?,
             "DG_F32_ACTIVATIONS" => self.half_expert_activations = !flag(value).ok_or_else(bad)?,
             "DG_KV_CACHE" => {
                 self.kv_cache = choice(value, &[("auto", KvCacheChoice::Auto), ("f32", KvCacheChoice::F32), ("f16", KvCacheChoice::F16)])
@@ -414,7 +421,7 @@ fn accepted(name: &str) -> String {
         format!("a tile's BMxBN ({}) or full label ({})", shapes.join(", "), labels.join(", "))
     };
     match name {
-        "DG_NO_COOP" | "DG_UNFUSED_COMBINE" | "DG_F32_ACTIVATIONS" | "DG_UNSCALED_ROWS" => "0 or 1".into(),
+        "DG_NO_COOP" | "DG_UNFUSED_COMBINE" | "DG_UNFUSED_ATTENTION" | "DG_F32_ACTIVATIONS" | "DG_UNSCALED_ROWS" => "0 or 1".into(),
         "DG_KV_CACHE" => "auto, f32 or f16".into(),
         "DG_ROW_REDUCE" => "auto or tree".into(),
         "DG_ROW_LANES" => "auto or 1".into(),

@@ -10,8 +10,8 @@ use crate::gemm::{self, GemmTile};
 use crate::grouped_gemm::{self, GroupedTile};
 use crate::row_reduce::RowReduce;
 use crate::{
-    KernelSource, WeightFormat, axpby, coop_grouped_gemm, coop_kloop, embed, gelu_glu, moe_combine, moe_dispatch, norm_rope,
-    residual_norms, rmsnorm, rope, router_topk, sample_rows, softmax, softmax_chunked, split_k,
+    KernelSource, WeightFormat, axpby, coop_attention, coop_grouped_gemm, coop_kloop, embed, gelu_glu, moe_combine, moe_dispatch,
+    norm_rope, residual_norms, rmsnorm, rope, router_topk, sample_rows, softmax, softmax_chunked, split_k,
 };
 
 /// Columns a row kernel takes at a time.
@@ -152,6 +152,12 @@ pub enum KernelKey {
         w: WeightFormat,
     },
     CoopGemm(CoopGemmKey),
+    /// The decoder's attention in one tensor-core kernel (`coop_attention`) for a head size of
+    /// [`coop_attention::HEAD_DIMS`], in fragments of side `fragment`.
+    CoopAttention {
+        head_dim: u32,
+        fragment: u32,
+    },
     /// The tensor-core grouped GEMM: experts in F16 K panels, or row-major in a quantized format
     /// (`coop_grouped_gemm::reads`).
     CoopGroupedGemm {
@@ -204,12 +210,13 @@ impl KernelKey {
                 coop_gemm::source_for_a(k.tile, k.path, k.w, k.layout, k.a)
             }
             K::CoopGroupedGemm { tile, path, w, a } => coop_grouped_gemm::source_for(tile, path, w, a),
+            K::CoopAttention { head_dim, fragment } => coop_attention::source(head_dim, fragment),
         }
     }
 
     /// Whether the variant runs only on devices with cooperative matrices (and f16 in shaders).
     pub fn needs_cooperative_matrices(self) -> bool {
-        matches!(self, KernelKey::CoopGemm(_) | KernelKey::CoopGroupedGemm { .. })
+        matches!(self, KernelKey::CoopGemm(_) | KernelKey::CoopGroupedGemm { .. } | KernelKey::CoopAttention { .. })
     }
 
     /// Every key the planner, a tuning knob or a test can choose: each tile of each product at
@@ -284,6 +291,9 @@ impl KernelKey {
                     keys.extend(A_FORMATS.map(|a| K::CoopGroupedGemm { tile, path, w, a }));
                 }
             }
+        }
+        for head_dim in coop_attention::HEAD_DIMS {
+            keys.extend(coop_gemm::FRAGMENTS.map(|fragment| K::CoopAttention { head_dim, fragment }));
         }
         keys
     }

@@ -380,6 +380,98 @@ fn causal_attention_products_on_tensor_cores_skip_the_masked_keys() {
     assert!(err <= tol, "values, causal {causal}: rel err {err} > {tol} at {at}: got {} want {}", got[at], want[at]);
 }
 
+/// The fused attention's allowance against the exact softmax, as a fraction of max |V|: the
+/// kernel rounds each exp(s − max) to f16 before its product with V (half an ulp, 2⁻¹¹ of each
+/// weight, so at most 2⁻¹¹·max |V| in an output, as the products' path rounds the probabilities),
+/// and its scores accumulate in f32 (a relative error in each weight of about ε·√d·|s|, below 2⁻¹²
+/// at these scores); an indexing, masking or staging bug gives errors of order max |V|.
+const FUSED_ATTENTION_TOLERANCE: f64 = 1.0 / 1024.0;
+
+/// The decoder's attention in one kernel (`Recorder::fused_attention`,
+/// `dg_kernels::coop_attention`) against the exact masked softmax of the f16-rounded q and the
+/// f16 cache: 4 query heads on 2 K/V heads, offsets in q, the cache and O, keys that end inside a
+/// key tile, partial blocks of queries, and dead keys whose K would dominate every score if they
+/// were not masked. The cache rows past the keys hold NaN (a kernel that read them would not be
+/// finite) and O's rows before its offset must keep their guard values.
+#[test]
+fn fused_attention_matches_the_exact_softmax() {
+    use dg_kernels::coop_attention::{self, AttentionParams};
+    let test = "fused_attention_matches_the_exact_softmax";
+    let Some(ctx) = coop_test_context(test) else { return };
+    let mut pipelines = Pipelines::default();
+    let (heads, kv, group) = (4usize, 2usize, 2usize);
+    let max_shared = ctx.limits.max_compute_workgroup_storage_size;
+    // (head size, queries, keys, masked keys)
+    let cases = [(64usize, 64usize, 160usize, (37usize, 64usize)), (256, 48, 96, (20, 32)), (512, 16, 64, (0, 0)), (128, 32, 16, (0, 0))];
+    for (d, queries, keys, (gap_start, gap_end)) in cases {
+        if !coop_attention::takes(d as u32, queries as u32, keys as u32, max_shared) {
+            eprintln!("SKIP {test}: head size {d} does not fit {max_shared} bytes of workgroup memory");
+            continue;
+        }
+        let (q_rows, kv_rows, row) = (2usize, 3usize, kv * d);
+        // Scores of about 4 standard deviations' spread: q and K uniform in ±a, a² = 12/√d.
+        let a = (12.0 / (d as f32).sqrt()).sqrt();
+        let q = seeded((q_rows + queries) * heads * d, 61 + d as u64, a);
+        let mut k = f16_round(&seeded((kv_rows + keys + 8) * row, 62, a));
+        let mut v = f16_round(&seeded((kv_rows + keys + 8) * row, 63, 1.0));
+        k[(kv_rows + gap_start) * row..(kv_rows + gap_end) * row].fill(60000.0);
+        k[(kv_rows + keys) * row..].fill(f32::NAN);
+        v[(kv_rows + keys) * row..].fill(f32::NAN);
+        let halves = |x: &[f32]| x.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+        let (qb, kb, vb) = (ctx.upload("q", &q).unwrap(), ctx.upload("k", &halves(&k)).unwrap(), ctx.upload("v", &halves(&v)).unwrap());
+        let out_len = (q_rows + queries) * heads * d;
+        let ob = guarded_output(&ctx, "o", out_len);
+        let p = AttentionParams {
+            q_offset: (q_rows * heads * d) as u32,
+            q_rs: (heads * d) as u32,
+            kv_offset: (kv_rows * row) as u32,
+            kv_rs: row as u32,
+            group: group as u32,
+            keys: keys as u32,
+            gap_start: gap_start as u32,
+            gap_end: gap_end as u32,
+            o_offset: (q_rows * heads * d) as u32,
+            o_rs: (heads * d) as u32,
+            queries: queries as u32,
+            _pad: 0,
+        };
+        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        rec.fused_attention(&qb, (&kb, &vb), &ob, p, (heads, d)).unwrap();
+        rec.finish().unwrap().run(&ctx).unwrap();
+        let got = read_guarded(&ctx, &ob, out_len);
+        assert!(got[..q_rows * heads * d].iter().all(|&x| x == GUARD), "d {d}: O's rows before its offset were written");
+        let q16 = f16_round(&q);
+        let mut worst = 0f64;
+        for h in 0..heads {
+            let g = h / group;
+            for i in 0..queries {
+                let qi = &q16[(q_rows + i) * heads * d + h * d..][..d];
+                let visible: Vec<usize> = (0..keys).filter(|j| !(gap_start..gap_end).contains(j)).collect();
+                let scores: Vec<f64> = visible
+                    .iter()
+                    .map(|&j| qi.iter().zip(&k[(kv_rows + j) * row + g * d..][..d]).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum())
+                    .collect();
+                let max = scores.iter().copied().fold(f64::MIN, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = weights.iter().sum();
+                for c in 0..d {
+                    let want: f64 =
+                        visible.iter().zip(&weights).map(|(&j, w)| w * f64::from(v[(kv_rows + j) * row + g * d + c])).sum::<f64>() / sum;
+                    let at = (q_rows + i) * heads * d + h * d + c;
+                    let err = (f64::from(got[at]) - want).abs();
+                    assert!(
+                        err <= FUSED_ATTENTION_TOLERANCE,
+                        "d {d}: head {h} query {i} column {c}: got {} want {want} (err {err})",
+                        got[at]
+                    );
+                    worst = worst.max(err);
+                }
+            }
+        }
+        eprintln!("{test}: d {d}, {queries} queries over {keys} keys: max error {worst:.2e} of max |V| 1");
+    }
+}
+
 /// Runs `p` through `Recorder::product` in the F16 mode's way (f32 operands, rounded to f16 by
 /// the tensor cores) on `a`, `b` and C holding `c0` (a guarded output), and returns C.
 fn f32_product_on_tensor_cores(

@@ -10,8 +10,8 @@ use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::sample_rows::{self, SampleRowsParams};
 use dg_kernels::{
-    KernelKey, KernelKey as K, Lanes, WeightFormat, axpby, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms, rmsnorm, rope,
-    router_topk, softmax, softmax_chunked,
+    KernelKey, KernelKey as K, Lanes, WeightFormat, axpby, coop_attention, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms,
+    rmsnorm, rope, router_topk, softmax, softmax_chunked,
 };
 
 use crate::context::GpuContext;
@@ -522,6 +522,21 @@ impl<'a> Recorder<'a> {
         let g = self.groups(softmax::workgroups(&p));
         let lanes = self.row_lanes(&[p.cols]);
         self.push(K::Softmax(self.ctx.row_reduce(), Lanes::of(lanes)), &p, &[x], g)
+    }
+
+    /// The decoder's attention of `heads` query heads in one tensor-core kernel
+    /// (`dg_kernels::coop_attention`): `out` = softmax(q · Kᵀ) · V over the f16 cache's `keys` and
+    /// `values`, as `p` lays them out, at `head_dim` (where [`Planner::fused_attention`] takes it).
+    pub fn fused_attention(
+        &mut self,
+        q: &'a wgpu::Buffer,
+        (keys, values): (&'a wgpu::Buffer, &'a wgpu::Buffer),
+        out: &'a wgpu::Buffer,
+        p: coop_attention::AttentionParams,
+        (heads, head_dim): (usize, usize),
+    ) -> Result<(), GpuError> {
+        let key = K::CoopAttention { head_dim: head_dim as u32, fragment: self.ctx.coop_fragment };
+        self.push(key, &p, &[q, keys, values, out], coop_attention::workgroups(&p, heads as u32))
     }
 
     /// Plain softmax in place over `x: [rows, cols]`: rows of at least
