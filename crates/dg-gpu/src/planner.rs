@@ -313,7 +313,8 @@ impl<'t> Planner<'t> {
     /// of an f16 cache, `half_cache`) runs as one tensor-core kernel
     /// (`dg_kernels::coop_attention`) instead of the scores product, the softmax and the values
     /// product: where the device has cooperative matrices and f16, the kernel takes the shape and
-    /// its workgroup memory fits, and the keys are at most `coop_attention::MAX_KEYS`.
+    /// its workgroup memory fits, and the head size is at most `coop_attention::MAX_HEAD_DIM`
+    /// (the real model's sliding layers; its full layers keep the products).
     /// [`Tuning::fused_attention`] false leaves it to the products.
     pub fn fused_attention(&self, head_dim: usize, queries: usize, keys: usize, half_cache: bool) -> bool {
         let fits = |v: usize| u32::try_from(v).ok();
@@ -322,7 +323,7 @@ impl<'t> Planner<'t> {
             && self.caps.shader_f16
             && half_cache
             && self.tuning.fused_attention
-            && k <= coop_attention::MAX_KEYS
+            && d <= coop_attention::MAX_HEAD_DIM
             && coop_attention::takes(d, q, k, self.caps.max_workgroup_storage)
     }
 

@@ -576,3 +576,25 @@ fn attentions_small_tile_only_where_it_runs_whole() {
         assert_eq!((tile, split), (coop_gemm::TILE_128X128, true), "{queries} queries over 16672 keys");
     }
 }
+
+/// The decoder's attention runs as one kernel in the real model's sliding layers (head 256) and
+/// stays the three dispatches in its full layers (head 512), where the products measured faster
+/// (`dg_kernels::coop_attention::MAX_HEAD_DIM`); only over an f16 cache, with cooperative
+/// matrices, and not with `DG_UNFUSED_ATTENTION`. A device of 32 KiB takes the sliding head in
+/// key tiles of 32.
+#[test]
+fn fused_attention_where_it_measured_faster() {
+    let tuning = Tuning::default();
+    let h200 = Planner::new(H200, &tuning);
+    let keys = (CONTEXT + 32 + CANVAS) as usize;
+    assert!(h200.fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
+    assert!(!h200.fused_attention(FULL.d as usize, CANVAS as usize, keys, true), "the full layers keep the products");
+    assert!(!h200.fused_attention(SLIDING.d as usize, CANVAS as usize, keys, false), "an f32 cache");
+    assert!(!h200.fused_attention(96, CANVAS as usize, keys, true), "a head size the kernel is not rendered for");
+    let small = Planner::new(Capabilities { coop_matrix: true, ..LAVAPIPE }, &tuning);
+    assert!(small.fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
+    assert_eq!(dg_kernels::coop_attention::key_tile_for(SLIDING.d, small.caps.max_workgroup_storage), Some(32));
+    assert!(!Planner::new(LAVAPIPE, &tuning).fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true), "no cooperative matrices");
+    let unfused = Tuning { fused_attention: false, ..Tuning::default() };
+    assert!(!Planner::new(H200, &unfused).fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
+}

@@ -153,9 +153,10 @@ pub enum KernelKey {
     },
     CoopGemm(CoopGemmKey),
     /// The decoder's attention in one tensor-core kernel (`coop_attention`) for a head size of
-    /// [`coop_attention::HEAD_DIMS`], in fragments of side `fragment`.
+    /// [`coop_attention::HEAD_DIMS`], in key tiles of `key_tile` and fragments of side `fragment`.
     CoopAttention {
         head_dim: u32,
+        key_tile: u32,
         fragment: u32,
     },
     /// The tensor-core grouped GEMM: experts in F16 K panels, or row-major in a quantized format
@@ -210,7 +211,7 @@ impl KernelKey {
                 coop_gemm::source_for_a(k.tile, k.path, k.w, k.layout, k.a)
             }
             K::CoopGroupedGemm { tile, path, w, a } => coop_grouped_gemm::source_for(tile, path, w, a),
-            K::CoopAttention { head_dim, fragment } => coop_attention::source(head_dim, fragment),
+            K::CoopAttention { head_dim, key_tile, fragment } => coop_attention::source(head_dim, key_tile, fragment),
         }
     }
 
@@ -293,7 +294,11 @@ impl KernelKey {
             }
         }
         for head_dim in coop_attention::HEAD_DIMS {
-            keys.extend(coop_gemm::FRAGMENTS.map(|fragment| K::CoopAttention { head_dim, fragment }));
+            let tiles =
+                coop_attention::KEY_TILES.into_iter().filter(|&t| coop_attention::shared_bytes(head_dim, t) <= coop_gemm::MAX_SHARED_BYTES);
+            for key_tile in tiles {
+                keys.extend(coop_gemm::FRAGMENTS.map(|fragment| K::CoopAttention { head_dim, key_tile, fragment }));
+            }
         }
         keys
     }

@@ -535,7 +535,11 @@ impl<'a> Recorder<'a> {
         p: coop_attention::AttentionParams,
         (heads, head_dim): (usize, usize),
     ) -> Result<(), GpuError> {
-        let key = K::CoopAttention { head_dim: head_dim as u32, fragment: self.ctx.coop_fragment };
+        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
+        let key_tile = coop_attention::key_tile_for(head_dim as u32, max_shared).ok_or_else(|| GpuError::Unsupported {
+            what: format!("fused attention at head size {head_dim} in {max_shared} bytes of workgroup memory"),
+        })?;
+        let key = K::CoopAttention { head_dim: head_dim as u32, key_tile, fragment: self.ctx.coop_fragment };
         self.push(key, &p, &[q, keys, values, out], coop_attention::workgroups(&p, heads as u32))
     }
 
