@@ -5,9 +5,10 @@
 //! Per layer (mirrors `dg_cpu::layer::layer_forward`):
 //! norm → the q/k/v GEMM (one, or q's and K/V's: `Planner::merge_qkv`) → q/k norms fused with RoPE and the
 //! v norm in one dispatch (the canvas's K/V written into the cache after the visible rows) →
-//! attention over [visible | dead | canvas] cache rows as one tensor-core kernel where the planner
-//! takes it (`Planner::fused_attention`), else as one score GEMM, a row softmax and one value GEMM
-//! (per block of queries where the scores would not fit the arena's) → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
+//! attention over [visible | dead | canvas] cache rows as one score GEMM, a row softmax and one
+//! value GEMM (per block of queries where the scores would not fit the arena's), or as one
+//! tensor-core kernel where the tuning asks and the planner takes it (`Planner::fused_attention`)
+//! → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
 //! and the router's input norms → router → the dense MLP's and the experts' gate/up, both
 //! activations in one dispatch (the experts' stored as f16 for the tensor cores where the device
 //! has f16; where the down projections run on the tensor cores, each row scaled by a power of two
@@ -543,8 +544,9 @@ fn record_layer_with<'a>(
     // probabilities rounded to f16 when staged) where the shapes fit.
     // A group whose scores would not fit `arena.scores` runs its queries in blocks whose scores
     // do (`Arena::query_block`: long contexts only).
-    // The decoder's canvases run their attention as one tensor-core kernel where the planner
-    // takes it (`dg_kernels::coop_attention`: the scores never leave workgroup memory).
+    // With `DG_FUSED_ATTENTION=1` the decoder's canvases run their attention as one tensor-core
+    // kernel where the planner takes it (`dg_kernels::coop_attention`: the scores never leave
+    // workgroup memory).
     let tc = w.format == WeightFormat::F16;
     for g in &groups {
         let decoder = g.causal == 0 && g.mask.mode == softmax::MODE_ALL;

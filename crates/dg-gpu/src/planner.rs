@@ -315,7 +315,7 @@ impl<'t> Planner<'t> {
     /// product: where the device has cooperative matrices and f16, the kernel takes the shape and
     /// its workgroup memory fits, and the head size is at most `coop_attention::MAX_HEAD_DIM`
     /// (the real model's sliding layers; its full layers keep the products).
-    /// [`Tuning::fused_attention`] false leaves it to the products.
+    /// Only with [`Tuning::fused_attention`] (`DG_FUSED_ATTENTION=1`): by default the products.
     pub fn fused_attention(&self, head_dim: usize, queries: usize, keys: usize, half_cache: bool) -> bool {
         let fits = |v: usize| u32::try_from(v).ok();
         let (Some(d), Some(q), Some(k)) = (fits(head_dim), fits(queries), fits(keys)) else { return false };

@@ -577,14 +577,14 @@ fn attentions_small_tile_only_where_it_runs_whole() {
     }
 }
 
-/// The decoder's attention runs as one kernel in the real model's sliding layers (head 256) and
-/// stays the three dispatches in its full layers (head 512), where the products measured faster
-/// (`dg_kernels::coop_attention::MAX_HEAD_DIM`); only over an f16 cache, with cooperative
-/// matrices, and not with `DG_UNFUSED_ATTENTION`. A device of 32 KiB takes the sliding head in
-/// key tiles of 32.
+/// With `DG_FUSED_ATTENTION=1` the decoder's attention runs as one kernel in the real model's
+/// sliding layers (head 256) and stays the three dispatches in its full layers (head 512), where
+/// the products measured faster (`dg_kernels::coop_attention::MAX_HEAD_DIM`); only over an f16
+/// cache and with cooperative matrices. A device of 32 KiB takes the sliding head in key tiles of
+/// 32. By default the products run everywhere.
 #[test]
 fn fused_attention_where_it_measured_faster() {
-    let tuning = Tuning::default();
+    let tuning = Tuning { fused_attention: true, ..Tuning::default() };
     let h200 = Planner::new(H200, &tuning);
     let keys = (CONTEXT + 32 + CANVAS) as usize;
     assert!(h200.fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
@@ -595,6 +595,6 @@ fn fused_attention_where_it_measured_faster() {
     assert!(small.fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
     assert_eq!(dg_kernels::coop_attention::key_tile_for(SLIDING.d, small.caps.max_workgroup_storage), Some(32));
     assert!(!Planner::new(LAVAPIPE, &tuning).fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true), "no cooperative matrices");
-    let unfused = Tuning { fused_attention: false, ..Tuning::default() };
-    assert!(!Planner::new(H200, &unfused).fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
+    let default = Tuning::default();
+    assert!(!Planner::new(H200, &default).fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
 }

@@ -14,7 +14,7 @@ fn one(name: &str, value: &str) -> Result<Tuning, TuningError> {
 fn no_variables_give_the_defaults() {
     let t = Tuning::from_vars(std::iter::empty::<(&str, &str)>()).unwrap();
     assert_eq!(t, Tuning::default());
-    assert!(t.tensor_cores && t.fused_combine && t.fused_attention && t.half_expert_activations);
+    assert!(t.tensor_cores && t.fused_combine && !t.fused_attention && t.half_expert_activations);
     assert_eq!((t.row_reduce, t.row_lanes, t.qkv, t.coop_path), (RowReduceChoice::Auto, RowLanes::Auto, QkvChoice::Auto, WPath::Staged));
     assert_eq!((t.coop_tile, t.coop_depth, t.split_target, t.grouped_tile), (None, None, None, None));
     assert_eq!((t.coop_grouped_tile, t.coop_grouped_path, t.coop_grouped_depth), (None, None, None));
@@ -28,7 +28,7 @@ fn every_knob_parses_its_values() {
     assert_eq!(one("DG_ROW_REDUCE", "auto").unwrap().row_reduce, RowReduceChoice::Auto);
     assert_eq!(one("DG_ROW_LANES", "1").unwrap().row_lanes, RowLanes::One);
     assert!(!one("DG_UNFUSED_COMBINE", "1").unwrap().fused_combine);
-    assert!(!one("DG_UNFUSED_ATTENTION", "1").unwrap().fused_attention);
+    assert!(one("DG_FUSED_ATTENTION", "1").unwrap().fused_attention);
     assert!(!one("DG_F32_ACTIVATIONS", "1").unwrap().half_expert_activations);
     assert_eq!(one("DG_QKV", "merged").unwrap().qkv, QkvChoice::Merged);
     assert_eq!(one("DG_QKV", "separate").unwrap().qkv, QkvChoice::Separate);

@@ -2,7 +2,9 @@
 //! `eager_attention_forward` for the Gemma 4 attention of a canvas (softmax(q · kᵀ · scaling) · v,
 //! scaling 1, bidirectional over the cache's keys with the dead columns masked), where the
 //! forward otherwise runs the scores product, the row softmax and the values product
-//! (`coop_gemm`, `softmax`) and writes the scores to memory in between.
+//! (`coop_gemm`, `softmax`) and writes the scores to memory in between. The forward takes it
+//! only with `DG_FUSED_ATTENTION=1` (`dg_gpu::Planner::fused_attention`): faster alone, it did not
+//! make the forward faster (bench/HISTORY.md, "The decoder's attention as one kernel").
 //!
 //! A workgroup takes [`QUERY_ROWS`] queries of one query head and runs the key tiles twice: once
 //! for each row's maximum, once for `exp(s − max)` (rounded to f16, as the values product rounds
@@ -10,7 +12,7 @@
 //! scores stay in workgroup memory. K and V tiles reach the tensor cores through one stage of
 //! workgroup memory, each loaded into registers a phase ahead: loaded straight from the cache as
 //! fragments, the same kernel took 290 µs for the real sliding layer's attention on an H100,
-//! and 62 µs with its fragments from workgroup memory (bench/HISTORY.md).
+//! and 62 µs with its fragments from workgroup memory.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -27,7 +29,8 @@ pub const WORKGROUP: u32 = 256;
 /// Head sizes the kernel is rendered for (each a multiple of 64: a subgroup's quarter of O's
 /// columns is whole fragments).
 pub const HEAD_DIMS: [u32; 4] = [64, 128, 256, 512];
-/// The largest head size the planner runs fused (`dg_gpu::Planner::fused_attention`). On an H100
+/// The largest head size the planner runs fused (`dg_gpu::Planner::fused_attention`, where the
+/// tuning asks for it). On an H100
 /// (`cargo xtask probe fused_attention_probe`, the real canvas of 256 queries, 16 heads), µs
 /// against the scores product, softmax and values product: sliding layers (head 256, 8 K/V heads)
 /// 91 against 106 over 1280 keys, 260 against 339 over 4352, 896 against 1054 over 16640; full
