@@ -125,12 +125,8 @@ pub fn source(head_dim: u32, key_tile: u32, fragment: u32) -> KernelSource {
     // Each subgroup's q fragments (its 16 rows, its half of the head), from the staged queries.
     let mut qfrags = String::new();
     for (i, u) in blocks(n, slices) {
-        qfrags += &format!(
-            "    let iq_{i}_{u} = (sr + {}u) * KP4 + (sd + {}u) / 4u;\n    let qa_{i}_{u} = coopLoadT<{}>(&kv[iq_{i}_{u}], stride_kv);\n",
-            i * f,
-            u * f,
-            frag("f16", "A")
-        );
+        let at = format!("(sr + {}u) * KP4 + (sd + {}u) / 4u", i * f, u * f);
+        qfrags += &fragment_load("    ", &format!("qa_{i}_{u}"), &at, ("coopLoadT", &frag("f16", "A")), ("kv", "stride_kv"));
     }
 
     // The subgroup's (partial) S over its part of the head, from the staged K tile, into ss.
@@ -140,12 +136,8 @@ pub fn source(head_dim: u32, key_tile: u32, fragment: u32) -> KernelSource {
     }
     for u in 0..slices {
         for j in 0..n {
-            scores += &format!(
-                "            let ib_{u}_{j} = (sc + {}u) * KP4 + (sd + {}u) / 4u;\n            let fb_{u}_{j} = coopLoad<{}>(&kv[ib_{u}_{j}], stride_kv);\n",
-                j * f,
-                u * f,
-                frag("f16", "B")
-            );
+            let at = format!("(sc + {}u) * KP4 + (sd + {}u) / 4u", j * f, u * f);
+            scores += &fragment_load("            ", &format!("fb_{u}_{j}"), &at, ("coopLoad", &frag("f16", "B")), ("kv", "stride_kv"));
         }
         for (i, j) in blocks(n, n) {
             scores += &format!("            s_{i}_{j} = coopMultiplyAdd(qa_{i}_{u}, fb_{u}_{j}, s_{i}_{j});\n");
@@ -164,20 +156,12 @@ pub fn source(head_dim: u32, key_tile: u32, fragment: u32) -> KernelSource {
     let mut values = String::from("        {\n");
     for kk in 0..kt / f {
         for i in 0..n {
-            values += &format!(
-                "            let ip_{kk}_{i} = (orow + {}u) * PP4 + {}u;\n            let fp_{kk}_{i} = coopLoadT<{}>(&sp[ip_{kk}_{i}], stride_p);\n",
-                i * f,
-                kk * f / 4,
-                frag("f16", "A")
-            );
+            let at = format!("(orow + {}u) * PP4 + {}u", i * f, kk * f / 4);
+            values += &fragment_load("            ", &format!("fp_{kk}_{i}"), &at, ("coopLoadT", &frag("f16", "A")), ("sp", "stride_p"));
         }
         for j in 0..nj {
-            values += &format!(
-                "            let iv_{kk}_{j} = {}u * KP4 + (oc + {}u) / 4u;\n            let fv_{kk}_{j} = coopLoadT<{}>(&kv[iv_{kk}_{j}], stride_kv);\n",
-                kk * f,
-                j * f,
-                frag("f16", "B")
-            );
+            let at = format!("{}u * KP4 + (oc + {}u) / 4u", kk * f, j * f);
+            values += &fragment_load("            ", &format!("fv_{kk}_{j}"), &at, ("coopLoadT", &frag("f16", "B")), ("kv", "stride_kv"));
         }
         for (i, j) in blocks(n, nj) {
             values += &format!("            o_{i}_{j} = coopMultiplyAdd(fp_{kk}_{i}, fv_{kk}_{j}, o_{i}_{j});\n");
@@ -241,6 +225,12 @@ pub fn source(head_dim: u32, key_tile: u32, fragment: u32) -> KernelSource {
         buffers: vec![Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         params_size: size_of::<AttentionParams>() as u64,
     }
+}
+
+/// The WGSL lines that load fragment `name` of type `ty` by `op` (`coopLoad`: column-major,
+/// `coopLoadT`: row-major) from `array` at index `at` with `stride`, the index a `let` of its own.
+fn fragment_load(indent: &str, name: &str, at: &str, (op, ty): (&str, &str), (array, stride): (&str, &str)) -> String {
+    format!("{indent}let i_{name} = {at};\n{indent}let {name} = {op}<{ty}>(&{array}[i_{name}], {stride});\n")
 }
 
 /// `body` with each `//@LOAD reg src tile` line replaced by the loads of the invocation's share of
