@@ -32,7 +32,8 @@ use dg_model::{LayerKind, ModelConfig};
 use crate::arena::{Arena, CacheBuffers, KEY_PAD};
 use crate::error::GpuError;
 use crate::ops::{
-    AxpbyRows, Combine, HeadRows, Operand, Recorder, TokensAt, attention_scores_params, attention_values_params, head_params, linear_params,
+    AxpbyRows, Combine, HeadRows, Operand, Recorder, TokensAt, attention_fused_params, attention_scores_params, attention_values_params,
+    head_params, linear_params,
 };
 use crate::weights::GpuWeights;
 
@@ -549,21 +550,15 @@ fn record_layer_with<'a>(
     // workgroup memory).
     let tc = w.format == WeightFormat::F16;
     for g in &groups {
-        let decoder = g.causal == 0 && g.mask.mode == softmax::MODE_ALL;
-        if decoder && planner.fused_attention(d, tokens, g.keys, half_kv) {
+        // The decoder's mask: every key visible but the dead gap.
+        if g.mask.mode == softmax::MODE_ALL && planner.fused_attention(d, tokens, g.keys, half_kv) {
             let p = AttentionParams {
                 q_offset: (g.first_token * heads * d) as u32,
-                q_rs: (heads * d) as u32,
                 kv_offset: (g.key_start * row) as u32,
-                kv_rs: row as u32,
-                group: group as u32,
-                keys: g.keys as u32,
                 gap_start: g.mask.gap_start,
                 gap_end: g.mask.gap_end,
                 o_offset: (g.first_token * heads * d) as u32,
-                o_rs: (heads * d) as u32,
-                queries: tokens as u32,
-                _pad: 0,
+                ..attention_fused_params(tokens, g.keys, d, heads, kv)
             };
             rec.fused_attention(&a.q, (&g.cache.keys, &g.cache.values), &a.attn, p, (heads, d))?;
             continue;

@@ -95,8 +95,14 @@ const fn scores_len(key_tile: u32) -> u32 {
 /// memory (at most [`crate::coop_gemm::MAX_SHARED_BYTES`], which every key is rendered within):
 /// the first of [`KEY_TILES`] that fits, if any.
 pub fn key_tile_for(head_dim: u32, max_shared: u32) -> Option<u32> {
-    let max_shared = max_shared.min(crate::coop_gemm::MAX_SHARED_BYTES);
-    KEY_TILES.into_iter().find(|&t| HEAD_DIMS.contains(&head_dim) && shared_bytes(head_dim, t) <= max_shared)
+    key_tiles(head_dim).find(|&t| shared_bytes(head_dim, t) <= max_shared)
+}
+
+/// The key tiles the kernel for `head_dim` is rendered in (those of [`KEY_TILES`] within
+/// [`crate::coop_gemm::MAX_SHARED_BYTES`]; none for a head size outside [`HEAD_DIMS`]).
+pub fn key_tiles(head_dim: u32) -> impl Iterator<Item = u32> {
+    let rendered = HEAD_DIMS.contains(&head_dim);
+    KEY_TILES.into_iter().filter(move |&t| rendered && shared_bytes(head_dim, t) <= crate::coop_gemm::MAX_SHARED_BYTES)
 }
 
 /// Whether the kernel takes a group of `queries` queries over `keys` keys at `head_dim`, on a

@@ -294,9 +294,7 @@ impl KernelKey {
             }
         }
         for head_dim in coop_attention::HEAD_DIMS {
-            let tiles =
-                coop_attention::KEY_TILES.into_iter().filter(|&t| coop_attention::shared_bytes(head_dim, t) <= coop_gemm::MAX_SHARED_BYTES);
-            for key_tile in tiles {
+            for key_tile in coop_attention::key_tiles(head_dim) {
                 keys.extend(coop_gemm::FRAGMENTS.map(|fragment| K::CoopAttention { head_dim, key_tile, fragment }));
             }
         }

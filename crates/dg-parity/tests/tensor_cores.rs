@@ -423,17 +423,11 @@ fn fused_attention_matches_the_exact_softmax() {
         let ob = guarded_output(&ctx, "o", out_len);
         let p = AttentionParams {
             q_offset: (q_rows * heads * d) as u32,
-            q_rs: (heads * d) as u32,
             kv_offset: (kv_rows * row) as u32,
-            kv_rs: row as u32,
-            group: group as u32,
-            keys: keys as u32,
             gap_start: gap_start as u32,
             gap_end: gap_end as u32,
             o_offset: (q_rows * heads * d) as u32,
-            o_rs: (heads * d) as u32,
-            queries: queries as u32,
-            _pad: 0,
+            ..dg_gpu::ops::attention_fused_params(queries, keys, d, heads, kv)
         };
         let mut rec = Recorder::new(&ctx, &mut pipelines);
         rec.fused_attention(&qb, (&kb, &vb), &ob, p, (heads, d)).unwrap();

@@ -175,6 +175,27 @@ pub fn attention_values_params(t: usize, s: usize, d: usize, heads: usize, kv_he
     }
 }
 
+/// The fused attention (`Recorder::fused_attention`) of `t` queries over `s` keys with heads of `d`,
+/// `heads` query heads on `kv_heads` K/V heads, in the forward's layouts: q and O `[t, heads·d]`,
+/// the cache `[s, kv_heads·d]`; offsets 0 and no masked keys (set them with `..`).
+pub fn attention_fused_params(t: usize, s: usize, d: usize, heads: usize, kv_heads: usize) -> coop_attention::AttentionParams {
+    let (t, s, d, heads, kv_heads) = (t as u32, s as u32, d as u32, heads as u32, kv_heads as u32);
+    coop_attention::AttentionParams {
+        q_offset: 0,
+        q_rs: heads * d,
+        kv_offset: 0,
+        kv_rs: kv_heads * d,
+        group: heads / kv_heads,
+        keys: s,
+        gap_start: 0,
+        gap_end: 0,
+        o_offset: 0,
+        o_rs: heads * d,
+        queries: t,
+        _pad: 0,
+    }
+}
+
 impl<'a> Recorder<'a> {
     pub fn new(ctx: &'a GpuContext, pipelines: &'a mut Pipelines) -> Self {
         Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx), scope: String::new(), split_scratch: None, plan_rows: None }

@@ -148,18 +148,9 @@ pub fn fused_attention_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Resul
                 ..SoftmaxParams::plain((HEADS * CANVAS) as u32, keys as u32)
             };
             let fused = AttentionParams {
-                q_offset: 0,
-                q_rs: (HEADS * d) as u32,
-                kv_offset: 0,
-                kv_rs: row as u32,
-                group: (HEADS / kv) as u32,
-                keys: keys as u32,
                 gap_start: mask.gap_start,
                 gap_end: mask.gap_end,
-                o_offset: 0,
-                o_rs: (HEADS * d) as u32,
-                queries: CANVAS as u32,
-                _pad: 0,
+                ..dg_gpu::ops::attention_fused_params(CANVAS, keys, d, HEADS, kv)
             };
             let plan = |fused_path: bool, pipelines: &mut Pipelines| -> Result<dg_gpu::Plan, ProbeError> {
                 let mut rec = Recorder::new(ctx, pipelines);
