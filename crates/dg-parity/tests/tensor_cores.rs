@@ -401,9 +401,18 @@ fn fused_attention_matches_the_exact_softmax() {
     let mut pipelines = Pipelines::default();
     let (heads, kv, group) = (4usize, 2usize, 2usize);
     let max_shared = ctx.limits.max_compute_workgroup_storage_size;
-    // (head size, queries, keys, masked keys)
-    let cases = [(64usize, 64usize, 150usize, (37usize, 64usize)), (256, 48, 96, (20, 32)), (512, 16, 64, (0, 0)), (128, 32, 16, (0, 0))];
-    for (d, queries, keys, (gap_start, gap_end)) in cases {
+    // (head size, queries, keys, masked keys, ramp): key j's K scaled by 1 + ramp · j / keys, so
+    // that later key tiles hold scores far above the first tile's (a row's maximum is not where
+    // its first tile says); the fifth case masks the whole first key tile.
+    let cases = [
+        (64usize, 64usize, 150usize, (37usize, 64usize), 0f32),
+        (256, 48, 96, (20, 32), 0.0),
+        (512, 16, 64, (0, 0), 0.0),
+        (128, 32, 16, (0, 0), 0.0),
+        (64, 40, 300, (0, 64), 4.0),
+        (256, 24, 200, (3, 10), 6.0),
+    ];
+    for (d, queries, keys, (gap_start, gap_end), ramp) in cases {
         if !coop_attention::takes(d as u32, queries as u32, keys as u32, max_shared) {
             eprintln!("SKIP {test}: head size {d} does not fit {max_shared} bytes of workgroup memory");
             continue;
@@ -412,7 +421,11 @@ fn fused_attention_matches_the_exact_softmax() {
         // Scores of about 4 standard deviations' spread: q and K uniform in ±a, a² = 12/√d.
         let a = (12.0 / (d as f32).sqrt()).sqrt();
         let q = seeded((q_rows + queries) * heads * d, 61 + d as u64, a);
-        let mut k = f16_round(&seeded((kv_rows + keys + 8) * row, 62, a));
+        let mut k = seeded((kv_rows + keys + 8) * row, 62, a);
+        for (j, key) in k.chunks_mut(row).enumerate().skip(kv_rows).take(keys) {
+            key.iter_mut().for_each(|x| *x *= 1.0 + ramp * (j - kv_rows) as f32 / keys as f32);
+        }
+        let mut k = f16_round(&k);
         let mut v = f16_round(&seeded((kv_rows + keys + 8) * row, 63, 1.0));
         k[(kv_rows + gap_start) * row..(kv_rows + gap_end) * row].fill(60000.0);
         k[(kv_rows + keys) * row..].fill(f32::NAN);
@@ -462,7 +475,7 @@ fn fused_attention_matches_the_exact_softmax() {
                 }
             }
         }
-        eprintln!("{test}: d {d}, {queries} queries over {keys} keys: max error {worst:.2e} of max |V| 1");
+        eprintln!("{test}: d {d}, {queries} queries over {keys} keys (ramp {ramp}): max error {worst:.2e} of max |V| 1");
     }
 }
 
