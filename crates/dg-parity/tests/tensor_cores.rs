@@ -390,8 +390,10 @@ const FUSED_ATTENTION_TOLERANCE: f64 = 1.0 / 1024.0;
 /// The decoder's attention in one kernel (`Recorder::fused_attention`,
 /// `dg_kernels::coop_attention`) against the exact masked softmax of the f16-rounded q and the
 /// f16 cache: 4 query heads on 2 K/V heads, offsets in q, the cache and O, keys that end inside a
-/// key tile and a fragment, partial blocks of queries, and dead keys whose K would dominate every score if they
-/// were not masked. The cache rows past the keys hold NaN (a kernel that read them would not be
+/// key tile and a fragment, partial blocks of queries, dead keys whose K would dominate every score if they
+/// were not masked, scores that rise from tile to tile, and a first key tile wholly masked (a row's
+/// maximum taken from its first tile would overflow there: the one-pass variant measured in
+/// bench/HISTORY.md gave NaN on it with its raise turned off). The cache rows past the keys hold NaN (a kernel that read them would not be
 /// finite) and O's rows before its offset must keep their guard values.
 #[test]
 fn fused_attention_matches_the_exact_softmax() {
