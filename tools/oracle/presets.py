@@ -407,6 +407,28 @@ PRESET_OVERRIDES: dict[str, dict[str, Any]] = {
         "generation": {"max_new_tokens": 64},
         "init": {"ffn_gain": 200.0},
     },
+    "odd-shapes": {
+        "description": (
+            "awkward shapes: 5 experts top-2 (an odd expert count), vocab 383 (odd), hidden 72 (not a "
+            "multiple of 64), MLP 88, experts 5 x 24, canvas 20 (not a power of two), window 7, prompt 13, "
+            "max_new_tokens 50 (3 canvases, the last truncated)"
+        ),
+        "seed": 5,
+        "canvas_length": 20,
+        "prompt_length": 13,
+        "text_config": {
+            "vocab_size": 383,
+            "hidden_size": 72,
+            "intermediate_size": 88,
+            "num_experts": 5,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 24,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "sliding_window": 7,
+        },
+        "generation": {"max_new_tokens": 50, "max_denoising_steps": 12, "entropy_bound": 0.3},
+    },
 }
 
 

@@ -25,6 +25,7 @@ all_presets=(
   gguf-q4_k_m
   gguf-q4_k_m-k256
   f16-overflow
+  odd-shapes
 )
 
 verify=0

@@ -4,17 +4,16 @@
 //! `cargo xtask bench [--quick]` runs the criterion benchmarks; `cargo xtask bench-gpu` times the
 //! GPU canvas forward with a per-kernel profile; `cargo xtask bench-generate` times a GPU-resident
 //! generation; `cargo xtask shader-stats` prints the driver's compile statistics of the kernels;
-//! `cargo xtask coopmat2-probe` times GEMMs written with `VK_NV_cooperative_matrix2`;
+//! `cargo xtask coopmat2-probe` times GEMMs written with `VK_NV_cooperative_matrix2` (dg-lab);
 //! `cargo xtask write-checkpoint` writes a random model directory, `cargo xtask write-gguf` a model
 //! directory's weights as GGUF, and `cargo xtask load-memory` reports a command's peak host memory.
-//! `cargo xtask probe NAME` runs a hardware probe (`--list` lists them); `cargo xtask quant-accuracy`
+//! `cargo xtask probe NAME` runs a hardware probe of dg-lab (`--list` lists them); `cargo xtask quant-accuracy`
 //! measures what the quantization schemes do to logits and generation on the CPU.
 
 mod bench;
 mod bench_batch;
 mod bench_generate;
 mod bench_gpu;
-mod coopmat2_probe;
 mod load_memory;
 mod parity;
 mod probe;
@@ -46,7 +45,7 @@ enum Command {
     /// Time batched GPU generation (B sequences, one forward a step) at several batch sizes.
     BenchBatch(bench_batch::Args),
     /// Time GEMMs written with VK_NV_cooperative_matrix2 (SPIR-V from bench/coopmat2) on the adapter.
-    Coopmat2Probe(coopmat2_probe::Args),
+    Coopmat2Probe(dg_lab::coopmat2::Args),
     /// Print the Vulkan driver's compile statistics (registers, spills...) of the GPU kernels.
     ShaderStats(shader_stats::Args),
     /// Write a model directory with seeded random weights for a config (sharded on request).
@@ -70,7 +69,7 @@ fn main() -> std::process::ExitCode {
         Command::BenchGenerate(args) => bench_generate::run(args),
         Command::BenchBatch(args) => bench_batch::run(args),
         Command::ShaderStats(args) => shader_stats::run(args),
-        Command::Coopmat2Probe(args) => coopmat2_probe::run(args),
+        Command::Coopmat2Probe(args) => dg_lab::coopmat2::run(args),
         Command::WriteCheckpoint(args) => write_checkpoint::run(args),
         Command::WriteGguf(args) => write_gguf::run(args),
         Command::LoadMemory(args) => load_memory::run(args),

@@ -1,4 +1,4 @@
-//! `cargo xtask probe NAME`: runs one hardware probe of `dg_parity::probe` (timings of dg's
+//! `cargo xtask probe NAME`: runs one hardware probe of `dg_lab::probe` (timings of dg's
 //! kernels and of the GPU itself, printed line by line) on the default adapter; `--list` lists
 //! them with what each measures and whether it needs cooperative matrices.
 //!
@@ -7,7 +7,7 @@
 
 use anyhow::{Context, Result, bail};
 use dg_gpu::{GpuContext, GpuOptions};
-use dg_parity::probe::{self, PROBES, ProbeOptions};
+use dg_lab::probe::{self, PROBES, ProbeOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -24,7 +24,9 @@ impl StagingBelt {
     }
 
     /// Copies `bytes` (a multiple of 4, at most the belt's size) to `dst` at `offset`, through the
-    /// belt; flushes first when the belt is full.
+    /// belt; flushes first when the belt is full. Each write starts at a multiple of
+    /// `wgpu::MAP_ALIGNMENT` (8) in the belt, where a mapped range must start, so a write of a
+    /// length that is 4 modulo 8 (an odd count of f32 values) leaves a 4-byte gap after it.
     pub(crate) fn write(&mut self, ctx: &GpuContext, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<(), GpuError> {
         let len = bytes.len() as u64;
         assert!(len.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) && len <= self.size, "staging write of {len} bytes");
@@ -42,7 +44,7 @@ impl StagingBelt {
             .encoder
             .get_or_insert_with(|| ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("upload") }));
         encoder.copy_buffer_to_buffer(&self.buffer, self.used, dst, offset, len);
-        self.used += len;
+        self.used = (self.used + len).next_multiple_of(wgpu::MAP_ALIGNMENT).min(self.size);
         Ok(())
     }
 

@@ -7,15 +7,14 @@
 //! [`checks::Backend`].
 //!
 //! Kernel level: the GPU kernels against dg-cpu's ops and exact products (`tests/kernels_*.rs`,
-//! `tests/tensor_cores.rs`, `tests/coop_gemm.rs`), on the test support of [`testing`]; the
-//! hardware probes behind `cargo xtask probe` are in [`probe`].
+//! `tests/tensor_cores.rs`, `tests/coop_gemm.rs`), on the test support of [`testing`]. Timing
+//! experiments live in dg-lab, not here: this crate holds cross-checks only.
 
 pub mod checks;
 pub mod compare;
 pub mod cpu;
 pub mod divergence;
 pub mod gpu;
-pub mod probe;
 pub mod reference;
 pub mod replay;
 pub mod testing;

@@ -11,16 +11,11 @@
 //! On a device without cooperative matrices (lavapipe) these tests print a visible SKIP: the
 //! Recorder takes the f32-arithmetic kernels there, which `kernels_bf16.rs` covers.
 //!
-//! Throughput at the real expert shapes and the tensor cores' probes: `cargo xtask probe --list`
-//! (`dg_parity::probe`); their generated kernels are validated here.
 
 use dg_gpu::ops::{Batches, Operand, Recorder, head_params, linear_params};
 use dg_gpu::{GpuContext, GpuMatrix, MatrixLayout, Pipelines};
 use dg_kernels::coop_grouped_gemm::WPath;
 use dg_kernels::{WeightFormat, coop_grouped_gemm};
-use dg_parity::probe::experts::STREAM_PANELS_WGSL;
-use dg_parity::probe::streaming::{IN_FLIGHT_STEPS, PAD_KIB, stream_in_flight_wgsl};
-use dg_parity::probe::tensor_cores::{DRAIN_PROBE_CASES, DRAIN_PROBE_GROUPS, drain_probe_sums_at, drain_probe_wgsl, peak_probe_wgsl};
 use dg_parity::testing::coop_experts::{Case, check, f16_round, grouped_reference, real_counts, run_grouped, run_tile, tolerance};
 use dg_parity::testing::{GUARD, coop_test_context, guarded_output, max_rel_err, on_device, push_product, read_guarded, seeded};
 
@@ -818,30 +813,4 @@ fn large_and_long_products_on_tensor_cores_match_the_reference() {
     let soft =
         GemmParams { a_offset: 32, a_rs: 16384 + 64, b_rs: 256, b_cs: 1, alpha: 0.5, accumulate: 1, ..GemmParams::new(128, 256, 16384) };
     check_gemm_auto(&ctx, &mut pipelines, &scratch, "long soft embedding", WeightFormat::Bf16, soft);
-}
-
-/// The probes' generated kernels parse and validate (with cooperative matrices and f16) on every
-/// machine, GPU or not, so that a probe run on a GPU fails only on what the GPU does; the drain
-/// probe's output covers its last workgroup's stores.
-#[test]
-fn probe_kernels_validate() {
-    let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
-    let mut kernels: Vec<String> = Vec::new();
-    for (reload, barrier) in [(false, false), (true, false), (true, true)] {
-        kernels.extend([1u32, 4, 8].map(|acc| peak_probe_wgsl(acc, reload, barrier)));
-    }
-    kernels.extend(
-        DRAIN_PROBE_CASES.iter().map(|&(_, loads, distance, barrier)| drain_probe_wgsl(loads, distance, barrier, DRAIN_PROBE_GROUPS)),
-    );
-    kernels.push(STREAM_PANELS_WGSL.to_string());
-    kernels.extend(IN_FLIGHT_STEPS.iter().flat_map(|&steps| PAD_KIB.iter().map(move |&pad| stream_in_flight_wgsl(steps, pad))));
-    for wgsl in &kernels {
-        let module = naga::front::wgsl::parse_str(wgsl).unwrap_or_else(|e| panic!("{}\n{wgsl}", e.emit_to_string(wgsl)));
-        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{e:?}\n{wgsl}"));
-    }
-    // Last subgroup's last accumulator ends where the sums start.
-    let last = (DRAIN_PROBE_GROUPS * 4 - 1) * 1024 + 768 + 256;
-    assert_eq!(last, drain_probe_sums_at(DRAIN_PROBE_GROUPS));
 }

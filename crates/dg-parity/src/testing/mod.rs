@@ -1,9 +1,9 @@
 //! Support for the GPU tests, the benches and the probes: opening the test device (with the
 //! lavapipe hint or a visible SKIP; `DG_ALLOW_NO_GPU=1` skips), guard-banded outputs that catch
 //! out-of-bounds writes, the committed fixtures' directories ([`fixture`]), seeded inputs, the CPU reference of a strided GEMM ([`gemm_reference`]),
-//! and the recording and timing of throughput probes ([`push_product`], [`best_time`]);
-//! [`coop_experts`] and [`half_activations`] hold the tensor-core products that tests and probes
-//! both run, [`quant`] the quantized weights of the kernel tests.
+//! and the recording of a tensor-core product ([`push_product`]); [`coop_experts`] and
+//! [`half_activations`] hold the tensor-core products that tests (and dg-lab's probes) both run,
+//! [`quant`] the quantized weights of the kernel tests.
 
 pub mod coop_experts;
 pub mod half_activations;
@@ -11,30 +11,6 @@ pub mod quant;
 
 use dg_gpu::GpuError;
 use dg_gpu::{GpuContext, GpuOptions};
-
-/// Seconds a throughput probe runs a plan before timing it ([`best_time`]): on an H200 the first
-/// timings of a plan on freshly created buffers ran up to 4× slow, even right after a second of
-/// other work.
-pub const WARM_UP_SECONDS: f64 = 0.3;
-
-/// The best wall time of one of a plan's `replays` dispatches over 5 submissions, in seconds, after
-/// running the plan for [`WARM_UP_SECONDS`] (at least twice).
-pub fn best_time(ctx: &GpuContext, plan: &dg_gpu::Plan, replays: u32) -> f64 {
-    let start = std::time::Instant::now();
-    for run in 0.. {
-        plan.run(ctx).expect("a timed plan runs");
-        if run >= 1 && start.elapsed().as_secs_f64() >= WARM_UP_SECONDS {
-            break;
-        }
-    }
-    (0..5)
-        .map(|_| {
-            let t = std::time::Instant::now();
-            plan.run(ctx).expect("a timed plan runs");
-            t.elapsed().as_secs_f64() / f64::from(replays)
-        })
-        .fold(f64::MAX, f64::min)
-}
 
 /// Pushes one dense tensor-core product `p` of `a` and `b` into `c` (every one of its batches, a
 /// workgroup row each): whole when `split` has one range, else its partials into `scratch` and

@@ -13,7 +13,7 @@ use dg_kernels::gemm::GemmParams;
 use dg_kernels::split_k;
 
 use super::{ProbeError, ProbeOptions, alternating, time_product};
-use crate::testing::seeded;
+use dg_parity::testing::seeded;
 
 /// Rows of the vocabulary timed (a quarter of the real 262144: 369 MB of 16-bit weights, far
 /// more than the L2 holds, so W streams from DRAM as in the forward).

@@ -9,9 +9,10 @@ use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm::{CoopTile, Staging};
 use dg_kernels::coop_grouped_gemm::{self, WPath};
 
+use super::best_time;
 use super::{ProbeError, ProbeOptions, replaced, split_into, time_dispatch};
-use crate::testing::coop_experts::{Buffers, Case, real_counts};
-use crate::testing::{best_time, push_product, seeded};
+use dg_parity::testing::coop_experts::{Buffers, Case, real_counts};
+use dg_parity::testing::{push_product, seeded};
 
 /// The decoder's dense products on the tensor cores by tile and K split: µs per product (partials and their reduction included) and TFLOP/s; and how a
 /// 64×64 tile's time grows with the number of workgroups (flat while the multiprocessors have room:

@@ -4,8 +4,8 @@
 
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder};
 
+use super::best_time;
 use super::{ProbeError, ProbeOptions, time_dispatch};
-use crate::testing::best_time;
 
 /// What a dispatch costs by itself: 100 dispatches of a kernel
 /// that adds 1 to one word per invocation, each reading the previous one's writes (the barrier

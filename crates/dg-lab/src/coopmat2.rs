@@ -1,4 +1,4 @@
-//! `cargo xtask coopmat2-probe FILE.spv...`: what a GEMM written with `VK_NV_cooperative_matrix2`
+//! `cargo xtask coopmat2-probe FILE.spv...` (a lab experiment): what a GEMM written with `VK_NV_cooperative_matrix2`
 //! (workgroup-scope cooperative matrices loaded through tensor layouts, the driver choosing how
 //! tiles are staged) reaches on an adapter that offers it, for comparison with dg's own
 //! tensor-core tiles on the same shape.

@@ -17,7 +17,7 @@ use dg_kernels::gemm::GemmParams;
 use dg_kernels::split_k;
 
 use super::{ProbeError, ProbeOptions, alternating, split_into, time_product};
-use crate::testing::seeded;
+use dg_parity::testing::seeded;
 
 /// Canvas rows (queries) and cached positions of the forward measured in BENCHMARKS.md.
 const CANVAS: usize = 256;
@@ -186,7 +186,7 @@ pub fn fused_attention_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Resul
                 for i in alternating(round, names.len()) {
                     let t = match i {
                         2 => super::time_dispatch(ctx, &one_pass, &fused, &[&q, &k, &v, &fused_out], groups, replays)?,
-                        _ => crate::testing::best_time(ctx, &plans[i], replays),
+                        _ => super::best_time(ctx, &plans[i], replays),
                     };
                     println!(
                         "{test}: round {round}, context {context}, {} layer ({keys} keys, d {d}), {}: {:.1} us",

@@ -8,10 +8,10 @@ use dg_kernels::coop_gemm::{self, AFormat, CoopTile};
 use dg_kernels::coop_grouped_gemm::{self, WPath};
 use dg_kernels::coop_kloop::Ring;
 
+use super::best_time;
 use super::{ProbeError, ProbeOptions, replaced, time_dispatch};
-use crate::testing::best_time;
-use crate::testing::coop_experts::{Buffers, Case, Inputs, check, grouped_reference, real_counts, run_grouped, run_tile, tile_plan};
-use crate::testing::half_activations::{Dense, Grouped};
+use dg_parity::testing::coop_experts::{Buffers, Case, Inputs, check, grouped_reference, real_counts, run_grouped, run_tile, tile_plan};
+use dg_parity::testing::half_activations::{Dense, Grouped};
 
 /// The real geometry's expert products (gate_up: 1408 × 2816 with gather; down: 2816 × 704), every
 /// 13th slot checked against the exact product, then timed: every candidate tile of

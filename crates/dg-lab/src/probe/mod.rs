@@ -17,7 +17,29 @@ use dg_gpu::{GpuContext, GpuError};
 use dg_kernels::KernelSource;
 use dg_kernels::coop_gemm::{CoopTile, Split};
 
-use crate::testing::best_time;
+/// Seconds a throughput probe runs a plan before timing it ([`best_time`]): on an H200 the first
+/// timings of a plan on freshly created buffers ran up to 4× slow, even right after a second of
+/// other work.
+pub const WARM_UP_SECONDS: f64 = 0.3;
+
+/// The best wall time of one of a plan's `replays` dispatches over 5 submissions, in seconds, after
+/// running the plan for [`WARM_UP_SECONDS`] (at least twice).
+pub fn best_time(ctx: &GpuContext, plan: &dg_gpu::Plan, replays: u32) -> f64 {
+    let start = std::time::Instant::now();
+    for run in 0.. {
+        plan.run(ctx).expect("a timed plan runs");
+        if run >= 1 && start.elapsed().as_secs_f64() >= WARM_UP_SECONDS {
+            break;
+        }
+    }
+    (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            plan.run(ctx).expect("a timed plan runs");
+            t.elapsed().as_secs_f64() / f64::from(replays)
+        })
+        .fold(f64::MAX, f64::min)
+}
 
 /// Why a probe could not run.
 #[derive(Debug, thiserror::Error)]
@@ -207,7 +229,7 @@ fn time_dispatch<P: bytemuck::Pod>(
 }
 
 /// [`best_time`] of `replays` runs of the product `p` on `tile` (its partials reduced where
-/// `split` cuts K), through `crate::testing::push_product`.
+/// `split` cuts K), through `dg_parity::testing::push_product`.
 fn time_product(
     ctx: &GpuContext,
     kernels: (&Arc<dg_gpu::Pipeline>, &Arc<dg_gpu::Pipeline>),
@@ -219,7 +241,7 @@ fn time_product(
     let replays = 20;
     let mut plan = dg_gpu::PlanBuilder::new(ctx);
     for _ in 0..replays {
-        crate::testing::push_product(&mut plan, kernels, tile, p, split, buffers);
+        dg_parity::testing::push_product(&mut plan, kernels, tile, p, split, buffers);
     }
     Ok(best_time(ctx, &plan.finish(ctx)?, replays))
 }

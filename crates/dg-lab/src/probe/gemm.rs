@@ -6,7 +6,7 @@ use dg_kernels::gemm::{self, GemmParams, TILES};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 
 use super::{ProbeError, ProbeOptions};
-use crate::testing::{seeded, skewed_counts};
+use dg_parity::testing::{seeded, skewed_counts};
 
 /// Throughput of every GEMM tile on the device (on lavapipe a sanity number, not a benchmark)
 /// over [`ProbeOptions::gemm_shapes`], [`ProbeOptions::reps`] dispatches a submit (more on a fast

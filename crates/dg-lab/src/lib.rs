@@ -1,0 +1,14 @@
+//! dg-lab: what was tried and may be tried again, kept out of the product.
+//!
+//! The product (the kernels some planner rule can choose, the planner, the forward) lives in
+//! dg-kernels and dg-gpu; the cross-checks that prove it right in dg-parity. This crate holds the
+//! experiments around them: [`probe`], timed measurements of dg's kernels and of the GPU itself
+//! (`cargo xtask probe NAME`), and [`coopmat2`], GEMMs written with `VK_NV_cooperative_matrix2`
+//! timed beside dg's tiles (`cargo xtask coopmat2-probe`). Nothing here is reachable from `dg`.
+//!
+//! The rule (docs/architecture.md): a variant is promoted into the product only with a planner
+//! rule and a changed golden plan; a losing one is deleted once its bench/history entry is
+//! written (git keeps the code).
+
+pub mod coopmat2;
+pub mod probe;
