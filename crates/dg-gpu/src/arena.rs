@@ -29,11 +29,7 @@ pub struct CacheBuffers<B = wgpu::Buffer> {
     pub values: B,
 }
 
-/// The decoder pads its visible cached keys to a multiple of this many columns in a scores row
-/// (`forward.rs`): the products then read up to `KEY_PAD − 1` dead cache rows between the visible
-/// ones and the canvas's, masked to probability 0 (zeros, or K/V rows an earlier canvas wrote:
-/// finite either way, so they add exact zeros to the values).
-pub const KEY_PAD: usize = 32;
+pub use crate::shapes::KEY_PAD;
 
 /// Bytes a canvas's attention scores take at most (`Arena::scores`, where the adapter binds that
 /// many; `Tuning::scores_bytes`, `DG_SCORES_BYTES`, caps it lower): a group of queries whose
@@ -309,7 +305,7 @@ pub fn arena_bytes(
 /// (5.2e-4 → 1.13e-3 of the CPU's), so there f16 is only on request.
 pub fn cache_format(ctx: &GpuContext, config: &ModelConfig, weights: WeightFormat) -> WeightFormat {
     // The attention's products take the tensor cores in the F16 mode (`forward.rs`).
-    let all_on_tensor_cores = crate::planner::Planner::of(ctx).attention_on_tensor_cores(config, weights == WeightFormat::F16);
+    let all_on_tensor_cores = ctx.planner().attention_on_tensor_cores(config, weights == WeightFormat::F16);
     cache_format_for(all_on_tensor_cores, ctx.features.contains(wgpu::Features::SHADER_F16), ctx.tuning.kv_cache)
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::GpuError;
+use crate::planner::{ASSUMED_MULTIPROCESSORS, Capabilities, Planner};
 use crate::tuning::{RowReduceChoice, Tuning, TuningError};
 
 /// How to pick and open the device, and how to run on it.
@@ -354,4 +355,23 @@ pub(crate) fn map_read_with<R>(ctx: &GpuContext, staging: &wgpu::Buffer, bytes: 
 /// [`map_read_with`] into a new vector.
 pub(crate) fn map_read(ctx: &GpuContext, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
     map_read_with(ctx, staging, bytes, <[u8]>::to_vec)
+}
+
+impl GpuContext {
+    /// What the planner knows of this device ([`Capabilities`]).
+    pub fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            coop_matrix: self.coop_matrix,
+            coop_fragment: self.coop_fragment,
+            shader_f16: self.device.features().contains(wgpu::Features::SHADER_F16),
+            max_workgroup_storage: self.limits.max_compute_workgroup_storage_size,
+            max_binding: self.max_binding(),
+            multiprocessors: ASSUMED_MULTIPROCESSORS,
+        }
+    }
+
+    /// The planner of this device and the tuning it was opened with.
+    pub fn planner(&self) -> Planner<'_> {
+        Planner::new(self.capabilities(), &self.tuning)
+    }
 }

@@ -16,6 +16,7 @@ pub mod pack;
 pub mod parts;
 pub mod plan;
 pub mod planner;
+pub mod shapes;
 mod staging;
 pub mod tuning;
 pub mod weights;

@@ -5,7 +5,8 @@
 //!
 //! A [`Planner`] is the device's [`Capabilities`] (a plain value, so that the choices can be tested
 //! without a device: `tests/planner.rs` holds them for the real model's products) and the
-//! [`Tuning`]. The tile rules and measured thresholds themselves live with their kernels in
+//! [`Tuning`]. It is a leaf of dg-gpu: it imports the shapes it plans for (`crate::shapes`), never
+//! the arena, the ops or the device (`GpuContext::planner` builds one for an open device). The tile rules and measured thresholds themselves live with their kernels in
 //! dg-kernels (`coop_gemm::plan_layout`, `coop_gemm::Split`, `coop_grouped_gemm::choose`,
 //! `grouped_gemm::choose`, `gemm::choose_batched`); this module is where they are combined.
 
@@ -17,9 +18,8 @@ use dg_kernels::{coop_attention, coop_grouped_gemm, moe_dispatch};
 
 use dg_model::ModelConfig;
 
-use crate::context::GpuContext;
+use crate::shapes::{KEY_PAD, MatrixLayout, attention_scores_params, attention_values_params};
 use crate::tuning::{QkvChoice, Tuning};
-use crate::weights::MatrixLayout;
 
 /// What the planner needs to know of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,18 +56,6 @@ impl Capabilities {
         max_binding: u32::MAX as u64,
         multiprocessors: 132,
     };
-
-    /// The capabilities of an open device.
-    pub fn of(ctx: &GpuContext) -> Self {
-        Capabilities {
-            coop_matrix: ctx.coop_matrix,
-            coop_fragment: ctx.coop_fragment,
-            shader_f16: ctx.device.features().contains(wgpu::Features::SHADER_F16),
-            max_workgroup_storage: ctx.limits.max_compute_workgroup_storage_size,
-            max_binding: ctx.max_binding(),
-            multiprocessors: ASSUMED_MULTIPROCESSORS,
-        }
-    }
 }
 
 /// What a product's B is: a weight as uploaded (in its [`MatrixLayout`]), or the KV cache, the
@@ -138,11 +126,6 @@ pub struct Planner<'t> {
 impl<'t> Planner<'t> {
     pub fn new(caps: Capabilities, tuning: &'t Tuning) -> Self {
         Planner { caps, tuning }
-    }
-
-    /// The planner of an open device and the tuning it was opened with.
-    pub fn of(ctx: &'t GpuContext) -> Self {
-        Planner::new(Capabilities::of(ctx), &ctx.tuning)
     }
 
     /// The layout a projection's `[n, k]` blocks are stored in when uploaded as `format`: K panels
@@ -298,11 +281,11 @@ impl<'t> Planner<'t> {
     /// (`crate::arena::cache_format`).
     pub fn attention_on_tensor_cores(&self, config: &ModelConfig, tensor_cores: bool) -> bool {
         let (heads, c) = (config.text.num_attention_heads, config.canvas_length);
-        let keys = crate::arena::KEY_PAD + c;
+        let keys = KEY_PAD + c;
         config.text.layers.iter().all(|spec| {
             let (d, kv) = (spec.head_dim, spec.num_kv_heads);
-            let scores = crate::ops::attention_scores_params(c, keys, d, heads, kv);
-            let values = crate::ops::attention_values_params(c, keys, d, heads, kv);
+            let scores = attention_scores_params(c, keys, d, heads, kv);
+            let values = attention_values_params(c, keys, d, heads, kv);
             [scores, values]
                 .iter()
                 .all(|p| matches!(self.dense(WeightFormat::F32, BSource::KvCache, p, tensor_cores, None), Ok(Dense::TensorCores(_))))

@@ -27,7 +27,6 @@ use crate::context::GpuContext;
 use crate::error::GpuError;
 use crate::pack::{Order, Packing};
 use crate::parts::{Parts, SplitMatrix, stored_rows};
-use crate::planner::Planner;
 use crate::staging::StagingBelt;
 
 /// A weight matrix (or one part of one, [`SplitMatrix`]) on the device, in its storage format.
@@ -38,19 +37,7 @@ pub struct GpuMatrix {
     pub layout: MatrixLayout,
 }
 
-/// How a matrix's elements are ordered in its buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MatrixLayout {
-    /// PyTorch's row-major `[out, in]` (per expert for the experts).
-    RowMajor,
-    /// F16 weights in K panels: expert weights `[experts, in / PANEL, out, PANEL]`, the layout the
-    /// tensor-core grouped GEMM streams (`dg_kernels::coop_grouped_gemm`); a dense projection
-    /// `[in / PANEL, out, PANEL]` (the stacked K and V projections each on its own), which the
-    /// tensor-core GEMM streams as `dg_kernels::coop_gemm::BLayout::NkPanels`. Quantized weights
-    /// in panels one ggml block wide (`dg_gpu::pack`: block p of every row together). Only the
-    /// tensor cores read it: the upload panels a matrix only where they take its products.
-    KPanels,
-}
+pub use crate::shapes::MatrixLayout;
 
 /// Rows `start..start+rows` of the embedding.
 #[derive(Debug)]
@@ -256,7 +243,7 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     /// Split by rows where it exceeds a binding ([`Parts::rows`]).
     fn projection(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<SplitMatrix, GpuError> {
         let format = stored_quantized(parts).unwrap_or(self.format);
-        let layout = Planner::of(self.ctx).projection_layout(format, n, k, self.format == WeightFormat::F16);
+        let layout = self.ctx.planner().projection_layout(format, n, k, self.format == WeightFormat::F16);
         let format = Self::panelled(format, layout);
         let rows = parts.iter().map(|p| p.len()).sum::<usize>() / k.max(1);
         let row_bytes = Self::bytes_for(label, format, k)?;
@@ -298,7 +285,7 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         let (e, n, k) = (t.shape[0], t.shape[1], t.shape[2]);
         let stored = self.stored(t)?;
         let format = stored_quantized(&[&stored]).unwrap_or(self.format);
-        let layout = Planner::of(self.ctx).experts_layout(format, n, k, self.format == WeightFormat::F16);
+        let layout = self.ctx.planner().experts_layout(format, n, k, self.format == WeightFormat::F16);
         let format = Self::panelled(format, layout);
         let cut = Parts::experts(&t.name, e, Self::bytes_for(&t.name, format, n * k)?, self.ctx.weight_binding())?;
         self.split_matrix(&t.name, &[&stored], (format, layout), k, n, cut, n)

@@ -59,11 +59,24 @@ struct Attention {
 const SLIDING: Attention = Attention { name: "sliding", d: 256, kv: 8, has_v: true };
 const FULL: Attention = Attention { name: "full", d: 512, kv: 2, has_v: false };
 
-/// `key`, after checking that it is one of [`KernelKey::all`].
+thread_local! {
+    /// Every key [`known`] saw on this thread since [`planned_keys`] last cleared it.
+    static PLANNED: std::cell::RefCell<HashSet<KernelKey>> = std::cell::RefCell::new(HashSet::new());
+}
+
+/// `key`, after checking that it is one of [`KernelKey::all`]; remembered for [`planned_keys`].
 fn known(key: KernelKey) -> KernelKey {
     static ALL: OnceLock<HashSet<KernelKey>> = OnceLock::new();
     assert!(ALL.get_or_init(|| KernelKey::all().into_iter().collect()).contains(&key), "the planner chose {key:?}, which is not a key");
+    PLANNED.with(|keys| keys.borrow_mut().insert(key));
     key
+}
+
+/// The golden plan of `caps` (its lines) and every kernel key in it.
+fn planned_keys(caps: Capabilities) -> (Vec<String>, HashSet<KernelKey>) {
+    PLANNED.with(|keys| keys.borrow_mut().clear());
+    let lines = choices(caps);
+    (lines, PLANNED.with(|keys| keys.take()))
 }
 
 fn describe_dense(
@@ -288,6 +301,13 @@ fn lavapipe_choices_are_unchanged() {
     check("lavapipe", LAVAPIPE, LAVAPIPE_GOLDEN);
 }
 
+#[test]
+fn every_adapter_class_plans_as_its_golden_plan_says() {
+    for class in ADAPTER_CLASSES {
+        check(class.name, class.caps, class.golden);
+    }
+}
+
 /// The shapes `dg-parity`'s `tests/tensor_cores.rs` runs through the Recorder take these tiles on
 /// the H200 (the kernel tests check that the Recorder runs the device's planner's choice, on any
 /// device; these are that choice on the H200): q_proj, K/V and a 1000-row chunk on 128 × 128 at
@@ -495,6 +515,180 @@ fn the_multiprocessors_set_the_large_tiles_split() {
 /// Today's choices, one product a line (`tests/planner_golden/`).
 const H200_GOLDEN: &str = include_str!("planner_golden/h200.txt");
 const LAVAPIPE_GOLDEN: &str = include_str!("planner_golden/lavapipe.txt");
+
+/// A shading language a backend translates WGSL into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Language {
+    /// Vulkan.
+    SpirV,
+    /// Metal.
+    Msl,
+    /// DX12.
+    Hlsl,
+}
+
+/// A class of adapter users have: what wgpu reports for it (the planner's [`Capabilities`]), the
+/// languages its kernels are translated to, the invocations a workgroup may have, and its golden
+/// plan. H200 (NVIDIA on Vulkan) and lavapipe are the adapters dg runs on; the others are what
+/// wgpu 30's backends report for them (`wgpu-hal`'s adapters), checked here where we have no such
+/// GPU.
+struct AdapterClass {
+    name: &'static str,
+    caps: Capabilities,
+    languages: &'static [Language],
+    max_invocations: u32,
+    golden: &'static str,
+}
+
+const ADAPTER_CLASSES: &[AdapterClass] = &[
+    AdapterClass { name: "NVIDIA, Vulkan", caps: H200, languages: &[Language::SpirV], max_invocations: 1024, golden: H200_GOLDEN },
+    AdapterClass {
+        name: "AMD RDNA, Vulkan",
+        // Cooperative matrices 16×16×16 are offered, but the subgroups run 32 or 64 wide
+        // (`subgroup_min_size` 32, `subgroup_max_size` 64), so `GpuContext` leaves the tensor
+        // cores off (dg's tiles need one fixed subgroup size dividing 32); 64 KiB of workgroup
+        // memory, 4 GiB bindings.
+        caps: Capabilities {
+            coop_matrix: false,
+            coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
+            shader_f16: true,
+            max_workgroup_storage: 64 * 1024,
+            max_binding: u32::MAX as u64,
+            multiprocessors: ASSUMED_MULTIPROCESSORS,
+        },
+        languages: &[Language::SpirV],
+        max_invocations: 1024,
+        golden: include_str!("planner_golden/amd-vulkan.txt"),
+    },
+    AdapterClass { name: "lavapipe", caps: LAVAPIPE, languages: &[Language::SpirV], max_invocations: 256, golden: LAVAPIPE_GOLDEN },
+    AdapterClass {
+        name: "Apple silicon, Metal",
+        // simdgroup matrices of 8×8×8 (f16 × f16 → f32) behind EXPERIMENTAL_COOPERATIVE_MATRIX,
+        // SIMD groups of 32, 32 KiB of threadgroup memory, bindings up to the device's
+        // maxBufferLength (4 GiB here: the real model's largest tensor fits one either way).
+        caps: Capabilities {
+            coop_matrix: true,
+            coop_fragment: 8,
+            shader_f16: true,
+            max_workgroup_storage: 32 * 1024,
+            max_binding: 4 << 30,
+            multiprocessors: ASSUMED_MULTIPROCESSORS,
+        },
+        languages: &[Language::Msl],
+        max_invocations: 1024,
+        golden: include_str!("planner_golden/metal.txt"),
+    },
+    AdapterClass {
+        name: "DX12",
+        // No cooperative matrices on wgpu's DX12 backend; 32 KiB of groupshared memory, bindings
+        // of 2 GiB − 1 (`auxil::MAX_I32_BINDING_SIZE`).
+        caps: Capabilities {
+            coop_matrix: false,
+            coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
+            shader_f16: true,
+            max_workgroup_storage: 32 * 1024,
+            max_binding: (1 << 31) - 1,
+            multiprocessors: ASSUMED_MULTIPROCESSORS,
+        },
+        languages: &[Language::Hlsl],
+        max_invocations: 1024,
+        golden: include_str!("planner_golden/dx12.txt"),
+    },
+    AdapterClass {
+        name: "WebGPU, default limits",
+        // `wgpu::Limits::default()`: 16 KiB of workgroup memory, 128 MiB bindings, 256
+        // invocations a workgroup, no optional features (no f16, no cooperative matrices). A
+        // browser translates WGSL to any of the three.
+        caps: Capabilities {
+            coop_matrix: false,
+            coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
+            shader_f16: false,
+            max_workgroup_storage: 16 * 1024,
+            max_binding: 128 << 20,
+            multiprocessors: ASSUMED_MULTIPROCESSORS,
+        },
+        languages: &[Language::SpirV, Language::Msl, Language::Hlsl],
+        max_invocations: 256,
+        golden: include_str!("planner_golden/webgpu.txt"),
+    },
+];
+
+/// Bytes of workgroup memory `module` declares.
+fn workgroup_bytes(module: &naga::Module) -> u32 {
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).unwrap();
+    module.global_variables.iter().filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup).map(|(_, g)| layouter[g.ty].size).sum()
+}
+
+/// `key`'s kernel in `language`, or why naga could not write it.
+fn translate(key: KernelKey, language: Language) -> Result<(naga::Module, String), String> {
+    let source = key.source();
+    let module = naga::front::wgsl::parse_str(&source.wgsl).map_err(|e| e.emit_to_string(&source.wgsl))?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .map_err(|e| format!("{e:?}"))?;
+    let text = match language {
+        Language::SpirV => {
+            let words =
+                naga::back::spv::write_vec(&module, &info, &naga::back::spv::Options::default(), None).map_err(|e| e.to_string())?;
+            format!("{} SPIR-V words", words.len())
+        }
+        Language::Msl => {
+            let pipeline = naga::back::msl::PipelineOptions::default();
+            let options = naga::back::msl::Options { lang_version: (3, 0), ..Default::default() };
+            naga::back::msl::write_string(&module, &info, &options, &pipeline).map_err(|e| e.to_string())?.0
+        }
+        Language::Hlsl => {
+            let options = naga::back::hlsl::Options { shader_model: naga::back::hlsl::ShaderModel::V6_2, ..Default::default() };
+            let mut text = String::new();
+            naga::back::hlsl::Writer::new(&mut text, &options, &Default::default())
+                .write(&module, &info, None)
+                .map_err(|e| e.to_string())?;
+            text
+        }
+    };
+    Ok((module, text))
+}
+
+/// Every kernel of every adapter class's golden plan translates to that class's shading
+/// languages with naga, fits its workgroup memory and invocation limits, and needs no feature it
+/// lacks (cooperative matrices, f16): "any GPU", checked where we have no such GPU.
+#[test]
+fn every_planned_kernel_translates_to_its_adapter_classs_language() {
+    let mut failures = Vec::new();
+    for class in ADAPTER_CLASSES {
+        let (_, keys) = planned_keys(class.caps);
+        let mut keys: Vec<KernelKey> = keys.into_iter().collect();
+        keys.sort_by_key(|k| format!("{k:?}"));
+        for key in keys {
+            let name = key.source().name;
+            if key.needs_cooperative_matrices() && !class.caps.coop_matrix {
+                failures.push(format!("{}: {name} needs cooperative matrices", class.name));
+            }
+            if !class.caps.shader_f16 && key.source().wgsl.contains("enable f16") {
+                failures.push(format!("{}: {name} needs f16", class.name));
+            }
+            for &language in class.languages {
+                match translate(key, language) {
+                    Err(e) => failures.push(format!("{}: {name} to {language:?}: {e}", class.name)),
+                    Ok((module, _)) => {
+                        let bytes = workgroup_bytes(&module);
+                        if bytes > class.caps.max_workgroup_storage {
+                            failures.push(format!("{}: {name} takes {bytes} bytes of workgroup memory", class.name));
+                        }
+                        let size = module.entry_points[0].workgroup_size;
+                        let invocations = size.iter().product::<u32>();
+                        if invocations > class.max_invocations {
+                            failures.push(format!("{}: {name} has {invocations} invocations a workgroup", class.name));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    failures.dedup();
+    assert!(failures.is_empty(), "{} problems:\n{}", failures.len(), failures.join("\n"));
+}
 
 #[test]
 fn quantized_matrices_take_the_tensor_cores_in_the_f16_mode_only() {

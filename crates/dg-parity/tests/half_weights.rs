@@ -84,7 +84,7 @@ fn f16_weights_with_the_fused_attention_match_the_cpu() {
     let Some(ctx) = test_context("half_weights") else { return };
     let config = ModelDir::open(&fixture("real-head-dims")).unwrap().config;
     let tuning = dg_gpu::tuning::Tuning { fused_attention: true, ..ctx.tuning.clone() };
-    let planner = dg_gpu::planner::Planner::new(dg_gpu::planner::Capabilities::of(&ctx), &tuning);
+    let planner = dg_gpu::planner::Planner::new(ctx.capabilities(), &tuning);
     let (d, c) = (config.text.layers[0].head_dim, config.canvas_length);
     if !planner.fused_attention(d, c, 32 + c, true) {
         eprintln!("SKIP f16_weights_with_the_fused_attention_match_the_cpu: adapter {} does not take the fused attention", ctx.info.name);

@@ -606,8 +606,8 @@ fn planned_as(
     p: &dg_kernels::gemm::GemmParams,
     scratch: u64,
 ) -> (String, bool) {
-    use dg_gpu::planner::{Dense, Planner};
-    match Planner::of(ctx).dense(format, layout, p, true, Some(scratch)) {
+    use dg_gpu::planner::Dense;
+    match ctx.planner().dense(format, layout, p, true, Some(scratch)) {
         Ok(Dense::TensorCores(plan)) => (dg_kernels::KernelKey::CoopGemm(plan.kernel).source().name, plan.split.is_some()),
         other => panic!("m {} n {} k {}: not on the tensor cores: {other:?}", p.m, p.n, p.k),
     }

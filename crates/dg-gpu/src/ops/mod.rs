@@ -4,6 +4,7 @@
 
 mod products;
 
+pub use crate::shapes::{attention_fused_params, attention_scores_params, attention_values_params};
 pub use products::{Operand, Product};
 
 use dg_kernels::coop_gemm::AFormat;
@@ -138,64 +139,6 @@ pub fn linear_params(m: usize, n: usize, k: usize) -> GemmParams {
     GemmParams::linear(m as u32, n as u32, k as u32)
 }
 
-/// Attention's scores: q `[t, heads, d]` · K_{h/g}ᵀ over cache rows `[s, kv_heads, d]` into
-/// `[heads, t, s]` (query head `h` reads K/V head `h / (heads / kv_heads)`), alpha 1; the caller
-/// adds the offsets and the causal bound.
-pub fn attention_scores_params(t: usize, s: usize, d: usize, heads: usize, kv_heads: usize) -> GemmParams {
-    let (t, s, d, heads, kv_heads) = (t as u32, s as u32, d as u32, heads as u32, kv_heads as u32);
-    GemmParams {
-        batch: heads,
-        a_rs: heads * d,
-        a_batch: d,
-        b_rs: 1,
-        b_cs: kv_heads * d,
-        b_batch: d,
-        b_batch_div: heads / kv_heads,
-        c_rs: s,
-        c_batch: t * s,
-        ..GemmParams::new(t, s, d)
-    }
-}
-
-/// Attention's values: probabilities `[heads, t, s]` · V_{h/g} `[s, kv_heads, d]` into
-/// `[t, heads, d]`, alpha 1; the caller adds the offsets and the causal bound.
-pub fn attention_values_params(t: usize, s: usize, d: usize, heads: usize, kv_heads: usize) -> GemmParams {
-    let (t, s, d, heads, kv_heads) = (t as u32, s as u32, d as u32, heads as u32, kv_heads as u32);
-    GemmParams {
-        batch: heads,
-        a_rs: s,
-        a_batch: t * s,
-        b_rs: kv_heads * d,
-        b_cs: 1,
-        b_batch: d,
-        b_batch_div: heads / kv_heads,
-        c_rs: heads * d,
-        c_batch: d,
-        ..GemmParams::new(t, d, s)
-    }
-}
-
-/// The fused attention (`Recorder::fused_attention`) of `t` queries over `s` keys with heads of `d`,
-/// `heads` query heads on `kv_heads` K/V heads, in the forward's layouts: q and O `[t, heads·d]`,
-/// the cache `[s, kv_heads·d]`; offsets 0 and no masked keys (set them with `..`).
-pub fn attention_fused_params(t: usize, s: usize, d: usize, heads: usize, kv_heads: usize) -> coop_attention::AttentionParams {
-    let (t, s, d, heads, kv_heads) = (t as u32, s as u32, d as u32, heads as u32, kv_heads as u32);
-    coop_attention::AttentionParams {
-        q_offset: 0,
-        q_rs: heads * d,
-        kv_offset: 0,
-        kv_rs: kv_heads * d,
-        group: heads / kv_heads,
-        keys: s,
-        gap_start: 0,
-        gap_end: 0,
-        o_offset: 0,
-        o_rs: heads * d,
-        queries: t,
-        _pad: 0,
-    }
-}
-
 impl<'a> Recorder<'a> {
     pub fn new(ctx: &'a GpuContext, pipelines: &'a mut Pipelines) -> Self {
         Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx), scope: String::new(), split_scratch: None, plan_rows: None }
@@ -260,7 +203,7 @@ impl<'a> Recorder<'a> {
 
     /// The planner of this recording's device and tuning: how every matrix product runs.
     pub fn planner(&self) -> Planner<'a> {
-        Planner::of(self.ctx)
+        self.ctx.planner()
     }
 
     /// The f32 elements of the split-K scratch (none: products do not split).
