@@ -54,11 +54,12 @@ use dg_sampler::{NoHooks, SeededRng, generate};
 /// becomes inf on the way to the tensor cores. The `gguf-*` fixtures are not
 /// listed: their matrices stay in their quantized blocks whatever the upload format, and `cargo
 /// xtask parity --backend gpu` checks them against their reference.
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 9] = [
     "bf16-checkpoint",
     "default-pattern-8experts",
     "early-stop-eos",
     "f16-overflow",
+    "odd-shapes",
     "real-head-dims",
     "sliding-long-prompt",
     "tensor-core-shapes",
