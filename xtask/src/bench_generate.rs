@@ -44,7 +44,7 @@ impl Workload {
     /// The config, and the GPU context of the chosen adapter (both printed).
     pub fn open(&self) -> Result<(ModelConfig, GpuContext)> {
         let config = ModelConfig::from_file(&self.config).with_context(|| format!("reading {}", self.config.display()))?;
-        let env = GpuOptions::from_env()?;
+        let env = dg_lab::overrides::gpu_options_from_env()?;
         let ctx = GpuContext::new(&GpuOptions { adapter: self.adapter.clone().or(env.adapter), ..env })?;
         println!("adapter: {} ({:?}, driver {} {})", ctx.info.name, ctx.info.backend, ctx.info.driver, ctx.info.driver_info);
         let cfg = &config.text;

@@ -112,7 +112,7 @@ pub fn run(args: Args) -> Result<bool> {
         cfg.top_k_experts,
         args.context
     );
-    let env = GpuOptions::from_env()?;
+    let env = dg_lab::overrides::gpu_options_from_env()?;
     let ctx = GpuContext::new(&GpuOptions { adapter: args.adapter.clone().or(env.adapter), ..env })?;
     println!(
         "adapter: {} ({:?}, {:?}, driver {} {}), cooperative matrices: {}",

@@ -6,7 +6,7 @@
 //! what the GEMM probes measure (`gemm_throughput`, `grouped_gemm_throughput`).
 
 use anyhow::{Context, Result, bail};
-use dg_gpu::{GpuContext, GpuOptions};
+use dg_gpu::GpuContext;
 use dg_lab::probe::{self, PROBES, ProbeOptions};
 
 #[derive(Debug, clap::Args)]
@@ -71,7 +71,7 @@ pub fn run(args: Args) -> Result<bool> {
     let Some(name) = args.name else { bail!("name a probe, or --list to list them") };
     let probe = probe::find(&name)?;
     let options = ProbeOptions { gemm_shapes: parse_shapes(&args.shapes)?, grouped: parse_grouped(&args.grouped)?, reps: args.reps.max(1) };
-    let ctx = GpuContext::new(&GpuOptions::default()).context("opening the GPU")?;
+    let ctx = GpuContext::new(&dg_lab::overrides::gpu_options_from_env()?).context("opening the GPU")?;
     println!("probe {} on {}", probe.name, ctx.info.name);
     probe.run(&ctx, &options)?;
     Ok(true)

@@ -18,8 +18,9 @@ use dg_kernels::{coop_attention, coop_grouped_gemm, moe_dispatch};
 
 use dg_model::ModelConfig;
 
+use crate::overrides::QkvChoice;
 use crate::shapes::{KEY_PAD, MatrixLayout, attention_scores_params, attention_values_params};
-use crate::tuning::{QkvChoice, Tuning};
+use crate::tuning::Tuning;
 
 /// What the planner needs to know of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,7 +184,8 @@ impl<'t> Planner<'t> {
             // where the kernel takes it (`CoopGemmKey::is_valid`: direct and single-stage W need
             // F16, direct `W[n][k]`), else staged.
             let staged = CoopGemmKey { tile, path: WPath::Staged, w: b_format, layout, a: AFormat::F32 };
-            let tuned = CoopGemmKey { tile: tile.on_path(self.tuning.coop_path), path: self.tuning.coop_path, ..staged };
+            let tuned =
+                CoopGemmKey { tile: tile.on_path(self.tuning.overrides.coop_path), path: self.tuning.overrides.coop_path, ..staged };
             let kernel = Some(tuned).filter(|k| k.is_valid()).unwrap_or(staged);
             let split = self.split(tile, p, split_scratch);
             return Ok(Dense::TensorCores(CoopPlan { kernel, split }));
@@ -227,17 +229,17 @@ impl<'t> Planner<'t> {
         let splits = |tile: CoopTile| self.split(tile, p, split_scratch).is_some();
         let prefer =
             match b {
-                BSource::KvCache => self.tuning.attention_tile.or(self.tuning.coop_tile).or_else(|| {
+                BSource::KvCache => self.tuning.overrides.attention_tile.or(self.tuning.overrides.coop_tile).or_else(|| {
                     (splits(coop_gemm::TILE_128X128) && !splits(coop_gemm::ATTENTION_TILE)).then_some(coop_gemm::ATTENTION_TILE)
                 }),
-                BSource::Weight(_) => self.tuning.coop_tile,
+                BSource::Weight(_) => self.tuning.overrides.coop_tile,
             };
         // Quantized W is read as `W[n][k]` (its blocks run along the rows), or in panels of them.
         coop_gemm::plan_layout(p, b.panels(), prefer, self.caps.max_workgroup_storage)
             .filter(|&(_, layout)| !b_format.is_quantized() || layout != BLayout::Kn)
             .map(|(tile, layout)| {
-                let tile = self.tuning.dense_depth(tile);
-                let tile = self.tuning.stages(tile, coop_gemm::stages_for(tile, p, self.caps.multiprocessors));
+                let tile = self.tuning.overrides.dense_depth(tile);
+                let tile = self.tuning.overrides.stages(tile, coop_gemm::stages_for(tile, p, self.caps.multiprocessors));
                 (tile.with_fragment(self.caps.coop_fragment), layout)
             })
     }
@@ -248,10 +250,10 @@ impl<'t> Planner<'t> {
         split_scratch.and_then(|len| Split::choose(tile, p, self.split_target(tile, p), len))
     }
 
-    /// The workgroups a tensor-core GEMM is split towards: [`Tuning::split_target`], else
+    /// The workgroups a tensor-core GEMM is split towards: [`Overrides::split_target`](crate::Overrides::split_target), else
     /// `coop_gemm::Split::target` on this device's multiprocessors (0 never splits).
     fn split_target(&self, tile: CoopTile, p: &GemmParams) -> u32 {
-        self.tuning.split_target.unwrap_or_else(|| Split::target(tile, p, self.caps.multiprocessors))
+        self.tuning.overrides.split_target.unwrap_or_else(|| Split::target(tile, p, self.caps.multiprocessors))
     }
 
     /// How the product `p` of a matrix stored as `format` in `layout` would run on the tensor
@@ -298,14 +300,14 @@ impl<'t> Planner<'t> {
     /// product: where the device has cooperative matrices and f16, the kernel takes the shape and
     /// its workgroup memory fits, and the head size is at most `coop_attention::MAX_HEAD_DIM`
     /// (the real model's sliding layers; its full layers keep the products).
-    /// Only with [`Tuning::fused_attention`] (`DG_FUSED_ATTENTION=1`): by default the products.
+    /// Only with [`Overrides::fused_attention`](crate::Overrides::fused_attention) (`DG_FUSED_ATTENTION=1`): by default the products.
     pub fn fused_attention(&self, head_dim: usize, queries: usize, keys: usize, half_cache: bool) -> bool {
         let fits = |v: usize| u32::try_from(v).ok();
         let (Some(d), Some(q), Some(k)) = (fits(head_dim), fits(queries), fits(keys)) else { return false };
         self.caps.coop_matrix
             && self.caps.shader_f16
             && half_cache
-            && self.tuning.fused_attention
+            && self.tuning.overrides.fused_attention
             && d <= coop_attention::MAX_HEAD_DIM
             && coop_attention::takes(d, q, k, self.caps.max_workgroup_storage)
     }
@@ -316,7 +318,7 @@ impl<'t> Planner<'t> {
     /// waves of workgroups than q's alone and K/V's (a product that splits K counting as none: its
     /// splits fill the wave it shares). The decoder's sliding layers merge (128 tiles of 128×128:
     /// one wave, as q's 64 alone), its full layers do not (144: two waves, where q's 128 take one
-    /// and K's 16 split). [`Tuning::qkv`] overrides it.
+    /// and K's 16 split). [`Overrides::qkv`](crate::Overrides::qkv) overrides it.
     pub fn merge_qkv(
         &self,
         format: WeightFormat,
@@ -325,7 +327,7 @@ impl<'t> Planner<'t> {
         kv: &GemmParams,
         split_scratch: Option<u64>,
     ) -> bool {
-        match self.tuning.qkv {
+        match self.tuning.overrides.qkv {
             QkvChoice::Merged => return true,
             QkvChoice::Separate => return false,
             QkvChoice::Auto => {}
@@ -344,9 +346,9 @@ impl<'t> Planner<'t> {
     /// format), row-major in the portable grouped GEMM (the tile by the mean group size).
     pub fn grouped(&self, format: WeightFormat, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> Result<Grouped, NoKernel> {
         match layout {
-            MatrixLayout::RowMajor => {
-                Ok(Grouped::Portable { tile: self.tuning.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)) })
-            }
+            MatrixLayout::RowMajor => Ok(Grouped::Portable {
+                tile: self.tuning.overrides.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)),
+            }),
             MatrixLayout::KPanels => {
                 let (tile, path) = self.coop_grouped(p, format, slots).ok_or_else(|| {
                     NoKernel(format!(
@@ -355,23 +357,23 @@ impl<'t> Planner<'t> {
                     ))
                 })?;
                 let path = if coop_grouped_gemm::reads(format, path) { path } else { WPath::Staged };
-                let tile = self.tuning.stages(tile, coop_grouped_gemm::stages_for(format)).on_path(path);
+                let tile = self.tuning.overrides.stages(tile, coop_grouped_gemm::stages_for(format)).on_path(path);
                 Ok(Grouped::TensorCores { tile: tile.with_fragment(self.caps.coop_fragment), path })
             }
         }
     }
 
     /// The experts' tensor-core tile and W path after the tuning's overrides
-    /// ([`Tuning::coop_grouped_path`], [`Tuning::coop_grouped_tile`] where it fits,
-    /// [`Tuning::coop_grouped_depth`]); its stages are the format's ([`Self::grouped`]).
+    /// ([`Overrides::coop_grouped_path`](crate::Overrides::coop_grouped_path), [`Overrides::coop_grouped_tiles`](crate::Overrides::coop_grouped_tiles) where it fits,
+    /// [`Overrides::coop_grouped_depth`](crate::Overrides::coop_grouped_depth)); its stages are the format's ([`Self::grouped`]).
     fn coop_grouped(&self, p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option<(CoopTile, WPath)> {
         let (tile, path) = coop_grouped_gemm::choose(p, format, slots)?;
-        let path = self.tuning.coop_grouped_path.unwrap_or(path);
-        let named = |t: &CoopTile| self.tuning.coop_grouped_tile.is_some_and(|w| w.names(*t));
-        let tile = crate::tuning::grouped_tiles()
-            .find(|t| named(t) && coop_grouped_gemm::fits(*t, p) && coop_grouped_gemm::runs(*t, path))
+        let path = self.tuning.overrides.coop_grouped_path.unwrap_or(path);
+        let tile = (self.tuning.overrides.coop_grouped_tiles.iter())
+            .find(|t| coop_grouped_gemm::fits(**t, p) && coop_grouped_gemm::runs(**t, path))
+            .copied()
             .unwrap_or(tile);
-        Some((self.tuning.grouped_depth(tile), path))
+        Some((self.tuning.overrides.grouped_depth(tile), path))
     }
 
     /// The rows of the m tiles in which the tensor-core grouped GEMM would run experts stored as
@@ -392,9 +394,9 @@ impl<'t> Planner<'t> {
     /// prefetches their gate/up 346 → 333; the dense 128×128 products went the other way before
     /// the pins (MLP down 37 → 42 µs, q 53 → 61) and gain at most a few µs since (q 55.9 → 54.9,
     /// MLP down 43.2 → 39.0, in the noise of `tests/half_activations.rs`), so they read f32.
-    /// [`Tuning::half_expert_activations`] false keeps them f32 (the same results, for comparison).
+    /// [`Overrides::half_expert_activations`](crate::Overrides::half_expert_activations) false keeps them f32 (the same results, for comparison).
     pub fn half_expert_activations(&self, layout: MatrixLayout) -> bool {
-        layout == MatrixLayout::KPanels && self.caps.shader_f16 && self.tuning.half_expert_activations
+        layout == MatrixLayout::KPanels && self.caps.shader_f16 && self.tuning.overrides.half_expert_activations
     }
 
     /// Whether the input of a down projection whose products run on the tensor cores
@@ -402,8 +404,8 @@ impl<'t> Planner<'t> {
     /// f16's range (`dg_kernels::gelu_glu::fused_scaled`, its consumer multiplying the rows
     /// back): wherever the device has cooperative matrices, since those products round their
     /// activations to f16 and a gated activation is bounded by no norm.
-    /// [`Tuning::scale_rows`] false leaves them unscaled.
+    /// [`Overrides::scale_rows`](crate::Overrides::scale_rows) false leaves them unscaled.
     pub fn scales_rows(&self, on_tensor_cores: bool) -> bool {
-        on_tensor_cores && self.caps.coop_matrix && self.tuning.scale_rows
+        on_tensor_cores && self.caps.coop_matrix && self.tuning.overrides.scale_rows
     }
 }

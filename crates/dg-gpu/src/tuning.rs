@@ -1,20 +1,22 @@
-//! Tuning: the knobs that override how dg-gpu runs a model (tiles, W paths, split-K, fused or
-//! separate dispatches), as one typed value carried in [`crate::GpuOptions`].
+//! Tuning: the knobs with product meaning that change how dg-gpu runs a model (tensor cores off,
+//! the row kernels' reduction, the KV cache's format, the attention's memory, how recordings are
+//! submitted), as one typed value carried in [`crate::GpuOptions`], plus the lab's
+//! [`Overrides`] (set only by dg-lab).
 //!
 //! [`Tuning::default`] is what dg-gpu chooses on its own; every field overrides one choice and
-//! none changes the results beyond rounding. The library never reads the environment:
+//! none changes the results beyond rounding (the KV cache's f16 within the F16 mode's tolerances). The library never reads the environment:
 //! applications build the value from the `DG_*` variables with [`Tuning::from_env`] (or
 //! [`crate::GpuOptions::from_env`], which adds `DG_ADAPTER`), as wgpu's `*_from_env` helpers do,
 //! and [`Tuning::from_vars`] is the same parse over any list of variables.
 //!
-//! The variables (README.md has the table): an empty value counts as unset; a known variable
+//! The variables (docs/tuning.md has the table): an empty value counts as unset; a known variable
 //! with a value outside its accepted ones is an error naming both and listing what it accepts; a
 //! `DG_*` name that is neither a tuning variable nor one of [`OTHER_VARIABLES`] is an error
-//! listing the known ones (a misspelt knob is reported, not silently ignored). Variables not
+//! listing the known ones (a misspelt knob is reported, not silently ignored), and a lab variable
+//! ([`LAB_VARIABLES`]) is an error saying that only the lab's tools read it. Variables not
 //! starting with `DG_` are ignored.
 
-use dg_kernels::coop_gemm::{self, CoopTile, Stages, WPath};
-use dg_kernels::{coop_grouped_gemm, coop_kloop, grouped_gemm};
+use crate::overrides::Overrides;
 
 /// Layers of an encoder chunk recorded per submit by default ([`Tuning::encoder_submit_layers`]):
 /// one, so that the GPU waits only for the first layer's recording while the host records the
@@ -38,56 +40,9 @@ pub struct Tuning {
     pub tensor_cores: bool,
     /// `DG_ROW_REDUCE=tree`: how the row kernels reduce across a workgroup.
     pub row_reduce: RowReduceChoice,
-    /// `DG_ROW_LANES=1`: how many columns the row kernels take at a time.
-    pub row_lanes: RowLanes,
-    /// `DG_UNFUSED_COMBINE=1` sets it false: the MoE combine in a dispatch of its own instead of
-    /// inside the closing norms'.
-    pub fused_combine: bool,
-    /// `DG_FUSED_ATTENTION=1` sets it true: the decoder's attention as one tensor-core kernel
-    /// (`dg_kernels::coop_attention`) where it takes the heads, instead of the scores product, the
-    /// row softmax and the values product. Off by default: on an H100 it gained 0.2–0.3 ms of the
-    /// F16 decoder layers' 30.7 (the forward's 35.7 within its spread) and lost 0.16 ms of
-    /// `q4_k_m`'s forward, 34.0 (bench/HISTORY.md).
-    pub fused_attention: bool,
-    /// `DG_F32_ACTIVATIONS=1` sets it false: the experts' activations stay f32 instead of f16
-    /// where the tensor cores read them.
-    pub half_expert_activations: bool,
     /// `DG_KV_CACHE=auto|f32|f16`: how the KV cache stores keys and values
     /// (`crate::arena::cache_format`).
     pub kv_cache: KvCacheChoice,
-    /// `DG_UNSCALED_ROWS=1` sets it false: the down projections' inputs are not scaled by rows
-    /// into f16's range where the tensor cores round them (for measuring the scaling's cost: a
-    /// row past 65504 then becomes inf).
-    pub scale_rows: bool,
-    /// `DG_QKV=merged|separate`: whether q, K and V run as one product.
-    pub qkv: QkvChoice,
-    /// `DG_COOP_TILE=BMxBN` or a full tile label: the dense tensor-core GEMM's tile wherever it
-    /// fits (one of `coop_gemm::TILES` or `coop_gemm::TUNING_TILES`).
-    pub coop_tile: Option<CoopTile>,
-    /// `DG_ATTENTION_TILE=BMxBN` or a full tile label: the tensor-core tile of attention's
-    /// products (q · Kᵀ and P · V, B the KV cache) wherever it fits, in place of the planner's
-    /// choice and of [`Self::coop_tile`] there.
-    pub attention_tile: Option<CoopTile>,
-    /// `DG_COOP_PATH=staged|direct|single`: how the dense tensor-core GEMM's W fragments reach
-    /// the tensor cores where the kernel takes it (`dg_kernels::CoopGemmKey::is_valid`: direct
-    /// only for F16 `W[n][k]`, single only for F16); the rest stays staged.
-    pub coop_path: WPath,
-    /// `DG_COOP_DEPTH=N`: the dense tensor-core tile's global loads `N` K steps ahead.
-    pub coop_depth: Option<u32>,
-    /// `DG_SPLIT_TARGET=N`: the workgroups a tensor-core GEMM is split towards (0: never split).
-    pub split_target: Option<u32>,
-    /// `DG_GROUPED_TILE=BMxBN`: the experts' tile in the portable grouped GEMM.
-    pub grouped_tile: Option<grouped_gemm::GroupedTile>,
-    /// `DG_COOP_GROUPED_TILE=BMxBN` or a full label: the experts' tensor-core tile, where it fits
-    /// (and runs by the path chosen: `coop_grouped_gemm::runs`).
-    pub coop_grouped_tile: Option<TileName>,
-    /// `DG_GROUPED_PATH=staged|direct|single`: the experts' tensor-core W path.
-    pub coop_grouped_path: Option<WPath>,
-    /// `DG_COOP_GROUPED_DEPTH=N`: the experts' tensor-core tile's loads `N` K steps ahead.
-    pub coop_grouped_depth: Option<u32>,
-    /// `DG_COOP_STAGES=alternating|constant`: how every tensor-core K loop with two stages names
-    /// them (`coop_kloop::Stages`), dense and experts alike, instead of per product.
-    pub coop_stages: Option<coop_kloop::Stages>,
     /// `DG_ENCODER_SUBMIT_LAYERS=N`: the layers of an encoder chunk recorded per submit where its
     /// plan was not recorded ahead (`GpuModel::encode`; the model's layer count or more: the whole
     /// chunk as one plan).
@@ -109,11 +64,16 @@ pub struct Tuning {
     /// (`crate::arena::Arena::sliding_positions`): tests make the sliding caches move their
     /// window with it on small models. No variable sets it.
     pub prefill_rows: Option<usize>,
+    /// The lab's overrides of the planner's and the forward's choices (`crate::Overrides`): the
+    /// defaults are the product's own choices; only dg-lab's tools set them from variables.
     /// `DG_SCORES_BYTES=N`: caps the bytes of the attention scores below
     /// [`crate::arena::SCORES_BYTES`] and [`crate::arena::ENCODER_SCORES_BYTES`] (less memory at
     /// long contexts, the attention then in more blocks of queries); tests make the attention run
     /// in blocks with it on small models.
     pub scores_bytes: Option<u64>,
+    /// The lab's overrides of the planner's and the forward's choices (`crate::Overrides`): the
+    /// defaults are the product's own choices; only dg-lab's tools set them from variables.
+    pub overrides: Overrides,
 }
 
 impl Default for Tuning {
@@ -121,29 +81,14 @@ impl Default for Tuning {
         Tuning {
             tensor_cores: true,
             row_reduce: RowReduceChoice::Auto,
-            row_lanes: RowLanes::Auto,
-            fused_combine: true,
-            fused_attention: false,
-            half_expert_activations: true,
             kv_cache: KvCacheChoice::Auto,
-            scale_rows: true,
-            qkv: QkvChoice::Auto,
-            coop_tile: None,
-            attention_tile: None,
-            coop_path: WPath::Staged,
-            coop_depth: None,
-            split_target: None,
-            grouped_tile: None,
-            coop_grouped_tile: None,
-            coop_grouped_path: None,
-            coop_grouped_depth: None,
-            coop_stages: None,
             encoder_submit_layers: ENCODER_SUBMIT_LAYERS,
             submit_parts: SUBMIT_PARTS,
             weight_binding: None,
             vocab_binding: None,
             prefill_rows: None,
             scores_bytes: None,
+            overrides: Overrides::default(),
         }
     }
 }
@@ -155,15 +100,6 @@ pub enum RowReduceChoice {
     Auto,
     /// The tree through workgroup memory on any device (`tree`).
     Tree,
-}
-
-/// The columns a row kernel takes at a time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RowLanes {
-    /// As many as the rows' widths, offsets and strides allow (`auto`, `dg_kernels::lanes_for`).
-    Auto,
-    /// One (`1`).
-    One,
 }
 
 /// How the KV cache stores keys and values (`crate::arena::cache_format`).
@@ -180,43 +116,6 @@ pub enum KvCacheChoice {
     F16,
 }
 
-/// Whether q, K and V run as one product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QkvChoice {
-    /// Merged where it takes no more waves of workgroups than separate (`auto`).
-    Auto,
-    /// Always one product (`merged`).
-    Merged,
-    /// Always separate products (`separate`).
-    Separate,
-}
-
-/// A tensor-core tile named by a knob: its `BMxBN` shape (the first tile of a list with that
-/// shape that fits) or one tile exactly (by its full label, `CoopTile::label`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TileName {
-    Shape { bm: u32, bn: u32 },
-    Exact(CoopTile),
-}
-
-impl TileName {
-    /// Whether this names `tile`.
-    pub fn names(self, tile: CoopTile) -> bool {
-        match self {
-            TileName::Shape { bm, bn } => (tile.bm, tile.bn) == (bm, bn),
-            TileName::Exact(t) => t == tile,
-        }
-    }
-
-    /// The name `wanted` gives among `tiles`, if it names one of them.
-    fn parse(wanted: &str, tiles: &[CoopTile]) -> Option<TileName> {
-        if let Some(t) = tiles.iter().find(|t| t.label() == wanted) {
-            return Some(TileName::Exact(*t));
-        }
-        tiles.iter().find(|t| format!("{}x{}", t.bm, t.bn) == wanted).map(|t| TileName::Shape { bm: t.bm, bn: t.bn })
-    }
-}
-
 /// A `DG_*` variable that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TuningError {
@@ -224,17 +123,27 @@ pub enum TuningError {
     BadValue { name: String, value: String, accepted: String },
     #[error("unknown variable {name} (set to {value:?}); the DG_ variables are {known}")]
     Unknown { name: String, value: String, known: String },
+    #[error(
+        "{name} (set to {value:?}) is a lab override: only the lab's tools read it (cargo xtask bench-gpu, bench-generate, \
+         bench-batch, probe); unset it to run dg"
+    )]
+    Lab { name: String, value: String },
 }
 
-/// The tuning variables, in the order of [`Tuning`]'s fields.
-pub const TUNING_VARIABLES: &[&str] = &[
-    "DG_NO_COOP",
-    "DG_ROW_REDUCE",
+/// The tuning variables with product meaning, in the order of [`Tuning`]'s fields: a device
+/// without working tensor cores or subgroups, the KV cache's format and the attention's memory,
+/// how a recording is submitted. The lab's variables ([`LAB_VARIABLES`]) are parsed by dg-lab
+/// into [`Overrides`].
+pub const TUNING_VARIABLES: &[&str] =
+    &["DG_NO_COOP", "DG_ROW_REDUCE", "DG_KV_CACHE", "DG_ENCODER_SUBMIT_LAYERS", "DG_SUBMIT_PARTS", "DG_SCORES_BYTES"];
+
+/// The lab's variables (dg-lab's `overrides`): alternatives that were measured and not taken, for
+/// measuring them again. dg and the library crates refuse them with an error saying so.
+pub const LAB_VARIABLES: &[&str] = &[
     "DG_ROW_LANES",
     "DG_UNFUSED_COMBINE",
     "DG_FUSED_ATTENTION",
     "DG_F32_ACTIVATIONS",
-    "DG_KV_CACHE",
     "DG_UNSCALED_ROWS",
     "DG_QKV",
     "DG_COOP_TILE",
@@ -247,9 +156,6 @@ pub const TUNING_VARIABLES: &[&str] = &[
     "DG_GROUPED_PATH",
     "DG_COOP_GROUPED_DEPTH",
     "DG_COOP_STAGES",
-    "DG_ENCODER_SUBMIT_LAYERS",
-    "DG_SUBMIT_PARTS",
-    "DG_SCORES_BYTES",
 ];
 
 /// The `DG_*` variables that are not tuning knobs and that [`Tuning::from_vars`] passes over:
@@ -275,7 +181,8 @@ impl Tuning {
     }
 
     /// The tuning that `vars` (name, value pairs, as from the environment) ask for: the defaults
-    /// overridden by every tuning variable among them.
+    /// overridden by every tuning variable among them. A lab variable is an error
+    /// ([`TuningError::Lab`]).
     pub fn from_vars<N: AsRef<str>, V: AsRef<str>>(vars: impl IntoIterator<Item = (N, V)>) -> Result<Tuning, TuningError> {
         let mut tuning = Tuning::default();
         for (name, value) in vars {
@@ -290,53 +197,15 @@ impl Tuning {
 
     /// Applies one `DG_*` variable.
     fn set(&mut self, name: &str, value: &str) -> Result<(), TuningError> {
-        let bad = || TuningError::BadValue { name: name.into(), value: value.into(), accepted: accepted(name) };
-        let paths = [("staged", WPath::Staged), ("direct", WPath::Direct), ("single", WPath::Single)];
+        let bad = || TuningError::BadValue { name: name.into(), value: value.into(), accepted: accepted(name).into() };
         match name {
             "DG_NO_COOP" => self.tensor_cores = !flag(value).ok_or_else(bad)?,
             "DG_ROW_REDUCE" => {
                 self.row_reduce = choice(value, &[("auto", RowReduceChoice::Auto), ("tree", RowReduceChoice::Tree)]).ok_or_else(bad)?
             }
-            "DG_ROW_LANES" => self.row_lanes = choice(value, &[("auto", RowLanes::Auto), ("1", RowLanes::One)]).ok_or_else(bad)?,
-            "DG_UNFUSED_COMBINE" => self.fused_combine = !flag(value).ok_or_else(bad)?,
-            "DG_FUSED_ATTENTION" => self.fused_attention = flag(value).ok_or_else(bad)?,
-            "DG_F32_ACTIVATIONS" => self.half_expert_activations = !flag(value).ok_or_else(bad)?,
             "DG_KV_CACHE" => {
                 self.kv_cache = choice(value, &[("auto", KvCacheChoice::Auto), ("f32", KvCacheChoice::F32), ("f16", KvCacheChoice::F16)])
                     .ok_or_else(bad)?
-            }
-            "DG_UNSCALED_ROWS" => self.scale_rows = !flag(value).ok_or_else(bad)?,
-            "DG_QKV" => {
-                self.qkv = choice(value, &[("auto", QkvChoice::Auto), ("merged", QkvChoice::Merged), ("separate", QkvChoice::Separate)])
-                    .ok_or_else(bad)?
-            }
-            "DG_COOP_TILE" => {
-                // The first tile of the lists that the value names, as `coop_gemm::plan` prefers it.
-                let tiles: Vec<CoopTile> = dense_tiles().collect();
-                let name = TileName::parse(value, &tiles).ok_or_else(bad)?;
-                self.coop_tile = tiles.into_iter().find(|t| name.names(*t));
-            }
-            "DG_ATTENTION_TILE" => {
-                let tiles: Vec<CoopTile> = dense_tiles().collect();
-                let name = TileName::parse(value, &tiles).ok_or_else(bad)?;
-                self.attention_tile = tiles.into_iter().find(|t| name.names(*t));
-            }
-            "DG_COOP_PATH" => self.coop_path = choice(value, &paths).ok_or_else(bad)?,
-            "DG_COOP_DEPTH" => self.coop_depth = Some(depth(value).ok_or_else(bad)?),
-            "DG_SPLIT_TARGET" => self.split_target = Some(value.parse().map_err(|_| bad())?),
-            "DG_GROUPED_TILE" => {
-                self.grouped_tile =
-                    Some(grouped_gemm::TILES.iter().copied().find(|t| format!("{}x{}", t.bm, t.bn) == value).ok_or_else(bad)?);
-            }
-            "DG_COOP_GROUPED_TILE" => {
-                let tiles: Vec<CoopTile> = grouped_tiles().collect();
-                self.coop_grouped_tile = Some(TileName::parse(value, &tiles).ok_or_else(bad)?);
-            }
-            "DG_GROUPED_PATH" => self.coop_grouped_path = Some(choice(value, &paths).ok_or_else(bad)?),
-            "DG_COOP_GROUPED_DEPTH" => self.coop_grouped_depth = Some(depth(value).ok_or_else(bad)?),
-            "DG_COOP_STAGES" => {
-                let stages = [("auto", None), ("alternating", Some(Stages::Alternating)), ("constant", Some(Stages::Constant))];
-                self.coop_stages = choice(value, &stages).ok_or_else(bad)?;
             }
             "DG_ENCODER_SUBMIT_LAYERS" => {
                 self.encoder_submit_layers = value.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(bad)?;
@@ -345,6 +214,7 @@ impl Tuning {
                 self.submit_parts = value.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(bad)?;
             }
             "DG_SCORES_BYTES" => self.scores_bytes = Some(value.parse().ok().filter(|&n: &u64| n > 0).ok_or_else(bad)?),
+            _ if LAB_VARIABLES.contains(&name) => return Err(TuningError::Lab { name: name.into(), value: value.into() }),
             _ => {
                 let known = TUNING_VARIABLES.iter().chain(OTHER_VARIABLES).copied().collect::<Vec<_>>().join(", ");
                 return Err(TuningError::Unknown { name: name.into(), value: value.into(), known });
@@ -352,34 +222,11 @@ impl Tuning {
         }
         Ok(())
     }
-
-    /// `tile` with its loads issued [`Self::coop_depth`] K steps ahead where that makes a valid
-    /// tile, else as it is.
-    pub fn dense_depth(&self, tile: CoopTile) -> CoopTile {
-        with_depth(tile, self.coop_depth)
-    }
-
-    /// [`Self::dense_depth`] for the experts' tile ([`Self::coop_grouped_depth`]).
-    pub fn grouped_depth(&self, tile: CoopTile) -> CoopTile {
-        with_depth(tile, self.coop_grouped_depth)
-    }
-
-    /// `tile` with the stages [`Self::coop_stages`] names, else `chosen`.
-    pub fn stages(&self, tile: CoopTile, chosen: Stages) -> CoopTile {
-        tile.with_stages(self.coop_stages.unwrap_or(chosen))
-    }
-}
-
-fn with_depth(tile: CoopTile, depth: Option<u32>) -> CoopTile {
-    match depth {
-        Some(depth) if tile.with_depth(depth).is_valid() => tile.with_depth(depth),
-        _ => tile,
-    }
 }
 
 /// This process's `DG_*` variables (values that are not Unicode passed on lossily, so that they
 /// fail the parse by name); the one place dg-gpu reads the environment, for applications.
-pub(crate) fn env_vars() -> Vec<(String, String)> {
+pub fn env_vars() -> Vec<(String, String)> {
     std::env::vars_os()
         .filter_map(|(name, value)| Some((name.into_string().ok()?, value)))
         .filter(|(name, _)| name.starts_with("DG_"))
@@ -387,60 +234,25 @@ pub(crate) fn env_vars() -> Vec<(String, String)> {
         .collect()
 }
 
-/// The dense tensor-core tiles a knob may name, in the order a `BMxBN` name is looked up.
-fn dense_tiles() -> impl Iterator<Item = CoopTile> {
-    coop_gemm::TILES.iter().chain(coop_gemm::TUNING_TILES).copied()
-}
-
-/// The experts' tensor-core tiles a knob may name, in the order a `BMxBN` name is looked up.
-pub(crate) fn grouped_tiles() -> impl Iterator<Item = CoopTile> {
-    coop_grouped_gemm::TILES.iter().chain(coop_grouped_gemm::TUNING_TILES).copied()
-}
-
-fn flag(value: &str) -> Option<bool> {
+/// `1` or `0`.
+pub fn flag(value: &str) -> Option<bool> {
     choice(value, &[("0", false), ("1", true)])
 }
 
-fn choice<T: Copy>(value: &str, options: &[(&str, T)]) -> Option<T> {
+/// The option `value` names among `options`.
+pub fn choice<T: Copy>(value: &str, options: &[(&str, T)]) -> Option<T> {
     options.iter().find(|(name, _)| *name == value).map(|(_, t)| *t)
 }
 
-fn depth(value: &str) -> Option<u32> {
-    value.parse().ok().filter(|d| (1..=coop_kloop::MAX_DEPTH).contains(d))
-}
-
 /// What the variable `name` accepts, for its error message.
-fn accepted(name: &str) -> String {
-    let tiles = |tiles: &mut dyn Iterator<Item = CoopTile>| {
-        let tiles: Vec<CoopTile> = tiles.collect();
-        let mut shapes: Vec<String> = Vec::new();
-        for shape in tiles.iter().map(|t| format!("{}x{}", t.bm, t.bn)) {
-            if !shapes.contains(&shape) {
-                shapes.push(shape);
-            }
-        }
-        let labels: Vec<String> = tiles.iter().map(|t| t.label()).collect();
-        format!("a tile's BMxBN ({}) or full label ({})", shapes.join(", "), labels.join(", "))
-    };
+fn accepted(name: &str) -> &'static str {
     match name {
-        "DG_NO_COOP" | "DG_UNFUSED_COMBINE" | "DG_FUSED_ATTENTION" | "DG_F32_ACTIVATIONS" | "DG_UNSCALED_ROWS" => "0 or 1".into(),
-        "DG_KV_CACHE" => "auto, f32 or f16".into(),
-        "DG_ROW_REDUCE" => "auto or tree".into(),
-        "DG_ROW_LANES" => "auto or 1".into(),
-        "DG_QKV" => "auto, merged or separate".into(),
-        "DG_COOP_PATH" | "DG_GROUPED_PATH" => "staged, direct or single".into(),
-        "DG_COOP_DEPTH" | "DG_COOP_GROUPED_DEPTH" => format!("a whole number from 1 to {}", coop_kloop::MAX_DEPTH),
-        "DG_COOP_STAGES" => "auto, alternating or constant".into(),
-        "DG_SPLIT_TARGET" => "a whole number of workgroups (0: never split)".into(),
-        "DG_ENCODER_SUBMIT_LAYERS" => "a whole number of layers from 1".into(),
-        "DG_SUBMIT_PARTS" => "a whole number of command buffers from 1".into(),
-        "DG_SCORES_BYTES" => "a whole number of bytes from 1".into(),
-        "DG_GROUPED_TILE" => {
-            let shapes: Vec<String> = grouped_gemm::TILES.iter().map(|t| format!("{}x{}", t.bm, t.bn)).collect();
-            format!("a tile's BMxBN ({})", shapes.join(", "))
-        }
-        "DG_COOP_TILE" | "DG_ATTENTION_TILE" => tiles(&mut dense_tiles()),
-        "DG_COOP_GROUPED_TILE" => tiles(&mut grouped_tiles()),
-        _ => String::new(),
+        "DG_NO_COOP" => "0 or 1",
+        "DG_KV_CACHE" => "auto, f32 or f16",
+        "DG_ROW_REDUCE" => "auto or tree",
+        "DG_ENCODER_SUBMIT_LAYERS" => "a whole number of layers from 1",
+        "DG_SUBMIT_PARTS" => "a whole number of command buffers from 1",
+        "DG_SCORES_BYTES" => "a whole number of bytes from 1",
+        _ => "",
     }
 }

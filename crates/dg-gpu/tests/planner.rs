@@ -6,10 +6,16 @@
 //! keys `KernelKey::all` enumerates (and naga validates). No device needed.
 
 use dg_gpu::MatrixLayout;
+use dg_gpu::Overrides;
 use dg_gpu::ops::{attention_scores_params, attention_values_params};
 use dg_gpu::parts::Parts;
 use dg_gpu::planner::{ASSUMED_MULTIPROCESSORS, BSource, Capabilities, Dense, Grouped, Planner};
 use dg_gpu::tuning::{KvCacheChoice, Tuning};
+
+/// The default tuning with the lab's `overrides`.
+fn lab(overrides: Overrides) -> Tuning {
+    Tuning { overrides, ..Tuning::default() }
+}
 use std::collections::HashSet;
 use std::sync::OnceLock;
 
@@ -395,18 +401,18 @@ fn only_the_cache_takes_attentions_rules() {
 
 #[test]
 fn tuning_reaches_the_choices() {
-    let tuning = Tuning { qkv: dg_gpu::tuning::QkvChoice::Separate, tensor_cores: true, ..Tuning::default() };
+    let tuning = lab(Overrides { qkv: dg_gpu::overrides::QkvChoice::Separate, ..Overrides::default() });
     let planner = Planner::new(H200, &tuning);
     let p = GemmParams::linear(CANVAS, 2048, H);
     assert!(!planner.merge_qkv(WeightFormat::F16, MatrixLayout::KPanels, &p, &p, Some(SPLIT_SCRATCH)));
-    let tuning = Tuning { coop_tile: Some(coop_gemm::TILE_64X64), ..Tuning::default() };
+    let tuning = lab(Overrides { coop_tile: Some(coop_gemm::TILE_64X64), ..Overrides::default() });
     let planner = Planner::new(H200, &tuning);
     match planner.dense(WeightFormat::F16, MatrixLayout::KPanels, &GemmParams::linear(CANVAS, H, INTER), true, None) {
         Ok(Dense::TensorCores(plan)) => assert_eq!(plan.kernel.tile, coop_gemm::TILE_64X64),
         other => panic!("{other:?}"),
     }
     // `DG_ATTENTION_TILE` takes attention's products (B the cache) and only them.
-    let tuning = Tuning { attention_tile: Some(coop_gemm::TILE_128X64), ..Tuning::default() };
+    let tuning = lab(Overrides { attention_tile: Some(coop_gemm::TILE_128X64), ..Overrides::default() });
     let planner = Planner::new(H200, &tuning);
     let scores = dg_gpu::ops::attention_scores_params(CANVAS as usize, 1280, 256, 16, 8);
     match planner.dense(WeightFormat::F16, BSource::KvCache, &scores, true, Some(SPLIT_SCRATCH)) {
@@ -419,13 +425,13 @@ fn tuning_reaches_the_choices() {
     }
     // `DG_COOP_STAGES` names the stages of every two-stage loop, the single stage's excepted.
     for stages in coop_gemm::Stages::ALL {
-        let tuning = Tuning { coop_stages: Some(stages), ..Tuning::default() };
+        let tuning = lab(Overrides { coop_stages: Some(stages), ..Overrides::default() });
         let planner = Planner::new(H200, &tuning);
         match planner.dense(WeightFormat::F16, MatrixLayout::KPanels, &GemmParams::linear(CANVAS, H, INTER), true, None) {
             Ok(Dense::TensorCores(plan)) => assert_eq!(plan.kernel.tile.stages, stages),
             other => panic!("{other:?}"),
         }
-        let tuning = Tuning { coop_stages: Some(stages), coop_path: WPath::Single, ..tuning };
+        let tuning = lab(Overrides { coop_stages: Some(stages), coop_path: WPath::Single, ..Overrides::default() });
         match Planner::new(H200, &tuning).dense(WeightFormat::F16, MatrixLayout::KPanels, &GemmParams::linear(CANVAS, H, INTER), true, None)
         {
             Ok(Dense::TensorCores(plan)) => assert_eq!(plan.kernel.tile.stages, coop_gemm::Stages::Alternating),
@@ -435,7 +441,7 @@ fn tuning_reaches_the_choices() {
 }
 
 #[test]
-fn a_tuning_tile_is_taken_only_by_the_paths_it_runs_by() {
+fn a_lab_tile_is_taken_only_by_the_paths_it_runs_by() {
     // The experts' gate/up in the decoder: K 2816 is whole steps of 64.
     let p = GroupedGemmParams {
         n: 2 * EXPERT_WIDTH,
@@ -448,21 +454,19 @@ fn a_tuning_tile_is_taken_only_by_the_paths_it_runs_by() {
         gather: 1,
         ..bytemuck::Zeroable::zeroed()
     };
-    let k64 = coop_grouped_gemm::TILE_32X128_K64;
-    let named = Some(dg_gpu::tuning::TileName::Exact(k64));
+    // A K-64 tile as the lab names it (dg-lab's `TILE_32X128_K64`).
+    let k64 = dg_kernels::coop_gemm::CoopTile { bk: 64, ..coop_grouped_gemm::TILE_32X128 };
+    let named = vec![k64];
     for (path, taken) in [(None, true), (Some(WPath::Single), true), (Some(WPath::Staged), false), (Some(WPath::Direct), false)] {
-        let tuning = Tuning { coop_grouped_tile: named, coop_grouped_path: path, ..Tuning::default() };
+        let tuning = lab(Overrides { coop_grouped_tiles: named.clone(), coop_grouped_path: path, ..Overrides::default() });
         match Planner::new(H200, &tuning).grouped(WeightFormat::F16, MatrixLayout::KPanels, &p, CANVAS * TOP_K) {
-            Ok(Grouped::TensorCores { tile, path: chosen }) => {
-                known(KernelKey::CoopGroupedGemm { tile, path: chosen, w: WeightFormat::F16, a: AFormat::F16 });
-                assert_eq!(tile.bk == 64, taken, "{path:?}: {}", tile.label());
-            }
+            Ok(Grouped::TensorCores { tile, .. }) => assert_eq!(tile.bk == 64, taken, "{path:?}: {}", tile.label()),
             other => panic!("{path:?}: {other:?}"),
         }
     }
     // K 736 is no whole number of 64-wide steps: the tile does not fit.
     let down = GroupedGemmParams { n: H, k: 704 + 32, a_rs: 736, b_group_stride: H * 736, c_rs: H, gather: 0, ..p };
-    let tuning = Tuning { coop_grouped_tile: named, ..Tuning::default() };
+    let tuning = lab(Overrides { coop_grouped_tiles: named, ..Overrides::default() });
     match Planner::new(H200, &tuning).grouped(WeightFormat::F16, MatrixLayout::KPanels, &down, CANVAS * TOP_K) {
         Ok(Grouped::TensorCores { tile, .. }) => assert_eq!(tile.bk, 32, "{}", tile.label()),
         other => panic!("{other:?}"),
@@ -480,7 +484,7 @@ fn every_w_path_the_tuning_sets_gives_a_kernel_that_exists() {
         (WeightFormat::Bf16, MatrixLayout::RowMajor.into(), GemmParams::linear(CANVAS, 4096, H)),
     ];
     for path in [WPath::Staged, WPath::Direct, WPath::Single] {
-        let tuning = Tuning { coop_path: path, ..Tuning::default() };
+        let tuning = lab(Overrides { coop_path: path, ..Overrides::default() });
         for (format, layout, p) in &products {
             match Planner::new(H200, &tuning).dense(*format, *layout, p, true, Some(SPLIT_SCRATCH)) {
                 Ok(Dense::TensorCores(plan)) => {
@@ -694,7 +698,7 @@ fn every_planned_kernel_translates_to_its_adapter_classs_language() {
 fn quantized_matrices_take_the_tensor_cores_in_the_f16_mode_only() {
     use dg_kernels::format::QuantFormat;
     let tuning = Tuning::default();
-    let direct = Tuning { coop_grouped_path: Some(WPath::Direct), ..Tuning::default() };
+    let direct = lab(Overrides { coop_grouped_path: Some(WPath::Direct), ..Overrides::default() });
     let (h200, lavapipe, h200_direct) = (Planner::new(H200, &tuning), Planner::new(LAVAPIPE, &tuning), Planner::new(H200, &direct));
     let slots = CANVAS * TOP_K;
     for q in QuantFormat::ALL {
@@ -778,7 +782,7 @@ fn attentions_small_tile_only_where_it_runs_whole() {
 /// 32. By default the products run everywhere.
 #[test]
 fn fused_attention_where_it_measured_faster() {
-    let tuning = Tuning { fused_attention: true, ..Tuning::default() };
+    let tuning = lab(Overrides { fused_attention: true, ..Overrides::default() });
     let h200 = Planner::new(H200, &tuning);
     let keys = (CONTEXT + 32 + CANVAS) as usize;
     assert!(h200.fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
@@ -791,4 +795,89 @@ fn fused_attention_where_it_measured_faster() {
     assert!(!Planner::new(LAVAPIPE, &tuning).fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true), "no cooperative matrices");
     let default = Tuning::default();
     assert!(!Planner::new(H200, &default).fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
+}
+
+/// Whether a golden plan shows `family`'s tile `label` (`CoopTile::label` and `GemmTile::label`
+/// start with the tile's shape; depth, stages and fragment come after it).
+fn in_any_golden_plan(family: &str, label: &str) -> bool {
+    let word = format!(" {family} {label}");
+    ADAPTER_CLASSES.iter().any(|class| class.golden.lines().any(|line| line.contains(&word)))
+}
+
+/// A product that some rule of the planner takes on a tile that the real model's golden plans do
+/// not show, on the device where it does: the named fallbacks of dg-kernels' tile tables, as
+/// (why, kernel family, tile label).
+fn fallback_plans() -> Vec<(&'static str, &'static str, String)> {
+    let tuning = Tuning::default();
+    let small = Capabilities { max_workgroup_storage: 20 * 1024, ..H200 };
+    let dense = |caps: Capabilities, p: GemmParams| match Planner::new(caps, &tuning).dense(
+        WeightFormat::F16,
+        MatrixLayout::RowMajor,
+        &p,
+        true,
+        None,
+    ) {
+        Ok(Dense::TensorCores(plan)) => ("coop_gemm", plan.kernel.tile.label()),
+        Ok(Dense::Portable { tile }) => ("gemm", tile.label()),
+        other => panic!("{other:?}"),
+    };
+    let grouped = |n: u32, slots: u32| match Planner::new(LAVAPIPE, &tuning).grouped(
+        WeightFormat::F32,
+        MatrixLayout::RowMajor,
+        &GroupedGemmParams {
+            n,
+            k: 64,
+            groups: 8,
+            max_rows: slots,
+            a_rs: 64,
+            b_group_stride: n * 64,
+            c_rs: n,
+            ..bytemuck::Zeroable::zeroed()
+        },
+        slots,
+    ) {
+        Ok(Grouped::Portable { tile }) => ("grouped_gemm", tile.label()),
+        other => panic!("{other:?}"),
+    };
+    let coop_grouped = |n: u32| match Planner::new(H200, &tuning).grouped(
+        WeightFormat::F16,
+        MatrixLayout::KPanels,
+        &GroupedGemmParams { n, k: 64, groups: 8, max_rows: 16, a_rs: 64, b_group_stride: n * 64, c_rs: n, ..bytemuck::Zeroable::zeroed() },
+        128,
+    ) {
+        Ok(Grouped::TensorCores { tile, .. }) => ("coop_grouped_gemm", tile.label()),
+        other => panic!("{other:?}"),
+    };
+    let cases = [
+        ("more 64x64 tiles than a dispatch takes, fewer than 128 rows", dense(H200, GemmParams::linear(64, 65537 * 64 + 64, 32))),
+        ("more 64x64 tiles than a dispatch takes, N no multiple of 128", dense(H200, GemmParams::linear(128, 40001 * 64, 32))),
+        ("a device whose workgroup memory holds no 64x64 tile", dense(small, GemmParams::linear(256, 256, 64))),
+        ("N a multiple of 32, not of 64", dense(H200, GemmParams::linear(256, 96, 64))),
+        ("16 rows or fewer, portable", dense(LAVAPIPE, GemmParams::linear(16, 256, 64))),
+        ("few slots per expert, N up to 128, portable", grouped(128, 16)),
+        ("few slots per expert, portable", grouped(256, 16)),
+        ("experts' N no multiple of 128, tensor cores", coop_grouped(64)),
+    ];
+    cases.into_iter().map(|(why, (family, label))| (why, family, label)).collect()
+}
+
+/// Every tile of dg-kernels' tile tables is one that some planner rule takes: in an adapter
+/// class's golden plan, or in a named fallback (a product the planner is shown to give it). A tile
+/// no rule picks belongs to dg-lab (`dg_lab::tiles`).
+#[test]
+fn every_product_tile_is_reachable_from_a_golden_plan_or_a_named_fallback() {
+    use dg_kernels::coop_gemm::CoopTile;
+    let fallbacks = fallback_plans();
+    let named = |family: &str, label: &str| fallbacks.iter().any(|(_, f, planned)| *f == family && planned.starts_with(label));
+    let coop = |t: &CoopTile| t.with_depth(1).with_stages(dg_kernels::coop_gemm::Stages::Alternating).label();
+    let mut tiles: Vec<(&str, String)> = coop_gemm::TILES.iter().map(|t| ("coop_gemm", coop(t))).collect();
+    tiles.extend(coop_grouped_gemm::TILES.iter().map(|t| ("coop_grouped_gemm", coop(t))));
+    tiles.extend(gemm::TILES.iter().map(|t| ("gemm", t.label())));
+    tiles.extend(grouped_gemm::TILES.iter().map(|t| ("grouped_gemm", t.label())));
+    let unreached: Vec<_> = tiles.iter().filter(|(family, label)| !in_any_golden_plan(family, label) && !named(family, label)).collect();
+    assert!(unreached.is_empty(), "tiles no rule picks (move them to dg-lab): {unreached:?}\nfallbacks: {fallbacks:?}");
+    // Each named fallback is needed: its tile is in no golden plan.
+    for (why, family, planned) in &fallbacks {
+        assert!(!in_any_golden_plan(family, planned), "{why}: {family} {planned} is in a golden plan already");
+    }
 }

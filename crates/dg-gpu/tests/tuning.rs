@@ -1,10 +1,10 @@
-//! The tuning knobs as a value: every `DG_*` variable parsed, good and bad values, unknown names,
-//! and a scan proving that no library crate reads the environment on its own.
+//! The tuning knobs with product meaning as a value: every product `DG_*` variable parsed, good
+//! and bad values, unknown names, the lab's variables refused with a word of where they belong,
+//! and a scan proving that no library crate reads the environment on its own. (The lab's
+//! variables are parsed by dg-lab: `crates/dg-lab/tests/overrides.rs`.)
 
-use dg_gpu::tuning::{OTHER_VARIABLES, QkvChoice, RowLanes, RowReduceChoice, TUNING_VARIABLES, TileName, Tuning, TuningError};
-use dg_gpu::{GpuOptions, TuningError as Reexported};
-use dg_kernels::coop_gemm::{self, WPath};
-use dg_kernels::{coop_grouped_gemm, grouped_gemm};
+use dg_gpu::tuning::{KvCacheChoice, LAB_VARIABLES, OTHER_VARIABLES, RowReduceChoice, TUNING_VARIABLES, Tuning, TuningError};
+use dg_gpu::{GpuOptions, Overrides, TuningError as Reexported};
 
 fn one(name: &str, value: &str) -> Result<Tuning, TuningError> {
     Tuning::from_vars([(name, value)])
@@ -14,10 +14,9 @@ fn one(name: &str, value: &str) -> Result<Tuning, TuningError> {
 fn no_variables_give_the_defaults() {
     let t = Tuning::from_vars(std::iter::empty::<(&str, &str)>()).unwrap();
     assert_eq!(t, Tuning::default());
-    assert!(t.tensor_cores && t.fused_combine && !t.fused_attention && t.half_expert_activations);
-    assert_eq!((t.row_reduce, t.row_lanes, t.qkv, t.coop_path), (RowReduceChoice::Auto, RowLanes::Auto, QkvChoice::Auto, WPath::Staged));
-    assert_eq!((t.coop_tile, t.coop_depth, t.split_target, t.grouped_tile), (None, None, None, None));
-    assert_eq!((t.coop_grouped_tile, t.coop_grouped_path, t.coop_grouped_depth), (None, None, None));
+    assert!(t.tensor_cores);
+    assert_eq!((t.row_reduce, t.kv_cache, t.scores_bytes), (RowReduceChoice::Auto, KvCacheChoice::Auto, None));
+    assert_eq!(t.overrides, Overrides::default());
 }
 
 #[test]
@@ -26,32 +25,9 @@ fn every_knob_parses_its_values() {
     assert!(one("DG_NO_COOP", "0").unwrap().tensor_cores);
     assert_eq!(one("DG_ROW_REDUCE", "tree").unwrap().row_reduce, RowReduceChoice::Tree);
     assert_eq!(one("DG_ROW_REDUCE", "auto").unwrap().row_reduce, RowReduceChoice::Auto);
-    assert_eq!(one("DG_ROW_LANES", "1").unwrap().row_lanes, RowLanes::One);
-    assert!(!one("DG_UNFUSED_COMBINE", "1").unwrap().fused_combine);
-    assert!(one("DG_FUSED_ATTENTION", "1").unwrap().fused_attention);
-    assert!(!one("DG_F32_ACTIVATIONS", "1").unwrap().half_expert_activations);
-    assert_eq!(one("DG_QKV", "merged").unwrap().qkv, QkvChoice::Merged);
-    assert_eq!(one("DG_QKV", "separate").unwrap().qkv, QkvChoice::Separate);
-    assert_eq!(one("DG_COOP_TILE", "64x128").unwrap().coop_tile, Some(coop_gemm::TILE_64X128));
-    let label = coop_gemm::TILE_64X64_K16_W8.label();
-    assert_eq!(one("DG_COOP_TILE", &label).unwrap().coop_tile, Some(coop_gemm::TILE_64X64_K16_W8));
-    assert_eq!(one("DG_ATTENTION_TILE", "128x64").unwrap().attention_tile, Some(coop_gemm::TILE_128X64));
+    assert_eq!(one("DG_KV_CACHE", "f16").unwrap().kv_cache, KvCacheChoice::F16);
+    assert_eq!(one("DG_KV_CACHE", "f32").unwrap().kv_cache, KvCacheChoice::F32);
     assert_eq!(one("DG_SCORES_BYTES", "268435456").unwrap().scores_bytes, Some(256 << 20));
-    assert_eq!(one("DG_COOP_PATH", "direct").unwrap().coop_path, WPath::Direct);
-    assert_eq!(one("DG_COOP_PATH", "single").unwrap().coop_path, WPath::Single);
-    assert_eq!(one("DG_COOP_PATH", "staged").unwrap().coop_path, WPath::Staged);
-    assert_eq!(one("DG_COOP_DEPTH", "2").unwrap().coop_depth, Some(2));
-    assert_eq!(one("DG_SPLIT_TARGET", "0").unwrap().split_target, Some(0));
-    assert_eq!(one("DG_SPLIT_TARGET", "264").unwrap().split_target, Some(264));
-    assert_eq!(one("DG_GROUPED_TILE", "32x256").unwrap().grouped_tile, Some(grouped_gemm::TILE_32X256));
-    assert_eq!(one("DG_COOP_GROUPED_TILE", "32x128").unwrap().coop_grouped_tile, Some(TileName::Shape { bm: 32, bn: 128 }));
-    let label = coop_grouped_gemm::TILE_32X128_W8.label();
-    assert_eq!(one("DG_COOP_GROUPED_TILE", &label).unwrap().coop_grouped_tile, Some(TileName::Exact(coop_grouped_gemm::TILE_32X128_W8)));
-    let label = coop_grouped_gemm::TILE_32X128_K64.label();
-    assert_eq!(label, "32x128x64_32x32_v4", "the label the README gives");
-    assert_eq!(one("DG_COOP_GROUPED_TILE", &label).unwrap().coop_grouped_tile, Some(TileName::Exact(coop_grouped_gemm::TILE_32X128_K64)));
-    assert_eq!(one("DG_GROUPED_PATH", "direct").unwrap().coop_grouped_path, Some(WPath::Direct));
-    assert_eq!(one("DG_COOP_GROUPED_DEPTH", "3").unwrap().coop_grouped_depth, Some(3));
     assert_eq!(one("DG_ENCODER_SUBMIT_LAYERS", "30").unwrap().encoder_submit_layers, 30);
     assert_eq!(Tuning::default().encoder_submit_layers, dg_gpu::tuning::ENCODER_SUBMIT_LAYERS);
     assert_eq!(one("DG_SUBMIT_PARTS", "4").unwrap().submit_parts, 4);
@@ -59,43 +35,11 @@ fn every_knob_parses_its_values() {
 }
 
 #[test]
-fn a_shape_names_every_tile_of_it_and_a_label_one() {
-    let shape = TileName::Shape { bm: 32, bn: 128 };
-    assert!(shape.names(coop_grouped_gemm::TILE_32X128) && shape.names(coop_grouped_gemm::TILE_32X128_W8));
-    assert!(!shape.names(coop_grouped_gemm::TILE_16X128));
-    let exact = TileName::Exact(coop_grouped_gemm::TILE_32X128_W8);
-    assert!(exact.names(coop_grouped_gemm::TILE_32X128_W8) && !exact.names(coop_grouped_gemm::TILE_32X128));
-}
-
-#[test]
-fn depths_apply_only_where_they_make_a_valid_tile() {
-    let t = one("DG_COOP_DEPTH", "2").unwrap();
-    assert_eq!(t.dense_depth(coop_gemm::TILE_64X64).depth, 2);
-    assert_eq!(Tuning::default().dense_depth(coop_gemm::TILE_64X64), coop_gemm::TILE_64X64);
-    let g = one("DG_COOP_GROUPED_DEPTH", "2").unwrap();
-    assert_eq!(g.grouped_depth(coop_grouped_gemm::TILE_32X128).depth, 2);
-    assert_eq!(g.dense_depth(coop_gemm::TILE_64X64), coop_gemm::TILE_64X64, "the experts' depth leaves the dense tile alone");
-}
-
-#[test]
 fn bad_values_name_the_variable_the_value_and_what_it_accepts() {
     let cases = [
         ("DG_NO_COOP", "yes", "0 or 1"),
         ("DG_ROW_REDUCE", "subgroups", "auto or tree"),
-        ("DG_ROW_LANES", "4", "auto or 1"),
-        ("DG_UNFUSED_COMBINE", "true", "0 or 1"),
-        ("DG_F32_ACTIVATIONS", "on", "0 or 1"),
-        ("DG_QKV", "merge", "auto, merged or separate"),
-        ("DG_COOP_TILE", "64x96", "64x128"),
-        ("DG_ATTENTION_TILE", "64x96", "64x128"),
-        ("DG_COOP_PATH", "Direct", "staged, direct or single"),
-        ("DG_COOP_DEPTH", "0", "from 1 to"),
-        ("DG_COOP_DEPTH", "9", "from 1 to"),
-        ("DG_SPLIT_TARGET", "-1", "whole number"),
-        ("DG_GROUPED_TILE", "32x32", "32x256"),
-        ("DG_COOP_GROUPED_TILE", "128x128", "32x128"),
-        ("DG_GROUPED_PATH", "fast", "staged, direct or single"),
-        ("DG_COOP_GROUPED_DEPTH", "two", "from 1 to"),
+        ("DG_KV_CACHE", "bf16", "auto, f32 or f16"),
         ("DG_ENCODER_SUBMIT_LAYERS", "0", "whole number of layers from 1"),
         ("DG_SUBMIT_PARTS", "0", "whole number of command buffers from 1"),
         ("DG_SUBMIT_PARTS", "two", "whole number of command buffers from 1"),
@@ -119,11 +63,21 @@ fn every_tuning_variable_is_parsed() {
 }
 
 #[test]
+fn the_labs_variables_are_refused_saying_where_they_belong() {
+    for name in LAB_VARIABLES {
+        let err = one(name, "1").expect_err(name);
+        assert!(matches!(&err, TuningError::Lab { name: n, .. } if n == name), "{name}: {err:?}");
+        assert!(err.to_string().contains("lab"), "{err}");
+        assert!(!TUNING_VARIABLES.contains(name) && !OTHER_VARIABLES.contains(name), "{name} listed twice");
+    }
+}
+
+#[test]
 fn unknown_dg_names_are_errors_and_the_others_pass() {
-    let err = one("DG_COOP_TILES", "64x64").expect_err("a misspelt knob");
+    let err = one("DG_KV_CACHES", "f16").expect_err("a misspelt knob");
     let text = err.to_string();
     assert!(matches!(err, TuningError::Unknown { .. }));
-    assert!(text.contains("DG_COOP_TILES") && text.contains("DG_COOP_TILE,"), "{text}");
+    assert!(text.contains("DG_KV_CACHES") && text.contains("DG_KV_CACHE,"), "{text}");
     for name in OTHER_VARIABLES {
         assert_eq!(one(name, "1").unwrap(), Tuning::default(), "{name}");
     }
@@ -132,12 +86,12 @@ fn unknown_dg_names_are_errors_and_the_others_pass() {
 
 #[test]
 fn gpu_options_take_the_adapter_and_the_tuning() {
-    let opts = GpuOptions::from_vars([("DG_ADAPTER", "llvmpipe"), ("DG_QKV", "separate"), ("DG_NO_COOP", "1")]).unwrap();
+    let opts = GpuOptions::from_vars([("DG_ADAPTER", "llvmpipe"), ("DG_KV_CACHE", "f32"), ("DG_NO_COOP", "1")]).unwrap();
     assert_eq!(opts.adapter.as_deref(), Some("llvmpipe"));
-    assert_eq!(opts.tuning, Tuning { qkv: QkvChoice::Separate, tensor_cores: false, ..Tuning::default() });
+    assert_eq!(opts.tuning, Tuning { kv_cache: KvCacheChoice::F32, tensor_cores: false, ..Tuning::default() });
     assert_eq!(GpuOptions::from_vars([("DG_ADAPTER", "")]).unwrap().adapter, None);
-    let err: Reexported = GpuOptions::from_vars([("DG_SPLIT_TARGET", "many")]).unwrap_err();
-    assert!(err.to_string().contains("DG_SPLIT_TARGET"));
+    let err: Reexported = GpuOptions::from_vars([("DG_SCORES_BYTES", "many")]).unwrap_err();
+    assert!(err.to_string().contains("DG_SCORES_BYTES"));
 }
 
 /// The library crates, whose `src/` must not read the environment.

@@ -375,13 +375,9 @@ impl CoopTile {
 /// 64×128 tile, 32×64 per subgroup (4 subgroups, 2×4 fragments each), K steps of 32, vec4
 /// staging (30 KiB): 128 workgroups for `256 × 4096`, about one per SM of an H200.
 pub const TILE_64X128: CoopTile = CoopTile::vec4(64, 128, 32, 32, 64);
-/// [`TILE_64X128`] with scalar f16 staging (the plainest WGSL).
-pub const TILE_64X128_SCALAR: CoopTile = CoopTile { staging: Staging::Scalar, ..TILE_64X128 };
 /// 64×64 tile, 32×32 per subgroup (4 subgroups, 2×2 fragments), K steps of 32 (20 KiB): more
 /// workgroups (256 for `256 × 4096`).
 pub const TILE_64X64: CoopTile = CoopTile::vec4(64, 64, 32, 32, 32);
-/// [`TILE_64X64`] with K steps of 64 (36 KiB): half the barriers.
-pub const TILE_64X64_K64: CoopTile = CoopTile { bk: 64, ..TILE_64X64 };
 /// 128×64 tile, 64×32 per subgroup (4 subgroups, 4×2 fragments), K steps of 32 (30 KiB).
 pub const TILE_128X64: CoopTile = CoopTile::vec4(128, 64, 32, 64, 32);
 /// 128×128 tile, 32×64 per subgroup (8 subgroups, 2×4 fragments), K steps of 32 (40 KiB): the most
@@ -392,24 +388,11 @@ pub const TILE_128X64: CoopTile = CoopTile::vec4(128, 64, 32, 64, 32);
 /// the panelled projections 348 → 289 µs a layer, the layers 1.407 → 1.355 ms.
 pub const TILE_128X128: CoopTile = CoopTile::vec4(128, 128, 32, 32, 64).with_depth(3);
 
-/// 128 × 128 in 4 subgroups of 64 × 64 (128 accumulator registers an invocation): built only by
-/// the probes (`dense_wide_subgroups_probe`) and validated by naga, never chosen. With f16
-/// activations on an H100 it was slower than [`TILE_128X128`] at every depth and split but one
-/// (bench/HISTORY.md, "The driver's own cooperative-matrix GEMM, and 64 × 64 subgroups").
-pub const TILE_128X128_W4: CoopTile = CoopTile::vec4(128, 128, 32, 64, 64);
-
 /// 32×64 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB): twice the workgroups of
 /// [`TILE_64X64`] (352 for `256 × 2816`).
 pub const TILE_32X64: CoopTile = CoopTile::vec4(32, 64, 32, 32, 32);
 /// 64×32 tile, 32×32 per subgroup (2 subgroups), K steps of 32 (15 KiB).
 pub const TILE_64X32: CoopTile = CoopTile::vec4(64, 32, 32, 32, 32);
-
-/// [`TILE_64X64`] with K steps of 16 (16 KiB with the scratch): three workgroups fit a
-/// multiprocessor's workgroup memory where [`TILE_64X64`]'s 24 KiB fit two.
-pub const TILE_64X64_K16: CoopTile = CoopTile { bk: 16, ..TILE_64X64 };
-/// [`TILE_64X64_K16`] with 8 subgroups of 32×16 (256 invocations): twice the subgroups per
-/// workgroup to hide the loads' latency.
-pub const TILE_64X64_K16_W8: CoopTile = CoopTile { wn: 16, ..TILE_64X64_K16 };
 
 /// The tile of attention's products (`B`: the KV cache) where [`TILE_128X128`] would split their
 /// K and it would not (dg-gpu's planner prefers it there over [`plan`]'s rule): a sliding layer's
@@ -421,18 +404,18 @@ pub const TILE_64X64_K16_W8: CoopTile = CoopTile { wn: 16, ..TILE_64X64_K16 };
 /// 355 + 12.
 pub const ATTENTION_TILE: CoopTile = TILE_64X64;
 
-/// Every tile variant, the default first: [`TILE_64X64`], the fastest on an H200 for both 256-row
-/// decoder shapes (`256 × 4096 × 2816` and `256 × 2816 × 4096`).
-pub const TILES: &[CoopTile] =
-    &[TILE_64X64, TILE_64X64_K64, TILE_64X128, TILE_64X128_SCALAR, TILE_128X64, TILE_128X128, TILE_32X64, TILE_64X32];
-
-/// Tiles built and tested but never chosen by [`plan`]: candidates for the `DG_COOP_TILE` knob.
-pub const TUNING_TILES: &[CoopTile] = &[TILE_64X64_K16, TILE_64X64_K16_W8];
+/// Every tile a rule of the planner can choose, in the order [`plan`] looks for the first that
+/// fits: [`TILE_64X64`], the fastest on an H200 for both 256-row decoder shapes (`256 × 4096 ×
+/// 2816` and `256 × 2816 × 4096`); [`TILE_64X128`] and [`TILE_128X64`] where a product has more
+/// 64×64 tiles than a dispatch takes (65535), [`TILE_128X128`] (taken from
+/// [`LARGE_TILE_MIN_ROWS`] rows), [`TILE_32X64`] where the workgroup memory holds no 64×64 tile,
+/// [`TILE_64X32`] for N a multiple of 32 but not of 64. The tiles no rule picks are dg-lab's.
+pub const TILES: &[CoopTile] = &[TILE_64X64, TILE_64X128, TILE_128X64, TILE_128X128, TILE_32X64, TILE_64X32];
 
 const _: () = {
     let mut i = 0;
-    while i < TILES.len() + TUNING_TILES.len() {
-        let t = if i < TILES.len() { TILES[i] } else { TUNING_TILES[i - TILES.len()] };
+    while i < TILES.len() {
+        let t = TILES[i];
         assert!(t.is_valid(), "a coop gemm tile breaks its invariants (see CoopTile::is_valid)");
         assert!(
             t.dense_shared_bytes() <= MAX_SHARED_BYTES,
@@ -740,7 +723,8 @@ mod tests {
         let q = GemmParams::linear(256, 4096, 2816);
         assert_eq!(plan_layout(&q, true, None, MAX_SHARED_BYTES), Some((TILE_128X128, BLayout::NkPanels)));
         // The preferred K-64 tile does not match the panels: the rule's tile instead.
-        assert_eq!(plan_layout(&q, true, Some(TILE_64X64_K64), MAX_SHARED_BYTES), Some((TILE_128X128, BLayout::NkPanels)));
+        let k64 = CoopTile { bk: 64, ..TILE_64X64 };
+        assert_eq!(plan_layout(&q, true, Some(k64), MAX_SHARED_BYTES), Some((TILE_128X128, BLayout::NkPanels)));
         assert_eq!(
             plan_layout(&GemmParams::linear(1000, 4096, 2816), true, None, MAX_SHARED_BYTES).map(|(_, l)| l),
             Some(BLayout::NkPanels)

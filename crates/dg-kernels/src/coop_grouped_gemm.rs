@@ -62,9 +62,6 @@ pub fn pack_f16_panels(w: &[f32], n: usize, k: usize, panel: usize) -> Vec<u32> 
 /// 32 rows × 128 columns, 32×32 per subgroup (4 subgroups), K steps of 32: the decoder's ~16 slots
 /// per expert in one m tile.
 pub const TILE_32X128: CoopTile = CoopTile::vec4(32, 128, 32, 32, 32);
-/// 16 × 256, 16×64 per subgroup (4 subgroups): wide tiles for short K (the down projection, K 704,
-/// N 2816); tested and timed, but not picked by [`choose`] (32 × 128 measured faster in the forward).
-pub const TILE_16X256: CoopTile = CoopTile::vec4(16, 256, 32, 16, 64);
 /// 32 × 64, 16×32 per subgroup (4 subgroups): for `n` not a multiple of 128.
 pub const TILE_32X64: CoopTile = CoopTile::vec4(32, 64, 32, 16, 32);
 /// 64 × 128, 32×64 per subgroup (4 subgroups): single-staged, the tile of long groups
@@ -84,37 +81,15 @@ pub fn stages_for(format: WeightFormat) -> Stages {
     }
 }
 
-/// 16 × 128, 16×32 per subgroup (4 subgroups): half the accumulators of [`TILE_32X128`] per
-/// subgroup (fewer registers, more workgroups resident); a group over 16 slots takes two m tiles.
-pub const TILE_16X128: CoopTile = CoopTile::vec4(16, 128, 32, 16, 32);
-/// 32 × 128 in 8 subgroups of 16×32 (256 invocations): [`TILE_32X128`]'s tile with half the
-/// accumulators per subgroup. On an H200 at depth 4 (114 registers against [`EXPERT_TILE`]'s 216,
-/// twice the subgroups resident), F16 experts 493 / 268 µs for gate/up / down against 344 / 198.
-pub const TILE_32X128_W8: CoopTile = CoopTile { wm: 16, ..TILE_32X128 };
 /// 32 × 64 in 2 subgroups of 32×32 (64 invocations): [`TILE_32X128`]'s subgroups two to a
 /// workgroup (four workgroups a multiprocessor), each W run staged by one invocation as in
 /// [`TILE_32X128`]; [`QUANTIZED_EXPERT_TILE`].
 pub const TILE_32X64_W2: CoopTile = CoopTile::vec4(32, 64, 32, 32, 32);
 
-/// Every tile the kernel is built and tested for.
-pub const TILES: &[CoopTile] =
-    &[TILE_32X128, TILE_16X256, TILE_32X64, TILE_64X128, TILE_16X128, TILE_32X128_W8, TILE_32X64_W2, TILE_32X128_W2];
-
-/// 32 × 128 in K steps of 64 (two K panels a step): twice the tensor-core work of
-/// [`TILE_32X128`] per barrier. Single-staged only: its two stages would be over
-/// [`MAX_SHARED_BYTES`] ([`runs`]). Tested, and measured slower: on an H200 in the real 6-layer
-/// forward (µs for gate/up and down, F16) 454 / 291 at depth 1 and 447 / 279 at depth 2 against
-/// [`EXPERT_TILE`]'s 344 / 198 (its larger stage and ring leave fewer workgroups resident;
-/// bench/HISTORY.md, "Measured next session").
-pub const TILE_32X128_K64: CoopTile = CoopTile { bk: 64, ..TILE_32X128 };
-
-/// 32 × 256 in 8 subgroups of 32×32 (256 invocations): [`TILE_32X128`]'s subgroups twice over,
-/// so that each of the activations' tiles is read by half as many workgroups (the down
-/// projection, N 2816, in 11 n tiles instead of 22).
-/// Measured slower: on an H200 in the real 6-layer forward the F16 down projection took 232.5 µs
-/// at depth 4 (282.8 at depth 2) against [`EXPERT_TILE`]'s 190.2, `q4_k_m`'s Q5_0 down 264.1
-/// against 221.4 (one workgroup of 8 subgroups a multiprocessor instead of two of 4).
-pub const TILE_32X256: CoopTile = CoopTile::vec4(32, 256, 32, 32, 32);
+/// Every tile a rule of [`choose`] can pick: [`EXPERT_TILE`]'s, [`QUANTIZED_EXPERT_TILE`]'s,
+/// [`LONG_GROUP_TILE`]'s, [`GATHERED_EXPERT_TILE`]'s, and [`TILE_32X64`] where N is no multiple of
+/// 128. The tiles no rule picks are dg-lab's.
+pub const TILES: &[CoopTile] = &[TILE_32X128, TILE_32X64, TILE_64X128, TILE_32X64_W2, TILE_32X128_W2];
 
 /// 32 × 128 in 2 subgroups of 32×64 (64 invocations): [`TILE_32X128`]'s tile with more products
 /// per fragment a subgroup loads (6 fragments for 8 products a 16-deep substep, where 32×32 loads
@@ -137,10 +112,6 @@ pub const TILE_32X128_W2: CoopTile = CoopTile::vec4(32, 128, 32, 32, 64);
 /// later call 30.69 / 30.66 against 30.80 / 30.74 (bench/HISTORY.md, "The experts' gate/up in
 /// subgroups of 32 × 64" and the section after it). Not yet measured on an H200.
 pub const GATHERED_EXPERT_TILE: CoopTile = TILE_32X128_W2.with_depth(2);
-
-/// Tiles built and tested but never chosen by [`choose`]: candidates for the
-/// `DG_COOP_GROUPED_TILE` knob, on the paths that [`runs`] allows.
-pub const TUNING_TILES: &[CoopTile] = &[TILE_32X128_K64, TILE_32X256];
 
 /// Whether the kernel runs `tile` by `path`: its workgroup memory within [`MAX_SHARED_BYTES`],
 /// and direct W fragments only one panel a step (they step through W a panel at a time).
@@ -173,13 +144,6 @@ const _: () = {
     while i < TILES.len() {
         assert!(TILES[i].is_valid() && shared_bytes(TILES[i]) <= MAX_SHARED_BYTES, "a coop grouped tile breaks its invariants");
         assert!(TILES[i].bm >= MIN_TILE_ROWS, "a coop grouped tile has fewer rows than MIN_TILE_ROWS");
-        i += 1;
-    }
-    let mut i = 0;
-    while i < TUNING_TILES.len() {
-        let t = TUNING_TILES[i];
-        assert!(t.is_valid() && runs(t, WPath::Single) && t.bm >= MIN_TILE_ROWS, "a coop grouped tuning tile breaks its invariants");
-        assert!(t.bk.is_multiple_of(PANEL), "a coop grouped tile's K step is whole panels");
         i += 1;
     }
 };
@@ -519,7 +483,7 @@ mod tests {
             );
         }
         // K steps of 64: two runs of a row each (one from each panel of the step).
-        let (wu, lw, unit) = units(TILE_32X128_K64, QuantFormat::Q8_0);
+        let (wu, lw, unit) = units(CoopTile { bk: 64, ..TILE_32X128 }, QuantFormat::Q8_0);
         assert_eq!((wu.as_deref(), lw.as_deref(), unit), (Some("const WU: u32 = 8u;"), Some("const LW: u32 = 2u;"), Some("QR")));
         // Q6_K has neither: vec4 by vec4.
         let (wu, _, unit) = units(EXPERT_TILE, QuantFormat::Q6_K);
@@ -588,9 +552,10 @@ mod tests {
         assert_eq!(choose(&tiny, f16, canvas), Some((TILE_32X64, WPath::Single)));
         assert_eq!(choose(&GroupedGemmParams { n: 48, ..tiny }, f16, canvas), None);
         assert_eq!(choose(&GroupedGemmParams { k: 40, ..tiny }, f16, canvas), None);
-        // The K-64 tile fits the real shapes, single-staged only.
-        assert!(fits(TILE_32X128_K64, &gate_up) && fits(TILE_32X128_K64, &down));
-        assert!(runs(TILE_32X128_K64, WPath::Single) && !runs(TILE_32X128_K64, WPath::Staged) && !runs(TILE_32X128_K64, WPath::Direct));
+        // A K-64 tile (dg-lab's) fits the real shapes, single-staged only.
+        let k64 = CoopTile { bk: 64, ..TILE_32X128 };
+        assert!(fits(k64, &gate_up) && fits(k64, &down));
+        assert!(runs(k64, WPath::Single) && !runs(k64, WPath::Staged) && !runs(k64, WPath::Direct));
         assert!(TILES.iter().all(|&t| [WPath::Staged, WPath::Direct, WPath::Single].into_iter().all(|path| runs(t, path))));
     }
 }

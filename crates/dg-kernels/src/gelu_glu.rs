@@ -1,7 +1,6 @@
-//! The gated-MLP activation `gelu_tanh(gate) ⊙ up` (`dg_cpu::ops::gelu_glu`), in two layouts:
-//! [`split`] (gate and up in separate buffers, in place on gate) and [`fused`] (one `[rows, 2·I]`
-//! buffer holding the gate then the up half of each row, as the fused `gate_up` projection
-//! writes it, into a separate `[rows, I]` output, f32 or, [`fused_half`], f16).
+//! The gated-MLP activation `gelu_tanh(gate) ⊙ up` (`dg_cpu::ops::gelu_glu`): [`fused`] reads one
+//! `[rows, 2·I]` buffer holding the gate then the up half of each row, as the fused `gate_up`
+//! projection writes it, into a separate `[rows, I]` output, f32 or, [`fused_half`], f16.
 //!
 //! [`fused_scaled`] and [`pair_scaled`] are the row-scaled twins of [`fused_lanes`] and
 //! [`pair_lanes`] for activations a tensor-core GEMM rounds to f16: one workgroup per row, each
@@ -30,8 +29,7 @@ pub struct GeluGluParams {
     /// I: the width of the activation (of `gate`, `up` and the output).
     pub inter: u32,
     /// [`fused`], [`pair`]: more than 1 when `gate_up` holds that many split-K partials of the
-    /// gate/up product, `split_stride` elements apart (`crate::split_k::with_reader`); [`split`]
-    /// ignores both.
+    /// gate/up product, `split_stride` elements apart (`crate::split_k::with_reader`).
     pub splits: u32,
     pub split_stride: u32,
     /// [`pair`]: the second job's rows and width (its `gate_up_b` is never split).
@@ -131,17 +129,6 @@ fn scaled_source(variant: &str, reduce: RowReduce, lanes: u32, half: bool, buffe
         wgsl: prelude(&scaled_body(variant, reduce, lanes), lanes, half),
         entry: "main",
         buffers,
-        params_size: size_of::<GeluGluParams>() as u64,
-    }
-}
-
-/// Bindings: `gate` (read-write, `[rows, I]`, becomes the output), `up` (read, `[rows, I]`).
-pub fn split() -> KernelSource {
-    KernelSource {
-        name: "gelu_glu_split".into(),
-        wgsl: prelude(&variant("split"), 1, false),
-        entry: "main",
-        buffers: vec![Access::ReadWrite, Access::Read],
         params_size: size_of::<GeluGluParams>() as u64,
     }
 }

@@ -1,7 +1,7 @@
 //! Every kernel variant dg can compile, as a typed key: the planner (dg-gpu) chooses keys, the
 //! pipeline cache is keyed by them, and [`KernelKey::all`] enumerates the whole space so that a
-//! test renders and validates every one with naga (`tests/naga_validate.rs`), including the
-//! variants only a tuning knob reaches.
+//! test renders and validates every one with naga (`tests/naga_validate.rs`). The tiles no
+//! planner rule picks are dg-lab's (`dg_lab::tiles`), validated there.
 //!
 //! A key is small, `Copy` and hashable; [`KernelKey::source`] renders its WGSL (on a cache miss).
 
@@ -117,8 +117,6 @@ pub enum KernelKey {
         combine: bool,
         scaled: bool,
     },
-    /// `gelu(gate) ⊙ up` with gate and up in two buffers (in place on gate).
-    GeluGluSplit,
     /// `gelu(gate) ⊙ up` from one `[rows, 2·I]` buffer; `half` stores f16.
     GeluGlu {
         lanes: Lanes,
@@ -199,7 +197,6 @@ impl KernelKey {
             K::FfnNorms { reduce, lanes, combine: false, scaled: false } => residual_norms::source_ffn_lanes(reduce, lanes.count()),
             K::FfnNorms { reduce, lanes, combine: true, scaled: false } => residual_norms::source_ffn_combine_lanes(reduce, lanes.count()),
             K::FfnNorms { reduce, lanes, combine, scaled: true } => residual_norms::source_ffn_scaled(reduce, lanes.count(), combine),
-            K::GeluGluSplit => gelu_glu::split(),
             K::GeluGlu { lanes, half } => gelu_glu::fused_lanes(lanes.count(), half),
             K::GeluGluPair { lanes, half_b } => gelu_glu::pair_lanes(half_b, lanes.count()),
             K::GeluGluScaled { reduce, lanes, half } => gelu_glu::fused_scaled(reduce, lanes.count(), half),
@@ -220,7 +217,7 @@ impl KernelKey {
         matches!(self, KernelKey::CoopGemm(_) | KernelKey::CoopGroupedGemm { .. } | KernelKey::CoopAttention { .. })
     }
 
-    /// Every key the planner, a tuning knob or a test can choose: each tile of each product at
+    /// Every key the planner can choose: each product tile of each product at
     /// every prefetch depth, with every W path, format, layout and A format its kernel takes.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey as K;
@@ -228,7 +225,7 @@ impl KernelKey {
         const PATHS: [WPath; 3] = [WPath::Staged, WPath::Direct, WPath::Single];
         const A_FORMATS: [AFormat; 2] = [AFormat::F32, AFormat::F16];
         const LAYOUTS: [BLayout; 3] = [BLayout::Nk, BLayout::Kn, BLayout::NkPanels];
-        let mut keys = vec![K::Rope, K::SampleRows, K::SplitK, K::MoeDispatch, K::GeluGluSplit];
+        let mut keys = vec![K::Rope, K::SampleRows, K::SplitK, K::MoeDispatch];
         keys.extend(axpby::Variant::ALL.map(K::Axpby));
         keys.extend(Lanes::ALL.map(K::MoeCombine));
         keys.extend(Lanes::ALL.map(K::MoeCombineScaled));
@@ -272,7 +269,7 @@ impl KernelKey {
                 .filter(|t| t.is_valid())
         };
         let staged_twice = |tile: CoopTile, path: WPath| tile.on_path(path) == tile;
-        for tile in depths(coop_gemm::TILES).chain(depths(coop_gemm::TUNING_TILES)) {
+        for tile in depths(coop_gemm::TILES) {
             for path in PATHS {
                 for w in FORMATS {
                     for layout in LAYOUTS {
@@ -286,7 +283,7 @@ impl KernelKey {
                 }
             }
         }
-        for tile in depths(coop_grouped_gemm::TILES).chain(depths(coop_grouped_gemm::TUNING_TILES)) {
+        for tile in depths(coop_grouped_gemm::TILES) {
             for path in PATHS.into_iter().filter(|&path| coop_grouped_gemm::runs(tile, path) && staged_twice(tile, path)) {
                 for w in FORMATS.into_iter().filter(|&w| coop_grouped_gemm::reads(w, path)) {
                     keys.extend(A_FORMATS.map(|a| K::CoopGroupedGemm { tile, path, w, a }));

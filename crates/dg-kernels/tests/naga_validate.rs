@@ -25,15 +25,14 @@ fn every_key_validates() {
 }
 
 /// The dense kernel in either ring (`coop_gemm::source_for_ring`: the probes' variants, not
-/// planner keys) validates too, on both staged paths, at every depth, with either A format: the
-/// planner's tiles and the probes' 128 × 128 tile in 4 subgroups of 64 × 64.
+/// planner keys) validates too, on both staged paths, at every depth, with either A format, on the
+/// planner's tiles (dg-lab validates its own tiles).
 #[test]
 fn probed_dense_rings_validate() {
     use dg_kernels::coop_gemm::{self, AFormat, BLayout, WPath};
     use dg_kernels::coop_kloop::{MAX_DEPTH, Ring};
     let caps = PORTABLE | Capabilities::COOPERATIVE_MATRIX;
-    let wide = coop_gemm::TILE_128X128_W4;
-    for tile in [coop_gemm::TILE_128X128, coop_gemm::TILE_64X64, wide] {
+    for tile in [coop_gemm::TILE_128X128, coop_gemm::TILE_64X64] {
         for path in [WPath::Staged, WPath::Single] {
             for depth in 1..=MAX_DEPTH {
                 for a in [AFormat::F32, AFormat::F16] {

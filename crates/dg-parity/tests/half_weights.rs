@@ -84,7 +84,8 @@ fn f16_weights_on_the_gpu_match_the_cpu_on_the_same_weights() {
 fn f16_weights_with_the_fused_attention_match_the_cpu() {
     let Some(ctx) = test_context("half_weights") else { return };
     let config = ModelDir::open(&fixture("real-head-dims")).unwrap().config;
-    let tuning = dg_gpu::tuning::Tuning { fused_attention: true, ..ctx.tuning.clone() };
+    let mut tuning = ctx.tuning.clone();
+    tuning.overrides.fused_attention = true;
     let planner = dg_gpu::planner::Planner::new(ctx.capabilities(), &tuning);
     let (d, c) = (config.text.layers[0].head_dim, config.canvas_length);
     if !planner.fused_attention(d, c, 32 + c, true) {
@@ -122,7 +123,7 @@ fn check_format(format: WeightFormat, backend_name: &str) {
 fn check_fixtures(format: WeightFormat, backend_name: &str, fixtures: &[&str], fused: bool) {
     for &name in fixtures {
         let Some(mut ctx) = test_context("half_weights") else { return };
-        ctx.tuning.fused_attention = fused;
+        ctx.tuning.overrides.fused_attention = fused;
         let coop = ctx.coop_matrix;
         let dir = fixture(name);
         let model = ModelDir::open(&dir).unwrap();

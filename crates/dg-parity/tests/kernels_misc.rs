@@ -348,16 +348,12 @@ fn softmax_masks_match_cpu() {
 
 fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f32], max_dim: u32) {
     let mut pipelines = Pipelines::default();
-    let split = pipelines.get_source(ctx, gelu_glu::split()).unwrap();
     let fused = pipelines.get_source(ctx, gelu_glu::fused()).unwrap();
     let mut want = gate.to_vec();
     dg_cpu::ops::gelu_glu(&mut want, up);
     let params = GeluGluParams::one(rows as u32, inter as u32, 1, 0);
     let groups = groups_1d(gelu_glu::workgroups(&params), max_dim);
 
-    let gb = guarded_output(ctx, "gate", gate.len());
-    ctx.queue.write_buffer(&gb, 0, bytemuck::cast_slice(gate));
-    let ub = ctx.upload("up", up).unwrap();
     let mut gate_up = Vec::with_capacity(2 * gate.len());
     for (g, u) in gate.chunks_exact(inter).zip(up.chunks_exact(inter)) {
         gate_up.extend_from_slice(g);
@@ -367,7 +363,6 @@ fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f3
     let out = guarded_output(ctx, "out", gate.len());
     let out4 = guarded_output(ctx, "out4", gate.len());
     let mut plan = PlanBuilder::new(ctx);
-    plan.push(&split, &params, &[&gb, &ub], groups);
     plan.push(&fused, &params, &[&gub, &out], groups);
     if inter.is_multiple_of(4) {
         // Four columns at a time: the same bits.
@@ -380,7 +375,7 @@ fn gelu_case(ctx: &GpuContext, rows: usize, inter: usize, gate: &[f32], up: &[f3
         let bits = |b: &wgpu::Buffer| -> Vec<u32> { read_guarded(ctx, b, gate.len()).iter().map(|v| v.to_bits()).collect() };
         assert!(bits(&out4) == bits(&out), "{rows}x{inter}: four columns at a time differ from one");
     }
-    for (name, buf) in [("split", &gb), ("fused", &out)] {
+    for (name, buf) in [("fused", &out)] {
         let got = read_guarded(ctx, buf, gate.len());
         for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
             let scale = (gate[i] * up[i]).abs();

@@ -34,7 +34,7 @@ fn coop_grouped_gemm_matches_the_exact_product_on_every_tile() {
     // experts), and the uneven counts of a real routing.
     let edges = vec![31, 32, 33, 64, 65, 0, 1, 96];
     let uneven = vec![5, 0, 37, 1, 0, 70, 16, 3];
-    for &tile in coop_grouped_gemm::TILES.iter().chain(coop_grouped_gemm::TUNING_TILES) {
+    for &tile in coop_grouped_gemm::TILES.iter() {
         for counts in [&edges, &uneven] {
             for gather in [false, true] {
                 // n = 3·bn: 192 fits only the 64-wide tile, 384 the 128-wide ones; 3 or 7 K steps
@@ -101,8 +101,7 @@ fn every_grouped_tile_gives_the_same_bits() {
         coop_grouped_gemm::QUANTIZED_EXPERT_TILE,
         coop_grouped_gemm::QUANTIZED_LONG_GROUP_TILE,
     ];
-    let tuning = coop_grouped_gemm::TUNING_TILES.iter().copied().filter(|t| t.bk == 32);
-    let tiles: Vec<_> = coop_grouped_gemm::TILES.iter().copied().chain(tuning).chain(chosen).collect();
+    let tiles: Vec<_> = coop_grouped_gemm::TILES.iter().copied().chain(chosen).collect();
     assert!(tiles.iter().all(|t| t.bk == 32 && 768 % t.bn == 0));
     let counts = vec![15, 16, 17, 31, 0, 33, 64, 65, 1, 100];
     for gather in [false, true] {

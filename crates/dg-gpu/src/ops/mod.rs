@@ -17,9 +17,10 @@ use dg_kernels::{
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
+use crate::overrides::RowLanes;
 use crate::plan::{Pipelines, Plan, PlanBuilder, groups_1d};
 use crate::planner::Planner;
-use crate::tuning::{RowLanes, Tuning};
+use crate::tuning::Tuning;
 
 /// What [`Recorder::axpby`] does by rows of `row` elements: with `scale`, `x`'s rows multiplied
 /// by their factors first (`dg_kernels::axpby::Variant::scaled`); with `gate`, only the rows whose
@@ -220,7 +221,7 @@ impl<'a> Recorder<'a> {
 
     /// `lanes`, or one with [`RowLanes::One`].
     fn lanes_knob(&self, lanes: u32) -> u32 {
-        match self.ctx.tuning.row_lanes {
+        match self.ctx.tuning.overrides.row_lanes {
             RowLanes::Auto => lanes,
             RowLanes::One => 1,
         }
@@ -360,7 +361,7 @@ impl<'a> Recorder<'a> {
             });
         }
         let limit = self.ctx.limits.max_storage_buffers_per_shader_stage;
-        let fused = combine.filter(|_| limit >= residual_norms::ffn_buffers(true, scaled) && self.ctx.tuning.fused_combine);
+        let fused = combine.filter(|_| limit >= residual_norms::ffn_buffers(true, scaled) && self.ctx.tuning.overrides.fused_combine);
         if scaled && limit < residual_norms::ffn_buffers(false, true) {
             return Err(GpuError::Unsupported {
                 what: format!(

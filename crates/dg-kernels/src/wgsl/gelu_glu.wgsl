@@ -3,8 +3,7 @@
 // The tanh argument is clamped: for |inner| > 15, tanh is exactly +-1 in f32 (it already rounds
 // to 1 above ~9), and some drivers evaluate tanh through exp, which overflows to NaN there.
 // One invocation per output element; workgroups beyond 65535 wrap into y.
-// Three variants (the Rust side picks one "@variant" section after this shared part):
-//   split: gate (read_write, [rows, inter]) becomes the output; up (read, [rows, inter]).
+// Variants (the Rust side picks one "@variant" section after this shared part):
 //   fused: gate_up (read, [rows, 2 * inter], gate then up per row); out (read_write, [rows, inter]).
 //   pair: two fused jobs in one dispatch, the first groups_a workgroups on gate_up / out (rows,
 //     inter, the split-K partials), the rest on gate_up_b / out_b (rows_b, inter_b), each element
@@ -48,20 +47,6 @@ fn gate_of(i: u32, inter: u32) -> u32 {
 
 fn element(wid: vec3<u32>, lid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return (wid.x + wid.y * nwg.x) * WG + lid.x;
-}
-
-// @variant split
-@group(0) @binding(1) var<storage, read_write> gate: array<V>;
-@group(0) @binding(2) var<storage, read> up: array<V>;
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = element(wid, lid, nwg);
-    if (i >= p.rows * p.inter) {
-        return;
-    }
-    gate[i] = gelu_tanh(gate[i]) * up[i];
 }
 
 // @variant fused

@@ -163,10 +163,10 @@ const TIMED_TILES: &[(CoopTile, WPath)] = &[
     (coop_grouped_gemm::TILE_32X128, WPath::Single),
     (coop_grouped_gemm::TILE_32X128.with_depth(2), WPath::Single),
     (coop_grouped_gemm::TILE_32X128, WPath::Staged),
-    (coop_grouped_gemm::TILE_16X128, WPath::Single),
+    (crate::tiles::TILE_16X128, WPath::Single),
     (coop_grouped_gemm::TILE_32X64, WPath::Single),
     (coop_grouped_gemm::TILE_32X128.with_depth(2), WPath::Direct),
-    (coop_grouped_gemm::TILE_16X128, WPath::Direct),
+    (crate::tiles::TILE_16X128, WPath::Direct),
     (CoopTile::vec4(32, 256, 32, 32, 32), WPath::Direct),
     (CoopTile::vec4(32, 256, 32, 32, 64), WPath::Direct),
 ];
@@ -268,7 +268,7 @@ pub fn dense_wide_subgroups_probe(ctx: &GpuContext, _options: &ProbeOptions) -> 
     let test = "dense_wide_subgroups_probe";
     let mut pipelines = Pipelines::default();
     let replays = 20;
-    let wide = coop_gemm::TILE_128X128_W4;
+    let wide = crate::tiles::TILE_128X128_W4;
     let forward = coop_gemm::TILE_128X128.with_depth(3);
     for (name, shape, splits) in [
         ("q", (256, 4096, 2816), 2),
