@@ -419,7 +419,7 @@ mod tests {
     /// A job of `prompt` with seed `seed`, and the receiver of its events.
     fn job(model: &ModelDir, prompt: &[u32], max_tokens: usize, seed: u64) -> (Job, mpsc::UnboundedReceiver<Event>) {
         let over = dg_model::RawGenerationConfig { max_new_tokens: Some(max_tokens), ..Default::default() };
-        let settings = crate::generate::resolve_settings(model, over).unwrap();
+        let settings = crate::settings::resolve_settings(model, over).unwrap();
         let (events, rx) = mpsc::unbounded_channel();
         (Job { prompt: prompt.to_vec(), settings, max_tokens, stop: vec![], seed, drafts: false, events }, rx)
     }
