@@ -139,18 +139,16 @@ fn references(module: &Module, text: &str, modules: &BTreeSet<Module>, graph: &m
                 }
                 scopes.push(scope);
             }
-            "}" => {
-                if scopes.len() > 1 {
-                    scopes.pop();
-                }
+            "}" if scopes.len() > 1 => {
+                scopes.pop();
             }
             "crate" | "super" | "self" if tokens.get(i + 1).is_some_and(|t| t == "::") => {
                 let (paths, next) = path_tree(&tokens, i);
                 for path in paths {
-                    if let Some(target) = resolve(&here, &path, modules) {
-                        if target != here {
-                            graph.entry(here.clone()).or_default().insert(target);
-                        }
+                    if let Some(target) = resolve(&here, &path, modules)
+                        && target != here
+                    {
+                        graph.entry(here.clone()).or_default().insert(target);
                     }
                 }
                 i = next;
