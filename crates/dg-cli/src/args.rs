@@ -221,15 +221,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub context: Option<usize>,
 
-    /// Requests generating at once. Each step runs their canvases together (on the GPU in one
-    /// forward); a queued request joins at the next step when one ends. Every slot holds a KV cache
-    /// of --context positions. With 1, requests run one at a time and a prompt that extends an
-    /// earlier conversation continues from its KV cache (see --cache-budget); with more, every
-    /// prompt is encoded from its start.
+    /// Requests generating at once (1: one at a time). Each step runs their canvases together (on
+    /// the GPU in one forward); a queued request joins at the next step when one ends. Every slot
+    /// holds a KV cache of --context positions, kept after its request: a prompt that extends an
+    /// earlier conversation continues from its KV cache, in a slot or the pool (see
+    /// --cache-budget), whatever N.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch: u32,
 
-    /// With --batch 1: bytes of other conversations' KV caches kept besides the model's own (host memory on the
+    /// Bytes of other conversations' KV caches kept besides the slots' own (host memory on the
     /// CPU, device memory on the GPU), least recently used evicted first: digits with an optional
     /// unit B, K, M, G (KiB, MiB, GiB). 0 keeps none.
     #[arg(long, value_name = "BYTES", default_value = "2GiB", value_parser = crate::settings::parse_bytes)]

@@ -132,32 +132,27 @@ impl EngineSetup {
 }
 
 /// Loads the model of `setup.dir` with `setup.batch` slots of `setup.context` positions on the
-/// backend it asks for; returns it and a line describing the backend.
-fn load_model(setup: &EngineSetup) -> Result<(BatchModel, String)> {
+/// backend it asks for; returns the engine on it and a line describing the backend.
+fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, String)> {
     let model = crate::model_dir::open(&setup.dir)?;
     let choice = crate::backend::choose(setup.backend, setup.adapter.as_deref())?;
     let report = crate::load::Report::Summary;
     let loaded = BatchModel::load(&model, choice.backend, setup.context, setup.batch, setup.weights, report)?;
-    Ok((loaded, choice.description))
+    Ok((Engine::new(loaded, setup, canvas, vocab)?, choice.description))
 }
 
 /// Starts the engine thread on `jobs`; returns once the model is loaded, with its description.
 pub fn spawn(setup: EngineSetup, model: &ModelDir, jobs: mpsc::Receiver<Job>) -> Result<String> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
-    std::thread::Builder::new().name("dg-engine".into()).spawn(move || {
-        let mut engine =
-            match load_model(&setup).and_then(|(loaded, description)| Ok((Engine::new(loaded, setup, canvas, vocab)?, description))) {
-                Ok((engine, description)) => {
-                    let _ = ready_tx.send(Ok(description));
-                    engine
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-        engine.run(jobs);
+    std::thread::Builder::new().name("dg-engine".into()).spawn(move || match start(setup, canvas, vocab) {
+        Ok((mut engine, description)) => {
+            let _ = ready_tx.send(Ok(description));
+            engine.run(jobs);
+        }
+        Err(e) => {
+            let _ = ready_tx.send(Err(e));
+        }
     })?;
     ready_rx.recv().context("the engine thread ended while loading the model")?
 }
@@ -413,11 +408,16 @@ mod tests {
     /// An engine of `batch` slots on the bundled model's CPU backend whose pool keeps
     /// `cache_budget` bytes.
     fn cpu_engine(batch: usize, cache_budget: u64) -> (Engine, ModelDir) {
+        engine(BackendArg::Cpu, batch, cache_budget).unwrap()
+    }
+
+    /// [`cpu_engine`] on `backend`; the loading error (no GPU adapter) as is.
+    fn engine(backend: BackendArg, batch: usize, cache_budget: u64) -> Result<(Engine, ModelDir)> {
         let dir = crate::model_dir::bundled_dir();
         let model = crate::model_dir::open(&dir).unwrap();
         let setup = EngineSetup {
             dir: dir.clone(),
-            backend: BackendArg::Cpu,
+            backend,
             adapter: None,
             weights: WeightsArg::Auto,
             context: 4096,
@@ -427,9 +427,8 @@ mod tests {
             metrics: Arc::new(Metrics::default()),
             cancel_all: Arc::new(AtomicBool::new(false)),
         };
-        let (loaded, _) = load_model(&setup).unwrap();
         let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
-        (Engine::new(loaded, setup, canvas, vocab).unwrap(), model)
+        Ok((start(setup, canvas, vocab)?.0, model))
     }
 
     /// A job of `prompt` with seed `seed`, and the receiver of its events.
@@ -474,11 +473,16 @@ mod tests {
         serve_all(engine, model, &[(prompt.to_vec(), max_tokens, 7)]).pop().unwrap()
     }
 
-    /// Each job's text and summary served alone on a fresh engine.
+    /// Each job's text and summary served alone on a fresh CPU engine.
     fn alone(model: &ModelDir, jobs: &[(Vec<u32>, usize, u64)]) -> Vec<(String, Summary)> {
+        alone_on(BackendArg::Cpu, model, jobs)
+    }
+
+    /// Each job's text and summary served alone on a fresh engine on `backend`.
+    fn alone_on(backend: BackendArg, model: &ModelDir, jobs: &[(Vec<u32>, usize, u64)]) -> Vec<(String, Summary)> {
         jobs.iter()
             .map(|j| {
-                let (mut engine, _) = cpu_engine(1, 0);
+                let (mut engine, _) = engine(backend, 1, 0).unwrap();
                 serve_all(&mut engine, model, std::slice::from_ref(j)).pop().unwrap()
             })
             .collect()
@@ -614,5 +618,39 @@ mod tests {
         same(&got[1], &want[1], "C");
         let metrics = &engine.setup.metrics;
         assert_eq!(metrics.reused_prompt_tokens.load(Ordering::Relaxed), (a_cached.len() + a3.len() - 1) as u64);
+    }
+
+    /// On the GPU a cache moves between slots as a device copy (`GpuModel::snapshot_slot`,
+    /// `restore_slot`): a conversation continues from the pool into another slot, and from an
+    /// idle slot into the one it gets, with the text it gets alone.
+    #[test]
+    fn gpu_caches_move_between_slots_and_give_the_text_alone() {
+        let (mut engine, model) = match engine(BackendArg::Gpu, 2, 1 << 30) {
+            Ok(x) => x,
+            Err(e) if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") => {
+                eprintln!("SKIP gpu_caches_move_between_slots_and_give_the_text_alone: {e:#}");
+                return;
+            }
+            Err(e) => panic!("no GPU engine (install lavapipe, or set DG_ALLOW_NO_GPU=1 to skip): {e:#}"),
+        };
+        // Up to two canvases: A's cache holds its prompt and its first canvas unless it ended there.
+        let a: Vec<u32> = (2..30).collect();
+        serve(&mut engine, &model, &a, 40);
+        let a_cached = engine.caches.held[0].clone();
+        assert!(a_cached.starts_with(&a), "{a_cached:?}");
+        let mut a2 = a_cached.clone();
+        a2.extend([7, 8, 9]);
+        let jobs = vec![((100..150).collect(), 16, 1), (a2.clone(), 16, 2)];
+        let got = serve_all(&mut engine, &model, &jobs);
+        assert_eq!((got[1].1.cache, got[1].1.reused_tokens), (CacheSource::Pool, a_cached.len()));
+        let want = alone_on(BackendArg::Gpu, &model, &jobs);
+        same(&got[0], &want[0], "B");
+        same(&got[1], &want[1], "A's next turn, from the pool into slot 1");
+        let mut a3 = engine.caches.held[1].clone();
+        a3.push(5);
+        let jobs = vec![(a3.clone(), 16, 3)];
+        let got = serve_all(&mut engine, &model, &jobs);
+        assert_eq!((got[0].1.cache, got[0].1.reused_tokens), (CacheSource::Resident, a3.len() - 1));
+        same(&got[0], &alone_on(BackendArg::Gpu, &model, &jobs)[0], "A's third turn, from slot 1 into slot 0");
     }
 }

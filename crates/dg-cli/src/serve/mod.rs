@@ -76,7 +76,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     eprintln!("backend: {description}");
     let running = match args.batch {
         1 => format!("one request at a time, cache pool {} bytes", args.cache_budget),
-        n => format!("batches of up to {n} requests (no cache reuse)"),
+        n => format!("batches of up to {n} requests, cache pool {} bytes", args.cache_budget),
     };
     eprintln!(
         "model: {} as {model_name:?}{}; context {context} positions, queue {}, {running}",
