@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use dg_sampler::{BatchDenoiseModel, BatchResidentModel, HostCanvases, ResidentCanvases};
 
 use super::{CacheSource, Engine};
+use crate::batch_model::{BatchModel, SlotCache};
 use crate::serve::pool;
 
 /// The token ids each slot's cache holds, and how many of them a new job's prompt shares.
@@ -139,7 +140,7 @@ impl Engine {
         &mut self,
         slot: usize,
         ids: Vec<u32>,
-        take: impl FnOnce(&mut crate::batch_model::BatchModel) -> anyhow::Result<crate::batch_model::SlotCache>,
+        take: impl FnOnce(&mut BatchModel) -> anyhow::Result<SlotCache>,
         source: CacheSource,
     ) -> CacheSource {
         match take(&mut self.model).and_then(|cache| self.model.put_slot(slot, cache)) {
