@@ -5,7 +5,8 @@ Starts the built binary on a free loopback port and checks chat and text complet
 whole, drafts on and off), max_tokens, stop sequences, seeds, multi-turn cache reuse (the model's
 own cache, the pool of caches for interleaved conversations, least-recently-used eviction under a
 small --cache-budget), continuous batching (--batch: concurrent streams get the text they get
-alone; a client that leaves frees its slot), the API key, every bad input (each a 4xx in OpenAI's error shape, /health
+alone, and a prompt that extends an earlier one reuses its cache beside them; a client that leaves
+frees its slot), the API key, every bad input (each a 4xx in OpenAI's error shape, /health
 OK after each), idle and partial connections, a full queue (429), clients that disconnect
 (streamed and whole), a bounded load test, and SIGTERM.
 
@@ -460,10 +461,17 @@ def batch_bodies():
             for n, salt, max_tokens, seed in [(5, 11, 16, 1), (40, 12, 40, 2), (12, 13, 64, 3), (21, 14, 8, 4)]]
 
 
+def reuse_bodies():
+    """A text completion answered in one canvas, then one whose prompt extends it (its cache holds
+    the first prompt alone)."""
+    first = prompt_of(30, 21)
+    return [{"model": MODEL, "prompt": p, "max_tokens": 4, "seed": 6, "dg": {"steps": 4}} for p in [first, first + [5, 6]]]
+
+
 def batch_expected(s):
-    """Each batch body's text from the one-request-at-a-time server."""
+    """Each batch body's text, then each reuse body's, from the one-request-at-a-time server."""
     texts = []
-    for body in batch_bodies():
+    for body in batch_bodies() + reuse_bodies():
         resp, data = s.request("POST", "/v1/completions", body)
         check(resp.status == 200, f"completion: {resp.status} {data[:300]!r}")
         texts.append(json.loads(data)["choices"][0]["text"])
@@ -498,8 +506,20 @@ def test_batched(binary, backend, expected):
         for t in threads:
             t.join(timeout=600)
         check(not failures, f"batched requests failed: {failures}")
-        for i, want in enumerate(expected):
+        for i, want in enumerate(expected[:len(bodies)]):
             check(got.get(i) == want, f"request {i} in the batch: {got.get(i)!r}, alone: {want!r}")
+        # Beside the long request, a prompt that extends an earlier one continues from its cache.
+        first, second = reuse_bodies()
+        answers = []
+        for body in [first, second]:
+            resp, data = s.request("POST", "/v1/completions", body)
+            check(resp.status == 200, f"completion: {resp.status} {data[:300]!r}")
+            answers.append(json.loads(data))
+        dg = answers[1]["dg"]
+        check(dg["cache"] in ("resident", "pool") and dg["reused_prompt_tokens"] == len(first["prompt"]),
+              f"the second prompt continues from the first's cache beside the long request: {dg}")
+        for answer, want in zip(answers, expected[len(bodies):]):
+            check(answer["choices"][0]["text"] == want, f"reused: {answer['choices'][0]['text']!r}, alone: {want!r}")
         check(metric(s, "dg_running") == 1, "the long request still runs")
         cancelled = metric(s, "dg_cancelled_total")
         sock.close()
@@ -511,8 +531,8 @@ def test_batched(binary, backend, expected):
         sys.stderr.write("".join(s.log[-40:]))
         s.proc.kill()
         raise
-    print(f"batch: {len(expected)} concurrent streams beside a long request each got their text alone; "
-          "the long one's client left and its slot freed")
+    print(f"batch: {len(bodies)} concurrent streams beside a long request each got their text alone; a prompt "
+          f"extending an earlier one reused its cache ({dg['cache']}) beside it; the long one's client left and its slot freed")
 
 
 def test_full_queue(binary, backend):

@@ -1,5 +1,5 @@
-//! The command line: `dg generate`, `dg info` and `dg serve`, with their options (the sampler
-//! settings shared by generate and serve in [`SamplerArgs`]).
+//! The command line: `dg generate`, `dg info`, `dg quantize` and `dg serve`, with their options
+//! (the sampler settings shared by generate and serve in [`SamplerArgs`]).
 
 use std::path::PathBuf;
 
@@ -36,7 +36,7 @@ pub enum Command {
     Quantize(QuantizeArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions, streaming).
     #[command(after_help = AFTER_HELP)]
-    Serve(Box<crate::serve::ServeArgs>),
+    Serve(Box<ServeArgs>),
 }
 
 /// How the GPU stores the weight matrices.
@@ -186,6 +186,84 @@ pub struct InfoArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The `dg serve` options.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// HF model directory or .gguf file. Default: the bundled random model (its text is noise).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
+    pub model: Option<PathBuf>,
+
+    /// The name clients give as `model` (default: the directory's name).
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+
+    /// Address to listen on. Anything but loopback without --api-key prints a warning.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to listen on (0: any free port; the address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+
+    /// Generation requests that may wait for the engine; one more is answered 429.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub queue: u32,
+
+    /// Positions a request may use (prompt plus every canvas). Default: the model's
+    /// max_position_embeddings, at most 16384 (the GPU's caches are sized for it, one per --batch
+    /// slot).
+    #[arg(long, value_name = "N")]
+    pub context: Option<usize>,
+
+    /// Requests generating at once (1: one at a time). Each step runs their canvases together (on
+    /// the GPU in one forward); a queued request joins at the next step when one ends. Every slot
+    /// holds a KV cache of --context positions, kept after its request: a prompt that extends an
+    /// earlier conversation continues from its KV cache, in a slot or the pool (see
+    /// --cache-budget), whatever N.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+
+    /// Bytes of other conversations' KV caches kept besides the slots' own (host memory on the
+    /// CPU, device memory on the GPU), least recently used evicted first: digits with an optional
+    /// unit B, K, M, G (KiB, MiB, GiB). 0 keeps none.
+    #[arg(long, value_name = "BYTES", default_value = "2GiB", value_parser = crate::settings::parse_bytes)]
+    pub cache_budget: u64,
+
+    /// Backend: gpu, cpu, or auto (the GPU when an adapter exists, else the CPU).
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+
+    /// GPU adapter to use: a case-insensitive substring of its name (see `dg info`).
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
+
+    /// How the GPU stores the weight matrices: auto, f32, bf16, f16, q8_0 or q4_k_m (as for `dg
+    /// generate`).
+    #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
+    pub weights: WeightsArg,
+
+    /// Defaults of a request that sets none of them (its `max_tokens`, `seed` and `dg` object win).
+    #[command(flatten)]
+    pub sampler: SamplerArgs,
+
+    /// Largest request body, in bytes (larger: 413).
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
+    pub max_body: usize,
+
+    /// Seconds a connection may take to send a request's headers, or its body (then it is dropped,
+    /// or answered 408).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub request_timeout: f64,
+
+    /// Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are cancelled.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub shutdown_timeout: f64,
 }
 
 /// The sampler settings `generation_config.json` gives, overridden from the command line (for

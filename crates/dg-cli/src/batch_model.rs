@@ -2,12 +2,14 @@
 //! slot (one forward a step for every canvas, `dg_gpu::GpuModel` as a
 //! `dg_sampler::BatchResidentModel`), or the CPU model running the slots one after another
 //! (`dg_sampler::PerSlot`). Both carry their errors as a [`ModelError`], so a
-//! `dg_sampler::Batch` has one type whatever the backend. Used by `dg generate --prompts-file`
-//! and `dg serve --batch`.
+//! `dg_sampler::Batch` has one type whatever the backend. A slot's cache can be taken out as a
+//! [`SlotCache`] and put back into any slot (the server keeps conversations' caches this way).
+//! Used by `dg generate --prompts-file` and `dg serve`.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use dg_cpu::CpuModel;
-use dg_gpu::GpuModel;
+use dg_cpu::cache::KvCache;
+use dg_gpu::{CacheSnapshot, GpuModel};
 use dg_model::ModelDir;
 use dg_sampler::{Batch, BatchDenoiseModel, BatchResidentModel, Hooks, PerSlot, RandomSource, StepReport};
 
@@ -52,6 +54,51 @@ impl BatchModel {
             BatchModel::Cpu(m) => BatchDenoiseModel::release(&mut **m, slot),
             BatchModel::Gpu(m) => BatchResidentModel::release(&mut **m, slot),
         }
+    }
+}
+
+/// A slot's KV cache out of the model: moved out of the CPU model, or copied on the GPU.
+pub enum SlotCache {
+    Cpu(KvCache),
+    Gpu(CacheSnapshot),
+}
+
+impl SlotCache {
+    /// Memory the cache holds (host memory on the CPU, device memory on the GPU).
+    pub fn bytes(&self) -> u64 {
+        match self {
+            SlotCache::Cpu(cache) => cache.bytes(),
+            SlotCache::Gpu(snapshot) => snapshot.bytes(),
+        }
+    }
+}
+
+impl BatchModel {
+    /// Takes `slot`'s cache out; the slot is left empty.
+    pub fn take_slot(&mut self, slot: usize) -> Result<SlotCache> {
+        Ok(match self {
+            BatchModel::Cpu(m) => {
+                let mut cache = m.0.take_slot(slot).with_context(|| format!("slot {slot} holds no cache"))?;
+                cache.shrink_to_fit();
+                SlotCache::Cpu(cache)
+            }
+            BatchModel::Gpu(m) => {
+                let snapshot = m.0.snapshot_slot(slot)?;
+                m.0.release_slot(slot);
+                SlotCache::Gpu(snapshot)
+            }
+        })
+    }
+
+    /// Makes `cache` (taken out of this model, from any slot) `slot`'s: the slot's next encode
+    /// continues it.
+    pub fn put_slot(&mut self, slot: usize, cache: SlotCache) -> Result<()> {
+        match (self, cache) {
+            (BatchModel::Cpu(m), SlotCache::Cpu(cache)) => m.0.put_slot(slot, cache),
+            (BatchModel::Gpu(m), SlotCache::Gpu(snapshot)) => m.0.restore_slot(slot, &snapshot)?,
+            _ => anyhow::bail!("a cache of the other backend"),
+        }
+        Ok(())
     }
 }
 

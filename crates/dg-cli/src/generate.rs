@@ -1,13 +1,12 @@
 //! `dg generate`: the model directory, the prompt, the generation settings (generation_config.json
 //! overridden by the command line), the backend, the sampler run and its output (`--prompts-file`
-//! in `prompts_file.rs`).
+//! in `prompts_file`).
 
 use std::io::IsTerminal;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use dg_model::{GenerationConfig, ModelDir, RawGenerationConfig};
+use dg_model::{GenerationConfig, ModelDir};
 use dg_sampler::{Generation, SeededRng};
 
 use crate::args::GenerateArgs;
@@ -15,14 +14,12 @@ use crate::backend::{self, Backend};
 use crate::display::{Mode, Progress};
 use crate::error::input;
 use crate::report::{Report, Timings};
+use crate::settings::{check_positions, resolve_settings};
 use crate::text::TextCodec;
 use crate::timing::Timed;
 use crate::{load, model_dir, prompt};
 
 pub fn run(args: GenerateArgs) -> Result<()> {
-    if let Some(path) = &args.prompts_file {
-        return crate::prompts_file::run(&args, path);
-    }
     if args.batch.is_some() {
         return Err(input("--batch sets how many lines of --prompts-file generate at once; it needs --prompts-file"));
     }
@@ -120,30 +117,6 @@ fn generation_config(args: &GenerateArgs, model: &ModelDir) -> Result<Generation
     resolve_settings(model, args.sampler.overrides())
 }
 
-/// generation_config.json of `model` with the fields `over` sets replaced, resolved and checked.
-pub fn resolve_settings(model: &ModelDir, over: RawGenerationConfig) -> Result<GenerationConfig> {
-    let raw = model.generation.clone().overridden_by(over);
-    let source = Path::new("generation settings (generation_config.json and options)");
-    let cfg = raw.resolve(&model.config, source).map_err(|e| input(e.to_string()))?;
-    if !cfg.entropy_bound.is_finite() {
-        return Err(input("--entropy-bound must be finite"));
-    }
-    Ok(cfg)
-}
-
-/// The prompt and every decoded canvas must fit in the model's positions.
-pub fn check_positions(prompt_len: usize, canvases: usize, canvas: usize, max: usize) -> Result<()> {
-    let needed = prompt_len + canvases * canvas;
-    if needed > max {
-        return Err(input(format!(
-            "the prompt is too long: {prompt_len} prompt tokens + {canvases} canvas(es) of {canvas} tokens \
-             need {needed} positions, but the model has max_position_embeddings {max}; shorten the \
-             prompt or lower --max-new-tokens"
-        )));
-    }
-    Ok(())
-}
-
 /// Runs `generate` (host or resident) on `model` with a seeded random source; returns the
 /// generation and its timings.
 fn sample<M, E>(
@@ -168,16 +141,4 @@ where
         total: Duration::ZERO,
     };
     Ok((generation, timings))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn positions_count_every_canvas() {
-        assert!(check_positions(10, 2, 32, 74).is_ok());
-        let e = check_positions(11, 2, 32, 74).unwrap_err().to_string();
-        assert!(e.contains("need 75 positions") && e.contains("max_position_embeddings 74"), "{e}");
-    }
 }

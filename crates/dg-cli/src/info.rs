@@ -123,7 +123,7 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
 /// The context lengths `dg info` gives the GPU cache's bytes for: 4096, `dg serve`'s default
 /// context, and the model's longest (each at most the model's longest).
 fn gpu_cache_contexts(max_positions: usize) -> impl Iterator<Item = usize> {
-    let mut at = vec![4096.min(max_positions), crate::serve::DEFAULT_CONTEXT_CAP.min(max_positions), max_positions];
+    let mut at = vec![4096.min(max_positions), crate::settings::DEFAULT_CONTEXT_CAP.min(max_positions), max_positions];
     at.dedup();
     at.into_iter()
 }

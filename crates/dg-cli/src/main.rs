@@ -22,6 +22,7 @@ mod prompts_file;
 mod quantize;
 mod report;
 mod serve;
+mod settings;
 mod text;
 mod timing;
 mod weights;
@@ -35,7 +36,10 @@ use crate::args::{Cli, Command};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Generate(args) => generate::run(*args),
+        Command::Generate(args) => match args.prompts_file.clone() {
+            Some(path) => prompts_file::run(&args, &path),
+            None => generate::run(*args),
+        },
         Command::Info(args) => info::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Serve(args) => serve::run(*args),

@@ -22,9 +22,9 @@ use crate::backend::{self, Backend};
 use crate::batch_model::BatchModel;
 use crate::display::{Mode, Progress};
 use crate::error::{Input, input};
-use crate::generate::{check_positions, resolve_settings};
 use crate::prompt::{self, Prompt};
 use crate::report::{Report, Timings};
+use crate::settings::{check_positions, resolve_settings};
 use crate::text::TextCodec;
 use crate::{load, model_dir};
 

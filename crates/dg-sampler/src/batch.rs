@@ -98,6 +98,12 @@ impl<R, H, E: std::error::Error + 'static> Batch<R, H, E> {
         self.lanes.len() < self.capacity
     }
 
+    /// The slot [`Self::admit`] would give the next sequence (the lowest free one), if any: a
+    /// server that keeps caches between sequences readies that slot's cache first.
+    pub fn free_slot(&self) -> Option<usize> {
+        self.slot_used.iter().position(|used| !used)
+    }
+
     /// The running sequences, in admission order.
     pub fn ids(&self) -> impl Iterator<Item = SeqId> + '_ {
         self.states.iter().map(|s| s.id)
@@ -148,7 +154,7 @@ impl<R: RandomSource, H: Hooks, E: std::error::Error + 'static> Batch<R, H, E> {
             }
             check_ids("prompt", prompt, self.vocab_size)?;
             validate_config(cfg, self.vocab_size)?;
-            self.slot_used.iter().position(|used| !used).ok_or(AdmitError::Full { capacity: self.capacity })
+            self.free_slot().ok_or(AdmitError::Full { capacity: self.capacity })
         };
         let slot = match checked() {
             Ok(slot) => slot,

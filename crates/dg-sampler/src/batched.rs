@@ -239,6 +239,27 @@ impl<M: SwapCache> PerSlot<M> {
         Ok(())
     }
 
+    /// Takes `slot`'s state out (the slot is left empty): a server keeps a finished sequence's
+    /// cache this way, to continue it in any slot later with [`Self::put_slot`].
+    pub fn take_slot(&mut self, slot: usize) -> Option<M::Cache> {
+        if self.current == Some(slot) {
+            self.current = None;
+            Some(self.model.take_cache())
+        } else {
+            self.parked.get_mut(slot).and_then(Option::take)
+        }
+    }
+
+    /// Makes `state` (taken out of this model) `slot`'s, in place of what the slot held: the
+    /// slot's next calls continue that sequence.
+    pub fn put_slot(&mut self, slot: usize, state: M::Cache) {
+        self.release_slot(slot);
+        if self.parked.len() <= slot {
+            self.parked.resize_with(slot + 1, || None);
+        }
+        self.parked[slot] = Some(state);
+    }
+
     fn release_slot(&mut self, slot: usize) {
         if self.current == Some(slot) {
             drop(self.model.take_cache());

@@ -359,3 +359,23 @@ fn every_encode_reaches_the_hooks_with_its_block_and_length() {
     // The prompt, then the first two canvases (the last one is never encoded).
     assert_eq!(hooks.0, [(0, 5), (1, C), (2, C)]);
 }
+
+#[test]
+fn free_slot_is_the_slot_admit_takes_and_a_slot_state_moves_between_slots() {
+    let mut batch: Batch<SeededRng, Trace, FakeError> = Batch::new(C, V, 2).unwrap();
+    assert_eq!(batch.free_slot(), Some(0));
+    admit(&mut batch, &job(3, cfg(2, 3), 1), SeededRng::new(1));
+    assert_eq!(batch.free_slot(), Some(1));
+    admit(&mut batch, &job(4, cfg(2, 3), 2), SeededRng::new(2));
+    assert_eq!(batch.free_slot(), None);
+    // A slot's state (the fake's cache length) comes out whole and continues in another slot.
+    let mut model = PerSlot::new(FakeModel::new(spec()));
+    BatchDenoiseModel::encode(&mut model, 0, &[1, 2, 3]).unwrap();
+    BatchDenoiseModel::encode(&mut model, 1, &[4]).unwrap();
+    let state = model.take_slot(0);
+    assert_eq!((state, model.take_slot(0)), (Some(3), None), "the slot is left empty");
+    model.put_slot(1, 3);
+    BatchDenoiseModel::encode(&mut model, 1, &[5, 6]).unwrap();
+    assert_eq!(model.take_slot(1), Some(5), "slot 1 continued the state put there, not its own");
+    assert_eq!(model.model().cache_len, 0);
+}

@@ -1,23 +1,22 @@
 //! The engine: one thread that owns the model (and the GPU), takes generation jobs from a bounded
 //! queue in arrival order, runs the sampler on them and sends their progress back as [`Event`]s.
 //!
-//! Two ways to run, chosen by `dg serve --batch`:
-//! - one job at a time (`--batch 1`, the default; [`Engine`]). KV caches survive between jobs:
-//!   the model's own, and others parked in a [`Pool`] within a byte budget (least-recently-used
-//!   out first). A job whose prompt extends the tokens a cache holds (an earlier prompt and the
-//!   canvases committed after it) continues from the longest such cache and encodes only the new
-//!   tokens; the model's previous cache is parked ([`caches`]).
-//! - up to N jobs at once (`--batch N`; [`batched`]): continuous batching through
-//!   `dg_sampler::Batch`. A job joins at the next denoising step when a slot is free (with its
-//!   prompt's prefill) and leaves when it ends; on the GPU every step is one forward for all the
-//!   running jobs' canvases. Every prompt is encoded from its start (no cache reuse).
+//! Up to `--batch` jobs generate together through `dg_sampler::Batch` (continuous batching; with
+//! `--batch 1`, one at a time). A job joins at the next denoising step when a slot is free (with
+//! its prompt's prefill) and leaves when it ends; on the GPU every step is one forward for all the
+//! running jobs' canvases, on the CPU the canvases run one after another.
 //!
-//! Either way each job gets exactly the text it gets alone. A job whose client has gone (its event
-//! receiver dropped), whose text is final (EOS, a stop sequence, `max_tokens`), or that the
-//! shutdown cancels stops at its next denoising step. A panic in a generation is caught: the jobs
-//! it touched are answered with an error, the caches reset, and the engine keeps serving.
+//! KV caches survive their jobs ([`caches`]): each slot keeps the cache of the last job it ran,
+//! and others wait in a [`Pool`] within a byte budget (least-recently-used out first). A job whose
+//! prompt extends the tokens a cache holds (an earlier prompt and the canvases committed after it)
+//! continues from the longest such cache, in its slot, another idle slot or the pool, and encodes
+//! only the new tokens; the cache its slot held before is parked in the pool.
+//!
+//! Each job gets exactly the text it gets alone. A job whose client has gone (its event receiver
+//! dropped), whose text is final (EOS, a stop sequence, `max_tokens`), or that the shutdown
+//! cancels stops at its next denoising step. A panic in a generation is caught: the jobs it
+//! touched are answered with an error, the slots' caches reset, and the engine keeps serving.
 
-mod batched;
 mod caches;
 
 use std::panic::AssertUnwindSafe;
@@ -27,19 +26,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use dg_cpu::CpuModel;
-use dg_gpu::GpuModel;
 use dg_model::{GenerationConfig, ModelDir};
-use dg_sampler::{Generation, Hooks, SeededRng, StepInfo, StopReason};
-use tokio::sync::mpsc;
+use dg_sampler::{Batch, Generation, Hooks, SeededRng, SeqId, StepInfo, StopReason};
+use tokio::sync::mpsc::{self, error::TryRecvError};
 
 use super::commit::{Committer, Decode, Finish};
 use super::metrics::Metrics;
 use super::pool::Pool;
 use crate::args::{BackendArg, WeightsArg};
-use crate::backend::{self, Backend};
+use crate::batch_model::{BatchModel, ModelError, SlotCache};
 use crate::text::TextCodec;
-use caches::{CacheSkip, Snapshot};
+use caches::SlotCaches;
 
 /// One generation request, ready for the model.
 #[derive(Debug)]
@@ -91,7 +88,7 @@ pub struct Summary {
 pub enum CacheSource {
     /// None: the prompt is encoded from the start.
     None,
-    /// The model's own cache (the previous job's).
+    /// A cache the model held in one of its slots (an earlier job's, not parked in the pool).
     Resident,
     /// A cache restored from the pool.
     Pool,
@@ -116,9 +113,9 @@ pub struct EngineSetup {
     pub weights: WeightsArg,
     /// Positions a job may use (prompt and every canvas): the GPU's caches are sized for it.
     pub context: usize,
-    /// Jobs generating at once (1: one at a time, with cache reuse).
+    /// Jobs generating at once (slots of the model, each with its KV cache).
     pub batch: usize,
-    /// Bytes of parked caches the pool keeps at most (0: none; one job at a time only).
+    /// Bytes of parked caches the pool keeps at most, besides the slots' own (0: none).
     pub cache_budget: u64,
     pub codec: Arc<TextCodec>,
     pub metrics: Arc<Metrics>,
@@ -134,135 +131,148 @@ impl EngineSetup {
     }
 }
 
-/// The loaded model on its backend.
-enum Loaded {
-    Cpu(Box<CpuModel>),
-    Gpu(Box<GpuModel>),
-}
-
-impl Loaded {
-    fn reset(&mut self) {
-        match self {
-            Loaded::Cpu(m) => m.reset(),
-            Loaded::Gpu(m) => m.reset(),
-        }
-    }
-}
-
-/// Loads the model of `setup.dir` on the backend it asks for; returns it and a line describing it.
-/// The one place the one-job-at-a-time engine reads weights.
-fn load_model(setup: &EngineSetup) -> Result<(Loaded, String)> {
+/// Loads the model of `setup.dir` with `setup.batch` slots of `setup.context` positions on the
+/// backend it asks for; returns the engine on it and a line describing the backend.
+fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, String)> {
     let model = crate::model_dir::open(&setup.dir)?;
-    let choice = backend::choose(setup.backend, setup.adapter.as_deref())?;
-    let loaded = match choice.backend {
-        Backend::Cpu => Loaded::Cpu(Box::new(crate::load::cpu(&model, setup.weights)?)),
-        Backend::Gpu(ctx) => {
-            Loaded::Gpu(Box::new(crate::load::gpu(&model, *ctx, setup.context, setup.weights, crate::load::Report::Summary)?))
-        }
-    };
-    Ok((loaded, choice.description))
+    let choice = crate::backend::choose(setup.backend, setup.adapter.as_deref())?;
+    let report = crate::load::Report::Summary;
+    let loaded = BatchModel::load(&model, choice.backend, setup.context, setup.batch, setup.weights, report)?;
+    Ok((Engine::new(loaded, setup, canvas, vocab)?, choice.description))
 }
 
 /// Starts the engine thread on `jobs`; returns once the model is loaded, with its description.
-pub fn spawn(setup: EngineSetup, model: &ModelDir, mut jobs: mpsc::Receiver<Job>) -> Result<String> {
+pub fn spawn(setup: EngineSetup, model: &ModelDir, jobs: mpsc::Receiver<Job>) -> Result<String> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
-    std::thread::Builder::new().name("dg-engine".into()).spawn(move || {
-        if setup.batch > 1 {
-            let engine = match batched::BatchEngine::load(setup, canvas, vocab) {
-                Ok((engine, description)) => {
-                    let _ = ready_tx.send(Ok(description));
-                    engine
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            return engine.run(jobs);
+    std::thread::Builder::new().name("dg-engine".into()).spawn(move || match start(setup, canvas, vocab) {
+        Ok((mut engine, description)) => {
+            let _ = ready_tx.send(Ok(description));
+            engine.run(jobs);
         }
-        let (loaded, description) = match load_model(&setup) {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = ready_tx.send(Err(e));
-                return;
-            }
-        };
-        let _ = ready_tx.send(Ok(description));
-        let mut engine = Engine::new(loaded, setup, canvas, vocab);
-        while let Some(job) = jobs.blocking_recv() {
-            engine.setup.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
-            engine.serve(job);
+        Err(e) => {
+            let _ = ready_tx.send(Err(e));
         }
     })?;
     ready_rx.recv().context("the engine thread ended while loading the model")?
 }
 
-/// Runs jobs one at a time, keeping KV caches between them.
+/// The model with a slot per running job, the jobs running on it, and the caches kept between
+/// jobs.
 struct Engine {
-    model: Loaded,
-    /// The ids the model's KV cache holds, in order.
-    cached: Vec<u32>,
+    model: BatchModel,
+    batch: Batch<SeededRng, JobHooks, ModelError>,
+    /// The slot of every admitted job that has not been answered yet.
+    slot_of: Vec<(SeqId, usize)>,
+    /// What each slot's cache holds.
+    caches: SlotCaches,
     /// Other conversations' caches.
-    pool: Pool<Snapshot>,
+    pool: Pool<SlotCache>,
     setup: EngineSetup,
     decode: Decode,
-    canvas: usize,
-    vocab: usize,
 }
 
 impl Engine {
-    fn new(model: Loaded, setup: EngineSetup, canvas: usize, vocab: usize) -> Self {
+    fn new(model: BatchModel, setup: EngineSetup, canvas: usize, vocab: usize) -> Result<Self> {
+        let batch = Batch::new(canvas, vocab, setup.batch)?;
         let pool = Pool::new(setup.cache_budget);
         setup.metrics.pool_budget_bytes.store(setup.cache_budget, Ordering::Relaxed);
         let decode = setup.decode();
-        Engine { model, cached: Vec::new(), pool, setup, decode, canvas, vocab }
+        let caches = SlotCaches::new(setup.batch);
+        Ok(Engine { model, batch, slot_of: Vec::new(), caches, pool, setup, decode })
     }
 
-    fn serve(&mut self, job: Job) {
+    /// Serves `jobs` until the queue closes and the running jobs are done.
+    fn run(&mut self, mut jobs: mpsc::Receiver<Job>) {
+        loop {
+            while self.batch.has_room() {
+                // Idle: wait for a job. Running: take what is queued, without waiting.
+                let job = if self.batch.running() == 0 {
+                    match jobs.blocking_recv() {
+                        Some(job) => job,
+                        None => return,
+                    }
+                } else {
+                    match jobs.try_recv() {
+                        Ok(job) => job,
+                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    }
+                };
+                self.setup.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                self.admit(job);
+                self.answer_finished();
+            }
+            if self.batch.running() > 0 {
+                self.step();
+            }
+            self.answer_finished();
+        }
+    }
+
+    /// Readies a slot's cache for `job` and adds it to the batch (it starts at the next step), or
+    /// answers it when it cannot run.
+    fn admit(&mut self, job: Job) {
         if job.events.is_closed() {
             self.setup.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let events = job.events.clone();
-        let running = &self.setup.metrics.running;
-        running.store(1, Ordering::Relaxed);
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.run(job)));
-        self.setup.metrics.running.store(0, Ordering::Relaxed);
-        if result.is_err() {
-            self.forget();
-            self.setup.metrics.engine_panics.fetch_add(1, Ordering::Relaxed);
-            let _ = events.send(Event::Failed(PANICKED.into()));
-        }
-    }
-
-    /// Empties the cache (after a failure its contents are unknown).
-    fn forget(&mut self) {
-        self.model.reset();
-        self.cached.clear();
-    }
-
-    fn run(&mut self, job: Job) {
         // The first canvas's latency counts parking and restoring caches too.
         let started = Instant::now();
-        let (skip, source) = self.attach(&job.prompt);
-        let (mut hooks, request) = JobHooks::new(job, &self.decode, &self.setup, started);
-        let mut cache = CacheSkip { skip, encoded: std::mem::take(&mut self.cached), metrics: &self.setup.metrics };
-        let mut rng = SeededRng::new(request.seed);
-        let (c, v) = (self.canvas, self.vocab);
-        let (prompt, settings) = (&request.prompt, &request.settings);
-        let generation = match &mut self.model {
-            Loaded::Cpu(m) => {
-                dg_sampler::generate(&mut cache.wrap(&mut **m), prompt, settings, c, v, &mut rng, &mut hooks).map_err(anyhow::Error::new)
-            }
-            Loaded::Gpu(m) => dg_sampler::generate_resident(&mut cache.wrap(&mut **m), prompt, settings, c, v, &mut rng, &mut hooks)
-                .map_err(anyhow::Error::new),
+        let Some(slot) = self.batch.free_slot() else {
+            let _ = job.events.send(Event::Failed("internal error: no free slot".into()));
+            return;
         };
-        self.cached = std::mem::take(&mut cache.encoded);
-        if generation.is_err() {
-            self.forget();
+        let (reused, source) = self.attach(slot, &job.prompt);
+        let (hooks, request) = JobHooks::new(job, &self.decode, &self.setup, started, reused, source);
+        match self.batch.admit(&request.prompt, &request.settings, SeededRng::new(request.seed), hooks) {
+            Ok(id) => self.slot_of.push((id, slot)),
+            Err(rejected) => rejected.hooks.finish(Err(anyhow::Error::new(rejected.reason))),
         }
-        hooks.finish(generation, skip, source);
+        self.publish();
+    }
+
+    /// One denoising step of every running job. A panic fails every running job (the model's
+    /// state is unknown) and empties every slot; the engine goes on with the queue.
+    fn step(&mut self) {
+        let started = Instant::now();
+        let (model, batch, caches) = (&mut self.model, &mut self.batch, &mut self.caches);
+        let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| match model {
+            BatchModel::Cpu(m) => batch.step(&mut caches.reusing(&mut **m)),
+            BatchModel::Gpu(m) => batch.step_resident(&mut caches.reusing(&mut **m)),
+        }));
+        match stepped {
+            Ok(report) if report.forwarded > 0 => self.setup.metrics.step_seconds.observe(started.elapsed().as_secs_f64()),
+            Ok(_) => {}
+            Err(_) => {
+                self.setup.metrics.engine_panics.fetch_add(1, Ordering::Relaxed);
+                for (_, _, hooks) in self.batch.abandon() {
+                    let _ = hooks.events.send(Event::Failed(PANICKED.into()));
+                }
+                self.slot_of.clear();
+                for slot in 0..self.batch.capacity() {
+                    self.forget(slot);
+                }
+            }
+        }
+        self.publish();
+    }
+
+    /// Answers the jobs that left the batch. A failed job's slot is emptied (its cache's contents
+    /// are unknown); a finished one's keeps its cache for a later job.
+    fn answer_finished(&mut self) {
+        let finished: Vec<_> = self.batch.drain_finished().collect();
+        for finished in finished {
+            let slot = self.slot_of.iter().position(|(id, _)| *id == finished.id).map(|i| self.slot_of.swap_remove(i).1);
+            if let (Err(_), Some(slot)) = (&finished.result, slot) {
+                self.forget(slot);
+            }
+            finished.hooks.finish(finished.result.map_err(anyhow::Error::new));
+        }
+        self.publish();
+    }
+
+    fn publish(&self) {
+        self.setup.metrics.running.store(self.batch.running() as i64, Ordering::Relaxed);
     }
 }
 
@@ -287,14 +297,17 @@ struct JobHooks {
     metrics: Arc<Metrics>,
     cancel_all: Arc<AtomicBool>,
     started: Instant,
+    /// Prompt tokens found in a cache, and where that cache came from.
+    reused: usize,
+    source: CacheSource,
     prefill: Duration,
     first_canvas: Option<Duration>,
 }
 
 impl JobHooks {
-    /// The hooks of `job` (whose first canvas's latency counts from `started`), and what the
-    /// sampler takes.
-    fn new(job: Job, decode: &Decode, setup: &EngineSetup, started: Instant) -> (Self, Request) {
+    /// The hooks of `job` (whose first canvas's latency counts from `started`, whose first
+    /// `reused` prompt tokens come from the cache `source`), and what the sampler takes.
+    fn new(job: Job, decode: &Decode, setup: &EngineSetup, started: Instant, reused: usize, source: CacheSource) -> (Self, Request) {
         let committer = Committer::new(decode.clone(), job.settings.eos_token_ids.clone(), job.stop, job.max_tokens);
         let hooks = JobHooks {
             events: job.events,
@@ -305,6 +318,8 @@ impl JobHooks {
             metrics: setup.metrics.clone(),
             cancel_all: setup.cancel_all.clone(),
             started,
+            reused,
+            source,
             prefill: Duration::ZERO,
             first_canvas: None,
         };
@@ -312,16 +327,16 @@ impl JobHooks {
     }
 
     /// Ends the job with `generation`: the held-back text, the metrics, then `Done` or `Failed`.
-    /// `reused` prompt tokens came from the cache `source`.
-    fn finish(mut self, generation: Result<Generation>, reused: usize, source: CacheSource) {
+    fn finish(mut self, generation: Result<Generation>) {
         let event = match generation {
-            Ok(generation) => Event::Done(self.summarize(&generation, reused, source)),
+            Ok(generation) => Event::Done(self.summarize(&generation)),
             Err(e) => Event::Failed(format!("generation failed: {e:#}")),
         };
         let _ = self.events.send(event);
     }
 
-    fn summarize(&mut self, generation: &Generation, reused: usize, source: CacheSource) -> Summary {
+    fn summarize(&mut self, generation: &Generation) -> Summary {
+        let (reused, source) = (self.reused, self.source);
         let metrics = &self.metrics;
         // Stopped by the hooks before the text was final: the client left, or the shutdown.
         if generation.stop_reason == StopReason::Cancelled && self.committer.finished().is_none() {
@@ -390,36 +405,36 @@ impl Hooks for JobHooks {
 mod tests {
     use super::*;
 
-    /// An engine on the bundled model's CPU backend.
-    fn cpu_engine() -> (Engine, ModelDir) {
-        cpu_engine_with(1 << 30)
+    /// An engine of `batch` slots on the bundled model's CPU backend whose pool keeps
+    /// `cache_budget` bytes.
+    fn cpu_engine(batch: usize, cache_budget: u64) -> (Engine, ModelDir) {
+        engine(BackendArg::Cpu, batch, cache_budget).unwrap()
     }
 
-    /// An engine on the bundled model's CPU backend whose pool keeps `cache_budget` bytes.
-    fn cpu_engine_with(cache_budget: u64) -> (Engine, ModelDir) {
+    /// [`cpu_engine`] on `backend`; the loading error (no GPU adapter) as is.
+    fn engine(backend: BackendArg, batch: usize, cache_budget: u64) -> Result<(Engine, ModelDir)> {
         let dir = crate::model_dir::bundled_dir();
         let model = crate::model_dir::open(&dir).unwrap();
         let setup = EngineSetup {
             dir: dir.clone(),
-            backend: BackendArg::Cpu,
+            backend,
             adapter: None,
             weights: WeightsArg::Auto,
             context: 4096,
-            batch: 1,
+            batch,
             cache_budget,
             codec: Arc::new(TextCodec::load(&dir).unwrap().unwrap()),
             metrics: Arc::new(Metrics::default()),
             cancel_all: Arc::new(AtomicBool::new(false)),
         };
-        let (loaded, _) = load_model(&setup).unwrap();
         let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
-        (Engine::new(loaded, setup, canvas, vocab), model)
+        Ok((start(setup, canvas, vocab)?.0, model))
     }
 
     /// A job of `prompt` with seed `seed`, and the receiver of its events.
     fn job(model: &ModelDir, prompt: &[u32], max_tokens: usize, seed: u64) -> (Job, mpsc::UnboundedReceiver<Event>) {
         let over = dg_model::RawGenerationConfig { max_new_tokens: Some(max_tokens), ..Default::default() };
-        let settings = crate::generate::resolve_settings(model, over).unwrap();
+        let settings = crate::settings::resolve_settings(model, over).unwrap();
         let (events, rx) = mpsc::unbounded_channel();
         (Job { prompt: prompt.to_vec(), settings, max_tokens, stop: vec![], seed, drafts: false, events }, rx)
     }
@@ -438,30 +453,54 @@ mod tests {
         panic!("no Done event");
     }
 
-    /// Serves a job of `prompt`; returns its text and summary.
+    /// Queues `jobs` (prompt, max_tokens, seed) at once and serves them to the end; returns each
+    /// one's text and summary.
+    fn serve_all(engine: &mut Engine, model: &ModelDir, jobs: &[(Vec<u32>, usize, u64)]) -> Vec<(String, Summary)> {
+        let (tx, queue) = mpsc::channel(jobs.len().max(1));
+        let mut receivers = vec![];
+        for (prompt, max_tokens, seed) in jobs {
+            let (job, rx) = job(model, prompt, *max_tokens, *seed);
+            tx.try_send(job).unwrap();
+            receivers.push(rx);
+        }
+        drop(tx);
+        engine.run(queue);
+        receivers.iter_mut().map(answer).collect()
+    }
+
+    /// Serves a job of `prompt` alone; returns its text and summary.
     fn serve(engine: &mut Engine, model: &ModelDir, prompt: &[u32], max_tokens: usize) -> (String, Summary) {
-        let (job, mut rx) = job(model, prompt, max_tokens, 7);
-        engine.serve(job);
-        answer(&mut rx)
+        serve_all(engine, model, &[(prompt.to_vec(), max_tokens, 7)]).pop().unwrap()
+    }
+
+    /// Each job's text and summary served alone on a fresh CPU engine.
+    fn alone(model: &ModelDir, jobs: &[(Vec<u32>, usize, u64)]) -> Vec<(String, Summary)> {
+        alone_on(BackendArg::Cpu, model, jobs)
+    }
+
+    /// Each job's text and summary served alone on a fresh engine on `backend`.
+    fn alone_on(backend: BackendArg, model: &ModelDir, jobs: &[(Vec<u32>, usize, u64)]) -> Vec<(String, Summary)> {
+        jobs.iter()
+            .map(|j| {
+                let (mut engine, _) = engine(backend, 1, 0).unwrap();
+                serve_all(&mut engine, model, std::slice::from_ref(j)).pop().unwrap()
+            })
+            .collect()
+    }
+
+    fn same(got: &(String, Summary), want: &(String, Summary), what: &str) {
+        assert_eq!(got.0, want.0, "{what}");
+        assert_eq!((got.1.completion_tokens, &got.1.steps_per_canvas), (want.1.completion_tokens, &want.1.steps_per_canvas), "{what}");
     }
 
     #[test]
     fn batched_jobs_get_the_text_they_get_alone_and_a_gone_client_frees_its_slot() {
-        let (mut alone, model) = cpu_engine_with(0);
         // Different prompt lengths and lengths of answer; more jobs than slots.
         let jobs: Vec<(Vec<u32>, usize, u64)> =
             vec![((2..30).collect(), 64, 1), ((5..9).collect(), 16, 2), ((40..101).collect(), 40, 3), ((2..12).collect(), 48, 4)];
-        let mut want = vec![];
-        for (prompt, max_tokens, seed) in &jobs {
-            let (job, mut rx) = job(&model, prompt, *max_tokens, *seed);
-            alone.forget();
-            alone.serve(job);
-            want.push(answer(&mut rx));
-        }
-        let setup = EngineSetup { batch: 2, ..alone.setup };
-        let metrics = setup.metrics.clone();
-        let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
-        let (engine, _) = batched::BatchEngine::load(setup, canvas, vocab).unwrap();
+        let (mut engine, model) = cpu_engine(2, 0);
+        let want = alone(&model, &jobs);
+        let metrics = engine.setup.metrics.clone();
         let (tx, queue) = mpsc::channel(16);
         let mut receivers = vec![];
         for (prompt, max_tokens, seed) in &jobs {
@@ -476,12 +515,11 @@ mod tests {
         metrics.queue_depth.store(jobs.len() as i64 + 1, Ordering::Relaxed);
         drop(tx);
         engine.run(queue);
-        for (i, (rx, (text, summary))) in receivers.iter_mut().zip(&want).enumerate() {
-            let (got_text, got) = answer(rx);
-            assert_eq!(&got_text, text, "job {i}");
-            assert_eq!((got.completion_tokens, &got.steps_per_canvas), (summary.completion_tokens, &summary.steps_per_canvas), "job {i}");
-            assert_eq!((got.reused_tokens, got.cache), (0, CacheSource::None));
-            assert!(got.prefill > Duration::ZERO && got.first_canvas.is_some(), "job {i}: {got:?}");
+        for (i, (rx, want)) in receivers.iter_mut().zip(&want).enumerate() {
+            let got = answer(rx);
+            same(&got, want, &format!("job {i}"));
+            assert_eq!((got.1.reused_tokens, got.1.cache), (0, CacheSource::None));
+            assert!(got.1.prefill > Duration::ZERO && got.1.first_canvas.is_some(), "job {i}: {:?}", got.1);
         }
         assert_eq!(metrics.cancelled.load(Ordering::Relaxed), 1);
         assert_eq!((metrics.queue_depth.load(Ordering::Relaxed), metrics.running.load(Ordering::Relaxed)), (0, 0));
@@ -489,23 +527,21 @@ mod tests {
 
     #[test]
     fn a_prompt_that_extends_the_cache_reuses_it_and_gives_the_same_answer() {
-        let (mut warm, model) = cpu_engine();
+        let (mut warm, model) = cpu_engine(1, 1 << 30);
         let first: Vec<u32> = (2..40).collect();
         let (_, s) = serve(&mut warm, &model, &first, 64);
         assert_eq!(s.reused_tokens, 0);
-        assert!(warm.cached.len() >= first.len() && warm.cached.starts_with(&first), "the cache holds the first prompt");
+        let held = warm.caches.held[0].clone();
+        assert!(held.len() >= first.len() && held.starts_with(&first), "the slot's cache holds the first prompt");
         // The next turn: everything the cache holds, and more.
-        let mut next = warm.cached.clone();
+        let mut next = held.clone();
         next.extend([7, 8, 9, 10]);
-        let (reused_text, reused) = serve(&mut warm, &model, &next, 40);
-        assert_eq!(reused.reused_tokens, next.len() - 4);
-        let (cold, _) = cpu_engine();
-        let mut cold = cold;
-        let (fresh_text, fresh) = serve(&mut cold, &model, &next, 40);
-        assert_eq!(fresh.reused_tokens, 0);
-        assert_eq!(reused_text, fresh_text);
-        assert_eq!(reused.steps_per_canvas, fresh.steps_per_canvas);
-        assert_eq!(reused.completion_tokens, fresh.completion_tokens);
+        let reused = serve(&mut warm, &model, &next, 40);
+        assert_eq!((reused.1.reused_tokens, reused.1.cache), (next.len() - 4, CacheSource::Resident));
+        let (mut cold, _) = cpu_engine(1, 1 << 30);
+        let fresh = serve(&mut cold, &model, &next, 40);
+        assert_eq!(fresh.1.reused_tokens, 0);
+        same(&reused, &fresh, "reused and fresh");
         // A prompt that does not extend the cache starts from an empty one.
         let (_, other) = serve(&mut warm, &model, &first[..10], 32);
         assert_eq!(other.reused_tokens, 0);
@@ -513,11 +549,11 @@ mod tests {
 
     #[test]
     fn interleaved_conversations_continue_from_the_pool_and_a_small_budget_evicts() {
-        let (mut engine, model) = cpu_engine();
+        let (mut engine, model) = cpu_engine(1, 1 << 30);
         let a: Vec<u32> = (2..40).collect();
         let b: Vec<u32> = (100..170).collect();
         serve(&mut engine, &model, &a, 16);
-        let a_cached = engine.cached.clone();
+        let a_cached = engine.caches.held[0].clone();
         serve(&mut engine, &model, &b, 16);
         assert_eq!(engine.pool.len(), 1, "A's cache parked");
         let metrics = engine.setup.metrics.clone();
@@ -531,21 +567,90 @@ mod tests {
         assert_eq!(engine.pool.len(), 1, "B parked");
         assert_eq!(metrics.cache_hits_pool.load(Ordering::Relaxed), 1);
         assert_eq!(metrics.cache_misses.load(Ordering::Relaxed), 2);
-        let (mut cold, _) = cpu_engine();
+        let (mut cold, _) = cpu_engine(1, 1 << 30);
         let (fresh, f) = serve(&mut cold, &model, &a2, 16);
         assert_eq!((f.cache, text), (CacheSource::None, fresh), "the same text as without reuse");
-        // A third turn of A continues from the model's own cache.
-        let mut a3 = engine.cached.clone();
+        // A third turn of A continues from the slot's own cache.
+        let mut a3 = engine.caches.held[0].clone();
         a3.push(5);
         assert_eq!(serve(&mut engine, &model, &a3, 16).1.cache, CacheSource::Resident);
 
         // A budget smaller than one cache keeps none: A's next turn is encoded from the start.
-        let (mut small, _) = cpu_engine_with(1);
+        let (mut small, _) = cpu_engine(1, 1);
         serve(&mut small, &model, &a, 16);
         serve(&mut small, &model, &b, 16);
         let (_, s) = serve(&mut small, &model, &a2, 16);
         assert_eq!((s.cache, s.reused_tokens), (CacheSource::None, 0));
         let m = &small.setup.metrics;
         assert_eq!((small.pool.len(), m.pool_evictions.load(Ordering::Relaxed)), (0, 2));
+    }
+
+    #[test]
+    fn batched_jobs_continue_from_the_pool_and_from_other_slots_while_others_run() {
+        let (mut engine, model) = cpu_engine(2, 1 << 30);
+        let a: Vec<u32> = (2..40).collect();
+        let b: Vec<u32> = (100..170).collect();
+        let c: Vec<u32> = (200..260).collect();
+        serve(&mut engine, &model, &a, 16);
+        let a_cached = engine.caches.held[0].clone();
+        let mut a2 = a_cached.clone();
+        a2.extend([7, 8, 9]);
+        // B arrives first and takes slot 0 (A's cache goes to the pool); A's next turn runs beside
+        // it in slot 1, from the pool, encoding only its new tokens.
+        let jobs = vec![(b.clone(), 48, 1), (a2.clone(), 32, 2)];
+        let got = serve_all(&mut engine, &model, &jobs);
+        assert_eq!((got[0].1.cache, got[0].1.reused_tokens), (CacheSource::None, 0));
+        assert_eq!((got[1].1.cache, got[1].1.reused_tokens), (CacheSource::Pool, a_cached.len()));
+        let want = alone(&model, &jobs);
+        same(&got[0], &want[0], "B");
+        same(&got[1], &want[1], "A's next turn");
+        // A's third turn beside C: it takes slot 0 (B's cache parked), and A's cache, idle in slot 1,
+        // moves there; C gets slot 1, now empty.
+        let mut a3 = engine.caches.held[1].clone();
+        assert!(a3.starts_with(&a2));
+        a3.push(5);
+        let jobs = vec![(a3.clone(), 16, 4), (c, 32, 3)];
+        let got = serve_all(&mut engine, &model, &jobs);
+        assert_eq!((got[0].1.cache, got[0].1.reused_tokens), (CacheSource::Resident, a3.len() - 1));
+        assert_eq!((got[1].1.cache, got[1].1.reused_tokens), (CacheSource::None, 0));
+        let want = alone(&model, &jobs);
+        same(&got[0], &want[0], "A's third turn");
+        same(&got[1], &want[1], "C");
+        let metrics = &engine.setup.metrics;
+        assert_eq!(metrics.reused_prompt_tokens.load(Ordering::Relaxed), (a_cached.len() + a3.len() - 1) as u64);
+    }
+
+    /// On the GPU a cache moves between slots as a device copy (`GpuModel::snapshot_slot`,
+    /// `restore_slot`): a conversation continues from the pool into another slot, and from an
+    /// idle slot into the one it gets, with the text it gets alone.
+    #[test]
+    fn gpu_caches_move_between_slots_and_give_the_text_alone() {
+        let (mut engine, model) = match engine(BackendArg::Gpu, 2, 1 << 30) {
+            Ok(x) => x,
+            Err(e) if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") => {
+                eprintln!("SKIP gpu_caches_move_between_slots_and_give_the_text_alone: {e:#}");
+                return;
+            }
+            Err(e) => panic!("no GPU engine (install lavapipe, or set DG_ALLOW_NO_GPU=1 to skip): {e:#}"),
+        };
+        // Up to two canvases: A's cache holds its prompt and its first canvas unless it ended there.
+        let a: Vec<u32> = (2..30).collect();
+        serve(&mut engine, &model, &a, 40);
+        let a_cached = engine.caches.held[0].clone();
+        assert!(a_cached.starts_with(&a), "{a_cached:?}");
+        let mut a2 = a_cached.clone();
+        a2.extend([7, 8, 9]);
+        let jobs = vec![((100..150).collect(), 16, 1), (a2.clone(), 16, 2)];
+        let got = serve_all(&mut engine, &model, &jobs);
+        assert_eq!((got[1].1.cache, got[1].1.reused_tokens), (CacheSource::Pool, a_cached.len()));
+        let want = alone_on(BackendArg::Gpu, &model, &jobs);
+        same(&got[0], &want[0], "B");
+        same(&got[1], &want[1], "A's next turn, from the pool into slot 1");
+        let mut a3 = engine.caches.held[1].clone();
+        a3.push(5);
+        let jobs = vec![(a3.clone(), 16, 3)];
+        let got = serve_all(&mut engine, &model, &jobs);
+        assert_eq!((got[0].1.cache, got[0].1.reused_tokens), (CacheSource::Resident, a3.len() - 1));
+        same(&got[0], &alone_on(BackendArg::Gpu, &model, &jobs)[0], "A's third turn, from slot 1 into slot 0");
     }
 }

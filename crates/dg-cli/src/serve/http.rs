@@ -200,7 +200,7 @@ fn job(app: &App, req: &openai::Request, prompt: Vec<u32>, events: mpsc::Unbound
         ..Default::default()
     };
     let raw = app.defaults.clone().overridden_by(over);
-    let settings = crate::generate::resolve_settings(&app.model, raw).map_err(|e| ApiError::invalid(Some("dg"), format!("{e:#}")))?;
+    let settings = crate::settings::resolve_settings(&app.model, raw).map_err(|e| ApiError::invalid(Some("dg"), format!("{e:#}")))?;
     dg_sampler::validate_config(&settings, config.text.vocab_size).map_err(|e| ApiError::invalid(Some("dg"), e.to_string()))?;
     let max_tokens = settings.max_new_tokens;
     let param = Some("max_tokens");
@@ -208,7 +208,7 @@ fn job(app: &App, req: &openai::Request, prompt: Vec<u32>, events: mpsc::Unbound
         return Err(ApiError::invalid(param, format!("max_tokens {max_tokens} is over the server's context of {} positions", app.context)));
     }
     let canvases = settings.new_canvases(prompt.len(), config.canvas_length);
-    crate::generate::check_positions(prompt.len(), canvases, config.canvas_length, app.context)
+    crate::settings::check_positions(prompt.len(), canvases, config.canvas_length, app.context)
         .map_err(|e| ApiError::invalid(param, format!("{e:#}")).with(StatusCode::BAD_REQUEST, "context_length_exceeded"))?;
     Ok(Job { prompt, settings, max_tokens, stop: req.stop.clone(), seed: req.seed.unwrap_or(app.default_seed), drafts: ext.drafts, events })
 }

@@ -1,9 +1,9 @@
 //! `dg serve`: an OpenAI-compatible HTTP server (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`, `/health`, `/metrics`). One engine thread owns the model ([`engine`]); requests
 //! reach it through a bounded queue in arrival order ([`http`]); bodies follow OpenAI's shapes
-//! ([`openai`]). This module holds the options, the accept loop (header and body timeouts) and the
-//! shutdown on SIGTERM/SIGINT: stop accepting, let in-flight work finish within a deadline, cancel
-//! what is left, exit 0.
+//! ([`openai`]). This module holds the startup (options from `crate::args::ServeArgs`), the accept
+//! loop (header and body timeouts) and the shutdown on SIGTERM/SIGINT: stop accepting, let
+//! in-flight work finish within a deadline, cancel what is left, exit 0.
 
 mod commit;
 mod engine;
@@ -12,102 +12,21 @@ mod metrics;
 mod openai;
 mod pool;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Args;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::args::{BackendArg, WeightsArg};
+use crate::args::ServeArgs;
 use crate::error::input;
+use crate::settings::{DEFAULT_CONTEXT_CAP, resolve_settings};
 use crate::text::TextCodec;
 
-/// The `dg serve` options.
-#[derive(Debug, Args)]
-pub struct ServeArgs {
-    /// HF model directory or .gguf file. Default: the bundled random model (its text is noise).
-    #[arg(long, value_name = "DIR|FILE.gguf")]
-    pub model: Option<PathBuf>,
-
-    /// The name clients give as `model` (default: the directory's name).
-    #[arg(long, value_name = "NAME")]
-    pub served_model_name: Option<String>,
-
-    /// Address to listen on. Anything but loopback without --api-key prints a warning.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-
-    /// Port to listen on (0: any free port; the address is printed on stderr).
-    #[arg(long, default_value_t = 8080)]
-    pub port: u16,
-
-    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
-    #[arg(long, value_name = "KEY")]
-    pub api_key: Option<String>,
-
-    /// Generation requests that may wait for the engine; one more is answered 429.
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
-    pub queue: u32,
-
-    /// Positions a request may use (prompt plus every canvas). Default: the model's
-    /// max_position_embeddings, at most 16384 (the GPU's caches are sized for it, one per --batch
-    /// slot).
-    #[arg(long, value_name = "N")]
-    pub context: Option<usize>,
-
-    /// Requests generating at once. Each step runs their canvases together (on the GPU in one
-    /// forward); a queued request joins at the next step when one ends. Every slot holds a KV cache
-    /// of --context positions. With 1, requests run one at a time and a prompt that extends an
-    /// earlier conversation continues from its KV cache (see --cache-budget); with more, every
-    /// prompt is encoded from its start.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch: u32,
-
-    /// With --batch 1: bytes of other conversations' KV caches kept besides the model's own (host memory on the
-    /// CPU, device memory on the GPU), least recently used evicted first: digits with an optional
-    /// unit B, K, M, G (KiB, MiB, GiB). 0 keeps none.
-    #[arg(long, value_name = "BYTES", default_value = "2GiB", value_parser = pool::parse_bytes)]
-    pub cache_budget: u64,
-
-    /// Backend: gpu, cpu, or auto (the GPU when an adapter exists, else the CPU).
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    pub backend: BackendArg,
-
-    /// GPU adapter to use: a case-insensitive substring of its name (see `dg info`).
-    #[arg(long, value_name = "NAME")]
-    pub adapter: Option<String>,
-
-    /// How the GPU stores the weight matrices: auto, f32, bf16, f16, q8_0 or q4_k_m (as for `dg
-    /// generate`).
-    #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
-    pub weights: WeightsArg,
-
-    /// Defaults of a request that sets none of them (its `max_tokens`, `seed` and `dg` object win).
-    #[command(flatten)]
-    pub sampler: crate::args::SamplerArgs,
-
-    /// Largest request body, in bytes (larger: 413).
-    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20)]
-    pub max_body: usize,
-
-    /// Seconds a connection may take to send a request's headers, or its body (then it is dropped,
-    /// or answered 408).
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub request_timeout: f64,
-
-    /// Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are cancelled.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    pub shutdown_timeout: f64,
-}
-
-/// Most positions the default `--context` takes.
-pub(crate) const DEFAULT_CONTEXT_CAP: usize = 16384;
 /// How long cancelled work gets to end after the shutdown deadline.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
@@ -132,7 +51,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         return Err(input(format!("--context {context} must be in 1..={max_positions} (max_position_embeddings)")));
     }
     let defaults = args.sampler.overrides();
-    crate::generate::resolve_settings(&model, defaults.clone())?;
+    resolve_settings(&model, defaults.clone())?;
     let model_name = args
         .served_model_name
         .clone()
@@ -157,7 +76,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     eprintln!("backend: {description}");
     let running = match args.batch {
         1 => format!("one request at a time, cache pool {} bytes", args.cache_budget),
-        n => format!("batches of up to {n} requests (no cache reuse)"),
+        n => format!("batches of up to {n} requests, cache pool {} bytes", args.cache_budget),
     };
     eprintln!(
         "model: {} as {model_name:?}{}; context {context} positions, queue {}, {running}",

@@ -89,23 +89,6 @@ pub fn extends(prompt: &[u32], ids: &[u32]) -> bool {
     !ids.is_empty() && ids.len() < prompt.len() && prompt.starts_with(ids)
 }
 
-/// Parses a byte count: digits with an optional unit, `K`/`KiB`, `M`/`MiB`, `G`/`GiB` (powers of
-/// 1024) or `B` (`--cache-budget`).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|ch: char| !ch.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        other => return Err(format!("unknown unit {other:?} in {text:?}: use B, K, M or G (KiB, MiB, GiB)")),
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is not a byte count (e.g. 2GiB, 512M, 0)"))?;
-    n.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,19 +125,5 @@ mod tests {
         let mut off = Pool::new(0);
         assert_eq!(off.park(vec![1], 'a', 1), 1);
         assert_eq!(off.len(), 0);
-    }
-
-    #[test]
-    fn byte_counts_parse_with_units() {
-        assert_eq!(parse_bytes("0"), Ok(0));
-        assert_eq!(parse_bytes("1234"), Ok(1234));
-        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
-        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
-        assert_eq!(parse_bytes("3g"), Ok(3 << 30));
-        assert!(parse_bytes("2TB").unwrap_err().contains("unknown unit"));
-        assert!(parse_bytes("GiB").unwrap_err().contains("not a byte count"));
-        assert!(parse_bytes("-1").is_err());
-        assert!(parse_bytes("99999999999999G").unwrap_err().contains("too large"));
     }
 }

@@ -2,7 +2,9 @@
 //! read (every position in full layers, the last W−1 in sliding layers) copied into buffers of
 //! their own with `copy_buffer_to_buffer`, and copied back (full layers at row = position, sliding
 //! layers from row 0, their base then the window's first position).
-//! A server keeps several conversations' caches this way while the model's own cache serves another.
+//! A server keeps several conversations' caches this way while the model's own cache serves another,
+//! and moves a cache between the slots of a batched model ([`GpuModel::snapshot_slot`],
+//! [`GpuModel::restore_slot`]).
 
 use dg_model::LayerKind;
 
@@ -45,13 +47,21 @@ impl GpuModel {
     /// own cache is unchanged. A cache uploaded with [`GpuModel::set_context`] is refused (its rows
     /// do not sit at row = position).
     pub fn snapshot_cache(&self) -> Result<CacheSnapshot, GpuError> {
-        if self.uploaded_context {
+        self.snapshot_slot(0)
+    }
+
+    /// [`Self::snapshot_cache`] of `slot`'s cache (slot 0 is the single-sequence API's): a batched
+    /// server parks a finished sequence's cache this way.
+    pub fn snapshot_slot(&self, slot: usize) -> Result<CacheSnapshot, GpuError> {
+        self.check_slot(slot)?;
+        if slot == 0 && self.uploaded_context {
             return Err(GpuError::Unsupported { what: "a snapshot of a cache uploaded with set_context".into() });
         }
         let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cache snapshot") });
-        let mut layers = Vec::with_capacity(self.arena.caches[0].len());
-        for (i, ((v, spec), cache)) in self.encoded_visible().iter().zip(&self.config.text.layers).zip(&self.arena.caches[0]).enumerate() {
-            let base = if spec.kind == LayerKind::Sliding { self.sliding_bases[0] } else { 0 };
+        let mut layers = Vec::with_capacity(self.arena.caches[slot].len());
+        let visible = self.slot_visible(slot);
+        for (i, ((v, spec), cache)) in visible.iter().zip(&self.config.text.layers).zip(&self.arena.caches[slot]).enumerate() {
+            let base = if spec.kind == LayerKind::Sliding { self.sliding_bases[slot] } else { 0 };
             let row_bytes = self.arena.cache_row_bytes(spec);
             let size = v.len as u64 * row_bytes;
             let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
@@ -66,12 +76,19 @@ impl GpuModel {
             layers.push(SavedLayer { start: base + v.start, rows: v.len, row_bytes, keys, values });
         }
         self.ctx.queue.submit(Some(encoder.finish()));
-        Ok(CacheSnapshot { seq_len: self.seq_lens[0], layers })
+        Ok(CacheSnapshot { seq_len: self.seq_lens[slot], layers })
     }
 
     /// Copies a snapshot of this model's cache back to the rows it came from; the next encode and
     /// canvas forward continue from it. The snapshot stays valid (it can be restored again).
     pub fn restore_cache(&mut self, snapshot: &CacheSnapshot) -> Result<(), GpuError> {
+        self.restore_slot(0, snapshot)
+    }
+
+    /// [`Self::restore_cache`] into `slot`'s cache: the slot's next encode and canvases continue
+    /// from the snapshot, whichever slot it was taken from.
+    pub fn restore_slot(&mut self, slot: usize, snapshot: &CacheSnapshot) -> Result<(), GpuError> {
+        self.check_slot(slot)?;
         let cfg = &self.config.text;
         if snapshot.layers.len() != cfg.num_layers() {
             return Err(GpuError::Length { what: "snapshot layers", got: snapshot.layers.len(), expected: cfg.num_layers() });
@@ -99,7 +116,7 @@ impl GpuModel {
             }
         }
         let mut encoder = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cache restore") });
-        for ((l, spec), cache) in snapshot.layers.iter().zip(&cfg.layers).zip(&self.arena.caches[0]) {
+        for ((l, spec), cache) in snapshot.layers.iter().zip(&cfg.layers).zip(&self.arena.caches[slot]) {
             let size = l.rows as u64 * l.row_bytes;
             if size > 0 {
                 let offset = (l.start - base(spec.kind)) as u64 * l.row_bytes;
@@ -108,10 +125,24 @@ impl GpuModel {
             }
         }
         self.ctx.queue.submit(Some(encoder.finish()));
-        self.seq_lens[0] = snapshot.seq_len;
-        self.sliding_bases[0] = sliding_base;
-        self.context_ready = false;
-        self.uploaded_context = false;
+        self.seq_lens[slot] = snapshot.seq_len;
+        self.sliding_bases[slot] = sliding_base;
+        if slot == 0 {
+            self.context_ready = false;
+            self.uploaded_context = false;
+        }
+        Ok(())
+    }
+
+    fn check_slot(&self, slot: usize) -> Result<(), GpuError> {
+        if slot >= self.arena.slots {
+            return Err(GpuError::Limit {
+                what: format!("slot {slot}"),
+                needed: slot as u64 + 1,
+                limit: self.arena.slots as u64,
+                limit_name: "the slots the model was loaded with",
+            });
+        }
         Ok(())
     }
 }

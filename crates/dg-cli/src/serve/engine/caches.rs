@@ -1,183 +1,193 @@
-//! How the engine reuses KV caches: parking the model's cache in the pool (moved out of the CPU
-//! model, or copied on the GPU), giving the model the longest cache a prompt extends, and the
-//! model wrapper whose first encode skips the ids that cache already holds (timing each step).
+//! How the engine reuses KV caches: what each slot's cache holds, readying a slot for a new job
+//! (the longest cache its prompt extends: the slot's own, another idle slot's, or one from the
+//! pool; the slot's previous cache parked in the pool), and the model wrapper whose first encode in
+//! a slot skips the ids its cache already holds, and which keeps a finished job's cache in its slot.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
-use anyhow::Result;
-use dg_cpu::cache::KvCache;
-use dg_gpu::CacheSnapshot;
-use dg_sampler::{CategoricalRequest, DenoiseModel, ResidentModel, RowResult};
+use dg_sampler::{BatchDenoiseModel, BatchResidentModel, HostCanvases, ResidentCanvases};
 
-use super::{CacheSource, Engine, Loaded};
-use crate::serve::metrics::Metrics;
+use super::{CacheSource, Engine};
+use crate::batch_model::{BatchModel, SlotCache};
 use crate::serve::pool;
 
-/// A cache parked in the pool: moved out of the CPU model, or copied on the GPU.
-pub(super) enum Snapshot {
-    Cpu(KvCache),
-    Gpu(CacheSnapshot),
+/// The token ids each slot's cache holds, and how many of them a new job's prompt shares.
+pub(super) struct SlotCaches {
+    /// The ids each slot's cache holds, in order (empty: the slot's cache is empty).
+    pub(super) held: Vec<Vec<u32>>,
+    /// Ids the slot's next encode skips (its cache holds them already).
+    skip: Vec<usize>,
 }
 
-impl Loaded {
-    /// Moves the model's cache into a snapshot (the model is left empty); with the bytes it holds.
-    fn park(&mut self) -> Result<(Snapshot, u64)> {
-        Ok(match self {
-            Loaded::Cpu(m) => {
-                let mut cache = m.take_cache();
-                cache.shrink_to_fit();
-                let bytes = cache.bytes();
-                (Snapshot::Cpu(cache), bytes)
-            }
-            Loaded::Gpu(m) => {
-                let snapshot = m.snapshot_cache()?;
-                m.reset();
-                let bytes = snapshot.bytes();
-                (Snapshot::Gpu(snapshot), bytes)
-            }
-        })
+impl SlotCaches {
+    pub(super) fn new(slots: usize) -> Self {
+        SlotCaches { held: vec![Vec::new(); slots], skip: vec![0; slots] }
     }
 
-    /// Makes a parked cache the model's.
-    fn restore(&mut self, snapshot: Snapshot) -> Result<()> {
-        match (self, snapshot) {
-            (Loaded::Cpu(m), Snapshot::Cpu(cache)) => m.put_cache(cache)?,
-            (Loaded::Gpu(m), Snapshot::Gpu(snapshot)) => m.restore_cache(&snapshot)?,
-            _ => anyhow::bail!("a parked cache of the other backend"),
-        }
+    /// `model` with this cache bookkeeping around it.
+    pub(super) fn reusing<'a, M: ?Sized>(&'a mut self, model: &'a mut M) -> Reusing<'a, M> {
+        Reusing { model, caches: self }
+    }
+}
+
+/// A batched model whose encodes skip what a slot's cache holds already and are recorded, and
+/// whose released slots keep their caches (the engine decides when a cache goes).
+pub(super) struct Reusing<'a, M: ?Sized> {
+    model: &'a mut M,
+    caches: &'a mut SlotCaches,
+}
+
+impl<M: ?Sized> Reusing<'_, M> {
+    fn encode_with<E>(&mut self, slot: usize, ids: &[u32], encode: impl FnOnce(&mut M, &[u32]) -> Result<(), E>) -> Result<(), E> {
+        let skip = std::mem::take(&mut self.caches.skip[slot]);
+        let ids = &ids[skip.min(ids.len())..];
+        encode(self.model, ids)?;
+        self.caches.held[slot].extend_from_slice(ids);
         Ok(())
     }
 }
 
+impl<M: BatchDenoiseModel + ?Sized> BatchDenoiseModel for Reusing<'_, M> {
+    type Error = M::Error;
+    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), M::Error> {
+        self.encode_with(slot, ids, |m, ids| m.encode(slot, ids))
+    }
+    fn canvas_forward(&mut self, batch: &mut HostCanvases<'_>) -> Result<(), M::Error> {
+        self.model.canvas_forward(batch)
+    }
+    fn release(&mut self, _slot: usize) {}
+}
+
+impl<M: BatchResidentModel + ?Sized> BatchResidentModel for Reusing<'_, M> {
+    type Error = M::Error;
+    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), M::Error> {
+        self.encode_with(slot, ids, |m, ids| m.encode(slot, ids))
+    }
+    fn denoise_rows(&mut self, batch: &mut ResidentCanvases<'_>) -> Result<(), M::Error> {
+        self.model.denoise_rows(batch)
+    }
+    fn release(&mut self, _slot: usize) {}
+}
+
+/// Where a new job's prompt finds its longest cache.
+enum Found {
+    /// In the slot it gets.
+    Here,
+    /// In another slot that runs no job.
+    Slot(usize),
+    /// In the pool, at this index.
+    Pool(usize),
+    None,
+}
+
 impl Engine {
-    /// Puts the model's cache in the pool (when it holds anything and the pool keeps anything);
-    /// the model is left empty.
-    fn park(&mut self) {
-        let ids = std::mem::take(&mut self.cached);
-        if ids.is_empty() || self.pool.budget() == 0 {
-            self.model.reset();
-            return;
+    /// Readies `slot` (free, about to take a job of `prompt`): it gets the longest cache whose
+    /// ids `prompt` extends (its own, another idle slot's, or the pool's, taken out), its previous
+    /// cache parked in the pool otherwise; its next encode skips what that cache holds. Returns
+    /// the number of prompt tokens reused and where they come from.
+    pub(super) fn attach(&mut self, slot: usize, prompt: &[u32]) -> (usize, CacheSource) {
+        let held = &self.caches.held;
+        let extended = |ids: &[u32]| if pool::extends(prompt, ids) { ids.len() } else { 0 };
+        let mut found = (extended(&held[slot]), Found::Here);
+        for other in (0..held.len()).filter(|&s| s != slot && !self.slot_of.iter().any(|&(_, busy)| busy == s)) {
+            let len = extended(&held[other]);
+            if len > found.0 {
+                found = (len, Found::Slot(other));
+            }
         }
-        let metrics = &self.setup.metrics;
-        let evicted = match self.model.park() {
-            Ok((snapshot, bytes)) => self.pool.park(ids, snapshot, bytes),
-            Err(e) => {
-                eprintln!("warning: the KV cache could not be kept in the pool: {e:#}");
-                self.model.reset();
-                1
+        if let Some((index, len)) = self.pool.longest_prefix(prompt)
+            && len > found.0
+        {
+            found = (len, Found::Pool(index));
+        }
+        if found.0 == 0 {
+            found.1 = Found::None;
+        }
+        let source = match found.1 {
+            Found::Here => CacheSource::Resident,
+            Found::Slot(other) => {
+                self.park(slot);
+                let ids = std::mem::take(&mut self.caches.held[other]);
+                self.enter(slot, ids, |model| model.take_slot(other), CacheSource::Resident)
             }
-        };
-        metrics.pool_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
-        self.publish_pool();
-    }
-
-    pub(super) fn publish_pool(&self) {
-        let metrics = &self.setup.metrics;
-        metrics.pool_bytes.store(self.pool.bytes(), Ordering::Relaxed);
-        metrics.pool_entries.store(self.pool.len() as u64, Ordering::Relaxed);
-    }
-
-    /// Gives the model the longest cache `prompt` extends (its own, or one from the pool, parking
-    /// its own), or an empty one; returns the ids it holds (skipped by the first encode).
-    pub(super) fn attach(&mut self, prompt: &[u32]) -> (usize, CacheSource) {
-        let resident = if pool::extends(prompt, &self.cached) { self.cached.len() } else { 0 };
-        let metrics = self.setup.metrics.clone();
-        let source = match self.pool.longest_prefix(prompt) {
-            Some((index, len)) if len > resident => {
-                // Taken out before the model's cache is parked, which may evict.
-                let (ids, snapshot) = self.pool.take(index);
-                self.park();
-                self.publish_pool();
-                match self.model.restore(snapshot) {
-                    Ok(()) => {
-                        self.cached = ids;
-                        CacheSource::Pool
-                    }
-                    Err(e) => {
-                        eprintln!("warning: a pooled KV cache could not be restored: {e:#}");
-                        self.forget();
-                        CacheSource::None
-                    }
-                }
+            Found::Pool(index) => {
+                // Taken out before the slot's cache is parked, which may evict.
+                let (ids, cache) = self.pool.take(index);
+                self.park(slot);
+                self.enter(slot, ids, |_| Ok(cache), CacheSource::Pool)
             }
-            _ if resident > 0 => CacheSource::Resident,
-            _ => {
-                self.park();
+            Found::None => {
+                self.park(slot);
                 CacheSource::None
             }
         };
+        self.publish_pool();
+        let metrics = &self.setup.metrics;
         let counter = match source {
             CacheSource::None => &metrics.cache_misses,
             CacheSource::Resident => &metrics.cache_hits_resident,
             CacheSource::Pool => &metrics.cache_hits_pool,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        (self.cached.len(), source)
-    }
-}
-
-/// Cache reuse and timing around a model: the first encode skips the `skip` ids the cache already
-/// holds; every encoded id is recorded; each step is timed.
-pub(super) struct CacheSkip<'a> {
-    pub(super) skip: usize,
-    pub(super) encoded: Vec<u32>,
-    pub(super) metrics: &'a Metrics,
-}
-
-impl<'a> CacheSkip<'a> {
-    pub(super) fn wrap<'m, M>(&'m mut self, model: M) -> Skipping<'m, 'a, M> {
-        Skipping { cache: self, model, encodes: 0 }
-    }
-}
-
-pub(super) struct Skipping<'m, 'a, M> {
-    cache: &'m mut CacheSkip<'a>,
-    model: M,
-    encodes: usize,
-}
-
-impl<M> Skipping<'_, '_, M> {
-    fn encode_with<E>(&mut self, ids: &[u32], encode: impl FnOnce(&mut M, &[u32]) -> Result<(), E>) -> Result<(), E> {
-        let first = self.encodes == 0;
-        self.encodes += 1;
-        let ids = if first { &ids[self.cache.skip..] } else { ids };
-        encode(&mut self.model, ids)?;
-        self.cache.encoded.extend_from_slice(ids);
-        Ok(())
+        let reused = self.caches.held[slot].len();
+        self.caches.skip[slot] = reused;
+        (reused, source)
     }
 
-    fn timed<T>(&mut self, step: impl FnOnce(&mut M) -> T) -> T {
-        let start = Instant::now();
-        let out = step(&mut self.model);
-        self.cache.metrics.step_seconds.observe(start.elapsed().as_secs_f64());
-        out
-    }
-}
-
-impl<M: DenoiseModel> DenoiseModel for Skipping<'_, '_, M> {
-    type Error = M::Error;
-    fn encode(&mut self, ids: &[u32]) -> Result<(), M::Error> {
-        self.encode_with(ids, |m, ids| m.encode(ids))
-    }
-    fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), M::Error> {
-        self.timed(|m| m.canvas_forward(canvas, sc, logits))
-    }
-}
-
-impl<M: ResidentModel> ResidentModel for Skipping<'_, '_, M> {
-    type Error = M::Error;
-    fn encode(&mut self, ids: &[u32]) -> Result<(), M::Error> {
-        self.encode_with(ids, |m, ids| m.encode(ids))
-    }
-    fn denoise_rows(
+    /// Makes the cache `take` gives (holding `ids`) the cache of `slot`, which is empty; on a
+    /// failure the slot stays empty and the prompt is encoded from its start.
+    fn enter(
         &mut self,
-        canvas: &[u32],
-        sc: bool,
-        t: f32,
-        draw: CategoricalRequest<'_>,
-        rows: &mut [RowResult],
-    ) -> Result<(), M::Error> {
-        self.timed(|m| m.denoise_rows(canvas, sc, t, draw, rows))
+        slot: usize,
+        ids: Vec<u32>,
+        take: impl FnOnce(&mut BatchModel) -> anyhow::Result<SlotCache>,
+        source: CacheSource,
+    ) -> CacheSource {
+        match take(&mut self.model).and_then(|cache| self.model.put_slot(slot, cache)) {
+            Ok(()) => {
+                self.caches.held[slot] = ids;
+                source
+            }
+            Err(e) => {
+                eprintln!("warning: a kept KV cache could not be restored: {e:#}");
+                self.forget(slot);
+                CacheSource::None
+            }
+        }
+    }
+
+    /// Puts `slot`'s cache in the pool (when it holds anything and the pool keeps anything); the
+    /// slot is left empty.
+    fn park(&mut self, slot: usize) {
+        let ids = std::mem::take(&mut self.caches.held[slot]);
+        if ids.is_empty() || self.pool.budget() == 0 {
+            self.model.release(slot);
+            return;
+        }
+        let evicted = match self.model.take_slot(slot) {
+            Ok(cache) => {
+                let bytes = cache.bytes();
+                self.pool.park(ids, cache, bytes)
+            }
+            Err(e) => {
+                eprintln!("warning: the KV cache could not be kept in the pool: {e:#}");
+                self.model.release(slot);
+                1
+            }
+        };
+        self.setup.metrics.pool_evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+    }
+
+    /// Empties `slot`'s cache (after a failure its contents are unknown).
+    pub(super) fn forget(&mut self, slot: usize) {
+        self.model.release(slot);
+        self.caches.held[slot].clear();
+        self.caches.skip[slot] = 0;
+    }
+
+    pub(super) fn publish_pool(&self) {
+        let metrics = &self.setup.metrics;
+        metrics.pool_bytes.store(self.pool.bytes(), Ordering::Relaxed);
+        metrics.pool_entries.store(self.pool.len() as u64, Ordering::Relaxed);
     }
 }
