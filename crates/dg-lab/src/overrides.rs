@@ -23,7 +23,8 @@ pub fn gpu_options_from_env() -> Result<GpuOptions, TuningError> {
 
 /// [`gpu_options_from_env`] over any list of variables.
 pub fn gpu_options_from_vars<N: AsRef<str>, V: AsRef<str>>(vars: impl IntoIterator<Item = (N, V)>) -> Result<GpuOptions, TuningError> {
-    let (lab, product): (Vec<(String, String)>, Vec<(String, String)>) = vars
+    type Vars = Vec<(String, String)>;
+    let (lab, product): (Vars, Vars) = vars
         .into_iter()
         .map(|(n, v)| (n.as_ref().to_string(), v.as_ref().to_string()))
         .partition(|(name, _)| LAB_VARIABLES.contains(&name.as_str()));

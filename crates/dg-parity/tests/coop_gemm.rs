@@ -82,7 +82,7 @@ fn coop_gemm_matches_the_exact_product_on_decoder_shapes() {
         let len = (m * n) as usize;
         let tol = tolerance(k);
         // The plainest staging first: a driver that rejects a variant reports it before the others.
-        let mut tiles = TILES.iter().copied().collect::<Vec<_>>();
+        let mut tiles = TILES.to_vec();
         tiles.sort_by_key(|t| t.staging != Staging::Scalar);
         for tile in tiles {
             let name = format!("{m}x{n}x{k} tile {}", tile.label());
