@@ -31,10 +31,13 @@ pub fn upload(ctx: GpuContext, config: &ModelConfig, weights: WeightsArg, max_co
     };
     let random = RandomWeights::new(0);
     let model = match scheme {
-        Some(scheme) => {
-            GpuModel::from_source(ctx, config, &Quantized { inner: &random, scheme, config: &config.text }, max_context, format)?
-        }
-        None => GpuModel::from_source(ctx, config, &random, max_context, format)?,
+        Some(scheme) => GpuModel::load(
+            ctx,
+            config,
+            &Quantized { inner: &random, scheme, config: &config.text },
+            dg_gpu::ModelOptions::new(max_context).format(format),
+        )?,
+        None => GpuModel::load(ctx, config, &random, dg_gpu::ModelOptions::new(max_context).format(format))?,
     };
     let label = scheme.map_or(format!("{format:?}"), |s| format!("{} (the rest {format:?})", s.name()));
     Ok((model, label))

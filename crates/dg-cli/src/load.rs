@@ -67,27 +67,31 @@ pub fn gpu_slots(
     let mut bar = Bar { report, last: None };
     let src = source(model, choice.scheme);
     let format = choice.format;
-    let gpu =
-        GpuModel::from_source_with_slots(ctx, &model.config, &*src, max_context, slots, format, &mut |p| bar.draw(p, start.elapsed()))
-            .map_err(|e| match e {
-                GpuError::Model(e) => anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display()))),
-                // A weight the chosen storage cannot hold is the checkpoint's, and the user's choice.
-                e @ GpuError::OutOfRange { .. } => {
-                    anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display())))
-                }
-                // Out of device memory: say what the sequences' buffers take and what lowers it.
-                e @ GpuError::OutOfMemory { .. } => {
-                    let arena = dg_gpu::arena_bytes(&model.config, max_context, slots, cache, (u64::MAX, coop)).unwrap_or(0);
-                    anyhow::Error::new(e).context(format!(
-                        "the GPU ran out of memory for the model's weights and {slots} sequence(s) of up to {max_context} positions \
+    let gpu = GpuModel::load(
+        ctx,
+        &model.config,
+        &*src,
+        dg_gpu::ModelOptions::new(max_context).slots(slots).format(format).progress(&mut |p| bar.draw(p, start.elapsed())),
+    )
+    .map_err(|e| match e {
+        GpuError::Model(e) => anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display()))),
+        // A weight the chosen storage cannot hold is the checkpoint's, and the user's choice.
+        e @ GpuError::OutOfRange { .. } => {
+            anyhow::Error::new(e).context(Input(format!("cannot load the weights of {}", model.dir.display())))
+        }
+        // Out of device memory: say what the sequences' buffers take and what lowers it.
+        e @ GpuError::OutOfMemory { .. } => {
+            let arena = dg_gpu::arena_bytes(&model.config, max_context, slots, cache, (u64::MAX, coop)).unwrap_or(0);
+            anyhow::Error::new(e).context(format!(
+                "the GPU ran out of memory for the model's weights and {slots} sequence(s) of up to {max_context} positions \
                          (their activations and caches take about {:.2} GB beside the weights; `dg info` prints them by context): \
                          lower --context or --batch, or store the weights smaller (--weights q4_k_m); at long contexts \
                          DG_SCORES_BYTES also caps the attention's scores buffer (at most 1 GiB)",
-                        arena as f64 / 1e9
-                    ))
-                }
-                other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
-            })?;
+                arena as f64 / 1e9
+            ))
+        }
+        other => anyhow::Error::new(other).context("cannot upload the model to the GPU"),
+    })?;
     bar.clear();
     if report != Report::Quiet {
         let (bytes, params) = (gpu.weight_bytes(), gpu.weight_parameters().max(1));

@@ -32,7 +32,7 @@ fn forward(crit: &mut Criterion) {
     };
     let cfg = &config.text;
     let weights = Weights::random(cfg, 0).expect("weights");
-    let mut model = GpuModel::new(ctx, &config, &weights, context).expect("upload");
+    let mut model = GpuModel::load(ctx, &config, &weights, dg_gpu::ModelOptions::new(context)).expect("upload");
     drop(weights);
     let kv = random_context(cfg, context);
     let layers: Vec<LayerContext<'_>> = kv.iter().map(|(k, v)| LayerContext { keys: k, values: v }).collect();

@@ -19,7 +19,7 @@ mod snapshot;
 
 use dg_kernels::WeightFormat;
 use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
-use dg_model::{LayerKind, ModelConfig, TensorSource, Weights};
+use dg_model::{LayerKind, ModelConfig, TensorSource};
 use dg_sampler::{CategoricalRequest, RowResult};
 
 use crate::arena::Arena;
@@ -107,67 +107,73 @@ fn uniform_f32(u: f64) -> f32 {
     (u as f32).min(1.0 - f32::EPSILON / 2.0)
 }
 
+/// How [`GpuModel::load`] loads a model: the positions each sequence's KV cache holds (prompt
+/// plus every committed canvas), how the matrices are stored on the device, how many sequences
+/// the model holds at once, and whom to tell of the upload's progress.
+pub struct ModelOptions<'p> {
+    /// Positions of one sequence's KV cache.
+    pub max_context: usize,
+    /// Storage of the weight matrices ([`WeightFormat::F32`] by default; BF16 keeps 2 bytes per
+    /// parameter, F16 and the quantized formats feed the tensor cores).
+    pub format: WeightFormat,
+    /// Sequences with a KV cache each (1 by default).
+    pub slots: usize,
+    /// Called as the upload goes.
+    pub progress: Option<&'p mut dyn FnMut(&UploadProgress)>,
+}
+
+impl<'p> ModelOptions<'p> {
+    /// One sequence of `max_context` positions, f32 matrices, no progress reports.
+    pub fn new(max_context: usize) -> Self {
+        ModelOptions { max_context, format: WeightFormat::F32, slots: 1, progress: None }
+    }
+
+    /// The matrices stored as `format`.
+    pub fn format(self, format: WeightFormat) -> Self {
+        ModelOptions { format, ..self }
+    }
+
+    /// A KV cache for each of `slots` sequences.
+    pub fn slots(self, slots: usize) -> Self {
+        ModelOptions { slots, ..self }
+    }
+
+    /// `on_progress` told of the upload as it goes.
+    pub fn progress(self, on_progress: &'p mut dyn FnMut(&UploadProgress)) -> Self {
+        ModelOptions { progress: Some(on_progress), ..self }
+    }
+}
+
+impl std::fmt::Debug for ModelOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelOptions")
+            .field("max_context", &self.max_context)
+            .field("format", &self.format)
+            .field("slots", &self.slots)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
 impl GpuModel {
-    /// Uploads the weights (matrices in f32) and allocates the arena and cache for sequences of up
-    /// to `max_context` tokens (prompt plus every committed canvas).
-    pub fn new(ctx: GpuContext, config: &ModelConfig, weights: &Weights, max_context: usize) -> Result<Self, GpuError> {
-        Self::with_format(ctx, config, weights, max_context, WeightFormat::F32)
-    }
-
-    /// [`Self::new`] with the matrices stored in `format` (BF16: 2 bytes per parameter).
-    pub fn with_format(
-        ctx: GpuContext,
-        config: &ModelConfig,
-        weights: &Weights,
-        max_context: usize,
-        format: WeightFormat,
-    ) -> Result<Self, GpuError> {
-        Self::from_source(ctx, config, weights, max_context, format)
-    }
-
-    /// Uploads from `src` tensor by tensor in their stored dtypes (a checkpoint's bytes go from
-    /// the memory map to the device; the host never holds the model, nor an f32 copy of a tensor).
-    pub fn from_source(
+    /// The one constructor: uploads `src`'s weights tensor by tensor in their stored dtypes (a
+    /// checkpoint's bytes go from the memory map to the device; the host never holds the model,
+    /// nor an f32 copy of a tensor), the matrices stored as [`ModelOptions::format`], and
+    /// allocates the arena with a KV cache of [`ModelOptions::max_context`] positions for each of
+    /// [`ModelOptions::slots`] sequences (which [`dg_sampler::BatchResidentModel`] denoises
+    /// together), calling [`ModelOptions::progress`] as the upload goes.
+    pub fn load(
         ctx: GpuContext,
         config: &ModelConfig,
         src: &(impl TensorSource + ?Sized),
-        max_context: usize,
-        format: WeightFormat,
+        options: ModelOptions<'_>,
     ) -> Result<Self, GpuError> {
-        Self::from_source_with_progress(ctx, config, src, max_context, format, &mut |_| {})
-    }
-
-    /// [`Self::from_source`], calling `on_progress` as the upload goes.
-    pub fn from_source_with_progress(
-        ctx: GpuContext,
-        config: &ModelConfig,
-        src: &(impl TensorSource + ?Sized),
-        max_context: usize,
-        format: WeightFormat,
-        on_progress: &mut dyn FnMut(&UploadProgress),
-    ) -> Result<Self, GpuError> {
-        let gpu_weights = GpuWeights::upload_with_progress(&ctx, &config.text, src, format, on_progress)?;
-        Self::from_weights(ctx, config, gpu_weights, max_context)
-    }
-
-    /// [`Self::from_source_with_progress`] with a KV cache for each of `slots` sequences, which
-    /// [`dg_sampler::BatchResidentModel`] denoises together (one forward for all their canvases).
-    #[allow(clippy::too_many_arguments)]
-    pub fn from_source_with_slots(
-        ctx: GpuContext,
-        config: &ModelConfig,
-        src: &(impl TensorSource + ?Sized),
-        max_context: usize,
-        slots: usize,
-        format: WeightFormat,
-        on_progress: &mut dyn FnMut(&UploadProgress),
-    ) -> Result<Self, GpuError> {
-        let gpu_weights = GpuWeights::upload_with_progress(&ctx, &config.text, src, format, on_progress)?;
+        let ModelOptions { max_context, format, slots, progress } = options;
+        let gpu_weights = match progress {
+            Some(on_progress) => GpuWeights::upload_with_progress(&ctx, &config.text, src, format, on_progress)?,
+            None => GpuWeights::upload_with_progress(&ctx, &config.text, src, format, &mut |_| {})?,
+        };
         Self::from_weights_with_slots(ctx, config, gpu_weights, max_context, slots)
-    }
-
-    fn from_weights(ctx: GpuContext, config: &ModelConfig, gpu_weights: GpuWeights, max_context: usize) -> Result<Self, GpuError> {
-        Self::from_weights_with_slots(ctx, config, gpu_weights, max_context, 1)
     }
 
     fn from_weights_with_slots(

@@ -16,7 +16,7 @@ fn arena_bytes_counts_what_the_device_allocates() {
     for (context, slots, format) in [(64, 1, WeightFormat::F32), (1000, 1, WeightFormat::F16), (3000, 3, WeightFormat::F32)] {
         let Some(ctx) = test_context(test) else { return };
         let limits = (ctx.max_binding(), ctx.coop_matrix);
-        let mut model = GpuModel::with_format(ctx, &dir.config, &weights, context, format).unwrap();
+        let mut model = GpuModel::load(ctx, &dir.config, &weights, dg_gpu::ModelOptions::new(context).format(format)).unwrap();
         model.set_slots(slots).unwrap();
         let counted = dg_gpu::arena_bytes(&dir.config, context, slots, model.kv_cache_format(), limits).unwrap();
         assert_eq!(model.arena_bytes(), counted, "context {context}, {slots} slots, {format:?}");

@@ -59,7 +59,7 @@ fn a_restored_snapshot_continues_like_an_uninterrupted_run() {
         let Some(mut ctx) = test_context(test) else { return };
         ctx.tuning.prefill_rows = moving.then_some(40);
         ctx.tuning.kv_cache = kv_cache;
-        let mut model = GpuModel::new(ctx, &dir.config, &dir.load_weights().unwrap(), 512).unwrap();
+        let mut model = GpuModel::load(ctx, &dir.config, &dir.load_weights().unwrap(), dg_gpu::ModelOptions::new(512)).unwrap();
         model.set_prefill_chunk(40);
 
         model.encode(&a).unwrap();

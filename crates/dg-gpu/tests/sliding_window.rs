@@ -29,7 +29,7 @@ fn model(test: &str, dir: &ModelDir, moving: bool, kv_cache: KvCacheChoice) -> O
     if moving {
         ctx.tuning.prefill_rows = Some(CHUNK);
     }
-    let mut model = GpuModel::new(ctx, &dir.config, &dir.load_weights().unwrap(), CONTEXT).unwrap();
+    let mut model = GpuModel::load(ctx, &dir.config, &dir.load_weights().unwrap(), dg_gpu::ModelOptions::new(CONTEXT)).unwrap();
     model.set_prefill_chunk(CHUNK);
     Some(model)
 }

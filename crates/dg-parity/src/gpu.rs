@@ -52,7 +52,7 @@ impl GpuBackend {
         format: WeightFormat,
     ) -> Result<Self, BoxError> {
         let coop = ctx.coop_matrix;
-        let gpu = GpuModel::with_format(ctx, config, &weights, max_context, format)?;
+        let gpu = GpuModel::load(ctx, config, &weights, dg_gpu::ModelOptions::new(max_context).format(format))?;
         let (name, tolerances) = match format {
             WeightFormat::F32 => ("gpu", F32_TOLERANCES),
             WeightFormat::Bf16 => {
@@ -94,7 +94,7 @@ impl GpuBackend {
             WeightFormat::F16 => ("gpu-f16", if coop { F16_ACTIVATION_TOLERANCES } else { F32_TOLERANCES }),
             other => return Err(format!("{other:?}: stored checkpoints upload their other matrices in f32 or F16").into()),
         };
-        let gpu = GpuModel::from_source(ctx, config, src, max_context, format)?;
+        let gpu = GpuModel::load(ctx, config, src, dg_gpu::ModelOptions::new(max_context).format(format))?;
         let tolerances = with_cache_rounding(&gpu, tolerances);
         Ok(GpuBackend { cpu: CpuModel::new(config.clone(), weights), gpu, name, tolerances })
     }

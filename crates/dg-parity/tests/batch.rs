@@ -205,14 +205,11 @@ fn a_gpu_batch_runs_its_canvases_in_one_forward_and_gives_each_sequence_its_toke
             opts.tuning.prefill_rows = Some(1);
             dg_gpu::GpuContext::new(&opts).unwrap()
         };
-        let mut model = dg_gpu::GpuModel::from_source_with_slots(
+        let mut model = dg_gpu::GpuModel::load(
             grouped,
             &s.dir.config,
             &weights,
-            context,
-            slots,
-            dg_gpu::WeightFormat::F32,
-            &mut |_| {},
+            dg_gpu::ModelOptions::new(context).slots(slots).format(dg_gpu::WeightFormat::F32),
         )
         .unwrap();
         assert_eq!(model.vocab_group(), 2, "{name}: canvases to a vocabulary buffer");
@@ -222,7 +219,7 @@ fn a_gpu_batch_runs_its_canvases_in_one_forward_and_gives_each_sequence_its_toke
             reports.push(b.step_resident(&mut model));
         });
         assert_eq!(got[0].sequence, s.reference.ids("gen_sequences").unwrap(), "{name}: the replayed sequence is the reference's");
-        let mut alone_model = dg_gpu::GpuModel::new(ctx(), &s.dir.config, &weights, context).unwrap();
+        let mut alone_model = dg_gpu::GpuModel::load(ctx(), &s.dir.config, &weights, dg_gpu::ModelOptions::new(context)).unwrap();
         alone_model.set_prefill_chunk(slots * c);
         for (i, (j, g)) in jobs.iter().zip(&got).enumerate() {
             alone_model.reset();
@@ -244,7 +241,8 @@ fn a_gpu_batch_refuses_a_slot_it_does_not_have() {
     let s = setup("early-stop-eos");
     let weights = s.dir.load_weights().unwrap();
     let mut model =
-        dg_gpu::GpuModel::from_source_with_slots(ctx, &s.dir.config, &weights, 64, 2, dg_gpu::WeightFormat::F32, &mut |_| {}).unwrap();
+        dg_gpu::GpuModel::load(ctx, &s.dir.config, &weights, dg_gpu::ModelOptions::new(64).slots(2).format(dg_gpu::WeightFormat::F32))
+            .unwrap();
     let e = dg_sampler::BatchResidentModel::encode(&mut model, 2, &s.prompt).unwrap_err().to_string();
     assert!(e.contains("slot 2") && e.contains("slots the model was loaded with"), "{e}");
     // A batch larger than the model's slots fails its forward, and every sequence in it says so.
@@ -276,14 +274,11 @@ fn a_gpu_batch_creates_no_gpu_object_between_its_block_boundaries() {
     let prompts = [s.prompt.clone(), s.prompt[..3].to_vec(), s.prompt.repeat(2)];
     let jobs: Vec<Job> = prompts.into_iter().zip(1..).map(|(prompt, seed)| Job { prompt, cfg: cfg.clone(), seed: Some(seed) }).collect();
     let weights = s.dir.load_weights().unwrap();
-    let mut model = dg_gpu::GpuModel::from_source_with_slots(
+    let mut model = dg_gpu::GpuModel::load(
         ctx,
         &s.dir.config,
         &weights,
-        max_context(&s, &jobs),
-        3,
-        dg_gpu::WeightFormat::F32,
-        &mut |_| {},
+        dg_gpu::ModelOptions::new(max_context(&s, &jobs)).slots(3).format(dg_gpu::WeightFormat::F32),
     )
     .unwrap();
     let mut batch = Batch::new(c, v, 3).unwrap();

@@ -56,7 +56,7 @@ fn gpu_encoder_rejects_bad_input_by_name() {
     let dir = fixture("sliding-long-prompt");
     let model = ModelDir::open(&dir).unwrap();
     let v = model.config.text.vocab_size as u32;
-    let mut gpu = dg_gpu::GpuModel::new(ctx, &model.config, &model.load_weights().unwrap(), 40).unwrap();
+    let mut gpu = dg_gpu::GpuModel::load(ctx, &model.config, &model.load_weights().unwrap(), dg_gpu::ModelOptions::new(40)).unwrap();
     let e = gpu.encode(&[1, 2, v]).unwrap_err().to_string();
     assert!(e.contains(&format!("token id {v} at position 2")) && e.contains(&format!("vocab_size {v}")), "{e}");
     let e = gpu.encode(&[1; 41]).unwrap_err().to_string();
@@ -87,7 +87,7 @@ fn the_encoder_submitted_in_parts_writes_the_whole_plans_bits() {
     for per_submit in [layers, 1, 2] {
         let Some(mut ctx) = test_context(test) else { return };
         ctx.tuning.encoder_submit_layers = per_submit;
-        let mut gpu = dg_gpu::GpuModel::new(ctx, &model.config, &weights, 512).unwrap();
+        let mut gpu = dg_gpu::GpuModel::load(ctx, &model.config, &weights, dg_gpu::ModelOptions::new(512)).unwrap();
         gpu.set_prefill_chunk(5);
         gpu.encode(&prompt).unwrap();
         let cache = gpu.read_visible_cache().unwrap();

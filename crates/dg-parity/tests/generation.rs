@@ -188,7 +188,7 @@ fn a_step_submitted_in_parts_gives_the_whole_steps_results() {
     for parts in [1, 3, 100_000] {
         let Some(mut ctx) = test_context(test) else { return };
         ctx.tuning.submit_parts = parts;
-        let mut gpu = dg_gpu::GpuModel::new(ctx, &s.dir.config, &weights, 512).unwrap();
+        let mut gpu = dg_gpu::GpuModel::load(ctx, &s.dir.config, &weights, dg_gpu::ModelOptions::new(512)).unwrap();
         gpu.encode(&s.prompt).unwrap();
         let mut logits = vec![0f32; c * v];
         gpu.canvas_forward(&canvas, Some(&sc), &mut logits).unwrap();

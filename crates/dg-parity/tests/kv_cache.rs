@@ -55,14 +55,16 @@ fn the_kv_cache_is_f16_where_the_tensor_cores_run_all_attention() {
             [(WeightFormat::F16, KvCacheChoice::Auto), (WeightFormat::F32, KvCacheChoice::Auto), (WeightFormat::F16, KvCacheChoice::F32)]
         {
             let Some(ctx) = with_cache(test, choice) else { return };
-            let gpu = dg_gpu::GpuModel::with_format(ctx, &model.config, &model.load_weights().unwrap(), 64, format).unwrap();
+            let gpu =
+                dg_gpu::GpuModel::load(ctx, &model.config, &model.load_weights().unwrap(), dg_gpu::ModelOptions::new(64).format(format))
+                    .unwrap();
             assert_eq!(gpu.kv_cache_format(), WeightFormat::F32, "{name}: {format:?} weights, {choice:?}");
         }
     }
     let Some(ctx) = with_cache(test, KvCacheChoice::Auto) else { return };
     let coop = ctx.coop_matrix;
     let (config, weights) = real_heads_canvas_32();
-    let gpu = dg_gpu::GpuModel::with_format(ctx, &config, &weights, 64, WeightFormat::F16).unwrap();
+    let gpu = dg_gpu::GpuModel::load(ctx, &config, &weights, dg_gpu::ModelOptions::new(64).format(WeightFormat::F16)).unwrap();
     let want = if coop { WeightFormat::F16 } else { WeightFormat::F32 };
     assert_eq!(gpu.kv_cache_format(), want, "real head dims, canvas 32, F16 mode, cooperative matrices {coop}");
 }
@@ -92,7 +94,7 @@ fn where_the_tensor_cores_run_all_attention_an_f16_cache_gives_the_f32_caches_bi
     for (choice, format) in [(KvCacheChoice::Auto, WeightFormat::F16), (KvCacheChoice::F32, WeightFormat::F32)] {
         let Some(mut ctx) = dg_parity::testing::coop_test_context(test) else { return };
         ctx.tuning.kv_cache = choice;
-        let mut gpu = dg_gpu::GpuModel::with_format(ctx, &config, &weights, 512, WeightFormat::F16).unwrap();
+        let mut gpu = dg_gpu::GpuModel::load(ctx, &config, &weights, dg_gpu::ModelOptions::new(512).format(WeightFormat::F16)).unwrap();
         assert_eq!(gpu.kv_cache_format(), format);
         let mut bits = Vec::new();
         let mut logits = vec![0f32; c * v];

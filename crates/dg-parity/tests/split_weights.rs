@@ -101,7 +101,7 @@ fn split_weights_compute_what_whole_weights_do() {
 
         let mut models: Vec<GpuModel> = [None, Some(case.cap)]
             .into_iter()
-            .map(|cap| GpuModel::from_source(capped(cap), &dir.config, src, 256, format).unwrap())
+            .map(|cap| GpuModel::load(capped(cap), &dir.config, src, dg_gpu::ModelOptions::new(256).format(format)).unwrap())
             .collect();
         let mut outputs = Vec::new();
         for m in &mut models {
