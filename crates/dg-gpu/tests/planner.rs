@@ -881,3 +881,18 @@ fn every_product_tile_is_reachable_from_a_golden_plan_or_a_named_fallback() {
         assert!(!in_any_golden_plan(family, planned), "{why}: {family} {planned} is in a golden plan already");
     }
 }
+
+/// The planner is a leaf of dg-gpu: it plans from shapes (`dg_gpu::shapes`), the tuning and the
+/// device's capabilities as a value, and imports none of the modules that use it (the arena, the
+/// ops and the forward, the weights' upload, the model) nor the device itself.
+#[test]
+fn the_planner_imports_shapes_not_the_arena_ops_or_device() {
+    let source = include_str!("../src/planner.rs");
+    let code: String = source.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+    for module in ["arena", "ops", "forward", "weights", "model", "context", "plan", "pack", "parts"] {
+        for path in [format!("crate::{module}::"), format!("crate::{module};"), format!("crate::{{{module}")] {
+            assert!(!code.contains(&path), "the planner imports {path}");
+        }
+    }
+    assert!(code.contains("crate::shapes::"), "the planner takes its shapes from crate::shapes");
+}
