@@ -621,7 +621,7 @@ impl<B> Arena<B> {
 mod tests {
     use super::*;
 
-    /// The bytes README.md gives for a sequence's cache at the real geometry: 25 sliding layers of
+    /// The bytes docs/generate.md gives for a sequence's cache at the real geometry: 25 sliding layers of
     /// 8 × 256 K/V that hold 2047 positions past a context of 2047, 5 full layers of 2 × 512.
     #[test]
     fn a_sequences_cache_at_the_real_geometry() {

@@ -81,7 +81,7 @@ pub struct Request {
     pub dg: Extension,
 }
 
-/// Fields accepted and ignored (the README's table says why).
+/// Fields accepted and ignored (docs/serving.md's field table says why).
 const IGNORED: &[&str] = &["temperature", "top_p", "user", "stream_options", "parallel_tool_calls", "metadata", "store", "service_tier"];
 
 /// Fields refused with a 400 unless they hold their no-op value.
@@ -125,7 +125,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
             Some(false) => {
                 return Err(ApiError::invalid(
                     Some(key),
-                    format!("{key} = {value} is not supported by this server (see the README's field table)"),
+                    format!("{key} = {value} is not supported by this server (see the field table of docs/serving.md)"),
                 ));
             }
             None => return Err(ApiError::invalid(Some(key), format!("unrecognized request argument: {key}"))),
