@@ -109,13 +109,17 @@ fn unknown_adapter_name() {
 #[test]
 fn bad_tuning_variables() {
     let mut cmd = command(&["generate", "--prompt", "hi", "--backend", "cpu"]);
-    cmd.env("DG_COOP_PATH", "diret");
-    run_cmd(cmd, "").fails(INPUT, &["DG_COOP_PATH=\"diret\" is not a valid value", "staged, direct or single"]);
+    cmd.env("DG_KV_CACHE", "bf16");
+    run_cmd(cmd, "").fails(INPUT, &["DG_KV_CACHE=\"bf16\" is not a valid value", "auto, f32 or f16"]);
     let mut cmd = command(&["generate", "--prompt", "hi"]);
-    cmd.env("DG_SPLIT_TARGETS", "8");
-    run_cmd(cmd, "").fails(INPUT, &["unknown variable DG_SPLIT_TARGETS", "DG_SPLIT_TARGET,"]);
+    cmd.env("DG_KV_CACHES", "f16");
+    run_cmd(cmd, "").fails(INPUT, &["unknown variable DG_KV_CACHES", "DG_KV_CACHE,"]);
+    // The lab's variables are refused by dg, saying whose they are.
+    let mut cmd = command(&["generate", "--prompt", "hi", "--backend", "cpu"]);
+    cmd.env("DG_COOP_PATH", "direct");
+    run_cmd(cmd, "").fails(INPUT, &["DG_COOP_PATH", "lab override"]);
     let mut cmd = command(&["generate", "--prompt-ids", "2,17", "--max-new-tokens", "4", "--steps", "2", "--backend", "cpu"]);
-    cmd.env("DG_QKV", "separate").env("DG_ALLOW_NO_GPU", "1");
+    cmd.env("DG_KV_CACHE", "f32").env("DG_ALLOW_NO_GPU", "1");
     let run = run_cmd(cmd, "");
     assert_eq!(run.code, 0, "valid variables are accepted: {}", run.stderr);
 }
