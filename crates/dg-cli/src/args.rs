@@ -115,22 +115,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub sampler: SamplerArgs,
 
-    /// Backend: gpu, cpu, or auto (the GPU when an adapter exists, else the CPU).
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    pub backend: BackendArg,
-
-    /// GPU adapter to use: a case-insensitive substring of its name (see `dg info`).
-    #[arg(long, value_name = "NAME")]
-    pub adapter: Option<String>,
-
-    /// How the GPU stores the weight matrices: auto (the fastest mode within dg's accuracy bar:
-    /// f16 where the GPU has tensor cores, else the checkpoint as stored: BF16 if it is BF16, else
-    /// f32, a quantized GGUF's blocks), f32, bf16, f16, or quantized at load (q8_0, q4_k_m; on the
-    /// CPU, the f32 reference on the dequantized values). Arithmetic is f32, except with f16 on a
-    /// GPU with tensor cores (cooperative matrices): projections, experts, head and attention in
-    /// f16 operands there, quantized matrices dequantized into them.
-    #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
-    pub weights: WeightsArg,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 
     /// Print one JSON object on stdout: prompt_ids, output_ids (every generated canvas, whole; pad
     /// after an EOS), text (the output up to its first EOS; null without a tokenizer), stop_reason,
@@ -235,18 +221,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "BYTES", default_value = "2GiB", value_parser = crate::settings::parse_bytes)]
     pub cache_budget: u64,
 
-    /// Backend: gpu, cpu, or auto (the GPU when an adapter exists, else the CPU).
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    pub backend: BackendArg,
-
-    /// GPU adapter to use: a case-insensitive substring of its name (see `dg info`).
-    #[arg(long, value_name = "NAME")]
-    pub adapter: Option<String>,
-
-    /// How the GPU stores the weight matrices: auto, f32, bf16, f16, q8_0 or q4_k_m (as for `dg
-    /// generate`).
-    #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
-    pub weights: WeightsArg,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 
     /// Defaults of a request that sets none of them (its `max_tokens`, `seed` and `dg` object win).
     #[command(flatten)]
@@ -264,6 +240,27 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are cancelled.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub shutdown_timeout: f64,
+}
+
+/// Where the model runs and how the GPU stores it (`dg generate` and `dg serve` alike).
+#[derive(Debug, Clone, Args)]
+pub struct DeviceArgs {
+    /// Backend: gpu, cpu, or auto (the GPU when an adapter exists, else the CPU).
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+
+    /// GPU adapter to use: a case-insensitive substring of its name (see `dg info`).
+    #[arg(long, value_name = "NAME")]
+    pub adapter: Option<String>,
+
+    /// How the GPU stores the weight matrices: auto (the fastest mode within dg's accuracy bar:
+    /// f16 where the GPU has tensor cores, else the checkpoint as stored: BF16 if it is BF16, else
+    /// f32, a quantized GGUF's blocks), f32, bf16, f16, or quantized at load (q8_0, q4_k_m; on the
+    /// CPU, the f32 reference on the dequantized values). Arithmetic is f32, except with f16 on a
+    /// GPU with tensor cores (cooperative matrices): projections, experts, head and attention in
+    /// f16 operands there, quantized matrices dequantized into them.
+    #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
+    pub weights: WeightsArg,
 }
 
 /// The sampler settings `generation_config.json` gives, overridden from the command line (for

@@ -42,7 +42,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         (false, false) => Mode::Lines,
     };
     let stream_stdout = mode == Mode::Live && !args.json && std::io::stdout().is_terminal();
-    let choice = backend::choose(args.backend, args.adapter.as_deref())?;
+    let choice = backend::choose(args.device.backend, args.device.adapter.as_deref())?;
     if mode != Mode::Quiet {
         eprintln!("backend: {}", choice.description);
         eprintln!(
@@ -66,7 +66,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let adapter = choice.adapter();
     let (generation, mut timings) = match choice.backend {
         Backend::Cpu => {
-            let cpu = load::cpu(&model, args.weights)?;
+            let cpu = load::cpu(&model, args.device.weights)?;
             let load = load_start.elapsed();
             sample(cpu, load, args.sampler.seed, |m, rng| {
                 dg_sampler::generate(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
@@ -80,7 +80,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 Mode::Live => load::Report::Bar,
                 Mode::Lines => load::Report::Summary,
             };
-            let gpu = load::gpu(&model, *ctx, positions, args.weights, report)?;
+            let gpu = load::gpu(&model, *ctx, positions, args.device.weights, report)?;
             let load = load_start.elapsed();
             sample(gpu, load, args.sampler.seed, |m, rng| {
                 dg_sampler::generate_resident(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)

@@ -69,7 +69,7 @@ pub fn run(args: &GenerateArgs, path: &Path) -> Result<()> {
     let settings = resolve_settings(&model, args.sampler.overrides())?;
     let lines = prepare(args, path, &model, codec.as_ref(), &settings)?;
     let capacity = args.batch.map_or(DEFAULT_BATCH, |n| n as usize).min(lines.len());
-    let choice = backend::choose(args.backend, args.adapter.as_deref())?;
+    let choice = backend::choose(args.device.backend, args.device.adapter.as_deref())?;
     if !args.quiet {
         eprintln!("backend: {}", choice.description);
         eprintln!(
@@ -112,7 +112,7 @@ pub fn run(args: &GenerateArgs, path: &Path) -> Result<()> {
     let (c, v) = (config.canvas_length, config.text.vocab_size);
     let positions = lines.iter().map(|l| l.prompt.ids.len() + l.planned * c).max().unwrap_or(0);
     let report = if args.quiet { load::Report::Quiet } else { load::Report::Summary };
-    let mut model = BatchModel::load(&model, choice.backend, positions, capacity, args.weights, report)?;
+    let mut model = BatchModel::load(&model, choice.backend, positions, capacity, args.device.weights, report)?;
     let mut batch = Batch::new(c, v, capacity)?;
     let mut pending = lines.iter();
     let mut admitted = Vec::with_capacity(lines.len());

@@ -62,9 +62,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let (jobs_tx, jobs_rx) = mpsc::channel(args.queue as usize);
     let setup = engine::EngineSetup {
         dir: dir.clone(),
-        backend: args.backend,
-        adapter: args.adapter.clone(),
-        weights: args.weights,
+        backend: args.device.backend,
+        adapter: args.device.adapter.clone(),
+        weights: args.device.weights,
         context,
         batch: args.batch as usize,
         cache_budget: args.cache_budget,
