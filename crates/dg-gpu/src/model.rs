@@ -169,10 +169,9 @@ impl GpuModel {
         options: ModelOptions<'_>,
     ) -> Result<Self, GpuError> {
         let ModelOptions { max_context, format, slots, progress } = options;
-        let gpu_weights = match progress {
-            Some(on_progress) => GpuWeights::upload_with_progress(&ctx, &config.text, src, format, on_progress)?,
-            None => GpuWeights::upload_with_progress(&ctx, &config.text, src, format, &mut |_| {})?,
-        };
+        let mut silent = |_: &UploadProgress| {};
+        let on_progress: &mut dyn FnMut(&UploadProgress) = progress.unwrap_or(&mut silent);
+        let gpu_weights = GpuWeights::upload_with_progress(&ctx, &config.text, src, format, on_progress)?;
         Self::from_weights_with_slots(ctx, config, gpu_weights, max_context, slots)
     }
 
