@@ -6,8 +6,9 @@
 //! A [`Planner`] is the device's [`Capabilities`] (a plain value, so that the choices can be tested
 //! without a device: `tests/planner.rs` holds them for the real model's products) and the
 //! [`Tuning`]. It is a leaf of dg-gpu: it imports the shapes it plans for (`crate::shapes`), never
-//! the arena, the ops or the device (`GpuContext::planner` builds one for an open device). The tile rules and measured thresholds themselves live with their kernels in
-//! dg-kernels (`coop_gemm::plan_layout`, `coop_gemm::Split`, `coop_grouped_gemm::choose`,
+//! the arena, the ops or the device (`GpuContext::planner` builds one for an open device). The
+//! tile rules and measured thresholds themselves still live with their kernels in dg-kernels
+//! (`coop_gemm::plan_layout`, `coop_gemm::Split`, `coop_grouped_gemm::choose`,
 //! `grouped_gemm::choose`, `gemm::choose_batched`); this module is where they are combined.
 
 use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
