@@ -12,6 +12,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use dg_gpu::Instrumentation;
 use dg_sampler::{Batch, NoHooks, SeededRng};
 
 use crate::bench_generate::{Workload, median};
@@ -37,7 +38,7 @@ pub struct Args {
     profile: bool,
 }
 
-/// One step's `(scope, kernel, nanoseconds)` per dispatch (`GpuModel::profile_last_batch`).
+/// One step's `(scope, kernel, nanoseconds)` per dispatch (`Instrumentation::profile_last_batch`).
 type Profile = Vec<(String, String, f64)>;
 
 pub fn run(args: Args) -> Result<bool> {

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use dg_gpu::{EncoderProfile, GpuContext, GpuModel, GpuOptions, LayerContext};
+use dg_gpu::{EncoderProfile, GpuContext, GpuModel, GpuOptions, Instrumentation, LayerContext};
 use dg_model::{LayerKind, ModelConfig, TextConfig};
 use dg_parity::testing::{random_context, seeded};
 

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dg_gpu::{GpuContext, GpuModel, GpuOptions, LayerContext};
+use dg_gpu::{GpuContext, GpuModel, GpuOptions, Instrumentation, LayerContext};
 use dg_model::{ModelConfig, Weights};
 use dg_parity::testing::{random_context, seeded};
 use dg_sampler::{CategoricalRequest, RowResult};

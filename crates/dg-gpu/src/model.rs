@@ -9,12 +9,13 @@
 //!   16 bytes per canvas position come back.
 //! - [`GpuModel::canvas_forward`] ([`dg_sampler::DenoiseModel`]) reads the full logits back instead
 //!   (logits-level parity, and the host sampler).
-//! - [`GpuModel::set_context`] uploads a cache computed elsewhere (benchmarks, layer parity).
+//! - [`Instrumentation`] holds what benchmarks and parity need beyond that ([`instrument`]): a cache
+//!   computed elsewhere uploaded, one layer run alone, profiles and timed replays.
 //! - [`GpuModel::snapshot_cache`] and [`GpuModel::restore_cache`] keep a copy of the cache on the
 //!   device and put it back ([`snapshot`]).
 
 mod batch;
-mod profile;
+mod instrument;
 mod snapshot;
 
 use dg_kernels::WeightFormat;
@@ -23,17 +24,14 @@ use dg_model::{LayerKind, ModelConfig, TensorSource};
 use dg_sampler::{CategoricalRequest, RowResult};
 
 use crate::arena::Arena;
-use crate::context::{Created, GpuContext, map_read_with};
+use crate::context::{GpuContext, map_read_with};
 use crate::error::GpuError;
-use crate::forward::{
-    CanvasAt, EncoderChunk, ForwardShape, LayerPass, Visible, record_canvas_forward, record_encoder_chunk, record_encoder_layers,
-    record_layer,
-};
+use crate::forward::{EncoderChunk, ForwardShape, Visible, record_canvas_forward, record_encoder_chunk, record_encoder_layers};
 use crate::ops::Recorder;
 use crate::plan::{Pipelines, Plan, submit_in_parts};
 use crate::weights::{GpuWeights, UploadProgress};
 
-pub use profile::EncoderProfile;
+pub use instrument::{EncoderProfile, Instrumentation};
 pub use snapshot::CacheSnapshot;
 
 /// Visible cached K/V of one layer, `[tokens, kv_heads, head_dim]` each.
@@ -75,7 +73,7 @@ pub struct GpuModel {
     /// a forward's canvas, or a commit of a canvas at the positions it was denoised at, finds its
     /// tables there ([`Self::ensure_rope`]).
     rope_blocks: Vec<Option<usize>>,
-    /// The cache came from [`GpuModel::set_context`] (rows from 0, not at row = position).
+    /// The cache came from [`Instrumentation::set_context`](crate::Instrumentation::set_context) (rows from 0, not at row = position).
     uploaded_context: bool,
     /// u32 staging of the per-step draw inputs.
     draw_words: Vec<u32>,
@@ -224,11 +222,6 @@ impl GpuModel {
         self.weights.format
     }
 
-    /// GPU objects created so far.
-    pub fn created(&self) -> Created {
-        self.ctx.created()
-    }
-
     /// Tokens in the cache.
     pub fn seq_len(&self) -> usize {
         self.seq_lens[0]
@@ -237,12 +230,6 @@ impl GpuModel {
     /// The longest sequence the cache holds.
     pub fn max_context(&self) -> usize {
         self.arena.max_context
-    }
-
-    /// Query tokens per attention block of a group of `queries` over `keys` keys: all of them
-    /// where their scores fit the arena's scores buffer, else fewer (long contexts).
-    pub fn attention_block(&self, queries: usize, keys: usize) -> Result<usize, GpuError> {
-        self.arena.query_block(self.config.text.num_attention_heads, queries, keys)
     }
 
     /// How the KV cache stores keys and values: f32, or f16 (`arena::cache_format`).
@@ -254,12 +241,6 @@ impl GpuModel {
     /// window and a chunk: the window moves to row 0 as the sequence grows past it).
     pub fn sliding_positions(&self) -> usize {
         self.arena.sliding_positions
-    }
-
-    /// Encodes in chunks of at most `tokens` (clamped to 1..=the arena's rows; the default is the
-    /// largest). Chunking changes only rounding (spec §4.5); tests use it to exercise chunk seams.
-    pub fn set_prefill_chunk(&mut self, tokens: usize) {
-        self.prefill_chunk = tokens.clamp(1, self.arena.token_rows);
     }
 
     /// Forgets every cached token.
@@ -533,64 +514,6 @@ impl GpuModel {
         Ok(())
     }
 
-    /// Uploads a cache computed elsewhere: `seq_len` tokens encoded so far, and per layer the K/V
-    /// the decoder sees (sliding layers: the last W−1), stored from cache row 0.
-    pub fn set_context(&mut self, seq_len: usize, layers: &[LayerContext<'_>]) -> Result<(), GpuError> {
-        let cfg = &self.config.text;
-        if layers.len() != cfg.num_layers() {
-            return Err(GpuError::Length { what: "context layers", got: layers.len(), expected: cfg.num_layers() });
-        }
-        let mut visible = Vec::with_capacity(layers.len());
-        for (i, (l, spec)) in layers.iter().zip(&cfg.layers).enumerate() {
-            let per_token = spec.num_kv_heads * spec.head_dim;
-            let n = l.keys.len() / per_token;
-            let positions = self.arena.cache_positions(spec.kind);
-            if n > positions {
-                return Err(GpuError::Limit {
-                    what: format!("layer {i} context of {n} tokens"),
-                    needed: n as u64,
-                    limit: positions as u64,
-                    limit_name: "the positions the arena's cache of that layer holds",
-                });
-            }
-            if l.values.len() != l.keys.len() || l.keys.len() != n * per_token {
-                return Err(GpuError::Length { what: "context values", got: l.values.len(), expected: n * per_token });
-            }
-            let cache = &self.arena.caches[0][i];
-            for (buffer, rows) in [(&cache.keys, l.keys), (&cache.values, l.values)] {
-                match self.arena.cache_format {
-                    WeightFormat::F16 => {
-                        let halves: Vec<u16> = rows.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
-                        self.ctx.queue.write_buffer(buffer, 0, bytemuck::cast_slice(&halves));
-                    }
-                    _ => self.ctx.queue.write_buffer(buffer, 0, bytemuck::cast_slice(rows)),
-                }
-            }
-            visible.push(Visible { start: 0, len: n });
-        }
-        self.seq_lens[0] = seq_len;
-        self.sliding_bases[0] = 0;
-        self.uploaded_context = true;
-        self.prepare_block(visible)
-    }
-
-    /// The cached K/V each decoder layer would see now, read back (cache-level parity):
-    /// `(keys, values)` per layer, `[tokens, kv_heads, head_dim]`.
-    pub fn read_visible_cache(&mut self) -> Result<Vec<LayerKv>, GpuError> {
-        self.prepare_canvas()?;
-        let visible = self.plans.as_ref().map(|p| p.visible.clone()).unwrap_or_default();
-        let cfg = &self.config.text;
-        visible
-            .iter()
-            .zip(&cfg.layers)
-            .zip(&self.arena.caches[0])
-            .map(|((v, spec), cache)| {
-                let row = spec.num_kv_heads * spec.head_dim;
-                Ok((self.read_cache(&cache.keys, v.start * row, v.len * row)?, self.read_cache(&cache.values, v.start * row, v.len * row)?))
-            })
-            .collect()
-    }
-
     /// `len` cached values from element `offset` of a cache buffer, as f32 (f16 ones widened
     /// exactly; an f16 cache's offsets and lengths are whole rows, so even).
     fn read_cache(&self, buffer: &wgpu::Buffer, offset: usize, len: usize) -> Result<Vec<f32>, GpuError> {
@@ -617,84 +540,6 @@ impl GpuModel {
         self.plans.as_ref().ok_or(GpuError::NoContext)
     }
 
-    /// Runs one canvas forward with a timestamp around every dispatch:
-    /// `(scope, kernel, nanoseconds)` per dispatch (see [`Plan::profile`]).
-    pub fn profile_step(&mut self, canvas: &[u32], self_conditioning: bool) -> Result<Vec<(String, String, f64)>, GpuError> {
-        self.check_canvas(canvas)?;
-        self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(canvas));
-        self.prepare_canvas()?;
-        let plans = self.block_plans()?;
-        let plan = if self_conditioning { &plans.self_conditioned } else { &plans.plain };
-        plan.profile(&self.ctx)
-    }
-
-    /// Runs decoder layer `i` alone on `hidden` (`[C, H]`, the layer's input) against the current
-    /// context and returns its output: the GPU half of layer-level parity. Builds a one-off plan.
-    pub fn run_layer(&mut self, i: usize, hidden: &[f32]) -> Result<Vec<f32>, GpuError> {
-        self.prepare_canvas()?;
-        let visible = self.block_plans()?.visible[i];
-        self.ctx.queue.write_buffer(&self.arena.hidden, 0, bytemuck::cast_slice(hidden));
-        let plan = {
-            let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
-            let canvas = [CanvasAt { slot: 0, visible }];
-            record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(&canvas))?;
-            rec.finish()?
-        };
-        plan.run(&self.ctx)?;
-        self.ctx.read_f32(&self.arena.hidden, 0, hidden.len())
-    }
-
-    /// What the router of the layer [`Self::run_layer`] last ran saw and chose: its input `[C, H]`
-    /// (`rms(h)·scale·H^-½`, f32) and the experts it chose, `[C, k]`.
-    pub fn last_routing(&self) -> Result<(Vec<f32>, Vec<u32>), GpuError> {
-        let (c, h, k) = (self.config.canvas_length, self.config.text.hidden_size, self.config.text.top_k_experts);
-        Ok((self.ctx.read_f32(&self.arena.branch_in, c * h, c * h)?, self.ctx.read_u32(&self.arena.topk_idx, 0, c * k)?))
-    }
-
-    /// Wall time of the decoder layers alone, in normal execution (one compute pass, no
-    /// timestamps): records a plan of every layer once, replays it `steps` times, waits for the
-    /// device each time, and returns the mean milliseconds per replay of all layers.
-    pub fn time_layers(&mut self, steps: usize) -> Result<f64, GpuError> {
-        self.prepare_canvas()?;
-        let visible = self.block_plans()?.visible.clone();
-        let plan = {
-            let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
-            for (i, v) in visible.iter().enumerate() {
-                let canvas = [CanvasAt { slot: 0, visible: *v }];
-                record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(&canvas))?;
-            }
-            rec.finish()?
-        };
-        plan.run(&self.ctx)?;
-        let start = std::time::Instant::now();
-        for _ in 0..steps {
-            plan.run(&self.ctx)?;
-        }
-        Ok(start.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64)
-    }
-
-    /// Host milliseconds to encode the self-conditioned forward's commands into a command buffer
-    /// (what a step pays before its submit; the buffer is finished and dropped, never run), the
-    /// median of `rounds`.
-    pub fn time_encoding(&mut self, rounds: usize) -> Result<f64, GpuError> {
-        self.prepare_canvas()?;
-        let plan = &self.block_plans()?.self_conditioned;
-        let mut ms: Vec<f64> = (0..rounds.max(1))
-            .map(|_| {
-                let start = std::time::Instant::now();
-                drop(plan.command_buffer(&self.ctx, "encoding timed"));
-                start.elapsed().as_secs_f64() * 1e3
-            })
-            .collect();
-        ms.sort_by(f64::total_cmp);
-        Ok(ms[ms.len() / 2])
-    }
-
-    /// Number of dispatches of the self-conditioned plan.
-    pub fn dispatches(&self) -> usize {
-        self.plans.as_ref().map_or(0, |p| p.self_conditioned.len())
-    }
-
     fn check_canvas(&self, canvas: &[u32]) -> Result<(), GpuError> {
         let (c, v) = (self.config.canvas_length, self.config.text.vocab_size);
         if canvas.len() != c {
@@ -719,12 +564,12 @@ impl GpuModel {
             }
             self.ctx.queue.write_buffer(&self.arena.sc_probs[0], 0, bytemuck::cast_slice(sc));
         }
-        self.run_step(canvas, self_conditioning.is_some(), Some(logits))
+        self.step(canvas, self_conditioning.is_some(), Some(logits))
     }
 
     /// One canvas forward whose self-conditioning input is whatever `sc_probs` holds on the
-    /// device (benchmarks); reads the logits back only when `logits` is given.
-    pub fn run_step(&mut self, canvas: &[u32], self_conditioning: bool, logits: Option<&mut [f32]>) -> Result<(), GpuError> {
+    /// device; reads the logits back only when `logits` is given.
+    fn step(&mut self, canvas: &[u32], self_conditioning: bool, logits: Option<&mut [f32]>) -> Result<(), GpuError> {
         self.check_canvas(canvas)?;
         self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(canvas));
         let bytes = (canvas.len() * self.config.text.vocab_size * 4) as u64;

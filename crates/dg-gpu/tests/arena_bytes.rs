@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use dg_gpu::{GpuModel, WeightFormat};
+use dg_gpu::{GpuModel, Instrumentation, WeightFormat};
 use dg_model::ModelDir;
 use dg_parity::testing::test_context;
 

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use dg_gpu::{GpuError, GpuModel, KvCacheChoice};
+use dg_gpu::{GpuError, GpuModel, Instrumentation, KvCacheChoice};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_parity::testing::test_context;
 use dg_sampler::{CategoricalRequest, NoHooks, ResidentModel, RowResult, SeededRng, generate_resident};

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use dg_gpu::{GpuModel, KvCacheChoice};
+use dg_gpu::{GpuModel, Instrumentation, KvCacheChoice};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_parity::testing::test_context;
 use dg_sampler::{NoHooks, SeededRng, generate_resident};

@@ -4,7 +4,7 @@
 
 use dg_cpu::CpuModel;
 use dg_cpu::layer::RouterTrace;
-use dg_gpu::{GpuContext, GpuModel, LayerContext, WeightFormat};
+use dg_gpu::{GpuContext, GpuModel, Instrumentation, LayerContext, WeightFormat};
 use dg_model::{GenerationConfig, ModelConfig, TensorSource, Weights};
 use dg_sampler::{Generation, Hooks, RandomSource, generate_resident};
 
@@ -317,7 +317,7 @@ const ROUTER_ROUNDING: f64 = 1.0 / 2048.0;
 
 /// Whether a layer step that left its tolerance comes from a router's top-k choice flipping on a
 /// close margin, the one discontinuous step of a layer: `Some` where the GPU's router (in
-/// `gpu`'s last [`GpuModel::run_layer`] of layer `i`, on `input`) chose other experts than the
+/// `gpu`'s last [`Instrumentation::run_layer`](dg_gpu::Instrumentation::run_layer) of layer `i`, on `input`) chose other experts than the
 /// CPU's (`trace`) and every such token's swap lies within reach, with the tokens described and
 /// the CPU's layer on `input` run with the GPU's experts (which the caller compares instead).
 /// Reach, per token: twice the largest difference between the CPU's logits of the GPU's router

@@ -5,7 +5,7 @@
 //! encoder chunk, run in blocks; the forward's logits still hold the transformers fixtures'
 //! tolerances, the encoder's cache the CPU's, and a seeded generation gives the CPU's tokens.
 
-use dg_gpu::{GpuContext, GpuModel};
+use dg_gpu::{GpuContext, GpuModel, Instrumentation};
 use dg_model::ModelDir;
 use dg_parity::checks::{Backend, logits_checks};
 use dg_parity::gpu::GpuBackend;

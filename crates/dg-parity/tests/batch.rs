@@ -9,6 +9,7 @@
 //! sequences stay creates GPU objects only at the steps where their blocks start.
 
 use dg_cpu::CpuModel;
+use dg_gpu::Instrumentation;
 use dg_model::{GenerationConfig, ModelDir, StoppingConfig};
 use dg_parity::reference::Reference;
 use dg_parity::replay::replay_config;

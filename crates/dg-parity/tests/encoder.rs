@@ -5,6 +5,7 @@
 //! caches hold only the window and a chunk (the window moves to row 0 as the sequence grows). A
 //! chunk recorded and submitted a few layers at a time writes the one plan's cache bit for bit.
 
+use dg_gpu::Instrumentation;
 use dg_model::ModelDir;
 use dg_parity::checks::Backend;
 use dg_parity::gpu::GpuBackend;

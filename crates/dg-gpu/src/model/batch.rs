@@ -17,7 +17,6 @@ use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
 use dg_sampler::{CategoricalRequest, ResidentCanvases};
 
 use super::{GpuModel, uniform_f32};
-use crate::arena::Arena;
 use crate::context::map_read_with;
 use crate::error::GpuError;
 use crate::forward::{CanvasShape, ForwardShape, SelfConditioning, record_canvas_forward};
@@ -34,6 +33,13 @@ pub(super) struct PlanCache {
     /// The shape of the last step run.
     last: Option<ForwardShape>,
     inputs: StepInputs,
+}
+
+impl PlanCache {
+    /// The plan of the last step run, if any.
+    pub(super) fn last_plan(&self) -> Option<&Plan> {
+        self.last.as_ref().and_then(|s| self.plans.get(s))
+    }
 }
 
 /// One step's inputs for the forward's canvases, in slot order.
@@ -75,38 +81,6 @@ impl GpuModel {
     /// of every slot's canvas).
     pub fn arena_bytes(&self) -> u64 {
         self.arena.bytes
-    }
-
-    /// Replaces the arena with one of `slots` slots (the weights stay): every sequence is
-    /// forgotten and the plans recorded again as they are needed.
-    pub fn set_slots(&mut self, slots: usize) -> Result<(), GpuError> {
-        let max_context = self.arena.max_context;
-        self.plans = None;
-        self.batch_plans = PlanCache::default();
-        self.commit_plans.clear();
-        self.rope_blocks.clear();
-        // The old arena goes first, so that both never hold the device's memory together.
-        let cache_format = self.arena.cache_format;
-        self.arena = Arena::new(&self.ctx, &self.config, 1, 1, cache_format)?;
-        self.arena = Arena::new(&self.ctx, &self.config, max_context, slots, cache_format)?;
-        self.sample_plan = super::record_sample_plan(&self.ctx, &mut self.pipelines, &self.config, &self.arena)?;
-        self.seq_lens = vec![0; self.arena.slots];
-        self.sliding_bases = vec![0; self.arena.slots];
-        self.prefill_chunk = self.prefill_chunk.min(self.arena.token_rows);
-        self.context_ready = false;
-        self.uploaded_context = false;
-        Ok(())
-    }
-
-    /// Canvases whose logits share one buffer (a batch's vocabulary-sized buffers come in groups
-    /// of this many: as many as one storage binding holds).
-    pub fn vocab_group(&self) -> usize {
-        self.arena.vocab_group
-    }
-
-    /// Tokens in `slot`'s cache.
-    pub fn slot_len(&self, slot: usize) -> Option<usize> {
-        self.seq_lens.get(slot).copied()
     }
 
     /// Forgets `slot`'s sequence (its cache and self-conditioning logits are free for the next).
@@ -229,13 +203,6 @@ impl GpuModel {
         }
         self.batch_plans.plans.insert(shape.clone(), plan);
         Ok(())
-    }
-
-    /// Runs the last batched step's plan again (its inputs as they are on the device) with a
-    /// timestamp around every dispatch: `(scope, kernel, nanoseconds)` ([`Plan::profile`]).
-    pub fn profile_last_batch(&self) -> Result<Vec<(String, String, f64)>, GpuError> {
-        let plan = self.batch_plans.last.as_ref().and_then(|s| self.batch_plans.plans.get(s)).ok_or(GpuError::NoContext)?;
-        plan.profile(&self.ctx)
     }
 
     /// Writes a batched step's ids, draws, per-canvas sampler settings and self-conditioning gate,

@@ -44,7 +44,7 @@ impl CacheSnapshot {
 impl GpuModel {
     /// Copies the cache's readable rows into new device buffers (one copy per layer's keys and
     /// values, submitted on the model's queue: later work sees the cache as it was). The model's
-    /// own cache is unchanged. A cache uploaded with [`GpuModel::set_context`] is refused (its rows
+    /// own cache is unchanged. A cache uploaded with [`Instrumentation::set_context`](crate::Instrumentation::set_context) is refused (its rows
     /// do not sit at row = position).
     pub fn snapshot_cache(&self) -> Result<CacheSnapshot, GpuError> {
         self.snapshot_slot(0)
