@@ -62,7 +62,7 @@ pub fn gpu_slots(
     let coop = ctx.coop_matrix;
     let choice = crate::weights::choose(model, weights, coop);
     // What the arena's caches will store, for the out-of-memory message below.
-    let cache = dg_gpu::arena::cache_format(&ctx, &model.config, choice.format);
+    let cache = dg_gpu::cache_format(&ctx, &model.config, choice.format);
     let start = Instant::now();
     let mut bar = Bar { report, last: None };
     let src = source(model, choice.scheme);

@@ -275,7 +275,7 @@ fn choices(caps: Capabilities) -> Vec<String> {
             // pads it, and itself (a sliding layer sees 1023 cached keys); encoder: a chunk of
             // 1024 tokens from the start.
             let visible = if att.has_v { CONTEXT - 1 } else { CONTEXT };
-            let keys = visible.next_multiple_of(dg_gpu::arena::KEY_PAD as u32) + CANVAS;
+            let keys = visible.next_multiple_of(dg_gpu::shapes::KEY_PAD as u32) + CANVAS;
             layer_products(&planner, format, att, CANVAS, (keys, 0), &mut out);
             layer_products(&planner, format, att, CHUNK, (CHUNK, 0), &mut out);
         }

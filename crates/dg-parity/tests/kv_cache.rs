@@ -1,4 +1,4 @@
-//! The KV cache stored as f16 (`dg_gpu::arena::cache_format`): the default where the tensor cores
+//! The KV cache stored as f16 (`dg_gpu::cache_format`): the default where the tensor cores
 //! run every attention product (they round K and V to f16 as they stage them: the same bits at
 //! half the bytes), and on request (`DG_KV_CACHE=f16`) anywhere the device stores f16. Forced on
 //! the portable kernels here, the forward's logits hold the F16 activation tolerances against the

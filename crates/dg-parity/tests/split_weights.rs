@@ -12,8 +12,7 @@
 //! after part as the embedding's chunks always were): its logits are held to the GPU logits
 //! tolerance instead. A cap below one unit (a row, a q/K/V block) is an error naming the tensor.
 
-use dg_gpu::weights::GpuWeights;
-use dg_gpu::{GpuContext, GpuModel, GpuOptions, Instrumentation, WeightFormat};
+use dg_gpu::{GpuContext, GpuModel, GpuOptions, GpuWeights, Instrumentation, WeightFormat};
 use dg_model::ModelDir;
 use dg_parity::checks::{Backend, GPU_LOGITS_TOLERANCE};
 use dg_parity::gpu::GpuBackend;
