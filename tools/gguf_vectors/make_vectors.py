@@ -17,8 +17,8 @@ Needs numpy and gguf only (``python3 -m pip install gguf``). Files, all little-e
 - ``quantize_input.f32``: rows of 32 f32 inputs (Gaussian at several magnitudes, zero rows with either
   sign of zero first, f32 subnormals, magnitudes whose scale's reciprocal overflows, values whose scale
   overflows f16, exact ties for both quantizers, equal magnitudes of opposite signs, random bit patterns).
-- ``{q8_0,q5_0}_quantized.bin``: ``gguf.quants.quantize`` of ``quantize_input.f32`` (gguf-py quantizes
-  only these two of the four).
+- ``{q8_0,q5_0,q4_0,q5_1}_quantized.bin``: ``gguf.quants.quantize`` of ``quantize_input.f32`` (of the types dg writes, gguf-py quantizes
+  only these).
 - the same ``_blocks.bin`` and ``_dequantized.f32`` pair for every other type gguf-py dequantizes
   (``MORE_FORMATS``: Q4_0 ... NVFP4), byte scales (MXFP4, NVFP4) starting from ``SPECIAL_BYTE_SCALES``.
 
@@ -58,7 +58,7 @@ FORMATS = [
     ("q4_k", Q.Q4_K, 144, [0, 2], 48),
     ("q6_k", Q.Q6_K, 210, [208], 48),
 ]
-QUANTIZED = [("q8_0", Q.Q8_0), ("q5_0", Q.Q5_0)]
+QUANTIZED = [("q8_0", Q.Q8_0), ("q5_0", Q.Q5_0), ("q4_0", Q.Q4_0), ("q5_1", Q.Q5_1)]
 
 # The formats added after the four above, drawn from the generator after the quantization input (so
 # the files above do not change). The scales are f16 fields at the given offsets, but for IQ1_M (its

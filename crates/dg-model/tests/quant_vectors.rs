@@ -277,3 +277,13 @@ fn q8_0_quantizes_as_gguf_py() {
 fn q5_0_quantizes_as_gguf_py() {
     check_quantization(StoredDtype::Q5_0);
 }
+
+#[test]
+fn q4_0_quantizes_as_gguf_py() {
+    check_quantization(StoredDtype::Q4_0);
+}
+
+#[test]
+fn q5_1_quantizes_as_gguf_py() {
+    check_quantization(StoredDtype::Q5_1);
+}

@@ -223,3 +223,142 @@ pub(super) mod iq4_xs {
         }
     }
 }
+
+/// ggml's `quantize_row_iq4_nl_impl` without an importance matrix, as `llama-quantize` calls it
+/// (`quantize_iq4_nl`, `quantize_iq4_xs`: `ntry` 7, weights `x²`): for each 32-value sub-block the
+/// scale of 16 non-linear levels that best fits it among `2 ntry + 1` candidates, then for
+/// `IQ4_XS` a 6-bit scale per sub-block under an f16 super scale and the levels again at it.
+/// Levels into `levels`; returns the f16 scale (`IQ4_NL`'s `d`, `IQ4_XS`'s super scale) and, for
+/// `IQ4_XS`, the sub-block scales' 6-bit codes.
+mod iq4_quantize {
+    use super::KVALUES_IQ4NL;
+    use crate::quant::{f16_le, nearest_int};
+
+    const NTRY: i32 = 7;
+
+    /// ggml's `best_index_int8`: the level nearest `x` (the upper one on a tie).
+    fn best_index(x: f32) -> u8 {
+        let v = |i: usize| f32::from(KVALUES_IQ4NL[i]);
+        if x <= v(0) {
+            return 0;
+        }
+        if x >= v(15) {
+            return 15;
+        }
+        let (mut ml, mut mu) = (0, 15);
+        while mu - ml > 1 {
+            let mav = (ml + mu) / 2;
+            if x < v(mav) { mu = mav } else { ml = mav }
+        }
+        if x - v(mu - 1) < v(mu) - x { (mu - 1) as u8 } else { mu as u8 }
+    }
+
+    /// One super-block of `x.len()` values (32 for IQ4_NL, 256 for IQ4_XS): the f16 `d` bytes, the
+    /// 6-bit sub-block codes (IQ4_XS only) and the packed nibbles into `q4`.
+    pub(super) fn quantize(x: &[f32], codes: &mut [u8], q4: &mut [u8]) -> [u8; 2] {
+        let n = x.len();
+        let mut levels = vec![0u8; n];
+        let mut scales = vec![0f32; n / 32];
+        let (mut max_scale, mut amax_scale) = (0f32, 0f32);
+        let v0 = f32::from(KVALUES_IQ4NL[0]);
+        for (ib, xb) in x.chunks_exact(32).enumerate() {
+            let weight: [f32; 32] = std::array::from_fn(|j| xb[j] * xb[j]);
+            let (mut amax, mut max) = (0f32, 0f32);
+            for &v in xb {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            if amax < crate::quant::q6_k::GROUP_MAX_EPS {
+                scales[ib] = 0.0;
+                continue;
+            }
+            let mut d = -max / v0;
+            let mut id = 1.0 / d;
+            let (mut sumqx, mut sumq2) = (0f32, 0f32);
+            for j in 0..32 {
+                let l = best_index(id * xb[j]);
+                levels[32 * ib + j] = l;
+                let q = f32::from(KVALUES_IQ4NL[usize::from(l)]);
+                sumqx += weight[j] * q * xb[j];
+                sumq2 += weight[j] * q * q;
+            }
+            d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+            let mut best = d * sumqx;
+            for itry in -NTRY..=NTRY {
+                id = (itry as f32 + v0) / max;
+                let (mut sumqx, mut sumq2) = (0f32, 0f32);
+                for j in 0..32 {
+                    let q = f32::from(KVALUES_IQ4NL[usize::from(best_index(id * xb[j]))]);
+                    sumqx += weight[j] * q * xb[j];
+                    sumq2 += weight[j] * q * q;
+                }
+                if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+                    d = sumqx / sumq2;
+                    best = d * sumqx;
+                }
+            }
+            scales[ib] = d;
+            if d.abs() > amax_scale {
+                amax_scale = d.abs();
+                max_scale = d;
+            }
+        }
+        let dh;
+        if n > 32 {
+            let d = -max_scale / 32.0;
+            dh = f16_le(d);
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            for (ib, xb) in x.chunks_exact(32).enumerate() {
+                let l = nearest_int(id * scales[ib]).clamp(-32, 31);
+                let dl = d * l as f32;
+                let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+                for j in 0..32 {
+                    levels[32 * ib + j] = best_index(idl * xb[j]);
+                }
+                codes[ib] = (l + 32) as u8;
+            }
+        } else {
+            dh = f16_le(scales[0]);
+            let id = if scales[0] != 0.0 { 1.0 / scales[0] } else { 0.0 };
+            for j in 0..n {
+                levels[j] = best_index(id * x[j]);
+            }
+        }
+        for i in 0..n / 32 {
+            for j in 0..16 {
+                q4[16 * i + j] = levels[32 * i + j] | (levels[32 * i + 16 + j] << 4);
+            }
+        }
+        dh
+    }
+}
+
+/// `IQ4_NL`'s quantizer: [`iq4_quantize`] over one 32-value block.
+pub(super) mod iq4_nl_quantize {
+    pub(in crate::quant) fn quantize_block(x: &[f32; 32]) -> [u8; 18] {
+        let mut block = [0u8; 18];
+        let d = super::iq4_quantize::quantize(x, &mut [], &mut block[2..]);
+        block[..2].copy_from_slice(&d);
+        block
+    }
+}
+
+/// `IQ4_XS`'s quantizer: [`iq4_quantize`] over one 256-value block, the 6-bit codes packed as
+/// `scales_l` (low nibbles) and `scales_h` (two high bits each).
+pub(super) mod iq4_xs_quantize {
+    pub(in crate::quant) fn quantize_block(x: &[f32; 256]) -> [u8; 136] {
+        let mut block = [0u8; 136];
+        let mut codes = [0u8; 8];
+        let d = super::iq4_quantize::quantize(x, &mut codes, &mut block[8..]);
+        block[..2].copy_from_slice(&d);
+        let mut scales_h = 0u16;
+        for (ib, &c) in codes.iter().enumerate() {
+            block[4 + ib / 2] |= (c & 0x0f) << (4 * (ib % 2));
+            scales_h |= u16::from(c >> 4) << (2 * ib);
+        }
+        block[2..4].copy_from_slice(&scales_h.to_le_bytes());
+        block
+    }
+}
