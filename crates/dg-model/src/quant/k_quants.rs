@@ -189,12 +189,13 @@ pub(super) mod q2_k_quantize {
         block[80..82].copy_from_slice(&f16_le(d));
         block[82..84].copy_from_slice(&f16_le(dmin));
         let (d, dmin) = (f16_round(d), f16_round(dmin));
-        for j in 0..16 {
-            let dl = d * f32::from(block[j] & 0x0f);
+        let packed: [u8; 16] = block[..16].try_into().expect("16 scale bytes");
+        for (j, sc) in packed.into_iter().enumerate() {
+            let dl = d * f32::from(sc & 0x0f);
             if dl == 0.0 {
                 continue;
             }
-            let dm = dmin * f32::from(block[j] >> 4);
+            let dm = dmin * f32::from(sc >> 4);
             for i in 16 * j..16 * (j + 1) {
                 levels[i] = nearest_int((x[i] + dm) / dl).clamp(0, 3) as u8;
             }
