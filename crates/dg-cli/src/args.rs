@@ -141,6 +141,18 @@ pub enum SchemeArg {
     /// Every matrix but the embedding, router and self-conditioning MLP in Q8_0.
     #[value(name = "q8_0")]
     Q8_0,
+    /// For small GPUs: llama.cpp's Q2_K for the routed experts (gate/up Q2_K, down Q3_K; Q4_0 where
+    /// K is not a multiple of 256), the rest as q4_k_m.
+    #[value(name = "q2_k")]
+    Q2K,
+    /// For small GPUs: llama.cpp's Q3_K_M for the routed experts (gate/up Q3_K, down Q5_K in the
+    /// first sixteenth of the layers and Q4_K after; Q5_1 / Q5_0 where K is not a multiple of 256).
+    #[value(name = "q3_k_m")]
+    Q3KM,
+    /// For small GPUs: llama.cpp's IQ4_XS for the routed experts without an importance matrix
+    /// (down Q5_K in the first eighth of the layers; IQ4_NL / Q5_1 where K is not a multiple of 256).
+    #[value(name = "iq4_xs")]
+    IQ4XS,
 }
 
 #[derive(Debug, Args)]

@@ -52,6 +52,9 @@ pub fn scheme(arg: SchemeArg) -> Scheme {
     match arg {
         SchemeArg::Q4KM => Scheme::Q4KM,
         SchemeArg::Q8_0 => Scheme::Q8_0,
+        SchemeArg::Q2K => Scheme::Q2K,
+        SchemeArg::Q3KM => Scheme::Q3KM,
+        SchemeArg::IQ4XS => Scheme::IQ4XS,
     }
 }
 

@@ -42,7 +42,8 @@ pub enum ModelError {
     #[error("{path}: GGUF tensor {name:?}: {message}")]
     GgufTensor { path: PathBuf, name: String, message: String },
     #[error(
-        "{path}: GGUF tensor {name:?} has ggml type {type_id} ({type_name}), which dg does not read (F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K)"
+        "{path}: GGUF tensor {name:?} has ggml type {type_id} ({type_name}), which dg does not read (it reads {})",
+        crate::StoredDtype::ALL.map(|d| d.name()).join(", ")
     )]
     GgufType { path: PathBuf, name: String, type_id: u32, type_name: String },
     #[error("{path}: GGUF tensor {name:?} is not a DiffusionGemma text tensor dg reads (is this a DiffusionGemma GGUF?)")]

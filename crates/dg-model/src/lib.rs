@@ -3,8 +3,9 @@
 //! Parses `config.json` and `generation_config.json` (HF `configuration_diffusion_gemma.py`,
 //! `generation_diffusion_gemma.py`), loads safetensors checkpoints (single file or shards,
 //! F32/F16/BF16, memory-mapped) with HF's tensor names and tying rules, reads and writes GGUF
-//! files as llama.cpp names DiffusionGemma's tensors (`gguf`) and ggml's quantized blocks
-//! (Q8_0, Q5_0, Q4_K, Q6_K: [`dequantize_bytes`], [`quantize`], the schemes of [`Scheme`]),
+//! files as llama.cpp names DiffusionGemma's tensors (`gguf`) and ggml's quantized blocks (every
+//! type gguf-py dequantizes but TQ1_0 and TQ2_0: [`dequantize_bytes`]; [`quantize`] and the schemes
+//! of [`Scheme`] write the types of [`QUANTIZABLE`]),
 //! and builds seeded random weights for any config. No model math, no GPU.
 
 mod config;
@@ -25,7 +26,7 @@ pub use error::{ModelError, Result};
 pub use generation::{GenerationConfig, RawGenerationConfig, RawSamplerConfig, StoppingConfig};
 pub use model_dir::{ModelDir, is_gguf};
 pub use names::{LayerNames, Named, SharedNames, tensor_manifest};
-pub use quant::{QuantError, Quantized, Scheme, dequantize_bytes, quantize, quantize_tensor};
+pub use quant::{QUANTIZABLE, QuantError, Quantized, Scheme, dequantize_bytes, quantize, quantize_tensor};
 pub use random::RandomWeights;
 pub use stored::{StoredDtype, StoredTensor};
 pub use tensors::{Checkpoint, SafetensorsFile, Tensor};

@@ -229,9 +229,32 @@ fn broken_headers_are_errors_naming_the_file_and_field() {
     assert_err(parse(raw(3, &[("general.alignment", 4, 3u32.to_le_bytes().to_vec())], &[], 0)), &["general.alignment", "power of two"]);
     let dup = raw(3, &[], &[norm, ("output_norm.weight", &[8], 0, 32)], 64);
     assert_err(parse(dup), &["output_norm.weight", "twice"]);
-    assert_err(parse(raw(3, &[], &[("output_norm.weight", &[8], 2, 0)], 32)), &["output_norm.weight", "type 2 (Q4_0)"]);
-    assert_err(parse(raw(3, &[], &[("output_norm.weight", &[8], 99, 0)], 32)), &["type 99 (unknown)"]);
-    assert_err(parse(raw(3, &[], &[("blk.0.ffn_down.weight", &[16, 2], 8, 0)], 64)), &["blk.0.ffn_down.weight", "whole blocks of 32"]);
+    // Types dg does not read: the ternary ones; Q8_K and Q1_0, which gguf-py does not dequantize; ids ggml dropped or never had.
+    for (id, name) in [(34, "TQ1_0"), (35, "TQ2_0"), (15, "Q8_K"), (41, "Q1_0"), (99, "unknown"), (4, "Q4_2")] {
+        let e = parse(raw(3, &[], &[("output_norm.weight", &[256], id, 0)], 1024));
+        assert_err(
+            e,
+            &["bad.gguf", "\"output_norm.weight\"", &format!("type {id} ({name}), which dg does not read (it reads F32, F16, BF16, Q4_0")],
+        );
+    }
+    // Every type dg reads parses, and a row that is not whole blocks is an error naming the tensor.
+    for dtype in StoredDtype::ALL {
+        let (id, block) = (dtype.ggml_type(), dtype.block_len() as u64);
+        assert!(parse(raw(3, &[], &[("t", &[block, 2], id, 0)], 2 * dtype.block_bytes())).is_ok(), "{}", dtype.name());
+        if block > 1 {
+            let e = parse(raw(3, &[], &[("blk.0.ffn_down_exps.weight", &[block / 2 * 3, 2], id, 0)], 4 * dtype.block_bytes()));
+            assert_err(
+                e,
+                &[
+                    "\"blk.0.ffn_down_exps.weight\"",
+                    &format!("{} rows of {} elements are not whole blocks of {block}", dtype.name(), block / 2 * 3),
+                ],
+            );
+        }
+    }
+    // The experts' down projection of DiffusionGemma (K = 704) in a 256-value block type.
+    let e = parse(raw(3, &[], &[("blk.0.ffn_down_exps.weight", &[704, 2816, 128], 23, 0)], 0));
+    assert_err(e, &["\"blk.0.ffn_down_exps.weight\"", "IQ4_XS rows of 704 elements are not whole blocks of 256"]);
     assert_err(parse(raw(3, &[], &[("t", &[1, 1, 1, 1, 1], 0, 0)], 32)), &["\"t\"", "5 dimensions"]);
     assert_err(parse(raw(3, &[], &[("t", &[u64::MAX, u64::MAX], 0, 0)], 32)), &["\"t\"", "overflow"]);
     assert_err(parse(raw(3, &[], &[("t", &[1 << 62], 0, 0)], 32)), &["\"t\"", "F32 elements overflow"]);

@@ -173,7 +173,7 @@ pub(crate) fn byte_len(dtype: StoredDtype, elements: usize) -> Option<usize> {
 
 /// ggml's names of the type ids dg does not read, for error messages.
 fn ggml_type_name(id: u32) -> Option<&'static str> {
-    const NAMES: [&str; 40] = [
+    const NAMES: [&str; 43] = [
         "F32",
         "F16",
         "Q4_0",
@@ -214,6 +214,9 @@ fn ggml_type_name(id: u32) -> Option<&'static str> {
         "IQ4_NL_4_8",
         "IQ4_NL_8_8",
         "MXFP4",
+        "NVFP4",
+        "Q1_0",
+        "Q2_0",
     ];
     NAMES.get(id as usize).copied()
 }

@@ -10,6 +10,17 @@
 //! falling back as llama.cpp does where a row is not a whole number of 256-value super-blocks
 //! (the experts' down projection has K = 704): Q4_K → Q5_0, Q6_K → Q8_0. Attention and the dense
 //! MLP are Q8_0.
+//!
+//! The schemes for small GPUs follow llama.cpp's `Q2_K`, `Q3_K_M` and `IQ4_XS` for the routed
+//! experts (its `FFN_GATE`/`FFN_UP`/`FFN_DOWN` rules for a model of more than 8 experts, without
+//! an importance matrix), attention and the dense MLP staying Q8_0 as in `q4_k_m`:
+//! - `q2_k`: gate/up Q2_K, down Q3_K;
+//! - `q3_k_m`: gate/up Q3_K, down Q5_K in the first sixteenth of the layers and Q4_K after;
+//! - `iq4_xs`: gate/up IQ4_XS, down Q5_K in the first eighth of the layers and IQ4_XS after.
+//!
+//! with llama.cpp's fallbacks (`tensor_type_fallback`) where a row is not whole super-blocks: Q2_K
+//! and Q3_K → Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, IQ4_XS → IQ4_NL. No importance matrix is
+//! taken: IQ4_XS is written as ggml's `quantize_iq4_xs` writes it without one.
 
 use crate::config::TextConfig;
 use crate::error::{ModelError, Result};
@@ -22,16 +33,22 @@ use crate::weights::TensorSource;
 pub enum Scheme {
     Q8_0,
     Q4KM,
+    Q2K,
+    Q3KM,
+    IQ4XS,
 }
 
 impl Scheme {
-    pub const ALL: [Scheme; 2] = [Scheme::Q4KM, Scheme::Q8_0];
+    pub const ALL: [Scheme; 5] = [Scheme::Q4KM, Scheme::Q8_0, Scheme::Q2K, Scheme::Q3KM, Scheme::IQ4XS];
 
-    /// The scheme's name as users write it (`q4_k_m`, `q8_0`).
+    /// The scheme's name as users write it (`q4_k_m`, `q8_0`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Scheme::Q8_0 => "q8_0",
             Scheme::Q4KM => "q4_k_m",
+            Scheme::Q2K => "q2_k",
+            Scheme::Q3KM => "q3_k_m",
+            Scheme::IQ4XS => "iq4_xs",
         }
     }
 
@@ -62,10 +79,18 @@ impl Scheme {
             if let Some(m) = dense.into_iter().flatten().find(|m| m.name == name) {
                 return fitting(StoredDtype::Q8_0, row(&m.shape));
             }
+            let down = name == l.experts_down.name;
             let wanted = match self {
                 Scheme::Q8_0 => StoredDtype::Q8_0,
-                Scheme::Q4KM if name == l.experts_down.name && use_more_bits(i, n_layers) => StoredDtype::Q6_K,
+                Scheme::Q4KM if down && use_more_bits(i, n_layers) => StoredDtype::Q6_K,
                 Scheme::Q4KM => StoredDtype::Q4_K,
+                Scheme::Q2K if down => StoredDtype::Q3_K,
+                Scheme::Q2K => StoredDtype::Q2_K,
+                Scheme::Q3KM if down && i < n_layers / 16 => StoredDtype::Q5_K,
+                Scheme::Q3KM if down => StoredDtype::Q4_K,
+                Scheme::Q3KM => StoredDtype::Q3_K,
+                Scheme::IQ4XS if down && i < n_layers / 8 => StoredDtype::Q5_K,
+                Scheme::IQ4XS => StoredDtype::IQ4_XS,
             };
             [&l.experts_gate_up, &l.experts_down].into_iter().find(|m| m.name == name).and_then(|m| fitting(wanted, row(&m.shape)))
         })
@@ -86,12 +111,16 @@ fn use_more_bits(i: usize, n: usize) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
-/// `wanted`, or llama.cpp's fallback where a row of `row` values is not whole blocks of it
-/// (Q4_K → Q5_0, Q6_K → Q8_0); `None` where no quantized type fits the row.
+/// `wanted`, or llama.cpp's fallback (`tensor_type_fallback`) where a row of `row` values is not
+/// whole blocks of it (Q2_K, Q3_K → Q4_0; Q4_K → Q5_0; Q5_K → Q5_1; Q6_K → Q8_0; IQ4_XS →
+/// IQ4_NL); `None` where no quantized type fits the row (llama.cpp writes F16 there).
 fn fitting(wanted: StoredDtype, row: usize) -> Option<StoredDtype> {
     let fallback = |d: StoredDtype| match d {
+        StoredDtype::Q2_K | StoredDtype::Q3_K => Some(StoredDtype::Q4_0),
         StoredDtype::Q4_K => Some(StoredDtype::Q5_0),
+        StoredDtype::Q5_K => Some(StoredDtype::Q5_1),
         StoredDtype::Q6_K => Some(StoredDtype::Q8_0),
+        StoredDtype::IQ4_XS => Some(StoredDtype::IQ4_NL),
         _ => None,
     };
     let mut d = Some(wanted);
@@ -167,6 +196,37 @@ mod tests {
         assert_eq!(fitting(StoredDtype::Q4_K, 704), Some(StoredDtype::Q5_0));
         assert_eq!(fitting(StoredDtype::Q6_K, 704), Some(StoredDtype::Q8_0));
         assert_eq!(fitting(StoredDtype::Q8_0, 48), None);
+        assert_eq!(fitting(StoredDtype::Q2_K, 704), Some(StoredDtype::Q4_0));
+        assert_eq!(fitting(StoredDtype::Q3_K, 704), Some(StoredDtype::Q4_0));
+        assert_eq!(fitting(StoredDtype::Q5_K, 704), Some(StoredDtype::Q5_1));
+        assert_eq!(fitting(StoredDtype::IQ4_XS, 704), Some(StoredDtype::IQ4_NL));
+        assert_eq!(fitting(StoredDtype::IQ4_XS, 2816), Some(StoredDtype::IQ4_XS));
+    }
+
+    #[test]
+    fn the_small_gpu_schemes_pick_llama_cpp_types_at_the_real_geometry() {
+        let cfg = real_config();
+        let (first, later) = (LayerNames::new(&cfg, 0), LayerNames::new(&cfg, 3));
+        let of = |s: Scheme, name: &str| s.dtype_of(&cfg, name);
+        // (scheme, gate/up, down in layer 0, down in layer 3): the down projection's K = 704 falls back.
+        for (scheme, gate_up, down0, down3) in [
+            (Scheme::Q2K, StoredDtype::Q2_K, StoredDtype::Q4_0, StoredDtype::Q4_0),
+            (Scheme::Q3KM, StoredDtype::Q3_K, StoredDtype::Q5_1, StoredDtype::Q5_0),
+            (Scheme::IQ4XS, StoredDtype::IQ4_XS, StoredDtype::Q5_1, StoredDtype::IQ4_NL),
+        ] {
+            assert_eq!(of(scheme, &later.experts_gate_up.name), Some(gate_up), "{}", scheme.name());
+            assert_eq!(of(scheme, &first.experts_down.name), Some(down0), "{}", scheme.name());
+            assert_eq!(of(scheme, &later.experts_down.name), Some(down3), "{}", scheme.name());
+            assert_eq!(of(scheme, &later.q_proj.name), Some(StoredDtype::Q8_0), "{}", scheme.name());
+            assert_eq!(of(scheme, &later.router_proj.name), None, "{}", scheme.name());
+            assert_eq!(Scheme::parse(scheme.name()).unwrap(), scheme);
+        }
+        // Layer 2 is past the sixteenth (1 of 30 layers) but inside the eighth (3).
+        let l2 = LayerNames::new(&cfg, 2);
+        assert_eq!(of(Scheme::Q3KM, &l2.experts_down.name), Some(StoredDtype::Q5_0));
+        assert_eq!(of(Scheme::IQ4XS, &l2.experts_down.name), Some(StoredDtype::Q5_1));
+        let sizes: Vec<f64> = [Scheme::Q2K, Scheme::Q3KM, Scheme::IQ4XS].map(|s| stored_bytes(&cfg, s) as f64 / 1e9).to_vec();
+        assert!(sizes[0] < sizes[1] && sizes[1] < sizes[2] && sizes[2] < stored_bytes(&cfg, Scheme::Q4KM) as f64 / 1e9, "{sizes:?}");
     }
 
     fn real_config() -> TextConfig {
