@@ -6,14 +6,20 @@
 //! A [`Planner`] is the device's [`Capabilities`] (a plain value, so that the choices can be tested
 //! without a device: `tests/planner.rs` holds them for the real model's products) and the
 //! [`Tuning`]. It is a leaf of dg-gpu: it imports the shapes it plans for (`crate::shapes`), never
-//! the arena, the ops or the device (`GpuContext::planner` builds one for an open device). The
-//! tile rules and measured thresholds themselves still live with their kernels in dg-kernels
-//! (`coop_gemm::plan_layout`, `coop_gemm::Split`, `coop_grouped_gemm::choose`,
-//! `grouped_gemm::choose`, `gemm::choose_batched`); this module is where they are combined.
+//! the arena, the ops or the device (`GpuContext::planner` builds one for an open device). Its
+//! rules and measured thresholds are its submodules: [`coop_dense`] (the dense tensor-core tile
+//! and stages), [`split`] (split K), [`experts`] (the experts' tensor-core tile, path and stages)
+//! and [`portable`] (the portable kernels' tiles); the kernels in dg-kernels say only what they
+//! take (`coop_gemm::layout`, `coop_gemm::takes`, `coop_grouped_gemm::fits`).
+
+pub mod coop_dense;
+pub mod experts;
+pub mod portable;
+pub mod split;
 
 use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
-use dg_kernels::gemm::{self, GemmParams, GemmTile};
-use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
+use dg_kernels::gemm::{GemmParams, GemmTile};
+use dg_kernels::grouped_gemm::{GroupedGemmParams, GroupedTile};
 use dg_kernels::{CoopGemmKey, WeightFormat};
 use dg_kernels::{coop_attention, coop_grouped_gemm, moe_dispatch};
 
@@ -138,7 +144,7 @@ impl<'t> Planner<'t> {
     pub fn projection_layout(&self, format: WeightFormat, n: usize, k: usize, tensor_cores: bool) -> MatrixLayout {
         let probe = GemmParams::linear(1, n as u32, k as u32);
         let panelled = coop_gemm::panelled(format) && (format == WeightFormat::F16 || tensor_cores);
-        match panelled && self.caps.coop_matrix && coop_gemm::plan_layout(&probe, true, None, self.caps.max_workgroup_storage).is_some() {
+        match panelled && self.caps.coop_matrix && coop_dense::tile(&probe, true, None, self.caps.max_workgroup_storage).is_some() {
             true => MatrixLayout::KPanels,
             false => MatrixLayout::RowMajor,
         }
@@ -159,7 +165,7 @@ impl<'t> Planner<'t> {
     /// How `p` runs with B stored as `b_format`, a weight in its layout or the cache (`b`): on the
     /// tensor cores when `tensor_cores` (the F16 mode) is set, the device has them and a tile takes
     /// the product (split K where `split_scratch`, the f32 elements of the split-K scratch, holds
-    /// the partials and `coop_gemm::Split` says so); the cache with ragged columns as a tensor-core
+    /// the partials and [`split::choose`] says so); the cache with ragged columns as a tensor-core
     /// body and a portable tail; everything else portable. B in K panels that no tensor-core tile
     /// takes is an error, never a misread.
     pub fn dense(
@@ -181,7 +187,7 @@ impl<'t> Planner<'t> {
         }
         if let Some((tile, layout)) = planned {
             // Staged by default (on an H200 direct loads took q_proj 83 → 133 µs; the experts'
-            // grouped GEMM goes the other way, see `coop_grouped_gemm::choose`); the tuning's path
+            // grouped GEMM goes the other way, see [`experts::choose`]); the tuning's path
             // where the kernel takes it (`CoopGemmKey::is_valid`: direct and single-stage W need
             // F16, direct `W[n][k]`), else staged.
             let staged = CoopGemmKey { tile, path: WPath::Staged, w: b_format, layout, a: AFormat::F32 };
@@ -199,7 +205,7 @@ impl<'t> Planner<'t> {
             const STEP: u32 = 32;
             let n_body = p.n / STEP * STEP;
             let body = GemmParams { n: n_body, ..*p };
-            if b == BSource::KvCache && n_body > 0 && n_body < p.n && coop_gemm::plan(&body).is_some() {
+            if b == BSource::KvCache && n_body > 0 && n_body < p.n && coop_dense::plan(&body).is_some() {
                 return Ok(Dense::BodyAndTail { n_body });
             }
         }
@@ -208,7 +214,7 @@ impl<'t> Planner<'t> {
 
     /// The portable GEMM's tile for `p` (any B format, the tile chosen as for f32).
     pub fn portable(&self, p: &GemmParams) -> GemmTile {
-        gemm::choose_batched(p.m, p.n, p.k, p.batch)
+        portable::choose_batched(p.m, p.n, p.k, p.batch)
     }
 
     /// The tile (and B layout) on which the tensor cores run `p` with B stored as `b_format` (a
@@ -236,31 +242,31 @@ impl<'t> Planner<'t> {
                 BSource::Weight(_) => self.tuning.overrides.coop_tile,
             };
         // Quantized W is read as `W[n][k]` (its blocks run along the rows), or in panels of them.
-        coop_gemm::plan_layout(p, b.panels(), prefer, self.caps.max_workgroup_storage)
+        coop_dense::tile(p, b.panels(), prefer, self.caps.max_workgroup_storage)
             .filter(|&(_, layout)| !b_format.is_quantized() || layout != BLayout::Kn)
             .map(|(tile, layout)| {
                 let tile = self.tuning.overrides.dense_depth(tile);
-                let tile = self.tuning.overrides.stages(tile, coop_gemm::stages_for(tile, p, self.caps.multiprocessors));
+                let tile = self.tuning.overrides.stages(tile, coop_dense::stages(tile, p, self.caps.multiprocessors));
                 (tile.with_fragment(self.caps.coop_fragment), layout)
             })
     }
 
     /// How `p` on `tile` splits its K, if it does: where `split_scratch` (the f32 elements of the
-    /// split-K scratch) holds the partials and `coop_gemm::Split` says so.
+    /// split-K scratch) holds the partials and [`split::choose`] says so.
     fn split(&self, tile: CoopTile, p: &GemmParams, split_scratch: Option<u64>) -> Option<Split> {
-        split_scratch.and_then(|len| Split::choose(tile, p, self.split_target(tile, p), len))
+        split_scratch.and_then(|len| split::choose(tile, p, self.split_target(tile, p), len))
     }
 
     /// The workgroups a tensor-core GEMM is split towards: [`Overrides::split_target`](crate::Overrides::split_target), else
-    /// `coop_gemm::Split::target` on this device's multiprocessors (0 never splits).
+    /// [`split::target`] on this device's multiprocessors (0 never splits).
     fn split_target(&self, tile: CoopTile, p: &GemmParams) -> u32 {
-        self.tuning.overrides.split_target.unwrap_or_else(|| Split::target(tile, p, self.caps.multiprocessors))
+        self.tuning.overrides.split_target.unwrap_or_else(|| split::target(tile, p, self.caps.multiprocessors))
     }
 
     /// How the product `p` of a matrix stored as `format` in `layout` would run on the tensor
     /// cores: in how many waves of workgroups (its tiles over those the device's multiprocessors
     /// hold at once: one workgroup of the tile each, two up to
-    /// `coop_gemm::PAIR_RESIDENT_SHARED_BYTES` of workgroup memory), and whether it splits K;
+    /// [`split::PAIR_RESIDENT_SHARED_BYTES`] of workgroup memory), and whether it splits K;
     /// `None` where it would not run there.
     pub fn coop_waves(
         &self,
@@ -271,7 +277,7 @@ impl<'t> Planner<'t> {
     ) -> Option<(u32, bool)> {
         let tensor_cores = format == WeightFormat::F16 || format.is_quantized();
         let (tile, _) = self.coop_tile(format, layout.into(), p, tensor_cores, split_scratch)?;
-        let per_sm = if tile.dense_shared_bytes() > coop_gemm::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
+        let per_sm = if tile.dense_shared_bytes() > split::PAIR_RESIDENT_SHARED_BYTES { 1 } else { 2 };
         let waves = (tile.tiles(p.m, p.n) * p.batch.max(1)).div_ceil(per_sm * self.caps.multiprocessors);
         let splits = self.split(tile, p, split_scratch).is_some();
         Some((waves, splits))
@@ -343,12 +349,12 @@ impl<'t> Planner<'t> {
 
     /// How the grouped product `p` over `slots` slots runs on experts stored as `format` in
     /// `layout`: K panels (F16, or ggml blocks a panel apiece) on the tensor cores
-    /// (`coop_grouped_gemm::choose`, then the tuning's overrides, a W path the kernel takes for the
+    /// ([`experts::choose`], then the tuning's overrides, a W path the kernel takes for the
     /// format), row-major in the portable grouped GEMM (the tile by the mean group size).
     pub fn grouped(&self, format: WeightFormat, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> Result<Grouped, NoKernel> {
         match layout {
             MatrixLayout::RowMajor => Ok(Grouped::Portable {
-                tile: self.tuning.overrides.grouped_tile.unwrap_or_else(|| grouped_gemm::choose(p.n, p.k, slots, p.groups)),
+                tile: self.tuning.overrides.grouped_tile.unwrap_or_else(|| portable::choose_grouped(p.n, p.k, slots, p.groups)),
             }),
             MatrixLayout::KPanels => {
                 let (tile, path) = self.coop_grouped(p, format, slots).ok_or_else(|| {
@@ -358,7 +364,7 @@ impl<'t> Planner<'t> {
                     ))
                 })?;
                 let path = if coop_grouped_gemm::reads(format, path) { path } else { WPath::Staged };
-                let tile = self.tuning.overrides.stages(tile, coop_grouped_gemm::stages_for(format)).on_path(path);
+                let tile = self.tuning.overrides.stages(tile, experts::stages(format)).on_path(path);
                 Ok(Grouped::TensorCores { tile: tile.with_fragment(self.caps.coop_fragment), path })
             }
         }
@@ -368,7 +374,7 @@ impl<'t> Planner<'t> {
     /// ([`Overrides::coop_grouped_path`](crate::Overrides::coop_grouped_path), [`Overrides::coop_grouped_tiles`](crate::Overrides::coop_grouped_tiles) where it fits,
     /// [`Overrides::coop_grouped_depth`](crate::Overrides::coop_grouped_depth)); its stages are the format's ([`Self::grouped`]).
     fn coop_grouped(&self, p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option<(CoopTile, WPath)> {
-        let (tile, path) = coop_grouped_gemm::choose(p, format, slots)?;
+        let (tile, path) = experts::choose(p, format, slots)?;
         let path = self.tuning.overrides.coop_grouped_path.unwrap_or(path);
         let tile = (self.tuning.overrides.coop_grouped_tiles.iter())
             .find(|t| coop_grouped_gemm::fits(**t, p) && coop_grouped_gemm::runs(**t, path))

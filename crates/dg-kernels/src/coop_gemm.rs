@@ -64,7 +64,7 @@ mod render;
 mod split;
 
 pub use crate::coop_kloop::Stages;
-pub use split::{LONG_K_STEPS, LONG_K_TARGET_WORKGROUPS, MIN_SPLIT_STEPS, PAIR_RESIDENT_SHARED_BYTES, SPLIT_TARGET_WORKGROUPS, Split};
+pub use split::Split;
 
 use crate::gemm::GemmParams;
 use crate::{Access, KernelSource, WeightFormat};
@@ -468,53 +468,12 @@ pub fn source_for_ring(
     }
 }
 
-/// The tile and B layout that run `p` on the tensor cores, if the product is one the kernel takes:
-/// A row-major (`a_cs = 1`), B `[n][k]` or `[k][n]` with a unit stride, every vec4-read offset and
-/// stride a multiple of 4, whole n and k tiles, at most 65535 tiles per batch and batches. The tile:
-/// [`TILE_128X128`] for products of at least [`LARGE_TILE_MIN_ROWS`] rows,
-/// otherwise the first of [`TILES`] that fits.
-pub fn plan(p: &GemmParams) -> Option<(CoopTile, BLayout)> {
-    plan_with(p, None, MAX_SHARED_BYTES)
-}
-
-/// K steps per multiprocessor from which a product's loop names its stages by constants
-/// ([`stages_for`]).
-pub const CONSTANT_STAGES_MIN_STEPS: u64 = 1024;
-
-/// How `tile`'s K loop names its stages for the product `p` on a device with `multiprocessors`:
-/// [`Stages::Constant`] where the product runs at least [`CONSTANT_STAGES_MIN_STEPS`] K steps per
-/// multiprocessor (all its tiles' steps, however K is split), else [`Stages::Alternating`]. On
-/// an H200 the V-sized products (the tied head and the soft embedding, about 2,700 steps per
-/// multiprocessor) gained 4–7% from constant stages, and the layers' products (a few hundred at
-/// most) lost 2–10% (see [`Stages`]).
-pub fn stages_for(tile: CoopTile, p: &GemmParams, multiprocessors: u32) -> Stages {
-    let steps = u64::from(tile.tiles(p.m, p.n)) * u64::from(p.batch.max(1)) * u64::from(p.k / tile.bk);
-    match steps >= CONSTANT_STAGES_MIN_STEPS * u64::from(multiprocessors.max(1)) {
-        true => Stages::Constant,
-        false => Stages::Alternating,
-    }
-}
-
-/// Rows from which a product takes [`TILE_128X128`] where it fits, rather than the first fitting
-/// tile of [`TILES`]: a K step's throughput is bound by its global loads (`cargo xtask probe`,
-/// `tensor_core_step_ceiling_probe`), and a 128×128 step loads 16 KB of A and 8 KB of W for four
-/// times the products of a 64×64 step's 8 + 4 KB. A product with few such tiles splits K to fill
-/// the GPU ([`Split`]). In the F16 forward on an H200 (decoder, 256 rows, W in K panels, µs,
-/// 64×64 → 128×128 split): q 80 → 70, K+V 81 → 71, o 114 → 78 (full layer 241 → 130), MLP down
-/// 62 → 51, gate/up 83 → 83; the layers 1.548 → 1.513 ms each. Without the splits the same tile
-/// was slower (1.742 ms).
-pub const LARGE_TILE_MIN_ROWS: u32 = 128;
-
-/// [`plan`] on a device with `max_shared` bytes of workgroup memory (tiles whose
-/// [`CoopTile::dense_shared_bytes`] exceed it are not taken), with `prefer` taking the place of the
-/// rule when it fits the product (a tuning knob).
-pub fn plan_with(p: &GemmParams, prefer: Option<CoopTile>, max_shared: u32) -> Option<(CoopTile, BLayout)> {
-    plan_layout(p, false, prefer, max_shared)
-}
-
-/// [`plan_with`] for a product whose B is an F16 matrix in K panels ([`BLayout::NkPanels`]) when
-/// `panels` is set: `b_rs = 1`, `b_cs = k`, and only tiles with `bk = PANEL`.
-pub fn plan_layout(p: &GemmParams, panels: bool, prefer: Option<CoopTile>, max_shared: u32) -> Option<(CoopTile, BLayout)> {
+/// The layout in which the kernel reads `p`'s B, if it takes the product at all: A row-major
+/// (`a_cs = 1`), B `[n][k]` or `[k][n]` with a unit stride (with `panels`, only a whole `[n][k]`
+/// matrix in K panels, [`BLayout::NkPanels`]: `b_rs = 1`, `b_cs = k`, whole panels), every
+/// vec4-read offset and stride a multiple of 4, at most 65535 batches. Which tile runs it is the
+/// planner's rule (`dg_gpu::planner`).
+pub fn layout(p: &GemmParams, panels: bool) -> Option<BLayout> {
     let layout = match (p.b_rs, p.b_cs) {
         (1, cs) if panels && cs == p.k && cs.is_multiple_of(PANEL) => BLayout::NkPanels,
         _ if panels => return None,
@@ -525,22 +484,18 @@ pub fn plan_layout(p: &GemmParams, panels: bool, prefer: Option<CoopTile>, max_s
     let batched = p.batch.max(1);
     let aligned = [p.a_offset, p.a_rs, p.b_offset].iter().all(|v| v.is_multiple_of(4))
         && (batched == 1 || (p.a_batch.is_multiple_of(4) && p.b_batch.is_multiple_of(4)));
-    if p.a_cs != 1 || !aligned || batched > 65535 {
-        return None;
-    }
-    let fits = |t: &CoopTile| {
-        t.fits(p.m, p.n, p.k)
-            && t.tiles(p.m, p.n) <= 65535
-            && t.dense_shared_bytes() <= max_shared
-            && (layout != BLayout::NkPanels || t.bk == PANEL)
-    };
-    if let Some(t) = prefer.filter(fits) {
-        return Some((t, layout));
-    }
-    if fits(&TILE_128X128) && p.m >= LARGE_TILE_MIN_ROWS {
-        return Some((TILE_128X128, layout));
-    }
-    TILES.iter().copied().find(fits).map(|t| (t, layout))
+    (p.a_cs == 1 && aligned && batched <= 65535).then_some(layout)
+}
+
+/// Whether `tile` computes `p` with B in `layout` ([`layout`]) on a device with `max_shared`
+/// bytes of workgroup memory: whole n and k tiles, at most 65535 tiles, its workgroup memory
+/// ([`CoopTile::dense_shared_bytes`]) within the device's, K steps of a panel where B is in
+/// panels.
+pub fn takes(tile: CoopTile, p: &GemmParams, layout: BLayout, max_shared: u32) -> bool {
+    tile.fits(p.m, p.n, p.k)
+        && tile.tiles(p.m, p.n) <= 65535
+        && tile.dense_shared_bytes() <= max_shared
+        && (layout != BLayout::NkPanels || tile.bk == PANEL)
 }
 
 /// The dispatch of an `m × n` product over `batch` batches: one workgroup per tile (the last m tile
@@ -560,60 +515,6 @@ pub fn workgroups_split(tile: CoopTile, m: u32, n: u32, batch: u32, splits: u32)
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn plan_takes_the_forward_products_and_refuses_the_rest() {
-        // q_proj, the head chunk (strided C), attention's scores (keys [n][k] of a GQA cache) and
-        // values ([k][n]).
-        let q = GemmParams::linear(256, 4096, 2816);
-        assert_eq!(plan(&q).map(|(_, l)| l), Some(BLayout::Nk));
-        let scores = GemmParams {
-            batch: 16,
-            a_rs: 4096,
-            a_batch: 256,
-            b_rs: 1,
-            b_cs: 2048,
-            b_batch: 256,
-            b_batch_div: 2,
-            c_rs: 1280,
-            c_batch: 256 * 1280,
-            ..GemmParams::new(256, 1024, 256)
-        };
-        assert_eq!(plan(&scores).map(|(_, l)| l), Some(BLayout::Nk));
-        let values = GemmParams {
-            batch: 16,
-            a_rs: 1280,
-            a_batch: 256 * 1280,
-            a_offset: 1024,
-            b_rs: 2048,
-            b_cs: 1,
-            b_batch: 256,
-            b_batch_div: 2,
-            c_rs: 4096,
-            c_batch: 256,
-            accumulate: 1,
-            ..GemmParams::new(256, 256, 256)
-        };
-        assert_eq!(plan(&values).map(|(_, l)| l), Some(BLayout::Kn));
-        assert_eq!(plan(&GemmParams { a_cs: 2, ..q }), None, "A not row-major");
-        assert_eq!(plan(&GemmParams { b_rs: 2, ..q }), None, "no unit stride in B");
-        assert_eq!(plan(&GemmParams { a_offset: 2, ..q }), None, "A offset not vec4-aligned");
-        assert_eq!(plan(&GemmParams::linear(256, 4096, 2800)), None, "k not a multiple of 32");
-    }
-
-    #[test]
-    fn only_the_v_sized_products_name_their_stages_by_constants() {
-        // On an H200's 132 multiprocessors: the tied head (256 × 262144 × 2816) and the soft
-        // embedding (256 × 2816 × 262144) against q/K/V and the dense MLP's down projection, in
-        // the decoder and in a 1024-token prefill.
-        let (sms, tile) = (132, TILE_128X128);
-        assert_eq!(stages_for(tile, &GemmParams::linear(256, 262144, 2816), sms), Stages::Constant);
-        assert_eq!(stages_for(tile, &GemmParams::linear(256, 2816, 262144), sms), Stages::Constant);
-        for rows in [256, 1024] {
-            assert_eq!(stages_for(tile, &GemmParams::linear(rows, 8192, 2816), sms), Stages::Alternating);
-            assert_eq!(stages_for(tile, &GemmParams::linear(rows, 2816, 2112), sms), Stages::Alternating);
-        }
-    }
 
     #[test]
     fn constant_stages_are_constants_in_every_phase() {
@@ -636,77 +537,6 @@ mod tests {
     }
 
     #[test]
-    fn split_k_reaches_the_target_within_its_limits() {
-        // The router: 8 tiles of 64×64, 88 K steps of 32 → 22 splits of 4 steps.
-        let router = GemmParams::linear(256, 128, 2816);
-        assert_eq!(Split::choose(TILE_64X64, &router, SPLIT_TARGET_WORKGROUPS, u64::MAX), Some(Split { splits: 22, steps: 4 }));
-        // 256 tiles at a target of 1024 → 4 splits of 22 steps.
-        let q = GemmParams::linear(256, 4096, 2816);
-        assert_eq!(Split::choose(TILE_64X64, &q, 1024, u64::MAX), Some(Split { splits: 4, steps: 22 }));
-        // Uneven: 90 steps in 4 splits of 23 (the last runs 21).
-        let uneven = GemmParams::linear(256, 4096, 2880);
-        assert_eq!(Split::choose(TILE_64X64, &uneven, 1024, u64::MAX), Some(Split { splits: 4, steps: 23 }));
-        // Enough tiles already (q_proj's 256, mlp down's 176 at the default target), K too
-        // short, or no room for two partials: no split.
-        assert_eq!(Split::choose(TILE_64X64, &q, SPLIT_TARGET_WORKGROUPS, u64::MAX), None);
-        assert_eq!(Split::choose(TILE_64X64, &GemmParams::linear(256, 2816, 2112), SPLIT_TARGET_WORKGROUPS, u64::MAX), None);
-        assert_eq!(Split::choose(TILE_64X64, &GemmParams::linear(256, 128, 224), 1024, u64::MAX), None);
-        assert_eq!(Split::choose(TILE_64X64, &router, 1024, 256 * 128 * 2 - 1), None);
-        assert_eq!(Split::choose(TILE_64X64, &router, 1024, 256 * 128 * 3).map(|s| s.splits), Some(3));
-        // The partials replace C's strides; the reduction carries C's own and the epilogue.
-        let head = GemmParams { c_rs: 1000, c_offset: 7, epilogue: crate::gemm::EPILOGUE_SOFTCAP, cap: 30.0, ..router };
-        let split = Split { splits: 22, steps: 4 };
-        let part = split.partial_params(&head);
-        assert_eq!((part.c_offset, part.c_rs, part.epilogue, part.split_steps, part.split_stride), (0, 128, 0, 4, 256 * 128));
-        let r = split.reduce_params(&head);
-        assert_eq!((r.c_offset, r.c_rs, r.epilogue, r.cap, r.splits), (7, 1000, 1, 30.0, 22));
-        assert_eq!(split.partial_len(&head), 22 * 256 * 128);
-    }
-
-    #[test]
-    fn products_over_a_round_of_workgroups_split_for_whole_rounds() {
-        // A 1024-token chunk's o projection on 132 multiprocessors: 176 tiles of 128×128, 128 K
-        // steps: 2 rounds × 128 steps whole, 4 × 43 in 3 splits (6 × 32 in 4).
-        let o = GemmParams::linear(1024, 2816, 4096);
-        assert_eq!(Split::choose(TILE_128X128, &o, 132, u64::MAX), Some(Split { splits: 3, steps: 43 }));
-        // No more splits than the partials' room holds.
-        assert_eq!(Split::choose(TILE_128X128, &o, 132, 2 * 1024 * 2816).map(|s| s.splits), Some(2));
-        // Whole rounds already (264 tiles on 132), or K under WAVE_SPLIT_MIN_STEPS (the MLP's down
-        // projection, 66 steps): no split.
-        assert_eq!(Split::choose(TILE_128X128, &GemmParams::linear(1024, 4224, 4096), 132, u64::MAX), None);
-        assert_eq!(Split::choose(TILE_128X128, &GemmParams::linear(1024, 2816, 2112), 132, u64::MAX), None);
-    }
-
-    #[test]
-    fn large_products_take_the_large_tile_and_long_ones_split_further() {
-        // The tied head: 256 × 262144 × 2816, 4096 tiles of 128×128.
-        let head = GemmParams::linear(256, 262144, 2816);
-        assert_eq!(plan(&head).map(|(t, _)| t), Some(TILE_128X128));
-        // q_proj: 256 rows, 64 tiles of 128×128, split K 2 ways towards one workgroup per
-        // multiprocessor.
-        let q = GemmParams::linear(256, 4096, 2816);
-        assert_eq!(plan(&q).map(|(t, _)| t), Some(TILE_128X128));
-        assert_eq!(TILE_64X64.dense_shared_bytes(), PAIR_RESIDENT_SHARED_BYTES);
-        assert_eq!(Split::target(TILE_128X128, &q, 132), 132);
-        assert_eq!(Split::choose(TILE_128X128, &q, Split::target(TILE_128X128, &q, 132), u64::MAX).map(|s| s.splits), Some(2));
-        // Fewer than 128 rows (a short encoder chunk): the first fitting tile.
-        assert_eq!(plan(&GemmParams::linear(100, 4096, 2816)).map(|(t, _)| t), Some(TILE_64X64));
-        // A preferred tile wins where it fits, and only there.
-        assert_eq!(plan_with(&head, Some(TILE_64X128), MAX_SHARED_BYTES).map(|(t, _)| t), Some(TILE_64X128));
-        assert_eq!(plan_with(&GemmParams::linear(64, 4160, 2816), Some(TILE_128X128), MAX_SHARED_BYTES).map(|(t, _)| t), Some(TILE_64X64));
-        // A device with less workgroup memory than the 128×128 tile's 48 KiB.
-        assert_eq!(plan_with(&head, None, 32 * 1024).map(|(t, _)| t), Some(TILE_64X64));
-        // The soft embedding ([k][n], K the vocabulary): long, its 44 tiles split 23 ways towards
-        // 1024 workgroups.
-        let soft = GemmParams { a_rs: 262144, b_rs: 2816, b_cs: 1, ..GemmParams::new(256, 2816, 262144) };
-        let (tile, _) = plan(&soft).unwrap();
-        assert_eq!(tile, TILE_128X128);
-        assert_eq!(Split::target(tile, &soft, 132), LONG_K_TARGET_WORKGROUPS);
-        assert_eq!(Split::choose(tile, &soft, Split::target(tile, &soft, 132), u64::MAX).map(|s| s.splits), Some(23));
-        assert_eq!(Split::target(TILE_64X64, &GemmParams::linear(256, 4096, 2816), 132), SPLIT_TARGET_WORKGROUPS);
-    }
-
-    #[test]
     fn tiles_fit_the_decoder_shapes() {
         for &tile in TILES {
             assert!(tile.fits(256, 4096, 2816), "{}", tile.label());
@@ -716,23 +546,5 @@ mod tests {
         // Ragged m (an encoder chunk): the last m tile is partial.
         assert!(TILE_64X64.fits(1000, 4096, 2816));
         assert_eq!(TILE_64X64.tiles(1000, 4096), 16 * 64);
-    }
-
-    #[test]
-    fn k_panels_take_f16_linear_weights_on_tiles_of_the_panels_width() {
-        let q = GemmParams::linear(256, 4096, 2816);
-        assert_eq!(plan_layout(&q, true, None, MAX_SHARED_BYTES), Some((TILE_128X128, BLayout::NkPanels)));
-        // The preferred K-64 tile does not match the panels: the rule's tile instead.
-        let k64 = CoopTile { bk: 64, ..TILE_64X64 };
-        assert_eq!(plan_layout(&q, true, Some(k64), MAX_SHARED_BYTES), Some((TILE_128X128, BLayout::NkPanels)));
-        assert_eq!(
-            plan_layout(&GemmParams::linear(1000, 4096, 2816), true, None, MAX_SHARED_BYTES).map(|(_, l)| l),
-            Some(BLayout::NkPanels)
-        );
-        // Not whole panels, or not one whole [n][k] matrix: refused, never read as row-major.
-        assert_eq!(plan_layout(&GemmParams::linear(256, 4096, 2800), true, None, MAX_SHARED_BYTES), None);
-        assert_eq!(plan_layout(&GemmParams { b_cs: 4096, ..q }, true, None, MAX_SHARED_BYTES), None);
-        let kn = GemmParams { b_rs: 4096, b_cs: 1, ..q };
-        assert_eq!(plan_layout(&kn, true, None, MAX_SHARED_BYTES), None);
     }
 }

@@ -111,7 +111,7 @@ impl Ring {
 /// 7.35 → 6.33 (one set, two phases); the V-sized head 2.52 → 2.40 and the soft embedding
 /// 2.00 → 1.88 (128 × 128 at depth 3: six phases); but the layers' own 128 × 128 products (a few
 /// hundred K steps per multiprocessor) 1.47 → 1.52 and attention's 64 × 64 values 0.20 → 0.22.
-/// Hence `coop_gemm::stages_for` and the grouped kernel's prefill tile. The results are the
+/// Hence `dg_gpu::planner::coop_dense::stages` and the grouped kernel's prefill tile. The results are the
 /// same bits either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Stages {

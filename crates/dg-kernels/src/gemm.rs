@@ -305,43 +305,6 @@ pub fn source_for(tile: GemmTile, b: WeightFormat) -> KernelSource {
     }
 }
 
-/// Workgroups wanted before a larger tile is worth its lower parallelism (about 2 per SM on a
-/// 100+ SM GPU: a single wave of 1–1.5 workgroups per SM leaves SMs idle or half-used, e.g.
-/// 176 64×64 tiles of `256 × 2816` on 132 SMs).
-pub const ENOUGH_WORKGROUPS: u64 = 256;
-/// K from which a product with few output tiles splits K inside the workgroup: below it the
-/// K loop is short and the final reduction is not worth it.
-pub const SPLIT_MIN_K: u32 = 1024;
-
-/// A tile for an `m × n × k` product, single batch (see [`choose_batched`]).
-pub fn choose(m: u32, n: u32, k: u32) -> GemmTile {
-    choose_batched(m, n, k, 1)
-}
-
-/// A tile for `batch` products of `m × n × k`, by the number of workgroups it gives (every batch
-/// counts; K only decides whether a split pays):
-/// - m ≤ 16: [`TILE_SKINNY`];
-/// - the largest square tile with enough workgroups: [`TILE_128`] from 2 · [`ENOUGH_WORKGROUPS`]
-///   tiles (it holds fewer workgroups per SM), [`TILE_64`] from [`ENOUGH_WORKGROUPS`];
-/// - otherwise a K under [`SPLIT_MIN_K`] gets [`TILE_32`], a longer one splits K:
-///   [`TILE_32_SPLIT`] when its 32×32 tiles are enough, else [`TILE_16_SPLIT`].
-pub fn choose_batched(m: u32, n: u32, k: u32, batch: u32) -> GemmTile {
-    let tiles = |t: GemmTile| u64::from(m.div_ceil(t.bm)) * u64::from(n.div_ceil(t.bn)) * u64::from(batch.max(1));
-    if m <= TILE_SKINNY.bm {
-        TILE_SKINNY
-    } else if tiles(TILE_128) >= 2 * ENOUGH_WORKGROUPS {
-        TILE_128
-    } else if tiles(TILE_64) >= ENOUGH_WORKGROUPS {
-        TILE_64
-    } else if k < SPLIT_MIN_K {
-        TILE_32
-    } else if tiles(TILE_32_SPLIT) >= ENOUGH_WORKGROUPS {
-        TILE_32_SPLIT
-    } else {
-        TILE_16_SPLIT
-    }
-}
-
 /// `template` with its `//@PARAMS` line replaced by the WGSL of [`GemmParams`]
 /// (`wgsl/gemm_params.wgsl`, shared by the f32 and the tensor-core GEMM).
 pub(crate) fn with_params(template: &str) -> String {
@@ -482,33 +445,6 @@ mod tests {
                 assert_eq!(banks.len(), 32, "bk {bk} len {len} stride {stride}");
             }
         }
-    }
-
-    #[test]
-    fn choose_picks_by_shape() {
-        assert_eq!(choose(1, 262_144, 2816), TILE_SKINNY);
-        assert_eq!(choose(16, 2048, 2816), TILE_SKINNY);
-        // The tied head and q_proj / the dense gate_up at 256 tokens: enough tiles.
-        assert_eq!(choose(256, 262_144, 2816), TILE_128);
-        assert_eq!(choose(256, 4096, 2816), TILE_64);
-        assert_eq!(choose(256, 4224, 2816), TILE_64);
-        // k/v_proj, o_proj, the dense down projection, the soft embedding: 128–176 64×64 tiles on
-        // a 132-SM GPU, long K.
-        assert_eq!(choose(256, 2048, 2816), TILE_32_SPLIT);
-        assert_eq!(choose(256, 2816, 4096), TILE_32_SPLIT);
-        assert_eq!(choose(256, 2816, 2112), TILE_32_SPLIT);
-        assert_eq!(choose(256, 2816, 262_144), TILE_32_SPLIT);
-        // The router: 32 tiles of 32×32.
-        assert_eq!(choose(256, 128, 2816), TILE_16_SPLIT);
-        // Short K, few tiles.
-        assert_eq!(choose(40, 70, 5), TILE_32);
-        assert_eq!(choose(256, 128, 256), TILE_32);
-        assert!(TILES.contains(&choose(17, 1, 0)));
-        // Batches count: attention over 16 heads at 256 tokens, 1024 cached.
-        assert_eq!(choose_batched(256, 1024, 256, 16), TILE_64);
-        assert_eq!(choose_batched(256, 256, 1024, 16), TILE_64);
-        assert_eq!(choose_batched(4096, 4096, 4096, 1), TILE_128);
-        assert_eq!(choose_batched(40, 70, 5, 0), TILE_32);
     }
 
     #[test]

@@ -190,24 +190,6 @@ pub fn source_for(tile: GroupedTile, b: WeightFormat) -> KernelSource {
     }
 }
 
-/// A tile for `slots` rows spread over `groups` groups, by the average group size (not
-/// `max_rows`, which only bounds the grid), since every group pays for its rows in steps of 8
-/// and for whole m tiles in weight reads: 16 rows up to an average of 8, 32 up to 48, else 64;
-/// 256 columns unless N fits in 128. Measured on an NVIDIA H200 at the real MoE (2048 slots over
-/// 128 experts, ~16 per expert): 32×256 ran gate‖up in 1.31 ms and down in 0.63 ms against
-/// 1.71 / 0.83 ms for 16×256, 1.59 / 0.73 for 16×128 and 1.56 / 0.73 for 64×256 (twice the
-/// invocations per workgroup hide more latency than the padding rows cost).
-pub fn choose(n: u32, _k: u32, slots: u32, groups: u32) -> GroupedTile {
-    let average = slots.div_ceil(groups.max(1));
-    if average <= 8 || n <= TILE_16X128.bn {
-        if n <= TILE_16X128.bn { TILE_16X128 } else { TILE_16X256 }
-    } else if average <= 48 {
-        TILE_32X256
-    } else {
-        TILE_64X256
-    }
-}
-
 /// The dispatch: `⌈max_rows/bm⌉ · ⌈n/bn⌉ · groups` workgroups as a linear index (m tile fastest,
 /// then n tile, then group), folded by [`crate::gemm::fold`] when over the per-dimension limit.
 pub fn workgroups(tile: GroupedTile, n: u32, max_rows: u32, groups: u32) -> [u32; 3] {
@@ -250,18 +232,6 @@ mod tests {
                 assert_eq!(groups.len(), 8, "{} len {len}", t.label());
             }
         }
-    }
-
-    #[test]
-    fn choose_goes_by_the_average_group() {
-        // The real MoE: 256 tokens × top-8 over 128 experts, gate‖up 1408 wide, down 2816.
-        assert_eq!(choose(1408, 2816, 2048, 128), TILE_32X256);
-        assert_eq!(choose(2816, 704, 2048, 128), TILE_32X256);
-        assert_eq!(choose(1408, 2816, 512, 128), TILE_16X256);
-        assert_eq!(choose(48, 64, 2048, 128), TILE_16X128);
-        assert_eq!(choose(1408, 2816, 2048, 64), TILE_32X256);
-        assert_eq!(choose(1408, 2816, 0, 0), TILE_16X256);
-        assert_eq!(choose(1408, 2816, 100_000, 8), TILE_64X256);
     }
 
     #[test]

@@ -87,7 +87,7 @@ fn set(o: &mut Overrides, name: &str, value: &str) -> Result<(), TuningError> {
                 .ok_or_else(bad)?
         }
         "DG_COOP_TILE" | "DG_ATTENTION_TILE" => {
-            // The first tile of the lists that the value names, as `coop_gemm::plan` prefers it.
+            // The first tile of the lists that the value names, as `dg_gpu::planner::coop_dense::tile` prefers it.
             let tiles: Vec<CoopTile> = dense_tiles().collect();
             let wanted = TileName::parse(value, &tiles).ok_or_else(bad)?;
             let tile = tiles.into_iter().find(|t| wanted.names(*t));

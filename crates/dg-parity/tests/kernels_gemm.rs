@@ -14,6 +14,7 @@
 //! Every output buffer is pre-filled with seeded values (so untouched elements, e.g. the gaps
 //! between strided rows, are checked to stay untouched) and followed by a guard band.
 
+use dg_gpu::planner::portable;
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder};
 use dg_kernels::gemm::{self, EPILOGUE_SOFTCAP, GemmParams, GemmTile, TILES};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams, GroupedTile};
@@ -148,7 +149,7 @@ fn gemm_choose_covers_the_cases() {
     let mut pipelines = Pipelines::default();
     let mut chosen = Vec::new();
     for c in gemm_cases().into_iter().filter(|c| c.p.k < 10_000).chain(choose_cases()) {
-        let tile = gemm::choose_batched(c.p.m, c.p.n, c.p.k, c.p.batch);
+        let tile = portable::choose_batched(c.p.m, c.p.n, c.p.k, c.p.batch);
         chosen.push(tile);
         check(&ctx, &mut pipelines, tile, &c);
     }
@@ -263,7 +264,7 @@ fn grouped_gemm_choose_covers_a_moe_routing() {
     let counts = skewed_counts(32, 64, 8);
     let slots: u32 = counts.iter().sum();
     for (n, k) in [(352, 256), (256, 176)] {
-        let tile = grouped_gemm::choose(n, k, slots, counts.len() as u32);
+        let tile = portable::choose_grouped(n, k, slots, counts.len() as u32);
         assert_eq!(tile, grouped_gemm::TILE_32X256);
         check_grouped(&ctx, &mut pipelines, tile, &Grouped { n, k, counts: counts.clone(), gather: true });
     }

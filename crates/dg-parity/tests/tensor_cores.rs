@@ -286,7 +286,7 @@ fn strided_attention_products_on_tensor_cores_match_the_reference() {
     ];
     for (name, p) in cases {
         let body = GemmParams { n: p.n / 32 * 32, ..p };
-        assert!(dg_kernels::coop_gemm::plan(&body).is_some(), "{name}: meant for the tensor cores");
+        assert!(dg_gpu::planner::coop_dense::plan(&body).is_some(), "{name}: meant for the tensor cores");
         let a_len = gemm_extent(p.a_offset, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs);
         let b_len = gemm_extent(p.b_offset, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs);
         let c_len = gemm_extent(p.c_offset, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1);
@@ -335,7 +335,7 @@ fn causal_attention_products_on_tensor_cores_skip_the_masked_keys() {
         let a = f16_round(&seeded(gemm_extent(0, p.batch, p.a_batch, p.m, p.a_rs, p.k, p.a_cs), 41, 1.0));
         let b = f16_round(&seeded(gemm_extent(0, p.batch.div_ceil(p.b_batch_div), p.b_batch, p.k, p.b_rs, p.n, p.b_cs), 42, 1.0));
         let c0 = seeded(gemm_extent(0, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1), 43, 2.0);
-        assert!(dg_kernels::coop_gemm::plan(&p).is_some(), "meant for the tensor cores: {p:?}");
+        assert!(dg_gpu::planner::coop_dense::plan(&p).is_some(), "meant for the tensor cores: {p:?}");
         let got = f32_product_on_tensor_cores(&ctx, &mut pipelines, p, &a, &b, &c0);
         let want = gemm_reference(&GemmParams { causal_n: 0, ..p }, &a, &b, &c0);
         let tol = tolerance(p.k as usize);
@@ -366,7 +366,7 @@ fn causal_attention_products_on_tensor_cores_skip_the_masked_keys() {
     v_nan[live..].fill(f32::NAN);
     v_zero[live..].fill(0.0);
     let c0 = seeded(gemm_extent(0, p.batch, p.c_batch, p.m, p.c_rs, p.n, 1), 46, 2.0);
-    assert!(dg_kernels::coop_gemm::plan(&p).is_some(), "meant for the tensor cores: {p:?}");
+    assert!(dg_gpu::planner::coop_dense::plan(&p).is_some(), "meant for the tensor cores: {p:?}");
     let got = f32_product_on_tensor_cores(&ctx, &mut pipelines, p, &probs, &v_nan, &c0);
     let want = gemm_reference(&GemmParams { causal_k: 0, ..p }, &probs, &v_zero, &c0);
     let (err, at) = max_rel_err(&got, &want);

@@ -31,7 +31,7 @@ pub fn gemm_throughput(ctx: &GpuContext, options: &ProbeOptions) -> Result<(), P
                 plan.run(ctx)?;
                 let secs = t0.elapsed().as_secs_f64() / f64::from(reps);
                 let gflops = 2.0 * f64::from(m) * f64::from(n) * f64::from(k) / secs / 1e9;
-                let chosen = if gemm::choose(m, n, k) == tile { " (chosen)" } else { "" };
+                let chosen = if dg_gpu::planner::portable::choose(m, n, k) == tile { " (chosen)" } else { "" };
                 println!("{} {m}x{n}x{k} {label} [{}]{chosen}: {:.3} ms, {gflops:.1} GFLOP/s", ctx.info.name, tile.label(), secs * 1e3);
             }
         }
@@ -89,7 +89,11 @@ pub fn grouped_gemm_throughput(ctx: &GpuContext, options: &ProbeOptions) -> Resu
             plan.run(ctx)?;
             let secs = t0.elapsed().as_secs_f64() / f64::from(reps);
             let gflops = 2.0 * (slots * n * k) as f64 / secs / 1e9;
-            let chosen = if grouped_gemm::choose(n as u32, k as u32, slots as u32, experts as u32) == tile { " (chosen)" } else { "" };
+            let chosen = if dg_gpu::planner::portable::choose_grouped(n as u32, k as u32, slots as u32, experts as u32) == tile {
+                " (chosen)"
+            } else {
+                ""
+            };
             println!(
                 "{} grouped {label} {slots} slots / {experts} experts, n {n} k {k} [{}]{chosen}: {:.3} ms, {gflops:.1} GFLOP/s",
                 ctx.info.name,

@@ -5,9 +5,10 @@
 //! stored (f32 as the forward writes them, or f16, which the tensor cores round them to anyway).
 //! Times only: the variants that the forward does not use compute products nobody checks here.
 
+use dg_gpu::planner::split;
 use dg_gpu::{GpuContext, Pipelines};
 use dg_kernels::WeightFormat;
-use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split};
+use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile};
 use dg_kernels::coop_grouped_gemm::{self, WPath};
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::split_k;
@@ -79,7 +80,7 @@ pub fn vocab_product_layouts_probe(ctx: &GpuContext, _options: &ProbeOptions) ->
     let p = GemmParams::new(m, h, v);
     let scratch_len = 512u64 << 20;
     let scratch = ctx.storage_buffer("split partials", scratch_len)?;
-    let split = Split::choose(tile, &p, Split::target(tile, &p, dg_gpu::planner::ASSUMED_MULTIPROCESSORS), scratch_len / 4)
+    let split = split::choose(tile, &p, split::target(tile, &p, dg_gpu::planner::ASSUMED_MULTIPROCESSORS), scratch_len / 4)
         .unwrap_or_else(|| super::split_into(tile, p.k, 1));
     let cases = [("f32 (the forward's)", AFormat::F32, &p32, 3), ("f16", AFormat::F16, &p16, 3), ("f16, depth 4", AFormat::F16, &p16, 4)];
     for round in 0..2 {
