@@ -6,9 +6,7 @@
 //! norm → the q/k/v GEMM (one, or q's and K/V's: `Planner::merge_qkv`) → q/k norms fused with RoPE and the
 //! v norm in one dispatch (the canvas's K/V written into the cache after the visible rows) →
 //! attention over [visible | dead | canvas] cache rows as one score GEMM, a row softmax and one
-//! value GEMM (per block of queries where the scores would not fit the arena's), or as one
-//! tensor-core kernel where the tuning asks and the planner takes it (`Planner::fused_attention`)
-//! → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
+//! value GEMM (per block of queries where the scores would not fit the arena's) → o_proj → post-attention norm + residual fused with the dense MLP's, the experts'
 //! and the router's input norms → router → the dense MLP's and the experts' gate/up, both
 //! activations in one dispatch (the experts' stored as f16 for the tensor cores where the device
 //! has f16; where the down projections run on the tensor cores, each row scaled by a power of two
@@ -21,7 +19,6 @@
 //! cache, attention is causal (windowed in sliding layers), and the encoder's layer scalar applies.
 
 use dg_kernels::WeightFormat;
-use dg_kernels::coop_attention::AttentionParams;
 use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::coop_grouped_gemm;
 use dg_kernels::gemm::GemmParams;
@@ -32,8 +29,7 @@ use dg_model::{LayerKind, ModelConfig};
 use crate::arena::{Arena, CacheBuffers, KEY_PAD};
 use crate::error::GpuError;
 use crate::ops::{
-    AxpbyRows, Combine, HeadRows, Operand, Recorder, TokensAt, attention_fused_params, attention_scores_params, attention_values_params,
-    head_params, linear_params,
+    AxpbyRows, Combine, HeadRows, Operand, Recorder, TokensAt, attention_scores_params, attention_values_params, head_params, linear_params,
 };
 use crate::weights::GpuWeights;
 
@@ -545,24 +541,8 @@ fn record_layer_with<'a>(
     // probabilities rounded to f16 when staged) where the shapes fit.
     // A group whose scores would not fit `arena.scores` runs its queries in blocks whose scores
     // do (`Arena::query_block`: long contexts only).
-    // With `DG_FUSED_ATTENTION=1` the decoder's canvases run their attention as one tensor-core
-    // kernel where the planner takes it (`dg_kernels::coop_attention`: the scores never leave
-    // workgroup memory).
     let tc = w.format == WeightFormat::F16;
     for g in &groups {
-        // The decoder's mask: every key visible but the dead gap.
-        if g.mask.mode == softmax::MODE_ALL && planner.fused_attention(d, tokens, g.keys, half_kv) {
-            let p = AttentionParams {
-                q_offset: (g.first_token * heads * d) as u32,
-                kv_offset: (g.key_start * row) as u32,
-                gap_start: g.mask.gap_start,
-                gap_end: g.mask.gap_end,
-                o_offset: (g.first_token * heads * d) as u32,
-                ..attention_fused_params(tokens, g.keys, d, heads, kv)
-            };
-            rec.fused_attention(&a.q, (&g.cache.keys, &g.cache.values), &a.attn, p, (heads, d))?;
-            continue;
-        }
         let block = a.query_block(heads, tokens, g.keys)?;
         for t0 in (0..tokens).step_by(block) {
             let qb = block.min(tokens - t0);

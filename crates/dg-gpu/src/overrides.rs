@@ -16,12 +16,6 @@ pub struct Overrides {
     /// `DG_UNFUSED_COMBINE=1` sets it false: the MoE combine in a dispatch of its own instead of
     /// inside the closing norms'.
     pub fused_combine: bool,
-    /// `DG_FUSED_ATTENTION=1` sets it true: the decoder's attention as one tensor-core kernel
-    /// (`dg_kernels::coop_attention`) where it takes the heads, instead of the scores product, the
-    /// row softmax and the values product. Off by default: on an H100 it gained 0.2–0.3 ms of the
-    /// F16 decoder layers' 30.7 (the forward's 35.7 within its spread) and lost 0.16 ms of
-    /// `q4_k_m`'s forward, 34.0 (bench/HISTORY.md).
-    pub fused_attention: bool,
     /// `DG_F32_ACTIVATIONS=1` sets it false: the experts' activations stay f32 instead of f16
     /// where the tensor cores read them.
     pub half_expert_activations: bool,
@@ -66,7 +60,6 @@ impl Default for Overrides {
         Overrides {
             row_lanes: RowLanes::Auto,
             fused_combine: true,
-            fused_attention: false,
             half_expert_activations: true,
             scale_rows: true,
             qkv: QkvChoice::Auto,

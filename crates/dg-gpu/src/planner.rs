@@ -21,7 +21,7 @@ use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
 use dg_kernels::gemm::{GemmParams, GemmTile};
 use dg_kernels::grouped_gemm::{GroupedGemmParams, GroupedTile};
 use dg_kernels::{CoopGemmKey, WeightFormat};
-use dg_kernels::{coop_attention, coop_grouped_gemm, moe_dispatch};
+use dg_kernels::{coop_grouped_gemm, moe_dispatch};
 
 use dg_model::ModelConfig;
 
@@ -299,24 +299,6 @@ impl<'t> Planner<'t> {
                 .iter()
                 .all(|p| matches!(self.dense(WeightFormat::F32, BSource::KvCache, p, tensor_cores, None), Ok(Dense::TensorCores(_))))
         })
-    }
-
-    /// Whether the decoder's attention of a canvas (`queries` rows, `head_dim`, over `keys` keys
-    /// of an f16 cache, `half_cache`) runs as one tensor-core kernel
-    /// (`dg_kernels::coop_attention`) instead of the scores product, the softmax and the values
-    /// product: where the device has cooperative matrices and f16, the kernel takes the shape and
-    /// its workgroup memory fits, and the head size is at most `coop_attention::MAX_HEAD_DIM`
-    /// (the real model's sliding layers; its full layers keep the products).
-    /// Only with [`Overrides::fused_attention`](crate::Overrides::fused_attention) (`DG_FUSED_ATTENTION=1`): by default the products.
-    pub fn fused_attention(&self, head_dim: usize, queries: usize, keys: usize, half_cache: bool) -> bool {
-        let fits = |v: usize| u32::try_from(v).ok();
-        let (Some(d), Some(q), Some(k)) = (fits(head_dim), fits(queries), fits(keys)) else { return false };
-        self.caps.coop_matrix
-            && self.caps.shader_f16
-            && half_cache
-            && self.tuning.overrides.fused_attention
-            && d <= coop_attention::MAX_HEAD_DIM
-            && coop_attention::takes(d, q, k, self.caps.max_workgroup_storage)
     }
 
     /// Whether q, K and V run as one product (`q` and `kv` the products of q's blocks and of

@@ -3,7 +3,6 @@
 //! the attention products' parameters in the forward's layouts (HF's `eager_attention_forward`:
 //! scores `q · Kᵀ`, then probabilities `· V`), and how a weight matrix is ordered in its buffer.
 
-use dg_kernels::coop_attention;
 use dg_kernels::gemm::GemmParams;
 
 /// The decoder pads its visible cached keys to a multiple of this many columns in a scores row
@@ -60,26 +59,5 @@ pub fn attention_values_params(t: usize, s: usize, d: usize, heads: usize, kv_he
         c_rs: heads * d,
         c_batch: d,
         ..GemmParams::new(t, d, s)
-    }
-}
-
-/// The fused attention (`Recorder::fused_attention`) of `t` queries over `s` keys with heads of `d`,
-/// `heads` query heads on `kv_heads` K/V heads, in the forward's layouts: q and O `[t, heads·d]`,
-/// the cache `[s, kv_heads·d]`; offsets 0 and no masked keys (set them with `..`).
-pub fn attention_fused_params(t: usize, s: usize, d: usize, heads: usize, kv_heads: usize) -> coop_attention::AttentionParams {
-    let (t, s, d, heads, kv_heads) = (t as u32, s as u32, d as u32, heads as u32, kv_heads as u32);
-    coop_attention::AttentionParams {
-        q_offset: 0,
-        q_rs: heads * d,
-        kv_offset: 0,
-        kv_rs: kv_heads * d,
-        group: heads / kv_heads,
-        keys: s,
-        gap_start: 0,
-        gap_end: 0,
-        o_offset: 0,
-        o_rs: heads * d,
-        queries: t,
-        _pad: 0,
     }
 }

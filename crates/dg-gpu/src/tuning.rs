@@ -142,7 +142,6 @@ pub const TUNING_VARIABLES: &[&str] =
 pub const LAB_VARIABLES: &[&str] = &[
     "DG_ROW_LANES",
     "DG_UNFUSED_COMBINE",
-    "DG_FUSED_ATTENTION",
     "DG_F32_ACTIVATIONS",
     "DG_UNSCALED_ROWS",
     "DG_QKV",

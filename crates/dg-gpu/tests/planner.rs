@@ -775,28 +775,6 @@ fn attentions_small_tile_only_where_it_runs_whole() {
     }
 }
 
-/// With `DG_FUSED_ATTENTION=1` the decoder's attention runs as one kernel in the real model's
-/// sliding layers (head 256) and stays the three dispatches in its full layers (head 512), where
-/// the products measured faster (`dg_kernels::coop_attention::MAX_HEAD_DIM`); only over an f16
-/// cache and with cooperative matrices. A device of 32 KiB takes the sliding head in key tiles of
-/// 32. By default the products run everywhere.
-#[test]
-fn fused_attention_where_it_measured_faster() {
-    let tuning = lab(Overrides { fused_attention: true, ..Overrides::default() });
-    let h200 = Planner::new(H200, &tuning);
-    let keys = (CONTEXT + 32 + CANVAS) as usize;
-    assert!(h200.fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
-    assert!(!h200.fused_attention(FULL.d as usize, CANVAS as usize, keys, true), "the full layers keep the products");
-    assert!(!h200.fused_attention(SLIDING.d as usize, CANVAS as usize, keys, false), "an f32 cache");
-    assert!(!h200.fused_attention(96, CANVAS as usize, keys, true), "a head size the kernel is not rendered for");
-    let small = Planner::new(Capabilities { coop_matrix: true, ..LAVAPIPE }, &tuning);
-    assert!(small.fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
-    assert_eq!(dg_kernels::coop_attention::key_tile_for(SLIDING.d, small.caps.max_workgroup_storage), Some(32));
-    assert!(!Planner::new(LAVAPIPE, &tuning).fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true), "no cooperative matrices");
-    let default = Tuning::default();
-    assert!(!Planner::new(H200, &default).fused_attention(SLIDING.d as usize, CANVAS as usize, keys, true));
-}
-
 /// Whether a golden plan shows `family`'s tile `label` (`CoopTile::label` and `GemmTile::label`
 /// start with the tile's shape; depth, stages and fragment come after it).
 fn in_any_golden_plan(family: &str, label: &str) -> bool {

@@ -10,8 +10,8 @@ use crate::gemm::{self, GemmTile};
 use crate::grouped_gemm::{self, GroupedTile};
 use crate::row_reduce::RowReduce;
 use crate::{
-    KernelSource, WeightFormat, axpby, coop_attention, coop_grouped_gemm, coop_kloop, embed, gelu_glu, moe_combine, moe_dispatch,
-    norm_rope, residual_norms, rmsnorm, rope, router_topk, sample_rows, softmax, softmax_chunked, split_k,
+    KernelSource, WeightFormat, axpby, coop_grouped_gemm, coop_kloop, embed, gelu_glu, moe_combine, moe_dispatch, norm_rope,
+    residual_norms, rmsnorm, rope, router_topk, sample_rows, softmax, softmax_chunked, split_k,
 };
 
 /// Columns a row kernel takes at a time.
@@ -150,13 +150,6 @@ pub enum KernelKey {
         w: WeightFormat,
     },
     CoopGemm(CoopGemmKey),
-    /// The decoder's attention in one tensor-core kernel (`coop_attention`) for a head size of
-    /// [`coop_attention::HEAD_DIMS`], in key tiles of `key_tile` and fragments of side `fragment`.
-    CoopAttention {
-        head_dim: u32,
-        key_tile: u32,
-        fragment: u32,
-    },
     /// The tensor-core grouped GEMM: experts in F16 K panels, or row-major in a quantized format
     /// (`coop_grouped_gemm::reads`).
     CoopGroupedGemm {
@@ -208,13 +201,12 @@ impl KernelKey {
                 coop_gemm::source_for_a(k.tile, k.path, k.w, k.layout, k.a)
             }
             K::CoopGroupedGemm { tile, path, w, a } => coop_grouped_gemm::source_for(tile, path, w, a),
-            K::CoopAttention { head_dim, key_tile, fragment } => coop_attention::source(head_dim, key_tile, fragment),
         }
     }
 
     /// Whether the variant runs only on devices with cooperative matrices (and f16 in shaders).
     pub fn needs_cooperative_matrices(self) -> bool {
-        matches!(self, KernelKey::CoopGemm(_) | KernelKey::CoopGroupedGemm { .. } | KernelKey::CoopAttention { .. })
+        matches!(self, KernelKey::CoopGemm(_) | KernelKey::CoopGroupedGemm { .. })
     }
 
     /// Every key the planner can choose: each product tile of each product at
@@ -288,11 +280,6 @@ impl KernelKey {
                 for w in FORMATS.into_iter().filter(|&w| coop_grouped_gemm::reads(w, path)) {
                     keys.extend(A_FORMATS.map(|a| K::CoopGroupedGemm { tile, path, w, a }));
                 }
-            }
-        }
-        for head_dim in coop_attention::HEAD_DIMS {
-            for key_tile in coop_attention::key_tiles(head_dim) {
-                keys.extend(coop_gemm::FRAGMENTS.map(|fragment| K::CoopAttention { head_dim, key_tile, fragment }));
             }
         }
         keys

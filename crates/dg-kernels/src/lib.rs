@@ -9,7 +9,6 @@
 
 pub mod axpby;
 pub mod bf16;
-pub mod coop_attention;
 pub mod coop_gemm;
 pub mod coop_grouped_gemm;
 pub mod coop_kloop;

@@ -79,7 +79,6 @@ fn set(o: &mut Overrides, name: &str, value: &str) -> Result<(), TuningError> {
     match name {
         "DG_ROW_LANES" => o.row_lanes = choice(value, &[("auto", RowLanes::Auto), ("1", RowLanes::One)]).ok_or_else(bad)?,
         "DG_UNFUSED_COMBINE" => o.fused_combine = !flag(value).ok_or_else(bad)?,
-        "DG_FUSED_ATTENTION" => o.fused_attention = flag(value).ok_or_else(bad)?,
         "DG_F32_ACTIVATIONS" => o.half_expert_activations = !flag(value).ok_or_else(bad)?,
         "DG_UNSCALED_ROWS" => o.scale_rows = !flag(value).ok_or_else(bad)?,
         "DG_QKV" => {
@@ -147,7 +146,7 @@ fn accepted(name: &str) -> String {
         format!("a tile's BMxBN ({}) or full label ({})", shapes.join(", "), labels.join(", "))
     };
     match name {
-        "DG_UNFUSED_COMBINE" | "DG_FUSED_ATTENTION" | "DG_F32_ACTIVATIONS" | "DG_UNSCALED_ROWS" => "0 or 1".into(),
+        "DG_UNFUSED_COMBINE" | "DG_F32_ACTIVATIONS" | "DG_UNSCALED_ROWS" => "0 or 1".into(),
         "DG_ROW_LANES" => "auto or 1".into(),
         "DG_QKV" => "auto, merged or separate".into(),
         "DG_COOP_PATH" | "DG_GROUPED_PATH" => "staged, direct or single".into(),

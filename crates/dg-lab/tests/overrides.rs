@@ -18,7 +18,7 @@ fn one(name: &str, value: &str) -> Result<Overrides, TuningError> {
 fn no_variables_give_the_products_choices() {
     let o = from_vars(std::iter::empty::<(&str, &str)>()).unwrap();
     assert_eq!(o, Overrides::default());
-    assert!(o.fused_combine && !o.fused_attention && o.half_expert_activations && o.scale_rows);
+    assert!(o.fused_combine && o.half_expert_activations && o.scale_rows);
     assert_eq!((o.row_lanes, o.qkv, o.coop_path), (RowLanes::Auto, QkvChoice::Auto, WPath::Staged));
     assert_eq!((o.coop_tile, o.coop_depth, o.split_target, o.grouped_tile), (None, None, None, None));
     assert_eq!((o.coop_grouped_tiles.len(), o.coop_grouped_path, o.coop_grouped_depth), (0, None, None));
@@ -28,7 +28,6 @@ fn no_variables_give_the_products_choices() {
 fn every_lab_variable_parses_its_values() {
     assert_eq!(one("DG_ROW_LANES", "1").unwrap().row_lanes, RowLanes::One);
     assert!(!one("DG_UNFUSED_COMBINE", "1").unwrap().fused_combine);
-    assert!(one("DG_FUSED_ATTENTION", "1").unwrap().fused_attention);
     assert!(!one("DG_F32_ACTIVATIONS", "1").unwrap().half_expert_activations);
     assert!(!one("DG_UNSCALED_ROWS", "1").unwrap().scale_rows);
     assert_eq!(one("DG_QKV", "merged").unwrap().qkv, QkvChoice::Merged);

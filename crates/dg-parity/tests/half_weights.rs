@@ -76,25 +76,6 @@ fn f16_weights_on_the_gpu_match_the_cpu_on_the_same_weights() {
     check_format(WeightFormat::F16, "gpu-f16");
 }
 
-/// The F16 mode with the decoder's attention as one kernel (`DG_FUSED_ATTENTION=1`,
-/// `dg_kernels::coop_attention`) passes the same checks on `real-head-dims`, whose sliding
-/// layers' heads of 256 the kernel takes (its canvas of 16 a partial block of queries; its full
-/// layers keep the products).
-#[test]
-fn f16_weights_with_the_fused_attention_match_the_cpu() {
-    let Some(ctx) = test_context("half_weights") else { return };
-    let config = ModelDir::open(&fixture("real-head-dims")).unwrap().config;
-    let mut tuning = ctx.tuning.clone();
-    tuning.overrides.fused_attention = true;
-    let planner = dg_gpu::planner::Planner::new(ctx.capabilities(), &tuning);
-    let (d, c) = (config.text.layers[0].head_dim, config.canvas_length);
-    if !planner.fused_attention(d, c, 32 + c, true) {
-        eprintln!("SKIP f16_weights_with_the_fused_attention_match_the_cpu: adapter {} does not take the fused attention", ctx.info.name);
-        return;
-    }
-    check_fixtures(WeightFormat::F16, "gpu-f16", &["real-head-dims"], true);
-}
-
 /// The logits (`len` values) of one canvas forward on `ours` and on `reference`, each from an
 /// empty context with `prompt` encoded by its own encoder.
 fn both_forwards<'a>(
@@ -116,14 +97,8 @@ fn both_forwards<'a>(
 }
 
 fn check_format(format: WeightFormat, backend_name: &str) {
-    check_fixtures(format, backend_name, &FIXTURES, false);
-}
-
-/// The checks of [`check_format`] on `fixtures`, with the fused attention where `fused`.
-fn check_fixtures(format: WeightFormat, backend_name: &str, fixtures: &[&str], fused: bool) {
-    for &name in fixtures {
-        let Some(mut ctx) = test_context("half_weights") else { return };
-        ctx.tuning.overrides.fused_attention = fused;
+    for name in FIXTURES {
+        let Some(ctx) = test_context("half_weights") else { return };
         let coop = ctx.coop_matrix;
         let dir = fixture(name);
         let model = ModelDir::open(&dir).unwrap();

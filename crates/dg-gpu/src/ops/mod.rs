@@ -4,15 +4,15 @@
 
 mod products;
 
-pub use crate::shapes::{attention_fused_params, attention_scores_params, attention_values_params};
+pub use crate::shapes::{attention_scores_params, attention_values_params};
 pub use products::{Operand, Product};
 
 use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::sample_rows::{self, SampleRowsParams};
 use dg_kernels::{
-    KernelKey, KernelKey as K, Lanes, WeightFormat, axpby, coop_attention, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms,
-    rmsnorm, rope, router_topk, softmax, softmax_chunked,
+    KernelKey, KernelKey as K, Lanes, WeightFormat, axpby, embed, gelu_glu, moe_combine, moe_dispatch, residual_norms, rmsnorm, rope,
+    router_topk, softmax, softmax_chunked,
 };
 
 use crate::context::GpuContext;
@@ -487,25 +487,6 @@ impl<'a> Recorder<'a> {
         let g = self.groups(softmax::workgroups(&p));
         let lanes = self.row_lanes(&[p.cols]);
         self.push(K::Softmax(self.ctx.row_reduce(), Lanes::of(lanes)), &p, &[x], g)
-    }
-
-    /// The decoder's attention of `heads` query heads in one tensor-core kernel
-    /// (`dg_kernels::coop_attention`): `out` = softmax(q · Kᵀ) · V over the f16 cache's `keys` and
-    /// `values`, as `p` lays them out, at `head_dim` (where [`Planner::fused_attention`] takes it).
-    pub fn fused_attention(
-        &mut self,
-        q: &'a wgpu::Buffer,
-        (keys, values): (&'a wgpu::Buffer, &'a wgpu::Buffer),
-        out: &'a wgpu::Buffer,
-        p: coop_attention::AttentionParams,
-        (heads, head_dim): (usize, usize),
-    ) -> Result<(), GpuError> {
-        let max_shared = self.ctx.limits.max_compute_workgroup_storage_size;
-        let key_tile = coop_attention::key_tile_for(head_dim as u32, max_shared).ok_or_else(|| GpuError::Unsupported {
-            what: format!("fused attention at head size {head_dim} in {max_shared} bytes of workgroup memory"),
-        })?;
-        let key = K::CoopAttention { head_dim: head_dim as u32, key_tile, fragment: self.ctx.coop_fragment };
-        self.push(key, &p, &[q, keys, values, out], coop_attention::workgroups(&p, heads as u32))
     }
 
     /// Plain softmax in place over `x: [rows, cols]`: rows of at least

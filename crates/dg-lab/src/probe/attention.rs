@@ -4,11 +4,8 @@
 //! the keys (twice the workgroups, the same K steps each), twice the head size in the scores
 //! (the same workgroups, twice the K steps) and the other attention tile. From these a product's
 //! time splits into what its workgroups cost per K step and what they cost besides (filling the
-//! ring, storing C): the question behind attention as one kernel. Times only.
-//!
-//! [`fused_attention_probe`] then times that kernel (`dg_kernels::coop_attention`) against the
-//! scores product, the softmax and the values product it replaces, each as the forward records
-//! it (`Recorder`), at the real canvas over several contexts, and compares their outputs.
+//! ring, storing C): the question behind attention as one kernel. Times only. (The fused kernel
+//! that question led to was measured and not kept: bench/history/attention.md.)
 
 use dg_gpu::{GpuContext, Pipelines};
 use dg_kernels::WeightFormat;
@@ -106,102 +103,4 @@ fn time_batched(ctx: &GpuContext, pipelines: &mut Pipelines, c: &Case) -> Result
     let reduce = pipelines.get_source(ctx, split_k::source())?;
     // K unsplit: no scratch is bound, `out` stands in its place.
     time_product(ctx, (&kernel, &reduce), c.tile, p, split_into(c.tile, p.k, 1), [&a, &b, &out, &out])
-}
-
-/// Cached positions [`fused_attention_probe`] runs at: the forward's, and longer ones where the
-/// kernel's workgroups each read their head's whole cache.
-const FUSED_CONTEXTS: [usize; 3] = [1024, 4096, 16384];
-
-/// The decoder's attention of a canvas over `FUSED_CONTEXTS` cached positions, both layer kinds:
-/// the fused kernel against the scores product, masked softmax and values product as
-/// `dg_gpu::ops::Recorder` records them (the planner's tiles); µs twice in alternating order, and
-/// the largest difference between the two outputs.
-pub fn fused_attention_probe(ctx: &GpuContext, _options: &ProbeOptions) -> Result<(), ProbeError> {
-    use dg_gpu::ops::{Operand, Recorder};
-    use dg_kernels::coop_attention::{self, AttentionParams};
-    use dg_kernels::softmax::SoftmaxParams;
-    let test = "fused_attention_probe";
-    let mut pipelines = Pipelines::default();
-    let replays = 20u32;
-    for context in FUSED_CONTEXTS {
-        for kind in &KINDS {
-            let (d, kv) = (kind.d, kind.kv_heads);
-            if !coop_attention::takes(d as u32, CANVAS as u32, 16, ctx.limits.max_compute_workgroup_storage_size) {
-                println!("{test}: {} layer: the kernel does not fit this device", kind.name);
-                continue;
-            }
-            // The forward's layout: [visible | dead up to a multiple of 32 | canvas], 7 dead keys.
-            let visible = context - 7;
-            let keys = context + CANVAS;
-            let row = kv * d;
-            let a = (12.0 / (d as f32).sqrt()).sqrt();
-            let q = ctx.upload("q", &seeded(CANVAS * HEADS * d, 93, a))?;
-            let k = ctx.upload("k", &dg_kernels::pack_f16(&seeded(keys * row, 94, a)))?;
-            let v = ctx.upload("v", &dg_kernels::pack_f16(&seeded(keys * row, 95, 1.0)))?;
-            let scores = ctx.storage_buffer("scores", (HEADS * CANVAS * keys * 4) as u64)?;
-            let (fused_out, products_out) =
-                (ctx.storage_buffer("o", (CANVAS * HEADS * d * 4) as u64)?, ctx.storage_buffer("o", (CANVAS * HEADS * d * 4) as u64)?);
-            let cache = |b| Operand::kv_cache(b, WeightFormat::F16);
-            let mask = SoftmaxParams {
-                gap_start: visible as u32,
-                gap_end: context as u32,
-                ..SoftmaxParams::plain((HEADS * CANVAS) as u32, keys as u32)
-            };
-            let fused = AttentionParams {
-                gap_start: mask.gap_start,
-                gap_end: mask.gap_end,
-                ..dg_gpu::ops::attention_fused_params(CANVAS, keys, d, HEADS, kv)
-            };
-            let plan = |fused_path: bool, pipelines: &mut Pipelines| -> Result<dg_gpu::Plan, ProbeError> {
-                let mut rec = Recorder::new(ctx, pipelines);
-                for _ in 0..replays {
-                    if fused_path {
-                        rec.fused_attention(&q, (&k, &v), &fused_out, fused, (HEADS, d))?;
-                    } else {
-                        rec.product(&q, cache(&k), &scores, dg_gpu::ops::attention_scores_params(CANVAS, keys, d, HEADS, kv), true)?;
-                        rec.softmax(&scores, mask)?;
-                        rec.product(
-                            &scores,
-                            cache(&v),
-                            &products_out,
-                            dg_gpu::ops::attention_values_params(CANVAS, keys, d, HEADS, kv),
-                            true,
-                        )?;
-                    }
-                }
-                Ok(rec.finish()?)
-            };
-            let plans = [plan(false, &mut pipelines)?, plan(true, &mut pipelines)?];
-            let key_tile = coop_attention::key_tile_for(d as u32, ctx.limits.max_compute_workgroup_storage_size).expect("checked above");
-            let source = coop_attention::source(d as u32, key_tile, ctx.coop_fragment);
-            // And without its first pass (each row's maximum): what that pass costs.
-            let pass1 = (
-                "var row_max = LOWEST;\n    for (var t = 0u; t < tiles; t++) {",
-                "var row_max = LOWEST;\n    for (var t = 0u; t < 0u * tiles; t++) {",
-            );
-            let one_pass = pipelines.get_source(ctx, super::replaced(&source, "one_pass", &[pass1]))?;
-            let groups = coop_attention::workgroups(&fused, HEADS as u32);
-            let names = ["scores, softmax, values", "fused", "fused, second pass only (timing only)"];
-            for round in 0..2 {
-                for i in alternating(round, names.len()) {
-                    let t = match i {
-                        2 => super::time_dispatch(ctx, &one_pass, &fused, &[&q, &k, &v, &fused_out], groups, replays)?,
-                        _ => super::best_time(ctx, &plans[i], replays),
-                    };
-                    println!(
-                        "{test}: round {round}, context {context}, {} layer ({keys} keys, d {d}), {}: {:.1} us",
-                        kind.name,
-                        names[i],
-                        t * 1e6
-                    );
-                }
-            }
-            // The outputs of the kernel as the forward runs it.
-            plans[1].run(ctx)?;
-            let (x, y) = (ctx.read_f32(&fused_out, 0, CANVAS * HEADS * d)?, ctx.read_f32(&products_out, 0, CANVAS * HEADS * d)?);
-            let diff = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            println!("{test}: context {context}, {} layer: outputs differ by at most {diff:.2e} (V in ±1)", kind.name);
-        }
-    }
-    Ok(())
 }

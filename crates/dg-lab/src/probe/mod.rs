@@ -191,12 +191,6 @@ pub const PROBES: &[Probe] = &[
         attention::attention_products_probe,
     ),
     probe(
-        "fused_attention_probe",
-        "the decoder's attention as one kernel against its three dispatches, at the real shapes and longer contexts",
-        true,
-        attention::fused_attention_probe,
-    ),
-    probe(
         "barrier_drain_probe",
         "whether a workgroup barrier waits for global loads still in flight",
         true,
