@@ -1,14 +1,16 @@
-//! The model's tokenizer (`tokenizer.json`, read with the `tokenizers` crate): prompt text to ids,
-//! generated ids to text, and one short printable piece per token for the live canvas view.
+//! The model's tokenizer (`tokenizer.json`, read with the `tokenizers` crate, or the vocabulary a
+//! GGUF file carries, built by [`crate::gguf_tokenizer`]): prompt text to ids, generated ids to
+//! text, and one short printable piece per token for the live canvas view.
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use dg_model::ModelDir;
 use tokenizers::Tokenizer;
 
 use crate::error::Input;
 
-/// A loaded `tokenizer.json`.
+/// A loaded tokenizer.
 pub struct TextCodec {
     tokenizer: Tokenizer,
 }
@@ -20,8 +22,28 @@ impl std::fmt::Debug for TextCodec {
 }
 
 impl TextCodec {
+    /// The model's tokenizer: `tokenizer.json` in its directory, else (a GGUF model) the vocabulary
+    /// the file carries; `None` when there is neither.
+    pub fn load(model: &ModelDir) -> Result<Option<Self>> {
+        if let Some(codec) = Self::from_dir(&model.dir)? {
+            return Ok(Some(codec));
+        }
+        let Some(file) = model.checkpoint.gguf() else { return Ok(None) };
+        let shown = file.path().display();
+        let Some(vocab) = file.vocab().context(Input(format!("cannot read the tokenizer of {shown}")))? else { return Ok(None) };
+        let vocab_size = model.config.text.vocab_size;
+        if vocab.tokens.len() > vocab_size {
+            return Err(crate::error::input(format!(
+                "{shown}: the tokenizer has {} tokens, more than the model's vocabulary of {vocab_size}",
+                vocab.tokens.len()
+            )));
+        }
+        let tokenizer = crate::gguf_tokenizer::build(&vocab).context(Input(format!("cannot build the tokenizer of {shown}")))?;
+        Ok(Some(TextCodec { tokenizer }))
+    }
+
     /// `dir/tokenizer.json`, or `None` when the directory has none.
-    pub fn load(dir: &Path) -> Result<Option<Self>> {
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
             return Ok(None);

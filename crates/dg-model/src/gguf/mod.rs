@@ -1,5 +1,6 @@
 //! GGUF files: reading them memory-mapped (`read`), the DiffusionGemma tensor names llama.cpp
-//! writes (`names`), the geometry in their metadata (`config`), and writing them (`write`).
+//! writes (`names`), the geometry in their metadata (`config`), the tokenizer and chat template
+//! they carry (`vocab`), and writing them (`write`).
 //!
 //! A [`GgufFile`] serves its tensors by HF name, as stored, so the same loaders that read a
 //! safetensors checkpoint read a GGUF one ([`crate::Checkpoint::open_gguf`]). The format is ggml's
@@ -8,6 +9,7 @@
 mod config;
 mod names;
 mod read;
+mod vocab;
 mod write;
 
 use std::collections::HashMap;
@@ -19,6 +21,7 @@ use memmap2::Mmap;
 pub use config::{ARCH, model_metadata, rope_freqs};
 pub use names::{IGNORABLE, to_gguf, to_hf};
 pub use read::{Header, MetaValue, TensorInfo};
+pub use vocab::{GEMMA4, SpecialIds, TokenType, Vocab};
 pub use write::{GgufWriter, PlannedTensor, VERSION};
 
 use crate::config::ModelConfig;

@@ -1,0 +1,89 @@
+//! A GGUF file's vocabulary ([`dg_model::gguf::Vocab`]) as a `tokenizers::Tokenizer`, built from
+//! the `tokenizers` crate's own parts so that it encodes and decodes as the HF `tokenizer.json` the
+//! file was converted from.
+//!
+//! For `tokenizer.ggml.model = "gemma4"` these are the parts of transformers' `GemmaTokenizer`
+//! (`models/gemma/tokenization_gemma.py`, the layout of Gemma 4's `tokenizer.json`): a BPE model
+//! with byte fallback and `fuse_unk`, the normalizer `Replace(" ", "▁")`, the pre-tokenizer
+//! `Split(" ", merged_with_previous)`, the decoder `Replace("▁", " ")`, `ByteFallback`, `Fuse`, and
+//! a `<bos> $A` post-processor (`add_bos_token`; `$A <eos>` with `add_eos_token`). The control and
+//! user-defined tokens (the HF special tokens; llama.cpp's converter marks a few of them
+//! user-defined only so that llama.cpp renders them) are added tokens, matched whole, not
+//! normalized, and left out when decoding skips special tokens.
+
+use anyhow::{Context, Result, anyhow};
+use dg_model::gguf::{GEMMA4, Vocab};
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence;
+use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::replace::Replace;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+
+/// SentencePiece's visible space.
+const SPACE: &str = "\u{2581}";
+
+/// The tokenizer `vocab` describes (only [`GEMMA4`] vocabularies are read into a [`Vocab`]).
+pub fn build(vocab: &Vocab) -> Result<Tokenizer> {
+    if vocab.model != GEMMA4 {
+        return Err(anyhow!("tokenizer model {:?} is not supported (dg reads {GEMMA4:?})", vocab.model));
+    }
+    let ids = vocab.tokens.iter().enumerate().map(|(id, t)| (t.clone(), id as u32)).collect::<tokenizers::models::bpe::Vocab>();
+    let mut bpe = BPE::builder().vocab_and_merges(ids, vocab.merges.clone()).byte_fallback(true).fuse_unk(true);
+    if let Some(unk) = vocab.special.unk {
+        bpe = bpe.unk_token(vocab.tokens[unk as usize].clone());
+    }
+    let bpe = bpe.build().map_err(|e| anyhow!("{e}")).context("the BPE model")?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer.with_normalizer(Some(Replace::new(" ", SPACE).map_err(|e| anyhow!("{e}"))?)).map_err(|e| anyhow!("{e}"))?;
+    tokenizer.with_pre_tokenizer(Some(
+        Split::new(SplitPattern::String(" ".into()), SplitDelimiterBehavior::MergedWithPrevious, false).map_err(|e| anyhow!("{e}"))?,
+    ));
+    tokenizer.with_decoder(Some(Sequence::new(vec![
+        DecoderWrapper::Replace(Replace::new(SPACE, " ").map_err(|e| anyhow!("{e}"))?),
+        DecoderWrapper::ByteFallback(ByteFallback::new()),
+        DecoderWrapper::Fuse(Fuse::new()),
+    ])));
+    let specials: Vec<AddedToken> = vocab
+        .tokens
+        .iter()
+        .zip(&vocab.types)
+        .filter(|(_, ty)| ty.is_special())
+        .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
+        .collect();
+    tokenizer.add_special_tokens(specials).map_err(|e| anyhow!("{e}"))?;
+    tokenizer.with_post_processor(Some(post_processor(vocab)?));
+    Ok(tokenizer)
+}
+
+/// `<bos> $A` (and `$A <eos>` where the vocabulary adds it), as the HF post-processor.
+fn post_processor(vocab: &Vocab) -> Result<TemplateProcessing> {
+    let named = |id: Option<u32>, what: &str| {
+        id.map(|id| (vocab.tokens[id as usize].clone(), id)).ok_or_else(|| anyhow!("the vocabulary adds {what} but names no {what} id"))
+    };
+    let mut specials = Vec::new();
+    let (mut single, mut pair) = (vec!["$A".to_string()], vec!["$A".to_string(), "$B".to_string()]);
+    if vocab.add_bos {
+        let (bos, id) = named(vocab.special.bos, "<bos>")?;
+        single.insert(0, bos.clone());
+        pair.insert(0, bos.clone());
+        specials.push((bos, id));
+    }
+    if vocab.add_eos {
+        let (eos, id) = named(vocab.special.eos, "<eos>")?;
+        single.push(eos.clone());
+        pair.push(eos.clone());
+        specials.push((eos, id));
+    }
+    TemplateProcessing::builder()
+        .try_single(single.join(" "))
+        .map_err(|e| anyhow!("{e}"))?
+        .try_pair(pair.join(" "))
+        .map_err(|e| anyhow!("{e}"))?
+        .special_tokens(specials)
+        .build()
+        .map_err(|e| anyhow!("{e}"))
+}
