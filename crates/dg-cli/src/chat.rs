@@ -155,6 +155,30 @@ mod tests {
         assert!(format!("{:#}", t.render_user("x").unwrap_err()).contains("only user turns"));
     }
 
+    /// The converter fixture's template (DiffusionGemma's, in the GGUF file) renders every
+    /// conversation of `chat.jsonl` as transformers did, and as the HF directory's copy does.
+    #[test]
+    fn a_gguf_template_renders_as_transformers() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/converter-gemma4-vocab");
+        let model = ModelDir::open(&fixture.join("model.gguf")).unwrap();
+        let from_gguf = ChatTemplate::load(&model).unwrap().expect("the file carries a template");
+        assert!(from_gguf.origin.to_string_lossy().contains("tokenizer.chat_template"));
+        let from_hf = ChatTemplate::from_dir(&fixture.join("hf")).unwrap().unwrap();
+        let text = std::fs::read_to_string(fixture.join("chat.jsonl")).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let case: Json = serde_json::from_str(line).unwrap();
+            let turns: Vec<(&str, &str)> = case["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| (m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .collect();
+            let ours = from_gguf.render(&turns).unwrap();
+            assert_eq!(ours, case["text"].as_str().unwrap(), "conversation {i}");
+            assert_eq!(ours, from_hf.render(&turns).unwrap(), "conversation {i}");
+        }
+    }
+
     #[test]
     fn config_template_forms() {
         assert_eq!(template_in_config(&serde_json::json!("x")).as_deref(), Some("x"));

@@ -87,3 +87,78 @@ fn post_processor(vocab: &Vocab) -> Result<TemplateProcessing> {
         .build()
         .map_err(|e| anyhow!("{e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    //! The converter fixture's tokenizer against the HF one it was converted from, on the committed
+    //! corpus and the ids, texts and chat prompts HF computes on it
+    //! (`tools/oracle/make_tokenizer_corpus.py`).
+
+    use std::path::{Path, PathBuf};
+
+    use dg_model::gguf::GgufFile;
+    use serde_json::Value;
+
+    use super::*;
+
+    /// Fewer lines would not cover the mix the corpus is drawn from.
+    const MIN_LINES: usize = 2000;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/converter-gemma4-vocab")
+    }
+
+    fn jsonl(name: &str) -> Vec<Value> {
+        let text = std::fs::read_to_string(fixture().join(name)).unwrap();
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    fn from_gguf() -> (Vocab, Tokenizer) {
+        let vocab = GgufFile::open(&fixture().join("model.gguf")).unwrap().vocab().unwrap().unwrap();
+        let tokenizer = build(&vocab).unwrap();
+        (vocab, tokenizer)
+    }
+
+    #[test]
+    fn encodes_and_decodes_the_corpus_as_hf() {
+        let (vocab, ours) = from_gguf();
+        let corpus = jsonl("corpus.jsonl");
+        let expected = jsonl("hf_tokens.jsonl");
+        assert!(corpus.len() >= MIN_LINES && corpus.len() == expected.len(), "{} lines, {} expected", corpus.len(), expected.len());
+        let all_text: String = corpus.iter().map(|t| t.as_str().unwrap()).collect();
+        for (t, ty) in vocab.tokens.iter().zip(&vocab.types) {
+            assert!(!ty.is_special() || all_text.contains(t.as_str()), "the corpus lacks the special token {t:?}");
+        }
+        let mut bad = Vec::new();
+        for (line, (text, want)) in corpus.iter().zip(&expected).enumerate() {
+            let text = text.as_str().unwrap();
+            let ids: Vec<u32> = want["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            let got = ours.encode(text, true).unwrap().get_ids().to_vec();
+            let plain = ours.encode(text, false).unwrap().get_ids().to_vec();
+            let decoded = ours.decode(&ids, true).unwrap();
+            let decoded_all = ours.decode(&ids, false).unwrap();
+            if got != ids || plain != ids[1..] || decoded != want["decoded"] || decoded_all != want["decoded_all"] {
+                bad.push(format!(
+                    "line {}: {text:?}\n  ids  {got:?}\n  hf   {ids:?}\n  decoded {decoded:?} vs {}",
+                    line + 1,
+                    want["decoded"]
+                ));
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "{} of {} lines differ from HF; the first:\n{}",
+            bad.len(),
+            corpus.len(),
+            bad[..bad.len().min(5)].join("\n")
+        );
+    }
+
+    #[test]
+    fn an_unsupported_model_is_refused() {
+        let (mut vocab, _) = from_gguf();
+        vocab.model = "llama".into();
+        let e = build(&vocab).unwrap_err().to_string();
+        assert!(e.contains("\"llama\"") && e.contains("gemma4"), "{e}");
+    }
+}

@@ -94,6 +94,24 @@ pub fn printable(s: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A GGUF model's tokenizer comes from the file, unless a `tokenizer.json` lies beside it.
+    #[test]
+    fn a_tokenizer_json_beside_a_gguf_wins() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = tempfile::TempDir::new().unwrap();
+        let gguf = dir.path().join("model.gguf");
+        std::fs::copy(root.join("fixtures/converter-gemma4-vocab/model.gguf"), &gguf).unwrap();
+        let from_file = TextCodec::load(&ModelDir::open(&gguf).unwrap()).unwrap().expect("the file carries a tokenizer");
+        // "<|turn>" (5), then "hello" as the fixture's BPE spells it.
+        let hello = from_file.encode("<|turn>hello", true).unwrap();
+        assert_eq!(hello[..2], [2, 5]);
+        std::fs::copy(root.join("models/tiny-random/tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+        let beside = TextCodec::load(&ModelDir::open(&gguf).unwrap()).unwrap().unwrap();
+        let bundled = TextCodec::from_dir(&root.join("models/tiny-random")).unwrap().unwrap();
+        assert_eq!(beside.encode("<|turn>hello", true).unwrap(), bundled.encode("<|turn>hello", true).unwrap());
+        assert_ne!(beside.encode("<|turn>hello", true).unwrap(), hello);
+    }
+
     #[test]
     fn printable_hides_control_characters() {
         assert_eq!(printable("a\nb\tc\u{1b}[1m"), "a↵b→c·[1m");

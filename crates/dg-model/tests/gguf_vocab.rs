@@ -1,0 +1,126 @@
+//! The tokenizer a GGUF file carries: the converter fixture's (`fixtures/converter-gemma4-vocab`,
+//! written by llama.cpp's converter) reads as gguf-py reads it, a vocabulary dg writes reads back
+//! the same, and broken tokenizer metadata is an error naming the key and the value.
+
+use std::path::{Path, PathBuf};
+
+use dg_model::gguf::{GEMMA4, GgufFile, GgufWriter, MetaValue, SpecialIds, TokenType, Vocab};
+use tempfile::TempDir;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/converter-gemma4-vocab")
+}
+
+fn converter_vocab() -> Vocab {
+    GgufFile::open(&fixture().join("model.gguf")).unwrap().vocab().unwrap().expect("the converter writes a tokenizer")
+}
+
+#[test]
+fn the_converter_fixture_reads_as_gguf_py_reads_it() {
+    let v = converter_vocab();
+    assert_eq!(v.model, GEMMA4);
+    assert_eq!(v.tokens.len(), 881);
+    assert_eq!(&v.tokens[..3], ["<pad>", "<eos>", "<bos>"]);
+    assert_eq!(v.special, SpecialIds { bos: Some(2), eos: Some(1), unk: Some(3), pad: Some(0), mask: Some(4), eot: None });
+    let count = |t: TokenType| v.types.iter().filter(|&&x| x == t).count();
+    assert_eq!((count(TokenType::Control), count(TokenType::UserDefined), count(TokenType::Byte)), (17, 7, 256));
+    for visible in ["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", "<|\"|>"] {
+        let id = v.tokens.iter().position(|t| t == visible).unwrap();
+        assert_eq!(v.types[id], TokenType::UserDefined, "{visible}");
+    }
+    assert_eq!(v.tokens[24 + 0x41], "<0x41>");
+    assert!(v.scores.iter().all(|&s| s == -1000.0));
+    assert_eq!(v.merges[0], ("▁".to_string(), "a".to_string()));
+    assert!((v.add_bos, v.add_eos, v.add_space_prefix) == (true, false, false));
+    let template = std::fs::read_to_string(fixture().join("hf/chat_template.jinja")).unwrap();
+    assert_eq!(v.chat_template.as_deref(), Some(template.as_str()));
+}
+
+#[test]
+fn a_written_vocabulary_reads_back_the_same() {
+    let v = converter_vocab();
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("v.gguf");
+    GgufWriter::create(&path, &v.metadata(), &[]).unwrap().finish().unwrap();
+    assert_eq!(GgufFile::open(&path).unwrap().vocab().unwrap().unwrap(), v);
+}
+
+/// A GGUF holding the converter's tokenizer metadata with `edit` applied, and the error reading it.
+fn error_with(edit: impl FnOnce(&mut Vec<(String, MetaValue)>)) -> String {
+    let mut meta = converter_vocab().metadata();
+    edit(&mut meta);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("bad.gguf");
+    GgufWriter::create(&path, &meta, &[]).unwrap().finish().unwrap();
+    let file = GgufFile::open(&path).unwrap();
+    format!("{}", file.vocab().expect_err("the tokenizer metadata is broken"))
+}
+
+fn set(meta: &mut [(String, MetaValue)], key: &str, value: MetaValue) {
+    meta.iter_mut().find(|(k, _)| k == key).unwrap_or_else(|| panic!("{key} is written")).1 = value;
+}
+
+fn strings(v: &[&str]) -> MetaValue {
+    MetaValue::Array(8, v.iter().map(|s| MetaValue::Str(s.to_string())).collect())
+}
+
+#[test]
+fn broken_tokenizer_metadata_is_an_error_naming_the_key() {
+    let cases: Vec<(Box<dyn FnOnce(&mut Vec<(String, MetaValue)>)>, &[&str])> = vec![
+        (Box::new(|m| set(m, "tokenizer.ggml.model", MetaValue::Str("llama".into()))), &["tokenizer.ggml.model", "\"llama\"", "gemma4"]),
+        (Box::new(|m| set(m, "tokenizer.ggml.model", MetaValue::U32(1))), &["tokenizer.ggml.model", "expected a string"]),
+        (Box::new(|m| m.retain(|(k, _)| k != "tokenizer.ggml.tokens")), &["tokenizer.ggml.tokens", "missing"]),
+        (Box::new(|m| set(m, "tokenizer.ggml.tokens", MetaValue::U32(3))), &["tokenizer.ggml.tokens", "expected an array of strings"]),
+        (
+            Box::new(|m| set(m, "tokenizer.ggml.tokens", strings(&["a", "b", "a"]))),
+            &["tokenizer.ggml.tokens", "\"a\" appears twice (ids 0 and 2)"],
+        ),
+        (
+            Box::new(|m| set(m, "tokenizer.ggml.scores", MetaValue::Array(6, vec![MetaValue::F32(0.0)]))),
+            &["tokenizer.ggml.scores", "1 entries for 881 tokens"],
+        ),
+        (
+            Box::new(|m| set(m, "tokenizer.ggml.token_type", MetaValue::Array(5, vec![MetaValue::I32(1); 880]))),
+            &["tokenizer.ggml.token_type", "880 entries"],
+        ),
+        (
+            Box::new(|m| {
+                set(
+                    m,
+                    "tokenizer.ggml.token_type",
+                    MetaValue::Array(5, (0..881).map(|i| MetaValue::I32(if i == 9 { 7 } else { 1 })).collect()),
+                )
+            }),
+            &["tokenizer.ggml.token_type", "token 9", "7"],
+        ),
+        (Box::new(|m| set(m, "tokenizer.ggml.merges", strings(&["▁a"]))), &["tokenizer.ggml.merges", "merge 0 \"▁a\""]),
+        (
+            Box::new(|m| set(m, "tokenizer.ggml.merges", strings(&["▁ a", "▁ zz"]))),
+            &["tokenizer.ggml.merges", "merge 1", "\"zz\" is not a token"],
+        ),
+        (Box::new(|m| set(m, "tokenizer.ggml.bos_token_id", MetaValue::U32(881))), &["tokenizer.ggml.bos_token_id", "881", "881"]),
+        (Box::new(|m| set(m, "tokenizer.ggml.eos_token_id", MetaValue::I32(-1))), &["tokenizer.ggml.eos_token_id", "-1"]),
+        (Box::new(|m| m.retain(|(k, _)| k != "tokenizer.ggml.bos_token_id")), &["tokenizer.ggml.bos_token_id", "missing"]),
+        (
+            Box::new(|m| set(m, "tokenizer.ggml.add_space_prefix", MetaValue::Bool(true))),
+            &["tokenizer.ggml.add_space_prefix", "no space prefix"],
+        ),
+        (Box::new(|m| set(m, "tokenizer.ggml.add_eos_token", MetaValue::U8(1))), &["tokenizer.ggml.add_eos_token", "expected a bool"]),
+        (Box::new(|m| set(m, "tokenizer.chat_template", MetaValue::U8(1))), &["tokenizer.chat_template", "expected a string"]),
+    ];
+    for (i, (edit, wanted)) in cases.into_iter().enumerate() {
+        let e = error_with(edit);
+        for w in wanted {
+            assert!(e.contains(w), "case {i}: {w:?} not in {e:?}");
+        }
+        assert!(e.contains("bad.gguf"), "case {i}: the file is named in {e:?}");
+    }
+}
+
+#[test]
+fn a_file_without_a_tokenizer_has_none() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("none.gguf");
+    GgufWriter::create(&path, &[("general.architecture".into(), MetaValue::Str("diffusion-gemma".into()))], &[]).unwrap().finish().unwrap();
+    assert_eq!(GgufFile::open(&path).unwrap().vocab().unwrap(), None);
+}
