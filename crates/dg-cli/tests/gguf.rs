@@ -18,7 +18,7 @@ fn bundled_gguf() -> (tempfile::TempDir, PathBuf) {
     let dir = copy_model(&bundled(), &["config.json", "model.safetensors"]);
     let path = dir.path().join("model.gguf");
     let model = ModelDir::open(&bundled()).unwrap();
-    dg_model::gguf::write_model_as_stored(&path, &model.config, Some(&model.generation), &model.checkpoint).unwrap();
+    dg_model::gguf::write_model_as_stored(&path, &model.config, Some(&model.generation), None, &model.checkpoint).unwrap();
     (dir, path)
 }
 

@@ -124,3 +124,53 @@ fn a_file_without_a_tokenizer_has_none() {
     GgufWriter::create(&path, &[("general.architecture".into(), MetaValue::Str("diffusion-gemma".into()))], &[]).unwrap().finish().unwrap();
     assert_eq!(GgufFile::open(&path).unwrap().vocab().unwrap(), None);
 }
+
+/// dg's writer takes the vocabulary from the HF files as the converter does: from the fixture's
+/// `hf/` directory dg makes exactly what the converter wrote into `model.gguf`.
+#[test]
+fn from_the_hf_files_dg_makes_the_vocabulary_the_converter_wrote() {
+    let ours = Vocab::from_hf_dir(&fixture().join("hf")).unwrap().expect("hf/ has a tokenizer.json");
+    let theirs = converter_vocab();
+    assert_eq!(ours.tokens, theirs.tokens);
+    assert_eq!(ours.types, theirs.types);
+    assert_eq!(ours.merges, theirs.merges);
+    assert_eq!(ours, theirs);
+}
+
+/// A `tokenizer.json` the "gemma4" model cannot represent is refused, naming what differs.
+#[test]
+fn a_tokenizer_gemma4_cannot_represent_is_refused() {
+    let hf = fixture().join("hf");
+    let original: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(hf.join("tokenizer.json")).unwrap()).unwrap();
+    let edits: Vec<(fn(&mut serde_json::Value), &str)> = vec![
+        (|t| t["model"]["byte_fallback"] = false.into(), "model.byte_fallback"),
+        (|t| t["normalizer"] = serde_json::Value::Null, "the normalizer"),
+        (
+            |t| {
+                t["pre_tokenizer"] =
+                    serde_json::json!({"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "first", "split": true})
+            },
+            "the pre-tokenizer",
+        ),
+        (|t| t["decoder"]["decoders"][2] = serde_json::json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}), "the decoder"),
+        (|t| t["added_tokens"][5]["special"] = false.into(), "added token \"<|turn>\""),
+        (|t| t["post_processor"] = serde_json::Value::Null, "without <bos>"),
+    ];
+    for (edit, wanted) in edits {
+        let dir = TempDir::new().unwrap();
+        for f in ["tokenizer_config.json", "config.json"] {
+            std::fs::copy(hf.join(f), dir.path().join(f)).unwrap();
+        }
+        let mut t = original.clone();
+        edit(&mut t);
+        if wanted == "without <bos>" {
+            let mut config: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(hf.join("tokenizer_config.json")).unwrap()).unwrap();
+            config.as_object_mut().unwrap().remove("add_bos_token");
+            std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+        }
+        std::fs::write(dir.path().join("tokenizer.json"), t.to_string()).unwrap();
+        let e = Vocab::from_hf_dir(dir.path()).expect_err(wanted).to_string();
+        assert!(e.contains(wanted) && e.contains("tokenizer.json") && e.contains("gemma4"), "{wanted:?} not in {e}");
+    }
+}

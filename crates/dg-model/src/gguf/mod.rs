@@ -10,6 +10,7 @@ mod config;
 mod names;
 mod read;
 mod vocab;
+mod vocab_hf;
 mod write;
 
 use std::collections::HashMap;
@@ -22,6 +23,7 @@ pub use config::{ARCH, model_metadata, rope_freqs};
 pub use names::{IGNORABLE, to_gguf, to_hf};
 pub use read::{Header, MetaValue, TensorInfo};
 pub use vocab::{GEMMA4, SpecialIds, TokenType, Vocab};
+pub use vocab_hf::RENDERED;
 pub use write::{GgufWriter, PlannedTensor, VERSION};
 
 use crate::config::ModelConfig;
@@ -194,7 +196,8 @@ impl GgufModel {
 /// Turns tensor `hf` (as its source stores it) into the bytes of another dtype.
 pub type Encode<'a> = dyn FnMut(&str, &StoredTensor<'_>, StoredDtype) -> Result<Vec<u8>> + 'a;
 
-/// Writes `config`'s model to `path` as GGUF: the metadata [`model_metadata`] gives, then every
+/// Writes `config`'s model to `path` as GGUF: the metadata [`model_metadata`] gives and the
+/// tokenizer `vocab` carries ([`Vocab::metadata`]; a special id both name must agree), then every
 /// tensor of [`tensor_manifest`] (and `rope_freqs.weight`) read from `src` one at a time. `dtype`
 /// picks each tensor's stored type from its HF name and its type in `src`; `encode` turns the
 /// tensor into that type's bytes (`src`'s bytes unchanged when the types agree).
@@ -202,6 +205,7 @@ pub fn write_model<S: TensorSource + ?Sized>(
     path: &Path,
     config: &ModelConfig,
     generation: Option<&RawGenerationConfig>,
+    vocab: Option<&Vocab>,
     src: &S,
     dtype: &dyn Fn(&str, StoredDtype) -> StoredDtype,
     encode: &mut Encode<'_>,
@@ -218,7 +222,21 @@ pub fn write_model<S: TensorSource + ?Sized>(
         let name = to_gguf(hf).ok_or_else(|| bad(format!("{hf} has no GGUF name")))?;
         plan.push(PlannedTensor { name, shape: shape.clone(), dtype: dtype(hf, stored) });
     }
-    let metadata = model_metadata(config, generation).map_err(bad)?;
+    let mut metadata = model_metadata(config, generation).map_err(bad)?;
+    if let Some(v) = vocab {
+        if v.tokens.len() > config.text.vocab_size {
+            return Err(bad(format!("the tokenizer has {} tokens, the model's vocabulary {}", v.tokens.len(), config.text.vocab_size)));
+        }
+        for (key, value) in v.metadata() {
+            match metadata.iter().find(|(k, _)| *k == key) {
+                Some((_, ours)) if *ours != value => {
+                    return Err(bad(format!("{key} is {ours:?} in the model's config but {value:?} in its tokenizer")));
+                }
+                Some(_) => {}
+                None => metadata.push((key, value)),
+            }
+        }
+    }
     let mut w = GgufWriter::create(path, &metadata, &plan)?;
     if let Some(f) = &freqs {
         w.write_tensor(IGNORABLE[0], crate::stored::f32_bytes(f))?;
@@ -239,9 +257,10 @@ pub fn write_model_as_stored<S: TensorSource + ?Sized>(
     path: &Path,
     config: &ModelConfig,
     generation: Option<&RawGenerationConfig>,
+    vocab: Option<&Vocab>,
     src: &S,
 ) -> Result<()> {
-    write_model(path, config, generation, src, &|_, stored| stored, &mut |hf, t, want| {
+    write_model(path, config, generation, vocab, src, &|_, stored| stored, &mut |hf, t, want| {
         Err(ModelError::Gguf { path: path.into(), message: format!("{hf}: cannot convert {} to {}", t.dtype.name(), want.name()) })
     })
 }
