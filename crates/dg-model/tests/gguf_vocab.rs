@@ -174,3 +174,71 @@ fn a_tokenizer_gemma4_cannot_represent_is_refused() {
         assert!(e.contains(wanted) && e.contains("tokenizer.json") && e.contains("gemma4"), "{wanted:?} not in {e}");
     }
 }
+
+/// The keys dg writes and the converter does not (and why).
+const DG_ONLY: [&str; 4] = [
+    "diffusion-gemma.vocab_size",  // the model's vocabulary, which may exceed the tokenizer's
+    "general.alignment",           // written explicitly, the default value
+    "tokenizer.ggml.eot_token_id", // config.json's second end id (<turn|>)
+    // transformers' default (30.0), which the fixture's config.json leaves implicit; the converter
+    // writes the key only when config.json names it.
+    "diffusion-gemma.final_logit_softcapping",
+];
+/// The converter's keys dg does not write: descriptive, or naming the converter's output type.
+const CONVERTER_ONLY: [&str; 3] = ["general.name", "general.size_label", "general.file_type"];
+
+/// dg's writer, from the fixture's HF files, writes the converter's keys with the converter's value
+/// types (`head_count_kv` as INT32, ...), the same tensors in the same types (norms and scalars
+/// F32, as ggml's binary ops need) and the same tokenizer.
+#[test]
+fn dg_writes_the_converters_keys_types_and_tensor_types() {
+    let hf = fixture().join("hf");
+    let model = dg_model::ModelDir::open(&hf).unwrap();
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("dg.gguf");
+    let vocab = model.vocab().unwrap();
+    dg_model::gguf::write_model_as_stored(&path, &model.config, Some(&model.generation), vocab.as_ref(), &model.checkpoint).unwrap();
+    let ours = GgufFile::open(&path).unwrap();
+    let theirs = GgufFile::open(&fixture().join("model.gguf")).unwrap();
+    let types = |f: &GgufFile| -> std::collections::BTreeMap<String, String> {
+        f.keys()
+            .map(|k| {
+                let v = f.meta(k).unwrap();
+                let t = match &v {
+                    MetaValue::Array(e, _) => format!("array of type {e}"),
+                    other => format!("type {}", other.type_id()),
+                };
+                (k.to_string(), t)
+            })
+            .collect()
+    };
+    let (ours_t, theirs_t) = (types(&ours), types(&theirs));
+    for (k, t) in &theirs_t {
+        if CONVERTER_ONLY.contains(&k.as_str()) {
+            continue;
+        }
+        assert_eq!(ours_t.get(k), Some(t), "{k}: dg writes {:?}, the converter {t}", ours_t.get(k));
+        if !k.starts_with("general.") {
+            assert_eq!(ours.meta(k), theirs.meta(k), "{k}");
+        }
+    }
+    for k in ours_t.keys() {
+        assert!(theirs_t.contains_key(k) || DG_ONLY.contains(&k.as_str()), "dg writes {k}, the converter does not");
+    }
+    // The converter keeps the router in F32; dg keeps it as stored, so that a BF16 checkpoint's
+    // matrices stay all BF16 (what dg's exact BF16 mode checks).
+    let router = |name: &str| name.ends_with("ffn_gate_inp.weight");
+    let tensor_types = |f: &GgufFile| -> Vec<(String, String, Vec<usize>)> {
+        let mut v: Vec<_> = f
+            .tensors()
+            .iter()
+            .map(|t| (t.name.clone(), if router(&t.name) { "router".into() } else { t.dtype.name().to_string() }, t.dims.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(tensor_types(&ours), tensor_types(&theirs));
+    for t in theirs.tensors().iter().filter(|t| router(&t.name)) {
+        assert_eq!((t.dtype.name(), ours.tensor(&t.name).unwrap().dtype.name()), ("F32", "BF16"), "{}", t.name);
+    }
+}

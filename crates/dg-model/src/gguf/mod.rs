@@ -199,8 +199,9 @@ pub type Encode<'a> = dyn FnMut(&str, &StoredTensor<'_>, StoredDtype) -> Result<
 /// Writes `config`'s model to `path` as GGUF: the metadata [`model_metadata`] gives and the
 /// tokenizer `vocab` carries ([`Vocab::metadata`]; a special id both name must agree), then every
 /// tensor of [`tensor_manifest`] (and `rope_freqs.weight`) read from `src` one at a time. `dtype`
-/// picks each tensor's stored type from its HF name and its type in `src`; `encode` turns the
-/// tensor into that type's bytes (`src`'s bytes unchanged when the types agree).
+/// picks each matrix's stored type from its HF name and its type in `src`; `encode` turns the
+/// tensor into that type's bytes (`src`'s bytes unchanged when the types agree). Tensors of rank
+/// 1 (norms, scalars) stored as floats are written as F32, as the converter writes them.
 pub fn write_model<S: TensorSource + ?Sized>(
     path: &Path,
     config: &ModelConfig,
@@ -220,7 +221,9 @@ pub fn write_model<S: TensorSource + ?Sized>(
     for (hf, shape) in &manifest {
         let stored = src.stored(hf, shape)?.dtype;
         let name = to_gguf(hf).ok_or_else(|| bad(format!("{hf} has no GGUF name")))?;
-        plan.push(PlannedTensor { name, shape: shape.clone(), dtype: dtype(hf, stored) });
+        // Norms and scalars in F32, as the converter writes them (ggml's binary ops take F32).
+        let dtype = if shape.len() < 2 && !stored.is_quantized() { StoredDtype::F32 } else { dtype(hf, stored) };
+        plan.push(PlannedTensor { name, shape: shape.clone(), dtype });
     }
     let mut metadata = model_metadata(config, generation).map_err(bad)?;
     if let Some(v) = vocab {
@@ -245,6 +248,8 @@ pub fn write_model<S: TensorSource + ?Sized>(
         let t = src.stored(hf, shape)?;
         if t.dtype == planned.dtype {
             w.write_tensor(&planned.name, t.bytes())?;
+        } else if planned.dtype == StoredDtype::F32 && !t.dtype.is_quantized() {
+            w.write_tensor(&planned.name, crate::stored::f32_bytes(&t.to_f32()))?;
         } else {
             w.write_tensor(&planned.name, &encode(hf, &t, planned.dtype)?)?;
         }
