@@ -38,12 +38,12 @@ pub fn build(vocab: &Vocab) -> Result<Tokenizer> {
     }
     let bpe = bpe.build().map_err(|e| anyhow!("{e}")).context("the BPE model")?;
     let mut tokenizer = Tokenizer::new(bpe);
-    tokenizer.with_normalizer(Some(Replace::new(" ", SPACE).map_err(|e| anyhow!("{e}"))?)).map_err(|e| anyhow!("{e}"))?;
+    tokenizer.with_normalizer(Some(Replace::new(" ", SPACE).map_err(anyhow::Error::from_boxed)?)).map_err(anyhow::Error::from_boxed)?;
     tokenizer.with_pre_tokenizer(Some(
-        Split::new(SplitPattern::String(" ".into()), SplitDelimiterBehavior::MergedWithPrevious, false).map_err(|e| anyhow!("{e}"))?,
+        Split::new(SplitPattern::String(" ".into()), SplitDelimiterBehavior::MergedWithPrevious, false).map_err(anyhow::Error::from_boxed)?,
     ));
     tokenizer.with_decoder(Some(Sequence::new(vec![
-        DecoderWrapper::Replace(Replace::new(SPACE, " ").map_err(|e| anyhow!("{e}"))?),
+        DecoderWrapper::Replace(Replace::new(SPACE, " ").map_err(anyhow::Error::from_boxed)?),
         DecoderWrapper::ByteFallback(ByteFallback::new()),
         DecoderWrapper::Fuse(Fuse::new()),
     ])));
@@ -54,7 +54,7 @@ pub fn build(vocab: &Vocab) -> Result<Tokenizer> {
         .filter(|(_, ty)| ty.is_special())
         .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
         .collect();
-    tokenizer.add_special_tokens(specials).map_err(|e| anyhow!("{e}"))?;
+    tokenizer.add_special_tokens(specials).map_err(anyhow::Error::from_boxed)?;
     tokenizer.with_post_processor(Some(post_processor(vocab)?));
     Ok(tokenizer)
 }

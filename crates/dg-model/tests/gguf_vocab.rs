@@ -45,6 +45,12 @@ fn a_written_vocabulary_reads_back_the_same() {
     assert_eq!(GgufFile::open(&path).unwrap().vocab().unwrap().unwrap(), v);
 }
 
+/// A change to a file's metadata.
+type Edit = dyn FnOnce(&mut Vec<(String, MetaValue)>);
+
+/// A change to a `tokenizer.json`, and what the error then names.
+type JsonEdit = (fn(&mut serde_json::Value), &'static str);
+
 /// A GGUF holding the converter's tokenizer metadata with `edit` applied, and the error reading it.
 fn error_with(edit: impl FnOnce(&mut Vec<(String, MetaValue)>)) -> String {
     let mut meta = converter_vocab().metadata();
@@ -66,7 +72,7 @@ fn strings(v: &[&str]) -> MetaValue {
 
 #[test]
 fn broken_tokenizer_metadata_is_an_error_naming_the_key() {
-    let cases: Vec<(Box<dyn FnOnce(&mut Vec<(String, MetaValue)>)>, &[&str])> = vec![
+    let cases: Vec<(Box<Edit>, &[&str])> = vec![
         (Box::new(|m| set(m, "tokenizer.ggml.model", MetaValue::Str("llama".into()))), &["tokenizer.ggml.model", "\"llama\"", "gemma4"]),
         (Box::new(|m| set(m, "tokenizer.ggml.model", MetaValue::U32(1))), &["tokenizer.ggml.model", "expected a string"]),
         (Box::new(|m| m.retain(|(k, _)| k != "tokenizer.ggml.tokens")), &["tokenizer.ggml.tokens", "missing"]),
@@ -142,7 +148,7 @@ fn from_the_hf_files_dg_makes_the_vocabulary_the_converter_wrote() {
 fn a_tokenizer_gemma4_cannot_represent_is_refused() {
     let hf = fixture().join("hf");
     let original: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(hf.join("tokenizer.json")).unwrap()).unwrap();
-    let edits: Vec<(fn(&mut serde_json::Value), &str)> = vec![
+    let edits: Vec<JsonEdit> = vec![
         (|t| t["model"]["byte_fallback"] = false.into(), "model.byte_fallback"),
         (|t| t["normalizer"] = serde_json::Value::Null, "the normalizer"),
         (
