@@ -40,7 +40,8 @@ pub fn build(vocab: &Vocab) -> Result<Tokenizer> {
     let mut tokenizer = Tokenizer::new(bpe);
     tokenizer.with_normalizer(Some(Replace::new(" ", SPACE).map_err(anyhow::Error::from_boxed)?)).map_err(anyhow::Error::from_boxed)?;
     tokenizer.with_pre_tokenizer(Some(
-        Split::new(SplitPattern::String(" ".into()), SplitDelimiterBehavior::MergedWithPrevious, false).map_err(anyhow::Error::from_boxed)?,
+        Split::new(SplitPattern::String(" ".into()), SplitDelimiterBehavior::MergedWithPrevious, false)
+            .map_err(anyhow::Error::from_boxed)?,
     ));
     tokenizer.with_decoder(Some(Sequence::new(vec![
         DecoderWrapper::Replace(Replace::new(SPACE, " ").map_err(anyhow::Error::from_boxed)?),
