@@ -96,6 +96,43 @@ def tiny_model():
     return safetensors(tensors)
 
 
+def gguf_kv(key, type_id, payload):
+    """One GGUF metadata entry: key, value type, value bytes."""
+    return gguf_str(key) + struct.pack("<I", type_id) + payload
+
+
+def gguf_str(s):
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_array(elem_type, payloads):
+    return struct.pack("<IQ", elem_type, len(payloads)) + b"".join(payloads)
+
+
+def gguf_vocab():
+    """A GGUF v3 file with no tensors whose metadata is a tiny "gemma4" tokenizer, laid out as
+    llama.cpp's converter writes one (types: 3 control, 4 user-defined, 6 byte, 1 normal)."""
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", '<|"|>']
+    tokens = specials + [f"<0x{b:02X}>" for b in range(16)] + ["\u2581", "a", "b", "\u2581a", "ab", "\u2581ab"]
+    types = [3] * 6 + [4] + [6] * 16 + [1] * 6
+    merges = ["\u2581 a", "a b", "\u2581a b"]
+    STR, ARR, U32, I32, F32, BOOL = 8, 9, 4, 5, 6, 7
+    kvs = [
+        gguf_kv("tokenizer.ggml.model", STR, gguf_str("gemma4")),
+        gguf_kv("tokenizer.ggml.tokens", ARR, gguf_array(STR, [gguf_str(t) for t in tokens])),
+        gguf_kv("tokenizer.ggml.scores", ARR, gguf_array(F32, [struct.pack("<f", -1000.0)] * len(tokens))),
+        gguf_kv("tokenizer.ggml.token_type", ARR, gguf_array(I32, [struct.pack("<i", t) for t in types])),
+        gguf_kv("tokenizer.ggml.merges", ARR, gguf_array(STR, [gguf_str(m) for m in merges])),
+    ]
+    kvs += [gguf_kv(f"tokenizer.ggml.{k}_token_id", U32, struct.pack("<I", v))
+            for k, v in [("bos", 2), ("eos", 1), ("unknown", 3), ("padding", 0)]]
+    kvs += [gguf_kv(f"tokenizer.ggml.{k}", BOOL, bytes([v]))
+            for k, v in [("add_bos_token", 1), ("add_eos_token", 0), ("add_space_prefix", 0)]]
+    kvs.append(gguf_kv("tokenizer.chat_template", STR, gguf_str("{{ bos_token }}{% for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>\n{% endfor %}")))
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs)
+
+
 def write(target, name, content):
     path = HERE / target / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,6 +168,7 @@ def main():
     ]))
     write("safetensors_header", "tiny_model.safetensors", tiny_model())
     write("safetensors_header", "scalar.safetensors", safetensors([("x", "F32", [], [3.5])]))
+    write("gguf_vocab", "tiny_vocab.gguf", gguf_vocab())
 
 
 if __name__ == "__main__":

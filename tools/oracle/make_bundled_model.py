@@ -9,7 +9,11 @@ The directory is a complete HF model directory:
 - ``config.json``, ``generation_config.json``, ``model.safetensors``: a 4-layer DiffusionGemma with seeded
   random weights (``model_builder``), saved in BF16 by ``save_pretrained``. Its text is noise.
 - ``tokenizer.json``, ``tokenizer_config.json``: a byte-pair tokenizer (``tokenizers``) trained on the short
-  English text in ``CORPUS`` below, written for this purpose. Special tokens sit at Gemma's ids:
+  English text in ``CORPUS`` below, written for this purpose, in Gemma 4's layout (transformers'
+  ``GemmaTokenizer``: spaces become ``▁`` in the normalizer, no prefix space, the ``Split(" ")``
+  pre-tokenizer, the ``Replace``/``ByteFallback``/``Fuse`` decoder, byte fallback on; the vocabulary
+  has no ``<0xXX>`` tokens, so a character it lacks is ``<unk>``), which a GGUF file carries as
+  llama.cpp's ``"gemma4"`` tokenizer. Special tokens sit at Gemma's ids:
   0 ``<pad>``, 1 ``<eos>``, 2 ``<bos>``, 3 ``<unk>``, 4 ``<mask>``; the turn markers ``<|turn>`` and ``<turn|>``
   follow at 5 and 6. The model's vocabulary is exactly the tokenizer's.
 - ``chat_template.jinja``: Gemma's turn format, ``<bos><|turn>user\\n{content}<turn|>\\n<|turn>model\\n``.
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -128,10 +132,12 @@ The moon rose over the hills, and the village slept under a sky full of bright a
 
 
 def train_tokenizer() -> Tokenizer:
-    """A Metaspace BPE tokenizer with Gemma's low special ids and a ``<bos>`` post-processor."""
+    """A BPE tokenizer in Gemma 4's layout with Gemma's low special ids and a ``<bos>`` post-processor.
+
+    The merges are learned word by word (Metaspace), then the tokenizer takes Gemma 4's parts; since
+    no merge spans a ``▁``, it splits text into the same words."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
-    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
     alphabet = [chr(c) for c in range(32, 127)] + ["\n", "\u2581"]
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_TARGET,
@@ -144,6 +150,11 @@ def train_tokenizer() -> Tokenizer:
     tok.train_from_iterator(lines, trainer=trainer)
     for i, name in enumerate(SPECIALS):
         assert tok.token_to_id(name) == i, f"{name} is not at id {i}"
+    tok.model.byte_fallback = True
+    tok.model.fuse_unk = True
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous", invert=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", BOS)]
     )

@@ -1,6 +1,7 @@
 //! `cargo xtask write-gguf --model DIR --out FILE.gguf`: a model directory's text weights as a GGUF
 //! file, every tensor in the type the checkpoint stores it in, with llama.cpp's DiffusionGemma
-//! names and metadata (`dg_model::gguf`). With `--copy-files`, the directory's other files
+//! names and metadata (`dg_model::gguf`), and the directory's tokenizer and chat template as
+//! llama.cpp's converter writes them (`dg_model::gguf::Vocab::from_hf_dir`). With `--copy-files`, the directory's other files
 //! (config, tokenizer, chat template, reference dumps) are copied beside it, so the output's
 //! directory is a model directory whose weights are `model.gguf`. With `--scheme q8_0|q4_k_m`
 //! the matrices the scheme names are quantized by dg's quantizers ([`dg_model::Quantized`]) and
@@ -34,12 +35,15 @@ pub fn run(args: Args) -> Result<bool> {
     }
     let out_dir = args.out.parent().filter(|p| !p.as_os_str().is_empty()).map(PathBuf::from).unwrap_or_else(|| ".".into());
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let vocab = model.vocab().with_context(|| format!("reading the tokenizer of {}", args.model.display()))?;
     match &args.scheme {
-        None => dg_model::gguf::write_model_as_stored(&args.out, &model.config, Some(&model.generation), &model.checkpoint)?,
+        None => {
+            dg_model::gguf::write_model_as_stored(&args.out, &model.config, Some(&model.generation), vocab.as_ref(), &model.checkpoint)?
+        }
         Some(name) => {
             let scheme = dg_model::Scheme::parse(name)?;
             let src = dg_model::Quantized { inner: &model.checkpoint, scheme, config: &model.config.text };
-            dg_model::gguf::write_model_as_stored(&args.out, &model.config, Some(&model.generation), &src)?;
+            dg_model::gguf::write_model_as_stored(&args.out, &model.config, Some(&model.generation), vocab.as_ref(), &src)?;
         }
     }
     if args.copy_files {

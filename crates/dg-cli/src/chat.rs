@@ -1,5 +1,5 @@
 //! Chat prompts: the model's chat template (`chat_template.jinja`, or `chat_template` in
-//! `tokenizer_config.json`) rendered with minijinja the way transformers renders it (`trim_blocks`,
+//! `tokenizer_config.json`, or a GGUF file's `tokenizer.chat_template`) rendered with minijinja the way transformers renders it (`trim_blocks`,
 //! `lstrip_blocks`, Python string methods, `raise_exception`) for a list of messages (one user
 //! message for `dg generate --chat`, whole conversations for `dg serve`) followed by the generation
 //! prompt.
@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use dg_model::ModelDir;
 use minijinja::{Environment, ErrorKind, Value, context};
 use serde_json::Value as Json;
 
@@ -22,8 +23,28 @@ pub struct ChatTemplate {
 }
 
 impl ChatTemplate {
+    /// The model's template: its directory's, else (a GGUF model) the one the file carries, with
+    /// the `<bos>` and `<eos>` of the file's vocabulary; `None` when there is neither.
+    pub fn load(model: &ModelDir) -> Result<Option<Self>> {
+        if let Some(t) = Self::from_dir(&model.dir)? {
+            return Ok(Some(t));
+        }
+        let Some(file) = model.checkpoint.gguf() else { return Ok(None) };
+        let Some(vocab) = file.vocab().context(Input(format!("cannot read the tokenizer of {}", file.path().display())))? else {
+            return Ok(None);
+        };
+        let Some(source) = vocab.chat_template else { return Ok(None) };
+        let token = |id: Option<u32>| id.map_or_else(String::new, |id| vocab.tokens[id as usize].clone());
+        Ok(Some(ChatTemplate {
+            source,
+            origin: PathBuf::from(format!("{} (tokenizer.chat_template)", file.path().display())),
+            bos_token: token(vocab.special.bos),
+            eos_token: token(vocab.special.eos),
+        }))
+    }
+
     /// The template of `dir`, or `None` when the directory has none.
-    pub fn load(dir: &Path) -> Result<Option<Self>> {
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>> {
         let config_path = dir.join("tokenizer_config.json");
         let config: Json = if config_path.is_file() {
             let text = std::fs::read_to_string(&config_path).context(Input(format!("cannot read {}", config_path.display())))?;
@@ -91,13 +112,14 @@ fn template_in_config(value: &Json) -> Option<String> {
     }
 }
 
-/// The template of `dir`, or an input error saying that `--chat` needs one.
-pub fn require(dir: &Path) -> Result<ChatTemplate> {
-    ChatTemplate::load(dir)?.ok_or_else(|| {
+/// The model's template, or an input error saying that `--chat` needs one.
+pub fn require(model: &ModelDir) -> Result<ChatTemplate> {
+    ChatTemplate::load(model)?.ok_or_else(|| {
+        let gguf = if model.checkpoint.gguf().is_some() { " (nor does the GGUF file carry a tokenizer.chat_template)" } else { "" };
         input(format!(
             "--chat needs a chat template, but {} has neither chat_template.jinja nor a chat_template \
-             in tokenizer_config.json",
-            dir.display()
+             in tokenizer_config.json{gguf}",
+            model.dir.display()
         ))
     })
 }
@@ -131,6 +153,30 @@ mod tests {
         assert_eq!(t.render_user(" a ").unwrap(), "A");
         let t = template("{{ raise_exception('only user turns') }}");
         assert!(format!("{:#}", t.render_user("x").unwrap_err()).contains("only user turns"));
+    }
+
+    /// The converter fixture's template (DiffusionGemma's, in the GGUF file) renders every
+    /// conversation of `chat.jsonl` as transformers did, and as the HF directory's copy does.
+    #[test]
+    fn a_gguf_template_renders_as_transformers() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/converter-gemma4-vocab");
+        let model = ModelDir::open(&fixture.join("model.gguf")).unwrap();
+        let from_gguf = ChatTemplate::load(&model).unwrap().expect("the file carries a template");
+        assert!(from_gguf.origin.to_string_lossy().contains("tokenizer.chat_template"));
+        let from_hf = ChatTemplate::from_dir(&fixture.join("hf")).unwrap().unwrap();
+        let text = std::fs::read_to_string(fixture.join("chat.jsonl")).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let case: Json = serde_json::from_str(line).unwrap();
+            let turns: Vec<(&str, &str)> = case["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| (m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .collect();
+            let ours = from_gguf.render(&turns).unwrap();
+            assert_eq!(ours, case["text"].as_str().unwrap(), "conversation {i}");
+            assert_eq!(ours, from_hf.render(&turns).unwrap(), "conversation {i}");
+        }
     }
 
     #[test]

@@ -28,8 +28,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let model = model_dir::open(&dir)?;
     let config = &model.config;
     // The tokenizer and chat template lie in the model's directory (beside a .gguf file).
-    let codec = TextCodec::load(&model.dir)?;
-    let prompt = prompt::build(&args, &model.dir, codec.as_ref(), config.text.vocab_size)?;
+    let codec = TextCodec::load(&model)?;
+    let prompt = prompt::build(&args, &model, codec.as_ref(), config.text.vocab_size)?;
     let settings = generation_config(&args, &model)?;
     let c = config.canvas_length;
     let planned = settings.new_canvases(prompt.ids.len(), c);

@@ -14,6 +14,7 @@ mod chat;
 mod display;
 mod error;
 mod generate;
+mod gguf_tokenizer;
 mod info;
 mod load;
 mod model_dir;

@@ -5,6 +5,7 @@ use std::io::{IsTerminal, Read};
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use dg_model::ModelDir;
 
 use crate::args::GenerateArgs;
 use crate::chat;
@@ -19,13 +20,13 @@ pub struct Prompt {
     pub text: Option<String>,
 }
 
-/// Reads and tokenizes the prompt of `args` for the model in `dir` with `vocab_size` ids.
-pub fn build(args: &GenerateArgs, dir: &Path, codec: Option<&TextCodec>, vocab_size: usize) -> Result<Prompt> {
+/// Reads and tokenizes the prompt of `args` for `model` (with `vocab_size` ids).
+pub fn build(args: &GenerateArgs, model: &ModelDir, codec: Option<&TextCodec>, vocab_size: usize) -> Result<Prompt> {
     let prompt = match &args.prompt_ids {
         Some(list) => Prompt { ids: parse_ids(list)?, text: None },
         None => {
-            let codec = require_codec(dir, codec)?;
-            return from_text(&read_text(args)?, args.chat, dir, codec, vocab_size);
+            let codec = require_codec(model, codec)?;
+            return from_text(&read_text(args)?, args.chat, model, codec, vocab_size);
         }
     };
     if prompt.ids.is_empty() {
@@ -35,25 +36,26 @@ pub fn build(args: &GenerateArgs, dir: &Path, codec: Option<&TextCodec>, vocab_s
     Ok(prompt)
 }
 
-/// The tokenizer of the model in `dir`, or the error a text prompt gets without one.
-pub fn require_codec<'a>(dir: &Path, codec: Option<&'a TextCodec>) -> Result<&'a TextCodec> {
+/// The tokenizer of `model`, or the error a text prompt gets without one.
+pub fn require_codec<'a>(model: &ModelDir, codec: Option<&'a TextCodec>) -> Result<&'a TextCodec> {
     codec.ok_or_else(|| {
+        let gguf = if model.checkpoint.gguf().is_some() { " and the GGUF file carries no tokenizer" } else { "" };
         input(format!(
-            "{} has no tokenizer.json, so a text prompt cannot be tokenized: pass the prompt \
+            "{} has no tokenizer.json{gguf}, so a text prompt cannot be tokenized: pass the prompt \
              as token ids with --prompt-ids (e.g. --prompt-ids 2,17,42)",
-            dir.display()
+            model.dir.display()
         ))
     })
 }
 
 /// A text prompt (of `--prompt`, a prompt file, stdin, or a line of `--prompts-file`) as the model
-/// sees it: wrapped in the chat template of `dir` with `chat`, tokenized, checked.
-pub fn from_text(raw: &str, chat: bool, dir: &Path, codec: &TextCodec, vocab_size: usize) -> Result<Prompt> {
+/// sees it: wrapped in the chat template of `model` with `chat`, tokenized, checked.
+pub fn from_text(raw: &str, chat: bool, model: &ModelDir, codec: &TextCodec, vocab_size: usize) -> Result<Prompt> {
     if raw.is_empty() {
         return Err(input("the prompt is empty"));
     }
     let (text, ids) = if chat {
-        let text = chat::require(dir)?.render_user(raw)?;
+        let text = chat::require(model)?.render_user(raw)?;
         let ids = codec.encode(&text, false)?;
         (text, ids)
     } else {

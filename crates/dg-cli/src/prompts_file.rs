@@ -65,7 +65,7 @@ pub fn run(args: &GenerateArgs, path: &Path) -> Result<()> {
     let dir = model_dir::resolve(args.model.as_deref())?;
     let model = model_dir::open(&dir)?;
     let config = &model.config;
-    let codec = TextCodec::load(&model.dir)?;
+    let codec = TextCodec::load(&model)?;
     let settings = resolve_settings(&model, args.sampler.overrides())?;
     let lines = prepare(args, path, &model, codec.as_ref(), &settings)?;
     let capacity = args.batch.map_or(DEFAULT_BATCH, |n| n as usize).min(lines.len());
@@ -149,14 +149,14 @@ fn prepare(
     settings: &GenerationConfig,
 ) -> Result<Vec<Line>> {
     let config = &model.config;
-    let codec = prompt::require_codec(&model.dir, codec)?;
+    let codec = prompt::require_codec(model, codec)?;
     let c = config.canvas_length;
     read_lines(path)?
         .into_iter()
         .enumerate()
         .map(|(i, text)| {
             let at = || Input(format!("{} line {}", path.display(), i + 1));
-            let prompt = prompt::from_text(&text, args.chat, &model.dir, codec, config.text.vocab_size).context(at())?;
+            let prompt = prompt::from_text(&text, args.chat, model, codec, config.text.vocab_size).context(at())?;
             let planned = settings.new_canvases(prompt.ids.len(), c);
             check_positions(prompt.ids.len(), planned, c, config.text.max_position_embeddings).context(at())?;
             let seed = args

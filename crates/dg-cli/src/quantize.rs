@@ -1,6 +1,7 @@
 //! `dg quantize`: a model's text weights as a GGUF file quantized by a scheme
 //! ([`dg_model::Scheme`]: which tensors become Q8_0, Q5_0, Q4_K or Q6_K and which stay as
-//! stored), with llama.cpp's DiffusionGemma names and metadata. Tensors are read, quantized
+//! stored), with llama.cpp's DiffusionGemma names and metadata and the model's tokenizer and chat
+//! template ([`dg_model::ModelDir::vocab`]). Tensors are read, quantized
 //! (ggml's reference quantizers, in parallel chunks) and written one at a time; the model's other
 //! files are copied beside the output so that it runs as `dg generate --model FILE.gguf`.
 
@@ -22,13 +23,20 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     }
     let out_dir = args.out.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     std::fs::create_dir_all(&out_dir).with_context(|| Input(format!("cannot create {}", out_dir.display())))?;
+    let vocab = model.vocab().with_context(|| Input(format!("cannot read the tokenizer of {}", dir.display())))?;
     let cfg = &model.config.text;
     let start = Instant::now();
     let mut types: BTreeMap<&'static str, (usize, u64)> = BTreeMap::new();
     let dtype = |hf: &str, stored| scheme.dtype_of(cfg, hf).unwrap_or(stored);
-    dg_model::gguf::write_model(&args.out, &model.config, Some(&model.generation), &model.checkpoint, &dtype, &mut |hf, t, want| {
-        Ok(dg_model::quantize_tensor(t, want, hf)?.bytes().to_vec())
-    })
+    dg_model::gguf::write_model(
+        &args.out,
+        &model.config,
+        Some(&model.generation),
+        vocab.as_ref(),
+        &model.checkpoint,
+        &dtype,
+        &mut |hf, t, want| Ok(dg_model::quantize_tensor(t, want, hf)?.bytes().to_vec()),
+    )
     .with_context(|| Input(format!("cannot quantize {} into {}", dir.display(), args.out.display())))?;
     for (hf, shape) in dg_model::tensor_manifest(cfg) {
         let stored = model.checkpoint.stored(&hf, &shape)?.dtype;

@@ -1,14 +1,16 @@
-//! The model's tokenizer (`tokenizer.json`, read with the `tokenizers` crate): prompt text to ids,
-//! generated ids to text, and one short printable piece per token for the live canvas view.
+//! The model's tokenizer (`tokenizer.json`, read with the `tokenizers` crate, or the vocabulary a
+//! GGUF file carries, built by [`crate::gguf_tokenizer`]): prompt text to ids, generated ids to
+//! text, and one short printable piece per token for the live canvas view.
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use dg_model::ModelDir;
 use tokenizers::Tokenizer;
 
 use crate::error::Input;
 
-/// A loaded `tokenizer.json`.
+/// A loaded tokenizer.
 pub struct TextCodec {
     tokenizer: Tokenizer,
 }
@@ -20,8 +22,28 @@ impl std::fmt::Debug for TextCodec {
 }
 
 impl TextCodec {
+    /// The model's tokenizer: `tokenizer.json` in its directory, else (a GGUF model) the vocabulary
+    /// the file carries; `None` when there is neither.
+    pub fn load(model: &ModelDir) -> Result<Option<Self>> {
+        if let Some(codec) = Self::from_dir(&model.dir)? {
+            return Ok(Some(codec));
+        }
+        let Some(file) = model.checkpoint.gguf() else { return Ok(None) };
+        let shown = file.path().display();
+        let Some(vocab) = file.vocab().context(Input(format!("cannot read the tokenizer of {shown}")))? else { return Ok(None) };
+        let vocab_size = model.config.text.vocab_size;
+        if vocab.tokens.len() > vocab_size {
+            return Err(crate::error::input(format!(
+                "{shown}: the tokenizer has {} tokens, more than the model's vocabulary of {vocab_size}",
+                vocab.tokens.len()
+            )));
+        }
+        let tokenizer = crate::gguf_tokenizer::build(&vocab).context(Input(format!("cannot build the tokenizer of {shown}")))?;
+        Ok(Some(TextCodec { tokenizer }))
+    }
+
     /// `dir/tokenizer.json`, or `None` when the directory has none.
-    pub fn load(dir: &Path) -> Result<Option<Self>> {
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
             return Ok(None);
@@ -71,6 +93,24 @@ pub fn printable(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A GGUF model's tokenizer comes from the file, unless a `tokenizer.json` lies beside it.
+    #[test]
+    fn a_tokenizer_json_beside_a_gguf_wins() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = tempfile::TempDir::new().unwrap();
+        let gguf = dir.path().join("model.gguf");
+        std::fs::copy(root.join("fixtures/converter-gemma4-vocab/model.gguf"), &gguf).unwrap();
+        let from_file = TextCodec::load(&ModelDir::open(&gguf).unwrap()).unwrap().expect("the file carries a tokenizer");
+        // "<|turn>" (5), then "hello" as the fixture's BPE spells it.
+        let hello = from_file.encode("<|turn>hello", true).unwrap();
+        assert_eq!(hello[..2], [2, 5]);
+        std::fs::copy(root.join("models/tiny-random/tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+        let beside = TextCodec::load(&ModelDir::open(&gguf).unwrap()).unwrap().unwrap();
+        let bundled = TextCodec::from_dir(&root.join("models/tiny-random")).unwrap().unwrap();
+        assert_eq!(beside.encode("<|turn>hello", true).unwrap(), bundled.encode("<|turn>hello", true).unwrap());
+        assert_ne!(beside.encode("<|turn>hello", true).unwrap(), hello);
+    }
 
     #[test]
     fn printable_hides_control_characters() {

@@ -18,7 +18,7 @@ fn bundled_gguf() -> (tempfile::TempDir, PathBuf) {
     let dir = copy_model(&bundled(), &["config.json", "model.safetensors"]);
     let path = dir.path().join("model.gguf");
     let model = ModelDir::open(&bundled()).unwrap();
-    dg_model::gguf::write_model_as_stored(&path, &model.config, Some(&model.generation), &model.checkpoint).unwrap();
+    dg_model::gguf::write_model_as_stored(&path, &model.config, Some(&model.generation), None, &model.checkpoint).unwrap();
     (dir, path)
 }
 
@@ -80,4 +80,29 @@ fn missing_and_broken_gguf_files_are_input_errors_naming_the_file() {
     std::fs::write(&path, b"GGUF\x03\x00\x00\x00 not really").unwrap();
     let shown = path.to_str().unwrap();
     dg(&["generate", "--model", shown, "--prompt", "hi"]).fails(INPUT, &["cannot open GGUF model", shown, "truncated"]);
+}
+
+/// A GGUF written by llama.cpp's converter (`fixtures/converter-gemma4-vocab`), alone in a
+/// directory: `--chat --prompt` text is tokenized with the file's vocabulary and wrapped in the
+/// file's chat template, exactly as the HF files it was converted from give (the fixture's
+/// `chat.jsonl`, `hf_tokens.jsonl`).
+#[test]
+fn a_converter_gguf_generates_from_a_chat_prompt_with_nothing_beside_it() {
+    let fixture = common::fixture("converter-gemma4-vocab");
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join("alone.gguf");
+    std::fs::copy(fixture.join("model.gguf"), &path).unwrap();
+    let run = dg(&["generate", "--model", path.to_str().unwrap(), "--chat", "--prompt", "hello", "--backend", "cpu", "--json", "-q"]);
+    let out = run.ok().json();
+    let chat: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(fixture.join("chat.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(chat["messages"][0]["content"], "hello");
+    let corpus = std::fs::read_to_string(fixture.join("corpus.jsonl")).unwrap();
+    let line = corpus.lines().position(|l| serde_json::from_str::<serde_json::Value>(l).unwrap() == chat["text"]).unwrap();
+    let hf: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(fixture.join("hf_tokens.jsonl")).unwrap().lines().nth(line).unwrap()).unwrap();
+    // The template writes <bos> itself: the prompt is HF's ids without the post-processor's.
+    assert_eq!(ids(&out["prompt_ids"]), ids(&hf["ids"])[1..]);
+    assert!(!ids(&out["output_ids"]).is_empty());
+    dg(&["generate", "--model", path.to_str().unwrap(), "--prompt", "hello", "--backend", "cpu", "-q", "--max-new-tokens", "8"]).ok();
 }

@@ -67,9 +67,10 @@ fn each_line_equals_its_prompt_generated_alone() {
         "the quick brown fox jumps over the lazy dog again and again",
     ];
     // Two at a time: the third and fourth lines start when a slot frees; early stopping makes the
-    // sequences' canvases take different steps (the second line leaves first), the last ends on EOS.
+    // sequences' canvases take different steps (the second line leaves first), the last ends on EOS
+    // (seed 16 on the bundled model; the seed picks which lines stop where).
     let settings = ["--max-new-tokens", "100", "--steps", "12", "--confidence-threshold", "1.2", "--stability-threshold", "0"];
-    let out = check_against_lone_runs(&lines, &["--batch", "2"], &settings, 3);
+    let out = check_against_lone_runs(&lines, &["--batch", "2"], &settings, 16);
     let lengths: Vec<usize> = out.iter().map(|v| v["prompt_ids"].as_array().unwrap().len()).collect();
     assert!(lengths.windows(2).all(|w| w[0] != w[1]), "different prompt lengths: {lengths:?}");
     let steps: Vec<&Value> = out.iter().map(|v| &v["steps_per_canvas"]).collect();

@@ -57,7 +57,7 @@ fn a_gguf_with_a_quantized_embedding_runs_on_the_gpu_as_on_the_cpu() {
     let path = dir.path().join("model.gguf");
     let embed = dg_model::SharedNames::new(&model.config.text).embed.name;
     let dtype = |hf: &str, stored| if hf == embed { StoredDtype::Q8_0 } else { stored };
-    dg_model::gguf::write_model(&path, &model.config, Some(&model.generation), &model.checkpoint, &dtype, &mut |hf, t, want| {
+    dg_model::gguf::write_model(&path, &model.config, Some(&model.generation), None, &model.checkpoint, &dtype, &mut |hf, t, want| {
         Ok(dg_model::quantize_tensor(t, want, hf)?.bytes().to_vec())
     })
     .unwrap();

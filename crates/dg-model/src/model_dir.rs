@@ -93,6 +93,16 @@ impl ModelDir {
         self.generation.resolve(&self.config, &self.dir.join("generation_config.json"))
     }
 
+    /// The tokenizer a GGUF written from this model carries: the directory's `tokenizer.json`
+    /// (with its config and chat template, [`crate::gguf::Vocab::from_hf_dir`]), else a GGUF
+    /// model's own; `None` when there is neither.
+    pub fn vocab(&self) -> Result<Option<crate::gguf::Vocab>> {
+        match crate::gguf::Vocab::from_hf_dir(&self.dir)? {
+            Some(v) => Ok(Some(v)),
+            None => self.checkpoint.gguf().map_or(Ok(None), |f| f.vocab()),
+        }
+    }
+
     /// Converts every text tensor to f32, checking names and shapes.
     pub fn load_weights(&self) -> Result<Weights> {
         Weights::from_checkpoint(&self.checkpoint, &self.config.text)

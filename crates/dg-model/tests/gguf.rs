@@ -49,7 +49,7 @@ fn encode(hf: &str, t: &StoredTensor<'_>, dtype: StoredDtype) -> Vec<u8> {
 
 fn write_mixed(path: &Path, config: &ModelConfig) {
     let shapes: std::collections::HashMap<String, Vec<usize>> = tensor_manifest(&config.text).into_iter().collect();
-    gguf::write_model(path, config, None, &RandomWeights::new(3), &|hf, _| mixed_dtype(hf, &shapes[hf]), &mut |hf, t, d| {
+    gguf::write_model(path, config, None, None, &RandomWeights::new(3), &|hf, _| mixed_dtype(hf, &shapes[hf]), &mut |hf, t, d| {
         Ok(encode(hf, t, d))
     })
     .unwrap();
@@ -115,7 +115,7 @@ fn bundled_gguf() -> (TempDir, PathBuf) {
     let model = ModelDir::open(&bundled()).unwrap();
     let tmp = TempDir::new().unwrap();
     let path = tmp.path().join("model.gguf");
-    gguf::write_model_as_stored(&path, &model.config, Some(&model.generation), &model.checkpoint).unwrap();
+    gguf::write_model_as_stored(&path, &model.config, Some(&model.generation), None, &model.checkpoint).unwrap();
     (tmp, path)
 }
 

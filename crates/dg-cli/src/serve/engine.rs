@@ -423,7 +423,7 @@ mod tests {
             context: 4096,
             batch,
             cache_budget,
-            codec: Arc::new(TextCodec::load(&dir).unwrap().unwrap()),
+            codec: Arc::new(TextCodec::from_dir(&dir).unwrap().unwrap()),
             metrics: Arc::new(Metrics::default()),
             cancel_all: Arc::new(AtomicBool::new(false)),
         };

@@ -41,10 +41,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let shutdown_timeout = seconds(args.shutdown_timeout, "--shutdown-timeout")?;
     let dir = crate::model_dir::resolve(args.model.as_deref())?;
     let model = crate::model_dir::open(&dir)?;
-    let codec =
-        TextCodec::load(&model.dir)?.ok_or_else(|| input(format!("{} has no tokenizer.json; dg serve needs one", model.dir.display())))?;
+    let codec = TextCodec::load(&model)?
+        .ok_or_else(|| input(format!("{} has no tokenizer.json (nor a GGUF file's tokenizer); dg serve needs one", model.dir.display())))?;
     let codec = Arc::new(codec);
-    let template = crate::chat::ChatTemplate::load(&model.dir)?;
+    let template = crate::chat::ChatTemplate::load(&model)?;
     let max_positions = model.config.text.max_position_embeddings;
     let context = args.context.unwrap_or(max_positions.min(DEFAULT_CONTEXT_CAP));
     if context == 0 || context > max_positions {

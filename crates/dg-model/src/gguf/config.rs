@@ -7,6 +7,7 @@
 //! `.attention.head_count`, `.attention.head_count_kv` (one per layer), `.attention.key_length`
 //! (full layers) / `.key_length_swa` (sliding), `.attention.sliding_window` and
 //! `.sliding_window_pattern` (true = sliding), `.attention.layer_norm_rms_epsilon`, `.expert_count`,
+//! `.attention.shared_kv_layers` and `.embedding_length_per_layer_input` (0: Gemma 3n features),
 //! `.expert_used_count`, `.expert_feed_forward_length`, `.rope.freq_base` (full) / `.freq_base_swa`,
 //! `.rope.dimension_count(_swa)`, `.final_logit_softcapping`, `.context_length`, `.vocab_size`,
 //! and `diffusion.canvas_length` plus the entropy-bound sampler's `diffusion.eb_*`. The partial
@@ -19,13 +20,15 @@
 use serde_json::{Value, json};
 
 use super::GgufFile;
-use super::read::MetaValue;
+use super::read::{MetaValue, ty};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::generation::RawGenerationConfig;
 
 /// `general.architecture` of a DiffusionGemma GGUF.
 pub const ARCH: &str = "diffusion-gemma";
+/// `general.quantization_version`: ggml's `GGML_QNT_VERSION`, which the converter writes.
+const GGML_QUANT_VERSION: u32 = 2;
 /// The value `rope_freqs.weight` holds for a frequency slot that does not rotate.
 const UNROTATED: f32 = 1e30;
 
@@ -246,6 +249,7 @@ pub fn model_metadata(
     let t = &config.text;
     let k = |s: &str| format!("{ARCH}.{s}");
     let u32v = |v: usize| u32::try_from(v).map(MetaValue::U32).map_err(|_| format!("{v} does not fit a uint32"));
+    let i32v = |v: usize| i32::try_from(v).map(MetaValue::I32).map_err(|_| format!("{v} does not fit an int32"));
     let layer = |kind: LayerKind| t.layers.iter().find(|l| l.kind == kind);
     let sliding = layer(LayerKind::Sliding).or(layer(LayerKind::Full));
     let full = layer(LayerKind::Full).or(sliding);
@@ -257,6 +261,8 @@ pub fn model_metadata(
     }
     let mut m: Vec<(String, MetaValue)> = vec![
         ("general.architecture".into(), MetaValue::Str(ARCH.into())),
+        ("general.type".into(), MetaValue::Str("model".into())),
+        ("general.quantization_version".into(), MetaValue::U32(GGML_QUANT_VERSION)),
         (k("vocab_size"), u32v(t.vocab_size)?),
         (k("context_length"), u32v(t.max_position_embeddings)?),
         (k("embedding_length"), u32v(t.hidden_size)?),
@@ -265,16 +271,19 @@ pub fn model_metadata(
         (k("attention.head_count"), u32v(t.num_attention_heads)?),
         (
             k("attention.head_count_kv"),
-            MetaValue::Array(4, t.layers.iter().map(|l| u32v(l.num_kv_heads)).collect::<std::result::Result<_, _>>()?),
+            MetaValue::Array(ty::I32, t.layers.iter().map(|l| i32v(l.num_kv_heads)).collect::<std::result::Result<_, _>>()?),
         ),
         (k("attention.key_length"), u32v(head(full))?),
         (k("attention.value_length"), u32v(head(full))?),
         (k("attention.key_length_swa"), u32v(head(sliding))?),
         (k("attention.value_length_swa"), u32v(head(sliding))?),
         (k("attention.sliding_window"), u32v(t.sliding_window)?),
+        // Gemma 3n's KV sharing and per-layer inputs, which DiffusionGemma has none of.
+        (k("attention.shared_kv_layers"), MetaValue::U32(0)),
+        (k("embedding_length_per_layer_input"), MetaValue::U32(0)),
         (
             k("attention.sliding_window_pattern"),
-            MetaValue::Array(7, t.layers.iter().map(|l| MetaValue::Bool(l.kind == LayerKind::Sliding)).collect()),
+            MetaValue::Array(ty::BOOL, t.layers.iter().map(|l| MetaValue::Bool(l.kind == LayerKind::Sliding)).collect()),
         ),
         (k("attention.layer_norm_rms_epsilon"), MetaValue::F32(t.rms_norm_eps)),
         (k("attention.causal"), MetaValue::Bool(false)),

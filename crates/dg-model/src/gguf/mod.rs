@@ -1,5 +1,6 @@
 //! GGUF files: reading them memory-mapped (`read`), the DiffusionGemma tensor names llama.cpp
-//! writes (`names`), the geometry in their metadata (`config`), and writing them (`write`).
+//! writes (`names`), the geometry in their metadata (`config`), the tokenizer and chat template
+//! they carry (`vocab`), and writing them (`write`).
 //!
 //! A [`GgufFile`] serves its tensors by HF name, as stored, so the same loaders that read a
 //! safetensors checkpoint read a GGUF one ([`crate::Checkpoint::open_gguf`]). The format is ggml's
@@ -8,6 +9,8 @@
 mod config;
 mod names;
 mod read;
+mod vocab;
+mod vocab_hf;
 mod write;
 
 use std::collections::HashMap;
@@ -19,6 +22,8 @@ use memmap2::Mmap;
 pub use config::{ARCH, model_metadata, rope_freqs};
 pub use names::{IGNORABLE, to_gguf, to_hf};
 pub use read::{Header, MetaValue, TensorInfo};
+pub use vocab::{GEMMA4, SpecialIds, TokenType, Vocab};
+pub use vocab_hf::RENDERED;
 pub use write::{GgufWriter, PlannedTensor, VERSION};
 
 use crate::config::ModelConfig;
@@ -191,14 +196,17 @@ impl GgufModel {
 /// Turns tensor `hf` (as its source stores it) into the bytes of another dtype.
 pub type Encode<'a> = dyn FnMut(&str, &StoredTensor<'_>, StoredDtype) -> Result<Vec<u8>> + 'a;
 
-/// Writes `config`'s model to `path` as GGUF: the metadata [`model_metadata`] gives, then every
+/// Writes `config`'s model to `path` as GGUF: the metadata [`model_metadata`] gives and the
+/// tokenizer `vocab` carries ([`Vocab::metadata`]; a special id both name must agree), then every
 /// tensor of [`tensor_manifest`] (and `rope_freqs.weight`) read from `src` one at a time. `dtype`
-/// picks each tensor's stored type from its HF name and its type in `src`; `encode` turns the
-/// tensor into that type's bytes (`src`'s bytes unchanged when the types agree).
+/// picks each matrix's stored type from its HF name and its type in `src`; `encode` turns the
+/// tensor into that type's bytes (`src`'s bytes unchanged when the types agree). Tensors of rank
+/// 1 (norms, scalars) stored as floats are written as F32, as the converter writes them.
 pub fn write_model<S: TensorSource + ?Sized>(
     path: &Path,
     config: &ModelConfig,
     generation: Option<&RawGenerationConfig>,
+    vocab: Option<&Vocab>,
     src: &S,
     dtype: &dyn Fn(&str, StoredDtype) -> StoredDtype,
     encode: &mut Encode<'_>,
@@ -213,9 +221,25 @@ pub fn write_model<S: TensorSource + ?Sized>(
     for (hf, shape) in &manifest {
         let stored = src.stored(hf, shape)?.dtype;
         let name = to_gguf(hf).ok_or_else(|| bad(format!("{hf} has no GGUF name")))?;
-        plan.push(PlannedTensor { name, shape: shape.clone(), dtype: dtype(hf, stored) });
+        // Norms and scalars in F32, as the converter writes them (ggml's binary ops take F32).
+        let dtype = if shape.len() < 2 && !stored.is_quantized() { StoredDtype::F32 } else { dtype(hf, stored) };
+        plan.push(PlannedTensor { name, shape: shape.clone(), dtype });
     }
-    let metadata = model_metadata(config, generation).map_err(bad)?;
+    let mut metadata = model_metadata(config, generation).map_err(bad)?;
+    if let Some(v) = vocab {
+        if v.tokens.len() > config.text.vocab_size {
+            return Err(bad(format!("the tokenizer has {} tokens, the model's vocabulary {}", v.tokens.len(), config.text.vocab_size)));
+        }
+        for (key, value) in v.metadata() {
+            match metadata.iter().find(|(k, _)| *k == key) {
+                Some((_, ours)) if *ours != value => {
+                    return Err(bad(format!("{key} is {ours:?} in the model's config but {value:?} in its tokenizer")));
+                }
+                Some(_) => {}
+                None => metadata.push((key, value)),
+            }
+        }
+    }
     let mut w = GgufWriter::create(path, &metadata, &plan)?;
     if let Some(f) = &freqs {
         w.write_tensor(IGNORABLE[0], crate::stored::f32_bytes(f))?;
@@ -224,6 +248,8 @@ pub fn write_model<S: TensorSource + ?Sized>(
         let t = src.stored(hf, shape)?;
         if t.dtype == planned.dtype {
             w.write_tensor(&planned.name, t.bytes())?;
+        } else if planned.dtype == StoredDtype::F32 && !t.dtype.is_quantized() {
+            w.write_tensor(&planned.name, crate::stored::f32_bytes(&t.to_f32()))?;
         } else {
             w.write_tensor(&planned.name, &encode(hf, &t, planned.dtype)?)?;
         }
@@ -236,9 +262,10 @@ pub fn write_model_as_stored<S: TensorSource + ?Sized>(
     path: &Path,
     config: &ModelConfig,
     generation: Option<&RawGenerationConfig>,
+    vocab: Option<&Vocab>,
     src: &S,
 ) -> Result<()> {
-    write_model(path, config, generation, src, &|_, stored| stored, &mut |hf, t, want| {
+    write_model(path, config, generation, vocab, src, &|_, stored| stored, &mut |hf, t, want| {
         Err(ModelError::Gguf { path: path.into(), message: format!("{hf}: cannot convert {} to {}", t.dtype.name(), want.name()) })
     })
 }
