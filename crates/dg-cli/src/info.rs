@@ -94,13 +94,15 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
     let layer = |kind: LayerKind| t.layers.iter().find(|l| l.kind == kind);
     let heads = |kind| layer(kind).map(|l| json!({ "kv_heads": l.num_kv_heads, "head_dim": l.head_dim }));
     let kv_bytes_per_token: usize = t.layers.iter().map(|l| 2 * l.num_kv_heads * l.head_dim * 4).sum();
-    // What `dg generate --weights auto` stores on a GPU without tensor cores (with them the F16
-    // mode, of the same bytes for a BF16 or quantized checkpoint): a quantized checkpoint's blocks
-    // where the GPU reads them, the rest in the upload's format.
-    let gpu_format = crate::weights::choose(model, crate::args::WeightsArg::Auto, false).format;
+    // What `dg generate --weights auto` stores on a GPU without tensor cores, and with them (the
+    // F16 mode): a quantized checkpoint's blocks where the GPU reads them, the rest in the upload's
+    // format.
+    let auto = |tensor_cores| crate::weights::choose(model, crate::args::WeightsArg::Auto, tensor_cores).format;
+    let (gpu_format, coop_format) = (auto(false), auto(true));
     let gpu_name = crate::weights::name(gpu_format);
     let stored = |name: &str| stored_dtype(model, name).unwrap_or(StoredDtype::F32);
     let gpu = crate::footprint::weight_bytes(t, &stored, gpu_format);
+    let coop = crate::footprint::weight_bytes(t, &stored, coop_format);
     json!({
         "model": path.display().to_string(),
         "bundled_random_model": bundled,
@@ -133,6 +135,7 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
                 "device_bytes": gpu.total,
                 "device_bytes_by_format": gpu.by_format,
                 "bytes_per_parameter": gpu.total as f64 / params.max(1) as f64,
+                "tensor_cores": { "dtype": crate::weights::name(coop_format), "device_bytes": coop.total, "device_bytes_by_format": coop.by_format },
             },
             "kv_cache_bytes_per_token": kv_bytes_per_token,
             // The GPU's caches of one sequence at a few context lengths: sliding layers hold
@@ -271,7 +274,7 @@ fn render(v: &Value) -> String {
         }
     }
     out += &format!(
-        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: weights {} on the device as `--weights auto` holds them ({}; {:.2} bytes/param; `dg info --schemes` for each quantization scheme)\n           KV cache {} per token of context (f32); on the GPU a sequence's is {} (f32; half that, f16, where the tensor cores run all attention, as the real model's F16 and quantized modes)\n           beside the weights, a sequence's activations and cache on the GPU take {}\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
+        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: weights {} on the device as `--weights auto` holds them ({}; {:.2} bytes/param), {} with tensor cores (the F16 mode); `dg info --schemes` for each quantization scheme\n           KV cache {} per token of context (f32); on the GPU a sequence's is {} (f32; half that, f16, where the tensor cores run all attention, as the real model's F16 and quantized modes)\n           beside the weights, a sequence's activations and cache on the GPU take {}\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
         size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),
         size(mem["gpu"]["device_bytes"].as_u64().unwrap_or(0)),
         mem["gpu"]["device_bytes_by_format"]
@@ -282,6 +285,7 @@ fn render(v: &Value) -> String {
             .collect::<Vec<_>>()
             .join(", "),
         mem["gpu"]["bytes_per_parameter"].as_f64().unwrap_or(0.0),
+        size(mem["gpu"]["tensor_cores"]["device_bytes"].as_u64().unwrap_or(0)),
         size(mem["kv_cache_bytes_per_token"].as_u64().unwrap_or(0)),
         mem["gpu_kv_cache_bytes"]
             .as_array()

@@ -73,11 +73,32 @@ fn uploaded(ctx: GpuContext, model: &ModelDir, format: WeightFormat) -> u64 {
     gpu.weight_bytes()
 }
 
+/// The bundled model as a GGUF whose embedding (and tied head) is Q8_0, as released GGUFs store it:
+/// the GPU holds it dequantized in f32.
+fn quantized_embedding(dir: &Path) -> std::path::PathBuf {
+    let model = ModelDir::open(&bundled()).unwrap();
+    let path = dir.join("embed-q8_0.gguf");
+    let embed = dg_model::SharedNames::new(&model.config.text).embed.name;
+    let dtype = |hf: &str, stored| if hf == embed { StoredDtype::Q8_0 } else { stored };
+    dg_model::gguf::write_model(&path, &model.config, Some(&model.generation), &model.checkpoint, &dtype, &mut |hf, t, want| {
+        Ok(dg_model::quantize_tensor(t, want, hf)?.bytes().to_vec())
+    })
+    .unwrap();
+    path
+}
+
 #[test]
 fn info_gives_the_bytes_a_gpu_upload_takes() {
     let test = "info_gives_the_bytes_a_gpu_upload_takes";
     let dir = tempfile::tempdir().unwrap();
-    let models = [bundled(), quantized("q4_k_m", dir.path()), fixture("gguf-q8_0"), fixture("gguf-iq"), fixture("gguf-fp4")];
+    let models = [
+        bundled(),
+        quantized("q4_k_m", dir.path()),
+        quantized_embedding(dir.path()),
+        fixture("gguf-q8_0"),
+        fixture("gguf-iq"),
+        fixture("gguf-fp4"),
+    ];
     for path in models {
         let ctx = match GpuContext::new(&GpuOptions::from_env().unwrap()) {
             Ok(ctx) => ctx,

@@ -46,6 +46,16 @@ fn info_json_matches_the_model_library() {
         let by_format = gpu["device_bytes_by_format"].as_object().unwrap();
         assert!(by_format.keys().all(|f| f == dtype || f == "F32"), "{by_format:?}");
         assert_eq!(gpu["device_bytes"], by_format.values().map(|b| b.as_u64().unwrap()).sum::<u64>());
+        // With tensor cores (the F16 mode) every matrix takes 2 bytes, the embedding as BF16.
+        let coop = &gpu["tensor_cores"];
+        assert_eq!(coop["dtype"], "f16");
+        assert_eq!(
+            coop["device_bytes"],
+            coop["device_bytes_by_format"].as_object().unwrap().values().map(|b| b.as_u64().unwrap()).sum::<u64>()
+        );
+        assert!(
+            coop["device_bytes_by_format"]["F16"].as_u64().unwrap() > 0 && coop["device_bytes_by_format"]["BF16"].as_u64().unwrap() > 0
+        );
         let per_parameter = gpu["bytes_per_parameter"].as_f64().unwrap();
         assert!((if dtype == "BF16" { 2.0..=2.1 } else { 3.9..=4.0 }).contains(&per_parameter), "{per_parameter}");
         let dtypes = v["checkpoint"]["dtypes"].as_object().unwrap();
