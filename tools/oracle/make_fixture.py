@@ -463,7 +463,9 @@ def main(argv: list[str] | None = None) -> int:
         import gguf_fixture  # needs the gguf package and a cargo toolchain
 
         defaults = gn.make_generation_config(spec["generation"])
-        quantizer = gguf_fixture.GgufQuantizer(spec["gguf_scheme"], spec["checkpoint_dtype"] == "bfloat16", defaults)
+        quantizer = gguf_fixture.GgufQuantizer(
+            spec["gguf_scheme"], spec["checkpoint_dtype"] == "bfloat16", defaults, spec["gguf_tensors"]
+        )
     if args.search:
         oracle, diag = search_seed(spec, seed, args.search, quantizer)
     else:

@@ -37,6 +37,10 @@ A preset is a plain dict with these keys (every key of ``BASE`` may be overridde
     ``None`` for a safetensors fixture, or one of dg's quantization schemes (``"q8_0"``,
     ``"q4_k_m"``): the fixture's weights are then ``model.gguf``, quantized by dg and dequantized
     by gguf-py, and the reference is transformers' run on the dequantized values (``gguf_fixture``).
+``gguf_tensors``
+    With ``gguf_scheme``: single tensors (names under ``model.decoder``) written in other ggml types,
+    ``{"layers.0.experts.gate_up_proj": "IQ2_XXS"}``: quantized by dg or gguf-py where one of them
+    quantizes the type, else drawn as valid random blocks (``gguf_fixture.tensor_blocks``).
 ``expect``
     Behaviours the generated run must show, else the fixture is rejected: ``multi_block`` (at least
     two canvases, so a block commit happens), ``early_stop`` (some block stops before
@@ -94,6 +98,7 @@ BASE: dict[str, Any] = {
     "eos_auto": {"block": 1, "extra_ids": 1},
     "generation_config_json": "same",
     "gguf_scheme": None,
+    "gguf_tensors": {},
     "expect": {"multi_block": True},
 }
 
@@ -384,6 +389,150 @@ PRESET_OVERRIDES: dict[str, dict[str, Any]] = {
         },
         "generation": {"entropy_bound": 0.5, "t_min": 0.2, "t_max": 0.4},
         "gguf_scheme": "q4_k_m",
+    },
+    "gguf-q2_k": {
+        "description": (
+            "GGUF weights, the K-quants: dg's q2_k scheme with expert rows of 256 (I_e 256), experts gate/up "
+            "Q2_K and layer 1's down Q3_K, layer 0's down Q5_K (written by dg's quantizer), attention and dense "
+            "MLP Q8_0, the rest kept BF16; the reference runs on gguf-py's dequantization of the file"
+        ),
+        "seed": 0,
+        "checkpoint_dtype": "bfloat16",
+        "canvas_length": 16,
+        "prompt_length": 9,
+        "text_config": {
+            "vocab_size": 256,
+            "hidden_size": 256,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "layer_types": [SLIDING, FULL],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 32,
+            "global_head_dim": 64,
+            "sliding_window": 8,
+            "num_experts": 2,
+            "top_k_experts": 1,
+            "moe_intermediate_size": 256,
+        },
+        "generation": {"entropy_bound": 0.5, "t_min": 0.2, "t_max": 0.4},
+        "gguf_scheme": "q2_k",
+        "gguf_tensors": {"layers.0.experts.down_proj": "Q5_K"},
+    },
+    "gguf-legacy": {
+        "description": (
+            "GGUF weights, the legacy types: dg's q2_k scheme at hidden 64, whose expert rows (64, 32) fall "
+            "back to Q4_0 (llama.cpp's fallback), layer 1's experts Q4_1 (gguf-py's quantizer) and layer 2's "
+            "Q5_1 (dg's), attention and dense MLP Q8_0, the rest F32; the reference runs on gguf-py's "
+            "dequantization of the file"
+        ),
+        "seed": 0,
+        "canvas_length": 16,
+        "prompt_length": 12,
+        "text_config": {
+            "vocab_size": 320,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 4,
+            "layer_types": [SLIDING, SLIDING, SLIDING, FULL],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "sliding_window": 8,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 32,
+        },
+        "gguf_scheme": "q2_k",
+        "gguf_tensors": {
+            "layers.1.experts.gate_up_proj": "Q4_1",
+            "layers.1.experts.down_proj": "Q4_1",
+            "layers.2.experts.gate_up_proj": "Q5_1",
+            "layers.2.experts.down_proj": "Q5_1",
+        },
+    },
+    "gguf-iq": {
+        "description": (
+            "GGUF weights, the IQ types: dg's iq4_xs scheme at hidden 256 (experts gate/up IQ4_XS, down IQ4_NL: "
+            "K = 32 falls back), and the grid types dg and gguf-py cannot quantize (llama.cpp needs an "
+            "importance matrix) as drawn blocks, valid random blocks scaled to each tensor's RMS: experts "
+            "gate/up IQ2_XXS, IQ2_XS, IQ2_S in layers 0-2, dense MLP gate and up IQ3_XXS, IQ3_S, IQ1_S, IQ1_M "
+            "in layers 0-3; attention Q8_0, the rest BF16; the reference runs on gguf-py's dequantization"
+        ),
+        "seed": 0,
+        "checkpoint_dtype": "bfloat16",
+        "canvas_length": 16,
+        "prompt_length": 10,
+        "text_config": {
+            "vocab_size": 256,
+            "hidden_size": 256,
+            "intermediate_size": 64,
+            "num_hidden_layers": 4,
+            "layer_types": [SLIDING, SLIDING, SLIDING, FULL],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 32,
+            "global_head_dim": 64,
+            "sliding_window": 8,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 32,
+        },
+        "generation": {"entropy_bound": 0.5, "t_min": 0.2, "t_max": 0.4},
+        "gguf_scheme": "iq4_xs",
+        "gguf_tensors": {
+            "layers.0.experts.gate_up_proj": "IQ2_XXS",
+            "layers.1.experts.gate_up_proj": "IQ2_XS",
+            "layers.2.experts.gate_up_proj": "IQ2_S",
+            "layers.0.mlp.gate_proj.weight": "IQ3_XXS",
+            "layers.0.mlp.up_proj.weight": "IQ3_XXS",
+            "layers.1.mlp.gate_proj.weight": "IQ3_S",
+            "layers.1.mlp.up_proj.weight": "IQ3_S",
+            "layers.2.mlp.gate_proj.weight": "IQ1_S",
+            "layers.2.mlp.up_proj.weight": "IQ1_S",
+            "layers.3.mlp.gate_proj.weight": "IQ1_M",
+            "layers.3.mlp.up_proj.weight": "IQ1_M",
+        },
+    },
+    "gguf-fp4": {
+        "description": (
+            "GGUF weights, the FP4 types: dg's q8_0 scheme at hidden 64 with the experts in FP4: every "
+            "experts down and layers 0 and 2's gate/up MXFP4 (gguf-py's quantizer), layers 1 and 3's gate/up "
+            "NVFP4 (blocks of 64; gguf-py has no quantizer: drawn blocks, valid random blocks with UE4M3 "
+            "scales set to the tensor's RMS), attention and dense MLP Q8_0, the rest F32; the reference "
+            "runs on gguf-py's dequantization of the file"
+        ),
+        "seed": 0,
+        "canvas_length": 16,
+        "prompt_length": 12,
+        "text_config": {
+            "vocab_size": 320,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 4,
+            "layer_types": [SLIDING, SLIDING, SLIDING, FULL],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "sliding_window": 8,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 32,
+        },
+        "gguf_scheme": "q8_0",
+        "gguf_tensors": {
+            **{f"layers.{i}.experts.down_proj": "MXFP4" for i in range(4)},
+            "layers.0.experts.gate_up_proj": "MXFP4",
+            "layers.1.experts.gate_up_proj": "NVFP4",
+            "layers.2.experts.gate_up_proj": "MXFP4",
+            "layers.3.experts.gate_up_proj": "NVFP4",
+        },
     },
     "f16-overflow": {
         "description": (

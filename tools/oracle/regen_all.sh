@@ -24,6 +24,10 @@ all_presets=(
   gguf-q8_0
   gguf-q4_k_m
   gguf-q4_k_m-k256
+  gguf-q2_k
+  gguf-legacy
+  gguf-iq
+  gguf-fp4
   f16-overflow
   odd-shapes
 )

@@ -5,12 +5,15 @@
 //! (config, tokenizer, chat template, reference dumps) are copied beside it, so the output's
 //! directory is a model directory whose weights are `model.gguf`. With `--scheme q8_0|q4_k_m`
 //! the matrices the scheme names are quantized by dg's quantizers ([`dg_model::Quantized`]) and
-//! the rest kept as stored (the oracle's GGUF fixtures are made this way).
+//! the rest kept as stored (the oracle's GGUF fixtures are made this way). `--tensor NAME=TYPE`
+//! writes one tensor (HF name) in another ggml type, quantized by dg; `--tensor NAME=TYPE:FILE`
+//! writes FILE's bytes as that tensor's blocks, for the types dg has no quantizer for (the oracle
+//! draws them, `tools/oracle/gguf_fixture.py`).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use dg_model::ModelDir;
+use dg_model::{ModelDir, StoredDtype};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -23,9 +26,33 @@ pub struct Args {
     /// Copy the directory's files other than its safetensors beside the output.
     #[arg(long)]
     copy_files: bool,
-    /// Quantize with this scheme (`q8_0`, `q4_k_m`); without it every tensor stays as stored.
+    /// Quantize with this scheme (`q8_0`, `q4_k_m`, ...); without it every tensor stays as stored.
     #[arg(long)]
     scheme: Option<String>,
+    /// One tensor (HF name) in another ggml type: quantized by dg (`NAME=TYPE`), or FILE's bytes as
+    /// its blocks (`NAME=TYPE:FILE`). Repeatable.
+    #[arg(long = "tensor", value_name = "NAME=TYPE[:FILE]")]
+    tensors: Vec<String>,
+}
+
+/// A `--tensor` option: the tensor's type, and the file of its blocks if they are given.
+struct Override {
+    name: String,
+    dtype: StoredDtype,
+    blocks: Option<PathBuf>,
+}
+
+fn parse_override(arg: &str) -> Result<Override> {
+    let (name, rest) = arg.split_once('=').with_context(|| format!("--tensor {arg}: expected NAME=TYPE or NAME=TYPE:FILE"))?;
+    let (dtype, blocks) = match rest.split_once(':') {
+        Some((d, file)) => (d, Some(PathBuf::from(file))),
+        None => (rest, None),
+    };
+    let dtype = StoredDtype::ALL
+        .into_iter()
+        .find(|d| d.name() == dtype)
+        .with_context(|| format!("--tensor {arg}: {dtype} is not a type dg reads"))?;
+    Ok(Override { name: name.to_string(), dtype, blocks })
 }
 
 pub fn run(args: Args) -> Result<bool> {
@@ -36,16 +63,38 @@ pub fn run(args: Args) -> Result<bool> {
     let out_dir = args.out.parent().filter(|p| !p.as_os_str().is_empty()).map(PathBuf::from).unwrap_or_else(|| ".".into());
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let vocab = model.vocab().with_context(|| format!("reading the tokenizer of {}", args.model.display()))?;
-    match &args.scheme {
-        None => {
-            dg_model::gguf::write_model_as_stored(&args.out, &model.config, Some(&model.generation), vocab.as_ref(), &model.checkpoint)?
-        }
-        Some(name) => {
-            let scheme = dg_model::Scheme::parse(name)?;
-            let src = dg_model::Quantized { inner: &model.checkpoint, scheme, config: &model.config.text };
-            dg_model::gguf::write_model_as_stored(&args.out, &model.config, Some(&model.generation), vocab.as_ref(), &src)?;
-        }
+    let scheme = args.scheme.as_deref().map(dg_model::Scheme::parse).transpose()?;
+    let overrides = args.tensors.iter().map(|a| parse_override(a)).collect::<Result<Vec<_>>>()?;
+    let manifest = dg_model::tensor_manifest(&model.config.text);
+    if let Some(o) = overrides.iter().find(|o| !manifest.iter().any(|(n, _)| *n == o.name)) {
+        bail!("--tensor {}: no such tensor in the model", o.name);
     }
+    let find = |hf: &str| overrides.iter().find(|o| o.name == hf);
+    // Every tensor is encoded from the checkpoint's own values (never from another quantization).
+    let dtype =
+        |hf: &str, stored| find(hf).map(|o| o.dtype).or_else(|| scheme.and_then(|s| s.dtype_of(&model.config.text, hf))).unwrap_or(stored);
+    dg_model::gguf::write_model(
+        &args.out,
+        &model.config,
+        Some(&model.generation),
+        vocab.as_ref(),
+        &model.checkpoint,
+        &dtype,
+        &mut |hf, t, want| match find(hf).and_then(|o| o.blocks.as_ref()) {
+            Some(file) => {
+                let bytes = std::fs::read(file)
+                    .map_err(|e| dg_model::ModelError::Quantize { name: hf.into(), message: format!("{}: {e}", file.display()) })?;
+                match want.bytes_for(t.len()) {
+                    Some(n) if n == bytes.len() => Ok(bytes),
+                    _ => Err(dg_model::ModelError::Quantize {
+                        name: hf.into(),
+                        message: format!("{} holds {} bytes, not {} values of {}", file.display(), bytes.len(), t.len(), want.name()),
+                    }),
+                }
+            }
+            None => Ok(dg_model::quantize_tensor(t, want, hf)?.bytes().to_vec()),
+        },
+    )?;
     if args.copy_files {
         for entry in std::fs::read_dir(&args.model)? {
             let entry = entry?;

@@ -32,7 +32,7 @@ pub enum Command {
     /// Describe a model (geometry, parameters, memory) and the GPU adapters wgpu finds.
     #[command(after_help = AFTER_HELP)]
     Info(InfoArgs),
-    /// Quantize a model into a GGUF file (ggml's Q8_0, Q5_0, Q4_K, Q6_K blocks, llama.cpp's names).
+    /// Quantize a model into a GGUF file (ggml blocks as the scheme says, llama.cpp's names).
     Quantize(QuantizeArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions, streaming).
     #[command(after_help = AFTER_HELP)]
@@ -184,6 +184,20 @@ pub struct InfoArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+
+    /// Print instead the GPU memory each quantization scheme needs at the model's geometry (file,
+    /// weights on the GPU, one sequence's caches) and which 8, 12, 16 and 24 GiB cards it fits.
+    #[arg(long)]
+    pub schemes: bool,
+
+    /// With --schemes: the geometry of this config.json instead of a model (e.g.
+    /// bench/configs/real-30layer.json; unquantized tensors counted as BF16, as released).
+    #[arg(long, value_name = "FILE", requires = "schemes", conflicts_with = "model")]
+    pub config: Option<PathBuf>,
+
+    /// With --schemes: the positions of the one sequence whose caches are counted.
+    #[arg(long, value_name = "N", requires = "schemes", default_value_t = crate::schemes::DEFAULT_CONTEXT)]
+    pub context: usize,
 }
 
 /// The `dg serve` options.

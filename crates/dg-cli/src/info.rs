@@ -3,14 +3,18 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Result;
-use dg_model::{LayerKind, ModelDir, StoredDtype, tensor_manifest};
+use anyhow::{Context, Result};
+use dg_model::{LayerKind, ModelConfig, ModelDir, StoredDtype, tensor_manifest};
 use serde_json::{Value, json};
 
 use crate::args::InfoArgs;
+use crate::error::Input;
 use crate::model_dir;
 
 pub fn run(args: InfoArgs) -> Result<()> {
+    if args.schemes {
+        return schemes(&args);
+    }
     let dir = model_dir::resolve(args.model.as_deref())?;
     let model = model_dir::open(&dir)?;
     let adapters = adapters(&model.config);
@@ -21,6 +25,34 @@ pub fn run(args: InfoArgs) -> Result<()> {
         print!("{}", render(&info));
     }
     Ok(())
+}
+
+/// `dg info --schemes`: the memory table of the model's geometry, or `--config`'s.
+fn schemes(args: &InfoArgs) -> Result<()> {
+    let (config, model) = match &args.config {
+        Some(path) => (ModelConfig::from_file(path).context(Input(format!("cannot read {}", path.display())))?, None),
+        None => {
+            let model = model_dir::open(&model_dir::resolve(args.model.as_deref())?)?;
+            (model.config.clone(), Some(model))
+        }
+    };
+    // A bare config is counted as the released checkpoint stores it: BF16.
+    let stored = |name: &str| model.as_ref().and_then(|m| stored_dtype(m, name)).unwrap_or(StoredDtype::BF16);
+    let rows = crate::schemes::rows(&config, &stored, args.context)?;
+    let context = args.context.min(config.text.max_position_embeddings);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&crate::schemes::json(&rows, context))?);
+    } else {
+        print!("{}", crate::schemes::render(&rows, context));
+    }
+    Ok(())
+}
+
+/// The type `model`'s checkpoint stores tensor `name` in; `None` when it is missing or a dtype dg
+/// does not read.
+fn stored_dtype(model: &ModelDir, name: &str) -> Option<StoredDtype> {
+    let (_, dtype) = model.checkpoint.shape(name).ok()?;
+    StoredDtype::ALL.into_iter().find(|d| d.name() == dtype)
 }
 
 /// Bytes of `elements` elements stored as `dtype` (a safetensors or ggml type name); 0 for a
@@ -62,9 +94,15 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
     let layer = |kind: LayerKind| t.layers.iter().find(|l| l.kind == kind);
     let heads = |kind| layer(kind).map(|l| json!({ "kv_heads": l.num_kv_heads, "head_dim": l.head_dim }));
     let kv_bytes_per_token: usize = t.layers.iter().map(|l| 2 * l.num_kv_heads * l.head_dim * 4).sum();
-    // What `dg generate --weights auto` stores on a GPU without tensor cores (with them: F16).
-    let gpu_format = crate::weights::choose(model, crate::args::WeightsArg::Auto, false).format;
-    let (gpu_name, gpu_bytes) = (crate::weights::name(gpu_format), gpu_format.bytes() as u64);
+    // What `dg generate --weights auto` stores on a GPU without tensor cores, and with them (the
+    // F16 mode): a quantized checkpoint's blocks where the GPU reads them, the rest in the upload's
+    // format.
+    let auto = |tensor_cores| crate::weights::choose(model, crate::args::WeightsArg::Auto, tensor_cores).format;
+    let (gpu_format, coop_format) = (auto(false), auto(true));
+    let gpu_name = crate::weights::name(gpu_format);
+    let stored = |name: &str| stored_dtype(model, name).unwrap_or(StoredDtype::F32);
+    let gpu = crate::footprint::weight_bytes(t, &stored, gpu_format);
+    let coop = crate::footprint::weight_bytes(t, &stored, coop_format);
     json!({
         "model": path.display().to_string(),
         "bundled_random_model": bundled,
@@ -92,7 +130,13 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
         },
         "memory": {
             "cpu": { "dtype": "f32", "bytes": params * 4 },
-            "gpu": { "dtype": gpu_name, "device_bytes": params * gpu_bytes, "bytes_per_parameter": gpu_bytes },
+            "gpu": {
+                "dtype": gpu_name,
+                "device_bytes": gpu.total,
+                "device_bytes_by_format": gpu.by_format,
+                "bytes_per_parameter": gpu.total as f64 / params.max(1) as f64,
+                "tensor_cores": { "dtype": crate::weights::name(coop_format), "device_bytes": coop.total, "device_bytes_by_format": coop.by_format },
+            },
             "kv_cache_bytes_per_token": kv_bytes_per_token,
             // The GPU's caches of one sequence at a few context lengths: sliding layers hold
             // only their window and an encoder chunk, so past those the cache grows with the
@@ -230,11 +274,18 @@ fn render(v: &Value) -> String {
         }
     }
     out += &format!(
-        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: {} weights {} on the device ({} bytes/param; `--weights` picks f32 or bf16)\n           KV cache {} per token of context (f32); on the GPU a sequence's is {} (f32; half that, f16, where the tensor cores run all attention, as the real model's F16 and quantized modes)\n           beside the weights, a sequence's activations and cache on the GPU take {}\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
+        "memory     cpu: f32 weights {} (4 bytes/param)\n           gpu: weights {} on the device as `--weights auto` holds them ({}; {:.2} bytes/param), {} with tensor cores (the F16 mode); `dg info --schemes` for each quantization scheme\n           KV cache {} per token of context (f32); on the GPU a sequence's is {} (f32; half that, f16, where the tensor cores run all attention, as the real model's F16 and quantized modes)\n           beside the weights, a sequence's activations and cache on the GPU take {}\n           a GPU batch: {} a sequence beside its KV cache (its canvas's logits and self-conditioning input)\n",
         size(mem["cpu"]["bytes"].as_u64().unwrap_or(0)),
-        mem["gpu"]["dtype"].as_str().unwrap_or(""),
         size(mem["gpu"]["device_bytes"].as_u64().unwrap_or(0)),
-        mem["gpu"]["bytes_per_parameter"].as_u64().unwrap_or(0),
+        mem["gpu"]["device_bytes_by_format"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(f, b)| format!("{f} {}", size(b.as_u64().unwrap_or(0))))
+            .collect::<Vec<_>>()
+            .join(", "),
+        mem["gpu"]["bytes_per_parameter"].as_f64().unwrap_or(0.0),
+        size(mem["gpu"]["tensor_cores"]["device_bytes"].as_u64().unwrap_or(0)),
         size(mem["kv_cache_bytes_per_token"].as_u64().unwrap_or(0)),
         mem["gpu_kv_cache_bytes"]
             .as_array()

@@ -39,10 +39,25 @@ fn info_json_matches_the_model_library() {
         assert_eq!(v["canvas_length"], model.config.canvas_length);
         assert_eq!(v["layers"].as_array().unwrap().len(), t.num_layers());
         assert_eq!(v["memory"]["cpu"]["bytes"], t.num_parameters() * 4);
-        // The GPU keeps a BF16 checkpoint's matrices as BF16 (2 bytes per parameter), else f32.
-        let gpu_bytes = if dtype == "BF16" { 2 } else { 4 };
-        assert_eq!(v["memory"]["gpu"]["bytes_per_parameter"], gpu_bytes);
-        assert_eq!(v["memory"]["gpu"]["device_bytes"], t.num_parameters() * gpu_bytes);
+        // The GPU keeps a BF16 checkpoint's matrices as BF16 (2 bytes per parameter), else f32; the
+        // norm vectors f32 (tests/gpu_memory.rs holds the bytes to an upload's).
+        let gpu = &v["memory"]["gpu"];
+        assert_eq!(gpu["dtype"], if dtype == "BF16" { "bf16" } else { "f32" });
+        let by_format = gpu["device_bytes_by_format"].as_object().unwrap();
+        assert!(by_format.keys().all(|f| f == dtype || f == "F32"), "{by_format:?}");
+        assert_eq!(gpu["device_bytes"], by_format.values().map(|b| b.as_u64().unwrap()).sum::<u64>());
+        // With tensor cores (the F16 mode) every matrix takes 2 bytes, the embedding as BF16.
+        let coop = &gpu["tensor_cores"];
+        assert_eq!(coop["dtype"], "f16");
+        assert_eq!(
+            coop["device_bytes"],
+            coop["device_bytes_by_format"].as_object().unwrap().values().map(|b| b.as_u64().unwrap()).sum::<u64>()
+        );
+        assert!(
+            coop["device_bytes_by_format"]["F16"].as_u64().unwrap() > 0 && coop["device_bytes_by_format"]["BF16"].as_u64().unwrap() > 0
+        );
+        let per_parameter = gpu["bytes_per_parameter"].as_f64().unwrap();
+        assert!((if dtype == "BF16" { 2.0..=2.1 } else { 3.9..=4.0 }).contains(&per_parameter), "{per_parameter}");
         let dtypes = v["checkpoint"]["dtypes"].as_object().unwrap();
         assert_eq!(dtypes.keys().collect::<Vec<_>>(), vec![dtype], "{dtypes:?}");
         for a in v["adapters"].as_array().unwrap() {

@@ -1,0 +1,133 @@
+//! The device memory of a model's weights on the GPU, computed from its geometry and the ggml type
+//! or dtype of each tensor, without opening a device: what `dg info` prints for a checkpoint and
+//! for each quantization scheme.
+//!
+//! It mirrors the choices of dg-gpu's upload (`GpuWeights::upload`, `crates/dg-gpu/src/weights.rs`):
+//! - a matrix (q/K/V stacked, o, the dense and self-conditioning gate/up stacked and down, the
+//!   router, each experts tensor) keeps its ggml blocks where all its parts store one block type
+//!   the GPU reads as stored (the quantized entries of [`WeightFormat::ALL`]); otherwise it is held
+//!   in the upload's format (f32, BF16 or F16: dequantized where it is quantized);
+//! - the embedding (also the tied head) is BF16 in the F16 mode, f32 where it is stored quantized,
+//!   else in the upload's format;
+//! - norm weights and scales are f32, the layer scalars stay on the host;
+//! - every buffer is padded to a whole 4-byte word.
+//!
+//! A test (`crates/dg-cli/tests/gpu_memory.rs`) holds this count to what a `GpuModel` uploads.
+
+use std::collections::BTreeMap;
+
+use dg_gpu::WeightFormat;
+use dg_model::{LayerNames, Named, SharedNames, StoredDtype, TextConfig};
+
+/// The GPU's bytes of a model's weights: in all, and by the format that holds them (`F32`,
+/// `BF16`, `F16`, or a ggml type's name).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WeightBytes {
+    pub total: u64,
+    pub by_format: BTreeMap<&'static str, u64>,
+}
+
+impl WeightBytes {
+    fn add(&mut self, format: WeightFormat, elements: usize) {
+        let bytes = format.bytes_for(elements).unwrap_or_else(|| WeightFormat::F32.bytes() * elements).next_multiple_of(4) as u64;
+        self.total += bytes;
+        *self.by_format.entry(format_name(format)).or_default() += bytes;
+    }
+}
+
+/// `F32`, `BF16`, `F16`, or the ggml type of a block format.
+pub fn format_name(format: WeightFormat) -> &'static str {
+    match format {
+        WeightFormat::F32 => "F32",
+        WeightFormat::Bf16 => "BF16",
+        WeightFormat::F16 => "F16",
+        WeightFormat::Quantized(q) => q.name(),
+    }
+}
+
+/// The block format the GPU keeps `dtype`'s ggml blocks in, if it reads that type as stored.
+pub fn block_format(dtype: StoredDtype) -> Option<WeightFormat> {
+    WeightFormat::ALL.into_iter().find(|f| matches!(f, WeightFormat::Quantized(q) if q.name() == dtype.name()))
+}
+
+/// The format a matrix stacked from tensors of `dtypes` is held in by an upload in `format`.
+fn matrix_format(dtypes: &[StoredDtype], format: WeightFormat) -> WeightFormat {
+    let first = dtypes.first().and_then(|&d| block_format(d));
+    match first {
+        Some(f) if dtypes.iter().all(|&d| block_format(d) == Some(f)) => f,
+        _ => format,
+    }
+}
+
+/// The GPU's bytes of `cfg`'s weights uploaded in `format` when each tensor is stored as
+/// `dtype(name)`.
+pub fn weight_bytes(cfg: &TextConfig, dtype: &dyn Fn(&str) -> StoredDtype, format: WeightFormat) -> WeightBytes {
+    let mut out = WeightBytes::default();
+    let elements = |t: &Named| t.shape.iter().product::<usize>();
+    let matrix = |out: &mut WeightBytes, parts: &[&Named]| {
+        let dtypes: Vec<StoredDtype> = parts.iter().map(|t| dtype(&t.name)).collect();
+        out.add(matrix_format(&dtypes, format), parts.iter().map(|t| elements(t)).sum());
+    };
+    let vector = |out: &mut WeightBytes, t: &Named| out.add(WeightFormat::F32, elements(t));
+    let shared = SharedNames::new(cfg);
+    let embed = match format {
+        WeightFormat::F16 => WeightFormat::Bf16,
+        _ if dtype(&shared.embed.name).is_quantized() => WeightFormat::F32,
+        f => f,
+    };
+    out.add(embed, elements(&shared.embed));
+    vector(&mut out, &shared.final_norm);
+    vector(&mut out, &shared.sc_pre_norm);
+    matrix(&mut out, &[&shared.sc_gate, &shared.sc_up]);
+    matrix(&mut out, &[&shared.sc_down]);
+    for i in 0..cfg.num_layers() {
+        let l = LayerNames::new(cfg, i);
+        for t in l.norms.iter().chain([&l.q_norm, &l.k_norm, &l.router_scale, &l.per_expert_scale]) {
+            vector(&mut out, t);
+        }
+        let qkv: Vec<&Named> = [&l.q_proj, &l.k_proj].into_iter().chain(l.v_proj.as_ref()).collect();
+        matrix(&mut out, &qkv);
+        for parts in [&[&l.o_proj][..], &[&l.mlp_gate, &l.mlp_up], &[&l.mlp_down], &[&l.router_proj]] {
+            matrix(&mut out, parts);
+        }
+        matrix(&mut out, &[&l.experts_gate_up]);
+        matrix(&mut out, &[&l.experts_down]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> TextConfig {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-random/config.json");
+        dg_model::ModelConfig::from_file(&path).unwrap().text
+    }
+
+    #[test]
+    fn an_unquantized_model_takes_its_formats_bytes_per_matrix_parameter_and_f32_vectors() {
+        let cfg = tiny();
+        let names: Vec<(String, Vec<usize>)> = dg_model::tensor_manifest(&cfg);
+        let count = |pred: &dyn Fn(&[usize]) -> bool| {
+            names.iter().filter(|(_, s)| pred(s)).map(|(_, s)| s.iter().product::<usize>() as u64).sum::<u64>()
+        };
+        // The parameter count leaves out the layer scalars ([1]), which stay on the host.
+        let vectors = count(&|s| s.len() == 1 && s[0] > 1);
+        let matrices = cfg.num_parameters() - vectors;
+        for (format, bytes) in [(WeightFormat::F32, 4), (WeightFormat::Bf16, 2), (WeightFormat::F16, 2)] {
+            let got = weight_bytes(&cfg, &|_| StoredDtype::BF16, format);
+            assert_eq!(got.total, matrices * bytes + vectors * 4, "{format:?}");
+        }
+    }
+
+    #[test]
+    fn a_matrix_keeps_blocks_only_where_all_its_parts_store_one_type_the_gpu_reads() {
+        let q8 = block_format(StoredDtype::Q8_0).unwrap();
+        assert_eq!(matrix_format(&[StoredDtype::Q8_0, StoredDtype::Q8_0], WeightFormat::Bf16), q8);
+        assert_eq!(matrix_format(&[StoredDtype::Q8_0, StoredDtype::BF16], WeightFormat::Bf16), WeightFormat::Bf16);
+        assert_eq!(matrix_format(&[StoredDtype::Q8_0, StoredDtype::Q4_K], WeightFormat::F32), WeightFormat::F32);
+        assert_eq!(block_format(StoredDtype::BF16), None);
+        assert_eq!(format_name(q8), "Q8_0");
+    }
+}
