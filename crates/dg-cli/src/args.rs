@@ -76,7 +76,7 @@ pub enum BackendArg {
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
     /// HF model directory (config.json, generation_config.json, model.safetensors, tokenizer.json,
-    /// chat template), or a .gguf file (tokenizer and chat template from its directory). Default:
+    /// chat template), or a .gguf file (its own tokenizer and chat template, unless a tokenizer.json or template lies beside it). Default:
     /// the bundled random model (its text is noise).
     #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
