@@ -127,7 +127,9 @@ fn stored_quantized(parts: &[&StoredTensor]) -> Option<WeightFormat> {
         StoredDtype::Q5_0 => Some(QuantFormat::Q5_0),
         StoredDtype::Q4_K => Some(QuantFormat::Q4_K),
         StoredDtype::Q6_K => Some(QuantFormat::Q6_K),
-        StoredDtype::F32 | StoredDtype::F16 | StoredDtype::BF16 => None,
+        // The floating-point dtypes, and the block formats the GPU has no kernels for yet
+        // (uploaded dequantized).
+        _ => None,
     };
     let first = quant(parts.first()?.dtype)?;
     parts.iter().all(|p| quant(p.dtype) == Some(first)).then_some(WeightFormat::Quantized(first))

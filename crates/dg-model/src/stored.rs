@@ -13,45 +13,106 @@ use rayon::prelude::*;
 
 /// Element types a checkpoint may store tensors in: floating-point elements (safetensors and
 /// GGUF) and ggml's quantized blocks (GGUF), where `block_len` elements share `block_bytes` bytes.
+///
+/// The quantized variants are every block type gguf-py's `gguf.quants.dequantize` reads but the
+/// ternary `TQ1_0` and `TQ2_0`, named as ggml names them; their layouts are `ggml-common.h`'s
+/// `block_*` structs (each format's module in `quant` describes its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
 pub enum StoredDtype {
     F32,
     F16,
     BF16,
-    /// ggml `Q8_0`: 32 values in 34 bytes (an f16 scale, 32 i8).
-    Q8_0,
+    /// ggml `Q4_0`: 32 values in 18 bytes (an f16 scale, 16 bytes of nibbles).
+    Q4_0,
+    /// ggml `Q4_1`: 32 values in 20 bytes (f16 scale and min, 16 bytes of nibbles).
+    Q4_1,
     /// ggml `Q5_0`: 32 values in 22 bytes (an f16 scale, 4 bytes of high bits, 16 of nibbles).
     Q5_0,
+    /// ggml `Q5_1`: 32 values in 24 bytes (f16 scale and min, 4 bytes of high bits, 16 of nibbles).
+    Q5_1,
+    /// ggml `Q8_0`: 32 values in 34 bytes (an f16 scale, 32 i8).
+    Q8_0,
+    /// ggml `Q2_K`: 256 values in 84 bytes (16 bytes of 4-bit scales and mins, 64 of 2-bit quants, f16 d and dmin).
+    Q2_K,
+    /// ggml `Q3_K`: 256 values in 110 bytes (32 bytes of high bits, 64 of 2-bit quants, 12 of 6-bit scales, an f16 d).
+    Q3_K,
     /// ggml `Q4_K`: 256 values in 144 bytes (f16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles).
     Q4_K,
+    /// ggml `Q5_K`: 256 values in 176 bytes (f16 d and dmin, 12 bytes of 6-bit scales and mins, 32 of high bits, 128 of nibbles).
+    Q5_K,
     /// ggml `Q6_K`: 256 values in 210 bytes (128 low nibbles, 64 of high bits, 16 i8 scales, an f16 d).
     Q6_K,
+    /// ggml `IQ2_XXS`: 256 values in 66 bytes (an f16 d, 8 pairs of u32: grid indices, signs and a scale).
+    IQ2_XXS,
+    /// ggml `IQ2_XS`: 256 values in 74 bytes (an f16 d, 32 u16 of grid index and signs, 8 bytes of scales).
+    IQ2_XS,
+    /// ggml `IQ3_XXS`: 256 values in 98 bytes (an f16 d, 64 grid indices, 8 u32 of signs and scales).
+    IQ3_XXS,
+    /// ggml `IQ1_S`: 256 values in 50 bytes (an f16 d, 32 bytes of grid indices, 8 u16 of index bits, scales and deltas).
+    IQ1_S,
+    /// ggml `IQ4_NL`: 32 values in 18 bytes (an f16 scale, 16 bytes of nibbles indexing 16 non-linear levels).
+    IQ4_NL,
+    /// ggml `IQ3_S`: 256 values in 110 bytes (an f16 d, 64 grid indices, 8 bytes of index bits, 32 of signs, 4 of scales).
+    IQ3_S,
+    /// ggml `IQ2_S`: 256 values in 82 bytes (an f16 d, 32 grid indices, 32 bytes of signs, 8 of index bits, 8 of scales).
+    IQ2_S,
+    /// ggml `IQ4_XS`: 256 values in 136 bytes (an f16 d, 6-bit sub-block scales in 2 + 4 bytes, 128 bytes of nibbles).
+    IQ4_XS,
+    /// ggml `IQ1_M`: 256 values in 56 bytes (32 grid indices, 16 bytes of index bits and deltas, 4 u16 of scales and d).
+    IQ1_M,
+    /// ggml `MXFP4`: 32 values in 17 bytes (an E8M0 scale, 16 bytes of FP4 nibbles).
+    MXFP4,
+    /// ggml `NVFP4`: 64 values in 36 bytes (four UE4M3 scales of 16 values each, 32 bytes of FP4 nibbles).
+    NVFP4,
 }
 
 impl StoredDtype {
-    /// Every dtype, in ggml type-id order of the quantized ones.
-    pub const ALL: [StoredDtype; 7] =
-        [StoredDtype::F32, StoredDtype::F16, StoredDtype::BF16, StoredDtype::Q8_0, StoredDtype::Q5_0, StoredDtype::Q4_K, StoredDtype::Q6_K];
+    /// Every dtype: the floating-point ones, then the quantized ones in ggml type-id order.
+    pub const ALL: [StoredDtype; 24] = {
+        use StoredDtype::*;
+        [
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S,
+            IQ2_S, IQ4_XS, IQ1_M, MXFP4, NVFP4,
+        ]
+    };
 
     /// Elements per block (1 for the floating-point dtypes).
     pub const fn block_len(self) -> usize {
+        use StoredDtype::*;
         match self {
-            StoredDtype::F32 | StoredDtype::F16 | StoredDtype::BF16 => 1,
-            StoredDtype::Q8_0 | StoredDtype::Q5_0 => 32,
-            StoredDtype::Q4_K | StoredDtype::Q6_K => 256,
+            F32 | F16 | BF16 => 1,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL | MXFP4 => 32,
+            NVFP4 => 64,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S | IQ3_S | IQ2_S | IQ4_XS | IQ1_M => 256,
         }
     }
 
     /// Bytes per block (per element for the floating-point dtypes).
     pub const fn block_bytes(self) -> usize {
+        use StoredDtype::*;
         match self {
-            StoredDtype::F32 => 4,
-            StoredDtype::F16 | StoredDtype::BF16 => 2,
-            StoredDtype::Q8_0 => 34,
-            StoredDtype::Q5_0 => 22,
-            StoredDtype::Q4_K => 144,
-            StoredDtype::Q6_K => 210,
+            F32 => 4,
+            F16 | BF16 => 2,
+            Q4_0 | IQ4_NL => 18,
+            Q4_1 => 20,
+            Q5_0 => 22,
+            Q5_1 => 24,
+            Q8_0 => 34,
+            Q2_K => 84,
+            Q3_K | IQ3_S => 110,
+            Q4_K => 144,
+            Q5_K => 176,
+            Q6_K => 210,
+            IQ2_XXS => 66,
+            IQ2_XS => 74,
+            IQ3_XXS => 98,
+            IQ1_S => 50,
+            IQ2_S => 82,
+            IQ4_XS => 136,
+            IQ1_M => 56,
+            MXFP4 => 17,
+            NVFP4 => 36,
         }
     }
 
@@ -77,16 +138,34 @@ impl StoredDtype {
         self.block_bytes()
     }
 
-    /// The dtype's name: safetensors' (`F32`, `F16`, `BF16`) or ggml's (`Q8_0`, ...).
+    /// The dtype's name: safetensors' (`F32`, `F16`, `BF16`) or ggml's (`Q8_0`, `IQ4_XS`, ...).
     pub fn name(self) -> &'static str {
+        use StoredDtype::*;
         match self {
-            StoredDtype::F32 => "F32",
-            StoredDtype::F16 => "F16",
-            StoredDtype::BF16 => "BF16",
-            StoredDtype::Q8_0 => "Q8_0",
-            StoredDtype::Q5_0 => "Q5_0",
-            StoredDtype::Q4_K => "Q4_K",
-            StoredDtype::Q6_K => "Q6_K",
+            F32 => "F32",
+            F16 => "F16",
+            BF16 => "BF16",
+            Q4_0 => "Q4_0",
+            Q4_1 => "Q4_1",
+            Q5_0 => "Q5_0",
+            Q5_1 => "Q5_1",
+            Q8_0 => "Q8_0",
+            Q2_K => "Q2_K",
+            Q3_K => "Q3_K",
+            Q4_K => "Q4_K",
+            Q5_K => "Q5_K",
+            Q6_K => "Q6_K",
+            IQ2_XXS => "IQ2_XXS",
+            IQ2_XS => "IQ2_XS",
+            IQ3_XXS => "IQ3_XXS",
+            IQ1_S => "IQ1_S",
+            IQ4_NL => "IQ4_NL",
+            IQ3_S => "IQ3_S",
+            IQ2_S => "IQ2_S",
+            IQ4_XS => "IQ4_XS",
+            IQ1_M => "IQ1_M",
+            MXFP4 => "MXFP4",
+            NVFP4 => "NVFP4",
         }
     }
 
@@ -95,16 +174,34 @@ impl StoredDtype {
         StoredDtype::ALL.into_iter().find(|d| d.name() == name)
     }
 
-    /// ggml's type id (`enum ggml_type`), as GGUF stores it.
+    /// ggml's type id (`enum ggml_type`, gguf-py's `GGMLQuantizationType`), as GGUF stores it.
     pub const fn ggml_type(self) -> u32 {
+        use StoredDtype::*;
         match self {
-            StoredDtype::F32 => 0,
-            StoredDtype::F16 => 1,
-            StoredDtype::Q5_0 => 6,
-            StoredDtype::Q8_0 => 8,
-            StoredDtype::Q4_K => 12,
-            StoredDtype::Q6_K => 14,
-            StoredDtype::BF16 => 30,
+            F32 => 0,
+            F16 => 1,
+            Q4_0 => 2,
+            Q4_1 => 3,
+            Q5_0 => 6,
+            Q5_1 => 7,
+            Q8_0 => 8,
+            Q2_K => 10,
+            Q3_K => 11,
+            Q4_K => 12,
+            Q5_K => 13,
+            Q6_K => 14,
+            IQ2_XXS => 16,
+            IQ2_XS => 17,
+            IQ3_XXS => 18,
+            IQ1_S => 19,
+            IQ4_NL => 20,
+            IQ3_S => 21,
+            IQ2_S => 22,
+            IQ4_XS => 23,
+            IQ1_M => 29,
+            BF16 => 30,
+            MXFP4 => 39,
+            NVFP4 => 40,
         }
     }
 

@@ -1,11 +1,15 @@
 //! dg's ggml block formats against gguf-py (`gguf.quants`), on the vectors
 //! `tools/gguf_vectors/make_vectors.py` writes to `tests/data/quant/` (or to the directory named by
 //! `DG_QUANT_VECTORS`, which its `--check` mode sets): dequantization of random blocks with extreme
-//! scales bit for bit, and Q8_0/Q5_0 quantization byte for byte.
+//! scales bit for bit for every block type dg reads, and Q8_0/Q5_0 quantization byte for byte.
+//!
+//! `ggml_types.txt` (gguf-py's type table) holds [`StoredDtype`]'s ggml ids and block sizes to
+//! gguf-py's, and its list of types dg reads to every type gguf-py dequantizes but TQ1_0 and TQ2_0.
 //!
 //! NaN outputs (from NaN scales, and from infinite scales times a zero quant) must be NaN; their
 //! bits are compared only on x86-64, where the vectors are made: the sign and payload of a NaN an
-//! operation produces are the platform's (x86's default NaN is negative, AArch64's positive).
+//! operation produces are the platform's (x86's default NaN is negative, AArch64's positive). Where
+//! a NaN product meets a NaN min (`d * q + m`), the product's NaN wins, as it does on x86-64.
 
 use std::path::PathBuf;
 
@@ -41,7 +45,18 @@ fn same_value(got: f32, want: f32) -> bool {
     got.to_bits() == want.to_bits() || (!cfg!(target_arch = "x86_64") && got.is_nan() && want.is_nan())
 }
 
-fn check_dequantization(dtype: StoredDtype) {
+/// The extreme values a format's blocks can dequantize to, which its vectors must reach.
+#[derive(Clone, Copy, PartialEq)]
+enum Extremes {
+    /// f16 scales: NaN (a NaN scale, or an infinite one times a zero quant) and infinity.
+    NanAndInfinity,
+    /// MXFP4's E8M0 scale is at most 2^127: products overflow, but nothing is NaN.
+    Infinity,
+    /// NVFP4's UE4M3 scales are at most 240: every value is finite.
+    Finite,
+}
+
+fn check_dequantization(dtype: StoredDtype, extremes: Extremes) {
     let (blocks, want) = (read(&format!("{}_blocks.bin", stem(dtype))), read_f32(&format!("{}_dequantized.f32", stem(dtype))));
     let n_blocks = blocks.len() / dtype.block_bytes();
     assert!(n_blocks > 0 && blocks.len() % dtype.block_bytes() == 0, "{}: {} bytes of blocks", dtype.name(), blocks.len());
@@ -66,11 +81,13 @@ fn check_dequantization(dtype: StoredDtype) {
         })
         .collect();
     assert!(bad.is_empty(), "{}: {} of {} values differ from gguf-py:\n{}", dtype.name(), bad.len(), want.len(), shown.join("\n"));
-    assert!(
-        want.iter().any(|v| v.is_nan()) && want.iter().any(|v| v.is_infinite()),
-        "{}: the vectors reach no NaN or infinity",
-        dtype.name()
-    );
+    let reached = (want.iter().any(|v| v.is_nan()), want.iter().any(|v| v.is_infinite()));
+    let expected = match extremes {
+        Extremes::NanAndInfinity => (true, true),
+        Extremes::Infinity => (false, true),
+        Extremes::Finite => (false, false),
+    };
+    assert_eq!(reached, expected, "{}: (NaN, infinity) reached by the vectors", dtype.name());
 
     // The tensor path (parallel chunks through StoredTensor::widen_range) gives the same values.
     let t = StoredTensor::from_bytes(dtype, vec![n_blocks, dtype.block_len()], &blocks[..]);
@@ -104,23 +121,151 @@ fn check_quantization(dtype: StoredDtype) {
 }
 
 #[test]
-fn q8_0_dequantizes_as_gguf_py() {
-    check_dequantization(StoredDtype::Q8_0);
+fn q4_0_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::Q4_0, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn q4_1_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::Q4_1, Extremes::NanAndInfinity);
 }
 
 #[test]
 fn q5_0_dequantizes_as_gguf_py() {
-    check_dequantization(StoredDtype::Q5_0);
+    check_dequantization(StoredDtype::Q5_0, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn q5_1_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::Q5_1, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn q8_0_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::Q8_0, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn q2_k_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::Q2_K, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn q3_k_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::Q3_K, Extremes::NanAndInfinity);
 }
 
 #[test]
 fn q4_k_dequantizes_as_gguf_py() {
-    check_dequantization(StoredDtype::Q4_K);
+    check_dequantization(StoredDtype::Q4_K, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn q5_k_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::Q5_K, Extremes::NanAndInfinity);
 }
 
 #[test]
 fn q6_k_dequantizes_as_gguf_py() {
-    check_dequantization(StoredDtype::Q6_K);
+    check_dequantization(StoredDtype::Q6_K, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn iq2_xxs_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::IQ2_XXS, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn iq2_xs_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::IQ2_XS, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn iq2_s_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::IQ2_S, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn iq3_xxs_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::IQ3_XXS, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn iq3_s_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::IQ3_S, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn iq1_s_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::IQ1_S, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn iq1_m_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::IQ1_M, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn iq4_nl_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::IQ4_NL, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn iq4_xs_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::IQ4_XS, Extremes::NanAndInfinity);
+}
+
+#[test]
+fn mxfp4_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::MXFP4, Extremes::Infinity);
+}
+
+#[test]
+fn nvfp4_dequantizes_as_gguf_py() {
+    check_dequantization(StoredDtype::NVFP4, Extremes::Finite);
+}
+
+/// Types gguf-py dequantizes that dg leaves out: the ternary formats no DiffusionGemma GGUF uses.
+const NOT_READ: [&str; 2] = ["TQ1_0", "TQ2_0"];
+
+#[test]
+fn dtypes_are_gguf_py_types() {
+    let table = String::from_utf8(read("ggml_types.txt")).unwrap();
+    let mut read_by_dg = Vec::new();
+    for line in table.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let [name, id, block_len, block_bytes, dequantizes] = f[..] else { panic!("ggml_types.txt: bad line {line:?}") };
+        let n = |s: &str| s.parse::<usize>().unwrap_or_else(|e| panic!("ggml_types.txt: {line:?}: {e}"));
+        match StoredDtype::from_name(name) {
+            Some(d) => {
+                assert_eq!((d.ggml_type() as usize, d.block_len(), d.block_bytes()), (n(id), n(block_len), n(block_bytes)), "{name}");
+                assert_eq!(StoredDtype::from_ggml_type(d.ggml_type()), Some(d));
+                read_by_dg.push(d);
+            }
+            None => {
+                assert!(dequantizes == "0" || NOT_READ.contains(&name), "gguf-py dequantizes {name} (ggml type {id}); dg does not read it");
+                assert_eq!(StoredDtype::from_ggml_type(n(id) as u32), None, "{name}");
+            }
+        }
+    }
+    let mut all = StoredDtype::ALL.to_vec();
+    all.sort_by_key(|d| d.ggml_type());
+    assert_eq!(read_by_dg, all, "the dtypes dg reads against StoredDtype::ALL");
+}
+
+#[test]
+fn every_quantized_dtype_has_vectors() {
+    // A dtype added to StoredDtype without vectors (and a test above) fails here.
+    let tested = [
+        "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s",
+        "iq1_s", "iq1_m", "iq4_nl", "iq4_xs", "mxfp4", "nvfp4",
+    ];
+    let quantized: Vec<String> = StoredDtype::ALL.into_iter().filter(|d| d.is_quantized()).map(stem).collect();
+    let mut sorted = tested.map(String::from).to_vec();
+    sorted.sort();
+    let mut all = quantized.clone();
+    all.sort();
+    assert_eq!(sorted, all);
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! ggml's quantized block formats (`ggml/src/ggml-quants.c`, `gguf-py/gguf/quants.py`): the
-//! dequantization every reader of a GGUF file needs, and the reference quantizers `dg quantize`
-//! writes them with.
+//! dequantization every reader of a GGUF file needs (every block type gguf-py dequantizes but the
+//! ternary TQ1_0 and TQ2_0), and the reference quantizers `dg quantize` writes some of them with.
 //!
-//! Every format is one module with a `dequantize_block` and a `quantize_block` over one block;
-//! this module checks lengths and dispatches. Dequantization is ggml's `dequantize_row_*` with the
+//! Every format is one module with a `dequantize_block` (and, where dg writes the format, a
+//! `quantize_block`) over one block; this module checks lengths and dispatches. Dequantization is ggml's `dequantize_row_*` with the
 //! f32 operations in its order, so the values are bit-identical to ggml's and to gguf-py's
 //! `gguf.quants.dequantize` (which computes the same products in the same order). Quantization
 //! follows gguf-py where gguf-py can quantize (Q8_0, Q5_0; its bytes are the oracle) and ggml's C
@@ -11,7 +11,12 @@
 //! multiply-adds, as numpy computes and as ggml's C reads (a build that contracts `a * b + c`
 //! into one FMA may round differently).
 
+mod fp4;
+mod iq;
+mod iq_grids;
+mod k_quants;
 mod lanes;
+mod legacy;
 mod q4_k;
 mod q5_0;
 mod q6_k;
@@ -33,13 +38,18 @@ const QUANTIZE_TASK_BLOCKS: usize = 64;
 /// What can go wrong when quantizing or dequantizing a run of values.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum QuantError {
-    #[error("{dtype} is not a quantized block format (expected Q8_0, Q5_0, Q4_K or Q6_K)")]
+    #[error("{dtype} is not a quantized block format")]
     NotQuantized { dtype: &'static str },
+    #[error("dg reads {dtype} but does not write it (it quantizes to {})", QUANTIZABLE.map(|d| d.name()).join(", "))]
+    NoQuantizer { dtype: &'static str },
     #[error("{len} {unit} are not a whole number of {dtype} blocks of {per_block} {unit}")]
     PartialBlock { dtype: &'static str, len: usize, unit: &'static str, per_block: usize },
     #[error("value {index} is {value}: {dtype} quantizes finite values only")]
     NonFinite { dtype: &'static str, index: usize, value: f32 },
 }
+
+/// The block formats [`quantize`] writes.
+pub const QUANTIZABLE: [StoredDtype; 4] = [StoredDtype::Q5_0, StoredDtype::Q8_0, StoredDtype::Q4_K, StoredDtype::Q6_K];
 
 /// `values` quantized into whole blocks of `dtype`, as ggml lays them out in a GGUF tensor.
 ///
@@ -48,6 +58,9 @@ pub enum QuantError {
 /// `llama-quantize` uses without an importance matrix).
 pub fn quantize(dtype: StoredDtype, values: &[f32]) -> Result<Vec<u8>, QuantError> {
     check_blocks(dtype, values.len(), dtype.block_len(), "values")?;
+    if !QUANTIZABLE.contains(&dtype) {
+        return Err(QuantError::NoQuantizer { dtype: dtype.name() });
+    }
     if let Some(index) = values.iter().position(|v| !v.is_finite()) {
         return Err(QuantError::NonFinite { dtype: dtype.name(), index, value: values[index] });
     }
@@ -57,7 +70,7 @@ pub fn quantize(dtype: StoredDtype, values: &[f32]) -> Result<Vec<u8>, QuantErro
         StoredDtype::Q5_0 => quantize_blocks(values, &mut out, q5_0::quantize_block),
         StoredDtype::Q4_K => quantize_blocks(values, &mut out, q4_k::quantize_block),
         StoredDtype::Q6_K => quantize_blocks(values, &mut out, q6_k::quantize_block),
-        StoredDtype::F32 | StoredDtype::F16 | StoredDtype::BF16 => unreachable!("checked above"),
+        _ => unreachable!("{} is not in QUANTIZABLE", dtype.name()),
     }
     Ok(out)
 }
@@ -77,12 +90,30 @@ pub fn dequantize_bytes(dtype: StoredDtype, bytes: &[u8]) -> Result<Vec<f32>, Qu
 /// ([`crate::StoredTensor::widen_range`] checks, [`dequantize_bytes`] returns an error).
 pub(crate) fn dequantize(dtype: StoredDtype, bytes: &[u8], out: &mut [f32]) {
     assert_eq!(Some(bytes.len()), dtype.bytes_for(out.len()), "{} {} bytes for {} values", bytes.len(), dtype.name(), out.len());
+    use StoredDtype::*;
     match dtype {
-        StoredDtype::Q8_0 => dequantize_blocks(bytes, out, q8_0::dequantize_block),
-        StoredDtype::Q5_0 => dequantize_blocks(bytes, out, q5_0::dequantize_block),
-        StoredDtype::Q4_K => dequantize_blocks(bytes, out, q4_k::dequantize_block),
-        StoredDtype::Q6_K => dequantize_blocks(bytes, out, q6_k::dequantize_block),
-        StoredDtype::F32 | StoredDtype::F16 | StoredDtype::BF16 => panic!("{} is not a quantized block format", dtype.name()),
+        Q4_0 => dequantize_blocks(bytes, out, legacy::q4_0::dequantize_block),
+        Q4_1 => dequantize_blocks(bytes, out, legacy::q4_1::dequantize_block),
+        Q5_0 => dequantize_blocks(bytes, out, q5_0::dequantize_block),
+        Q5_1 => dequantize_blocks(bytes, out, legacy::q5_1::dequantize_block),
+        Q8_0 => dequantize_blocks(bytes, out, q8_0::dequantize_block),
+        Q2_K => dequantize_blocks(bytes, out, k_quants::q2_k::dequantize_block),
+        Q3_K => dequantize_blocks(bytes, out, k_quants::q3_k::dequantize_block),
+        Q4_K => dequantize_blocks(bytes, out, q4_k::dequantize_block),
+        Q5_K => dequantize_blocks(bytes, out, k_quants::q5_k::dequantize_block),
+        Q6_K => dequantize_blocks(bytes, out, q6_k::dequantize_block),
+        IQ2_XXS => dequantize_blocks(bytes, out, iq::iq2_xxs::dequantize_block),
+        IQ2_XS => dequantize_blocks(bytes, out, iq::iq2_xs::dequantize_block),
+        IQ2_S => dequantize_blocks(bytes, out, iq::iq2_s::dequantize_block),
+        IQ3_XXS => dequantize_blocks(bytes, out, iq::iq3_xxs::dequantize_block),
+        IQ3_S => dequantize_blocks(bytes, out, iq::iq3_s::dequantize_block),
+        IQ1_S => dequantize_blocks(bytes, out, iq::iq1_s::dequantize_block),
+        IQ1_M => dequantize_blocks(bytes, out, iq::iq1_m::dequantize_block),
+        IQ4_NL => dequantize_blocks(bytes, out, iq::iq4_nl::dequantize_block),
+        IQ4_XS => dequantize_blocks(bytes, out, iq::iq4_xs::dequantize_block),
+        MXFP4 => dequantize_blocks(bytes, out, fp4::mxfp4::dequantize_block),
+        NVFP4 => dequantize_blocks(bytes, out, fp4::nvfp4::dequantize_block),
+        F32 | F16 | BF16 => panic!("{} is not a quantized block format", dtype.name()),
     }
 }
 
@@ -96,10 +127,13 @@ fn check_blocks(dtype: StoredDtype, len: usize, per_block: usize, unit: &'static
     Ok(())
 }
 
+/// Every block of `bytes` through `block`. The block function's sizes are checked against the
+/// lengths (whole blocks of `dtype`'s sizes, which the caller checked), so a module whose sizes
+/// disagree with [`StoredDtype`] fails here, in every build.
 fn dequantize_blocks<const BYTES: usize, const LEN: usize>(bytes: &[u8], out: &mut [f32], block: fn(&[u8; BYTES], &mut [f32; LEN])) {
     let (blocks, rest) = bytes.as_chunks::<BYTES>();
     let (outs, out_rest) = out.as_chunks_mut::<LEN>();
-    debug_assert!(rest.is_empty() && out_rest.is_empty() && blocks.len() == outs.len());
+    assert!(rest.is_empty() && out_rest.is_empty() && blocks.len() == outs.len(), "blocks of {BYTES} bytes and {LEN} values");
     for (b, o) in blocks.iter().zip(outs) {
         block(b, o);
     }
@@ -211,8 +245,17 @@ mod tests {
     }
 
     #[test]
+    fn formats_dg_does_not_write_are_refused_by_name() {
+        for dtype in StoredDtype::ALL.into_iter().filter(|d| d.is_quantized() && !QUANTIZABLE.contains(d)) {
+            let e = quantize(dtype, &vec![0.0; dtype.block_len()]).unwrap_err();
+            assert_eq!(e, QuantError::NoQuantizer { dtype: dtype.name() });
+            assert!(e.to_string().starts_with(&format!("dg reads {} but does not write it", dtype.name())), "{e}");
+        }
+    }
+
+    #[test]
     fn every_format_round_trips_zeros_and_agrees_with_the_stored_tensor() {
-        for dtype in StoredDtype::ALL.into_iter().filter(|d| d.is_quantized()) {
+        for dtype in QUANTIZABLE {
             let n = 2 * dtype.block_len();
             let bytes = quantize(dtype, &vec![0.0; n]).unwrap();
             assert_eq!(bytes.len(), dtype.bytes_for(n).unwrap(), "{}", dtype.name());
