@@ -221,6 +221,13 @@ impl QuantFormat {
         }
     }
 
+    /// The words a device buffer of this type holds after its blocks (and their padding to a
+    /// whole word), which its loader reads from the end of the binding: the IQ types' grids
+    /// (`iq.rs`); none for the others.
+    pub fn table(self) -> &'static [u32] {
+        iq::table(self)
+    }
+
     /// Whether the loader reads u16 and u32 fields (`u16_NAME`, `u32_NAME`): every type but the
     /// four written here, whose kernels stay without the readers.
     const fn needs_wide_readers(self) -> bool {

@@ -5,19 +5,27 @@
 //! gguf-py's `gguf/quants.py` (`IQ2_XXS.dequantize_blocks` ...), which dg-model's host
 //! dequantization matches bit for bit.
 //!
-//! Tables. The grids are WGSL module-scope `const` arrays indexed at run time, in gguf-py's
-//! packing (16 bits a row, [`super::grids`]): 128 words for IQ2_XXS and IQ3_XXS, 256 for IQ2_XS
-//! and IQ3_S, 512 for IQ2_S, 1024 for IQ1_S and IQ1_M, a quarter of ggml's u64 (u32 for IQ3)
-//! rows. naga validates them and writes them to SPIR-V, MSL and HLSL as constant composites; a
-//! run-time index into a value makes naga's SPIR-V copy the array into a function variable
-//! first, which Mesa's NIR folds back into constant data (`nir_opt_large_constants`); lavapipe
-//! compiles an IQ1_S GEMM in about the time of a Q4_K one (`tests/kernels_iq.rs` in dg-parity
-//! times them). A grid row's value is its index into the grid's map (a `vec2<u32>` of i8 bytes).
-//! Tables with structure are arithmetic: ggml's `ksigns_iq2xs[i]` is `i` with bit 7 its parity
-//! (`countOneBits`), and `kvalues_iq4nl` is 16 i8 bytes in one `vec4<u32>` (dynamically indexed
-//! vectors, which every backend indexes without a copy).
+//! Tables. The grids travel with the weights: the device buffer of an IQ type holds its grid
+//! after the blocks ([`QuantFormat::table`], in gguf-py's packing, 16 bits a row:
+//! [`super::grids`]), 128 words for IQ2_XXS and IQ3_XXS, 256 for IQ2_XS and IQ3_S, 512 for IQ2_S,
+//! 1024 for IQ1_S and IQ1_M (a quarter of ggml's u64, or u32 for IQ3, rows), and the loader reads
+//! row `r` at `arrayLength(&NAME) − words + r / 2`: a storage load like the blocks', no new
+//! binding and no kernel change. WGSL module-scope `const` arrays were measured first and refused:
+//! naga's SPIR-V copies a constant array into a function variable at every run-time index (one
+//! copy per inlined load), and lavapipe's LLVM then took 0.3 s (IQ2_XS), 37 s (IQ3_S) and more
+//! than 4 minutes (IQ1_S) to compile one GEMM, against 0.1 s for Q4_K; `var<private>` copies
+//! (5 to 18 s) and a `switch` of constant vec4s (3.5 to 13 s) fared no better. A grid row's value
+//! is its index into the grid's map (a `vec2<u32>` of i8 bytes). Tables with structure are
+//! arithmetic: ggml's `ksigns_iq2xs[i]` is `i` with bit 7 its parity (`countOneBits`), and
+//! `kvalues_iq4nl` is 16 i8 bytes in one `vec4<u32>` (dynamically indexed vectors, which every
+//! backend indexes without a copy).
 
 use super::{QuantFormat, grids};
+
+/// The words the device buffer of `q` holds after its blocks: its grid, or none.
+pub(super) fn table(q: QuantFormat) -> &'static [u32] {
+    grid(q).map_or(&[], |(words, _, _)| words)
+}
 
 /// ggml's `kvalues_iq4nl`.
 const IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
@@ -58,10 +66,9 @@ pub(super) fn decls(q: QuantFormat) -> String {
     let mut map = map.to_vec();
     map.resize(8, 0);
     format!(
-        "// The {name} grid, gguf-py's packing: row r in half r % 2 of word r / 2.\n\
-         const grid_NAME = array<u32, {n}>({rows});\n\
-         // The values a row's indices stand for, four i8 a word.\nconst grid_map_NAME = vec2<u32>({map});\n\
-         fn grid_NAME_row(r: u32) -> u32 {{\n    return (grid_NAME[r >> 1u] >> (16u * (r & 1u))) & 0xffffu;\n}}\n\
+        "// The values a row's indices stand for, four i8 a word.\nconst grid_map_NAME = vec2<u32>({map});\n\
+         // Row r of the {name} grid, the buffer's last {n} words (gguf-py's packing: row r in half r % 2 of word r / 2).\n\
+         fn grid_NAME_row(r: u32) -> u32 {{\n    return (NAME[arrayLength(&NAME) - {n}u + (r >> 1u)] >> (16u * (r & 1u))) & 0xffffu;\n}}\n\
          // Value k of a grid row.\n\
          fn grid_NAME_value(row: u32, k: u32) -> f32 {{\n    let c = (row >> ({bits}u * k)) & {mask}u;\n    \
          return f32(bitcast<i32>((grid_map_NAME[c >> 2u] >> (8u * (c & 3u))) << 24u) >> 24);\n}}\n\
@@ -69,7 +76,6 @@ pub(super) fn decls(q: QuantFormat) -> String {
          fn ksign_NAME(i: u32) -> u32 {{\n    return i | ((countOneBits(i) & 1u) << 7u);\n}}\n",
         name = q.name(),
         n = words.len(),
-        rows = wgsl_u32s(words),
         map = wgsl_u32s(&i8_words(&map)),
         mask = (1u32 << bits) - 1,
     )
