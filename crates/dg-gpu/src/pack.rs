@@ -507,6 +507,29 @@ mod tests {
     }
 
     #[test]
+    fn an_iq_buffer_holds_its_grid_after_its_blocks() {
+        use dg_kernels::format::QuantFormat;
+        let q = QuantFormat::IQ1_S;
+        // 3 rows of 2 blocks (300 bytes, a whole number of words), any bytes.
+        let bytes: Vec<u8> = (0..300).map(|i| (i * 7 % 251) as u8).collect();
+        let t = StoredTensor::from_bytes(StoredDtype::IQ1_S, vec![3, 512], &bytes);
+        for order in [Order::RowMajor, Order::KPanels { rows: 3, cols: 512, panel: 256 }] {
+            let p = Packing::new(vec![&t], WeightFormat::Quantized(q), order);
+            assert_eq!(p.bytes(), 300 + 4 * q.table().len(), "{order:?}");
+            for piece in [4, 44, 1 << 20] {
+                let mut out = vec![0xAA; p.bytes()];
+                for (i, chunk) in out.chunks_mut(piece).enumerate() {
+                    p.fill(i * piece, chunk);
+                }
+                assert_eq!(&out[300..], bytemuck::cast_slice::<u32, u8>(q.table()), "{order:?}: pieces of {piece}");
+                if order == Order::RowMajor {
+                    assert_eq!(&out[..300], &bytes[..], "pieces of {piece}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn quantized_panels_across_parallel_tasks_equal_one_piece() {
         use dg_kernels::format::QuantFormat;
         // 72 rows of 64 Q8_0 blocks: 4608 blocks, more than one parallel task's; pieces that start
