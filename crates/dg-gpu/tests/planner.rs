@@ -654,6 +654,9 @@ fn translate(key: KernelKey, language: Language) -> Result<(naga::Module, String
     Ok((module, text))
 }
 
+/// Whether a kernel key reads its weights in a format.
+type KeyReads = fn(&KernelKey, WeightFormat) -> bool;
+
 /// Every ggml type's products (the first key of each product kernel reading it) translate with
 /// naga to SPIR-V, MSL and HLSL (the tensor-core ones to SPIR-V and MSL, the languages of the
 /// classes that have cooperative matrices), whether or not a golden plan holds the type: the IQ
@@ -665,7 +668,7 @@ fn every_quantized_type_translates_to_every_language() {
     let mut failures = Vec::new();
     for q in QuantFormat::ALL {
         let w = WeightFormat::Quantized(q);
-        let picks: [(&str, fn(&KernelKey, WeightFormat) -> bool); 4] = [
+        let picks: [(&str, KeyReads); 4] = [
             ("gemm", |k, w| matches!(k, KernelKey::Gemm { w: x, .. } if *x == w)),
             ("grouped gemm", |k, w| matches!(k, KernelKey::GroupedGemm { w: x, .. } if *x == w)),
             ("coop gemm", |k, w| matches!(k, KernelKey::CoopGemm(c) if c.w == w)),
