@@ -20,6 +20,7 @@
 //! vec4 unit built on its element loader ([`QuantFormat::coop_w`]).
 
 mod fp4;
+#[rustfmt::skip]
 mod grids;
 mod iq;
 mod k_quants;
