@@ -315,7 +315,7 @@ impl QuantFormat {
 /// (F16 in A's stage through `pin_h`, others as f32 words in the scratch) until it is staged
 /// (`coop_kloop.rs`).
 ///
-/// Every format has a unit of one vec4 ([`WeightFormat::coop_w`]); the 32-value ggml formats and
+/// Every format has a unit of one vec4 ([`WeightFormat::coop_w`]); Q8_0, Q5_0 and
 /// Q4_K also one of a whole 32-value run ([`WeightFormat::coop_w_run`]), which loads a block's
 /// scales once for 32 values instead of once per vec4.
 #[derive(Debug, Clone, PartialEq, Eq)]
