@@ -13,9 +13,40 @@
 //! tensor-core kernels stream as they stream F16 panels.
 
 use dg_kernels::WeightFormat;
-use dg_kernels::format::{MAX_GROUP_BYTES, PLANE_GROUP};
+use dg_kernels::format::{MAX_GROUP_BYTES, PLANE_GROUP, QuantFormat};
 use dg_model::{StoredDtype, StoredTensor};
 use rayon::prelude::*;
+
+/// The device format of `dtype`'s ggml blocks, which the kernels read as stored (every block
+/// type dg-model reads); `None` for the floating-point dtypes.
+pub fn quant_format(dtype: StoredDtype) -> Option<QuantFormat> {
+    use QuantFormat as Q;
+    use StoredDtype as S;
+    Some(match dtype {
+        S::F32 | S::F16 | S::BF16 => return None,
+        S::Q8_0 => Q::Q8_0,
+        S::Q5_0 => Q::Q5_0,
+        S::Q4_K => Q::Q4_K,
+        S::Q6_K => Q::Q6_K,
+        S::Q4_0 => Q::Q4_0,
+        S::Q4_1 => Q::Q4_1,
+        S::Q5_1 => Q::Q5_1,
+        S::Q2_K => Q::Q2_K,
+        S::Q3_K => Q::Q3_K,
+        S::Q5_K => Q::Q5_K,
+        S::IQ2_XXS => Q::IQ2_XXS,
+        S::IQ2_XS => Q::IQ2_XS,
+        S::IQ3_XXS => Q::IQ3_XXS,
+        S::IQ1_S => Q::IQ1_S,
+        S::IQ4_NL => Q::IQ4_NL,
+        S::IQ3_S => Q::IQ3_S,
+        S::IQ2_S => Q::IQ2_S,
+        S::IQ4_XS => Q::IQ4_XS,
+        S::IQ1_M => Q::IQ1_M,
+        S::MXFP4 => Q::MXFP4,
+        S::NVFP4 => Q::NVFP4,
+    })
+}
 
 /// Elements one parallel task converts (a multiple of every panel width).
 const TASK: usize = 1 << 16;
@@ -98,9 +129,23 @@ impl<'t, 'a> Packing<'t, 'a> {
         self.format.bytes()
     }
 
-    /// The buffer's size: every element (or block), padded to whole 4-byte words.
+    /// The buffer's size: every element (or block), padded to whole 4-byte words, then a
+    /// quantized type's table (`QuantFormat::table`: the IQ grids its loader reads from the end).
     pub fn bytes(&self) -> usize {
+        self.blocks_end() + 4 * self.table().len()
+    }
+
+    /// Where the elements and their padding end.
+    fn blocks_end(&self) -> usize {
         self.format.bytes_for(self.len()).expect("stored tensors hold whole blocks").next_multiple_of(4)
+    }
+
+    /// The words after the padded elements.
+    fn table(&self) -> &'static [u32] {
+        match self.format {
+            WeightFormat::Quantized(q) => q.table(),
+            _ => &[],
+        }
     }
 
     /// Whether a finite stored value has become ±∞ in the buffer's format so far (F16 holds at
@@ -114,7 +159,16 @@ impl<'t, 'a> Packing<'t, 'a> {
     /// the last element is zero.
     pub fn fill(&self, offset: usize, dst: &mut [u8]) {
         if self.format.is_quantized() {
-            return self.copy_blocks(offset, dst);
+            self.copy_blocks(offset, dst);
+            // The table over the zeros past the blocks.
+            let table: &[u8] = bytemuck::cast_slice(self.table());
+            let end = self.blocks_end();
+            for (i, b) in dst.iter_mut().enumerate().skip(end.saturating_sub(offset)) {
+                if let Some(&t) = table.get(offset + i - end) {
+                    *b = t;
+                }
+            }
+            return;
         }
         let size = self.element_bytes();
         assert!(offset.is_multiple_of(TASK * size), "pieces start at whole tasks");
@@ -433,6 +487,44 @@ mod tests {
                 }
                 assert_eq!(from_planes(q, &out), want, "{q:?}: pieces of {piece}");
                 assert_eq!(out != want, q.planes(), "{q:?}: in planes exactly where the format has them");
+            }
+        }
+    }
+
+    #[test]
+    fn every_block_dtype_maps_to_the_device_format_of_its_ggml_type() {
+        for dtype in StoredDtype::ALL {
+            match quant_format(dtype) {
+                Some(q) => {
+                    assert_eq!((q.name(), q.block_len(), q.block_bytes()), (dtype.name(), dtype.block_len(), dtype.block_bytes()));
+                }
+                None => assert!(!dtype.is_quantized(), "{dtype:?} has no device format"),
+            }
+        }
+        for q in QuantFormat::ALL {
+            assert!(StoredDtype::ALL.into_iter().any(|d| quant_format(d) == Some(q)), "no dtype stores {q:?}");
+        }
+    }
+
+    #[test]
+    fn an_iq_buffer_holds_its_grid_after_its_blocks() {
+        use dg_kernels::format::QuantFormat;
+        let q = QuantFormat::IQ1_S;
+        // 3 rows of 2 blocks (300 bytes, a whole number of words), any bytes.
+        let bytes: Vec<u8> = (0..300).map(|i| (i * 7 % 251) as u8).collect();
+        let t = StoredTensor::from_bytes(StoredDtype::IQ1_S, vec![3, 512], &bytes);
+        for order in [Order::RowMajor, Order::KPanels { rows: 3, cols: 512, panel: 256 }] {
+            let p = Packing::new(vec![&t], WeightFormat::Quantized(q), order);
+            assert_eq!(p.bytes(), 300 + 4 * q.table().len(), "{order:?}");
+            for piece in [4, 44, 1 << 20] {
+                let mut out = vec![0xAA; p.bytes()];
+                for (i, chunk) in out.chunks_mut(piece).enumerate() {
+                    p.fill(i * piece, chunk);
+                }
+                assert_eq!(&out[300..], bytemuck::cast_slice::<u32, u8>(q.table()), "{order:?}: pieces of {piece}");
+                if order == Order::RowMajor {
+                    assert_eq!(&out[..300], &bytes[..], "pieces of {piece}");
+                }
             }
         }
     }

@@ -20,8 +20,7 @@
 //! copy; every piece goes through one reused staging buffer ([`crate::staging`]).
 
 use dg_kernels::WeightFormat;
-use dg_kernels::format::QuantFormat;
-use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredDtype, StoredTensor, TensorSource, TextConfig};
+use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredTensor, TensorSource, TextConfig};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -122,15 +121,7 @@ pub struct UploadProgress {
 /// same one (a quantized checkpoint's matrices stay in their blocks); `None` otherwise, and the
 /// upload's format holds them (dequantized where they are quantized).
 fn stored_quantized(parts: &[&StoredTensor]) -> Option<WeightFormat> {
-    let quant = |d: StoredDtype| match d {
-        StoredDtype::Q8_0 => Some(QuantFormat::Q8_0),
-        StoredDtype::Q5_0 => Some(QuantFormat::Q5_0),
-        StoredDtype::Q4_K => Some(QuantFormat::Q4_K),
-        StoredDtype::Q6_K => Some(QuantFormat::Q6_K),
-        // The floating-point dtypes, and the block formats the GPU has no kernels for yet
-        // (uploaded dequantized).
-        _ => None,
-    };
+    let quant = crate::pack::quant_format;
     let first = quant(parts.first()?.dtype)?;
     parts.iter().all(|p| quant(p.dtype) == Some(first)).then_some(WeightFormat::Quantized(first))
 }
@@ -230,6 +221,16 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         }
     }
 
+    /// The bytes a binding of `format` holds for its elements: the weight binding's, less the
+    /// table a quantized type's buffer holds after its blocks (`QuantFormat::table`).
+    fn blocks_binding(&self, format: WeightFormat) -> u64 {
+        let table = match format {
+            WeightFormat::Quantized(q) => 4 * q.table().len() as u64,
+            _ => 0,
+        };
+        self.ctx.weight_binding() - table
+    }
+
     /// Bytes `elements` elements of `what` take in `format`.
     fn bytes_for(what: &str, format: WeightFormat, elements: usize) -> Result<u64, GpuError> {
         format
@@ -249,7 +250,7 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         let format = Self::panelled(format, layout);
         let rows = parts.iter().map(|p| p.len()).sum::<usize>() / k.max(1);
         let row_bytes = Self::bytes_for(label, format, k)?;
-        let cut = Parts::rows(label, rows, row_bytes, n, self.ctx.coop_matrix, self.ctx.weight_binding())?;
+        let cut = Parts::rows(label, rows, row_bytes, n, self.ctx.coop_matrix, self.blocks_binding(format))?;
         self.split_matrix(label, parts, (format, layout), k, 1, cut, n)
     }
 
@@ -289,7 +290,7 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         let format = stored_quantized(&[&stored]).unwrap_or(self.format);
         let layout = self.ctx.planner().experts_layout(format, n, k, self.format == WeightFormat::F16);
         let format = Self::panelled(format, layout);
-        let cut = Parts::experts(&t.name, e, Self::bytes_for(&t.name, format, n * k)?, self.ctx.weight_binding())?;
+        let cut = Parts::experts(&t.name, e, Self::bytes_for(&t.name, format, n * k)?, self.blocks_binding(format))?;
         self.split_matrix(&t.name, &[&stored], (format, layout), k, n, cut, n)
     }
 

@@ -654,6 +654,42 @@ fn translate(key: KernelKey, language: Language) -> Result<(naga::Module, String
     Ok((module, text))
 }
 
+/// Whether a kernel key reads its weights in a format.
+type KeyReads = fn(&KernelKey, WeightFormat) -> bool;
+
+/// Every ggml type's products (the first key of each product kernel reading it) translate with
+/// naga to SPIR-V, MSL and HLSL (the tensor-core ones to SPIR-V and MSL, the languages of the
+/// classes that have cooperative matrices), whether or not a golden plan holds the type: the IQ
+/// types' grids are module-scope constant arrays indexed at run time, which each backend must
+/// write.
+#[test]
+fn every_quantized_type_translates_to_every_language() {
+    let all = KernelKey::all();
+    let mut failures = Vec::new();
+    for q in QuantFormat::ALL {
+        let w = WeightFormat::Quantized(q);
+        let picks: [(&str, KeyReads); 4] = [
+            ("gemm", |k, w| matches!(k, KernelKey::Gemm { w: x, .. } if *x == w)),
+            ("grouped gemm", |k, w| matches!(k, KernelKey::GroupedGemm { w: x, .. } if *x == w)),
+            ("coop gemm", |k, w| matches!(k, KernelKey::CoopGemm(c) if c.w == w)),
+            ("coop grouped gemm", |k, w| matches!(k, KernelKey::CoopGroupedGemm { w: x, .. } if *x == w)),
+        ];
+        for (what, pick) in picks {
+            let key = *all.iter().find(|k| pick(k, w)).unwrap_or_else(|| panic!("no {what} key reads {q:?}"));
+            let languages: &[Language] = match key.needs_cooperative_matrices() {
+                true => &[Language::SpirV, Language::Msl],
+                false => &[Language::SpirV, Language::Msl, Language::Hlsl],
+            };
+            for &language in languages {
+                if let Err(e) = translate(key, language) {
+                    failures.push(format!("{q:?} {what} to {language:?}: {e}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} problems:\n{}", failures.len(), failures.join("\n"));
+}
+
 /// Every kernel of every adapter class's golden plan translates to that class's shading
 /// languages with naga, fits its workgroup memory and invocation limits, and needs no feature it
 /// lacks (cooperative matrices, f16): "any GPU", checked where we have no such GPU.

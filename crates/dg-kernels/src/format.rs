@@ -6,11 +6,25 @@
 //! Kernels call the fragments' functions and declare their bindings over the fragments' word
 //! types; they are never rewritten per format.
 //!
-//! The quantized formats ([`QuantFormat`]: ggml's Q8_0, Q5_0, Q4_K, Q6_K) hold a GGUF tensor's
-//! blocks as stored, concatenated and padded to a whole word; their loaders dequantize the one
-//! element asked for with ggml's `dequantize_row_*` arithmetic (so a value may differ from the
-//! host's by the rounding of one fused multiply-add).
+//! The quantized formats ([`QuantFormat`]: ggml's block types, [`QuantFormat::ALL`]) hold a GGUF
+//! tensor's blocks as stored, concatenated and padded to a whole word; their loaders dequantize
+//! the one element asked for with ggml's `dequantize_row_*` arithmetic (so a value may differ from
+//! the host's by the rounding of one fused multiply-add). Q8_0, Q5_0, Q4_K and Q6_K are written
+//! here; the other types' loaders in `legacy.rs` (Q4_0, Q4_1, Q5_1), `k_quants.rs` (Q2_K, Q3_K,
+//! Q5_K), `iq.rs` (the IQ types, their grids in `grids.rs`) and `fp4.rs` (MXFP4, NVFP4). Blocks
+//! need not be 4-byte aligned (MXFP4's are 17 bytes): the loaders read bytes, and f16, u16 and
+//! u32 fields at even offsets, through the readers of [`WeightFormat::operand`].
+//!
+//! On the tensor cores ([`WeightFormat::coop_w`]) Q8_0, Q5_0, Q4_K and Q6_K have their own vec4
+//! units (and the first three run units and K-panel planes); every other type takes the generic
+//! vec4 unit built on its element loader ([`QuantFormat::coop_w`]).
 
+mod fp4;
+#[rustfmt::skip]
+mod grids;
+mod iq;
+mod k_quants;
+mod legacy;
 mod planes;
 
 pub use planes::{MAX_GROUP_BYTES, PLANE_GROUP};
@@ -52,24 +66,105 @@ pub enum QuantFormat {
     /// `block_q6_K`: 128 bytes of low nibbles, 64 of high bit pairs, 16 i8 scales, an f16 `d`;
     /// `x = d·sc·(q − 32)` per 16-value sub-block.
     Q6_K,
+    /// `block_q4_0`: an f16 `d`, 16 bytes of nibbles; `x = (q − 8)·d`.
+    Q4_0,
+    /// `block_q4_1`: f16 `d` and `m`, 16 bytes of nibbles; `x = d·q + m`.
+    Q4_1,
+    /// `block_q5_1`: f16 `d` and `m`, 32 high bits, 16 bytes of nibbles; `x = d·q + m`.
+    Q5_1,
+    /// `block_q2_K`: 16 bytes of 4-bit scales and mins, 64 of 2-bit quants, f16 `d`, `dmin`;
+    /// `x = d·sc·q − dmin·m` per 16 values.
+    Q2_K,
+    /// `block_q3_K`: 32 bytes of high bits, 64 of 2-bit quants, 12 of 6-bit scales, an f16 `d`;
+    /// `x = d·(sc − 32)·q` per 16 values, q in −4..4.
+    Q3_K,
+    /// `block_q5_K`: Q4_K's header, 32 bytes of high bits, 128 of nibbles; `x = d·sc·q − dmin·m`.
+    Q5_K,
+    /// `block_iq2_xxs`: an f16 `d`, per 32 values 4 grid rows, 4 sign indices and a scale.
+    IQ2_XXS,
+    /// `block_iq2_xs`: an f16 `d`, a u16 (grid row, sign index) per 8 values, 4-bit scales.
+    IQ2_XS,
+    /// `block_iq3_xxs`: an f16 `d`, a grid row per 4 values, per 32 a u32 of signs and scale.
+    IQ3_XXS,
+    /// `block_iq1_s`: an f16 `d`, 11-bit grid rows per 8 values, a scale and delta per 32.
+    IQ1_S,
+    /// `block_iq4_nl`: an f16 `d`, 16 bytes of nibbles indexing `kvalues_iq4nl`.
+    IQ4_NL,
+    /// `block_iq3_s`: an f16 `d`, 9-bit grid rows per 4 values, sign bits, 4-bit scales.
+    IQ3_S,
+    /// `block_iq2_s`: an f16 `d`, 10-bit grid rows per 8 values, sign bits, 4-bit scales.
+    IQ2_S,
+    /// `block_iq4_xs`: an f16 `d`, 6-bit scales per 32 values, nibbles indexing `kvalues_iq4nl`.
+    IQ4_XS,
+    /// `block_iq1_m`: IQ1_S's grid rows and deltas, 3-bit scales per 16 values holding `d`.
+    IQ1_M,
+    /// `block_mxfp4`: an E8M0 scale, 16 bytes of E2M1 nibbles.
+    MXFP4,
+    /// `block_nvfp4`: 64 values, a UE4M3 scale per 16, 32 bytes of E2M1 nibbles.
+    NVFP4,
 }
 
 impl QuantFormat {
-    pub const ALL: [QuantFormat; 4] = [QuantFormat::Q8_0, QuantFormat::Q5_0, QuantFormat::Q4_K, QuantFormat::Q6_K];
+    /// Every type: the four dg's quantizer writes, then the others in ggml's type-id order.
+    pub const ALL: [QuantFormat; 21] = [
+        QuantFormat::Q8_0,
+        QuantFormat::Q5_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q5_1,
+        QuantFormat::Q2_K,
+        QuantFormat::Q3_K,
+        QuantFormat::Q5_K,
+        QuantFormat::IQ2_XXS,
+        QuantFormat::IQ2_XS,
+        QuantFormat::IQ3_XXS,
+        QuantFormat::IQ1_S,
+        QuantFormat::IQ4_NL,
+        QuantFormat::IQ3_S,
+        QuantFormat::IQ2_S,
+        QuantFormat::IQ4_XS,
+        QuantFormat::IQ1_M,
+        QuantFormat::MXFP4,
+        QuantFormat::NVFP4,
+    ];
 
+    /// Values in a block (ggml's `QK*`).
     pub const fn block_len(self) -> usize {
+        use QuantFormat as Q;
         match self {
-            QuantFormat::Q8_0 | QuantFormat::Q5_0 => 32,
-            QuantFormat::Q4_K | QuantFormat::Q6_K => 256,
+            Q::Q8_0 | Q::Q5_0 | Q::Q4_0 | Q::Q4_1 | Q::Q5_1 | Q::IQ4_NL | Q::MXFP4 => 32,
+            Q::NVFP4 => 64,
+            Q::Q4_K | Q::Q6_K | Q::Q2_K | Q::Q3_K | Q::Q5_K => 256,
+            Q::IQ2_XXS | Q::IQ2_XS | Q::IQ3_XXS | Q::IQ1_S | Q::IQ3_S | Q::IQ2_S | Q::IQ4_XS | Q::IQ1_M => 256,
         }
     }
 
+    /// Bytes of a block (`sizeof(block_*)`).
     pub const fn block_bytes(self) -> usize {
         match self {
             QuantFormat::Q8_0 => 34,
             QuantFormat::Q5_0 => 22,
             QuantFormat::Q4_K => 144,
             QuantFormat::Q6_K => 210,
+            QuantFormat::Q4_0 => 18,
+            QuantFormat::Q4_1 => 20,
+            QuantFormat::Q5_1 => 24,
+            QuantFormat::Q2_K => 84,
+            QuantFormat::Q3_K => 110,
+            QuantFormat::Q5_K => 176,
+            QuantFormat::IQ2_XXS => 66,
+            QuantFormat::IQ2_XS => 74,
+            QuantFormat::IQ3_XXS => 98,
+            QuantFormat::IQ1_S => 50,
+            QuantFormat::IQ4_NL => 18,
+            QuantFormat::IQ3_S => 110,
+            QuantFormat::IQ2_S => 82,
+            QuantFormat::IQ4_XS => 136,
+            QuantFormat::IQ1_M => 56,
+            QuantFormat::MXFP4 => 17,
+            QuantFormat::NVFP4 => 36,
         }
     }
 
@@ -80,13 +175,87 @@ impl QuantFormat {
             QuantFormat::Q5_0 => "Q5_0",
             QuantFormat::Q4_K => "Q4_K",
             QuantFormat::Q6_K => "Q6_K",
+            QuantFormat::Q4_0 => "Q4_0",
+            QuantFormat::Q4_1 => "Q4_1",
+            QuantFormat::Q5_1 => "Q5_1",
+            QuantFormat::Q2_K => "Q2_K",
+            QuantFormat::Q3_K => "Q3_K",
+            QuantFormat::Q5_K => "Q5_K",
+            QuantFormat::IQ2_XXS => "IQ2_XXS",
+            QuantFormat::IQ2_XS => "IQ2_XS",
+            QuantFormat::IQ3_XXS => "IQ3_XXS",
+            QuantFormat::IQ1_S => "IQ1_S",
+            QuantFormat::IQ4_NL => "IQ4_NL",
+            QuantFormat::IQ3_S => "IQ3_S",
+            QuantFormat::IQ2_S => "IQ2_S",
+            QuantFormat::IQ4_XS => "IQ4_XS",
+            QuantFormat::IQ1_M => "IQ1_M",
+            QuantFormat::MXFP4 => "MXFP4",
+            QuantFormat::NVFP4 => "NVFP4",
+        }
+    }
+
+    /// Suffix of the name of a kernel variant reading this type (`_q8_0`, `_iq2_xxs`, ...).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            QuantFormat::Q8_0 => "_q8_0",
+            QuantFormat::Q5_0 => "_q5_0",
+            QuantFormat::Q4_K => "_q4_k",
+            QuantFormat::Q6_K => "_q6_k",
+            QuantFormat::Q4_0 => "_q4_0",
+            QuantFormat::Q4_1 => "_q4_1",
+            QuantFormat::Q5_1 => "_q5_1",
+            QuantFormat::Q2_K => "_q2_k",
+            QuantFormat::Q3_K => "_q3_k",
+            QuantFormat::Q5_K => "_q5_k",
+            QuantFormat::IQ2_XXS => "_iq2_xxs",
+            QuantFormat::IQ2_XS => "_iq2_xs",
+            QuantFormat::IQ3_XXS => "_iq3_xxs",
+            QuantFormat::IQ1_S => "_iq1_s",
+            QuantFormat::IQ4_NL => "_iq4_nl",
+            QuantFormat::IQ3_S => "_iq3_s",
+            QuantFormat::IQ2_S => "_iq2_s",
+            QuantFormat::IQ4_XS => "_iq4_xs",
+            QuantFormat::IQ1_M => "_iq1_m",
+            QuantFormat::MXFP4 => "_mxfp4",
+            QuantFormat::NVFP4 => "_nvfp4",
+        }
+    }
+
+    /// The words a device buffer of this type holds after its blocks (and their padding to a
+    /// whole word), which its loader reads from the end of the binding: the IQ types' grids
+    /// (`iq.rs`); none for the others.
+    pub fn table(self) -> &'static [u32] {
+        iq::table(self)
+    }
+
+    /// Whether the loader reads u16 and u32 fields (`u16_NAME`, `u32_NAME`): every type but the
+    /// four written here, whose kernels stay without the readers.
+    const fn needs_wide_readers(self) -> bool {
+        !matches!(self, QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q4_K | QuantFormat::Q6_K)
+    }
+
+    /// Module-scope WGSL the loader of this type calls (tables and helpers, `NAME` the operand's
+    /// name): empty for the types without any.
+    fn decls(self) -> String {
+        use QuantFormat as Q;
+        match self {
+            Q::MXFP4 | Q::NVFP4 => fp4::decls(self).to_string(),
+            Q::IQ2_XXS | Q::IQ2_XS | Q::IQ3_XXS | Q::IQ1_S | Q::IQ4_NL | Q::IQ3_S | Q::IQ2_S | Q::IQ4_XS | Q::IQ1_M => iq::decls(self),
+            _ => String::new(),
         }
     }
 
     /// The body of `fn load_{name}(i: u32) -> f32` over the block bytes in `{name}` (u32 words),
-    /// with the byte and f16 readers `byte_{name}`, `f16_{name}` in scope.
+    /// with the readers `byte_{name}`, `f16_{name}`, `u16_{name}`, `u32_{name}`, `i8_{name}` and
+    /// the type's [`Self::decls`] in scope.
     fn load_body(self) -> &'static str {
+        use QuantFormat as Q;
         match self {
+            Q::Q4_0 | Q::Q4_1 | Q::Q5_1 => legacy::load_body(self),
+            Q::Q2_K | Q::Q3_K | Q::Q5_K => k_quants::load_body(self),
+            Q::MXFP4 | Q::NVFP4 => fp4::load_body(self),
+            Q::IQ2_XXS | Q::IQ2_XS | Q::IQ3_XXS | Q::IQ1_S | Q::IQ4_NL | Q::IQ3_S | Q::IQ2_S | Q::IQ4_XS | Q::IQ1_M => iq::load_body(self),
             QuantFormat::Q8_0 => {
                 "let at = (i / 32u) * 34u;
     return f32(i8_NAME(byte_NAME(at + 2u + i % 32u))) * f16_NAME(at);"
@@ -146,7 +315,7 @@ impl QuantFormat {
 /// (F16 in A's stage through `pin_h`, others as f32 words in the scratch) until it is staged
 /// (`coop_kloop.rs`).
 ///
-/// Every format has a unit of one vec4 ([`WeightFormat::coop_w`]); the 32-value ggml formats and
+/// Every format has a unit of one vec4 ([`WeightFormat::coop_w`]); Q8_0, Q5_0 and
 /// Q4_K also one of a whole 32-value run ([`WeightFormat::coop_w_run`]), which loads a block's
 /// scales once for 32 values instead of once per vec4.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -230,7 +399,7 @@ impl QuantFormat {
     /// loader) and rounds to f16. A vec4 never straddles a block (blocks are multiples of 4
     /// values). Blocks of 34, 22 and 210 bytes start 2-byte aligned in every other block: those
     /// formats load the two words around an unaligned run and the tag's bit 0 says which half
-    /// it starts in.
+    /// it starts in. Every other type takes [`generic_unit`].
     fn coop_w(self) -> CoopW {
         match self {
             // Block b at byte 34b: d in half (b & 1) of its word, the 4 quants from byte
@@ -358,8 +527,28 @@ fn fetch_w(v: u32) -> QW {
 ",
                 "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(vec4<u32>(v.ql.x ^ v.ql.y, v.qh.x ^ v.qh.y, v.sd.x ^ v.sd.y, v.tag)));\n}\n",
             ),
+            q => generic_unit(q),
         }
     }
+}
+
+/// The one-vec4 W unit of any type, built on its element loader ([`WeightFormat::operand`]'s
+/// `load_w` over the binding `w`): `fetch_w` dequantizes the vec4's four values (its loads and
+/// ggml's arithmetic in f32, the portable kernels' own), `w16` rounds them to f16, and the pin
+/// parks the four f32. Block-agnostic, so it reads blocks row-major and in K panels alike.
+fn generic_unit(q: QuantFormat) -> CoopW {
+    let loader = WeightFormat::Quantized(q).operand("w");
+    vec4_unit(
+        "u32",
+        "vec4<f32>",
+        "fn fetch_w(v: u32) -> vec4<f32> {
+    let i = 4u * v;
+    return vec4<f32>(load_w(i), load_w(i + 1u), load_w(i + 2u), load_w(i + 3u));
+}
+",
+        &format!("{loader}fn w16(x: vec4<f32>) -> vec4<f16> {{\n    return vec4<f16>(x);\n}}\n"),
+        "fn pin_w(l: u32, v: vec4<f32>) {\n    pin_f(l, v);\n}\n",
+    )
 }
 
 impl QuantFormat {
@@ -462,7 +651,7 @@ fn fetch_w(v: u32) -> QR {
                 ),
                 pin_w: "fn pin_w(l: u32, v: QR) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ v.q0 ^ v.q1 ^ vec4<u32>(v.j, 0u, 0u, 0u)));\n}\n",
             },
-            QuantFormat::Q6_K => return None,
+            _ => return None,
         })
     }
 }
@@ -472,15 +661,16 @@ impl WeightFormat {
     pub const ELEMENTS: [WeightFormat; 3] = [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16];
 
     /// Every format, the quantized ones included.
-    pub const ALL: [WeightFormat; 7] = [
-        WeightFormat::F32,
-        WeightFormat::Bf16,
-        WeightFormat::F16,
-        WeightFormat::Quantized(QuantFormat::Q8_0),
-        WeightFormat::Quantized(QuantFormat::Q5_0),
-        WeightFormat::Quantized(QuantFormat::Q4_K),
-        WeightFormat::Quantized(QuantFormat::Q6_K),
-    ];
+    pub const ALL: [WeightFormat; 3 + QuantFormat::ALL.len()] = {
+        let mut all = [WeightFormat::F32; 3 + QuantFormat::ALL.len()];
+        (all[1], all[2]) = (WeightFormat::Bf16, WeightFormat::F16);
+        let mut i = 0;
+        while i < QuantFormat::ALL.len() {
+            all[3 + i] = WeightFormat::Quantized(QuantFormat::ALL[i]);
+            i += 1;
+        }
+        all
+    };
 
     /// Bytes per element of an element format.
     ///
@@ -517,16 +707,13 @@ impl WeightFormat {
     }
 
     /// Suffix of the name of a kernel variant that reads its weights in this format: none for
-    /// f32 (the original names), `_bf16`, `_f16`.
+    /// f32 (the original names), `_bf16`, `_f16`, `_q8_0` ([`QuantFormat::suffix`]).
     pub fn suffix(self) -> &'static str {
         match self {
             WeightFormat::F32 => "",
             WeightFormat::Bf16 => "_bf16",
             WeightFormat::F16 => "_f16",
-            WeightFormat::Quantized(QuantFormat::Q8_0) => "_q8_0",
-            WeightFormat::Quantized(QuantFormat::Q5_0) => "_q5_0",
-            WeightFormat::Quantized(QuantFormat::Q4_K) => "_q4_k",
-            WeightFormat::Quantized(QuantFormat::Q6_K) => "_q6_k",
+            WeightFormat::Quantized(q) => q.suffix(),
         }
     }
 
@@ -577,11 +764,20 @@ impl WeightFormat {
                      fn byte_{name}(at: u32) -> u32 {{\n    return ({name}[at >> 2u] >> ((at & 3u) * 8u)) & 255u;\n}}\n\
                      fn f16_{name}(at: u32) -> f32 {{\n    return unpack2x16float({name}[at >> 2u])[(at >> 1u) & 1u];\n}}\n\
                      // A byte as the i8 it stores.\n\
-                     fn i8_{name}(b: u32) -> i32 {{\n    return bitcast<i32>(b << 24u) >> 24u;\n}}\n\n"
+                     fn i8_{name}(b: u32) -> i32 {{\n    return bitcast<i32>(b << 24u) >> 24u;\n}}\n{}\n",
+                    match q.needs_wide_readers() {
+                        true => format!(
+                            "// The u16 at the even byte `at`, and the u32 of the two u16 from it.\n\
+                             fn u16_{name}(at: u32) -> u32 {{\n    return ({name}[at >> 2u] >> ((at & 2u) * 8u)) & 0xffffu;\n}}\n\
+                             fn u32_{name}(at: u32) -> u32 {{\n    return u16_{name}(at) | (u16_{name}(at + 2u) << 16u);\n}}\n"
+                        ),
+                        false => String::new(),
+                    }
                 );
+                let decls = q.decls().replace("NAME", name);
                 let body = q.load_body().replace("NAME", name);
                 return format!(
-                    "alias {name}_word = u32;\n\n{readers}// Element i of the {} operand `{name}` (ggml's dequantization).\nfn load_{name}(i: u32) -> f32 {{\n    {body}\n}}\n",
+                    "alias {name}_word = u32;\n\n{readers}{decls}// Element i of the {} operand `{name}` (ggml's dequantization).\nfn load_{name}(i: u32) -> f32 {{\n    {body}\n}}\n",
                     q.name()
                 );
             }

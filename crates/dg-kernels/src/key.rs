@@ -213,7 +213,7 @@ impl KernelKey {
     /// every prefetch depth, with every W path, format, layout and A format its kernel takes.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey as K;
-        const FORMATS: [WeightFormat; 7] = WeightFormat::ALL;
+        const FORMATS: [WeightFormat; WeightFormat::ALL.len()] = WeightFormat::ALL;
         const PATHS: [WPath; 3] = [WPath::Staged, WPath::Direct, WPath::Single];
         const A_FORMATS: [AFormat; 2] = [AFormat::F32, AFormat::F16];
         const LAYOUTS: [BLayout; 3] = [BLayout::Nk, BLayout::Kn, BLayout::NkPanels];

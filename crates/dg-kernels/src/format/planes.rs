@@ -10,7 +10,7 @@
 //! by side, then their high bits, then their scales. A subgroup's load of a plane then reads
 //! contiguous bytes, a run is 2 or 3 aligned 16-byte loads, and the scales of a group share one
 //! 16-byte word. The group's size is the blocks' (34·8 = 272, 22·8 = 176, 144·8 = 1152 bytes),
-//! so a matrix takes the bytes it takes in ggml's order. Q6_K keeps ggml's order.
+//! so a matrix takes the bytes it takes in ggml's order. Q6_K and the other types keep ggml's order.
 //!
 //! A group of blocks `r = 0..8`, in 16-byte words:
 //! - Q8_0 (17 words): `r` quants 0..16 of block r, `8 + r` quants 16..32, `16` the 8 scales `d`
@@ -32,10 +32,10 @@ pub const PLANE_GROUP: usize = 8;
 pub const MAX_GROUP_BYTES: usize = PLANE_GROUP * QuantFormat::Q6_K.block_bytes();
 
 impl QuantFormat {
-    /// Whether this format's blocks are stored in planes when in K panels (Q8_0, Q5_0, Q4_K; Q6_K
-    /// keeps ggml's order).
+    /// Whether this format's blocks are stored in planes when in K panels (Q8_0, Q5_0, Q4_K; the
+    /// others keep ggml's order).
     pub const fn planes(self) -> bool {
-        !matches!(self, QuantFormat::Q6_K)
+        matches!(self, QuantFormat::Q8_0 | QuantFormat::Q5_0 | QuantFormat::Q4_K)
     }
 
     /// Rearranges one group of [`PLANE_GROUP`] blocks as ggml stores them (`ggml`) into planes
@@ -55,11 +55,12 @@ impl QuantFormat {
         assert!(src.len() == PLANE_GROUP * bytes && dst.len() == src.len(), "a group is {PLANE_GROUP} {} blocks", self.name());
         // Each moved range of block r: (ggml offset in the block, planes offset of block 0 in the
         // group, planes bytes between blocks, length).
+        let whole = [(0, 0, bytes, bytes)];
         let ranges: &[(usize, usize, usize, usize)] = match self {
             QuantFormat::Q8_0 => &[(2, 0, 16, 16), (18, 128, 16, 16), (0, 256, 2, 2)],
             QuantFormat::Q5_0 => &[(6, 0, 16, 16), (2, 128, 4, 4), (0, 160, 2, 2)],
             QuantFormat::Q4_K => &[(0, 0, 16, 16)],
-            QuantFormat::Q6_K => &[(0, 0, 210, 210)],
+            _ => &whole,
         };
         for r in 0..PLANE_GROUP {
             let block = r * bytes;
@@ -163,7 +164,7 @@ fn fetch_w(v: u32) -> QW {
                 ),
                 "fn pin_w(l: u32, v: QW) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ vec4<u32>(v.q, v.j, 0u, 0u)));\n}\n",
             ),
-            QuantFormat::Q6_K => self.coop_w(),
+            _ => self.coop_w(),
         }
     }
 
@@ -235,7 +236,7 @@ fn fetch_w(v: u32) -> QR {
                 put: run_put("QR", 8, "    let dm = q4k_scales(x.head, x.j);\n", |k| format!("q4k_vec4({}, dm)", vec4("x.q", k))),
                 pin_w: "fn pin_w(l: u32, v: QR) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ v.q ^ vec4<u32>(v.j, 0u, 0u, 0u)));\n}\n",
             },
-            QuantFormat::Q6_K => return None,
+            _ => return None,
         })
     }
 
@@ -310,7 +311,7 @@ fn fetch_w(v: u32) -> QH {
                 }),
                 pin_w: "fn pin_w(l: u32, v: QH) {\n    pin_f(l, bitcast<vec4<f32>>(v.head ^ v.q ^ vec4<u32>(v.j, 0u, 0u, 0u)));\n}\n",
             },
-            QuantFormat::Q6_K => return None,
+            _ => return None,
         })
     }
 }

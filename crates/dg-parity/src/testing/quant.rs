@@ -13,29 +13,77 @@ use dg_model::StoredDtype;
 
 use super::{guarded_output, read_guarded};
 
-/// The checkpoint dtype that stores `q`'s blocks.
+/// The checkpoint dtype that stores `q`'s blocks (the inverse of the upload's
+/// `dg_gpu::pack::quant_format`).
 pub fn dtype(q: QuantFormat) -> StoredDtype {
-    match q {
-        QuantFormat::Q8_0 => StoredDtype::Q8_0,
-        QuantFormat::Q5_0 => StoredDtype::Q5_0,
-        QuantFormat::Q4_K => StoredDtype::Q4_K,
-        QuantFormat::Q6_K => StoredDtype::Q6_K,
-    }
+    StoredDtype::ALL.into_iter().find(|&d| dg_gpu::pack::quant_format(d) == Some(q)).expect("every device format has its dtype")
 }
 
-/// `values` quantized to `q`: the blocks as u32 words (zero-padded to a whole word) and their
-/// dequantization.
+/// `values` quantized to `q`: the blocks as the device holds them in u32 words ([`words`]) and
+/// their dequantization.
 pub fn blocks(q: QuantFormat, values: &[f32]) -> (Vec<u32>, Vec<f32>) {
-    let mut bytes = dg_model::quantize(dtype(q), values).expect("quantizing test weights");
+    let bytes = dg_model::quantize(dtype(q), values).expect("quantizing test weights");
     let deq = dg_model::dequantize_bytes(dtype(q), &bytes).expect("dequantizing test weights");
-    bytes.resize(bytes.len().next_multiple_of(4), 0);
-    (bytemuck::pod_collect_to_vec(&bytes), deq)
+    (words(q, bytes), deq)
 }
 
-/// `words` (the blocks of [`blocks`]) of matrices of `[rows, cols]` one after the other, in K
+/// Blocks of `q` as a row-major device buffer holds them (`dg_gpu::pack`): zero-padded to a
+/// whole word, then the type's table (`QuantFormat::table`).
+fn words(q: QuantFormat, mut bytes: Vec<u8>) -> Vec<u32> {
+    bytes.resize(bytes.len().next_multiple_of(4), 0);
+    let mut words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+    words.extend_from_slice(q.table());
+    words
+}
+
+/// `n` blocks of `q` of random bytes (seeded by `seed`) with sane scales, as the device holds
+/// them in u32 words ([`words`]), and their host dequantization (`dg_model::dequantize_bytes`,
+/// bit for bit with gguf-py): for the types dg does not quantize to. Every f16 scale field (`d`,
+/// and `dmin` or `m`) becomes a normal f16 of either sign in 2⁻¹² .. 2⁻⁴ (products far from f32's
+/// subnormals, which a device may flush), as does IQ1_M's `d` spread over the top nibbles of its
+/// scales; MXFP4's E8M0 scale is 2⁻¹² .. 2³; NVFP4's UE4M3 scales stay random (all finite).
+pub fn random_blocks(q: QuantFormat, n: usize, seed: u64) -> (Vec<u32>, Vec<f32>) {
+    let size = q.block_bytes();
+    let mut bytes: Vec<u8> = super::seeded(n * size, seed, 1.0).iter().map(|&x| ((x + 1.0) * 128.0) as u8).collect();
+    let mut sane = super::seeded(n * 8, seed ^ 0x5ca1e, 1.0).into_iter().map(|x| {
+        let magnitude = 2f32.powf(-12.0 + 8.0 * x.abs());
+        half::f16::from_f32(if x < 0.0 { -magnitude } else { magnitude }).to_bits()
+    });
+    // The byte offsets of the f16 scale fields (ggml-common.h).
+    let fields: &[usize] = match q {
+        QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q5_K | QuantFormat::Q4_K => &[0, 2],
+        QuantFormat::Q2_K => &[80, 82],
+        QuantFormat::Q3_K => &[108],
+        QuantFormat::Q6_K => &[208],
+        QuantFormat::IQ1_M | QuantFormat::MXFP4 | QuantFormat::NVFP4 => &[],
+        _ => &[0],
+    };
+    for block in bytes.chunks_exact_mut(size) {
+        for &at in fields {
+            block[at..at + 2].copy_from_slice(&sane.next().unwrap().to_le_bytes());
+        }
+        match q {
+            QuantFormat::IQ1_M => {
+                let d = sane.next().unwrap();
+                for k in 0..4 {
+                    let at = 48 + 2 * k;
+                    let nibble = ((d >> (4 * k)) & 15) as u8;
+                    block[at + 1] = (block[at + 1] & 0x0f) | (nibble << 4);
+                }
+            }
+            QuantFormat::MXFP4 => block[0] = 116 + (block[0] % 16),
+            _ => {}
+        }
+    }
+    let deq = dg_model::dequantize_bytes(dtype(q), &bytes).expect("dequantizing test blocks");
+    assert!(deq.iter().all(|v| v.is_finite()), "{}: test blocks dequantize to finite values", q.name());
+    (words(q, bytes), deq)
+}
+
+/// `words` (the blocks of [`blocks`] or [`random_blocks`]) of matrices of `[rows, cols]` one after the other, in K
 /// panels one block wide as the upload stores them for the tensor cores (`dg_gpu::pack`).
 pub fn panelled(q: QuantFormat, words: &[u32], rows: usize, cols: usize) -> Vec<u32> {
-    let values = words.len() * 4 / q.block_bytes() * q.block_len();
+    let values = (words.len() - q.table().len()) * 4 / q.block_bytes() * q.block_len();
     let bytes = &bytemuck::cast_slice::<u32, u8>(words)[..values / q.block_len() * q.block_bytes()];
     let stored = dg_model::StoredTensor::from_bytes(dtype(q), vec![values / cols, cols], bytes);
     let order = Order::KPanels { rows, cols, panel: q.block_len() };
