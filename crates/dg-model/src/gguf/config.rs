@@ -184,7 +184,7 @@ impl GgufFile {
         });
         match self.float(&k("final_logit_softcapping"))? {
             None => {} // config.json's class default, as llama.cpp's
-            Some(cap) if cap == 0.0 => text["final_logit_softcapping"] = Value::Null,
+            Some(0.0) => text["final_logit_softcapping"] = Value::Null,
             Some(cap) => text["final_logit_softcapping"] = json!(cap),
         }
         let config = json!({ "model_type": "diffusion_gemma", "canvas_length": canvas, "eos_token_id": eos, "text_config": text });
