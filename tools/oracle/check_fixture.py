@@ -5,6 +5,9 @@ Usage:
     python tools/oracle/check_fixture.py fixtures/*                 format only (no model run)
     python tools/oracle/check_fixture.py --recompute fixtures/early-stop-eos
 
+A ``model.gguf`` with no config.json beside it (a converter's file, which carries its own metadata) is
+checked against the HF directory it was made from, ``hf/`` beside it (``config_dir``).
+
 The format check reads reference.json and reference.safetensors and checks names, dtypes, shapes and
 the draw structure. ``--recompute`` loads the checkpoint with transformers (f32, eager; a ``model.gguf``
 dequantized by gguf-py), recomputes the
@@ -37,16 +40,29 @@ GENERATION_KEYS = {
     "stability_threshold", "confidence_threshold", "eos_token_id", "pad_token_id",
 }
 NORMWISE_TOLERANCE = 1e-5
+# Where a GGUF fixture with nothing beside it keeps the HF directory it was converted from.
+SOURCE_DIR = "hf"
+
+
+def config_dir(directory: Path) -> Path:
+    """The directory of the fixture's config.json and generation_config.json: the fixture itself, or
+    for a lone ``model.gguf`` the HF directory it was converted from (``SOURCE_DIR``)."""
+    if not (directory / "config.json").is_file() and (directory / "model.gguf").is_file():
+        return directory / SOURCE_DIR
+    return directory
 
 
 def check_format(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """Assert the reference files of ``directory`` follow reference-format.md; return them."""
-    for name in ("config.json", "generation_config.json", "reference.json", "reference.safetensors"):
+    configs = config_dir(directory)
+    for path in (configs / "config.json", configs / "generation_config.json"):
+        assert path.is_file(), f"missing {path}"
+    for name in ("reference.json", "reference.safetensors"):
         assert (directory / name).is_file(), f"missing {name}"
     assert any((directory / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json", "model.gguf"))
     meta = json.loads((directory / "reference.json").read_text())
     tensors = load_file(str(directory / "reference.safetensors"))
-    config = json.loads((directory / "config.json").read_text())
+    config = json.loads((configs / "config.json").read_text())
     vocab = config["text_config"]["vocab_size"]
 
     canvas_len, prompt_len = meta["canvas_length"], meta["block2_position_start"]
@@ -91,7 +107,7 @@ def recompute(directory: Path, meta: dict, tensors: dict[str, torch.Tensor]) -> 
     if (directory / "model.gguf").is_file():
         import gguf_fixture  # needs the gguf package
 
-        model = gguf_fixture.load_model(directory)
+        model = gguf_fixture.load_model(directory, config_dir(directory))
     else:
         model = mb.load_model(str(directory))
     prompt = tensors["prompt_ids"]

@@ -238,13 +238,14 @@ def load_values(model: torch.nn.Module, tensors: dict[str, tuple[Q, np.ndarray, 
     return problems
 
 
-def load_model(directory: Path) -> torch.nn.Module:
-    """The model of a GGUF fixture directory: config.json's geometry, gguf-py's dequantization of model.gguf."""
+def load_model(directory: Path, configs: Path | None = None) -> torch.nn.Module:
+    """The model of a GGUF fixture directory: config.json's geometry (from ``configs``, by default the
+    directory itself), gguf-py's dequantization of model.gguf."""
     from transformers import DiffusionGemmaConfig
 
     import model_builder as mb
 
-    model = mb.construct_model(DiffusionGemmaConfig.from_pretrained(str(directory)))
+    model = mb.construct_model(DiffusionGemmaConfig.from_pretrained(str(configs or directory)))
     tensors = read_dequantized(directory / "model.gguf")
     state = model.state_dict()
     written = set()
@@ -264,6 +265,23 @@ def type_counts(tensors: dict[str, tuple[Q, np.ndarray, np.ndarray]]) -> dict[st
     for qtype, _, _ in tensors.values():
         counts[qtype.name] = counts.get(qtype.name, 0) + 1
     return dict(sorted(counts.items()))
+
+
+class GgufValues:
+    """The oracle's ``prepare`` step for a GGUF file made by another tool from the checkpoint the
+    oracle loaded (e.g. llama.cpp's converter): the model takes gguf-py's values of the file's
+    tensors, with ``load_values``'s cross-checks against the checkpoint's (an F32, BF16 or F16
+    tensor must hold exactly the checkpoint's values, a norm widened to F32 included)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self, model: torch.nn.Module) -> None:
+        tensors = read_dequantized(self.path)
+        problems = load_values(model, tensors)
+        if problems:
+            raise AssertionError(f"{self.path}: " + "; ".join(problems))
+        print(f"  {self.path.name}: {type_counts(tensors)}, loaded through gguf-py")
 
 
 class GgufQuantizer:

@@ -7,6 +7,10 @@ Usage:
     python tools/oracle/make_fixture.py --preset custom --seed 7 --search 20 --out my-fixture \\
         --overrides '{"text_config": {"num_hidden_layers": 5, "layer_types": "random"}}'
 
+A checkpoint that exists already (an HF directory, and a GGUF file made from it by another tool):
+    python tools/oracle/make_fixture.py --checkpoint fixtures/converter-gemma4-vocab/hf \\
+        --gguf fixtures/converter-gemma4-vocab/model.gguf --out fixtures/converter-gemma4-vocab
+
 Without ``--seed`` the preset's own seed is used, which reproduces the committed fixture. The same
 preset, overrides and seed give the same bytes (single-threaded CPU run, same machine). ``--search N``
 tries seeds ``seed .. seed+N-1`` and writes the first one whose fixture is robust to rounding (see
@@ -196,17 +200,23 @@ def check_expectations(spec: dict[str, Any], replay: gn.ReplayResult, gen: dict[
             raise ExpectationError("generation did not stop on a mid-canvas EOS before max_new_tokens")
 
 
-def run_oracle(spec: dict[str, Any], seed: int, prepare: Any = None) -> Oracle:
+def run_oracle(spec: dict[str, Any], seed: int, prepare: Any = None, checkpoint: Path | None = None) -> Oracle:
     """Build the random model of ``spec`` and compute every reference tensor (nothing is written).
 
     ``prepare`` (e.g. ``gguf_fixture.GgufQuantizer``) may replace the weights before anything is computed.
+    With ``checkpoint`` (an HF model directory) the model is that checkpoint instead of a random one;
+    the seed then draws only the inputs and the generate run.
     """
     seed_of = seeds(seed)
-    config = mb.build_config(spec, seed_of["weights"])
-    model = mb.construct_model(config)
-    mb.randomize_weights(model, mb.InitScales.from_spec(spec["init"]), seed_of["weights"])
-    if spec["checkpoint_dtype"] == "bfloat16":
-        mb.round_to_bfloat16(model)
+    if checkpoint is None:
+        config = mb.build_config(spec, seed_of["weights"])
+        model = mb.construct_model(config)
+        mb.randomize_weights(model, mb.InitScales.from_spec(spec["init"]), seed_of["weights"])
+        if spec["checkpoint_dtype"] == "bfloat16":
+            mb.round_to_bfloat16(model)
+    else:
+        model = mb.load_model(str(checkpoint))
+        config = model.config
     if prepare is not None:
         prepare(model)
     description = f"{spec['description']} ({describe_config(spec, model)})"
@@ -232,6 +242,25 @@ def run_oracle(spec: dict[str, Any], seed: int, prepare: Any = None) -> Oracle:
         gen["max_denoising_steps"],
     )
     return Oracle(spec, seed, model, description, gen, ref, record, replay, checks)
+
+
+def checkpoint_spec(spec: dict[str, Any], checkpoint: Path, name: str, description: str) -> dict[str, Any]:
+    """``spec`` with what an existing HF checkpoint fixes: its canvas length, dtype and sampler
+    settings (its generation_config.json; the preset's values where a key is absent)."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    saved = json.loads((checkpoint / "generation_config.json").read_text())
+    sampler = saved.get("sampler_config") or {}
+    gen = {key: saved.get(key, spec["generation"][key]) for key in GENERATION_KEYS if key != "entropy_bound"}
+    gen["entropy_bound"] = sampler.get("entropy_bound", spec["generation"]["entropy_bound"])
+    dtype = config.get("text_config", {}).get("dtype", config.get("dtype", "float32"))
+    return dict(
+        spec,
+        name=name,
+        description=description,
+        canvas_length=config["canvas_length"],
+        checkpoint_dtype=dtype,
+        generation={key: gen[key] for key in GENERATION_KEYS},
+    )
 
 
 def save_checkpoint(oracle: Oracle, out: Path) -> None:
@@ -402,11 +431,13 @@ def print_diagnostics(name: str, description: str, diag: dict[str, Any], problem
         print(f"  WARNING: {problem}")
 
 
-def search_seed(spec: dict[str, Any], first: int, count: int, prepare: Any = None) -> tuple[Oracle, dict[str, Any]]:
+def search_seed(
+    spec: dict[str, Any], first: int, count: int, prepare: Any = None, checkpoint: Path | None = None
+) -> tuple[Oracle, dict[str, Any]]:
     """Return the oracle of the first seed in ``first .. first+count-1`` without robustness problems."""
     for seed in range(first, first + count):
         try:
-            oracle = run_oracle(spec, seed, prepare)
+            oracle = run_oracle(spec, seed, prepare, checkpoint)
         except ExpectationError as err:
             print(f"  seed {seed}: {err}")
             continue
@@ -433,12 +464,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="JSON object (inline, or the path of a JSON file) deep-merged into the preset, e.g. "
         '\'{"text_config": {"hidden_size": 64}, "generation": {"max_new_tokens": 48}}\'',
     )
+    parser.add_argument(
+        "--checkpoint",
+        help="an existing HF model directory to run instead of a random model (its config.json and "
+        "generation_config.json fix the canvas and the sampler); only the reference files are written",
+    )
+    parser.add_argument(
+        "--gguf",
+        help="with --checkpoint: a GGUF file made from it; the reference runs on gguf-py's values of its "
+        "tensors (checked against the checkpoint's), and the file stays the fixture's weights",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 keeps runs reproducible)")
     parser.add_argument("--list-presets", action="store_true", help="print the presets and exit")
     parser.add_argument("--show-spec", action="store_true", help="print the resolved spec and exit")
     args = parser.parse_args(argv)
     if not (args.list_presets or args.show_spec) and not args.out:
         parser.error("--out is required")
+    if args.gguf and not args.checkpoint:
+        parser.error("--gguf needs --checkpoint")
     return args
 
 
@@ -458,8 +501,16 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.disable_progress_bar()
 
     seed = spec["seed"] if args.seed is None else args.seed
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    if checkpoint is not None:
+        weights = f"the values of {args.gguf} (gguf-py)" if args.gguf else "its weights"
+        spec = checkpoint_spec(spec, checkpoint, Path(args.out).name, f"HF checkpoint {args.checkpoint}, {weights}")
     quantizer = None
-    if spec["gguf_scheme"] is not None:
+    if args.gguf:
+        import gguf_fixture  # needs the gguf package
+
+        quantizer = gguf_fixture.GgufValues(Path(args.gguf))
+    elif spec["gguf_scheme"] is not None:
         import gguf_fixture  # needs the gguf package and a cargo toolchain
 
         defaults = gn.make_generation_config(spec["generation"])
@@ -467,12 +518,16 @@ def main(argv: list[str] | None = None) -> int:
             spec["gguf_scheme"], spec["checkpoint_dtype"] == "bfloat16", defaults, spec["gguf_tensors"]
         )
     if args.search:
-        oracle, diag = search_seed(spec, seed, args.search, quantizer)
+        oracle, diag = search_seed(spec, seed, args.search, quantizer, checkpoint)
     else:
-        oracle = run_oracle(spec, seed, quantizer)
+        oracle = run_oracle(spec, seed, quantizer, checkpoint)
         diag = diagnostics(oracle)
     out = Path(args.out)
-    write_fixture(oracle, out, quantizer)
+    if checkpoint is None:
+        write_fixture(oracle, out, quantizer)
+    else:  # the checkpoint's own files are the fixture's model; only the oracle's outputs are new
+        out.mkdir(parents=True, exist_ok=True)
+        write_reference(oracle, out)
     diag["size_bytes"] = sum((out / name).stat().st_size for name in (*FIXTURE_FILES, "model.gguf") if (out / name).exists())
     problems = robustness_problems(diag)
     if diag["size_bytes"] > MAX_FIXTURE_BYTES:

@@ -417,3 +417,31 @@ fn the_real_geometry_round_trips_through_the_metadata() {
     assert_eq!((back.canvas_length, back.eos_token_ids), (256, vec![1, 106]));
     assert_eq!(back.text.num_parameters(), 25_250_986_752);
 }
+
+/// GGUF metadata as dg writes it: (key, value) pairs.
+type Metadata = Vec<(String, MetaValue)>;
+
+/// `final_logit_softcapping` as llama.cpp reads it: absent (llama.cpp's converter writes it only
+/// when config.json names it) it is 30, and 0 means no softcap, which is what dg writes for a
+/// config without one (so that it round trips).
+#[test]
+fn the_softcap_key_reads_as_llama_cpp_reads_it() {
+    let key = "diffusion-gemma.final_logit_softcapping";
+    let read = |edit: &dyn Fn(&mut Metadata)| {
+        let mut metadata = gguf::model_metadata(&bundled_config(), None).unwrap();
+        edit(&mut metadata);
+        let tmp = TempDir::new().unwrap();
+        let path = tmp.path().join("softcap.gguf");
+        GgufWriter::create(&path, &metadata, &[]).unwrap().finish().unwrap();
+        GgufFile::open(&path).unwrap().model_config().unwrap().text.final_logit_softcapping
+    };
+    assert_eq!(read(&|_| {}), Some(30.0), "the bundled model's softcap round trips");
+    assert_eq!(read(&|m| m.retain(|(k, _)| k != key)), Some(30.0), "absent: llama.cpp's default");
+    let set = |v: f32| move |m: &mut Metadata| m.iter_mut().filter(|(k, _)| k == key).for_each(|(_, x)| *x = MetaValue::F32(v));
+    assert_eq!(read(&set(0.0)), None, "0: no softcap");
+    assert_eq!(read(&set(12.5)), Some(12.5));
+    let mut none = bundled_config();
+    none.text.final_logit_softcapping = None;
+    let written = gguf::model_metadata(&none, None).unwrap();
+    assert!(written.contains(&(key.to_string(), MetaValue::F32(0.0))), "no softcap is written as 0");
+}

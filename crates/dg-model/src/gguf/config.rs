@@ -12,7 +12,10 @@
 //! `.rope.dimension_count(_swa)`, `.final_logit_softcapping`, `.context_length`, `.vocab_size`,
 //! and `diffusion.canvas_length` plus the entropy-bound sampler's `diffusion.eb_*`. The partial
 //! rotary factor of the full layers is not a key: the converter writes it as the `rope_freqs.weight`
-//! tensor (factor 1 on the rotated frequency slots, 1e30 on the others).
+//! tensor (factor 1 on the rotated frequency slots, 1e30 on the others). `.final_logit_softcapping`
+//! follows llama.cpp (`llama-hparams.h`, `src/models/gemma4.cpp`): absent it is 30 (the converter
+//! writes it only when config.json names it; 30 is also transformers' class default), and 0 means
+//! no softcap.
 //!
 //! The metadata becomes a `config.json` document that [`ModelConfig::from_json_str`] validates,
 //! so a GGUF and a model directory are checked by the same code.
@@ -156,7 +159,7 @@ impl GgufFile {
                 eos.push(id);
             }
         }
-        let text = json!({
+        let mut text = json!({
             "model_type": "diffusion_gemma_text",
             "vocab_size": vocab,
             "hidden_size": self.need_uint(&k("embedding_length"), "the hidden size")?,
@@ -176,10 +179,14 @@ impl GgufFile {
                 "sliding_attention": { "rope_type": "default", "rope_theta": theta_swa },
                 "full_attention": self.full_rope(theta_full, head_full, &k("rope.dimension_count"))?,
             },
-            "final_logit_softcapping": self.float(&k("final_logit_softcapping"))?,
             "max_position_embeddings": self.need_uint(&k("context_length"), "the position limit")?,
             "pad_token_id": self.uint("tokenizer.ggml.padding_token_id", "the pad id")?,
         });
+        match self.float(&k("final_logit_softcapping"))? {
+            None => {} // config.json's class default, as llama.cpp's
+            Some(0.0) => text["final_logit_softcapping"] = Value::Null,
+            Some(cap) => text["final_logit_softcapping"] = json!(cap),
+        }
         let config = json!({ "model_type": "diffusion_gemma", "canvas_length": canvas, "eos_token_id": eos, "text_config": text });
         ModelConfig::from_json_str(&config.to_string(), self.path())
     }
@@ -296,9 +303,8 @@ pub fn model_metadata(
         (k("rope.dimension_count_swa"), u32v(head(sliding))?),
         ("diffusion.canvas_length".into(), u32v(config.canvas_length)?),
     ];
-    if let Some(cap) = t.final_logit_softcapping {
-        m.push((k("final_logit_softcapping"), MetaValue::F32(cap)));
-    }
+    // 0 is llama.cpp's "no softcap"; an absent key would read as 30.
+    m.push((k("final_logit_softcapping"), MetaValue::F32(t.final_logit_softcapping.unwrap_or(0.0))));
     if let Some(pad) = t.pad_token_id {
         m.push(("tokenizer.ggml.padding_token_id".into(), MetaValue::U32(pad)));
     }
