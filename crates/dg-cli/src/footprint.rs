@@ -10,7 +10,9 @@
 //! - the embedding (also the tied head) is BF16 in the F16 mode, f32 where it is stored quantized,
 //!   else in the upload's format;
 //! - norm weights and scales are f32, the layer scalars stay on the host;
-//! - every buffer is padded to a whole 4-byte word.
+//! - every buffer is padded to a whole 4-byte word, and an IQ type's buffer holds its grid after
+//!   the blocks (`QuantFormat::table`; once per matrix: a matrix split across bindings, on a
+//!   device whose bindings are smaller than it, holds it once per part, a few KiB more).
 //!
 //! A test (`crates/dg-cli/tests/gpu_memory.rs`) holds this count to what a `GpuModel` uploads.
 
@@ -29,7 +31,11 @@ pub struct WeightBytes {
 
 impl WeightBytes {
     fn add(&mut self, format: WeightFormat, elements: usize) {
-        let bytes = format.bytes_for(elements).unwrap_or_else(|| WeightFormat::F32.bytes() * elements).next_multiple_of(4) as u64;
+        let table = match format {
+            WeightFormat::Quantized(q) => 4 * q.table().len(),
+            _ => 0,
+        };
+        let bytes = (format.bytes_for(elements).unwrap_or_else(|| WeightFormat::F32.bytes() * elements).next_multiple_of(4) + table) as u64;
         self.total += bytes;
         *self.by_format.entry(format_name(format)).or_default() += bytes;
     }
