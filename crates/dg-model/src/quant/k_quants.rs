@@ -298,14 +298,7 @@ pub(super) mod q5_k_quantize {
             // ggml stores nearest_int's int in a uint8_t, then caps it at 63.
             let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
             let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
-            if j < 4 {
-                packed[j] = ls;
-                packed[j + 4] = lm;
-            } else {
-                packed[j + 4] = (ls & 0x0f) | ((lm & 0x0f) << 4);
-                packed[j - 4] |= (ls >> 4) << 6;
-                packed[j] |= (lm >> 4) << 6;
-            }
+            crate::quant::q4_k::pack_scale_min(packed, j, ls, lm);
         }
         block[..2].copy_from_slice(&f16_le(max_scale / 63.0));
         block[2..4].copy_from_slice(&f16_le(max_min / 63.0));

@@ -75,14 +75,7 @@ fn quantize_block_portable(x: &[f32; BLOCK_LEN]) -> [u8; BLOCK_BYTES] {
         // ggml stores nearest_int's int in a uint8_t, then caps it at 63.
         let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
         let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
-        if j < 4 {
-            packed[j] = ls;
-            packed[j + 4] = lm;
-        } else {
-            packed[j + 4] = (ls & 0x0f) | ((lm & 0x0f) << 4);
-            packed[j - 4] |= (ls >> 4) << 6;
-            packed[j] |= (lm >> 4) << 6;
-        }
+        pack_scale_min(packed, j, ls, lm);
     }
     block[..2].copy_from_slice(&f16_le(max_scale / 63.0));
     block[2..4].copy_from_slice(&f16_le(max_min / 63.0));
@@ -280,5 +273,18 @@ mod tests {
         }
         let worst = worst_relative_rms(&x, &y, BLOCK_LEN);
         assert!(worst < Q4_K_GAUSSIAN_RMS, "worst block's relative RMS error {worst}");
+    }
+}
+
+/// Sub-block `j`'s 6-bit scale `ls` and min `lm` into the 12 packed bytes of a Q4_K or Q5_K
+/// super-block (ggml's `quantize_row_q4_K_ref` and `quantize_row_q5_K_ref` pack them alike).
+pub(super) fn pack_scale_min(packed: &mut [u8], j: usize, ls: u8, lm: u8) {
+    if j < 4 {
+        packed[j] = ls;
+        packed[j + 4] = lm;
+    } else {
+        packed[j + 4] = (ls & 0x0f) | ((lm & 0x0f) << 4);
+        packed[j - 4] |= (ls >> 4) << 6;
+        packed[j] |= (lm >> 4) << 6;
     }
 }
