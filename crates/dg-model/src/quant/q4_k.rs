@@ -209,6 +209,19 @@ fn sub_block_grids(xt: &[Lanes; SUB]) -> Grids {
     }
 }
 
+/// Sub-block `j`'s 6-bit scale `ls` and min `lm` into the 12 packed bytes of a Q4_K or Q5_K
+/// super-block (ggml's `quantize_row_q4_K_ref` and `quantize_row_q5_K_ref` pack them alike).
+pub(super) fn pack_scale_min(packed: &mut [u8], j: usize, ls: u8, lm: u8) {
+    if j < 4 {
+        packed[j] = ls;
+        packed[j + 4] = lm;
+    } else {
+        packed[j + 4] = (ls & 0x0f) | ((lm & 0x0f) << 4);
+        packed[j - 4] |= (ls >> 4) << 6;
+        packed[j] |= (lm >> 4) << 6;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,18 +286,5 @@ mod tests {
         }
         let worst = worst_relative_rms(&x, &y, BLOCK_LEN);
         assert!(worst < Q4_K_GAUSSIAN_RMS, "worst block's relative RMS error {worst}");
-    }
-}
-
-/// Sub-block `j`'s 6-bit scale `ls` and min `lm` into the 12 packed bytes of a Q4_K or Q5_K
-/// super-block (ggml's `quantize_row_q4_K_ref` and `quantize_row_q5_K_ref` pack them alike).
-pub(super) fn pack_scale_min(packed: &mut [u8], j: usize, ls: u8, lm: u8) {
-    if j < 4 {
-        packed[j] = ls;
-        packed[j + 4] = lm;
-    } else {
-        packed[j + 4] = (ls & 0x0f) | ((lm & 0x0f) << 4);
-        packed[j - 4] |= (ls >> 4) << 6;
-        packed[j] |= (lm >> 4) << 6;
     }
 }
