@@ -183,6 +183,17 @@ def cases() -> list[dict]:
             True,
         ),
         (
+            "float arguments",
+            [
+                {"role": "user", "content": "Scale it."},
+                calls(call("f", "search_files", {"tiny": 1e-07, "huge": 1e20, "tenth": 0.1, "neg": -2.5e-05, "whole": 3.0, "int": 12345678901234})),
+                tool("f", "done"),
+            ],
+            [SEARCH],
+            {},
+            True,
+        ),
+        (
             "call with reasoning after the last user",
             [ASK, calls(weather_call, reasoning_content="The user wants Paris."), tool("call_1", "18 C")],
             [WEATHER],

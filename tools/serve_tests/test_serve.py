@@ -346,6 +346,7 @@ def test_bad_input(s):
     expect_error(s, 400, ok | {"stream": "yes"}, "stream")
     expect_error(s, 400, ok | {"dg": {"steps": 0}}, "dg")
     expect_error(s, 400, ok | {"dg": {"stepz": 3}}, "dg.stepz")
+    expect_error(s, 400, ok | {"dg": {"test_output": "x"}}, "dg.test_output")
     over = [2 + i % 900 for i in range(4100)]
     expect_error(s, 400, {"model": MODEL, "prompt": over}, path="/v1/completions", code="context_length_exceeded")
     expect_error(s, 400, {"model": MODEL, "prompt": [2, 99999]}, "prompt", path="/v1/completions")

@@ -266,6 +266,17 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are cancelled.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub shutdown_timeout: f64,
+
+    /// Times a chat reply that comes back empty (the model's end of turn at the first position of
+    /// the first canvas, frequent with thinking off) is generated again, with the next seed. 0:
+    /// never. See docs/serving.md: unmeasured on real weights.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub empty_reply_retries: usize,
+
+    /// For tests only: accept `dg.test_output` (the reply's text, committed in place of the
+    /// model's canvases through the same decoding and parsing).
+    #[arg(long, hide = true)]
+    pub test_hooks: bool,
 }
 
 /// Where the model runs and how the GPU stores it (`dg generate` and `dg serve` alike).

@@ -8,10 +8,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use dg_model::ModelDir;
-use minijinja::{Environment, ErrorKind, Value, context};
-use serde_json::Value as Json;
+use minijinja::{Environment, ErrorKind, Value};
+use serde_json::{Map, Value as Json};
 
 use crate::error::{Input, input};
+
+mod py_values;
+pub mod reply;
 
 /// A chat template and the special tokens it may refer to.
 #[derive(Debug)]
@@ -70,6 +73,11 @@ impl ChatTemplate {
         Ok(Some(ChatTemplate { source, origin, bos_token: token("bos_token"), eos_token: token("eos_token") }))
     }
 
+    /// Whether the template renders a request's `tools` (it refers to them).
+    pub fn renders_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
     /// The prompt text for one user message, ending with the generation prompt.
     pub fn render_user(&self, content: &str) -> Result<String> {
         self.render(&[("user", content)])
@@ -78,6 +86,15 @@ impl ChatTemplate {
     /// The prompt text for `(role, content)` messages in order (system, user and assistant turns),
     /// ending with the generation prompt.
     pub fn render(&self, turns: &[(&str, &str)]) -> Result<String> {
+        let messages: Vec<Json> = turns.iter().map(|&(role, content)| serde_json::json!({"role": role, "content": content})).collect();
+        self.render_conversation(&Conversation { messages: &messages, tools: None, kwargs: &Map::new(), add_generation_prompt: true })
+    }
+
+    /// The prompt text of a whole conversation, as transformers' `apply_chat_template(messages,
+    /// tools=tools, add_generation_prompt=..., **kwargs)` renders it: messages and tools are passed
+    /// to the template as given (OpenAI's shapes, tool-call arguments as objects), `kwargs` (e.g.
+    /// `enable_thinking`) as template variables.
+    pub fn render_conversation(&self, conversation: &Conversation<'_>) -> Result<String> {
         let mut env = Environment::new();
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build().expect("default delimiters are valid"),
@@ -88,15 +105,24 @@ impl ChatTemplate {
         });
         let bad = || Input(format!("chat template {}", self.origin.display()));
         let template = env.template_from_str(&self.source).map_err(anyhow::Error::new).context(bad())?;
-        let messages: Vec<Value> = turns.iter().map(|&(role, content)| context! { role, content }).collect();
-        let ctx = context! {
-            messages => Value::from(messages),
-            add_generation_prompt => true,
-            bos_token => self.bos_token.as_str(),
-            eos_token => self.eos_token.as_str(),
-        };
-        template.render(ctx).map_err(anyhow::Error::new).context(bad())
+        let mut vars: Map<String, Json> = conversation.kwargs.clone();
+        vars.insert("messages".into(), Json::Array(conversation.messages.to_vec()));
+        vars.insert("tools".into(), conversation.tools.map_or(Json::Null, |t| Json::Array(t.to_vec())));
+        vars.insert("add_generation_prompt".into(), Json::Bool(conversation.add_generation_prompt));
+        vars.insert("bos_token".into(), Json::String(self.bos_token.clone()));
+        vars.insert("eos_token".into(), Json::String(self.eos_token.clone()));
+        template.render(py_values::to_value(&Json::Object(vars))).map_err(anyhow::Error::new).context(bad())
     }
+}
+
+/// What a chat template renders: `messages` and `tools` in OpenAI's shapes, the template variables
+/// of `chat_template_kwargs`, and whether to end with the generation prompt.
+#[derive(Debug, Clone, Copy)]
+pub struct Conversation<'a> {
+    pub messages: &'a [Json],
+    pub tools: Option<&'a [Json]>,
+    pub kwargs: &'a Map<String, Json>,
+    pub add_generation_prompt: bool,
 }
 
 /// `chat_template` of `tokenizer_config.json`: a string, or a list of `{name, template}` (the one
@@ -177,6 +203,31 @@ mod tests {
             assert_eq!(ours, case["text"].as_str().unwrap(), "conversation {i}");
             assert_eq!(ours, from_hf.render(&turns).unwrap(), "conversation {i}");
         }
+    }
+
+    /// DiffusionGemma's template renders every conversation of `fixtures/chat-tools` (tools, tool
+    /// calls, tool responses, multi-turn, `enable_thinking` on and off) byte for byte as
+    /// transformers' `apply_chat_template` did.
+    #[test]
+    fn tool_conversations_render_as_transformers() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+        let template = ChatTemplate::from_dir(&root.join("converter-gemma4-vocab/hf")).unwrap().unwrap();
+        let text = std::fs::read_to_string(root.join("chat-tools/conversations.jsonl")).unwrap();
+        let mut cases = 0;
+        for line in text.lines() {
+            let case: Json = serde_json::from_str(line).unwrap();
+            let name = case["name"].as_str().unwrap();
+            let conversation = Conversation {
+                messages: case["messages"].as_array().unwrap(),
+                tools: case["tools"].as_array().map(Vec::as_slice),
+                kwargs: case["kwargs"].as_object().unwrap(),
+                add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+            };
+            let ours = template.render_conversation(&conversation).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            assert_eq!(ours, case["text"].as_str().unwrap(), "{name}");
+            cases += 1;
+        }
+        assert!(cases >= 20, "{cases} cases");
     }
 
     #[test]

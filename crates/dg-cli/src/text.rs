@@ -68,6 +68,28 @@ impl TextCodec {
         self.tokenizer.decode(ids, true).map_err(anyhow::Error::from_boxed).context("cannot decode the generated ids")
     }
 
+    /// Text of `ids`, special tokens left out but those of `kept`, written as their text: a chat
+    /// reply keeps the markup it is read by (`<|tool_call>`, `<|"|>`, ...), which the tokenizer marks
+    /// special. The runs between kept tokens decode as [`Self::decode`] decodes them.
+    pub fn decode_keeping(&self, ids: &[u32], kept: &[u32]) -> Result<String> {
+        let mut text = String::new();
+        for run in ids.split_inclusive(|id| kept.contains(id)) {
+            let (last, head) = run.split_last().expect("split_inclusive gives non-empty runs");
+            if kept.contains(last) {
+                text.push_str(&self.decode(head)?);
+                text.push_str(&self.tokenizer.id_to_token(*last).unwrap_or_default());
+            } else {
+                text.push_str(&self.decode(run)?);
+            }
+        }
+        Ok(text)
+    }
+
+    /// The id of the token whose text is `token`, if the vocabulary has one.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
+    }
+
     /// One token as printable text: word-boundary markers become spaces and control characters
     /// visible symbols, so a piece never moves the cursor.
     pub fn piece(&self, id: u32) -> String {

@@ -19,6 +19,7 @@
 
 mod caches;
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,7 +49,24 @@ pub struct Job {
     pub stop: Vec<String>,
     pub seed: u64,
     pub drafts: bool,
+    pub extras: Extras,
     pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// What a job asks beyond the sampler.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// Special tokens the text keeps (a chat reply's markup: `<|tool_call>`, `<|"|>`, ...).
+    pub markup: Vec<u32>,
+    /// A test hook (`dg serve --test-hooks`): per attempt, the tokens committed in place of the
+    /// model's canvases, canvas by canvas, through the same decoding and parsing; the attempt
+    /// ends when they run out.
+    pub forced: Vec<Vec<u32>>,
+    /// Times an empty reply (an EOS at the first position of the first canvas) is generated
+    /// again, with the next seed.
+    pub empty_retries: usize,
+    /// Times this job's reply came back empty and was generated again.
+    pub rerolls: usize,
 }
 
 /// What a job reports, in order: drafts and text deltas, then `Done` or `Failed`.
@@ -81,6 +99,8 @@ pub struct Summary {
     pub tokens_per_forward: f64,
     pub prefill: Duration,
     pub first_canvas: Option<Duration>,
+    /// Empty replies generated again ([`Extras::empty_retries`]).
+    pub rerolls: usize,
 }
 
 /// The cache a job continued from.
@@ -226,7 +246,9 @@ impl Engine {
         let (hooks, request) = JobHooks::new(job, &self.decode, &self.setup, started, reused, source);
         match self.batch.admit(&request.prompt, &request.settings, SeededRng::new(request.seed), hooks) {
             Ok(id) => self.slot_of.push((id, slot)),
-            Err(rejected) => rejected.hooks.finish(Err(anyhow::Error::new(rejected.reason))),
+            Err(rejected) => {
+                rejected.hooks.finish(Err(anyhow::Error::new(rejected.reason)));
+            }
         }
         self.publish();
     }
@@ -266,7 +288,9 @@ impl Engine {
             if let (Err(_), Some(slot)) = (&finished.result, slot) {
                 self.forget(slot);
             }
-            finished.hooks.finish(finished.result.map_err(anyhow::Error::new));
+            if let Some(again) = finished.hooks.finish(finished.result.map_err(anyhow::Error::new)) {
+                self.admit(again);
+            }
         }
         self.publish();
     }
@@ -290,6 +314,13 @@ struct Request {
 /// at the end. They own what they need, so a batch can hold them across steps.
 struct JobHooks {
     events: mpsc::UnboundedSender<Event>,
+    /// The job again, with the next seed, when an empty reply is to be generated again.
+    again: Option<Job>,
+    /// This attempt's forced tokens ([`Extras::forced`]) not committed yet, when forced.
+    forced: Option<VecDeque<u32>>,
+    /// The canvas length, once a canvas is committed (the forced tokens' chunks).
+    forced_canvas: Option<usize>,
+    rerolls: usize,
     drafts: bool,
     prompt_tokens: usize,
     committer: Committer,
@@ -308,13 +339,40 @@ impl JobHooks {
     /// The hooks of `job` (whose first canvas's latency counts from `started`, whose first
     /// `reused` prompt tokens come from the cache `source`), and what the sampler takes.
     fn new(job: Job, decode: &Decode, setup: &EngineSetup, started: Instant, reused: usize, source: CacheSource) -> (Self, Request) {
-        let committer = Committer::new(decode.clone(), job.settings.eos_token_ids.clone(), job.stop, job.max_tokens);
+        let decode = if job.extras.markup.is_empty() {
+            decode.clone()
+        } else {
+            let (codec, markup) = (setup.codec.clone(), job.extras.markup.clone());
+            Arc::new(move |ids: &[u32]| codec.decode_keeping(ids, &markup).unwrap_or_default()) as Decode
+        };
+        let committer = Committer::new(decode.clone(), job.settings.eos_token_ids.clone(), job.stop.clone(), job.max_tokens);
+        let mut later = job.extras.forced.clone();
+        let forced = (!later.is_empty()).then(|| later.remove(0).into());
+        let again = (job.extras.empty_retries > 0).then(|| Job {
+            prompt: job.prompt.clone(),
+            settings: job.settings.clone(),
+            max_tokens: job.max_tokens,
+            stop: job.stop.clone(),
+            seed: job.seed.wrapping_add(1),
+            drafts: job.drafts,
+            extras: Extras {
+                forced: later,
+                empty_retries: job.extras.empty_retries - 1,
+                rerolls: job.extras.rerolls + 1,
+                ..job.extras.clone()
+            },
+            events: job.events.clone(),
+        });
         let hooks = JobHooks {
             events: job.events,
+            again,
+            forced,
+            forced_canvas: None,
+            rerolls: job.extras.rerolls,
             drafts: job.drafts,
             prompt_tokens: job.prompt.len(),
             committer,
-            decode: decode.clone(),
+            decode,
             metrics: setup.metrics.clone(),
             cancel_all: setup.cancel_all.clone(),
             started,
@@ -326,13 +384,42 @@ impl JobHooks {
         (hooks, Request { prompt: job.prompt, settings: job.settings, seed: job.seed })
     }
 
-    /// Ends the job with `generation`: the held-back text, the metrics, then `Done` or `Failed`.
-    fn finish(mut self, generation: Result<Generation>) {
+    /// Ends the job with `generation`: the held-back text, the metrics, then `Done` or `Failed`;
+    /// or, when its reply is empty and may be generated again, returns the job to run again.
+    fn finish(mut self, generation: Result<Generation>) -> Option<Job> {
+        if generation.is_ok() {
+            self.commit_forced();
+            let empty = self.committer.tokens.is_empty() && self.committer.finished() == Some(Finish::Stop);
+            if empty && !self.events.is_closed() && self.again.is_some() {
+                eprintln!("an empty reply (EOS first): generating it again with the next seed");
+                return self.again.take();
+            }
+        }
         let event = match generation {
             Ok(generation) => Event::Done(self.summarize(&generation)),
             Err(e) => Event::Failed(format!("generation failed: {e:#}")),
         };
         let _ = self.events.send(event);
+        None
+    }
+
+    /// The next canvas of forced tokens (at most `len`), when forced.
+    fn next_forced(&mut self, len: usize) -> Option<Vec<u32>> {
+        let forced = self.forced.as_mut()?;
+        Some(forced.drain(..len.min(forced.len())).collect())
+    }
+
+    /// Commits what is left of the forced tokens (the model's own EOS may end the sampler
+    /// before they run out), in canvases of the model's length.
+    fn commit_forced(&mut self) {
+        let Some(len) = self.forced_canvas else { return };
+        while self.forced.as_ref().is_some_and(|f| !f.is_empty()) && self.committer.finished().is_none() {
+            let chunk = self.next_forced(len).unwrap_or_default();
+            let delta = self.committer.push(&chunk);
+            if !delta.is_empty() {
+                let _ = self.events.send(Event::Text(delta));
+            }
+        }
     }
 
     fn summarize(&mut self, generation: &Generation) -> Summary {
@@ -362,6 +449,7 @@ impl JobHooks {
             tokens_per_forward: generation.tokens_per_forward,
             prefill: self.prefill,
             first_canvas: self.first_canvas,
+            rerolls: self.rerolls,
         }
     }
 }
@@ -390,14 +478,17 @@ impl Hooks for JobHooks {
             self.first_canvas = Some(took);
             self.metrics.first_canvas_seconds.observe(took.as_secs_f64());
         }
-        let delta = self.committer.push(tokens);
+        self.forced_canvas = Some(tokens.len());
+        let forced = self.next_forced(tokens.len());
+        let delta = self.committer.push(forced.as_deref().unwrap_or(tokens));
         if !delta.is_empty() {
             let _ = self.events.send(Event::Text(delta));
         }
     }
 
     fn should_stop(&mut self) -> bool {
-        self.committer.finished().is_some() || self.events.is_closed() || self.cancel_all.load(Ordering::Relaxed)
+        let forced_out = self.forced.as_ref().is_some_and(VecDeque::is_empty);
+        self.committer.finished().is_some() || forced_out || self.events.is_closed() || self.cancel_all.load(Ordering::Relaxed)
     }
 }
 
@@ -436,7 +527,8 @@ mod tests {
         let over = dg_model::RawGenerationConfig { max_new_tokens: Some(max_tokens), ..Default::default() };
         let settings = crate::settings::resolve_settings(model, over).unwrap();
         let (events, rx) = mpsc::unbounded_channel();
-        (Job { prompt: prompt.to_vec(), settings, max_tokens, stop: vec![], seed, drafts: false, events }, rx)
+        let extras = Extras::default();
+        (Job { prompt: prompt.to_vec(), settings, max_tokens, stop: vec![], seed, drafts: false, extras, events }, rx)
     }
 
     /// The text and summary of a served job's events.

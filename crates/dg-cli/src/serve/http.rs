@@ -13,14 +13,15 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use dg_model::{ModelDir, RawGenerationConfig};
+use dg_model::{GenerationConfig, ModelDir, RawGenerationConfig};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::engine::{Event, Job, Summary};
+use super::engine::{Event, Extras, Job, Summary};
 use super::metrics::Metrics;
 use super::openai::{self, ApiError, Endpoint, PromptInput};
-use crate::chat::ChatTemplate;
+use super::tools::{self, ChatReply, ReplySetup};
+use crate::chat::{ChatTemplate, Conversation, reply};
 use crate::text::TextCodec;
 
 /// What every handler shares.
@@ -44,6 +45,10 @@ pub struct App {
     /// Unix time of the start, the `created` of `/v1/models`.
     pub started: u64,
     pub next_id: AtomicU64,
+    /// Times an empty chat reply is generated again (`--empty-reply-retries`).
+    pub empty_reply_retries: usize,
+    /// Whether `dg.test_output` is accepted (`--test-hooks`, for tests).
+    pub test_hooks: bool,
 }
 
 impl IntoResponse for ApiError {
@@ -137,7 +142,7 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result
         )
         .with(StatusCode::NOT_FOUND, "model_not_found"));
     }
-    let prompt = prompt_ids(&app, &req.prompt)?;
+    let (prompt, reply) = prompt_ids(&app, &req.prompt)?;
     let (events_tx, events) = mpsc::unbounded_channel();
     let job = job(&app, &req, prompt, events_tx)?;
     app.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
@@ -153,22 +158,30 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result
         });
     }
     let id = app.next_id.fetch_add(1, Ordering::Relaxed);
-    let shape = Shape { endpoint, id, model: app.model_name.clone(), created: unix_now() };
+    let shape = Shape { endpoint, id, model: app.model_name.clone(), created: unix_now(), reply };
     if req.stream { Ok(stream(shape, events)) } else { whole(shape, events).await }
 }
 
-/// The prompt's token ids.
-fn prompt_ids(app: &App, prompt: &PromptInput) -> Result<Vec<u32>, ApiError> {
+/// The prompt's token ids, and how to read a chat reply.
+fn prompt_ids(app: &App, prompt: &PromptInput) -> Result<(Vec<u32>, Option<ReplySetup>), ApiError> {
     let failed = |param: &str, e: anyhow::Error| ApiError::invalid(Some(param), format!("{e:#}"));
+    let mut reply = None;
     let ids = match prompt {
-        PromptInput::Chat(turns) => {
+        PromptInput::Chat(chat) => {
             let template = app
                 .template
                 .as_ref()
                 .ok_or_else(|| ApiError::invalid(Some("messages"), "this model has no chat template; use /v1/completions"))?;
-            let turns: Vec<(&str, &str)> = turns.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
-            let text = template.render(&turns).map_err(|e| failed("messages", e))?;
-            app.codec.encode(&text, false).map_err(|e| failed("messages", e))?
+            if !chat.tools.is_empty() && !template.renders_tools() {
+                return Err(ApiError::invalid(Some("tools"), "this model's chat template does not render tools"));
+            }
+            let tools = (!chat.tools.is_empty()).then_some(chat.tools.as_slice());
+            let conversation = Conversation { messages: &chat.messages, tools, kwargs: &chat.kwargs, add_generation_prompt: true };
+            let text = template.render_conversation(&conversation).map_err(|e| failed("messages", e))?;
+            let setup = ReplySetup::new(chat, &text);
+            let ids = app.codec.encode(&(text + &setup.pinned), false).map_err(|e| failed("messages", e))?;
+            reply = Some(setup);
+            ids
         }
         PromptInput::Text(text) => app.codec.encode(text, true).map_err(|e| failed("prompt", e))?,
         PromptInput::Ids(ids) => {
@@ -182,7 +195,7 @@ fn prompt_ids(app: &App, prompt: &PromptInput) -> Result<Vec<u32>, ApiError> {
     if ids.is_empty() {
         return Err(ApiError::invalid(None, "the prompt has no tokens"));
     }
-    Ok(ids)
+    Ok((ids, reply))
 }
 
 /// The engine job of a checked request: settings resolved and checked, positions counted.
@@ -200,7 +213,8 @@ fn job(app: &App, req: &openai::Request, prompt: Vec<u32>, events: mpsc::Unbound
         ..Default::default()
     };
     let raw = app.defaults.clone().overridden_by(over);
-    let settings = crate::settings::resolve_settings(&app.model, raw).map_err(|e| ApiError::invalid(Some("dg"), format!("{e:#}")))?;
+    let mut settings = crate::settings::resolve_settings(&app.model, raw).map_err(|e| ApiError::invalid(Some("dg"), format!("{e:#}")))?;
+    let extras = extras(app, req, &mut settings)?;
     dg_sampler::validate_config(&settings, config.text.vocab_size).map_err(|e| ApiError::invalid(Some("dg"), e.to_string()))?;
     let max_tokens = settings.max_new_tokens;
     let param = Some("max_tokens");
@@ -210,7 +224,29 @@ fn job(app: &App, req: &openai::Request, prompt: Vec<u32>, events: mpsc::Unbound
     let canvases = settings.new_canvases(prompt.len(), config.canvas_length);
     crate::settings::check_positions(prompt.len(), canvases, config.canvas_length, app.context)
         .map_err(|e| ApiError::invalid(param, format!("{e:#}")).with(StatusCode::BAD_REQUEST, "context_length_exceeded"))?;
-    Ok(Job { prompt, settings, max_tokens, stop: req.stop.clone(), seed: req.seed.unwrap_or(app.default_seed), drafts: ext.drafts, events })
+    let seed = req.seed.unwrap_or(app.default_seed);
+    Ok(Job { prompt, settings, max_tokens, stop: req.stop.clone(), seed, drafts: ext.drafts, extras, events })
+}
+
+/// A chat job's markup tokens, its end after tool calls (added to `settings`' EOS ids) and its
+/// retries of an empty reply; the forced text of the test hook.
+fn extras(app: &App, req: &openai::Request, settings: &mut GenerationConfig) -> Result<Extras, ApiError> {
+    let mut extras = Extras::default();
+    if let PromptInput::Chat(chat) = &req.prompt {
+        extras.markup = reply::MARKUP.iter().filter_map(|t| app.codec.token_id(t)).collect();
+        extras.empty_retries = app.empty_reply_retries;
+        if let (false, Some(end)) = (chat.tools.is_empty(), app.codec.token_id(reply::RESPONSE_OPEN)) {
+            settings.eos_token_ids.push(end);
+        }
+    }
+    if !req.dg.test_output.is_empty() {
+        if !app.test_hooks {
+            return Err(ApiError::invalid(Some("dg.test_output"), "dg.test_output is for tests: start the server with --test-hooks"));
+        }
+        let encode = |t: &String| app.codec.encode(t, false).map_err(|e| ApiError::invalid(Some("dg.test_output"), format!("{e:#}")));
+        extras.forced = req.dg.test_output.iter().map(encode).collect::<Result<_, _>>()?;
+    }
+    Ok(extras)
 }
 
 fn unix_now() -> u64 {
@@ -223,6 +259,8 @@ struct Shape {
     id: u64,
     model: String,
     created: u64,
+    /// How to read the reply of a chat request.
+    reply: Option<ReplySetup>,
 }
 
 impl Shape {
@@ -254,6 +292,16 @@ impl Shape {
         v
     }
 
+    /// A chunk carrying one chat delta.
+    fn delta_chunk(&self, delta: Value) -> Value {
+        self.with_choice(true, json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}))
+    }
+
+    /// The finish reason: `tool_calls` when the reply made calls.
+    fn finish_reason(s: &Summary, called: bool) -> &'static str {
+        if called { "tool_calls" } else { s.finish.name() }
+    }
+
     fn finish(&self, mut v: Value, s: &Summary) -> Value {
         v["usage"] = json!({"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
             "total_tokens": s.prompt_tokens + s.completion_tokens,
@@ -265,7 +313,17 @@ impl Shape {
             "cache": s.cache.name(),
             "prefill_ms": s.prefill.as_secs_f64() * 1e3,
             "first_canvas_ms": s.first_canvas.map(|d| d.as_secs_f64() * 1e3),
+            "empty_reply_rerolls": s.rerolls,
         });
+        v
+    }
+
+    /// `finish` with the warnings of a chat reply (calls that did not parse, or left out).
+    fn finish_chat(&self, v: Value, s: &Summary, warnings: Vec<String>) -> Value {
+        let mut v = self.finish(v, s);
+        if !warnings.is_empty() {
+            v["dg"]["tool_call_warnings"] = json!(warnings);
+        }
         v
     }
 }
@@ -287,8 +345,17 @@ async fn whole(shape: Shape, mut events: mpsc::UnboundedReceiver<Event>) -> Resu
             Event::Text(t) => text.push_str(&t),
             Event::Failed(message) => return Err(server_error(message)),
             Event::Done(summary) => {
-                let v = shape.with_choice(false, shape.choice(Some(&text), Some(summary.finish.name()), true));
-                return Ok(axum::Json(shape.finish(v, &summary)).into_response());
+                let Some(setup) = shape.reply.clone() else {
+                    let v = shape.with_choice(false, shape.choice(Some(&text), Some(summary.finish.name()), true));
+                    return Ok(axum::Json(shape.finish(v, &summary)).into_response());
+                };
+                let (mut reply, mut deltas) = ChatReply::new(setup, shape.id);
+                deltas.extend(reply.push(&text));
+                let (rest, called, warnings) = reply.finish();
+                deltas.extend(rest);
+                let finish = Shape::finish_reason(&summary, called);
+                let choice = json!({"index": 0, "message": tools::reply_message(&deltas), "logprobs": null, "finish_reason": finish});
+                return Ok(axum::Json(shape.finish_chat(shape.with_choice(false, choice), &summary, warnings)).into_response());
             }
         }
     }
@@ -306,10 +373,18 @@ fn stream(shape: Shape, events: mpsc::UnboundedReceiver<Event>) -> Response {
         }
         Endpoint::Completion => None,
     };
-    let state = (shape, events, first, false);
-    let frames = futures_util::stream::unfold(state, move |(shape, mut events, first, done)| async move {
+    let (reply, pinned) = match shape.reply.clone() {
+        Some(setup) => {
+            let (reply, deltas) = ChatReply::new(setup, shape.id);
+            (Some(reply), deltas.into_iter().map(|d| data(shape.delta_chunk(d))).collect())
+        }
+        None => (None, String::new()),
+    };
+    let first = first.map(|f| f + &pinned);
+    let state = (shape, events, first, false, reply);
+    let frames = futures_util::stream::unfold(state, move |(shape, mut events, first, done, mut reply)| async move {
         if let Some(frame) = first {
-            return Some((Ok::<_, std::convert::Infallible>(Bytes::from(frame)), (shape, events, None, done)));
+            return Some((Ok::<_, std::convert::Infallible>(Bytes::from(frame)), (shape, events, None, done, reply)));
         }
         if done {
             return None;
@@ -321,14 +396,25 @@ fn stream(shape: Shape, events: mpsc::UnboundedReceiver<Event>) -> Response {
                 v["dg"] = json!({"draft": {"block": block, "step": step, "accepted": accepted, "text": text}});
                 (format!("event: draft\n{}", data(v)), false)
             }
-            Some(Event::Text(t)) => (data(shape.with_choice(true, shape.choice(Some(&t), None, false))), false),
+            Some(Event::Text(t)) => match reply.as_mut() {
+                Some(reply) => (reply.push(&t).into_iter().map(|d| data(shape.delta_chunk(d))).collect(), false),
+                None => (data(shape.with_choice(true, shape.choice(Some(&t), None, false))), false),
+            },
             Some(Event::Failed(message)) => (data(server_error(message).body()) + "data: [DONE]\n\n", true),
-            Some(Event::Done(summary)) => {
-                let last = shape.with_choice(true, shape.choice(None, Some(summary.finish.name()), false));
-                (data(shape.finish(last, &summary)) + "data: [DONE]\n\n", true)
-            }
+            Some(Event::Done(summary)) => match reply.take() {
+                Some(reply) => {
+                    let (rest, called, warnings) = reply.finish();
+                    let deltas: String = rest.into_iter().map(|d| data(shape.delta_chunk(d))).collect();
+                    let last = shape.with_choice(true, shape.choice(None, Some(Shape::finish_reason(&summary, called)), false));
+                    (deltas + &data(shape.finish_chat(last, &summary, warnings)) + "data: [DONE]\n\n", true)
+                }
+                None => {
+                    let last = shape.with_choice(true, shape.choice(None, Some(summary.finish.name()), false));
+                    (data(shape.finish(last, &summary)) + "data: [DONE]\n\n", true)
+                }
+            },
         };
-        Some((Ok(Bytes::from(frame)), (shape, events, None, done)))
+        Some((Ok(Bytes::from(frame)), (shape, events, None, done, reply)))
     });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")

@@ -11,6 +11,7 @@ mod http;
 mod metrics;
 mod openai;
 mod pool;
+mod tools;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -99,6 +100,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         body_timeout: request_timeout,
         started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         next_id: AtomicU64::new(1),
+        empty_reply_retries: args.empty_reply_retries,
+        test_hooks: args.test_hooks,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(serve(args, app, request_timeout, shutdown_timeout, cancel_all))?;

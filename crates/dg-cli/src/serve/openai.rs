@@ -6,6 +6,8 @@
 use axum::http::StatusCode;
 use serde_json::{Map, Value, json};
 
+use super::tools::{self, Chat};
+
 /// An error answered in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -49,8 +51,8 @@ pub enum Endpoint {
 /// The prompt as given.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptInput {
-    /// Chat turns `(role, content)`, to go through the chat template.
-    Chat(Vec<(String, String)>),
+    /// A conversation (and its tools), to go through the chat template.
+    Chat(Chat),
     /// Completion text, tokenized with the tokenizer's special tokens (e.g. `<bos>`).
     Text(String),
     /// Completion token ids, as given.
@@ -67,6 +69,8 @@ pub struct Extension {
     pub t_max: Option<f64>,
     pub stability_threshold: Option<usize>,
     pub confidence_threshold: Option<f64>,
+    /// `dg.test_output`: the reply's text per attempt, for `dg serve --test-hooks` only.
+    pub test_output: Vec<String>,
 }
 
 /// A checked request.
@@ -82,7 +86,7 @@ pub struct Request {
 }
 
 /// Fields accepted and ignored (docs/serving.md's field table says why).
-const IGNORED: &[&str] = &["temperature", "top_p", "user", "stream_options", "parallel_tool_calls", "metadata", "store", "service_tier"];
+const IGNORED: &[&str] = &["temperature", "top_p", "user", "stream_options", "metadata", "store", "service_tier"];
 
 /// Fields refused with a 400 unless they hold their no-op value.
 fn inert(field: &str, value: &Value) -> Option<bool> {
@@ -94,8 +98,8 @@ fn inert(field: &str, value: &Value) -> Option<bool> {
         "top_logprobs" => zero(value),
         "echo" => value == &Value::Bool(false),
         "logit_bias" => value.as_object().is_some_and(Map::is_empty),
-        "tools" | "functions" => value.as_array().is_some_and(Vec::is_empty),
-        "tool_choice" | "function_call" => value == "none",
+        "functions" => value.as_array().is_some_and(Vec::is_empty),
+        "function_call" => value == "none",
         "response_format" => value.get("type").is_some_and(|t| t == "text"),
         "suffix" => value.as_str() == Some(""),
         "modalities" => value.as_array().is_some_and(|a| a.iter().all(|m| m == "text")),
@@ -116,8 +120,9 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
         Endpoint::Completion => "prompt",
     };
     let known = ["model", prompt_field, "max_tokens", "max_completion_tokens", "stream", "stop", "seed", "dg"];
+    let chat_fields = if endpoint == Endpoint::Chat { tools::FIELDS } else { &[] };
     for (key, value) in &map {
-        if known.contains(&key.as_str()) || IGNORED.contains(&key.as_str()) || value.is_null() {
+        if known.contains(&key.as_str()) || chat_fields.contains(&key.as_str()) || IGNORED.contains(&key.as_str()) || value.is_null() {
             continue;
         }
         match inert(key, value) {
@@ -138,7 +143,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Request, ApiError> {
         None => return Err(ApiError::invalid(Some("model"), "model is required")),
     };
     let prompt = match endpoint {
-        Endpoint::Chat => PromptInput::Chat(messages(field("messages"))?),
+        Endpoint::Chat => PromptInput::Chat(tools::chat(&map)?),
         Endpoint::Completion => completion_prompt(field("prompt"))?,
     };
     let max_tokens = match (field("max_tokens"), field("max_completion_tokens")) {
@@ -171,42 +176,6 @@ fn positive(v: &Value, param: &str) -> Result<usize, ApiError> {
         Some(n) if n >= 1 => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
         _ => Err(ApiError::invalid(Some(param), format!("{param} must be an integer >= 1 (got {v})"))),
     }
-}
-
-fn messages(v: Option<&Value>) -> Result<Vec<(String, String)>, ApiError> {
-    let p = Some("messages");
-    let list = match v {
-        Some(Value::Array(list)) if !list.is_empty() => list,
-        Some(Value::Array(_)) => return Err(ApiError::invalid(p, "messages must not be empty")),
-        Some(_) => return Err(ApiError::invalid(p, "messages must be an array of {role, content} objects")),
-        None => return Err(ApiError::invalid(p, "messages is required")),
-    };
-    list.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let param = format!("messages[{i}]");
-            let bad = |what: &str| ApiError::invalid(Some(&param), format!("{param}: {what}"));
-            let role = match m.get("role").and_then(Value::as_str) {
-                Some(r @ ("system" | "user" | "assistant")) => r.to_string(),
-                Some("developer") => "system".to_string(),
-                Some(r) => return Err(bad(&format!("role {r:?} is not supported (system, developer, user, assistant)"))),
-                None => return Err(bad("needs a string role")),
-            };
-            let content = match m.get("content") {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .map(|part| match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(t)) => Ok(t),
-                        _ => Err(bad("content parts must be {\"type\": \"text\", \"text\": ...}")),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
-                    .concat(),
-                _ => return Err(bad("needs content: a string or a list of text parts")),
-            };
-            Ok((role, content))
-        })
-        .collect()
 }
 
 fn completion_prompt(v: Option<&Value>) -> Result<PromptInput, ApiError> {
@@ -268,6 +237,15 @@ fn extension(v: Option<&Value>) -> Result<Extension, ApiError> {
             "t_max" => ext.t_max = Some(number()?),
             "stability_threshold" => ext.stability_threshold = Some(count()?),
             "confidence_threshold" => ext.confidence_threshold = Some(number()?),
+            "test_output" => {
+                ext.test_output = match value {
+                    Value::String(s) => vec![s.clone()],
+                    Value::Array(items) if items.iter().all(Value::is_string) => {
+                        items.iter().filter_map(Value::as_str).map(str::to_string).collect()
+                    }
+                    _ => return Err(ApiError::invalid(Some(&param), "dg.test_output must be a string or a list of strings")),
+                }
+            }
             _ => return Err(ApiError::invalid(Some(&param), format!("unknown extension field {param}"))),
         }
     }
@@ -289,7 +267,9 @@ mod tests {
             "max_tokens": 5, "stream": true, "stop": "x", "seed": 3, "temperature": 0.7,
             "dg": {"drafts": true, "steps": 4, "t_min": 0.1}}"#;
         let r = parse(Endpoint::Chat, body.as_bytes()).unwrap();
-        assert_eq!(r.prompt, PromptInput::Chat(vec![("system".into(), "s".into()), ("user".into(), "ab".into())]));
+        let PromptInput::Chat(chat) = &r.prompt else { panic!("{:?}", r.prompt) };
+        assert_eq!(chat.messages[1]["content"][1]["text"], "b");
+        assert_eq!(chat.tool_choice, tools::ToolChoice::None);
         assert_eq!((r.max_tokens, r.stream, r.seed), (Some(5), true, Some(3)));
         assert_eq!(r.stop, ["x"]);
         assert!(r.dg.drafts && r.dg.steps == Some(4) && r.dg.t_min == Some(0.1));
@@ -308,7 +288,9 @@ mod tests {
             (r#""n": 2"#, "n"),
             (r#""logprobs": true"#, "logprobs"),
             (r#""frequency_penalty": 0.5"#, "frequency_penalty"),
-            (r#""tools": [{"type": "function"}]"#, "tools"),
+            (r#""tools": [{"type": "function"}]"#, "tools[0]"),
+            (r#""tool_choice": "required""#, "tool_choice"),
+            (r#""chat_template_kwargs": {"messages": []}"#, "chat_template_kwargs"),
             (r#""stop": ["", "a"]"#, "stop"),
             (r#""dg": {"stpes": 3}"#, "dg.stpes"),
             (r#""bogus": 1"#, "bogus"),
