@@ -134,6 +134,22 @@ mod tests {
         assert_ne!(beside.encode("<|turn>hello", true).unwrap(), hello);
     }
 
+    /// A chat reply's markup survives decoding (in the HF tokenizer and the GGUF file's alike);
+    /// the plain decode drops it with the other special tokens.
+    #[test]
+    fn decode_keeping_keeps_the_markup() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/converter-gemma4-vocab");
+        let hf = TextCodec::from_dir(&root.join("hf")).unwrap().unwrap();
+        let gguf = TextCodec::load(&ModelDir::open(&root.join("model.gguf")).unwrap()).unwrap().unwrap();
+        let text = "<|channel>thought\nhm<channel|>ok <|tool_call>call:f{a:<|\"|>x y<|\"|>}<tool_call|>";
+        for codec in [hf, gguf] {
+            let kept: Vec<u32> = crate::chat::reply::MARKUP.iter().map(|t| codec.token_id(t).unwrap()).collect();
+            let ids = codec.encode(&format!("<bos>{text}<turn|>"), false).unwrap();
+            assert_eq!(codec.decode_keeping(&ids, &kept).unwrap(), text);
+            assert_eq!(codec.decode(&ids).unwrap(), "thought\nhmok call:f{a:x y}");
+        }
+    }
+
     #[test]
     fn printable_hides_control_characters() {
         assert_eq!(printable("a\nb\tc\u{1b}[1m"), "a↵b→c·[1m");

@@ -43,14 +43,19 @@ pub enum Part {
     Reasoning(String),
     Call(ToolCall),
     /// A call that does not parse: its text (delimiters included, returned as content) and why.
-    Malformed { text: String, error: String },
+    Malformed {
+        text: String,
+        error: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Content,
     /// In the channel; `fresh` until its name (`thought\n`) has been passed.
-    Reasoning { fresh: bool },
+    Reasoning {
+        fresh: bool,
+    },
     Call,
 }
 
@@ -173,9 +178,8 @@ pub fn parse_call(body: &str) -> Result<ToolCall, String> {
         return Err(format!("{:?} is not a function name", preview(name)));
     }
     let parser = Values { s: rest, steps: Cell::new(0) };
-    let arguments = parser
-        .object(brace + 1, Map::new(), true, 0, &mut |v, end| (parser.skip_ws(end) == rest.len()).then_some(v))
-        .ok_or_else(|| {
+    let arguments =
+        parser.object(brace + 1, Map::new(), true, 0, &mut |v, end| (parser.skip_ws(end) == rest.len()).then_some(v)).ok_or_else(|| {
             if parser.steps.get() > MAX_STEPS {
                 "the arguments are too complex to parse".to_string()
             } else {
@@ -187,6 +191,22 @@ pub fn parse_call(body: &str) -> Result<ToolCall, String> {
 
 fn preview(s: &str) -> String {
     s.chars().take(80).collect()
+}
+
+/// A number as Python prints it (an int, or a float's `repr`): integers exactly, floats correctly
+/// rounded (the nearest `f64`, as Python reads them back); `inf` and `nan` are not JSON.
+fn parse_number(text: &str) -> Option<serde_json::Number> {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if !digits.starts_with(|c: char| c.is_ascii_digit()) || !text.chars().all(|c| c.is_ascii_digit() || "+-.eE".contains(c)) {
+        return None;
+    }
+    if let Ok(i) = text.parse::<i64>() {
+        return Some(i.into());
+    }
+    if let Ok(u) = text.parse::<u64>() {
+        return Some(u.into());
+    }
+    text.parse::<f64>().ok().and_then(serde_json::Number::from_f64)
 }
 
 /// The continuation of a parse: takes a value and where it ended; gives the whole result, or
@@ -228,10 +248,7 @@ impl Values<'_> {
                 "null" | "None" => Json::Null,
                 "true" | "True" => Json::Bool(true),
                 "false" | "False" => Json::Bool(false),
-                number => match serde_json::from_str::<Json>(number) {
-                    Ok(n @ Json::Number(_)) => n,
-                    _ => return None,
-                },
+                number => Json::Number(parse_number(number)?),
             };
             k(scalar, at + len)
         }

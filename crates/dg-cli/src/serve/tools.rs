@@ -74,7 +74,12 @@ pub fn chat(map: &Map<String, Value>) -> Result<Chat, ApiError> {
         },
         Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
             Some(name) if v["type"] == "function" => ToolChoice::Named(name.to_string()),
-            _ => return Err(bad("tool_choice", "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}")),
+            _ => {
+                return Err(bad(
+                    "tool_choice",
+                    "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ));
+            }
         },
     };
     match &tool_choice {
@@ -236,8 +241,13 @@ pub struct ChatReply {
 
 impl ChatReply {
     pub fn new(setup: ReplySetup, request_id: u64) -> (Self, Vec<Value>) {
-        let mut reply =
-            ChatReply { parser: ReplyParser::new(setup.in_reasoning, setup.calls), setup, id: format!("call_{request_id}"), calls: 0, warnings: vec![] };
+        let mut reply = ChatReply {
+            parser: ReplyParser::new(setup.in_reasoning, setup.calls),
+            setup,
+            id: format!("call_{request_id}"),
+            calls: 0,
+            warnings: vec![],
+        };
         let pinned = reply.setup.pinned.clone();
         let deltas = reply.push(&pinned);
         (reply, deltas)

@@ -26,8 +26,7 @@ fn calls_transformers_rendered_parse_back() {
     let mut checked = 0;
     for line in text.lines() {
         let case: Json = serde_json::from_str(line).unwrap();
-        let calls: Vec<&Json> =
-            case["messages"].as_array().unwrap().iter().filter_map(|m| m["tool_calls"].as_array()).flatten().collect();
+        let calls: Vec<&Json> = case["messages"].as_array().unwrap().iter().filter_map(|m| m["tool_calls"].as_array()).flatten().collect();
         let bodies = call_bodies(case["text"].as_str().unwrap());
         assert_eq!(bodies.len(), calls.len(), "{}", case["name"]);
         for (body, call) in bodies.iter().zip(calls) {
@@ -184,7 +183,9 @@ fn merge(parts: Vec<Part>) -> Vec<Part> {
 #[test]
 fn replies_split_into_reasoning_content_and_calls() {
     let q = QUOTE;
-    let text = format!("<|channel>thought\nThe user wants Paris.<channel|>Let me check.<|tool_call>call:get_weather{{city:{q}Paris{q}}}<tool_call|>");
+    let text = format!(
+        "<|channel>thought\nThe user wants Paris.<channel|>Let me check.<|tool_call>call:get_weather{{city:{q}Paris{q}}}<tool_call|>"
+    );
     assert_eq!(
         parts_of(&text, false),
         [
@@ -194,7 +195,10 @@ fn replies_split_into_reasoning_content_and_calls() {
         ]
     );
     // After a tool response with thinking on, the prompt opened the channel.
-    assert_eq!(parts_of("Sunny, so.<channel|>It is sunny.", true), [Part::Reasoning("Sunny, so.".into()), Part::Content("It is sunny.".into())]);
+    assert_eq!(
+        parts_of("Sunny, so.<channel|>It is sunny.", true),
+        [Part::Reasoning("Sunny, so.".into()), Part::Content("It is sunny.".into())]
+    );
     // Without tools, a call's text is content.
     let mut p = ReplyParser::new(false, false);
     let mut parts = p.push(&format!("a<|tool_call>call:f{{}}<tool_call|>b"));
@@ -215,7 +219,7 @@ fn malformed_calls_are_text_with_a_reason() {
         ("call:f".to_string(), "no argument object"),
         ("call: {}".to_string(), "not a function name"),
         ("f{}".to_string(), "starts with"),
-        (format!("call:f{}{}", "[".repeat(200), "]".repeat(200)), "do not parse"),
+        (format!("call:f{{a:{}{}}}", "[".repeat(200), "]".repeat(200)), "do not parse"),
     ] {
         let text = format!("{CALL_OPEN}{body}{CALL_CLOSE}");
         match parts_of(&text, false).as_slice() {
@@ -238,6 +242,9 @@ fn malformed_calls_are_text_with_a_reason() {
     // A call cut off by the end of the reply.
     assert_eq!(
         parts_of("ok<|tool_call>call:f{a:", false),
-        [Part::Content("ok".into()), Part::Malformed { text: "<|tool_call>call:f{a:".into(), error: "the call has no closing <tool_call|>".into() }]
+        [
+            Part::Content("ok".into()),
+            Part::Malformed { text: "<|tool_call>call:f{a:".into(), error: "the call has no closing <tool_call|>".into() }
+        ]
     );
 }

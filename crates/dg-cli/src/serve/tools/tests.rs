@@ -71,7 +71,12 @@ fn a_reply_becomes_openai_deltas_and_a_message() {
     let q = crate::chat::reply::QUOTE;
     let (deltas, called, warnings) = reply(
         setup(ToolChoice::Auto, "<|turn>model\n"),
-        &["<|channel>thought\nPar", "is.<channel|>On it.<|tool_", &format!("call>call:get_weather{{city:{q}Paris{q}}}<tool_call|>"), "<|tool_call>call:x{}<tool_call|>"],
+        &[
+            "<|channel>thought\nPar",
+            "is.<channel|>On it.<|tool_",
+            &format!("call>call:get_weather{{city:{q}Paris{q}}}<tool_call|>"),
+            "<|tool_call>call:x{}<tool_call|>",
+        ],
     );
     assert!(called);
     assert_eq!(warnings.len(), 1, "the second call, left out without parallel_tool_calls: {warnings:?}");
