@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_serve import Server, check  # noqa: E402
@@ -127,6 +128,9 @@ def test_choice_malformed_and_hooks(s):
     r = create(c, messages, bad + "<|tool_response>", tools=[WEATHER])
     check(r.choices[0].finish_reason == "stop" and r.choices[0].message.content == bad, f"{r.choices[0]}")
     check("does not parse" in r.model_extra["dg"]["tool_call_warnings"][0], f"{r.model_extra['dg']}")
+    deadline = time.time() + 10  # the server's stderr is read by a thread
+    while not any("does not parse" in line for line in s.log) and time.time() < deadline:
+        time.sleep(0.05)
     check(any("does not parse" in line for line in s.log), "the server logs the malformed call")
     # tool_choice none: the call's text is content.
     r = create(c, messages, call_text("get_weather", f"city:{Q}Oslo{Q}"), tools=[WEATHER], tool_choice="none")

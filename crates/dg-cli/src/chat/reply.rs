@@ -136,10 +136,10 @@ impl ReplyParser {
     }
 
     /// Ends the reply: what was held back, and an unclosed call as malformed.
-    pub fn finish(mut self) -> Vec<Part> {
+    pub fn finish(&mut self) -> Vec<Part> {
         let mut parts = Vec::new();
         let rest = std::mem::take(&mut self.buf);
-        match self.state {
+        match std::mem::replace(&mut self.state, State::Content) {
             State::Content if !rest.is_empty() => parts.push(Part::Content(rest)),
             State::Reasoning { .. } if !rest.is_empty() => parts.push(Part::Reasoning(rest)),
             State::Call => {

@@ -12,6 +12,10 @@
 //! continues from the longest such cache, in its slot, another idle slot or the pool, and encodes
 //! only the new tokens; the cache its slot held before is parked in the pool.
 //!
+//! A chat job's text keeps the markup its reply is read by ([`Extras::markup`]); an empty reply
+//! may be generated again with the next seed ([`Extras::empty_retries`]); under the test hook a
+//! job's canvases are replaced by given tokens ([`Extras::forced`]).
+//!
 //! Each job gets exactly the text it gets alone. A job whose client has gone (its event receiver
 //! dropped), whose text is final (EOS, a stop sequence, `max_tokens`), or that the shutdown
 //! cancels stops at its next denoising step. A panic in a generation is caught: the jobs it

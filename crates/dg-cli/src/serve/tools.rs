@@ -262,8 +262,8 @@ impl ChatReply {
 
     /// The last deltas, and whether the reply made calls.
     pub fn finish(mut self) -> (Vec<Value>, bool, Vec<String>) {
-        let parser = std::mem::replace(&mut self.parser, ReplyParser::new(false, false));
-        let deltas = self.deltas(parser.finish());
+        let parts = self.parser.finish();
+        let deltas = self.deltas(parts);
         (deltas, self.calls > 0, self.warnings)
     }
 

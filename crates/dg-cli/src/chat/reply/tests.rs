@@ -201,9 +201,9 @@ fn replies_split_into_reasoning_content_and_calls() {
     );
     // Without tools, a call's text is content.
     let mut p = ReplyParser::new(false, false);
-    let mut parts = p.push(&format!("a<|tool_call>call:f{{}}<tool_call|>b"));
+    let mut parts = p.push("a<|tool_call>call:f{}<tool_call|>b");
     parts.extend(p.finish());
-    assert_eq!(merge(parts), [Part::Content(format!("a<|tool_call>call:f{{}}<tool_call|>b"))]);
+    assert_eq!(merge(parts), [Part::Content("a<|tool_call>call:f{}<tool_call|>b".into())]);
     // Text that only looks like a delimiter's start is given at the end.
     assert_eq!(parts_of("a <|tool", false), [Part::Content("a <|tool".into())]);
 }
