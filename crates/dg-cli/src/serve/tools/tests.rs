@@ -107,3 +107,30 @@ fn a_reply_becomes_openai_deltas_and_a_message() {
     assert!(!called && warnings[0].contains("does not parse"));
     assert_eq!(reply_message(&deltas)["content"], "<|tool_call>call:f{a:}<tool_call|>");
 }
+
+/// Every conversation of `fixtures/chat-tools` sent in OpenAI's shape (each call's arguments a
+/// JSON string, as clients send them) renders, through the request's checks and decoding, to the
+/// prompt transformers rendered.
+#[test]
+fn openai_shaped_conversations_render_as_transformers() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let template = crate::chat::ChatTemplate::from_dir(&root.join("converter-gemma4-vocab/hf")).unwrap().unwrap();
+    let text = std::fs::read_to_string(root.join("chat-tools/conversations.jsonl")).unwrap();
+    for line in text.lines() {
+        let mut case: Value = serde_json::from_str(line).unwrap();
+        for m in case["messages"].as_array_mut().unwrap() {
+            for c in m["tool_calls"].as_array_mut().into_iter().flatten() {
+                let args = &mut c["function"]["arguments"];
+                if !args.is_null() {
+                    *args = Value::String(args.to_string());
+                }
+            }
+        }
+        let request = json!({"messages": case["messages"], "tools": case["tools"], "chat_template_kwargs": case["kwargs"]});
+        let chat = chat(request.as_object().unwrap()).unwrap_or_else(|e| panic!("{}: {}", case["name"], e.message));
+        let tools = (!chat.tools.is_empty()).then_some(chat.tools.as_slice());
+        let add_generation_prompt = case["add_generation_prompt"].as_bool().unwrap();
+        let conversation = crate::chat::Conversation { messages: &chat.messages, tools, kwargs: &chat.kwargs, add_generation_prompt };
+        assert_eq!(template.render_conversation(&conversation).unwrap(), case["text"].as_str().unwrap(), "{}", case["name"]);
+    }
+}
