@@ -1,8 +1,12 @@
 //! Chat prompts: the model's chat template (`chat_template.jinja`, or `chat_template` in
 //! `tokenizer_config.json`, or a GGUF file's `tokenizer.chat_template`) rendered with minijinja the way transformers renders it (`trim_blocks`,
-//! `lstrip_blocks`, Python string methods, `raise_exception`) for a list of messages (one user
-//! message for `dg generate --chat`, whole conversations for `dg serve`) followed by the generation
-//! prompt.
+//! `lstrip_blocks`, Python string methods, `raise_exception`, floats printed as Python prints
+//! them) for a list of messages (one user message for `dg generate --chat`, whole conversations
+//! with tools, tool calls and template variables such as `enable_thinking` for `dg serve`) followed
+//! by the generation prompt. [`reply`] reads the model's reply back (reasoning, tool calls).
+
+mod py_values;
+pub mod reply;
 
 use std::path::{Path, PathBuf};
 
@@ -12,9 +16,6 @@ use minijinja::{Environment, ErrorKind, Value};
 use serde_json::{Map, Value as Json};
 
 use crate::error::{Input, input};
-
-mod py_values;
-pub mod reply;
 
 /// A chat template and the special tokens it may refer to.
 #[derive(Debug)]

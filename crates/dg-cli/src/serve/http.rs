@@ -19,8 +19,8 @@ use tokio::sync::mpsc;
 
 use super::engine::{Event, Extras, Job, Summary};
 use super::metrics::Metrics;
+use super::openai::tools::{self, ChatReply, ReplySetup};
 use super::openai::{self, ApiError, Endpoint, PromptInput};
-use super::tools::{self, ChatReply, ReplySetup};
 use crate::chat::{ChatTemplate, Conversation, reply};
 use crate::text::TextCodec;
 

@@ -11,7 +11,6 @@ mod http;
 mod metrics;
 mod openai;
 mod pool;
-mod tools;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,12 +1,14 @@
 //! OpenAI's request and error shapes: parsing and checking `POST /v1/chat/completions` and
 //! `POST /v1/completions` bodies field by field (each bad field named in the error's `param`), the
 //! fields that mean nothing for a diffusion model (accepted as documented no-ops, or refused with a
-//! 400), and the `dg` extension object with the diffusion settings.
+//! 400), and the `dg` extension object with the diffusion settings. Chat requests' tools and the
+//! tool calls and reasoning of replies: [`tools`].
+
+pub mod tools;
 
 use axum::http::StatusCode;
 use serde_json::{Map, Value, json};
-
-use super::tools::{self, Chat};
+use tools::Chat;
 
 /// An error answered in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Debug, Clone)]

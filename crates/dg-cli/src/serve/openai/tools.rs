@@ -13,7 +13,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::openai::ApiError;
+use super::ApiError;
 use crate::chat::reply::{CALL_OPEN, CHANNEL_CLOSE, Part, ReplyParser, ToolCall};
 
 /// The chat fields of a request besides `model`, `messages` and the sampling fields.
