@@ -204,6 +204,7 @@ pub struct ReplySetup {
     pub in_reasoning: bool,
     /// Text appended to the prompt that the reply continues (`tool_choice` required or named).
     pub pinned: String,
+    /// Calls are parsed (not with `tool_choice: "none"`).
     pub calls: bool,
     pub parallel_tool_calls: bool,
 }
@@ -236,10 +237,11 @@ pub struct ChatReply {
     id: String,
     calls: usize,
     /// Calls that did not parse, and calls beyond the first without `parallel_tool_calls`.
-    pub warnings: Vec<String>,
+    warnings: Vec<String>,
 }
 
 impl ChatReply {
+    /// The reader of request `request_id`'s reply, and the deltas its pinned start gives.
     pub fn new(setup: ReplySetup, request_id: u64) -> (Self, Vec<Value>) {
         let mut reply = ChatReply {
             parser: ReplyParser::new(setup.in_reasoning, setup.calls),
@@ -260,7 +262,7 @@ impl ChatReply {
         self.deltas(parts)
     }
 
-    /// The last deltas, and whether the reply made calls.
+    /// The last deltas, whether the reply made calls, and the warnings.
     pub fn finish(mut self) -> (Vec<Value>, bool, Vec<String>) {
         let parts = self.parser.finish();
         let deltas = self.deltas(parts);
@@ -276,7 +278,7 @@ impl ChatReply {
             Part::Content(text) => json!({"content": text}),
             Part::Reasoning(text) => json!({"reasoning_content": text}),
             Part::Call(call) if self.calls > 0 && !self.setup.parallel_tool_calls => {
-                self.warn(format!("parallel_tool_calls is false: call {} of {} left out", self.calls + 1, call.name));
+                self.warn(format!("parallel_tool_calls is false: a further call, of {}, left out", call.name));
                 return None;
             }
             Part::Call(ToolCall { name, arguments }) => {
