@@ -11,6 +11,7 @@ mod http;
 mod metrics;
 mod openai;
 mod pool;
+mod systemone;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -84,6 +85,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if crate::model_dir::is_bundled(&dir) { " (the bundled random model: its text is noise)" } else { "" },
         args.queue,
     );
+    let systemone = systemone::Service::start(&model, codec.clone(), template.clone(), resolve_settings(&model, defaults.clone())?)?;
     let app = Arc::new(http::App {
         model_name,
         model,
@@ -99,6 +101,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         body_timeout: request_timeout,
         started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         next_id: AtomicU64::new(1),
+        systemone,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(serve(args, app, request_timeout, shutdown_timeout, cancel_all))?;
