@@ -7,7 +7,7 @@ the test serves a copy of the model whose tokenizer has "▁yes" as one token (i
 everything else unchanged. Checked: every question type and the answers given
 without a read, the same request giving the same answers, `samples` (billed per read), `steps`,
 the re-read rule (an unsure read is averaged with three more: the same probabilities as
-`samples: 4`), `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
+`samples: 4`), `dg read` answering as the server does, `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
 (403/401, 400 unknown model, 400 unknown question type, 422 field errors, 400 unanswerable
 requests, 413), `/health` OK after each.
 
@@ -134,9 +134,11 @@ def main():
     root = Path(__file__).resolve().parents[2]
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(args.binary, model_copy(root, Path(tmp) / MODEL))
+        model = model_copy(root, Path(tmp) / MODEL)
+        server = Server(args.binary, model)
         try:
             run(server)
+            cli_matches(server, args.binary, model)
         finally:
             server.proc.terminate()
             server.proc.wait(timeout=30)
@@ -181,6 +183,18 @@ def run(server):
     assert re.fullmatch(r"req_[0-9a-f]{32}", resp.getheader("x-typesafe-request-id"))
 
     errors(server, client)
+
+
+def cli_matches(server, binary, model):
+    """`dg read` answers a request as the server does."""
+    request = {"state": STATE, "questions": {"team": {"type": "choice", "criteria": {"payments": None, "shipping": "boxes"}},
+                                             "billing": {"type": "noul", "instructions": "Billing?"}}}
+    resp, data = server.request("POST", "/v1/systemone", {**request, "model": MODEL, "samples": 2})
+    assert resp.status == 200, data
+    cli = subprocess.run([binary, "read", "--model", str(model), "--samples", "2"], input=json.dumps(request),
+                         capture_output=True, text=True, check=True)
+    assert json.loads(cli.stdout) == json.loads(data), (cli.stdout, data)
+    assert list(json.loads(cli.stdout)["answers"]) == ["team", "billing"]
 
 
 def errors(server, client):

@@ -11,7 +11,7 @@ mod http;
 mod metrics;
 mod openai;
 mod pool;
-mod systemone;
+pub(crate) mod systemone;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -85,7 +85,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if crate::model_dir::is_bundled(&dir) { " (the bundled random model: its text is noise)" } else { "" },
         args.queue,
     );
-    let systemone = systemone::Service::start(&model, codec.clone(), template.clone(), resolve_settings(&model, defaults.clone())?)?;
+    let systemone =
+        systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), resolve_settings(&model, defaults.clone())?)?;
     let app = Arc::new(http::App {
         model_name,
         model,

@@ -33,9 +33,9 @@ use dg_sampler::{ReadRequest, SlotRead};
 use super::http::App;
 use crate::chat::ChatTemplate;
 use crate::text::TextCodec;
-use pyjson::Json;
+pub use pyjson::Json;
 use reader::{ReaderHandle, Refused, Timing};
-use request::Rejection;
+pub use request::{Rejection, SystemOne, parse};
 use template::{Question, Resolved, Templates};
 
 /// Model names a request may give besides the served one: TypeSafe's SDKs default to these.
@@ -55,6 +55,8 @@ const QUEUE: usize = 512;
 /// What `/v1/systemone` needs beside the rest of the server.
 #[derive(Debug)]
 pub struct Service {
+    /// The `model` answers name.
+    model_name: String,
     templates: Templates,
     chat: ChatTemplate,
     reader: ReaderHandle,
@@ -63,7 +65,13 @@ pub struct Service {
 impl Service {
     /// Starts the reader on `model` and readies its templates; `None` (with the reason) when the
     /// model has no chat template or no `<turn|>` token.
-    pub fn start(model: &ModelDir, codec: Arc<TextCodec>, chat: Option<ChatTemplate>, settings: GenerationConfig) -> Result<Option<Self>> {
+    pub fn start(
+        model: &ModelDir,
+        model_name: &str,
+        codec: Arc<TextCodec>,
+        chat: Option<ChatTemplate>,
+        settings: GenerationConfig,
+    ) -> Result<Option<Self>> {
         let Some(chat) = chat else {
             eprintln!("/v1/systemone is off: the model has no chat template");
             return Ok(None);
@@ -79,7 +87,7 @@ impl Service {
         let pad = cfg.text.pad_token_id.unwrap_or(0);
         let templates = Templates::new(codec, cfg.text.vocab_size as u32, turn_close, pad, cfg.canvas_length.min(64))?;
         let reader = ReaderHandle::spawn(model, settings, QUEUE).context("cannot start /v1/systemone's reader")?;
-        Ok(Some(Service { templates, chat, reader }))
+        Ok(Some(Service { model_name: model_name.to_string(), templates, chat, reader }))
     }
 }
 
@@ -158,6 +166,12 @@ async fn answer(app: &App, body: Body) -> Result<(String, Timing), Rejection> {
     if req.model != app.model_name && !SDK_ALIASES.contains(&req.model.as_str()) {
         return Err(Rejection::typed(StatusCode::BAD_REQUEST, "api_usage_error", format!("Unknown model: {}", req.model)));
     }
+    let answers = decide(service, &req).await?;
+    Ok((answers.0.dumps(false, false), answers.1))
+}
+
+/// Answers a checked request: the response body (`{model, answers, usage}`) and where the time went.
+pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing), Rejection> {
     if req.questions.len() > MAX_QUESTIONS {
         return Err(Rejection::semantic(format!("at most {MAX_QUESTIONS} questions per request")));
     }
@@ -228,11 +242,11 @@ async fn answer(app: &App, body: Body) -> Result<(String, Timing), Rejection> {
     let ordered: Vec<(String, Json)> = req.questions.iter().filter_map(|(k, _, _)| answers.iter().find(|(a, _)| a == k).cloned()).collect();
     let usage = Json::Object(vec![("input_tokens".into(), Json::Number(billed.into())), ("output_tokens".into(), Json::Number(0.into()))]);
     let response = Json::Object(vec![
-        ("model".into(), Json::String(app.model_name.clone())),
+        ("model".into(), Json::String(service.model_name.clone())),
         ("answers".into(), Json::Object(ordered)),
         ("usage".into(), usage),
     ]);
-    Ok((response.dumps(false, false), timing))
+    Ok((response, timing))
 }
 
 /// Per group: its questions, their mean label probabilities, and the prompt tokens billed.
