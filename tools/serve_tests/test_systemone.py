@@ -179,7 +179,7 @@ def run(server):
     # Headers.
     resp, data = server.request("POST", "/v1/systemone", {"state": "x", "model": MODEL, "questions": {"q": {"type": "noul"}}})
     assert resp.status == 200, data
-    assert re.fullmatch(r"model;dur=[\d.]+, server;dur=[\d.]+, total;dur=[\d.]+", resp.getheader("server-timing")), resp.getheader("server-timing")
+    assert re.fullmatch(r"model;dur=[\d.]+, server;dur=[\d.]+, total;dur=[\d.]+, prefill;dur=[\d.]+, read;dur=[\d.]+", resp.getheader("server-timing")), resp.getheader("server-timing")
     assert re.fullmatch(r"req_[0-9a-f]{32}", resp.getheader("x-typesafe-request-id"))
 
     errors(server, client)

@@ -109,15 +109,15 @@ struct Plan {
 /// The handler.
 pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
     let started = Instant::now();
-    let (response, model_time) = match answer(&app, request.into_body()).await {
+    let (response, timing) = match answer(&app, request.into_body()).await {
         Ok((body, timing)) => {
             let mut r = (StatusCode::OK, body).into_response();
             r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            (r, timing.prefill + timing.reads)
+            (r, timing)
         }
-        Err(rejection) => (rejected(rejection), Default::default()),
+        Err(rejection) => (rejected(rejection), Timing::default()),
     };
-    with_headers(response, started, model_time)
+    with_headers(response, started, timing)
 }
 
 /// An error answer.
@@ -129,11 +129,16 @@ pub fn rejected(r: Rejection) -> Response {
     response
 }
 
-/// OpenJev's `server-timing` (the model's time, the rest, the total) and request-id headers.
-fn with_headers(mut response: Response, started: Instant, model: std::time::Duration) -> Response {
-    let total = started.elapsed().as_secs_f64() * 1e3;
-    let model = model.as_secs_f64() * 1e3;
-    let timing = format!("model;dur={model:.1}, server;dur={:.1}, total;dur={total:.1}", (total - model).max(0.0));
+/// OpenJev's `server-timing` (the model's time, the rest, the total; then the model's time split
+/// into the prompts' prefill and the reads' forwards) and request-id headers.
+fn with_headers(mut response: Response, started: Instant, t: Timing) -> Response {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let (total, prefill, reads) = (ms(started.elapsed()), ms(t.prefill), ms(t.reads));
+    let model = prefill + reads;
+    let timing = format!(
+        "model;dur={model:.1}, server;dur={:.1}, total;dur={total:.1}, prefill;dur={prefill:.1}, read;dur={reads:.1}",
+        (total - model).max(0.0)
+    );
     let id = format!("req_{:032x}", rand_id());
     let headers = response.headers_mut();
     for (name, value) in [("server-timing", timing), ("x-typesafe-request-id", id.clone()), ("x-request-id", id)] {
@@ -325,7 +330,7 @@ pub fn unauthorized(headers: &axum::http::HeaderMap) -> Response {
     } else {
         Rejection::typed(StatusCode::FORBIDDEN, "authentication_error", "Must supply an API key! Check your request and try again.")
     };
-    with_headers(rejected(r), Instant::now(), Default::default())
+    with_headers(rejected(r), Instant::now(), Timing::default())
 }
 
 /// TypeSafe's model list (`GET /v1/models`, `models`): the served model, when it serves reads.
