@@ -45,7 +45,7 @@ pub struct App {
     pub started: u64,
     pub next_id: AtomicU64,
     /// `/v1/systemone`, where the model can serve it.
-    pub systemone: Option<super::systemone::Service>,
+    pub systemone: Option<Arc<super::systemone::Service>>,
 }
 
 impl IntoResponse for ApiError {
@@ -64,7 +64,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
         .route("/v1/models", get(models))
-        .route("/v1/systemone", post(super::systemone::handle))
+        .merge(super::systemone::router(app.systemone.clone(), app.max_body))
         .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::invalid(None, "no such endpoint").with(StatusCode::NOT_FOUND, "not_found") })
@@ -106,7 +106,7 @@ async fn gate(State(app): State<Arc<App>>, request: Request, next: Next) -> Resp
 /// OpenAI's list (`object`, `data`) and TypeSafe's (`models`) in one body.
 async fn models(State(app): State<Arc<App>>) -> Response {
     let model = json!({"id": app.model_name, "object": "model", "created": app.started, "owned_by": "dg"});
-    let typed = super::systemone::models(&app);
+    let typed = super::systemone::models(&app.model_name, app.systemone.is_some());
     axum::Json(json!({"object": "list", "data": [model], "models": typed})).into_response()
 }
 

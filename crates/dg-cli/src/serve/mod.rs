@@ -86,7 +86,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.queue,
     );
     let systemone =
-        systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), resolve_settings(&model, defaults.clone())?)?;
+        systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), resolve_settings(&model, defaults.clone())?)?
+            .map(Arc::new);
     let app = Arc::new(http::App {
         model_name,
         model,

@@ -30,7 +30,6 @@ use axum::response::{IntoResponse, Response};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_sampler::{ReadRequest, SlotRead};
 
-use super::http::App;
 use crate::chat::ChatTemplate;
 use crate::text::TextCodec;
 pub use pyjson::Json;
@@ -106,10 +105,20 @@ struct Plan {
     samples: Option<usize>,
 }
 
-/// The handler.
-pub async fn handle(State(app): State<Arc<App>>, request: Request) -> Response {
+/// What the route holds: the service (`None` when the model cannot serve reads) and the body limit.
+struct Endpoint {
+    service: Option<Arc<Service>>,
+    max_body: usize,
+}
+
+/// The `/v1/systemone` route, on any router state.
+pub fn router<S: Clone + Send + Sync + 'static>(service: Option<Arc<Service>>, max_body: usize) -> axum::Router<S> {
+    axum::Router::new().route("/v1/systemone", axum::routing::post(handle)).with_state(Arc::new(Endpoint { service, max_body }))
+}
+
+async fn handle(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
     let started = Instant::now();
-    let (response, timing) = match answer(&app, request.into_body()).await {
+    let (response, timing) = match answer(&endpoint, request.into_body()).await {
         Ok((body, timing)) => {
             let mut r = (StatusCode::OK, body).into_response();
             r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -162,13 +171,14 @@ fn rand_id() -> u128 {
     (u128::from(mix(nanos ^ n)) << 64) | u128::from(mix(!nanos ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
 }
 
-async fn answer(app: &App, body: Body) -> Result<(String, Timing), Rejection> {
-    let service = app.systemone.as_ref().ok_or_else(|| Rejection::semantic("/v1/systemone is not served for this model"))?;
-    let body = axum::body::to_bytes(body, app.max_body).await.map_err(|_| {
-        Rejection::typed(StatusCode::PAYLOAD_TOO_LARGE, "api_usage_error", format!("request body is larger than {} bytes", app.max_body))
+async fn answer(endpoint: &Endpoint, body: Body) -> Result<(String, Timing), Rejection> {
+    let service = endpoint.service.as_ref().ok_or_else(|| Rejection::semantic("/v1/systemone is not served for this model"))?;
+    let max = endpoint.max_body;
+    let body = axum::body::to_bytes(body, max).await.map_err(|_| {
+        Rejection::typed(StatusCode::PAYLOAD_TOO_LARGE, "api_usage_error", format!("request body is larger than {max} bytes"))
     })?;
     let req = request::parse(&body)?;
-    if req.model != app.model_name && !SDK_ALIASES.contains(&req.model.as_str()) {
+    if req.model != service.model_name && !SDK_ALIASES.contains(&req.model.as_str()) {
         return Err(Rejection::typed(StatusCode::BAD_REQUEST, "api_usage_error", format!("Unknown model: {}", req.model)));
     }
     let answers = decide(service, &req).await?;
@@ -334,10 +344,8 @@ pub fn unauthorized(headers: &axum::http::HeaderMap) -> Response {
 }
 
 /// TypeSafe's model list (`GET /v1/models`, `models`): the served model, when it serves reads.
-pub fn models(app: &App) -> serde_json::Value {
-    let described = |name: &str| serde_json::json!({"name": name, "description": format!("{} read through dg's typed reads", app.model_name), "release_date": ""});
-    match app.systemone {
-        Some(_) => serde_json::json!([described(&app.model_name)]),
-        None => serde_json::json!([]),
-    }
+pub fn models(model_name: &str, served: bool) -> serde_json::Value {
+    let described =
+        serde_json::json!({"name": model_name, "description": format!("{model_name} read through dg's typed reads"), "release_date": ""});
+    serde_json::Value::Array(if served { vec![described] } else { Vec::new() })
 }

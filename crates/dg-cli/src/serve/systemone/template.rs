@@ -271,7 +271,7 @@ impl Templates {
         for (qi, q) in qs.iter().enumerate() {
             let mut position = None;
             let mut ids = vec![0u32; q.labels.len()];
-            for li in 1..q.labels.len() {
+            for (li, id) in ids.iter_mut().enumerate().skip(1) {
                 let mut labels = first.clone();
                 labels[qi] = li;
                 let e = with(&labels);
@@ -280,7 +280,7 @@ impl Templates {
                     return Err(SchemaError(format!("question {:?}: labels do not share one template slot", q.key)));
                 }
                 position = Some(diffs[0]);
-                ids[li] = e[diffs[0]];
+                *id = e[diffs[0]];
             }
             let position = position.expect("a read question has at least two labels");
             ids[0] = base[position];
