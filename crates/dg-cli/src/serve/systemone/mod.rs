@@ -349,3 +349,58 @@ pub fn models(model_name: &str, served: bool) -> serde_json::Value {
         serde_json::json!({"name": model_name, "description": format!("{model_name} read through dg's typed reads"), "release_date": ""});
     serde_json::Value::Array(if served { vec![described] } else { Vec::new() })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The expected values are OpenJev's own (`engine.py`'s `build_schema`, `groups`,
+    /// `system_text`, `resolve_template` and `build_canvas`, and `api.py`'s seed), run on this
+    /// request with the bundled model's tokenizer (transformers' `PreTrainedTokenizerFast`), its
+    /// vocabulary (986), `<turn|>` (6), pad (0) and canvas (32).
+    #[test]
+    fn seeds_prompts_templates_and_canvases_are_openjevs() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-random");
+        let codec = Arc::new(TextCodec::from_dir(&root).unwrap().unwrap());
+        let t = Templates::new(codec, 986, 6, 0, 32).unwrap();
+        let body = r#"{"state": {"ticket": "Charged twice ✓", "n": 2.5}, "model": "m", "questions": {
+            "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", {"level": "high"}, "now"]},
+            "team": {"type": "choice", "criteria": {"pay": "money", "ship": null}},
+            "only": {"type": "choice", "criteria": {"x": null}},
+            "more": {"type": "score", "instructions": ["a", 1], "criteria": ["a", "b"]}}}"#;
+        let req = request::parse(body.as_bytes()).unwrap();
+        let dumped = Json::Object(req.questions.iter().map(|(k, _, q)| (k.clone(), q.clone())).collect());
+        let seed = i64::from(pyjson::seed(&req.state, &dumped));
+        assert_eq!(seed, 4_274_620_331);
+        assert_eq!((&t.choice_labels[..5], t.choice_labels.len()), (&["A", "H", "I", "M", "O"].map(String::from)[..], 27));
+        let schema = t.schema(&req.questions).unwrap();
+        assert_eq!(schema.forced.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["only"]);
+        let groups = t.groups(&schema.questions, schema.format);
+        let keys: Vec<Vec<&str>> = groups.iter().map(|g| g.iter().map(|q| q.key.as_str()).collect()).collect();
+        assert_eq!(keys, [vec!["urgency", "team"], vec!["more"]]);
+        let head = "Answer a fixed set of questions about the state the user provides. Each question lists its allowed answers; reply with exactly one label per question.\n\n";
+        let tail = "\nReply with one line per question, in this order, formatted as \"id: label\". A reply may cover only some of the questions; answer every line that is present.";
+        let systems = [
+            "Question q1: How urgent?\n  0: low\n  1: {\"level\": \"high\"}\n  2: now\n\nQuestion q2: Answer about the state.\n  A: pay (money)\n  H: ship\n",
+            "Question q3: [\"a\", 1]\n  0: a\n  1: b\n",
+        ];
+        let scaffold = [36, 100, 200, 128, 86, 233, 38, 92, 80, 121, 146, 92, 7, 36, 200, 128, 86, 233, 100, 38];
+        let templates: [&[u32]; 2] = [&[89, 25, 34, 103, 24, 7, 89, 26, 34, 215], &[89, 27, 34, 103, 24]];
+        let slots: [Vec<(usize, Vec<u32>)>; 2] = [vec![(24, vec![24, 25, 26]), (29, vec![215, 324])], vec![(24, vec![24, 25])]];
+        let canvases: [[Vec<u32>; 2]; 2] = [
+            [vec![136, 7, 89, 26, 34, 752, 6, 0], vec![644, 7, 89, 26, 34, 921, 6, 0]],
+            [vec![935, 6, 0, 0, 0, 0, 0, 0], vec![224, 6, 0, 0, 0, 0, 0, 0]],
+        ];
+        for (k, g) in groups.iter().enumerate() {
+            assert_eq!(t.system_text(g, schema.format, true), format!("{head}{}{tail}", systems[k]));
+            let r = t.resolve(g, schema.format).unwrap();
+            assert_eq!(r.template, [&scaffold[..], templates[k]].concat(), "group {k}");
+            let got: Vec<(usize, Vec<u32>)> = r.slots.iter().map(|s| (s.position, s.labels.clone())).collect();
+            assert_eq!(got, slots[k], "group {k}");
+            for (i, want) in canvases[k].iter().enumerate() {
+                let canvas = t.canvas(&r, seed + GROUP_SEED_STRIDE * k as i64 + READ_SEED_STRIDE * i as i64);
+                assert_eq!(canvas, [&scaffold[..], &templates[k][..4], &want[..]].concat(), "group {k} read {i}");
+            }
+        }
+    }
+}
