@@ -50,6 +50,10 @@ const READ_SEED_STRIDE: i64 = 7919;
 const GROUP_SEED_STRIDE: i64 = 104_729;
 /// Requests waiting for the reader before new ones are refused with a 529.
 const QUEUE: usize = 512;
+/// The largest f32 copy of the weights the reader loads beside the engine (the bundled model and
+/// the test fixtures are far below; a full-size checkpoint's is about 100 GB, so there the
+/// endpoint is off until the GPU has a read forward).
+const READER_BYTES_CAP: u64 = 4 << 30;
 
 /// What `/v1/systemone` needs beside the rest of the server.
 #[derive(Debug)]
@@ -83,6 +87,15 @@ impl Service {
             }
         };
         let cfg = &model.config;
+        let f32_bytes = crate::footprint::weight_bytes(&cfg.text, &|_| dg_model::StoredDtype::F32, dg_gpu::WeightFormat::F32).total;
+        if f32_bytes > READER_BYTES_CAP {
+            eprintln!(
+                "/v1/systemone is off: reads run on an f32 CPU copy of the weights ({} MiB here, over the {} MiB cap)",
+                f32_bytes >> 20,
+                READER_BYTES_CAP >> 20
+            );
+            return Ok(None);
+        }
         let pad = cfg.text.pad_token_id.unwrap_or(0);
         let templates = Templates::new(codec, cfg.text.vocab_size as u32, turn_close, pad, cfg.canvas_length.min(64))?;
         let reader = ReaderHandle::spawn(model, settings, QUEUE).context("cannot start /v1/systemone's reader")?;
