@@ -9,7 +9,7 @@ without a read, the same request giving the same answers, `samples` (billed per 
 the re-read rule (an unsure read is averaged with three more: the same probabilities as
 `samples: 4`), `dg read` answering as the server does, `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
 (403/401, 400 unknown model, 400 unknown question type, 422 field errors, 400 unanswerable
-requests, 413), `/health` OK after each.
+requests, 400 for a state past the model's positions, 413), `/health` OK after each.
 
     python3 tools/serve_tests/test_systemone.py --binary target/release/dg
 """
@@ -247,6 +247,8 @@ def errors(server, client):
            detail="Too many score levels. Must have at most 10 levels.")
     expect(400, {**ok, "questions": {f"q{i}": {"type": "noul"} for i in range(257)}}, detail="at most 256 questions per request")
     expect(400, {**ok, "images": ["data:image/png;base64,AAAA"]})
+    detail = expect(400, {**ok, "state": "many words " * 3000})
+    assert detail.startswith("the model rejected this request:") and "max_position_embeddings" in detail, detail
     expect(413, {**ok, "state": "x" * (5 << 20)})
     server.healthy()
 

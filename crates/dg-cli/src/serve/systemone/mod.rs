@@ -257,8 +257,9 @@ pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing)
         }
         Ok(Some((results, timing))) => (results, timing),
     };
-    let results = results
-        .map_err(|e| Rejection::typed(StatusCode::SERVICE_UNAVAILABLE, "api_error", format!("inference backend unavailable: {e:#}")))?;
+    // The model refuses only what the request made (a prompt past the model's positions): a 400,
+    // as OpenJev answers its upstream's 4xx.
+    let results = results.map_err(|e| Rejection::semantic(format!("the model rejected this request: {e:#}")))?;
     let mut answers: Vec<(String, Json)> = schema.forced;
     let mut billed = 0;
     for (questions, means, group_billed) in results {
