@@ -5,7 +5,7 @@
 The bundled tokenizer writes "yes" in two tokens, so no noul question could have one answer slot;
 the test serves a copy of the model whose tokenizer has "▁yes" as one token (in place of "~"),
 everything else unchanged. Checked: every question type and the answers given
-without a read, the same request giving the same answers, `samples` (billed per read), `steps`,
+without a read, the same request giving the same answers, `samples` (billed per read), `steps`, `sequential`,
 the re-read rule (an unsure read is averaged with three more: the same probabilities as
 `samples: 4`), `dg read` answering as the server does, `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
 (403/401, 400 unknown model, 400 unknown question type, 422 field errors, 400 unanswerable
@@ -169,6 +169,14 @@ def run(server):
     stepped = client.system_one(state=STATE, questions=questions(), extra_body={"steps": 4})
     check_answers(stepped)
     assert probabilities(stepped) != probabilities(first)
+
+    # sequential: 5 score questions are 3 groups on the bundled model's canvas; each group's prompt
+    # continues the whole question list after the answers chosen before (longer prompts: more billed).
+    many = {f"s{i}": {"type": "score", "instructions": f"Level {i}?", "criteria": ["low", "high"]} for i in range(5)}
+    plain = client.system_one(state=STATE, questions=many)
+    chained = client.system_one(state=STATE, questions=many, extra_body={"sequential": True})
+    assert list(chained.answers) == list(many) and chained.usage.input_tokens > plain.usage.input_tokens
+    assert [a.probabilities for a in chained.answers.values()] != [a.probabilities for a in plain.answers.values()]
 
     # Both model lists in one body.
     listed = client.models.list()

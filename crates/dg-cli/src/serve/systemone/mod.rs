@@ -10,8 +10,9 @@
 //! `samples` reads that many canvases and averages them, `steps` runs denoising steps before the
 //! read (dg pins the template rows: only the slots move), and answers carry Jev's shapes.
 //!
-//! Not served: `images` (the model reads text only: a 400, as OpenJev's upstream answers a text
-//! model), `think` above 0 and `sequential` over several groups (400s naming the field). Reads run
+//! `sequential` reads the groups in order under the whole question list, each after the answers
+//! chosen before it. Not served: `images` (the model reads text only: a 400, as OpenJev's
+//! upstream answers a text model) and `think` above 0 (a 400 naming the field). Reads run
 //! on a CPU copy of the model on their own thread ([`reader`]), beside the generation engine.
 
 mod pyjson;
@@ -60,7 +61,7 @@ const READER_BYTES_CAP: u64 = 4 << 30;
 pub struct Service {
     /// The `model` answers name.
     model_name: String,
-    templates: Templates,
+    templates: Arc<Templates>,
     chat: ChatTemplate,
     reader: ReaderHandle,
 }
@@ -99,16 +100,24 @@ impl Service {
         let pad = cfg.text.pad_token_id.unwrap_or(0);
         let templates = Templates::new(codec, cfg.text.vocab_size as u32, turn_close, pad, cfg.canvas_length.min(64))?;
         let reader = ReaderHandle::spawn(model, settings, QUEUE).context("cannot start /v1/systemone's reader")?;
-        Ok(Some(Service { model_name: model_name.to_string(), templates, chat, reader }))
+        Ok(Some(Service { model_name: model_name.to_string(), templates: Arc::new(templates), chat, reader }))
     }
 }
 
 /// A group of questions ready to read: its prompt, template and slots.
 struct Group {
     questions: Vec<Question>,
-    prompt: Vec<u32>,
+    prompt: Prompt,
     resolved: Resolved,
     seed: i64,
+}
+
+/// A group's prompt.
+enum Prompt {
+    Fixed(Vec<u32>),
+    /// These ids (the chat prompt and the scaffold), then the answers chosen for the groups read
+    /// before (a sequential read).
+    AfterEarlier(Vec<u32>),
 }
 
 /// How a request's groups are read.
@@ -218,18 +227,24 @@ pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing)
         v => v.dumps(false, false),
     };
     let groups = if schema.questions.is_empty() { Vec::new() } else { templates.groups(&schema.questions, schema.format) };
-    if req.sequential == Some(true) && groups.len() > 1 {
-        return Err(Rejection::semantic(
-            "sequential reads over several groups are not supported by this server; send the request without it",
-        ));
-    }
+    // Sequential: every group is read under the whole question list, each after the answers chosen
+    // for the groups before it (OpenJev's `_sequential`).
+    let sequential = req.sequential == Some(true) && groups.len() > 1;
     let chunked = groups.len() > 1;
+    let chat = |system: &str| -> Result<Vec<u32>, Rejection> {
+        let text = service.chat.render(&[("system", system), ("user", &state_text)]).map_err(|e| Rejection::semantic(format!("{e:#}")))?;
+        templates.codec.encode(&text, false).map_err(|e| Rejection::semantic(format!("{e:#}")))
+    };
+    let whole = if sequential { Some(chat(&templates.system_text(&schema.questions, schema.format, false))?) } else { None };
     let mut ready = Vec::with_capacity(groups.len());
     for (k, questions) in groups.into_iter().enumerate() {
-        let system = templates.system_text(&questions, schema.format, chunked);
-        let text = service.chat.render(&[("system", &system), ("user", &state_text)]).map_err(|e| Rejection::semantic(format!("{e:#}")))?;
-        let prompt = templates.codec.encode(&text, false).map_err(|e| Rejection::semantic(format!("{e:#}")))?;
-        let resolved = templates.resolve(&questions, schema.format).map_err(|e| Rejection::semantic(e.0))?;
+        let prompt = match &whole {
+            Some(prompt) => prompt.clone(),
+            None => chat(&templates.system_text(&questions, schema.format, chunked))?,
+        };
+        let after_earlier = sequential && k > 0;
+        let resolved = templates.resolve(&questions, schema.format, after_earlier).map_err(|e| Rejection::semantic(e.0))?;
+        let prompt = if after_earlier { Prompt::AfterEarlier([&prompt[..], templates.scaffold()].concat()) } else { Prompt::Fixed(prompt) };
         ready.push(Group { questions, prompt, resolved, seed: seed + GROUP_SEED_STRIDE * k as i64 });
     }
     let plan = Plan { steps: req.steps.unwrap_or(1), samples: req.samples };
@@ -240,7 +255,9 @@ pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing)
             (0..reads).map(|k| templates.canvas(&g.resolved, g.seed + READ_SEED_STRIDE * k)).collect()
         })
         .collect();
-    let (results, timing) = match service.reader.run(move |reader| read_groups(reader, ready, canvases, plan)).await {
+    let (shared, format) = (service.templates.clone(), schema.format);
+    let read = move |reader: &mut reader::Reader| read_groups(reader, &shared, format, ready, canvases, plan);
+    let (results, timing) = match service.reader.run(read).await {
         Err(Refused::Full) => {
             let mut r = Rejection::typed(
                 StatusCode::from_u16(529).expect("valid"),
@@ -282,17 +299,29 @@ pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing)
 type GroupResult = (Vec<Question>, Vec<Vec<f64>>, u64);
 
 /// Reads every group on the reader: samples, or one read and, when unsure, the re-reads.
-fn read_groups(reader: &mut reader::Reader, groups: Vec<Group>, canvases: Vec<Vec<Vec<u32>>>, plan: Plan) -> Result<Vec<GroupResult>> {
+fn read_groups(
+    reader: &mut reader::Reader,
+    templates: &Templates,
+    format: template::Format,
+    groups: Vec<Group>,
+    canvases: Vec<Vec<Vec<u32>>>,
+    plan: Plan,
+) -> Result<Vec<GroupResult>> {
     let mut out = Vec::with_capacity(groups.len());
+    let mut lines = Vec::new();
     for (g, canvases) in groups.into_iter().zip(canvases) {
-        reader.prompt(&g.prompt)?;
+        let prompt = match &g.prompt {
+            Prompt::Fixed(ids) => ids.clone(),
+            Prompt::AfterEarlier(ids) => [&ids[..], &templates.earlier(&lines, format)].concat(),
+        };
+        reader.prompt(&prompt)?;
         let width = canvases[0].len();
         let pinned: Vec<bool> = (0..width).map(|r| !g.resolved.slots.iter().any(|s| s.position == r)).collect();
         let mut one = |canvas: &[u32], seed: i64| -> Result<Vec<Distribution>> {
             let request = ReadRequest { canvas, pinned: Some(&pinned), steps: plan.steps, slots: &g.resolved.slots };
             Ok(reader.read(&request, seed as u64)?.slots.iter().zip(&g.resolved.slots).map(|(r, s)| distribution(r, &s.labels)).collect())
         };
-        let prompt_tokens = g.prompt.len() as u64;
+        let prompt_tokens = prompt.len() as u64;
         let (reads, billed) = match plan.samples {
             Some(n) => {
                 let reads = (0..n).map(|k| one(&canvases[k], g.seed + READ_SEED_STRIDE * k as i64)).collect::<Result<Vec<_>>>()?;
@@ -308,12 +337,14 @@ fn read_groups(reader: &mut reader::Reader, groups: Vec<Group>, canvases: Vec<Ve
                 (reads, prompt_tokens)
             }
         };
-        let means = (0..g.questions.len())
+        let means: Vec<Vec<f64>> = (0..g.questions.len())
             .map(|qi| {
                 let labels = reads[0][qi].probs.len();
                 (0..labels).map(|l| reads.iter().map(|r| r[qi].probs[l]).sum::<f64>() / reads.len() as f64).collect()
             })
             .collect();
+        let chosen: Vec<usize> = means.iter().map(|m| (0..m.len()).fold(0, |best, i| if m[i] > m[best] { i } else { best })).collect();
+        lines.push(Templates::answer_text(&g.questions, &chosen, format));
         out.push((g.questions, means, billed));
     }
     Ok(out)
@@ -407,7 +438,7 @@ mod tests {
         ];
         for (k, g) in groups.iter().enumerate() {
             assert_eq!(t.system_text(g, schema.format, true), format!("{head}{}{tail}", systems[k]));
-            let r = t.resolve(g, schema.format).unwrap();
+            let r = t.resolve(g, schema.format, false).unwrap();
             assert_eq!(r.template, [&scaffold[..], templates[k]].concat(), "group {k}");
             let got: Vec<(usize, Vec<u32>)> = r.slots.iter().map(|s| (s.position, s.labels.clone())).collect();
             assert_eq!(got, slots[k], "group {k}");
@@ -416,5 +447,15 @@ mod tests {
                 assert_eq!(canvas, [&scaffold[..], &templates[k][..4], &want[..]].concat(), "group {k} read {i}");
             }
         }
+        // Sequential: the second group after the first's answers (labels 2 and H chosen).
+        let sequential = "Question q1: How urgent?\n  0: low\n  1: {\"level\": \"high\"}\n  2: now\n\nQuestion q2: Answer about the state.\n  A: pay (money)\n  H: ship\n\nQuestion q3: [\"a\", 1]\n  0: a\n  1: b\n";
+        let all_tail = "\nReply with one line per question, in this order, formatted as \"id: label\".";
+        assert_eq!(t.system_text(&schema.questions, schema.format, false), format!("{head}{sequential}{all_tail}"));
+        let lines = [Templates::answer_text(&groups[0], &[2, 1], schema.format)];
+        assert_eq!(t.earlier(&lines, schema.format), [89, 25, 34, 103, 26, 7, 89, 26, 34, 324]);
+        let r = t.resolve(&groups[1], schema.format, true).unwrap();
+        assert_eq!(r.template, [7, 89, 27, 34, 103, 24]);
+        assert_eq!(r.slots.iter().map(|s| (s.position, s.labels.clone())).collect::<Vec<_>>(), [(5, vec![24, 25])]);
+        assert_eq!(t.canvas(&r, seed + GROUP_SEED_STRIDE), [7, 89, 27, 34, 103, 935, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 }

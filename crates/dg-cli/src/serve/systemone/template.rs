@@ -129,6 +129,16 @@ impl Templates {
         Ok(t)
     }
 
+    /// The empty thought block's ids.
+    pub fn scaffold(&self) -> &[u32] {
+        &self.scaffold
+    }
+
+    /// Earlier groups' answer lines as the prompt continues them.
+    pub fn earlier(&self, lines: &[String], format: Format) -> Vec<u32> {
+        self.enc(&lines.join(format.join()))
+    }
+
     fn enc(&self, text: &str) -> Vec<u32> {
         self.codec.encode(text, false).unwrap_or_default()
     }
@@ -249,17 +259,21 @@ impl Templates {
         s
     }
 
-    fn answer_text(qs: &[Question], labels: &[usize], format: Format) -> String {
+    /// The answer lines of `qs` with the labels at `labels`.
+    pub fn answer_text(qs: &[Question], labels: &[usize], format: Format) -> String {
         let lines: Vec<String> = qs.iter().zip(labels).map(|(q, &l)| format.lead(&q.id) + &q.labels[l]).collect();
         lines.join(format.join())
     }
 
     /// The answer template (the scaffold, then every question's first label) and each question's
-    /// slot: the one position where its labels differ, and their ids there.
-    pub fn resolve(&self, qs: &[Question], format: Format) -> Result<Resolved, SchemaError> {
+    /// slot: the one position where its labels differ, and their ids there. `after_earlier`: the
+    /// prompt already holds the scaffold and earlier answers (a sequential read's later groups), so
+    /// the template is the line separator and the answers, without the scaffold.
+    pub fn resolve(&self, qs: &[Question], format: Format, after_earlier: bool) -> Result<Resolved, SchemaError> {
+        let (head, lead): (&[u32], &str) = if after_earlier { (&[], format.join()) } else { (&self.scaffold, "") };
         let with = |labels: &[usize]| {
-            let mut ids = self.scaffold.clone();
-            ids.extend(self.enc(&Self::answer_text(qs, labels, format)));
+            let mut ids = head.to_vec();
+            ids.extend(self.enc(&format!("{lead}{}", Self::answer_text(qs, labels, format))));
             ids
         };
         let first = vec![0; qs.len()];
