@@ -37,6 +37,33 @@ pub enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions, streaming).
     #[command(after_help = AFTER_HELP)]
     Serve(Box<ServeArgs>),
+    /// Answer typed questions about a state in one read (the answers of `dg serve`'s /v1/systemone).
+    Read(ReadArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReadArgs {
+    /// Model directory or GGUF file (default: the bundled model).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
+    pub model: Option<PathBuf>,
+
+    /// The state: a JSON file (object, array or string) or a text file; `-` reads stdin.
+    #[arg(long, value_name = "FILE", requires = "questions")]
+    pub state: Option<PathBuf>,
+
+    /// The questions: a JSON object of `noul`, `choice` and `score` questions by id, as
+    /// /v1/systemone takes them. Without --state and --questions, stdin holds a whole
+    /// /v1/systemone request body (`state`, `questions`, and `steps`, `samples`).
+    #[arg(long, value_name = "FILE", requires = "state")]
+    pub questions: Option<PathBuf>,
+
+    /// Denoising steps before the read (1 to 8; the template rows stay pinned).
+    #[arg(long, value_name = "N")]
+    pub steps: Option<u32>,
+
+    /// Reads to average, each on its own noise (1 to 32; default: one, and three more when unsure).
+    #[arg(long, value_name = "N")]
+    pub samples: Option<u32>,
 }
 
 /// How the GPU stores the weight matrices.

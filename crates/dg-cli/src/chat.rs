@@ -18,7 +18,7 @@ use serde_json::{Map, Value as Json};
 use crate::error::{Input, input};
 
 /// A chat template and the special tokens it may refer to.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ChatTemplate {
     source: String,
     origin: PathBuf,

@@ -22,6 +22,7 @@ mod model_dir;
 mod prompt;
 mod prompts_file;
 mod quantize;
+mod read;
 mod report;
 mod schemes;
 mod serve;
@@ -46,6 +47,7 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Serve(args) => serve::run(*args),
+        Command::Read(args) => read::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

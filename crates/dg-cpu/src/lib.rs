@@ -14,5 +14,6 @@ pub mod ops;
 pub mod rope;
 
 mod model;
+mod read;
 
 pub use model::{CpuError, CpuModel};

@@ -26,6 +26,8 @@ pub enum CpuError {
     Empty,
     #[error("the cache does not fit this model: {0}")]
     CacheMismatch(String),
+    #[error("read: {0}")]
+    Read(String),
 }
 
 /// The f32 reference model with its KV cache.
@@ -97,7 +99,7 @@ impl CpuModel {
         Ok(())
     }
 
-    fn check_ids(&self, ids: &[u32]) -> Result<(), CpuError> {
+    pub(crate) fn check_ids(&self, ids: &[u32]) -> Result<(), CpuError> {
         let vocab = self.config.text.vocab_size;
         match ids.iter().enumerate().find(|&(_, &id)| id as usize >= vocab) {
             Some((index, &id)) => Err(CpuError::TokenOutOfRange { id, index, vocab }),
@@ -105,14 +107,14 @@ impl CpuModel {
         }
     }
 
-    fn check_positions(&self, new: usize) -> Result<(), CpuError> {
+    pub(crate) fn check_positions(&self, new: usize) -> Result<(), CpuError> {
         let len = self.cache.seq_len + new;
         let max = self.config.text.max_position_embeddings;
         if len > max { Err(CpuError::TooLong { len, max }) } else { Ok(()) }
     }
 
     /// `E[ids] · sqrt(H)`, `[T, H]`.
-    fn embed(&self, ids: &[u32]) -> Vec<f32> {
+    pub(crate) fn embed(&self, ids: &[u32]) -> Vec<f32> {
         let h = self.config.text.hidden_size;
         let scale = self.config.text.embed_scale();
         let mut out = Vec::with_capacity(ids.len() * h);
@@ -154,31 +156,39 @@ impl CpuModel {
 
     /// The decoder input: `post_norm(E[canvas]·√H + MLP_sc(pre_norm(softmax(sc)·E·√H)))`.
     pub fn decoder_input(&self, canvas: &[u32], self_conditioning: Option<&[f32]>) -> Vec<f32> {
-        let cfg = &self.config.text;
-        let (c, h, v) = (canvas.len(), cfg.hidden_size, cfg.vocab_size);
+        let h = self.config.text.hidden_size;
         let mut x = self.embed(canvas);
         if let Some(sc) = self_conditioning {
-            let mut probs = vec![0f32; sc.len()];
-            softmax_rows_into(&mut probs, sc, v);
-            let mut soft = vec![0f32; c * h];
-            let e = &self.weights.embed;
-            matmul(&mut soft, h, View::rows(&probs, c, v), View::rows(&e.data, v, h), false, Threads::All);
-            let scale = cfg.embed_scale();
-            soft.iter_mut().for_each(|s| *s *= scale);
-            let scw = &self.weights.self_conditioning;
-            let mut normed = vec![0f32; c * h];
-            rms_norm_into(&mut normed, &soft, h, Some(&scw.pre_norm), cfg.rms_norm_eps);
-            let inter = cfg.intermediate_size;
-            let mut gate = vec![0f32; c * inter];
-            let mut up = vec![0f32; c * inter];
-            linear(&mut gate, &normed, c, &scw.gate);
-            linear(&mut up, &normed, c, &scw.up);
-            gelu_glu(&mut gate, &up);
-            linear(&mut soft, &gate, c, &scw.down);
-            x.iter_mut().zip(&soft).for_each(|(x, s)| *x += s);
+            let signal = self.self_conditioning_signal(sc, canvas.len());
+            x.iter_mut().zip(&signal).for_each(|(x, s)| *x += s);
         }
-        rms_norm_rows(&mut x, h, None, cfg.rms_norm_eps);
+        rms_norm_rows(&mut x, h, None, self.config.text.rms_norm_eps);
         x
+    }
+
+    /// `MLP_sc(pre_norm(softmax(sc)·E·√H))` of `rows` rows of self-conditioning logits, `[rows, H]`
+    /// (a row without self-conditioning has `s = 0`, whose signal is 0).
+    pub(crate) fn self_conditioning_signal(&self, sc: &[f32], rows: usize) -> Vec<f32> {
+        let cfg = &self.config.text;
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let mut probs = vec![0f32; sc.len()];
+        softmax_rows_into(&mut probs, sc, v);
+        let mut soft = vec![0f32; rows * h];
+        let e = &self.weights.embed;
+        matmul(&mut soft, h, View::rows(&probs, rows, v), View::rows(&e.data, v, h), false, Threads::All);
+        let scale = cfg.embed_scale();
+        soft.iter_mut().for_each(|s| *s *= scale);
+        let scw = &self.weights.self_conditioning;
+        let mut normed = vec![0f32; rows * h];
+        rms_norm_into(&mut normed, &soft, h, Some(&scw.pre_norm), cfg.rms_norm_eps);
+        let inter = cfg.intermediate_size;
+        let mut gate = vec![0f32; rows * inter];
+        let mut up = vec![0f32; rows * inter];
+        linear(&mut gate, &normed, rows, &scw.gate);
+        linear(&mut up, &normed, rows, &scw.up);
+        gelu_glu(&mut gate, &up);
+        linear(&mut soft, &gate, rows, &scw.down);
+        soft
     }
 
     /// Runs decoder layers `layers` over `h: [C, H]` for a canvas at the next positions.

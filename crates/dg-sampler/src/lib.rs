@@ -18,6 +18,9 @@
 //! not bit-identical to it, and an acceptance or stopping decision within rounding of its threshold can
 //! differ (spec §7.4).
 //!
+//! [`read()`] reads a seeded canvas (typed answers at slot rows, vLLM's structured mode) on a
+//! [`ReadModel`], reusing the sampler's step for multi-step reads.
+//!
 //! Choices where the reference leaves the result to PyTorch internals:
 //! - entropy ties in acceptance are ordered by position (a stable sort);
 //! - the acceptance cumsum accumulates in f64 and rounds each prefix to f32 (PyTorch's CPU kernel);
@@ -30,6 +33,8 @@ mod batched;
 mod error;
 pub mod finalize;
 mod generate;
+mod python_random;
+pub mod read;
 mod replay;
 mod resident;
 mod rng;
@@ -43,6 +48,8 @@ pub use batched::{BatchDenoiseModel, BatchResidentModel, HostCanvas, HostCanvase
 pub use error::{DrawError, InputError, ModelCall, SamplerError};
 pub use finalize::CanvasEnd;
 pub use generate::{DenoiseModel, Generation, Hooks, NoHooks, StepInfo, StopReason, generate, generate_resident, validate_config};
+pub use python_random::PythonRandom;
+pub use read::{Conditioning, Read, ReadModel, ReadRequest, Slot, SlotRead, read, validate_read};
 pub use replay::Replay;
 pub use resident::{HostRows, HostRowsError, ResidentModel, RowResult};
 pub use rng::{CategoricalRequest, DrawKind, RandomSource, SeededRng};

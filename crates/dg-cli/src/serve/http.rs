@@ -49,6 +49,8 @@ pub struct App {
     pub empty_reply_retries: usize,
     /// Whether `dg.test_output` is accepted (`--test-hooks`, for tests).
     pub test_hooks: bool,
+    /// `/v1/systemone`, where the model can serve it.
+    pub systemone: Option<Arc<super::systemone::Service>>,
 }
 
 impl IntoResponse for ApiError {
@@ -67,6 +69,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
         .route("/v1/models", get(models))
+        .merge(super::systemone::router(app.systemone.clone(), app.max_body))
         .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::invalid(None, "no such endpoint").with(StatusCode::NOT_FOUND, "not_found") })
@@ -78,7 +81,7 @@ pub fn router(app: Arc<App>) -> Router {
 async fn gate(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let path = request.uri().path().to_string();
     let endpoint = match path.as_str() {
-        "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics" => path.as_str(),
+        "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/v1/systemone" | "/health" | "/metrics" => path.as_str(),
         _ => "other",
     };
     let authorized = match &app.api_key {
@@ -95,6 +98,8 @@ async fn gate(State(app): State<Arc<App>>, request: Request, next: Next) -> Resp
     };
     let response = if authorized {
         next.run(request).await
+    } else if path == "/v1/systemone" {
+        super::systemone::unauthorized(request.headers())
     } else {
         let e = ApiError::invalid(None, "missing or wrong API key: send Authorization: Bearer KEY");
         ApiError { kind: "authentication_error", ..e }.with(StatusCode::UNAUTHORIZED, "invalid_api_key").into_response()
@@ -103,9 +108,11 @@ async fn gate(State(app): State<Arc<App>>, request: Request, next: Next) -> Resp
     response
 }
 
+/// OpenAI's list (`object`, `data`) and TypeSafe's (`models`) in one body.
 async fn models(State(app): State<Arc<App>>) -> Response {
     let model = json!({"id": app.model_name, "object": "model", "created": app.started, "owned_by": "dg"});
-    axum::Json(json!({"object": "list", "data": [model]})).into_response()
+    let typed = super::systemone::models(&app.model_name, app.systemone.is_some());
+    axum::Json(json!({"object": "list", "data": [model], "models": typed})).into_response()
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {

@@ -11,6 +11,7 @@ mod http;
 mod metrics;
 mod openai;
 mod pool;
+pub(crate) mod systemone;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -84,6 +85,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if crate::model_dir::is_bundled(&dir) { " (the bundled random model: its text is noise)" } else { "" },
         args.queue,
     );
+    let systemone =
+        systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), resolve_settings(&model, defaults.clone())?)?
+            .map(Arc::new);
     let app = Arc::new(http::App {
         model_name,
         model,
@@ -101,6 +105,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         next_id: AtomicU64::new(1),
         empty_reply_retries: args.empty_reply_retries,
         test_hooks: args.test_hooks,
+        systemone,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(serve(args, app, request_timeout, shutdown_timeout, cancel_all))?;

@@ -1,0 +1,461 @@
+//! `POST /v1/systemone`: typed reads, wire-compatible with OpenJev's server (razorback16/openjev,
+//! `openjev/api.py` and `engine.py`), so TypeSafe's SDKs pointed at `dg serve` work unchanged.
+//!
+//! A request's questions (`noul`, `choice`, `score`) become one system turn, the state the user
+//! turn; the answer template is written into a seeded canvas (every label position noise) and read
+//! in one forward ([`dg_sampler::read`]); each question's label probabilities come from its slot's
+//! logits. As OpenJev: the same request gives the same noise (the seed is a hash of the state and
+//! questions), questions that do not fit one canvas are read in groups, a read whose slots are
+//! unsure (the top-20 entropy of one above 0.1 nats) is read three more times and averaged,
+//! `samples` reads that many canvases and averages them, `steps` runs denoising steps before the
+//! read (dg pins the template rows: only the slots move), and answers carry Jev's shapes.
+//!
+//! `sequential` reads the groups in order under the whole question list, each after the answers
+//! chosen before it. Not served: `images` (the model reads text only: a 400, as OpenJev's
+//! upstream answers a text model) and `think` above 0 (a 400 naming the field). Reads run
+//! on a CPU copy of the model on their own thread ([`reader`]), beside the generation engine.
+
+mod pyjson;
+mod reader;
+mod request;
+mod template;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use dg_model::{GenerationConfig, ModelDir};
+use dg_sampler::{ReadRequest, SlotRead};
+
+use crate::chat::ChatTemplate;
+use crate::text::TextCodec;
+pub use pyjson::Json;
+use reader::{ReaderHandle, Refused, Timing};
+pub use request::{Rejection, SystemOne, parse};
+use template::{Question, Resolved, Templates};
+
+/// Model names a request may give besides the served one: TypeSafe's SDKs default to these.
+const SDK_ALIASES: [&str; 2] = ["jev-latest", "jev-preview"];
+/// At most this many questions per request.
+const MAX_QUESTIONS: usize = 256;
+/// A read whose most unsure slot has a top-20 entropy above this (nats) is read again.
+const REREAD_ENTROPY: f64 = 0.1;
+/// Reads of an unsure read, itself included, averaged.
+const REREADS: usize = 4;
+/// Seed offsets of a group's reads and of a request's groups (OpenJev's).
+const READ_SEED_STRIDE: i64 = 7919;
+const GROUP_SEED_STRIDE: i64 = 104_729;
+/// Requests waiting for the reader before new ones are refused with a 529.
+const QUEUE: usize = 512;
+/// The largest f32 copy of the weights the reader loads beside the engine (the bundled model and
+/// the test fixtures are far below; a full-size checkpoint's is about 100 GB, so there the
+/// endpoint is off until the GPU has a read forward).
+const READER_BYTES_CAP: u64 = 4 << 30;
+
+/// What `/v1/systemone` needs beside the rest of the server.
+#[derive(Debug)]
+pub struct Service {
+    /// The `model` answers name.
+    model_name: String,
+    templates: Arc<Templates>,
+    chat: ChatTemplate,
+    reader: ReaderHandle,
+}
+
+impl Service {
+    /// Starts the reader on `model` and readies its templates; `None` (with the reason) when the
+    /// model has no chat template or no `<turn|>` token.
+    pub fn start(
+        model: &ModelDir,
+        model_name: &str,
+        codec: Arc<TextCodec>,
+        chat: Option<ChatTemplate>,
+        settings: GenerationConfig,
+    ) -> Result<Option<Self>> {
+        let Some(chat) = chat else {
+            eprintln!("/v1/systemone is off: the model has no chat template");
+            return Ok(None);
+        };
+        let turn_close = match codec.encode("<turn|>", false)?.as_slice() {
+            &[id] => id,
+            _ => {
+                eprintln!("/v1/systemone is off: the tokenizer has no <turn|> token");
+                return Ok(None);
+            }
+        };
+        let cfg = &model.config;
+        let f32_bytes = crate::footprint::weight_bytes(&cfg.text, &|_| dg_model::StoredDtype::F32, dg_gpu::WeightFormat::F32).total;
+        if f32_bytes > READER_BYTES_CAP {
+            eprintln!(
+                "/v1/systemone is off: reads run on an f32 CPU copy of the weights ({} MiB here, over the {} MiB cap)",
+                f32_bytes >> 20,
+                READER_BYTES_CAP >> 20
+            );
+            return Ok(None);
+        }
+        let pad = cfg.text.pad_token_id.unwrap_or(0);
+        let templates = Templates::new(codec, cfg.text.vocab_size as u32, turn_close, pad, cfg.canvas_length.min(64))?;
+        let reader = ReaderHandle::spawn(model, settings, QUEUE).context("cannot start /v1/systemone's reader")?;
+        Ok(Some(Service { model_name: model_name.to_string(), templates: Arc::new(templates), chat, reader }))
+    }
+}
+
+/// A group of questions ready to read: its prompt, template and slots.
+struct Group {
+    questions: Vec<Question>,
+    prompt: Prompt,
+    resolved: Resolved,
+    seed: i64,
+}
+
+/// A group's prompt.
+enum Prompt {
+    Fixed(Vec<u32>),
+    /// These ids (the chat prompt and the scaffold), then the answers chosen for the groups read
+    /// before (a sequential read).
+    AfterEarlier(Vec<u32>),
+}
+
+/// How a request's groups are read.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    steps: usize,
+    samples: Option<usize>,
+}
+
+/// What the route holds: the service (`None` when the model cannot serve reads) and the body limit.
+struct Endpoint {
+    service: Option<Arc<Service>>,
+    max_body: usize,
+}
+
+/// The `/v1/systemone` route, on any router state.
+pub fn router<S: Clone + Send + Sync + 'static>(service: Option<Arc<Service>>, max_body: usize) -> axum::Router<S> {
+    axum::Router::new().route("/v1/systemone", axum::routing::post(handle)).with_state(Arc::new(Endpoint { service, max_body }))
+}
+
+async fn handle(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
+    let started = Instant::now();
+    let (response, timing) = match answer(&endpoint, request.into_body()).await {
+        Ok((body, timing)) => {
+            let mut r = (StatusCode::OK, body).into_response();
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            (r, timing)
+        }
+        Err(rejection) => (rejected(rejection), Timing::default()),
+    };
+    with_headers(response, started, timing)
+}
+
+/// An error answer.
+pub fn rejected(r: Rejection) -> Response {
+    let mut response = (r.status, axum::Json(r.body)).into_response();
+    if let Some(s) = r.retry_after {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    response
+}
+
+/// OpenJev's `server-timing` (the model's time, the rest, the total; then the model's time split
+/// into the prompts' prefill and the reads' forwards) and request-id headers.
+fn with_headers(mut response: Response, started: Instant, t: Timing) -> Response {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let (total, prefill, reads) = (ms(started.elapsed()), ms(t.prefill), ms(t.reads));
+    let model = prefill + reads;
+    let timing = format!(
+        "model;dur={model:.1}, server;dur={:.1}, total;dur={total:.1}, prefill;dur={prefill:.1}, read;dur={reads:.1}",
+        (total - model).max(0.0)
+    );
+    let id = format!("req_{:032x}", rand_id());
+    let headers = response.headers_mut();
+    for (name, value) in [("server-timing", timing), ("x-typesafe-request-id", id.clone()), ("x-request-id", id)] {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    }
+    response
+}
+
+/// A request id: the clock and a counter through SplitMix64's finaliser.
+fn rand_id() -> u128 {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (u128::from(mix(nanos ^ n)) << 64) | u128::from(mix(!nanos ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+}
+
+async fn answer(endpoint: &Endpoint, body: Body) -> Result<(String, Timing), Rejection> {
+    let service = endpoint.service.as_ref().ok_or_else(|| Rejection::semantic("/v1/systemone is not served for this model"))?;
+    let max = endpoint.max_body;
+    let body = axum::body::to_bytes(body, max).await.map_err(|_| {
+        Rejection::typed(StatusCode::PAYLOAD_TOO_LARGE, "api_usage_error", format!("request body is larger than {max} bytes"))
+    })?;
+    let req = request::parse(&body)?;
+    if req.model != service.model_name && !SDK_ALIASES.contains(&req.model.as_str()) {
+        return Err(Rejection::typed(StatusCode::BAD_REQUEST, "api_usage_error", format!("Unknown model: {}", req.model)));
+    }
+    let answers = decide(service, &req).await?;
+    Ok((answers.0.dumps(false, false), answers.1))
+}
+
+/// Answers a checked request: the response body (`{model, answers, usage}`) and where the time went.
+pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing), Rejection> {
+    if req.questions.len() > MAX_QUESTIONS {
+        return Err(Rejection::semantic(format!("at most {MAX_QUESTIONS} questions per request")));
+    }
+    if req.images {
+        return Err(Rejection::semantic("the model rejected this request: this model reads text only; send the state without images"));
+    }
+    if req.think.unwrap_or(0) > 0 {
+        return Err(Rejection::semantic("think is not supported by this server; send the request without it"));
+    }
+    let templates = &service.templates;
+    let schema = templates.schema(&req.questions).map_err(|e| Rejection::semantic(e.0))?;
+    let dumped = Json::Object(req.questions.iter().map(|(k, _, q)| (k.clone(), q.clone())).collect());
+    let seed = i64::from(pyjson::seed(&req.state, &dumped));
+    let state_text = match &req.state {
+        Json::String(s) => s.clone(),
+        v => v.dumps(false, false),
+    };
+    let groups = if schema.questions.is_empty() { Vec::new() } else { templates.groups(&schema.questions, schema.format) };
+    // Sequential: every group is read under the whole question list, each after the answers chosen
+    // for the groups before it (OpenJev's `_sequential`).
+    let sequential = req.sequential == Some(true) && groups.len() > 1;
+    let chunked = groups.len() > 1;
+    let chat = |system: &str| -> Result<Vec<u32>, Rejection> {
+        let text = service.chat.render(&[("system", system), ("user", &state_text)]).map_err(|e| Rejection::semantic(format!("{e:#}")))?;
+        templates.codec.encode(&text, false).map_err(|e| Rejection::semantic(format!("{e:#}")))
+    };
+    let whole = if sequential { Some(chat(&templates.system_text(&schema.questions, schema.format, false))?) } else { None };
+    let mut ready = Vec::with_capacity(groups.len());
+    for (k, questions) in groups.into_iter().enumerate() {
+        let prompt = match &whole {
+            Some(prompt) => prompt.clone(),
+            None => chat(&templates.system_text(&questions, schema.format, chunked))?,
+        };
+        let after_earlier = sequential && k > 0;
+        let resolved = templates.resolve(&questions, schema.format, after_earlier).map_err(|e| Rejection::semantic(e.0))?;
+        let prompt = if after_earlier { Prompt::AfterEarlier([&prompt[..], templates.scaffold()].concat()) } else { Prompt::Fixed(prompt) };
+        ready.push(Group { questions, prompt, resolved, seed: seed + GROUP_SEED_STRIDE * k as i64 });
+    }
+    let plan = Plan { steps: req.steps.unwrap_or(1), samples: req.samples };
+    let canvases: Vec<Vec<Vec<u32>>> = ready
+        .iter()
+        .map(|g| {
+            let reads = plan.samples.unwrap_or(REREADS) as i64;
+            (0..reads).map(|k| templates.canvas(&g.resolved, g.seed + READ_SEED_STRIDE * k)).collect()
+        })
+        .collect();
+    let (shared, format) = (service.templates.clone(), schema.format);
+    let read = move |reader: &mut reader::Reader| read_groups(reader, &shared, format, ready, canvases, plan);
+    let (results, timing) = match service.reader.run(read).await {
+        Err(Refused::Full) => {
+            let mut r = Rejection::typed(
+                StatusCode::from_u16(529).expect("valid"),
+                "overloaded_error",
+                "The server is at capacity. Retry shortly.",
+            );
+            r.retry_after = Some(1);
+            return Err(r);
+        }
+        Err(Refused::Gone) | Ok(None) => {
+            let mut r = Rejection::typed(StatusCode::SERVICE_UNAVAILABLE, "api_error", "inference backend unavailable: the reader stopped");
+            r.retry_after = Some(2);
+            return Err(r);
+        }
+        Ok(Some((results, timing))) => (results, timing),
+    };
+    // The model refuses only what the request made (a prompt past the model's positions): a 400,
+    // as OpenJev answers its upstream's 4xx.
+    let results = results.map_err(|e| Rejection::semantic(format!("the model rejected this request: {e:#}")))?;
+    let mut answers: Vec<(String, Json)> = schema.forced;
+    let mut billed = 0;
+    for (questions, means, group_billed) in results {
+        billed += group_billed;
+        for (q, mean) in questions.iter().zip(means) {
+            answers.push((q.key.clone(), template::answer(q, &mean)));
+        }
+    }
+    let ordered: Vec<(String, Json)> = req.questions.iter().filter_map(|(k, _, _)| answers.iter().find(|(a, _)| a == k).cloned()).collect();
+    let usage = Json::Object(vec![("input_tokens".into(), Json::Number(billed.into())), ("output_tokens".into(), Json::Number(0.into()))]);
+    let response = Json::Object(vec![
+        ("model".into(), Json::String(service.model_name.clone())),
+        ("answers".into(), Json::Object(ordered)),
+        ("usage".into(), usage),
+    ]);
+    Ok((response, timing))
+}
+
+/// Per group: its questions, their mean label probabilities, and the prompt tokens billed.
+type GroupResult = (Vec<Question>, Vec<Vec<f64>>, u64);
+
+/// Reads every group on the reader: samples, or one read and, when unsure, the re-reads.
+fn read_groups(
+    reader: &mut reader::Reader,
+    templates: &Templates,
+    format: template::Format,
+    groups: Vec<Group>,
+    canvases: Vec<Vec<Vec<u32>>>,
+    plan: Plan,
+) -> Result<Vec<GroupResult>> {
+    let mut out = Vec::with_capacity(groups.len());
+    let mut lines = Vec::new();
+    for (g, canvases) in groups.into_iter().zip(canvases) {
+        let prompt = match &g.prompt {
+            Prompt::Fixed(ids) => ids.clone(),
+            Prompt::AfterEarlier(ids) => [&ids[..], &templates.earlier(&lines, format)].concat(),
+        };
+        reader.prompt(&prompt)?;
+        let width = canvases[0].len();
+        let pinned: Vec<bool> = (0..width).map(|r| !g.resolved.slots.iter().any(|s| s.position == r)).collect();
+        let mut one = |canvas: &[u32], seed: i64| -> Result<Vec<Distribution>> {
+            let request = ReadRequest { canvas, pinned: Some(&pinned), steps: plan.steps, slots: &g.resolved.slots };
+            Ok(reader.read(&request, seed as u64)?.slots.iter().zip(&g.resolved.slots).map(|(r, s)| distribution(r, &s.labels)).collect())
+        };
+        let prompt_tokens = prompt.len() as u64;
+        let (reads, billed) = match plan.samples {
+            Some(n) => {
+                let reads = (0..n).map(|k| one(&canvases[k], g.seed + READ_SEED_STRIDE * k as i64)).collect::<Result<Vec<_>>>()?;
+                (reads, prompt_tokens * n as u64)
+            }
+            None => {
+                let mut reads = vec![one(&canvases[0], g.seed)?];
+                if reads[0].iter().map(|d| d.entropy).fold(f64::NEG_INFINITY, f64::max) > REREAD_ENTROPY {
+                    for (k, canvas) in canvases.iter().enumerate().skip(1) {
+                        reads.push(one(canvas, g.seed + READ_SEED_STRIDE * k as i64)?);
+                    }
+                }
+                (reads, prompt_tokens)
+            }
+        };
+        let means: Vec<Vec<f64>> = (0..g.questions.len())
+            .map(|qi| {
+                let labels = reads[0][qi].probs.len();
+                (0..labels).map(|l| reads.iter().map(|r| r[qi].probs[l]).sum::<f64>() / reads.len() as f64).collect()
+            })
+            .collect();
+        let chosen: Vec<usize> = means.iter().map(|m| (0..m.len()).fold(0, |best, i| if m[i] > m[best] { i } else { best })).collect();
+        lines.push(Templates::answer_text(&g.questions, &chosen, format));
+        out.push((g.questions, means, billed));
+    }
+    Ok(out)
+}
+
+/// One slot of one read as OpenJev's `slot_distribution` sees it over vLLM's logprobs (the top 20
+/// and every label's): the labels' probabilities renormalised over them, and the entropy of the
+/// returned tokens' probabilities.
+struct Distribution {
+    probs: Vec<f64>,
+    entropy: f64,
+}
+
+fn distribution(s: &SlotRead, labels: &[u32]) -> Distribution {
+    let lp: Vec<f64> = s.label_logprobs.iter().map(|&x| f64::from(x)).collect();
+    let max = lp.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = lp.iter().map(|x| (x - max).exp()).collect();
+    let z: f64 = e.iter().sum();
+    let mut returned: Vec<(u32, f64)> = s.top.iter().map(|&(id, lp)| (id, f64::from(lp))).collect();
+    for (&id, &lp) in labels.iter().zip(&lp) {
+        if !returned.iter().any(|&(t, _)| t == id) {
+            returned.push((id, lp));
+        }
+    }
+    let entropy = -returned.iter().map(|&(_, lp)| lp.exp()).filter(|&p| p > 0.0).map(|p| p * p.ln()).sum::<f64>();
+    Distribution { probs: e.iter().map(|x| x / z).collect(), entropy }
+}
+
+/// OpenJev's answer to a `/v1/systemone` request without the server's API key: 403 when none is
+/// sent, 401 when it is wrong.
+pub fn unauthorized(headers: &axum::http::HeaderMap) -> Response {
+    let r = if headers.contains_key(header::AUTHORIZATION) {
+        Rejection::typed(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "Cannot authenticate with the server. Please check your API key and try again.",
+        )
+    } else {
+        Rejection::typed(StatusCode::FORBIDDEN, "authentication_error", "Must supply an API key! Check your request and try again.")
+    };
+    with_headers(rejected(r), Instant::now(), Timing::default())
+}
+
+/// TypeSafe's model list (`GET /v1/models`, `models`): the served model, when it serves reads.
+pub fn models(model_name: &str, served: bool) -> serde_json::Value {
+    let described =
+        serde_json::json!({"name": model_name, "description": format!("{model_name} read through dg's typed reads"), "release_date": ""});
+    serde_json::Value::Array(if served { vec![described] } else { Vec::new() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The expected values are OpenJev's own (`engine.py`'s `build_schema`, `groups`,
+    /// `system_text`, `resolve_template` and `build_canvas`, and `api.py`'s seed), run on this
+    /// request with the bundled model's tokenizer (transformers' `PreTrainedTokenizerFast`), its
+    /// vocabulary (986), `<turn|>` (6), pad (0) and canvas (32).
+    #[test]
+    fn seeds_prompts_templates_and_canvases_are_openjevs() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-random");
+        let codec = Arc::new(TextCodec::from_dir(&root).unwrap().unwrap());
+        let t = Templates::new(codec, 986, 6, 0, 32).unwrap();
+        let body = r#"{"state": {"ticket": "Charged twice ✓", "n": 2.5}, "model": "m", "questions": {
+            "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", {"level": "high"}, "now"]},
+            "team": {"type": "choice", "criteria": {"pay": "money", "ship": null}},
+            "only": {"type": "choice", "criteria": {"x": null}},
+            "more": {"type": "score", "instructions": ["a", 1], "criteria": ["a", "b"]}}}"#;
+        let req = request::parse(body.as_bytes()).unwrap();
+        let dumped = Json::Object(req.questions.iter().map(|(k, _, q)| (k.clone(), q.clone())).collect());
+        let seed = i64::from(pyjson::seed(&req.state, &dumped));
+        assert_eq!(seed, 4_274_620_331);
+        assert_eq!((&t.choice_labels[..5], t.choice_labels.len()), (&["A", "H", "I", "M", "O"].map(String::from)[..], 27));
+        let schema = t.schema(&req.questions).unwrap();
+        assert_eq!(schema.forced.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["only"]);
+        let groups = t.groups(&schema.questions, schema.format);
+        let keys: Vec<Vec<&str>> = groups.iter().map(|g| g.iter().map(|q| q.key.as_str()).collect()).collect();
+        assert_eq!(keys, [vec!["urgency", "team"], vec!["more"]]);
+        let head = "Answer a fixed set of questions about the state the user provides. Each question lists its allowed answers; reply with exactly one label per question.\n\n";
+        let tail = "\nReply with one line per question, in this order, formatted as \"id: label\". A reply may cover only some of the questions; answer every line that is present.";
+        let systems = [
+            "Question q1: How urgent?\n  0: low\n  1: {\"level\": \"high\"}\n  2: now\n\nQuestion q2: Answer about the state.\n  A: pay (money)\n  H: ship\n",
+            "Question q3: [\"a\", 1]\n  0: a\n  1: b\n",
+        ];
+        let scaffold = [36, 100, 200, 128, 86, 233, 38, 92, 80, 121, 146, 92, 7, 36, 200, 128, 86, 233, 100, 38];
+        let templates: [&[u32]; 2] = [&[89, 25, 34, 103, 24, 7, 89, 26, 34, 215], &[89, 27, 34, 103, 24]];
+        let slots: [Vec<(usize, Vec<u32>)>; 2] = [vec![(24, vec![24, 25, 26]), (29, vec![215, 324])], vec![(24, vec![24, 25])]];
+        let canvases: [[Vec<u32>; 2]; 2] = [
+            [vec![136, 7, 89, 26, 34, 752, 6, 0], vec![644, 7, 89, 26, 34, 921, 6, 0]],
+            [vec![935, 6, 0, 0, 0, 0, 0, 0], vec![224, 6, 0, 0, 0, 0, 0, 0]],
+        ];
+        for (k, g) in groups.iter().enumerate() {
+            assert_eq!(t.system_text(g, schema.format, true), format!("{head}{}{tail}", systems[k]));
+            let r = t.resolve(g, schema.format, false).unwrap();
+            assert_eq!(r.template, [&scaffold[..], templates[k]].concat(), "group {k}");
+            let got: Vec<(usize, Vec<u32>)> = r.slots.iter().map(|s| (s.position, s.labels.clone())).collect();
+            assert_eq!(got, slots[k], "group {k}");
+            for (i, want) in canvases[k].iter().enumerate() {
+                let canvas = t.canvas(&r, seed + GROUP_SEED_STRIDE * k as i64 + READ_SEED_STRIDE * i as i64);
+                assert_eq!(canvas, [&scaffold[..], &templates[k][..4], &want[..]].concat(), "group {k} read {i}");
+            }
+        }
+        // Sequential: the second group after the first's answers (labels 2 and H chosen).
+        let sequential = "Question q1: How urgent?\n  0: low\n  1: {\"level\": \"high\"}\n  2: now\n\nQuestion q2: Answer about the state.\n  A: pay (money)\n  H: ship\n\nQuestion q3: [\"a\", 1]\n  0: a\n  1: b\n";
+        let all_tail = "\nReply with one line per question, in this order, formatted as \"id: label\".";
+        assert_eq!(t.system_text(&schema.questions, schema.format, false), format!("{head}{sequential}{all_tail}"));
+        let lines = [Templates::answer_text(&groups[0], &[2, 1], schema.format)];
+        assert_eq!(t.earlier(&lines, schema.format), [89, 25, 34, 103, 26, 7, 89, 26, 34, 324]);
+        let r = t.resolve(&groups[1], schema.format, true).unwrap();
+        assert_eq!(r.template, [7, 89, 27, 34, 103, 24]);
+        assert_eq!(r.slots.iter().map(|s| (s.position, s.labels.clone())).collect::<Vec<_>>(), [(5, vec![24, 25])]);
+        assert_eq!(t.canvas(&r, seed + GROUP_SEED_STRIDE), [7, 89, 27, 34, 103, 935, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    }
+}

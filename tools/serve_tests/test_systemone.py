@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""End-to-end test of `dg serve`'s `POST /v1/systemone` with TypeSafe's own Python SDK
+(`typesafe-sdk`) and raw HTTP, on the bundled model.
+
+The bundled tokenizer writes "yes" in two tokens, so no noul question could have one answer slot;
+the test serves a copy of the model whose tokenizer has "▁yes" as one token (in place of "~"),
+everything else unchanged. Checked: every question type and the answers given
+without a read, the same request giving the same answers, `samples` (billed per read), `steps`, `sequential`,
+the re-read rule (an unsure read is averaged with three more: the same probabilities as
+`samples: 4`), `dg read` answering as the server does, `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
+(403/401, 400 unknown model, 400 unknown question type, 422 field errors, 400 unanswerable
+requests, 400 for a state past the model's positions, 413), `/health` OK after each.
+
+    python3 tools/serve_tests/test_systemone.py --binary target/release/dg
+"""
+
+import argparse
+import http.client
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from typesafe_sdk import (
+    Choice,
+    Noul,
+    RetryPolicy,
+    Score,
+    TypeSafeAuthenticationError,
+    TypeSafeBadRequestError,
+    TypeSafeClient,
+    TypeSafeUnprocessableEntityError,
+)
+
+KEY = "test-key"
+MODEL = "tiny-random"
+STATE = {"ticket": "I was charged twice for one order. Please fix this.", "priority": 2}
+
+
+def model_copy(root: Path, out: Path) -> Path:
+    """The bundled model with "▁yes" one token: the id of "~" (a byte no merge uses) renamed, and
+    "▁yes" an added token (matched before the byte-pair merges) of that id."""
+    shutil.copytree(root / "models" / "tiny-random", out)
+    path = out / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    vocab = tok["model"]["vocab"]
+    assert not any("~" in (a + b) for a, b in tok["model"]["merges"])
+    yes = vocab.pop("~")
+    vocab["\u2581yes"] = yes
+    tok["added_tokens"].append({"id": yes, "content": "\u2581yes", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": True, "special": False})
+    path.write_text(json.dumps(tok, ensure_ascii=False))
+    return out
+
+
+class Server:
+    def __init__(self, binary, model):
+        cmd = [binary, "serve", "--model", str(model), "--backend", "cpu", "--host", "127.0.0.1", "--port", "0", "--api-key", KEY]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.log = []
+        while True:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise SystemExit("dg serve exited:\n" + "".join(self.log))
+            self.log.append(line)
+            m = re.search(r"listening on http://([\d.]+):(\d+)", line)
+            if m:
+                self.host, self.port = m.group(1), int(m.group(2))
+                break
+        threading.Thread(target=lambda: [self.log.append(l) for l in self.proc.stderr], daemon=True).start()
+        self.url = f"http://{self.host}:{self.port}"
+
+    def request(self, method, path, body=None, key=KEY):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp, data
+
+    def healthy(self):
+        resp, _ = self.request("GET", "/health")
+        assert resp.status == 200, "unhealthy after a bad request"
+
+
+def questions():
+    return {
+        "billing": Noul(instructions="Is the ticket about billing?"),
+        "team": Choice(instructions="Which team handles it?", criteria={"payments": "money", "shipping": None, "support": "other"}),
+        "urgency": Score(instructions="How urgent is it?", criteria=["not urgent", "soon", "now"]),
+        "only": Choice(criteria={"refund": None}),
+        "level": Score(criteria=["the one level"]),
+    }
+
+
+def check_answers(r):
+    a = r.answers
+    assert list(a) == ["billing", "team", "urgency", "only", "level"], list(a)
+    assert a["billing"].type == "noul" and 0.0 <= a["billing"].noul <= 1.0
+    team = a["team"]
+    assert team.type == "choice" and team.choice in ("payments", "shipping", "support")
+    assert math.isclose(sum(team.probabilities.values()), 1.0, rel_tol=1e-9)
+    assert team.probabilities[team.choice] == max(team.probabilities.values())
+    assert 0.0 <= team.confidence <= 1.0
+    urgency = a["urgency"]
+    assert urgency.type == "score" and 0.0 <= urgency.score <= 2.0
+    assert math.isclose(urgency.score, sum(k * p for k, p in urgency.probabilities.items()), rel_tol=1e-9)
+    assert urgency.legend == {0: "not urgent", 1: "soon", 2: "now"}
+    assert a["only"].choice == "refund" and a["only"].probabilities == {"refund": 1.0} and a["only"].confidence == 1.0
+    assert a["level"].score == 0.0 and a["level"].probabilities == {0: 1.0}
+    assert r.usage.input_tokens > 0 and r.usage.output_tokens == 0
+
+
+def probabilities(r):
+    a = r.answers
+    return [a["billing"].noul, a["team"].probabilities, a["urgency"].probabilities]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--binary", required=True)
+    args = parser.parse_args()
+    root = Path(__file__).resolve().parents[2]
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = model_copy(root, Path(tmp) / MODEL)
+        server = Server(args.binary, model)
+        try:
+            run(server)
+            cli_matches(server, args.binary, model)
+        finally:
+            server.proc.terminate()
+            server.proc.wait(timeout=30)
+    print(f"systemone: all checks passed in {time.time() - started:.1f} s")
+
+
+def run(server):
+    client = TypeSafeClient(api_key=KEY, base_url=server.url, model=MODEL, retry=RetryPolicy(max_retries=0))
+
+    # Every question type, and the answers given without a read; the same request, the same answers.
+    first = client.system_one(state=STATE, questions=questions())
+    check_answers(first)
+    again = client.system_one(state=STATE, questions=questions())
+    assert probabilities(again) == probabilities(first), "the same request read different noise"
+    assert client.system_one(state=STATE, questions=questions(), model="jev-latest").answers == first.answers
+
+    # samples: that many reads, averaged and billed; the re-read rule: the random model is unsure
+    # (top-20 entropy far above 0.1 nats), so a plain request is read 4 times (the canvases of
+    # samples 0..3) and billed once.
+    one = client.system_one(state=STATE, questions=questions(), extra_body={"samples": 1})
+    four = client.system_one(state=STATE, questions=questions(), extra_body={"samples": 4})
+    assert four.usage.input_tokens == 4 * one.usage.input_tokens == 4 * first.usage.input_tokens
+    assert probabilities(first) == probabilities(four), "an unsure read is the mean of four reads"
+    assert probabilities(first) != probabilities(one), "an unsure read was not read again"
+    check_answers(four)
+
+    # steps: denoising steps before the read move the free rows, so the answers change.
+    stepped = client.system_one(state=STATE, questions=questions(), extra_body={"steps": 4})
+    check_answers(stepped)
+    assert probabilities(stepped) != probabilities(first)
+
+    # sequential: 5 score questions are 3 groups on the bundled model's canvas; each group's prompt
+    # continues the whole question list after the answers chosen before (longer prompts: more billed).
+    many = {f"s{i}": {"type": "score", "instructions": f"Level {i}?", "criteria": ["low", "high"]} for i in range(5)}
+    plain = client.system_one(state=STATE, questions=many)
+    chained = client.system_one(state=STATE, questions=many, extra_body={"sequential": True})
+    assert list(chained.answers) == list(many) and chained.usage.input_tokens > plain.usage.input_tokens
+    assert [a.probabilities for a in chained.answers.values()] != [a.probabilities for a in plain.answers.values()]
+
+    # Both model lists in one body.
+    listed = client.models.list()
+    assert [m.name for m in listed.models] == [MODEL], listed
+    resp, data = server.request("GET", "/v1/models")
+    assert json.loads(data)["data"][0]["id"] == MODEL
+
+    # Headers.
+    resp, data = server.request("POST", "/v1/systemone", {"state": "x", "model": MODEL, "questions": {"q": {"type": "noul"}}})
+    assert resp.status == 200, data
+    assert re.fullmatch(r"model;dur=[\d.]+, server;dur=[\d.]+, total;dur=[\d.]+, prefill;dur=[\d.]+, read;dur=[\d.]+", resp.getheader("server-timing")), resp.getheader("server-timing")
+    assert re.fullmatch(r"req_[0-9a-f]{32}", resp.getheader("x-typesafe-request-id"))
+
+    errors(server, client)
+
+
+def cli_matches(server, binary, model):
+    """`dg read` answers a request as the server does."""
+    request = {"state": STATE, "questions": {"team": {"type": "choice", "criteria": {"payments": None, "shipping": "boxes"}},
+                                             "billing": {"type": "noul", "instructions": "Billing?"}}}
+    resp, data = server.request("POST", "/v1/systemone", {**request, "model": MODEL, "samples": 2})
+    assert resp.status == 200, data
+    cli = subprocess.run([binary, "read", "--model", str(model), "--samples", "2"], input=json.dumps(request),
+                         capture_output=True, text=True, check=True)
+    assert json.loads(cli.stdout) == json.loads(data), (cli.stdout, data)
+    assert list(json.loads(cli.stdout)["answers"]) == ["team", "billing"]
+
+
+def errors(server, client):
+    def expect(status, body, key=KEY, detail=None):
+        resp, data = server.request("POST", "/v1/systemone", body, key=key)
+        assert resp.status == status, (status, resp.status, data)
+        got = json.loads(data)["detail"]
+        if detail is not None:
+            assert got == detail, (got, detail)
+        server.healthy()
+        return got
+
+    ok = {"state": "x", "model": MODEL, "questions": {"q": {"type": "noul"}}}
+    expect(403, ok, key=None, detail={"error_type": "authentication_error", "message": "Must supply an API key! Check your request and try again."})
+    try:
+        TypeSafeClient(api_key="wrong", base_url=server.url, retry=RetryPolicy(max_retries=0)).system_one(state="x", questions={"q": Noul(instructions="Is it x?")}, model=MODEL)
+        raise AssertionError("a wrong key was accepted")
+    except TypeSafeAuthenticationError as e:
+        assert e.status == 401
+    try:
+        client.system_one(state="x", questions={"q": Noul(instructions="Is it x?")}, model="nope")
+        raise AssertionError("an unknown model was accepted")
+    except TypeSafeBadRequestError as e:
+        assert "Unknown model: nope" in str(e)
+    expect(400, {**ok, "questions": {"q": {"type": "box"}}}, detail={"error_type": "api_usage_error", "message": "Invalid request."})
+    for bad, field in [
+        ({"model": MODEL, "questions": ok["questions"]}, "state"),
+        ({"state": "x", "questions": ok["questions"]}, "model"),
+        ({**ok, "questions": {}}, "questions"),
+        ({**ok, "questions": {"q": {"instructions": "no type"}}}, "questions"),
+        ({**ok, "questions": {"q": {"type": "choice"}}}, "questions"),
+        ({**ok, "questions": {"q": {"type": "score", "criteria": []}}}, "questions"),
+        ({**ok, "state": 5}, "state"),
+        ({**ok, "steps": 9}, "steps"),
+        ({**ok, "samples": 0}, "samples"),
+        ({**ok, "think": -1}, "think"),
+        ({**ok, "sequential": "sometimes"}, "sequential"),
+    ]:
+        detail = expect(422, bad)
+        assert any(e["loc"][:2] == ["body", field] for e in detail), (field, detail)
+    try:
+        client.system_one(state="x", questions={"q": Noul(instructions="Is it x?")}, extra_body={"steps": 0})
+        raise AssertionError("steps 0 was accepted")
+    except TypeSafeUnprocessableEntityError as e:
+        assert e.status == 422
+    resp, data = server.request("POST", "/v1/systemone", b"{not json")
+    assert resp.status == 422 and json.loads(data)["detail"][0]["type"] == "json_invalid", data
+    expect(400, {**ok, "questions": {"q": {"type": "choice", "criteria": {}}}}, detail="Choice question must have at least one choice: q")
+    expect(400, {**ok, "questions": {"q": {"type": "score", "criteria": [str(i) for i in range(11)]}}},
+           detail="Too many score levels. Must have at most 10 levels.")
+    expect(400, {**ok, "questions": {f"q{i}": {"type": "noul"} for i in range(257)}}, detail="at most 256 questions per request")
+    expect(400, {**ok, "images": ["data:image/png;base64,AAAA"]})
+    detail = expect(400, {**ok, "state": "many words " * 3000})
+    assert detail.startswith("the model rejected this request:") and "max_position_embeddings" in detail, detail
+    expect(413, {**ok, "state": "x" * (5 << 20)})
+    server.healthy()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
