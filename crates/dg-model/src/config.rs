@@ -227,6 +227,9 @@ pub struct ModelConfig {
     pub eoi_token_id: Option<u32>,
     /// The vision tower's config; `None` when `vision_config` is absent or null (text only).
     pub vision: Option<VisionConfig>,
+    /// `text_config.use_bidirectional_attention == "vision"`: the encoder attends bidirectionally
+    /// within each run of image soft tokens.
+    pub images_bidirectional: bool,
 }
 
 impl ModelConfig {
@@ -251,6 +254,7 @@ impl ModelConfig {
             None => return Err(ModelError::config(path, "missing \"model_type\"")),
         }
         let text_raw = raw.text_config.ok_or_else(|| ModelError::config(path, "missing \"text_config\""))?;
+        let images_bidirectional = text_raw.use_bidirectional_attention.as_deref() == Some("vision");
         let text = text_raw.resolve(path)?;
         let canvas_length = raw.canvas_length.unwrap_or(256);
         if canvas_length == 0 {
@@ -269,6 +273,7 @@ impl ModelConfig {
             boi_token_id: raw.boi_token_id,
             eoi_token_id: raw.eoi_token_id,
             vision,
+            images_bidirectional,
         })
     }
 }
