@@ -3,7 +3,7 @@
 Makes (first run, or --images) a handful of small test images of different sizes, aspect ratios,
 modes and formats under fixtures/image-processor/, then records what transformers does with each:
 `load_image` (EXIF orientation applied) + `Gemma4ImageProcessorPil` (bicubic resize to the budget,
-rescale, patchify) at several soft-token budgets. reference.json holds, per image: the decoded size
+rescale, patchify) at several soft-token budgets. processor.json (not reference.json: these are no model fixture) holds, per image: the decoded size
 and a strided sample of its RGB bytes; per budget: the resized size, the soft-token count, the real
 (unpadded) patch count, the f64 sum and sum of squares of the real patches' pixel values and a
 strided sample of them. The padding rows are checked here to be zero with position (-1, -1).
@@ -93,8 +93,8 @@ def main():
             })
         records.append(record)
     meta = {"transformers": transformers.__version__, "pillow": PIL.__version__, "processor": "Gemma4ImageProcessorPil", "images": records}
-    (out / "reference.json").write_text(json.dumps(meta) + "\n")
-    print(f"wrote {out / 'reference.json'} for {len(records)} images")
+    (out / "processor.json").write_text(json.dumps(meta) + "\n")
+    print(f"wrote {out / 'processor.json'} for {len(records)} images")
 
 
 if __name__ == "__main__":

@@ -4,14 +4,15 @@ prompt that holds both images.
 
 Writes fixtures/vision-encoder/:
   config.json  model.safetensors          the random checkpoint (save_pretrained, F32)
-  reference.safetensors                    per image i: image{i}_soft_tokens ([n, vision hidden],
+  vision.safetensors                       per image i: image{i}_soft_tokens ([n, vision hidden],
                                            Gemma4VisionModel's output), image{i}_embeddings ([n, text
                                            hidden], after embed_vision); prompt_ids, canvas_ids and
                                            logits_image_prompt ([C, V]) of one canvas forward after
                                            encoding the image prompt
-  reference.json                           versions, the images, budgets and prompt layout, and each
+  vision.json                              versions, the images, budgets and prompt layout, and each
                                            tensor's f32-vs-f64 normwise gap (the oracle's own noise)
 
+(Named vision.* so that the tools that walk every model fixture's reference.json pass it by.)
 The images are the processor fixture's (fixtures/image-processor), resized by
 `Gemma4ImageProcessorPil` with this tower's patch size. The reference is transformers in f32 (as
 for the text fixtures); a float64 copy of the model measures how far f32 rounding alone moves it.
@@ -176,18 +177,17 @@ def main():
     gaps["logits_image_prompt_if_causal_within_images"] = normwise(causal, logits)
 
     model.save_pretrained(out)
-    save_file(tensors, str(out / "reference.safetensors"))
+    save_file(tensors, str(out / "vision.safetensors"))
     meta = {
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "seed": SEED,
         "images": list(IMAGES),
-        "canvas_length": SPEC["canvas_length"],
         "max_soft_tokens": BUDGET,
         "soft_tokens_per_image": counts,
         "f32_vs_f64_normwise": gaps,
     }
-    (out / "reference.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "vision.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps(meta, indent=2))
 
 

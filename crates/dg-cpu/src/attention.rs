@@ -122,7 +122,7 @@ mod tests {
             Mask::None,
             Mask::Causal { key_start: 10, query_start: 14, window: None, spans: &[] },
             Mask::Causal { key_start: 10, query_start: 14, window: Some(3), spans: &[] },
-            Mask::Causal { key_start: 10, query_start: 14, window: None, spans: &[13..17] },
+            Mask::Causal { key_start: 10, query_start: 14, window: None, spans: &[13..17, 20..22] },
         ] {
             let mut out = vec![0f32; q.len()];
             attention(&mut out, &q, &k, &v, s, mask);
@@ -142,7 +142,7 @@ mod tests {
 
     #[test]
     fn an_image_span_is_seen_whole_from_inside_and_causally_from_outside() {
-        let spans = [2..7];
+        let spans = [2..7, 9..10];
         let m = Mask::Causal { key_start: 0, query_start: 0, window: Some(2), spans: &spans };
         // Inside the span: the whole span, and the window before it.
         assert_eq!(m.visible(3, 10), (2, 7));

@@ -37,7 +37,7 @@ pub fn vision_tower(c: &VisionConfig, w: &VisionWeights, image: ImagePatches<'_>
     if image.pixel_values.len() != p * c.patch_width() {
         return Err(VisionError::PixelLength { got: image.pixel_values.len(), patches: p, width: c.patch_width() });
     }
-    if p == 0 || p % (k * k) != 0 {
+    if p == 0 || !p.is_multiple_of(k * k) {
         return Err(VisionError::Pooling { patches: p, kernel: k });
     }
     let mut h = patch_embed(c, w, image)?;
@@ -177,7 +177,7 @@ fn pool(c: &VisionConfig, h: &[f32], positions: &[[u32; 2]]) -> Result<Vec<f32>,
     let weight = 1.0 / (k * k) as f32;
     for (row, &[x, y]) in h.chunks_exact(hid).zip(positions) {
         let t = x as usize / k + (grid_width / k) * (y as usize / k);
-        if grid_width % k != 0 || t >= tokens {
+        if !grid_width.is_multiple_of(k) || t >= tokens {
             return Err(VisionError::Grid { x, y, kernel: k });
         }
         out[t * hid..(t + 1) * hid].iter_mut().zip(row).for_each(|(o, &v)| *o += weight * v);

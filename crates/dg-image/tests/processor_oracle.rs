@@ -62,7 +62,7 @@ fn check_sum(what: &str, ours: f64, theirs: f64, rel: f64) -> Result<()> {
 #[test]
 fn processor_matches_transformers_on_every_test_image_and_budget() -> Result<()> {
     let dir = fixture_dir();
-    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json"))?)?;
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("processor.json"))?)?;
     let images = reference["images"].as_array().context("images")?;
     ensure!(images.len() >= 8, "the fixture lost images");
     for record in images {

@@ -96,10 +96,10 @@ impl RawVisionConfig {
             }
         }
         // The 2-D RoPE rotates two halves of the head, each in pairs.
-        if c.head_dim == 0 || c.head_dim % 4 != 0 {
+        if c.head_dim == 0 || !c.head_dim.is_multiple_of(4) {
             return Err(err(format!("head_dim {} must be a positive multiple of 4 (2-D rotary halves)", c.head_dim)));
         }
-        if c.num_heads % c.num_kv_heads != 0 {
+        if !c.num_heads.is_multiple_of(c.num_kv_heads) {
             return Err(err(format!("num_attention_heads {} is not a multiple of num_key_value_heads {}", c.num_heads, c.num_kv_heads)));
         }
         if let Some(act) = &self.hidden_activation

@@ -7,10 +7,9 @@
 use dg_cpu::CpuModel;
 use dg_cpu::vision::{ImagePatches, embed_vision, vision_tower};
 use dg_image::{DecodeLimits, ImageProcessor, decode};
-use dg_model::{ModelDir, VisionWeights};
+use dg_model::{ModelDir, SafetensorsFile, VisionWeights};
 use dg_parity::checks::{ARGMAX_MARGIN, CPU_LOGITS_TOLERANCE};
 use dg_parity::compare::compare;
-use dg_parity::reference::Reference;
 use dg_parity::testing::fixture;
 
 /// Normwise tolerance of the f32 tower against transformers' f32 tower: the same f32 operations in
@@ -19,6 +18,15 @@ use dg_parity::testing::fixture;
 const TOWER_TOLERANCE: f64 = CPU_LOGITS_TOLERANCE;
 
 const IMAGES: [&str; 2] = ["wide.png", "tall.png"];
+
+/// The fixture's recorded transformers outputs.
+fn reference(dir: &std::path::Path) -> SafetensorsFile {
+    SafetensorsFile::open(&dir.join("vision.safetensors")).unwrap()
+}
+
+fn ids(reference: &SafetensorsFile, name: &str) -> Vec<u32> {
+    reference.tensor_i64(name).unwrap().1.into_iter().map(|v| u32::try_from(v).unwrap()).collect()
+}
 
 /// Per test image: the tower's soft tokens and their projection into the text model.
 fn encode_images(model: &ModelDir) -> Vec<(Vec<f32>, Vec<f32>)> {
@@ -42,11 +50,11 @@ fn encode_images(model: &ModelDir) -> Vec<(Vec<f32>, Vec<f32>)> {
 fn cpu_vision_tower_matches_transformers_on_the_test_images() {
     let dir = fixture("vision-encoder");
     let model = ModelDir::open(&dir).unwrap();
-    let reference = Reference::open(&dir).unwrap();
+    let reference = reference(&dir);
     let vision = model.config.vision.clone().unwrap();
     for (i, (file, (soft, embedded))) in IMAGES.iter().zip(encode_images(&model)).enumerate() {
         for (name, ours, cols) in [("soft_tokens", &soft, vision.hidden_size), ("embeddings", &embedded, model.config.text.hidden_size)] {
-            let (shape, want) = reference.floats(&format!("image{i}_{name}")).unwrap();
+            let dg_model::Tensor { shape, data: want } = reference.tensor_f32(&format!("image{i}_{name}")).unwrap();
             assert_eq!(shape, [want.len() / cols, cols], "{file} {name}: shape");
             assert_eq!(ours.len(), want.len(), "{file} {name}: soft tokens");
             let c = compare(ours, &want, cols, f32::INFINITY);
@@ -60,17 +68,17 @@ fn cpu_vision_tower_matches_transformers_on_the_test_images() {
 /// bidirectional or (to show the mask matters) causal.
 fn logits_after_image_prompt(dir: &std::path::Path, bidirectional: bool) -> (Vec<f32>, Vec<f32>, usize) {
     let mut model = ModelDir::open(dir).unwrap();
-    let reference = Reference::open(dir).unwrap();
+    let reference = reference(dir);
     let embeddings: Vec<f32> = encode_images(&model).into_iter().flat_map(|(_, e)| e).collect();
     model.config.images_bidirectional = bidirectional;
     let vocab = model.config.text.vocab_size;
     let weights = model.load_weights().unwrap();
     let mut cpu = CpuModel::new(model.config, weights);
-    cpu.encode_with_images(&reference.ids("prompt_ids").unwrap(), &embeddings).unwrap();
-    let canvas = reference.ids("canvas_ids").unwrap();
+    cpu.encode_with_images(&ids(&reference, "prompt_ids"), &embeddings).unwrap();
+    let canvas = ids(&reference, "canvas_ids");
     let mut logits = vec![0f32; canvas.len() * vocab];
     cpu.canvas_forward(&canvas, None, &mut logits).unwrap();
-    let (_, want) = reference.floats("logits_image_prompt").unwrap();
+    let want = reference.tensor_f32("logits_image_prompt").unwrap().data;
     (logits, want, vocab)
 }
 
@@ -90,10 +98,10 @@ fn cpu_canvas_logits_after_an_image_prompt_match_transformers() {
 #[test]
 fn image_embeddings_must_fill_every_soft_token() {
     let model = ModelDir::open(&fixture("vision-encoder")).unwrap();
-    let reference = Reference::open(&fixture("vision-encoder")).unwrap();
+    let reference = reference(&fixture("vision-encoder"));
     let hidden = model.config.text.hidden_size;
     let weights = model.load_weights().unwrap();
     let mut cpu = CpuModel::new(model.config, weights);
-    let err = cpu.encode_with_images(&reference.ids("prompt_ids").unwrap(), &vec![0.0; 3 * hidden]).unwrap_err();
+    let err = cpu.encode_with_images(&ids(&reference, "prompt_ids"), &vec![0.0; 3 * hidden]).unwrap_err();
     assert!(err.to_string().contains("image embeddings"), "{err}");
 }
