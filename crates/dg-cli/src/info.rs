@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
-use dg_model::{LayerKind, ModelConfig, ModelDir, StoredDtype, tensor_manifest};
+use dg_model::{LayerKind, ModelConfig, ModelDir, StoredDtype, tensor_manifest, vision_manifest};
 use serde_json::{Value, json};
 
 use crate::args::InfoArgs;
@@ -71,6 +71,35 @@ fn stored_bytes(dtype: &str, elements: usize) -> u64 {
     elements as u64 * per_element
 }
 
+/// The vision tower and its projection (`model.encoder.vision_tower.*`, `embed_vision.*`): its
+/// geometry, parameters, bytes as stored and as the f32 CPU reference holds them; null without a
+/// `vision_config`.
+fn vision_json(model: &ModelDir) -> Value {
+    let Some(v) = &model.config.vision else { return Value::Null };
+    let (mut params, mut stored, mut missing) = (0u64, 0u64, 0usize);
+    for (name, shape) in vision_manifest(v, model.config.text.hidden_size) {
+        let elements: usize = shape.iter().product();
+        params += elements as u64;
+        match model.checkpoint.shape(&name) {
+            Ok((_, dtype)) => stored += stored_bytes(&dtype, elements),
+            Err(_) => missing += 1,
+        }
+    }
+    json!({
+        "num_hidden_layers": v.num_layers,
+        "hidden_size": v.hidden_size,
+        "intermediate_size": v.intermediate_size,
+        "num_attention_heads": v.num_heads,
+        "head_dim": v.head_dim,
+        "patch_size": v.patch_size,
+        "pooling_kernel_size": v.pooling_kernel_size,
+        "parameters": params,
+        "stored_bytes": stored,
+        "missing_tensors": missing,
+        "cpu_f32_bytes": params * 4,
+    })
+}
+
 fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters: Vec<Value>) -> Value {
     let t = &model.config.text;
     let params = t.num_parameters();
@@ -91,6 +120,7 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
         tensors.push(json!({ "name": name, "gguf_name": gguf_name, "shape": shape, "dtype": dtype, "bytes": bytes }));
     }
     let format = if model.checkpoint.gguf().is_some() { "gguf" } else { "safetensors" };
+    let vision = vision_json(model);
     let layer = |kind: LayerKind| t.layers.iter().find(|l| l.kind == kind);
     let heads = |kind| layer(kind).map(|l| json!({ "kv_heads": l.num_kv_heads, "head_dim": l.head_dim }));
     let kv_bytes_per_token: usize = t.layers.iter().map(|l| 2 * l.num_kv_heads * l.head_dim * 4).sum();
@@ -120,6 +150,7 @@ fn model_json(model: &ModelDir, path: &std::path::Path, bundled: bool, adapters:
         "sliding_window": t.sliding_window,
         "max_position_embeddings": t.max_position_embeddings,
         "parameters": params,
+        "vision": vision,
         "checkpoint": {
             "format": format,
             "path": model.checkpoint.origin().display().to_string(),
@@ -255,6 +286,24 @@ fn render(v: &Value) -> String {
     out += &format!("heads      {} query{}{}\n", n("num_attention_heads"), heads("sliding_heads", "sliding"), heads("full_heads", "full"));
     out += &format!("experts    {} per layer, top-{}, width {}\n", n("num_experts"), n("top_k_experts"), n("moe_intermediate_size"));
     out += &format!("parameters {} (text; embedding counted once)\n", group(params));
+    let vision = &v["vision"];
+    if !vision.is_null() {
+        let missing = vision["missing_tensors"].as_u64().unwrap_or(0);
+        out += &format!(
+            "vision     {} layers of {} ({} heads × {}), patch {} pooled {}×{}: {} parameters, {} stored{}, {} as f32\n",
+            vision["num_hidden_layers"],
+            vision["hidden_size"],
+            vision["num_attention_heads"],
+            vision["head_dim"],
+            vision["patch_size"],
+            vision["pooling_kernel_size"],
+            vision["pooling_kernel_size"],
+            group(vision["parameters"].as_u64().unwrap_or(0)),
+            size(vision["stored_bytes"].as_u64().unwrap_or(0)),
+            if missing > 0 { format!(" ({missing} tensors missing from the checkpoint)") } else { String::new() },
+            size(vision["cpu_f32_bytes"].as_u64().unwrap_or(0)),
+        );
+    }
     out += &format!(
         "checkpoint {}; text weights {} ({} {})\n",
         dtypes.unwrap_or_default(),

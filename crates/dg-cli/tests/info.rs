@@ -90,3 +90,18 @@ fn the_bundled_model_is_small_and_consistent() {
         assert!(dir.join(file).is_file(), "{file}");
     }
 }
+
+#[test]
+fn info_counts_the_vision_tower() {
+    let dir = fixture("vision-encoder");
+    let v = dg(&["info", "--json", "--model", dir.to_str().unwrap()]).ok().json();
+    let vision = &v["vision"];
+    // Patch embedder 32·48 + 2·64·32, two layers of 4 norms, q/k/v/o, q/k norms and a gated MLP
+    // (2 · 7,824), std_bias and std_scale 2·32, embed_vision 32·32: counted by hand.
+    assert_eq!(vision["parameters"], 1_536 + 4_096 + 2 * 7_824 + 64 + 1_024, "{vision}");
+    assert_eq!(vision["stored_bytes"], 4 * 22_368, "F32 checkpoint: {vision}");
+    assert_eq!(vision["missing_tensors"], 0);
+    let text = dg(&["info", "--model", dir.to_str().unwrap()]).ok();
+    assert!(text.stdout.contains("vision     2 layers of 32 (4 heads × 8), patch 4 pooled 3×3: 22,368 parameters"), "{}", text.stdout);
+    assert!(dg(&["info", "--json"]).ok().json()["vision"].is_null(), "the bundled model has no tower");
+}

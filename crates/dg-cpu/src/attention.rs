@@ -3,6 +3,8 @@
 //!
 //! Query head `h` reads kv head `h / (heads / kv_heads)` (`repeat_kv`, consecutive repeats).
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use crate::linalg::{Threads, View, matmul};
@@ -10,27 +12,30 @@ use crate::ops::softmax_in_place;
 
 /// Which keys a query may see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mask {
+pub enum Mask<'a> {
     /// Every key (the decoder: bidirectional over [cache | canvas]).
     None,
     /// Causal over absolute positions, optionally with a sliding window of `window` tokens
-    /// including the query (`j ≤ p` and `j > p − window`).
-    Causal { key_start: usize, query_start: usize, window: Option<usize> },
+    /// including the query (`j ≤ p` and `j > p − window`); a query inside one of the `spans`
+    /// (absolute positions of an image's soft tokens) also sees that whole span, as
+    /// `blockwise_overlay` ORs it into HF's masks.
+    Causal { key_start: usize, query_start: usize, window: Option<usize>, spans: &'a [Range<usize>] },
 }
 
-impl Mask {
+impl Mask<'_> {
     /// Range of visible keys `[lo, hi)` for query `t` out of `keys` keys.
     fn visible(&self, t: usize, keys: usize) -> (usize, usize) {
         match *self {
             Mask::None => (0, keys),
-            Mask::Causal { key_start, query_start, window } => {
+            Mask::Causal { key_start, query_start, window, spans } => {
                 let p = query_start + t;
-                let hi = (p + 1).saturating_sub(key_start).min(keys);
-                let lo = match window {
-                    Some(w) => (p + 1).saturating_sub(w).saturating_sub(key_start).min(hi),
-                    None => 0,
-                };
-                (lo, hi)
+                let (mut lo, mut hi) = (window.map_or(0, |w| (p + 1).saturating_sub(w)), p + 1);
+                // Both ranges hold p, so their union is one range.
+                if let Some(span) = spans.iter().find(|s| s.contains(&p)) {
+                    (lo, hi) = (lo.min(span.start), hi.max(span.end));
+                }
+                let hi = hi.saturating_sub(key_start).min(keys);
+                (lo.saturating_sub(key_start).min(hi), hi)
             }
         }
     }
@@ -115,8 +120,9 @@ mod tests {
         let (q, k, v) = (data(5 * 4 * 6, 1), data(9 * 2 * 6, 2), data(9 * 2 * 6, 3));
         for mask in [
             Mask::None,
-            Mask::Causal { key_start: 10, query_start: 14, window: None },
-            Mask::Causal { key_start: 10, query_start: 14, window: Some(3) },
+            Mask::Causal { key_start: 10, query_start: 14, window: None, spans: &[] },
+            Mask::Causal { key_start: 10, query_start: 14, window: Some(3), spans: &[] },
+            Mask::Causal { key_start: 10, query_start: 14, window: None, spans: &[13..17, 20..22] },
         ] {
             let mut out = vec![0f32; q.len()];
             attention(&mut out, &q, &k, &v, s, mask);
@@ -129,8 +135,21 @@ mod tests {
 
     #[test]
     fn sliding_window_counts_the_query_itself() {
-        let m = Mask::Causal { key_start: 0, query_start: 5, window: Some(3) };
+        let m = Mask::Causal { key_start: 0, query_start: 5, window: Some(3), spans: &[] };
         // Query at position 5 sees keys 3, 4, 5.
         assert_eq!(m.visible(0, 10), (3, 6));
+    }
+
+    #[test]
+    fn an_image_span_is_seen_whole_from_inside_and_causally_from_outside() {
+        let spans = [2..7, 9..10];
+        let m = Mask::Causal { key_start: 0, query_start: 0, window: Some(2), spans: &spans };
+        // Inside the span: the whole span, and the window before it.
+        assert_eq!(m.visible(3, 10), (2, 7));
+        assert_eq!(m.visible(2, 10), (1, 7));
+        // After it: causal with the window only.
+        assert_eq!(m.visible(8, 10), (7, 9));
+        // Before it: causal.
+        assert_eq!(m.visible(1, 10), (0, 2));
     }
 }

@@ -16,10 +16,11 @@ use crate::moe::{Routing, experts, route_logits, router_input, router_logits};
 use crate::ops::{gelu_glu, rms_norm_into, rms_norm_rows};
 use crate::rope::RopeTable;
 
-/// Encoder (writes K/V, causal) or decoder (reads the cache, bidirectional) pass of a layer.
+/// Encoder (writes K/V, causal but for the image `spans`, see [`Mask::Causal`]) or decoder (reads
+/// the cache, bidirectional) pass of a layer.
 #[derive(Debug)]
 pub enum Pass<'a> {
-    Encode(&'a mut LayerCache),
+    Encode(&'a mut LayerCache, &'a [std::ops::Range<usize>]),
     Decode(&'a LayerCache),
 }
 
@@ -92,20 +93,20 @@ pub fn layer_forward(
 
     // Keys and values: [visible cache | new tokens].
     let cache: &LayerCache = match &pass {
-        Pass::Encode(c) => c,
+        Pass::Encode(c, _) => c,
         Pass::Decode(c) => c,
     };
     let keys = [cache.keys.as_slice(), &k].concat();
     let values = [cache.values.as_slice(), &v].concat();
     let (mask, scalar) = match &pass {
-        Pass::Encode(c) => {
+        Pass::Encode(c, spans) => {
             let window = (spec.kind == LayerKind::Sliding).then_some(cfg.sliding_window);
-            (Mask::Causal { key_start: c.start, query_start: start, window }, w.encoder_scalar)
+            (Mask::Causal { key_start: c.start, query_start: start, window, spans }, w.encoder_scalar)
         }
         Pass::Decode(_) => (Mask::None, w.decoder_scalar),
     };
     let shape = AttnShape { queries: t, keys: cache.len() + t, heads, kv_heads, head_dim: d };
-    if let Pass::Encode(c) = pass {
+    if let Pass::Encode(c, _) = pass {
         c.append(&k, &v);
     }
     if attention_only {

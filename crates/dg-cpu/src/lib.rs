@@ -2,7 +2,8 @@
 //!
 //! Mirrors `modeling_diffusion_gemma.py` module by module: RMSNorm and activations ([`ops`]),
 //! RoPE ([`rope`]), attention ([`attention`]), router and experts ([`moe`]), the shared layer
-//! ([`layer`]), the KV cache ([`cache`]) and the encoder/decoder model ([`model`]). Every GPU
+//! ([`layer`]), the KV cache ([`cache`]) and the encoder/decoder model ([`model`]); the Gemma 4 vision tower
+//! and its projection ([`vision`], `modeling_gemma4.py`). Every GPU
 //! kernel is checked against these functions.
 
 pub mod attention;
@@ -12,6 +13,7 @@ pub mod linalg;
 pub mod moe;
 pub mod ops;
 pub mod rope;
+pub mod vision;
 
 mod model;
 mod read;

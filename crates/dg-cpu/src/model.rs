@@ -126,28 +126,56 @@ impl CpuModel {
     }
 
     /// Encodes `ids` causally at the next positions and appends their K/V to the cache
-    /// (prompt prefill, or a committed canvas).
+    /// (prompt prefill, or a committed canvas). Image placeholders are looked up as the pad id.
     pub fn encode(&mut self, ids: &[u32]) -> Result<(), CpuError> {
+        self.encode_inner(ids, None)
+    }
+
+    /// Encodes a prompt that holds images (`DiffusionGemmaEncoderModel` as `generate` runs it):
+    /// the rows of the image soft tokens (`image_token_id`) are replaced, in order, by
+    /// `image_embeddings` (`[n, H]`, [`crate::vision::embed_vision`]'s output for each image in
+    /// turn), and with `use_bidirectional_attention: "vision"` each run of soft tokens sees itself
+    /// whole. An image's run must lie within one call.
+    pub fn encode_with_images(&mut self, ids: &[u32], image_embeddings: &[f32]) -> Result<(), CpuError> {
+        self.encode_inner(ids, Some(image_embeddings))
+    }
+
+    fn encode_inner(&mut self, ids: &[u32], image_embeddings: Option<&[f32]>) -> Result<(), CpuError> {
         if ids.is_empty() {
             return Err(CpuError::Empty);
         }
         self.check_ids(ids)?;
         self.check_positions(ids.len())?;
         let cfg = &self.config.text;
-        // Image placeholders are replaced by pad before embedding (text-only path).
-        let ids: Vec<u32> = ids
+        let is_image = |id: u32| self.config.image_token_id == Some(id);
+        // Image placeholders are replaced by pad before embedding (HF's `llm_input_ids`).
+        let looked_up: Vec<u32> = ids
             .iter()
-            .map(|&id| match (self.config.image_token_id, cfg.pad_token_id) {
-                (Some(img), Some(pad)) if id == img => pad,
+            .map(|&id| match cfg.pad_token_id {
+                Some(pad) if is_image(id) => pad,
                 _ => id,
             })
             .collect();
         let t = ids.len();
         let start = self.cache.seq_len;
-        let mut h = self.embed(&ids);
+        let mut h = self.embed(&looked_up);
+        let mut spans = Vec::new();
+        if let Some(embeddings) = image_embeddings {
+            let hid = cfg.hidden_size;
+            let slots: Vec<usize> = (0..t).filter(|&i| is_image(ids[i])).collect();
+            if embeddings.len() != slots.len() * hid {
+                return Err(CpuError::Length { what: "image embeddings", got: embeddings.len(), expected: slots.len() * hid });
+            }
+            for (&i, row) in slots.iter().zip(embeddings.chunks_exact(hid)) {
+                h[i * hid..(i + 1) * hid].copy_from_slice(row);
+            }
+            if self.config.images_bidirectional {
+                spans = runs(&slots, start);
+            }
+        }
         let last = cfg.num_layers() - 1;
         for (i, (w, spec)) in self.weights.layers.iter().zip(&cfg.layers).enumerate() {
-            let pass = Pass::Encode(&mut self.cache.layers[i]);
+            let pass = Pass::Encode(&mut self.cache.layers[i], &spans);
             layer_forward(&mut h, t, start, w, spec, cfg, pass, i == last, None);
         }
         self.cache.seq_len += t;
@@ -244,6 +272,19 @@ impl CpuModel {
         self.head(&h, c, logits);
         Ok(())
     }
+}
+
+/// The maximal runs of consecutive indices in `sorted` (HF's `get_block_sequence_ids_for_mask`
+/// groups), as absolute positions from `start`.
+fn runs(sorted: &[usize], start: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    for &i in sorted {
+        match out.last_mut() {
+            Some(run) if run.end == start + i => run.end += 1,
+            _ => out.push(start + i..start + i + 1),
+        }
+    }
+    out
 }
 
 fn empty_cache(config: &ModelConfig) -> KvCache {

@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::error::{ModelError, Result};
 use crate::json::read_json;
+use crate::vision::{RawVisionConfig, VisionConfig};
 
 /// Attention type of one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,6 +222,14 @@ pub struct ModelConfig {
     /// Top-level `eos_token_id` (one or several ids), if any.
     pub eos_token_ids: Vec<u32>,
     pub image_token_id: Option<u32>,
+    /// `<start_of_image>` / `<end_of_image>`, which wrap an image's soft tokens in the prompt.
+    pub boi_token_id: Option<u32>,
+    pub eoi_token_id: Option<u32>,
+    /// The vision tower's config; `None` when `vision_config` is absent or null (text only).
+    pub vision: Option<VisionConfig>,
+    /// `text_config.use_bidirectional_attention == "vision"`: the encoder attends bidirectionally
+    /// within each run of image soft tokens.
+    pub images_bidirectional: bool,
 }
 
 impl ModelConfig {
@@ -245,6 +254,7 @@ impl ModelConfig {
             None => return Err(ModelError::config(path, "missing \"model_type\"")),
         }
         let text_raw = raw.text_config.ok_or_else(|| ModelError::config(path, "missing \"text_config\""))?;
+        let images_bidirectional = text_raw.use_bidirectional_attention.as_deref() == Some("vision");
         let text = text_raw.resolve(path)?;
         let canvas_length = raw.canvas_length.unwrap_or(256);
         if canvas_length == 0 {
@@ -254,7 +264,17 @@ impl ModelConfig {
         for &id in &eos_token_ids {
             check_id(path, "eos_token_id", id, text.vocab_size)?;
         }
-        Ok(ModelConfig { text, canvas_length, eos_token_ids, image_token_id: raw.image_token_id })
+        let vision = raw.vision_config.map(|v| v.resolve(path)).transpose()?;
+        Ok(ModelConfig {
+            text,
+            canvas_length,
+            eos_token_ids,
+            image_token_id: raw.image_token_id,
+            boi_token_id: raw.boi_token_id,
+            eoi_token_id: raw.eoi_token_id,
+            vision,
+            images_bidirectional,
+        })
     }
 }
 
@@ -290,6 +310,9 @@ struct RawConfig {
     canvas_length: Option<usize>,
     eos_token_id: Option<IdOrList>,
     image_token_id: Option<u32>,
+    boi_token_id: Option<u32>,
+    eoi_token_id: Option<u32>,
+    vision_config: Option<RawVisionConfig>,
 }
 
 #[derive(Debug, Deserialize)]

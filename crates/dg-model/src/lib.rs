@@ -6,7 +6,8 @@
 //! files as llama.cpp names DiffusionGemma's tensors (`gguf`) and ggml's quantized blocks (every
 //! type gguf-py dequantizes but TQ1_0 and TQ2_0: [`dequantize_bytes`]; [`quantize`] and the schemes
 //! of [`Scheme`] write the types of [`QUANTIZABLE`]),
-//! and builds seeded random weights for any config. No model math, no GPU.
+//! and builds seeded random weights for any config; reads the Gemma 4 vision tower's config and
+//! weights (`vision`). No model math, no GPU.
 
 mod config;
 mod error;
@@ -19,6 +20,7 @@ mod quant;
 mod random;
 mod stored;
 mod tensors;
+mod vision;
 mod weights;
 
 pub use config::{IdOrList, LayerKind, LayerSpec, ModelConfig, RopeSpec, TextConfig};
@@ -30,4 +32,5 @@ pub use quant::{QUANTIZABLE, QuantError, Quantized, Scheme, dequantize_bytes, qu
 pub use random::RandomWeights;
 pub use stored::{StoredDtype, StoredTensor};
 pub use tensors::{Checkpoint, SafetensorsFile, Tensor};
+pub use vision::{VisionConfig, VisionLayerWeights, VisionWeights, vision_manifest};
 pub use weights::{ExpertWeights, LayerWeights, Matrix, SelfConditioningWeights, TensorSource, Weights};

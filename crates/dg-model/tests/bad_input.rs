@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use dg_model::{
     Checkpoint, LayerKind, ModelConfig, ModelDir, RandomWeights, Result, SafetensorsFile, StoredDtype, StoredTensor, TensorSource, Weights,
-    tensor_manifest,
+    tensor_manifest, vision_manifest,
 };
 use half::{bf16, f16};
 use safetensors::tensor::{Dtype, View};
@@ -81,7 +81,9 @@ const REAL_CONFIG: &str = r#"{
   },
   "vision_config": {
     "model_type": "gemma4_vision", "hidden_size": 1152, "intermediate_size": 4304,
-    "num_hidden_layers": 27, "num_attention_heads": 16, "head_dim": 72, "patch_size": 16
+    "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 72,
+    "patch_size": 16, "pooling_kernel_size": 3, "position_embedding_size": 10240, "standardize": true,
+    "use_clipped_linears": false, "rope_parameters": {"rope_theta": 100.0, "rope_type": "axial"}
   }
 }"#;
 
@@ -730,6 +732,12 @@ fn real_config_parameter_count_and_manifest() {
     assert_eq!(config.canvas_length, 256);
     assert_eq!(config.eos_token_ids, [1, 106]);
     assert_eq!(config.image_token_id, Some(258_880));
+    // The vision tower's parameters are the measured total_parameters less the text's (spec §2.4);
+    // the manifest also lists std_bias and std_scale, buffers of 1152 each.
+    let vision = config.vision.as_ref().expect("the real config has a vision tower");
+    let vision_elements: usize = vision_manifest(vision, text.hidden_size).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+    assert_eq!(vision_elements, 25_823_778_864 - 25_250_986_752 + 2 * 1152);
+    assert!(config.images_bidirectional);
 
     let manifest = tensor_manifest(text);
     let decoder: Vec<_> = manifest.iter().filter(|(n, _)| n.starts_with("model.decoder.")).collect();
@@ -788,4 +796,21 @@ fn checkpoint_tensors_come_as_stored() {
     assert_eq!((t.dtype, t.byte_len()), (StoredDtype::BF16, shape[0] * shape[1] * 2));
     assert_eq!(t.to_f32(), model.checkpoint.tensor(name, &shape).unwrap());
     assert_err(model.checkpoint.stored(name, &[1, 2]), &[name, "shape"]);
+}
+
+#[test]
+fn vision_config_problems_name_the_field() {
+    for (vision, needle) in [
+        (r#"{"num_attention_heads": 16}"#, "num_attention_heads 16 is not a multiple of num_key_value_heads 12"),
+        (r#"{"use_clipped_linears": true}"#, "use_clipped_linears"),
+        (r#"{"head_dim": 70}"#, "head_dim 70"),
+        (r#"{"hidden_activation": "relu"}"#, "relu"),
+        (r#"{"model_type": "siglip_vision_model"}"#, "siglip_vision_model"),
+    ] {
+        let json = format!(
+            r#"{{"model_type":"diffusion_gemma","text_config":{{"num_experts":4,"top_k_experts":2,"moe_intermediate_size":8}},"vision_config":{vision}}}"#
+        );
+        let err = ModelConfig::from_json_str(&json, Path::new("config.json")).unwrap_err().to_string();
+        assert!(err.contains(needle), "{vision}: {err}");
+    }
 }
