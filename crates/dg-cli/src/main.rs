@@ -21,6 +21,7 @@ mod load;
 mod model_dir;
 mod prompt;
 mod prompts_file;
+mod py_repr;
 mod quantize;
 mod read;
 mod report;

@@ -28,20 +28,10 @@ pub fn to_value(json: &Json) -> Value {
     }
 }
 
-/// Python's `repr(x)` when it has an exponent (decimal exponent below -4 or from 16 up): the
-/// shortest digits that round-trip, as Rust's, with a signed two-digit-or-more exponent.
+/// Python's `repr(x)` where it has an exponent (where minijinja's positional text differs).
 fn exponent_repr(x: f64) -> Option<String> {
-    if !x.is_finite() || x == 0.0 {
-        return None;
-    }
-    let sci = format!("{x:e}");
-    let (mantissa, exp) = sci.split_once('e')?;
-    let exp: i32 = exp.parse().ok()?;
-    if (-4..16).contains(&exp) {
-        return None;
-    }
-    let sign = if exp < 0 { '-' } else { '+' };
-    Some(format!("{mantissa}e{sign}{:02}", exp.unsigned_abs()))
+    let text = crate::py_repr::float_repr(x);
+    (x.is_finite() && text.contains('e')).then_some(text)
 }
 
 /// A float that prints as Python prints it; not a string, mapping or sequence to the template.

@@ -1,3 +1,7 @@
+//! The reply reader's tests: calls in transformers' renderings and random calls through the real
+//! template parse back, the ambiguous delimiter, replies split into reasoning, content and calls,
+//! malformed calls as text.
+
 use std::path::Path;
 
 use serde_json::json;

@@ -88,49 +88,13 @@ impl Json {
     }
 }
 
-/// An int as `str(int)`, a float as `float.__repr__`: the shortest digits that read back, positional
-/// for decimal exponents −4 ≤ e < 16 (with `.0` when whole), else `d.ddde±XX`.
+/// An int as `str(int)`, a float as `float.__repr__`.
 fn write_number(out: &mut String, n: &serde_json::Number) {
-    if n.is_i64() || n.is_u64() {
-        let _ = write!(out, "{n}");
-        return;
-    }
-    let x = n.as_f64().unwrap_or(f64::NAN);
-    if x == 0.0 {
-        out.push_str(if x.is_sign_negative() { "-0.0" } else { "0.0" });
-        return;
-    }
-    let sci = format!("{:e}", x.abs());
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    if x < 0.0 {
-        out.push('-');
-    }
-    if (-4..16).contains(&exp) {
-        if exp < 0 {
-            out.push_str("0.");
-            out.extend(std::iter::repeat_n('0', (-exp - 1) as usize));
-            out.push_str(&digits);
-        } else {
-            let point = exp as usize + 1;
-            if digits.len() <= point {
-                out.push_str(&digits);
-                out.extend(std::iter::repeat_n('0', point - digits.len()));
-                out.push_str(".0");
-            } else {
-                out.push_str(&digits[..point]);
-                out.push('.');
-                out.push_str(&digits[point..]);
-            }
+    match n.as_f64() {
+        Some(x) if !(n.is_i64() || n.is_u64()) => out.push_str(&crate::py_repr::float_repr(x)),
+        _ => {
+            let _ = write!(out, "{n}");
         }
-    } else {
-        out.push_str(&digits[..1]);
-        if digits.len() > 1 {
-            out.push('.');
-            out.push_str(&digits[1..]);
-        }
-        let _ = write!(out, "e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs());
     }
 }
 

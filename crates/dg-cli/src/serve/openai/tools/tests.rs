@@ -1,3 +1,6 @@
+//! The tools module's tests: tool calls' arguments decoded, bad fields named, a reply as OpenAI deltas
+//! and a message, OpenAI-shaped conversations rendered as transformers rendered them.
+
 use super::*;
 
 fn body(extra: Value) -> Map<String, Value> {
