@@ -2,13 +2,11 @@
 //! or dtype of each tensor, without opening a device: what `dg info` prints for a checkpoint and
 //! for each quantization scheme.
 //!
-//! It mirrors the choices of dg-gpu's upload (`GpuWeights::upload`, `crates/dg-gpu/src/weights.rs`):
-//! - a matrix (q/K/V stacked, o, the dense and self-conditioning gate/up stacked and down, the
-//!   router, each experts tensor) keeps its ggml blocks where all its parts store one block type
-//!   the GPU reads as stored (the quantized entries of [`WeightFormat::ALL`]); otherwise it is held
-//!   in the upload's format (f32, BF16 or F16: dequantized where it is quantized);
-//! - the embedding (also the tied head) is BF16 in the F16 mode, f32 where it is stored quantized,
-//!   else in the upload's format;
+//! The formats are dg-gpu's own rules, the ones its upload applies (`GpuWeights::upload`):
+//! [`dg_gpu::matrix_format`] for each matrix (q/K/V stacked, o, the dense and self-conditioning
+//! gate/up stacked and down, the router, each experts tensor: its ggml blocks where all its parts
+//! store one block type, else the upload's format) and [`dg_gpu::embedding_format`] for the
+//! embedding (also the tied head). What this count adds:
 //! - norm weights and scales are f32, the layer scalars stay on the host;
 //! - every buffer is padded to a whole 4-byte word, and an IQ type's buffer holds its grid after
 //!   the blocks (`QuantFormat::table`; once per matrix: a matrix split across bindings, on a
@@ -51,20 +49,6 @@ pub fn format_name(format: WeightFormat) -> &'static str {
     }
 }
 
-/// The block format the GPU keeps `dtype`'s ggml blocks in, if it reads that type as stored.
-pub fn block_format(dtype: StoredDtype) -> Option<WeightFormat> {
-    WeightFormat::ALL.into_iter().find(|f| matches!(f, WeightFormat::Quantized(q) if q.name() == dtype.name()))
-}
-
-/// The format a matrix stacked from tensors of `dtypes` is held in by an upload in `format`.
-fn matrix_format(dtypes: &[StoredDtype], format: WeightFormat) -> WeightFormat {
-    let first = dtypes.first().and_then(|&d| block_format(d));
-    match first {
-        Some(f) if dtypes.iter().all(|&d| block_format(d) == Some(f)) => f,
-        _ => format,
-    }
-}
-
 /// The GPU's bytes of `cfg`'s weights uploaded in `format` when each tensor is stored as
 /// `dtype(name)`.
 pub fn weight_bytes(cfg: &TextConfig, dtype: &dyn Fn(&str) -> StoredDtype, format: WeightFormat) -> WeightBytes {
@@ -72,15 +56,11 @@ pub fn weight_bytes(cfg: &TextConfig, dtype: &dyn Fn(&str) -> StoredDtype, forma
     let elements = |t: &Named| t.shape.iter().product::<usize>();
     let matrix = |out: &mut WeightBytes, parts: &[&Named]| {
         let dtypes: Vec<StoredDtype> = parts.iter().map(|t| dtype(&t.name)).collect();
-        out.add(matrix_format(&dtypes, format), parts.iter().map(|t| elements(t)).sum());
+        out.add(dg_gpu::matrix_format(&dtypes, format), parts.iter().map(|t| elements(t)).sum());
     };
     let vector = |out: &mut WeightBytes, t: &Named| out.add(WeightFormat::F32, elements(t));
     let shared = SharedNames::new(cfg);
-    let embed = match format {
-        WeightFormat::F16 => WeightFormat::Bf16,
-        _ if dtype(&shared.embed.name).is_quantized() => WeightFormat::F32,
-        f => f,
-    };
+    let embed = dg_gpu::embedding_format(dtype(&shared.embed.name), format);
     out.add(embed, elements(&shared.embed));
     vector(&mut out, &shared.final_norm);
     vector(&mut out, &shared.sc_pre_norm);
@@ -125,15 +105,5 @@ mod tests {
             let got = weight_bytes(&cfg, &|_| StoredDtype::BF16, format);
             assert_eq!(got.total, matrices * bytes + vectors * 4, "{format:?}");
         }
-    }
-
-    #[test]
-    fn a_matrix_keeps_blocks_only_where_all_its_parts_store_one_type_the_gpu_reads() {
-        let q8 = block_format(StoredDtype::Q8_0).unwrap();
-        assert_eq!(matrix_format(&[StoredDtype::Q8_0, StoredDtype::Q8_0], WeightFormat::Bf16), q8);
-        assert_eq!(matrix_format(&[StoredDtype::Q8_0, StoredDtype::BF16], WeightFormat::Bf16), WeightFormat::Bf16);
-        assert_eq!(matrix_format(&[StoredDtype::Q8_0, StoredDtype::Q4_K], WeightFormat::F32), WeightFormat::F32);
-        assert_eq!(block_format(StoredDtype::BF16), None);
-        assert_eq!(format_name(q8), "Q8_0");
     }
 }

@@ -12,7 +12,7 @@ use dg_gpu::WeightFormat;
 use dg_model::{ModelConfig, Scheme, StoredDtype, tensor_manifest};
 use serde_json::{Value, json};
 
-use crate::footprint::{WeightBytes, block_format, weight_bytes};
+use crate::footprint::{WeightBytes, weight_bytes};
 
 /// Card sizes the table is held against, in GiB (consumer GPUs' 8, 12, 16 and 24 GB are GiB).
 pub const CARDS_GIB: [u64; 4] = [8, 12, 16, 24];
@@ -141,7 +141,7 @@ fn dequantized_types(rows: &[Row]) -> Vec<&'static str> {
     let mut types: Vec<&'static str> = rows
         .iter()
         .flat_map(|r| r.file_types.iter().copied())
-        .filter(|d| d.is_quantized() && block_format(*d).is_none())
+        .filter(|d| d.is_quantized() && dg_gpu::pack::quant_format(*d).is_none())
         .map(StoredDtype::name)
         .collect();
     types.sort_unstable();

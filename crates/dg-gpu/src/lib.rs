@@ -37,4 +37,4 @@ pub use model::{CacheSnapshot, EncoderProfile, GpuModel, Instrumentation, LayerC
 pub use overrides::Overrides;
 pub use plan::{Pipeline, Pipelines, Plan, PlanBuilder, groups_1d};
 pub use tuning::{KvCacheChoice, Tuning, TuningError};
-pub use weights::{GpuMatrix, GpuWeights, MatrixLayout, UploadProgress};
+pub use weights::{GpuMatrix, GpuWeights, MatrixLayout, UploadProgress, embedding_format, matrix_format};

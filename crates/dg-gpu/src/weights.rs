@@ -20,7 +20,7 @@
 //! copy; every piece goes through one reused staging buffer ([`crate::staging`]).
 
 use dg_kernels::WeightFormat;
-use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredTensor, TensorSource, TextConfig};
+use dg_model::{LayerKind, LayerNames, Named, SharedNames, StoredDtype, StoredTensor, TensorSource, TextConfig};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -117,13 +117,32 @@ pub struct UploadProgress {
     pub stored_bytes: u64,
 }
 
-/// The quantized format `parts` keep on the device: their ggml type where they all store the
-/// same one (a quantized checkpoint's matrices stay in their blocks); `None` otherwise, and the
-/// upload's format holds them (dequantized where they are quantized).
-fn stored_quantized(parts: &[&StoredTensor]) -> Option<WeightFormat> {
+/// The format a matrix stacked from parts stored as `dtypes` is held in by an upload in `upload`:
+/// their ggml blocks where all parts store the same block type (a quantized checkpoint's matrices
+/// stay in their blocks); otherwise the upload's format (dequantized where they are quantized).
+/// `dg info`'s memory count reads the same rule.
+pub fn matrix_format(dtypes: &[StoredDtype], upload: WeightFormat) -> WeightFormat {
     let quant = crate::pack::quant_format;
-    let first = quant(parts.first()?.dtype)?;
-    parts.iter().all(|p| quant(p.dtype) == Some(first)).then_some(WeightFormat::Quantized(first))
+    match dtypes.first().and_then(|&d| quant(d)) {
+        Some(first) if dtypes.iter().all(|&d| quant(d) == Some(first)) => WeightFormat::Quantized(first),
+        _ => upload,
+    }
+}
+
+/// The element format the embedding lookup and the tied head read the embedding in, stored as
+/// `stored`, in an upload in `upload`: BF16 in the F16 mode (its unpack, a shift, is cheaper than
+/// F16's in the f32 soft-embedding kernel; the tensor-core head converts it), f32 where it is
+/// stored quantized (its dequantized values exactly; BF16 would round them), else the upload's.
+pub fn embedding_format(stored: StoredDtype, upload: WeightFormat) -> WeightFormat {
+    match upload {
+        WeightFormat::F16 => WeightFormat::Bf16,
+        _ if stored.is_quantized() => WeightFormat::F32,
+        f => f,
+    }
+}
+
+fn stored_format(parts: &[&StoredTensor], upload: WeightFormat) -> WeightFormat {
+    matrix_format(&parts.iter().map(|p| p.dtype).collect::<Vec<_>>(), upload)
 }
 
 struct Uploader<'a, S: TensorSource + ?Sized> {
@@ -240,12 +259,12 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     }
 
     /// A projection: `parts` stacked by rows into blocks of `[n, k]` matrices (in their quantized
-    /// blocks as stored where they all store the same ggml type, [`stored_quantized`]): in the F16
+    /// blocks as stored where they all store the same ggml type, [`matrix_format`]): in the F16
     /// mode on a device with cooperative matrices, each block in K panels when the tensor-core GEMM
     /// takes its products (`[m, k] · Wᵀ` for any m); otherwise row-major in the upload's format.
     /// Split by rows where it exceeds a binding ([`Parts::rows`]).
     fn projection(&mut self, label: &str, parts: &[&StoredTensor], n: usize, k: usize) -> Result<SplitMatrix, GpuError> {
-        let format = stored_quantized(parts).unwrap_or(self.format);
+        let format = stored_format(parts, self.format);
         let layout = self.ctx.planner().projection_layout(format, n, k, self.format == WeightFormat::F16);
         let format = Self::panelled(format, layout);
         let rows = parts.iter().map(|p| p.len()).sum::<usize>() / k.max(1);
@@ -287,7 +306,7 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     fn experts(&mut self, t: &Named) -> Result<SplitMatrix, GpuError> {
         let (e, n, k) = (t.shape[0], t.shape[1], t.shape[2]);
         let stored = self.stored(t)?;
-        let format = stored_quantized(&[&stored]).unwrap_or(self.format);
+        let format = stored_format(&[&stored], self.format);
         let layout = self.ctx.planner().experts_layout(format, n, k, self.format == WeightFormat::F16);
         let format = Self::panelled(format, layout);
         let cut = Parts::experts(&t.name, e, Self::bytes_for(&t.name, format, n * k)?, self.blocks_binding(format))?;
@@ -334,14 +353,7 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         let n = SharedNames::new(cfg);
         let h = cfg.hidden_size;
         let stored = self.stored(&n.embed)?;
-        // The lookup and the tied head read the embedding in an element format: BF16 in the F16
-        // mode, f32 where it is stored quantized (its dequantized values exactly; BF16 would round
-        // them), else the upload's format.
-        let format = match self.format {
-            WeightFormat::F16 => WeightFormat::Bf16,
-            _ if stored.dtype.is_quantized() => WeightFormat::F32,
-            f => f,
-        };
+        let format = embedding_format(stored.dtype, self.format);
         let cut = Parts::rows(
             &n.embed.name,
             cfg.vocab_size,
@@ -403,5 +415,26 @@ impl GpuWeights {
         up.belt.flush(ctx)?;
         (gw.bytes, gw.parameters) = (up.bytes, up.progress.parameters);
         Ok(gw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_matrix_keeps_blocks_only_where_all_its_parts_store_one_block_type() {
+        let q8 = WeightFormat::Quantized(dg_kernels::format::QuantFormat::Q8_0);
+        assert_eq!(matrix_format(&[StoredDtype::Q8_0, StoredDtype::Q8_0], WeightFormat::Bf16), q8);
+        assert_eq!(matrix_format(&[StoredDtype::Q8_0, StoredDtype::BF16], WeightFormat::Bf16), WeightFormat::Bf16);
+        assert_eq!(matrix_format(&[StoredDtype::Q8_0, StoredDtype::Q4_K], WeightFormat::F32), WeightFormat::F32);
+        assert_eq!(matrix_format(&[StoredDtype::BF16], WeightFormat::F16), WeightFormat::F16);
+    }
+
+    #[test]
+    fn the_embedding_is_bf16_in_the_f16_mode_and_f32_where_stored_quantized() {
+        assert_eq!(embedding_format(StoredDtype::Q4_K, WeightFormat::F16), WeightFormat::Bf16);
+        assert_eq!(embedding_format(StoredDtype::Q4_K, WeightFormat::Bf16), WeightFormat::F32);
+        assert_eq!(embedding_format(StoredDtype::BF16, WeightFormat::Bf16), WeightFormat::Bf16);
     }
 }
