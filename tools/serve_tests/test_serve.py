@@ -54,6 +54,7 @@ class Server:
             m = re.search(r"listening on http://([\d.]+):(\d+)", line)
             if m:
                 self.host, self.port = m.group(1), int(m.group(2))
+                self.url = f"http://{self.host}:{self.port}"
                 break
         else:
             raise SystemExit("dg serve did not start listening")

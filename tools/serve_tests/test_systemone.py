@@ -15,7 +15,6 @@ requests, 400 for a state past the model's positions, 413), `/health` OK after e
 """
 
 import argparse
-import http.client
 import json
 import math
 import re
@@ -23,11 +22,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from typesafe_sdk import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_serve import KEY, Server, healthy  # noqa: E402
+from typesafe_sdk import (  # noqa: E402
     Choice,
     Noul,
     RetryPolicy,
@@ -38,7 +38,6 @@ from typesafe_sdk import (
     TypeSafeUnprocessableEntityError,
 )
 
-KEY = "test-key"
 MODEL = "tiny-random"
 STATE = {"ticket": "I was charged twice for one order. Please fix this.", "priority": 2}
 
@@ -57,41 +56,6 @@ def model_copy(root: Path, out: Path) -> Path:
                                 "rstrip": False, "normalized": True, "special": False})
     path.write_text(json.dumps(tok, ensure_ascii=False))
     return out
-
-
-class Server:
-    def __init__(self, binary, model):
-        cmd = [binary, "serve", "--model", str(model), "--backend", "cpu", "--host", "127.0.0.1", "--port", "0", "--api-key", KEY]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-        self.log = []
-        while True:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise SystemExit("dg serve exited:\n" + "".join(self.log))
-            self.log.append(line)
-            m = re.search(r"listening on http://([\d.]+):(\d+)", line)
-            if m:
-                self.host, self.port = m.group(1), int(m.group(2))
-                break
-        threading.Thread(target=lambda: [self.log.append(l) for l in self.proc.stderr], daemon=True).start()
-        self.url = f"http://{self.host}:{self.port}"
-
-    def request(self, method, path, body=None, key=KEY):
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-        headers = {"Content-Type": "application/json"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body).encode()
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        data = resp.read()
-        conn.close()
-        return resp, data
-
-    def healthy(self):
-        resp, _ = self.request("GET", "/health")
-        assert resp.status == 200, "unhealthy after a bad request"
 
 
 def questions():
@@ -135,7 +99,7 @@ def main():
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         model = model_copy(root, Path(tmp) / MODEL)
-        server = Server(args.binary, model)
+        server = Server(args.binary, "cpu", "--model", str(model), "--api-key", KEY)
         try:
             run(server)
             cli_matches(server, args.binary, model)
@@ -212,7 +176,7 @@ def errors(server, client):
         got = json.loads(data)["detail"]
         if detail is not None:
             assert got == detail, (got, detail)
-        server.healthy()
+        healthy(server)
         return got
 
     ok = {"state": "x", "model": MODEL, "questions": {"q": {"type": "noul"}}}
@@ -258,7 +222,7 @@ def errors(server, client):
     detail = expect(400, {**ok, "state": "many words " * 3000})
     assert detail.startswith("the model rejected this request:") and "max_position_embeddings" in detail, detail
     expect(413, {**ok, "state": "x" * (5 << 20)})
-    server.healthy()
+    healthy(server)
 
 
 if __name__ == "__main__":
