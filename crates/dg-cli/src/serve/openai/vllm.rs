@@ -10,7 +10,8 @@
 //! its pins and step cap. As vLLM answers it: the reply is the canvas's first `max_tokens` rows
 //! (at most the canvas), each the row's most likely token, with temperature-1 log-probabilities
 //! per row: the `top_logprobs` most likely tokens, then every id of `logprob_token_ids` not among
-//! them (the set `/v1/systemone` takes its entropy over). Served only read-only: a canvas that
+//! them (the set `/v1/systemone` takes its entropy over), each the f32 value widened to f64 as
+//! vLLM's `tolist()` writes it. Served only read-only: a canvas that
 //! is generated (`diffusion_read_only` unset) and `diffusion_constrained` are refused with a 400
 //! naming the field, as is a read-only request without a seed canvas. A read of more than one step
 //! draws from the request's `seed` (else the server's).
@@ -316,7 +317,7 @@ pub fn response(
         Endpoint::Chat => {
             let entry = |id: u32, lp: f32| {
                 let t = token(id, s.as_ids, text);
-                json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+                json!({"token": t, "logprob": f64::from(lp), "bytes": t.as_bytes()})
             };
             let content: Vec<Value> = rows
                 .iter()
@@ -342,9 +343,9 @@ pub fn response(
                 .collect();
             let top: Vec<Value> = rows
                 .iter()
-                .map(|r| Value::Object(listed(r, n).into_iter().map(|(t, lp)| (token(t, s.as_ids, text), json!(lp))).collect()))
+                .map(|r| Value::Object(listed(r, n).into_iter().map(|(t, lp)| (token(t, s.as_ids, text), json!(f64::from(lp)))).collect()))
                 .collect();
-            json!({"tokens": tokens, "token_logprobs": chosen.iter().map(|&(_, lp)| lp).collect::<Vec<_>>(),
+            json!({"tokens": tokens, "token_logprobs": chosen.iter().map(|&(_, lp)| f64::from(lp)).collect::<Vec<_>>(),
                    "top_logprobs": top, "text_offset": offsets})
         }
     });
