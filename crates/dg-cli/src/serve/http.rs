@@ -180,9 +180,10 @@ fn served_model(app: &App, model: &str) -> Result<(), ApiError> {
 /// in vLLM's shape.
 async fn structured_read(app: &App, endpoint: Endpoint, s: vllm::Structured) -> Result<Response, ApiError> {
     served_model(app, &s.request.model)?;
-    let service = app.systemone.as_ref().ok_or_else(|| {
-        ApiError::invalid(Some("vllm_xargs"), "reads are not served for this model (the server said why at startup)")
-    })?;
+    let service = app
+        .systemone
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid(Some("vllm_xargs"), "reads are not served for this model (the server said why at startup)"))?;
     let (prompt, _) = prompt_ids(app, &s.request.prompt)?;
     let seed = s.request.seed.unwrap_or(app.default_seed);
     let read = service.read(prompt.clone(), s.canvas.clone(), s.pinned.clone(), s.steps, s.slots(), seed).await.map_err(|r| {

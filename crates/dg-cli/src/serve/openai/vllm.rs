@@ -78,7 +78,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: Limits) -> Result<Option<S
     if !present("vllm_xargs", &map) && !present("logprob_token_ids", &map) && !present("return_tokens_as_token_ids", &map) {
         return Ok(None);
     }
-    let taken: Map<String, Value> = FIELDS.iter().filter_map(|&k| map.remove(k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v))).collect();
+    let taken: Map<String, Value> =
+        FIELDS.iter().filter_map(|&k| map.remove(k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v))).collect();
     let request = super::parse(endpoint, &serde_json::to_vec(&map).expect("a JSON map serializes"))?;
     let top = logprobs(endpoint, &taken)?;
     let token_ids = token_ids(taken.get("logprob_token_ids"), limits.vocab_size)?;
@@ -148,7 +149,10 @@ fn logprobs(endpoint: Endpoint, taken: &Map<String, Value>) -> Result<Option<usi
     let n = if n == -1 { u64::MAX } else { n as u64 };
     if n > MAX_LOGPROBS as u64 {
         let shown = if n == u64::MAX { "the whole vocabulary".to_string() } else { n.to_string() };
-        return Err(invalid("logprobs", format!("Requested sample logprobs of {shown}, which is greater than max allowed: {MAX_LOGPROBS}")));
+        return Err(invalid(
+            "logprobs",
+            format!("Requested sample logprobs of {shown}, which is greater than max allowed: {MAX_LOGPROBS}"),
+        ));
     }
     Ok(Some(n as usize))
 }
@@ -248,10 +252,7 @@ mod xargs {
                 let ids = ids.unwrap_or_default();
                 let vocab = limits.vocab_size;
                 check_that(ids.iter().all(|&t| t >= 0 && t < vocab as i64), format!("diffusion_seed_canvas ids must be in [0, {vocab})."))?;
-                check_that(
-                    ids.len() == expected,
-                    format!("diffusion_seed_canvas must hold exactly {expected} ids, got {}.", ids.len()),
-                )?;
+                check_that(ids.len() == expected, format!("diffusion_seed_canvas must hold exactly {expected} ids, got {}.", ids.len()))?;
                 Some(ids.into_iter().map(|t| t as u32).collect::<Vec<u32>>())
             }
         };
@@ -262,7 +263,10 @@ mod xargs {
                 check_that(rows.is_some(), "diffusion_pinned must be a list of canvas positions.")?;
                 check_that(seed.is_some(), "diffusion_pinned needs a diffusion_seed_canvas to hold.")?;
                 let rows = rows.unwrap_or_default();
-                check_that(rows.iter().all(|&p| p >= 0 && (p as u64) < expected as u64), "diffusion_pinned positions must lie inside the canvas.")?;
+                check_that(
+                    rows.iter().all(|&p| p >= 0 && (p as u64) < expected as u64),
+                    "diffusion_pinned positions must lie inside the canvas.",
+                )?;
                 Some(rows.into_iter().map(|p| p as usize).collect())
             }
         };
@@ -416,8 +420,14 @@ mod tests {
         let read = |x: &str| format!(r#""vllm_xargs": {{"diffusion_read_only": true, {x}}}"#);
         let seeded = |x: &str| read(&format!(r#""diffusion_seed_canvas": {}, {x}"#, canvas(32)));
         for (extra, message) in [
-            (read(r#""diffusion_canvas_length": 33"#), "diffusion_canvas_length must be a positive integer no larger than the served canvas."),
-            (read(r#""diffusion_canvas_length": 0"#), "diffusion_canvas_length must be a positive integer no larger than the served canvas."),
+            (
+                read(r#""diffusion_canvas_length": 33"#),
+                "diffusion_canvas_length must be a positive integer no larger than the served canvas.",
+            ),
+            (
+                read(r#""diffusion_canvas_length": 0"#),
+                "diffusion_canvas_length must be a positive integer no larger than the served canvas.",
+            ),
             (read(r#""diffusion_seed_canvas": "abc""#), "diffusion_seed_canvas must be a list of token ids."),
             (read(r#""diffusion_seed_canvas": [1, 2.5]"#), "diffusion_seed_canvas must be a list of token ids."),
             (read(r#""diffusion_seed_canvas": [0, 1000]"#), "diffusion_seed_canvas ids must be in [0, 1000)."),
@@ -453,7 +463,10 @@ mod tests {
         // What the server does not serve: named, not a panic nor a silent generation.
         assert!(refused(&format!(r#""vllm_xargs": {{"diffusion_seed_canvas": {}}}"#, canvas(32))).starts_with("diffusion_read_only:"));
         assert!(refused(r#""vllm_xargs": {"diffusion_read_only": true}"#).starts_with("diffusion_seed_canvas:"));
-        assert!(refused(&format!(r#""logprob_token_ids": [1], {}"#, seeded(r#""diffusion_constrained": 1"#))).starts_with("diffusion_constrained:"));
+        assert!(
+            refused(&format!(r#""logprob_token_ids": [1], {}"#, seeded(r#""diffusion_constrained": 1"#)))
+                .starts_with("diffusion_constrained:")
+        );
         assert_eq!(chat(&format!(r#""stream": true, {}"#, seeded(r#""y": 1"#))).unwrap_err().param.as_deref(), Some("stream"));
         // JSON booleans are 0/1, as vLLM's vllm_xargs narrows them.
         assert_eq!(chat(&seeded(r#""diffusion_max_steps": true"#)).unwrap().unwrap().steps, 1);

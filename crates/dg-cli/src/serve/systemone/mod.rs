@@ -305,7 +305,15 @@ impl Service {
     /// One read of `canvas` after `prompt` on the reader, drawing (a read of more than one step)
     /// from `seed`: vLLM's read-only requests ([`crate::serve::openai::vllm`]). Refused as
     /// `/v1/systemone`'s reads are; a read the model refuses (a prompt past its positions) is a 400.
-    pub async fn read(&self, prompt: Vec<u32>, canvas: Vec<u32>, pinned: Option<Vec<bool>>, steps: usize, slots: Vec<dg_sampler::Slot>, seed: u64) -> Result<dg_sampler::Read, Rejection> {
+    pub async fn read(
+        &self,
+        prompt: Vec<u32>,
+        canvas: Vec<u32>,
+        pinned: Option<Vec<bool>>,
+        steps: usize,
+        slots: Vec<dg_sampler::Slot>,
+        seed: u64,
+    ) -> Result<dg_sampler::Read, Rejection> {
         let read = move |reader: &mut reader::Reader| -> Result<dg_sampler::Read> {
             reader.prompt(&prompt)?;
             reader.read(&ReadRequest { canvas: &canvas, pinned: pinned.as_deref(), steps, slots: &slots }, seed)
