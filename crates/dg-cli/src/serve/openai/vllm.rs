@@ -11,10 +11,10 @@
 //! (at most the canvas), each the row's most likely token, with temperature-1 log-probabilities
 //! per row: the `top_logprobs` most likely tokens, then every id of `logprob_token_ids` not among
 //! them (the set `/v1/systemone` takes its entropy over), each the f32 value widened to f64 as
-//! vLLM's `tolist()` writes it. Served only read-only: a canvas that
-//! is generated (`diffusion_read_only` unset) and `diffusion_constrained` are refused with a 400
-//! naming the field, as is a read-only request without a seed canvas. A read of more than one step
-//! draws from the request's `seed` (else the server's).
+//! vLLM's `tolist()` writes it. A read of more than one step draws from the request's `seed`
+//! (else the server's). Served only read-only: a canvas that is generated (`diffusion_read_only`
+//! unset), `diffusion_constrained`, `diffusion_samples` (of a later revision of the PR) and a
+//! read-only request without a seed canvas are refused with a 400 naming the field.
 
 use serde_json::{Map, Value, json};
 
@@ -100,6 +100,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8], limits: Limits) -> Result<Option<S
     }
     if x.constrained {
         return refuse("diffusion_constrained", "not supported by this server");
+    }
+    // A later revision of the PR fans a read out into `diffusion_samples` re-noised children.
+    if xargs.get("diffusion_samples").is_some_and(|n| n != &json!(1)) {
+        return refuse("diffusion_samples", "not supported by this server (send one request per sample)");
     }
     let Some(canvas) = x.seed else {
         return refuse("diffusion_seed_canvas", "a read-only request on this server needs a seed canvas");
@@ -467,6 +471,8 @@ mod tests {
             refused(&format!(r#""logprob_token_ids": [1], {}"#, seeded(r#""diffusion_constrained": 1"#)))
                 .starts_with("diffusion_constrained:")
         );
+        assert!(refused(&seeded(r#""diffusion_samples": 4"#)).starts_with("diffusion_samples:"));
+        assert_eq!(chat(&seeded(r#""diffusion_samples": 1"#)).unwrap().unwrap().steps, 1);
         assert_eq!(chat(&format!(r#""stream": true, {}"#, seeded(r#""y": 1"#))).unwrap_err().param.as_deref(), Some("stream"));
         // JSON booleans are 0/1, as vLLM's vllm_xargs narrows them.
         assert_eq!(chat(&seeded(r#""diffusion_max_steps": true"#)).unwrap().unwrap().steps, 1);
