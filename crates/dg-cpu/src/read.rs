@@ -48,8 +48,18 @@ impl CpuModel {
         }
         rms_norm_rows(&mut x, h, None, cfg.rms_norm_eps);
         self.decoder_layers(&mut x, w, 0..cfg.num_layers());
-        let at_rows: Vec<f32> = head_rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
-        self.head(&at_rows, head_rows.len(), logits);
+        // gemm multiplies one row by another path than several (its sums group differently), so
+        // a row's logits would depend, by f32 rounding, on how many rows were asked: one row runs
+        // as two, and a row reads the same bits in any read.
+        let rows: &[usize] = if let [r] = head_rows { &[*r, *r] } else { head_rows };
+        let at_rows: Vec<f32> = rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
+        if rows.len() == head_rows.len() {
+            self.head(&at_rows, rows.len(), logits);
+        } else {
+            let mut two = vec![0f32; rows.len() * v];
+            self.head(&at_rows, rows.len(), &mut two);
+            logits.copy_from_slice(&two[..v]);
+        }
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! The CPU read forward against the canvas forward it narrows: the head at some rows equals those
-//! rows of the full head, per-row self-conditioning equals the whole canvas's where every row is
-//! conditioned, and a pinned multi-step read never moves its pinned rows.
+//! rows of the full head (and gives a row the same bits in any read that asks for it), per-row
+//! self-conditioning equals the whole canvas's where every row is conditioned, and a pinned
+//! multi-step read never moves its pinned rows.
 
 use std::path::Path;
 
@@ -46,6 +47,26 @@ fn the_head_at_rows_equals_those_rows_of_the_full_head() {
     for (i, &r) in rows.iter().enumerate() {
         let d = max_abs_diff(&some[i * v..(i + 1) * v], &full[r * v..(r + 1) * v]);
         assert!(d <= ROWS_TOLERANCE, "row {r}: {d}");
+    }
+}
+
+#[test]
+fn a_row_reads_the_same_bits_however_many_rows_are_asked() {
+    let model = model();
+    let (c, v) = (model.config.canvas_length, model.config.text.vocab_size);
+    let ids = canvas(c);
+    let read = |rows: &[usize]| {
+        let mut logits = vec![0f32; rows.len() * v];
+        model.read_forward(&ids, None, rows, &mut logits).unwrap();
+        logits
+    };
+    let all: Vec<usize> = (0..c).collect();
+    let every = read(&all);
+    for rows in [vec![17], vec![17, 3], vec![0, 17, 31, 5, 9]] {
+        let some = read(&rows);
+        for (i, &r) in rows.iter().enumerate() {
+            assert!(some[i * v..(i + 1) * v] == every[r * v..(r + 1) * v], "row {r} of {rows:?}");
+        }
     }
 }
 

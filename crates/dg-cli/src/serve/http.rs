@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::engine::{Event, Extras, Job, Summary};
 use super::metrics::Metrics;
 use super::openai::tools::{self, ChatReply, ReplySetup};
-use super::openai::{self, ApiError, Endpoint, PromptInput};
+use super::openai::{self, ApiError, Endpoint, PromptInput, vllm};
 use crate::chat::{ChatTemplate, Conversation, reply};
 use crate::text::TextCodec;
 
@@ -141,14 +141,12 @@ async fn read_body(app: &App, body: Body) -> Result<Bytes, ApiError> {
 
 async fn generate(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result<Response, ApiError> {
     let body = read_body(&app, request.into_body()).await?;
-    let req = openai::parse(endpoint, &body)?;
-    if req.model != app.model_name {
-        return Err(ApiError::invalid(
-            Some("model"),
-            format!("model {:?} does not exist; this server serves {:?}", req.model, app.model_name),
-        )
-        .with(StatusCode::NOT_FOUND, "model_not_found"));
+    let limits = vllm::Limits { vocab_size: app.model.config.text.vocab_size, canvas_length: app.model.config.canvas_length };
+    if let Some(structured) = vllm::parse(endpoint, &body, limits)? {
+        return structured_read(&app, endpoint, structured).await;
     }
+    let req = openai::parse(endpoint, &body)?;
+    served_model(&app, &req.model)?;
     let (prompt, reply) = prompt_ids(&app, &req.prompt)?;
     let (events_tx, events) = mpsc::unbounded_channel();
     let job = job(&app, &req, prompt, events_tx)?;
@@ -167,6 +165,38 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result
     let id = app.next_id.fetch_add(1, Ordering::Relaxed);
     let shape = Shape { endpoint, id, model: app.model_name.clone(), created: unix_now(), reply };
     if req.stream { Ok(stream(shape, events)) } else { whole(shape, events).await }
+}
+
+/// A 404 unless `model` is the served model's name.
+fn served_model(app: &App, model: &str) -> Result<(), ApiError> {
+    if model == app.model_name {
+        return Ok(());
+    }
+    Err(ApiError::invalid(Some("model"), format!("model {model:?} does not exist; this server serves {:?}", app.model_name))
+        .with(StatusCode::NOT_FOUND, "model_not_found"))
+}
+
+/// A read-only request of vLLM's structured mode: one read on `/v1/systemone`'s reader, answered
+/// in vLLM's shape.
+async fn structured_read(app: &App, endpoint: Endpoint, s: vllm::Structured) -> Result<Response, ApiError> {
+    served_model(app, &s.request.model)?;
+    let service = app
+        .systemone
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid(Some("vllm_xargs"), "reads are not served for this model (the server said why at startup)"))?;
+    let (prompt, _) = prompt_ids(app, &s.request.prompt)?;
+    let seed = s.request.seed.unwrap_or(app.default_seed);
+    let read = service.read(prompt.clone(), s.canvas.clone(), s.pinned.clone(), s.steps, s.slots(), seed).await.map_err(|r| {
+        let detail = &r.body["detail"];
+        let message = detail["message"].as_str().or(detail.as_str()).unwrap_or("the read failed").to_string();
+        let kind = if r.status.is_server_error() { "server_error" } else { "invalid_request_error" };
+        ApiError { status: r.status, message, kind, param: None, code: None }
+    })?;
+    let ids: Vec<u32> = read.slots.iter().map(|r| r.argmax).collect();
+    let reply = app.codec.decode(&ids).map_err(|e| server_error(format!("{e:#}")))?;
+    let text = |id: u32| app.codec.decode(&[id]).unwrap_or_default();
+    let id = app.next_id.fetch_add(1, Ordering::Relaxed);
+    Ok(axum::Json(vllm::response(endpoint, &s, &read, &text, reply, prompt.len(), id, unix_now())).into_response())
 }
 
 /// The prompt's token ids, and how to read a chat reply.

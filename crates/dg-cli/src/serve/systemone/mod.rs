@@ -257,23 +257,7 @@ pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing)
         .collect();
     let (shared, format) = (service.templates.clone(), schema.format);
     let read = move |reader: &mut reader::Reader| read_groups(reader, &shared, format, ready, canvases, plan);
-    let (results, timing) = match service.reader.run(read).await {
-        Err(Refused::Full) => {
-            let mut r = Rejection::typed(
-                StatusCode::from_u16(529).expect("valid"),
-                "overloaded_error",
-                "The server is at capacity. Retry shortly.",
-            );
-            r.retry_after = Some(1);
-            return Err(r);
-        }
-        Err(Refused::Gone) | Ok(None) => {
-            let mut r = Rejection::typed(StatusCode::SERVICE_UNAVAILABLE, "api_error", "inference backend unavailable: the reader stopped");
-            r.retry_after = Some(2);
-            return Err(r);
-        }
-        Ok(Some((results, timing))) => (results, timing),
-    };
+    let (results, timing) = service.reader.run(read).await.map_err(not_run)?.ok_or_else(reader_stopped)?;
     // The model refuses only what the request made (a prompt past the model's positions): a 400,
     // as OpenJev answers its upstream's 4xx.
     let results = results.map_err(|e| Rejection::semantic(format!("the model rejected this request: {e:#}")))?;
@@ -293,6 +277,50 @@ pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing)
         ("usage".into(), usage),
     ]);
     Ok((response, timing))
+}
+
+/// Why the reader took no work: a full queue (529) or a stopped reader (503).
+fn not_run(refused: Refused) -> Rejection {
+    match refused {
+        Refused::Full => {
+            let mut r = Rejection::typed(
+                StatusCode::from_u16(529).expect("valid"),
+                "overloaded_error",
+                "The server is at capacity. Retry shortly.",
+            );
+            r.retry_after = Some(1);
+            r
+        }
+        Refused::Gone => reader_stopped(),
+    }
+}
+
+fn reader_stopped() -> Rejection {
+    let mut r = Rejection::typed(StatusCode::SERVICE_UNAVAILABLE, "api_error", "inference backend unavailable: the reader stopped");
+    r.retry_after = Some(2);
+    r
+}
+
+impl Service {
+    /// One read of `canvas` after `prompt` on the reader, drawing (a read of more than one step)
+    /// from `seed`: vLLM's read-only requests ([`crate::serve::openai::vllm`]). Refused as
+    /// `/v1/systemone`'s reads are; a read the model refuses (a prompt past its positions) is a 400.
+    pub async fn read(
+        &self,
+        prompt: Vec<u32>,
+        canvas: Vec<u32>,
+        pinned: Option<Vec<bool>>,
+        steps: usize,
+        slots: Vec<dg_sampler::Slot>,
+        seed: u64,
+    ) -> Result<dg_sampler::Read, Rejection> {
+        let read = move |reader: &mut reader::Reader| -> Result<dg_sampler::Read> {
+            reader.prompt(&prompt)?;
+            reader.read(&ReadRequest { canvas: &canvas, pinned: pinned.as_deref(), steps, slots: &slots }, seed)
+        };
+        let (result, _) = self.reader.run(read).await.map_err(not_run)?.ok_or_else(reader_stopped)?;
+        result.map_err(|e| Rejection::semantic(format!("the model rejected this request: {e:#}")))
+    }
 }
 
 /// Per group: its questions, their mean label probabilities, and the prompt tokens billed.
