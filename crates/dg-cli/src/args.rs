@@ -311,6 +311,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub empty_reply_retries: usize,
 
+    /// Soft tokens per image of chat requests' image parts (the processor's budget: 70, 140, 280,
+    /// 560 or 1120).
+    #[arg(long, value_name = "N", default_value_t = crate::images::DEFAULT_IMAGE_TOKENS)]
+    pub image_tokens: usize,
+
     /// For tests only: accept `dg.test_output` (the reply's text, committed in place of the
     /// model's canvases through the same decoding and parsing).
     #[arg(long, hide = true)]

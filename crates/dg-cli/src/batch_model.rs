@@ -102,6 +102,29 @@ impl BatchModel {
     }
 }
 
+/// A batched model that encodes a prompt holding images into a slot: `embeddings` are the rows of
+/// the image soft tokens in `ids`, in order ([`dg_cpu::CpuModel::encode_with_images`]).
+pub trait EncodeImages {
+    fn encode_with_images(&mut self, slot: usize, ids: &[u32], embeddings: &[f32]) -> Result<(), ModelError>;
+}
+
+impl EncodeImages for Errors<PerSlot<CpuModel>> {
+    fn encode_with_images(&mut self, slot: usize, ids: &[u32], embeddings: &[f32]) -> Result<(), ModelError> {
+        let model = self.0.slot_model(slot).map_err(ModelError::from_error)?;
+        model.encode_with_images(ids, embeddings).map_err(ModelError::from_error)
+    }
+}
+
+impl EncodeImages for Errors<GpuModel> {
+    fn encode_with_images(&mut self, _slot: usize, _ids: &[u32], _embeddings: &[f32]) -> Result<(), ModelError> {
+        Err(ModelError(IMAGES_ON_THE_GPU.into()))
+    }
+}
+
+/// Why an image prompt does not run on the GPU backend.
+pub const IMAGES_ON_THE_GPU: &str =
+    "images run on the CPU backend only (the GPU encoder does not take image embeddings yet): use --backend cpu";
+
 /// A batched model whose errors the batch carries as a [`ModelError`] (one batch type for every
 /// backend).
 pub struct Errors<M>(M);

@@ -2,8 +2,9 @@
 //! `POST /v1/completions` bodies field by field (each bad field named in the error's `param`), the
 //! fields that mean nothing for a diffusion model (accepted as documented no-ops, or refused with a
 //! 400), and the `dg` extension object with the diffusion settings. Chat requests' tools and the
-//! tool calls and reasoning of replies: [`tools`].
+//! tool calls and reasoning of replies: [`tools`]; their image parts: [`images`].
 
+pub mod images;
 pub mod tools;
 
 use axum::http::StatusCode;
