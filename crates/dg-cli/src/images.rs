@@ -66,7 +66,8 @@ impl VisionTower {
 
     /// The processor at `budget` soft tokens per image (one of `dg_image::SUPPORTED_SOFT_TOKENS`).
     pub fn processor(&self, budget: usize) -> Result<ImageProcessor> {
-        let base = ImageProcessor { patch_size: self.config.patch_size, pooling_kernel_size: self.config.pooling_kernel_size, max_soft_tokens: 0 };
+        let base =
+            ImageProcessor { patch_size: self.config.patch_size, pooling_kernel_size: self.config.pooling_kernel_size, max_soft_tokens: 0 };
         base.with_budget(budget).map_err(|e| input(e.to_string()))
     }
 
@@ -86,7 +87,11 @@ impl VisionTower {
     pub fn expand(&self, ids: &[u32], images: &[EncodedImage]) -> Result<Vec<u32>, String> {
         let placeholders = ids.iter().filter(|&&id| id == self.image_token).count();
         if placeholders != images.len() {
-            return Err(format!("the prompt holds {placeholders} image placeholder(s) (token {}) for {} image(s)", self.image_token, images.len()));
+            return Err(format!(
+                "the prompt holds {placeholders} image placeholder(s) (token {}) for {} image(s)",
+                self.image_token,
+                images.len()
+            ));
         }
         let mut images = images.iter();
         let mut out = Vec::with_capacity(ids.len() + images.len() * 2);

@@ -83,7 +83,8 @@ pub fn with_images(
     let (text, ids) = render(raw, chat, model, codec, images.len())?;
     let ids = tower.expand(&ids, images).map_err(|e| {
         let piece = codec.piece(tower.image_token());
-        let hint = if chat { String::new() } else { format!(": give --chat to place them by the chat template, or write {piece} once per image") };
+        let hint =
+            if chat { String::new() } else { format!(": give --chat to place them by the chat template, or write {piece} once per image") };
         input(format!("{e}{hint}"))
     })?;
     checked(text, ids, vocab_size)

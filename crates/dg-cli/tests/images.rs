@@ -50,7 +50,10 @@ fn the_images_change_the_output_and_each_gets_its_soft_tokens() {
     // Without --chat the text places the image itself.
     let model = model();
     let wide_path = image("wide.png");
-    let raw = dg(&["generate", "--model", &model, "--prompt", "<|image|>a cat", "--image", &wide_path, "--image-tokens", "70", "--json", "-q"]).ok().json();
+    let raw =
+        dg(&["generate", "--model", &model, "--prompt", "<|image|>a cat", "--image", &wide_path, "--image-tokens", "70", "--json", "-q"])
+            .ok()
+            .json();
     assert_eq!(soft(&raw), soft(&wide));
 }
 
@@ -105,7 +108,8 @@ fn bad_images_and_options_are_input_errors_naming_them() {
     let wide = image("wide.png");
     run(&wide, &["--image-tokens", "100"]).fails(INPUT, &["--image-tokens", "100", "[70, 140, 280, 560, 1120]"]);
     run(&wide, &["--backend", "gpu"]).fails(INPUT, &["CPU backend only", "--backend cpu"]);
-    dg(&["generate", "--model", &model, "--prompt", "no placeholder", "--image", &wide, "-q"]).fails(INPUT, &["0 image placeholder", "--chat"]);
+    dg(&["generate", "--model", &model, "--prompt", "no placeholder", "--image", &wide, "-q"])
+        .fails(INPUT, &["0 image placeholder", "--chat"]);
     let bundled = bundled();
     dg(&["generate", "--model", bundled.to_str().unwrap(), "--chat", "--prompt", "hi", "--image", &wide, "-q"])
         .fails(INPUT, &["has no vision tower"]);

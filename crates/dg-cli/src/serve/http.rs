@@ -242,7 +242,9 @@ fn encode_images(input: &ImageInput, prompt: Vec<u32>, parts: &[ImagePart]) -> R
     let tower = &input.tower;
     let encoded = parts
         .iter()
-        .map(|part| tower.encode(&part.bytes, &input.processor).map_err(|e| ApiError::invalid(Some(&part.param), format!("{}: {e}", part.param))))
+        .map(|part| {
+            tower.encode(&part.bytes, &input.processor).map_err(|e| ApiError::invalid(Some(&part.param), format!("{}: {e}", part.param)))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     JobImages::new(tower, &prompt, encoded).map_err(|e| ApiError::invalid(Some("messages"), format!("the chat template's prompt: {e}")))
 }

@@ -33,9 +33,10 @@ pub fn image_parts(messages: &[Value]) -> Result<Vec<ImagePart>, ApiError> {
             if message["role"] != "user" {
                 return Err(ApiError::invalid(Some(&param), format!("{param}: images are taken in user messages only")));
             }
-            let url = part.pointer("/image_url/url").and_then(Value::as_str).ok_or_else(|| {
-                ApiError::invalid(Some(&param), format!("{param}: an image_url part needs image_url.url, a data: URL"))
-            })?;
+            let url = part
+                .pointer("/image_url/url")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid(Some(&param), format!("{param}: an image_url part needs image_url.url, a data: URL")))?;
             parts.push(ImagePart { bytes: data_url(url, &param)?, param });
         }
     }
@@ -77,7 +78,10 @@ mod tests {
 
     #[test]
     fn data_urls_give_their_bytes_and_everything_else_is_named() {
-        assert_eq!(parts("data:image/png;base64,AAEC").unwrap(), [ImagePart { param: "messages[1].content[1]".into(), bytes: vec![0, 1, 2] }]);
+        assert_eq!(
+            parts("data:image/png;base64,AAEC").unwrap(),
+            [ImagePart { param: "messages[1].content[1]".into(), bytes: vec![0, 1, 2] }]
+        );
         for (url, needle) in [
             ("https://example.com/cat.png", "not fetched"),
             ("HTTP://example.com/cat.png", "not fetched"),
@@ -91,7 +95,9 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some("messages[1].content[1]"), "{url}");
             assert!(e.message.contains(needle), "{url}: {}", e.message);
         }
-        let assistant = image_parts(&[json!({"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]})]);
+        let assistant = image_parts(&[
+            json!({"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}),
+        ]);
         assert!(assistant.unwrap_err().message.contains("user messages only"));
     }
 }

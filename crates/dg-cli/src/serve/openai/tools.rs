@@ -142,7 +142,9 @@ fn message(m: &Value, param: &str) -> Result<Value, ApiError> {
     let text_parts = |parts: &[Value]| parts.iter().all(|p| p["type"] == "text" && p["text"].is_string());
     let content_ok = match content {
         Some(Value::String(_)) => true,
-        Some(Value::Array(parts)) if role == "user" => parts.iter().all(|p| text_parts(std::slice::from_ref(p)) || images::is_image_part(p)),
+        Some(Value::Array(parts)) if role == "user" => {
+            parts.iter().all(|p| text_parts(std::slice::from_ref(p)) || images::is_image_part(p))
+        }
         Some(Value::Array(parts)) => text_parts(parts),
         _ => false,
     };
