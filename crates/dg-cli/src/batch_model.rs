@@ -15,6 +15,7 @@ use dg_sampler::{Batch, BatchDenoiseModel, BatchResidentModel, Hooks, PerSlot, R
 
 use crate::args::WeightsArg;
 use crate::backend::Backend;
+use crate::images::IMAGES_ON_THE_GPU;
 use crate::load;
 
 /// A loaded model with `slots` sequence slots.
@@ -120,10 +121,6 @@ impl EncodeImages for Errors<GpuModel> {
         Err(ModelError(IMAGES_ON_THE_GPU.into()))
     }
 }
-
-/// Why an image prompt does not run on the GPU backend.
-pub const IMAGES_ON_THE_GPU: &str =
-    "images run on the CPU backend only (the GPU encoder does not take image embeddings yet): use --backend cpu";
 
 /// A batched model whose errors the batch carries as a [`ModelError`] (one batch type for every
 /// backend).

@@ -10,11 +10,11 @@ use dg_cpu::{CpuError, ImagePrompt};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_sampler::{DenoiseModel, Generation, SeededRng};
 
-use crate::args::GenerateArgs;
+use crate::args::{BackendArg, GenerateArgs};
 use crate::backend::{self, Backend};
 use crate::display::{Mode, Progress};
 use crate::error::{Input, input};
-use crate::images::{self, EncodedImage, VisionTower};
+use crate::images::{EncodedImage, IMAGES_ON_THE_GPU, VisionTower};
 use crate::report::{Report, Timings};
 use crate::settings::{check_positions, resolve_settings};
 use crate::text::TextCodec;
@@ -45,7 +45,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         (false, false) => Mode::Lines,
     };
     let stream_stdout = mode == Mode::Live && !args.json && std::io::stdout().is_terminal();
-    let backend = if images.is_some() { images::backend_for_images(args.device.backend)? } else { args.device.backend };
+    let backend = if images.is_some() { backend_for_images(args.device.backend)? } else { args.device.backend };
     let choice = backend::choose(backend, args.device.adapter.as_deref())?;
     if mode != Mode::Quiet {
         eprintln!("backend: {}", choice.description);
@@ -140,6 +140,15 @@ fn prompt_images(args: &GenerateArgs, model: &ModelDir) -> Result<Option<(Vision
         })
         .collect::<Result<_>>()?;
     Ok(Some((tower, images)))
+}
+
+/// What a prompt holding images runs on: the CPU (the GPU encoder does not place image rows yet).
+/// `auto` becomes the CPU; an explicit `gpu` is an error naming the option.
+fn backend_for_images(arg: BackendArg) -> Result<BackendArg> {
+    match arg {
+        BackendArg::Gpu => Err(input(IMAGES_ON_THE_GPU)),
+        BackendArg::Auto | BackendArg::Cpu => Ok(BackendArg::Cpu),
+    }
 }
 
 /// generation_config.json of the directory, overridden by the command line, resolved.

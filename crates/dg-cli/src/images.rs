@@ -12,21 +12,14 @@ use dg_image::{DecodeLimits, ImageProcessor, decode};
 use dg_model::{ModelDir, VisionConfig, VisionWeights};
 use sha2::{Digest, Sha256};
 
-use crate::args::BackendArg;
-use crate::batch_model::IMAGES_ON_THE_GPU;
 use crate::error::{Input, input};
 
 /// The soft-token budget of an image when none is given (transformers' `image_seq_length`).
 pub const DEFAULT_IMAGE_TOKENS: usize = 280;
 
-/// What a request holding images must run on: the CPU (the GPU encoder does not place image
-/// rows yet). `auto` becomes the CPU; an explicit `gpu` is an error naming the option.
-pub fn backend_for_images(arg: BackendArg) -> Result<BackendArg> {
-    match arg {
-        BackendArg::Gpu => Err(input(IMAGES_ON_THE_GPU)),
-        BackendArg::Auto | BackendArg::Cpu => Ok(BackendArg::Cpu),
-    }
-}
+/// Why an image prompt does not run on the GPU backend.
+pub const IMAGES_ON_THE_GPU: &str =
+    "images run on the CPU backend only (the GPU encoder does not take image embeddings yet): use --backend cpu";
 
 /// The model's vision tower, projection and image token ids.
 pub struct VisionTower {

@@ -124,7 +124,7 @@ fn image_input(model: &dg_model::ModelDir, backend: &str, budget: usize) -> Resu
     let tower = crate::images::VisionTower::load(model)?;
     let processor = tower.processor(budget).context(crate::error::Input("--image-tokens".into()))?;
     if backend == "gpu" {
-        return Ok(Err(format!("this server runs on the GPU: {}", crate::batch_model::IMAGES_ON_THE_GPU)));
+        return Ok(Err(format!("this server runs on the GPU: {}", crate::images::IMAGES_ON_THE_GPU)));
     }
     Ok(Ok(Arc::new(http::ImageInput { tower, processor })))
 }
