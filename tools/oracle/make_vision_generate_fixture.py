@@ -9,7 +9,7 @@ per soft token and `<image|>`), its `pixel_values`, `image_position_ids` and `mm
 passed to `generate` as the processor returns them.
 
 Writes fixtures/vision-generate/:
-  config.json  generation_config.json  model.safetensors    the random checkpoint (F32)
+  config.json  generation_config.json  model.safetensors    the random checkpoint (BF16)
   tokenizer.json  tokenizer_config.json  chat_template.jinja a model directory dg runs as it is
   generate.safetensors                                       prompt_ids, gen_sequences, gen_draw_{i}
   generate.json                                              versions, image, budget, prompt text,
@@ -140,7 +140,15 @@ def build_model(tokenizer):
         tower.std_scale.copy_(1 + 0.2 * (torch.rand(tower.std_scale.shape, generator=generator) - 0.5))
         table = tower.patch_embedder.position_embedding_table
         table.copy_(0.5 * torch.randn(table.shape, generator=generator))
+    mb.round_to_bfloat16(model)  # a BF16 checkpoint (half the bytes); the oracle runs f32 on its values
     return model
+
+
+def save_bfloat16(model, out):
+    to_save = copy.deepcopy(model).to(torch.bfloat16)
+    for sub_config in (to_save.config.text_config, to_save.config.vision_config):
+        sub_config.dtype = torch.bfloat16  # .to() only updates the top-level dtype
+    to_save.save_pretrained(out)
 
 
 def main():
@@ -179,7 +187,7 @@ def main():
     blind = gn.run_generate(model, prompt_ids, gen, SEED)
     assert not torch.equal(record.sequences, blind.sequences), "the image does not change the output"
 
-    model.save_pretrained(out)
+    save_bfloat16(model, out)
     tokenizer.save_pretrained(out)
     for stale in ("chat_template.jinja", "special_tokens_map.json"):
         (out / stale).unlink(missing_ok=True)
