@@ -132,13 +132,19 @@ class GenerateRecord:
 
 @torch.no_grad()
 def run_generate(
-    model: DiffusionGemmaForBlockDiffusion, prompt_ids: torch.Tensor, gen: dict[str, Any], seed: int
+    model: DiffusionGemmaForBlockDiffusion,
+    prompt_ids: torch.Tensor,
+    gen: dict[str, Any],
+    seed: int,
+    **model_kwargs: Any,
 ) -> GenerateRecord:
-    """Run ``model.generate`` on a seeded global RNG, recording draws and decoder calls."""
+    """Run ``model.generate`` on a seeded global RNG, recording draws and decoder calls.
+    ``model_kwargs`` go to ``generate`` as given (an image prompt's ``pixel_values``,
+    ``image_position_ids`` and ``mm_token_type_ids``)."""
     config = make_generation_config(gen)
     torch.manual_seed(seed)
     with record_draws() as draws, record_decoder_calls(model) as calls:
-        output = model.generate(prompt_ids.unsqueeze(0), generation_config=config)
+        output = model.generate(prompt_ids.unsqueeze(0), generation_config=config, **model_kwargs)
     return GenerateRecord(sequences=output.sequences[0].clone(), draws=draws, calls=calls)
 
 

@@ -139,6 +139,17 @@ pub struct GenerateArgs {
     #[arg(long, conflicts_with = "prompt_ids")]
     pub chat: bool,
 
+    /// An image (PNG, JPEG or WebP) in the prompt; repeat for several, in order. With --chat the
+    /// user turn holds the images, then the text, as transformers' processor places them; without,
+    /// the prompt text holds the model's image token once per image. Needs a model with a vision
+    /// tower; runs on the CPU backend.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt_ids", "prompts_file"])]
+    pub image: Vec<PathBuf>,
+
+    /// Soft tokens per image (the processor's budget: 70, 140, 280, 560 or 1120).
+    #[arg(long, value_name = "N", default_value_t = crate::images::DEFAULT_IMAGE_TOKENS, requires = "image")]
+    pub image_tokens: usize,
+
     #[command(flatten)]
     pub sampler: SamplerArgs,
 
@@ -299,6 +310,11 @@ pub struct ServeArgs {
     /// never. See docs/serving.md: unmeasured on real weights.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub empty_reply_retries: usize,
+
+    /// Soft tokens per image of chat requests' image parts (the processor's budget: 70, 140, 280,
+    /// 560 or 1120).
+    #[arg(long, value_name = "N", default_value_t = crate::images::DEFAULT_IMAGE_TOKENS)]
+    pub image_tokens: usize,
 
     /// For tests only: accept `dg.test_output` (the reply's text, committed in place of the
     /// model's canvases through the same decoding and parsing).

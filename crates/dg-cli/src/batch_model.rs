@@ -15,6 +15,7 @@ use dg_sampler::{Batch, BatchDenoiseModel, BatchResidentModel, Hooks, PerSlot, R
 
 use crate::args::WeightsArg;
 use crate::backend::Backend;
+use crate::images::IMAGES_ON_THE_GPU;
 use crate::load;
 
 /// A loaded model with `slots` sequence slots.
@@ -99,6 +100,25 @@ impl BatchModel {
             _ => anyhow::bail!("a cache of the other backend"),
         }
         Ok(())
+    }
+}
+
+/// A batched model that encodes a prompt holding images into a slot: `embeddings` are the rows of
+/// the image soft tokens in `ids`, in order ([`dg_cpu::CpuModel::encode_with_images`]).
+pub trait EncodeImages {
+    fn encode_with_images(&mut self, slot: usize, ids: &[u32], embeddings: &[f32]) -> Result<(), ModelError>;
+}
+
+impl EncodeImages for Errors<PerSlot<CpuModel>> {
+    fn encode_with_images(&mut self, slot: usize, ids: &[u32], embeddings: &[f32]) -> Result<(), ModelError> {
+        let model = self.0.slot_model(slot).map_err(ModelError::from_error)?;
+        model.encode_with_images(ids, embeddings).map_err(ModelError::from_error)
+    }
+}
+
+impl EncodeImages for Errors<GpuModel> {
+    fn encode_with_images(&mut self, _slot: usize, _ids: &[u32], _embeddings: &[f32]) -> Result<(), ModelError> {
+        Err(ModelError(IMAGES_ON_THE_GPU.into()))
     }
 }
 

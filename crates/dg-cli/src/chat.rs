@@ -84,6 +84,18 @@ impl ChatTemplate {
         self.render(&[("user", content)])
     }
 
+    /// [`Self::render_user`] with `images` image parts before the text (the content a list of
+    /// parts, as transformers' `apply_chat_template` gets it; none: the content a string).
+    pub fn render_user_with_images(&self, content: &str, images: usize) -> Result<String> {
+        if images == 0 {
+            return self.render_user(content);
+        }
+        let mut parts = vec![serde_json::json!({"type": "image"}); images];
+        parts.push(serde_json::json!({"type": "text", "text": content}));
+        let messages = [serde_json::json!({"role": "user", "content": parts})];
+        self.render_conversation(&Conversation { messages: &messages, tools: None, kwargs: &Map::new(), add_generation_prompt: true })
+    }
+
     /// The prompt text for `(role, content)` messages in order (system, user and assistant turns),
     /// ending with the generation prompt.
     pub fn render(&self, turns: &[(&str, &str)]) -> Result<String> {

@@ -6,13 +6,15 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use dg_cpu::{CpuError, ImagePrompt};
 use dg_model::{GenerationConfig, ModelDir};
-use dg_sampler::{Generation, SeededRng};
+use dg_sampler::{DenoiseModel, Generation, SeededRng};
 
-use crate::args::GenerateArgs;
+use crate::args::{BackendArg, GenerateArgs};
 use crate::backend::{self, Backend};
 use crate::display::{Mode, Progress};
-use crate::error::input;
+use crate::error::{Input, input};
+use crate::images::{EncodedImage, IMAGES_ON_THE_GPU, VisionTower};
 use crate::report::{Report, Timings};
 use crate::settings::{check_positions, resolve_settings};
 use crate::text::TextCodec;
@@ -29,7 +31,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let config = &model.config;
     // The tokenizer and chat template lie in the model's directory (beside a .gguf file).
     let codec = TextCodec::load(&model)?;
-    let prompt = prompt::build(&args, &model, codec.as_ref(), config.text.vocab_size)?;
+    let images = prompt_images(&args, &model)?;
+    let prompt = prompt::build(&args, &model, codec.as_ref(), config.text.vocab_size, images.as_ref().map(|(t, i)| (t, &i[..])))?;
     let settings = generation_config(&args, &model)?;
     let c = config.canvas_length;
     let planned = settings.new_canvases(prompt.ids.len(), c);
@@ -42,7 +45,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         (false, false) => Mode::Lines,
     };
     let stream_stdout = mode == Mode::Live && !args.json && std::io::stdout().is_terminal();
-    let choice = backend::choose(args.device.backend, args.device.adapter.as_deref())?;
+    let backend = if images.is_some() { backend_for_images(args.device.backend)? } else { args.device.backend };
+    let choice = backend::choose(backend, args.device.adapter.as_deref())?;
     if mode != Mode::Quiet {
         eprintln!("backend: {}", choice.description);
         eprintln!(
@@ -68,9 +72,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Backend::Cpu => {
             let cpu = load::cpu(&model, args.device.weights)?;
             let load = load_start.elapsed();
-            sample(cpu, load, args.sampler.seed, |m, rng| {
+            let mut generate = |m: &mut dyn DenoiseModel<Error = CpuError>, rng: &mut SeededRng| {
                 dg_sampler::generate(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
-            })?
+            };
+            match images {
+                Some((_, images)) => {
+                    let embeddings = images.into_iter().flat_map(|image| image.embeddings).collect();
+                    sample(ImagePrompt::new(cpu, embeddings), load, args.sampler.seed, |m, rng| generate(m, rng))?
+                }
+                None => sample(cpu, load, args.sampler.seed, |m, rng| generate(m, rng))?,
+            }
         }
         Backend::Gpu(ctx) => {
             // Encoder, canvas forward and the sampler's per-row work on the GPU; the weights go
@@ -110,6 +121,34 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         println!("{}", report.plain_output());
     }
     Ok(())
+}
+
+/// The `--image` files, each decoded, processed at `--image-tokens` and through the tower; an error
+/// names the file at fault.
+fn prompt_images(args: &GenerateArgs, model: &ModelDir) -> Result<Option<(VisionTower, Vec<EncodedImage>)>> {
+    if args.image.is_empty() {
+        return Ok(None);
+    }
+    let tower = VisionTower::load(model)?;
+    let processor = tower.processor(args.image_tokens).context(Input("--image-tokens".into()))?;
+    let images = args
+        .image
+        .iter()
+        .map(|path| {
+            let bytes = std::fs::read(path).context(Input(format!("--image {}: cannot read the file", path.display())))?;
+            tower.encode(&bytes, &processor).map_err(|e| input(format!("--image {}: {e}", path.display())))
+        })
+        .collect::<Result<_>>()?;
+    Ok(Some((tower, images)))
+}
+
+/// What a prompt holding images runs on: the CPU (the GPU encoder does not place image rows yet).
+/// `auto` becomes the CPU; an explicit `gpu` is an error naming the option.
+fn backend_for_images(arg: BackendArg) -> Result<BackendArg> {
+    match arg {
+        BackendArg::Gpu => Err(input(IMAGES_ON_THE_GPU)),
+        BackendArg::Auto | BackendArg::Cpu => Ok(BackendArg::Cpu),
+    }
 }
 
 /// generation_config.json of the directory, overridden by the command line, resolved.

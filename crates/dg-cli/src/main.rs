@@ -16,6 +16,7 @@ mod error;
 mod footprint;
 mod generate;
 mod gguf_tokenizer;
+mod images;
 mod info;
 mod load;
 mod model_dir;

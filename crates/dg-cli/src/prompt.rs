@@ -10,6 +10,7 @@ use dg_model::ModelDir;
 use crate::args::GenerateArgs;
 use crate::chat;
 use crate::error::{Input, input};
+use crate::images::{EncodedImage, VisionTower};
 use crate::text::TextCodec;
 
 /// The prompt as the model sees it.
@@ -20,13 +21,24 @@ pub struct Prompt {
     pub text: Option<String>,
 }
 
-/// Reads and tokenizes the prompt of `args` for `model` (with `vocab_size` ids).
-pub fn build(args: &GenerateArgs, model: &ModelDir, codec: Option<&TextCodec>, vocab_size: usize) -> Result<Prompt> {
+/// Reads and tokenizes the prompt of `args` for `model` (with `vocab_size` ids); with `images`
+/// (`--image`), their placeholders are placed ([`with_images`]).
+pub fn build(
+    args: &GenerateArgs,
+    model: &ModelDir,
+    codec: Option<&TextCodec>,
+    vocab_size: usize,
+    images: Option<(&VisionTower, &[EncodedImage])>,
+) -> Result<Prompt> {
     let prompt = match &args.prompt_ids {
         Some(list) => Prompt { ids: parse_ids(list)?, text: None },
         None => {
             let codec = require_codec(model, codec)?;
-            return from_text(&read_text(args)?, args.chat, model, codec, vocab_size);
+            let raw = read_text(args)?;
+            return match images {
+                Some((tower, images)) => with_images(&raw, args.chat, model, codec, vocab_size, tower, images),
+                None => from_text(&raw, args.chat, model, codec, vocab_size),
+            };
         }
     };
     if prompt.ids.is_empty() {
@@ -51,17 +63,49 @@ pub fn require_codec<'a>(model: &ModelDir, codec: Option<&'a TextCodec>) -> Resu
 /// A text prompt (of `--prompt`, a prompt file, stdin, or a line of `--prompts-file`) as the model
 /// sees it: wrapped in the chat template of `model` with `chat`, tokenized, checked.
 pub fn from_text(raw: &str, chat: bool, model: &ModelDir, codec: &TextCodec, vocab_size: usize) -> Result<Prompt> {
+    let (text, ids) = render(raw, chat, model, codec, 0)?;
+    checked(text, ids, vocab_size)
+}
+
+/// A text prompt with images, as transformers' processor makes it: with `chat`, a user turn of the
+/// images' parts (`{"type": "image"}`, in order) followed by the text, rendered by the chat
+/// template; without, the text must hold the image token once per image itself. Each image token
+/// then becomes boi, the image's soft tokens and eoi ([`VisionTower::expand`]).
+pub fn with_images(
+    raw: &str,
+    chat: bool,
+    model: &ModelDir,
+    codec: &TextCodec,
+    vocab_size: usize,
+    tower: &VisionTower,
+    images: &[EncodedImage],
+) -> Result<Prompt> {
+    let (text, ids) = render(raw, chat, model, codec, images.len())?;
+    let ids = tower.expand(&ids, images).map_err(|e| {
+        let piece = codec.piece(tower.image_token());
+        let hint =
+            if chat { String::new() } else { format!(": give --chat to place them by the chat template, or write {piece} once per image") };
+        input(format!("{e}{hint}"))
+    })?;
+    checked(text, ids, vocab_size)
+}
+
+/// The text given to the tokenizer and its ids: `raw` in the chat template (a user turn of `images`
+/// image parts and the text) with `chat`, else as it is with the tokenizer's special tokens.
+fn render(raw: &str, chat: bool, model: &ModelDir, codec: &TextCodec, images: usize) -> Result<(String, Vec<u32>)> {
     if raw.is_empty() {
         return Err(input("the prompt is empty"));
     }
-    let (text, ids) = if chat {
-        let text = chat::require(model)?.render_user(raw)?;
+    Ok(if chat {
+        let text = chat::require(model)?.render_user_with_images(raw, images)?;
         let ids = codec.encode(&text, false)?;
         (text, ids)
     } else {
-        let ids = codec.encode(raw, true)?;
-        (raw.to_string(), ids)
-    };
+        (raw.to_string(), codec.encode(raw, true)?)
+    })
+}
+
+fn checked(text: String, ids: Vec<u32>, vocab_size: usize) -> Result<Prompt> {
     if ids.is_empty() {
         return Err(input("the prompt is empty: generation needs at least one prompt token"));
     }

@@ -54,6 +54,12 @@ pub fn vision_tower(c: &VisionConfig, w: &VisionWeights, image: ImagePatches<'_>
     Ok(soft)
 }
 
+/// One image's rows for the text encoder (`get_image_features`): the tower, then [`embed_vision`];
+/// `[P / k², text hidden]`.
+pub fn image_embeddings(c: &VisionConfig, w: &VisionWeights, image: ImagePatches<'_>) -> Result<Vec<f32>, VisionError> {
+    Ok(embed_vision(c, w, &vision_tower(c, w, image)?))
+}
+
 /// `Gemma4MultimodalEmbedder`: weightless RMSNorm, then the projection into the text model's width.
 pub fn embed_vision(c: &VisionConfig, w: &VisionWeights, soft: &[f32]) -> Vec<f32> {
     let tokens = soft.len() / c.hidden_size;

@@ -34,6 +34,8 @@ pub struct ReferenceMeta {
 #[derive(Debug)]
 pub struct Reference {
     pub dir: PathBuf,
+    /// The JSON half (`reference.json`, or another name's).
+    pub json_path: PathBuf,
     pub meta: ReferenceMeta,
     file: SafetensorsFile,
 }
@@ -41,13 +43,19 @@ pub struct Reference {
 impl Reference {
     /// Opens `dir/reference.json` and `dir/reference.safetensors`.
     pub fn open(dir: &Path) -> Result<Self, ParityError> {
-        let json_path = dir.join("reference.json");
+        Self::open_named(dir, "reference")
+    }
+
+    /// Opens `dir/{stem}.json` and `dir/{stem}.safetensors`: a dump in this format under another
+    /// name (one the tools that walk every fixture's reference.json pass by).
+    pub fn open_named(dir: &Path, stem: &str) -> Result<Self, ParityError> {
+        let json_path = dir.join(format!("{stem}.json"));
         let text =
             std::fs::read_to_string(&json_path).map_err(|e| ParityError::Reference { path: json_path.clone(), message: e.to_string() })?;
         let meta: ReferenceMeta = serde_json::from_str(&text)
             .map_err(|e| ParityError::Reference { path: json_path.clone(), message: format!("malformed: {e}") })?;
-        let file = SafetensorsFile::open(&dir.join("reference.safetensors"))?;
-        Ok(Reference { dir: dir.to_path_buf(), meta, file })
+        let file = SafetensorsFile::open(&dir.join(format!("{stem}.safetensors")))?;
+        Ok(Reference { dir: dir.to_path_buf(), json_path, meta, file })
     }
 
     /// Does the dump hold tensor `name`?
@@ -86,7 +94,7 @@ impl Reference {
                     "categorical" => DrawKind::Categorical,
                     other => {
                         return Err(ParityError::Reference {
-                            path: self.dir.join("reference.json"),
+                            path: self.json_path.clone(),
                             message: format!("draws[{i}] has unknown kind {other:?}"),
                         });
                     }

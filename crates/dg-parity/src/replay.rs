@@ -64,7 +64,7 @@ impl Hooks for Margins {
 pub fn replay_config(reference: &Reference, base: &RawGenerationConfig, model: &ModelConfig) -> Result<GenerationConfig, ParityError> {
     let over = reference.meta.generation.clone().unwrap_or_default();
     let raw = base.clone().overridden_by(over);
-    Ok(raw.resolve(model, &reference.dir.join("reference.json"))?)
+    Ok(raw.resolve(model, &reference.json_path)?)
 }
 
 /// Replays `generate` on `backend` with the recorded draws (`generate`), and, where the backend keeps

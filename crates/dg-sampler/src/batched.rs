@@ -239,6 +239,13 @@ impl<M: SwapCache> PerSlot<M> {
         Ok(())
     }
 
+    /// The model with `slot`'s state in it, for a call the batched traits do not carry (an encode
+    /// with image rows).
+    pub fn slot_model(&mut self, slot: usize) -> Result<&mut M, M::CacheError> {
+        self.switch_to(slot)?;
+        Ok(&mut self.model)
+    }
+
     /// Takes `slot`'s state out (the slot is left empty): a server keeps a finished sequence's
     /// cache this way, to continue it in any slot later with [`Self::put_slot`].
     pub fn take_slot(&mut self, slot: usize) -> Option<M::Cache> {

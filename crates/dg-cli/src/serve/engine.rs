@@ -40,6 +40,7 @@ use super::metrics::Metrics;
 use super::pool::Pool;
 use crate::args::{BackendArg, WeightsArg};
 use crate::batch_model::{BatchModel, ModelError, SlotCache};
+use crate::images::{EncodedImage, VisionTower};
 use crate::text::TextCodec;
 use caches::SlotCaches;
 
@@ -54,7 +55,42 @@ pub struct Job {
     pub seed: u64,
     pub drafts: bool,
     pub extras: Extras,
+    /// The prompt's images (a chat request's image parts), when it holds any.
+    pub images: Option<Arc<JobImages>>,
     pub events: mpsc::UnboundedSender<Event>,
+}
+
+impl Job {
+    /// The ids a cache of this job's prompt is keyed by: the prompt's, or with images their keys.
+    fn cache_keys(&self) -> &[u32] {
+        self.images.as_ref().map_or(&self.prompt, |images| &images.keys)
+    }
+}
+
+/// A prompt's images, encoded: the rows its first encode places, and what its cache is keyed by.
+#[derive(Debug, Clone)]
+pub struct JobImages {
+    /// The rows of the prompt's image soft tokens, in order, `row_width` floats each.
+    pub embeddings: Vec<f32>,
+    pub row_width: usize,
+    /// The soft tokens' id in the prompt.
+    pub image_token: u32,
+    /// The prompt's ids with each image's soft tokens standing for its bytes
+    /// (`crate::images::VisionTower::cache_keys`).
+    pub keys: Vec<u32>,
+}
+
+impl JobImages {
+    /// `prompt` (one image token per image, as the chat template writes them) expanded to the
+    /// images' soft tokens, and the images' rows and keys; the error says how the counts differ.
+    pub fn new(tower: &VisionTower, prompt: &[u32], images: Vec<EncodedImage>) -> Result<(Vec<u32>, Self), String> {
+        let prompt = tower.expand(prompt, &images)?;
+        let keys = tower.cache_keys(&prompt, &images);
+        let soft_tokens: usize = images.iter().map(|image| image.soft_tokens).sum();
+        let embeddings: Vec<f32> = images.into_iter().flat_map(|image| image.embeddings).collect();
+        let row_width = embeddings.len() / soft_tokens.max(1);
+        Ok((prompt, JobImages { embeddings, row_width, image_token: tower.image_token(), keys }))
+    }
 }
 
 /// What a job asks beyond the sampler.
@@ -157,21 +193,31 @@ impl EngineSetup {
 
 /// Loads the model of `setup.dir` with `setup.batch` slots of `setup.context` positions on the
 /// backend it asks for; returns the engine on it and a line describing the backend.
-fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, String)> {
+fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, Started)> {
     let model = crate::model_dir::open(&setup.dir)?;
     let choice = crate::backend::choose(setup.backend, setup.adapter.as_deref())?;
+    let started = Started { backend: choice.name(), description: choice.description.clone() };
     let report = crate::load::Report::Summary;
     let loaded = BatchModel::load(&model, choice.backend, setup.context, setup.batch, setup.weights, report)?;
-    Ok((Engine::new(loaded, setup, canvas, vocab)?, choice.description))
+    Ok((Engine::new(loaded, setup, canvas, vocab)?, started))
 }
 
-/// Starts the engine thread on `jobs`; returns once the model is loaded, with its description.
-pub fn spawn(setup: EngineSetup, model: &ModelDir, jobs: mpsc::Receiver<Job>) -> Result<String> {
+/// The backend a started engine runs on.
+#[derive(Debug)]
+pub struct Started {
+    /// "cpu" or "gpu".
+    pub backend: &'static str,
+    /// A line saying which, and why.
+    pub description: String,
+}
+
+/// Starts the engine thread on `jobs`; returns once the model is loaded, with its backend.
+pub fn spawn(setup: EngineSetup, model: &ModelDir, jobs: mpsc::Receiver<Job>) -> Result<Started> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
     std::thread::Builder::new().name("dg-engine".into()).spawn(move || match start(setup, canvas, vocab) {
-        Ok((mut engine, description)) => {
-            let _ = ready_tx.send(Ok(description));
+        Ok((mut engine, started)) => {
+            let _ = ready_tx.send(Ok(started));
             engine.run(jobs);
         }
         Err(e) => {
@@ -246,7 +292,8 @@ impl Engine {
             let _ = job.events.send(Event::Failed("internal error: no free slot".into()));
             return;
         };
-        let (reused, source) = self.attach(slot, &job.prompt);
+        let (reused, source) = self.attach(slot, job.cache_keys());
+        self.caches.set_images(slot, job.images.clone());
         let (hooks, request) = JobHooks::new(job, &self.decode, &self.setup, started, reused, source);
         match self.batch.admit(&request.prompt, &request.settings, SeededRng::new(request.seed), hooks) {
             Ok(id) => self.slot_of.push((id, slot)),
@@ -365,6 +412,7 @@ impl JobHooks {
                 rerolls: job.extras.rerolls + 1,
                 ..job.extras.clone()
             },
+            images: job.images.clone(),
             events: job.events.clone(),
         });
         let hooks = JobHooks {
@@ -508,7 +556,12 @@ mod tests {
 
     /// [`cpu_engine`] on `backend`; the loading error (no GPU adapter) as is.
     fn engine(backend: BackendArg, batch: usize, cache_budget: u64) -> Result<(Engine, ModelDir)> {
-        let dir = crate::model_dir::bundled_dir();
+        engine_of(&crate::model_dir::bundled_dir(), backend, batch, cache_budget)
+    }
+
+    /// [`engine`] of the model in `dir`.
+    fn engine_of(dir: &std::path::Path, backend: BackendArg, batch: usize, cache_budget: u64) -> Result<(Engine, ModelDir)> {
+        let dir = dir.to_path_buf();
         let model = crate::model_dir::open(&dir).unwrap();
         let setup = EngineSetup {
             dir: dir.clone(),
@@ -532,7 +585,7 @@ mod tests {
         let settings = crate::settings::resolve_settings(model, over).unwrap();
         let (events, rx) = mpsc::unbounded_channel();
         let extras = Extras::default();
-        (Job { prompt: prompt.to_vec(), settings, max_tokens, stop: vec![], seed, drafts: false, extras, events }, rx)
+        (Job { prompt: prompt.to_vec(), settings, max_tokens, stop: vec![], seed, drafts: false, extras, images: None, events }, rx)
     }
 
     /// The text and summary of a served job's events.
@@ -641,6 +694,62 @@ mod tests {
         // A prompt that does not extend the cache starts from an empty one.
         let (_, other) = serve(&mut warm, &model, &first[..10], 32);
         assert_eq!(other.reused_tokens, 0);
+    }
+
+    fn fixture(name: &str) -> PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+    }
+
+    /// A job of `prompt` (one image token per image) with `images` from the image-processor
+    /// fixture, on the vision-generate fixture's tower at 70 soft tokens.
+    fn image_job(model: &ModelDir, prompt: &[u32], images: &[&str]) -> (Job, mpsc::UnboundedReceiver<Event>) {
+        let tower = VisionTower::load(model).unwrap();
+        let processor = tower.processor(70).unwrap();
+        let files = fixture("image-processor");
+        let encoded = images.iter().map(|name| tower.encode(&std::fs::read(files.join(name)).unwrap(), &processor).unwrap()).collect();
+        let (ids, images) = JobImages::new(&tower, prompt, encoded).unwrap();
+        let (mut job, rx) = job(model, &ids, 16, 7);
+        job.images = Some(Arc::new(images));
+        (job, rx)
+    }
+
+    fn serve_job(engine: &mut Engine, (job, mut rx): (Job, mpsc::UnboundedReceiver<Event>)) -> (String, Summary) {
+        let (tx, queue) = mpsc::channel(1);
+        tx.try_send(job).unwrap();
+        drop(tx);
+        engine.run(queue);
+        answer(&mut rx)
+    }
+
+    #[test]
+    fn image_prompts_reuse_caches_only_where_the_images_are_the_same_bytes() {
+        let dir = fixture("vision-generate");
+        let image = 19;
+        let (mut warm, model) = engine_of(&dir, BackendArg::Cpu, 1, 1 << 30).unwrap();
+        let first = [2, 5, 309, image, 40, 41];
+        let (job, rx) = image_job(&model, &first, &["wide.png"]);
+        let first_ids = job.prompt.clone();
+        serve_job(&mut warm, (job, rx));
+        let canvases = warm.caches.held[0][first_ids.len()..].to_vec();
+        // The next turn holds the first whole (its image the same bytes) and a second image.
+        let mut next: Vec<u32> = first.to_vec();
+        next.extend(&canvases);
+        next.extend([42, image, 43]);
+        let fresh = |images: &[&str]| {
+            let (mut cold, _) = engine_of(&dir, BackendArg::Cpu, 1, 0).unwrap();
+            serve_job(&mut cold, image_job(&model, &next, images))
+        };
+        let reused = serve_job(&mut warm, image_job(&model, &next, &["wide.png", "tall.png"]));
+        assert_eq!((reused.1.reused_tokens, reused.1.cache), (first_ids.len() + canvases.len(), CacheSource::Resident));
+        same(&reused, &fresh(&["wide.png", "tall.png"]), "the second image placed after a reused first");
+        // The same text with another first image: nothing past it is reused.
+        let (mut warm, _) = engine_of(&dir, BackendArg::Cpu, 1, 1 << 30).unwrap();
+        serve_job(&mut warm, image_job(&model, &first, &["wide.png"]));
+        let other = serve_job(&mut warm, image_job(&model, &next, &["tall.png", "tall.png"]));
+        assert_eq!((other.1.reused_tokens, other.1.cache), (0, CacheSource::None));
+        let want = fresh(&["tall.png", "tall.png"]);
+        same(&other, &want, "another first image");
+        assert_ne!(other.0, reused.0, "the first image does not change the reply");
     }
 
     #[test]

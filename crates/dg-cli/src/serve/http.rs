@@ -17,11 +17,13 @@ use dg_model::{GenerationConfig, ModelDir, RawGenerationConfig};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::engine::{Event, Extras, Job, Summary};
+use super::engine::{Event, Extras, Job, JobImages, Summary};
 use super::metrics::Metrics;
+use super::openai::images::{ImagePart, image_parts};
 use super::openai::tools::{self, ChatReply, ReplySetup};
 use super::openai::{self, ApiError, Endpoint, PromptInput, vllm};
 use crate::chat::{ChatTemplate, Conversation, reply};
+use crate::images::VisionTower;
 use crate::text::TextCodec;
 
 /// What every handler shares.
@@ -51,6 +53,21 @@ pub struct App {
     pub test_hooks: bool,
     /// `/v1/systemone`, where the model can serve it.
     pub systemone: Option<Arc<super::systemone::Service>>,
+    /// What encodes chat requests' image parts, or why they are refused (no vision tower, or
+    /// the GPU backend).
+    pub images: Result<Arc<ImageInput>, String>,
+}
+
+/// The vision tower and the processor at the server's soft-token budget (`--image-tokens`).
+pub struct ImageInput {
+    pub tower: VisionTower,
+    pub processor: dg_image::ImageProcessor,
+}
+
+impl std::fmt::Debug for ImageInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageInput").field("processor", &self.processor).finish_non_exhaustive()
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -147,9 +164,23 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result
     }
     let req = openai::parse(endpoint, &body)?;
     served_model(&app, &req.model)?;
+    let parts = match &req.prompt {
+        PromptInput::Chat(chat) => image_parts(&chat.messages)?,
+        _ => Vec::new(),
+    };
     let (prompt, reply) = prompt_ids(&app, &req.prompt)?;
+    let (prompt, images) = match parts.first() {
+        None => (prompt, None),
+        Some(first) => {
+            let input = app.images.clone().map_err(|why| ApiError::invalid(Some(&first.param), format!("{}: {why}", first.param)))?;
+            // The tower runs on the CPU: off the async workers.
+            let encoded = tokio::task::spawn_blocking(move || encode_images(&input, prompt, &parts)).await;
+            let (prompt, images) = encoded.map_err(|e| server_error(format!("the image encoder failed: {e}")))??;
+            (prompt, Some(Arc::new(images)))
+        }
+    };
     let (events_tx, events) = mpsc::unbounded_channel();
-    let job = job(&app, &req, prompt, events_tx)?;
+    let job = job(&app, &req, prompt, images, events_tx)?;
     app.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = app.jobs.try_send(job) {
         app.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
@@ -235,8 +266,27 @@ fn prompt_ids(app: &App, prompt: &PromptInput) -> Result<(Vec<u32>, Option<Reply
     Ok((ids, reply))
 }
 
+/// The prompt with each image part's placeholder expanded to its soft tokens, and the images'
+/// rows and cache keys; a part that does not decode or process is a 400 naming it.
+fn encode_images(input: &ImageInput, prompt: Vec<u32>, parts: &[ImagePart]) -> Result<(Vec<u32>, JobImages), ApiError> {
+    let tower = &input.tower;
+    let encoded = parts
+        .iter()
+        .map(|part| {
+            tower.encode(&part.bytes, &input.processor).map_err(|e| ApiError::invalid(Some(&part.param), format!("{}: {e}", part.param)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    JobImages::new(tower, &prompt, encoded).map_err(|e| ApiError::invalid(Some("messages"), format!("the chat template's prompt: {e}")))
+}
+
 /// The engine job of a checked request: settings resolved and checked, positions counted.
-fn job(app: &App, req: &openai::Request, prompt: Vec<u32>, events: mpsc::UnboundedSender<Event>) -> Result<Job, ApiError> {
+fn job(
+    app: &App,
+    req: &openai::Request,
+    prompt: Vec<u32>,
+    images: Option<Arc<JobImages>>,
+    events: mpsc::UnboundedSender<Event>,
+) -> Result<Job, ApiError> {
     let config = &app.model.config;
     let ext = &req.dg;
     let over = RawGenerationConfig {
@@ -262,7 +312,7 @@ fn job(app: &App, req: &openai::Request, prompt: Vec<u32>, events: mpsc::Unbound
     crate::settings::check_positions(prompt.len(), canvases, config.canvas_length, app.context)
         .map_err(|e| ApiError::invalid(param, format!("{e:#}")).with(StatusCode::BAD_REQUEST, "context_length_exceeded"))?;
     let seed = req.seed.unwrap_or(app.default_seed);
-    Ok(Job { prompt, settings, max_tokens, stop: req.stop.clone(), seed, drafts: ext.drafts, extras, events })
+    Ok(Job { prompt, settings, max_tokens, stop: req.stop.clone(), seed, drafts: ext.drafts, extras, images, events })
 }
 
 /// A chat job's markup tokens, its end after tool calls (added to `settings`' EOS ids) and its

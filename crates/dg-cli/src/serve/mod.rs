@@ -73,8 +73,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         metrics: metrics.clone(),
         cancel_all: cancel_all.clone(),
     };
-    let description = engine::spawn(setup, &model, jobs_rx)?;
-    eprintln!("backend: {description}");
+    let started = engine::spawn(setup, &model, jobs_rx)?;
+    eprintln!("backend: {}", started.description);
+    let images = image_input(&model, started.backend, args.image_tokens)?;
     let running = match args.batch {
         1 => format!("one request at a time, cache pool {} bytes", args.cache_budget),
         n => format!("batches of up to {n} requests, cache pool {} bytes", args.cache_budget),
@@ -106,11 +107,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
         empty_reply_retries: args.empty_reply_retries,
         test_hooks: args.test_hooks,
         systemone,
+        images,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(serve(args, app, request_timeout, shutdown_timeout, cancel_all))?;
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// What chat requests' image parts get on `backend`: the model's tower and the processor at
+/// `budget` soft tokens, or why images are refused.
+fn image_input(model: &dg_model::ModelDir, backend: &str, budget: usize) -> Result<Result<Arc<http::ImageInput>, String>> {
+    if model.config.vision.is_none() {
+        return Ok(Err(format!("this model ({}) has no vision tower: it takes no images", model.dir.display())));
+    }
+    let tower = crate::images::VisionTower::load(model)?;
+    let processor = tower.processor(budget).context(crate::error::Input("--image-tokens".into()))?;
+    if backend == "gpu" {
+        return Ok(Err(format!("this server runs on the GPU: {}", crate::images::IMAGES_ON_THE_GPU)));
+    }
+    Ok(Ok(Arc::new(http::ImageInput { tower, processor })))
 }
 
 async fn serve(

@@ -2,8 +2,10 @@
 //! `POST /v1/completions` bodies field by field (each bad field named in the error's `param`), the
 //! fields that mean nothing for a diffusion model (accepted as documented no-ops, or refused with a
 //! 400), and the `dg` extension object with the diffusion settings. Chat requests' tools and the
-//! tool calls and reasoning of replies: [`tools`]; vLLM's structured reads: [`vllm`].
+//! tool calls and reasoning of replies: [`tools`]; their image parts: [`images`]; vLLM's structured
+//! reads: [`vllm`].
 
+pub mod images;
 pub mod tools;
 pub mod vllm;
 

@@ -5,23 +5,34 @@
 
 use std::sync::atomic::Ordering;
 
+use std::sync::Arc;
+
 use dg_sampler::{BatchDenoiseModel, BatchResidentModel, HostCanvases, ResidentCanvases};
 
-use super::{CacheSource, Engine};
-use crate::batch_model::{BatchModel, SlotCache};
+use super::{CacheSource, Engine, JobImages};
+use crate::batch_model::{BatchModel, EncodeImages, ModelError, SlotCache};
 use crate::serve::pool;
 
-/// The token ids each slot's cache holds, and how many of them a new job's prompt shares.
+/// The token ids each slot's cache holds, and how many of them a new job's prompt shares. A
+/// prompt holding images is held as its cache keys (`JobImages::keys`: each image's soft tokens
+/// stand for its bytes), so prompts that differ only in an image share no cache past it.
 pub(super) struct SlotCaches {
-    /// The ids each slot's cache holds, in order (empty: the slot's cache is empty).
+    /// The ids (cache keys) each slot's cache holds, in order (empty: the slot's cache is empty).
     pub(super) held: Vec<Vec<u32>>,
     /// Ids the slot's next encode skips (its cache holds them already).
     skip: Vec<usize>,
+    /// The images of the prompt the slot encodes next, placed by that encode.
+    images: Vec<Option<Arc<JobImages>>>,
 }
 
 impl SlotCaches {
     pub(super) fn new(slots: usize) -> Self {
-        SlotCaches { held: vec![Vec::new(); slots], skip: vec![0; slots] }
+        SlotCaches { held: vec![Vec::new(); slots], skip: vec![0; slots], images: vec![None; slots] }
+    }
+
+    /// The images the next encode in `slot` (its job's prompt) places.
+    pub(super) fn set_images(&mut self, slot: usize, images: Option<Arc<JobImages>>) {
+        self.images[slot] = images;
     }
 
     /// `model` with this cache bookkeeping around it.
@@ -37,33 +48,50 @@ pub(super) struct Reusing<'a, M: ?Sized> {
     caches: &'a mut SlotCaches,
 }
 
-impl<M: ?Sized> Reusing<'_, M> {
-    fn encode_with<E>(&mut self, slot: usize, ids: &[u32], encode: impl FnOnce(&mut M, &[u32]) -> Result<(), E>) -> Result<(), E> {
-        let skip = std::mem::take(&mut self.caches.skip[slot]);
-        let ids = &ids[skip.min(ids.len())..];
-        encode(self.model, ids)?;
-        self.caches.held[slot].extend_from_slice(ids);
+impl<M: EncodeImages + ?Sized> Reusing<'_, M> {
+    /// Encodes what `ids` adds to the slot's cache: by `encode`, or, for a prompt holding images,
+    /// with the rows of the images past the reused part.
+    fn encode_with(
+        &mut self,
+        slot: usize,
+        ids: &[u32],
+        encode: impl FnOnce(&mut M, &[u32]) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let skip = std::mem::take(&mut self.caches.skip[slot]).min(ids.len());
+        let (cached, new) = ids.split_at(skip);
+        match self.caches.images[slot].take() {
+            Some(images) => {
+                let reused_rows = cached.iter().filter(|&&id| id == images.image_token).count();
+                let rows = &images.embeddings[(reused_rows * images.row_width).min(images.embeddings.len())..];
+                self.model.encode_with_images(slot, new, rows)?;
+                self.caches.held[slot].extend_from_slice(&images.keys[skip..]);
+            }
+            None => {
+                encode(self.model, new)?;
+                self.caches.held[slot].extend_from_slice(new);
+            }
+        }
         Ok(())
     }
 }
 
-impl<M: BatchDenoiseModel + ?Sized> BatchDenoiseModel for Reusing<'_, M> {
-    type Error = M::Error;
-    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), M::Error> {
+impl<M: BatchDenoiseModel<Error = ModelError> + EncodeImages + ?Sized> BatchDenoiseModel for Reusing<'_, M> {
+    type Error = ModelError;
+    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), ModelError> {
         self.encode_with(slot, ids, |m, ids| m.encode(slot, ids))
     }
-    fn canvas_forward(&mut self, batch: &mut HostCanvases<'_>) -> Result<(), M::Error> {
+    fn canvas_forward(&mut self, batch: &mut HostCanvases<'_>) -> Result<(), ModelError> {
         self.model.canvas_forward(batch)
     }
     fn release(&mut self, _slot: usize) {}
 }
 
-impl<M: BatchResidentModel + ?Sized> BatchResidentModel for Reusing<'_, M> {
-    type Error = M::Error;
-    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), M::Error> {
+impl<M: BatchResidentModel<Error = ModelError> + EncodeImages + ?Sized> BatchResidentModel for Reusing<'_, M> {
+    type Error = ModelError;
+    fn encode(&mut self, slot: usize, ids: &[u32]) -> Result<(), ModelError> {
         self.encode_with(slot, ids, |m, ids| m.encode(slot, ids))
     }
-    fn denoise_rows(&mut self, batch: &mut ResidentCanvases<'_>) -> Result<(), M::Error> {
+    fn denoise_rows(&mut self, batch: &mut ResidentCanvases<'_>) -> Result<(), ModelError> {
         self.model.denoise_rows(batch)
     }
     fn release(&mut self, _slot: usize) {}
@@ -183,6 +211,7 @@ impl Engine {
         self.model.release(slot);
         self.caches.held[slot].clear();
         self.caches.skip[slot] = 0;
+        self.caches.images[slot] = None;
     }
 
     pub(super) fn publish_pool(&self) {

@@ -13,7 +13,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::ApiError;
+use super::{ApiError, images};
 use crate::chat::reply::{CALL_OPEN, CHANNEL_CLOSE, Part, ReplyParser, ToolCall};
 
 /// The chat fields of a request besides `model`, `messages` and the sampling fields.
@@ -142,10 +142,14 @@ fn message(m: &Value, param: &str) -> Result<Value, ApiError> {
     let text_parts = |parts: &[Value]| parts.iter().all(|p| p["type"] == "text" && p["text"].is_string());
     let content_ok = match content {
         Some(Value::String(_)) => true,
+        Some(Value::Array(parts)) if role == "user" => {
+            parts.iter().all(|p| text_parts(std::slice::from_ref(p)) || images::is_image_part(p))
+        }
         Some(Value::Array(parts)) => text_parts(parts),
         _ => false,
     };
     match role {
+        "user" if !content_ok => return Err(bad("needs content: a string or a list of text and image_url parts")),
         "system" | "developer" | "user" if !content_ok => return Err(bad("needs content: a string or a list of text parts")),
         "system" | "developer" | "user" => {}
         "assistant" => {

@@ -1,0 +1,116 @@
+//! `dg generate --image`: the prompt transformers' processor makes (chat template and placeholder
+//! expansion, fixtures/vision-generate), an image that changes the output, and every bad image or
+//! option an input error naming what is wrong.
+
+mod common;
+
+use common::{bundled, dg, fixture, ids};
+use dg_model::SafetensorsFile;
+
+const INPUT: i32 = 2;
+
+fn image(name: &str) -> String {
+    fixture("image-processor").join(name).to_str().unwrap().to_string()
+}
+
+fn model() -> String {
+    fixture("vision-generate").to_str().unwrap().to_string()
+}
+
+/// `dg generate --chat --image ... --json` on the fixture's model, at 70 soft tokens.
+fn generate(images: &[&str], extra: &[&str]) -> serde_json::Value {
+    let model = model();
+    let mut args = vec!["generate", "--model", &model, "--chat", "--prompt", "What is in this image?", "--image-tokens", "70"];
+    let paths: Vec<String> = images.iter().map(|name| image(name)).collect();
+    for path in &paths {
+        args.extend(["--image", path]);
+    }
+    args.extend(["--json", "-q", "--backend", "cpu"]);
+    args.extend(extra);
+    dg(&args).ok().json()
+}
+
+#[test]
+fn the_image_prompt_is_the_one_transformers_processor_makes() {
+    let reference = SafetensorsFile::open(&fixture("vision-generate").join("generate.safetensors")).unwrap();
+    let want: Vec<u32> = reference.tensor_i64("prompt_ids").unwrap().1.into_iter().map(|v| v as u32).collect();
+    let out = generate(&["wide.png"], &[]);
+    assert_eq!(ids(&out["prompt_ids"]), want);
+}
+
+#[test]
+fn the_images_change_the_output_and_each_gets_its_soft_tokens() {
+    let wide = generate(&["wide.png"], &[]);
+    let tall = generate(&["tall.png"], &[]);
+    assert_ne!(ids(&wide["output_ids"]), ids(&tall["output_ids"]), "two images, the same output");
+    let both = generate(&["wide.png", "tall.png"], &[]);
+    let image_token = 19;
+    let soft = |v: &serde_json::Value| ids(&v["prompt_ids"]).iter().filter(|&&id| id == image_token).count();
+    assert_eq!(soft(&both), soft(&wide) + soft(&tall));
+    // Without --chat the text places the image itself.
+    let model = model();
+    let wide_path = image("wide.png");
+    let raw =
+        dg(&["generate", "--model", &model, "--prompt", "<|image|>a cat", "--image", &wide_path, "--image-tokens", "70", "--json", "-q"])
+            .ok()
+            .json();
+    assert_eq!(soft(&raw), soft(&wide));
+}
+
+/// A PNG whose header says `width`×`height`, its pixel data an empty zlib stream.
+fn png_header(width: u32, height: u32) -> Vec<u8> {
+    let mut header = width.to_be_bytes().to_vec();
+    header.extend(height.to_be_bytes());
+    header.extend([8, 2, 0, 0, 0]);
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    for (kind, data) in [(b"IHDR", &header[..]), (b"IDAT", &[0x78, 0x9c, 0x03, 0, 0, 0, 0, 1][..]), (b"IEND", &[][..])] {
+        let mut chunk = kind.to_vec();
+        chunk.extend(data);
+        png.extend((data.len() as u32).to_be_bytes());
+        png.extend(&chunk);
+        png.extend(crc32(&chunk).to_be_bytes());
+    }
+    png
+}
+
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+#[test]
+fn bad_images_and_options_are_input_errors_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let wide = std::fs::read(image("wide.png")).unwrap();
+    let truncated = dir.path().join("truncated.png");
+    std::fs::write(&truncated, &wide[..wide.len() / 3]).unwrap();
+    let text = dir.path().join("notes.png");
+    std::fs::write(&text, "not an image").unwrap();
+    let huge = dir.path().join("huge.png");
+    std::fs::write(&huge, png_header(20_000, 20_000)).unwrap();
+    let model = model();
+    let run = |path: &str, extra: &[&str]| {
+        let mut args = vec!["generate", "--model", &model, "--chat", "--prompt", "hi", "--image", path, "-q"];
+        args.extend(extra);
+        dg(&args)
+    };
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    run(&path(&truncated), &[]).fails(INPUT, &["--image", "truncated.png", "could not be decoded"]);
+    run(&path(&text), &[]).fails(INPUT, &["--image", "notes.png", "not recognised"]);
+    run(&path(&huge), &[]).fails(INPUT, &["--image", "huge.png", "20000x20000", "over the limit"]);
+    run("/nonexistent/x.png", &[]).fails(INPUT, &["--image /nonexistent/x.png", "cannot read"]);
+    let wide = image("wide.png");
+    run(&wide, &["--image-tokens", "100"]).fails(INPUT, &["--image-tokens", "100", "[70, 140, 280, 560, 1120]"]);
+    run(&wide, &["--backend", "gpu"]).fails(INPUT, &["CPU backend only", "--backend cpu"]);
+    dg(&["generate", "--model", &model, "--prompt", "no placeholder", "--image", &wide, "-q"])
+        .fails(INPUT, &["0 image placeholder", "--chat"]);
+    let bundled = bundled();
+    dg(&["generate", "--model", bundled.to_str().unwrap(), "--chat", "--prompt", "hi", "--image", &wide, "-q"])
+        .fails(INPUT, &["has no vision tower"]);
+}
