@@ -81,13 +81,7 @@ def build_model():
     config.image_token_id, config.boi_token_id, config.eoi_token_id = IMAGE_TOKEN, BOI, EOI
     model = mb.construct_model(config)
     mb.randomize_weights(model, mb.InitScales.from_spec({"logit_scale": 1.0}), SEED)
-    generator = torch.Generator().manual_seed(SEED + 1)
-    tower = model.model.encoder.vision_tower
-    with torch.no_grad():  # buffers the text randomizer leaves at their init
-        tower.std_bias.copy_(0.1 * torch.randn(tower.std_bias.shape, generator=generator))
-        tower.std_scale.copy_(1 + 0.2 * (torch.rand(tower.std_scale.shape, generator=generator) - 0.5))
-        table = tower.patch_embedder.position_embedding_table
-        table.copy_(0.5 * torch.randn(table.shape, generator=generator))
+    mb.randomize_vision_buffers(model, SEED + 1)
     return model
 
 

@@ -206,6 +206,18 @@ def randomize_weights(model: DiffusionGemmaForBlockDiffusion, scales: InitScales
         _check_ties(model)
 
 
+def randomize_vision_buffers(model: DiffusionGemmaForBlockDiffusion, seed: int) -> None:
+    """Seeded values for the vision tower's buffers that `randomize_weights` leaves at their init
+    (the standardisation bias and scale, the position-embedding table)."""
+    generator = torch.Generator().manual_seed(seed)
+    tower = model.model.encoder.vision_tower
+    with torch.no_grad():
+        tower.std_bias.copy_(0.1 * torch.randn(tower.std_bias.shape, generator=generator))
+        tower.std_scale.copy_(1 + 0.2 * (torch.rand(tower.std_scale.shape, generator=generator) - 0.5))
+        table = tower.patch_embedder.position_embedding_table
+        table.copy_(0.5 * torch.randn(table.shape, generator=generator))
+
+
 def _check_ties(model: DiffusionGemmaForBlockDiffusion) -> None:
     """Assert that the encoder text weights and lm_head are the decoder's tensors."""
     decoder = model.model.decoder
