@@ -177,7 +177,14 @@ impl Instrumentation for GpuModel {
         let plan = {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
             let canvas = [CanvasAt { slot: 0, visible }];
-            record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(&canvas))?;
+            record_layer(
+                &mut rec,
+                &self.config,
+                &self.weights,
+                &self.arena,
+                i,
+                LayerPass::Decode { canvases: &canvas, width: self.config.canvas_length },
+            )?;
             rec.finish()?
         };
         plan.run(&self.ctx)?;
@@ -196,7 +203,14 @@ impl Instrumentation for GpuModel {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
             for (i, v) in visible.iter().enumerate() {
                 let canvas = [CanvasAt { slot: 0, visible: *v }];
-                record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(&canvas))?;
+                record_layer(
+                    &mut rec,
+                    &self.config,
+                    &self.weights,
+                    &self.arena,
+                    i,
+                    LayerPass::Decode { canvases: &canvas, width: self.config.canvas_length },
+                )?;
             }
             rec.finish()?
         };
