@@ -64,6 +64,9 @@ pub struct ReadArgs {
     /// Reads to average, each on its own noise (1 to 32; default: one, and three more when unsure).
     #[arg(long, value_name = "N")]
     pub samples: Option<u32>,
+
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// How the GPU stores the weight matrices.

@@ -35,6 +35,7 @@ use crate::plan::{Pipelines, Plan, submit_in_parts};
 use crate::weights::{GpuWeights, UploadProgress};
 
 pub use instrument::{EncoderProfile, Instrumentation};
+pub use read::SlotReader;
 pub use snapshot::CacheSnapshot;
 
 /// Visible cached K/V of one layer, `[tokens, kv_heads, head_dim]` each.

@@ -73,7 +73,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         metrics: metrics.clone(),
         cancel_all: cancel_all.clone(),
     };
-    let description = engine::spawn(setup, &model, jobs_rx)?;
+    let (description, gpu_reader) = engine::spawn(setup, &model, jobs_rx, systemone::QUEUE)?;
     eprintln!("backend: {description}");
     let running = match args.batch {
         1 => format!("one request at a time, cache pool {} bytes", args.cache_budget),
@@ -85,9 +85,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if crate::model_dir::is_bundled(&dir) { " (the bundled random model: its text is noise)" } else { "" },
         args.queue,
     );
-    let systemone =
-        systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), resolve_settings(&model, defaults.clone())?)?
-            .map(Arc::new);
+    let settings = resolve_settings(&model, defaults.clone())?;
+    let systemone = systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), settings, gpu_reader)?.map(Arc::new);
     let app = Arc::new(http::App {
         model_name,
         model,

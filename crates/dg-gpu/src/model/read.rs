@@ -159,6 +159,40 @@ impl GpuModel {
     }
 }
 
+/// Reads after one slot's cache (a server's generation keeps the other slots).
+#[derive(Debug)]
+pub struct SlotReader<'m> {
+    pub model: &'m mut GpuModel,
+    pub slot: usize,
+}
+
+impl ReadModel for SlotReader<'_> {
+    type Error = GpuError;
+
+    fn canvas_length(&self) -> usize {
+        self.model.config.canvas_length
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config.text.vocab_size
+    }
+
+    fn read_forward(&mut self, canvas: &[u32], sc: Option<Conditioning<'_>>, rows: &[usize], logits: &mut [f32]) -> Result<(), GpuError> {
+        self.model.read_forwards(self.slot, &[ReadCanvas { canvas, conditioning: sc, head_rows: rows }], logits)
+    }
+}
+
+impl BatchReadModel for SlotReader<'_> {
+    fn max_reads(&self, width: usize) -> usize {
+        self.model.max_reads(width)
+    }
+
+    fn read_forwards(&mut self, reads: &[ReadCanvas<'_>], logits: &mut [f32]) -> Result<(), GpuError> {
+        self.model.read_forwards(self.slot, reads, logits)
+    }
+}
+
+/// Reads after slot 0's cache (the single-sequence API's).
 impl ReadModel for GpuModel {
     type Error = GpuError;
 
@@ -170,9 +204,8 @@ impl ReadModel for GpuModel {
         self.config.text.vocab_size
     }
 
-    /// A read after slot 0's cache (the single-sequence API's).
     fn read_forward(&mut self, canvas: &[u32], sc: Option<Conditioning<'_>>, rows: &[usize], logits: &mut [f32]) -> Result<(), GpuError> {
-        self.read_forwards(0, &[ReadCanvas { canvas, conditioning: sc, head_rows: rows }], logits)
+        SlotReader { model: self, slot: 0 }.read_forward(canvas, sc, rows, logits)
     }
 }
 
