@@ -28,6 +28,15 @@ const MAX_PLANS: usize = 16;
 #[derive(Debug, Default)]
 pub(super) struct ReadPlans {
     plans: HashMap<ForwardShape, Plan>,
+    /// The shape of the last read forward run.
+    last: Option<ForwardShape>,
+}
+
+impl ReadPlans {
+    /// The plan of the last read forward run, if any.
+    pub(super) fn last_plan(&self) -> Option<&Plan> {
+        self.last.as_ref().and_then(|s| self.plans.get(s))
+    }
 }
 
 impl GpuModel {
@@ -85,6 +94,9 @@ impl GpuModel {
                 self.read_plans.plans.clear();
             }
             self.read_plans.plans.insert(shape.clone(), plan);
+        }
+        if self.read_plans.last.as_ref() != Some(&shape) {
+            self.read_plans.last = Some(shape.clone());
         }
         let plan = &self.read_plans.plans[&shape];
         let bytes = (head_rows.len() * v * 4) as u64;
