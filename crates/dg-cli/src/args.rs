@@ -309,7 +309,7 @@ pub struct ServeArgs {
     pub test_hooks: bool,
 }
 
-/// Where the model runs and how the GPU stores it (`dg generate` and `dg serve` alike).
+/// Where the model runs and how the GPU stores it (`dg generate`, `dg serve` and `dg read` alike).
 #[derive(Debug, Clone, Args)]
 pub struct DeviceArgs {
     /// Backend: gpu, cpu, or auto (the GPU when an adapter exists, else the CPU).

@@ -14,6 +14,9 @@
 //! (multiplying those rows back), residual and layer scalar, and the next layer's input norm, in
 //! one dispatch.
 //!
+//! A read (vLLM's structured mode) is the same forward over canvases of W < C rows, its head at
+//! the asked rows only ([`Head::Rows`]); canvases of one slot share its cache ([`LayerPass::Decode`]).
+//!
 //! The encoder (`DiffusionGemmaEncoderModel`: prompt prefill and the commit of a finished canvas) is
 //! the same layer with [`LayerPass::Encode`]: the new tokens' K/V are appended to the GPU-resident
 //! cache, attention is causal (windowed in sliding layers), and the encoder's layer scalar applies.

@@ -184,6 +184,29 @@ fn gpu_head_at_rows_is_the_full_heads_rows() {
 }
 
 #[test]
+fn gpu_read_forward_refuses_bad_input() {
+    let f = load();
+    let Some((mut gpu, _, v)) = gpu_model(&f, "gpu_read_forward_refuses_bad_input") else { return };
+    let c = gpu.canvas_length();
+    let error = |gpu: &mut GpuModel, canvas: &[u32], rows: &[usize]| {
+        let mut logits = vec![0f32; rows.len() * v];
+        gpu.read_forward(canvas, None, rows, &mut logits).unwrap_err().to_string()
+    };
+    let wide = vec![0u32; c + 1];
+    assert!(error(&mut gpu, &wide, &[0]).contains("canvas_length"), "{}", error(&mut gpu, &wide, &[0]));
+    let canvas = vec![0u32; 16];
+    assert!(error(&mut gpu, &canvas, &[16]).contains("head rows"), "a head row past the canvas");
+    let bad_id = vec![v as u32; 16];
+    assert!(error(&mut gpu, &bad_id, &[0]).contains("out of range"), "an id past the vocabulary");
+    let too_many: Vec<_> =
+        (0..gpu.max_reads(16) + 1).map(|_| dg_sampler::ReadCanvas { canvas: &canvas, conditioning: None, head_rows: &[0] }).collect();
+    let mut logits = vec![0f32; too_many.len() * v];
+    assert!(gpu.read_forwards(0, &too_many, &mut logits).is_err(), "more canvases than a forward holds");
+    gpu.reset();
+    assert!(error(&mut gpu, &canvas, &[0]).contains("no context"), "a read before any prompt");
+}
+
+#[test]
 fn gpu_batched_reads_are_the_reads_alone() {
     let f = load();
     let Some((mut gpu, cfg, _)) = gpu_model(&f, "gpu_batched_reads_are_the_reads_alone") else { return };

@@ -218,7 +218,7 @@ struct Engine {
 
 /// What the idle engine waited for.
 enum Next {
-    Job(Job),
+    Job(Box<Job>),
     Read(ReadWork),
 }
 
@@ -246,14 +246,14 @@ impl Engine {
                     let next = waiter.block_on(async {
                         match reads.as_mut() {
                             Some(r) => tokio::select! {
-                                job = jobs.recv() => job.map(Next::Job),
+                                job = jobs.recv() => job.map(|j| Next::Job(Box::new(j))),
                                 Some(work) = r.recv() => Some(Next::Read(work)),
                             },
-                            None => jobs.recv().await.map(Next::Job),
+                            None => jobs.recv().await.map(|j| Next::Job(Box::new(j))),
                         }
                     });
                     match next {
-                        Some(Next::Job(job)) => job,
+                        Some(Next::Job(job)) => *job,
                         Some(Next::Read(work)) => {
                             self.read(work);
                             continue;
@@ -617,7 +617,7 @@ mod tests {
             receivers.push(rx);
         }
         drop(tx);
-        engine.run(queue);
+        engine.run(queue, None);
         receivers.iter_mut().map(answer).collect()
     }
 
@@ -667,7 +667,7 @@ mod tests {
         tx.try_send(gone).unwrap();
         metrics.queue_depth.store(jobs.len() as i64 + 1, Ordering::Relaxed);
         drop(tx);
-        engine.run(queue);
+        engine.run(queue, None);
         for (i, (rx, want)) in receivers.iter_mut().zip(&want).enumerate() {
             let got = answer(rx);
             same(&got, want, &format!("job {i}"));
