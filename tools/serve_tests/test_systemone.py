@@ -11,7 +11,10 @@ the re-read rule (an unsure read is averaged with three more: the same probabili
 (403/401, 400 unknown model, 400 unknown question type, 422 field errors, 400 unanswerable
 requests, 400 for a state past the model's positions, 413), `/health` OK after each.
 
-    python3 tools/serve_tests/test_systemone.py --binary target/release/dg
+    python3 tools/serve_tests/test_systemone.py --binary target/release/dg [--backend gpu]
+
+On the GPU backend the reads run on the engine's model (batched read forwards); `dg read` runs on
+the same backend.
 """
 
 import argparse
@@ -94,19 +97,20 @@ def probabilities(r):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--binary", required=True)
+    parser.add_argument("--backend", default="cpu", choices=["cpu", "gpu"])
     args = parser.parse_args()
     root = Path(__file__).resolve().parents[2]
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         model = model_copy(root, Path(tmp) / MODEL)
-        server = Server(args.binary, "cpu", "--model", str(model), "--api-key", KEY)
+        server = Server(args.binary, args.backend, "--model", str(model), "--api-key", KEY)
         try:
             run(server)
-            cli_matches(server, args.binary, model)
+            cli_matches(server, args.binary, model, args.backend)
         finally:
             server.proc.terminate()
             server.proc.wait(timeout=30)
-    print(f"systemone: all checks passed in {time.time() - started:.1f} s")
+    print(f"systemone ({args.backend}): all checks passed in {time.time() - started:.1f} s")
 
 
 def run(server):
@@ -157,13 +161,13 @@ def run(server):
     errors(server, client)
 
 
-def cli_matches(server, binary, model):
+def cli_matches(server, binary, model, backend):
     """`dg read` answers a request as the server does."""
     request = {"state": STATE, "questions": {"team": {"type": "choice", "criteria": {"payments": None, "shipping": "boxes"}},
                                              "billing": {"type": "noul", "instructions": "Billing?"}}}
     resp, data = server.request("POST", "/v1/systemone", {**request, "model": MODEL, "samples": 2})
     assert resp.status == 200, data
-    cli = subprocess.run([binary, "read", "--model", str(model), "--samples", "2"], input=json.dumps(request),
+    cli = subprocess.run([binary, "read", "--model", str(model), "--samples", "2", "--backend", backend], input=json.dumps(request),
                          capture_output=True, text=True, check=True)
     assert json.loads(cli.stdout) == json.loads(data), (cli.stdout, data)
     assert list(json.loads(cli.stdout)["answers"]) == ["team", "billing"]

@@ -14,6 +14,7 @@ mod bench;
 mod bench_batch;
 mod bench_generate;
 mod bench_gpu;
+mod bench_read;
 mod load_memory;
 mod parity;
 mod probe;
@@ -44,6 +45,8 @@ enum Command {
     BenchGenerate(bench_generate::Args),
     /// Time batched GPU generation (B sequences, one forward a step) at several batch sizes.
     BenchBatch(bench_batch::Args),
+    /// Time typed reads (prefill, read forwards, head at the slot rows) on random weights.
+    BenchRead(bench_read::Args),
     /// Time GEMMs written with VK_NV_cooperative_matrix2 (SPIR-V from bench/coopmat2) on the adapter.
     Coopmat2Probe(dg_lab::coopmat2::Args),
     /// Print the Vulkan driver's compile statistics (registers, spills...) of the GPU kernels.
@@ -68,6 +71,7 @@ fn main() -> std::process::ExitCode {
         Command::BenchGpu(args) => bench_gpu::run(args),
         Command::BenchGenerate(args) => bench_generate::run(args),
         Command::BenchBatch(args) => bench_batch::run(args),
+        Command::BenchRead(args) => bench_read::run(args),
         Command::ShaderStats(args) => shader_stats::run(args),
         Command::Coopmat2Probe(args) => dg_lab::coopmat2::run(args),
         Command::WriteCheckpoint(args) => write_checkpoint::run(args),

@@ -64,6 +64,9 @@ pub struct ReadArgs {
     /// Reads to average, each on its own noise (1 to 32; default: one, and three more when unsure).
     #[arg(long, value_name = "N")]
     pub samples: Option<u32>,
+
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// How the GPU stores the weight matrices.
@@ -322,7 +325,7 @@ pub struct ServeArgs {
     pub test_hooks: bool,
 }
 
-/// Where the model runs and how the GPU stores it (`dg generate` and `dg serve` alike).
+/// Where the model runs and how the GPU stores it (`dg generate`, `dg serve` and `dg read` alike).
 #[derive(Debug, Clone, Args)]
 pub struct DeviceArgs {
     /// Backend: gpu, cpu, or auto (the GPU when an adapter exists, else the CPU).

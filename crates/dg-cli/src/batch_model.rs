@@ -49,6 +49,14 @@ impl BatchModel {
         }
     }
 
+    /// The GPU model, on the GPU backend.
+    pub fn gpu_mut(&mut self) -> Option<&mut GpuModel> {
+        match self {
+            BatchModel::Cpu(_) => None,
+            BatchModel::Gpu(m) => Some(&mut m.0),
+        }
+    }
+
     /// Empties `slot` (its next encode starts a new sequence).
     pub fn release(&mut self, slot: usize) {
         match self {

@@ -153,6 +153,9 @@ pub struct Arena<B = wgpu::Buffer> {
     pub rope_positions: usize,
     /// Per slot, per layer, the cached context K/V.
     pub caches: Vec<Vec<CacheBuffers<B>>>,
+    /// u32 `[rows of logits[0]]`: the rows of a forward whose head runs at some rows
+    /// (`forward::Head::Rows`), as indices among the forward's rows.
+    pub head_rows: B,
     /// u32 per canvas row: whether the row's canvas adds the self-conditioning signal in a
     /// forward of mixed canvases (`forward::SelfConditioning::Gated`).
     pub sc_gate: B,
@@ -537,6 +540,7 @@ impl<B> Arena<B> {
             rope_table_full: rope_table(LayerKind::Full, "full")?,
             rope_positions,
             caches,
+            head_rows: f("head rows", group_rows[0])?,
             sc_gate: f("sc gate", b)?,
             staging: alloc.plain("logits staging", (c * v * 4) as u64, wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ)?,
             sample_step: alloc.storage("sample step", (slots * size_of::<dg_kernels::sample_rows::SampleStep>()) as u64)?,
@@ -562,12 +566,35 @@ impl<B> Arena<B> {
     /// The groups of a forward of `n` canvases' vocabulary-sized rows: `(group, first canvas,
     /// canvases)`.
     pub fn vocab_groups(&self, n: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-        (0..n.div_ceil(self.vocab_group)).map(move |g| (g, g * self.vocab_group, (n - g * self.vocab_group).min(self.vocab_group)))
+        self.vocab_groups_of(n, self.canvas)
+    }
+
+    /// [`Self::vocab_groups`] of canvases of `width` rows (a group holds `vocab_group · C` rows).
+    pub fn vocab_groups_of(&self, n: usize, width: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let per = self.canvases_per_group(width);
+        (0..n.div_ceil(per)).map(move |g| (g, g * per, (n - g * per).min(per)))
     }
 
     /// Canvas `b`'s vocabulary-sized rows: its group's buffers and its first row there.
     pub fn vocab_rows(&self, b: usize) -> (usize, usize) {
-        (b / self.vocab_group, (b % self.vocab_group) * self.canvas)
+        self.vocab_rows_of(b, self.canvas)
+    }
+
+    /// [`Self::vocab_rows`] of canvas `b` of a forward of canvases of `width` rows.
+    pub fn vocab_rows_of(&self, b: usize, width: usize) -> (usize, usize) {
+        let per = self.canvases_per_group(width);
+        (b / per, (b % per) * width)
+    }
+
+    /// Canvases of `width` rows one group of vocabulary-sized buffers holds.
+    fn canvases_per_group(&self, width: usize) -> usize {
+        (self.vocab_group * self.canvas / width.max(1)).max(1)
+    }
+
+    /// Rows of the first group's vocabulary-sized buffers: the most a forward's head computes
+    /// at some rows (`forward::Head::Rows`).
+    pub fn head_rows_len(&self) -> usize {
+        self.vocab_group * self.canvas
     }
 
     /// Query tokens per attention block for a group of `tokens` queries of `heads` heads over

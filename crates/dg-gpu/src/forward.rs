@@ -14,6 +14,9 @@
 //! (multiplying those rows back), residual and layer scalar, and the next layer's input norm, in
 //! one dispatch.
 //!
+//! A read (vLLM's structured mode) is the same forward over canvases of W < C rows, its head at
+//! the asked rows only ([`Head::Rows`]); canvases of one slot share its cache ([`LayerPass::Decode`]).
+//!
 //! The encoder (`DiffusionGemmaEncoderModel`: prompt prefill and the commit of a finished canvas) is
 //! the same layer with [`LayerPass::Encode`]: the new tokens' K/V are appended to the GPU-resident
 //! cache, attention is causal (windowed in sliding layers), and the encoder's layer scalar applies.
@@ -61,19 +64,36 @@ pub enum SelfConditioning {
     Gated,
 }
 
-/// What varies between steps of a forward: its canvases (canvas `b` in rows `b·C ..` of every
-/// activation, the RoPE tables' rows included), and which of them self-condition.
+/// Where a forward computes the head (final norm, `lm_head`, softcap).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Head {
+    /// At every row: canvas `b`'s logits in its vocabulary rows (`Arena::vocab_rows_of`).
+    All,
+    /// At some rows of each canvas (a read's slots: vLLM's `logprob_token_ids` at a few
+    /// positions), this many of canvas `b`'s: their indices among the forward's rows in
+    /// `arena.head_rows` (canvas by canvas), their logits one after another from row 0 of
+    /// `arena.logits[0]`.
+    Rows(Vec<usize>),
+}
+
+/// What varies between steps of a forward: its canvases (canvas `b` in rows `b·width ..` of every
+/// activation, the RoPE tables' rows included), which of them self-condition, their width, and
+/// where the head runs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ForwardShape {
     pub canvases: Vec<CanvasShape>,
     pub self_conditioning: SelfConditioning,
+    /// Rows of each canvas: `canvas_length`, or a read's W below it.
+    pub width: usize,
+    pub head: Head,
 }
 
 impl ForwardShape {
-    /// One canvas in slot 0 (the single-sequence forward).
-    pub fn single(visible: Vec<Visible>, self_conditioning: bool) -> Self {
+    /// One canvas of `width` rows in slot 0 with the head at every row (the single-sequence
+    /// forward).
+    pub fn single(visible: Vec<Visible>, self_conditioning: bool, width: usize) -> Self {
         let self_conditioning = if self_conditioning { SelfConditioning::On } else { SelfConditioning::Off };
-        ForwardShape { canvases: vec![CanvasShape { slot: 0, visible }], self_conditioning }
+        ForwardShape { canvases: vec![CanvasShape { slot: 0, visible }], self_conditioning, width, head: Head::All }
     }
 }
 
@@ -87,10 +107,10 @@ pub struct CanvasAt {
 /// What one recorded layer computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerPass<'s> {
-    /// Decoder over canvases of C rows each (canvas `b` in rows `b·C ..`): bidirectional attention
-    /// of each over the visible rows of its slot's cache, then the canvas itself
-    /// (`DiffusionGemmaDecoderModel`; the decoder never writes the cache).
-    Decode(&'s [CanvasAt]),
+    /// Decoder over canvases of `width` rows each (canvas `b` in rows `b·width ..`):
+    /// bidirectional attention of each over the visible rows of its slot's cache, then the canvas
+    /// itself (`DiffusionGemmaDecoderModel`; the decoder never writes the cache's context rows).
+    Decode { canvases: &'s [CanvasAt], width: usize },
     /// Encoder over `tokens` new tokens at absolute positions `start..` of `slot`'s sequence
     /// (`DiffusionGemmaEncoderModel`): their K/V are appended to the slot's cache at row `start`
     /// (cache row = position; in sliding layers row = position − `base`), then causal (and, in
@@ -99,9 +119,10 @@ pub enum LayerPass<'s> {
     Encode { slot: usize, start: usize, tokens: usize, base: usize, kv_only: bool },
 }
 
-/// Records one forward of `shape`'s canvases: their ids in `arena.ids` (canvas `b` at `b·C`; and
-/// the probabilities' source logits in its rows of `arena.sc_probs` when self-conditioning, see
-/// `Arena::vocab_rows`) → logits in its rows of `arena.logits`. Every product over the canvases' rows is planned
+/// Records one forward of `shape`'s canvases: their ids in `arena.ids` (canvas `b` at `b·width`;
+/// and the probabilities' source logits in its rows of `arena.sc_probs` when self-conditioning,
+/// see `Arena::vocab_rows_of`) → logits in its rows of `arena.logits` (or at the rows
+/// [`Head::Rows`] names). Every product over the canvases' rows is planned
 /// as for one canvas (`Recorder::plan_rows`), so each canvas gets the bits it gets alone.
 pub fn record_canvas_forward<'a>(
     rec: &mut Recorder<'a>,
@@ -112,13 +133,16 @@ pub fn record_canvas_forward<'a>(
 ) -> Result<(), GpuError> {
     rec.split_k_scratch_as(&a.split_partials, a.split_planned);
     let cfg = &config.text;
-    let canvas = config.canvas_length;
+    let canvas = shape.width;
     let n = shape.canvases.len();
+    if canvas == 0 || canvas > config.canvas_length {
+        return Err(GpuError::Length { what: "canvas width", got: canvas, expected: config.canvas_length });
+    }
     if n == 0 || n * canvas > a.batch_rows() {
         return Err(GpuError::Limit {
             what: format!("a forward of {n} canvases"),
-            needed: n as u64,
-            limit: (a.batch_rows() / canvas) as u64,
+            needed: (n * canvas) as u64,
+            limit: a.batch_rows() as u64,
             limit_name: "the canvases the arena holds (its batch)",
         });
     }
@@ -135,7 +159,7 @@ pub fn record_canvas_forward<'a>(
     if shape.self_conditioning != SelfConditioning::Off {
         // P = softmax(sc) (in place), soft = (P·E)·√H, signal = MLP_sc(pre_norm(soft)), e += signal.
         // Per group of canvases whose vocabulary rows share a buffer (`Arena::vocab_group`).
-        for (g, first, count) in a.vocab_groups(n) {
+        for (g, first, count) in a.vocab_groups_of(n, canvas) {
             let rows = count * canvas;
             rec.softmax_rows(&a.sc_probs[g], &a.softmax_pairs, rows, v)?;
             for (i, chunk) in w.embed.iter().enumerate() {
@@ -185,7 +209,8 @@ pub fn record_canvas_forward<'a>(
         at.clear();
         at.extend(shape.canvases.iter().map(|cv| CanvasAt { slot: cv.slot, visible: cv.visible[i] }));
         let next = if i + 1 < layers { &w.layers[i + 1].norms.input } else { &w.final_norm };
-        record_layer_with(rec, config, w, a, i, LayerPass::Decode(&at), Chain { normed_in: i > 0, next_norm: Some(next) })?;
+        let pass = LayerPass::Decode { canvases: &at, width: canvas };
+        record_layer_with(rec, config, w, a, i, pass, Chain { normed_in: i > 0, next_norm: Some(next) })?;
     }
 
     // logits = softcap(norm(h)·Eᵀ), norm(h) in `normed` from the last layer's closing norms.
@@ -193,13 +218,46 @@ pub fn record_canvas_forward<'a>(
     if layers == 0 {
         rec.rmsnorm(&a.hidden, Some(&w.final_norm), &a.dummy, &a.normed, c, h, eps, false, 1.0)?;
     }
-    for (g, first, count) in a.vocab_groups(n) {
+    // The head over `rows` rows of `x` from row `x_row` into `out` from row `out_row`.
+    let head = |rec: &mut Recorder<'a>, x: &'a wgpu::Buffer, (x_row, rows): (usize, usize), out: &'a wgpu::Buffer, out_row: usize| {
         for chunk in &w.embed {
-            let shape = (count * canvas, chunk.rows, h);
-            let tensor_cores = w.format == WeightFormat::F16;
-            let p =
-                GemmParams { a_offset: (first * canvas * h) as u32, ..head_params(shape, (v, chunk.start), cfg.final_logit_softcapping) };
-            rec.product(&a.normed, &chunk.matrix, &a.logits[g], p, tensor_cores && chunk.matrix.format != WeightFormat::F32)?;
+            let p = GemmParams {
+                a_offset: (x_row * h) as u32,
+                ..head_params((rows, chunk.rows, h), (v, out_row * v + chunk.start), cfg.final_logit_softcapping)
+            };
+            let tensor_cores = w.format == WeightFormat::F16 && chunk.matrix.format != WeightFormat::F32;
+            rec.product(x, &chunk.matrix, out, p, tensor_cores)?;
+        }
+        Ok::<(), GpuError>(())
+    };
+    match &shape.head {
+        Head::All => {
+            for (g, first, count) in a.vocab_groups_of(n, canvas) {
+                head(rec, &a.normed, (first * canvas, count * canvas), &a.logits[g], 0)?;
+            }
+        }
+        Head::Rows(counts) => {
+            // The asked rows of norm(h) gathered into `proj` (free after the last layer) by the
+            // embedding lookup over `normed` as an f32 table (× 1: the same bits), then the head
+            // over them: each run of canvases with as many rows as one product, planned as one
+            // canvas's rows, so that a canvas gets the bits it gets alone.
+            let total: usize = counts.iter().sum();
+            if total == 0 || total > a.head_rows_len() || counts.len() != n {
+                return Err(GpuError::Limit {
+                    what: format!("a head at {total} rows of {} canvases", counts.len()),
+                    needed: total as u64,
+                    limit: a.head_rows_len() as u64,
+                    limit_name: "the rows of the arena's first logits buffer",
+                });
+            }
+            rec.embed_format(&a.head_rows, &a.normed, WeightFormat::F32, &a.proj, total, h, 0, n * canvas, 1.0)?;
+            let mut first = 0;
+            for run in counts.chunk_by(|x, y| x == y) {
+                let rows = run.iter().sum::<usize>();
+                rec.plan_rows(Some(run[0]));
+                head(rec, &a.proj, (first, rows), &a.logits[0], first)?;
+                first += rows;
+            }
         }
     }
     rec.plan_rows(None);
@@ -305,13 +363,15 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
     let spec = &cfg.layers[i];
     let heads = cfg.num_attention_heads;
     match pass {
-        LayerPass::Decode(canvases) => {
-            let c = config.canvas_length;
+        LayerPass::Decode { canvases, width: c } => {
             canvases
                 .iter()
                 .enumerate()
                 .map(|(b, cv)| {
                     let cache = a.cache(cv.slot, i)?;
+                    // Canvases of one slot (a prompt's reads) each write their K/V `c` rows after
+                    // the slot's earlier ones, whose keys their scores mask with the dead columns.
+                    let before = canvases[..b].iter().filter(|o| o.slot == cv.slot).count() * c;
                     let v = cv.visible;
                     // The decoder's keys are [cached | dead columns up to a multiple of KEY_PAD |
                     // canvas]: the canvas part and the value products' K then stay aligned for
@@ -323,21 +383,22 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
                     // the canvas), so that each attention product runs once over [visible | dead
                     // | canvas].
                     let rows = (cache.keys.size() / a.cache_row_bytes(spec)) as usize;
-                    if v.start + cached + c > rows {
+                    if v.start + cached + before + c > rows {
                         return Err(GpuError::TooLong {
                             len: v.start + v.len,
-                            max: rows - KEY_PAD - c,
+                            max: rows.saturating_sub(KEY_PAD + before + c),
                             limit_name: "the cache rows that leave room for the canvas after the visible ones (max_context)",
                             hint: "",
                         });
                     }
-                    let keys = cached + c;
+                    let keys = cached + before + c;
                     let mask = SoftmaxParams {
                         gap_start: v.len as u32,
-                        gap_end: cached as u32,
+                        gap_end: (cached + before) as u32,
                         ..SoftmaxParams::plain((heads * c) as u32, keys as u32)
                     };
-                    Ok(AttentionGroup { cache, first_token: b * c, first_row: v.start + cached, key_start: v.start, keys, mask, causal: 0 })
+                    let first_row = v.start + cached + before;
+                    Ok(AttentionGroup { cache, first_token: b * c, first_row, key_start: v.start, keys, mask, causal: 0 })
                 })
                 .collect()
         }
@@ -442,7 +503,7 @@ fn record_layer_with<'a>(
     // tokens: the rows of one attention group (a canvas, or the encoder chunk); c: the rows this
     // pass computes (every canvas, or the chunk).
     let (tokens, c) = match pass {
-        LayerPass::Decode(canvases) => (config.canvas_length, canvases.len() * config.canvas_length),
+        LayerPass::Decode { canvases, width } => (width, canvases.len() * width),
         LayerPass::Encode { tokens, .. } => (tokens, tokens),
     };
     let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
@@ -641,7 +702,7 @@ fn record_layer_with<'a>(
     // h = (h + post_feedforward_layernorm(dense)) · layer_scalar; and the next norm of h into
     // `normed` (the dense MLP, its last reader, is done); one dispatch where the adapter allows.
     let scalar = match pass {
-        LayerPass::Decode(_) => l.decoder_scalar,
+        LayerPass::Decode { .. } => l.decoder_scalar,
         LayerPass::Encode { .. } => l.encoder_scalar,
     };
     let next = chain.next_norm.map(|w_next| (w_next, &a.normed));

@@ -11,11 +11,14 @@
 //!   (logits-level parity, and the host sampler).
 //! - [`Instrumentation`] holds what benchmarks and parity need beyond that ([`instrument`]): a cache
 //!   computed elsewhere uploaded, one layer run alone, profiles and timed replays.
+//! - [`GpuModel::read_forwards`] ([`dg_sampler::ReadModel`], [`dg_sampler::BatchReadModel`]) reads
+//!   canvases of width W ≤ C after a slot's cache, the head at the asked rows only ([`read`]).
 //! - [`GpuModel::snapshot_cache`] and [`GpuModel::restore_cache`] keep a copy of the cache on the
 //!   device and put it back ([`snapshot`]).
 
 mod batch;
 mod instrument;
+mod read;
 mod snapshot;
 
 use dg_kernels::WeightFormat;
@@ -32,6 +35,7 @@ use crate::plan::{Pipelines, Plan, submit_in_parts};
 use crate::weights::{GpuWeights, UploadProgress};
 
 pub use instrument::{EncoderProfile, Instrumentation};
+pub use read::SlotReader;
 pub use snapshot::CacheSnapshot;
 
 /// Visible cached K/V of one layer, `[tokens, kv_heads, head_dim]` each.
@@ -64,6 +68,8 @@ pub struct GpuModel {
     sliding_bases: Vec<usize>,
     /// Plans of batched steps ([`batch`]): forwards with their sampler rows, by shape.
     batch_plans: batch::PlanCache,
+    /// Plans of read forwards ([`read`]), by shape.
+    read_plans: read::ReadPlans,
     /// Encoder plans of the canvas commits to come, by their chunks: recorded while
     /// the GPU runs a denoising step ([`Self::prerecord_commits`]), so that a commit only runs.
     commit_plans: std::collections::HashMap<EncoderChunk, Plan>,
@@ -193,6 +199,7 @@ impl GpuModel {
             seq_lens: vec![0; arena.slots],
             sliding_bases: vec![0; arena.slots],
             batch_plans: batch::PlanCache::default(),
+            read_plans: read::ReadPlans::default(),
             commit_plans: Default::default(),
             context_ready: false,
             rope_blocks: Vec::new(),
@@ -529,7 +536,7 @@ impl GpuModel {
     }
 
     fn record(&mut self, visible: &[Visible], self_conditioning: bool) -> Result<Plan, GpuError> {
-        let shape = ForwardShape::single(visible.to_vec(), self_conditioning);
+        let shape = ForwardShape::single(visible.to_vec(), self_conditioning, self.config.canvas_length);
         let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
         record_canvas_forward(&mut rec, &self.config, &self.weights, &self.arena, &shape)?;
         rec.finish()

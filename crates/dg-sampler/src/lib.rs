@@ -49,7 +49,7 @@ pub use error::{DrawError, InputError, ModelCall, SamplerError};
 pub use finalize::CanvasEnd;
 pub use generate::{DenoiseModel, Generation, Hooks, NoHooks, StepInfo, StopReason, generate, generate_resident, validate_config};
 pub use python_random::PythonRandom;
-pub use read::{Conditioning, Read, ReadModel, ReadRequest, Slot, SlotRead, read, validate_read};
+pub use read::{BatchReadModel, Conditioning, Read, ReadCanvas, ReadModel, ReadRequest, Slot, SlotRead, read, read_batch, validate_read};
 pub use replay::Replay;
 pub use resident::{HostRows, HostRowsError, ResidentModel, RowResult};
 pub use rng::{CategoricalRequest, DrawKind, RandomSource, SeededRng};

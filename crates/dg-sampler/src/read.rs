@@ -149,6 +149,89 @@ pub fn validate_read(request: &ReadRequest<'_>, canvas_length: usize, vocab_size
     Ok(())
 }
 
+/// One canvas of a batched read forward ([`BatchReadModel::read_forwards`]): its ids, its
+/// self-conditioning, the rows its head is computed at.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadCanvas<'a> {
+    pub canvas: &'a [u32],
+    pub conditioning: Option<Conditioning<'a>>,
+    pub head_rows: &'a [usize],
+}
+
+/// A [`ReadModel`] that reads several canvases of one width after its one cache in one forward
+/// (a prompt's samples, re-reads and question groups: every weight read once for all).
+pub trait BatchReadModel: ReadModel {
+    /// Canvases of `width` ids one [`Self::read_forwards`] takes at most (at least 1).
+    fn max_reads(&self, width: usize) -> usize;
+
+    /// [`ReadModel::read_forward`] of each of `reads` (one width), their logits one canvas after
+    /// another in `logits` (`Σ head_rows × V`); each canvas's equal those of its forward alone.
+    fn read_forwards(&mut self, reads: &[ReadCanvas<'_>], logits: &mut [f32]) -> Result<(), Self::Error>;
+}
+
+/// A read in progress: its canvas, its free rows, and (for `steps` > 1) the sampler denoising them.
+struct Reading<'r> {
+    request: &'r ReadRequest<'r>,
+    canvas: Vec<u32>,
+    free: Vec<usize>,
+    slot_rows: Vec<usize>,
+    sampler: Option<(Sampler, GenerationConfig)>,
+    /// Forwards run so far.
+    step: usize,
+}
+
+impl<'r> Reading<'r> {
+    fn new(request: &'r ReadRequest<'r>, (canvas_length, v): (usize, usize), cfg: &GenerationConfig) -> Result<Self, InputError> {
+        validate_read(request, canvas_length, v)?;
+        let canvas = request.canvas.to_vec();
+        let free: Vec<usize> = (0..canvas.len()).filter(|&r| !request.pinned.is_some_and(|p| p[r])).collect();
+        let mut sampler = None;
+        if request.steps > 1 && !free.is_empty() {
+            let steps_cfg = GenerationConfig { max_denoising_steps: request.steps, stopping: None, ..cfg.clone() };
+            let mut s = Sampler::new(free.len(), v)?;
+            s.set_canvas(&free.iter().map(|&r| canvas[r]).collect::<Vec<_>>())?;
+            sampler = Some((s, steps_cfg));
+        }
+        let slot_rows = request.slots.iter().map(|s| s.position).collect();
+        Ok(Reading { request, canvas, free, slot_rows, sampler, step: 0 })
+    }
+
+    /// Whether the next forward is the read (the last): else a step of the free rows.
+    fn reads_next(&self) -> bool {
+        self.sampler.is_none() || self.step + 1 >= self.request.steps
+    }
+
+    /// The next forward's canvas.
+    fn next(&self) -> ReadCanvas<'_> {
+        let conditioning =
+            self.sampler.as_ref().and_then(|(s, _)| s.self_conditioning()).map(|logits| Conditioning { rows: &self.free, logits });
+        let head_rows = if self.reads_next() { &self.slot_rows } else { &self.free };
+        ReadCanvas { canvas: &self.canvas, conditioning, head_rows }
+    }
+
+    /// Takes the next forward's logits (its head rows' raw logits): a step of the free rows, or
+    /// the read.
+    fn advance<R: RandomSource + ?Sized>(&mut self, logits: &mut [f32], v: usize, rng: &mut R) -> Result<Option<Read>, SamplerError> {
+        if self.reads_next() {
+            let slots = read_slots(logits, v, self.request.slots, self.request.steps - 1)?;
+            return Ok(Some(Read { slots, canvas: std::mem::take(&mut self.canvas), logits: logits.to_vec() }));
+        }
+        let (s, steps_cfg) = self.sampler.as_mut().expect("a step needs the sampler");
+        s.logits_mut().copy_from_slice(logits);
+        s.step(steps_cfg, self.request.steps - self.step, rng, 0)?;
+        for (&r, &id) in self.free.iter().zip(s.canvas()) {
+            self.canvas[r] = id;
+        }
+        self.step += 1;
+        Ok(None)
+    }
+}
+
+/// The error of a read's forward at `step`.
+fn forward_error<E: std::error::Error + 'static>(step: usize) -> impl FnOnce(E) -> SamplerError<E> {
+    move |source| SamplerError::Model { block: 0, call: ModelCall::CanvasForward { step }, source }
+}
+
 /// Reads `request` on `model` (whose cache holds the prompt). The intermediate steps (`steps` > 1)
 /// follow `cfg`'s temperature schedule and entropy bound over `steps` steps, without adaptive
 /// stopping, drawing from `rng`; a 1-step read draws nothing.
@@ -158,36 +241,54 @@ pub fn read<M: ReadModel + ?Sized, R: RandomSource + ?Sized>(
     cfg: &GenerationConfig,
     rng: &mut R,
 ) -> Result<Read, SamplerError<M::Error>> {
-    let (v, c) = (model.vocab_size(), model.canvas_length());
-    validate_read(request, c, v)?;
-    let forward_error = |step: usize| move |source| SamplerError::Model { block: 0, call: ModelCall::CanvasForward { step }, source };
-    let mut canvas = request.canvas.to_vec();
-    let free: Vec<usize> = (0..canvas.len()).filter(|&r| !request.pinned.is_some_and(|p| p[r])).collect();
-    let mut sampler = None;
-    if request.steps > 1 && !free.is_empty() {
-        let steps_cfg = GenerationConfig { max_denoising_steps: request.steps, stopping: None, ..cfg.clone() };
-        let s = sampler.insert(Sampler::new(free.len(), v)?);
-        let ids: Vec<u32> = free.iter().map(|&r| canvas[r]).collect();
-        s.set_canvas(&ids)?;
-        for step in 0..request.steps - 1 {
-            let (ids, sc, logits) = s.forward_buffers();
-            for (&r, &id) in free.iter().zip(ids) {
-                canvas[r] = id;
-            }
-            let conditioning = sc.map(|logits| Conditioning { rows: &free, logits });
-            model.read_forward(&canvas, conditioning, &free, logits).map_err(forward_error(step))?;
-            s.step(&steps_cfg, request.steps - step, rng, 0).map_err(SamplerError::with_model_error)?;
-        }
-        for (&r, &id) in free.iter().zip(s.canvas()) {
-            canvas[r] = id;
+    let v = model.vocab_size();
+    let mut reading = Reading::new(request, (model.canvas_length(), v), cfg)?;
+    loop {
+        let next = reading.next();
+        let mut logits = vec![0f32; next.head_rows.len() * v];
+        model.read_forward(next.canvas, next.conditioning, next.head_rows, &mut logits).map_err(forward_error(reading.step))?;
+        if let Some(done) = reading.advance(&mut logits, v, rng).map_err(SamplerError::with_model_error)? {
+            return Ok(done);
         }
     }
-    let head_rows: Vec<usize> = request.slots.iter().map(|s| s.position).collect();
-    let mut logits = vec![0f32; head_rows.len() * v];
-    let conditioning = sampler.as_ref().and_then(Sampler::self_conditioning).map(|logits| Conditioning { rows: &free, logits });
-    model.read_forward(&canvas, conditioning, &head_rows, &mut logits).map_err(forward_error(request.steps - 1))?;
-    let slots = read_slots(&mut logits, v, request.slots, request.steps - 1)?;
-    Ok(Read { slots, canvas, logits })
+}
+
+/// Reads `requests` on `model` (whose cache holds their one prompt), read `i` drawing from
+/// `rngs[i]`: each forward runs the next forward of every read not done whose canvas has the
+/// width of the first's, as many at once as [`BatchReadModel::max_reads`] allows. Each read is
+/// what [`read`] gives alone on a model whose batched forward gives each canvas the logits of
+/// its forward alone.
+pub fn read_batch<M: BatchReadModel + ?Sized, R: RandomSource>(
+    model: &mut M,
+    requests: &[ReadRequest<'_>],
+    cfg: &GenerationConfig,
+    rngs: &mut [R],
+) -> Result<Vec<Read>, SamplerError<M::Error>> {
+    if rngs.len() != requests.len() {
+        return Err(InputError::Shape(format!("{} random sources for {} reads", rngs.len(), requests.len())).into());
+    }
+    let v = model.vocab_size();
+    let mut readings = requests.iter().map(|r| Reading::new(r, (model.canvas_length(), v), cfg)).collect::<Result<Vec<_>, _>>()?;
+    let mut done: Vec<Option<Read>> = vec![None; requests.len()];
+    let mut logits = Vec::new();
+    while let Some(first) = done.iter().position(Option::is_none) {
+        let width = readings[first].canvas.len();
+        let batch: Vec<usize> = (first..requests.len())
+            .filter(|&i| done[i].is_none() && readings[i].canvas.len() == width)
+            .take(model.max_reads(width).max(1))
+            .collect();
+        let canvases: Vec<ReadCanvas<'_>> = batch.iter().map(|&i| readings[i].next()).collect();
+        let rows: Vec<usize> = canvases.iter().map(|c| c.head_rows.len()).collect();
+        logits.resize(rows.iter().sum::<usize>() * v, 0.0);
+        model.read_forwards(&canvases, &mut logits).map_err(forward_error(readings[first].step))?;
+        let mut at = 0;
+        for (&i, rows) in batch.iter().zip(rows) {
+            let mine = &mut logits[at * v..(at + rows) * v];
+            at += rows;
+            done[i] = readings[i].advance(mine, v, &mut rngs[i]).map_err(SamplerError::with_model_error)?;
+        }
+    }
+    Ok(done.into_iter().map(|r| r.expect("every read is done")).collect())
 }
 
 /// The slots' reads from their rows' raw logits (`slots.len() × V`; left as they are: the

@@ -16,6 +16,10 @@
 //! may be generated again with the next seed ([`Extras::empty_retries`]); under the test hook a
 //! job's canvases are replaced by given tokens ([`Extras::forced`]).
 //!
+//! On the GPU the model has one more slot than `--batch`, whose cache holds the prompt of
+//! `/v1/systemone`'s reads: queued reads run between denoising steps on the same model (one upload
+//! of the weights), each request's reads as batched read forwards after that slot's cache.
+//!
 //! Each job gets exactly the text it gets alone. A job whose client has gone (its event receiver
 //! dropped), whose text is final (EOS, a stop sequence, `max_tokens`), or that the shutdown
 //! cancels stops at its next denoising step. A panic in a generation is caught: the jobs it
@@ -38,6 +42,7 @@ use tokio::sync::mpsc::{self, error::TryRecvError};
 use super::commit::{Committer, Decode, Finish};
 use super::metrics::Metrics;
 use super::pool::Pool;
+use super::systemone::{ReadOn, ReadWork, Reader, ReaderHandle, ReaderState, run_work};
 use crate::args::{BackendArg, WeightsArg};
 use crate::batch_model::{BatchModel, ModelError, SlotCache};
 use crate::images::{EncodedImage, VisionTower};
@@ -192,13 +197,17 @@ impl EngineSetup {
 }
 
 /// Loads the model of `setup.dir` with `setup.batch` slots of `setup.context` positions on the
-/// backend it asks for; returns the engine on it and a line describing the backend.
+/// backend it asks for (on the GPU one more, for reads); returns the engine on it and the backend.
 fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, Started)> {
     let model = crate::model_dir::open(&setup.dir)?;
     let choice = crate::backend::choose(setup.backend, setup.adapter.as_deref())?;
     let started = Started { backend: choice.name(), description: choice.description.clone() };
     let report = crate::load::Report::Summary;
-    let loaded = BatchModel::load(&model, choice.backend, setup.context, setup.batch, setup.weights, report)?;
+    let slots = match choice.backend {
+        crate::backend::Backend::Gpu(_) => setup.batch + 1,
+        crate::backend::Backend::Cpu => setup.batch,
+    };
+    let loaded = BatchModel::load(&model, choice.backend, setup.context, slots, setup.weights, report)?;
     Ok((Engine::new(loaded, setup, canvas, vocab)?, started))
 }
 
@@ -211,14 +220,22 @@ pub struct Started {
     pub description: String,
 }
 
-/// Starts the engine thread on `jobs`; returns once the model is loaded, with its backend.
-pub fn spawn(setup: EngineSetup, model: &ModelDir, jobs: mpsc::Receiver<Job>) -> Result<Started> {
+/// Starts the engine thread on `jobs`; returns once the model is loaded, with its backend and, on
+/// the GPU, the queue of the reads it runs (`reads` of them at most).
+pub fn spawn(setup: EngineSetup, model: &ModelDir, jobs: mpsc::Receiver<Job>, reads: usize) -> Result<(Started, Option<ReaderHandle>)> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (canvas, vocab) = (model.config.canvas_length, model.config.text.vocab_size);
     std::thread::Builder::new().name("dg-engine".into()).spawn(move || match start(setup, canvas, vocab) {
         Ok((mut engine, started)) => {
-            let _ = ready_tx.send(Ok(started));
-            engine.run(jobs);
+            let (handle, reads) = match engine.model.gpu_mut() {
+                Some(_) => {
+                    let (handle, rx) = ReaderHandle::channel(reads);
+                    (Some(handle), Some(rx))
+                }
+                None => (None, None),
+            };
+            let _ = ready_tx.send(Ok((started, handle)));
+            engine.run(jobs, reads);
         }
         Err(e) => {
             let _ = ready_tx.send(Err(e));
@@ -240,6 +257,14 @@ struct Engine {
     pool: Pool<SlotCache>,
     setup: EngineSetup,
     decode: Decode,
+    /// The prompt the read slot's cache holds (GPU).
+    reader: ReaderState,
+}
+
+/// What the idle engine waited for.
+enum Next {
+    Job(Box<Job>),
+    Read(ReadWork),
 }
 
 impl Engine {
@@ -249,17 +274,35 @@ impl Engine {
         setup.metrics.pool_budget_bytes.store(setup.cache_budget, Ordering::Relaxed);
         let decode = setup.decode();
         let caches = SlotCaches::new(setup.batch);
-        Ok(Engine { model, batch, slot_of: Vec::new(), caches, pool, setup, decode })
+        Ok(Engine { model, batch, slot_of: Vec::new(), caches, pool, setup, decode, reader: ReaderState::default() })
     }
 
-    /// Serves `jobs` until the queue closes and the running jobs are done.
-    fn run(&mut self, mut jobs: mpsc::Receiver<Job>) {
+    /// Serves `jobs` (and `reads`) until the job queue closes and the running jobs are done.
+    fn run(&mut self, mut jobs: mpsc::Receiver<Job>, mut reads: Option<mpsc::Receiver<ReadWork>>) {
+        // The idle engine waits for a job or a read.
+        let Ok(waiter) = tokio::runtime::Builder::new_current_thread().build() else { return };
         loop {
+            while let Some(work) = reads.as_mut().and_then(|r| r.try_recv().ok()) {
+                self.read(work);
+            }
             while self.batch.has_room() {
-                // Idle: wait for a job. Running: take what is queued, without waiting.
+                // Idle: wait for a job or a read. Running: take what is queued, without waiting.
                 let job = if self.batch.running() == 0 {
-                    match jobs.blocking_recv() {
-                        Some(job) => job,
+                    let next = waiter.block_on(async {
+                        match reads.as_mut() {
+                            Some(r) => tokio::select! {
+                                job = jobs.recv() => job.map(|j| Next::Job(Box::new(j))),
+                                Some(work) = r.recv() => Some(Next::Read(work)),
+                            },
+                            None => jobs.recv().await.map(|j| Next::Job(Box::new(j))),
+                        }
+                    });
+                    match next {
+                        Some(Next::Job(job)) => *job,
+                        Some(Next::Read(work)) => {
+                            self.read(work);
+                            continue;
+                        }
                         None => return,
                     }
                 } else {
@@ -276,6 +319,19 @@ impl Engine {
                 self.step();
             }
             self.answer_finished();
+        }
+    }
+
+    /// Runs queued reads on the GPU model after the read slot's cache (the slot after the batch's).
+    fn read(&mut self, work: ReadWork) {
+        let slot = self.setup.batch;
+        let Some(model) = self.model.gpu_mut() else { return };
+        let mut reader = Reader { model: ReadOn::Gpu(dg_gpu::SlotReader { model, slot }), state: &mut self.reader };
+        if !run_work(work, &mut reader) {
+            self.setup.metrics.engine_panics.fetch_add(1, Ordering::Relaxed);
+            if let Some(model) = self.model.gpu_mut() {
+                model.release_slot(slot);
+            }
         }
     }
 
@@ -613,7 +669,7 @@ mod tests {
             receivers.push(rx);
         }
         drop(tx);
-        engine.run(queue);
+        engine.run(queue, None);
         receivers.iter_mut().map(answer).collect()
     }
 
@@ -663,7 +719,7 @@ mod tests {
         tx.try_send(gone).unwrap();
         metrics.queue_depth.store(jobs.len() as i64 + 1, Ordering::Relaxed);
         drop(tx);
-        engine.run(queue);
+        engine.run(queue, None);
         for (i, (rx, want)) in receivers.iter_mut().zip(&want).enumerate() {
             let got = answer(rx);
             same(&got, want, &format!("job {i}"));

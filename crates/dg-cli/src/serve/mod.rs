@@ -73,7 +73,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         metrics: metrics.clone(),
         cancel_all: cancel_all.clone(),
     };
-    let started = engine::spawn(setup, &model, jobs_rx)?;
+    let (started, gpu_reader) = engine::spawn(setup, &model, jobs_rx, systemone::QUEUE)?;
     eprintln!("backend: {}", started.description);
     let images = image_input(&model, started.backend, args.image_tokens)?;
     let running = match args.batch {
@@ -86,9 +86,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         if crate::model_dir::is_bundled(&dir) { " (the bundled random model: its text is noise)" } else { "" },
         args.queue,
     );
-    let systemone =
-        systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), resolve_settings(&model, defaults.clone())?)?
-            .map(Arc::new);
+    let settings = resolve_settings(&model, defaults.clone())?;
+    let systemone = systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), settings, gpu_reader)?.map(Arc::new);
     let app = Arc::new(http::App {
         model_name,
         model,

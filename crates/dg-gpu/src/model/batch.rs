@@ -19,7 +19,7 @@ use dg_sampler::{CategoricalRequest, ResidentCanvases};
 use super::{GpuModel, uniform_f32};
 use crate::context::map_read_with;
 use crate::error::GpuError;
-use crate::forward::{CanvasShape, ForwardShape, SelfConditioning, record_canvas_forward};
+use crate::forward::{CanvasShape, ForwardShape, Head, SelfConditioning, record_canvas_forward};
 use crate::ops::Recorder;
 use crate::plan::Plan;
 
@@ -117,6 +117,8 @@ impl GpuModel {
         let shape = ForwardShape {
             canvases: (0..n).map(|slot| CanvasShape { slot, visible: self.slot_visible(slot) }).collect(),
             self_conditioning: sc,
+            width: c,
+            head: Head::All,
         };
         self.write_batch_inputs(&inputs, &shape)?;
         self.batch_plans.inputs = inputs;

@@ -94,6 +94,10 @@ pub trait Instrumentation {
     /// timestamp around every dispatch: `(scope, kernel, nanoseconds)` ([`Plan::profile`]).
     fn profile_last_batch(&self) -> Result<Vec<(String, String, f64)>, GpuError>;
 
+    /// A timestamp profile of the last read forward's plan (`GpuModel::read_forwards`), by
+    /// dispatch: `(scope, kernel, nanoseconds)`; the head at the asked rows is the scope "head".
+    fn profile_last_read(&self) -> Result<Vec<(String, String, f64)>, GpuError>;
+
     /// Tokens in `slot`'s cache.
     fn slot_len(&self, slot: usize) -> Option<usize>;
 
@@ -177,7 +181,14 @@ impl Instrumentation for GpuModel {
         let plan = {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
             let canvas = [CanvasAt { slot: 0, visible }];
-            record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(&canvas))?;
+            record_layer(
+                &mut rec,
+                &self.config,
+                &self.weights,
+                &self.arena,
+                i,
+                LayerPass::Decode { canvases: &canvas, width: self.config.canvas_length },
+            )?;
             rec.finish()?
         };
         plan.run(&self.ctx)?;
@@ -196,7 +207,14 @@ impl Instrumentation for GpuModel {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
             for (i, v) in visible.iter().enumerate() {
                 let canvas = [CanvasAt { slot: 0, visible: *v }];
-                record_layer(&mut rec, &self.config, &self.weights, &self.arena, i, LayerPass::Decode(&canvas))?;
+                record_layer(
+                    &mut rec,
+                    &self.config,
+                    &self.weights,
+                    &self.arena,
+                    i,
+                    LayerPass::Decode { canvases: &canvas, width: self.config.canvas_length },
+                )?;
             }
             rec.finish()?
         };
@@ -242,6 +260,7 @@ impl Instrumentation for GpuModel {
         let max_context = self.arena.max_context;
         self.plans = None;
         self.batch_plans = PlanCache::default();
+        self.read_plans = Default::default();
         self.commit_plans.clear();
         self.rope_blocks.clear();
         // The old arena goes first, so that both never hold the device's memory together.
@@ -263,6 +282,11 @@ impl Instrumentation for GpuModel {
 
     fn profile_last_batch(&self) -> Result<Vec<(String, String, f64)>, GpuError> {
         let plan = self.batch_plans.last_plan().ok_or(GpuError::NoContext)?;
+        plan.profile(&self.ctx)
+    }
+
+    fn profile_last_read(&self) -> Result<Vec<(String, String, f64)>, GpuError> {
+        let plan = self.read_plans.last_plan().ok_or(GpuError::NoContext)?;
         plan.profile(&self.ctx)
     }
 

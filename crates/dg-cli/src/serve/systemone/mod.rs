@@ -12,8 +12,9 @@
 //!
 //! `sequential` reads the groups in order under the whole question list, each after the answers
 //! chosen before it. Not served: `images` (the model reads text only: a 400, as OpenJev's
-//! upstream answers a text model) and `think` above 0 (a 400 naming the field). Reads run
-//! on a CPU copy of the model on their own thread ([`reader`]), beside the generation engine.
+//! upstream answers a text model) and `think` above 0 (a 400 naming the field). Reads run on the
+//! GPU model the generation engine owns, between its steps, or on the CPU backend on an f32 copy
+//! of the model on a thread of their own ([`reader`]).
 
 mod pyjson;
 mod reader;
@@ -34,7 +35,9 @@ use dg_sampler::{ReadRequest, SlotRead};
 use crate::chat::ChatTemplate;
 use crate::text::TextCodec;
 pub use pyjson::Json;
-use reader::{ReaderHandle, Refused, Timing};
+pub(crate) use reader::{ReadOn, Reader, ReaderState, run_work};
+pub use reader::{ReaderHandle, Work as ReadWork};
+use reader::{Refused, Timing};
 pub use request::{Rejection, SystemOne, parse};
 use template::{Question, Resolved, Templates};
 
@@ -50,10 +53,10 @@ const REREADS: usize = 4;
 const READ_SEED_STRIDE: i64 = 7919;
 const GROUP_SEED_STRIDE: i64 = 104_729;
 /// Requests waiting for the reader before new ones are refused with a 529.
-const QUEUE: usize = 512;
-/// The largest f32 copy of the weights the reader loads beside the engine (the bundled model and
-/// the test fixtures are far below; a full-size checkpoint's is about 100 GB, so there the
-/// endpoint is off until the GPU has a read forward).
+pub const QUEUE: usize = 512;
+/// The largest f32 copy of the weights the CPU backend's reader loads beside the engine (the
+/// bundled model and the test fixtures are far below; a full-size checkpoint's is about 100 GB:
+/// serve it on the GPU, whose reads run on the engine's model).
 const READER_BYTES_CAP: u64 = 4 << 30;
 
 /// What `/v1/systemone` needs beside the rest of the server.
@@ -64,17 +67,20 @@ pub struct Service {
     templates: Arc<Templates>,
     chat: ChatTemplate,
     reader: ReaderHandle,
+    settings: Arc<GenerationConfig>,
 }
 
 impl Service {
-    /// Starts the reader on `model` and readies its templates; `None` (with the reason) when the
-    /// model has no chat template or no `<turn|>` token.
+    /// Readies the templates and the reader: `reader` (the GPU model's), else a CPU copy of
+    /// `model` on a thread of its own; `None` (with the reason) when the model has no chat
+    /// template or no `<turn|>` token, or a CPU copy would pass [`READER_BYTES_CAP`].
     pub fn start(
         model: &ModelDir,
         model_name: &str,
         codec: Arc<TextCodec>,
         chat: Option<ChatTemplate>,
         settings: GenerationConfig,
+        reader: Option<ReaderHandle>,
     ) -> Result<Option<Self>> {
         let Some(chat) = chat else {
             eprintln!("/v1/systemone is off: the model has no chat template");
@@ -89,7 +95,7 @@ impl Service {
         };
         let cfg = &model.config;
         let f32_bytes = crate::footprint::weight_bytes(&cfg.text, &|_| dg_model::StoredDtype::F32, dg_gpu::WeightFormat::F32).total;
-        if f32_bytes > READER_BYTES_CAP {
+        if reader.is_none() && f32_bytes > READER_BYTES_CAP {
             eprintln!(
                 "/v1/systemone is off: reads run on an f32 CPU copy of the weights ({} MiB here, over the {} MiB cap)",
                 f32_bytes >> 20,
@@ -99,8 +105,12 @@ impl Service {
         }
         let pad = cfg.text.pad_token_id.unwrap_or(0);
         let templates = Templates::new(codec, cfg.text.vocab_size as u32, turn_close, pad, cfg.canvas_length.min(64))?;
-        let reader = ReaderHandle::spawn(model, settings, QUEUE).context("cannot start /v1/systemone's reader")?;
-        Ok(Some(Service { model_name: model_name.to_string(), templates: Arc::new(templates), chat, reader }))
+        let reader = match reader {
+            Some(reader) => reader,
+            None => ReaderHandle::spawn_cpu(model, QUEUE).context("cannot start /v1/systemone's reader")?,
+        };
+        let settings = Arc::new(settings);
+        Ok(Some(Service { model_name: model_name.to_string(), templates: Arc::new(templates), chat, reader, settings }))
     }
 }
 
@@ -255,8 +265,8 @@ pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing)
             (0..reads).map(|k| templates.canvas(&g.resolved, g.seed + READ_SEED_STRIDE * k)).collect()
         })
         .collect();
-    let (shared, format) = (service.templates.clone(), schema.format);
-    let read = move |reader: &mut reader::Reader| read_groups(reader, &shared, format, ready, canvases, plan);
+    let (shared, settings, format) = (service.templates.clone(), service.settings.clone(), schema.format);
+    let read = move |reader: &mut Reader<'_>| read_groups(reader, (&shared, &settings), format, ready, canvases, plan);
     let (results, timing) = service.reader.run(read).await.map_err(not_run)?.ok_or_else(reader_stopped)?;
     // The model refuses only what the request made (a prompt past the model's positions): a 400,
     // as OpenJev answers its upstream's 4xx.
@@ -314,9 +324,12 @@ impl Service {
         slots: Vec<dg_sampler::Slot>,
         seed: u64,
     ) -> Result<dg_sampler::Read, Rejection> {
-        let read = move |reader: &mut reader::Reader| -> Result<dg_sampler::Read> {
+        let settings = self.settings.clone();
+        let read = move |reader: &mut Reader<'_>| -> Result<dg_sampler::Read> {
             reader.prompt(&prompt)?;
-            reader.read(&ReadRequest { canvas: &canvas, pinned: pinned.as_deref(), steps, slots: &slots }, seed)
+            let request = ReadRequest { canvas: &canvas, pinned: pinned.as_deref(), steps, slots: &slots };
+            let mut reads = reader.read(&[request], &[seed], &settings)?;
+            Ok(reads.remove(0))
         };
         let (result, _) = self.reader.run(read).await.map_err(not_run)?.ok_or_else(reader_stopped)?;
         result.map_err(|e| Rejection::semantic(format!("the model rejected this request: {e:#}")))
@@ -328,8 +341,8 @@ type GroupResult = (Vec<Question>, Vec<Vec<f64>>, u64);
 
 /// Reads every group on the reader: samples, or one read and, when unsure, the re-reads.
 fn read_groups(
-    reader: &mut reader::Reader,
-    templates: &Templates,
+    reader: &mut Reader<'_>,
+    (templates, settings): (&Templates, &GenerationConfig),
     format: template::Format,
     groups: Vec<Group>,
     canvases: Vec<Vec<Vec<u32>>>,
@@ -345,22 +358,23 @@ fn read_groups(
         reader.prompt(&prompt)?;
         let width = canvases[0].len();
         let pinned: Vec<bool> = (0..width).map(|r| !g.resolved.slots.iter().any(|s| s.position == r)).collect();
-        let mut one = |canvas: &[u32], seed: i64| -> Result<Vec<Distribution>> {
-            let request = ReadRequest { canvas, pinned: Some(&pinned), steps: plan.steps, slots: &g.resolved.slots };
-            Ok(reader.read(&request, seed as u64)?.slots.iter().zip(&g.resolved.slots).map(|(r, s)| distribution(r, &s.labels)).collect())
+        // The reads of canvases `ks` (their seeds OpenJev's), batched on the GPU.
+        let mut some = |ks: std::ops::Range<usize>| -> Result<Vec<Vec<Distribution>>> {
+            let requests: Vec<ReadRequest<'_>> = canvases[ks.clone()]
+                .iter()
+                .map(|canvas| ReadRequest { canvas, pinned: Some(&pinned), steps: plan.steps, slots: &g.resolved.slots })
+                .collect();
+            let seeds: Vec<u64> = ks.map(|k| (g.seed + READ_SEED_STRIDE * k as i64) as u64).collect();
+            let reads = reader.read(&requests, &seeds, settings)?;
+            Ok(reads.iter().map(|r| r.slots.iter().zip(&g.resolved.slots).map(|(r, s)| distribution(r, &s.labels)).collect()).collect())
         };
         let prompt_tokens = prompt.len() as u64;
         let (reads, billed) = match plan.samples {
-            Some(n) => {
-                let reads = (0..n).map(|k| one(&canvases[k], g.seed + READ_SEED_STRIDE * k as i64)).collect::<Result<Vec<_>>>()?;
-                (reads, prompt_tokens * n as u64)
-            }
+            Some(n) => (some(0..n)?, prompt_tokens * n as u64),
             None => {
-                let mut reads = vec![one(&canvases[0], g.seed)?];
+                let mut reads = some(0..1)?;
                 if reads[0].iter().map(|d| d.entropy).fold(f64::NEG_INFINITY, f64::max) > REREAD_ENTROPY {
-                    for (k, canvas) in canvases.iter().enumerate().skip(1) {
-                        reads.push(one(canvas, g.seed + READ_SEED_STRIDE * k as i64)?);
-                    }
+                    reads.extend(some(1..canvases.len())?);
                 }
                 (reads, prompt_tokens)
             }

@@ -1,21 +1,26 @@
-//! The reader: one thread that owns a CPU copy of the model and runs reads (`dg_sampler::read`)
-//! for `/v1/systemone`, one request's reads after another, from a bounded queue.
+//! The reader: runs reads (`dg_sampler::read_batch`) for `/v1/systemone` and `dg read`, one
+//! request's reads after another, from a bounded queue: on the GPU on the model the generation
+//! engine owns (the engine runs queued reads between its denoising steps, after the cache of a
+//! slot kept for reads: `dg_gpu::SlotReader`), on the CPU on a thread of its own with an f32 copy
+//! of the model.
 //!
 //! Every read of a request's group (its samples, its re-reads) runs on the cache of the group's
-//! prompt, encoded once; the cache of the last prompts is kept, so a request that repeats a prompt
-//! (the same state and questions) encodes nothing. The canvases are never committed: reads leave
-//! the cache as the prompt left it.
+//! prompt, encoded once, and a group's reads run as one batched forward on the GPU. The cache of
+//! the last prompt is kept (on the CPU, of the last few), so a request that repeats a prompt (the
+//! same state and questions) encodes nothing. The canvases are never committed: reads leave the
+//! cache as the prompt left it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use dg_cpu::{CpuModel, cache::KvCache};
+use dg_gpu::{GpuModel, SlotReader};
 use dg_model::{GenerationConfig, ModelDir};
-use dg_sampler::{Read, ReadRequest, SeededRng, read};
+use dg_sampler::{Read, ReadRequest, SeededRng, read, read_batch};
 use tokio::sync::{mpsc, oneshot};
 
-/// Prompts whose caches the reader keeps.
+/// Prompts whose caches the CPU reader keeps.
 const KEPT_PROMPTS: usize = 8;
 
 /// Where a request's time went on the reader.
@@ -25,55 +30,104 @@ pub struct Timing {
     pub reads: Duration,
 }
 
-/// What a closure sent to the reader can do: encode a prompt (or find its cache), then read.
-pub struct Reader {
-    model: CpuModel,
-    settings: GenerationConfig,
+/// What the reader keeps from one request to the next.
+#[derive(Default)]
+pub struct ReaderState {
     /// The prompt whose cache the model holds.
     current: Option<Vec<u32>>,
-    /// Caches of earlier prompts, the most recent first.
+    /// Caches of earlier prompts, the most recent first (CPU only).
     kept: VecDeque<(Vec<u32>, KvCache)>,
     pub timing: Timing,
 }
 
-impl Reader {
-    /// Makes `prompt` the model's cache: the one it holds, a kept one, else encoded (the cache it
-    /// replaces is kept).
-    pub fn prompt(&mut self, prompt: &[u32]) -> Result<()> {
-        if self.current.as_deref() == Some(prompt) {
-            return Ok(());
-        }
-        let started = Instant::now();
-        if let Some(previous) = self.current.take() {
-            self.kept.push_front((previous, self.model.take_cache()));
-            self.kept.truncate(KEPT_PROMPTS);
-        }
-        match self.kept.iter().position(|(p, _)| p == prompt) {
-            Some(i) => {
-                let (_, cache) = self.kept.remove(i).expect("found above");
-                self.model.put_cache(cache)?;
-            }
-            None => {
-                self.model.reset();
-                self.model.encode(prompt)?;
-            }
-        }
-        self.current = Some(prompt.to_vec());
-        self.timing.prefill += started.elapsed();
-        Ok(())
-    }
-
-    /// One read on the current prompt's cache.
-    pub fn read(&mut self, request: &ReadRequest<'_>, seed: u64) -> Result<Read> {
-        let started = Instant::now();
-        let result = read(&mut self.model, request, &self.settings, &mut SeededRng::new(seed));
-        self.timing.reads += started.elapsed();
-        result.map_err(anyhow::Error::new)
+impl ReaderState {
+    /// Forgets every prompt (after a panic: the model's state is unknown).
+    pub fn forget(&mut self) {
+        self.current = None;
+        self.kept.clear();
     }
 }
 
-/// Work for the reader: runs on its thread with the reader.
-pub type Work = Box<dyn FnOnce(&mut Reader) + Send>;
+/// The model reads run on.
+pub enum ReadOn<'m> {
+    Cpu(&'m mut CpuModel),
+    Gpu(SlotReader<'m>),
+}
+
+/// What a closure sent to the reader can do: encode a prompt (or find its cache), then read.
+pub struct Reader<'m> {
+    pub model: ReadOn<'m>,
+    pub state: &'m mut ReaderState,
+}
+
+impl Reader<'_> {
+    /// Makes `prompt` the model's cache: the one it holds, a kept one (CPU), else encoded (on the
+    /// CPU the cache it replaces is kept).
+    pub fn prompt(&mut self, prompt: &[u32]) -> Result<()> {
+        let state = &mut *self.state;
+        if state.current.as_deref() == Some(prompt) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let previous = state.current.take();
+        match &mut self.model {
+            ReadOn::Cpu(model) => {
+                if let Some(previous) = previous {
+                    state.kept.push_front((previous, model.take_cache()));
+                    state.kept.truncate(KEPT_PROMPTS);
+                }
+                match state.kept.iter().position(|(p, _)| p == prompt) {
+                    Some(i) => {
+                        let (_, cache) = state.kept.remove(i).expect("found above");
+                        model.put_cache(cache)?;
+                    }
+                    None => {
+                        model.reset();
+                        model.encode(prompt)?;
+                    }
+                }
+            }
+            ReadOn::Gpu(r) => {
+                r.model.release_slot(r.slot);
+                r.model.encode_slot(r.slot, prompt)?;
+            }
+        }
+        state.current = Some(prompt.to_vec());
+        state.timing.prefill += started.elapsed();
+        Ok(())
+    }
+
+    /// Reads `requests` on the current prompt's cache, read `i` drawing from `seeds[i]`: on the
+    /// GPU as batched forwards (each read what it is alone), on the CPU one after another.
+    pub fn read(&mut self, requests: &[ReadRequest<'_>], seeds: &[u64], settings: &GenerationConfig) -> Result<Vec<Read>> {
+        let started = Instant::now();
+        let mut rngs: Vec<SeededRng> = seeds.iter().map(|&s| SeededRng::new(s)).collect();
+        let reads = match &mut self.model {
+            ReadOn::Cpu(model) => requests
+                .iter()
+                .zip(&mut rngs)
+                .map(|(r, rng)| read(&mut **model, r, settings, rng).map_err(anyhow::Error::new))
+                .collect::<Result<Vec<_>>>(),
+            ReadOn::Gpu(r) => read_batch(r, requests, settings, &mut rngs).map_err(anyhow::Error::new),
+        };
+        self.state.timing.reads += started.elapsed();
+        reads
+    }
+}
+
+/// Work for the reader: runs with the reader where the model is.
+pub type Work = Box<dyn for<'m> FnOnce(&mut Reader<'m>) + Send>;
+
+/// Runs `work` with a fresh timing; a panic forgets the prompts (and, on the CPU, resets the model
+/// through `on_panic`).
+pub fn run_work(work: Work, reader: &mut Reader<'_>) -> bool {
+    reader.state.timing = Timing::default();
+    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(reader))).is_ok();
+    if !ok {
+        reader.state.forget();
+    }
+    ok
+}
 
 /// The sending side of the reader's queue.
 #[derive(Debug, Clone)]
@@ -91,31 +145,51 @@ pub enum Refused {
 }
 
 impl ReaderHandle {
+    /// A queue of `queue` whose work the receiver's owner runs (the engine, on its GPU model).
+    pub fn channel(queue: usize) -> (Self, mpsc::Receiver<Work>) {
+        let (tx, rx) = mpsc::channel::<Work>(queue.max(1));
+        (ReaderHandle { work: tx }, rx)
+    }
+
     /// Loads the model of `dir` on the CPU and starts the reader thread with a queue of `queue`.
-    pub fn spawn(dir: &ModelDir, settings: GenerationConfig, queue: usize) -> Result<Self> {
-        let weights = dir.load_weights().context("cannot load the weights for /v1/systemone's reader")?;
-        let model = CpuModel::new(dir.config.clone(), weights);
-        let (tx, mut rx) = mpsc::channel::<Work>(queue.max(1));
+    pub fn spawn_cpu(dir: &ModelDir, queue: usize) -> Result<Self> {
+        let weights = dir.load_weights().context("cannot load the weights for the reader")?;
+        let mut model = CpuModel::new(dir.config.clone(), weights);
+        Self::spawn(queue, move |work, state| {
+            if !run_work(work, &mut Reader { model: ReadOn::Cpu(&mut model), state }) {
+                model.reset();
+            }
+        })
+    }
+
+    /// Starts the reader thread on `model` (a GPU model of its own: `dg read`), reading after
+    /// slot 0's cache.
+    pub fn spawn_gpu(mut model: GpuModel, queue: usize) -> Result<Self> {
+        Self::spawn(queue, move |work, state| {
+            run_work(work, &mut Reader { model: ReadOn::Gpu(SlotReader { model: &mut model, slot: 0 }), state });
+        })
+    }
+
+    fn spawn(queue: usize, mut run: impl FnMut(Work, &mut ReaderState) + Send + 'static) -> Result<Self> {
+        let (handle, mut rx) = Self::channel(queue);
         std::thread::Builder::new().name("dg-reader".into()).spawn(move || {
-            let mut reader = Reader { model, settings, current: None, kept: VecDeque::new(), timing: Timing::default() };
+            let mut state = ReaderState::default();
             while let Some(work) = rx.blocking_recv() {
-                reader.timing = Timing::default();
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&mut reader))).is_err() {
-                    reader.model.reset();
-                    reader.current = None;
-                    reader.kept.clear();
-                }
+                run(work, &mut state);
             }
         })?;
-        Ok(ReaderHandle { work: tx })
+        Ok(handle)
     }
 
     /// Runs `f` on the reader and waits for its result (`None`: it panicked or the reader stopped).
-    pub async fn run<T: Send + 'static>(&self, f: impl FnOnce(&mut Reader) -> T + Send + 'static) -> Result<Option<(T, Timing)>, Refused> {
+    pub async fn run<T: Send + 'static>(
+        &self,
+        f: impl for<'m> FnOnce(&mut Reader<'m>) -> T + Send + 'static,
+    ) -> Result<Option<(T, Timing)>, Refused> {
         let (tx, rx) = oneshot::channel();
         let work: Work = Box::new(move |reader| {
             let out = f(reader);
-            let _ = tx.send((out, reader.timing));
+            let _ = tx.send((out, reader.state.timing));
         });
         self.work.try_send(work).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => Refused::Full,
