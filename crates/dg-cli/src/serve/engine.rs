@@ -773,7 +773,7 @@ mod tests {
         let (tx, queue) = mpsc::channel(1);
         tx.try_send(job).unwrap();
         drop(tx);
-        engine.run(queue);
+        engine.run(queue, None);
         answer(&mut rx)
     }
 
