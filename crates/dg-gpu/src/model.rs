@@ -13,10 +13,13 @@
 //!   computed elsewhere uploaded, one layer run alone, profiles and timed replays.
 //! - [`GpuModel::snapshot_cache`] and [`GpuModel::restore_cache`] keep a copy of the cache on the
 //!   device and put it back ([`snapshot`]).
+//! - [`GpuModel::warm_up`] compiles every kernel a generation uses before the first request
+//!   ([`warm`]).
 
 mod batch;
 mod instrument;
 mod snapshot;
+mod warm;
 
 use dg_kernels::WeightFormat;
 use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
@@ -33,6 +36,7 @@ use crate::weights::{GpuWeights, UploadProgress};
 
 pub use instrument::{EncoderProfile, Instrumentation};
 pub use snapshot::CacheSnapshot;
+pub use warm::WarmUp;
 
 /// Visible cached K/V of one layer, `[tokens, kv_heads, head_dim]` each.
 #[derive(Debug, Clone, Copy)]
@@ -473,19 +477,9 @@ impl GpuModel {
 
     /// [`Self::encoded_visible`] of `slot`'s cache.
     fn slot_visible(&self, slot: usize) -> Vec<Visible> {
-        let cfg = &self.config.text;
-        let seq_len = self.seq_lens[slot];
-        cfg.layers
-            .iter()
-            .map(|l| {
-                let (len, base) = match l.kind {
-                    LayerKind::Full => (seq_len, 0),
-                    LayerKind::Sliding => (seq_len.min(cfg.sliding_kept()), self.sliding_bases[slot]),
-                };
-                Visible { start: seq_len - len - base, len }
-            })
-            .collect()
+        warm::visible_rows(&self.config.text, self.seq_lens[slot], self.sliding_bases[slot])
     }
+
 
     /// Makes the canvas forward read the cache the encoder wrote: canvas RoPE tables, and the
     /// plans (rebuilt only when the visible rows change, i.e. once per block).
