@@ -15,5 +15,6 @@
 
 pub mod coopmat2;
 pub mod overrides;
+pub mod pipeline_cache;
 pub mod probe;
 pub mod tiles;

@@ -45,7 +45,7 @@ impl GpuModel {
     }
 
     /// The keys of the kernels [`Self::warm_up`] compiles.
-    fn generation_kernels(&self) -> Result<HashSet<KernelKey>, GpuError> {
+    pub fn generation_kernels(&self) -> Result<HashSet<KernelKey>, GpuError> {
         let (c, chunk, max) = (self.config.canvas_length, self.prefill_chunk, self.arena.max_context);
         let (keep, positions) = (self.config.text.sliding_kept(), self.arena.sliding_positions);
         let mut keys = HashSet::new();
