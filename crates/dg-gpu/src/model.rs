@@ -480,7 +480,6 @@ impl GpuModel {
         warm::visible_rows(&self.config.text, self.seq_lens[slot], self.sliding_bases[slot])
     }
 
-
     /// Makes the canvas forward read the cache the encoder wrote: canvas RoPE tables, and the
     /// plans (rebuilt only when the visible rows change, i.e. once per block).
     fn prepare_canvas(&mut self) -> Result<(), GpuError> {

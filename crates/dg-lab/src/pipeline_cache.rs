@@ -64,11 +64,12 @@ pub fn compile_with_cache(adapter: Option<&str>, keys: &[KernelKey], file: &Path
     };
     for key in keys {
         let source = key.source();
-        let desc = wgpu::ShaderModuleDescriptor { label: Some(&source.name), source: wgpu::ShaderSource::Wgsl(source.wgsl.as_str().into()) };
+        let desc =
+            wgpu::ShaderModuleDescriptor { label: Some(&source.name), source: wgpu::ShaderSource::Wgsl(source.wgsl.as_str().into()) };
         let checks = wgpu::ShaderRuntimeChecks { bounds_checks: true, force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
         // SAFETY: as in dg-gpu's `plan::compile`: every loop of dg's kernels is bounded.
         let module = unsafe { device.create_shader_module_trusted(desc, checks) };
-        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        let _pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&source.name),
             layout: None,
             module: &module,
@@ -80,5 +81,11 @@ pub fn compile_with_cache(adapter: Option<&str>, keys: &[KernelKey], file: &Path
     let compile = start.elapsed();
     let saved = cache.get_data().unwrap_or_default();
     std::fs::write(file, &saved).with_context(|| format!("writing {}", file.display()))?;
-    Ok(Measurement { adapter: info.name, kernels: keys.len(), loaded_bytes: data.map_or(0, |d| d.len()), saved_bytes: saved.len(), compile })
+    Ok(Measurement {
+        adapter: info.name,
+        kernels: keys.len(),
+        loaded_bytes: data.map_or(0, |d| d.len()),
+        saved_bytes: saved.len(),
+        compile,
+    })
 }

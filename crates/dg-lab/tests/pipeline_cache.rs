@@ -1,8 +1,9 @@
 //! The pipeline-cache measurement (`dg_lab::pipeline_cache`): one process's compilation of the
-//! bundled model's generation kernels through the cache file `DG_LAB_PIPELINE_CACHE` (default: in
-//! the system's temporary directory). Run it twice and compare; ignored by default.
+//! bundled model's generation kernels through the cache file `dg-lab-pipeline-cache.bin` in the
+//! system's temporary directory (delete it for a first process). Run it twice and compare;
+//! ignored by default.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use dg_gpu::{GpuModel, ModelOptions, WeightFormat};
 use dg_model::ModelDir;
@@ -19,7 +20,7 @@ fn compile_the_generation_kernels_through_a_pipeline_cache_file() {
     let mut keys: Vec<_> = model.generation_kernels().unwrap().into_iter().collect();
     keys.sort_by_key(|k| format!("{k:?}"));
     drop(model);
-    let file = std::env::var_os("DG_LAB_PIPELINE_CACHE").map_or_else(|| std::env::temp_dir().join("dg-lab-pipeline-cache.bin"), PathBuf::from);
+    let file = std::env::temp_dir().join("dg-lab-pipeline-cache.bin");
     let m = dg_lab::pipeline_cache::compile_with_cache(Some(&adapter), &keys, &file).unwrap();
     println!(
         "{}: {} kernels compiled in {:.2} s; cache file read {} bytes, wrote {} bytes",

@@ -20,12 +20,12 @@ use dg_model::ModelConfig;
 
 use super::{GpuModel, uniform_f32};
 use crate::arena::Arena;
-use crate::weights::GpuWeights;
 use crate::context::map_read_with;
 use crate::error::GpuError;
 use crate::forward::{CanvasShape, ForwardShape, SelfConditioning, record_canvas_forward};
 use crate::ops::Recorder;
 use crate::plan::Plan;
+use crate::weights::GpuWeights;
 
 /// Recorded plans kept at most (a batch's shape changes when any of its sequences starts a block).
 const MAX_PLANS: usize = 16;
@@ -240,7 +240,13 @@ impl GpuModel {
 }
 
 /// A batched step of `shape`: the forward, then the sampler's rows.
-fn record_batch_step<'a>(rec: &mut Recorder<'a>, config: &ModelConfig, w: &'a GpuWeights, a: &'a Arena, shape: &ForwardShape) -> Result<(), GpuError> {
+fn record_batch_step<'a>(
+    rec: &mut Recorder<'a>,
+    config: &ModelConfig,
+    w: &'a GpuWeights,
+    a: &'a Arena,
+    shape: &ForwardShape,
+) -> Result<(), GpuError> {
     let (c, v) = (config.canvas_length, config.text.vocab_size);
     record_canvas_forward(rec, config, w, a, shape)?;
     rec.scope("sampler rows");
