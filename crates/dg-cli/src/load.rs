@@ -67,7 +67,7 @@ pub fn gpu_slots(
     let mut bar = Bar { report, last: None };
     let src = source(model, choice.scheme);
     let format = choice.format;
-    let gpu = GpuModel::load(
+    let mut gpu = GpuModel::load(
         ctx,
         &model.config,
         &*src,
@@ -106,6 +106,15 @@ pub fn gpu_slots(
         );
         let arena = gpu.arena_bytes() as f64 / 1_048_576.0;
         eprintln!("caches and activations on the GPU: {arena:.1} MiB for {slots} sequence(s) of up to {max_context} positions");
+    }
+    // Every kernel a generation uses, compiled now rather than while the first request waits. A
+    // failure only leaves the compilation to first use, which reports its own errors.
+    match gpu.warm_up() {
+        Ok(warm) if report != Report::Quiet => {
+            eprintln!("kernels compiled ahead: {} of {} in {:.2} s", warm.compiled, warm.kernels, warm.elapsed.as_secs_f64())
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("warning: the kernels were not compiled ahead ({e}); the first request compiles them"),
     }
     Ok(gpu)
 }

@@ -15,11 +15,14 @@
 //!   canvases of width W ≤ C after a slot's cache, the head at the asked rows only ([`read`]).
 //! - [`GpuModel::snapshot_cache`] and [`GpuModel::restore_cache`] keep a copy of the cache on the
 //!   device and put it back ([`snapshot`]).
+//! - [`GpuModel::warm_up`] compiles every kernel a generation uses before the first request
+//!   ([`warm`]).
 
 mod batch;
 mod instrument;
 mod read;
 mod snapshot;
+mod warm;
 
 use dg_kernels::WeightFormat;
 use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
@@ -37,6 +40,7 @@ use crate::weights::{GpuWeights, UploadProgress};
 pub use instrument::{EncoderProfile, Instrumentation};
 pub use read::SlotReader;
 pub use snapshot::CacheSnapshot;
+pub use warm::WarmUp;
 
 /// Visible cached K/V of one layer, `[tokens, kv_heads, head_dim]` each.
 #[derive(Debug, Clone, Copy)]
@@ -480,18 +484,7 @@ impl GpuModel {
 
     /// [`Self::encoded_visible`] of `slot`'s cache.
     fn slot_visible(&self, slot: usize) -> Vec<Visible> {
-        let cfg = &self.config.text;
-        let seq_len = self.seq_lens[slot];
-        cfg.layers
-            .iter()
-            .map(|l| {
-                let (len, base) = match l.kind {
-                    LayerKind::Full => (seq_len, 0),
-                    LayerKind::Sliding => (seq_len.min(cfg.sliding_kept()), self.sliding_bases[slot]),
-                };
-                Visible { start: seq_len - len - base, len }
-            })
-            .collect()
+        warm::visible_rows(&self.config.text, self.seq_lens[slot], self.sliding_bases[slot])
     }
 
     /// Makes the canvas forward read the cache the encoder wrote: canvas RoPE tables, and the

@@ -42,6 +42,20 @@ impl Pipelines {
         Ok(p)
     }
 
+    /// Compiles each of `keys` not compiled yet, on as many threads as rayon's pool has (the
+    /// device takes pipelines from several threads); returns how many it compiled. A warm-up
+    /// (`GpuModel::warm_up`) hands it every kernel a generation will use, so that none is
+    /// compiled while a request waits.
+    pub fn compile_all(&mut self, ctx: &GpuContext, keys: impl IntoIterator<Item = KernelKey>) -> Result<usize, GpuError> {
+        use rayon::prelude::*;
+        let missing: std::collections::HashSet<KernelKey> = keys.into_iter().filter(|k| !self.by_key.contains_key(k)).collect();
+        let compiled: Vec<(KernelKey, Pipeline)> =
+            missing.into_par_iter().map(|key| compile(ctx, key.source()).map(|p| (key, p))).collect::<Result<_, _>>()?;
+        let count = compiled.len();
+        self.by_key.extend(compiled.into_iter().map(|(k, p)| (k, Arc::new(p))));
+        Ok(count)
+    }
+
     /// The pipeline of a kernel built outside the key space (a probe's or a test's variant),
     /// compiled on first use of its name.
     pub fn get_source(&mut self, ctx: &GpuContext, source: KernelSource) -> Result<Arc<Pipeline>, GpuError> {

@@ -5,7 +5,8 @@
 //! experiments around them: [`probe`], timed measurements of dg's kernels and of the GPU itself
 //! (`cargo xtask probe NAME`), and [`coopmat2`], GEMMs written with `VK_NV_cooperative_matrix2`
 //! timed beside dg's tiles (`cargo xtask coopmat2-probe`); [`tiles`], the tensor-core tiles no
-//! planner rule picks; and [`overrides`], the lab's `DG_*` variables parsed into the one
+//! planner rule picks; [`pipeline_cache`], wgpu's pipeline cache measured across processes; and
+//! [`overrides`], the lab's `DG_*` variables parsed into the one
 //! `dg_gpu::Overrides` value through which they reach the planner. Nothing here is reachable from
 //! `dg`.
 //!
@@ -15,5 +16,6 @@
 
 pub mod coopmat2;
 pub mod overrides;
+pub mod pipeline_cache;
 pub mod probe;
 pub mod tiles;

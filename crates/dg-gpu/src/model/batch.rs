@@ -16,12 +16,16 @@ use std::collections::HashMap;
 use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
 use dg_sampler::{CategoricalRequest, ResidentCanvases};
 
+use dg_model::ModelConfig;
+
 use super::{GpuModel, uniform_f32};
+use crate::arena::Arena;
 use crate::context::map_read_with;
 use crate::error::GpuError;
 use crate::forward::{CanvasShape, ForwardShape, Head, SelfConditioning, record_canvas_forward};
 use crate::ops::Recorder;
 use crate::plan::Plan;
+use crate::weights::GpuWeights;
 
 /// Recorded plans kept at most (a batch's shape changes when any of its sequences starts a block).
 const MAX_PLANS: usize = 16;
@@ -224,18 +228,34 @@ impl GpuModel {
         Ok(())
     }
 
-    /// The plan of a batched step of `shape`: the forward, then the sampler's rows.
+    /// The plan of a batched step of `shape`.
     fn record_batch(&mut self, shape: &ForwardShape) -> Result<Plan, GpuError> {
-        let (c, v) = (self.config.canvas_length, self.config.text.vocab_size);
         let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
-        record_canvas_forward(&mut rec, &self.config, &self.weights, &self.arena, shape)?;
-        rec.scope("sampler rows");
-        let a = &self.arena;
-        for (g, first, count) in a.vocab_groups(shape.canvases.len()) {
-            rec.sample_rows(&a.logits[g], &a.sc_probs[g], &a.sample_step, &a.draws, &a.row_results, (count * c, c, first * c), v)?;
-        }
+        record_batch_step(&mut rec, &self.config, &self.weights, &self.arena, shape)?;
         rec.finish()
     }
+
+    /// Records a batched step of `shape` into `rec` (its kernels' keys, for the warm-up).
+    pub(super) fn record_batch_keys<'a>(&'a self, rec: &mut Recorder<'a>, shape: &ForwardShape) -> Result<(), GpuError> {
+        record_batch_step(rec, &self.config, &self.weights, &self.arena, shape)
+    }
+}
+
+/// A batched step of `shape`: the forward, then the sampler's rows.
+fn record_batch_step<'a>(
+    rec: &mut Recorder<'a>,
+    config: &ModelConfig,
+    w: &'a GpuWeights,
+    a: &'a Arena,
+    shape: &ForwardShape,
+) -> Result<(), GpuError> {
+    let (c, v) = (config.canvas_length, config.text.vocab_size);
+    record_canvas_forward(rec, config, w, a, shape)?;
+    rec.scope("sampler rows");
+    for (g, first, count) in a.vocab_groups(shape.canvases.len()) {
+        rec.sample_rows(&a.logits[g], &a.sc_probs[g], &a.sample_step, &a.draws, &a.row_results, (count * c, c, first * c), v)?;
+    }
+    Ok(())
 }
 
 /// `draw` as the sampler kernel's per-row words (uniform bits, or given ids) and its mode.

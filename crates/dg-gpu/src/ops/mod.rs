@@ -1,11 +1,14 @@
 //! Typed recording of kernel dispatches: one method per op, hiding parameter structs, variant
-//! choice and workgroup counts. Everything recorded lands in one [`Plan`]. The matrix products
-//! and their operand types are in `products.rs`.
+//! choice and workgroup counts. Everything recorded lands in one [`Plan`], or, for a recorder made
+//! by [`Recorder::keys_only`], only the keys of the kernels it would dispatch (what a warm-up
+//! compiles ahead). The matrix products and their operand types are in `products.rs`.
 
 mod products;
 
 pub use crate::shapes::{attention_scores_params, attention_values_params};
 pub use products::{Operand, Product};
+
+use std::collections::HashSet;
 
 use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::gemm::GemmParams;
@@ -32,11 +35,18 @@ pub struct AxpbyRows<'a> {
     pub gate: Option<&'a wgpu::Buffer>,
 }
 
+/// Where a [`Recorder`]'s dispatches go.
+enum Sink<'a> {
+    /// Into a plan, each kernel compiled at its first use.
+    Plan { pipelines: &'a mut Pipelines, plan: PlanBuilder<'a> },
+    /// Only the keys of the kernels dispatched (nothing compiled or created).
+    Keys(HashSet<KernelKey>),
+}
+
 /// Records dispatches into a plan.
 pub struct Recorder<'a> {
     ctx: &'a GpuContext,
-    pipelines: &'a mut Pipelines,
-    plan: PlanBuilder<'a>,
+    sink: Sink<'a>,
     scope: String,
     /// Scratch for split-K partial products and the length in f32 elements the planner may plan
     /// for (none: no split).
@@ -47,7 +57,11 @@ pub struct Recorder<'a> {
 
 impl std::fmt::Debug for Recorder<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Recorder").field("plan", &self.plan).finish()
+        let dispatches = match &self.sink {
+            Sink::Plan { plan, .. } => plan.len(),
+            Sink::Keys(keys) => keys.len(),
+        };
+        f.debug_struct("Recorder").field("dispatches", &dispatches).finish()
     }
 }
 
@@ -142,7 +156,25 @@ pub fn linear_params(m: usize, n: usize, k: usize) -> GemmParams {
 
 impl<'a> Recorder<'a> {
     pub fn new(ctx: &'a GpuContext, pipelines: &'a mut Pipelines) -> Self {
-        Recorder { ctx, pipelines, plan: PlanBuilder::new(ctx), scope: String::new(), split_scratch: None, plan_rows: None }
+        Recorder::with_sink(ctx, Sink::Plan { pipelines, plan: PlanBuilder::new(ctx) })
+    }
+
+    /// A recorder that keeps only the keys of the kernels its ops choose ([`Self::into_keys`]):
+    /// the planner's choices for a shape, without compiling, allocating or binding anything.
+    pub fn keys_only(ctx: &'a GpuContext) -> Self {
+        Recorder::with_sink(ctx, Sink::Keys(HashSet::new()))
+    }
+
+    fn with_sink(ctx: &'a GpuContext, sink: Sink<'a>) -> Self {
+        Recorder { ctx, sink, scope: String::new(), split_scratch: None, plan_rows: None }
+    }
+
+    /// The keys a [`Self::keys_only`] recorder saw (none for a plan's recorder).
+    pub fn into_keys(self) -> HashSet<KernelKey> {
+        match self.sink {
+            Sink::Keys(keys) => keys,
+            Sink::Plan { .. } => HashSet::new(),
+        }
     }
 
     /// Labels the following dispatches (`embed`, `layer3`, `head`) for profiles.
@@ -182,14 +214,25 @@ impl<'a> Recorder<'a> {
         GemmParams { m: self.planned_rows(p.m as usize) as u32, ..*p }
     }
 
-    /// Creates the plan's uniform buffer and bind groups.
+    /// Creates the plan's uniform buffer and bind groups (an error for a [`Self::keys_only`]
+    /// recorder, which has no plan).
     pub fn finish(self) -> Result<Plan, GpuError> {
-        self.plan.finish(self.ctx)
+        match self.sink {
+            Sink::Plan { plan, .. } => plan.finish(self.ctx),
+            Sink::Keys(_) => Err(GpuError::Unsupported { what: "a plan from a recorder of kernel keys".into() }),
+        }
     }
 
     fn push<P: bytemuck::Pod>(&mut self, key: KernelKey, p: &P, buffers: &[&'a wgpu::Buffer], groups: [u32; 3]) -> Result<(), GpuError> {
-        let pipeline = self.pipelines.get(self.ctx, key)?;
-        self.plan.push_labeled(self.scope.clone(), &pipeline, p, buffers, groups);
+        match &mut self.sink {
+            Sink::Plan { pipelines, plan } => {
+                let pipeline = pipelines.get(self.ctx, key)?;
+                plan.push_labeled(self.scope.clone(), &pipeline, p, buffers, groups);
+            }
+            Sink::Keys(keys) => {
+                keys.insert(key);
+            }
+        }
         Ok(())
     }
 
