@@ -17,7 +17,9 @@ use dg_model::{LayerKind, TextConfig};
 use super::{GpuModel, chunk_at};
 use crate::arena::KEY_PAD;
 use crate::error::GpuError;
-use crate::forward::{CanvasShape, EncoderChunk, ForwardShape, SelfConditioning, Visible, record_canvas_forward, record_encoder_chunk};
+use crate::forward::{
+    CanvasShape, EncoderChunk, ForwardShape, Head, SelfConditioning, Visible, record_canvas_forward, record_encoder_chunk,
+};
 use crate::ops::Recorder;
 
 /// What [`GpuModel::warm_up`] did.
@@ -72,12 +74,13 @@ impl GpuModel {
     /// The shapes of the forwards a canvas over `visible` takes: alone, and with several slots in
     /// every batch of canvases up to them.
     fn forward_shapes(&self, visible: &[Visible]) -> Vec<ForwardShape> {
-        let mut shapes: Vec<ForwardShape> = [false, true].map(|sc| ForwardShape::single(visible.to_vec(), sc)).into();
+        let width = self.config.canvas_length;
+        let mut shapes: Vec<ForwardShape> = [false, true].map(|sc| ForwardShape::single(visible.to_vec(), sc, width)).into();
         if self.arena.slots > 1 {
             for canvases in 1..=self.arena.slots {
                 let canvases: Vec<CanvasShape> = (0..canvases).map(|slot| CanvasShape { slot, visible: visible.to_vec() }).collect();
                 for self_conditioning in [SelfConditioning::Off, SelfConditioning::On, SelfConditioning::Gated] {
-                    shapes.push(ForwardShape { canvases: canvases.clone(), self_conditioning });
+                    shapes.push(ForwardShape { canvases: canvases.clone(), self_conditioning, width, head: Head::All });
                 }
             }
         }
