@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use dg_kernels::WeightFormat;
+use dg_model::ModelConfig;
 
 use super::batch::PlanCache;
 use super::{GpuModel, LayerContext, LayerKv};
@@ -14,6 +15,7 @@ use crate::context::Created;
 use crate::error::GpuError;
 use crate::forward::{CanvasAt, LayerPass, Visible, record_layer};
 use crate::ops::Recorder;
+use crate::weights::GpuWeights;
 
 /// One profiled encoder chunk (`DiffusionGemmaEncoderModel`: the prompt's prefill, a finished
 /// canvas's commit): the host's writing of its ids and RoPE tables and recording of its plan, and
@@ -180,15 +182,7 @@ impl Instrumentation for GpuModel {
         self.ctx.queue.write_buffer(&self.arena.hidden, 0, bytemuck::cast_slice(hidden));
         let plan = {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
-            let canvas = [CanvasAt { slot: 0, visible }];
-            record_layer(
-                &mut rec,
-                &self.config,
-                &self.weights,
-                &self.arena,
-                i,
-                LayerPass::Decode { canvases: &canvas, width: self.config.canvas_length },
-            )?;
+            record_decoder_layer(&mut rec, (&self.config, &self.weights, &self.arena), i, visible)?;
             rec.finish()?
         };
         plan.run(&self.ctx)?;
@@ -206,15 +200,7 @@ impl Instrumentation for GpuModel {
         let plan = {
             let mut rec = Recorder::new(&self.ctx, &mut self.pipelines);
             for (i, v) in visible.iter().enumerate() {
-                let canvas = [CanvasAt { slot: 0, visible: *v }];
-                record_layer(
-                    &mut rec,
-                    &self.config,
-                    &self.weights,
-                    &self.arena,
-                    i,
-                    LayerPass::Decode { canvases: &canvas, width: self.config.canvas_length },
-                )?;
+                record_decoder_layer(&mut rec, (&self.config, &self.weights, &self.arena), i, *v)?;
             }
             rec.finish()?
         };
@@ -312,4 +298,15 @@ impl Instrumentation for GpuModel {
         self.seq_lens[0] += ids.len();
         Ok(EncoderProfile { tokens: ids.len(), tables_ms, record_ms, kernels })
     }
+}
+
+/// Decoder layer `i` over one full-width canvas in slot 0 that sees `visible` of the cache.
+fn record_decoder_layer<'a>(
+    rec: &mut Recorder<'a>,
+    (config, weights, arena): (&ModelConfig, &'a GpuWeights, &'a Arena),
+    i: usize,
+    visible: Visible,
+) -> Result<(), GpuError> {
+    let canvas = [CanvasAt { slot: 0, visible }];
+    record_layer(rec, config, weights, arena, i, LayerPass::Decode { canvases: &canvas, width: config.canvas_length })
 }
