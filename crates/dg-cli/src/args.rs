@@ -111,6 +111,12 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
 
+    /// The vision tower's own file, for a model whose checkpoint has none (a GGUF from llama.cpp's
+    /// converter): llama.cpp's projector GGUF for Gemma 4 vision (`mmproj-*.gguf`, projector type
+    /// gemma4v; docs/vision.md says which files open).
+    #[arg(long, value_name = "FILE.gguf")]
+    pub mmproj: Option<PathBuf>,
+
     /// The prompt text.
     #[arg(long, conflicts_with_all = ["prompt_file", "prompt_ids"])]
     pub prompt: Option<String>,
@@ -222,6 +228,12 @@ pub struct InfoArgs {
     #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
 
+    /// The vision tower's own file, for a model whose checkpoint has none (a GGUF from llama.cpp's
+    /// converter): llama.cpp's projector GGUF for Gemma 4 vision (`mmproj-*.gguf`, projector type
+    /// gemma4v; docs/vision.md says which files open).
+    #[arg(long, value_name = "FILE.gguf")]
+    pub mmproj: Option<PathBuf>,
+
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -247,6 +259,12 @@ pub struct ServeArgs {
     /// HF model directory or .gguf file. Default: the bundled random model (its text is noise).
     #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
+
+    /// The vision tower's own file, for a model whose checkpoint has none (a GGUF from llama.cpp's
+    /// converter): llama.cpp's projector GGUF for Gemma 4 vision (`mmproj-*.gguf`, projector type
+    /// gemma4v; docs/vision.md says which files open).
+    #[arg(long, value_name = "FILE.gguf")]
+    pub mmproj: Option<PathBuf>,
 
     /// The name clients give as `model` (default: the directory's name).
     #[arg(long, value_name = "NAME")]

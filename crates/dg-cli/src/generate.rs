@@ -27,7 +27,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let started = Instant::now();
     let dir = model_dir::resolve(args.model.as_deref())?;
-    let model = model_dir::open(&dir)?;
+    let model = model_dir::open_with_mmproj(&dir, args.mmproj.as_deref())?;
     let config = &model.config;
     // The tokenizer and chat template lie in the model's directory (beside a .gguf file).
     let codec = TextCodec::load(&model)?;

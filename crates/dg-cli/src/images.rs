@@ -46,14 +46,22 @@ impl VisionTower {
     pub fn load(model: &ModelDir) -> Result<Self> {
         let dir = model.dir.display();
         let Some(config) = model.config.vision.clone() else {
-            return Err(input(format!("{dir} has no vision tower (its config.json has no vision_config): it takes no images")));
+            return Err(input(format!(
+                "{dir} has no vision tower (its config.json has no vision_config, and no --mmproj file was given): it takes no images"
+            )));
         };
         let ids = (model.config.image_token_id, model.config.boi_token_id, model.config.eoi_token_id);
         let (Some(image_token), Some(boi_token), Some(eoi_token)) = ids else {
             return Err(input(format!("{dir}: config.json needs image_token_id, boi_token_id and eoi_token_id to take images")));
         };
-        let weights = VisionWeights::build(&model.checkpoint, &config, model.config.text.hidden_size)
-            .context(Input(format!("cannot load the vision tower of {dir}")))?;
+        let weights = VisionWeights::build(model.vision_source(), &config, model.config.text.hidden_size).context(Input(
+            match (model.checkpoint.gguf(), &model.mmproj) {
+                (Some(_), None) => format!(
+                    "cannot load the vision tower of {dir}: a GGUF model's file holds none; give llama.cpp's projector file with --mmproj"
+                ),
+                _ => format!("cannot load the vision tower of {dir}"),
+            },
+        ))?;
         Ok(VisionTower { config, weights, image_token, boi_token, eoi_token })
     }
 

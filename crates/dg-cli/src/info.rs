@@ -16,7 +16,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         return schemes(&args);
     }
     let dir = model_dir::resolve(args.model.as_deref())?;
-    let model = model_dir::open(&dir)?;
+    let model = model_dir::open_with_mmproj(&dir, args.mmproj.as_deref())?;
     let adapters = adapters(&model.config);
     let info = model_json(&model, &dir, model_dir::is_bundled(&dir), adapters);
     if args.json {
@@ -80,10 +80,14 @@ fn vision_json(model: &ModelDir) -> Value {
     for (name, shape) in vision_manifest(v, model.config.text.hidden_size) {
         let elements: usize = shape.iter().product();
         params += elements as u64;
-        match model.checkpoint.shape(&name) {
-            Ok((_, dtype)) => stored += stored_bytes(&dtype, elements),
-            Err(_) => missing += 1,
+        match (&model.mmproj, model.checkpoint.shape(&name)) {
+            (Some(_), _) => {}
+            (None, Ok((_, dtype))) => stored += stored_bytes(&dtype, elements),
+            (None, Err(_)) => missing += 1,
         }
+    }
+    if let Some(mmproj) = &model.mmproj {
+        stored = mmproj.tensor_bytes();
     }
     json!({
         "num_hidden_layers": v.num_layers,

@@ -64,3 +64,15 @@ pub fn open(dir: &Path) -> Result<ModelDir> {
     }
     ModelDir::open(dir).context(Input(format!("cannot open model directory {shown}")))
 }
+
+/// Opens `dir` ([`open`]) with the vision tower of `mmproj` attached where one is given.
+pub fn open_with_mmproj(dir: &Path, mmproj: Option<&Path>) -> Result<ModelDir> {
+    let mut model = open(dir)?;
+    if let Some(path) = mmproj {
+        if !path.is_file() {
+            return Err(input(format!("--mmproj {}: no such file", path.display())));
+        }
+        model.attach_mmproj(path).context(Input(format!("--mmproj {}", path.display())))?;
+    }
+    Ok(model)
+}

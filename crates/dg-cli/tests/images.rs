@@ -114,3 +114,32 @@ fn bad_images_and_options_are_input_errors_naming_them() {
     dg(&["generate", "--model", bundled.to_str().unwrap(), "--chat", "--prompt", "hi", "--image", &wide, "-q"])
         .fails(INPUT, &["has no vision tower"]);
 }
+
+/// A GGUF text model holds no tower (dg's quantizer, like llama.cpp's DiffusionGemma converter,
+/// writes only the text model): its images need `--mmproj`, llama.cpp's projector file of the
+/// tower (fixtures/vision-generate/mmproj-f32.gguf, written by llama.cpp's converter), and with it
+/// the prompt is the one transformers' processor makes. A model file given as the projector is an
+/// input error naming it.
+#[test]
+fn a_gguf_model_takes_images_through_an_mmproj_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("model-q8_0.gguf");
+    let (model, gguf) = (model(), gguf.to_str().unwrap().to_string());
+    dg(&["quantize", "--model", &model, "--scheme", "q8_0", "--out", &gguf, "-q"]).ok();
+    let wide = image("wide.png");
+    let mmproj = fixture("vision-generate").join("mmproj-f32.gguf");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", &gguf, "--chat", "--prompt", "What is in this image?", "--image-tokens", "70"];
+        args.extend(["--image", &wide, "--json", "-q", "--backend", "cpu"]);
+        args.extend(extra);
+        dg(&args)
+    };
+    run(&[]).fails(INPUT, &["vision tower", "--mmproj", "model.encoder.vision_tower"]);
+    let out = run(&["--mmproj", mmproj.to_str().unwrap()]).ok().json();
+    let reference = SafetensorsFile::open(&fixture("vision-generate").join("generate.safetensors")).unwrap();
+    let want: Vec<u32> = reference.tensor_i64("prompt_ids").unwrap().1.into_iter().map(|v| v as u32).collect();
+    assert_eq!(ids(&out["prompt_ids"]), want);
+    assert!(!ids(&out["output_ids"]).is_empty());
+    run(&["--mmproj", &gguf]).fails(INPUT, &["--mmproj", "model-q8_0.gguf", "not a multimodal projector"]);
+    run(&["--mmproj", "/nonexistent/mmproj.gguf"]).fails(INPUT, &["--mmproj /nonexistent/mmproj.gguf", "no such file"]);
+}

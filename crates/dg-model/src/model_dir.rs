@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::generation::{GenerationConfig, RawGenerationConfig};
-use crate::gguf::GgufModel;
+use crate::gguf::{GgufModel, Mmproj};
 use crate::tensors::Checkpoint;
-use crate::weights::Weights;
+use crate::vision::VisionWeights;
+use crate::weights::{TensorSource, Weights};
 
 /// An opened model directory (config parsed, checkpoint mapped, nothing converted yet).
 #[derive(Debug)]
@@ -21,6 +22,9 @@ pub struct ModelDir {
     /// The raw `generation_config.json` (all defaults when the file is absent).
     pub generation: RawGenerationConfig,
     pub checkpoint: Checkpoint,
+    /// The vision tower's own file (llama.cpp's mmproj), where the checkpoint holds no tower
+    /// ([`Self::attach_mmproj`]).
+    pub mmproj: Option<Mmproj>,
 }
 
 impl ModelDir {
@@ -72,7 +76,7 @@ impl ModelDir {
         let gen_path = dir.join("generation_config.json");
         let generation = if gen_path.exists() { RawGenerationConfig::from_file(&gen_path)? } else { RawGenerationConfig::default() };
         let checkpoint = Checkpoint::open_dir(dir)?;
-        Ok(ModelDir { dir: dir.to_path_buf(), config, generation, checkpoint })
+        Ok(ModelDir { dir: dir.to_path_buf(), config, generation, checkpoint, mmproj: None })
     }
 
     /// Opens the GGUF file `path`. The geometry comes from a `config.json` beside it when there is
@@ -85,7 +89,7 @@ impl ModelDir {
         let model = GgufModel::open(path, config)?;
         let gen_path = dir.join("generation_config.json");
         let generation = if gen_path.exists() { RawGenerationConfig::from_file(&gen_path)? } else { model.generation };
-        Ok(ModelDir { dir, config: model.config, generation, checkpoint: Checkpoint::from_gguf(model.file) })
+        Ok(ModelDir { dir, config: model.config, generation, checkpoint: Checkpoint::from_gguf(model.file), mmproj: None })
     }
 
     /// The generation parameters of this directory, resolved with the built-in defaults.
@@ -103,11 +107,64 @@ impl ModelDir {
         }
     }
 
+    /// Takes the vision tower from llama.cpp's projector file `path` (a GGUF model from llama.cpp's
+    /// converter holds no tower): its geometry becomes the config's `vision_config`, and the image
+    /// token ids, where the config has none, are the vocabulary's `<|image|>`, `<|image>` and
+    /// `<image|>` (Gemma 4's). Errors name the file: not a `gemma4v` projector, a projection into
+    /// another hidden size, a checkpoint that has a tower of its own, no image tokens.
+    pub fn attach_mmproj(&mut self, path: &Path) -> Result<()> {
+        let mmproj = Mmproj::open(path)?;
+        let err = |message: String| ModelError::Gguf { path: path.to_path_buf(), message };
+        if self.checkpoint.shape(&format!("{}.patch_embedder.input_proj.weight", crate::vision::TOWER)).is_ok() {
+            return Err(err(format!("{} holds a vision tower of its own: give no --mmproj", self.dir.display())));
+        }
+        let hidden = self.config.text.hidden_size;
+        if mmproj.projection_dim() != hidden {
+            return Err(err(format!(
+                "the projector writes {}-wide rows (clip.vision.projection_dim) where the text model is {hidden} wide: it belongs to another model",
+                mmproj.projection_dim()
+            )));
+        }
+        let ids = [self.config.image_token_id, self.config.boi_token_id, self.config.eoi_token_id];
+        if ids.contains(&None) {
+            let vocab = self.vocab()?.ok_or_else(|| err("the model has no tokenizer to find its image tokens in".into()))?;
+            let id = |text: &str| {
+                let id = vocab.tokens.iter().position(|t| t == text).and_then(|i| u32::try_from(i).ok());
+                id.ok_or_else(|| err(format!("the model's vocabulary has no {text:?} token: it takes no images")))
+            };
+            let c = &mut self.config;
+            c.image_token_id = c.image_token_id.map_or_else(|| id(IMAGE_TOKENS[0]).map(Some), |v| Ok(Some(v)))?;
+            c.boi_token_id = c.boi_token_id.map_or_else(|| id(IMAGE_TOKENS[1]).map(Some), |v| Ok(Some(v)))?;
+            c.eoi_token_id = c.eoi_token_id.map_or_else(|| id(IMAGE_TOKENS[2]).map(Some), |v| Ok(Some(v)))?;
+        }
+        self.config.vision = Some(mmproj.config().clone());
+        self.mmproj = Some(mmproj);
+        Ok(())
+    }
+
+    /// Where the vision tower's tensors are: the projector file when one is attached, else the
+    /// checkpoint.
+    pub fn vision_source(&self) -> &dyn TensorSource {
+        match &self.mmproj {
+            Some(m) => m,
+            None => &self.checkpoint,
+        }
+    }
+
+    /// The vision tower's weights in f32; `None` without a `vision_config`.
+    pub fn load_vision_weights(&self) -> Result<Option<VisionWeights>> {
+        let Some(c) = &self.config.vision else { return Ok(None) };
+        VisionWeights::build(self.vision_source(), c, self.config.text.hidden_size).map(Some)
+    }
+
     /// Converts every text tensor to f32, checking names and shapes.
     pub fn load_weights(&self) -> Result<Weights> {
         Weights::from_checkpoint(&self.checkpoint, &self.config.text)
     }
 }
+
+/// Gemma 4's image placeholder, begin-of-image and end-of-image tokens, by text.
+pub const IMAGE_TOKENS: [&str; 3] = ["<|image|>", "<|image>", "<image|>"];
 
 /// The GGUF file a model directory may hold instead of safetensors (safetensors win when both are
 /// there).

@@ -81,27 +81,7 @@ impl RawVisionConfig {
             rope_theta: self.rope_parameters.as_ref().and_then(|r| r.rope_theta).unwrap_or(100.0),
             standardize: self.standardize.unwrap_or(false),
         };
-        for (name, v) in [
-            ("hidden_size", c.hidden_size),
-            ("intermediate_size", c.intermediate_size),
-            ("num_hidden_layers", c.num_layers),
-            ("num_attention_heads", c.num_heads),
-            ("num_key_value_heads", c.num_kv_heads),
-            ("patch_size", c.patch_size),
-            ("pooling_kernel_size", c.pooling_kernel_size),
-            ("position_embedding_size", c.position_embedding_size),
-        ] {
-            if v == 0 {
-                return Err(err(format!("{name} must be > 0")));
-            }
-        }
-        // The 2-D RoPE rotates two halves of the head, each in pairs.
-        if c.head_dim == 0 || !c.head_dim.is_multiple_of(4) {
-            return Err(err(format!("head_dim {} must be a positive multiple of 4 (2-D rotary halves)", c.head_dim)));
-        }
-        if !c.num_heads.is_multiple_of(c.num_kv_heads) {
-            return Err(err(format!("num_attention_heads {} is not a multiple of num_key_value_heads {}", c.num_heads, c.num_kv_heads)));
-        }
+        c.validate().map_err(err)?;
         if let Some(act) = &self.hidden_activation
             && act != "gelu_pytorch_tanh"
         {
@@ -118,14 +98,42 @@ impl RawVisionConfig {
         if self.attention_bias == Some(true) {
             return Err(err("attention_bias = true is not supported".into()));
         }
-        if !(c.rms_norm_eps > 0.0) || !(c.rope_theta > 0.0) {
-            return Err(err(format!("rms_norm_eps {} and rope_theta {} must be > 0", c.rms_norm_eps, c.rope_theta)));
-        }
         Ok(c)
     }
 }
 
 impl VisionConfig {
+    /// Checks what the tower's ops need of the geometry, whichever file it came from; the error
+    /// names the field.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let c = self;
+        for (name, v) in [
+            ("hidden_size", c.hidden_size),
+            ("intermediate_size", c.intermediate_size),
+            ("num_hidden_layers", c.num_layers),
+            ("num_attention_heads", c.num_heads),
+            ("num_key_value_heads", c.num_kv_heads),
+            ("patch_size", c.patch_size),
+            ("pooling_kernel_size", c.pooling_kernel_size),
+            ("position_embedding_size", c.position_embedding_size),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be > 0"));
+            }
+        }
+        // The 2-D RoPE rotates two halves of the head, each in pairs.
+        if c.head_dim == 0 || !c.head_dim.is_multiple_of(4) {
+            return Err(format!("head_dim {} must be a positive multiple of 4 (2-D rotary halves)", c.head_dim));
+        }
+        if !c.num_heads.is_multiple_of(c.num_kv_heads) {
+            return Err(format!("num_attention_heads {} is not a multiple of num_key_value_heads {}", c.num_heads, c.num_kv_heads));
+        }
+        if !(c.rms_norm_eps > 0.0) || !(c.rope_theta > 0.0) {
+            return Err(format!("rms_norm_eps {} and rope_theta {} must be > 0", c.rms_norm_eps, c.rope_theta));
+        }
+        Ok(())
+    }
+
     /// Values in one patch row (`3 · patch²`).
     pub fn patch_width(&self) -> usize {
         3 * self.patch_size * self.patch_size

@@ -105,3 +105,54 @@ fn image_embeddings_must_fill_every_soft_token() {
     let err = cpu.encode_with_images(&ids(&reference, "prompt_ids"), &vec![0.0; 3 * hidden]).unwrap_err();
     assert!(err.to_string().contains("image embeddings"), "{err}");
 }
+
+/// The tower from llama.cpp's projector files of the same tower (`mmproj-f32.gguf`,
+/// `mmproj-f16.gguf`: its converter's output, tools/oracle/make_mmproj_fixture.py): the geometry
+/// read from the file is the config's, and every weight is the checkpoint's, exactly in the f32
+/// file and rounded to f16 where the f16 file stores a matrix as F16.
+#[test]
+fn the_tower_opens_from_llama_cpp_mmproj_files() {
+    use dg_model::gguf::Mmproj;
+    let dir = fixture("vision-encoder");
+    let model = ModelDir::open(&dir).unwrap();
+    let vision = model.config.vision.clone().unwrap();
+    let hidden = model.config.text.hidden_size;
+    let want = VisionWeights::build(&model.checkpoint, &vision, hidden).unwrap();
+    for (file, f16) in [("mmproj-f32.gguf", false), ("mmproj-f16.gguf", true)] {
+        let mmproj = Mmproj::open(&dir.join(file)).unwrap();
+        // GGUF stores the norms' epsilon as an f32 (the ops take it as one).
+        let eps_f32 = |c: &dg_model::VisionConfig| dg_model::VisionConfig { rms_norm_eps: f64::from(c.rms_norm_eps as f32), ..c.clone() };
+        assert_eq!(eps_f32(mmproj.config()), eps_f32(&vision), "{file}: geometry");
+        assert_eq!(mmproj.projection_dim(), hidden, "{file}: projection");
+        let got = VisionWeights::build(&mmproj, mmproj.config(), hidden).unwrap();
+        let matrices = |w: &VisionWeights| -> Vec<Vec<f32>> {
+            let mut m = vec![w.input_proj.data.clone(), w.embedding_projection.data.clone()];
+            for l in &w.layers {
+                m.extend([&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj].map(|x| x.data.clone()));
+            }
+            m
+        };
+        for (i, (g, w)) in matrices(&got).iter().zip(matrices(&want)).enumerate() {
+            let rounded: Vec<f32> = w.iter().map(|&v| if f16 { half::f16::from_f32(v).to_f32() } else { v }).collect();
+            assert_eq!(g, &rounded, "{file}: matrix {i}");
+        }
+        // Vectors and the position table stay F32 in both files.
+        assert_eq!(got.position_embedding_table, want.position_embedding_table, "{file}");
+        assert_eq!(got.standardize, want.standardize, "{file}");
+        for (g, w) in got.layers.iter().zip(&want.layers) {
+            assert_eq!((&g.input_layernorm, &g.pre_feedforward_layernorm), (&w.input_layernorm, &w.pre_feedforward_layernorm), "{file}");
+            assert_eq!(
+                (&g.post_attention_layernorm, &g.post_feedforward_layernorm),
+                (&w.post_attention_layernorm, &w.post_feedforward_layernorm)
+            );
+            assert_eq!((&g.q_norm, &g.k_norm), (&w.q_norm, &w.k_norm), "{file}");
+        }
+    }
+}
+
+#[test]
+fn a_model_gguf_is_no_mmproj() {
+    let path = fixture("gguf-q8_0").join("model.gguf");
+    let err = dg_model::gguf::Mmproj::open(&path).unwrap_err().to_string();
+    assert!(err.contains("not a multimodal projector") && err.contains("model.gguf"), "{err}");
+}

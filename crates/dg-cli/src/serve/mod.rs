@@ -41,7 +41,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let request_timeout = seconds(args.request_timeout, "--request-timeout")?;
     let shutdown_timeout = seconds(args.shutdown_timeout, "--shutdown-timeout")?;
     let dir = crate::model_dir::resolve(args.model.as_deref())?;
-    let model = crate::model_dir::open(&dir)?;
+    let model = crate::model_dir::open_with_mmproj(&dir, args.mmproj.as_deref())?;
     let codec = TextCodec::load(&model)?
         .ok_or_else(|| input(format!("{} has no tokenizer.json (nor a GGUF file's tokenizer); dg serve needs one", model.dir.display())))?;
     let codec = Arc::new(codec);

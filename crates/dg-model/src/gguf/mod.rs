@@ -1,12 +1,14 @@
 //! GGUF files: reading them memory-mapped (`read`), the DiffusionGemma tensor names llama.cpp
 //! writes (`names`), the geometry in their metadata (`config`), the tokenizer and chat template
-//! they carry (`vocab`), and writing them (`write`).
+//! they carry (`vocab`), writing them (`write`), and llama.cpp's projector files for the vision
+//! tower (`mmproj`).
 //!
 //! A [`GgufFile`] serves its tensors by HF name, as stored, so the same loaders that read a
 //! safetensors checkpoint read a GGUF one ([`crate::Checkpoint::open_gguf`]). The format is ggml's
 //! (`ggml/docs/gguf.md`): a header with typed metadata and tensor infos, then the aligned data.
 
 mod config;
+mod mmproj;
 mod names;
 mod read;
 mod vocab;
@@ -20,6 +22,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 pub use config::{ARCH, model_metadata, rope_freqs};
+pub use mmproj::{GEMMA4V, Mmproj, mmproj_name};
 pub use names::{IGNORABLE, to_gguf, to_hf};
 pub use read::{Header, MetaValue, TensorInfo};
 pub use vocab::{GEMMA4, SpecialIds, TokenType, Vocab};
