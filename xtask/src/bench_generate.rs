@@ -96,6 +96,11 @@ pub struct Args {
     /// Storage of the weight matrices (as `bench-gpu --weights`; default f32).
     #[arg(long, value_enum)]
     weights: Option<random_model::WeightsArg>,
+    /// Compile every kernel ahead (`GpuModel::warm_up`, as `dg serve` and `dg generate` do before
+    /// their first request) and report the first generation apart from the later ones: with an
+    /// empty driver shader cache, what a first request on a fresh machine waits.
+    #[arg(long)]
+    warm_up: bool,
 }
 
 /// The GPU model with the wall time of each kind of call.
@@ -160,7 +165,12 @@ pub fn run(args: Args) -> Result<bool> {
     let mut rng = SeededRng::new(1);
     let prompt: Vec<u32> = (0..args.work.prompt).map(|_| rng.below(cfg.vocab_size as u32)).collect();
 
+    if args.warm_up {
+        let w = model.warm_up()?;
+        println!("kernels compiled ahead: {} of {} in {:.2} s", w.compiled, w.kernels, w.elapsed.as_secs_f64());
+    }
     let mut rows = Vec::new();
+    let mut first = None;
     for run in 0..=args.runs {
         model.reset();
         let mut timed = Timed { model: &mut model, encodes: Vec::new(), steps: Vec::new() };
@@ -168,7 +178,9 @@ pub fn run(args: Args) -> Result<bool> {
         let g = generate_resident(&mut timed, &prompt, &settings, c, cfg.vocab_size, &mut SeededRng::new(run as u64), &mut NoHooks)?;
         let total = start.elapsed();
         anyhow::ensure!(g.decoder_passes == args.work.canvases * args.work.steps, "ran {} decoder passes", g.decoder_passes);
-        if run > 0 {
+        if run == 0 {
+            first = Some((ms(timed.encodes[0]), ms(total)));
+        } else {
             let new_tokens = g.new_tokens().len() as f64;
             let steps: Vec<f64> = timed.steps.iter().copied().map(ms).collect();
             rows.push((
@@ -187,5 +199,11 @@ pub fn run(args: Args) -> Result<bool> {
     println!("generate total ({} canvases, {} steps): {:.1} ms", args.work.canvases, args.work.canvases * args.work.steps, col(|r| r.3));
     println!("generated tokens per second: {:.1}", col(|r| r.4));
     println!("(median of {} runs after a warm-up)", args.runs);
+    if let Some((prefill, total)) = first.filter(|_| args.warm_up) {
+        println!(
+            "first generation (after the kernels were compiled ahead): prefill {prefill:.2} ms, total {total:.1} ms = {:.2}x the later ones",
+            total / col(|r| r.3)
+        );
+    }
     Ok(true)
 }
