@@ -89,6 +89,12 @@ pub fn extends(prompt: &[u32], ids: &[u32]) -> bool {
     !ids.is_empty() && ids.len() < prompt.len() && prompt.starts_with(ids)
 }
 
+/// How many leading ids `prompt` and `ids` share: the part of a cache holding `ids` that a cache
+/// truncated to a prefix can give `prompt` (reads: the system text before a new state).
+pub fn shared_prefix(prompt: &[u32], ids: &[u32]) -> usize {
+    prompt.iter().zip(ids).take_while(|(a, b)| a == b).count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

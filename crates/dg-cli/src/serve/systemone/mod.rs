@@ -32,12 +32,14 @@ use axum::response::{IntoResponse, Response};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_sampler::{ReadRequest, SlotRead};
 
+use super::metrics::Metrics;
 use crate::chat::ChatTemplate;
 use crate::text::TextCodec;
 pub use pyjson::Json;
 pub(crate) use reader::{ReadOn, Reader, ReaderState, run_work};
 pub use reader::{ReaderHandle, Work as ReadWork};
-use reader::{Refused, Timing};
+use reader::Refused;
+pub use reader::Timing;
 pub use request::{Rejection, SystemOne, parse};
 use template::{Question, Resolved, Templates};
 
@@ -137,15 +139,17 @@ struct Plan {
     samples: Option<usize>,
 }
 
-/// What the route holds: the service (`None` when the model cannot serve reads) and the body limit.
+/// What the route holds: the service (`None` when the model cannot serve reads), the body limit
+/// and the server's counters.
 struct Endpoint {
     service: Option<Arc<Service>>,
     max_body: usize,
+    metrics: Arc<Metrics>,
 }
 
 /// The `/v1/systemone` route, on any router state.
-pub fn router<S: Clone + Send + Sync + 'static>(service: Option<Arc<Service>>, max_body: usize) -> axum::Router<S> {
-    axum::Router::new().route("/v1/systemone", axum::routing::post(handle)).with_state(Arc::new(Endpoint { service, max_body }))
+pub fn router<S: Clone + Send + Sync + 'static>(service: Option<Arc<Service>>, max_body: usize, metrics: Arc<Metrics>) -> axum::Router<S> {
+    axum::Router::new().route("/v1/systemone", axum::routing::post(handle)).with_state(Arc::new(Endpoint { service, max_body, metrics }))
 }
 
 async fn handle(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
@@ -158,6 +162,7 @@ async fn handle(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Resp
         }
         Err(rejection) => (rejected(rejection), Timing::default()),
     };
+    endpoint.metrics.reads(&timing);
     with_headers(response, started, timing)
 }
 
@@ -313,7 +318,8 @@ fn reader_stopped() -> Rejection {
 
 impl Service {
     /// One read of `canvas` after `prompt` on the reader, drawing (a read of more than one step)
-    /// from `seed`: vLLM's read-only requests ([`crate::serve::openai::vllm`]). Refused as
+    /// from `seed`, and where its time went: vLLM's read-only requests
+    /// ([`crate::serve::openai::vllm`]). Refused as
     /// `/v1/systemone`'s reads are; a read the model refuses (a prompt past its positions) is a 400.
     pub async fn read(
         &self,
@@ -323,7 +329,7 @@ impl Service {
         steps: usize,
         slots: Vec<dg_sampler::Slot>,
         seed: u64,
-    ) -> Result<dg_sampler::Read, Rejection> {
+    ) -> Result<(dg_sampler::Read, Timing), Rejection> {
         let settings = self.settings.clone();
         let read = move |reader: &mut Reader<'_>| -> Result<dg_sampler::Read> {
             reader.prompt(&prompt)?;
@@ -331,8 +337,9 @@ impl Service {
             let mut reads = reader.read(&[request], &[seed], &settings)?;
             Ok(reads.remove(0))
         };
-        let (result, _) = self.reader.run(read).await.map_err(not_run)?.ok_or_else(reader_stopped)?;
-        result.map_err(|e| Rejection::semantic(format!("the model rejected this request: {e:#}")))
+        let (result, timing) = self.reader.run(read).await.map_err(not_run)?.ok_or_else(reader_stopped)?;
+        let read = result.map_err(|e| Rejection::semantic(format!("the model rejected this request: {e:#}")))?;
+        Ok((read, timing))
     }
 }
 
