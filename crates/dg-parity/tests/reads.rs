@@ -250,10 +250,15 @@ fn gpu_reads_after_a_kept_prefix_are_those_of_a_fresh_encode() {
     let f = load();
     let test = "gpu_reads_after_a_kept_prefix_are_those_of_a_fresh_encode";
     let Some((mut gpu, cfg, _)) = gpu_model(&f, test) else { return };
-    let fresh = reads_after_the_cache(&mut gpu, &f, &cfg);
-    // Another prompt with the same first tokens (a system text before another state), read; then
-    // its cache cut back to the shared prefix and the fixture's prompt's rest encoded after it.
+    // The fixture's prompt encoded in two parts, as the reader splits a prompt (a chunk's products
+    // are planned by its length, so the split is the reader's to keep).
     let shared = f.prompt.len() / 2;
+    gpu.reset();
+    gpu.encode(&f.prompt[..shared]).unwrap();
+    gpu.encode(&f.prompt[shared..]).unwrap();
+    let fresh = reads_after_the_cache(&mut gpu, &f, &cfg);
+    // Another prompt with the same first part (a system text before another state), read; then
+    // its cache cut back to that part and the fixture's prompt's rest encoded after it.
     let other: Vec<u32> = f.prompt[..shared].iter().copied().chain((0..40).map(|i| 3 + i * 5 % 200)).collect();
     gpu.reset();
     gpu.encode(&other).unwrap();

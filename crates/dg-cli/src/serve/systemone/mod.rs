@@ -319,8 +319,9 @@ fn reader_stopped() -> Rejection {
 impl Service {
     /// One read of `canvas` after `prompt` on the reader, drawing (a read of more than one step)
     /// from `seed`, and where its time went: vLLM's read-only requests
-    /// ([`crate::serve::openai::vllm`]). Refused as
-    /// `/v1/systemone`'s reads are; a read the model refuses (a prompt past its positions) is a 400.
+    /// ([`crate::serve::openai::vllm`]; the prompt encoded in the parts `/v1/systemone`'s is, so
+    /// both read the same bits). Refused as `/v1/systemone`'s reads are; a read the model refuses
+    /// (a prompt past its positions) is a 400.
     pub async fn read(
         &self,
         prompt: Vec<u32>,
@@ -330,9 +331,9 @@ impl Service {
         slots: Vec<dg_sampler::Slot>,
         seed: u64,
     ) -> Result<(dg_sampler::Read, Timing), Rejection> {
-        let settings = self.settings.clone();
+        let (settings, segments) = (self.settings.clone(), self.templates.segments(&prompt));
         let read = move |reader: &mut Reader<'_>| -> Result<dg_sampler::Read> {
-            reader.prompt(&prompt)?;
+            reader.prompt(&prompt, &segments)?;
             let request = ReadRequest { canvas: &canvas, pinned: pinned.as_deref(), steps, slots: &slots };
             let mut reads = reader.read(&[request], &[seed], &settings)?;
             Ok(reads.remove(0))
@@ -362,7 +363,7 @@ fn read_groups(
             Prompt::Fixed(ids) => ids.clone(),
             Prompt::AfterEarlier(ids) => [&ids[..], &templates.earlier(&lines, format)].concat(),
         };
-        reader.prompt(&prompt)?;
+        reader.prompt(&prompt, &templates.segments(&prompt))?;
         let width = canvases[0].len();
         let pinned: Vec<bool> = (0..width).map(|r| !g.resolved.slots.iter().any(|s| s.position == r)).collect();
         // The reads of canvases `ks` (their seeds OpenJev's), batched on the GPU.

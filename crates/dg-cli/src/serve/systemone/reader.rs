@@ -69,9 +69,12 @@ pub struct Reader<'m> {
 
 impl Reader<'_> {
     /// Makes `prompt` the model's cache: the one it holds, a kept one (CPU), else encoded (on the
-    /// CPU the cache it replaces is kept; on the GPU what the prompt shares with the cache it
-    /// replaces stays, and only the rest is encoded).
-    pub fn prompt(&mut self, prompt: &[u32]) -> Result<()> {
+    /// CPU the cache it replaces is kept). On the GPU the prompt is encoded in parts, split at
+    /// `segments` (sorted positions inside it), and the cache it replaces keeps the longest run
+    /// of whole parts the two share, so a kept prefix ends where a fresh encode splits too: the
+    /// encoder's products are planned by a chunk's length, and a prompt gets the same bits
+    /// whether its first parts were kept or encoded now.
+    pub fn prompt(&mut self, prompt: &[u32], segments: &[usize]) -> Result<()> {
         let state = &mut *self.state;
         state.timing.prompt_tokens += prompt.len();
         if state.current.as_deref() == Some(prompt) {
@@ -100,12 +103,16 @@ impl Reader<'_> {
                 }
             }
             ReadOn::Gpu(r) => {
-                // The prefix the slot's cache shares with the prompt (the system text of the same
-                // questions, the whole state of a re-read) stays; the rest is encoded.
+                // The parts the slot's cache shares with the prompt (the system text of the same
+                // questions before another state) stay; the others are encoded.
                 let shared = previous.as_deref().map_or(0, |p| shared_prefix(prompt, p));
-                let reused = r.model.truncate_slot(r.slot, shared);
-                if reused < prompt.len() {
-                    r.model.encode_slot(r.slot, &prompt[reused..])?;
+                let kept = segments.iter().copied().take_while(|&s| s <= shared).last().unwrap_or(0);
+                let reused = r.model.truncate_slot(r.slot, kept);
+                let ends = segments.iter().copied().filter(|&s| s > reused).chain([prompt.len()]);
+                let mut start = reused;
+                for end in ends {
+                    r.model.encode_slot(r.slot, &prompt[start..end])?;
+                    start = end;
                 }
                 reused
             }
