@@ -142,7 +142,12 @@ impl Metrics {
             "Prompt tokens found in the KV cache and not encoded again.",
             &self.reused_prompt_tokens,
         );
-        counter(&mut out, "dg_read_prompt_tokens_total", "Prompt tokens of typed reads (/v1/systemone, vLLM's read-only requests).", &self.read_prompt_tokens);
+        counter(
+            &mut out,
+            "dg_read_prompt_tokens_total",
+            "Prompt tokens of typed reads (/v1/systemone, vLLM's read-only requests).",
+            &self.read_prompt_tokens,
+        );
         counter(
             &mut out,
             "dg_read_reused_prompt_tokens_total",

@@ -36,10 +36,10 @@ use super::metrics::Metrics;
 use crate::chat::ChatTemplate;
 use crate::text::TextCodec;
 pub use pyjson::Json;
-pub(crate) use reader::{ReadOn, Reader, ReaderState, run_work};
-pub use reader::{ReaderHandle, Work as ReadWork};
 use reader::Refused;
 pub use reader::Timing;
+pub(crate) use reader::{ReadOn, Reader, ReaderState, run_work};
+pub use reader::{ReaderHandle, Work as ReadWork};
 pub use request::{Rejection, SystemOne, parse};
 use template::{Question, Resolved, Templates};
 
