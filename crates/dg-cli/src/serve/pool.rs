@@ -115,6 +115,14 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_prefix_is_the_run_of_equal_leading_ids() {
+        assert_eq!(shared_prefix(&[1, 2, 3, 4], &[1, 2, 9]), 2);
+        assert_eq!(shared_prefix(&[1, 2], &[1, 2, 3]), 2, "a prompt inside the cached ids");
+        assert_eq!(shared_prefix(&[5, 2], &[1, 2]), 0);
+        assert_eq!(shared_prefix(&[], &[1]), 0);
+    }
+
+    #[test]
     fn the_least_recently_parked_entries_go_first_when_over_budget() {
         let mut pool = Pool::new(25);
         assert_eq!(pool.park(vec![1], 'a', 10), 0);
