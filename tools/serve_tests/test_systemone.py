@@ -11,7 +11,8 @@ the re-read rule (an unsure read is averaged with three more: the same probabili
 read first (on the GPU encoding only what follows the shared system text: `/metrics`' read
 counters), `dg read` answering as the server does, `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
 (403/401, 400 unknown model, 400 unknown question type, 422 field errors, 400 unanswerable
-requests, 400 for a state past the model's positions, 413), `/health` OK after each.
+requests, 400 for a state past the model's positions, 413, 529 when the reader's queue is full),
+`/health` OK after each.
 
     python3 tools/serve_tests/test_systemone.py --binary target/release/dg [--backend gpu]
 
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,6 +42,7 @@ from typesafe_sdk import (  # noqa: E402
     TypeSafeAuthenticationError,
     TypeSafeBadRequestError,
     TypeSafeClient,
+    TypeSafeInternalServerError,
     TypeSafeUnprocessableEntityError,
 )
 
@@ -112,6 +115,7 @@ def main():
         finally:
             server.proc.terminate()
             server.proc.wait(timeout=30)
+        overload(args.binary, model, args.backend)
     print(f"systemone ({args.backend}): all checks passed in {time.time() - started:.1f} s")
 
 
@@ -195,6 +199,49 @@ def run(server, backend):
     assert re.fullmatch(r"req_[0-9a-f]{32}", resp.getheader("x-typesafe-request-id"))
 
     errors(server, client)
+
+
+def overload(binary, model, backend):
+    """OpenJev's overload answer: with a reader queue of one (`--read-queue 1`), a burst of
+    concurrent requests gets 529s (`overloaded_error`, `Retry-After: 1`) beside 200s, the server
+    stays healthy, the SDK without retries raises the 529, and with its retry policy (which honours
+    Retry-After) every request of a burst is answered."""
+    server = Server(binary, backend, "--model", str(model), "--api-key", KEY, "--read-queue", "1")
+    try:
+        many = {f"s{i}": {"type": "score", "instructions": f"Level {i}?", "criteria": ["low", "high"]} for i in range(5)}
+        body = {"state": STATE, "model": MODEL, "samples": 4, "steps": 2, "questions": many}
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(lambda _: server.request("POST", "/v1/systemone", body), range(16)))
+        statuses = [resp.status for resp, _ in results]
+        assert 529 in statuses and 200 in statuses and set(statuses) <= {200, 529}, statuses
+        for resp, data in results:
+            if resp.status == 529:
+                assert json.loads(data) == {"detail": {"error_type": "overloaded_error", "message": "The server is at capacity. Retry shortly."}}, data
+                assert resp.getheader("retry-after") == "1"
+        healthy(server)
+
+        def ask(retries, extra):
+            client = TypeSafeClient(api_key=KEY, base_url=server.url, model=MODEL, retry=RetryPolicy(max_retries=retries))
+            try:
+                return client.system_one(state=STATE, questions=questions(), extra_body=extra)
+            except TypeSafeInternalServerError as e:
+                return e
+
+        with ThreadPoolExecutor(8) as pool:
+            bare = list(pool.map(lambda _: ask(0, {"samples": 4, "steps": 2}), range(8)))
+        refused = [e for e in bare if isinstance(e, TypeSafeInternalServerError)]
+        assert refused and all(e.status == 529 for e in refused), bare
+        # One read each, retried a second after each 529 until answered.
+        with ThreadPoolExecutor(6) as pool:
+            retried = list(pool.map(lambda _: ask(60, {"samples": 1}), range(6)))
+        assert not any(isinstance(r, Exception) for r in retried), retried
+        for r in retried:
+            check_answers(r)
+        print(f"overload ({backend}): {statuses.count(529)} of 16 raw requests and {len(refused)} of 8 SDK requests answered 529; "
+              "with the SDK's retries all 6 answered")
+    finally:
+        server.proc.terminate()
+        server.proc.wait(timeout=30)
 
 
 def cli_matches(server, binary, model, backend):

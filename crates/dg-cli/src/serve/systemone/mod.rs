@@ -54,8 +54,6 @@ const REREADS: usize = 4;
 /// Seed offsets of a group's reads and of a request's groups (OpenJev's).
 const READ_SEED_STRIDE: i64 = 7919;
 const GROUP_SEED_STRIDE: i64 = 104_729;
-/// Requests waiting for the reader before new ones are refused with a 529.
-pub const QUEUE: usize = 512;
 /// The largest f32 copy of the weights the CPU backend's reader loads beside the engine (the
 /// bundled model and the test fixtures are far below; a full-size checkpoint's is about 100 GB:
 /// serve it on the GPU, whose reads run on the engine's model).
@@ -74,15 +72,16 @@ pub struct Service {
 
 impl Service {
     /// Readies the templates and the reader: `reader` (the GPU model's), else a CPU copy of
-    /// `model` on a thread of its own; `None` (with the reason) when the model has no chat
-    /// template or no `<turn|>` token, or a CPU copy would pass [`READER_BYTES_CAP`].
+    /// `model` on a thread of its own with a queue of `queue` requests (past it, a 529); `None`
+    /// (with the reason) when the model has no chat template or no `<turn|>` token, or a CPU copy
+    /// would pass [`READER_BYTES_CAP`].
     pub fn start(
         model: &ModelDir,
         model_name: &str,
         codec: Arc<TextCodec>,
         chat: Option<ChatTemplate>,
         settings: GenerationConfig,
-        reader: Option<ReaderHandle>,
+        (reader, queue): (Option<ReaderHandle>, usize),
     ) -> Result<Option<Self>> {
         let Some(chat) = chat else {
             eprintln!("/v1/systemone is off: the model has no chat template");
@@ -109,7 +108,7 @@ impl Service {
         let templates = Templates::new(codec, cfg.text.vocab_size as u32, turn_close, pad, cfg.canvas_length.min(64))?;
         let reader = match reader {
             Some(reader) => reader,
-            None => ReaderHandle::spawn_cpu(model, QUEUE).context("cannot start /v1/systemone's reader")?,
+            None => ReaderHandle::spawn_cpu(model, queue).context("cannot start /v1/systemone's reader")?,
         };
         let settings = Arc::new(settings);
         Ok(Some(Service { model_name: model_name.to_string(), templates: Arc::new(templates), chat, reader, settings }))
