@@ -7,9 +7,12 @@ the test serves a copy of the model whose tokenizer has "▁yes" as one token (i
 everything else unchanged. Checked: every question type and the answers given
 without a read, the same request giving the same answers, `samples` (billed per read), `steps`, `sequential`,
 the re-read rule (an unsure read is averaged with three more: the same probabilities as
-`samples: 4`), `dg read` answering as the server does, `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
+`samples: 4`), a state read after another with the same questions answering bit for bit as when
+read first (on the GPU encoding only what follows the shared system text: `/metrics`' read
+counters), `dg read` answering as the server does, `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
 (403/401, 400 unknown model, 400 unknown question type, 422 field errors, 400 unanswerable
-requests, 400 for a state past the model's positions, 413), `/health` OK after each.
+requests, 400 for a state past the model's positions, 413, 529 when the reader's queue is full),
+`/health` OK after each.
 
     python3 tools/serve_tests/test_systemone.py --binary target/release/dg [--backend gpu]
 
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,6 +42,7 @@ from typesafe_sdk import (  # noqa: E402
     TypeSafeAuthenticationError,
     TypeSafeBadRequestError,
     TypeSafeClient,
+    TypeSafeInternalServerError,
     TypeSafeUnprocessableEntityError,
 )
 
@@ -105,16 +110,51 @@ def main():
         model = model_copy(root, Path(tmp) / MODEL)
         server = Server(args.binary, args.backend, "--model", str(model), "--api-key", KEY)
         try:
-            run(server)
+            run(server, args.backend)
             cli_matches(server, args.binary, model, args.backend)
         finally:
             server.proc.terminate()
             server.proc.wait(timeout=30)
+        overload(args.binary, model, args.backend)
     print(f"systemone ({args.backend}): all checks passed in {time.time() - started:.1f} s")
 
 
-def run(server):
+def read_tokens(server):
+    """The server's counters of typed reads' prompt tokens: (all, found in the read cache)."""
+    resp, data = server.request("GET", "/metrics")
+    assert resp.status == 200, data
+    value = lambda name: int(re.search(rf"^{name} (\d+)$", data.decode(), re.M).group(1))
+    return value("dg_read_prompt_tokens_total"), value("dg_read_reused_prompt_tokens_total")
+
+
+def prefix_reuse(server, client, backend):
+    """A state read after another state with the same questions (one group) gives the answers it
+    gives first, bit for bit; on the GPU it encodes only what follows the prefix the two prompts
+    share (the system text), on the CPU it finds its whole cache kept. The server's first reads."""
+    other = {"ticket": "Where is my parcel? It was due on Monday.", "priority": 1}
+    asked = {"billing": Noul(instructions="Is the ticket about billing?"),
+             "urgency": Score(instructions="How urgent is it?", criteria=["not urgent", "soon", "now"])}
+    assert read_tokens(server) == (0, 0), "the first reads of the server"
+    alone = client.system_one(state=other, questions=asked, extra_body={"samples": 1})
+    assert read_tokens(server) == (alone.usage.input_tokens, 0), (read_tokens(server), alone.usage.input_tokens)
+    client.system_one(state=STATE, questions=asked, extra_body={"samples": 1})
+    before = read_tokens(server)
+    after_another = client.system_one(state=other, questions=asked, extra_body={"samples": 1})
+    total, reused = (a - b for a, b in zip(read_tokens(server), before))
+    assert total == after_another.usage.input_tokens
+    if backend == "gpu":
+        assert 0 < reused < total, f"the system text's tokens are kept, the state's encoded: {reused} of {total} reused"
+    else:
+        assert reused == total, f"the CPU reader keeps the whole prompt's cache: {reused} of {total} reused"
+    got, want = after_another.answers, alone.answers
+    assert (got["billing"].noul, got["urgency"].probabilities) == (want["billing"].noul, want["urgency"].probabilities), \
+        ("reads after a kept prefix differ from a fresh encode's", got, want, total, reused)
+    print(f"prefix reuse ({backend}): {reused} of {total} prompt tokens reused, answers bit-identical")
+
+
+def run(server, backend):
     client = TypeSafeClient(api_key=KEY, base_url=server.url, model=MODEL, retry=RetryPolicy(max_retries=0))
+    prefix_reuse(server, client, backend)
 
     # Every question type, and the answers given without a read; the same request, the same answers.
     first = client.system_one(state=STATE, questions=questions())
@@ -159,6 +199,49 @@ def run(server):
     assert re.fullmatch(r"req_[0-9a-f]{32}", resp.getheader("x-typesafe-request-id"))
 
     errors(server, client)
+
+
+def overload(binary, model, backend):
+    """OpenJev's overload answer: with a reader queue of one (`--read-queue 1`), a burst of
+    concurrent requests gets 529s (`overloaded_error`, `Retry-After: 1`) beside 200s, the server
+    stays healthy, the SDK without retries raises the 529, and with its retry policy (which honours
+    Retry-After) every request of a burst is answered."""
+    server = Server(binary, backend, "--model", str(model), "--api-key", KEY, "--read-queue", "1")
+    try:
+        many = {f"s{i}": {"type": "score", "instructions": f"Level {i}?", "criteria": ["low", "high"]} for i in range(5)}
+        body = {"state": STATE, "model": MODEL, "samples": 4, "steps": 2, "questions": many}
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(lambda _: server.request("POST", "/v1/systemone", body), range(16)))
+        statuses = [resp.status for resp, _ in results]
+        assert 529 in statuses and 200 in statuses and set(statuses) <= {200, 529}, statuses
+        for resp, data in results:
+            if resp.status == 529:
+                assert json.loads(data) == {"detail": {"error_type": "overloaded_error", "message": "The server is at capacity. Retry shortly."}}, data
+                assert resp.getheader("retry-after") == "1"
+        healthy(server)
+
+        def ask(retries, extra):
+            client = TypeSafeClient(api_key=KEY, base_url=server.url, model=MODEL, retry=RetryPolicy(max_retries=retries))
+            try:
+                return client.system_one(state=STATE, questions=questions(), extra_body=extra)
+            except TypeSafeInternalServerError as e:
+                return e
+
+        with ThreadPoolExecutor(8) as pool:
+            bare = list(pool.map(lambda _: ask(0, {"samples": 4, "steps": 2}), range(8)))
+        refused = [e for e in bare if isinstance(e, TypeSafeInternalServerError)]
+        assert refused and all(e.status == 529 for e in refused), bare
+        # One read each, retried a second after each 529 until answered.
+        with ThreadPoolExecutor(6) as pool:
+            retried = list(pool.map(lambda _: ask(60, {"samples": 1}), range(6)))
+        assert not any(isinstance(r, Exception) for r in retried), retried
+        for r in retried:
+            check_answers(r)
+        print(f"overload ({backend}): {statuses.count(529)} of 16 raw requests and {len(refused)} of 8 SDK requests answered 529; "
+              "with the SDK's retries all 6 answered")
+    finally:
+        server.proc.terminate()
+        server.proc.wait(timeout=30)
 
 
 def cli_matches(server, binary, model, backend):

@@ -4,7 +4,8 @@
 //! A random prompt of `--prompt` tokens (a `/v1/systemone` state and its questions) is encoded,
 //! then reads of seeded canvases `--widths` wide with `--questions` slots (template rows pinned, one
 //! step) run after its cache. Prints p50/p95 wall times (each waits for the device) of: the
-//! prefill; the whole read (`dg_sampler::read`: the forward, the readback of the slot rows'
+//! prefill; the prefill of another state after the `--system` tokens kept (the read slot's prefix
+//! reuse: `GpuModel::truncate_slot`, then the state's tokens encoded); the whole read (`dg_sampler::read`: the forward, the readback of the slot rows'
 //! logits and the host's log-probabilities and top-20); its forward alone
 //! (`GpuModel::read_forwards`, the head at the slot rows and their readback included); four reads
 //! of the prompt in one batched forward (OpenJev's re-read rule and `samples: 4`); beside them the
@@ -30,6 +31,10 @@ pub struct Args {
     /// Prompt tokens (random ids: the state and the questions' system text).
     #[arg(long, default_value_t = 200)]
     prompt: usize,
+    /// Of those, the system text's (the questions; the rest is the state): the prefix a read of
+    /// another state with the same questions keeps.
+    #[arg(long, default_value_t = 140)]
+    system: usize,
     /// Canvas widths, comma-separated (OpenJev's are multiples of 16 up to 64).
     #[arg(long, value_delimiter = ',', default_value = "16,64")]
     widths: Vec<usize>,
@@ -93,6 +98,7 @@ impl ReadCase {
 
 pub fn run(args: Args) -> Result<bool> {
     anyhow::ensure!(args.runs > 0, "--runs: at least 1");
+    anyhow::ensure!(args.system < args.prompt, "--system: fewer tokens than --prompt");
     let config = ModelConfig::from_file(&args.config).with_context(|| format!("reading {}", args.config.display()))?;
     let (c, v) = (config.canvas_length, config.text.vocab_size);
     anyhow::ensure!(args.widths.iter().all(|&w| (1..=c).contains(&w)), "--widths: each 1 to canvas_length ({c})");
@@ -128,6 +134,12 @@ pub fn run(args: Args) -> Result<bool> {
         Ok(model.encode(&prompt)?)
     })?;
     row(&format!("prefill ({} tokens)", args.prompt), "—", "—", prefill, None);
+    let state = &prompt[args.system..];
+    let reused = time(args.runs, || {
+        anyhow::ensure!(model.truncate_slot(0, args.system) == args.system, "the system text's prefix was not kept");
+        Ok(model.encode(state)?)
+    })?;
+    row(&format!("prefill, {} system tokens kept ({} encoded)", args.system, state.len()), "—", "—", reused, None);
     for &w in &args.widths {
         for &q in &args.questions {
             let case = ReadCase::new(w, q, v, (w * 100 + q) as u64);

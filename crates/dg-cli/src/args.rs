@@ -286,6 +286,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub queue: u32,
 
+    /// Typed reads (`/v1/systemone`, vLLM's read-only requests) that may wait for the reader; one
+    /// more is answered 529 (OpenJev's overload answer) with `Retry-After: 1`.
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub read_queue: u32,
+
     /// Positions a request may use (prompt plus every canvas). Default: the model's
     /// max_position_embeddings, at most 16384 (the GPU's caches are sized for it, one per --batch
     /// slot).

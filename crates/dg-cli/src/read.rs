@@ -41,16 +41,17 @@ pub fn run(args: ReadArgs) -> Result<()> {
     let codec = TextCodec::load(&model)?.ok_or_else(|| input(format!("{} has no tokenizer; dg read needs one", dir.display())))?;
     let template = crate::chat::ChatTemplate::load(&model)?;
     let settings = resolve_settings(&model, Default::default())?;
-    // On the GPU a model of its own (one slot); on the CPU the reader's f32 copy.
+    // On the GPU a model of its own (one slot); on the CPU the reader's f32 copy. One request: a
+    // queue of one.
     let reader = match crate::backend::choose(args.device.backend, args.device.adapter.as_deref())?.backend {
         crate::backend::Backend::Gpu(ctx) => {
             let context = model.config.text.max_position_embeddings.min(crate::settings::DEFAULT_CONTEXT_CAP);
             let gpu = crate::load::gpu(&model, *ctx, context, args.device.weights, crate::load::Report::Quiet)?;
-            Some(ReaderHandle::spawn_gpu(gpu, systemone::QUEUE)?)
+            Some(ReaderHandle::spawn_gpu(gpu, 1)?)
         }
         crate::backend::Backend::Cpu => None,
     };
-    let service = Service::start(&model, &name, Arc::new(codec), template, settings, reader)?
+    let service = Service::start(&model, &name, Arc::new(codec), template, settings, (reader, 1))?
         .ok_or_else(|| input(format!("{} cannot answer typed reads (see above)", dir.display())))?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
     let (response, _) =

@@ -33,7 +33,7 @@ pub use context::{Counters, Created, GpuContext, GpuOptions, list_adapters};
 pub use dg_kernels::WeightFormat;
 pub use error::GpuError;
 pub use forward::Visible;
-pub use model::{CacheSnapshot, EncoderProfile, GpuModel, Instrumentation, LayerContext, ModelOptions, SlotReader, WarmUp};
+pub use model::{CacheSnapshot, EncoderProfile, GpuModel, Instrumentation, LayerContext, ModelOptions, READ_WIDTHS, SlotReader, WarmUp};
 pub use overrides::Overrides;
 pub use plan::{Pipeline, Pipelines, Plan, PlanBuilder, groups_1d};
 pub use tuning::{KvCacheChoice, Tuning, TuningError};

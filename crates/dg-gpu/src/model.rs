@@ -40,7 +40,7 @@ use crate::weights::{GpuWeights, UploadProgress};
 pub use instrument::{EncoderProfile, Instrumentation};
 pub use read::SlotReader;
 pub use snapshot::CacheSnapshot;
-pub use warm::WarmUp;
+pub use warm::{READ_WIDTHS, WarmUp};
 
 /// Visible cached K/V of one layer, `[tokens, kv_heads, head_dim]` each.
 #[derive(Debug, Clone, Copy)]

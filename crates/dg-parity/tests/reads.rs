@@ -231,3 +231,63 @@ fn gpu_batched_reads_are_the_reads_alone() {
     let widths: Vec<usize> = requests.iter().map(|r| r.canvas.len()).collect();
     assert!(widths.iter().filter(|&&w| w == 16).count() >= 2, "several reads of one width: {widths:?}");
 }
+
+/// The fixture's reads (each with its own seeded draws) after the model's cache.
+fn reads_after_the_cache(gpu: &mut GpuModel, f: &Fixture, cfg: &GenerationConfig) -> Vec<Read> {
+    f.reads
+        .iter()
+        .enumerate()
+        .map(|(i, case)| {
+            let slots = case.slots();
+            let request = ReadRequest { canvas: &case.canvas, pinned: Some(&case.pinned), steps: case.steps, slots: &slots };
+            read(gpu, &request, cfg, &mut SeededRng::new(7 + i as u64)).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_reads_after_a_kept_prefix_are_those_of_a_fresh_encode() {
+    let f = load();
+    let test = "gpu_reads_after_a_kept_prefix_are_those_of_a_fresh_encode";
+    let Some((mut gpu, cfg, _)) = gpu_model(&f, test) else { return };
+    // The fixture's prompt encoded in two parts, as the reader splits a prompt (a chunk's products
+    // are planned by its length, so the split is the reader's to keep).
+    let shared = f.prompt.len() / 2;
+    gpu.reset();
+    gpu.encode(&f.prompt[..shared]).unwrap();
+    gpu.encode(&f.prompt[shared..]).unwrap();
+    let fresh = reads_after_the_cache(&mut gpu, &f, &cfg);
+    // Another prompt with the same first part (a system text before another state), read; then
+    // its cache cut back to that part and the fixture's prompt's rest encoded after it.
+    let other: Vec<u32> = f.prompt[..shared].iter().copied().chain((0..40).map(|i| 3 + i * 5 % 200)).collect();
+    gpu.reset();
+    gpu.encode(&other).unwrap();
+    let _ = reads_after_the_cache(&mut gpu, &f, &cfg);
+    assert_eq!(gpu.truncate_slot(0, shared), shared, "the prefix is kept");
+    assert_eq!(gpu.seq_len(), shared);
+    gpu.encode(&f.prompt[shared..]).unwrap();
+    let reused = reads_after_the_cache(&mut gpu, &f, &cfg);
+    for (i, (r, want)) in reused.iter().zip(&fresh).enumerate() {
+        assert_eq!(r, want, "read {i} (W={} steps={}) after the kept prefix and after a fresh encode", f.reads[i].width, f.reads[i].steps);
+    }
+    // A prefix the cache does not hold is refused: the slot is released.
+    assert_eq!(gpu.truncate_slot(0, f.prompt.len() + 1), 0);
+    assert_eq!(gpu.seq_len(), 0);
+}
+
+#[test]
+fn gpu_a_prefix_the_sliding_window_has_passed_is_not_kept() {
+    let f = load();
+    let Some(ctx) = test_context("gpu_a_prefix_the_sliding_window_has_passed_is_not_kept") else { return };
+    let dir = ModelDir::open(&fixture(&f.model)).unwrap();
+    let weights = dir.load_weights().unwrap();
+    let mut gpu = GpuModel::load(ctx, &dir.config, &weights, ModelOptions::new(2048)).unwrap();
+    assert!(gpu.sliding_positions() < 2048, "the sliding caches hold a window, not every position");
+    let long: Vec<u32> = (0..gpu.sliding_positions() as u32 + 200).map(|i| 3 + i * 7 % 250).collect();
+    gpu.encode(&long).unwrap();
+    let keep = dir.config.text.sliding_kept();
+    assert_eq!(gpu.truncate_slot(0, keep), 0, "the window moved past the first positions' rows");
+    assert_eq!(gpu.seq_len(), 0, "the slot is released");
+    gpu.encode(&long).unwrap();
+    assert_eq!(gpu.truncate_slot(0, long.len() - 1), long.len() - 1, "a prefix whose window rows are still held is kept");
+}

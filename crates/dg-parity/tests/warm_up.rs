@@ -1,13 +1,14 @@
 //! `GpuModel::warm_up` compiles every kernel a generation uses: after it, generations of prompts
 //! of many lengths (several chunks, past the sliding window, canvases committed) compile no
-//! pipeline, alone and in a batch of several slots; without it they do.
+//! pipeline, alone and in a batch of several slots; without it they do. `GpuModel::warm_up_reads`
+//! does the same for typed reads (every width, slot count, batch of reads and pinned steps).
 
 use std::path::Path;
 
-use dg_gpu::{GpuModel, ModelOptions, WeightFormat};
+use dg_gpu::{GpuModel, ModelOptions, SlotReader, WeightFormat};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_parity::testing::test_context;
-use dg_sampler::{Batch, NoHooks, SeededRng, generate_resident};
+use dg_sampler::{Batch, NoHooks, ReadRequest, SeededRng, Slot, generate_resident, read_batch};
 
 fn tiny() -> ModelDir {
     ModelDir::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tiny-random")).unwrap()
@@ -99,5 +100,66 @@ fn after_warm_up_a_batch_compiles_no_pipeline() {
         let mut model = GpuModel::load(ctx, &dir.config, &weights, ModelOptions::new(context(&dir)).slots(slots).format(format)).unwrap();
         model.warm_up().unwrap();
         assert_eq!(compiled_batched(&mut model, &dir, slots), 0, "{format:?}: pipelines compiled after the warm-up");
+    }
+}
+
+/// Pipelines compiled by the forwards of typed reads in the last slot of `model` (a server's read
+/// slot), as the reader runs them: after prompts of three lengths (encoded in two parts, their
+/// compilations not counted), of each width 1 and 3 slots read alone and as many as one forward
+/// holds, in 1 step and in 3 pinned steps.
+fn compiled_by_reads(model: &mut GpuModel, dir: &ModelDir) -> u64 {
+    let c = dir.config.canvas_length;
+    let slot = model.slots() - 1;
+    let counters = model.ctx.counters();
+    let settings = GenerationConfig::default();
+    let mut compiled = 0;
+    for (i, prompt) in prompts(dir).iter().filter(|p| p.len() > 1).step_by(2).enumerate() {
+        model.release_slot(slot);
+        let half = prompt.len() / 2;
+        model.encode_slot(slot, &prompt[..half]).unwrap();
+        model.encode_slot(slot, &prompt[half..]).unwrap();
+        let mut reader = SlotReader { model: &mut *model, slot };
+        for width in dg_gpu::READ_WIDTHS.into_iter().filter(|&w| w <= c) {
+            let canvas: Vec<u32> = (0..width as u32).map(|r| 5 + (r * 11 + i as u32) % 400).collect();
+            for questions in [1, 3] {
+                let slots: Vec<Slot> = (0..questions).map(|q| Slot { position: 2 + q * 3, labels: vec![7, 8, 9] }).collect();
+                let pinned: Vec<bool> = (0..width).map(|r| !slots.iter().any(|s| s.position == r)).collect();
+                for steps in [1, 3] {
+                    let request = ReadRequest { canvas: &canvas, pinned: Some(&pinned), steps, slots: &slots };
+                    for n in 1..=reader.model.max_reads(width) {
+                        let requests = vec![request; n];
+                        let mut rngs: Vec<SeededRng> = (0..n as u64).map(SeededRng::new).collect();
+                        let before = counters.get().pipelines;
+                        read_batch(&mut reader, &requests, &settings, &mut rngs).unwrap();
+                        compiled += counters.get().pipelines - before;
+                    }
+                }
+            }
+        }
+    }
+    compiled
+}
+
+#[test]
+fn after_warm_up_reads_compile_no_pipeline() {
+    let test = "after_warm_up_reads_compile_no_pipeline";
+    let dir = tiny();
+    let weights = dir.load_weights().unwrap();
+    for format in [WeightFormat::F32, WeightFormat::F16] {
+        // A server's model: a generation slot and the read slot; only the reads' warm-up.
+        let load = |warm: bool| {
+            let ctx = test_context(test)?;
+            let mut model = GpuModel::load(ctx, &dir.config, &weights, ModelOptions::new(context(&dir)).slots(2).format(format)).unwrap();
+            if warm {
+                let w = model.warm_up_reads().unwrap();
+                assert!(w.compiled > 0 && w.compiled == w.kernels, "{format:?}: {w:?}");
+                assert_eq!(model.warm_up_reads().unwrap().compiled, 0, "{format:?}: a second warm-up compiles nothing");
+            }
+            Some(model)
+        };
+        let Some(mut cold) = load(false) else { return };
+        assert!(compiled_by_reads(&mut cold, &dir) > 0, "{format:?}: without the warm-up, the first reads compile");
+        let mut warm = load(true).unwrap();
+        assert_eq!(compiled_by_reads(&mut warm, &dir), 0, "{format:?}: pipelines compiled by read forwards after the warm-up");
     }
 }

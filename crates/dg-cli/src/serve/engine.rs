@@ -228,7 +228,15 @@ pub fn spawn(setup: EngineSetup, model: &ModelDir, jobs: mpsc::Receiver<Job>, re
     std::thread::Builder::new().name("dg-engine".into()).spawn(move || match start(setup, canvas, vocab) {
         Ok((mut engine, started)) => {
             let (handle, reads) = match engine.model.gpu_mut() {
-                Some(_) => {
+                Some(gpu) => {
+                    // The reads' kernels too, so that the first /v1/systemone request does not
+                    // wait on the compiler (a failure leaves them to first use).
+                    match gpu.warm_up_reads() {
+                        Ok(w) => {
+                            eprintln!("read kernels compiled ahead: {} of {} in {:.2} s", w.compiled, w.kernels, w.elapsed.as_secs_f64())
+                        }
+                        Err(e) => eprintln!("warning: the read kernels were not compiled ahead ({e}); the first read compiles them"),
+                    }
                     let (handle, rx) = ReaderHandle::channel(reads);
                     (Some(handle), Some(rx))
                 }

@@ -86,7 +86,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
         .route("/v1/models", get(models))
-        .merge(super::systemone::router(app.systemone.clone(), app.max_body))
+        .merge(super::systemone::router(app.systemone.clone(), app.max_body, app.metrics.clone()))
         .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::invalid(None, "no such endpoint").with(StatusCode::NOT_FOUND, "not_found") })
@@ -217,12 +217,13 @@ async fn structured_read(app: &App, endpoint: Endpoint, s: vllm::Structured) -> 
         .ok_or_else(|| ApiError::invalid(Some("vllm_xargs"), "reads are not served for this model (the server said why at startup)"))?;
     let (prompt, _) = prompt_ids(app, &s.request.prompt)?;
     let seed = s.request.seed.unwrap_or(app.default_seed);
-    let read = service.read(prompt.clone(), s.canvas.clone(), s.pinned.clone(), s.steps, s.slots(), seed).await.map_err(|r| {
+    let (read, timing) = service.read(prompt.clone(), s.canvas.clone(), s.pinned.clone(), s.steps, s.slots(), seed).await.map_err(|r| {
         let detail = &r.body["detail"];
         let message = detail["message"].as_str().or(detail.as_str()).unwrap_or("the read failed").to_string();
         let kind = if r.status.is_server_error() { "server_error" } else { "invalid_request_error" };
         ApiError { status: r.status, message, kind, param: None, code: None }
     })?;
+    app.metrics.reads(&timing);
     let ids: Vec<u32> = read.slots.iter().map(|r| r.argmax).collect();
     let reply = app.codec.decode(&ids).map_err(|e| server_error(format!("{e:#}")))?;
     let text = |id: u32| app.codec.decode(&[id]).unwrap_or_default();

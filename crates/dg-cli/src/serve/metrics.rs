@@ -58,6 +58,9 @@ pub struct Metrics {
     pub running: AtomicI64,
     pub prompt_tokens: AtomicU64,
     pub reused_prompt_tokens: AtomicU64,
+    /// Prompt tokens of typed reads, and of those the ones the read slot's cache held already.
+    pub read_prompt_tokens: AtomicU64,
+    pub read_reused_prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub cancelled: AtomicU64,
     pub engine_panics: AtomicU64,
@@ -83,6 +86,8 @@ impl Default for Metrics {
             running: AtomicI64::new(0),
             prompt_tokens: AtomicU64::new(0),
             reused_prompt_tokens: AtomicU64::new(0),
+            read_prompt_tokens: AtomicU64::new(0),
+            read_reused_prompt_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             engine_panics: AtomicU64::new(0),
@@ -103,6 +108,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts the prompt tokens of a request's typed reads.
+    pub fn reads(&self, timing: &super::systemone::Timing) {
+        self.read_prompt_tokens.fetch_add(timing.prompt_tokens as u64, Ordering::Relaxed);
+        self.read_reused_prompt_tokens.fetch_add(timing.reused_tokens as u64, Ordering::Relaxed);
+    }
+
     /// Counts one answered request.
     pub fn request(&self, endpoint: &str, status: u16) {
         let mut map = self.requests.lock().unwrap_or_else(|p| p.into_inner());
@@ -130,6 +141,18 @@ impl Metrics {
             "dg_reused_prompt_tokens_total",
             "Prompt tokens found in the KV cache and not encoded again.",
             &self.reused_prompt_tokens,
+        );
+        counter(
+            &mut out,
+            "dg_read_prompt_tokens_total",
+            "Prompt tokens of typed reads (/v1/systemone, vLLM's read-only requests).",
+            &self.read_prompt_tokens,
+        );
+        counter(
+            &mut out,
+            "dg_read_reused_prompt_tokens_total",
+            "Prompt tokens of typed reads found in the read cache (a shared prefix: the system text, a re-read's state) and not encoded again.",
+            &self.read_reused_prompt_tokens,
         );
         counter(&mut out, "dg_generated_tokens_total", "Completion tokens returned.", &self.generated_tokens);
         counter(

@@ -73,7 +73,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         metrics: metrics.clone(),
         cancel_all: cancel_all.clone(),
     };
-    let (started, gpu_reader) = engine::spawn(setup, &model, jobs_rx, systemone::QUEUE)?;
+    let (started, gpu_reader) = engine::spawn(setup, &model, jobs_rx, args.read_queue as usize)?;
     eprintln!("backend: {}", started.description);
     let images = image_input(&model, started.backend, args.image_tokens)?;
     let running = match args.batch {
@@ -87,7 +87,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.queue,
     );
     let settings = resolve_settings(&model, defaults.clone())?;
-    let systemone = systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), settings, gpu_reader)?.map(Arc::new);
+    let systemone =
+        systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), settings, (gpu_reader, args.read_queue as usize))?
+            .map(Arc::new);
     let app = Arc::new(http::App {
         model_name,
         model,

@@ -89,6 +89,12 @@ pub fn extends(prompt: &[u32], ids: &[u32]) -> bool {
     !ids.is_empty() && ids.len() < prompt.len() && prompt.starts_with(ids)
 }
 
+/// How many leading ids `prompt` and `ids` share: the part of a cache holding `ids` that a cache
+/// truncated to a prefix can give `prompt` (reads: the system text before a new state).
+pub fn shared_prefix(prompt: &[u32], ids: &[u32]) -> usize {
+    prompt.iter().zip(ids).take_while(|(a, b)| a == b).count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +112,14 @@ mod tests {
         let (i, _) = pool.longest_prefix(&[1, 2, 3, 4, 5]).unwrap();
         assert_eq!(pool.take(i), (vec![1, 2, 3, 4], "long"));
         assert_eq!((pool.len(), pool.bytes()), (2, 20));
+    }
+
+    #[test]
+    fn a_shared_prefix_is_the_run_of_equal_leading_ids() {
+        assert_eq!(shared_prefix(&[1, 2, 3, 4], &[1, 2, 9]), 2);
+        assert_eq!(shared_prefix(&[1, 2], &[1, 2, 3]), 2, "a prompt inside the cached ids");
+        assert_eq!(shared_prefix(&[5, 2], &[1, 2]), 0);
+        assert_eq!(shared_prefix(&[], &[1]), 0);
     }
 
     #[test]

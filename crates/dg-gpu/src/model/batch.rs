@@ -98,6 +98,26 @@ impl GpuModel {
         }
     }
 
+    /// Keeps the first `len` tokens of `slot`'s cache and forgets the rest, so that the next encode
+    /// continues a shared prefix (vLLM's prefix caching, at token granularity): full layers hold
+    /// every position at row = position, sliding layers the positions from their base on, so the
+    /// prefix is whole while the last W − 1 positions before `len` are still at or past the base.
+    /// Returns the tokens the slot keeps: `len`, or 0 where the cache cannot give that prefix
+    /// (the window has moved past it, or `len` is past the cache), the slot then released.
+    pub fn truncate_slot(&mut self, slot: usize, len: usize) -> usize {
+        let Some(&seq_len) = self.seq_lens.get(slot) else { return 0 };
+        let keep = self.config.text.sliding_kept();
+        if len > seq_len || len - len.min(keep) < self.sliding_bases[slot] || (slot == 0 && self.uploaded_context) {
+            self.release_slot(slot);
+            return 0;
+        }
+        self.seq_lens[slot] = len;
+        if slot == 0 {
+            self.context_ready = false;
+        }
+        len
+    }
+
     /// One batched resident step: for every canvas of `batch`, what [`GpuModel::denoise_rows`]
     /// does for one, in one forward and one sampler pass; reads back `RESULT_WORDS` u32 per row
     /// of the forward.

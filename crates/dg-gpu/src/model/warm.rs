@@ -6,7 +6,8 @@
 //! kernels the shapes of a generation take (a [`Recorder::keys_only`] recording of each: nothing
 //! created, no plan or cache touched) and compiles those, in parallel. The counterpart of vLLM's
 //! start-up compilation and CUDA-graph capture (`LLMEngine._initialize_kv_caches` warming the model
-//! before it serves).
+//! before it serves). [`GpuModel::warm_up_reads`] does the same for typed reads' forwards (canvases
+//! 16 to 64 wide, the head at the slot rows), which a server that answers reads runs as well.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -44,6 +45,69 @@ impl GpuModel {
         let keys = self.generation_kernels()?;
         let compiled = self.pipelines.compile_all(&self.ctx, keys.iter().copied())?;
         Ok(WarmUp { kernels: keys.len(), compiled, elapsed: start.elapsed() })
+    }
+
+    /// Compiles every kernel a typed read's forward will use (`read_forwards` in the last slot,
+    /// the one a server keeps for reads): canvases of [`READ_WIDTHS`] at every context the cache
+    /// holds, alone and as many as one forward holds (a prompt's samples and re-reads), with and
+    /// without self-conditioning at some rows (pinned multi-step reads), the head at every number
+    /// of slot rows a canvas can ask for. The prompts' encoder chunks are [`Self::warm_up`]'s.
+    pub fn warm_up_reads(&mut self) -> Result<WarmUp, GpuError> {
+        let start = Instant::now();
+        let keys = self.read_kernels()?;
+        let compiled = self.pipelines.compile_all(&self.ctx, keys.iter().copied())?;
+        Ok(WarmUp { kernels: keys.len(), compiled, elapsed: start.elapsed() })
+    }
+
+    /// The keys of the kernels [`Self::warm_up_reads`] compiles.
+    pub fn read_kernels(&self) -> Result<HashSet<KernelKey>, GpuError> {
+        let (c, max) = (self.config.canvas_length, self.arena.max_context);
+        let (keep, positions) = (self.config.text.sliding_kept(), self.arena.sliding_positions);
+        let slot = self.arena.slots - 1;
+        let mut keys = HashSet::new();
+        for width in READ_WIDTHS.into_iter().filter(|&w| w <= c) {
+            let most = self.max_reads(width);
+            let counts: Vec<usize> = if most > 1 { vec![1, most] } else { vec![1] };
+            let shape = |visible: &[Visible], canvases: usize, self_conditioning, rows: usize| ForwardShape {
+                canvases: vec![CanvasShape { slot, visible: visible.to_vec() }; canvases],
+                self_conditioning,
+                width,
+                head: Head::Rows(vec![rows; canvases]),
+            };
+            let mut first = None;
+            // The layers follow the context (their attention's keys: the cached rows padded, then
+            // the canvases before a canvas and its own).
+            for context in contexts(max, width) {
+                let base = chunk_at(keep, positions, 0, (context, 0), width).base;
+                let visible = visible_rows(&self.config.text, context, base);
+                for &canvases in &counts {
+                    for sc in [SelfConditioning::Off, SelfConditioning::Gated] {
+                        keys.extend(self.read_keys(&shape(&visible, canvases, sc, 1))?);
+                    }
+                }
+                first.get_or_insert(visible);
+            }
+            // The head follows the slot rows a canvas asks for, at any context.
+            if let Some(visible) = first {
+                for rows in 2..=width {
+                    for &canvases in &counts {
+                        keys.extend(self.read_keys(&shape(&visible, canvases, SelfConditioning::Off, rows))?);
+                    }
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// The keys of a read forward of `shape`; none where the shape cannot run (its canvases do not
+    /// fit after the context).
+    fn read_keys(&self, shape: &ForwardShape) -> Result<HashSet<KernelKey>, GpuError> {
+        let mut rec = Recorder::keys_only(&self.ctx);
+        match record_canvas_forward(&mut rec, &self.config, &self.weights, &self.arena, shape) {
+            Ok(()) => Ok(rec.into_keys()),
+            Err(GpuError::TooLong { .. }) => Ok(HashSet::new()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The keys of the kernels [`Self::warm_up`] compiles.
@@ -102,6 +166,9 @@ impl GpuModel {
         Ok(rec.into_keys())
     }
 }
+
+/// The canvas widths of typed reads (OpenJev's: multiples of 16 up to 64).
+pub const READ_WIDTHS: [usize; 4] = [16, 32, 48, 64];
 
 /// Chunk lengths up to `max` that cover the planner's choices: its thresholds are powers of two
 /// (tile rows) and its row kernels' lanes follow a length's factors of 2 and 4, so each power of

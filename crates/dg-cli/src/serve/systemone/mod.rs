@@ -32,12 +32,14 @@ use axum::response::{IntoResponse, Response};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_sampler::{ReadRequest, SlotRead};
 
+use super::metrics::Metrics;
 use crate::chat::ChatTemplate;
 use crate::text::TextCodec;
 pub use pyjson::Json;
+use reader::Refused;
+pub use reader::Timing;
 pub(crate) use reader::{ReadOn, Reader, ReaderState, run_work};
 pub use reader::{ReaderHandle, Work as ReadWork};
-use reader::{Refused, Timing};
 pub use request::{Rejection, SystemOne, parse};
 use template::{Question, Resolved, Templates};
 
@@ -52,8 +54,6 @@ const REREADS: usize = 4;
 /// Seed offsets of a group's reads and of a request's groups (OpenJev's).
 const READ_SEED_STRIDE: i64 = 7919;
 const GROUP_SEED_STRIDE: i64 = 104_729;
-/// Requests waiting for the reader before new ones are refused with a 529.
-pub const QUEUE: usize = 512;
 /// The largest f32 copy of the weights the CPU backend's reader loads beside the engine (the
 /// bundled model and the test fixtures are far below; a full-size checkpoint's is about 100 GB:
 /// serve it on the GPU, whose reads run on the engine's model).
@@ -72,15 +72,16 @@ pub struct Service {
 
 impl Service {
     /// Readies the templates and the reader: `reader` (the GPU model's), else a CPU copy of
-    /// `model` on a thread of its own; `None` (with the reason) when the model has no chat
-    /// template or no `<turn|>` token, or a CPU copy would pass [`READER_BYTES_CAP`].
+    /// `model` on a thread of its own with a queue of `queue` requests (past it, a 529); `None`
+    /// (with the reason) when the model has no chat template or no `<turn|>` token, or a CPU copy
+    /// would pass [`READER_BYTES_CAP`].
     pub fn start(
         model: &ModelDir,
         model_name: &str,
         codec: Arc<TextCodec>,
         chat: Option<ChatTemplate>,
         settings: GenerationConfig,
-        reader: Option<ReaderHandle>,
+        (reader, queue): (Option<ReaderHandle>, usize),
     ) -> Result<Option<Self>> {
         let Some(chat) = chat else {
             eprintln!("/v1/systemone is off: the model has no chat template");
@@ -107,7 +108,7 @@ impl Service {
         let templates = Templates::new(codec, cfg.text.vocab_size as u32, turn_close, pad, cfg.canvas_length.min(64))?;
         let reader = match reader {
             Some(reader) => reader,
-            None => ReaderHandle::spawn_cpu(model, QUEUE).context("cannot start /v1/systemone's reader")?,
+            None => ReaderHandle::spawn_cpu(model, queue).context("cannot start /v1/systemone's reader")?,
         };
         let settings = Arc::new(settings);
         Ok(Some(Service { model_name: model_name.to_string(), templates: Arc::new(templates), chat, reader, settings }))
@@ -137,15 +138,17 @@ struct Plan {
     samples: Option<usize>,
 }
 
-/// What the route holds: the service (`None` when the model cannot serve reads) and the body limit.
+/// What the route holds: the service (`None` when the model cannot serve reads), the body limit
+/// and the server's counters.
 struct Endpoint {
     service: Option<Arc<Service>>,
     max_body: usize,
+    metrics: Arc<Metrics>,
 }
 
 /// The `/v1/systemone` route, on any router state.
-pub fn router<S: Clone + Send + Sync + 'static>(service: Option<Arc<Service>>, max_body: usize) -> axum::Router<S> {
-    axum::Router::new().route("/v1/systemone", axum::routing::post(handle)).with_state(Arc::new(Endpoint { service, max_body }))
+pub fn router<S: Clone + Send + Sync + 'static>(service: Option<Arc<Service>>, max_body: usize, metrics: Arc<Metrics>) -> axum::Router<S> {
+    axum::Router::new().route("/v1/systemone", axum::routing::post(handle)).with_state(Arc::new(Endpoint { service, max_body, metrics }))
 }
 
 async fn handle(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Response {
@@ -158,6 +161,7 @@ async fn handle(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Resp
         }
         Err(rejection) => (rejected(rejection), Timing::default()),
     };
+    endpoint.metrics.reads(&timing);
     with_headers(response, started, timing)
 }
 
@@ -313,8 +317,10 @@ fn reader_stopped() -> Rejection {
 
 impl Service {
     /// One read of `canvas` after `prompt` on the reader, drawing (a read of more than one step)
-    /// from `seed`: vLLM's read-only requests ([`crate::serve::openai::vllm`]). Refused as
-    /// `/v1/systemone`'s reads are; a read the model refuses (a prompt past its positions) is a 400.
+    /// from `seed`, and where its time went: vLLM's read-only requests
+    /// ([`crate::serve::openai::vllm`]; the prompt encoded in the parts `/v1/systemone`'s is, so
+    /// both read the same bits). Refused as `/v1/systemone`'s reads are; a read the model refuses
+    /// (a prompt past its positions) is a 400.
     pub async fn read(
         &self,
         prompt: Vec<u32>,
@@ -323,16 +329,17 @@ impl Service {
         steps: usize,
         slots: Vec<dg_sampler::Slot>,
         seed: u64,
-    ) -> Result<dg_sampler::Read, Rejection> {
-        let settings = self.settings.clone();
+    ) -> Result<(dg_sampler::Read, Timing), Rejection> {
+        let (settings, segments) = (self.settings.clone(), self.templates.segments(&prompt));
         let read = move |reader: &mut Reader<'_>| -> Result<dg_sampler::Read> {
-            reader.prompt(&prompt)?;
+            reader.prompt(&prompt, &segments)?;
             let request = ReadRequest { canvas: &canvas, pinned: pinned.as_deref(), steps, slots: &slots };
             let mut reads = reader.read(&[request], &[seed], &settings)?;
             Ok(reads.remove(0))
         };
-        let (result, _) = self.reader.run(read).await.map_err(not_run)?.ok_or_else(reader_stopped)?;
-        result.map_err(|e| Rejection::semantic(format!("the model rejected this request: {e:#}")))
+        let (result, timing) = self.reader.run(read).await.map_err(not_run)?.ok_or_else(reader_stopped)?;
+        let read = result.map_err(|e| Rejection::semantic(format!("the model rejected this request: {e:#}")))?;
+        Ok((read, timing))
     }
 }
 
@@ -355,7 +362,7 @@ fn read_groups(
             Prompt::Fixed(ids) => ids.clone(),
             Prompt::AfterEarlier(ids) => [&ids[..], &templates.earlier(&lines, format)].concat(),
         };
-        reader.prompt(&prompt)?;
+        reader.prompt(&prompt, &templates.segments(&prompt))?;
         let width = canvases[0].len();
         let pinned: Vec<bool> = (0..width).map(|r| !g.resolved.slots.iter().any(|s| s.position == r)).collect();
         // The reads of canvases `ks` (their seeds OpenJev's), batched on the GPU.

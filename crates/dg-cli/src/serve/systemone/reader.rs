@@ -7,8 +7,10 @@
 //! Every read of a request's group (its samples, its re-reads) runs on the cache of the group's
 //! prompt, encoded once, and a group's reads run as one batched forward on the GPU. The cache of
 //! the last prompt is kept (on the CPU, of the last few), so a request that repeats a prompt (the
-//! same state and questions) encodes nothing. The canvases are never committed: reads leave the
-//! cache as the prompt left it.
+//! same state and questions) encodes nothing; on the GPU a prompt that shares only a prefix with
+//! the last one (the system text of the same questions before another state) keeps that prefix's
+//! K/V and encodes the rest (the pool's `shared_prefix`, [`GpuModel::truncate_slot`]). The
+//! canvases are never committed: reads leave the cache as the prompt left it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -20,6 +22,8 @@ use dg_model::{GenerationConfig, ModelDir};
 use dg_sampler::{Read, ReadRequest, SeededRng, read, read_batch};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::serve::pool::shared_prefix;
+
 /// Prompts whose caches the CPU reader keeps.
 const KEPT_PROMPTS: usize = 8;
 
@@ -28,6 +32,9 @@ const KEPT_PROMPTS: usize = 8;
 pub struct Timing {
     pub prefill: Duration,
     pub reads: Duration,
+    /// Tokens of the prompts made the model's cache, and of those the ones a cache held already.
+    pub prompt_tokens: usize,
+    pub reused_tokens: usize,
 }
 
 /// What the reader keeps from one request to the next.
@@ -62,15 +69,21 @@ pub struct Reader<'m> {
 
 impl Reader<'_> {
     /// Makes `prompt` the model's cache: the one it holds, a kept one (CPU), else encoded (on the
-    /// CPU the cache it replaces is kept).
-    pub fn prompt(&mut self, prompt: &[u32]) -> Result<()> {
+    /// CPU the cache it replaces is kept). On the GPU the prompt is encoded in parts, split at
+    /// `segments` (sorted positions inside it), and the cache it replaces keeps the longest run
+    /// of whole parts the two share, so a kept prefix ends where a fresh encode splits too: the
+    /// encoder's products are planned by a chunk's length, and a prompt gets the same bits
+    /// whether its first parts were kept or encoded now.
+    pub fn prompt(&mut self, prompt: &[u32], segments: &[usize]) -> Result<()> {
         let state = &mut *self.state;
+        state.timing.prompt_tokens += prompt.len();
         if state.current.as_deref() == Some(prompt) {
+            state.timing.reused_tokens += prompt.len();
             return Ok(());
         }
         let started = Instant::now();
         let previous = state.current.take();
-        match &mut self.model {
+        let reused = match &mut self.model {
             ReadOn::Cpu(model) => {
                 if let Some(previous) = previous {
                     state.kept.push_front((previous, model.take_cache()));
@@ -80,18 +93,31 @@ impl Reader<'_> {
                     Some(i) => {
                         let (_, cache) = state.kept.remove(i).expect("found above");
                         model.put_cache(cache)?;
+                        prompt.len()
                     }
                     None => {
                         model.reset();
                         model.encode(prompt)?;
+                        0
                     }
                 }
             }
             ReadOn::Gpu(r) => {
-                r.model.release_slot(r.slot);
-                r.model.encode_slot(r.slot, prompt)?;
+                // The parts the slot's cache shares with the prompt (the system text of the same
+                // questions before another state) stay; the others are encoded.
+                let shared = previous.as_deref().map_or(0, |p| shared_prefix(prompt, p));
+                let kept = segments.iter().copied().take_while(|&s| s <= shared).last().unwrap_or(0);
+                let reused = r.model.truncate_slot(r.slot, kept);
+                let ends = segments.iter().copied().filter(|&s| s > reused).chain([prompt.len()]);
+                let mut start = reused;
+                for end in ends {
+                    r.model.encode_slot(r.slot, &prompt[start..end])?;
+                    start = end;
+                }
+                reused
             }
-        }
+        };
+        state.timing.reused_tokens += reused;
         state.current = Some(prompt.to_vec());
         state.timing.prefill += started.elapsed();
         Ok(())

@@ -129,6 +129,13 @@ impl Templates {
         Ok(t)
     }
 
+    /// Where the reader encodes `prompt` in parts: after each turn's `<turn|>` (the system text's
+    /// turn, then the state's), the only places a kept prefix of an earlier prompt may end
+    /// ([`super::Reader::prompt`]).
+    pub fn segments(&self, prompt: &[u32]) -> Vec<usize> {
+        (1..prompt.len()).filter(|&i| prompt[i - 1] == self.turn_close).collect()
+    }
+
     /// The empty thought block's ids.
     pub fn scaffold(&self) -> &[u32] {
         &self.scaffold
