@@ -339,7 +339,8 @@ impl<'t> Planner<'t> {
 
     /// How the grouped product `p` over `slots` slots runs on experts stored as `format` in
     /// `layout`: K panels (F16, or ggml blocks a panel apiece) in the native kernel where the
-    /// device runs it and the groups are short ([`experts::native`]), else on the tensor cores
+    /// device runs it and the groups are short ([`experts::native`]) and the lab's overrides name
+    /// no tile, path or depth of WGSL's (which they then measure), else on the tensor cores
     /// ([`experts::choose`], then the tuning's overrides, a W path the kernel takes for the
     /// format), row-major in the portable grouped GEMM (the tile by the mean group size).
     pub fn grouped(&self, format: WeightFormat, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> Result<Grouped, NoKernel> {
@@ -348,7 +349,7 @@ impl<'t> Planner<'t> {
                 tile: self.tuning.overrides.grouped_tile.unwrap_or_else(|| portable::choose_grouped(p.n, p.k, slots, p.groups)),
             }),
             MatrixLayout::KPanels => {
-                if let Some(shape) = experts::native(self.caps.native, p, format, slots) {
+                if let Some(shape) = experts::native(self.caps.native, p, format, slots).filter(|_| !self.tuning.overrides.names_expert_kernel()) {
                     return Ok(Grouped::Native { shape });
                 }
                 let (tile, path) = self.coop_grouped(p, format, slots).ok_or_else(|| {

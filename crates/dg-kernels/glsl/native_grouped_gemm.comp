@@ -93,9 +93,9 @@ void stage_w(uint base, uint j, uint k0, uint at) {
 #if WFMT == W_F16
     // K panels of 32: [k / 32, n, 32] halves.
     uint v = (base + (k0 / 32u) * p.n * 32u + j * 32u) / 8u;
-    [[unroll]] for (uint q = 0u; q < 4u; q++) {
+    for (uint q = 0u; q < 4u; q++) {
         uvec4 x = w4[v + q];
-        [[unroll]] for (uint e = 0u; e < 4u; e++) {
+        for (uint e = 0u; e < 4u; e++) {
             f16vec2 h = unpackFloat2x16(x[e]);
             sw[at + 8u * q + 2u * e] = h.x;
             sw[at + 8u * q + 2u * e + 1u] = h.y;
@@ -125,7 +125,7 @@ void stage_w(uint base, uint j, uint k0, uint at) {
     }
     float d1 = dm.x * float(sc);
     float m1 = dm.y * float(m);
-    [[unroll]] for (uint i = 0u; i < 16u; i++) {
+    for (uint i = 0u; i < 16u; i++) {
         uint byte = (qs[i / 4u] >> (8u * (i % 4u))) & 0xffu;
         sw[at + i] = float16_t(d1 * float(byte & 15u) - m1);
         sw[at + 16u + i] = float16_t(d1 * float(byte >> 4u) - m1);
@@ -140,7 +140,7 @@ void stage_w(uint base, uint j, uint k0, uint at) {
     uint u = s % 4u;
     uint od = o + 208u;
     float d = unpackHalf2x16(w[od / 4u] >> (8u * (od % 4u))).x;
-    [[unroll]] for (uint l = 0u; l < 32u; l++) {
+    for (uint l = 0u; l < 32u; l++) {
         uint oql = o + 64u * h + 32u * (u & 1u) + l;
         uint oqh = o + 128u + 32u * h + l;
         uint osc = o + 192u + 8u * h + l / 16u + 2u * u;
@@ -157,9 +157,9 @@ void stage_w(uint base, uint j, uint k0, uint at) {
     uint g = (b / 8u) * 17u;
     uint r = b % 8u;
     float d = unpackHalf2x16(w4[g + 16u][r / 2u])[r % 2u];
-    [[unroll]] for (uint q = 0u; q < 2u; q++) {
+    for (uint q = 0u; q < 2u; q++) {
         uvec4 x = w4[g + 8u * q + r];
-        [[unroll]] for (uint i = 0u; i < 16u; i++) {
+        for (uint i = 0u; i < 16u; i++) {
             int v = int(x[i / 4u] << (24u - 8u * (i % 4u))) >> 24;
             sw[at + 16u * q + i] = float16_t(float(v) * d);
         }
@@ -171,13 +171,13 @@ void stage_w(uint base, uint j, uint k0, uint at) {
 void stage_a(uint row, uint k0, uint at) {
     uint e = row * p.a_rs + k0;
 #if A_F16
-    [[unroll]] for (uint q = 0u; q < 16u; q++) {
+    for (uint q = 0u; q < 16u; q++) {
         f16vec2 h = unpackFloat2x16(a[e / 2u + q]);
         sa[at + 2u * q] = h.x;
         sa[at + 2u * q + 1u] = h.y;
     }
 #else
-    [[unroll]] for (uint q = 0u; q < 32u; q++) {
+    for (uint q = 0u; q < 32u; q++) {
         sa[at + q] = float16_t(uintBitsToFloat(a[e + q]));
     }
 #endif
@@ -237,15 +237,15 @@ void main() {
         for (uint s = 0u; s < KU / KS; s++) {
             uint k0 = ch * KU + s * KS;
             if (live_chunk) {
-                [[unroll]] for (uint r = lane; r < BN; r += SG) {
+                for (uint r = lane; r < BN; r += SG) {
                     stage_w(base, n0 + r, k0, w_at + r * KS);
                 }
-                [[unroll]] for (uint r = lane; r < TM; r += SG) {
+                for (uint r = lane; r < TM; r += SG) {
                     if (r < live) {
                         uint slot = first + m0 + r;
                         stage_a(p.gather != 0u ? gather_rows[slot] : slot, k0, a_at + r * KS);
                     } else {
-                        [[unroll]] for (uint q = 0u; q < KS; q++) {
+                        for (uint q = 0u; q < KS; q++) {
                             sa[a_at + r * KS + q] = float16_t(0.0);
                         }
                     }
@@ -254,7 +254,7 @@ void main() {
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             if (live_chunk) {
-                [[unroll]] for (uint kk = 0u; kk < KS; kk += FK) {
+                for (uint kk = 0u; kk < KS; kk += FK) {
                     coopmat<float16_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA> wf[RM];
                     [[unroll]] for (uint i = 0u; i < RM; i++) {
                         coopMatLoad(wf[i], sw, w_at + i * FM * KS + kk, KS, gl_CooperativeMatrixLayoutRowMajor);

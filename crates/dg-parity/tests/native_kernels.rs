@@ -13,8 +13,9 @@
 //! Awkward shapes: groups of 0, 1, 5, 31, 32 and 33 slots (an m tile of one slot after a whole
 //! one), n three workgroups wide (not a power of two), K not a power of two and not a multiple of
 //! the subgroups' chunks (so some subgroups take more chunks than others, or none), gathered and
-//! direct rows, over the `max_rows` grid and over the dispatch's tile table; then through the
-//! Recorder, where the planner hands the native kernel out for short groups.
+//! direct rows, over the `max_rows` grid and over the dispatch's tile table, and a part of the
+//! experts in a binding of its own (`first_group`); then through the Recorder, where the planner
+//! hands the native kernel out for short groups.
 //!
 //! On a device that runs no native kernel these tests print a visible SKIP (a failure under
 //! `DG_REQUIRE_TENSOR_CORES=1`).
@@ -23,6 +24,7 @@ use dg_gpu::ops::{Operand, Recorder};
 use dg_gpu::{GpuContext, MatrixLayout, Pipelines};
 use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::format::QuantFormat;
+use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::native_grouped_gemm::{self, FORMATS, NativeShape};
 use dg_kernels::{KernelKey, WeightFormat, pack_f16};
 use dg_parity::testing::coop_experts::{Buffers, Case, Inputs, check, f16_round, grouped_reference};
@@ -69,8 +71,8 @@ fn shapes(ctx: &GpuContext) -> impl Iterator<Item = NativeShape> + '_ {
 }
 
 #[test]
-fn native_grouped_gemm_matches_the_exact_product() {
-    let test = "native_grouped_gemm_matches_the_exact_product";
+fn native_grouped_gemm_matches_the_exact_product_directly_and_through_the_recorder() {
+    let test = "native_grouped_gemm_matches_the_exact_product_directly_and_through_the_recorder";
     let Some(ctx) = native_test_context(test) else { return };
     let mut pipelines = Pipelines::default();
     let counts = vec![5, 0, 33, 1, 31, 32];
@@ -92,32 +94,43 @@ fn native_grouped_gemm_matches_the_exact_product() {
                         check(&got, &want, &x, |_| true, &what);
                     }
                 }
+                // Experts split across bindings (the Recorder's parts): a binding holding experts
+                // 2.. only, their slots read from `offsets[first_group ..]`.
+                let first = 2;
+                let part = GroupedGemmParams { groups: x.params.groups - first, first_group: first, ..x.params };
+                let skip = w_words.len() * first as usize / x.params.groups as usize;
+                let key = KernelKey::NativeGroupedGemm { shape, w, a: AFormat::F32 };
+                let groups = native_grouped_gemm::workgroups(shape, &part);
+                let inputs = [&a_words(&x, AFormat::F32)[..], &w_words[skip..], &x.offsets, &x.rows];
+                let got = dispatch(&ctx, &mut pipelines, key, &part, &inputs, &x.c0, groups);
+                let theirs = |s: usize| s >= x.offsets[first as usize] as usize;
+                check(&got, &want, &x, theirs, &format!("{key:?} experts {first}.. gather {gather}"));
             }
         }
     }
+    // The pipelines compiled above serve the Recorder's (a cold compile costs lavapipe seconds).
+    recorder_runs_short_expert_groups_in_the_native_kernel(&ctx, &mut pipelines);
 }
 
-#[test]
-fn the_recorder_runs_short_expert_groups_in_the_native_kernel() {
-    let test = "the_recorder_runs_short_expert_groups_in_the_native_kernel";
-    let Some(ctx) = native_test_context(test) else { return };
-    let mut pipelines = Pipelines::default();
+/// The grouped product through the Recorder, where the planner hands short groups to the native
+/// kernel of the device's preferred shape.
+fn recorder_runs_short_expert_groups_in_the_native_kernel(ctx: &GpuContext, pipelines: &mut Pipelines) {
     let shape = ctx.native.preferred().expect("a shape");
     for w in [WeightFormat::F16, WeightFormat::Quantized(QuantFormat::Q4_K)] {
         // A canvas's groups at a reduced width: a few slots an expert, gathered rows.
         let case = Case { n: 2 * shape.cols() as usize, k: k_for(w), counts: vec![4, 3, 0, 6, 1, 4, 5, 2], gather: true };
         let (w_words, x) = stored(w, &case.inputs(3));
-        let b = Buffers::upload(&ctx, &x, native_grouped_gemm::chunk(WeightFormat::F16));
+        let b = Buffers::upload(ctx, &x, native_grouped_gemm::chunk(WeightFormat::F16));
         let wb = ctx.upload("experts", &w_words).unwrap();
-        let mut rec = Recorder::new(&ctx, &mut pipelines);
+        let mut rec = Recorder::new(ctx, pipelines);
         let operand = Operand { buffer: &wb, format: w, source: MatrixLayout::KPanels.into(), split: None };
         rec.grouped_product((&b.a, AFormat::F32), operand, &b.offsets, &b.rows, &b.c, x.slots, x.params).unwrap();
         let plan = rec.finish().unwrap();
         let names = plan.kernel_names();
         let native = native_grouped_gemm::source(shape, w, AFormat::F32).name;
         assert_eq!(names, vec![native.as_str()], "{w:?}: the planner's kernel");
-        plan.run(&ctx).unwrap();
-        let got = read_guarded(&ctx, &b.c, x.c0.len());
+        plan.run(ctx).unwrap();
+        let got = read_guarded(ctx, &b.c, x.c0.len());
         check(&got, &grouped_reference(&x, |_| true), &x, |_| true, &format!("{w:?} through the Recorder"));
     }
 }
