@@ -151,12 +151,15 @@ fn compile(ctx: &GpuContext, source: Interface, code: Code) -> Result<Pipeline, 
             // drivers from unrolling and pipelining the GEMMs' K loops.
             // SAFETY: every loop of dg's kernels runs over a count taken from its uniform parameters (or a
             // constant), so no loop can run forever; that is the hazard loop bounding guards against.
-            let checks = wgpu::ShaderRuntimeChecks { bounds_checks: true, force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
+            let checks =
+                wgpu::ShaderRuntimeChecks { bounds_checks: true, force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
             (unsafe { device.create_shader_module_trusted(desc, checks) }, entry)
         }
         Code::Spirv(native) => {
             if !ctx.features.contains(wgpu::Features::PASSTHROUGH_SHADERS) {
-                return Err(GpuError::Unsupported { what: format!("the native kernel {} on a device without SPIR-V passthrough", source.name) });
+                return Err(GpuError::Unsupported {
+                    what: format!("the native kernel {} on a device without SPIR-V passthrough", source.name),
+                });
             }
             let words: Vec<u32> = native.spirv.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
             let [x, y, z] = native.workgroup_size;

@@ -20,8 +20,8 @@ pub mod split;
 use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
 use dg_kernels::gemm::{GemmParams, GemmTile};
 use dg_kernels::grouped_gemm::{GroupedGemmParams, GroupedTile};
-use dg_kernels::{CoopGemmKey, WeightFormat};
 use dg_kernels::native_grouped_gemm::{self, NativeShape, NativeShapes};
+use dg_kernels::{CoopGemmKey, WeightFormat};
 use dg_kernels::{coop_grouped_gemm, moe_dispatch};
 
 use dg_model::ModelConfig;
@@ -349,7 +349,9 @@ impl<'t> Planner<'t> {
                 tile: self.tuning.overrides.grouped_tile.unwrap_or_else(|| portable::choose_grouped(p.n, p.k, slots, p.groups)),
             }),
             MatrixLayout::KPanels => {
-                if let Some(shape) = experts::native(self.caps.native, p, format, slots).filter(|_| !self.tuning.overrides.names_expert_kernel()) {
+                if let Some(shape) =
+                    experts::native(self.caps.native, p, format, slots).filter(|_| !self.tuning.overrides.names_expert_kernel())
+                {
                     return Ok(Grouped::Native { shape });
                 }
                 let (tile, path) = self.coop_grouped(p, format, slots).ok_or_else(|| {

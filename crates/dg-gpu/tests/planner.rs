@@ -975,12 +975,13 @@ fn short_expert_groups_take_the_native_kernel_where_the_device_runs_it() {
         gather: 1,
         ..bytemuck::Zeroable::zeroed()
     };
-    let kernel = |caps: Capabilities, tuning: &Tuning, w: WeightFormat, rows: u32| {
-        match Planner::new(caps, tuning).grouped(w, MatrixLayout::KPanels, &gate_up(rows), rows * TOP_K).unwrap() {
-            Grouped::Native { shape } => format!("native {}", shape.label()),
-            Grouped::TensorCores { .. } => "wgsl".to_string(),
-            Grouped::Portable { .. } => "portable".to_string(),
-        }
+    let kernel = |caps: Capabilities, tuning: &Tuning, w: WeightFormat, rows: u32| match Planner::new(caps, tuning)
+        .grouped(w, MatrixLayout::KPanels, &gate_up(rows), rows * TOP_K)
+        .unwrap()
+    {
+        Grouped::Native { shape } => format!("native {}", shape.label()),
+        Grouped::TensorCores { .. } => "wgsl".to_string(),
+        Grouped::Portable { .. } => "portable".to_string(),
     };
     let (f16, q4, q5) = (WeightFormat::F16, WeightFormat::Quantized(QuantFormat::Q4_K), WeightFormat::Quantized(QuantFormat::Q5_0));
     for rows in [64, CANVAS] {

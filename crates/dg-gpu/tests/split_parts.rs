@@ -9,9 +9,9 @@ use dg_gpu::parts::{COOP_PART_ROWS, Parts};
 use dg_gpu::planner::{Capabilities, Dense, Grouped, Planner};
 use dg_gpu::tuning::Tuning;
 use dg_kernels::WeightFormat;
-use dg_kernels::{coop_grouped_gemm, native_grouped_gemm};
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::grouped_gemm::GroupedGemmParams;
+use dg_kernels::{coop_grouped_gemm, native_grouped_gemm};
 
 /// An H200 with WebGPU's default binding limit.
 const CAPS: Capabilities = Capabilities { max_binding: 128 << 20, ..Capabilities::H200 };

@@ -10,8 +10,8 @@
 use crate::coop_gemm::{self, AFormat, BLayout, CoopTile, WPath};
 use crate::gemm::{self, GemmTile};
 use crate::grouped_gemm::{self, GroupedTile};
-use crate::row_reduce::RowReduce;
 use crate::native_grouped_gemm::{self, NativeShape, NativeSource};
+use crate::row_reduce::RowReduce;
 use crate::{
     KernelSource, WeightFormat, axpby, coop_grouped_gemm, coop_kloop, embed, gelu_glu, moe_combine, moe_dispatch, norm_rope,
     residual_norms, rmsnorm, rope, router_topk, sample_rows, softmax, softmax_chunked, split_k,

@@ -134,4 +134,3 @@ fn recorder_runs_short_expert_groups_in_the_native_kernel(ctx: &GpuContext, pipe
         check(&got, &grouped_reference(&x, |_| true), &x, |_| true, &format!("{w:?} through the Recorder"));
     }
 }
-
