@@ -41,6 +41,9 @@ const uint BN = FM * RM;
 const uint TM = 32u;
 const uint RN = TM / FN;
 const uint KS = 32u;
+// A tile row's stride in workgroup memory: KS values and 8 of padding (16 bytes, as fragment
+// loads want rows), so that the invocations staging rows side by side write to different banks.
+const uint KP = KS + 8u;
 #if WFMT == W_Q4_K || WFMT == W_Q6_K
 const uint KU = 256u;
 #else
@@ -74,10 +77,10 @@ layout(std430, set = 0, binding = 3) readonly buffer Offsets { uint offsets[]; }
 layout(std430, set = 0, binding = 4) readonly buffer Rows { uint gather_rows[]; };
 layout(std430, set = 0, binding = 5) buffer C { float c[]; };
 
-// Each subgroup's tiles: W's BN rows and A's TM slots, KS values of K each; then each subgroup's
+// Each subgroup's tiles: W's BN rows and A's TM slots, KS values of K each (rows KP apart); then each subgroup's
 // partial sums, BN x TM column-major (C^T).
-shared float16_t sw[NSG * BN * KS];
-shared float16_t sa[NSG * TM * KS];
+shared float16_t sw[NSG * BN * KP];
+shared float16_t sa[NSG * TM * KP];
 shared float sums[NSG * BN * TM];
 
 #if WFMT == W_Q4_K
@@ -218,8 +221,8 @@ void main() {
     uint live = min(count - m0, TM);
     uint sg = gl_SubgroupID;
     uint lane = gl_SubgroupInvocationID;
-    uint w_at = sg * BN * KS;
-    uint a_at = sg * TM * KS;
+    uint w_at = sg * BN * KP;
+    uint a_at = sg * TM * KP;
     uint base = g * p.b_group_stride;
 
     coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator> acc[RM][RN];
@@ -238,15 +241,15 @@ void main() {
             uint k0 = ch * KU + s * KS;
             if (live_chunk) {
                 for (uint r = lane; r < BN; r += SG) {
-                    stage_w(base, n0 + r, k0, w_at + r * KS);
+                    stage_w(base, n0 + r, k0, w_at + r * KP);
                 }
                 for (uint r = lane; r < TM; r += SG) {
                     if (r < live) {
                         uint slot = first + m0 + r;
-                        stage_a(p.gather != 0u ? gather_rows[slot] : slot, k0, a_at + r * KS);
+                        stage_a(p.gather != 0u ? gather_rows[slot] : slot, k0, a_at + r * KP);
                     } else {
                         for (uint q = 0u; q < KS; q++) {
-                            sa[a_at + r * KS + q] = float16_t(0.0);
+                            sa[a_at + r * KP + q] = float16_t(0.0);
                         }
                     }
                 }
@@ -257,12 +260,12 @@ void main() {
                 for (uint kk = 0u; kk < KS; kk += FK) {
                     coopmat<float16_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA> wf[RM];
                     [[unroll]] for (uint i = 0u; i < RM; i++) {
-                        coopMatLoad(wf[i], sw, w_at + i * FM * KS + kk, KS, gl_CooperativeMatrixLayoutRowMajor);
+                        coopMatLoad(wf[i], sw, w_at + i * FM * KP + kk, KP, gl_CooperativeMatrixLayoutRowMajor);
                     }
                     [[unroll]] for (uint t = 0u; t < RN; t++) {
                         if (t * FN < live) {
                             coopmat<float16_t, gl_ScopeSubgroup, FK, FN, gl_MatrixUseB> af;
-                            coopMatLoad(af, sa, a_at + t * FN * KS + kk, KS, gl_CooperativeMatrixLayoutColumnMajor);
+                            coopMatLoad(af, sa, a_at + t * FN * KP + kk, KP, gl_CooperativeMatrixLayoutColumnMajor);
                             [[unroll]] for (uint i = 0u; i < RM; i++) {
                                 acc[i][t] = coopMatMulAdd(wf[i], af, acc[i][t]);
                             }
