@@ -100,6 +100,9 @@ pub struct GpuContext {
     /// (`dg_kernels::coop_gemm::FRAGMENTS`: 16 where offered, else 8, as on lavapipe; 16 where
     /// [`Self::coop_matrix`] is false).
     pub coop_fragment: u32,
+    /// The fragment shapes of the Vulkan-native kernels the device runs ([`native_shapes`]; none
+    /// where [`Self::coop_matrix`] is false or [`Tuning::native`] is).
+    pub native: dg_kernels::native_grouped_gemm::NativeShapes,
     /// The knobs the context was opened with, which every recording reads.
     pub tuning: Tuning,
     counters: Arc<Counters>,
@@ -167,6 +170,30 @@ fn coop_gemm_fragment(adapter: &wgpu::Adapter) -> Option<u32> {
     }
 }
 
+/// The shapes of `dg_kernels::native_grouped_gemm` that `adapter` runs: a Vulkan adapter that
+/// takes SPIR-V as it is (`PASSTHROUGH_SHADERS`) and lists the shape's fragment with f16 inputs and
+/// f32 accumulation, its subgroups of exactly the shape's size (lavapipe: 8×8×8 in subgroups of 8;
+/// NVIDIA: 16×8×16 and 16×16×16 in subgroups of 32).
+fn native_shapes(adapter: &wgpu::Adapter) -> dg_kernels::native_grouped_gemm::NativeShapes {
+    use dg_kernels::native_grouped_gemm::{NativeShape, NativeShapes};
+    let info = adapter.get_info();
+    if info.backend != wgpu::Backend::Vulkan || !adapter.features().contains(wgpu::Features::PASSTHROUGH_SHADERS | COOP_FEATURES) {
+        return NativeShapes::NONE;
+    }
+    let properties = adapter.cooperative_matrix_properties();
+    let runs = |shape: NativeShape| {
+        let (m, n, k) = shape.fragment();
+        info.subgroup_min_size == shape.subgroup()
+            && info.subgroup_max_size == shape.subgroup()
+            && properties.iter().any(|p| {
+                (p.m_size, p.n_size, p.k_size) == (m, n, k)
+                    && p.ab_type == wgpu::CooperativeScalarType::F16
+                    && p.cr_type == wgpu::CooperativeScalarType::F32
+            })
+    };
+    NativeShape::ALL.into_iter().filter(|&s| runs(s)).fold(NativeShapes::NONE, NativeShapes::with)
+}
+
 impl GpuContext {
     /// Picks an adapter and opens a device with the adapter's full limits.
     pub fn new(opts: &GpuOptions) -> Result<Self, GpuError> {
@@ -195,6 +222,10 @@ impl GpuContext {
         let limits = adapter.limits();
         let fragment = coop_gemm_fragment(&adapter).filter(|_| opts.tuning.tensor_cores);
         let (coop_matrix, coop_fragment) = (fragment.is_some(), fragment.unwrap_or(dg_kernels::coop_gemm::FRAGMENT));
+        let native = match coop_matrix && opts.tuning.native {
+            true => native_shapes(&adapter),
+            false => dg_kernels::native_grouped_gemm::NativeShapes::NONE,
+        };
         // f16 in shaders wherever offered: the tensor-core kernels need it, and so do the kernels
         // that store their activations as f16 for them (tested on every adapter that has it).
         // Subgroups wherever offered: the row kernels reduce through them (`Self::row_reduce`).
@@ -206,6 +237,9 @@ impl GpuContext {
         if coop_matrix {
             features |= COOP_FEATURES;
         }
+        if !native.is_empty() {
+            features |= wgpu::Features::PASSTHROUGH_SHADERS;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("dg"),
             required_features: features,
@@ -213,7 +247,8 @@ impl GpuContext {
             experimental_features: if coop_matrix {
                 // SAFETY: only requested where the adapter reports the cooperative-matrix
                 // configuration the tensor-core GEMM uses; its results are gated against the f32
-                // kernels (dg-parity tests/coop_gemm.rs) on such devices.
+                // kernels (dg-parity tests/coop_gemm.rs) on such devices, the native kernels'
+                // against the CPU (tests/native_kernels.rs).
                 unsafe { wgpu::ExperimentalFeatures::enabled() }
             } else {
                 wgpu::ExperimentalFeatures::disabled()
@@ -229,6 +264,7 @@ impl GpuContext {
             features,
             coop_matrix,
             coop_fragment,
+            native,
             tuning: opts.tuning.clone(),
             counters: Arc::default(),
         })
@@ -363,6 +399,7 @@ impl GpuContext {
         Capabilities {
             coop_matrix: self.coop_matrix,
             coop_fragment: self.coop_fragment,
+            native: self.native,
             shader_f16: self.device.features().contains(wgpu::Features::SHADER_F16),
             max_workgroup_storage: self.limits.max_compute_workgroup_storage_size,
             max_binding: self.max_binding(),

@@ -109,6 +109,13 @@ impl Overrides {
         with_depth(tile, self.coop_grouped_depth)
     }
 
+    /// Whether the overrides name a tile, W path or depth of the experts' WGSL tensor-core kernel
+    /// (`DG_COOP_GROUPED_TILE`, `DG_GROUPED_PATH`, `DG_COOP_GROUPED_DEPTH`): then that kernel runs
+    /// the experts, where the native one would otherwise (`crate::planner::experts::native`).
+    pub fn names_expert_kernel(&self) -> bool {
+        !self.coop_grouped_tiles.is_empty() || self.coop_grouped_path.is_some() || self.coop_grouped_depth.is_some()
+    }
+
     /// `tile` with the stages [`Self::coop_stages`] names, else `chosen`.
     pub fn stages(&self, tile: CoopTile, chosen: Stages) -> CoopTile {
         tile.with_stages(self.coop_stages.unwrap_or(chosen))

@@ -1,8 +1,9 @@
 //! Compiled kernels and dispatch plans.
 //!
 //! [`Pipelines`] compiles each kernel variant once, keyed by its [`KernelKey`] (or, for a one-off
-//! kernel a test or probe builds, by its name), with an explicit layout derived from the
-//! shared binding convention of dg-kernels (uniform params at binding 0 with a dynamic offset,
+//! kernel a test or probe builds, by its name): WGSL through naga, or a Vulkan-native kernel's
+//! SPIR-V handed to the driver as it is (`KernelKey::native`); with an explicit layout derived
+//! from the shared binding convention of dg-kernels (uniform params at binding 0 with a dynamic offset,
 //! storage buffers after it). A [`Plan`] is a list of dispatches whose parameters all live in one
 //! uniform buffer at aligned offsets and whose bind groups are created once; replaying it only
 //! records commands (design after huggingface/ratchet's executable, keeping the uniform across
@@ -11,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use dg_kernels::native_grouped_gemm::NativeSource;
 use dg_kernels::{Access, KernelKey, KernelSource};
 
 use crate::context::GpuContext;
@@ -19,9 +21,28 @@ use crate::error::GpuError;
 /// A compiled kernel variant.
 #[derive(Debug)]
 pub struct Pipeline {
-    pub source: KernelSource,
+    /// The variant's unique name.
+    pub name: String,
+    /// Its storage bindings `1..=n`.
+    pub buffers: Vec<Access>,
+    /// Size in bytes of its uniform parameter struct at binding 0.
+    pub params_size: u64,
     pub layout: wgpu::BindGroupLayout,
     pub pipeline: wgpu::ComputePipeline,
+}
+
+/// What a pipeline is compiled from.
+enum Code {
+    /// A kernel's WGSL and entry point.
+    Wgsl(String, &'static str),
+    /// A native kernel's SPIR-V (`KernelKey::native`).
+    Spirv(NativeSource),
+}
+
+impl From<KernelSource> for Code {
+    fn from(source: KernelSource) -> Code {
+        Code::Wgsl(source.wgsl, source.entry)
+    }
 }
 
 /// Compiled kernels by key (and one-off kernels by name).
@@ -37,7 +58,7 @@ impl Pipelines {
         if let Some(p) = self.by_key.get(&key) {
             return Ok(p.clone());
         }
-        let p = Arc::new(compile(ctx, key.source())?);
+        let p = Arc::new(compile_key(ctx, key)?);
         self.by_key.insert(key, p.clone());
         Ok(p)
     }
@@ -50,7 +71,7 @@ impl Pipelines {
         use rayon::prelude::*;
         let missing: std::collections::HashSet<KernelKey> = keys.into_iter().filter(|k| !self.by_key.contains_key(k)).collect();
         let compiled: Vec<(KernelKey, Pipeline)> =
-            missing.into_par_iter().map(|key| compile(ctx, key.source()).map(|p| (key, p))).collect::<Result<_, _>>()?;
+            missing.into_par_iter().map(|key| compile_key(ctx, key).map(|p| (key, p))).collect::<Result<_, _>>()?;
         let count = compiled.len();
         self.by_key.extend(compiled.into_iter().map(|(k, p)| (k, Arc::new(p))));
         Ok(count)
@@ -62,13 +83,37 @@ impl Pipelines {
         if let Some(p) = self.by_name.get(&source.name) {
             return Ok(p.clone());
         }
-        let p = Arc::new(compile(ctx, source)?);
-        self.by_name.insert(p.source.name.clone(), p.clone());
+        let p = Arc::new(compile(ctx, Interface::from(&source), source.into())?);
+        self.by_name.insert(p.name.clone(), p.clone());
         Ok(p)
     }
 }
 
-fn compile(ctx: &GpuContext, source: KernelSource) -> Result<Pipeline, GpuError> {
+/// A kernel's name and bindings, whatever its code.
+struct Interface {
+    name: String,
+    buffers: Vec<Access>,
+    params_size: u64,
+}
+
+/// The pipeline of `key`: its SPIR-V where it is a native kernel, else its WGSL.
+fn compile_key(ctx: &GpuContext, key: KernelKey) -> Result<Pipeline, GpuError> {
+    match key.native() {
+        Some(n) => compile(ctx, Interface { name: n.name.clone(), buffers: n.buffers.clone(), params_size: n.params_size }, Code::Spirv(n)),
+        None => {
+            let source = key.source();
+            compile(ctx, Interface::from(&source), source.into())
+        }
+    }
+}
+
+impl From<&KernelSource> for Interface {
+    fn from(s: &KernelSource) -> Interface {
+        Interface { name: s.name.clone(), buffers: s.buffers.clone(), params_size: s.params_size }
+    }
+}
+
+fn compile(ctx: &GpuContext, source: Interface, code: Code) -> Result<Pipeline, GpuError> {
     let device = &ctx.device;
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let mut entries = vec![wgpu::BindGroupLayoutEntry {
@@ -99,18 +144,48 @@ fn compile(ctx: &GpuContext, source: KernelSource) -> Result<Pipeline, GpuError>
         bind_group_layouts: &[Some(&layout)],
         immediate_size: 0,
     });
-    let desc = wgpu::ShaderModuleDescriptor { label: Some(&source.name), source: wgpu::ShaderSource::Wgsl(source.wgsl.as_str().into()) };
-    // Bounds checks stay on. Loop bounding is off: the counter it adds to every loop stops
-    // drivers from unrolling and pipelining the GEMMs' K loops.
-    // SAFETY: every loop of dg's kernels runs over a count taken from its uniform parameters (or a
-    // constant), so no loop can run forever; that is the hazard loop bounding guards against.
-    let checks = wgpu::ShaderRuntimeChecks { bounds_checks: true, force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
-    let module = unsafe { device.create_shader_module_trusted(desc, checks) };
+    let (module, entry) = match code {
+        Code::Wgsl(wgsl, entry) => {
+            let desc = wgpu::ShaderModuleDescriptor { label: Some(&source.name), source: wgpu::ShaderSource::Wgsl(wgsl.into()) };
+            // Bounds checks stay on. Loop bounding is off: the counter it adds to every loop stops
+            // drivers from unrolling and pipelining the GEMMs' K loops.
+            // SAFETY: every loop of dg's kernels runs over a count taken from its uniform parameters (or a
+            // constant), so no loop can run forever; that is the hazard loop bounding guards against.
+            let checks =
+                wgpu::ShaderRuntimeChecks { bounds_checks: true, force_loop_bounding: false, ..wgpu::ShaderRuntimeChecks::checked() };
+            (unsafe { device.create_shader_module_trusted(desc, checks) }, entry)
+        }
+        Code::Spirv(native) => {
+            if !ctx.features.contains(wgpu::Features::PASSTHROUGH_SHADERS) {
+                return Err(GpuError::Unsupported {
+                    what: format!("the native kernel {} on a device without SPIR-V passthrough", source.name),
+                });
+            }
+            let words: Vec<u32> = native.spirv.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+            let [x, y, z] = native.workgroup_size;
+            let desc = wgpu::ShaderModuleDescriptorPassthrough {
+                label: Some(&source.name),
+                entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
+                    name: native.entry.into(),
+                    workgroup_size: (x, y, z),
+                }]),
+                spirv: Some(words.into()),
+                ..Default::default()
+            };
+            // SAFETY: the module is one of dg-kernels' native kernels, compiled and validated by the
+            // pinned glslang (CI checks the committed SPIR-V against its GLSL); its bindings are the
+            // layout above (dg-kernels' convention, `NativeSource::buffers`), its loops run over
+            // counts from its parameters, and every variant is gated against the CPU
+            // (dg-parity `tests/native_kernels.rs`). The planner hands it out only on adapters that
+            // list its fragment and subgroup size (`GpuContext::native`).
+            (unsafe { device.create_shader_module_passthrough(desc) }, native.entry)
+        }
+    };
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&source.name),
         layout: Some(&pipeline_layout),
         module: &module,
-        entry_point: Some(source.entry),
+        entry_point: Some(entry),
         compilation_options: Default::default(),
         cache: None,
     });
@@ -118,7 +193,7 @@ fn compile(ctx: &GpuContext, source: KernelSource) -> Result<Pipeline, GpuError>
         return Err(GpuError::Validation { context: format!("compiling kernel {}", source.name), message: e.to_string() });
     }
     ctx.count_pipeline();
-    Ok(Pipeline { source, layout, pipeline })
+    Ok(Pipeline { name: source.name, buffers: source.buffers, params_size: source.params_size, layout, pipeline })
 }
 
 /// One recorded dispatch.
@@ -189,8 +264,8 @@ impl<'a> PlanBuilder<'a> {
         buffers: &[&'a wgpu::Buffer],
         groups: [u32; 3],
     ) {
-        assert_eq!(buffers.len(), pipeline.source.buffers.len(), "kernel {}: wrong number of buffers", pipeline.source.name);
-        assert_eq!(size_of::<P>() as u64, pipeline.source.params_size, "kernel {}: params size", pipeline.source.name);
+        assert_eq!(buffers.len(), pipeline.buffers.len(), "kernel {}: wrong number of buffers", pipeline.name);
+        assert_eq!(size_of::<P>() as u64, pipeline.params_size, "kernel {}: params size", pipeline.name);
         let offset = self.params.len().next_multiple_of(self.align);
         self.params.resize(offset, 0);
         self.params.extend_from_slice(bytemuck::bytes_of(params));
@@ -210,7 +285,7 @@ impl<'a> PlanBuilder<'a> {
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: &uniforms,
                     offset: 0,
-                    size: wgpu::BufferSize::new(p.pipeline.source.params_size),
+                    size: wgpu::BufferSize::new(p.pipeline.params_size),
                 }),
             }];
             for (i, b) in p.buffers.iter().enumerate() {
@@ -218,7 +293,7 @@ impl<'a> PlanBuilder<'a> {
             }
             ctx.count_bind_group();
             let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(&p.pipeline.source.name),
+                label: Some(&p.pipeline.name),
                 layout: &p.pipeline.layout,
                 entries: &entries,
             });
@@ -302,7 +377,7 @@ impl Plan {
 
     /// Kernel names in dispatch order (for per-kernel timing reports).
     pub fn kernel_names(&self) -> Vec<&str> {
-        self.dispatches.iter().map(|d| d.pipeline.source.name.as_str()).collect()
+        self.dispatches.iter().map(|d| d.pipeline.name.as_str()).collect()
     }
 
     /// Runs the plan once with a timestamp pair around every dispatch (each in its own compute
@@ -346,7 +421,7 @@ impl Plan {
             let period = ctx.queue.get_timestamp_period() as f64;
             for (j, d) in self.dispatches[first as usize..(first + count) as usize].iter().enumerate() {
                 let ns = ticks[2 * j + 1].saturating_sub(ticks[2 * j]) as f64 * period;
-                out.push((d.label.clone(), d.pipeline.source.name.clone(), ns));
+                out.push((d.label.clone(), d.pipeline.name.clone(), ns));
             }
         }
         Ok(out)

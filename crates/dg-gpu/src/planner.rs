@@ -20,6 +20,7 @@ pub mod split;
 use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
 use dg_kernels::gemm::{GemmParams, GemmTile};
 use dg_kernels::grouped_gemm::{GroupedGemmParams, GroupedTile};
+use dg_kernels::native_grouped_gemm::{self, NativeShape, NativeShapes};
 use dg_kernels::{CoopGemmKey, WeightFormat};
 use dg_kernels::{coop_grouped_gemm, moe_dispatch};
 
@@ -38,6 +39,8 @@ pub struct Capabilities {
     /// Side of the fragments the tensor-core kernels multiply ([`GpuContext::coop_fragment`]):
     /// every tensor-core tile the planner hands out is in fragments of it.
     pub coop_fragment: u32,
+    /// The fragment shapes of the Vulkan-native kernels the device runs ([`GpuContext::native`]).
+    pub native: NativeShapes,
     /// f16 in shaders (`SHADER_F16`).
     pub shader_f16: bool,
     /// Bytes of workgroup memory a kernel may use (`max_compute_workgroup_storage_size`).
@@ -54,11 +57,13 @@ pub struct Capabilities {
 pub const ASSUMED_MULTIPROCESSORS: u32 = 132;
 
 impl Capabilities {
-    /// An NVIDIA H200 through Vulkan (cooperative matrices, 48 KiB of workgroup memory, 132
+    /// An NVIDIA H200 through Vulkan (cooperative matrices with 16×8×16 and 16×16×16 f16
+    /// fragments, subgroups of 32, SPIR-V passthrough, 48 KiB of workgroup memory, 132
     /// multiprocessors): what dg's measured choices were made on, for planning without a device.
     pub const H200: Capabilities = Capabilities {
         coop_matrix: true,
         coop_fragment: coop_gemm::FRAGMENT,
+        native: NativeShapes::NONE.with(NativeShape::F16x8x16).with(NativeShape::F16x16x16),
         shader_f16: true,
         max_workgroup_storage: 48 * 1024,
         max_binding: u32::MAX as u64,
@@ -115,6 +120,9 @@ pub struct CoopPlan {
 pub enum Grouped {
     /// The tensor-core grouped GEMM (`dg_kernels::coop_grouped_gemm`), experts in K panels.
     TensorCores { tile: CoopTile, path: WPath },
+    /// The Vulkan-native grouped GEMM of short groups (`dg_kernels::native_grouped_gemm`) in
+    /// fragments of `shape`, experts in K panels.
+    Native { shape: NativeShape },
     /// The portable grouped GEMM (`dg_kernels::grouped_gemm`), row-major experts.
     Portable { tile: GroupedTile },
 }
@@ -330,7 +338,9 @@ impl<'t> Planner<'t> {
     }
 
     /// How the grouped product `p` over `slots` slots runs on experts stored as `format` in
-    /// `layout`: K panels (F16, or ggml blocks a panel apiece) on the tensor cores
+    /// `layout`: K panels (F16, or ggml blocks a panel apiece) in the native kernel where the
+    /// device runs it and the groups are short ([`experts::native`]) and the lab's overrides name
+    /// no tile, path or depth of WGSL's (which they then measure), else on the tensor cores
     /// ([`experts::choose`], then the tuning's overrides, a W path the kernel takes for the
     /// format), row-major in the portable grouped GEMM (the tile by the mean group size).
     pub fn grouped(&self, format: WeightFormat, layout: MatrixLayout, p: &GroupedGemmParams, slots: u32) -> Result<Grouped, NoKernel> {
@@ -339,6 +349,11 @@ impl<'t> Planner<'t> {
                 tile: self.tuning.overrides.grouped_tile.unwrap_or_else(|| portable::choose_grouped(p.n, p.k, slots, p.groups)),
             }),
             MatrixLayout::KPanels => {
+                if let Some(shape) =
+                    experts::native(self.caps.native, p, format, slots).filter(|_| !self.tuning.overrides.names_expert_kernel())
+                {
+                    return Ok(Grouped::Native { shape });
+                }
                 let (tile, path) = self.coop_grouped(p, format, slots).ok_or_else(|| {
                     NoKernel(format!(
                         "expert weights in K panels for a grouped product of n {} k {} a_rs {}: no tensor-core tile fits",
@@ -372,6 +387,7 @@ impl<'t> Planner<'t> {
     pub fn expert_tile_rows(&self, format: WeightFormat, layout: MatrixLayout, slots: u32, p: &GroupedGemmParams) -> u32 {
         match self.grouped(format, layout, p, slots) {
             Ok(Grouped::TensorCores { tile, .. }) if p.groups <= moe_dispatch::TABLE_EXPERTS => tile.bm,
+            Ok(Grouped::Native { .. }) if p.groups <= moe_dispatch::TABLE_EXPERTS => native_grouped_gemm::SLOTS,
             _ => 0,
         }
     }

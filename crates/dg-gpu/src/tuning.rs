@@ -38,6 +38,10 @@ pub struct Tuning {
     /// `DG_NO_COOP=1` sets it false: leave the tensor cores (cooperative matrices) off even where
     /// the device has them.
     pub tensor_cores: bool,
+    /// `DG_NATIVE=0` sets it false: leave the Vulkan-native kernels (SPIR-V past WGSL,
+    /// `dg_kernels::native_grouped_gemm`) off even where the device runs them, so that their WGSL
+    /// counterparts run (for A/B timing).
+    pub native: bool,
     /// `DG_ROW_REDUCE=tree`: how the row kernels reduce across a workgroup.
     pub row_reduce: RowReduceChoice,
     /// `DG_KV_CACHE=auto|f32|f16`: how the KV cache stores keys and values
@@ -80,6 +84,7 @@ impl Default for Tuning {
     fn default() -> Self {
         Tuning {
             tensor_cores: true,
+            native: true,
             row_reduce: RowReduceChoice::Auto,
             kv_cache: KvCacheChoice::Auto,
             encoder_submit_layers: ENCODER_SUBMIT_LAYERS,
@@ -135,7 +140,7 @@ pub enum TuningError {
 /// how a recording is submitted. The lab's variables ([`LAB_VARIABLES`]) are parsed by dg-lab
 /// into [`Overrides`].
 pub const TUNING_VARIABLES: &[&str] =
-    &["DG_NO_COOP", "DG_ROW_REDUCE", "DG_KV_CACHE", "DG_ENCODER_SUBMIT_LAYERS", "DG_SUBMIT_PARTS", "DG_SCORES_BYTES"];
+    &["DG_NO_COOP", "DG_NATIVE", "DG_ROW_REDUCE", "DG_KV_CACHE", "DG_ENCODER_SUBMIT_LAYERS", "DG_SUBMIT_PARTS", "DG_SCORES_BYTES"];
 
 /// The lab's variables (dg-lab's `overrides`): alternatives that were measured and not taken, for
 /// measuring them again. dg and the library crates refuse them with an error saying so.
@@ -199,6 +204,7 @@ impl Tuning {
         let bad = || TuningError::BadValue { name: name.into(), value: value.into(), accepted: accepted(name).into() };
         match name {
             "DG_NO_COOP" => self.tensor_cores = !flag(value).ok_or_else(bad)?,
+            "DG_NATIVE" => self.native = flag(value).ok_or_else(bad)?,
             "DG_ROW_REDUCE" => {
                 self.row_reduce = choice(value, &[("auto", RowReduceChoice::Auto), ("tree", RowReduceChoice::Tree)]).ok_or_else(bad)?
             }
@@ -246,7 +252,7 @@ pub fn choice<T: Copy>(value: &str, options: &[(&str, T)]) -> Option<T> {
 /// What the variable `name` accepts, for its error message.
 fn accepted(name: &str) -> &'static str {
     match name {
-        "DG_NO_COOP" => "0 or 1",
+        "DG_NO_COOP" | "DG_NATIVE" => "0 or 1",
         "DG_KV_CACHE" => "auto, f32 or f16",
         "DG_ROW_REDUCE" => "auto or tree",
         "DG_ENCODER_SUBMIT_LAYERS" => "a whole number of layers from 1",

@@ -3,7 +3,8 @@
 //! top-8 of width 704, dense MLP 2112, vocabulary 262144; canvas 256, context 1024, encoder chunks
 //! of 1024 tokens) on an H200-like device and on a lavapipe-like one, held as golden values: a
 //! change of any kernel, tile, path, split or grid shows here. Every kernel chosen is one of the
-//! keys `KernelKey::all` enumerates (and naga validates). No device needed.
+//! keys `KernelKey::all` enumerates (and naga validates), or of the native ones
+//! `KernelKey::all_native` lists (SPIR-V that glslang validates). No device needed.
 
 use dg_gpu::MatrixLayout;
 use dg_gpu::Overrides;
@@ -24,16 +25,19 @@ use dg_kernels::coop_grouped_gemm;
 use dg_kernels::format::QuantFormat;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
+use dg_kernels::native_grouped_gemm::{self, NativeShape, NativeShapes};
 use dg_kernels::{KernelKey, WeightFormat};
 
-/// An H200 as wgpu reports it: cooperative matrices, 48 KiB of workgroup memory, 4 GiB bindings;
-/// its 132 multiprocessors.
+/// An H200 as wgpu reports it: cooperative matrices (16×8×16 and 16×16×16 fragments, subgroups of
+/// 32, SPIR-V passthrough: the native kernels), 48 KiB of workgroup memory, 4 GiB bindings; its
+/// 132 multiprocessors.
 const H200: Capabilities = Capabilities::H200;
 /// Lavapipe: no cooperative matrices, 32 KiB of workgroup memory, 128 MiB bindings (the
 /// multiprocessors as `Capabilities::of` assumes them).
 const LAVAPIPE: Capabilities = Capabilities {
     coop_matrix: false,
     coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
+    native: NativeShapes::NONE,
     shader_f16: true,
     max_workgroup_storage: 32 * 1024,
     max_binding: 128 << 20,
@@ -70,10 +74,12 @@ thread_local! {
     static PLANNED: std::cell::RefCell<HashSet<KernelKey>> = std::cell::RefCell::new(HashSet::new());
 }
 
-/// `key`, after checking that it is one of [`KernelKey::all`]; remembered for [`planned_keys`].
+/// `key`, after checking that it is one of [`KernelKey::all`] or [`KernelKey::all_native`];
+/// remembered for [`planned_keys`].
 fn known(key: KernelKey) -> KernelKey {
     static ALL: OnceLock<HashSet<KernelKey>> = OnceLock::new();
-    assert!(ALL.get_or_init(|| KernelKey::all().into_iter().collect()).contains(&key), "the planner chose {key:?}, which is not a key");
+    let all = ALL.get_or_init(|| KernelKey::all().into_iter().chain(KernelKey::all_native()).collect());
+    assert!(all.contains(&key), "the planner chose {key:?}, which is not a key");
     PLANNED.with(|keys| keys.borrow_mut().insert(key));
     key
 }
@@ -128,6 +134,13 @@ fn describe_grouped(planner: &Planner<'_>, format: WeightFormat, layout: MatrixL
             }
             let q = coop_grouped_gemm::params_for(tile, p);
             format!("coop_grouped_gemm {} {path:?} grid {:?}", tile.label(), coop_grouped_gemm::workgroups(tile, &q))
+        }
+        Ok(Grouped::Native { shape }) => {
+            for a in [AFormat::F32, AFormat::F16] {
+                known(KernelKey::NativeGroupedGemm { shape, w: format, a });
+            }
+            let q = native_grouped_gemm::params_for(p);
+            format!("native_grouped_gemm {} grid {:?}", shape.label(), native_grouped_gemm::workgroups(shape, &q))
         }
         Ok(Grouped::Portable { tile }) => {
             for w in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16] {
@@ -555,6 +568,7 @@ const ADAPTER_CLASSES: &[AdapterClass] = &[
         caps: Capabilities {
             coop_matrix: false,
             coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
+            native: NativeShapes::NONE,
             shader_f16: true,
             max_workgroup_storage: 64 * 1024,
             max_binding: u32::MAX as u64,
@@ -573,6 +587,7 @@ const ADAPTER_CLASSES: &[AdapterClass] = &[
         caps: Capabilities {
             coop_matrix: true,
             coop_fragment: 8,
+            native: NativeShapes::NONE,
             shader_f16: true,
             max_workgroup_storage: 32 * 1024,
             max_binding: 4 << 30,
@@ -589,6 +604,7 @@ const ADAPTER_CLASSES: &[AdapterClass] = &[
         caps: Capabilities {
             coop_matrix: false,
             coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
+            native: NativeShapes::NONE,
             shader_f16: true,
             max_workgroup_storage: 32 * 1024,
             max_binding: (1 << 31) - 1,
@@ -606,6 +622,7 @@ const ADAPTER_CLASSES: &[AdapterClass] = &[
         caps: Capabilities {
             coop_matrix: false,
             coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
+            native: NativeShapes::NONE,
             shader_f16: false,
             max_workgroup_storage: 16 * 1024,
             max_binding: 128 << 20,
@@ -701,6 +718,14 @@ fn every_planned_kernel_translates_to_its_adapter_classs_language() {
         let mut keys: Vec<KernelKey> = keys.into_iter().collect();
         keys.sort_by_key(|k| format!("{k:?}"));
         for key in keys {
+            // A native kernel is SPIR-V (validated by glslang as it is compiled, gated on a device
+            // by dg-parity's native_kernels.rs): only for classes that take SPIR-V.
+            if let Some(native) = key.native() {
+                if !class.languages.contains(&Language::SpirV) || class.caps.native.is_empty() {
+                    failures.push(format!("{}: the native {} on a class without native kernels", class.name, native.name));
+                }
+                continue;
+            }
             let name = key.source().name;
             if key.needs_cooperative_matrices() && !class.caps.coop_matrix {
                 failures.push(format!("{}: {name} needs cooperative matrices", class.name));
@@ -771,9 +796,19 @@ fn quantized_matrices_take_the_tensor_cores_in_the_f16_mode_only() {
             ..bytemuck::Zeroable::zeroed()
         };
         assert_eq!(h200.experts_layout(w, n as usize, k as usize, true), MatrixLayout::KPanels, "{q:?}");
-        for planner in [&h200, &h200_direct] {
+        // The native kernel where it reads the format, unless the lab names a WGSL path.
+        for (planner, native) in [(&h200, native_grouped_gemm::reads(w)), (&h200_direct, false)] {
             match planner.grouped(w, MatrixLayout::KPanels, &g, slots) {
+                Ok(Grouped::Native { shape }) => {
+                    assert!(native, "{q:?}: the native kernel where WGSL's should run");
+                    assert_eq!(shape, NativeShape::F16x8x16, "{q:?}: slots on the narrow side");
+                    for a in [AFormat::F32, AFormat::F16] {
+                        known(KernelKey::NativeGroupedGemm { shape, w, a });
+                    }
+                    assert_eq!(planner.expert_tile_rows(w, MatrixLayout::KPanels, slots, &g), native_grouped_gemm::SLOTS);
+                }
                 Ok(Grouped::TensorCores { tile, path }) => {
+                    assert!(!native, "{q:?}: WGSL where the native kernel reads it");
                     assert_ne!(path, WPath::Direct, "{q:?}: direct W fragments need F16");
                     for a in [AFormat::F32, AFormat::F16] {
                         known(KernelKey::CoopGroupedGemm { tile, path, w, a });
@@ -853,7 +888,8 @@ fn fallback_plans() -> Vec<(&'static str, &'static str, String)> {
         Ok(Grouped::Portable { tile }) => ("grouped_gemm", tile.label()),
         other => panic!("{other:?}"),
     };
-    let coop_grouped = |n: u32| match Planner::new(H200, &tuning).grouped(
+    // The WGSL kernel's tiles: on the H200 without its native kernels.
+    let coop_grouped = |n: u32| match Planner::new(Capabilities { native: NativeShapes::NONE, ..H200 }, &tuning).grouped(
         WeightFormat::F16,
         MatrixLayout::KPanels,
         &GroupedGemmParams { n, k: 64, groups: 8, max_rows: 16, a_rs: 64, b_group_stride: n * 64, c_rs: n, ..bytemuck::Zeroable::zeroed() },
@@ -915,4 +951,48 @@ fn the_planner_imports_shapes_not_the_arena_ops_or_device() {
         }
     }
     assert!(code.contains("crate::shapes::"), "the planner takes its shapes from crate::shapes");
+}
+
+/// The experts' short groups (a canvas's: 64 tokens, ~4 slots an expert; 256, ~16) take the
+/// native kernel where the device runs one of its shapes (the H200's 16×8×16: slots on the narrow
+/// side; lavapipe with cooperative matrices and SPIR-V passthrough: 8×8×8), in the formats it reads;
+/// WGSL's tensor-core kernel where it does not (lavapipe without passthrough, `DG_NATIVE=0`, the
+/// formats it does not read) and for long groups (a 1024-token chunk's ~64).
+#[test]
+fn short_expert_groups_take_the_native_kernel_where_the_device_runs_it() {
+    let tuning = Tuning::default();
+    let off = Tuning { native: false, ..Tuning::default() };
+    let lavapipe_coop = Capabilities { coop_matrix: true, coop_fragment: 8, ..LAVAPIPE };
+    let lavapipe_native = Capabilities { native: NativeShapes::NONE.with(NativeShape::F8x8x8), ..lavapipe_coop };
+    let gate_up = |rows: u32| GroupedGemmParams {
+        n: 2 * EXPERT_WIDTH,
+        k: H,
+        groups: EXPERTS,
+        max_rows: rows,
+        a_rs: H,
+        b_group_stride: 2 * EXPERT_WIDTH * H,
+        c_rs: 2 * EXPERT_WIDTH,
+        gather: 1,
+        ..bytemuck::Zeroable::zeroed()
+    };
+    let kernel = |caps: Capabilities, tuning: &Tuning, w: WeightFormat, rows: u32| match Planner::new(caps, tuning)
+        .grouped(w, MatrixLayout::KPanels, &gate_up(rows), rows * TOP_K)
+        .unwrap()
+    {
+        Grouped::Native { shape } => format!("native {}", shape.label()),
+        Grouped::TensorCores { .. } => "wgsl".to_string(),
+        Grouped::Portable { .. } => "portable".to_string(),
+    };
+    let (f16, q4, q5) = (WeightFormat::F16, WeightFormat::Quantized(QuantFormat::Q4_K), WeightFormat::Quantized(QuantFormat::Q5_0));
+    for rows in [64, CANVAS] {
+        for w in [f16, q4, WeightFormat::Quantized(QuantFormat::Q6_K), WeightFormat::Quantized(QuantFormat::Q8_0)] {
+            assert_eq!(kernel(H200, &tuning, w, rows), "native 16x8x16", "{w:?} at {rows} rows on the H200");
+            assert_eq!(kernel(lavapipe_native, &tuning, w, rows), "native 8x8x8", "{w:?} at {rows} rows on lavapipe");
+            assert_eq!(kernel(lavapipe_coop, &tuning, w, rows), "wgsl", "{w:?} on lavapipe without passthrough");
+        }
+        assert_eq!(kernel(H200, &tuning, q5, rows), "wgsl", "Q5_0: not a format the native kernel reads");
+    }
+    assert_eq!(kernel(H200, &tuning, f16, CHUNK), "wgsl", "long groups");
+    // `DG_NATIVE=0` opens the device without them: its capabilities list no shape.
+    assert_eq!(kernel(Capabilities { native: NativeShapes::NONE, ..H200 }, &off, q4, 64), "wgsl");
 }

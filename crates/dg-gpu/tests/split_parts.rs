@@ -9,9 +9,9 @@ use dg_gpu::parts::{COOP_PART_ROWS, Parts};
 use dg_gpu::planner::{Capabilities, Dense, Grouped, Planner};
 use dg_gpu::tuning::Tuning;
 use dg_kernels::WeightFormat;
-use dg_kernels::coop_grouped_gemm;
 use dg_kernels::gemm::GemmParams;
 use dg_kernels::grouped_gemm::GroupedGemmParams;
+use dg_kernels::{coop_grouped_gemm, native_grouped_gemm};
 
 /// An H200 with WebGPU's default binding limit.
 const CAPS: Capabilities = Capabilities { max_binding: 128 << 20, ..Capabilities::H200 };
@@ -59,7 +59,7 @@ fn every_part_of_a_split_panelled_matrix_runs_on_the_tensor_cores() {
 }
 
 #[test]
-fn every_part_of_a_layers_experts_takes_the_whole_products_tensor_core_tile() {
+fn every_part_of_a_layers_experts_takes_the_whole_products_kernel() {
     let tuning = Tuning::default();
     let planner = Planner::new(CAPS, &tuning);
     let (experts, width, slots) = (128usize, 704usize, CANVAS * 8);
@@ -75,15 +75,18 @@ fn every_part_of_a_layers_experts_takes_the_whole_products_tensor_core_tile() {
             c_rs: n as u32,
             ..bytemuck::Zeroable::zeroed()
         };
-        let Grouped::TensorCores { tile, .. } = planner.grouped(WeightFormat::F16, MatrixLayout::KPanels, &whole, slots).unwrap() else {
-            panic!("experts [{n}, {k}] leave the tensor cores")
-        };
+        // The Recorder runs each part by the whole product's plan (`Recorder::grouped_product`).
+        let plan = planner.grouped(WeightFormat::F16, MatrixLayout::KPanels, &whole, slots).unwrap();
         let parts = Parts::experts("experts", experts, (2 * n * k) as u64, CAPS.max_binding).unwrap();
         assert!(parts.len() >= 2, "[{n}, {k}]: {parts:?}");
         for r in parts.ranges() {
             let q = GroupedGemmParams { groups: r.len() as u32, first_group: r.start as u32, ..whole };
-            assert!(coop_grouped_gemm::fits(tile, &q), "experts {r:?} of [{n}, {k}]");
-            assert!(matches!(planner.grouped(WeightFormat::F16, MatrixLayout::KPanels, &q, slots).unwrap(), Grouped::TensorCores { .. }));
+            let fits = match plan {
+                Grouped::TensorCores { tile, .. } => coop_grouped_gemm::fits(tile, &q),
+                Grouped::Native { shape } => native_grouped_gemm::fits(shape, WeightFormat::F16, &q),
+                Grouped::Portable { .. } => panic!("experts [{n}, {k}] leave the tensor cores"),
+            };
+            assert!(fits, "experts {r:?} of [{n}, {k}] in {plan:?}");
         }
     }
 }

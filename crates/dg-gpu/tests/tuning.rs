@@ -23,6 +23,8 @@ fn no_variables_give_the_defaults() {
 fn every_knob_parses_its_values() {
     assert!(!one("DG_NO_COOP", "1").unwrap().tensor_cores);
     assert!(one("DG_NO_COOP", "0").unwrap().tensor_cores);
+    assert!(!one("DG_NATIVE", "0").unwrap().native);
+    assert!(one("DG_NATIVE", "1").unwrap().native && Tuning::default().native);
     assert_eq!(one("DG_ROW_REDUCE", "tree").unwrap().row_reduce, RowReduceChoice::Tree);
     assert_eq!(one("DG_ROW_REDUCE", "auto").unwrap().row_reduce, RowReduceChoice::Auto);
     assert_eq!(one("DG_KV_CACHE", "f16").unwrap().kv_cache, KvCacheChoice::F16);
@@ -38,6 +40,7 @@ fn every_knob_parses_its_values() {
 fn bad_values_name_the_variable_the_value_and_what_it_accepts() {
     let cases = [
         ("DG_NO_COOP", "yes", "0 or 1"),
+        ("DG_NATIVE", "off", "0 or 1"),
         ("DG_ROW_REDUCE", "subgroups", "auto or tree"),
         ("DG_KV_CACHE", "bf16", "auto, f32 or f16"),
         ("DG_ENCODER_SUBMIT_LAYERS", "0", "whole number of layers from 1"),

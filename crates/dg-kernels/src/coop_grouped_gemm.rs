@@ -362,24 +362,36 @@ pub fn tile_table(counts: &[u32], entries: u32, tile_rows: u32) -> Vec<u32> {
     table
 }
 
-/// `p` as the kernel with `tile` runs it: with the tile table only where its m tiles are the
-/// tile's rows (else over the `max_rows` grid).
+/// `p` as the kernel with `tile` runs it: [`params_for_rows`] of its rows.
 pub fn params_for(tile: CoopTile, p: &GroupedGemmParams) -> GroupedGemmParams {
-    match p.tiles != 0 && p.tile_rows != tile.bm {
+    params_for_rows(tile.bm, p)
+}
+
+/// `p` as a grouped kernel with m tiles of `rows` slots runs it: with the tile table only where
+/// its m tiles are that many rows (else over the `max_rows` grid). The native kernel
+/// ([`crate::native_grouped_gemm`]) shares it.
+pub fn params_for_rows(rows: u32, p: &GroupedGemmParams) -> GroupedGemmParams {
+    match p.tiles != 0 && p.tile_rows != rows {
         true => GroupedGemmParams { tiles: 0, ..*p },
         false => *p,
     }
 }
 
-/// The dispatch for `p` as [`params_for`] gives it: `tiles · (n / bn)` workgroups with a tile
-/// table, else `ceil(max_rows / bm) · (n / bn) · groups`; folded as [`crate::gemm::fold`] folds
-/// them.
+/// The dispatch for `p` as [`params_for`] gives it: [`workgroups_for`] of the tile's rows and
+/// columns.
 pub fn workgroups(tile: CoopTile, p: &GroupedGemmParams) -> [u32; 3] {
+    workgroups_for(tile.bm, tile.bn, p)
+}
+
+/// The dispatch of a grouped kernel with tiles of `rows` slots × `cols` columns for `p` as
+/// [`params_for_rows`] gives it: `tiles · (n / cols)` workgroups with a tile table, else
+/// `ceil(max_rows / rows) · (n / cols) · groups`; folded as [`crate::gemm::fold`] folds them.
+pub fn workgroups_for(rows: u32, cols: u32, p: &GroupedGemmParams) -> [u32; 3] {
     let m_tiles = match p.tiles {
-        0 => u64::from(p.max_rows.div_ceil(tile.bm)) * u64::from(p.groups),
+        0 => u64::from(p.max_rows.div_ceil(rows)) * u64::from(p.groups),
         tiles => u64::from(tiles),
     };
-    fold(m_tiles * u64::from(p.n / tile.bn))
+    fold(m_tiles * u64::from(p.n / cols))
 }
 
 #[cfg(test)]

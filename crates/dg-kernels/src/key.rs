@@ -4,10 +4,13 @@
 //! planner rule picks are dg-lab's (`dg_lab::tiles`), validated there.
 //!
 //! A key is small, `Copy` and hashable; [`KernelKey::source`] renders its WGSL (on a cache miss).
+//! The Vulkan-native kernels ([`KernelKey::NativeGroupedGemm`]) are keys too, with SPIR-V in place
+//! of WGSL ([`KernelKey::native`]); [`KernelKey::all_native`] lists them.
 
 use crate::coop_gemm::{self, AFormat, BLayout, CoopTile, WPath};
 use crate::gemm::{self, GemmTile};
 use crate::grouped_gemm::{self, GroupedTile};
+use crate::native_grouped_gemm::{self, NativeShape, NativeSource};
 use crate::row_reduce::RowReduce;
 use crate::{
     KernelSource, WeightFormat, axpby, coop_grouped_gemm, coop_kloop, embed, gelu_glu, moe_combine, moe_dispatch, norm_rope,
@@ -158,13 +161,21 @@ pub enum KernelKey {
         w: WeightFormat,
         a: AFormat,
     },
+    /// The Vulkan-native grouped GEMM of short groups (`native_grouped_gemm`): SPIR-V for one
+    /// fragment shape, W format and A format.
+    NativeGroupedGemm {
+        shape: NativeShape,
+        w: WeightFormat,
+        a: AFormat,
+    },
 }
 
 impl KernelKey {
     /// The variant's WGSL, entry point and bindings.
     ///
     /// # Panics
-    /// On a key outside [`KernelKey::all`] (an invalid tile or combination).
+    /// On a key outside [`KernelKey::all`] (an invalid tile or combination, or a native kernel,
+    /// which has SPIR-V and no WGSL: [`KernelKey::native`]).
     pub fn source(self) -> KernelSource {
         use KernelKey as K;
         match self {
@@ -201,15 +212,35 @@ impl KernelKey {
                 coop_gemm::source_for_a(k.tile, k.path, k.w, k.layout, k.a)
             }
             K::CoopGroupedGemm { tile, path, w, a } => coop_grouped_gemm::source_for(tile, path, w, a),
+            K::NativeGroupedGemm { .. } => panic!("{self:?} is a native kernel: SPIR-V, no WGSL (KernelKey::native)"),
         }
+    }
+
+    /// The SPIR-V of a Vulkan-native kernel; `None` for the WGSL ones ([`KernelKey::source`]).
+    pub fn native(self) -> Option<NativeSource> {
+        match self {
+            KernelKey::NativeGroupedGemm { shape, w, a } => Some(native_grouped_gemm::source(shape, w, a)),
+            _ => None,
+        }
+    }
+
+    /// Every native key: each shape with each format the kernel reads and both A formats.
+    pub fn all_native() -> Vec<KernelKey> {
+        let mut keys = Vec::new();
+        for shape in NativeShape::ALL {
+            for w in native_grouped_gemm::FORMATS {
+                keys.extend([AFormat::F32, AFormat::F16].map(|a| KernelKey::NativeGroupedGemm { shape, w, a }));
+            }
+        }
+        keys
     }
 
     /// Whether the variant runs only on devices with cooperative matrices (and f16 in shaders).
     pub fn needs_cooperative_matrices(self) -> bool {
-        matches!(self, KernelKey::CoopGemm(_) | KernelKey::CoopGroupedGemm { .. })
+        matches!(self, KernelKey::CoopGemm(_) | KernelKey::CoopGroupedGemm { .. } | KernelKey::NativeGroupedGemm { .. })
     }
 
-    /// Every key the planner can choose: each product tile of each product at
+    /// Every WGSL key the planner can choose (the native ones: [`KernelKey::all_native`]): each product tile of each product at
     /// every prefetch depth, with every W path, format, layout and A format its kernel takes.
     pub fn all() -> Vec<KernelKey> {
         use KernelKey as K;

@@ -5,7 +5,9 @@
 //! `@group(0) @binding(0)` is a uniform holding the kernel's parameter struct (bound with a
 //! dynamic offset into one shared uniform buffer), and bindings `1..=n` are storage buffers in
 //! the order of [`KernelSource::buffers`]. Every variant has a typed [`KernelKey`]; every key's
-//! rendering is plain WGSL that naga validates offline (see the tests).
+//! rendering is plain WGSL that naga validates offline (see the tests), but for the Vulkan-native
+//! kernels' ([`native_grouped_gemm`]): SPIR-V compiled from `glsl/` by the pinned glslang
+//! (`tools/native/build.py`), committed in `spirv/` and embedded, the same binding convention.
 
 pub mod axpby;
 pub mod bf16;
@@ -20,6 +22,7 @@ pub mod grouped_gemm;
 pub mod key;
 pub mod moe_combine;
 pub mod moe_dispatch;
+pub mod native_grouped_gemm;
 pub mod norm_rope;
 pub mod residual_norms;
 pub mod rmsnorm;

@@ -62,7 +62,8 @@ pub fn compile_with_cache(adapter: Option<&str>, keys: &[KernelKey], file: &Path
     let cache = unsafe {
         device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor { label: Some("dg"), data: data.as_deref(), fallback: true })
     };
-    for key in keys {
+    // The native kernels are SPIR-V this device is not opened for (no passthrough): WGSL's alone.
+    for key in keys.iter().filter(|k| k.native().is_none()) {
         let source = key.source();
         let desc =
             wgpu::ShaderModuleDescriptor { label: Some(&source.name), source: wgpu::ShaderSource::Wgsl(source.wgsl.as_str().into()) };
@@ -83,7 +84,7 @@ pub fn compile_with_cache(adapter: Option<&str>, keys: &[KernelKey], file: &Path
     std::fs::write(file, &saved).with_context(|| format!("writing {}", file.display()))?;
     Ok(Measurement {
         adapter: info.name,
-        kernels: keys.len(),
+        kernels: keys.iter().filter(|k| k.native().is_none()).count(),
         loaded_bytes: data.map_or(0, |d| d.len()),
         saved_bytes: saved.len(),
         compile,

@@ -1,13 +1,13 @@
 //! The matrix products a [`Recorder`] records: dense and batched products (`dg_kernels::gemm`,
 //! on the tensor cores through `dg_kernels::coop_gemm` where the planner says so, split K where it
-//! pays), the experts' grouped products (`dg_kernels::grouped_gemm`, `coop_grouped_gemm`), and
+//! pays), the experts' grouped products (`dg_kernels::grouped_gemm`, `coop_grouped_gemm`, `native_grouped_gemm`), and
 //! weights split across bindings (`crate::parts`) run part by part. The operands' types: a
 //! weight as stored ([`Operand`]) and a product's output as its consumer reads it ([`Product`]).
 
 use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
-use dg_kernels::{KernelKey as K, WeightFormat, coop_gemm, coop_grouped_gemm, split_k};
+use dg_kernels::{KernelKey as K, WeightFormat, coop_gemm, coop_grouped_gemm, native_grouped_gemm, split_k};
 
 use super::Recorder;
 use crate::error::GpuError;
@@ -300,6 +300,11 @@ impl<'a> Recorder<'a> {
                     &[a, w, offsets, rows, c],
                     coop_grouped_gemm::workgroups(tile, &p),
                 )
+            }
+            Grouped::Native { shape } => {
+                let p = native_grouped_gemm::params_for(&p);
+                let key = K::NativeGroupedGemm { shape, w: format, a: a_format };
+                self.push(key, &p, &[a, w, offsets, rows, c], native_grouped_gemm::workgroups(shape, &p))
             }
         }
     }

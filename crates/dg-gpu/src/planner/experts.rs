@@ -1,6 +1,8 @@
-//! Which tile and W path run the experts' grouped product on the tensor cores
-//! (`dg_kernels::coop_grouped_gemm`), and how their loops name their stages. The kernel says which
-//! tiles take a product (`coop_grouped_gemm::fits`, `runs`); this is the rule among them.
+//! Which kernel runs the experts' grouped product on the tensor cores: the Vulkan-native one
+//! (`dg_kernels::native_grouped_gemm`) for short groups where the device runs it ([`native`]),
+//! else WGSL's (`dg_kernels::coop_grouped_gemm`): its tile and W path, and how its loops name their
+//! stages. The kernels say which tiles take a product (`coop_grouped_gemm::fits`, `runs`,
+//! `native_grouped_gemm::fits`); this is the rule among them.
 
 use dg_kernels::WeightFormat;
 use dg_kernels::coop_gemm::{CoopTile, Stages, WPath};
@@ -8,6 +10,7 @@ use dg_kernels::coop_grouped_gemm::{
     EXPERT_TILE, GATHERED_EXPERT_TILE, LONG_GROUP_TILE, QUANTIZED_EXPERT_TILE, QUANTIZED_LONG_GROUP_TILE, TILE_32X64, fits,
 };
 use dg_kernels::grouped_gemm::GroupedGemmParams;
+use dg_kernels::native_grouped_gemm::{self, NativeShape, NativeShapes};
 
 /// The mean slots per expert from which [`choose`] takes the long groups' tiles. On an H200 the
 /// 64-row tile lost at 16 (a commit: 6 layers' kernels 4.63 ms in [`EXPERT_TILE`] against 5.30),
@@ -30,7 +33,7 @@ pub const LONG_GROUP_MEAN_SLOTS: u32 = 48;
 /// were batched), and the prefill's wall time over 30 layers 76.8 against 81.3 ms (bench/HISTORY.md,
 /// "The encoder's experts in the decoder's tile").
 pub fn choose(p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option<(CoopTile, WPath)> {
-    let long = u64::from(slots) >= u64::from(LONG_GROUP_MEAN_SLOTS) * u64::from(p.groups.max(1));
+    let long = long_groups(p, slots);
     let expert_tile = match (format, long) {
         (WeightFormat::Quantized(_), false) => QUANTIZED_EXPERT_TILE,
         (WeightFormat::Quantized(_), true) => QUANTIZED_LONG_GROUP_TILE,
@@ -40,6 +43,27 @@ pub fn choose(p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option
     };
     let preferred: &[(CoopTile, WPath)] = &[(expert_tile, WPath::Single), (TILE_32X64, WPath::Single)];
     preferred.iter().copied().find(|&(t, _)| fits(t, p))
+}
+
+/// Whether `slots` slots over `p`'s groups are long groups: at least [`LONG_GROUP_MEAN_SLOTS`] a
+/// group on average.
+fn long_groups(p: &GroupedGemmParams, slots: u32) -> bool {
+    u64::from(slots) >= u64::from(LONG_GROUP_MEAN_SLOTS) * u64::from(p.groups.max(1))
+}
+
+/// The native kernel's fragment shape for `p` over `slots` slots on experts stored as `format`,
+/// where the device runs native kernels of `shapes`: short groups only (not [`long_groups`]: a
+/// canvas's ~4 slots an expert at 64 tokens, ~16 at 256), a format the kernel reads, and the first
+/// shape of `NativeShape::ALL` (slots on the narrow side first) the device runs that fits. Its m
+/// tiles have [`native_grouped_gemm::SLOTS`] rows, the WGSL expert tiles' 32, so a layer's gate/up
+/// and down share the dispatch's tile table whichever kernel each takes. Chosen for what the kernel
+/// is built to do (weights streamed once, no workgroup barrier in the K loop), not yet timed against
+/// [`choose`]'s tiles on an H100 or H200: `DG_NATIVE=0` runs those for the comparison.
+pub fn native(shapes: NativeShapes, p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option<NativeShape> {
+    if long_groups(p, slots) {
+        return None;
+    }
+    NativeShape::ALL.into_iter().filter(|&s| shapes.contains(s)).find(|&s| native_grouped_gemm::fits(s, format, p))
 }
 
 /// How the experts' two-stage loops (the staged path: `TILE_64X128` by the lab's overrides) name their

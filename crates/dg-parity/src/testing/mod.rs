@@ -84,6 +84,20 @@ pub fn coop_test_context(test: &str) -> Option<GpuContext> {
     Some(ctx)
 }
 
+/// The device for a test of the Vulkan-native kernels: [`coop_test_context`] where it runs some
+/// ([`GpuContext::native`]), otherwise `None` and a visible SKIP line, or a failure under
+/// [`REQUIRE_TENSOR_CORES`] (lavapipe with cooperative matrices runs them: 8×8×8 fragments).
+pub fn native_test_context(test: &str) -> Option<GpuContext> {
+    let ctx = coop_test_context(test)?;
+    if ctx.native.is_empty() {
+        let why = format!("adapter {} runs no native kernels (not Vulkan, no SPIR-V passthrough, or no fragment they take)", ctx.info.name);
+        assert!(std::env::var(REQUIRE_TENSOR_CORES).as_deref() != Ok("1"), "{test}: {why}, and {REQUIRE_TENSOR_CORES}=1");
+        eprintln!("SKIP {test}: {why}");
+        return None;
+    }
+    Some(ctx)
+}
+
 /// `tile` in the fragments of `ctx`'s tensor cores ([`GpuContext::coop_fragment`]), as the
 /// planner hands tiles out: for tests that run a tile of their own choosing.
 pub fn on_device(ctx: &GpuContext, tile: dg_kernels::coop_gemm::CoopTile) -> dg_kernels::coop_gemm::CoopTile {

@@ -1,0 +1,300 @@
+#version 450
+// The experts' grouped product for short groups on Vulkan's cooperative matrices, SPIR-V taken past
+// WGSL (native_grouped_gemm.rs is the contract; the same inputs, outputs and parameters as
+// coop_grouped_gemm.wgsl). For every slot s of expert g (slots offsets[g] .. offsets[g + 1]):
+//   C[s, j] = sum over p of f16(A[row(s), p]) * W[g, j, p]     (f16 products, f32 accumulation)
+// computed transposed, C^T = W . A^T: the weights' rows on the fragments' M side (FM, 16 on NVIDIA)
+// and the slots on their N side (FN: 8 where the adapter offers 16x8x16), so that a short group
+// wastes the narrow side and not the weights' (Marlin's arrangement).
+//
+// Compile-time variant (tools/native/build.py): FM x FN x FK the fragment, SG the subgroup size,
+// WFMT the weights' format (W_F16, W_Q4_K, W_Q6_K, W_Q8_0), A_F16 whether A is stored as f16.
+//
+// A workgroup computes BN = 2 FM rows of W for TM = 32 slots (one m tile of the dispatch's tile
+// table) in NSG subgroups that split K: subgroup sg takes the K chunks sg, sg + NSG, ... (a chunk
+// is one block of a quantized format, a whole 256-value super-block for the K-quants; 32 values of
+// F16), so each weight byte is loaded once, by one invocation, and the K loop synchronises only
+// within a subgroup: per 32 values of K, each invocation dequantizes whole 32-value runs of W rows
+// and converts runs of A rows into the subgroup's own f16 tiles in workgroup memory, from which the
+// fragments load. Fragments of slots past the group's count are skipped. The subgroups' partial
+// sums meet once, after the K loop, in workgroup memory; their sum goes to C for the slots below
+// the count.
+//
+// The grid is coop_grouped_gemm.wgsl's: with a tile table (p.tiles != 0: the host passes it only
+// where the table's rows are TM), n tile fastest, then the table's entries; else m tile fastest,
+// then n tile, then group over max_rows. Requires N % BN == 0, K a multiple of the chunk, a_rs and
+// b_group_stride multiples of 4, and subgroups of exactly SG invocations.
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_control_flow_attributes : require
+
+#define W_F16 0
+#define W_Q4_K 1
+#define W_Q6_K 2
+#define W_Q8_0 3
+
+const uint NSG = 4u;
+const uint RM = 2u;
+const uint BN = FM * RM;
+const uint TM = 32u;
+const uint RN = TM / FN;
+const uint KS = 32u;
+// A tile row's stride in workgroup memory: KS values and 8 of padding (16 bytes, as fragment
+// loads want rows), so that the invocations staging rows side by side write to different banks.
+const uint KP = KS + 8u;
+#if WFMT == W_Q4_K || WFMT == W_Q6_K
+const uint KU = 256u;
+#else
+const uint KU = 32u;
+#endif
+const uint NO_TILE = 0xffffffffu;
+
+layout(local_size_x = SG * NSG, local_size_y = 1, local_size_z = 1) in;
+
+layout(std140, set = 0, binding = 0) uniform Params {
+    uint n;
+    uint k;
+    uint groups;
+    uint max_rows;
+    uint a_rs;
+    uint b_group_stride;
+    uint c_rs;
+    uint gather;
+    uint tiles;
+    uint tile_rows;
+    uint first_group;
+    uint pad1;
+} p;
+layout(std430, set = 0, binding = 1) readonly buffer A { uint a[]; };
+#if WFMT == W_Q6_K
+layout(std430, set = 0, binding = 2) readonly buffer W { uint w[]; };
+#else
+layout(std430, set = 0, binding = 2) readonly buffer W { uvec4 w4[]; };
+#endif
+layout(std430, set = 0, binding = 3) readonly buffer Offsets { uint offsets[]; };
+layout(std430, set = 0, binding = 4) readonly buffer Rows { uint gather_rows[]; };
+layout(std430, set = 0, binding = 5) buffer C { float c[]; };
+
+// Each subgroup's tiles: W's BN rows and A's TM slots, KS values of K each (rows KP apart); then each subgroup's
+// partial sums, BN x TM column-major (C^T).
+shared float16_t sw[NSG * BN * KP];
+shared float16_t sa[NSG * TM * KP];
+shared float sums[NSG * BN * TM];
+
+#if WFMT == W_Q4_K
+// Byte i of a Q4_K header's 12 bytes of scales and mins (its words y, z, w).
+uint scale_byte(uvec4 head, uint i) {
+    return (head[1u + i / 4u] >> (8u * (i % 4u))) & 0xffu;
+}
+#endif
+
+// W row j's 32 values k0 .. k0 + 32 (k0 a multiple of 32) of expert g (its first element at
+// base = g * b_group_stride), into sw[at ..].
+void stage_w(uint base, uint j, uint k0, uint at) {
+#if WFMT == W_F16
+    // K panels of 32: [k / 32, n, 32] halves.
+    uint v = (base + (k0 / 32u) * p.n * 32u + j * 32u) / 8u;
+    for (uint q = 0u; q < 4u; q++) {
+        uvec4 x = w4[v + q];
+        for (uint e = 0u; e < 4u; e++) {
+            f16vec2 h = unpackFloat2x16(x[e]);
+            sw[at + 8u * q + 2u * e] = h.x;
+            sw[at + 8u * q + 2u * e + 1u] = h.y;
+        }
+    }
+#elif WFMT == W_Q4_K
+    // Blocks in K panels one block wide, in planes of 8 blocks (format/planes.rs): 72 words of
+    // 16 bytes a group, word r block r's header (d, dmin, 12 bytes of scales and mins), word
+    // 8 + 8 s + r sub-block s's nibbles (byte i: value i low, value 16 + i high).
+    uint b = base / 256u + (k0 / 256u) * p.n + j;
+    uint s = (k0 % 256u) / 32u;
+    uint g = (b / 8u) * 72u;
+    uint r = b % 8u;
+    uvec4 head = w4[g + r];
+    uvec4 qs = w4[g + 8u + 8u * s + r];
+    vec2 dm = unpackHalf2x16(head.x);
+    // get_scale_min_k4 of ggml over the 12 bytes of head.yzw.
+    uint sc;
+    uint m;
+    if (s < 4u) {
+        sc = scale_byte(head, s) & 63u;
+        m = scale_byte(head, s + 4u) & 63u;
+    } else {
+        uint hi = scale_byte(head, s + 4u);
+        sc = (hi & 15u) | ((scale_byte(head, s - 4u) >> 6u) << 4u);
+        m = (hi >> 4u) | ((scale_byte(head, s) >> 6u) << 4u);
+    }
+    float d1 = dm.x * float(sc);
+    float m1 = dm.y * float(m);
+    for (uint i = 0u; i < 16u; i++) {
+        uint byte = (qs[i / 4u] >> (8u * (i % 4u))) & 0xffu;
+        sw[at + i] = float16_t(d1 * float(byte & 15u) - m1);
+        sw[at + 16u + i] = float16_t(d1 * float(byte >> 4u) - m1);
+    }
+#elif WFMT == W_Q6_K
+    // Blocks in K panels one block wide, in ggml's order (210 bytes: ql[128], qh[64],
+    // scales[16] i8, d f16); sub-block s of 32 values: half h = s / 4, quarter u = s % 4.
+    uint b = base / 256u + (k0 / 256u) * p.n + j;
+    uint s = (k0 % 256u) / 32u;
+    uint o = b * 210u;
+    uint h = s / 4u;
+    uint u = s % 4u;
+    uint od = o + 208u;
+    float d = unpackHalf2x16(w[od / 4u] >> (8u * (od % 4u))).x;
+    for (uint l = 0u; l < 32u; l++) {
+        uint oql = o + 64u * h + 32u * (u & 1u) + l;
+        uint oqh = o + 128u + 32u * h + l;
+        uint osc = o + 192u + 8u * h + l / 16u + 2u * u;
+        uint ql = (w[oql / 4u] >> (8u * (oql % 4u) + 4u * (u >> 1u))) & 15u;
+        uint qh = (w[oqh / 4u] >> (8u * (oqh % 4u) + 2u * u)) & 3u;
+        int sc = int(w[osc / 4u] << (24u - 8u * (osc % 4u))) >> 24;
+        sw[at + l] = float16_t(d * float(sc) * float(int(ql | (qh << 4u)) - 32));
+    }
+#elif WFMT == W_Q8_0
+    // Blocks in K panels one block wide, in planes of 8 blocks (format/planes.rs): 17 words of
+    // 16 bytes a group, word r block r's quants 0..16, word 8 + r its quants 16..32, word 16 the
+    // 8 scales d (f16, block r in half r % 2 of its u32 r / 2).
+    uint b = base / 32u + (k0 / 32u) * p.n + j;
+    uint g = (b / 8u) * 17u;
+    uint r = b % 8u;
+    float d = unpackHalf2x16(w4[g + 16u][r / 2u])[r % 2u];
+    for (uint q = 0u; q < 2u; q++) {
+        uvec4 x = w4[g + 8u * q + r];
+        for (uint i = 0u; i < 16u; i++) {
+            int v = int(x[i / 4u] << (24u - 8u * (i % 4u))) >> 24;
+            sw[at + 16u * q + i] = float16_t(float(v) * d);
+        }
+    }
+#endif
+}
+
+// A row `row`'s 32 values k0 .. k0 + 32, rounded to f16, into sa[at ..].
+void stage_a(uint row, uint k0, uint at) {
+    uint e = row * p.a_rs + k0;
+#if A_F16
+    for (uint q = 0u; q < 16u; q++) {
+        f16vec2 h = unpackFloat2x16(a[e / 2u + q]);
+        sa[at + 2u * q] = h.x;
+        sa[at + 2u * q + 1u] = h.y;
+    }
+#else
+    for (uint q = 0u; q < 32u; q++) {
+        sa[at + q] = float16_t(uintBitsToFloat(a[e + q]));
+    }
+#endif
+}
+
+void main() {
+    uint id = gl_WorkGroupID.x + gl_NumWorkGroups.x * (gl_WorkGroupID.y + gl_NumWorkGroups.y * gl_WorkGroupID.z);
+    uint tiles_n = p.n / BN;
+    uint tiles_m = (p.max_rows + TM - 1u) / TM;
+    uint g;
+    uint m0;
+    uint n0;
+    if (p.tiles != 0u) {
+        uint t = id / tiles_n;
+        if (t >= p.tiles) {
+            return;   // padding of a folded grid
+        }
+        uint entry = offsets[p.groups + 1u + t];
+        if (entry == NO_TILE) {
+            return;   // past the last m tile that holds slots
+        }
+        g = entry & 0xffffu;
+        m0 = (entry >> 16u) * TM;
+        n0 = (id % tiles_n) * BN;
+    } else {
+        if (id >= tiles_m * tiles_n * p.groups) {
+            return;
+        }
+        g = id / (tiles_m * tiles_n);
+        m0 = (id % tiles_m) * TM;
+        n0 = ((id / tiles_m) % tiles_n) * BN;
+    }
+    uint first = offsets[p.first_group + g];
+    uint count = offsets[p.first_group + g + 1u] - first;
+    if (m0 >= count) {
+        return;
+    }
+    uint live = min(count - m0, TM);
+    uint sg = gl_SubgroupID;
+    uint lane = gl_SubgroupInvocationID;
+    uint w_at = sg * BN * KP;
+    uint a_at = sg * TM * KP;
+    uint base = g * p.b_group_stride;
+
+    coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator> acc[RM][RN];
+    [[unroll]] for (uint i = 0u; i < RM; i++) {
+        [[unroll]] for (uint t = 0u; t < RN; t++) {
+            acc[i][t] = coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>(0.0);
+        }
+    }
+    // Every subgroup passes the same barriers as often (a driver may treat a subgroup barrier
+    // as a workgroup one, as lavapipe does): chunks past K are skipped, not their barriers.
+    uint chunks = p.k / KU;
+    for (uint c0 = 0u; c0 < chunks; c0 += NSG) {
+        uint ch = c0 + sg;
+        bool live_chunk = ch < chunks;
+        for (uint s = 0u; s < KU / KS; s++) {
+            uint k0 = ch * KU + s * KS;
+            if (live_chunk) {
+                for (uint r = lane; r < BN; r += SG) {
+                    stage_w(base, n0 + r, k0, w_at + r * KP);
+                }
+                for (uint r = lane; r < TM; r += SG) {
+                    if (r < live) {
+                        uint slot = first + m0 + r;
+                        stage_a(p.gather != 0u ? gather_rows[slot] : slot, k0, a_at + r * KP);
+                    } else {
+                        for (uint q = 0u; q < KS; q++) {
+                            sa[a_at + r * KP + q] = float16_t(0.0);
+                        }
+                    }
+                }
+            }
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            if (live_chunk) {
+                for (uint kk = 0u; kk < KS; kk += FK) {
+                    coopmat<float16_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA> wf[RM];
+                    [[unroll]] for (uint i = 0u; i < RM; i++) {
+                        coopMatLoad(wf[i], sw, w_at + i * FM * KP + kk, KP, gl_CooperativeMatrixLayoutRowMajor);
+                    }
+                    [[unroll]] for (uint t = 0u; t < RN; t++) {
+                        if (t * FN < live) {
+                            coopmat<float16_t, gl_ScopeSubgroup, FK, FN, gl_MatrixUseB> af;
+                            coopMatLoad(af, sa, a_at + t * FN * KP + kk, KP, gl_CooperativeMatrixLayoutColumnMajor);
+                            [[unroll]] for (uint i = 0u; i < RM; i++) {
+                                acc[i][t] = coopMatMulAdd(wf[i], af, acc[i][t]);
+                            }
+                        }
+                    }
+                }
+            }
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+        }
+    }
+    // The subgroups' partial sums, then their sum for the live slots.
+    uint sum_at = sg * BN * TM;
+    [[unroll]] for (uint i = 0u; i < RM; i++) {
+        [[unroll]] for (uint t = 0u; t < RN; t++) {
+            if (t * FN < live) {
+                coopMatStore(acc[i][t], sums, sum_at + t * FN * BN + i * FM, BN, gl_CooperativeMatrixLayoutColumnMajor);
+            }
+        }
+    }
+    memoryBarrierShared();
+    barrier();
+    for (uint e = gl_LocalInvocationIndex; e < live * BN; e += SG * NSG) {
+        uint j = e % BN;
+        uint t = e / BN;
+        float total = 0.0;
+        [[unroll]] for (uint q = 0u; q < NSG; q++) {
+            total += sums[q * BN * TM + t * BN + j];
+        }
+        c[(first + m0 + t) * p.c_rs + n0 + j] = total;
+    }
+}
