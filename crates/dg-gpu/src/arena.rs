@@ -87,8 +87,11 @@ pub struct Arena<B = wgpu::Buffer> {
     pub sliding_scratch: B,
     /// u32 ids `[rows]`: the canvases, or an encoder chunk.
     pub ids: B,
-    /// Embedded canvas, then `e + sc_signal` `[C, H]`.
+    /// Embedded canvas, then `e + sc_signal` `[C, H]`; in an encoder chunk holding an image, its
+    /// soft tokens' rows (`forward::ImageRows`).
     pub embedded: B,
+    /// u32 `[rows]`: 1 at the rows of an encoder chunk that hold an image's soft tokens, else 0.
+    pub image_gate: B,
     /// The residual stream `[C, H]`.
     pub hidden: B,
     /// A normed copy of the stream `[C, H]`.
@@ -494,6 +497,7 @@ impl<B> Arena<B> {
             },
             ids: f("ids", r)?,
             embedded: f("embedded", r * h)?,
+            image_gate: f("image gate", r)?,
             hidden: f("hidden", r * h)?,
             normed: f("normed", r * h)?,
             qkv_raw: f("qkv_raw", r * (q_w + 2 * kv_w))?,

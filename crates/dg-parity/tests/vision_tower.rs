@@ -2,15 +2,17 @@
 //! `embed_vision`) on the vision-encoder fixture (tools/oracle/make_vision_fixture.py): the committed
 //! test images through dg's processor, then the tower, soft token by soft token; and the logits of a
 //! canvas forward after a prompt holding both images (soft tokens in place, each image's run
-//! bidirectional in the encoder).
+//! bidirectional in the encoder), on the CPU and on the GPU.
 
 use dg_cpu::CpuModel;
 use dg_cpu::vision::{ImagePatches, embed_vision, vision_tower};
+use dg_gpu::{GpuModel, ModelOptions};
 use dg_image::{DecodeLimits, ImageProcessor, decode};
+use dg_kernels::WeightFormat;
 use dg_model::{ModelDir, SafetensorsFile, VisionWeights};
-use dg_parity::checks::{ARGMAX_MARGIN, CPU_LOGITS_TOLERANCE};
+use dg_parity::checks::{ARGMAX_MARGIN, CPU_LOGITS_TOLERANCE, GPU_LOGITS_TOLERANCE};
 use dg_parity::compare::compare;
-use dg_parity::testing::fixture;
+use dg_parity::testing::{fixture, test_context};
 
 /// Normwise tolerance of the f32 tower against transformers' f32 tower: the same f32 operations in
 /// another summation order, as for the text model's logits (the fixture records transformers' own
@@ -95,13 +97,54 @@ fn cpu_canvas_logits_after_an_image_prompt_match_transformers() {
     assert!(off.normwise > 100.0 * CPU_LOGITS_TOLERANCE, "causal image runs match too: {off}");
 }
 
+/// [`logits_after_image_prompt`] on the GPU with F32 weights, the encoder's prompt in chunks of at
+/// most `prefill_rows` tokens (None: the arena's default).
+fn gpu_logits_after_image_prompt(dir: &std::path::Path, bidirectional: bool, prefill_rows: Option<usize>) -> Option<Vec<f32>> {
+    let mut model = ModelDir::open(dir).unwrap();
+    let reference = reference(dir);
+    let embeddings: Vec<f32> = encode_images(&model).into_iter().flat_map(|(_, e)| e).collect();
+    model.config.images_bidirectional = bidirectional;
+    let mut ctx = test_context("gpu_canvas_logits_after_an_image_prompt_match_transformers")?;
+    ctx.tuning.prefill_rows = prefill_rows;
+    let prompt = ids(&reference, "prompt_ids");
+    let canvas = ids(&reference, "canvas_ids");
+    let options = ModelOptions::new(prompt.len() + canvas.len()).format(WeightFormat::F32);
+    let mut gpu = GpuModel::load(ctx, &model.config, &model.checkpoint, options).unwrap();
+    gpu.encode_with_images(&prompt, &embeddings).unwrap();
+    let mut logits = vec![0f32; canvas.len() * model.config.text.vocab_size];
+    gpu.canvas_forward(&canvas, None, &mut logits).unwrap();
+    Some(logits)
+}
+
+#[test]
+fn gpu_canvas_logits_after_an_image_prompt_match_transformers() {
+    let dir = fixture("vision-encoder");
+    let want = reference(&dir).tensor_f32("logits_image_prompt").unwrap().data;
+    let vocab = ModelDir::open(&dir).unwrap().config.text.vocab_size;
+    // One chunk, and chunks of at most 96 tokens (each image's run in a chunk of its own).
+    for prefill_rows in [None, Some(96)] {
+        let Some(ours) = gpu_logits_after_image_prompt(&dir, true, prefill_rows) else { return };
+        let c = compare(&ours, &want, vocab, ARGMAX_MARGIN);
+        eprintln!("GPU logits after the image prompt, prefill rows {prefill_rows:?}: {c}");
+        assert!(c.nonfinite_ours == 0 && c.normwise <= GPU_LOGITS_TOLERANCE && c.argmax_mismatches.is_empty(), "{c}");
+    }
+    let Some(causal) = gpu_logits_after_image_prompt(&dir, false, None) else { return };
+    let off = compare(&causal, &want, vocab, ARGMAX_MARGIN);
+    assert!(off.normwise > 100.0 * GPU_LOGITS_TOLERANCE, "causal image runs match too: {off}");
+}
+
 #[test]
 fn image_embeddings_must_fill_every_soft_token() {
     let model = ModelDir::open(&fixture("vision-encoder")).unwrap();
     let reference = reference(&fixture("vision-encoder"));
     let hidden = model.config.text.hidden_size;
     let weights = model.load_weights().unwrap();
-    let mut cpu = CpuModel::new(model.config, weights);
+    let mut cpu = CpuModel::new(model.config.clone(), weights);
     let err = cpu.encode_with_images(&ids(&reference, "prompt_ids"), &vec![0.0; 3 * hidden]).unwrap_err();
     assert!(err.to_string().contains("image embeddings"), "{err}");
+    let Some(ctx) = test_context("image_embeddings_must_fill_every_soft_token") else { return };
+    let mut gpu = GpuModel::load(ctx, &model.config, &model.checkpoint, ModelOptions::new(512)).unwrap();
+    let err = gpu.encode_with_images(&ids(&reference, "prompt_ids"), &vec![0.0; 3 * hidden]).unwrap_err();
+    assert!(err.to_string().contains("image embeddings"), "{err}");
+    assert_eq!(gpu.seq_len(), 0, "a refused encode encoded something");
 }
