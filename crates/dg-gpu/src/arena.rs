@@ -65,6 +65,14 @@ fn even_block(tokens: usize, most: usize) -> usize {
 /// keep the GEMMs as wide as a prefill allows while the arena stays a few hundred MB at the real size.
 pub const PREFILL_CHUNK: usize = 1024;
 
+/// Tokens per encoder chunk at most in `config`'s model: [`PREFILL_CHUNK`], or in a model with a
+/// vision tower the largest image's soft tokens where more (an image's run is encoded in one
+/// chunk: `GpuModel::encode_with_images`).
+pub fn prefill_chunk(config: &ModelConfig) -> usize {
+    let largest_image = dg_image::SUPPORTED_SOFT_TOKENS.iter().max().copied().unwrap_or(0);
+    if config.vision.is_some() { PREFILL_CHUNK.max(largest_image) } else { PREFILL_CHUNK }
+}
+
 /// Activation buffers.
 #[derive(Debug)]
 pub struct Arena<B = wgpu::Buffer> {
@@ -356,7 +364,7 @@ pub fn cache_positions_for(cfg: &TextConfig, kind: LayerKind, max_context: usize
 /// [`cache_format`]) for contexts of up to `max_context` positions, in a model loaded for one
 /// sequence.
 pub fn sequence_cache_bytes(config: &ModelConfig, max_context: usize, format: WeightFormat) -> u64 {
-    let r = token_rows(config, max_context, 1, PREFILL_CHUNK);
+    let r = token_rows(config, max_context, 1, prefill_chunk(config));
     config.text.layers.iter().map(|l| 2 * layer_cache_bytes(config, l, max_context, r, format)).sum()
 }
 
@@ -423,7 +431,7 @@ impl<B> Arena<B> {
         // Rows of a forward of every slot's canvas.
         let b = slots * c;
         // Rows of the per-token activations: the canvases, or an encoder chunk.
-        let r = token_rows(config, max_context, slots, tuning.prefill_rows.unwrap_or(PREFILL_CHUNK));
+        let r = token_rows(config, max_context, slots, tuning.prefill_rows.unwrap_or_else(|| prefill_chunk(config)));
         let keep = cfg.sliding_kept();
         let sliding_positions = cache_positions_for(cfg, LayerKind::Sliding, max_context, r);
         let (h, v, i, e_i, k) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.moe_intermediate_size, cfg.top_k_experts);

@@ -309,7 +309,7 @@ impl GpuModel {
     }
 
     /// Encodes `ids` causally at the next positions on the GPU, appending every layer's K/V to the
-    /// cache (spec §4): in chunks of at most `max(C, PREFILL_CHUNK)` tokens, each submitted as its
+    /// cache (spec §4): in chunks of at most `max(C, arena::prefill_chunk)` tokens, each submitted as its
     /// layers are recorded ([`crate::tuning::Tuning::encoder_submit_layers`]); returns when the
     /// GPU has run them all. Image placeholders become pad.
     pub fn encode(&mut self, ids: &[u32]) -> Result<(), GpuError> {
