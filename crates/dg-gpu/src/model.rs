@@ -112,10 +112,13 @@ fn chunk_at(keep: usize, positions: usize, slot: usize, (start, base): (usize, u
     EncoderChunk { slot, start, tokens, base, image: None }
 }
 
+/// An encoder chunk's tokens within the ids of one encode, and the image run it holds.
+type ChunkOfPrompt = (Range<usize>, Option<Range<usize>>);
+
 /// The encoder chunks of `len` new tokens whose image soft tokens lie at `spans` (sorted, disjoint
 /// ranges of them): ranges of at most `most` tokens, each with the span it holds whole; no chunk
 /// cuts a span or holds two (an image's rows see each other, and a chunk's mask holds one span).
-fn encoder_chunks(len: usize, most: usize, spans: &[Range<usize>]) -> Result<Vec<(Range<usize>, Option<Range<usize>>)>, GpuError> {
+fn encoder_chunks(len: usize, most: usize, spans: &[Range<usize>]) -> Result<Vec<ChunkOfPrompt>, GpuError> {
     if let Some(span) = spans.iter().find(|s| s.len() > most) {
         return Err(GpuError::Unsupported {
             what: format!(
@@ -800,19 +803,21 @@ mod tests {
 
     #[test]
     fn encoder_chunks_keep_each_image_whole_and_alone() {
-        let chunks = |len, most, spans: &[Range<usize>]| encoder_chunks(len, most, spans).unwrap();
+        // Spans as (start, end) pairs.
+        let spans = |pairs: &[(usize, usize)]| pairs.iter().map(|&(a, b)| a..b).collect::<Vec<_>>();
+        let chunks = |len, most, pairs: &[(usize, usize)]| encoder_chunks(len, most, &spans(pairs)).unwrap();
         // No images: chunks of `most`.
         assert_eq!(chunks(10, 4, &[]), vec![(0..4, None), (4..8, None), (8..10, None)]);
         // A span across a boundary starts the next chunk; one within a chunk stays in it.
-        assert_eq!(chunks(12, 6, &[4..8]), vec![(0..4, None), (4..10, Some(4..8)), (10..12, None)]);
-        assert_eq!(chunks(12, 6, &[1..3]), vec![(0..6, Some(1..3)), (6..12, None)]);
+        assert_eq!(chunks(12, 6, &[(4, 8)]), vec![(0..4, None), (4..10, Some(4..8)), (10..12, None)]);
+        assert_eq!(chunks(12, 6, &[(1, 3)]), vec![(0..6, Some(1..3)), (6..12, None)]);
         // Two spans that would share a chunk get one each; a span as long as a chunk fills it.
-        assert_eq!(chunks(12, 8, &[1..3, 5..7]), vec![(0..5, Some(1..3)), (5..12, Some(5..7))]);
-        assert_eq!(chunks(9, 4, &[2..6]), vec![(0..2, None), (2..6, Some(2..6)), (6..9, None)]);
+        assert_eq!(chunks(12, 8, &[(1, 3), (5, 7)]), vec![(0..5, Some(1..3)), (5..12, Some(5..7))]);
+        assert_eq!(chunks(9, 4, &[(2, 6)]), vec![(0..2, None), (2..6, Some(2..6)), (6..9, None)]);
         // Adjacent runs of soft tokens are one run.
         assert_eq!(runs(&[1, 7, 7, 2, 7, 7, 7], 7), vec![1..3, 4..7]);
         // A span longer than a chunk is refused with its size.
-        let err = encoder_chunks(20, 4, &[2..8]).unwrap_err().to_string();
+        let err = encoder_chunks(20, 4, &spans(&[(2, 8)])).unwrap_err().to_string();
         assert!(err.contains("6 soft tokens") && err.contains("4"), "{err}");
     }
 }
