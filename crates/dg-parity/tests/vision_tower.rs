@@ -6,7 +6,7 @@
 
 use dg_cpu::CpuModel;
 use dg_cpu::vision::{ImagePatches, embed_vision, vision_tower};
-use dg_gpu::{GpuModel, ModelOptions};
+use dg_gpu::{GpuModel, GpuVisionTower, ModelOptions};
 use dg_image::{DecodeLimits, ImageProcessor, decode};
 use dg_kernels::WeightFormat;
 use dg_model::{ModelDir, SafetensorsFile, VisionWeights};
@@ -64,6 +64,37 @@ fn cpu_vision_tower_matches_transformers_on_the_test_images() {
             eprintln!("{file} {name}: {c}");
         }
     }
+}
+
+/// The GPU tower (F32 matrices) on the test images: its rows for the text encoder against
+/// transformers' `get_image_features`, normwise within the GPU forward's tolerance; its attention
+/// in one block of queries, and in blocks of 64 (scores capped).
+#[test]
+fn gpu_vision_tower_matches_transformers_on_the_test_images() {
+    let Some(mut ctx) = test_context("gpu_vision_tower_matches_transformers_on_the_test_images") else { return };
+    let dir = fixture("vision-encoder");
+    let model = ModelDir::open(&dir).unwrap();
+    let reference = reference(&dir);
+    let vision = model.config.vision.clone().unwrap();
+    let text_hidden = model.config.text.hidden_size;
+    let mut tower = GpuVisionTower::load(&ctx, &vision, text_hidden, &model.checkpoint, WeightFormat::F32).unwrap();
+    let processor = ImageProcessor { patch_size: vision.patch_size, pooling_kernel_size: vision.pooling_kernel_size, max_soft_tokens: 70 };
+    for blocks_of in [None, Some(64)] {
+        for (i, file) in IMAGES.iter().enumerate() {
+            let bytes = std::fs::read(fixture("image-processor").join(file)).unwrap();
+            let image = processor.process(&decode(&bytes, DecodeLimits::default()).unwrap()).unwrap();
+            ctx.tuning.scores_bytes = blocks_of.map(|q: usize| (4 * vision.num_heads * image.positions.len() * q) as u64);
+            let ours = tower.image_embeddings(&ctx, &image.pixel_values, &image.positions).unwrap();
+            let want = reference.tensor_f32(&format!("image{i}_embeddings")).unwrap().data;
+            assert_eq!(ours.len(), want.len(), "{file}: soft tokens");
+            let c = compare(&ours, &want, text_hidden, f32::INFINITY);
+            eprintln!("{file} GPU embeddings, queries in blocks of {blocks_of:?}: {c}");
+            assert!(c.nonfinite_ours == 0 && c.normwise <= GPU_LOGITS_TOLERANCE, "{file}: {c}");
+        }
+    }
+    // Patches that do not pool into whole soft tokens are refused by name.
+    let err = tower.image_embeddings(&ctx, &vec![0.5; 4 * vision.patch_width()], &[[0, 0], [1, 0], [0, 1], [1, 1]]).unwrap_err();
+    assert!(err.to_string().contains("do not pool"), "{err}");
 }
 
 /// One canvas forward after `prompt` with the images' embeddings in place, the encoder's image runs
