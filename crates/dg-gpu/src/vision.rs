@@ -41,6 +41,8 @@ struct VisionLayer {
 
 /// The tower's weights on the device.
 struct TowerWeights {
+    /// The upload's format of the matrices (as [`crate::GpuWeights`]'s).
+    format: WeightFormat,
     input_proj: SplitMatrix,
     /// `[2·position_embedding_size, hidden]`: the x table, then the y table.
     positions: GpuMatrix,
@@ -162,7 +164,7 @@ impl GpuVisionTower {
         ctx.queue.write_buffer(&std_scale, 0, bytemuck::cast_slice(&diag));
         let std_shift = ctx.storage_buffer("vision std shift", (hid * 4) as u64)?;
         ctx.queue.write_buffer(&std_shift, 0, bytemuck::cast_slice(&shift));
-        let weights = TowerWeights { input_proj, positions, layers, std_scale, std_shift, projection };
+        let weights = TowerWeights { format, input_proj, positions, layers, std_scale, std_shift, projection };
         Ok(GpuVisionTower {
             config: c,
             text_hidden,
@@ -230,6 +232,14 @@ fn axial_tables(c: &VisionConfig, positions: &[[u32; 2]], heads: usize) -> (Vec<
         }
     }
     (cos, sin)
+}
+
+impl TowerWeights {
+    /// Whether products with `m` run on the tensor cores: as the text model's
+    /// (`GpuWeights::on_tensor_cores`: in the F16 mode, its F16 and quantized matrices).
+    fn tc(&self, m: &SplitMatrix) -> bool {
+        self.format == WeightFormat::F16 && (m.format == WeightFormat::F16 || m.format.is_quantized())
+    }
 }
 
 impl ImageBuffers {
@@ -308,7 +318,7 @@ fn record<'a>(
     let size = c.position_embedding_size;
     // Patch embedding: input_proj(2·(x − 0.5)) + table[x] + table[size + y].
     rec.scope("vision patch embedding");
-    rec.product(&b.pixels, &w.input_proj, &b.h, linear_params(p, hid, c.patch_width()), false)?;
+    rec.product(&b.pixels, &w.input_proj, &b.h, linear_params(p, hid, c.patch_width()), w.tc(&w.input_proj))?;
     for ids in [&b.ids_x, &b.ids_y] {
         rec.embed_format(ids, &w.positions.buffer, w.positions.format, &b.tmp, p, hid, 0, 2 * size, 1.0)?;
         rec.axpby(&b.tmp, &b.h, p * hid, (1.0, 1.0), AxpbyRows::default())?;
@@ -317,9 +327,9 @@ fn record<'a>(
     for (l, layer) in w.layers.iter().enumerate() {
         rec.scope(format!("vision layer{l}"));
         rec.rmsnorm(&b.h, Some(&layer.input_norm), &b.dummy, &b.normed, p, hid, eps, false, 1.0)?;
-        rec.product(&b.normed, &layer.q_proj, &b.q, linear_params(p, heads * d, hid), false)?;
-        rec.product(&b.normed, &layer.k_proj, &b.k, linear_params(p, kv * d, hid), false)?;
-        rec.product(&b.normed, &layer.v_proj, &b.v, linear_params(p, kv * d, hid), false)?;
+        rec.product(&b.normed, &layer.q_proj, &b.q, linear_params(p, heads * d, hid), w.tc(&layer.q_proj))?;
+        rec.product(&b.normed, &layer.k_proj, &b.k, linear_params(p, kv * d, hid), w.tc(&layer.k_proj))?;
+        rec.product(&b.normed, &layer.v_proj, &b.v, linear_params(p, kv * d, hid), w.tc(&layer.v_proj))?;
         rec.rmsnorm(&b.q, Some(&layer.q_norm), &b.dummy, &b.qn, p * heads, d, eps, false, 1.0)?;
         rec.rmsnorm(&b.k, Some(&layer.k_norm), &b.dummy, &b.kn, p * kv, d, eps, false, 1.0)?;
         rec.rmsnorm(&b.v, None, &b.dummy, &b.vn, p * kv, d, eps, false, 1.0)?;
@@ -334,12 +344,12 @@ fn record<'a>(
             let values = GemmParams { c_offset: (t0 * heads * d) as u32, ..attention_values_params(qb, p, d, heads, kv) };
             rec.product(&b.scores, Operand::kv_cache(&b.vn, WeightFormat::F32), &b.attn, values, false)?;
         }
-        rec.product(&b.attn, &layer.o_proj, &b.tmp, linear_params(p, hid, heads * d), false)?;
+        rec.product(&b.attn, &layer.o_proj, &b.tmp, linear_params(p, hid, heads * d), w.tc(&layer.o_proj))?;
         rec.rmsnorm(&b.tmp, Some(&layer.post_attention_norm), &b.dummy, &b.h, p, hid, eps, true, 1.0)?;
         rec.rmsnorm(&b.h, Some(&layer.pre_ff_norm), &b.dummy, &b.normed, p, hid, eps, false, 1.0)?;
-        rec.product(&b.normed, &layer.gate_up, &b.gate_up, linear_params(p, 2 * inter, hid), false)?;
+        rec.product(&b.normed, &layer.gate_up, &b.gate_up, linear_params(p, 2 * inter, hid), w.tc(&layer.gate_up))?;
         rec.gelu_glu_fused(&b.gate_up, &b.act, p, inter, None)?;
-        rec.product(&b.act, &layer.down, &b.tmp, linear_params(p, hid, inter), false)?;
+        rec.product(&b.act, &layer.down, &b.tmp, linear_params(p, hid, inter), w.tc(&layer.down))?;
         rec.rmsnorm(&b.tmp, Some(&layer.post_ff_norm), &b.dummy, &b.h, p, hid, eps, true, 1.0)?;
     }
     // Pooling (`Gemma4VisionPooler`: the mean of each k×k block, times √hidden) as a product with
@@ -357,5 +367,5 @@ fn record<'a>(
     rec.embed(&b.zeros, &w.std_shift, &b.standardized, tokens, hid, 0, 1, 1.0)?;
     rec.product(&b.pooled, &w.std_scale, &b.standardized, GemmParams { accumulate: 1, ..linear_params(tokens, hid, hid) }, false)?;
     rec.rmsnorm(&b.standardized, None, &b.dummy, &b.pooled, tokens, hid, eps, false, 1.0)?;
-    rec.product(&b.pooled, &w.projection, &b.projected, linear_params(tokens, text_hidden, hid), false)
+    rec.product(&b.pooled, &w.projection, &b.projected, linear_params(tokens, text_hidden, hid), w.tc(&w.projection))
 }
