@@ -10,7 +10,7 @@ use dg_gpu::{GpuModel, GpuVisionTower, ModelOptions};
 use dg_image::{DecodeLimits, ImageProcessor, decode};
 use dg_kernels::WeightFormat;
 use dg_model::{ModelDir, SafetensorsFile, VisionWeights};
-use dg_parity::checks::{ARGMAX_MARGIN, CPU_LOGITS_TOLERANCE, GPU_LOGITS_TOLERANCE};
+use dg_parity::checks::{ARGMAX_MARGIN, CPU_LOGITS_TOLERANCE, F16_ACTIVATION_TOLERANCES, GPU_LOGITS_TOLERANCE};
 use dg_parity::compare::compare;
 use dg_parity::testing::{fixture, test_context};
 
@@ -95,6 +95,41 @@ fn gpu_vision_tower_matches_transformers_on_the_test_images() {
     // Patches that do not pool into whole soft tokens are refused by name.
     let err = tower.image_embeddings(&ctx, &vec![0.5; 4 * vision.patch_width()], &[[0, 0], [1, 0], [0, 1], [1, 1]]).unwrap_err();
     assert!(err.to_string().contains("do not pool"), "{err}");
+}
+
+/// The GPU tower with its matrices stored as F16 (the position table as BF16, as the F16 mode
+/// keeps an embedding), against the CPU tower on the same rounded weights: where the device has
+/// cooperative matrices its weight products run on the tensor cores (activations rounded to f16),
+/// held to the F16 mode's tolerance; elsewhere f32 products on the rounded weights, held to the
+/// f32 GPU's.
+#[test]
+fn gpu_vision_tower_in_the_f16_mode_holds_the_f16_tolerances() {
+    let Some(ctx) = test_context("gpu_vision_tower_in_the_f16_mode_holds_the_f16_tolerances") else { return };
+    let dir = fixture("vision-encoder");
+    let model = ModelDir::open(&dir).unwrap();
+    let vision = model.config.vision.clone().unwrap();
+    let text_hidden = model.config.text.hidden_size;
+    let mut weights = VisionWeights::build(&model.checkpoint, &vision, text_hidden).unwrap();
+    let f16 = |m: &mut dg_model::Matrix| m.data.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+    f16(&mut weights.input_proj);
+    f16(&mut weights.embedding_projection);
+    for l in &mut weights.layers {
+        for m in [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj, &mut l.o_proj, &mut l.gate_proj, &mut l.up_proj, &mut l.down_proj] {
+            f16(m);
+        }
+    }
+    weights.position_embedding_table.iter_mut().for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
+    let processor = ImageProcessor { patch_size: vision.patch_size, pooling_kernel_size: vision.pooling_kernel_size, max_soft_tokens: 70 };
+    let bytes = std::fs::read(fixture("image-processor").join(IMAGES[0])).unwrap();
+    let image = processor.process(&decode(&bytes, DecodeLimits::default()).unwrap()).unwrap();
+    let patches = ImagePatches { pixel_values: &image.pixel_values, positions: &image.positions };
+    let want = embed_vision(&vision, &weights, &vision_tower(&vision, &weights, patches).unwrap());
+    let tolerance = if ctx.coop_matrix { F16_ACTIVATION_TOLERANCES.logits } else { GPU_LOGITS_TOLERANCE };
+    let mut tower = GpuVisionTower::load(&ctx, &vision, text_hidden, &model.checkpoint, WeightFormat::F16).unwrap();
+    let ours = tower.image_embeddings(&ctx, &image.pixel_values, &image.positions).unwrap();
+    let c = compare(&ours, &want, text_hidden, f32::INFINITY);
+    eprintln!("{} GPU embeddings, F16 matrices (cooperative matrices: {}): {c}", IMAGES[0], ctx.coop_matrix);
+    assert!(c.nonfinite_ours == 0 && c.normwise <= tolerance, "{c}");
 }
 
 /// One canvas forward after `prompt` with the images' embeddings in place, the encoder's image runs
