@@ -8,7 +8,7 @@ The model is fixtures/vision-generate (a small random DiffusionGemma with a Gemm
 DiffusionGemma's chat template): at 70 soft tokens per image the prompt of a user turn holding
 the fixture's image and question is the one transformers' processor made for it (90 tokens).
 
-    python3 tools/serve_tests/test_images.py --binary target/release/dg
+    python3 tools/serve_tests/test_images.py --binary target/release/dg [--backend gpu]
 """
 
 import argparse
@@ -117,8 +117,9 @@ def test_no_tower(binary):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--binary", default="target/release/dg")
+    parser.add_argument("--backend", default="cpu", choices=["cpu", "gpu"])
     args = parser.parse_args()
-    s = Server(args.binary, "cpu", *ARGS)
+    s = Server(args.binary, args.backend, *ARGS)
     try:
         for test in (test_openai_client, test_bad_images):
             test(s)

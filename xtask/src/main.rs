@@ -15,6 +15,7 @@ mod bench_batch;
 mod bench_generate;
 mod bench_gpu;
 mod bench_read;
+mod bench_tower;
 mod load_memory;
 mod parity;
 mod probe;
@@ -47,6 +48,8 @@ enum Command {
     BenchBatch(bench_batch::Args),
     /// Time typed reads (prefill, read forwards, head at the slot rows) on random weights.
     BenchRead(bench_read::Args),
+    /// Time the vision tower on the GPU at the real vision geometry on random weights.
+    BenchTower(bench_tower::Args),
     /// Time GEMMs written with VK_NV_cooperative_matrix2 (SPIR-V from bench/coopmat2) on the adapter.
     Coopmat2Probe(dg_lab::coopmat2::Args),
     /// Print the Vulkan driver's compile statistics (registers, spills...) of the GPU kernels.
@@ -72,6 +75,7 @@ fn main() -> std::process::ExitCode {
         Command::BenchGenerate(args) => bench_generate::run(args),
         Command::BenchBatch(args) => bench_batch::run(args),
         Command::BenchRead(args) => bench_read::run(args),
+        Command::BenchTower(args) => bench_tower::run(args),
         Command::ShaderStats(args) => shader_stats::run(args),
         Command::Coopmat2Probe(args) => dg_lab::coopmat2::run(args),
         Command::WriteCheckpoint(args) => write_checkpoint::run(args),

@@ -15,7 +15,6 @@ use dg_sampler::{Batch, BatchDenoiseModel, BatchResidentModel, Hooks, PerSlot, R
 
 use crate::args::WeightsArg;
 use crate::backend::Backend;
-use crate::images::IMAGES_ON_THE_GPU;
 use crate::load;
 
 /// A loaded model with `slots` sequence slots.
@@ -112,7 +111,8 @@ impl BatchModel {
 }
 
 /// A batched model that encodes a prompt holding images into a slot: `embeddings` are the rows of
-/// the image soft tokens in `ids`, in order ([`dg_cpu::CpuModel::encode_with_images`]).
+/// the image soft tokens in `ids`, in order ([`dg_cpu::CpuModel::encode_with_images`],
+/// [`dg_gpu::GpuModel::encode_slot_with_images`]).
 pub trait EncodeImages {
     fn encode_with_images(&mut self, slot: usize, ids: &[u32], embeddings: &[f32]) -> Result<(), ModelError>;
 }
@@ -125,8 +125,8 @@ impl EncodeImages for Errors<PerSlot<CpuModel>> {
 }
 
 impl EncodeImages for Errors<GpuModel> {
-    fn encode_with_images(&mut self, _slot: usize, _ids: &[u32], _embeddings: &[f32]) -> Result<(), ModelError> {
-        Err(ModelError(IMAGES_ON_THE_GPU.into()))
+    fn encode_with_images(&mut self, slot: usize, ids: &[u32], embeddings: &[f32]) -> Result<(), ModelError> {
+        self.0.encode_slot_with_images(slot, ids, embeddings).map_err(ModelError::from_error)
     }
 }
 

@@ -6,15 +6,16 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use dg_cpu::{CpuError, ImagePrompt};
+use dg_cpu::CpuError;
+use dg_gpu::GpuError;
 use dg_model::{GenerationConfig, ModelDir};
-use dg_sampler::{DenoiseModel, Generation, SeededRng};
+use dg_sampler::{DenoiseModel, Generation, ImagePrompt, ResidentModel, SeededRng};
 
-use crate::args::{BackendArg, GenerateArgs};
+use crate::args::GenerateArgs;
 use crate::backend::{self, Backend};
 use crate::display::{Mode, Progress};
 use crate::error::{Input, input};
-use crate::images::{EncodedImage, IMAGES_ON_THE_GPU, VisionTower};
+use crate::images::{EncodedImage, VisionTower};
 use crate::report::{Report, Timings};
 use crate::settings::{check_positions, resolve_settings};
 use crate::text::TextCodec;
@@ -45,8 +46,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         (false, false) => Mode::Lines,
     };
     let stream_stdout = mode == Mode::Live && !args.json && std::io::stdout().is_terminal();
-    let backend = if images.is_some() { backend_for_images(args.device.backend)? } else { args.device.backend };
-    let choice = backend::choose(backend, args.device.adapter.as_deref())?;
+    let choice = backend::choose(args.device.backend, args.device.adapter.as_deref())?;
     if mode != Mode::Quiet {
         eprintln!("backend: {}", choice.description);
         eprintln!(
@@ -93,9 +93,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             };
             let gpu = load::gpu(&model, *ctx, positions, args.device.weights, report)?;
             let load = load_start.elapsed();
-            sample(gpu, load, args.sampler.seed, |m, rng| {
+            let mut generate = |m: &mut dyn ResidentModel<Error = GpuError>, rng: &mut SeededRng| {
                 dg_sampler::generate_resident(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
-            })?
+            };
+            match images {
+                Some((_, images)) => {
+                    let embeddings = images.into_iter().flat_map(|image| image.embeddings).collect();
+                    sample(ImagePrompt::new(gpu, embeddings), load, args.sampler.seed, |m, rng| generate(m, rng))?
+                }
+                None => sample(gpu, load, args.sampler.seed, |m, rng| generate(m, rng))?,
+            }
         }
     };
     timings.total = started.elapsed();
@@ -140,15 +147,6 @@ fn prompt_images(args: &GenerateArgs, model: &ModelDir) -> Result<Option<(Vision
         })
         .collect::<Result<_>>()?;
     Ok(Some((tower, images)))
-}
-
-/// What a prompt holding images runs on: the CPU (the GPU encoder does not place image rows yet).
-/// `auto` becomes the CPU; an explicit `gpu` is an error naming the option.
-fn backend_for_images(arg: BackendArg) -> Result<BackendArg> {
-    match arg {
-        BackendArg::Gpu => Err(input(IMAGES_ON_THE_GPU)),
-        BackendArg::Auto | BackendArg::Cpu => Ok(BackendArg::Cpu),
-    }
 }
 
 /// generation_config.json of the directory, overridden by the command line, resolved.

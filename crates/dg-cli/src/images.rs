@@ -4,7 +4,7 @@
 //! transformers' `Gemma4Processor.replace_image_token` expands them: the chat template writes one
 //! image token (`<|image|>`) per image part, which becomes `<|image>` (boi), one image token per
 //! soft token, and `<image|>` (eoi). The encoder then puts each image's rows in place of its soft
-//! tokens (`dg_cpu::CpuModel::encode_with_images`); the GPU encoder does not take images yet.
+//! tokens (`dg_cpu::CpuModel::encode_with_images`, `dg_gpu::GpuModel::encode_with_images`).
 
 use anyhow::{Context, Result};
 use dg_cpu::vision::{ImagePatches, image_embeddings};
@@ -16,10 +16,6 @@ use crate::error::{Input, input};
 
 /// The soft-token budget of an image when none is given (transformers' `image_seq_length`).
 pub const DEFAULT_IMAGE_TOKENS: usize = 280;
-
-/// Why an image prompt does not run on the GPU backend.
-pub const IMAGES_ON_THE_GPU: &str =
-    "images run on the CPU backend only (the GPU encoder does not take image embeddings yet): use --backend cpu";
 
 /// The model's vision tower, projection and image token ids.
 pub struct VisionTower {

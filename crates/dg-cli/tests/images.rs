@@ -17,17 +17,22 @@ fn model() -> String {
     fixture("vision-generate").to_str().unwrap().to_string()
 }
 
-/// `dg generate --chat --image ... --json` on the fixture's model, at 70 soft tokens.
+/// `dg generate --chat --image ... --json` on the fixture's model, at 70 soft tokens, on the CPU.
 fn generate(images: &[&str], extra: &[&str]) -> serde_json::Value {
+    generate_on("cpu", images, extra).ok().json()
+}
+
+/// [`generate`] on `backend`.
+fn generate_on(backend: &str, images: &[&str], extra: &[&str]) -> common::Run {
     let model = model();
     let mut args = vec!["generate", "--model", &model, "--chat", "--prompt", "What is in this image?", "--image-tokens", "70"];
     let paths: Vec<String> = images.iter().map(|name| image(name)).collect();
     for path in &paths {
         args.extend(["--image", path]);
     }
-    args.extend(["--json", "-q", "--backend", "cpu"]);
+    args.extend(["--json", "-q", "--backend", backend]);
     args.extend(extra);
-    dg(&args).ok().json()
+    dg(&args)
 }
 
 #[test]
@@ -36,6 +41,21 @@ fn the_image_prompt_is_the_one_transformers_processor_makes() {
     let want: Vec<u32> = reference.tensor_i64("prompt_ids").unwrap().1.into_iter().map(|v| v as u32).collect();
     let out = generate(&["wide.png"], &[]);
     assert_eq!(ids(&out["prompt_ids"]), want);
+}
+
+#[test]
+fn the_gpu_backend_takes_images_and_generates_what_the_cpu_does() {
+    // F32 weights: the GPU's forward within its tolerances of the CPU's, and this short
+    // generation's decisions far enough from their thresholds to come out the same.
+    let run = generate_on("gpu", &["wide.png", "tall.png"], &["--weights", "f32"]);
+    if run.found_no_gpu("the_gpu_backend_takes_images_and_generates_what_the_cpu_does") {
+        return;
+    }
+    let gpu = run.ok().json();
+    assert_eq!(gpu["backend"], "gpu");
+    let cpu = generate(&["wide.png", "tall.png"], &[]);
+    assert_eq!(ids(&gpu["prompt_ids"]), ids(&cpu["prompt_ids"]));
+    assert_eq!(ids(&gpu["output_ids"]), ids(&cpu["output_ids"]), "the GPU's image generation differs from the CPU's");
 }
 
 #[test]
@@ -107,7 +127,6 @@ fn bad_images_and_options_are_input_errors_naming_them() {
     run("/nonexistent/x.png", &[]).fails(INPUT, &["--image /nonexistent/x.png", "cannot read"]);
     let wide = image("wide.png");
     run(&wide, &["--image-tokens", "100"]).fails(INPUT, &["--image-tokens", "100", "[70, 140, 280, 560, 1120]"]);
-    run(&wide, &["--backend", "gpu"]).fails(INPUT, &["CPU backend only", "--backend cpu"]);
     dg(&["generate", "--model", &model, "--prompt", "no placeholder", "--image", &wide, "-q"])
         .fails(INPUT, &["0 image placeholder", "--chat"]);
     let bundled = bundled();

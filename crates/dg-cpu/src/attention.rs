@@ -24,7 +24,7 @@ pub enum Mask<'a> {
 
 impl Mask<'_> {
     /// Range of visible keys `[lo, hi)` for query `t` out of `keys` keys.
-    fn visible(&self, t: usize, keys: usize) -> (usize, usize) {
+    pub fn visible(&self, t: usize, keys: usize) -> (usize, usize) {
         match *self {
             Mask::None => (0, keys),
             Mask::Causal { key_start, query_start, window, spans } => {

@@ -18,4 +18,4 @@ pub mod vision;
 mod model;
 mod read;
 
-pub use model::{CpuError, CpuModel, ImagePrompt};
+pub use model::{CpuError, CpuModel};

@@ -312,34 +312,12 @@ impl dg_sampler::DenoiseModel for CpuModel {
     }
 }
 
-/// A [`CpuModel`] generating from a prompt that holds images: its first encode (the prompt) places
-/// the images' embeddings ([`CpuModel::encode_with_images`]), later ones (committed canvases) are
-/// plain, as `generate` hands `pixel_values` to its first encoder call only.
-#[derive(Debug)]
-pub struct ImagePrompt {
-    pub model: CpuModel,
-    /// `[n, H]` for the prompt's n image soft tokens, until the prompt is encoded.
-    pending: Option<Vec<f32>>,
-}
-
-impl ImagePrompt {
-    pub fn new(model: CpuModel, image_embeddings: Vec<f32>) -> Self {
-        ImagePrompt { model, pending: Some(image_embeddings) }
-    }
-}
-
-impl dg_sampler::DenoiseModel for ImagePrompt {
+/// The CPU encoder places image rows ([`dg_sampler::ImagePrompt`] runs a prompt holding images).
+impl dg_sampler::EncodeWithImages for CpuModel {
     type Error = CpuError;
 
-    fn encode(&mut self, ids: &[u32]) -> Result<(), CpuError> {
-        match self.pending.take() {
-            Some(embeddings) => self.model.encode_with_images(ids, &embeddings),
-            None => self.model.encode(ids),
-        }
-    }
-
-    fn canvas_forward(&mut self, canvas: &[u32], sc: Option<&[f32]>, logits: &mut [f32]) -> Result<(), CpuError> {
-        self.model.canvas_forward(canvas, sc, logits)
+    fn encode_with_images(&mut self, ids: &[u32], image_embeddings: &[f32]) -> Result<(), CpuError> {
+        CpuModel::encode_with_images(self, ids, image_embeddings)
     }
 }
 

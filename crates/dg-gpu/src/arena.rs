@@ -65,6 +65,14 @@ fn even_block(tokens: usize, most: usize) -> usize {
 /// keep the GEMMs as wide as a prefill allows while the arena stays a few hundred MB at the real size.
 pub const PREFILL_CHUNK: usize = 1024;
 
+/// Tokens per encoder chunk at most in `config`'s model: [`PREFILL_CHUNK`], or in a model with a
+/// vision tower the largest image's soft tokens where more (an image's run is encoded in one
+/// chunk: `GpuModel::encode_with_images`).
+pub fn prefill_chunk(config: &ModelConfig) -> usize {
+    let largest_image = dg_image::SUPPORTED_SOFT_TOKENS.iter().max().copied().unwrap_or(0);
+    if config.vision.is_some() { PREFILL_CHUNK.max(largest_image) } else { PREFILL_CHUNK }
+}
+
 /// Activation buffers.
 #[derive(Debug)]
 pub struct Arena<B = wgpu::Buffer> {
@@ -87,8 +95,11 @@ pub struct Arena<B = wgpu::Buffer> {
     pub sliding_scratch: B,
     /// u32 ids `[rows]`: the canvases, or an encoder chunk.
     pub ids: B,
-    /// Embedded canvas, then `e + sc_signal` `[C, H]`.
+    /// Embedded canvas, then `e + sc_signal` `[C, H]`; in an encoder chunk holding an image, its
+    /// soft tokens' rows (`forward::ImageRows`).
     pub embedded: B,
+    /// u32 `[rows]`: 1 at the rows of an encoder chunk that hold an image's soft tokens, else 0.
+    pub image_gate: B,
     /// The residual stream `[C, H]`.
     pub hidden: B,
     /// A normed copy of the stream `[C, H]`.
@@ -353,7 +364,7 @@ pub fn cache_positions_for(cfg: &TextConfig, kind: LayerKind, max_context: usize
 /// [`cache_format`]) for contexts of up to `max_context` positions, in a model loaded for one
 /// sequence.
 pub fn sequence_cache_bytes(config: &ModelConfig, max_context: usize, format: WeightFormat) -> u64 {
-    let r = token_rows(config, max_context, 1, PREFILL_CHUNK);
+    let r = token_rows(config, max_context, 1, prefill_chunk(config));
     config.text.layers.iter().map(|l| 2 * layer_cache_bytes(config, l, max_context, r, format)).sum()
 }
 
@@ -420,7 +431,7 @@ impl<B> Arena<B> {
         // Rows of a forward of every slot's canvas.
         let b = slots * c;
         // Rows of the per-token activations: the canvases, or an encoder chunk.
-        let r = token_rows(config, max_context, slots, tuning.prefill_rows.unwrap_or(PREFILL_CHUNK));
+        let r = token_rows(config, max_context, slots, tuning.prefill_rows.unwrap_or_else(|| prefill_chunk(config)));
         let keep = cfg.sliding_kept();
         let sliding_positions = cache_positions_for(cfg, LayerKind::Sliding, max_context, r);
         let (h, v, i, e_i, k) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.moe_intermediate_size, cfg.top_k_experts);
@@ -494,6 +505,7 @@ impl<B> Arena<B> {
             },
             ids: f("ids", r)?,
             embedded: f("embedded", r * h)?,
+            image_gate: f("image gate", r)?,
             hidden: f("hidden", r * h)?,
             normed: f("normed", r * h)?,
             qkv_raw: f("qkv_raw", r * (q_w + 2 * kv_w))?,

@@ -116,7 +116,9 @@ pub enum LayerPass<'s> {
     /// (cache row = position; in sliding layers row = position − `base`), then causal (and, in
     /// sliding layers, windowed) attention over the cache rows that can be visible. `kv_only`:
     /// the last layer, whose output generation never uses (spec §4).
-    Encode { slot: usize, start: usize, tokens: usize, base: usize, kv_only: bool },
+    /// `image`: the chunk's rows that hold an image's soft tokens, each of which sees the whole
+    /// span where the model's text attention is bidirectional within images.
+    Encode { slot: usize, start: usize, tokens: usize, base: usize, kv_only: bool, image: Option<ImageRows> },
 }
 
 /// Records one forward of `shape`'s canvases: their ids in `arena.ids` (canvas `b` at `b·width`;
@@ -278,13 +280,26 @@ pub fn record_encoder_chunk<'a>(
 }
 
 /// One encoder chunk of a slot's sequence: `tokens` ids at positions `start..`, against sliding
-/// caches whose row 0 holds position `base` (see [`record_encoder_chunk`]).
+/// caches whose row 0 holds position `base` (see [`record_encoder_chunk`]), holding at most one
+/// image's soft tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EncoderChunk {
     pub slot: usize,
     pub start: usize,
     pub tokens: usize,
     pub base: usize,
+    pub image: Option<ImageRows>,
+}
+
+/// The rows `first..first + len` of an encoder chunk that hold one image's soft tokens. Their
+/// embeddings wait in `arena.embedded` (at those rows) and `arena.image_gate` marks them: after
+/// the lookup a gated copy puts them into `hidden` (HF's `inputs_embeds.masked_scatter`), and with
+/// `use_bidirectional_attention: "vision"` each of them sees the whole span
+/// (`dg_cpu::CpuModel::encode_with_images` on the CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ImageRows {
+    pub first: usize,
+    pub len: usize,
 }
 
 /// The part of [`record_encoder_chunk`] that runs `layers` (with the input embedding where they
@@ -299,7 +314,7 @@ pub fn record_encoder_layers<'a>(
     layers: std::ops::Range<usize>,
 ) -> Result<(), GpuError> {
     let cfg = &config.text;
-    let EncoderChunk { slot, start, tokens, base } = chunk;
+    let EncoderChunk { slot, start, tokens, base, image } = chunk;
     if layers.start == 0 {
         // h0 = E[ids]·√H (no self-conditioning, no post-norm in the encoder).
         rec.scope("encoder input");
@@ -316,13 +331,17 @@ pub fn record_encoder_layers<'a>(
                 cfg.embed_scale(),
             )?;
         }
+        if image.is_some() {
+            let h = cfg.hidden_size;
+            rec.axpby(&a.embedded, &a.hidden, tokens * h, (1.0, 0.0), AxpbyRows { row: h, scale: None, gate: Some(&a.image_gate) })?;
+        }
     }
     let last = cfg.num_layers() - 1;
     for i in layers {
         rec.scope(format!("encoder layer{i}"));
         // Each layer's closing norms write the next layer's input norm (the last layer has none).
         let chain = Chain { normed_in: i > 0, next_norm: (i < last).then(|| &w.layers[i + 1].norms.input) };
-        record_layer_with(rec, config, w, a, i, LayerPass::Encode { slot, start, tokens, base, kv_only: i == last }, chain)?;
+        record_layer_with(rec, config, w, a, i, LayerPass::Encode { slot, start, tokens, base, kv_only: i == last, image }, chain)?;
     }
     Ok(())
 }
@@ -402,7 +421,7 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
                 })
                 .collect()
         }
-        LayerPass::Encode { slot, start, tokens, base, .. } => {
+        LayerPass::Encode { slot, start, tokens, base, image, .. } => {
             // The new tokens' positions are their cache rows (DynamicCache.update), less the
             // sliding caches' base in sliding layers; the mask works on positions.
             let (key_start, window, base) = match spec.kind {
@@ -410,15 +429,21 @@ fn attention_groups<'a>(config: &ModelConfig, a: &'a Arena, i: usize, pass: Laye
                 LayerKind::Full => (0, 0, 0),
             };
             let keys = (start + tokens - key_start).next_multiple_of(KEY_PAD);
+            // An image's soft tokens see their whole span (in the chunk: `EncoderChunk`).
+            let span = image.filter(|_| config.images_bidirectional).map_or(0..0, |r| start + r.first..start + r.first + r.len);
             let mask = SoftmaxParams {
                 queries: tokens as u32,
                 mode: softmax::MODE_CAUSAL,
                 key_start: key_start as u32,
                 query_start: start as u32,
                 window,
+                span_start: span.start as u32,
+                span_end: span.end as u32,
                 ..SoftmaxParams::plain((heads * tokens) as u32, keys as u32)
             };
-            let causal = (start + 1 - key_start) as u32;
+            // The span's first query sees len − 1 keys past itself; the queries after it see
+            // those too (masked by the softmax, they add exact zeros).
+            let causal = (start + 1 - key_start + span.len().saturating_sub(1)) as u32;
             let cache = a.cache(slot, i)?;
             let rows = (cache.keys.size() / a.cache_row_bytes(spec)) as usize;
             if base > key_start || key_start - base + keys > rows {

@@ -24,6 +24,7 @@ pub mod planner;
 pub mod shapes;
 mod staging;
 pub mod tuning;
+mod vision;
 mod weights;
 
 pub use arena::{
@@ -37,4 +38,5 @@ pub use model::{CacheSnapshot, EncoderProfile, GpuModel, Instrumentation, LayerC
 pub use overrides::Overrides;
 pub use plan::{Pipeline, Pipelines, Plan, PlanBuilder, groups_1d};
 pub use tuning::{KvCacheChoice, Tuning, TuningError};
+pub use vision::GpuVisionTower;
 pub use weights::{GpuMatrix, GpuWeights, MatrixLayout, UploadProgress, embedding_format, matrix_format};

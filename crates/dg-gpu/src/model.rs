@@ -24,6 +24,8 @@ mod read;
 mod snapshot;
 mod warm;
 
+use std::ops::Range;
+
 use dg_kernels::WeightFormat;
 use dg_kernels::sample_rows::{self, RESULT_WORDS, SampleStep};
 use dg_model::{LayerKind, ModelConfig, TensorSource};
@@ -32,7 +34,7 @@ use dg_sampler::{CategoricalRequest, RowResult};
 use crate::arena::Arena;
 use crate::context::{GpuContext, map_read_with};
 use crate::error::GpuError;
-use crate::forward::{EncoderChunk, ForwardShape, Visible, record_canvas_forward, record_encoder_chunk, record_encoder_layers};
+use crate::forward::{EncoderChunk, ForwardShape, ImageRows, Visible, record_canvas_forward, record_encoder_chunk, record_encoder_layers};
 use crate::ops::Recorder;
 use crate::plan::{Pipelines, Plan, submit_in_parts};
 use crate::weights::{GpuWeights, UploadProgress};
@@ -107,7 +109,53 @@ fn chunk_at(keep: usize, positions: usize, slot: usize, (start, base): (usize, u
     // beyond `positions` hold); a chunk is at most `token_rows` tokens, so from the moved base it
     // fits: min(start, W − 1) + tokens ≤ positions.
     let base = if start + tokens - base <= positions { base } else { start - start.min(keep) };
-    EncoderChunk { slot, start, tokens, base }
+    EncoderChunk { slot, start, tokens, base, image: None }
+}
+
+/// An encoder chunk's tokens within the ids of one encode, and the image run it holds.
+type ChunkOfPrompt = (Range<usize>, Option<Range<usize>>);
+
+/// The encoder chunks of `len` new tokens whose image soft tokens lie at `spans` (sorted, disjoint
+/// ranges of them): ranges of at most `most` tokens, each with the span it holds whole; no chunk
+/// cuts a span or holds two (an image's rows see each other, and a chunk's mask holds one span).
+fn encoder_chunks(len: usize, most: usize, spans: &[Range<usize>]) -> Result<Vec<ChunkOfPrompt>, GpuError> {
+    if let Some(span) = spans.iter().find(|s| s.len() > most) {
+        return Err(GpuError::Unsupported {
+            what: format!(
+                "an image of {} soft tokens: its tokens are encoded in one chunk, of at most {most} tokens here (a smaller image budget fits)",
+                span.len()
+            ),
+        });
+    }
+    let (mut out, mut pos, mut spans) = (Vec::new(), 0, spans.iter().peekable());
+    while pos < len {
+        let mut end = (pos + most).min(len);
+        let mut image = None;
+        if let Some(span) = spans.next_if(|s| s.end <= end) {
+            image = Some(span.clone());
+        }
+        // The next span starts after the chunk, or the chunk ends where it starts (a span no
+        // longer than `most` that starts at `pos` ends within the chunk, taken above).
+        if let Some(next) = spans.peek() {
+            end = end.min(next.start.max(pos + 1));
+        }
+        out.push((pos..end, image));
+        pos = end;
+    }
+    Ok(out)
+}
+
+/// The maximal runs of `token` in `ids`, as index ranges (HF's `get_block_sequence_ids_for_mask`
+/// groups of an image's soft tokens).
+fn runs(ids: &[u32], token: u32) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for (i, _) in ids.iter().enumerate().filter(|&(_, &id)| id == token) {
+        match out.last_mut() {
+            Some(run) if run.end == i => run.end += 1,
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
 }
 
 /// `u` as the f32 the GPU compares against, kept below 1 (an f64 just under 1 rounds to 1.0).
@@ -264,7 +312,7 @@ impl GpuModel {
     }
 
     /// Encodes `ids` causally at the next positions on the GPU, appending every layer's K/V to the
-    /// cache (spec §4): in chunks of at most `max(C, PREFILL_CHUNK)` tokens, each submitted as its
+    /// cache (spec §4): in chunks of at most `max(C, arena::prefill_chunk)` tokens, each submitted as its
     /// layers are recorded ([`crate::tuning::Tuning::encoder_submit_layers`]); returns when the
     /// GPU has run them all. Image placeholders become pad.
     pub fn encode(&mut self, ids: &[u32]) -> Result<(), GpuError> {
@@ -273,11 +321,45 @@ impl GpuModel {
 
     /// [`Self::encode`] into `slot`'s cache (slot 0 is the single-sequence API's).
     pub fn encode_slot(&mut self, slot: usize, ids: &[u32]) -> Result<(), GpuError> {
-        let ids = self.encoder_ids(slot, ids)?;
+        self.encode_chunks(slot, ids, None)
+    }
+
+    /// Encodes a prompt holding images (`DiffusionGemmaEncoderModel` as `generate` runs it;
+    /// `dg_cpu::CpuModel::encode_with_images` on the CPU): the rows of the image soft tokens
+    /// (`image_token_id`) take, in order, `image_embeddings` (`[n, H]`) after the lookup, and with
+    /// `use_bidirectional_attention: "vision"` each run of soft tokens sees itself whole (a run is
+    /// encoded in one chunk, so it may hold at most the arena's chunk of tokens).
+    pub fn encode_with_images(&mut self, ids: &[u32], image_embeddings: &[f32]) -> Result<(), GpuError> {
+        self.encode_slot_with_images(0, ids, image_embeddings)
+    }
+
+    /// [`Self::encode_with_images`] into `slot`'s cache.
+    pub fn encode_slot_with_images(&mut self, slot: usize, ids: &[u32], image_embeddings: &[f32]) -> Result<(), GpuError> {
+        self.encode_chunks(slot, ids, Some(image_embeddings))
+    }
+
+    fn encode_chunks(&mut self, slot: usize, ids: &[u32], image_embeddings: Option<&[f32]>) -> Result<(), GpuError> {
+        let looked_up = self.encoder_ids(slot, ids)?;
+        let h = self.config.text.hidden_size;
+        let spans = match (image_embeddings, self.config.image_token_id) {
+            (Some(_), Some(image)) => runs(ids, image),
+            _ => Vec::new(),
+        };
+        let mut rows = image_embeddings.unwrap_or_default();
+        let soft_tokens: usize = spans.iter().map(|s| s.len()).sum();
+        if rows.len() != soft_tokens * h {
+            return Err(GpuError::Length { what: "image embeddings", got: rows.len(), expected: soft_tokens * h });
+        }
+        let chunks = encoder_chunks(ids.len(), self.prefill_chunk, &spans)?;
         self.context_ready = false;
-        for chunk in ids.chunks(self.prefill_chunk) {
-            self.submit_encoder_chunk(slot, chunk)?;
-            self.seq_lens[slot] += chunk.len();
+        for (range, span) in chunks {
+            let image = span.map(|span| {
+                let (now, rest) = rows.split_at(span.len() * h);
+                rows = rest;
+                (ImageRows { first: span.start - range.start, len: span.len() }, now)
+            });
+            self.submit_encoder_chunk(slot, &looked_up[range.clone()], image)?;
+            self.seq_lens[slot] += range.len();
         }
         self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
         Ok(())
@@ -369,12 +451,18 @@ impl GpuModel {
     }
 
     /// Starts the next encoder chunk of `slot`: moves its sliding window where the chunk needs
-    /// it and writes its ids and RoPE tables (queued behind the work already submitted, which has
-    /// read the previous chunk's).
-    fn begin_encoder_chunk(&mut self, slot: usize, ids: &[u32]) -> Result<EncoderChunk, GpuError> {
-        let chunk = self.next_chunk(slot, ids.len());
+    /// it and writes its ids, its image's rows and gate where it holds one, and its RoPE tables
+    /// (queued behind the work already submitted, which has read the previous chunk's).
+    fn begin_encoder_chunk(&mut self, slot: usize, ids: &[u32], image: Option<(ImageRows, &[f32])>) -> Result<EncoderChunk, GpuError> {
+        let chunk = EncoderChunk { image: image.map(|(rows, _)| rows), ..self.next_chunk(slot, ids.len()) };
         self.move_sliding_window(chunk)?;
         self.ctx.queue.write_buffer(&self.arena.ids, 0, bytemuck::cast_slice(ids));
+        if let Some((rows, embeddings)) = image {
+            let h = self.config.text.hidden_size;
+            self.ctx.queue.write_buffer(&self.arena.embedded, (rows.first * h * 4) as u64, bytemuck::cast_slice(embeddings));
+            let gate: Vec<u32> = (0..ids.len()).map(|i| u32::from((rows.first..rows.first + rows.len).contains(&i))).collect();
+            self.ctx.queue.write_buffer(&self.arena.image_gate, 0, bytemuck::cast_slice(&gate));
+        }
         self.ensure_rope(chunk.start, ids.len(), 0);
         Ok(chunk)
     }
@@ -385,8 +473,8 @@ impl GpuModel {
     /// submitted as soon as it is recorded, so that the host records the next layers while the GPU
     /// runs the first, each as one command buffer. The parts run the whole chunk's dispatches in
     /// the same order: the same results.
-    fn submit_encoder_chunk(&mut self, slot: usize, ids: &[u32]) -> Result<(), GpuError> {
-        let part = self.begin_encoder_chunk(slot, ids)?;
+    fn submit_encoder_chunk(&mut self, slot: usize, ids: &[u32], image: Option<(ImageRows, &[f32])>) -> Result<(), GpuError> {
+        let part = self.begin_encoder_chunk(slot, ids, image)?;
         if let Some(plan) = self.commit_plans.remove(&part) {
             return plan.submit(&self.ctx);
         }
@@ -681,6 +769,15 @@ impl dg_sampler::DenoiseModel for GpuModel {
     }
 }
 
+/// The GPU encoder places image rows ([`dg_sampler::ImagePrompt`] runs a prompt holding images).
+impl dg_sampler::EncodeWithImages for GpuModel {
+    type Error = GpuError;
+
+    fn encode_with_images(&mut self, ids: &[u32], image_embeddings: &[f32]) -> Result<(), GpuError> {
+        GpuModel::encode_with_images(self, ids, image_embeddings)
+    }
+}
+
 impl dg_sampler::ResidentModel for GpuModel {
     type Error = GpuError;
 
@@ -697,5 +794,30 @@ impl dg_sampler::ResidentModel for GpuModel {
         rows: &mut [RowResult],
     ) -> Result<(), GpuError> {
         GpuModel::denoise_rows(self, canvas, sc, temperature, draw, rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoder_chunks_keep_each_image_whole_and_alone() {
+        // Spans as (start, end) pairs.
+        let spans = |pairs: &[(usize, usize)]| pairs.iter().map(|&(a, b)| a..b).collect::<Vec<_>>();
+        let chunks = |len, most, pairs: &[(usize, usize)]| encoder_chunks(len, most, &spans(pairs)).unwrap();
+        // No images: chunks of `most`.
+        assert_eq!(chunks(10, 4, &[]), vec![(0..4, None), (4..8, None), (8..10, None)]);
+        // A span across a boundary starts the next chunk; one within a chunk stays in it.
+        assert_eq!(chunks(12, 6, &[(4, 8)]), vec![(0..4, None), (4..10, Some(4..8)), (10..12, None)]);
+        assert_eq!(chunks(12, 6, &[(1, 3)]), vec![(0..6, Some(1..3)), (6..12, None)]);
+        // Two spans that would share a chunk get one each; a span as long as a chunk fills it.
+        assert_eq!(chunks(12, 8, &[(1, 3), (5, 7)]), vec![(0..5, Some(1..3)), (5..12, Some(5..7))]);
+        assert_eq!(chunks(9, 4, &[(2, 6)]), vec![(0..2, None), (2..6, Some(2..6)), (6..9, None)]);
+        // Adjacent runs of soft tokens are one run.
+        assert_eq!(runs(&[1, 7, 7, 2, 7, 7, 7], 7), vec![1..3, 4..7]);
+        // A span longer than a chunk is refused with its size.
+        let err = encoder_chunks(20, 4, &spans(&[(2, 8)])).unwrap_err().to_string();
+        assert!(err.contains("6 soft tokens") && err.contains("4"), "{err}");
     }
 }

@@ -64,7 +64,7 @@ pub struct Tuning {
     /// force several groups with it on small models. No variable sets it.
     pub vocab_binding: Option<u64>,
     /// Caps the tokens of an encoder chunk the arena is sized for below
-    /// [`crate::arena::PREFILL_CHUNK`], and with them the positions a sliding layer's cache holds
+    /// [`crate::arena::prefill_chunk`], and with them the positions a sliding layer's cache holds
     /// (`crate::arena::Arena::sliding_positions`): tests make the sliding caches move their
     /// window with it on small models. No variable sets it.
     pub prefill_rows: Option<usize>,

@@ -145,17 +145,17 @@ fn stored_format(parts: &[&StoredTensor], upload: WeightFormat) -> WeightFormat 
     matrix_format(&parts.iter().map(|p| p.dtype).collect::<Vec<_>>(), upload)
 }
 
-struct Uploader<'a, S: TensorSource + ?Sized> {
+pub(crate) struct Uploader<'a, 'p, S: TensorSource + ?Sized> {
     ctx: &'a GpuContext,
     src: &'a S,
     format: WeightFormat,
     bytes: u64,
     belt: StagingBelt,
     progress: UploadProgress,
-    on_progress: &'a mut dyn FnMut(&UploadProgress),
+    on_progress: &'p mut dyn FnMut(&UploadProgress),
 }
 
-impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
+impl<'a, 'p, S: TensorSource + ?Sized> Uploader<'a, 'p, S> {
     /// `t` as the source stores it (borrowed from the source, not from the uploader).
     fn stored(&self, t: &Named) -> Result<StoredTensor<'a>, GpuError> {
         let src: &'a S = self.src;
@@ -182,8 +182,39 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
         Ok(buffer)
     }
 
+    /// Uploads tensors of `src` with `upload` (matrices in `format`, each as
+    /// [`GpuWeights::upload`] stores it); returns what it made and the bytes and parameters
+    /// uploaded.
+    pub(crate) fn run<T>(
+        ctx: &'a GpuContext,
+        src: &'a S,
+        format: WeightFormat,
+        upload: impl FnOnce(&mut Uploader<'a, '_, S>) -> Result<T, GpuError>,
+    ) -> Result<(T, u64, u64), GpuError> {
+        let progress = UploadProgress { parameters: 0, total_parameters: 0, stored_bytes: 0 };
+        let mut silent = |_: &UploadProgress| {};
+        let belt = StagingBelt::new(ctx, STAGING)?;
+        let mut up = Uploader { ctx, src, format, bytes: 0, belt, progress, on_progress: &mut silent };
+        let made = upload(&mut up)?;
+        up.belt.flush(ctx)?;
+        Ok((made, up.bytes, up.progress.parameters))
+    }
+
+    /// A table of `rows` rows of `cols` row-major in the upload's format (an embedding's), in one
+    /// binding.
+    pub(crate) fn table(&mut self, t: &Named, rows: usize, cols: usize) -> Result<GpuMatrix, GpuError> {
+        let stored = self.stored(t)?;
+        let format = embedding_format(stored.dtype, self.format);
+        let cut = Parts::rows(&t.name, rows, Self::bytes_for(&t.name, format, cols)?, rows, false, self.ctx.weight_binding())?;
+        if cut.len() != 1 {
+            return Err(GpuError::Unsupported { what: format!("{}: a table over one binding", t.name) });
+        }
+        let mut m = self.split_matrix(&t.name, &[&stored], (format, MatrixLayout::RowMajor), cols, 1, cut, 0)?;
+        Ok(m.pieces.remove(0))
+    }
+
     /// A vector (norm weight, scale) in f32.
-    fn vector(&mut self, t: &Named) -> Result<wgpu::Buffer, GpuError> {
+    pub(crate) fn vector(&mut self, t: &Named) -> Result<wgpu::Buffer, GpuError> {
         let stored = self.stored(t)?;
         self.put(&t.name, &Packing::new(vec![&stored], WeightFormat::F32, Order::RowMajor))
     }
@@ -274,13 +305,13 @@ impl<'a, S: TensorSource + ?Sized> Uploader<'a, S> {
     }
 
     /// One `[out, in]` projection.
-    fn linear(&mut self, t: &Named) -> Result<SplitMatrix, GpuError> {
+    pub(crate) fn linear(&mut self, t: &Named) -> Result<SplitMatrix, GpuError> {
         let stored = self.stored(t)?;
         self.projection(&t.name, &[&stored], t.shape[0], t.shape[1])
     }
 
     /// A gate and an up projection stacked into one `[2·I, H]` matrix.
-    fn gate_up(&mut self, label: &str, gate: &Named, up: &Named) -> Result<SplitMatrix, GpuError> {
+    pub(crate) fn gate_up(&mut self, label: &str, gate: &Named, up: &Named) -> Result<SplitMatrix, GpuError> {
         let (g, u) = (self.stored(gate)?, self.stored(up)?);
         self.projection(label, &[&g, &u], 2 * gate.shape[0], gate.shape[1])
     }

@@ -45,7 +45,12 @@ pub struct SoftmaxParams {
     /// aligned for the tensor cores); equal: no gap.
     pub gap_start: u32,
     pub gap_end: u32,
-    pub _pad: [u32; 3],
+    /// [`MODE_CAUSAL`]: a query at an absolute position in `span_start..span_end` (an image's soft
+    /// tokens) also sees every key of that span, as `dg_cpu::attention::Mask::Causal`'s spans;
+    /// equal: no span.
+    pub span_start: u32,
+    pub span_end: u32,
+    pub _pad: u32,
 }
 
 impl SoftmaxParams {
@@ -61,7 +66,9 @@ impl SoftmaxParams {
             window: 0,
             gap_start: 0,
             gap_end: 0,
-            _pad: [0; 3],
+            span_start: 0,
+            span_end: 0,
+            _pad: 0,
         }
     }
 }

@@ -1,10 +1,11 @@
 //! Kernel-level parity of the element-wise and row-wise kernels against dg-cpu: RoPE (default and
 //! proportional tables at the real head dims), softmax (plain rows up to the vocab width, causal
-//! and sliding-window masks), the gated GELU (split and fused layouts, huge inputs), the chunked
+//! and sliding-window masks, image spans seen whole), the gated GELU (split and fused layouts, huge inputs), the chunked
 //! embedding lookup, axpby and the split-K reduction. Every output carries a guard band, and every kernel also runs with
 //! its workgroups folded into y (an artificially small per-dimension limit) to exercise the
 //! wrap-around indexing and the out-of-range workgroups.
 
+use dg_cpu::attention::Mask;
 use dg_gpu::{GpuContext, Pipelines, PlanBuilder, groups_1d};
 use dg_kernels::axpby::{self, AxpbyParams};
 use dg_kernels::embed::{self, EmbedParams};
@@ -118,20 +119,15 @@ fn rope_matches_cpu() {
     }
 }
 
-/// Visible key range of query `t` (a copy of `dg_cpu::attention::Mask::visible`, which is
-/// private): keys `[lo, hi)`.
+/// Visible key range of query `t`: keys `[lo, hi)` as `dg_cpu::attention::Mask` gives them.
 fn visible(p: &SoftmaxParams, t: usize, keys: usize) -> (usize, usize) {
     if p.mode == MODE_ALL {
-        return (0, keys);
+        return Mask::None.visible(t, keys);
     }
-    let pos = (p.query_start as usize) + t;
-    let key_start = p.key_start as usize;
-    let hi = (pos + 1).saturating_sub(key_start).min(keys);
-    let lo = match p.window {
-        0 => 0,
-        w => (pos + 1).saturating_sub(w as usize).saturating_sub(key_start).min(hi),
-    };
-    (lo, hi)
+    let span = p.span_start as usize..p.span_end as usize;
+    let spans = if span.is_empty() { vec![] } else { vec![span] };
+    let window = (p.window != 0).then_some(p.window as usize);
+    Mask::Causal { key_start: p.key_start as usize, query_start: p.query_start as usize, window, spans: &spans }.visible(t, keys)
 }
 
 /// The CPU twin: `softmax_in_place` over the visible range (without the gap), exact zeros
@@ -306,7 +302,9 @@ fn softmax_masks_match_cpu() {
         window,
         gap_start: 0,
         gap_end: 0,
-        _pad: [0; 3],
+        span_start: 0,
+        span_end: 0,
+        _pad: 0,
     };
     let cases = [
         // (heads, keys, mask): the encoder's prefill (keys = queries, window 1024 and none) ...
@@ -325,6 +323,11 @@ fn softmax_masks_match_cpu() {
         (2, 1024 + 64, SoftmaxParams { queries: 64, gap_start: 1023, gap_end: 1024, ..SoftmaxParams::plain(0, 0) }),
         (3, 32 + 16, SoftmaxParams { queries: 16, gap_start: 5, gap_end: 32, ..SoftmaxParams::plain(0, 0) }),
         (2, 50, SoftmaxParams { gap_start: 20, gap_end: 25, ..causal(9, 10, 51, 0) }),
+        // An image's soft tokens (positions 13..25 of a chunk from 10) see their whole span, in a
+        // window that ends inside it, and the span reaching the chunk's last query.
+        (2, 40, SoftmaxParams { span_start: 13, span_end: 25, ..causal(30, 10, 10, 0) }),
+        (3, 40, SoftmaxParams { span_start: 13, span_end: 25, ..causal(30, 0, 10, 6) }),
+        (1, 24, SoftmaxParams { span_start: 30, span_end: 34, ..causal(24, 10, 10, 0) }),
     ];
     for (heads, keys, mut params) in cases {
         params.rows = heads * params.queries;

@@ -18,6 +18,9 @@
 //! not bit-identical to it, and an acceptance or stopping decision within rounding of its threshold can
 //! differ (spec §7.4).
 //!
+//! [`ImagePrompt`] runs a prompt holding images on a model that places image rows
+//! ([`EncodeWithImages`]).
+//!
 //! [`read()`] reads a seeded canvas (typed answers at slot rows, vLLM's structured mode) on a
 //! [`ReadModel`], reusing the sampler's step for multi-step reads.
 //!
@@ -33,6 +36,7 @@ mod batched;
 mod error;
 pub mod finalize;
 mod generate;
+mod images;
 mod python_random;
 pub mod read;
 mod replay;
@@ -48,6 +52,7 @@ pub use batched::{BatchDenoiseModel, BatchResidentModel, HostCanvas, HostCanvase
 pub use error::{DrawError, InputError, ModelCall, SamplerError};
 pub use finalize::CanvasEnd;
 pub use generate::{DenoiseModel, Generation, Hooks, NoHooks, StepInfo, StopReason, generate, generate_resident, validate_config};
+pub use images::{EncodeWithImages, ImagePrompt};
 pub use python_random::PythonRandom;
 pub use read::{BatchReadModel, Conditioning, Read, ReadCanvas, ReadModel, ReadRequest, Slot, SlotRead, read, read_batch, validate_read};
 pub use replay::Replay;

@@ -201,7 +201,7 @@ impl EngineSetup {
 fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, Started)> {
     let model = crate::model_dir::open(&setup.dir)?;
     let choice = crate::backend::choose(setup.backend, setup.adapter.as_deref())?;
-    let started = Started { backend: choice.name(), description: choice.description.clone() };
+    let started = Started { description: choice.description.clone() };
     let report = crate::load::Report::Summary;
     let slots = match choice.backend {
         crate::backend::Backend::Gpu(_) => setup.batch + 1,
@@ -214,8 +214,6 @@ fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, Sta
 /// The backend a started engine runs on.
 #[derive(Debug)]
 pub struct Started {
-    /// "cpu" or "gpu".
-    pub backend: &'static str,
     /// A line saying which, and why.
     pub description: String,
 }

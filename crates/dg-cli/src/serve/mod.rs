@@ -75,7 +75,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let (started, gpu_reader) = engine::spawn(setup, &model, jobs_rx, args.read_queue as usize)?;
     eprintln!("backend: {}", started.description);
-    let images = image_input(&model, started.backend, args.image_tokens)?;
+    let images = image_input(&model, args.image_tokens)?;
     let running = match args.batch {
         1 => format!("one request at a time, cache pool {} bytes", args.cache_budget),
         n => format!("batches of up to {n} requests, cache pool {} bytes", args.cache_budget),
@@ -116,17 +116,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// What chat requests' image parts get on `backend`: the model's tower and the processor at
+/// What chat requests' image parts get: the model's tower and the processor at
 /// `budget` soft tokens, or why images are refused.
-fn image_input(model: &dg_model::ModelDir, backend: &str, budget: usize) -> Result<Result<Arc<http::ImageInput>, String>> {
+fn image_input(model: &dg_model::ModelDir, budget: usize) -> Result<Result<Arc<http::ImageInput>, String>> {
     if model.config.vision.is_none() {
         return Ok(Err(format!("this model ({}) has no vision tower: it takes no images", model.dir.display())));
     }
     let tower = crate::images::VisionTower::load(model)?;
     let processor = tower.processor(budget).context(crate::error::Input("--image-tokens".into()))?;
-    if backend == "gpu" {
-        return Ok(Err(format!("this server runs on the GPU: {}", crate::images::IMAGES_ON_THE_GPU)));
-    }
     Ok(Ok(Arc::new(http::ImageInput { tower, processor })))
 }
 

@@ -289,7 +289,7 @@ impl Instrumentation for GpuModel {
         let ids = self.encoder_ids(0, ids)?;
         self.context_ready = false;
         let clock = Instant::now();
-        let chunk = self.begin_encoder_chunk(0, &ids)?;
+        let chunk = self.begin_encoder_chunk(0, &ids, None)?;
         let tables_ms = clock.elapsed().as_secs_f64() * 1e3;
         let clock = Instant::now();
         let plan = self.encoder_chunk_plan(chunk)?;

@@ -2,7 +2,9 @@
 // Mode 1 (causal): row r is query t = r % queries at absolute position p = query_start + t; key
 // column j (absolute key_start + j) is visible iff key_start + j <= p and (window == 0 or
 // key_start + j + window > p). The visible keys form one range [lo, hi); entries outside it are
-// written as 0 and excluded from the max and the sum.
+// written as 0 and excluded from the max and the sum. A query inside [span_start, span_end) (an
+// image's soft tokens, absolute positions) also sees that whole span: [lo, hi) grows to hold it
+// (both hold the query, so their union is one range).
 // Columns [gap_start, gap_end) are masked in every mode (written as 0, outside the max and sum).
 // One workgroup per row; rows beyond 65535 workgroups wrap into the y dimension.
 // Pass 1: each invocation keeps a running (max, sum of exp(x - max)) over its strided elements;
@@ -21,9 +23,9 @@ struct Params {
     window: u32,
     gap_start: u32,
     gap_end: u32,
+    span_start: u32,
+    span_end: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -55,6 +57,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         if (p.window != 0u) {
             let first = select(0u, end - p.window, end > p.window); // first visible absolute key
             lo = min(select(0u, first - p.key_start, first > p.key_start), hi);
+        }
+        let pos = end - 1u;
+        if (pos >= p.span_start && pos < p.span_end) {
+            hi = max(hi, min(select(0u, p.span_end - p.key_start, p.span_end > p.key_start), p.cols));
+            lo = min(lo, select(0u, p.span_start - p.key_start, p.span_start > p.key_start));
         }
     }
 
