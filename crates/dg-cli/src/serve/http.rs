@@ -223,7 +223,7 @@ async fn structured_read(app: &App, endpoint: Endpoint, s: vllm::Structured) -> 
         let kind = if r.status.is_server_error() { "server_error" } else { "invalid_request_error" };
         ApiError { status: r.status, message, kind, param: None, code: None }
     })?;
-    app.metrics.reads(&timing);
+    app.metrics.reads(timing.prompt_tokens, timing.reused_tokens);
     let ids: Vec<u32> = read.slots.iter().map(|r| r.argmax).collect();
     let reply = app.codec.decode(&ids).map_err(|e| server_error(format!("{e:#}")))?;
     let text = |id: u32| app.codec.decode(&[id]).unwrap_or_default();

@@ -108,10 +108,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Counts the prompt tokens of a request's typed reads.
-    pub fn reads(&self, timing: &super::systemone::Timing) {
-        self.read_prompt_tokens.fetch_add(timing.prompt_tokens as u64, Ordering::Relaxed);
-        self.read_reused_prompt_tokens.fetch_add(timing.reused_tokens as u64, Ordering::Relaxed);
+    /// Counts the prompt tokens of a request's typed reads: those made the model's cache, and of
+    /// those the ones a cache held already.
+    pub fn reads(&self, prompt_tokens: usize, reused_tokens: usize) {
+        self.read_prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.read_reused_prompt_tokens.fetch_add(reused_tokens as u64, Ordering::Relaxed);
     }
 
     /// Counts one answered request.

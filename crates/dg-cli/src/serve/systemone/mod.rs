@@ -161,7 +161,7 @@ async fn handle(State(endpoint): State<Arc<Endpoint>>, request: Request) -> Resp
         }
         Err(rejection) => (rejected(rejection), Timing::default()),
     };
-    endpoint.metrics.reads(&timing);
+    endpoint.metrics.reads(timing.prompt_tokens, timing.reused_tokens);
     with_headers(response, started, timing)
 }
 
