@@ -485,18 +485,7 @@ mod tests {
 
     #[test]
     fn the_real_experts_fit_the_tiles() {
-        let gate_up = GroupedGemmParams {
-            n: 1408,
-            k: 2816,
-            groups: 128,
-            max_rows: 256,
-            a_rs: 2816,
-            b_group_stride: 1408 * 2816,
-            c_rs: 1408,
-            gather: 1,
-            ..bytemuck::Zeroable::zeroed()
-        };
-        let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
+        let (gate_up, down) = GroupedGemmParams::real_experts();
         for tile in [EXPERT_TILE, GATHERED_EXPERT_TILE, QUANTIZED_EXPERT_TILE, LONG_GROUP_TILE, QUANTIZED_LONG_GROUP_TILE] {
             assert!(fits(tile, &gate_up) && fits(tile, &down), "{}", tile.label());
         }

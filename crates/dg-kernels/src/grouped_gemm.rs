@@ -67,6 +67,27 @@ pub struct GroupedGemmParams {
     pub _pad: u32,
 }
 
+impl GroupedGemmParams {
+    /// The real geometry's two expert products (128 experts, hidden 2816, expert MLP 704) over a
+    /// canvas of 256 slots: gate/up (rows gathered) and down. What tests of the kernels' fit and
+    /// the planner's choices pin their rules to.
+    pub fn real_experts() -> (GroupedGemmParams, GroupedGemmParams) {
+        let gate_up = GroupedGemmParams {
+            n: 1408,
+            k: 2816,
+            groups: 128,
+            max_rows: 256,
+            a_rs: 2816,
+            b_group_stride: 1408 * 2816,
+            c_rs: 1408,
+            gather: 1,
+            ..Zeroable::zeroed()
+        };
+        let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
+        (gate_up, down)
+    }
+}
+
 /// One tile variant: a `bm × bn` block of C per workgroup, K in steps of `bk`, a `tm × tn`
 /// register block per invocation (rows `ty·tm ..`, columns in runs of 4); `(bm/tm)·(bn/tn)`
 /// invocations.

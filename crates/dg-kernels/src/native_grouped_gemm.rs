@@ -261,18 +261,7 @@ mod tests {
 
     #[test]
     fn the_real_experts_fit_and_odd_ones_do_not() {
-        let gate_up = GroupedGemmParams {
-            n: 1408,
-            k: 2816,
-            groups: 128,
-            max_rows: 256,
-            a_rs: 2816,
-            b_group_stride: 1408 * 2816,
-            c_rs: 1408,
-            gather: 1,
-            ..bytemuck::Zeroable::zeroed()
-        };
-        let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
+        let (gate_up, down) = GroupedGemmParams::real_experts();
         let (q4, q6, q8) = (FORMATS[1], FORMATS[2], FORMATS[3]);
         for shape in NativeShape::ALL {
             assert!(fits(shape, q4, &gate_up) && fits(shape, WeightFormat::F16, &down) && fits(shape, q8, &down));

@@ -86,18 +86,7 @@ mod tests {
 
     #[test]
     fn the_real_experts_pick_their_measured_tiles() {
-        let gate_up = GroupedGemmParams {
-            n: 1408,
-            k: 2816,
-            groups: 128,
-            max_rows: 256,
-            a_rs: 2816,
-            b_group_stride: 1408 * 2816,
-            c_rs: 1408,
-            gather: 1,
-            ..bytemuck::Zeroable::zeroed()
-        };
-        let down = GroupedGemmParams { n: 2816, k: 704, a_rs: 704, b_group_stride: 2816 * 704, c_rs: 2816, gather: 0, ..gate_up };
+        let (gate_up, down) = GroupedGemmParams::real_experts();
         let f16 = WeightFormat::F16;
         // A canvas (256 tokens, top-8: 16 slots an expert) and a 1024-token chunk (64).
         let (canvas, chunk) = (256 * 8, 1024 * 8);
