@@ -38,9 +38,10 @@ pub struct Tuning {
     /// `DG_NO_COOP=1` sets it false: leave the tensor cores (cooperative matrices) off even where
     /// the device has them.
     pub tensor_cores: bool,
-    /// `DG_NATIVE=0` sets it false: leave the Vulkan-native kernels (SPIR-V past WGSL,
-    /// `dg_kernels::native_grouped_gemm`) off even where the device runs them, so that their WGSL
-    /// counterparts run (for A/B timing).
+    /// `DG_NATIVE=1` sets it true: take the Vulkan-native kernels (SPIR-V past WGSL,
+    /// `dg_kernels::native_grouped_gemm`) where the device runs them. Off by default until their
+    /// gate has passed and their timing has been measured on a GPU with the fragments NVIDIA offers
+    /// (so far only lavapipe's 8×8×8 ran them); `DG_NATIVE=0` against `1` is the A/B.
     pub native: bool,
     /// `DG_ROW_REDUCE=tree`: how the row kernels reduce across a workgroup.
     pub row_reduce: RowReduceChoice,
@@ -84,7 +85,7 @@ impl Default for Tuning {
     fn default() -> Self {
         Tuning {
             tensor_cores: true,
-            native: true,
+            native: false,
             row_reduce: RowReduceChoice::Auto,
             kv_cache: KvCacheChoice::Auto,
             encoder_submit_layers: ENCODER_SUBMIT_LAYERS,

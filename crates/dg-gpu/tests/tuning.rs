@@ -24,7 +24,7 @@ fn every_knob_parses_its_values() {
     assert!(!one("DG_NO_COOP", "1").unwrap().tensor_cores);
     assert!(one("DG_NO_COOP", "0").unwrap().tensor_cores);
     assert!(!one("DG_NATIVE", "0").unwrap().native);
-    assert!(one("DG_NATIVE", "1").unwrap().native && Tuning::default().native);
+    assert!(one("DG_NATIVE", "1").unwrap().native && !Tuning::default().native);
     assert_eq!(one("DG_ROW_REDUCE", "tree").unwrap().row_reduce, RowReduceChoice::Tree);
     assert_eq!(one("DG_ROW_REDUCE", "auto").unwrap().row_reduce, RowReduceChoice::Auto);
     assert_eq!(one("DG_KV_CACHE", "f16").unwrap().kv_cache, KvCacheChoice::F16);
