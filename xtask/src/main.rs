@@ -5,6 +5,7 @@
 //! GPU canvas forward with a per-kernel profile; `cargo xtask bench-generate` times a GPU-resident
 //! generation; `cargo xtask shader-stats` prints the driver's compile statistics of the kernels;
 //! `cargo xtask coopmat2-probe` times GEMMs written with `VK_NV_cooperative_matrix2` (dg-lab);
+//! `cargo xtask coop-configs` lists the driver's cooperative-matrix configurations (dg-lab);
 //! `cargo xtask write-checkpoint` writes a random model directory, `cargo xtask write-gguf` a model
 //! directory's weights as GGUF, and `cargo xtask load-memory` reports a command's peak host memory.
 //! `cargo xtask probe NAME` runs a hardware probe of dg-lab (`--list` lists them); `cargo xtask quant-accuracy`
@@ -52,6 +53,8 @@ enum Command {
     BenchTower(bench_tower::Args),
     /// Time GEMMs written with VK_NV_cooperative_matrix2 (SPIR-V from bench/coopmat2) on the adapter.
     Coopmat2Probe(dg_lab::coopmat2::Args),
+    /// List the Vulkan driver's cooperative-matrix configurations (the 8-bit ones wgpu omits).
+    CoopConfigs(dg_lab::coop_configs::Args),
     /// Print the Vulkan driver's compile statistics (registers, spills...) of the GPU kernels.
     ShaderStats(shader_stats::Args),
     /// Write a model directory with seeded random weights for a config (sharded on request).
@@ -78,6 +81,7 @@ fn main() -> std::process::ExitCode {
         Command::BenchTower(args) => bench_tower::run(args),
         Command::ShaderStats(args) => shader_stats::run(args),
         Command::Coopmat2Probe(args) => dg_lab::coopmat2::run(args),
+        Command::CoopConfigs(args) => dg_lab::coop_configs::run(args),
         Command::WriteCheckpoint(args) => write_checkpoint::run(args),
         Command::WriteGguf(args) => write_gguf::run(args),
         Command::LoadMemory(args) => load_memory::run(args),

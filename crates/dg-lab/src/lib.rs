@@ -5,7 +5,8 @@
 //! experiments around them: [`probe`], timed measurements of dg's kernels and of the GPU itself
 //! (`cargo xtask probe NAME`), and [`coopmat2`], GEMMs written with `VK_NV_cooperative_matrix2`
 //! timed beside dg's tiles (`cargo xtask coopmat2-probe`); [`tiles`], the tensor-core tiles no
-//! planner rule picks; [`pipeline_cache`], wgpu's pipeline cache measured across processes; and
+//! planner rule picks; [`pipeline_cache`], wgpu's pipeline cache measured across processes; [`coop_configs`], the
+//! driver's own list of cooperative-matrix configurations (the 8-bit ones wgpu does not report); and
 //! [`overrides`], the lab's `DG_*` variables parsed into the one
 //! `dg_gpu::Overrides` value through which they reach the planner. Nothing here is reachable from
 //! `dg`.
@@ -14,6 +15,7 @@
 //! rule and a changed golden plan; a losing one is deleted once its bench/history entry is
 //! written (git keeps the code).
 
+pub mod coop_configs;
 pub mod coopmat2;
 pub mod overrides;
 pub mod pipeline_cache;
