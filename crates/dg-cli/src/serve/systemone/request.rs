@@ -18,11 +18,21 @@ pub struct SystemOne {
     pub model: String,
     /// In the order sent: (id, type, the question as pydantic dumps it).
     pub questions: Vec<(String, Kind, Json)>,
-    pub images: bool,
+    /// As sent (checked by [`super::images::parts`]); empty when none.
+    pub images: Vec<ImageArg>,
     pub steps: Option<usize>,
     pub samples: Option<usize>,
     pub think: Option<usize>,
     pub sequential: Option<bool>,
+}
+
+/// One of `images`: OpenJev's `Union[str, ImageObject]`.
+#[derive(Debug, Clone)]
+pub enum ImageArg {
+    /// A `data:image/...;base64,...` URL.
+    Url(String),
+    /// `{content_type, base64}`.
+    Object { content_type: String, base64: String },
 }
 
 /// An error answer: status and body.
@@ -143,11 +153,11 @@ pub fn parse(body: &[u8]) -> Result<SystemOne, Rejection> {
         Some(q) => errors.push(entry("dict_type", &["body", "questions"], "Input should be a valid dictionary", q)),
     }
     let images = match body.get("images") {
-        None | Some(Json::Null) => false,
-        Some(Json::Array(items)) => !items.is_empty(),
+        None | Some(Json::Null) => Vec::new(),
+        Some(Json::Array(items)) => items.iter().enumerate().filter_map(|(i, item)| image(i, item, &mut errors)).collect(),
         Some(v) => {
             errors.push(entry("list_type", &["body", "images"], "Input should be a valid list", v));
-            false
+            Vec::new()
         }
     };
     let steps = bounded(&body, "steps", (1, 8), &mut errors);
@@ -165,6 +175,51 @@ pub fn parse(body: &[u8]) -> Result<SystemOne, Rejection> {
         return Err(Rejection::fields(errors));
     }
     Ok(SystemOne { state, model, questions, images, steps, samples, think, sequential })
+}
+
+/// Item `i` of `images` as pydantic checks `Union[str, ImageObject]`: a string, else an object
+/// with string `content_type` and `base64`; a bad item gets both members' errors.
+fn image(i: usize, item: &Json, errors: &mut Vec<serde_json::Value>) -> Option<ImageArg> {
+    let at = i.to_string();
+    let as_str = |errors: &mut Vec<serde_json::Value>| {
+        errors.push(entry("string_type", &["body", "images", &at, "str"], "Input should be a valid string", item))
+    };
+    match item {
+        Json::String(url) => Some(ImageArg::Url(url.clone())),
+        Json::Object(_) => {
+            let mut missed = Vec::new();
+            let mut field = |name: &str| match item.get(name) {
+                Some(Json::String(v)) => Some(v.clone()),
+                None => {
+                    missed.push(entry("missing", &["body", "images", &at, "ImageObject", name], "Field required", item));
+                    None
+                }
+                Some(v) => {
+                    missed.push(entry("string_type", &["body", "images", &at, "ImageObject", name], "Input should be a valid string", v));
+                    None
+                }
+            };
+            let (content_type, base64) = (field("content_type"), field("base64"));
+            match (content_type, base64) {
+                (Some(content_type), Some(base64)) => Some(ImageArg::Object { content_type, base64 }),
+                _ => {
+                    as_str(errors);
+                    errors.extend(missed);
+                    None
+                }
+            }
+        }
+        _ => {
+            as_str(errors);
+            errors.push(entry(
+                "model_attributes_type",
+                &["body", "images", &at, "ImageObject"],
+                "Input should be a valid dictionary or object to extract fields from",
+                item,
+            ));
+            None
+        }
+    }
 }
 
 /// One question: its type and its fields as `model_dump` gives them (declared fields only, absent
