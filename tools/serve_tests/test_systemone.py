@@ -9,7 +9,7 @@ without a read, the same request giving the same answers, `samples` (billed per 
 the re-read rule (an unsure read is averaged with three more: the same probabilities as
 `samples: 4`), a state read after another with the same questions answering bit for bit as when
 read first (on the GPU encoding only what follows the shared system text: `/metrics`' read
-counters), `dg read` answering as the server does, `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
+counters), `dg read` answering as the server does (and with `think`), `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
 (403/401, 400 unknown model, 400 unknown question type, 422 field errors, 400 unanswerable
 requests, 400 for a state past the model's positions, 413, 529 when the reader's queue is full),
 `/health` OK after each.
@@ -368,6 +368,11 @@ def cli_matches(server, binary, model, backend):
                          capture_output=True, text=True, check=True)
     assert json.loads(cli.stdout) == json.loads(data), (cli.stdout, data)
     assert list(json.loads(cli.stdout)["answers"]) == ["team", "billing"]
+    # With `think` dg read generates the thought on the engine dg serve runs.
+    thinking = subprocess.run([binary, "read", "--model", str(model), "--backend", backend], input=json.dumps({**request, "think": 6}),
+                              capture_output=True, text=True, check=True)
+    answered = json.loads(thinking.stdout)
+    assert list(answered["answers"]) == ["team", "billing"] and 0 <= answered["usage"]["output_tokens"] <= 6, answered
 
 
 def errors(server, client):
