@@ -9,10 +9,19 @@ without a read, the same request giving the same answers, `samples` (billed per 
 the re-read rule (an unsure read is averaged with three more: the same probabilities as
 `samples: 4`), a state read after another with the same questions answering bit for bit as when
 read first (on the GPU encoding only what follows the shared system text: `/metrics`' read
-counters), `dg read` answering as the server does, `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
+counters), `dg read` answering as the server does (and with `think`), `GET /v1/models` in both shapes, the headers, and every error of OpenJev's table
 (403/401, 400 unknown model, 400 unknown question type, 422 field errors, 400 unanswerable
 requests, 400 for a state past the model's positions, 413, 529 when the reader's queue is full),
 `/health` OK after each.
+
+OpenJev's extensions: `think` (a thought the engine generates before the read: answers, the
+thought's tokens as `output_tokens`, its prompt billed beside the read's, the same request the same
+thought) and `images` (on a text model OpenJev's 400 for a text upstream; every bad image value
+OpenJev's 400 or 422; with `think` or `sequential` a 400 naming the field). Then a server on
+fixtures/vision-generate (a model with a vision tower) reads states with the committed test images:
+the image's soft tokens billed, the same image the same answers (a data URL or a
+`{content_type, base64}` object), another image other answers, and a read after another image's
+answering bit for bit as when read first (no cache holds one image for another).
 
     python3 tools/serve_tests/test_systemone.py --binary target/release/dg [--backend gpu]
 
@@ -21,6 +30,7 @@ the same backend.
 """
 
 import argparse
+import base64
 import json
 import math
 import re
@@ -116,6 +126,7 @@ def main():
             server.proc.terminate()
             server.proc.wait(timeout=30)
         overload(args.binary, model, args.backend)
+    vision(args.binary, root, args.backend)
     print(f"systemone ({args.backend}): all checks passed in {time.time() - started:.1f} s")
 
 
@@ -198,7 +209,110 @@ def run(server, backend):
     assert re.fullmatch(r"model;dur=[\d.]+, server;dur=[\d.]+, total;dur=[\d.]+, prefill;dur=[\d.]+, read;dur=[\d.]+", resp.getheader("server-timing")), resp.getheader("server-timing")
     assert re.fullmatch(r"req_[0-9a-f]{32}", resp.getheader("x-typesafe-request-id"))
 
+    thoughts(server, client)
     errors(server, client)
+
+
+def thoughts(server, client):
+    """`think`: a thought of at most `think` tokens before each group's read. Its tokens are
+    `output_tokens`; the input billed is the thought's prompt (the chat prompt with thinking on and
+    the open tag) and the read's, which holds that prompt, the thought and the close tag: more
+    than twice a plain read's. The same request thinks and answers the same; `think: 0` is a plain
+    read."""
+    asked = {"billing": Noul(instructions="Is the ticket about billing?"),
+             "urgency": Score(instructions="How urgent is it?", criteria=["not urgent", "soon", "now"])}
+    plain = client.system_one(state=STATE, questions=asked, extra_body={"samples": 1})
+    budget = 8
+    thought = client.system_one(state=STATE, questions=asked, extra_body={"samples": 1, "think": budget})
+    assert list(thought.answers) == ["billing", "urgency"] and 0.0 <= thought.answers["billing"].noul <= 1.0, thought
+    assert 0 <= thought.usage.output_tokens <= budget, thought.usage
+    assert thought.usage.input_tokens > 2 * plain.usage.input_tokens + thought.usage.output_tokens, (thought.usage, plain.usage)
+    again = client.system_one(state=STATE, questions=asked, extra_body={"samples": 1, "think": budget})
+    assert (again.answers, again.usage) == (thought.answers, thought.usage), "the same request thought otherwise"
+    assert thought.answers["urgency"].probabilities != plain.answers["urgency"].probabilities
+    zero = client.system_one(state=STATE, questions=asked, extra_body={"samples": 1, "think": 0})
+    assert (zero.answers, zero.usage) == (plain.answers, plain.usage)
+    # Two samples: the same thought read twice, its prompt billed once. The second read's prompt
+    # is the thought's prompt, the thought and the close tag.
+    two = client.system_one(state=STATE, questions=asked, extra_body={"samples": 2, "think": budget})
+    assert two.usage.output_tokens == thought.usage.output_tokens, (two.usage, thought.usage)
+    read_prompt = two.usage.input_tokens - thought.usage.input_tokens
+    think_prompt = thought.usage.input_tokens - read_prompt
+    assert read_prompt > think_prompt + thought.usage.output_tokens > 0, (read_prompt, think_prompt, thought.usage)
+    # Sequential: one thought under the whole list (5 score questions are 3 groups), billed once.
+    many = {f"s{i}": {"type": "score", "instructions": f"Level {i}?", "criteria": ["low", "high"]} for i in range(5)}
+    chained = client.system_one(state=STATE, questions=many, extra_body={"sequential": True, "think": budget})
+    assert list(chained.answers) == list(many) and 0 <= chained.usage.output_tokens <= budget, chained.usage
+    # Not sequential: each of the 3 groups thinks its own thought.
+    grouped = client.system_one(state=STATE, questions=many, extra_body={"think": budget})
+    assert list(grouped.answers) == list(many) and 0 <= grouped.usage.output_tokens <= 3 * budget, grouped.usage
+    print(f"think: {thought.usage.output_tokens} thought tokens, {thought.usage.input_tokens} input tokens "
+          f"(a plain read {plain.usage.input_tokens})")
+
+
+def vision_copy(root: Path, out: Path) -> Path:
+    """fixtures/vision-generate with a canvas of 32: its own (8) holds no answer template, and a
+    canvas's length is no weight's shape."""
+    shutil.copytree(root / "fixtures" / "vision-generate", out)
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    config["canvas_length"] = 32
+    path.write_text(json.dumps(config))
+    return out
+
+
+def vision(binary, root, backend):
+    """Images on a model with a vision tower (fixtures/vision-generate at 70 soft tokens an image):
+    a read of a state with an image bills the image's soft tokens (and its two markers) beside the
+    text's; the same image (as a data URL or a `{content_type, base64}` object) gives the same
+    answers, another image others; a read after another image's gives, bit for bit, what it gives
+    first (no cache of one image serves another); an image the tower cannot read is a 400."""
+    tmp = tempfile.TemporaryDirectory()
+    fixture = vision_copy(root, Path(tmp.name) / "vision")
+    server = Server(binary, backend, "--model", str(fixture), "--served-model-name", "vision", "--api-key", KEY,
+                    "--image-tokens", "70")
+    try:
+        def image(name):
+            return base64.b64encode((root / "fixtures" / "image-processor" / name).read_bytes()).decode()
+
+        def read(images, **extra):
+            body = {"state": "What is in the picture?", "model": "vision", "samples": 1,
+                    "questions": {"shape": {"type": "choice", "instructions": "Which shape?",
+                                            "criteria": {"wide": None, "tall": None, "square": None}},
+                                  "size": {"type": "score", "criteria": ["small", "large"]}},
+                    **({"images": images} if images is not None else {}), **extra}
+            resp, data = server.request("POST", "/v1/systemone", body)
+            assert resp.status == 200, data[:500]
+            return json.loads(data)
+
+        wide, tall = image("wide.png"), image("tall.png")
+        text = read(None)
+        first = read([f"data:image/png;base64,{wide}"])
+        # The placeholder becomes the image's markers and soft tokens (at most 70).
+        grown = first["usage"]["input_tokens"] - text["usage"]["input_tokens"]
+        assert 2 < grown <= 70 + 2, (first["usage"], text["usage"])
+        assert first["usage"]["output_tokens"] == 0 and list(first["answers"]) == ["shape", "size"], first
+        assert first["answers"] != text["answers"]
+        other = read([f"data:image/png;base64,{tall}"])
+        assert other["answers"] != first["answers"], "two images, one answer"
+        again = read([{"content_type": "image/png", "base64": wide}])
+        assert again == first, ("the same image read otherwise after another", again, first)
+        two = read([f"data:image/png;base64,{wide}", f"data:image/png;base64,{tall}"])
+        tall_grown = other["usage"]["input_tokens"] - text["usage"]["input_tokens"]
+        assert two["usage"]["input_tokens"] == text["usage"]["input_tokens"] + grown + tall_grown, (two["usage"], grown, tall_grown)
+        jpeg = read([f"data:image/jpeg;base64,{image('rotated.jpg')}"])
+        assert jpeg["answers"] != first["answers"]
+        truncated = base64.b64encode(base64.b64decode(wide)[:100]).decode()
+        resp, data = server.request("POST", "/v1/systemone", {"state": "x", "model": "vision", "images": [f"data:image/png;base64,{truncated}"],
+                                                             "questions": {"s": {"type": "score", "criteria": ["a", "b"]}}})
+        assert resp.status == 400 and json.loads(data)["detail"].startswith("the model rejected this request: image 0:"), data
+        healthy(server)
+        print(f"vision ({backend}): an image read bills {first['usage']['input_tokens']} tokens "
+              f"(the text {text['usage']['input_tokens']}); same image same answers, another image others")
+    finally:
+        server.proc.terminate()
+        server.proc.wait(timeout=30)
+        tmp.cleanup()
 
 
 def overload(binary, model, backend):
@@ -254,13 +368,18 @@ def cli_matches(server, binary, model, backend):
                          capture_output=True, text=True, check=True)
     assert json.loads(cli.stdout) == json.loads(data), (cli.stdout, data)
     assert list(json.loads(cli.stdout)["answers"]) == ["team", "billing"]
+    # With `think` dg read generates the thought on the engine dg serve runs.
+    thinking = subprocess.run([binary, "read", "--model", str(model), "--backend", backend], input=json.dumps({**request, "think": 6}),
+                              capture_output=True, text=True, check=True)
+    answered = json.loads(thinking.stdout)
+    assert list(answered["answers"]) == ["team", "billing"] and 0 <= answered["usage"]["output_tokens"] <= 6, answered
 
 
 def errors(server, client):
     def expect(status, body, key=KEY, detail=None):
         resp, data = server.request("POST", "/v1/systemone", body, key=key)
-        assert resp.status == status, (status, resp.status, data)
-        got = json.loads(data)["detail"]
+        assert resp.status == status, (status, resp.status, data[:500])
+        got = json.loads(data).get("detail") if status != 200 else json.loads(data)
         if detail is not None:
             assert got == detail, (got, detail)
         healthy(server)
@@ -305,7 +424,32 @@ def errors(server, client):
     expect(400, {**ok, "questions": {"q": {"type": "score", "criteria": [str(i) for i in range(11)]}}},
            detail="Too many score levels. Must have at most 10 levels.")
     expect(400, {**ok, "questions": {f"q{i}": {"type": "noul"} for i in range(257)}}, detail="at most 256 questions per request")
-    expect(400, {**ok, "images": ["data:image/png;base64,AAAA"]})
+    # images: OpenJev's checks first (400s with its messages, 422s from its request model), then
+    # what its upstream answers for a text model. (An image over 5 MiB needs a body over the
+    # server's 4 MiB `--max-body`: the unit tests check its message.)
+    png = "data:image/png;base64,AAAA"
+    expect(400, {**ok, "images": [png]}, detail="the model rejected this request: this model reads text only; send the state without images")
+    expect(400, {**ok, "images": [png] * 9}, detail="at most 8 images per request")
+    shape = "an image is a data:image/...;base64 string or a {content_type, base64} object"
+    for bad, detail in [
+        ("https://example.com/cat.png", shape),
+        ("data:image/png,AAAA", shape),
+        ("data:image/bmp;base64,AAAA", "image type 'image/bmp' is not supported; use JPEG, PNG, WebP or GIF"),
+        ({"content_type": "text/plain", "base64": "AAAA"}, "image type 'text/plain' is not supported; use JPEG, PNG, WebP or GIF"),
+        ("data:image/png;base64,AAA", "image data is not valid base64"),
+        ("data:image/png;base64,not base64!", "image data is not valid base64"),
+    ]:
+        expect(400, {**ok, "images": [bad]}, detail=detail)
+    for bad in ["one", [5], [{"content_type": "image/png"}], [{"base64": "AAAA", "content_type": 3}]]:
+        detail = expect(422, {**ok, "images": bad})
+        assert all(e["loc"][:2] == ["body", "images"] for e in detail), detail
+    expect(400, {**ok, "images": [png], "think": 4}, detail="think needs a text state; send images without it")
+    expect(400, {**ok, "images": [png], "sequential": True}, detail="sequential needs a text state; send images without it")
+    # Every question answered without a read: no image reaches the model.
+    assert expect(200, {**ok, "questions": {"q": {"type": "choice", "criteria": {"x": None}}}, "images": [png]})
+    for bad in [4097, "many", 1.5]:
+        detail = expect(422, {**ok, "think": bad})
+        assert detail[0]["loc"] == ["body", "think"], detail
     detail = expect(400, {**ok, "state": "many words " * 3000})
     assert detail.startswith("the model rejected this request:") and "max_position_embeddings" in detail, detail
     expect(413, {**ok, "state": "x" * (5 << 20)})

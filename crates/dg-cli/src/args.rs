@@ -53,7 +53,8 @@ pub struct ReadArgs {
 
     /// The questions: a JSON object of `noul`, `choice` and `score` questions by id, as
     /// /v1/systemone takes them. Without --state and --questions, stdin holds a whole
-    /// /v1/systemone request body (`state`, `questions`, and `steps`, `samples`).
+    /// /v1/systemone request body (`state`, `questions`, and `steps`, `samples`, `images`,
+    /// `think`, `sequential`).
     #[arg(long, value_name = "FILE", requires = "state")]
     pub questions: Option<PathBuf>,
 

@@ -42,10 +42,10 @@ use tokio::sync::mpsc::{self, error::TryRecvError};
 use super::commit::{Committer, Decode, Finish};
 use super::metrics::Metrics;
 use super::pool::Pool;
+pub use super::prompt_images::JobImages;
 use super::systemone::{ReadOn, ReadWork, Reader, ReaderHandle, ReaderState, run_work};
 use crate::args::{BackendArg, WeightsArg};
 use crate::batch_model::{BatchModel, ModelError, SlotCache};
-use crate::images::{EncodedImage, VisionTower};
 use crate::text::TextCodec;
 use caches::SlotCaches;
 
@@ -69,32 +69,6 @@ impl Job {
     /// The ids a cache of this job's prompt is keyed by: the prompt's, or with images their keys.
     fn cache_keys(&self) -> &[u32] {
         self.images.as_ref().map_or(&self.prompt, |images| &images.keys)
-    }
-}
-
-/// A prompt's images, encoded: the rows its first encode places, and what its cache is keyed by.
-#[derive(Debug, Clone)]
-pub struct JobImages {
-    /// The rows of the prompt's image soft tokens, in order, `row_width` floats each.
-    pub embeddings: Vec<f32>,
-    pub row_width: usize,
-    /// The soft tokens' id in the prompt.
-    pub image_token: u32,
-    /// The prompt's ids with each image's soft tokens standing for its bytes
-    /// (`crate::images::VisionTower::cache_keys`).
-    pub keys: Vec<u32>,
-}
-
-impl JobImages {
-    /// `prompt` (one image token per image, as the chat template writes them) expanded to the
-    /// images' soft tokens, and the images' rows and keys; the error says how the counts differ.
-    pub fn new(tower: &VisionTower, prompt: &[u32], images: Vec<EncodedImage>) -> Result<(Vec<u32>, Self), String> {
-        let prompt = tower.expand(prompt, &images)?;
-        let keys = tower.cache_keys(&prompt, &images);
-        let soft_tokens: usize = images.iter().map(|image| image.soft_tokens).sum();
-        let embeddings: Vec<f32> = images.into_iter().flat_map(|image| image.embeddings).collect();
-        let row_width = embeddings.len() / soft_tokens.max(1);
-        Ok((prompt, JobImages { embeddings, row_width, image_token: tower.image_token(), keys }))
     }
 }
 
@@ -146,6 +120,9 @@ pub struct Summary {
     pub first_canvas: Option<Duration>,
     /// Empty replies generated again ([`Extras::empty_retries`]).
     pub rerolls: usize,
+    /// The kept token ids (before the first EOS, at most `max_tokens`): what `/v1/systemone`'s
+    /// thought continues its read with.
+    pub tokens: Vec<u32>,
 }
 
 /// The cache a job continued from.
@@ -564,6 +541,7 @@ impl JobHooks {
             prefill: self.prefill,
             first_canvas: self.first_canvas,
             rerolls: self.rerolls,
+            tokens: self.committer.tokens.clone(),
         }
     }
 }
@@ -609,6 +587,7 @@ impl Hooks for JobHooks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::images::VisionTower;
 
     /// An engine of `batch` slots on the bundled model's CPU backend whose pool keeps
     /// `cache_budget` bytes.

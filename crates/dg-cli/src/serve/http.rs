@@ -22,8 +22,8 @@ use super::metrics::Metrics;
 use super::openai::images::{ImagePart, image_parts};
 use super::openai::tools::{self, ChatReply, ReplySetup};
 use super::openai::{self, ApiError, Endpoint, PromptInput, vllm};
+pub use super::prompt_images::ImageInput;
 use crate::chat::{ChatTemplate, Conversation, reply};
-use crate::images::VisionTower;
 use crate::text::TextCodec;
 
 /// What every handler shares.
@@ -56,18 +56,6 @@ pub struct App {
     /// What encodes chat requests' image parts, or why they are refused (no vision tower, or
     /// the GPU backend).
     pub images: Result<Arc<ImageInput>, String>,
-}
-
-/// The vision tower and the processor at the server's soft-token budget (`--image-tokens`).
-pub struct ImageInput {
-    pub tower: VisionTower,
-    pub processor: dg_image::ImageProcessor,
-}
-
-impl std::fmt::Debug for ImageInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ImageInput").field("processor", &self.processor).finish_non_exhaustive()
-    }
 }
 
 impl IntoResponse for ApiError {

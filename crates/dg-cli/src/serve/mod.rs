@@ -11,7 +11,9 @@ mod http;
 mod metrics;
 mod openai;
 mod pool;
+pub(crate) mod prompt_images;
 pub(crate) mod systemone;
+mod thoughts;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -87,9 +89,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         args.queue,
     );
     let settings = resolve_settings(&model, defaults.clone())?;
+    let thoughts = thoughts::Thoughts {
+        jobs: jobs_tx.clone(),
+        settings: settings.clone(),
+        canvas_length: model.config.canvas_length,
+        context,
+        metrics: metrics.clone(),
+    };
+    let extensions = systemone::Extensions { images: images.clone(), thinker: Ok(thoughts.thinker()) };
+    let reader = (gpu_reader, args.read_queue as usize);
     let systemone =
-        systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), settings, (gpu_reader, args.read_queue as usize))?
-            .map(Arc::new);
+        systemone::Service::start(&model, &model_name, codec.clone(), template.clone(), settings, reader, extensions)?.map(Arc::new);
     let app = Arc::new(http::App {
         model_name,
         model,
@@ -114,6 +124,38 @@ pub fn run(args: ServeArgs) -> Result<()> {
     runtime.block_on(serve(args, app, request_timeout, shutdown_timeout, cancel_all))?;
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// Thoughts a `dg read` request's groups may wait for at once (one per group at most).
+const READ_THOUGHTS_QUEUE: usize = 256;
+
+/// The engine `dg read` thinks on (a request with `think`): the model loaded as `dg serve` loads
+/// it, one job at a time in `context` positions; the thoughts it generates with `settings`, and on
+/// the GPU the reader on its model.
+pub(crate) fn read_engine(
+    model: &dg_model::ModelDir,
+    codec: Arc<TextCodec>,
+    device: &crate::args::DeviceArgs,
+    settings: dg_model::GenerationConfig,
+    context: usize,
+) -> Result<(systemone::Thinker, Option<systemone::ReaderHandle>)> {
+    let metrics = Arc::new(metrics::Metrics::default());
+    let (jobs, jobs_rx) = mpsc::channel(READ_THOUGHTS_QUEUE);
+    let setup = engine::EngineSetup {
+        dir: model.dir.clone(),
+        backend: device.backend,
+        adapter: device.adapter.clone(),
+        weights: device.weights,
+        context,
+        batch: 1,
+        cache_budget: 0,
+        codec,
+        metrics: metrics.clone(),
+        cancel_all: Arc::new(AtomicBool::new(false)),
+    };
+    let (_, reader) = engine::spawn(setup, model, jobs_rx, 1)?;
+    let thoughts = thoughts::Thoughts { jobs, settings, canvas_length: model.config.canvas_length, context, metrics };
+    Ok((thoughts.thinker(), reader))
 }
 
 /// What chat requests' image parts get: the model's tower and the processor at

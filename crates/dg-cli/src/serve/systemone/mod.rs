@@ -11,11 +11,21 @@
 //! read (dg pins the template rows: only the slots move), and answers carry Jev's shapes.
 //!
 //! `sequential` reads the groups in order under the whole question list, each after the answers
-//! chosen before it. Not served: `images` (the model reads text only: a 400, as OpenJev's
-//! upstream answers a text model) and `think` above 0 (a 400 naming the field). Reads run on the
-//! GPU model the generation engine owns, between its steps, or on the CPU backend on an f32 copy
-//! of the model on a thread of their own ([`reader`]).
+//! chosen before it. `images` go ahead of the state in the user turn ([`images`]: OpenJev's checks
+//! and messages; the served model's vision tower encodes them, as chat requests' images, and the
+//! seed covers their data URLs); a model without a vision tower answers them as OpenJev's upstream
+//! answers for a text model (a 400, "the model rejected this request"), and images with `think` or
+//! `sequential` are a 400 naming the field. `think` (up to 4096) reads after a thought: the chat
+//! prompt with thinking on, the thinking channel opened, up to `think` tokens the model writes
+//! there (the engine's generation, [`Thinker`], drawing from the group's seed where OpenJev's
+//! upstream samples unseeded), the channel closed, and the answer template without the empty
+//! thought block after it; one thought per group, or one under the whole list for a sequential
+//! read. The thought's prompt is billed as input beside the read's (which holds the thought too)
+//! and its tokens are `output_tokens`, as OpenJev bills them. Reads run on the GPU model the
+//! generation engine owns, between its steps, or on the CPU backend on an f32 copy of the model
+//! on a thread of their own ([`reader`]).
 
+mod images;
 mod pyjson;
 mod reader;
 mod request;
@@ -31,9 +41,11 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use dg_model::{GenerationConfig, ModelDir};
 use dg_sampler::{ReadRequest, SlotRead};
+use futures_util::future::BoxFuture;
 
 use super::metrics::Metrics;
-use crate::chat::ChatTemplate;
+use super::prompt_images::{ImageInput, JobImages};
+use crate::chat::{ChatTemplate, Conversation};
 use crate::text::TextCodec;
 pub use pyjson::Json;
 use reader::Refused;
@@ -41,7 +53,7 @@ pub use reader::Timing;
 pub(crate) use reader::{ReadOn, Reader, ReaderState, run_work};
 pub use reader::{ReaderHandle, Work as ReadWork};
 pub use request::{Rejection, SystemOne, parse};
-use template::{Question, Resolved, Templates};
+use template::{After, Question, Resolved, Templates};
 
 /// Model names a request may give besides the served one: TypeSafe's SDKs default to these.
 const SDK_ALIASES: [&str; 2] = ["jev-latest", "jev-preview"];
@@ -60,7 +72,6 @@ const GROUP_SEED_STRIDE: i64 = 104_729;
 const READER_BYTES_CAP: u64 = 4 << 30;
 
 /// What `/v1/systemone` needs beside the rest of the server.
-#[derive(Debug)]
 pub struct Service {
     /// The `model` answers name.
     model_name: String,
@@ -68,7 +79,34 @@ pub struct Service {
     chat: ChatTemplate,
     reader: ReaderHandle,
     settings: Arc<GenerationConfig>,
+    extensions: Extensions,
 }
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").field("model_name", &self.model_name).finish_non_exhaustive()
+    }
+}
+
+/// What OpenJev's extensions beyond Jev's contract take: `images` the served model's vision tower
+/// (or why there is none), `think` a generator of thoughts (or why there is none).
+pub struct Extensions {
+    pub images: Result<Arc<ImageInput>, String>,
+    pub thinker: Result<Thinker, String>,
+}
+
+/// A thought to generate: `prompt` continued by dg's generation (the model's thinking channel
+/// open at its end) for at most `budget` tokens, ending at any of `stop`, drawing from `seed`.
+#[derive(Debug, Clone)]
+pub struct ThoughtRequest {
+    pub prompt: Vec<u32>,
+    pub budget: usize,
+    pub stop: Vec<u32>,
+    pub seed: u64,
+}
+
+/// Generates a thought: the token ids kept (before the first stop or EOS, at most the budget).
+pub type Thinker = Arc<dyn Fn(ThoughtRequest) -> BoxFuture<'static, Result<Vec<u32>, Rejection>> + Send + Sync>;
 
 impl Service {
     /// Readies the templates and the reader: `reader` (the GPU model's), else a CPU copy of
@@ -82,6 +120,7 @@ impl Service {
         chat: Option<ChatTemplate>,
         settings: GenerationConfig,
         (reader, queue): (Option<ReaderHandle>, usize),
+        extensions: Extensions,
     ) -> Result<Option<Self>> {
         let Some(chat) = chat else {
             eprintln!("/v1/systemone is off: the model has no chat template");
@@ -111,7 +150,7 @@ impl Service {
             None => ReaderHandle::spawn_cpu(model, queue).context("cannot start /v1/systemone's reader")?,
         };
         let settings = Arc::new(settings);
-        Ok(Some(Service { model_name: model_name.to_string(), templates: Arc::new(templates), chat, reader, settings }))
+        Ok(Some(Service { model_name: model_name.to_string(), templates: Arc::new(templates), chat, reader, settings, extensions }))
     }
 }
 
@@ -119,15 +158,19 @@ impl Service {
 struct Group {
     questions: Vec<Question>,
     prompt: Prompt,
+    /// The prompt's images (placeholders expanded in `prompt`), when the request has any.
+    images: Option<JobImages>,
     resolved: Resolved,
     seed: i64,
+    /// The thought read before this group: its prompt's tokens (billed as input) and its own.
+    thought: (u64, u64),
 }
 
 /// A group's prompt.
 enum Prompt {
     Fixed(Vec<u32>),
-    /// These ids (the chat prompt and the scaffold), then the answers chosen for the groups read
-    /// before (a sequential read).
+    /// These ids (the chat prompt and the scaffold, or a thought), then the answers chosen for the
+    /// groups read before (a sequential read).
     AfterEarlier(Vec<u32>),
 }
 
@@ -226,40 +269,98 @@ pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing)
     if req.questions.len() > MAX_QUESTIONS {
         return Err(Rejection::semantic(format!("at most {MAX_QUESTIONS} questions per request")));
     }
-    if req.images {
-        return Err(Rejection::semantic("the model rejected this request: this model reads text only; send the state without images"));
-    }
-    if req.think.unwrap_or(0) > 0 {
-        return Err(Rejection::semantic("think is not supported by this server; send the request without it"));
+    let images = images::parts(&req.images)?;
+    let think = req.think.unwrap_or(0);
+    if !images.is_empty() && (think > 0 || req.sequential == Some(true)) {
+        let field = if think > 0 { "think" } else { "sequential" };
+        return Err(Rejection::semantic(format!("{field} needs a text state; send images without it")));
     }
     let templates = &service.templates;
     let schema = templates.schema(&req.questions).map_err(|e| Rejection::semantic(e.0))?;
     let dumped = Json::Object(req.questions.iter().map(|(k, _, q)| (k.clone(), q.clone())).collect());
-    let seed = i64::from(pyjson::seed(&req.state, &dumped));
+    let mut key = vec![req.state.clone(), dumped];
+    if !images.is_empty() {
+        key.push(Json::Array(images.iter().map(|i| Json::String(i.url.clone())).collect()));
+    }
+    let seed = i64::from(pyjson::seed(&key));
     let state_text = match &req.state {
         Json::String(s) => s.clone(),
         v => v.dumps(false, false),
     };
     let groups = if schema.questions.is_empty() { Vec::new() } else { templates.groups(&schema.questions, schema.format) };
+    // Images go through the tower once, when something is read (as OpenJev's upstream sees them
+    // only then), off the async workers.
+    let encoded = if images.is_empty() || groups.is_empty() {
+        Vec::new()
+    } else {
+        let input = service.extensions.images.clone();
+        tokio::task::spawn_blocking(move || images::encode(&input, &images))
+            .await
+            .map_err(|e| Rejection::typed(StatusCode::INTERNAL_SERVER_ERROR, "api_error", format!("the image encoder failed: {e}")))??
+    };
+    let prompt = ChatPrompt { service, state: &state_text, images: encoded.len() };
     // Sequential: every group is read under the whole question list, each after the answers chosen
     // for the groups before it (OpenJev's `_sequential`).
     let sequential = req.sequential == Some(true) && groups.len() > 1;
     let chunked = groups.len() > 1;
-    let chat = |system: &str| -> Result<Vec<u32>, Rejection> {
-        let text = service.chat.render(&[("system", system), ("user", &state_text)]).map_err(|e| Rejection::semantic(format!("{e:#}")))?;
-        templates.codec.encode(&text, false).map_err(|e| Rejection::semantic(format!("{e:#}")))
-    };
-    let whole = if sequential { Some(chat(&templates.system_text(&schema.questions, schema.format, false))?) } else { None };
+    let thinking = think > 0 && !groups.is_empty();
     let mut ready = Vec::with_capacity(groups.len());
-    for (k, questions) in groups.into_iter().enumerate() {
-        let prompt = match &whole {
-            Some(prompt) => prompt.clone(),
-            None => chat(&templates.system_text(&questions, schema.format, chunked))?,
+    if sequential {
+        let system = templates.system_text(&schema.questions, schema.format, false);
+        // One thought under the whole list (drawing from the request's seed), or the chat prompt.
+        let (base, thought) = if thinking {
+            think_before(service, prompt.ids(&system, true)?, think, seed as u64).await?
+        } else {
+            (prompt.ids(&system, false)?, (0, 0))
         };
-        let after_earlier = sequential && k > 0;
-        let resolved = templates.resolve(&questions, schema.format, after_earlier).map_err(|e| Rejection::semantic(e.0))?;
-        let prompt = if after_earlier { Prompt::AfterEarlier([&prompt[..], templates.scaffold()].concat()) } else { Prompt::Fixed(prompt) };
-        ready.push(Group { questions, prompt, resolved, seed: seed + GROUP_SEED_STRIDE * k as i64 });
+        for (k, questions) in groups.into_iter().enumerate() {
+            let (after, group_prompt) = match (k, thinking) {
+                (0, true) => (After::Thought, Prompt::Fixed(base.clone())),
+                (0, false) => (After::ChatPrompt, Prompt::Fixed(base.clone())),
+                (_, true) => (After::EarlierAnswers, Prompt::AfterEarlier(base.clone())),
+                (_, false) => (After::EarlierAnswers, Prompt::AfterEarlier([&base[..], templates.scaffold()].concat())),
+            };
+            let resolved = templates.resolve(&questions, schema.format, after).map_err(|e| Rejection::semantic(e.0))?;
+            let thought = if k == 0 { thought } else { (0, 0) };
+            ready.push(Group {
+                questions,
+                prompt: group_prompt,
+                images: None,
+                resolved,
+                seed: seed + GROUP_SEED_STRIDE * k as i64,
+                thought,
+            });
+        }
+    } else {
+        let mut pending = Vec::with_capacity(groups.len());
+        for (k, questions) in groups.into_iter().enumerate() {
+            let system = templates.system_text(&questions, schema.format, chunked);
+            let group_seed = seed + GROUP_SEED_STRIDE * k as i64;
+            pending.push((questions, prompt.ids(&system, thinking)?, group_seed));
+        }
+        // Each group's thought, generated together (OpenJev's `asyncio.gather`).
+        let thoughts = if thinking {
+            let all = pending.iter().map(|(_, ids, group_seed)| think_before(service, ids.clone(), think, *group_seed as u64));
+            futures_util::future::try_join_all(all).await?
+        } else {
+            Vec::new()
+        };
+        let mut thoughts = thoughts.into_iter();
+        for (questions, ids, group_seed) in pending {
+            let (ids, after, thought) = match thoughts.next() {
+                Some((prefix, thought)) => (prefix, After::Thought, thought),
+                None => (ids, After::ChatPrompt, (0, 0)),
+            };
+            let resolved = templates.resolve(&questions, schema.format, after).map_err(|e| Rejection::semantic(e.0))?;
+            let (ids, images) = match &service.extensions.images {
+                Ok(input) if !encoded.is_empty() => {
+                    let (ids, images) = images::placed(input, &ids, &encoded)?;
+                    (ids, Some(images))
+                }
+                _ => (ids, None),
+            };
+            ready.push(Group { questions, prompt: Prompt::Fixed(ids), images, resolved, seed: group_seed, thought });
+        }
     }
     let plan = Plan { steps: req.steps.unwrap_or(1), samples: req.samples };
     let canvases: Vec<Vec<Vec<u32>>> = ready
@@ -276,21 +377,71 @@ pub async fn decide(service: &Service, req: &SystemOne) -> Result<(Json, Timing)
     // as OpenJev answers its upstream's 4xx.
     let results = results.map_err(|e| Rejection::semantic(format!("the model rejected this request: {e:#}")))?;
     let mut answers: Vec<(String, Json)> = schema.forced;
-    let mut billed = 0;
-    for (questions, means, group_billed) in results {
+    let (mut billed, mut thought_tokens) = (0, 0);
+    for (questions, means, group_billed, group_thought) in results {
         billed += group_billed;
+        thought_tokens += group_thought;
         for (q, mean) in questions.iter().zip(means) {
             answers.push((q.key.clone(), template::answer(q, &mean)));
         }
     }
     let ordered: Vec<(String, Json)> = req.questions.iter().filter_map(|(k, _, _)| answers.iter().find(|(a, _)| a == k).cloned()).collect();
-    let usage = Json::Object(vec![("input_tokens".into(), Json::Number(billed.into())), ("output_tokens".into(), Json::Number(0.into()))]);
+    // As OpenJev: output_tokens stays 0 (Jev's contract) unless a thought was generated.
+    let usage = Json::Object(vec![
+        ("input_tokens".into(), Json::Number(billed.into())),
+        ("output_tokens".into(), Json::Number(thought_tokens.into())),
+    ]);
     let response = Json::Object(vec![
         ("model".into(), Json::String(service.model_name.clone())),
         ("answers".into(), Json::Object(ordered)),
         ("usage".into(), usage),
     ]);
     Ok((response, timing))
+}
+
+/// A request's chat prompt: the system text, then the user turn (the images, when any, ahead of
+/// the state).
+struct ChatPrompt<'a> {
+    service: &'a Service,
+    state: &'a str,
+    images: usize,
+}
+
+impl ChatPrompt<'_> {
+    /// The prompt's ids after `system`, ending after the model turn's marker, with thinking on or
+    /// off (OpenJev's `chat_template_kwargs` `enable_thinking`; `chat_prompt_ids`).
+    fn ids(&self, system: &str, thinking: bool) -> Result<Vec<u32>, Rejection> {
+        let user = match self.images {
+            0 => serde_json::Value::String(self.state.to_string()),
+            n => {
+                let mut parts = vec![serde_json::json!({"type": "image"}); n];
+                parts.push(serde_json::json!({"type": "text", "text": self.state}));
+                serde_json::Value::Array(parts)
+            }
+        };
+        let messages = [serde_json::json!({"role": "system", "content": system}), serde_json::json!({"role": "user", "content": user})];
+        let kwargs = serde_json::Map::from_iter([("enable_thinking".to_string(), serde_json::Value::Bool(thinking))]);
+        let conversation = Conversation { messages: &messages, tools: None, kwargs: &kwargs, add_generation_prompt: true };
+        let text = self.service.chat.render_conversation(&conversation).map_err(|e| Rejection::semantic(format!("{e:#}")))?;
+        self.service.templates.codec.encode(&text, false).map_err(|e| Rejection::semantic(format!("{e:#}")))
+    }
+}
+
+/// OpenJev's `think`: the chat prompt with thinking on (`prompt`), the thought's open tag, up to
+/// `budget` tokens the model writes there (dg's generation, drawing from `seed`), the close tag.
+/// Returns that prefix, and the thought pass's prompt tokens (billed) and its own tokens.
+async fn think_before(service: &Service, prompt: Vec<u32>, budget: usize, seed: u64) -> Result<(Vec<u32>, (u64, u64)), Rejection> {
+    let thinker = service.extensions.thinker.as_ref().map_err(|why| Rejection::semantic(format!("think is not served here: {why}")))?;
+    let templates = &service.templates;
+    let prompt = [prompt, templates.thought_open.clone()].concat();
+    let request = ThoughtRequest { prompt: prompt.clone(), budget, stop: templates.thought_close.clone(), seed };
+    let mut thought = thinker(request).await?;
+    // The close tag's first token ends the thought (OpenJev cuts there too).
+    if let Some(end) = thought.iter().position(|&id| Some(&id) == templates.thought_close.first()) {
+        thought.truncate(end);
+    }
+    let counts = (prompt.len() as u64, thought.len() as u64);
+    Ok(([prompt, thought, templates.thought_close.clone()].concat(), counts))
 }
 
 /// Why the reader took no work: a full queue (529) or a stopped reader (503).
@@ -332,7 +483,7 @@ impl Service {
     ) -> Result<(dg_sampler::Read, Timing), Rejection> {
         let (settings, segments) = (self.settings.clone(), self.templates.segments(&prompt));
         let read = move |reader: &mut Reader<'_>| -> Result<dg_sampler::Read> {
-            reader.prompt(&prompt, &segments)?;
+            reader.prompt(&prompt, &segments, None)?;
             let request = ReadRequest { canvas: &canvas, pinned: pinned.as_deref(), steps, slots: &slots };
             let mut reads = reader.read(&[request], &[seed], &settings)?;
             Ok(reads.remove(0))
@@ -343,8 +494,9 @@ impl Service {
     }
 }
 
-/// Per group: its questions, their mean label probabilities, and the prompt tokens billed.
-type GroupResult = (Vec<Question>, Vec<Vec<f64>>, u64);
+/// Per group: its questions, their mean label probabilities, the prompt tokens billed (its
+/// thought's included), and its thought's tokens.
+type GroupResult = (Vec<Question>, Vec<Vec<f64>>, u64, u64);
 
 /// Reads every group on the reader: samples, or one read and, when unsure, the re-reads.
 fn read_groups(
@@ -362,7 +514,7 @@ fn read_groups(
             Prompt::Fixed(ids) => ids.clone(),
             Prompt::AfterEarlier(ids) => [&ids[..], &templates.earlier(&lines, format)].concat(),
         };
-        reader.prompt(&prompt, &templates.segments(&prompt))?;
+        reader.prompt(&prompt, &templates.segments(&prompt), g.images.as_ref())?;
         let width = canvases[0].len();
         let pinned: Vec<bool> = (0..width).map(|r| !g.resolved.slots.iter().any(|s| s.position == r)).collect();
         // The reads of canvases `ks` (their seeds OpenJev's), batched on the GPU.
@@ -394,7 +546,7 @@ fn read_groups(
             .collect();
         let chosen: Vec<usize> = means.iter().map(|m| (0..m.len()).fold(0, |best, i| if m[i] > m[best] { i } else { best })).collect();
         lines.push(Templates::answer_text(&g.questions, &chosen, format));
-        out.push((g.questions, means, billed));
+        out.push((g.questions, means, billed + g.thought.0, g.thought.1));
     }
     Ok(out)
 }
@@ -464,7 +616,7 @@ mod tests {
             "more": {"type": "score", "instructions": ["a", 1], "criteria": ["a", "b"]}}}"#;
         let req = request::parse(body.as_bytes()).unwrap();
         let dumped = Json::Object(req.questions.iter().map(|(k, _, q)| (k.clone(), q.clone())).collect());
-        let seed = i64::from(pyjson::seed(&req.state, &dumped));
+        let seed = i64::from(pyjson::seed(&[req.state.clone(), dumped]));
         assert_eq!(seed, 4_274_620_331);
         assert_eq!((&t.choice_labels[..5], t.choice_labels.len()), (&["A", "H", "I", "M", "O"].map(String::from)[..], 27));
         let schema = t.schema(&req.questions).unwrap();
@@ -487,7 +639,7 @@ mod tests {
         ];
         for (k, g) in groups.iter().enumerate() {
             assert_eq!(t.system_text(g, schema.format, true), format!("{head}{}{tail}", systems[k]));
-            let r = t.resolve(g, schema.format, false).unwrap();
+            let r = t.resolve(g, schema.format, After::ChatPrompt).unwrap();
             assert_eq!(r.template, [&scaffold[..], templates[k]].concat(), "group {k}");
             let got: Vec<(usize, Vec<u32>)> = r.slots.iter().map(|s| (s.position, s.labels.clone())).collect();
             assert_eq!(got, slots[k], "group {k}");
@@ -502,7 +654,7 @@ mod tests {
         assert_eq!(t.system_text(&schema.questions, schema.format, false), format!("{head}{sequential}{all_tail}"));
         let lines = [Templates::answer_text(&groups[0], &[2, 1], schema.format)];
         assert_eq!(t.earlier(&lines, schema.format), [89, 25, 34, 103, 26, 7, 89, 26, 34, 324]);
-        let r = t.resolve(&groups[1], schema.format, true).unwrap();
+        let r = t.resolve(&groups[1], schema.format, After::EarlierAnswers).unwrap();
         assert_eq!(r.template, [7, 89, 27, 34, 103, 24]);
         assert_eq!(r.slots.iter().map(|s| (s.position, s.labels.clone())).collect::<Vec<_>>(), [(5, vec![24, 25])]);
         assert_eq!(t.canvas(&r, seed + GROUP_SEED_STRIDE), [7, 89, 27, 34, 103, 935, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0]);

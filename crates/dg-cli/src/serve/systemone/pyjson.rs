@@ -174,11 +174,12 @@ impl<'de> Deserialize<'de> for Json {
     }
 }
 
-/// OpenJev's noise seed of a request: `int.from_bytes(sha256(json.dumps([state, questions],
-/// sort_keys=True).encode()).digest()[:4], "big")`, where `questions` are the validated questions
-/// as pydantic dumps them.
-pub fn seed(state: &Json, questions: &Json) -> u32 {
-    let text = Json::Array(vec![state.clone(), questions.clone()]).dumps(true, true);
+/// OpenJev's noise seed of a request: `int.from_bytes(sha256(json.dumps(key,
+/// sort_keys=True).encode()).digest()[:4], "big")`, where `key` is `[state, questions]` (the
+/// validated questions as pydantic dumps them), with the images' data URLs (a list) after them
+/// when the request has images.
+pub fn seed(key: &[Json]) -> u32 {
+    let text = Json::Array(key.to_vec()).dumps(true, true);
     let digest = sha2::Sha256::digest(text.as_bytes());
     u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
 }
@@ -204,10 +205,15 @@ mod tests {
             "{\"b\": [1, 2.5, 1e+16, 1e-05, 100.0, 0.0001, -3], \"a\": \"é\u{2028}😀\\n\", \"c\": null, \"d\": true}"
         );
         let questions = parse(r#"{"q": {"type": "noul", "instructions": "Is it late?", "criteria": null}}"#);
-        assert_eq!(seed(&Json::String("The train left at 9.".into()), &questions), SEED_OF_EXAMPLE);
+        assert_eq!(seed(&[Json::String("The train left at 9.".into()), questions.clone()]), SEED_OF_EXAMPLE);
+        let urls = Json::Array(vec![Json::String("data:image/png;base64,AAEC".into())]);
+        assert_eq!(seed(&[Json::String("The train left at 9.".into()), questions, urls]), SEED_WITH_IMAGE);
     }
 
     /// `int.from_bytes(hashlib.sha256(json.dumps(["The train left at 9.", {"q": {"type": "noul",
     /// "instructions": "Is it late?", "criteria": None}}], sort_keys=True).encode()).digest()[:4], "big")`.
     const SEED_OF_EXAMPLE: u32 = 2_034_459_031;
+    /// The same with `[["data:image/png;base64,AAEC"]]` after the questions (a request with one
+    /// image).
+    const SEED_WITH_IMAGE: u32 = 1_297_066_542;
 }

@@ -23,6 +23,7 @@ use dg_sampler::{Read, ReadRequest, SeededRng, read, read_batch};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::serve::pool::shared_prefix;
+use crate::serve::prompt_images::JobImages;
 
 /// Prompts whose caches the CPU reader keeps.
 const KEPT_PROMPTS: usize = 8;
@@ -70,14 +71,18 @@ pub struct Reader<'m> {
 impl Reader<'_> {
     /// Makes `prompt` the model's cache: the one it holds, a kept one (CPU), else encoded (on the
     /// CPU the cache it replaces is kept). On the GPU the prompt is encoded in parts, split at
-    /// `segments` (sorted positions inside it), and the cache it replaces keeps the longest run
-    /// of whole parts the two share, so a kept prefix ends where a fresh encode splits too: the
-    /// encoder's products are planned by a chunk's length, and a prompt gets the same bits
-    /// whether its first parts were kept or encoded now.
-    pub fn prompt(&mut self, prompt: &[u32], segments: &[usize]) -> Result<()> {
+    /// `segments` (sorted positions inside it, none inside an image's soft tokens), and the cache
+    /// it replaces keeps the longest run of whole parts the two share, so a kept prefix ends where
+    /// a fresh encode splits too: the encoder's products are planned by a chunk's length, and a
+    /// prompt gets the same bits whether its first parts were kept or encoded now. A prompt
+    /// holding `images` (its placeholders expanded) is encoded with their rows and its cache is
+    /// found by their keys (each image's soft tokens standing for its bytes), so prompts that
+    /// differ in an image share no cache past it.
+    pub fn prompt(&mut self, prompt: &[u32], segments: &[usize], images: Option<&JobImages>) -> Result<()> {
         let state = &mut *self.state;
         state.timing.prompt_tokens += prompt.len();
-        if state.current.as_deref() == Some(prompt) {
+        let keys = images.map_or(prompt, |images| &images.keys[..]);
+        if state.current.as_deref() == Some(keys) {
             state.timing.reused_tokens += prompt.len();
             return Ok(());
         }
@@ -89,7 +94,7 @@ impl Reader<'_> {
                     state.kept.push_front((previous, model.take_cache()));
                     state.kept.truncate(KEPT_PROMPTS);
                 }
-                match state.kept.iter().position(|(p, _)| p == prompt) {
+                match state.kept.iter().position(|(p, _)| p == keys) {
                     Some(i) => {
                         let (_, cache) = state.kept.remove(i).expect("found above");
                         model.put_cache(cache)?;
@@ -97,7 +102,10 @@ impl Reader<'_> {
                     }
                     None => {
                         model.reset();
-                        model.encode(prompt)?;
+                        match images {
+                            Some(images) => model.encode_with_images(prompt, &images.embeddings)?,
+                            None => model.encode(prompt)?,
+                        }
                         0
                     }
                 }
@@ -105,20 +113,27 @@ impl Reader<'_> {
             ReadOn::Gpu(r) => {
                 // The parts the slot's cache shares with the prompt (the system text of the same
                 // questions before another state) stay; the others are encoded.
-                let shared = previous.as_deref().map_or(0, |p| shared_prefix(prompt, p));
+                let shared = previous.as_deref().map_or(0, |p| shared_prefix(keys, p));
                 let kept = segments.iter().copied().take_while(|&s| s <= shared).last().unwrap_or(0);
                 let reused = r.model.truncate_slot(r.slot, kept);
                 let ends = segments.iter().copied().filter(|&s| s > reused).chain([prompt.len()]);
                 let mut start = reused;
                 for end in ends {
-                    r.model.encode_slot(r.slot, &prompt[start..end])?;
+                    let part = &prompt[start..end];
+                    match images.filter(|i| part.contains(&i.image_token)) {
+                        Some(images) => {
+                            let before = prompt[..start].iter().filter(|&&id| id == images.image_token).count();
+                            r.model.encode_slot_with_images(r.slot, part, images.rows(before, part))?
+                        }
+                        None => r.model.encode_slot(r.slot, part)?,
+                    }
                     start = end;
                 }
                 reused
             }
         };
         state.timing.reused_tokens += reused;
-        state.current = Some(prompt.to_vec());
+        state.current = Some(keys.to_vec());
         state.timing.prefill += started.elapsed();
         Ok(())
     }

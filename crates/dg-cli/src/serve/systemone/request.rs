@@ -18,11 +18,21 @@ pub struct SystemOne {
     pub model: String,
     /// In the order sent: (id, type, the question as pydantic dumps it).
     pub questions: Vec<(String, Kind, Json)>,
-    pub images: bool,
+    /// As sent (checked by [`super::images::parts`]); empty when none.
+    pub images: Vec<ImageArg>,
     pub steps: Option<usize>,
     pub samples: Option<usize>,
     pub think: Option<usize>,
     pub sequential: Option<bool>,
+}
+
+/// One of `images`: OpenJev's `Union[str, ImageObject]`.
+#[derive(Debug, Clone)]
+pub enum ImageArg {
+    /// A `data:image/...;base64,...` URL.
+    Url(String),
+    /// `{content_type, base64}`.
+    Object { content_type: String, base64: String },
 }
 
 /// An error answer: status and body.
@@ -53,6 +63,11 @@ impl Rejection {
 
 /// One FastAPI validation error entry.
 fn entry(kind: &str, loc: &[&str], msg: &str, input: &Json) -> serde_json::Value {
+    entry_at(kind, serde_json::json!(loc), msg, input)
+}
+
+/// [`entry`] at a location that holds list indices (ints, as pydantic writes them).
+fn entry_at(kind: &str, loc: serde_json::Value, msg: &str, input: &Json) -> serde_json::Value {
     let input: serde_json::Value = serde_json::from_str(&input.dumps(false, false)).unwrap_or(serde_json::Value::Null);
     serde_json::json!({"type": kind, "loc": loc, "msg": msg, "input": input})
 }
@@ -143,11 +158,11 @@ pub fn parse(body: &[u8]) -> Result<SystemOne, Rejection> {
         Some(q) => errors.push(entry("dict_type", &["body", "questions"], "Input should be a valid dictionary", q)),
     }
     let images = match body.get("images") {
-        None | Some(Json::Null) => false,
-        Some(Json::Array(items)) => !items.is_empty(),
+        None | Some(Json::Null) => Vec::new(),
+        Some(Json::Array(items)) => items.iter().enumerate().filter_map(|(i, item)| image(i, item, &mut errors)).collect(),
         Some(v) => {
             errors.push(entry("list_type", &["body", "images"], "Input should be a valid list", v));
-            false
+            Vec::new()
         }
     };
     let steps = bounded(&body, "steps", (1, 8), &mut errors);
@@ -165,6 +180,54 @@ pub fn parse(body: &[u8]) -> Result<SystemOne, Rejection> {
         return Err(Rejection::fields(errors));
     }
     Ok(SystemOne { state, model, questions, images, steps, samples, think, sequential })
+}
+
+/// Item `i` of `images` as pydantic checks `Union[str, ImageObject]`: a string, else an object
+/// with string `content_type` and `base64`; a bad item gets both members' errors.
+fn image(i: usize, item: &Json, errors: &mut Vec<serde_json::Value>) -> Option<ImageArg> {
+    let loc = |tail: &[&str]| {
+        let mut loc = serde_json::json!(["body", "images", i]);
+        loc.as_array_mut().expect("an array").extend(tail.iter().map(|t| serde_json::json!(t)));
+        loc
+    };
+    let as_str =
+        |errors: &mut Vec<serde_json::Value>| errors.push(entry_at("string_type", loc(&["str"]), "Input should be a valid string", item));
+    match item {
+        Json::String(url) => Some(ImageArg::Url(url.clone())),
+        Json::Object(_) => {
+            let mut missed = Vec::new();
+            let mut field = |name: &str| match item.get(name) {
+                Some(Json::String(v)) => Some(v.clone()),
+                None => {
+                    missed.push(entry_at("missing", loc(&["ImageObject", name]), "Field required", item));
+                    None
+                }
+                Some(v) => {
+                    missed.push(entry_at("string_type", loc(&["ImageObject", name]), "Input should be a valid string", v));
+                    None
+                }
+            };
+            let (content_type, base64) = (field("content_type"), field("base64"));
+            match (content_type, base64) {
+                (Some(content_type), Some(base64)) => Some(ImageArg::Object { content_type, base64 }),
+                _ => {
+                    as_str(errors);
+                    errors.extend(missed);
+                    None
+                }
+            }
+        }
+        _ => {
+            as_str(errors);
+            errors.push(entry_at(
+                "model_attributes_type",
+                loc(&["ImageObject"]),
+                "Input should be a valid dictionary or object to extract fields from",
+                item,
+            ));
+            None
+        }
+    }
 }
 
 /// One question: its type and its fields as `model_dump` gives them (declared fields only, absent
@@ -270,4 +333,45 @@ fn question(id: &str, q: &Json, errors: &mut Vec<serde_json::Value>) -> Result<O
         ("criteria".into(), criteria),
     ]);
     Ok(Some((kind, dumped)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(images: &str) -> Vec<(String, serde_json::Value)> {
+        let body = format!(r#"{{"state": "x", "model": "m", "questions": {{"q": {{"type": "noul"}}}}, "images": {images}}}"#);
+        let r = parse(body.as_bytes()).unwrap_err();
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+        r.body["detail"].as_array().unwrap().iter().map(|e| (e["type"].as_str().unwrap().to_string(), e["loc"].clone())).collect()
+    }
+
+    /// pydantic's errors for `list[Union[str, ImageObject]] | None` (`openjev/api.py`): each
+    /// member's, its tag in the location.
+    #[test]
+    fn images_are_validated_as_pydantic_validates_them() {
+        let ok = parse(
+            br#"{"state": "x", "model": "m", "questions": {"q": {"type": "noul"}},
+            "images": ["data:image/png;base64,AAAA", {"content_type": "image/png", "base64": "AAAA", "more": 1}]}"#,
+        )
+        .unwrap();
+        assert!(matches!(&ok.images[..], [ImageArg::Url(_), ImageArg::Object { .. }]));
+        use serde_json::json;
+        assert_eq!(errors("\"one\""), [("list_type".to_string(), json!(["body", "images"]))]);
+        assert_eq!(
+            errors("[5]"),
+            [
+                ("string_type".to_string(), json!(["body", "images", 0, "str"])),
+                ("model_attributes_type".to_string(), json!(["body", "images", 0, "ImageObject"]))
+            ]
+        );
+        assert_eq!(
+            errors(r#"["ok", {"content_type": 3}]"#),
+            [
+                ("string_type".to_string(), json!(["body", "images", 1, "str"])),
+                ("string_type".to_string(), json!(["body", "images", 1, "ImageObject", "content_type"])),
+                ("missing".to_string(), json!(["body", "images", 1, "ImageObject", "base64"]))
+            ]
+        );
+    }
 }

@@ -16,6 +16,9 @@ use crate::text::TextCodec;
 
 /// The empty thought block the chat template leaves to the model: every answer starts with it.
 const SCAFFOLD: &str = "<|channel>thought\n<channel|>";
+/// What opens and closes a thought the model writes (OpenJev's `thought_open`, `thought_close`).
+const THOUGHT_OPEN: &str = "<|channel>thought\n";
+const THOUGHT_CLOSE: &str = "<channel|>";
 /// At most this many labels per question (vLLM's `logprob_token_ids` cap per request).
 const MAX_LABELS: usize = 128;
 /// Score questions have at most this many levels.
@@ -112,6 +115,22 @@ pub struct Templates {
     pub canvas_step: usize,
     pub choice_labels: Vec<String>,
     scaffold: Vec<u32>,
+    /// The ids of [`THOUGHT_OPEN`] and [`THOUGHT_CLOSE`].
+    pub thought_open: Vec<u32>,
+    pub thought_close: Vec<u32>,
+}
+
+/// What the prompt before a group's answer template ends with, and so where the template starts
+/// (OpenJev's `resolve_template` `head` and `lead`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// The chat prompt: the template starts with the empty thought block.
+    ChatPrompt,
+    /// A thought the model wrote, closed: the template is the answers alone.
+    Thought,
+    /// Earlier groups' answers (a sequential read's later groups): the line separator, then the
+    /// answers.
+    EarlierAnswers,
 }
 
 /// A group's answer template and each question's slot.
@@ -124,7 +143,19 @@ pub struct Resolved {
 impl Templates {
     pub fn new(codec: std::sync::Arc<TextCodec>, vocab_size: u32, turn_close: u32, pad: u32, canvas: usize) -> Result<Self> {
         let scaffold = codec.encode(SCAFFOLD, false)?;
-        let mut t = Templates { codec, vocab_size, turn_close, pad, canvas, canvas_step: 16, choice_labels: Vec::new(), scaffold };
+        let (thought_open, thought_close) = (codec.encode(THOUGHT_OPEN, false)?, codec.encode(THOUGHT_CLOSE, false)?);
+        let mut t = Templates {
+            codec,
+            vocab_size,
+            turn_close,
+            pad,
+            canvas,
+            canvas_step: 16,
+            choice_labels: Vec::new(),
+            scaffold,
+            thought_open,
+            thought_close,
+        };
         t.choice_labels = t.single_token_labels()?;
         Ok(t)
     }
@@ -273,11 +304,15 @@ impl Templates {
     }
 
     /// The answer template (the scaffold, then every question's first label) and each question's
-    /// slot: the one position where its labels differ, and their ids there. `after_earlier`: the
-    /// prompt already holds the scaffold and earlier answers (a sequential read's later groups), so
-    /// the template is the line separator and the answers, without the scaffold.
-    pub fn resolve(&self, qs: &[Question], format: Format, after_earlier: bool) -> Result<Resolved, SchemaError> {
-        let (head, lead): (&[u32], &str) = if after_earlier { (&[], format.join()) } else { (&self.scaffold, "") };
+    /// slot: the one position where its labels differ, and their ids there. After a thought the
+    /// template has no scaffold (the prompt closes the thought); after earlier answers it is the
+    /// line separator and the answers.
+    pub fn resolve(&self, qs: &[Question], format: Format, after: After) -> Result<Resolved, SchemaError> {
+        let (head, lead): (&[u32], &str) = match after {
+            After::ChatPrompt => (&self.scaffold, ""),
+            After::Thought => (&[], ""),
+            After::EarlierAnswers => (&[], format.join()),
+        };
         let with = |labels: &[usize]| {
             let mut ids = head.to_vec();
             ids.extend(self.enc(&format!("{lead}{}", Self::answer_text(qs, labels, format))));
