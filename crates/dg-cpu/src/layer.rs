@@ -11,8 +11,9 @@ use dg_model::{LayerKind, LayerSpec, LayerWeights, TextConfig};
 
 use crate::attention::{AttnShape, Mask, attention};
 use crate::cache::LayerCache;
+use crate::int8::ActivationQuant;
 use crate::linalg::linear;
-use crate::moe::{Routing, experts, route_logits, router_input, router_logits};
+use crate::moe::{Routing, experts_in, route_logits, router_input, router_logits};
 use crate::ops::{gelu_glu, rms_norm_into, rms_norm_rows};
 use crate::rope::RopeTable;
 
@@ -69,7 +70,7 @@ pub struct RouterTrace {
 /// feeds only the unused final hidden state). The experts are `chosen` (`[T, k]` expert ids,
 /// another router's choice; their weights from this router's probabilities,
 /// `moe::route_logits`) where given, else this router's; returns what the router saw and chose
-/// (`None` with `attention_only`).
+/// (`None` with `attention_only`). The experts take their activations as `quant` says.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_forward(
     h: &mut [f32],
@@ -81,6 +82,7 @@ pub fn layer_forward(
     pass: Pass<'_>,
     attention_only: bool,
     chosen: Option<&[usize]>,
+    quant: ActivationQuant,
 ) -> Option<RouterTrace> {
     let hid = cfg.hidden_size;
     let eps = cfg.rms_norm_eps;
@@ -136,7 +138,7 @@ pub fn layer_forward(
     let routing = route_logits(&logits, t, w, cfg, chosen);
     rms_norm_into(&mut x, h, hid, Some(&w.pre_feedforward_layernorm_2), eps);
     let mut moe = vec![0f32; t * hid];
-    experts(&mut moe, &x, t, &routing, w);
+    experts_in(&mut moe, &x, t, &routing, w, quant);
     rms_norm_rows(&mut moe, hid, Some(&w.post_feedforward_layernorm_2), eps);
 
     dense.iter_mut().zip(&moe).for_each(|(d, m)| *d += m);

@@ -9,6 +9,7 @@
 use dg_model::{LayerKind, ModelConfig, Weights};
 
 use crate::cache::{KvCache, LayerCache};
+use crate::int8::ActivationQuant;
 use crate::layer::{Pass, RouterTrace, layer_forward};
 use crate::linalg::{Threads, View, linear, matmul};
 use crate::ops::{gelu_glu, rms_norm_into, rms_norm_rows, softcap_in_place, softmax_rows_into};
@@ -35,13 +36,16 @@ pub enum CpuError {
 pub struct CpuModel {
     pub config: ModelConfig,
     pub weights: Weights,
+    /// How the experts' products take their activations (f32 unless a caller measures the int8
+    /// mode, [`ActivationQuant::Int8`]).
+    pub activation_quant: ActivationQuant,
     cache: KvCache,
 }
 
 impl CpuModel {
     pub fn new(config: ModelConfig, weights: Weights) -> Self {
         let cache = empty_cache(&config);
-        CpuModel { config, weights, cache }
+        CpuModel { config, weights, activation_quant: ActivationQuant::F32, cache }
     }
 
     /// Drops every cached token.
@@ -176,7 +180,7 @@ impl CpuModel {
         let last = cfg.num_layers() - 1;
         for (i, (w, spec)) in self.weights.layers.iter().zip(&cfg.layers).enumerate() {
             let pass = Pass::Encode(&mut self.cache.layers[i], &spans);
-            layer_forward(&mut h, t, start, w, spec, cfg, pass, i == last, None);
+            layer_forward(&mut h, t, start, w, spec, cfg, pass, i == last, None, self.activation_quant);
         }
         self.cache.seq_len += t;
         Ok(())
@@ -224,7 +228,18 @@ impl CpuModel {
         let cfg = &self.config.text;
         for i in layers {
             let pass = Pass::Decode(&self.cache.layers[i]);
-            layer_forward(h, tokens, self.cache.seq_len, &self.weights.layers[i], &cfg.layers[i], cfg, pass, false, None);
+            layer_forward(
+                h,
+                tokens,
+                self.cache.seq_len,
+                &self.weights.layers[i],
+                &cfg.layers[i],
+                cfg,
+                pass,
+                false,
+                None,
+                self.activation_quant,
+            );
         }
     }
 
@@ -233,8 +248,19 @@ impl CpuModel {
     pub fn decoder_layer_routed(&self, h: &mut [f32], tokens: usize, i: usize, chosen: Option<&[usize]>) -> RouterTrace {
         let cfg = &self.config.text;
         let pass = Pass::Decode(&self.cache.layers[i]);
-        layer_forward(h, tokens, self.cache.seq_len, &self.weights.layers[i], &cfg.layers[i], cfg, pass, false, chosen)
-            .expect("a decoder layer runs whole")
+        layer_forward(
+            h,
+            tokens,
+            self.cache.seq_len,
+            &self.weights.layers[i],
+            &cfg.layers[i],
+            cfg,
+            pass,
+            false,
+            chosen,
+            self.activation_quant,
+        )
+        .expect("a decoder layer runs whole")
     }
 
     /// Final norm, tied head and softcap: `logits[C, V]` from `h: [C, H]`.

@@ -8,6 +8,7 @@
 use dg_model::{LayerWeights, TextConfig};
 use rayon::prelude::*;
 
+use crate::int8::{ActivationQuant, fake_quantize_rows};
 use crate::linalg::{Threads, linear, linear_raw};
 use crate::ops::{gelu_glu, rms_norm_into, softmax_in_place};
 
@@ -76,6 +77,13 @@ pub fn route_logits(logits: &[f32], tokens: usize, w: &LayerWeights, cfg: &TextC
 
 /// `out[T, H] = Σ_k w_k · expert_{idx_k}(u)` for `u: [T, H]`.
 pub fn experts(out: &mut [f32], u: &[f32], tokens: usize, routing: &Routing, w: &LayerWeights) {
+    experts_in(out, u, tokens, routing, w, ActivationQuant::F32);
+}
+
+/// [`experts`] with the products' activations (`u` for gate/up, the GLU's output for down) taken
+/// as `quant` says ([`ActivationQuant::Int8`]: rounded to their int8 blocks).
+pub fn experts_in(out: &mut [f32], u: &[f32], tokens: usize, routing: &Routing, w: &LayerWeights, quant: ActivationQuant) {
+    let int8 = quant == ActivationQuant::Int8;
     let ew = &w.experts;
     let (hid, inter) = (ew.hidden, ew.intermediate);
     // Token slots per expert in the reference's order (top-k slot major, then token).
@@ -98,12 +106,18 @@ pub fn experts(out: &mut [f32], u: &[f32], tokens: usize, routing: &Routing, w: 
             for &(t, _) in slots {
                 x.extend_from_slice(&u[t * hid..(t + 1) * hid]);
             }
+            if int8 {
+                fake_quantize_rows(&mut x, hid);
+            }
             let mut gate_up = vec![0f32; n * 2 * inter];
             linear_raw(&mut gate_up, &x, n, ew.gate_up(e), 2 * inter, hid, Threads::One);
             let mut act = vec![0f32; n * inter];
             for (row, a) in gate_up.chunks_exact(2 * inter).zip(act.chunks_exact_mut(inter)) {
                 a.copy_from_slice(&row[..inter]);
                 gelu_glu(a, &row[inter..]);
+            }
+            if int8 {
+                fake_quantize_rows(&mut act, inter);
             }
             let mut y = vec![0f32; n * hid];
             linear_raw(&mut y, &act, n, ew.down(e), hid, inter, Threads::One);
