@@ -8,8 +8,9 @@ sources compile to.
 
 Needs the pinned compiler: `pip install slangpy==0.43.1` (glslang.py). Each variant is the source
 with `#define` lines: the cooperative-matrix fragment (FM x FN x FK) and subgroup size (SG) of one
-shape dg-kernels' `native` module lists, the weights' format and A's. The names are the ones
-`dg_kernels::native` includes; the two lists change together.
+shape dg-kernels' `native` module lists, the weights' format and A's, and the int8 mode's variants
+(`native_grouped_gemm_int8_*`, dg-kernels' `native_int8_gemm`). The names are the ones
+`dg_kernels::native_grouped_gemm` and `native_int8_gemm` include; the lists change together.
 """
 import os
 import sys
@@ -30,6 +31,11 @@ SHAPES = [('8x8x8', 8, 8, 8, 8), ('16x8x16', 16, 8, 16, 32), ('16x16x16', 16, 16
 FORMATS = [('f16', 'W_F16'), ('q4_k', 'W_Q4_K'), ('q6_k', 'W_Q6_K'), ('q8_0', 'W_Q8_0')]
 # (label, A_F16): A stored as f32 or f16.
 A_FORMATS = [('a32', 0), ('a16', 1)]
+# The int8 mode's (label, FM, FN, FK, SG): s8 x s8 -> s32 fragments, lavapipe's 8x8x8 (subgroups
+# of 8) and NVIDIA's 16x8x32 and 16x16x32 (subgroups of 32); dg_kernels::native_int8_gemm::Int8Shape.
+INT8_SHAPES = [('8x8x8', 8, 8, 8, 8), ('16x8x32', 16, 8, 32, 32), ('16x16x32', 16, 16, 32, 32)]
+# The int8 mode's weight formats.
+INT8_FORMATS = [('q8_0', 'W_Q8_0')]
 
 
 def variants():
@@ -37,8 +43,13 @@ def variants():
     for shape, fm, fn, fk, sg in SHAPES:
         for w, wfmt in FORMATS:
             for a, a16 in A_FORMATS:
-                defines = [('FM', f'{fm}u'), ('FN', f'{fn}u'), ('FK', f'{fk}u'), ('SG', f'{sg}u'), ('WFMT', wfmt), ('A_F16', a16)]
+                defines = [('FM', f'{fm}u'), ('FN', f'{fn}u'), ('FK', f'{fk}u'), ('SG', f'{sg}u'), ('WFMT', wfmt), ('A_F16', a16), ('INT8', 0)]
                 yield f'native_grouped_gemm_{shape}_{w}_{a}.spv', 'native_grouped_gemm.comp', defines
+    for shape, fm, fn, fk, sg in INT8_SHAPES:
+        for w, wfmt in INT8_FORMATS:
+            for a, a16 in A_FORMATS:
+                defines = [('FM', f'{fm}u'), ('FN', f'{fn}u'), ('FK', f'{fk}u'), ('SG', f'{sg}u'), ('WFMT', wfmt), ('A_F16', a16), ('INT8', 1)]
+                yield f'native_grouped_gemm_int8_{shape}_{w}_{a}.spv', 'native_grouped_gemm.comp', defines
 
 
 def build(out_dir):

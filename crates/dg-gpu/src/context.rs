@@ -103,6 +103,9 @@ pub struct GpuContext {
     /// The fragment shapes of the Vulkan-native kernels the device runs ([`native_shapes`]; none
     /// where [`Self::coop_matrix`] is false or [`Tuning::native`] is).
     pub native: dg_kernels::native_grouped_gemm::NativeShapes,
+    /// The fragment shapes of the native kernel's int8 mode the device runs ([`int8_shapes`]; none
+    /// where [`Self::native`] is empty or [`Tuning::int8`] is false).
+    pub int8: dg_kernels::native_int8_gemm::Int8Shapes,
     /// The knobs the context was opened with, which every recording reads.
     pub tuning: Tuning,
     counters: Arc<Counters>,
@@ -194,6 +197,54 @@ fn native_shapes(adapter: &wgpu::Adapter) -> dg_kernels::native_grouped_gemm::Na
     NativeShape::ALL.into_iter().filter(|&s| runs(s)).fold(NativeShapes::NONE, NativeShapes::with)
 }
 
+/// The shapes of `dg_kernels::native_int8_gemm` that `adapter` runs: its driver lists the fragment
+/// with signed 8-bit inputs and 32-bit results at subgroup scope (asked of the driver itself:
+/// wgpu's `cooperative_matrix_properties` lists float fragments only), offers `shaderInt8` (which
+/// wgpu enables on the device where the driver has it), and the subgroups are exactly the shape's
+/// size. Called only where the adapter runs native kernels (a Vulkan adapter).
+fn int8_shapes(adapter: &wgpu::Adapter) -> dg_kernels::native_int8_gemm::Int8Shapes {
+    use ash::vk;
+    use dg_kernels::native_int8_gemm::{Int8Shape, Int8Shapes};
+    let info = adapter.get_info();
+    // SAFETY: the hal adapter and its instance are only read; the extension's query is made only
+    // where the driver lists the extension, on the adapter's own physical device.
+    let offered = unsafe {
+        let Some(hal) = adapter.as_hal::<wgpu::hal::api::Vulkan>() else { return Int8Shapes::NONE };
+        let shared = hal.shared_instance();
+        let (entry, instance) = (shared.entry(), shared.raw_instance());
+        let physical = hal.raw_physical_device();
+        let Ok(extensions) = instance.enumerate_device_extension_properties(physical) else { return Int8Shapes::NONE };
+        if !extensions.iter().any(|e| e.extension_name_as_c_str() == Ok(ash::khr::cooperative_matrix::NAME)) {
+            return Int8Shapes::NONE;
+        }
+        let mut f16_int8 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
+        let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut f16_int8);
+        instance.get_physical_device_features2(physical, &mut features);
+        if f16_int8.shader_int8 == 0 {
+            return Int8Shapes::NONE;
+        }
+        let coop = ash::khr::cooperative_matrix::Instance::new(entry, instance);
+        let properties = coop.get_physical_device_cooperative_matrix_properties(physical).unwrap_or_default();
+        properties
+            .iter()
+            .filter(|p| {
+                p.a_type == vk::ComponentTypeKHR::SINT8
+                    && p.b_type == vk::ComponentTypeKHR::SINT8
+                    && p.c_type == vk::ComponentTypeKHR::SINT32
+                    && p.result_type == vk::ComponentTypeKHR::SINT32
+                    && p.saturating_accumulation == 0
+                    && p.scope == vk::ScopeKHR::SUBGROUP
+            })
+            .map(|p| (p.m_size, p.n_size, p.k_size))
+            .collect::<Vec<_>>()
+    };
+    let runs = |shape: Int8Shape| {
+        let (m, n, k) = shape.fragment();
+        info.subgroup_min_size == shape.subgroup() && info.subgroup_max_size == shape.subgroup() && offered.contains(&(m, n, k))
+    };
+    Int8Shape::ALL.into_iter().filter(|&s| runs(s)).fold(Int8Shapes::NONE, Int8Shapes::with)
+}
+
 impl GpuContext {
     /// Picks an adapter and opens a device with the adapter's full limits.
     pub fn new(opts: &GpuOptions) -> Result<Self, GpuError> {
@@ -225,6 +276,10 @@ impl GpuContext {
         let native = match coop_matrix && opts.tuning.native {
             true => native_shapes(&adapter),
             false => dg_kernels::native_grouped_gemm::NativeShapes::NONE,
+        };
+        let int8 = match !native.is_empty() && opts.tuning.int8 {
+            true => int8_shapes(&adapter),
+            false => dg_kernels::native_int8_gemm::Int8Shapes::NONE,
         };
         // f16 in shaders wherever offered: the tensor-core kernels need it, and so do the kernels
         // that store their activations as f16 for them (tested on every adapter that has it).
@@ -265,6 +320,7 @@ impl GpuContext {
             coop_matrix,
             coop_fragment,
             native,
+            int8,
             tuning: opts.tuning.clone(),
             counters: Arc::default(),
         })
@@ -400,6 +456,7 @@ impl GpuContext {
             coop_matrix: self.coop_matrix,
             coop_fragment: self.coop_fragment,
             native: self.native,
+            int8: self.int8,
             shader_f16: self.device.features().contains(wgpu::Features::SHADER_F16),
             max_workgroup_storage: self.limits.max_compute_workgroup_storage_size,
             max_binding: self.max_binding(),

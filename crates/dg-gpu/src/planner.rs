@@ -21,6 +21,7 @@ use dg_kernels::coop_gemm::{self, AFormat, BLayout, CoopTile, Split, WPath};
 use dg_kernels::gemm::{GemmParams, GemmTile};
 use dg_kernels::grouped_gemm::{GroupedGemmParams, GroupedTile};
 use dg_kernels::native_grouped_gemm::{self, NativeShape, NativeShapes};
+use dg_kernels::native_int8_gemm::{Int8Shape, Int8Shapes};
 use dg_kernels::{CoopGemmKey, WeightFormat};
 use dg_kernels::{coop_grouped_gemm, moe_dispatch};
 
@@ -41,6 +42,9 @@ pub struct Capabilities {
     pub coop_fragment: u32,
     /// The fragment shapes of the Vulkan-native kernels the device runs ([`GpuContext::native`]).
     pub native: NativeShapes,
+    /// The fragment shapes of the native kernel's int8 mode the device runs
+    /// ([`GpuContext::int8`]: none unless asked for).
+    pub int8: Int8Shapes,
     /// f16 in shaders (`SHADER_F16`).
     pub shader_f16: bool,
     /// Bytes of workgroup memory a kernel may use (`max_compute_workgroup_storage_size`).
@@ -64,6 +68,7 @@ impl Capabilities {
         coop_matrix: true,
         coop_fragment: coop_gemm::FRAGMENT,
         native: NativeShapes::NONE.with(NativeShape::F16x8x16).with(NativeShape::F16x16x16),
+        int8: Int8Shapes::NONE,
         shader_f16: true,
         max_workgroup_storage: 48 * 1024,
         max_binding: u32::MAX as u64,
@@ -123,6 +128,8 @@ pub enum Grouped {
     /// The Vulkan-native grouped GEMM of short groups (`dg_kernels::native_grouped_gemm`) in
     /// fragments of `shape`, experts in K panels.
     Native { shape: NativeShape },
+    /// Its int8 mode (`dg_kernels::native_int8_gemm`) in fragments of `shape`.
+    NativeInt8 { shape: Int8Shape },
     /// The portable grouped GEMM (`dg_kernels::grouped_gemm`), row-major experts.
     Portable { tile: GroupedTile },
 }
@@ -349,6 +356,10 @@ impl<'t> Planner<'t> {
                 tile: self.tuning.overrides.grouped_tile.unwrap_or_else(|| portable::choose_grouped(p.n, p.k, slots, p.groups)),
             }),
             MatrixLayout::KPanels => {
+                let lab_names_a_tile = self.tuning.overrides.names_expert_kernel();
+                if let Some(shape) = experts::int8(self.caps.int8, p, format, slots).filter(|_| !lab_names_a_tile) {
+                    return Ok(Grouped::NativeInt8 { shape });
+                }
                 if let Some(shape) =
                     experts::native(self.caps.native, p, format, slots).filter(|_| !self.tuning.overrides.names_expert_kernel())
                 {
@@ -387,7 +398,9 @@ impl<'t> Planner<'t> {
     pub fn expert_tile_rows(&self, format: WeightFormat, layout: MatrixLayout, slots: u32, p: &GroupedGemmParams) -> u32 {
         match self.grouped(format, layout, p, slots) {
             Ok(Grouped::TensorCores { tile, .. }) if p.groups <= moe_dispatch::TABLE_EXPERTS => tile.bm,
-            Ok(Grouped::Native { .. }) if p.groups <= moe_dispatch::TABLE_EXPERTS => native_grouped_gemm::SLOTS,
+            Ok(Grouped::Native { .. } | Grouped::NativeInt8 { .. }) if p.groups <= moe_dispatch::TABLE_EXPERTS => {
+                native_grouped_gemm::SLOTS
+            }
             _ => 0,
         }
     }

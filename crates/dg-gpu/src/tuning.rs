@@ -43,6 +43,11 @@ pub struct Tuning {
     /// gate has passed and their timing has been measured on a GPU with the fragments NVIDIA offers
     /// (so far only lavapipe's 8×8×8 ran them); `DG_NATIVE=0` against `1` is the A/B.
     pub native: bool,
+    /// `DG_INT8=1` sets it true: run the experts' Q8_0 products of the native kernel in its int8
+    /// mode (`dg_kernels::native_int8_gemm`: activations quantized per 32-value block, `s8 × s8`
+    /// fragments) where the driver lists 8-bit fragments; needs [`Self::native`]. Off by default:
+    /// it changes the numerics (dg-cpu's `int8` mode is its reference).
+    pub int8: bool,
     /// `DG_ROW_REDUCE=tree`: how the row kernels reduce across a workgroup.
     pub row_reduce: RowReduceChoice,
     /// `DG_KV_CACHE=auto|f32|f16`: how the KV cache stores keys and values
@@ -86,6 +91,7 @@ impl Default for Tuning {
         Tuning {
             tensor_cores: true,
             native: false,
+            int8: false,
             row_reduce: RowReduceChoice::Auto,
             kv_cache: KvCacheChoice::Auto,
             encoder_submit_layers: ENCODER_SUBMIT_LAYERS,
@@ -206,6 +212,7 @@ impl Tuning {
         match name {
             "DG_NO_COOP" => self.tensor_cores = !flag(value).ok_or_else(bad)?,
             "DG_NATIVE" => self.native = flag(value).ok_or_else(bad)?,
+            "DG_INT8" => self.int8 = flag(value).ok_or_else(bad)?,
             "DG_ROW_REDUCE" => {
                 self.row_reduce = choice(value, &[("auto", RowReduceChoice::Auto), ("tree", RowReduceChoice::Tree)]).ok_or_else(bad)?
             }
@@ -253,7 +260,7 @@ pub fn choice<T: Copy>(value: &str, options: &[(&str, T)]) -> Option<T> {
 /// What the variable `name` accepts, for its error message.
 fn accepted(name: &str) -> &'static str {
     match name {
-        "DG_NO_COOP" | "DG_NATIVE" => "0 or 1",
+        "DG_NO_COOP" | "DG_NATIVE" | "DG_INT8" => "0 or 1",
         "DG_KV_CACHE" => "auto, f32 or f16",
         "DG_ROW_REDUCE" => "auto or tree",
         "DG_ENCODER_SUBMIT_LAYERS" => "a whole number of layers from 1",

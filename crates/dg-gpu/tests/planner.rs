@@ -26,6 +26,7 @@ use dg_kernels::format::QuantFormat;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
 use dg_kernels::native_grouped_gemm::{self, NativeShape, NativeShapes};
+use dg_kernels::native_int8_gemm::{Int8Shape, Int8Shapes};
 use dg_kernels::{KernelKey, WeightFormat};
 
 /// An H200 as wgpu reports it: cooperative matrices (16×8×16 and 16×16×16 fragments, subgroups of
@@ -38,6 +39,7 @@ const LAVAPIPE: Capabilities = Capabilities {
     coop_matrix: false,
     coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
     native: NativeShapes::NONE,
+    int8: Int8Shapes::NONE,
     shader_f16: true,
     max_workgroup_storage: 32 * 1024,
     max_binding: 128 << 20,
@@ -141,6 +143,13 @@ fn describe_grouped(planner: &Planner<'_>, format: WeightFormat, layout: MatrixL
             }
             let q = native_grouped_gemm::params_for(p);
             format!("native_grouped_gemm {} grid {:?}", shape.label(), native_grouped_gemm::workgroups(shape, &q))
+        }
+        Ok(Grouped::NativeInt8 { shape }) => {
+            for a in [AFormat::F32, AFormat::F16] {
+                known(KernelKey::NativeInt8GroupedGemm { shape, w: format, a });
+            }
+            let q = native_grouped_gemm::params_for(p);
+            format!("native_int8_gemm {} grid {:?}", shape.label(), dg_kernels::native_int8_gemm::workgroups(shape, &q))
         }
         Ok(Grouped::Portable { tile }) => {
             for w in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16] {
@@ -569,6 +578,7 @@ const ADAPTER_CLASSES: &[AdapterClass] = &[
             coop_matrix: false,
             coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
             native: NativeShapes::NONE,
+            int8: Int8Shapes::NONE,
             shader_f16: true,
             max_workgroup_storage: 64 * 1024,
             max_binding: u32::MAX as u64,
@@ -588,6 +598,7 @@ const ADAPTER_CLASSES: &[AdapterClass] = &[
             coop_matrix: true,
             coop_fragment: 8,
             native: NativeShapes::NONE,
+            int8: Int8Shapes::NONE,
             shader_f16: true,
             max_workgroup_storage: 32 * 1024,
             max_binding: 4 << 30,
@@ -605,6 +616,7 @@ const ADAPTER_CLASSES: &[AdapterClass] = &[
             coop_matrix: false,
             coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
             native: NativeShapes::NONE,
+            int8: Int8Shapes::NONE,
             shader_f16: true,
             max_workgroup_storage: 32 * 1024,
             max_binding: (1 << 31) - 1,
@@ -623,6 +635,7 @@ const ADAPTER_CLASSES: &[AdapterClass] = &[
             coop_matrix: false,
             coop_fragment: dg_kernels::coop_gemm::FRAGMENT,
             native: NativeShapes::NONE,
+            int8: Int8Shapes::NONE,
             shader_f16: false,
             max_workgroup_storage: 16 * 1024,
             max_binding: 128 << 20,
@@ -980,6 +993,7 @@ fn short_expert_groups_take_the_native_kernel_where_the_device_runs_it() {
         .unwrap()
     {
         Grouped::Native { shape } => format!("native {}", shape.label()),
+        Grouped::NativeInt8 { shape } => format!("int8 {}", shape.label()),
         Grouped::TensorCores { .. } => "wgsl".to_string(),
         Grouped::Portable { .. } => "portable".to_string(),
     };
@@ -995,4 +1009,48 @@ fn short_expert_groups_take_the_native_kernel_where_the_device_runs_it() {
     assert_eq!(kernel(H200, &tuning, f16, CHUNK), "wgsl", "long groups");
     // `DG_NATIVE=0` opens the device without them: its capabilities list no shape.
     assert_eq!(kernel(Capabilities { native: NativeShapes::NONE, ..H200 }, &off, q4, 64), "wgsl");
+}
+
+/// With the int8 mode asked for (`DG_INT8=1`, where the driver lists 8-bit fragments: the
+/// device's capabilities then name them), Q8_0 experts' short groups take the native kernel's
+/// int8 variant; every other format, long groups, and a device without them stay where they were.
+#[test]
+fn q8_0_short_groups_take_the_int8_kernel_only_where_asked_for() {
+    let tuning = Tuning::default();
+    let gate_up = GroupedGemmParams {
+        n: 2 * EXPERT_WIDTH,
+        k: H,
+        groups: EXPERTS,
+        max_rows: 64,
+        a_rs: H,
+        b_group_stride: 2 * EXPERT_WIDTH * H,
+        c_rs: 2 * EXPERT_WIDTH,
+        gather: 1,
+        ..bytemuck::Zeroable::zeroed()
+    };
+    let kernel = |caps: Capabilities, w: WeightFormat, slots: u32| match Planner::new(caps, &tuning)
+        .grouped(w, MatrixLayout::KPanels, &gate_up, slots)
+        .unwrap()
+    {
+        Grouped::NativeInt8 { shape } => format!("int8 {}", shape.label()),
+        Grouped::Native { shape } => format!("native {}", shape.label()),
+        _ => "wgsl".to_string(),
+    };
+    let nvidia = Capabilities { int8: Int8Shapes::NONE.with(Int8Shape::I16x16x32).with(Int8Shape::I16x8x32), ..H200 };
+    let lavapipe = Capabilities {
+        coop_matrix: true,
+        coop_fragment: 8,
+        native: NativeShapes::NONE.with(NativeShape::F8x8x8),
+        int8: Int8Shapes::NONE.with(Int8Shape::I8x8x8),
+        ..LAVAPIPE
+    };
+    let (q8, q4) = (WeightFormat::Quantized(QuantFormat::Q8_0), WeightFormat::Quantized(QuantFormat::Q4_K));
+    assert_eq!(kernel(nvidia, q8, 64 * TOP_K), "int8 16x8x32");
+    assert_eq!(kernel(lavapipe, q8, 64 * TOP_K), "int8 8x8x8");
+    assert_eq!(kernel(nvidia, q4, 64 * TOP_K), "native 16x8x16", "Q4_K: not a format the int8 mode reads");
+    assert_eq!(kernel(H200, q8, 64 * TOP_K), "native 16x8x16", "the mode not asked for");
+    assert_eq!(kernel(nvidia, q8, CHUNK * TOP_K), "wgsl", "long groups");
+    // Gate/up in the int8 kernel and down in another share the dispatch's tile table.
+    let rows = |caps: Capabilities, w| Planner::new(caps, &tuning).expert_tile_rows(w, MatrixLayout::KPanels, 64 * TOP_K, &gate_up);
+    assert_eq!(rows(nvidia, q8), rows(nvidia, q4));
 }

@@ -84,6 +84,7 @@ fn every_part_of_a_layers_experts_takes_the_whole_products_kernel() {
             let fits = match plan {
                 Grouped::TensorCores { tile, .. } => coop_grouped_gemm::fits(tile, &q),
                 Grouped::Native { shape } => native_grouped_gemm::fits(shape, WeightFormat::F16, &q),
+                Grouped::NativeInt8 { .. } => panic!("F16 experts in the int8 mode"),
                 Grouped::Portable { .. } => panic!("experts [{n}, {k}] leave the tensor cores"),
             };
             assert!(fits, "experts {r:?} of [{n}, {k}] in {plan:?}");

@@ -8,7 +8,23 @@
 // wastes the narrow side and not the weights' (Marlin's arrangement).
 //
 // Compile-time variant (tools/native/build.py): FM x FN x FK the fragment, SG the subgroup size,
-// WFMT the weights' format (W_F16, W_Q4_K, W_Q6_K, W_Q8_0), A_F16 whether A is stored as f16.
+// WFMT the weights' format (W_F16, W_Q4_K, W_Q6_K, W_Q8_0), A_F16 whether A is stored as f16,
+// INT8 the int8 mode (Q8_0 weights only; native_int8_gemm.rs is its contract).
+//
+// The int8 mode (INT8 = 1) multiplies on s8 x s8 -> s32 fragments, as llama.cpp's MMQ kernels do:
+// per 32 values of K each slot's activations are quantized to int8 with an f32 scale
+// (dg_cpu::int8::quantize_block_q8_1: d = max|a| / 127, q = round half away from zero of a / d),
+// the weights' Q8_0 quants enter the fragments as they are stored, and the block's integer sums
+// (exact in s32: 32 products of at most 127 * 128) are scaled and added to f32 accumulators:
+//   C[s, j] = sum over blocks b of (d_w[j, b] * d_a[s, b]) * (sum of q_w * q_a over the block).
+// The scale d_w[j] * d_a[s] differs per element of a fragment, and a fragment's elements are
+// spread over the invocations in a way only the driver knows, so the scales enter as a matrix:
+// the block's outer product d_w x d_a is written into workgroup memory (the subgroup's area of
+// the partial sums, unused until the K loop ends) and loaded as an accumulator fragment of the
+// same shape and layout as the sums; the integer fragment is converted to f32 and multiplied by
+// it component-wise (cooperative matrices of one type take OpFMul element by element, per
+// SPV_KHR_cooperative_matrix). Rounding: the scales' product and its product with the sum each
+// round once in f32, as the CPU reference (dg_cpu::int8::dot_q8_0) rounds them.
 //
 // A workgroup computes BN = 2 FM rows of W for TM = 32 slots (one m tile of the dispatch's tile
 // table) in NSG subgroups that split K: subgroup sg takes the K chunks sg, sg + NSG, ... (a chunk
@@ -29,6 +45,10 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
+#if INT8
+#extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int32 : require
+#endif
 
 #define W_F16 0
 #define W_Q4_K 1
@@ -77,10 +97,22 @@ layout(std430, set = 0, binding = 3) readonly buffer Offsets { uint offsets[]; }
 layout(std430, set = 0, binding = 4) readonly buffer Rows { uint gather_rows[]; };
 layout(std430, set = 0, binding = 5) buffer C { float c[]; };
 
+#if INT8
+// A tile row's stride in the int8 tiles: KS values and 16 bytes of padding (rows 16 bytes apart).
+const uint KP8 = KS + 16u;
+// Each subgroup's int8 tiles (W's BN rows and A's TM slots, KS values each, rows KP8 apart) and
+// their blocks' scales; then each subgroup's partial sums, BN x TM column-major (C^T), which
+// hold the block's scales d_w x d_a (the same layout) during the K loop.
+shared int8_t sw8[NSG * BN * KP8];
+shared int8_t sa8[NSG * TM * KP8];
+shared float dw[NSG * BN];
+shared float da[NSG * TM];
+#else
 // Each subgroup's tiles: W's BN rows and A's TM slots, KS values of K each (rows KP apart); then each subgroup's
 // partial sums, BN x TM column-major (C^T).
 shared float16_t sw[NSG * BN * KP];
 shared float16_t sa[NSG * TM * KP];
+#endif
 shared float sums[NSG * BN * TM];
 
 #if WFMT == W_Q4_K
@@ -90,6 +122,7 @@ uint scale_byte(uvec4 head, uint i) {
 }
 #endif
 
+#if !INT8
 // W row j's 32 values k0 .. k0 + 32 (k0 a multiple of 32) of expert g (its first element at
 // base = g * b_group_stride), into sw[at ..].
 void stage_w(uint base, uint j, uint k0, uint at) {
@@ -186,6 +219,56 @@ void stage_a(uint row, uint k0, uint at) {
 #endif
 }
 
+#endif
+
+#if INT8
+// W row j's Q8_0 block at k0 (k0 a multiple of 32) of expert g: its 32 quants into sw8[at ..],
+// its scale into dw[d_at]. The planes' layout as stage_w reads it.
+void stage_w8(uint base, uint j, uint k0, uint at, uint d_at) {
+    uint b = base / 32u + (k0 / 32u) * p.n + j;
+    uint g = (b / 8u) * 17u;
+    uint r = b % 8u;
+    dw[d_at] = unpackHalf2x16(w4[g + 16u][r / 2u])[r % 2u];
+    for (uint q = 0u; q < 2u; q++) {
+        uvec4 x = w4[g + 8u * q + r];
+        for (uint i = 0u; i < 16u; i++) {
+            sw8[at + 16u * q + i] = int8_t(int(x[i / 4u] << (24u - 8u * (i % 4u))) >> 24);
+        }
+    }
+}
+
+// A row `row`'s value i of the block at k0, as f32.
+float a_value(uint e, uint i) {
+#if A_F16
+    return unpackHalf2x16(a[(e + i) / 2u])[(e + i) % 2u];
+#else
+    return uintBitsToFloat(a[e + i]);
+#endif
+}
+
+// C's roundf (half away from zero) of |x| < 2^23: the fraction x - trunc(x) is exact.
+float round_away(float x) {
+    float t = trunc(x);
+    return abs(x - t) >= 0.5 ? t + sign(x) : t;
+}
+
+// A row `row`'s 32 values k0 .. k0 + 32 quantized (quantize_row_q8_1 with an f32 scale) into
+// sa8[at ..], their scale into da[d_at].
+void stage_a8(uint row, uint k0, uint at, uint d_at) {
+    uint e = row * p.a_rs + k0;
+    float amax = 0.0;
+    for (uint i = 0u; i < 32u; i++) {
+        amax = max(amax, abs(a_value(e, i)));
+    }
+    float d = amax / 127.0;
+    float id = d != 0.0 ? 1.0 / d : 0.0;
+    da[d_at] = d;
+    for (uint i = 0u; i < 32u; i++) {
+        sa8[at + i] = int8_t(int(clamp(round_away(a_value(e, i) * id), -127.0, 127.0)));
+    }
+}
+#endif
+
 void main() {
     uint id = gl_WorkGroupID.x + gl_NumWorkGroups.x * (gl_WorkGroupID.y + gl_NumWorkGroups.y * gl_WorkGroupID.z);
     uint tiles_n = p.n / BN;
@@ -221,8 +304,6 @@ void main() {
     uint live = min(count - m0, TM);
     uint sg = gl_SubgroupID;
     uint lane = gl_SubgroupInvocationID;
-    uint w_at = sg * BN * KP;
-    uint a_at = sg * TM * KP;
     uint base = g * p.b_group_stride;
 
     coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator> acc[RM][RN];
@@ -234,6 +315,81 @@ void main() {
     // Every subgroup passes the same barriers as often (a driver may treat a subgroup barrier
     // as a workgroup one, as lavapipe does): chunks past K are skipped, not their barriers.
     uint chunks = p.k / KU;
+#if INT8
+    uint w_at = sg * BN * KP8;
+    uint a_at = sg * TM * KP8;
+    uint scale_at = sg * BN * TM;
+    for (uint c0 = 0u; c0 < chunks; c0 += NSG) {
+        uint ch = c0 + sg;
+        bool live_chunk = ch < chunks;
+        uint k0 = ch * KU;
+        if (live_chunk) {
+            for (uint r = lane; r < BN; r += SG) {
+                stage_w8(base, n0 + r, k0, w_at + r * KP8, sg * BN + r);
+            }
+            for (uint r = lane; r < TM; r += SG) {
+                if (r < live) {
+                    uint slot = first + m0 + r;
+                    stage_a8(p.gather != 0u ? gather_rows[slot] : slot, k0, a_at + r * KP8, sg * TM + r);
+                } else {
+                    for (uint q = 0u; q < KS; q++) {
+                        sa8[a_at + r * KP8 + q] = int8_t(0);
+                    }
+                    da[sg * TM + r] = 0.0;
+                }
+            }
+        }
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        if (live_chunk) {
+            // The block's scales d_w[j] * d_a[s], column-major as the sums are stored.
+            for (uint e = lane; e < BN * TM; e += SG) {
+                sums[scale_at + e] = dw[sg * BN + e % BN] * da[sg * TM + e / BN];
+            }
+        }
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        if (live_chunk) {
+            coopmat<int, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator> isum[RM][RN];
+            [[unroll]] for (uint i = 0u; i < RM; i++) {
+                [[unroll]] for (uint t = 0u; t < RN; t++) {
+                    isum[i][t] = coopmat<int, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>(0);
+                }
+            }
+            for (uint kk = 0u; kk < KS; kk += FK) {
+                coopmat<int8_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA> wf[RM];
+                [[unroll]] for (uint i = 0u; i < RM; i++) {
+                    coopMatLoad(wf[i], sw8, w_at + i * FM * KP8 + kk, KP8, gl_CooperativeMatrixLayoutRowMajor);
+                }
+                [[unroll]] for (uint t = 0u; t < RN; t++) {
+                    if (t * FN < live) {
+                        coopmat<int8_t, gl_ScopeSubgroup, FK, FN, gl_MatrixUseB> af;
+                        coopMatLoad(af, sa8, a_at + t * FN * KP8 + kk, KP8, gl_CooperativeMatrixLayoutColumnMajor);
+                        [[unroll]] for (uint i = 0u; i < RM; i++) {
+                            isum[i][t] = coopMatMulAdd(wf[i], af, isum[i][t]);
+                        }
+                    }
+                }
+            }
+            [[unroll]] for (uint t = 0u; t < RN; t++) {
+                if (t * FN < live) {
+                    [[unroll]] for (uint i = 0u; i < RM; i++) {
+                        coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator> scale;
+                        coopMatLoad(scale, sums, scale_at + t * FN * BN + i * FM, BN, gl_CooperativeMatrixLayoutColumnMajor);
+                        acc[i][t] += coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>(isum[i][t]) * scale;
+                    }
+                }
+            }
+        }
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+    }
+    // Every subgroup's last reads of its scales are done before the sums overwrite them.
+    memoryBarrierShared();
+    barrier();
+#else
+    uint w_at = sg * BN * KP;
+    uint a_at = sg * TM * KP;
     for (uint c0 = 0u; c0 < chunks; c0 += NSG) {
         uint ch = c0 + sg;
         bool live_chunk = ch < chunks;
@@ -277,6 +433,7 @@ void main() {
             subgroupBarrier();
         }
     }
+#endif
     // The subgroups' partial sums, then their sum for the live slots.
     uint sum_at = sg * BN * TM;
     [[unroll]] for (uint i = 0u; i < RM; i++) {

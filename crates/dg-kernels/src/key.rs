@@ -11,6 +11,7 @@ use crate::coop_gemm::{self, AFormat, BLayout, CoopTile, WPath};
 use crate::gemm::{self, GemmTile};
 use crate::grouped_gemm::{self, GroupedTile};
 use crate::native_grouped_gemm::{self, NativeShape, NativeSource};
+use crate::native_int8_gemm::{self, Int8Shape};
 use crate::row_reduce::RowReduce;
 use crate::{
     KernelSource, WeightFormat, axpby, coop_grouped_gemm, coop_kloop, embed, gelu_glu, moe_combine, moe_dispatch, norm_rope,
@@ -168,6 +169,13 @@ pub enum KernelKey {
         w: WeightFormat,
         a: AFormat,
     },
+    /// Its int8 mode (`native_int8_gemm`): activations quantized per 32-value block, `s8 × s8 →
+    /// s32` fragments of one shape, W format and A format.
+    NativeInt8GroupedGemm {
+        shape: Int8Shape,
+        w: WeightFormat,
+        a: AFormat,
+    },
 }
 
 impl KernelKey {
@@ -212,7 +220,9 @@ impl KernelKey {
                 coop_gemm::source_for_a(k.tile, k.path, k.w, k.layout, k.a)
             }
             K::CoopGroupedGemm { tile, path, w, a } => coop_grouped_gemm::source_for(tile, path, w, a),
-            K::NativeGroupedGemm { .. } => panic!("{self:?} is a native kernel: SPIR-V, no WGSL (KernelKey::native)"),
+            K::NativeGroupedGemm { .. } | K::NativeInt8GroupedGemm { .. } => {
+                panic!("{self:?} is a native kernel: SPIR-V, no WGSL (KernelKey::native)")
+            }
         }
     }
 
@@ -220,11 +230,13 @@ impl KernelKey {
     pub fn native(self) -> Option<NativeSource> {
         match self {
             KernelKey::NativeGroupedGemm { shape, w, a } => Some(native_grouped_gemm::source(shape, w, a)),
+            KernelKey::NativeInt8GroupedGemm { shape, w, a } => Some(native_int8_gemm::source(shape, w, a)),
             _ => None,
         }
     }
 
-    /// Every native key: each shape with each format the kernel reads and both A formats.
+    /// Every native key: each shape with each format the kernel reads and both A formats, and the
+    /// same of the int8 mode.
     pub fn all_native() -> Vec<KernelKey> {
         let mut keys = Vec::new();
         for shape in NativeShape::ALL {
@@ -232,12 +244,23 @@ impl KernelKey {
                 keys.extend([AFormat::F32, AFormat::F16].map(|a| KernelKey::NativeGroupedGemm { shape, w, a }));
             }
         }
+        for shape in Int8Shape::ALL {
+            for w in native_int8_gemm::FORMATS {
+                keys.extend([AFormat::F32, AFormat::F16].map(|a| KernelKey::NativeInt8GroupedGemm { shape, w, a }));
+            }
+        }
         keys
     }
 
     /// Whether the variant runs only on devices with cooperative matrices (and f16 in shaders).
     pub fn needs_cooperative_matrices(self) -> bool {
-        matches!(self, KernelKey::CoopGemm(_) | KernelKey::CoopGroupedGemm { .. } | KernelKey::NativeGroupedGemm { .. })
+        matches!(
+            self,
+            KernelKey::CoopGemm(_)
+                | KernelKey::CoopGroupedGemm { .. }
+                | KernelKey::NativeGroupedGemm { .. }
+                | KernelKey::NativeInt8GroupedGemm { .. }
+        )
     }
 
     /// Every WGSL key the planner can choose (the native ones: [`KernelKey::all_native`]): each product tile of each product at

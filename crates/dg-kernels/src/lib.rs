@@ -23,6 +23,7 @@ pub mod key;
 pub mod moe_combine;
 pub mod moe_dispatch;
 pub mod native_grouped_gemm;
+pub mod native_int8_gemm;
 pub mod norm_rope;
 pub mod residual_norms;
 pub mod rmsnorm;

@@ -7,7 +7,7 @@
 use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::gemm::{self, GemmParams};
 use dg_kernels::grouped_gemm::{self, GroupedGemmParams};
-use dg_kernels::{KernelKey as K, WeightFormat, coop_gemm, coop_grouped_gemm, native_grouped_gemm, split_k};
+use dg_kernels::{KernelKey as K, WeightFormat, coop_gemm, coop_grouped_gemm, native_grouped_gemm, native_int8_gemm, split_k};
 
 use super::Recorder;
 use crate::error::GpuError;
@@ -305,6 +305,11 @@ impl<'a> Recorder<'a> {
                 let p = native_grouped_gemm::params_for(&p);
                 let key = K::NativeGroupedGemm { shape, w: format, a: a_format };
                 self.push(key, &p, &[a, w, offsets, rows, c], native_grouped_gemm::workgroups(shape, &p))
+            }
+            Grouped::NativeInt8 { shape } => {
+                let p = native_grouped_gemm::params_for(&p);
+                let key = K::NativeInt8GroupedGemm { shape, w: format, a: a_format };
+                self.push(key, &p, &[a, w, offsets, rows, c], native_int8_gemm::workgroups(shape, &p))
             }
         }
     }

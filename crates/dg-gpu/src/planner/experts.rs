@@ -11,6 +11,7 @@ use dg_kernels::coop_grouped_gemm::{
 };
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::native_grouped_gemm::{self, NativeShape, NativeShapes};
+use dg_kernels::native_int8_gemm::{self, Int8Shape, Int8Shapes};
 
 /// The mean slots per expert from which [`choose`] takes the long groups' tiles. On an H200 the
 /// 64-row tile lost at 16 (a commit: 6 layers' kernels 4.63 ms in [`EXPERT_TILE`] against 5.30),
@@ -64,6 +65,17 @@ pub fn native(shapes: NativeShapes, p: &GroupedGemmParams, format: WeightFormat,
         return None;
     }
     NativeShape::ALL.into_iter().filter(|&s| shapes.contains(s)).find(|&s| native_grouped_gemm::fits(s, format, p))
+}
+
+/// The int8 mode's fragment shape for `p` over `slots` slots on experts stored as `format`, where
+/// the device runs the mode in `shapes` (none unless `Tuning::int8` asked for it): the native
+/// kernel's short groups ([`native`]'s rule), a format the mode reads (Q8_0), and the first shape
+/// of `Int8Shape::ALL` the device runs that fits. Its m tiles are the native kernel's.
+pub fn int8(shapes: Int8Shapes, p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option<Int8Shape> {
+    if long_groups(p, slots) {
+        return None;
+    }
+    Int8Shape::ALL.into_iter().filter(|&s| shapes.contains(s)).find(|&s| native_int8_gemm::fits(s, format, p))
 }
 
 /// How the experts' two-stage loops (the staged path: `TILE_64X128` by the lab's overrides) name their

@@ -98,6 +98,33 @@ pub fn native_test_context(test: &str) -> Option<GpuContext> {
     Some(ctx)
 }
 
+/// The device for a test of the native kernel's int8 mode: [`test_context`]'s device with the
+/// native kernels and their int8 mode asked for (`Tuning::native`, `Tuning::int8`: the mode is
+/// off by default and changes the numerics, so the other tests of a run never take it) where the
+/// driver lists 8-bit fragments ([`GpuContext::int8`]); otherwise `None` and a visible SKIP line,
+/// or a failure under [`REQUIRE_TENSOR_CORES`] (lavapipe with cooperative matrices offers 8×8×8
+/// `s8` fragments).
+pub fn int8_test_context(test: &str) -> Option<GpuContext> {
+    let mut opts = GpuOptions::from_env().unwrap_or_else(|e| panic!("{test}: {e}"));
+    opts.tuning.native = true;
+    opts.tuning.int8 = true;
+    let ctx = match GpuContext::new(&opts) {
+        Ok(ctx) => ctx,
+        Err(e @ GpuError::NoAdapter { .. }) if std::env::var("DG_ALLOW_NO_GPU").as_deref() == Ok("1") => {
+            eprintln!("SKIP {test}: {e}");
+            return None;
+        }
+        Err(e) => panic!("{test}: {e} (or set DG_ALLOW_NO_GPU=1 to skip GPU tests)"),
+    };
+    if ctx.int8.is_empty() {
+        let why = format!("adapter {} runs no int8 native kernel (no s8 cooperative-matrix fragment it takes)", ctx.info.name);
+        assert!(std::env::var(REQUIRE_TENSOR_CORES).as_deref() != Ok("1"), "{test}: {why}, and {REQUIRE_TENSOR_CORES}=1");
+        eprintln!("SKIP {test}: {why}");
+        return None;
+    }
+    Some(ctx)
+}
+
 /// `tile` in the fragments of `ctx`'s tensor cores ([`GpuContext::coop_fragment`]), as the
 /// planner hands tiles out: for tests that run a tile of their own choosing.
 pub fn on_device(ctx: &GpuContext, tile: dg_kernels::coop_gemm::CoopTile) -> dg_kernels::coop_gemm::CoopTile {
