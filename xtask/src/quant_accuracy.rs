@@ -2,7 +2,8 @@
 //! CPU in f32 on the dequantized weights (the CPU reference dequantizes exactly as ggml does).
 //!
 //! Per model (every committed fixture and random-weight configs such as
-//! `bench/configs/cpu-medium.json`) and per scheme (`q8_0`, `q4_k_m`), beside the matrices rounded
+//! `bench/configs/cpu-medium.json`) and per scheme (`q8_0`, `q4_k_m`, and `q8_0` with the experts'
+//! activations quantized to int8 as the int8 kernels compute, `dg_cpu::int8`), beside the matrices rounded
 //! to BF16 for scale: the canvas logits against the model as stored (normwise error, max |Δ|,
 //! argmax agreement, with and without a self-conditioning input), each against transformers' f32
 //! logits where a fixture has them, the weights' own error, a seeded generation with adaptive
@@ -17,6 +18,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use dg_cpu::CpuModel;
+use dg_cpu::int8::ActivationQuant;
 use dg_model::{
     GenerationConfig, ModelConfig, ModelDir, Quantized, RandomWeights, Scheme, StoredDtype, StoredTensor, TensorSource, Weights,
 };
@@ -118,10 +120,14 @@ pub enum Variant {
     Bf16,
     /// Quantized by the scheme, dequantized as ggml does.
     Scheme(Scheme),
+    /// Quantized by the scheme, and the experts' activations quantized per 32-value block to int8
+    /// (`dg_cpu::int8`, `ActivationQuant::Int8`): the numerics of the int8 kernels (`DG_INT8=1`).
+    Int8(Scheme),
 }
 
 impl Variant {
-    const ALL: [Variant; 4] = [Variant::Stored, Variant::Bf16, Variant::Scheme(Scheme::Q8_0), Variant::Scheme(Scheme::Q4KM)];
+    const ALL: [Variant; 5] =
+        [Variant::Stored, Variant::Bf16, Variant::Scheme(Scheme::Q8_0), Variant::Int8(Scheme::Q8_0), Variant::Scheme(Scheme::Q4KM)];
 }
 
 /// What one variant produced.
@@ -335,18 +341,22 @@ fn run_variant(case: &mut Case, variant: Variant, seed: u64) -> Result<Run> {
             w.round_matrices_to_bf16();
             (w, served)
         }
-        Variant::Scheme(scheme) => build(Quantized { inner: tensors, scheme, config: cfg }, cfg)?,
+        Variant::Scheme(scheme) | Variant::Int8(scheme) => build(Quantized { inner: tensors, scheme, config: cfg }, cfg)?,
     };
     let changed = |t: &Served| match variant {
         Variant::Stored => false,
         Variant::Bf16 => t.shape.len() >= 2,
-        Variant::Scheme(_) => t.dtype.block_len() > 1,
+        Variant::Scheme(_) | Variant::Int8(_) => t.dtype.block_len() > 1,
     };
     let weight_error = match variant {
         Variant::Stored => None,
         _ => Some(weight_error(tensors, &weights, served.iter().filter(|t| changed(t)))?),
     };
-    let mut backend = CpuBackend(CpuModel::new(case.config.clone(), weights));
+    let mut model = CpuModel::new(case.config.clone(), weights);
+    if let Variant::Int8(_) = variant {
+        model.activation_quant = ActivationQuant::Int8;
+    }
+    let mut backend = CpuBackend(model);
     let (c, v) = (case.config.canvas_length, cfg.vocab_size);
     if case.canvas.len() != c {
         bail!("canvas_ids holds {} ids, the canvas is {c}", case.canvas.len());

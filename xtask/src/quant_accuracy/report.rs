@@ -32,9 +32,13 @@ pub fn section(rows: &[Row], forced: &[String], command: &str) -> String {
     s
 }
 
-const INTRO: &str = "Each model runs four times in f32 on the CPU: on its weights as stored, on \
-its matrices rounded to BF16 (the scale of the smallest rounding any 16-bit copy makes), and on \
-its weights quantized by each scheme and dequantized (bit-exact with ggml). *weights Δ*: \
+const INTRO: &str = "Each model runs five times in f32 on the CPU: on its weights as stored, on \
+its matrices rounded to BF16 (the scale of the smallest rounding any 16-bit copy makes), on \
+its weights quantized by each scheme and dequantized (bit-exact with ggml), and on its q8_0 \
+weights with the experts' activations quantized per 32-value block to int8 with an f32 scale \
+(*int8 activations*: llama.cpp's `quantize_row_q8_1`, the numerics of the int8 tensor-core \
+kernels, `DG_INT8=1`; only expert products whose K is whole 32-value blocks, as the kernels \
+take them). *weights Δ*: \
 ‖W′−W‖/‖W‖ over the tensors the variant changed. *Logits*: the canvas forward after the prompt \
 (the fixture's `prompt_ids`/`canvas_ids`; seeded random ids on random configs), plain / with a \
 self-conditioning input (the fixture's `sc_logits`; on random weights the stored model's own plain \
@@ -106,6 +110,7 @@ fn table(rows: &[Row]) -> String {
             .collect();
         let weights = match r.variant {
             Variant::Scheme(scheme) => scheme.name().to_string(),
+            Variant::Int8(scheme) => format!("{}, int8 activations", scheme.name()),
             Variant::Bf16 => "matrices rounded to BF16".to_string(),
             Variant::Stored => format!("as stored ({})", main_dtype(served)),
         };
