@@ -35,7 +35,7 @@ A_FORMATS = [('a32', 0), ('a16', 1)]
 # of 8) and NVIDIA's 16x8x32 and 16x16x32 (subgroups of 32); dg_kernels::native_int8_gemm::Int8Shape.
 INT8_SHAPES = [('8x8x8', 8, 8, 8, 8), ('16x8x32', 16, 8, 32, 32), ('16x16x32', 16, 16, 32, 32)]
 # The int8 mode's weight formats.
-INT8_FORMATS = [('q8_0', 'W_Q8_0')]
+INT8_FORMATS = [('q4_k', 'W_Q4_K'), ('q8_0', 'W_Q8_0')]
 
 
 def variants():

@@ -43,7 +43,7 @@ pub struct Tuning {
     /// gate has passed and their timing has been measured on a GPU with the fragments NVIDIA offers
     /// (so far only lavapipe's 8×8×8 ran them); `DG_NATIVE=0` against `1` is the A/B.
     pub native: bool,
-    /// `DG_INT8=1` sets it true: run the experts' Q8_0 products of the native kernel in its int8
+    /// `DG_INT8=1` sets it true: run the experts' Q8_0 and Q4_K products of the native kernel in its int8
     /// mode (`dg_kernels::native_int8_gemm`: activations quantized per 32-value block, `s8 × s8`
     /// fragments) where the driver lists 8-bit fragments; needs [`Self::native`]. Off by default:
     /// it changes the numerics (dg-cpu's `int8` mode is its reference).

@@ -1012,10 +1012,11 @@ fn short_expert_groups_take_the_native_kernel_where_the_device_runs_it() {
 }
 
 /// With the int8 mode asked for (`DG_INT8=1`, where the driver lists 8-bit fragments: the
-/// device's capabilities then name them), Q8_0 experts' short groups take the native kernel's
-/// int8 variant; every other format, long groups, and a device without them stay where they were.
+/// device's capabilities then name them), Q8_0 and Q4_K experts' short groups take the native
+/// kernel's int8 variant; every other format, long groups, and a device without them stay where
+/// they were.
 #[test]
-fn q8_0_short_groups_take_the_int8_kernel_only_where_asked_for() {
+fn quantized_short_groups_take_the_int8_kernel_only_where_asked_for() {
     let tuning = Tuning::default();
     let gate_up = GroupedGemmParams {
         n: 2 * EXPERT_WIDTH,
@@ -1047,10 +1048,12 @@ fn q8_0_short_groups_take_the_int8_kernel_only_where_asked_for() {
     let (q8, q4) = (WeightFormat::Quantized(QuantFormat::Q8_0), WeightFormat::Quantized(QuantFormat::Q4_K));
     assert_eq!(kernel(nvidia, q8, 64 * TOP_K), "int8 16x8x32");
     assert_eq!(kernel(lavapipe, q8, 64 * TOP_K), "int8 8x8x8");
-    assert_eq!(kernel(nvidia, q4, 64 * TOP_K), "native 16x8x16", "Q4_K: not a format the int8 mode reads");
+    assert_eq!(kernel(nvidia, q4, 64 * TOP_K), "int8 16x8x32");
+    let q6 = WeightFormat::Quantized(QuantFormat::Q6_K);
+    assert_eq!(kernel(nvidia, q6, 64 * TOP_K), "native 16x8x16", "Q6_K: not a format the int8 mode reads");
     assert_eq!(kernel(H200, q8, 64 * TOP_K), "native 16x8x16", "the mode not asked for");
     assert_eq!(kernel(nvidia, q8, CHUNK * TOP_K), "wgsl", "long groups");
     // Gate/up in the int8 kernel and down in another share the dispatch's tile table.
     let rows = |caps: Capabilities, w| Planner::new(caps, &tuning).expert_tile_rows(w, MatrixLayout::KPanels, 64 * TOP_K, &gate_up);
-    assert_eq!(rows(nvidia, q8), rows(nvidia, q4));
+    assert_eq!(rows(nvidia, q8), rows(nvidia, q6));
 }

@@ -9,7 +9,7 @@
 //
 // Compile-time variant (tools/native/build.py): FM x FN x FK the fragment, SG the subgroup size,
 // WFMT the weights' format (W_F16, W_Q4_K, W_Q6_K, W_Q8_0), A_F16 whether A is stored as f16,
-// INT8 the int8 mode (Q8_0 weights only; native_int8_gemm.rs is its contract).
+// INT8 the int8 mode (Q8_0 and Q4_K weights; native_int8_gemm.rs is its contract).
 //
 // The int8 mode (INT8 = 1) multiplies on s8 x s8 -> s32 fragments, as llama.cpp's MMQ kernels do:
 // per 32 values of K each slot's activations are quantized to int8 with an f32 scale
@@ -25,6 +25,10 @@
 // it component-wise (cooperative matrices of one type take OpFMul element by element, per
 // SPV_KHR_cooperative_matrix). Rounding: the scales' product and its product with the sum each
 // round once in f32, as the CPU reference (dg_cpu::int8::dot_q8_0) rounds them.
+// Q4_K (per 32-value sub-block: scale d*sc, min dmin*m, unsigned nibbles 0..15 entering the s8
+// fragments as they are) adds llama.cpp's min term: the sub-block's product is
+//   (d*sc * d_a) * (sum of q_w * q_a) - (dmin*m) * s_a,   s_a = d_a * (sum of q_a),
+// the second outer product (dmin*m) x s_a a second matrix in workgroup memory (dg_cpu::int8::dot_q4_k).
 //
 // A workgroup computes BN = 2 FM rows of W for TM = 32 slots (one m tile of the dispatch's tile
 // table) in NSG subgroups that split K: subgroup sg takes the K chunks sg, sg + NSG, ... (a chunk
@@ -107,6 +111,12 @@ shared int8_t sw8[NSG * BN * KP8];
 shared int8_t sa8[NSG * TM * KP8];
 shared float dw[NSG * BN];
 shared float da[NSG * TM];
+#if WFMT == W_Q4_K
+// The sub-block's mins dmin*m of W's rows, the sums s_a of A's slots, and their outer product.
+shared float mw[NSG * BN];
+shared float sa_sum[NSG * TM];
+shared float mins[NSG * BN * TM];
+#endif
 #else
 // Each subgroup's tiles: W's BN rows and A's TM slots, KS values of K each (rows KP apart); then each subgroup's
 // partial sums, BN x TM column-major (C^T).
@@ -222,6 +232,37 @@ void stage_a(uint row, uint k0, uint at) {
 #endif
 
 #if INT8
+#if WFMT == W_Q4_K
+// W row j's 32 values k0 .. k0 + 32 (k0 a multiple of 32) of expert g: the sub-block's nibbles
+// into sw8[at ..], its scale d*sc into dw[d_at] and its min dmin*m into mw[d_at]. The planes'
+// layout as stage_w reads it.
+void stage_w8(uint base, uint j, uint k0, uint at, uint d_at) {
+    uint b = base / 256u + (k0 / 256u) * p.n + j;
+    uint s = (k0 % 256u) / 32u;
+    uint g = (b / 8u) * 72u;
+    uint r = b % 8u;
+    uvec4 head = w4[g + r];
+    uvec4 qs = w4[g + 8u + 8u * s + r];
+    vec2 dm = unpackHalf2x16(head.x);
+    uint sc;
+    uint m;
+    if (s < 4u) {
+        sc = scale_byte(head, s) & 63u;
+        m = scale_byte(head, s + 4u) & 63u;
+    } else {
+        uint hi = scale_byte(head, s + 4u);
+        sc = (hi & 15u) | ((scale_byte(head, s - 4u) >> 6u) << 4u);
+        m = (hi >> 4u) | ((scale_byte(head, s) >> 6u) << 4u);
+    }
+    dw[d_at] = dm.x * float(sc);
+    mw[d_at] = dm.y * float(m);
+    for (uint i = 0u; i < 16u; i++) {
+        uint byte = (qs[i / 4u] >> (8u * (i % 4u))) & 0xffu;
+        sw8[at + i] = int8_t(byte & 15u);
+        sw8[at + 16u + i] = int8_t(byte >> 4u);
+    }
+}
+#else
 // W row j's Q8_0 block at k0 (k0 a multiple of 32) of expert g: its 32 quants into sw8[at ..],
 // its scale into dw[d_at]. The planes' layout as stage_w reads it.
 void stage_w8(uint base, uint j, uint k0, uint at, uint d_at) {
@@ -236,6 +277,7 @@ void stage_w8(uint base, uint j, uint k0, uint at, uint d_at) {
         }
     }
 }
+#endif
 
 // A row `row`'s value i of the block at k0, as f32.
 float a_value(uint e, uint i) {
@@ -263,9 +305,15 @@ void stage_a8(uint row, uint k0, uint at, uint d_at) {
     float d = amax / 127.0;
     float id = d != 0.0 ? 1.0 / d : 0.0;
     da[d_at] = d;
+    int sum = 0;
     for (uint i = 0u; i < 32u; i++) {
-        sa8[at + i] = int8_t(int(clamp(round_away(a_value(e, i) * id), -127.0, 127.0)));
+        int q = int(clamp(round_away(a_value(e, i) * id), -127.0, 127.0));
+        sa8[at + i] = int8_t(q);
+        sum += q;
     }
+#if WFMT == W_Q4_K
+    sa_sum[d_at] = float(sum) * d;
+#endif
 }
 #endif
 
@@ -322,67 +370,81 @@ void main() {
     for (uint c0 = 0u; c0 < chunks; c0 += NSG) {
         uint ch = c0 + sg;
         bool live_chunk = ch < chunks;
-        uint k0 = ch * KU;
-        if (live_chunk) {
-            for (uint r = lane; r < BN; r += SG) {
-                stage_w8(base, n0 + r, k0, w_at + r * KP8, sg * BN + r);
-            }
-            for (uint r = lane; r < TM; r += SG) {
-                if (r < live) {
-                    uint slot = first + m0 + r;
-                    stage_a8(p.gather != 0u ? gather_rows[slot] : slot, k0, a_at + r * KP8, sg * TM + r);
-                } else {
-                    for (uint q = 0u; q < KS; q++) {
-                        sa8[a_at + r * KP8 + q] = int8_t(0);
+        for (uint sb = 0u; sb < KU / KS; sb++) {
+            uint k0 = ch * KU + sb * KS;
+            if (live_chunk) {
+                for (uint r = lane; r < BN; r += SG) {
+                    stage_w8(base, n0 + r, k0, w_at + r * KP8, sg * BN + r);
+                }
+                for (uint r = lane; r < TM; r += SG) {
+                    if (r < live) {
+                        uint slot = first + m0 + r;
+                        stage_a8(p.gather != 0u ? gather_rows[slot] : slot, k0, a_at + r * KP8, sg * TM + r);
+                    } else {
+                        for (uint q = 0u; q < KS; q++) {
+                            sa8[a_at + r * KP8 + q] = int8_t(0);
+                        }
+                        da[sg * TM + r] = 0.0;
+#if WFMT == W_Q4_K
+                        sa_sum[sg * TM + r] = 0.0;
+#endif
                     }
-                    da[sg * TM + r] = 0.0;
                 }
             }
-        }
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-        if (live_chunk) {
-            // The block's scales d_w[j] * d_a[s], column-major as the sums are stored.
-            for (uint e = lane; e < BN * TM; e += SG) {
-                sums[scale_at + e] = dw[sg * BN + e % BN] * da[sg * TM + e / BN];
-            }
-        }
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-        if (live_chunk) {
-            coopmat<int, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator> isum[RM][RN];
-            [[unroll]] for (uint i = 0u; i < RM; i++) {
-                [[unroll]] for (uint t = 0u; t < RN; t++) {
-                    isum[i][t] = coopmat<int, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>(0);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            if (live_chunk) {
+                // The block's scales d_w[j] * d_a[s], column-major as the sums are stored.
+                for (uint e = lane; e < BN * TM; e += SG) {
+                    sums[scale_at + e] = dw[sg * BN + e % BN] * da[sg * TM + e / BN];
+#if WFMT == W_Q4_K
+                    mins[scale_at + e] = mw[sg * BN + e % BN] * sa_sum[sg * TM + e / BN];
+#endif
                 }
             }
-            for (uint kk = 0u; kk < KS; kk += FK) {
-                coopmat<int8_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA> wf[RM];
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            if (live_chunk) {
+                coopmat<int, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator> isum[RM][RN];
                 [[unroll]] for (uint i = 0u; i < RM; i++) {
-                    coopMatLoad(wf[i], sw8, w_at + i * FM * KP8 + kk, KP8, gl_CooperativeMatrixLayoutRowMajor);
+                    [[unroll]] for (uint t = 0u; t < RN; t++) {
+                        isum[i][t] = coopmat<int, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>(0);
+                    }
+                }
+                for (uint kk = 0u; kk < KS; kk += FK) {
+                    coopmat<int8_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA> wf[RM];
+                    [[unroll]] for (uint i = 0u; i < RM; i++) {
+                        coopMatLoad(wf[i], sw8, w_at + i * FM * KP8 + kk, KP8, gl_CooperativeMatrixLayoutRowMajor);
+                    }
+                    [[unroll]] for (uint t = 0u; t < RN; t++) {
+                        if (t * FN < live) {
+                            coopmat<int8_t, gl_ScopeSubgroup, FK, FN, gl_MatrixUseB> af;
+                            coopMatLoad(af, sa8, a_at + t * FN * KP8 + kk, KP8, gl_CooperativeMatrixLayoutColumnMajor);
+                            [[unroll]] for (uint i = 0u; i < RM; i++) {
+                                isum[i][t] = coopMatMulAdd(wf[i], af, isum[i][t]);
+                            }
+                        }
+                    }
                 }
                 [[unroll]] for (uint t = 0u; t < RN; t++) {
                     if (t * FN < live) {
-                        coopmat<int8_t, gl_ScopeSubgroup, FK, FN, gl_MatrixUseB> af;
-                        coopMatLoad(af, sa8, a_at + t * FN * KP8 + kk, KP8, gl_CooperativeMatrixLayoutColumnMajor);
                         [[unroll]] for (uint i = 0u; i < RM; i++) {
-                            isum[i][t] = coopMatMulAdd(wf[i], af, isum[i][t]);
+                            coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator> scale;
+                            coopMatLoad(scale, sums, scale_at + t * FN * BN + i * FM, BN, gl_CooperativeMatrixLayoutColumnMajor);
+#if WFMT == W_Q4_K
+                            coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator> minus;
+                            coopMatLoad(minus, mins, scale_at + t * FN * BN + i * FM, BN, gl_CooperativeMatrixLayoutColumnMajor);
+                            acc[i][t] += coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>(isum[i][t]) * scale - minus;
+#else
+                            acc[i][t] += coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>(isum[i][t]) * scale;
+#endif
                         }
                     }
                 }
             }
-            [[unroll]] for (uint t = 0u; t < RN; t++) {
-                if (t * FN < live) {
-                    [[unroll]] for (uint i = 0u; i < RM; i++) {
-                        coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator> scale;
-                        coopMatLoad(scale, sums, scale_at + t * FN * BN + i * FM, BN, gl_CooperativeMatrixLayoutColumnMajor);
-                        acc[i][t] += coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>(isum[i][t]) * scale;
-                    }
-                }
-            }
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
         }
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
     }
     // Every subgroup's last reads of its scales are done before the sums overwrite them.
     memoryBarrierShared();

@@ -2,12 +2,14 @@
 //! `gate_up_proj` and `down_proj`): [`crate::native_grouped_gemm`]'s contract (the same bindings,
 //! parameters, K panels, tile table and workgroup tiles) on `s8 × s8 → s32` cooperative matrices,
 //! as llama.cpp's MMQ kernels multiply. Each slot's activations are quantized per 32-value block
-//! of K to int8 with an f32 scale in the kernel (`dg_cpu::int8::quantize_block_q8_1`), the Q8_0
-//! weights' quants enter the fragments as stored, and each block's exact integer sums are scaled
-//! by `d_w · d_a` into f32 (the GLSL source, `INT8`, says how):
+//! of K to int8 with an f32 scale in the kernel (`dg_cpu::int8::quantize_block_q8_1`), the
+//! weights' quants (Q8_0's, Q4_K's unsigned nibbles) enter the fragments as stored, and each
+//! block's exact integer sums are scaled by `d_w · d_a` into f32, less Q4_K's min term (the GLSL
+//! source, `INT8`, says how):
 //!
 //! ```text
-//! C[s, j] = Σ_b (d_w[j, b] · d_a[s, b]) · Σ_{p in b} q_w[j, p] · q_a[s, p]
+//! Q8_0: C[s, j] = Σ_b (d_w[j, b] · d_a[s, b]) · Σ_{p in b} q_w[j, p] · q_a[s, p]
+//! Q4_K: C[s, j] = Σ_b (d·sc[j, b] · d_a[s, b]) · Σ_{p in b} q_w[j, p] · q_a[s, p] − dmin·m[j, b] · s_a[s, b]
 //! ```
 //!
 //! This changes the numerics (the activations are rounded to 8 bits a value), so it runs only
@@ -109,8 +111,9 @@ impl Int8Shapes {
     }
 }
 
-/// The weight formats the int8 mode reads: Q8_0 (integer quants and one scale a 32-value block).
-pub const FORMATS: [WeightFormat; 1] = [WeightFormat::Quantized(QuantFormat::Q8_0)];
+/// The weight formats the int8 mode reads: Q8_0 (integer quants and one scale a 32-value block)
+/// and Q4_K (4-bit quants, a scale and a min a 32-value sub-block).
+pub const FORMATS: [WeightFormat; 2] = [WeightFormat::Quantized(QuantFormat::Q4_K), WeightFormat::Quantized(QuantFormat::Q8_0)];
 
 /// Values of K a block of activations (and of Q8_0 weights) holds.
 pub const BLOCK: u32 = 32;
@@ -121,17 +124,19 @@ pub fn reads(w: WeightFormat) -> bool {
 }
 
 /// Whether the int8 kernel of `shape` computes `p` on experts stored as `w`: a format it reads,
-/// `n` a multiple of the workgroup's columns, `k` of [`BLOCK`], `a_rs` and `b_group_stride`
-/// multiples of 4 and of the block.
+/// `n` a multiple of the workgroup's columns, `k` of the format's chunk
+/// (`native_grouped_gemm::chunk`: a Q4_K super-block of 256, a Q8_0 block of [`BLOCK`]), `a_rs`
+/// and `b_group_stride` multiples of 4 and of the chunk.
 pub fn fits(shape: Int8Shape, w: WeightFormat, p: &GroupedGemmParams) -> bool {
+    let chunk = crate::native_grouped_gemm::chunk(w);
     reads(w)
         && p.n > 0
         && p.k > 0
         && p.n.is_multiple_of(shape.cols())
-        && p.k.is_multiple_of(BLOCK)
+        && p.k.is_multiple_of(chunk)
         && p.a_rs.is_multiple_of(4)
         && p.b_group_stride.is_multiple_of(4)
-        && p.b_group_stride.is_multiple_of(BLOCK)
+        && p.b_group_stride.is_multiple_of(chunk)
 }
 
 /// The dispatch for `p` as [`crate::native_grouped_gemm::params_for`] gives it ([`SLOTS`] rows an
@@ -148,14 +153,15 @@ macro_rules! variants {
 
 /// Every int8 variant `tools/native/build.py` writes: (shape, weights, A, SPIR-V).
 const VARIANTS: &[(&str, &str, &str, &[u8])] = variants![
-    "8x8x8" "q8_0" "a32", "8x8x8" "q8_0" "a16",
-    "16x8x32" "q8_0" "a32", "16x8x32" "q8_0" "a16",
-    "16x16x32" "q8_0" "a32", "16x16x32" "q8_0" "a16",
+    "8x8x8" "q4_k" "a32", "8x8x8" "q4_k" "a16", "8x8x8" "q8_0" "a32", "8x8x8" "q8_0" "a16",
+    "16x8x32" "q4_k" "a32", "16x8x32" "q4_k" "a16", "16x8x32" "q8_0" "a32", "16x8x32" "q8_0" "a16",
+    "16x16x32" "q4_k" "a32", "16x16x32" "q4_k" "a16", "16x16x32" "q8_0" "a32", "16x16x32" "q8_0" "a16",
 ];
 
 fn w_label(w: WeightFormat) -> &'static str {
     match w {
         WeightFormat::Quantized(QuantFormat::Q8_0) => "q8_0",
+        WeightFormat::Quantized(QuantFormat::Q4_K) => "q4_k",
         other => panic!("the int8 grouped product does not read {other:?}"),
     }
 }
@@ -200,12 +206,14 @@ mod tests {
     }
 
     #[test]
-    fn the_real_q8_0_experts_fit_and_other_formats_do_not() {
+    fn the_real_experts_fit_and_other_formats_do_not() {
         let (gate_up, down) = GroupedGemmParams::real_experts();
-        let q8 = FORMATS[0];
+        let (q4, q8) = (FORMATS[0], FORMATS[1]);
         for shape in Int8Shape::ALL {
-            assert!(fits(shape, q8, &gate_up) && fits(shape, q8, &down));
-            assert!(!fits(shape, WeightFormat::Quantized(QuantFormat::Q4_K), &gate_up));
+            assert!(fits(shape, q8, &gate_up) && fits(shape, q8, &down) && fits(shape, q4, &gate_up));
+            // 704 is no multiple of a Q4_K super-block.
+            assert!(!fits(shape, q4, &down));
+            assert!(!fits(shape, WeightFormat::Quantized(QuantFormat::Q6_K), &gate_up));
             assert!(!fits(shape, WeightFormat::F16, &down));
             assert!(!fits(shape, q8, &GroupedGemmParams { n: 8, ..down }));
             assert!(!fits(shape, q8, &GroupedGemmParams { k: 48, ..down }));

@@ -69,7 +69,7 @@ pub fn native(shapes: NativeShapes, p: &GroupedGemmParams, format: WeightFormat,
 
 /// The int8 mode's fragment shape for `p` over `slots` slots on experts stored as `format`, where
 /// the device runs the mode in `shapes` (none unless `Tuning::int8` asked for it): the native
-/// kernel's short groups ([`native`]'s rule), a format the mode reads (Q8_0), and the first shape
+/// kernel's short groups ([`native`]'s rule), a format the mode reads (Q8_0, Q4_K), and the first shape
 /// of `Int8Shape::ALL` the device runs that fits. Its m tiles are the native kernel's.
 pub fn int8(shapes: Int8Shapes, p: &GroupedGemmParams, format: WeightFormat, slots: u32) -> Option<Int8Shape> {
     if long_groups(p, slots) {
