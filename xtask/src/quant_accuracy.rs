@@ -2,7 +2,7 @@
 //! CPU in f32 on the dequantized weights (the CPU reference dequantizes exactly as ggml does).
 //!
 //! Per model (every committed fixture and random-weight configs such as
-//! `bench/configs/cpu-medium.json`) and per scheme (`q8_0`, `q4_k_m`, and `q8_0` with the experts'
+//! `bench/configs/cpu-medium.json`) and per scheme (`q8_0`, `q4_k_m`, each also with the experts'
 //! activations quantized to int8 as the int8 kernels compute, `dg_cpu::int8`), beside the matrices rounded
 //! to BF16 for scale: the canvas logits against the model as stored (normwise error, max |Δ|,
 //! argmax agreement, with and without a self-conditioning input), each against transformers' f32
@@ -126,8 +126,14 @@ pub enum Variant {
 }
 
 impl Variant {
-    const ALL: [Variant; 5] =
-        [Variant::Stored, Variant::Bf16, Variant::Scheme(Scheme::Q8_0), Variant::Int8(Scheme::Q8_0), Variant::Scheme(Scheme::Q4KM)];
+    const ALL: [Variant; 6] = [
+        Variant::Stored,
+        Variant::Bf16,
+        Variant::Scheme(Scheme::Q8_0),
+        Variant::Int8(Scheme::Q8_0),
+        Variant::Scheme(Scheme::Q4KM),
+        Variant::Int8(Scheme::Q4KM),
+    ];
 }
 
 /// What one variant produced.

@@ -32,9 +32,9 @@ pub fn section(rows: &[Row], forced: &[String], command: &str) -> String {
     s
 }
 
-const INTRO: &str = "Each model runs five times in f32 on the CPU: on its weights as stored, on \
+const INTRO: &str = "Each model runs six times in f32 on the CPU: on its weights as stored, on \
 its matrices rounded to BF16 (the scale of the smallest rounding any 16-bit copy makes), on \
-its weights quantized by each scheme and dequantized (bit-exact with ggml), and on its q8_0 \
+its weights quantized by each scheme and dequantized (bit-exact with ggml), and on each scheme's \
 weights with the experts' activations quantized per 32-value block to int8 with an f32 scale \
 (*int8 activations*: llama.cpp's `quantize_row_q8_1`, the numerics of the int8 tensor-core \
 kernels, `DG_INT8=1`; only expert products whose K is whole 32-value blocks, as the kernels \
@@ -53,7 +53,12 @@ adaptive stopping on and the EOS ids removed, so every run generates the same ca
 positions holding the stored run's token. *bytes/param*: every text tensor as served, quantized \
 ones at their ggml size, kept ones at their stored size.";
 
-const CAVEATS: [&str; 6] = [
+const CAVEATS: [&str; 7] = [
+    "*int8 activations* quantizes the inputs of the expert products whose K is whole 32-value blocks \
+     (the int8 kernels take no other): on the fixtures the experts' down projections (K 16–24) and, at \
+     hidden 48, their gate/up keep f32 activations, so those rows differ from their scheme's only \
+     where the hidden size is 32 or 64; cpu-medium (hidden 512, experts 256 wide) quantizes both. \
+     Compare each with its scheme's row and with the BF16 row of the same model.",
     "The fixtures' hidden sizes are 32–64, so no row holds a Q4_K super-block of 256 values: q4_k_m on a \
      fixture is llama.cpp's fallback (Q5_0 where Q4_K was wanted, Q8_0 where Q6_K was), and a row \
      whose length is not a multiple of 32 (hidden 48, the experts' down projections of 16–24) holds \
