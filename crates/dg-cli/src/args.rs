@@ -151,7 +151,8 @@ pub struct GenerateArgs {
     /// An image (PNG, JPEG or WebP) in the prompt; repeat for several, in order. With --chat the
     /// user turn holds the images, then the text, as transformers' processor places them; without,
     /// the prompt text holds the model's image token once per image. Needs a model with a vision
-    /// tower (or --mmproj); the tower runs on the CPU, the prompt on either backend.
+    /// tower (or --mmproj); the tower runs on the model's backend (on the GPU its matrices in
+    /// --weights' format, or its own storage under auto without tensor cores).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt_ids", "prompts_file"])]
     pub image: Vec<PathBuf>,
 

@@ -45,7 +45,7 @@ use super::pool::Pool;
 use super::systemone::{ReadOn, ReadWork, Reader, ReaderHandle, ReaderState, run_work};
 use crate::args::{BackendArg, WeightsArg};
 use crate::batch_model::{BatchModel, ModelError, SlotCache};
-use crate::images::{EncodedImage, VisionTower};
+use crate::images::{EncodedImage, ImageSpec};
 use crate::text::TextCodec;
 use caches::SlotCaches;
 
@@ -81,20 +81,20 @@ pub struct JobImages {
     /// The soft tokens' id in the prompt.
     pub image_token: u32,
     /// The prompt's ids with each image's soft tokens standing for its bytes
-    /// (`crate::images::VisionTower::cache_keys`).
+    /// (`crate::images::ImageSpec::cache_keys`).
     pub keys: Vec<u32>,
 }
 
 impl JobImages {
     /// `prompt` (one image token per image, as the chat template writes them) expanded to the
     /// images' soft tokens, and the images' rows and keys; the error says how the counts differ.
-    pub fn new(tower: &VisionTower, prompt: &[u32], images: Vec<EncodedImage>) -> Result<(Vec<u32>, Self), String> {
-        let prompt = tower.expand(prompt, &images)?;
-        let keys = tower.cache_keys(&prompt, &images);
-        let soft_tokens: usize = images.iter().map(|image| image.soft_tokens).sum();
+    pub fn new(spec: &ImageSpec, prompt: &[u32], images: Vec<EncodedImage>) -> Result<(Vec<u32>, Self), String> {
+        let soft_tokens: Vec<usize> = images.iter().map(|image| image.soft_tokens).collect();
+        let prompt = spec.expand(prompt, &soft_tokens)?;
+        let keys = spec.cache_keys(&prompt, &images);
         let embeddings: Vec<f32> = images.into_iter().flat_map(|image| image.embeddings).collect();
-        let row_width = embeddings.len() / soft_tokens.max(1);
-        Ok((prompt, JobImages { embeddings, row_width, image_token: tower.image_token(), keys }))
+        let row_width = embeddings.len() / soft_tokens.iter().sum::<usize>().max(1);
+        Ok((prompt, JobImages { embeddings, row_width, image_token: spec.image_token(), keys }))
     }
 }
 
@@ -201,7 +201,11 @@ impl EngineSetup {
 fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, Started)> {
     let model = crate::model_dir::open(&setup.dir)?;
     let choice = crate::backend::choose(setup.backend, setup.adapter.as_deref())?;
-    let started = Started { description: choice.description.clone() };
+    let gpu = match &choice.backend {
+        crate::backend::Backend::Gpu(ctx) => Some(ctx.share()),
+        crate::backend::Backend::Cpu => None,
+    };
+    let started = Started { description: choice.description.clone(), gpu };
     let report = crate::load::Report::Summary;
     let slots = match choice.backend {
         crate::backend::Backend::Gpu(_) => setup.batch + 1,
@@ -216,6 +220,8 @@ fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, Sta
 pub struct Started {
     /// A line saying which, and why.
     pub description: String,
+    /// On the GPU, a shared handle on the model's device (what the vision tower runs on).
+    pub gpu: Option<dg_gpu::GpuContext>,
 }
 
 /// Starts the engine thread on `jobs`; returns once the model is loaded, with its backend and, on
@@ -765,11 +771,11 @@ mod tests {
     /// A job of `prompt` (one image token per image) with `images` from the image-processor
     /// fixture, on the vision-generate fixture's tower at 70 soft tokens.
     fn image_job(model: &ModelDir, prompt: &[u32], images: &[&str]) -> (Job, mpsc::UnboundedReceiver<Event>) {
-        let tower = VisionTower::load(model).unwrap();
-        let processor = tower.processor(70).unwrap();
+        let tower = crate::images::VisionTower::load(model, crate::images::TowerDevice::Cpu).unwrap();
+        let processor = tower.spec().processor(70).unwrap();
         let files = fixture("image-processor");
         let encoded = images.iter().map(|name| tower.encode(&std::fs::read(files.join(name)).unwrap(), &processor).unwrap()).collect();
-        let (ids, images) = JobImages::new(&tower, prompt, encoded).unwrap();
+        let (ids, images) = JobImages::new(tower.spec(), prompt, encoded).unwrap();
         let (mut job, rx) = job(model, &ids, 16, 7);
         job.images = Some(Arc::new(images));
         (job, rx)
