@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The soft-token budget of an image when none is given (transformers' `image_seq_length`).
+pub const DEFAULT_IMAGE_TOKENS: usize = 280;
+
 const ABOUT: &str = "DiffusionGemma block-diffusion inference on the CPU or any GPU (Vulkan, Metal, DX12)";
 
 const AFTER_HELP: &str = "\
@@ -157,7 +160,7 @@ pub struct GenerateArgs {
     pub image: Vec<PathBuf>,
 
     /// Soft tokens per image (the processor's budget: 70, 140, 280, 560 or 1120).
-    #[arg(long, value_name = "N", default_value_t = crate::images::DEFAULT_IMAGE_TOKENS, requires = "image")]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_IMAGE_TOKENS, requires = "image")]
     pub image_tokens: usize,
 
     #[command(flatten)]
@@ -340,7 +343,7 @@ pub struct ServeArgs {
 
     /// Soft tokens per image of chat requests' image parts (the processor's budget: 70, 140, 280,
     /// 560 or 1120).
-    #[arg(long, value_name = "N", default_value_t = crate::images::DEFAULT_IMAGE_TOKENS)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_IMAGE_TOKENS)]
     pub image_tokens: usize,
 
     /// For tests only: accept `dg.test_output` (the reply's text, committed in place of the

@@ -34,9 +34,6 @@ use crate::args::WeightsArg;
 use crate::backend::Backend;
 use crate::error::{Input, input};
 
-/// The soft-token budget of an image when none is given (transformers' `image_seq_length`).
-pub const DEFAULT_IMAGE_TOKENS: usize = 280;
-
 /// What a model's images become, without the tower's weights: the processor's geometry and the
 /// image token ids the prompt's placeholders expand to.
 #[derive(Debug, Clone)]
@@ -53,7 +50,7 @@ pub enum TowerDevice {
     Cpu,
     /// The model's GPU (a shared handle on its context, `GpuContext::share`), its matrices in the
     /// format `--weights` gives for the tower ([`crate::weights::tower_format`]).
-    Gpu(GpuContext, WeightsArg),
+    Gpu(Box<GpuContext>, WeightsArg),
 }
 
 impl TowerDevice {
@@ -62,7 +59,7 @@ impl TowerDevice {
     pub fn of(backend: &Backend, weights: WeightsArg) -> Self {
         match backend {
             Backend::Cpu => TowerDevice::Cpu,
-            Backend::Gpu(ctx) => TowerDevice::Gpu(ctx.share(), weights),
+            Backend::Gpu(ctx) => TowerDevice::Gpu(Box::new(ctx.share()), weights),
         }
     }
 }
@@ -70,11 +67,14 @@ impl TowerDevice {
 /// The tower's weights where it runs.
 enum Tower {
     Cpu(VisionWeights),
-    /// The GPU tower records into its compiled pipelines (`&mut`): one image at a time.
-    Gpu {
-        tower: Mutex<GpuVisionTower>,
-        ctx: GpuContext,
-    },
+    Gpu(Box<GpuTower>),
+}
+
+/// The GPU tower and its handle on the model's device. The tower records into its compiled
+/// pipelines (`&mut`): one image at a time.
+struct GpuTower {
+    tower: Mutex<GpuVisionTower>,
+    ctx: GpuContext,
 }
 
 /// The model's vision tower and projection, on the CPU or the model's GPU, and its image token ids.
@@ -244,7 +244,7 @@ impl VisionTower {
                     e @ GpuError::OutOfRange { .. } => anyhow::Error::new(e).context(missing()),
                     other => anyhow::Error::new(other).context("cannot upload the vision tower to the GPU"),
                 })?;
-                Tower::Gpu { tower: Mutex::new(tower), ctx }
+                Tower::Gpu(Box::new(GpuTower { tower: Mutex::new(tower), ctx: *ctx }))
             }
         };
         Ok(VisionTower { spec, tower })
@@ -260,8 +260,8 @@ impl VisionTower {
     pub fn describe(&self) -> String {
         match &self.tower {
             Tower::Cpu(_) => "on the CPU (f32)".to_string(),
-            Tower::Gpu { tower, .. } => {
-                let tower = tower.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            Tower::Gpu(gpu) => {
+                let tower = gpu.tower.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 format!("on the GPU ({} matrices, {:.1} MiB)", crate::weights::name(tower.format()), tower.bytes as f64 / 1_048_576.0)
             }
         }
@@ -275,10 +275,10 @@ impl VisionTower {
                 let patches = ImagePatches { pixel_values: &p.pixel_values, positions: &p.positions };
                 image_embeddings(&self.spec.config, weights, patches).map_err(|e| EncodeError::Tower(e.to_string()))?
             }
-            Tower::Gpu { tower, ctx } => {
+            Tower::Gpu(gpu) => {
                 // A panic of an earlier image's pass leaves only compiled pipelines behind.
-                let mut tower = tower.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                tower.image_embeddings(ctx, &p.pixel_values, &p.positions).map_err(|e| EncodeError::Tower(e.to_string()))?
+                let mut tower = gpu.tower.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                tower.image_embeddings(&gpu.ctx, &p.pixel_values, &p.positions).map_err(|e| EncodeError::Tower(e.to_string()))?
             }
         };
         Ok(EncodedImage { embeddings, soft_tokens: p.num_soft_tokens, digest: image.digest })
@@ -313,7 +313,7 @@ mod tests {
         let model = ModelDir::open(&fixture("vision-generate")).unwrap();
         let cpu = VisionTower::load(&model, TowerDevice::Cpu).unwrap();
         let before = ctx.created().buffers;
-        let gpu = VisionTower::load(&model, TowerDevice::Gpu(ctx.share(), WeightsArg::F32)).unwrap();
+        let gpu = VisionTower::load(&model, TowerDevice::Gpu(Box::new(ctx.share()), WeightsArg::F32)).unwrap();
         assert!(ctx.created().buffers > before, "the tower's buffers are not counted on the context it shares");
         assert!(gpu.describe().starts_with("on the GPU (f32 matrices, "), "{}", gpu.describe());
         assert_eq!(cpu.describe(), "on the CPU (f32)");

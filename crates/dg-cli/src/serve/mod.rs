@@ -76,7 +76,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let (started, gpu_reader) = engine::spawn(setup, &model, jobs_rx, args.read_queue as usize)?;
     eprintln!("backend: {}", started.description);
     let tower_device = match started.gpu {
-        Some(ctx) => crate::images::TowerDevice::Gpu(ctx, args.device.weights),
+        Some(ctx) => crate::images::TowerDevice::Gpu(Box::new(ctx), args.device.weights),
         None => crate::images::TowerDevice::Cpu,
     };
     let images = image_input(&model, args.image_tokens, tower_device)?;
