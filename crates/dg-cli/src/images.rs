@@ -334,10 +334,25 @@ mod tests {
                 assert!(c.nonfinite_ours == 0 && c.normwise <= GPU_LOGITS_TOLERANCE, "{name}: {c}");
             }
         }
+        // The tower's bytes on the device are what `dg info` counts, in f32 and as stored (BF16).
+        let stored = |name: &str| {
+            let shape = dg_model::vision_manifest(&spec_config(&gpu), hidden).into_iter().find(|(n, _)| n == name).unwrap().1;
+            model.vision_source().stored(name, &shape).unwrap().dtype
+        };
+        let bf16 = VisionTower::load(&model, TowerDevice::Gpu(Box::new(ctx.share()), WeightsArg::Bf16)).unwrap();
+        for (tower, format) in [(&gpu, dg_gpu::WeightFormat::F32), (&bf16, dg_gpu::WeightFormat::Bf16)] {
+            let Tower::Gpu(on) = &tower.tower else { panic!("{format:?}: not on the GPU") };
+            let counted = crate::footprint::tower_bytes(&spec_config(tower), hidden, &stored, format).total;
+            assert_eq!(on.tower.lock().unwrap().bytes, counted, "{format:?}");
+        }
         // Bytes that are no image are the input's fault, on either device.
         for tower in [&cpu, &gpu] {
             assert!(matches!(tower.encode(b"not an image", &processor), Err(EncodeError::Image(_))));
         }
+    }
+
+    fn spec_config(tower: &VisionTower) -> VisionConfig {
+        tower.spec.config.clone()
     }
 
     /// Expansion places boi, the soft tokens and eoi per placeholder, and a count that differs
