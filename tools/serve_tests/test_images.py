@@ -2,7 +2,9 @@
 """`dg serve` with images in chat messages, end to end with the official `openai` client: OpenAI's
 `image_url` content parts with data: URLs, streamed and whole; every bad image (an http URL,
 bad base64, a MIME type that is not an image dg reads, a truncated PNG, one over the pixel limit)
-a 400 naming the part, the server healthy after each; a plain request still answers.
+a 400 naming the part, the server healthy after each; a plain request still answers. The tower
+runs on the server's backend (on the GPU beside the engine): image requests encoded on request
+threads at once, while the engine generates, get the replies they get alone.
 
 The model is fixtures/vision-generate (a small random DiffusionGemma with a Gemma 4 vision tower,
 DiffusionGemma's chat template): at 70 soft tokens per image the prompt of a user turn holding
@@ -13,6 +15,7 @@ the fixture's image and question is the one transformers' processor made for it 
 
 import argparse
 import base64
+import concurrent.futures
 import os
 import struct
 import sys
@@ -104,6 +107,30 @@ def test_bad_images(s):
     check(plain.choices[0].finish_reason in ("stop", "length"), f"{plain}")
 
 
+def test_tower_runs_on_the_backend(s, backend):
+    device = {"cpu": "on the CPU (f32)", "gpu": "on the GPU ("}[backend]
+    check(any(f"images: the vision tower {device}" in line for line in s.log), f"no tower line {device!r}: {''.join(s.log)}")
+
+
+def test_concurrent_images(s):
+    """Image requests whose towers run at once, beside a plain request the engine generates."""
+    c = s.client()
+    urls = [data_url(image_file(name)) for name in ("wide.png", "tall.png")]
+    alone = [c.chat.completions.create(model=MODEL, messages=turn(u), max_tokens=16, seed=5).choices[0].message.content for u in urls]
+
+    def ask(i):
+        if i == 0:
+            return c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=32)
+        return c.chat.completions.create(model=MODEL, messages=turn(urls[i % 2]), max_tokens=16, seed=5)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=5) as pool:
+        replies = list(pool.map(ask, range(5)))
+    for i, r in enumerate(replies[1:], start=1):
+        got = r.choices[0].message.content
+        check(got == alone[i % 2], f"request {i}: {got!r} at once, {alone[i % 2]!r} alone")
+    healthy(s)
+
+
 def test_no_tower(binary):
     """The bundled model has no vision tower: an image part is a 400 saying so."""
     s = Server(binary, "cpu", "--served-model-name", "tiny-random", "--api-key", "test-key")
@@ -121,7 +148,9 @@ def main():
     args = parser.parse_args()
     s = Server(args.binary, args.backend, *ARGS)
     try:
-        for test in (test_openai_client, test_bad_images):
+        test_tower_runs_on_the_backend(s, args.backend)
+        print("ok test_tower_runs_on_the_backend")
+        for test in (test_openai_client, test_bad_images, test_concurrent_images):
             test(s)
             print(f"ok {test.__name__}")
     finally:

@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The soft-token budget of an image when none is given (transformers' `image_seq_length`).
+pub const DEFAULT_IMAGE_TOKENS: usize = 280;
+
 const ABOUT: &str = "DiffusionGemma block-diffusion inference on the CPU or any GPU (Vulkan, Metal, DX12)";
 
 const AFTER_HELP: &str = "\
@@ -152,12 +155,13 @@ pub struct GenerateArgs {
     /// An image (PNG, JPEG or WebP) in the prompt; repeat for several, in order. With --chat the
     /// user turn holds the images, then the text, as transformers' processor places them; without,
     /// the prompt text holds the model's image token once per image. Needs a model with a vision
-    /// tower (or --mmproj); the tower runs on the CPU, the prompt on either backend.
+    /// tower (or --mmproj); the tower runs on the model's backend (on the GPU its matrices in
+    /// --weights' format, or its own storage under auto without tensor cores).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt_ids", "prompts_file"])]
     pub image: Vec<PathBuf>,
 
     /// Soft tokens per image (the processor's budget: 70, 140, 280, 560 or 1120).
-    #[arg(long, value_name = "N", default_value_t = crate::images::DEFAULT_IMAGE_TOKENS, requires = "image")]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_IMAGE_TOKENS, requires = "image")]
     pub image_tokens: usize,
 
     #[command(flatten)]
@@ -340,7 +344,7 @@ pub struct ServeArgs {
 
     /// Soft tokens per image of chat requests' image parts (the processor's budget: 70, 140, 280,
     /// 560 or 1120).
-    #[arg(long, value_name = "N", default_value_t = crate::images::DEFAULT_IMAGE_TOKENS)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_IMAGE_TOKENS)]
     pub image_tokens: usize,
 
     /// For tests only: accept `dg.test_output` (the reply's text, committed in place of the

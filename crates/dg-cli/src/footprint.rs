@@ -1,6 +1,6 @@
 //! The device memory of a model's weights on the GPU, computed from its geometry and the ggml type
 //! or dtype of each tensor, without opening a device: what `dg info` prints for a checkpoint and
-//! for each quantization scheme.
+//! for each quantization scheme, and for the vision tower ([`tower_bytes`]).
 //!
 //! The formats are dg-gpu's own rules, the ones its upload applies (`GpuWeights::upload`):
 //! [`dg_gpu::matrix_format`] for each matrix (q/K/V stacked, o, the dense and self-conditioning
@@ -12,12 +12,15 @@
 //!   the blocks (`QuantFormat::table`; once per matrix: a matrix split across bindings, on a
 //!   device whose bindings are smaller than it, holds it once per part, a few KiB more).
 //!
-//! A test (`crates/dg-cli/tests/gpu_memory.rs`) holds this count to what a `GpuModel` uploads.
+//! A test (`crates/dg-cli/tests/gpu_memory.rs`) holds this count to what a `GpuModel` uploads;
+//! the tower's (`dg_gpu::GpuVisionTower::load`: each linear a matrix, gate and up stacked, the
+//! position table as an embedding, the standardization as an f32 `[hidden, hidden]` diagonal and
+//! a row) is held to `GpuVisionTower::bytes` by dg-cli's `images` tests.
 
 use std::collections::BTreeMap;
 
 use dg_gpu::WeightFormat;
-use dg_model::{LayerNames, Named, SharedNames, StoredDtype, TextConfig};
+use dg_model::{LayerNames, Named, SharedNames, StoredDtype, TextConfig, VisionConfig, vision_manifest};
 
 /// The GPU's bytes of a model's weights: in all, and by the format that holds them (`F32`,
 /// `BF16`, `F16`, or a ggml type's name).
@@ -79,6 +82,33 @@ pub fn weight_bytes(cfg: &TextConfig, dtype: &dyn Fn(&str) -> StoredDtype, forma
         matrix(&mut out, &[&l.experts_gate_up]);
         matrix(&mut out, &[&l.experts_down]);
     }
+    out
+}
+
+/// The GPU's bytes of the vision tower of `c` (projecting into `text_hidden`) uploaded in `format`
+/// when each tensor is stored as `dtype(name)`.
+pub fn tower_bytes(c: &VisionConfig, text_hidden: usize, dtype: &dyn Fn(&str) -> StoredDtype, format: WeightFormat) -> WeightBytes {
+    let mut out = WeightBytes::default();
+    let mut gate: Option<(String, usize)> = None;
+    for (name, shape) in vision_manifest(c, text_hidden) {
+        let elements: usize = shape.iter().product();
+        if name.ends_with("position_embedding_table") {
+            out.add(dg_gpu::embedding_format(dtype(&name), format), elements);
+        } else if name.ends_with("std_bias") || name.ends_with("std_scale") {
+            // Read on the host into the diagonal and the row below.
+        } else if shape.len() == 1 {
+            out.add(WeightFormat::F32, elements);
+        } else if name.ends_with("mlp.gate_proj.linear.weight") {
+            gate = Some((name, elements));
+        } else if name.ends_with("mlp.up_proj.linear.weight") {
+            let (gate, gate_elements) = gate.take().expect("the manifest lists each gate before its up projection");
+            out.add(dg_gpu::matrix_format(&[dtype(&gate), dtype(&name)], format), gate_elements + elements);
+        } else {
+            out.add(dg_gpu::matrix_format(&[dtype(&name)], format), elements);
+        }
+    }
+    out.add(WeightFormat::F32, c.hidden_size * c.hidden_size);
+    out.add(WeightFormat::F32, c.hidden_size);
     out
 }
 

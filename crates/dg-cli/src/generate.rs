@@ -15,7 +15,7 @@ use crate::args::GenerateArgs;
 use crate::backend::{self, Backend};
 use crate::display::{Mode, Progress};
 use crate::error::{Input, input};
-use crate::images::{EncodedImage, VisionTower};
+use crate::images::{ImageSpec, PreparedImage, TowerDevice, VisionTower};
 use crate::report::{Report, Timings};
 use crate::settings::{check_positions, resolve_settings};
 use crate::text::TextCodec;
@@ -32,8 +32,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let config = &model.config;
     // The tokenizer and chat template lie in the model's directory (beside a .gguf file).
     let codec = TextCodec::load(&model)?;
+    // Images are decoded and processed now (a bad one is reported before anything loads), and go
+    // through the tower once the backend is chosen.
     let images = prompt_images(&args, &model)?;
-    let prompt = prompt::build(&args, &model, codec.as_ref(), config.text.vocab_size, images.as_ref().map(|(t, i)| (t, &i[..])))?;
+    let soft_tokens: Option<Vec<usize>> = images.as_ref().map(|(_, images)| images.iter().map(PreparedImage::soft_tokens).collect());
+    let placed = images.as_ref().zip(soft_tokens.as_deref()).map(|((spec, _), soft)| (spec, soft));
+    let prompt = prompt::build(&args, &model, codec.as_ref(), config.text.vocab_size, placed)?;
     let settings = generation_config(&args, &model)?;
     let c = config.canvas_length;
     let planned = settings.new_canvases(prompt.ids.len(), c);
@@ -63,6 +67,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         );
     }
 
+    // The tower runs on the chosen backend, and its weights are gone before the model's load.
+    let images = match images {
+        Some((_, prepared)) => Some(embed_images(&args, &model, &choice.backend, &prepared, mode != Mode::Quiet)?),
+        None => None,
+    };
+
     let load_start = Instant::now();
     let mut progress = Progress::new(mode, stream_stdout, codec.as_ref(), &settings.eos_token_ids, planned, settings.max_denoising_steps);
     let positions = prompt.ids.len() + planned * c;
@@ -76,10 +86,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 dg_sampler::generate(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
             };
             match images {
-                Some((_, images)) => {
-                    let embeddings = images.into_iter().flat_map(|image| image.embeddings).collect();
-                    sample(ImagePrompt::new(cpu, embeddings), load, args.sampler.seed, |m, rng| generate(m, rng))?
-                }
+                Some(embeddings) => sample(ImagePrompt::new(cpu, embeddings), load, args.sampler.seed, |m, rng| generate(m, rng))?,
                 None => sample(cpu, load, args.sampler.seed, |m, rng| generate(m, rng))?,
             }
         }
@@ -97,10 +104,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 dg_sampler::generate_resident(m, &prompt.ids, &settings, c, config.text.vocab_size, rng, &mut progress)
             };
             match images {
-                Some((_, images)) => {
-                    let embeddings = images.into_iter().flat_map(|image| image.embeddings).collect();
-                    sample(ImagePrompt::new(gpu, embeddings), load, args.sampler.seed, |m, rng| generate(m, rng))?
-                }
+                Some(embeddings) => sample(ImagePrompt::new(gpu, embeddings), load, args.sampler.seed, |m, rng| generate(m, rng))?,
                 None => sample(gpu, load, args.sampler.seed, |m, rng| generate(m, rng))?,
             }
         }
@@ -130,23 +134,39 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// The `--image` files, each decoded, processed at `--image-tokens` and through the tower; an error
-/// names the file at fault.
-fn prompt_images(args: &GenerateArgs, model: &ModelDir) -> Result<Option<(VisionTower, Vec<EncodedImage>)>> {
+/// The `--image` files, each decoded and processed at `--image-tokens`; an error names the file at
+/// fault.
+fn prompt_images(args: &GenerateArgs, model: &ModelDir) -> Result<Option<(ImageSpec, Vec<PreparedImage>)>> {
     if args.image.is_empty() {
         return Ok(None);
     }
-    let tower = VisionTower::load(model)?;
-    let processor = tower.processor(args.image_tokens).context(Input("--image-tokens".into()))?;
+    let spec = ImageSpec::of(model)?;
+    let processor = spec.processor(args.image_tokens).context(Input("--image-tokens".into()))?;
     let images = args
         .image
         .iter()
         .map(|path| {
             let bytes = std::fs::read(path).context(Input(format!("--image {}: cannot read the file", path.display())))?;
-            tower.encode(&bytes, &processor).map_err(|e| input(format!("--image {}: {e}", path.display())))
+            crate::images::prepare(&bytes, &processor).map_err(|e| input(format!("--image {}: {e}", path.display())))
         })
         .collect::<Result<_>>()?;
-    Ok(Some((tower, images)))
+    Ok(Some((spec, images)))
+}
+
+/// The rows of the `--image` files' soft tokens, in order, from the tower on `backend`'s device
+/// (the tower dropped after); with `report`, a line saying where it ran.
+fn embed_images(args: &GenerateArgs, model: &ModelDir, backend: &Backend, images: &[PreparedImage], report: bool) -> Result<Vec<f32>> {
+    let start = Instant::now();
+    let tower = VisionTower::load(model, TowerDevice::of(backend, args.device.weights))?;
+    let mut rows = Vec::new();
+    for (path, image) in args.image.iter().zip(images) {
+        let encoded = tower.embed(image).with_context(|| format!("--image {}", path.display()))?;
+        rows.extend(encoded.embeddings);
+    }
+    if report {
+        eprintln!("images: {} through the vision tower {} in {:.2} s", images.len(), tower.describe(), start.elapsed().as_secs_f64());
+    }
+    Ok(rows)
 }
 
 /// generation_config.json of the directory, overridden by the command line, resolved.

@@ -89,6 +89,16 @@ fn vision_json(model: &ModelDir) -> Value {
     if let Some(mmproj) = &model.mmproj {
         stored = mmproj.tensor_bytes();
     }
+    // What `dg generate --weights auto` uploads of the tower on a GPU without tensor cores and
+    // with them (`crate::weights::tower_format`).
+    let tower_format = |tensor_cores| crate::weights::tower_format(model, crate::args::WeightsArg::Auto, tensor_cores);
+    let src = model.vision_source();
+    let manifest = vision_manifest(v, model.config.text.hidden_size);
+    let dtype = |name: &str| {
+        let shape = manifest.iter().find(|(n, _)| n == name).map(|(_, s)| s.as_slice()).unwrap_or_default();
+        src.stored(name, shape).map_or(StoredDtype::F32, |t| t.dtype)
+    };
+    let gpu = |format| crate::footprint::tower_bytes(v, model.config.text.hidden_size, &dtype, format);
     json!({
         "num_hidden_layers": v.num_layers,
         "hidden_size": v.hidden_size,
@@ -101,6 +111,11 @@ fn vision_json(model: &ModelDir) -> Value {
         "stored_bytes": stored,
         "missing_tensors": missing,
         "cpu_f32_bytes": params * 4,
+        "gpu": {
+            "dtype": crate::weights::name(tower_format(false)),
+            "device_bytes": gpu(tower_format(false)).total,
+            "tensor_cores": { "dtype": crate::weights::name(tower_format(true)), "device_bytes": gpu(tower_format(true)).total },
+        },
     })
 }
 
@@ -294,7 +309,7 @@ fn render(v: &Value) -> String {
     if !vision.is_null() {
         let missing = vision["missing_tensors"].as_u64().unwrap_or(0);
         out += &format!(
-            "vision     {} layers of {} ({} heads × {}), patch {} pooled {}×{}: {} parameters, {} stored{}, {} as f32\n",
+            "vision     {} layers of {} ({} heads × {}), patch {} pooled {}×{}: {} parameters, {} stored{}, {} as f32, {} on the GPU ({}; {} with tensor cores)\n",
             vision["num_hidden_layers"],
             vision["hidden_size"],
             vision["num_attention_heads"],
@@ -306,6 +321,9 @@ fn render(v: &Value) -> String {
             size(vision["stored_bytes"].as_u64().unwrap_or(0)),
             if missing > 0 { format!(" ({missing} tensors missing from the checkpoint)") } else { String::new() },
             size(vision["cpu_f32_bytes"].as_u64().unwrap_or(0)),
+            size(vision["gpu"]["device_bytes"].as_u64().unwrap_or(0)),
+            vision["gpu"]["dtype"].as_str().unwrap_or(""),
+            size(vision["gpu"]["tensor_cores"]["device_bytes"].as_u64().unwrap_or(0)),
         );
     }
     out += &format!(

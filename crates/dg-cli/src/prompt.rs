@@ -10,7 +10,7 @@ use dg_model::ModelDir;
 use crate::args::GenerateArgs;
 use crate::chat;
 use crate::error::{Input, input};
-use crate::images::{EncodedImage, VisionTower};
+use crate::images::ImageSpec;
 use crate::text::TextCodec;
 
 /// The prompt as the model sees it.
@@ -22,13 +22,14 @@ pub struct Prompt {
 }
 
 /// Reads and tokenizes the prompt of `args` for `model` (with `vocab_size` ids); with `images`
-/// (`--image`), their placeholders are placed ([`with_images`]).
+/// (`--image`: the model's image spec and each image's soft tokens), their placeholders are
+/// placed ([`with_images`]).
 pub fn build(
     args: &GenerateArgs,
     model: &ModelDir,
     codec: Option<&TextCodec>,
     vocab_size: usize,
-    images: Option<(&VisionTower, &[EncodedImage])>,
+    images: Option<(&ImageSpec, &[usize])>,
 ) -> Result<Prompt> {
     let prompt = match &args.prompt_ids {
         Some(list) => Prompt { ids: parse_ids(list)?, text: None },
@@ -36,7 +37,7 @@ pub fn build(
             let codec = require_codec(model, codec)?;
             let raw = read_text(args)?;
             return match images {
-                Some((tower, images)) => with_images(&raw, args.chat, model, codec, vocab_size, tower, images),
+                Some((spec, soft_tokens)) => with_images(&raw, args.chat, model, codec, vocab_size, spec, soft_tokens),
                 None => from_text(&raw, args.chat, model, codec, vocab_size),
             };
         }
@@ -70,19 +71,19 @@ pub fn from_text(raw: &str, chat: bool, model: &ModelDir, codec: &TextCodec, voc
 /// A text prompt with images, as transformers' processor makes it: with `chat`, a user turn of the
 /// images' parts (`{"type": "image"}`, in order) followed by the text, rendered by the chat
 /// template; without, the text must hold the image token once per image itself. Each image token
-/// then becomes boi, the image's soft tokens and eoi ([`VisionTower::expand`]).
+/// then becomes boi, the image's `soft_tokens` and eoi ([`ImageSpec::expand`]).
 pub fn with_images(
     raw: &str,
     chat: bool,
     model: &ModelDir,
     codec: &TextCodec,
     vocab_size: usize,
-    tower: &VisionTower,
-    images: &[EncodedImage],
+    spec: &ImageSpec,
+    soft_tokens: &[usize],
 ) -> Result<Prompt> {
-    let (text, ids) = render(raw, chat, model, codec, images.len())?;
-    let ids = tower.expand(&ids, images).map_err(|e| {
-        let piece = codec.piece(tower.image_token());
+    let (text, ids) = render(raw, chat, model, codec, soft_tokens.len())?;
+    let ids = spec.expand(&ids, soft_tokens).map_err(|e| {
+        let piece = codec.piece(spec.image_token());
         let hint =
             if chat { String::new() } else { format!(": give --chat to place them by the chat template, or write {piece} once per image") };
         input(format!("{e}{hint}"))

@@ -62,12 +62,13 @@ pub fn run(args: ReadArgs) -> Result<()> {
         };
         (reader, Err("the request has no think".to_string()))
     };
-    // Images as `dg serve` takes them at its default budget.
+    // Images as `dg serve` takes them at its default budget; the tower on the CPU (a one-shot
+    // read's images are few, and the GPU's device went to the reader above).
     let images = match model.config.vision {
         None => Err("the model has no vision tower".to_string()),
         Some(_) => {
-            let tower = crate::images::VisionTower::load(&model)?;
-            let processor = tower.processor(crate::images::DEFAULT_IMAGE_TOKENS)?;
+            let tower = crate::images::VisionTower::load(&model, crate::images::TowerDevice::Cpu)?;
+            let processor = tower.spec().processor(crate::args::DEFAULT_IMAGE_TOKENS)?;
             Ok(Arc::new(ImageInput { tower, processor }))
         }
     };

@@ -16,6 +16,14 @@
 //! - Elsewhere, the checkpoint as stored: BF16 for BF16 (2 bytes a parameter, exact), f32
 //!   otherwise, a quantized GGUF's blocks; the portable kernels compute in f32 and F16 storage
 //!   would be no faster than BF16 there, only less exact.
+//!
+//! **The vision tower on the GPU** ([`tower_format`]) follows the text model where `--weights`
+//! names a format (`f32`, `bf16`, `f16`) and where the tensor cores run the F16 mode (auto, or a
+//! scheme: the tower's products then run on the tensor cores as the text model's, held to the same
+//! bar by dg-parity's `vision_tower.rs`); elsewhere it keeps its own checkpoint's storage, as the
+//! text model does: BF16 where the tower's matrices are BF16, f32 otherwise (an f32 `--mmproj`
+//! beside a BF16 model stays f32). A quantization scheme quantizes the text model only; a
+//! projector file's quantized matrices stay in their blocks.
 
 use dg_gpu::WeightFormat;
 use dg_model::{ModelDir, Scheme};
@@ -45,6 +53,30 @@ pub fn choose(model: &ModelDir, arg: WeightsArg, tensor_cores: bool) -> WeightCh
         WeightsArg::Q4KM => (auto, Some(Scheme::Q4KM)),
     };
     WeightChoice { format, scheme }
+}
+
+/// The format of the vision tower's matrices on the GPU for `arg` on an adapter with
+/// (`tensor_cores`) or without cooperative matrices (the rule in the module's overview).
+pub fn tower_format(model: &ModelDir, arg: WeightsArg, tensor_cores: bool) -> WeightFormat {
+    match arg {
+        WeightsArg::F32 | WeightsArg::Bf16 | WeightsArg::F16 => choose(model, arg, tensor_cores).format,
+        WeightsArg::Auto | WeightsArg::Q8_0 | WeightsArg::Q4KM if tensor_cores => WeightFormat::F16,
+        WeightsArg::Auto | WeightsArg::Q8_0 | WeightsArg::Q4KM => match tower_matrices_are_bf16(model) {
+            true => WeightFormat::Bf16,
+            false => WeightFormat::F32,
+        },
+    }
+}
+
+/// Whether every matrix of the model's vision tower is stored as BF16 (or in quantized blocks,
+/// which keep their own format); false without a tower.
+fn tower_matrices_are_bf16(model: &ModelDir) -> bool {
+    let Some(vision) = &model.config.vision else { return false };
+    let src = model.vision_source();
+    dg_model::vision_manifest(vision, model.config.text.hidden_size)
+        .iter()
+        .filter(|(_, shape)| shape.len() >= 2)
+        .all(|(name, shape)| src.stored(name, shape).is_ok_and(|t| t.dtype == dg_model::StoredDtype::BF16 || t.dtype.is_quantized()))
 }
 
 /// The scheme `arg` names.
@@ -98,5 +130,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The tower follows an explicit format and the F16 mode; elsewhere its own storage: a BF16
+    /// tower stays BF16 (under a scheme too), an f32 one f32.
+    #[test]
+    fn the_tower_takes_the_f16_mode_an_asked_format_or_its_own_storage() {
+        let (bf16, f32) = (open("fixtures/vision-generate"), open("fixtures/vision-encoder"));
+        for (model, stored) in [(&bf16, WeightFormat::Bf16), (&f32, WeightFormat::F32)] {
+            for arg in [WeightsArg::Auto, WeightsArg::Q8_0, WeightsArg::Q4KM] {
+                assert_eq!(tower_format(model, arg, false), stored, "{arg:?}");
+                assert_eq!(tower_format(model, arg, true), WeightFormat::F16, "{arg:?}");
+            }
+            for (arg, format) in
+                [(WeightsArg::F32, WeightFormat::F32), (WeightsArg::Bf16, WeightFormat::Bf16), (WeightsArg::F16, WeightFormat::F16)]
+            {
+                for tensor_cores in [false, true] {
+                    assert_eq!(tower_format(model, arg, tensor_cores), format);
+                }
+            }
+        }
+        // A model without a tower has no BF16 tower.
+        assert!(!tower_matrices_are_bf16(&open("models/tiny-random")));
     }
 }

@@ -17,12 +17,12 @@ fn model() -> String {
     fixture("vision-generate").to_str().unwrap().to_string()
 }
 
-/// `dg generate --chat --image ... --json` on the fixture's model, at 70 soft tokens, on the CPU.
+/// `dg generate --chat --image ... --json -q` on the fixture's model, at 70 soft tokens, on the CPU.
 fn generate(images: &[&str], extra: &[&str]) -> serde_json::Value {
-    generate_on("cpu", images, extra).ok().json()
+    generate_on("cpu", images, &[&["-q"], extra].concat()).ok().json()
 }
 
-/// [`generate`] on `backend`.
+/// `dg generate --chat --image ... --json` on `backend` (its report lines on stderr).
 fn generate_on(backend: &str, images: &[&str], extra: &[&str]) -> common::Run {
     let model = model();
     let mut args = vec!["generate", "--model", &model, "--chat", "--prompt", "What is in this image?", "--image-tokens", "70"];
@@ -30,7 +30,7 @@ fn generate_on(backend: &str, images: &[&str], extra: &[&str]) -> common::Run {
     for path in &paths {
         args.extend(["--image", path]);
     }
-    args.extend(["--json", "-q", "--backend", backend]);
+    args.extend(["--json", "--backend", backend]);
     args.extend(extra);
     dg(&args)
 }
@@ -43,15 +43,18 @@ fn the_image_prompt_is_the_one_transformers_processor_makes() {
     assert_eq!(ids(&out["prompt_ids"]), want);
 }
 
+/// The GPU backend runs the tower on the GPU too, and generates what the CPU does.
 #[test]
 fn the_gpu_backend_takes_images_and_generates_what_the_cpu_does() {
-    // F32 weights: the GPU's forward within its tolerances of the CPU's, and this short
-    // generation's decisions far enough from their thresholds to come out the same.
+    // F32 weights: the GPU's tower and forward within their tolerances of the CPU's, and this
+    // short generation's decisions far enough from their thresholds to come out the same.
     let run = generate_on("gpu", &["wide.png", "tall.png"], &["--weights", "f32"]);
     if run.found_no_gpu("the_gpu_backend_takes_images_and_generates_what_the_cpu_does") {
         return;
     }
-    let gpu = run.ok().json();
+    let run = run.ok();
+    assert!(run.stderr.contains("images: 2 through the vision tower on the GPU (f32 matrices, "), "{}", run.stderr);
+    let gpu = run.json();
     assert_eq!(gpu["backend"], "gpu");
     let cpu = generate(&["wide.png", "tall.png"], &[]);
     assert_eq!(ids(&gpu["prompt_ids"]), ids(&cpu["prompt_ids"]));
@@ -64,6 +67,8 @@ fn the_images_change_the_output_and_each_gets_its_soft_tokens() {
     let tall = generate(&["tall.png"], &[]);
     assert_ne!(ids(&wide["output_ids"]), ids(&tall["output_ids"]), "two images, the same output");
     let both = generate(&["wide.png", "tall.png"], &[]);
+    let cpu = generate_on("cpu", &["wide.png"], &[]).ok();
+    assert!(cpu.stderr.contains("images: 1 through the vision tower on the CPU (f32)"), "{}", cpu.stderr);
     let image_token = 19;
     let soft = |v: &serde_json::Value| ids(&v["prompt_ids"]).iter().filter(|&&id| id == image_token).count();
     assert_eq!(soft(&both), soft(&wide) + soft(&tall));

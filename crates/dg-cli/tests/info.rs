@@ -101,6 +101,13 @@ fn info_counts_the_vision_tower() {
     assert_eq!(vision["parameters"], 1_536 + 4_096 + 2 * 7_824 + 64 + 1_024, "{vision}");
     assert_eq!(vision["stored_bytes"], 4 * 22_368, "F32 checkpoint: {vision}");
     assert_eq!(vision["missing_tensors"], 0);
+    // On the GPU (auto): the F32 checkpoint's matrices in f32 without tensor cores, F16 with; the
+    // position table BF16 there; norms f32; and the standardization's 32·32 diagonal and row.
+    let (norms, table, matrices, std) = (2 * (4 * 32 + 2 * 8), 4_096, 22_368 - 2 * (4 * 32 + 2 * 8) - 4_096 - 64, 32 * 32 + 32);
+    assert_eq!(vision["gpu"]["dtype"], "f32", "{vision}");
+    assert_eq!(vision["gpu"]["device_bytes"], 4 * (norms + table + matrices + std), "{vision}");
+    assert_eq!(vision["gpu"]["tensor_cores"]["dtype"], "f16", "{vision}");
+    assert_eq!(vision["gpu"]["tensor_cores"]["device_bytes"], 4 * (norms + std) + 2 * (table + matrices), "{vision}");
     let text = dg(&["info", "--model", dir.to_str().unwrap()]).ok();
     assert!(text.stdout.contains("vision     2 layers of 32 (4 heads × 8), patch 4 pooled 3×3: 22,368 parameters"), "{}", text.stdout);
     assert!(dg(&["info", "--json"]).ok().json()["vision"].is_null(), "the bundled model has no tower");

@@ -326,6 +326,25 @@ impl GpuContext {
         })
     }
 
+    /// Another handle on this device: the same device, queue and creation counters (wgpu's device
+    /// and queue are reference-counted and may be used from any thread), with a copy of the
+    /// tuning. What runs beside a model on its device (the vision tower on `dg serve`'s request
+    /// threads) takes one; the submissions of every handle go to the one queue in turn.
+    pub fn share(&self) -> GpuContext {
+        GpuContext {
+            device: self.device.clone(),
+            queue: self.queue.clone(),
+            info: self.info.clone(),
+            limits: self.limits.clone(),
+            features: self.features,
+            coop_matrix: self.coop_matrix,
+            coop_fragment: self.coop_fragment,
+            native: self.native,
+            tuning: self.tuning.clone(),
+            counters: self.counters.clone(),
+        }
+    }
+
     /// Counts of created objects.
     pub fn created(&self) -> Created {
         self.counters.get()

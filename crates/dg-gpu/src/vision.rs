@@ -174,6 +174,11 @@ impl GpuVisionTower {
         })
     }
 
+    /// The upload's format of the tower's matrices (a quantized checkpoint's keep their blocks).
+    pub fn format(&self) -> WeightFormat {
+        self.weights.format
+    }
+
     /// One image's rows for the text encoder, `[P / k², text hidden]`, from its processed patches
     /// (`pixel_values` `[P, 3·patch²]` in [0, 1], `positions` (x, y) each); the patches must pool
     /// into whole soft tokens (as `dg_cpu::vision::vision_tower` checks).

@@ -178,7 +178,11 @@ impl EngineSetup {
 fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, Started)> {
     let model = crate::model_dir::open(&setup.dir)?;
     let choice = crate::backend::choose(setup.backend, setup.adapter.as_deref())?;
-    let started = Started { description: choice.description.clone() };
+    let gpu = match &choice.backend {
+        crate::backend::Backend::Gpu(ctx) => Some(ctx.share()),
+        crate::backend::Backend::Cpu => None,
+    };
+    let started = Started { description: choice.description.clone(), gpu };
     let report = crate::load::Report::Summary;
     let slots = match choice.backend {
         crate::backend::Backend::Gpu(_) => setup.batch + 1,
@@ -193,6 +197,8 @@ fn start(setup: EngineSetup, canvas: usize, vocab: usize) -> Result<(Engine, Sta
 pub struct Started {
     /// A line saying which, and why.
     pub description: String,
+    /// On the GPU, a shared handle on the model's device (what the vision tower runs on).
+    pub gpu: Option<dg_gpu::GpuContext>,
 }
 
 /// Starts the engine thread on `jobs`; returns once the model is loaded, with its backend and, on
@@ -587,7 +593,6 @@ impl Hooks for JobHooks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::images::VisionTower;
 
     /// An engine of `batch` slots on the bundled model's CPU backend whose pool keeps
     /// `cache_budget` bytes.
@@ -744,11 +749,11 @@ mod tests {
     /// A job of `prompt` (one image token per image) with `images` from the image-processor
     /// fixture, on the vision-generate fixture's tower at 70 soft tokens.
     fn image_job(model: &ModelDir, prompt: &[u32], images: &[&str]) -> (Job, mpsc::UnboundedReceiver<Event>) {
-        let tower = VisionTower::load(model).unwrap();
-        let processor = tower.processor(70).unwrap();
+        let tower = crate::images::VisionTower::load(model, crate::images::TowerDevice::Cpu).unwrap();
+        let processor = tower.spec().processor(70).unwrap();
         let files = fixture("image-processor");
         let encoded = images.iter().map(|name| tower.encode(&std::fs::read(files.join(name)).unwrap(), &processor).unwrap()).collect();
-        let (ids, images) = JobImages::new(&tower, prompt, encoded).unwrap();
+        let (ids, images) = JobImages::new(tower.spec(), prompt, encoded).unwrap();
         let (mut job, rx) = job(model, &ids, 16, 7);
         job.images = Some(Arc::new(images));
         (job, rx)

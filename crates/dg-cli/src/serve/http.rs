@@ -24,6 +24,7 @@ use super::openai::tools::{self, ChatReply, ReplySetup};
 use super::openai::{self, ApiError, Endpoint, PromptInput, vllm};
 pub use super::prompt_images::ImageInput;
 use crate::chat::{ChatTemplate, Conversation, reply};
+use crate::images::EncodeError;
 use crate::text::TextCodec;
 
 /// What every handler shares.
@@ -53,8 +54,7 @@ pub struct App {
     pub test_hooks: bool,
     /// `/v1/systemone`, where the model can serve it.
     pub systemone: Option<Arc<super::systemone::Service>>,
-    /// What encodes chat requests' image parts, or why they are refused (no vision tower, or
-    /// the GPU backend).
+    /// What encodes chat requests' image parts, or why they are refused (no vision tower).
     pub images: Result<Arc<ImageInput>, String>,
 }
 
@@ -161,7 +161,7 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result
         None => (prompt, None),
         Some(first) => {
             let input = app.images.clone().map_err(|why| ApiError::invalid(Some(&first.param), format!("{}: {why}", first.param)))?;
-            // The tower runs on the CPU: off the async workers.
+            // The tower blocks (on the CPU, or waiting on the GPU): off the async workers.
             let encoded = tokio::task::spawn_blocking(move || encode_images(&input, prompt, &parts)).await;
             let (prompt, images) = encoded.map_err(|e| server_error(format!("the image encoder failed: {e}")))??;
             (prompt, Some(Arc::new(images)))
@@ -256,16 +256,21 @@ fn prompt_ids(app: &App, prompt: &PromptInput) -> Result<(Vec<u32>, Option<Reply
 }
 
 /// The prompt with each image part's placeholder expanded to its soft tokens, and the images'
-/// rows and cache keys; a part that does not decode or process is a 400 naming it.
+/// rows and cache keys; a part that does not decode or process is a 400 naming it, a tower that
+/// fails on it (a device error) a 500.
 fn encode_images(input: &ImageInput, prompt: Vec<u32>, parts: &[ImagePart]) -> Result<(Vec<u32>, JobImages), ApiError> {
     let tower = &input.tower;
     let encoded = parts
         .iter()
         .map(|part| {
-            tower.encode(&part.bytes, &input.processor).map_err(|e| ApiError::invalid(Some(&part.param), format!("{}: {e}", part.param)))
+            tower.encode(&part.bytes, &input.processor).map_err(|e| match e {
+                EncodeError::Image(_) => ApiError::invalid(Some(&part.param), format!("{}: {e}", part.param)),
+                EncodeError::Tower(_) => server_error(format!("{}: {e}", part.param)),
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    JobImages::new(tower, &prompt, encoded).map_err(|e| ApiError::invalid(Some("messages"), format!("the chat template's prompt: {e}")))
+    JobImages::new(tower.spec(), &prompt, encoded)
+        .map_err(|e| ApiError::invalid(Some("messages"), format!("the chat template's prompt: {e}")))
 }
 
 /// The engine job of a checked request: settings resolved and checked, positions counted.

@@ -77,7 +77,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let (started, gpu_reader) = engine::spawn(setup, &model, jobs_rx, args.read_queue as usize)?;
     eprintln!("backend: {}", started.description);
-    let images = image_input(&model, args.image_tokens)?;
+    let tower_device = match started.gpu {
+        Some(ctx) => crate::images::TowerDevice::Gpu(Box::new(ctx), args.device.weights),
+        None => crate::images::TowerDevice::Cpu,
+    };
+    let images = image_input(&model, args.image_tokens, tower_device)?;
     let running = match args.batch {
         1 => format!("one request at a time, cache pool {} bytes", args.cache_budget),
         n => format!("batches of up to {n} requests, cache pool {} bytes", args.cache_budget),
@@ -158,14 +162,19 @@ pub(crate) fn read_engine(
     Ok((thoughts.thinker(), reader))
 }
 
-/// What chat requests' image parts get: the model's tower and the processor at
-/// `budget` soft tokens, or why images are refused.
-fn image_input(model: &dg_model::ModelDir, budget: usize) -> Result<Result<Arc<http::ImageInput>, String>> {
+/// What chat requests' image parts get: the model's tower on `device` (the engine's) and the
+/// processor at `budget` soft tokens, or why images are refused.
+fn image_input(
+    model: &dg_model::ModelDir,
+    budget: usize,
+    device: crate::images::TowerDevice,
+) -> Result<Result<Arc<http::ImageInput>, String>> {
     if model.config.vision.is_none() {
         return Ok(Err(format!("this model ({}) has no vision tower: it takes no images", model.dir.display())));
     }
-    let tower = crate::images::VisionTower::load(model)?;
-    let processor = tower.processor(budget).context(crate::error::Input("--image-tokens".into()))?;
+    let tower = crate::images::VisionTower::load(model, device)?;
+    let processor = tower.spec().processor(budget).context(crate::error::Input("--image-tokens".into()))?;
+    eprintln!("images: the vision tower {}, up to {budget} soft tokens an image", tower.describe());
     Ok(Ok(Arc::new(http::ImageInput { tower, processor })))
 }
 

@@ -4,7 +4,7 @@
 //! images encoded (`crate::images::VisionTower`, transformers' `Gemma4Processor`): its placeholders
 //! expanded, the rows its encode places, and the keys its cache is found by.
 
-use crate::images::{EncodedImage, VisionTower};
+use crate::images::{EncodedImage, ImageSpec, VisionTower};
 
 /// The vision tower and the processor at the server's soft-token budget (`--image-tokens`).
 pub struct ImageInput {
@@ -27,20 +27,20 @@ pub struct JobImages {
     /// The soft tokens' id in the prompt.
     pub image_token: u32,
     /// The prompt's ids with each image's soft tokens standing for its bytes
-    /// (`crate::images::VisionTower::cache_keys`).
+    /// (`crate::images::ImageSpec::cache_keys`).
     pub keys: Vec<u32>,
 }
 
 impl JobImages {
     /// `prompt` (one image token per image, as the chat template writes them) expanded to the
     /// images' soft tokens, and the images' rows and keys; the error says how the counts differ.
-    pub fn new(tower: &VisionTower, prompt: &[u32], images: Vec<EncodedImage>) -> Result<(Vec<u32>, Self), String> {
-        let prompt = tower.expand(prompt, &images)?;
-        let keys = tower.cache_keys(&prompt, &images);
-        let soft_tokens: usize = images.iter().map(|image| image.soft_tokens).sum();
+    pub fn new(spec: &ImageSpec, prompt: &[u32], images: Vec<EncodedImage>) -> Result<(Vec<u32>, Self), String> {
+        let soft_tokens: Vec<usize> = images.iter().map(|image| image.soft_tokens).collect();
+        let prompt = spec.expand(prompt, &soft_tokens)?;
+        let keys = spec.cache_keys(&prompt, &images);
         let embeddings: Vec<f32> = images.into_iter().flat_map(|image| image.embeddings).collect();
-        let row_width = embeddings.len() / soft_tokens.max(1);
-        Ok((prompt, JobImages { embeddings, row_width, image_token: tower.image_token(), keys }))
+        let row_width = embeddings.len() / soft_tokens.iter().sum::<usize>().max(1);
+        Ok((prompt, JobImages { embeddings, row_width, image_token: spec.image_token(), keys }))
     }
 
     /// The rows of the image soft tokens in `ids`, a part of the prompt that starts after `before`

@@ -7,7 +7,7 @@
 //! expanded (`crate::serve::prompt_images::JobImages`, as chat requests' images are).
 
 use super::request::{ImageArg, Rejection};
-use crate::images::EncodedImage;
+use crate::images::{EncodeError, EncodedImage};
 use crate::serve::prompt_images::{ImageInput, JobImages};
 
 /// OpenJev's `OPENJEV_MAX_IMAGES` default.
@@ -96,21 +96,32 @@ fn py_str_repr(s: &str) -> String {
 
 /// The images through the vision tower, in order (on the CPU: call it off the async workers); a
 /// model that cannot take them (no vision tower: what OpenJev's upstream answers for a text
-/// model) or an image it cannot read is a 400, "the model rejected this request: ...".
+/// model) or an image it cannot read is a 400, "the model rejected this request: ..."; a tower
+/// that fails on the device a 500.
 pub fn encode(input: &Result<std::sync::Arc<ImageInput>, String>, images: &[Image]) -> Result<Vec<EncodedImage>, Rejection> {
     let rejected = |why: String| Rejection::semantic(format!("the model rejected this request: {why}"));
     let input = input.as_ref().map_err(|_| rejected("this model reads text only; send the state without images".into()))?;
     images
         .iter()
         .enumerate()
-        .map(|(i, image)| input.tower.encode(&image.bytes, &input.processor).map_err(|e| rejected(format!("image {i}: {e}"))))
+        .map(|(i, image)| {
+            input.tower.encode(&image.bytes, &input.processor).map_err(|e| match e {
+                EncodeError::Image(_) => rejected(format!("image {i}: {e}")),
+                // The device failed, not the request: a 500, as any engine failure.
+                EncodeError::Tower(_) => Rejection {
+                    status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    body: serde_json::json!({"detail": format!("image {i}: {e}")}),
+                    retry_after: None,
+                },
+            })
+        })
         .collect()
 }
 
 /// `prompt` (one placeholder per image, as the chat template writes them) with the images' soft
 /// tokens in place, and the rows and cache keys its encode takes.
 pub fn placed(input: &ImageInput, prompt: &[u32], images: &[EncodedImage]) -> Result<(Vec<u32>, JobImages), Rejection> {
-    JobImages::new(&input.tower, prompt, images.to_vec())
+    JobImages::new(input.tower.spec(), prompt, images.to_vec())
         .map_err(|e| Rejection::semantic(format!("the model rejected this request: the chat template's prompt: {e}")))
 }
 
