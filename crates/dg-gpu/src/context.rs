@@ -340,6 +340,7 @@ impl GpuContext {
             coop_matrix: self.coop_matrix,
             coop_fragment: self.coop_fragment,
             native: self.native,
+            int8: self.int8,
             tuning: self.tuning.clone(),
             counters: self.counters.clone(),
         }
