@@ -33,7 +33,7 @@ use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::format::QuantFormat;
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::native_int8_gemm::{self, Int8Shape};
-use dg_kernels::{KernelKey, WeightFormat, native_grouped_gemm, pack_f16};
+use dg_kernels::{KernelKey, WeightFormat, native_grouped_gemm};
 use dg_model::StoredDtype;
 use dg_parity::testing::coop_experts::{Buffers, Case, Inputs, f16_round};
 use dg_parity::testing::quant::{blocks, dispatch, panelled};
@@ -206,14 +206,6 @@ fn the_gate_tells_the_modes_apart(q: QuantFormat, x: &Inputs, bytes: &[u8], (wan
     assert!(c_rs > n);
 }
 
-/// A as the kernel of `a` reads it: f32 words, or halves two a word.
-fn a_words(x: &Inputs, a: AFormat) -> Vec<u32> {
-    match a {
-        AFormat::F32 => bytemuck::cast_slice(&x.a).to_vec(),
-        AFormat::F16 => pack_f16(&x.a),
-    }
-}
-
 fn shapes(ctx: &GpuContext) -> impl Iterator<Item = Int8Shape> + '_ {
     Int8Shape::ALL.into_iter().filter(|&s| ctx.int8.contains(s))
 }
@@ -239,7 +231,7 @@ fn int8_grouped_gemm_matches_the_cpu_int8_mode_directly_and_through_the_recorder
                     let p = native_grouped_gemm::params_for(&x.params);
                     assert_eq!(p.tiles != 0, table, "the tile table of {} rows is the kernel's", native_grouped_gemm::SLOTS);
                     let groups = native_int8_gemm::workgroups(shape, &p);
-                    let got = dispatch(&ctx, &mut pipelines, key, &p, &[&a_words(&x, a), &w_words, &x.offsets, &x.rows], &x.c0, groups);
+                    let got = dispatch(&ctx, &mut pipelines, key, &p, &[&x.a_words(a), &w_words, &x.offsets, &x.rows], &x.c0, groups);
                     check(&got, &want, &x, |_| true, &format!("{key:?} n {} k {} gather {gather} table {table}", case.n, case.k));
                 }
             }
@@ -249,7 +241,7 @@ fn int8_grouped_gemm_matches_the_cpu_int8_mode_directly_and_through_the_recorder
             let skip = w_words.len() * first as usize / x.params.groups as usize;
             let key = KernelKey::NativeInt8GroupedGemm { shape, w, a: AFormat::F32 };
             let groups = native_int8_gemm::workgroups(shape, &part);
-            let inputs = [&a_words(&x, AFormat::F32)[..], &w_words[skip..], &x.offsets, &x.rows];
+            let inputs = [&x.a_words(AFormat::F32)[..], &w_words[skip..], &x.offsets, &x.rows];
             let got = dispatch(&ctx, &mut pipelines, key, &part, &inputs, &x.c0, groups);
             let theirs = |s: usize| s >= x.offsets[first as usize] as usize;
             check(&got, &reference(q, &x, AFormat::F32, &bytes, theirs), &x, theirs, &format!("{key:?} experts {first}.. gather {gather}"));

@@ -26,7 +26,7 @@ use dg_kernels::coop_gemm::AFormat;
 use dg_kernels::format::QuantFormat;
 use dg_kernels::grouped_gemm::GroupedGemmParams;
 use dg_kernels::native_grouped_gemm::{self, FORMATS, NativeShape};
-use dg_kernels::{KernelKey, WeightFormat, pack_f16};
+use dg_kernels::{KernelKey, WeightFormat};
 use dg_parity::testing::coop_experts::{Buffers, Case, Inputs, check, f16_round, grouped_reference};
 use dg_parity::testing::quant::{blocks, dispatch, panelled};
 use dg_parity::testing::{native_test_context, read_guarded, seeded};
@@ -58,14 +58,6 @@ fn stored(w: WeightFormat, x: &Inputs) -> (Vec<u32>, Inputs) {
     }
 }
 
-/// A as the kernel of `a` reads it: f32 words, or halves two a word.
-fn a_words(x: &Inputs, a: AFormat) -> Vec<u32> {
-    match a {
-        AFormat::F32 => bytemuck::cast_slice(&x.a).to_vec(),
-        AFormat::F16 => pack_f16(&x.a),
-    }
-}
-
 fn shapes(ctx: &GpuContext) -> impl Iterator<Item = NativeShape> + '_ {
     NativeShape::ALL.into_iter().filter(|&s| ctx.native.contains(s))
 }
@@ -89,7 +81,7 @@ fn native_grouped_gemm_matches_the_exact_product_directly_and_through_the_record
                         let p = native_grouped_gemm::params_for(&x.params);
                         assert_eq!(p.tiles != 0, table, "the tile table of {} rows is the kernel's", native_grouped_gemm::SLOTS);
                         let groups = native_grouped_gemm::workgroups(shape, &p);
-                        let got = dispatch(&ctx, &mut pipelines, key, &p, &[&a_words(&x, a), &w_words, &x.offsets, &x.rows], &x.c0, groups);
+                        let got = dispatch(&ctx, &mut pipelines, key, &p, &[&x.a_words(a), &w_words, &x.offsets, &x.rows], &x.c0, groups);
                         let what = format!("{key:?} n {} k {} gather {gather} table {table}", case.n, case.k);
                         check(&got, &want, &x, |_| true, &what);
                     }
@@ -101,7 +93,7 @@ fn native_grouped_gemm_matches_the_exact_product_directly_and_through_the_record
                 let skip = w_words.len() * first as usize / x.params.groups as usize;
                 let key = KernelKey::NativeGroupedGemm { shape, w, a: AFormat::F32 };
                 let groups = native_grouped_gemm::workgroups(shape, &part);
-                let inputs = [&a_words(&x, AFormat::F32)[..], &w_words[skip..], &x.offsets, &x.rows];
+                let inputs = [&x.a_words(AFormat::F32)[..], &w_words[skip..], &x.offsets, &x.rows];
                 let got = dispatch(&ctx, &mut pipelines, key, &part, &inputs, &x.c0, groups);
                 let theirs = |s: usize| s >= x.offsets[first as usize] as usize;
                 check(&got, &want, &x, theirs, &format!("{key:?} experts {first}.. gather {gather}"));

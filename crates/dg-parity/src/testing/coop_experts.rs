@@ -84,6 +84,14 @@ impl Case {
 }
 
 impl Inputs {
+    /// A as a kernel reading it in format `a` takes it: f32 words, or halves two a word.
+    pub fn a_words(&self, a: AFormat) -> Vec<u32> {
+        match a {
+            AFormat::F32 => bytemuck::cast_slice(&self.a).to_vec(),
+            AFormat::F16 => dg_kernels::pack_f16(&self.a),
+        }
+    }
+
     /// The same product over the tile table of m tiles of `tile_rows` (after the offsets, as
     /// `moe_dispatch` writes it) instead of the `max_rows` grid.
     pub fn with_table(&self, tile_rows: u32) -> Inputs {
